@@ -1,0 +1,67 @@
+//! Reading Hugging Face `config.json`: the raw JSON is kept so each family can deserialize the
+//! typed config it needs (unknown fields are ignored; a missing required field is an error that
+//! names the file and the field).
+
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::{ModelError, Result};
+
+#[derive(Debug, Clone)]
+pub struct RawConfig {
+    /// Where the config came from (a `config.json`, or a GGUF file whose metadata it was built from).
+    pub path: PathBuf,
+    pub value: Value,
+}
+
+impl RawConfig {
+    pub fn from_file(path: &Path) -> Result<RawConfig> {
+        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| ModelError::Config { path: path.to_path_buf(), message: format!("invalid JSON: {e}") })?;
+        if !value.is_object() {
+            return Err(ModelError::Config { path: path.to_path_buf(), message: "expected a JSON object".into() });
+        }
+        Ok(RawConfig { path: path.to_path_buf(), value })
+    }
+
+    /// The first entry of `architectures`, which selects the model class (as transformers does).
+    pub fn architecture(&self) -> Result<String> {
+        self.value
+            .get("architectures")
+            .and_then(|a| a.as_array())
+            .and_then(|a| a.first())
+            .and_then(|a| a.as_str())
+            .map(str::to_owned)
+            .ok_or_else(|| self.error("missing field `architectures` (a list naming the model class)"))
+    }
+
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_value(self.value.clone()).map_err(|e| self.error(e.to_string()))
+    }
+
+    pub fn error(&self, message: impl Into<String>) -> ModelError {
+        ModelError::Config { path: self.path.clone(), message: message.into() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct Needs {
+        hidden_size: usize,
+    }
+
+    #[test]
+    fn missing_field_error_names_file_and_field() {
+        let raw = RawConfig { path: "dir/config.json".into(), value: serde_json::json!({"vocab_size": 3, "extra": true}) };
+        let err = raw.parse::<Needs>().unwrap_err().to_string();
+        assert!(err.contains("dir/config.json") && err.contains("hidden_size"), "{err}");
+        assert!(raw.architecture().unwrap_err().to_string().contains("architectures"));
+    }
+}

@@ -1,0 +1,167 @@
+//! The parity gate against oracle fixtures (`fixtures/models/*/oracle.json`, written by
+//! `tools/oracle/generate_fixtures.py`): greedy generation at batch 1 compared token for token
+//! with transformers, and top-5 logprobs compared within a tolerance.
+//!
+//! STRICT passes when every token equals the oracle's. Where it does not, the near-tie rule of
+//! the model matrix applies: the sequences agree up to the first divergence, so the oracle's
+//! distribution at that step is exactly the recorded one, and the case passes iff our token's
+//! oracle logprob is within [`NEAR_TIE_NATS`] of the oracle's best.
+
+use std::path::{Path, PathBuf};
+
+use ferrite_tensor::{AttnMetadata, AttnSeq, PagedKvLayer};
+use serde::Deserialize;
+
+use crate::model::CausalLM;
+use crate::{ModelError, Result};
+
+pub const NEAR_TIE_NATS: f32 = 0.5;
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct OracleCase {
+    pub name: String,
+    pub prompt: String,
+    #[serde(default)]
+    pub chat: bool,
+    pub prompt_ids: Vec<u32>,
+    pub output_ids: Vec<u32>,
+    /// Per generated step, the oracle's top-5 `(token, logprob)`, best first.
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Oracle {
+    pub architecture: String,
+    pub cases: Vec<OracleCase>,
+}
+
+impl Oracle {
+    pub fn load(path: &Path) -> Result<Oracle> {
+        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+        serde_json::from_str(&text).map_err(|e| ModelError::Config { path: path.to_path_buf(), message: e.to_string() })
+    }
+}
+
+/// Greedy tokens and, per step, the full log-softmax row they were chosen from.
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<Vec<f32>>,
+}
+
+pub fn log_softmax(row: &[f32]) -> Vec<f32> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = row.iter().map(|v| (v - max).exp()).sum::<f32>().ln() + max;
+    row.iter().map(|v| v - lse).collect()
+}
+
+/// Lowest index among the maxima, as `torch.argmax` breaks ties.
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Batch-1 greedy generation over a private paged cache (prefill in one step, then decode):
+/// the model alone, without the engine's scheduler.
+pub fn greedy(model: &dyn CausalLM, prompt: &[u32], new_tokens: usize, block_size: usize) -> Result<Generation> {
+    let total = prompt.len() + new_tokens;
+    let blocks = total.div_ceil(block_size);
+    let mut kv: Vec<PagedKvLayer> = model
+        .info()
+        .kv_layers
+        .iter()
+        .map(|s| PagedKvLayer::new_cpu(blocks, block_size, s.num_kv_heads, s.k_dim, s.v_dim))
+        .collect();
+    // Reversed block order: the model must follow the block table, not assume contiguity.
+    let block_table: Vec<u32> = (0..blocks as u32).rev().collect();
+    let mut tokens = Vec::with_capacity(new_tokens);
+    let mut logprobs = Vec::with_capacity(new_tokens);
+    let mut step_tokens = prompt.to_vec();
+    let mut ctx = 0;
+    while tokens.len() < new_tokens {
+        ctx += step_tokens.len();
+        let seq = AttnSeq { q_start: 0, q_len: step_tokens.len(), ctx_len: ctx, block_table: block_table.clone() };
+        let meta = AttnMetadata::new(vec![seq], block_size)?;
+        let logits = model.forward(
+            &crate::ForwardInput { tokens: &step_tokens, meta: &meta, logit_rows: &[step_tokens.len() - 1] },
+            &mut kv,
+        )?;
+        let row = logits.to_f32_vec();
+        let next = argmax(&row);
+        logprobs.push(log_softmax(&row));
+        tokens.push(next);
+        step_tokens = vec![next];
+    }
+    Ok(Generation { tokens, logprobs })
+}
+
+#[derive(Debug, Clone)]
+pub struct CaseReport {
+    pub name: String,
+    pub strict: bool,
+    /// For a non-strict case: step of the first divergence and the oracle's gap in nats there.
+    pub divergence: Option<(usize, f32)>,
+    /// Largest |our logprob - oracle logprob| over the oracle's top-5, up to the divergence.
+    pub max_logprob_error: f32,
+}
+
+impl CaseReport {
+    pub fn near_tie(&self) -> bool {
+        matches!(self.divergence, Some((_, gap)) if gap <= NEAR_TIE_NATS)
+    }
+}
+
+pub fn judge(case: &OracleCase, ours: &Generation) -> CaseReport {
+    let mut max_err = 0.0f32;
+    let mut divergence = None;
+    for (step, (&want, top)) in case.output_ids.iter().zip(&case.top_logprobs).enumerate() {
+        let Some(&got) = ours.tokens.get(step) else { break };
+        for &(id, lp) in top {
+            if let Some(&ours_lp) = ours.logprobs[step].get(id as usize) {
+                max_err = max_err.max((ours_lp - lp).abs());
+            }
+        }
+        if got != want {
+            let best = top.first().map(|t| t.1).unwrap_or(0.0);
+            // Not in the oracle's top-5: its gap is at least the top-1 to top-5 spread.
+            let ours_in_oracle = top.iter().find(|t| t.0 == got).map(|t| t.1);
+            let gap = match ours_in_oracle {
+                Some(lp) => best - lp,
+                None => f32::INFINITY,
+            };
+            divergence = Some((step, gap));
+            break;
+        }
+    }
+    let strict = divergence.is_none() && ours.tokens.len() >= case.output_ids.len();
+    CaseReport { name: case.name.clone(), strict, divergence, max_logprob_error: max_err }
+}
+
+/// Summary line in the matrix's format, e.g. `11/11 (STRICT 11 + near-tie 0, max gap 0.00 nats)`.
+pub fn summarize(reports: &[CaseReport]) -> String {
+    let strict = reports.iter().filter(|r| r.strict).count();
+    let near = reports.iter().filter(|r| r.near_tie()).count();
+    let gap = reports.iter().filter_map(|r| r.divergence.map(|d| d.1)).fold(0.0f32, f32::max);
+    format!("{}/{} (STRICT {strict} + near-tie {near}, max gap {gap:.2} nats)", strict + near, reports.len())
+}
+
+/// The workspace's `fixtures/` directory.
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+/// Runs one fixture's whole battery on CPU at `dtype`; returns the per-case reports.
+pub fn run_fixture(dir: &Path, dtype: ferrite_tensor::DType) -> Result<(Oracle, Vec<CaseReport>)> {
+    let oracle = Oracle::load(&dir.join("oracle.json"))?;
+    let loaded = crate::load_model(dir, &crate::LoadOptions { dtype, progress: false })?;
+    let mut reports = Vec::new();
+    for case in &oracle.cases {
+        let ours = greedy(loaded.model.as_ref(), &case.prompt_ids, case.output_ids.len(), 16)?;
+        reports.push(judge(case, &ours));
+    }
+    Ok((oracle, reports))
+}

@@ -1,0 +1,18 @@
+//! Model definitions: Hugging Face `config.json` parsing, weight loading (safetensors, GGUF),
+//! the layers decoders share, one module per model family, and the architecture registry.
+
+pub mod config;
+pub mod error;
+pub mod families;
+pub mod gate;
+pub mod gguf;
+pub mod layers;
+pub mod loader;
+pub mod model;
+pub mod registry;
+pub mod rope;
+pub mod weights;
+
+pub use error::{ModelError, Result};
+pub use loader::{load_model, LoadOptions, LoadedModel};
+pub use model::{CausalLM, ForwardInput, KvLayerSpec, ModelInfo};

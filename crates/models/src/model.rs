@@ -1,0 +1,39 @@
+use ferrite_tensor::{AttnMetadata, PagedKvLayer, Tensor};
+
+use crate::Result;
+
+/// Shape of one layer's paged KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayerSpec {
+    pub num_kv_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+}
+
+/// What the engine needs to know about a loaded model.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub architecture: String,
+    pub vocab_size: usize,
+    pub max_position_embeddings: usize,
+    pub kv_layers: Vec<KvLayerSpec>,
+    /// Bytes of weights, for roofline and memory reports.
+    pub weight_bytes: usize,
+}
+
+/// One forward step over a flattened batch of sequences.
+pub struct ForwardInput<'a> {
+    pub tokens: &'a [u32],
+    pub meta: &'a AttnMetadata,
+    /// Rows of the batch whose logits are wanted (usually the last token of each sequence).
+    pub logit_rows: &'a [usize],
+}
+
+/// A decoder-only language model that reads and writes a paged KV cache.
+pub trait CausalLM: Send + Sync {
+    fn info(&self) -> &ModelInfo;
+
+    /// Runs the model over `input.tokens`, writing their keys and values into `kv` (one entry per
+    /// layer, shaped as `info().kv_layers`), and returns logits `[logit_rows.len(), vocab]` (f32).
+    fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor>;
+}

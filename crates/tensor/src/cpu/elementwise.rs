@@ -1,0 +1,137 @@
+use rayon::prelude::*;
+
+use super::{f32_tensor, PAR_THRESHOLD};
+use crate::error::Result;
+use crate::ops::Activation;
+use crate::tensor::{CpuStorage, Tensor};
+
+pub fn activate(act: Activation, x: f32) -> f32 {
+    match act {
+        Activation::Silu => x / (1.0 + (-x).exp()),
+        Activation::Gelu => 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)),
+        Activation::GeluTanh => {
+            let inner = (2.0f32 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+            0.5 * x * (1.0 + inner.tanh())
+        }
+        Activation::Relu => x.max(0.0),
+    }
+}
+
+pub fn unary(x: &Tensor, f: impl Fn(f32) -> f32 + Sync + Send) -> Result<Tensor> {
+    let src = x.as_f32_slice()?;
+    let out: Vec<f32> = if src.len() >= PAR_THRESHOLD {
+        src.par_iter().map(|&v| f(v)).collect()
+    } else {
+        src.iter().map(|&v| f(v)).collect()
+    };
+    Ok(f32_tensor(out, x.shape().to_vec()))
+}
+
+pub fn binary(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> f32 + Sync + Send) -> Result<Tensor> {
+    let (sa, sb) = (a.as_f32_slice()?, b.as_f32_slice()?);
+    let out: Vec<f32> = if sa.len() >= PAR_THRESHOLD {
+        sa.par_iter().zip(sb.par_iter()).map(|(&x, &y)| f(x, y)).collect()
+    } else {
+        sa.iter().zip(sb).map(|(&x, &y)| f(x, y)).collect()
+    };
+    Ok(f32_tensor(out, a.shape().to_vec()))
+}
+
+pub fn mul_row(x: &Tensor, row: &Tensor) -> Result<Tensor> {
+    let src = x.as_f32_slice()?;
+    let row = row.to_f32_vec();
+    let cols = row.len();
+    let mut out = src.to_vec();
+    out.par_chunks_mut(cols.max(1)).for_each(|r| r.iter_mut().zip(&row).for_each(|(v, w)| *v *= w));
+    Ok(f32_tensor(out, x.shape().to_vec()))
+}
+
+pub fn softmax(x: &Tensor) -> Result<Tensor> {
+    let cols = x.last_dim().max(1);
+    let mut out = x.as_f32_slice()?.to_vec();
+    out.par_chunks_mut(cols).for_each(softmax_in_place);
+    Ok(f32_tensor(out, x.shape().to_vec()))
+}
+
+pub(crate) fn softmax_in_place(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    row.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// The index of each row's largest value; the lowest index wins ties and NaN counts as the
+/// largest value, as in `torch.argmax`.
+pub fn argmax_rows(x: &Tensor) -> Result<Vec<u32>> {
+    let cols = x.last_dim().max(1);
+    let src = x.as_f32_slice()?;
+    Ok(src
+        .par_chunks(cols)
+        .map(|row| {
+            let mut best = 0usize;
+            for (i, &v) in row.iter().enumerate().skip(1) {
+                let b = row[best];
+                if !b.is_nan() && (v.is_nan() || v > b) {
+                    best = i;
+                }
+            }
+            best as u32
+        })
+        .collect())
+}
+
+pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
+    let hidden = table.shape()[1];
+    let mut out = vec![0.0f32; ids.len() * hidden];
+    let storage = table.cpu().expect("dispatched to the CPU backend");
+    out.par_chunks_mut(hidden.max(1)).zip(ids.par_iter()).for_each(|(dst, &id)| {
+        let start = id as usize * hidden;
+        match storage {
+            CpuStorage::F32(v) => dst.copy_from_slice(&v[start..start + hidden]),
+            CpuStorage::BF16(v) => dst.iter_mut().zip(&v[start..start + hidden]).for_each(|(d, s)| *d = s.to_f32()),
+            CpuStorage::F16(v) => dst.iter_mut().zip(&v[start..start + hidden]).for_each(|(d, s)| *d = s.to_f32()),
+        }
+    });
+    Ok(f32_tensor(out, vec![ids.len(), hidden]))
+}
+
+pub fn narrow_cols(x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+    let src = x.as_f32_slice()?;
+    let cols = x.last_dim();
+    let rows = x.rows();
+    let mut out = Vec::with_capacity(rows * len);
+    for r in 0..rows {
+        out.extend_from_slice(&src[r * cols + start..r * cols + start + len]);
+    }
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("rank >= 1") = len;
+    Ok(f32_tensor(out, shape))
+}
+
+pub fn concat_cols(parts: &[&Tensor]) -> Result<Tensor> {
+    let rows = parts[0].rows();
+    let total: usize = parts.iter().map(|p| p.last_dim()).sum();
+    let slices = parts.iter().map(|p| p.as_f32_slice()).collect::<Result<Vec<_>>>()?;
+    let mut out = Vec::with_capacity(rows * total);
+    for r in 0..rows {
+        for (p, s) in parts.iter().zip(&slices) {
+            let c = p.last_dim();
+            out.extend_from_slice(&s[r * c..(r + 1) * c]);
+        }
+    }
+    Ok(f32_tensor(out, vec![rows, total]))
+}
+
+pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
+    let src = x.as_f32_slice()?;
+    let cols = x.last_dim();
+    let mut out = Vec::with_capacity(rows.len() * cols);
+    for &r in rows {
+        out.extend_from_slice(&src[r * cols..(r + 1) * cols]);
+    }
+    Ok(f32_tensor(out, vec![rows.len(), cols]))
+}

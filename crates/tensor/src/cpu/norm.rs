@@ -1,0 +1,47 @@
+use rayon::prelude::*;
+
+use super::f32_tensor;
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<Tensor> {
+    let cols = x.last_dim().max(1);
+    let w: Vec<f32> = w.to_f32_vec().into_iter().map(|v| v + offset).collect();
+    let mut out = x.as_f32_slice()?.to_vec();
+    out.par_chunks_mut(cols).for_each(|row| {
+        let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / cols as f32;
+        let inv = 1.0 / (mean_sq + eps).sqrt();
+        row.iter_mut().zip(&w).for_each(|(v, g)| *v = *v * inv * g);
+    });
+    Ok(f32_tensor(out, x.shape().to_vec()))
+}
+
+/// `residual + x`, then its RMSNorm: returns `(normed, new_residual)`.
+pub fn add_rms_norm(x: &Tensor, residual: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<(Tensor, Tensor)> {
+    let (xs, rs) = (x.as_f32_slice()?, residual.as_f32_slice()?);
+    let sum = f32_tensor(xs.iter().zip(rs).map(|(a, b)| a + b).collect(), x.shape().to_vec());
+    Ok((rms_norm(&sum, w, eps, offset)?, sum))
+}
+
+pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) -> Result<Tensor> {
+    let cols = x.last_dim().max(1);
+    let w = w.map(|t| t.to_f32_vec());
+    let b = b.map(|t| t.to_f32_vec());
+    let mut out = x.as_f32_slice()?.to_vec();
+    out.par_chunks_mut(cols).for_each(|row| {
+        let mean = row.iter().sum::<f32>() / cols as f32;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / cols as f32;
+        let inv = 1.0 / (var + eps).sqrt();
+        for (i, v) in row.iter_mut().enumerate() {
+            let mut y = (*v - mean) * inv;
+            if let Some(w) = &w {
+                y *= w[i];
+            }
+            if let Some(b) = &b {
+                y += b[i];
+            }
+            *v = y;
+        }
+    });
+    Ok(f32_tensor(out, x.shape().to_vec()))
+}

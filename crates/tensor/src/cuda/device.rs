@@ -1,0 +1,266 @@
+//! One context per GPU for the whole process: its stream, cuBLAS handle and compiled kernels.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::cublas::{result as blas_result, sys as blas_sys};
+use cudarc::driver::{sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+
+use super::kernels;
+use super::storage::Arg;
+use crate::error::{Result, TensorError};
+
+pub(crate) fn dev_err(what: impl std::fmt::Display) -> TensorError {
+    TensorError::Device(what.to_string())
+}
+
+/// The kernel groups, each compiled on first use. The name keys the module cache.
+#[derive(Clone, Copy)]
+pub(crate) struct KernelSource {
+    pub name: &'static str,
+    pub src: &'static str,
+}
+
+pub(crate) const ELEMENTWISE: KernelSource = KernelSource { name: "elementwise", src: kernels::ELEMENTWISE };
+pub(crate) const NORM: KernelSource = KernelSource { name: "norm", src: kernels::NORM };
+pub(crate) const GEMV: KernelSource = KernelSource { name: "gemv", src: kernels::GEMV };
+pub(crate) const ATTENTION: KernelSource = KernelSource { name: "attention", src: kernels::ATTENTION };
+
+/// Up to this many rows, `matmul_t` uses the streaming GEMV kernel rather than cuBLAS.
+const DEFAULT_GEMV_MAX_ROWS: usize = 8;
+/// The largest row count the GEMV kernels are instantiated for.
+pub(crate) const GEMV_ROWS_LIMIT: usize = 16;
+
+/// A GPU as the op set sees it. Everything is issued on one stream, so the order of ops is
+/// the order of calls, and memory freed by a dropped tensor is reused only after the kernels
+/// queued before the drop (stream-ordered allocation).
+pub struct CudaDevice {
+    ordinal: usize,
+    name: String,
+    compute_capability: (i32, i32),
+    multiprocessors: usize,
+    max_shared_per_block: usize,
+    stream: Arc<CudaStream>,
+    blas: Mutex<blas_sys::cublasHandle_t>,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+    gemv_max_rows: AtomicUsize,
+    pub(crate) attn_meta: Mutex<Option<super::attention::MetaCache>>,
+    pub(crate) slot_meta: Mutex<Option<super::attention::SlotCache>>,
+}
+
+// SAFETY: the cuBLAS handle is only used behind its mutex; every other field is Send + Sync.
+unsafe impl Send for CudaDevice {}
+unsafe impl Sync for CudaDevice {}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cuda:{} ({})", self.ordinal, self.name)
+    }
+}
+
+/// Whether a CUDA GPU can be used: the driver, NVRTC and cuBLAS libraries load and report at
+/// least one device. Never panics; the answer is computed once per process.
+pub fn is_available() -> bool {
+    device_count() > 0
+}
+
+/// The number of CUDA devices, 0 when the driver or the libraries are missing.
+pub fn device_count() -> usize {
+    static COUNT: OnceLock<usize> = OnceLock::new();
+    *COUNT.get_or_init(|| {
+        // SAFETY: these only try to dlopen the libraries by name and close them again.
+        let present = unsafe {
+            cudarc::driver::sys::is_culib_present()
+                && cudarc::nvrtc::sys::is_culib_present()
+                && cudarc::cublas::sys::is_culib_present()
+        };
+        if !present {
+            return 0;
+        }
+        // cudarc panics when a symbol is missing from an older driver; that means "no GPU" here.
+        std::panic::catch_unwind(|| CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)).unwrap_or(0)
+    })
+}
+
+/// The process-wide context of GPU `ordinal`, created on first use.
+pub fn device(ordinal: usize) -> Result<Arc<CudaDevice>> {
+    static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
+    let count = device_count();
+    if ordinal >= count {
+        return Err(dev_err(if count == 0 {
+            "no CUDA device (driver, libnvrtc or libcublas not found, or no GPU)".to_string()
+        } else {
+            format!("cuda:{ordinal} requested but only {count} device(s) exist")
+        }));
+    }
+    let mut map = DEVICES.get_or_init(Default::default).lock().map_err(|_| dev_err("device table poisoned"))?;
+    if let Some(d) = map.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let d = Arc::new(CudaDevice::open(ordinal)?);
+    map.insert(ordinal, d.clone());
+    Ok(d)
+}
+
+impl CudaDevice {
+    fn open(ordinal: usize) -> Result<CudaDevice> {
+        let ctx = CudaContext::new(ordinal).map_err(dev_err)?;
+        // One stream per device and no cross-stream use: cudarc's per-buffer events would only
+        // add two event creations to every allocation.
+        // SAFETY: called before this context allocates anything.
+        unsafe { ctx.disable_event_tracking() };
+        // A stream of our own rather than the legacy default stream, which cannot be captured
+        // into CUDA graphs.
+        let stream = ctx.new_stream().map_err(dev_err)?;
+        keep_pool_memory(&ctx)?;
+        let attr = |a| ctx.attribute(a).map_err(dev_err);
+        let multiprocessors = attr(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let max_shared_per_block =
+            attr(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
+        let blas = blas_result::create_handle().map_err(dev_err)?;
+        // SAFETY: the handle is fresh; the stream outlives it (both live in this struct).
+        unsafe {
+            blas_result::set_stream(blas, stream.cu_stream() as _).map_err(dev_err)?;
+            // Plain fp32 GEMMs: TF32 would cost f32 activations their exactness against the CPU.
+            blas_sys::cublasSetMathMode(blas, blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH).result().map_err(dev_err)?;
+        }
+        let gemv_max_rows = std::env::var("FERRITE_GEMV_MAX_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_GEMV_MAX_ROWS)
+            .min(GEMV_ROWS_LIMIT);
+        Ok(CudaDevice {
+            ordinal,
+            name: ctx.name().map_err(dev_err)?,
+            compute_capability: ctx.compute_capability().map_err(dev_err)?,
+            multiprocessors,
+            max_shared_per_block,
+            stream,
+            blas: Mutex::new(blas),
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+            gemv_max_rows: AtomicUsize::new(gemv_max_rows),
+            attn_meta: Mutex::new(None),
+            slot_meta: Mutex::new(None),
+        })
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    pub fn multiprocessors(&self) -> usize {
+        self.multiprocessors
+    }
+
+    /// The stream every op of this device is issued on (for events and graph capture).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Blocks until every op issued so far has finished; reports asynchronous kernel faults.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().map_err(dev_err)
+    }
+
+    /// Up to this many rows `matmul_t` streams the weights through its own GEMV kernel instead of
+    /// cuBLAS (0 disables it; capped at 16). Defaults to 8, or `FERRITE_GEMV_MAX_ROWS`.
+    pub fn set_gemv_max_rows(&self, rows: usize) {
+        self.gemv_max_rows.store(rows.min(GEMV_ROWS_LIMIT), Ordering::Relaxed);
+    }
+
+    pub(crate) fn gemv_max_rows(&self) -> usize {
+        self.gemv_max_rows.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn max_shared_per_block(&self) -> usize {
+        self.max_shared_per_block
+    }
+
+    /// Runs `f` with the cuBLAS handle, which is bound to this device's stream.
+    pub(crate) fn with_blas<R>(&self, f: impl FnOnce(blas_sys::cublasHandle_t) -> R) -> Result<R> {
+        let handle = self.blas.lock().map_err(|_| dev_err("cuBLAS handle poisoned"))?;
+        self.stream.context().bind_to_thread().map_err(dev_err)?;
+        Ok(f(*handle))
+    }
+
+    /// The kernel `name` of `source`, compiling the source on its first use in this process.
+    pub(crate) fn function(&self, source: KernelSource, name: &str) -> Result<CudaFunction> {
+        if let Some(f) = self.functions.lock().map_err(|_| dev_err("function cache poisoned"))?.get(name) {
+            return Ok(f.clone());
+        }
+        let module = {
+            let mut modules = self.modules.lock().map_err(|_| dev_err("module cache poisoned"))?;
+            match modules.get(source.name) {
+                Some(m) => m.clone(),
+                None => {
+                    let m = self.compile(source)?;
+                    modules.insert(source.name, m.clone());
+                    m
+                }
+            }
+        };
+        let f = module.load_function(name).map_err(|e| dev_err(format!("kernel {name}: {e}")))?;
+        self.functions.lock().map_err(|_| dev_err("function cache poisoned"))?.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    fn compile(&self, source: KernelSource) -> Result<Arc<CudaModule>> {
+        let (major, minor) = self.compute_capability;
+        let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+        let src = format!("{}{}", kernels::COMMON, source.src);
+        let opts = CompileOptions { arch: Some(arch), ..Default::default() };
+        let ptx = compile_ptx_with_opts(src, opts)
+            .map_err(|e| dev_err(format!("NVRTC failed on the {} kernels for {arch}: {e:?}", source.name)))?;
+        self.stream.context().load_module(ptx).map_err(dev_err)
+    }
+
+    /// Launches `f` with `args` in the order of the kernel's C parameters.
+    pub(crate) fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+        let mut builder = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::Ptr(v) | Arg::U64(v) => builder.arg(v),
+                Arg::I32(v) => builder.arg(v),
+                Arg::F32(v) => builder.arg(v),
+            };
+        }
+        // SAFETY: every caller passes arguments matching the kernel's C signature, with device
+        // pointers into buffers that are alive now; frees are stream-ordered, so a buffer dropped
+        // after this call is not reused before the kernel has run.
+        unsafe { builder.launch(cfg) }.map(|_| ()).map_err(dev_err)
+    }
+}
+
+/// Stream-ordered allocations return freed memory to the driver at every synchronisation by
+/// default; keeping it in the pool makes per-op output allocation cheap after the first step.
+fn keep_pool_memory(ctx: &Arc<CudaContext>) -> Result<()> {
+    if !ctx.has_async_alloc() {
+        return Ok(());
+    }
+    let mut pool: drv_sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: plain driver calls on this context's device with valid out-pointers.
+    unsafe {
+        drv_sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result().map_err(dev_err)?;
+        drv_sys::cuMemPoolSetAttribute(
+            pool,
+            drv_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut threshold as *mut u64 as *mut std::ffi::c_void,
+        )
+        .result()
+        .map_err(dev_err)?;
+    }
+    Ok(())
+}

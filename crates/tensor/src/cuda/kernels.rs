@@ -1,0 +1,645 @@
+//! CUDA C sources, compiled by NVRTC once per process and device (see `device.rs`).
+//!
+//! The sources include no headers: bf16 is a 16-bit struct converted with bit operations and the
+//! sm_80+ `cvt.rn.bf16.f32` instruction, so kernels compile wherever `libnvrtc` loads, with no
+//! CUDA toolkit include directory to find at run time.
+//!
+//! Every kernel computes in f32 and rounds once when it stores. Templates are instantiated for the
+//! activation type `T` (f32, bf16) and, where an op takes a parameter tensor (norm weights, rows,
+//! cos/sin), its type `W`, under `extern "C"` names `<op>_<t>[_<w>]` that `ops.rs` looks up.
+
+/// Shared by every module: the bf16 type, conversions, reductions, instantiation helpers.
+pub const COMMON: &str = r#"
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+struct __align__(2) bf16_t { unsigned short bits; };
+
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(bf16_t v) { return __uint_as_float(((unsigned int)v.bits) << 16); }
+
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16_t from_f<bf16_t>(float v) {
+    bf16_t r;
+#if __CUDA_ARCH__ >= 800
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
+#else
+    unsigned int u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        r.bits = (unsigned short)((u >> 16) | 0x40u);
+    } else {
+        u += 0x7fffu + ((u >> 16) & 1u);
+        r.bits = (unsigned short)(u >> 16);
+    }
+#endif
+    return r;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Every thread gets the total. blockDim.x must be a multiple of 32. The leading barrier lets a
+// kernel call these back to back without a reader of the previous result racing the next write.
+__device__ float block_sum(float v) {
+    __shared__ float buf[32];
+    v = warp_sum(v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = (int)(threadIdx.x & 31) < (int)(blockDim.x >> 5) ? buf[threadIdx.x & 31] : 0.f;
+    return warp_sum(v);
+}
+__device__ float block_max(float v) {
+    __shared__ float buf[32];
+    v = warp_max(v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = (int)(threadIdx.x & 31) < (int)(blockDim.x >> 5) ? buf[threadIdx.x & 31] : -INFINITY;
+    return warp_max(v);
+}
+
+#define GRID_STRIDE(i, n) \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+#define FOR_T(M) M(f32, float) M(bf16, bf16_t)
+#define FOR_TW(M) M(f32, float, f32, float) M(f32, float, bf16, bf16_t) M(bf16, bf16_t, f32, float) M(bf16, bf16_t, bf16, bf16_t)
+"#;
+
+/// Elementwise maps, copies and gathers, rotary embeddings, KV-cache writes, argmax.
+pub const ELEMENTWISE: &str = r#"
+// Activation codes match `Activation` in ops.rs: 0 silu, 1 gelu (erf), 2 gelu (tanh), 3 relu.
+__device__ __forceinline__ float activate(int act, float x) {
+    switch (act) {
+    case 0: return x / (1.f + expf(-x));
+    case 1: return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+    case 2: {
+        float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+        return 0.5f * x * (1.f + tanhf(inner));
+    }
+    default: return fmaxf(x, 0.f);
+    }
+}
+
+// op: 0 scale by a, 1 softcap a * tanh(x / a), 2 activation code `act`.
+template <typename T>
+__device__ void unary(const T* __restrict__ x, T* __restrict__ y, size_t n, int op, float a, int act) {
+    GRID_STRIDE(i, n) {
+        float v = to_f(x[i]);
+        float r = op == 0 ? v * a : op == 1 ? tanhf(v / a) * a : activate(act, v);
+        y[i] = from_f<T>(r);
+    }
+}
+
+// op: 0 add, 1 mul, 2 activate(a) * b with activation code `act`.
+template <typename T>
+__device__ void binary(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, size_t n, int op, int act) {
+    GRID_STRIDE(i, n) {
+        float u = to_f(a[i]), v = to_f(b[i]);
+        float r = op == 0 ? u + v : op == 1 ? u * v : activate(act, u) * v;
+        y[i] = from_f<T>(r);
+    }
+}
+
+template <typename S, typename D>
+__device__ void cast(const S* __restrict__ x, D* __restrict__ y, size_t n) {
+    GRID_STRIDE(i, n) y[i] = from_f<D>(to_f(x[i]));
+}
+
+template <typename T, typename W>
+__device__ void mul_row(const T* __restrict__ x, const W* __restrict__ row, T* __restrict__ y, size_t n, int cols) {
+    GRID_STRIDE(i, n) y[i] = from_f<T>(to_f(x[i]) * to_f(row[i % cols]));
+}
+
+// Fills every row of `y` with `row`: the bias that cuBLAS then accumulates onto (beta = 1).
+template <typename T, typename W>
+__device__ void broadcast_row(const W* __restrict__ row, T* __restrict__ y, size_t n, int cols) {
+    GRID_STRIDE(i, n) y[i] = from_f<T>(to_f(row[i % cols]));
+}
+
+// One block per output row.
+template <typename T>
+__device__ void gather_rows(const T* __restrict__ src, const unsigned int* __restrict__ idx, T* __restrict__ dst, int cols) {
+    const T* s = src + (size_t)idx[blockIdx.x] * cols;
+    T* d = dst + (size_t)blockIdx.x * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
+}
+
+// dst[r, dst_off + c] = src[r, src_off + c] for c < len: narrow_cols and each part of concat_cols.
+template <typename T>
+__device__ void copy_cols(const T* __restrict__ src, int src_cols, int src_off, T* __restrict__ dst, int dst_cols,
+                          int dst_off, int rows, int len) {
+    GRID_STRIDE(i, (size_t)rows * len) {
+        size_t r = i / len, c = i % len;
+        dst[r * dst_cols + dst_off + c] = src[r * src_cols + src_off + c];
+    }
+}
+
+// Rotates the first 2 * half dims of every head; the rest pass through.
+template <typename T, typename W>
+__device__ void rope(const T* __restrict__ x, const W* __restrict__ cosv, const W* __restrict__ sinv, T* __restrict__ y,
+                     int rows, int cols, int head_dim, int half, int interleaved) {
+    GRID_STRIDE(idx, (size_t)rows * cols) {
+        size_t row = idx / cols;
+        int c = (int)(idx % cols) % head_dim;
+        if (c >= 2 * half) { y[idx] = x[idx]; continue; }
+        int i, partner;
+        float sign;
+        if (!interleaved) {
+            if (c < half) { i = c; partner = c + half; sign = -1.f; }
+            else { i = c - half; partner = c - half; sign = 1.f; }
+        } else {
+            i = c >> 1;
+            if (c & 1) { partner = c - 1; sign = 1.f; } else { partner = c + 1; sign = -1.f; }
+        }
+        float co = to_f(cosv[row * half + i]), si = to_f(sinv[row * half + i]);
+        float xp = to_f(x[idx - c + partner]);
+        y[idx] = from_f<T>(to_f(x[idx]) * co + sign * (xp * si));
+    }
+}
+
+// One block per token: copies its key and value rows into their cache slot.
+template <typename T>
+__device__ void write_kv(const T* __restrict__ k, const T* __restrict__ v, const unsigned int* __restrict__ slots,
+                         T* __restrict__ kc, T* __restrict__ vc, int kw, int vw) {
+    size_t slot = slots[blockIdx.x];
+    const T* ks = k + (size_t)blockIdx.x * kw;
+    const T* vs = v + (size_t)blockIdx.x * vw;
+    for (int c = threadIdx.x; c < kw; c += blockDim.x) kc[slot * kw + c] = ks[c];
+    for (int c = threadIdx.x; c < vw; c += blockDim.x) vc[slot * vw + c] = vs[c];
+}
+
+// torch.argmax order: NaN is the largest value; among equals the lowest index wins.
+__device__ __forceinline__ bool better(float v, unsigned int i, float bv, unsigned int bi) {
+    if (isnan(v)) return !isnan(bv) || i < bi;
+    if (isnan(bv)) return false;
+    return v > bv || (v == bv && i < bi);
+}
+
+// One block per row.
+template <typename T>
+__device__ void argmax_rows(const T* __restrict__ x, unsigned int* __restrict__ out, int cols) {
+    const T* xr = x + (size_t)blockIdx.x * cols;
+    float bv = -INFINITY;
+    unsigned int bi = 0xffffffffu;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = to_f(xr[c]);
+        if (better(v, c, bv, bi)) { bv = v; bi = c; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        unsigned int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+    }
+    __shared__ float sv[32];
+    __shared__ unsigned int si[32];
+    if ((threadIdx.x & 31) == 0) { sv[threadIdx.x >> 5] = bv; si[threadIdx.x >> 5] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+            if (better(sv[w], si[w], bv, bi)) { bv = sv[w]; bi = si[w]; }
+        out[blockIdx.x] = bi;
+    }
+}
+
+#define INST_T(TN, T)                                                                                              \
+    extern "C" __global__ void unary_##TN(const T* x, T* y, size_t n, int op, float a, int act) {                  \
+        unary<T>(x, y, n, op, a, act);                                                                             \
+    }                                                                                                              \
+    extern "C" __global__ void binary_##TN(const T* a, const T* b, T* y, size_t n, int op, int act) {              \
+        binary<T>(a, b, y, n, op, act);                                                                            \
+    }                                                                                                              \
+    extern "C" __global__ void gather_rows_##TN(const T* s, const unsigned int* idx, T* d, int cols) {             \
+        gather_rows<T>(s, idx, d, cols);                                                                           \
+    }                                                                                                              \
+    extern "C" __global__ void copy_cols_##TN(const T* s, int sc, int so, T* d, int dc, int dof, int rows, int len) { \
+        copy_cols<T>(s, sc, so, d, dc, dof, rows, len);                                                            \
+    }                                                                                                              \
+    extern "C" __global__ void write_kv_##TN(const T* k, const T* v, const unsigned int* slots, T* kc, T* vc, int kw, \
+                                             int vw) {                                                             \
+        write_kv<T>(k, v, slots, kc, vc, kw, vw);                                                                  \
+    }                                                                                                              \
+    extern "C" __global__ void argmax_rows_##TN(const T* x, unsigned int* out, int cols) { argmax_rows<T>(x, out, cols); }
+FOR_T(INST_T)
+
+#define INST_TW(TN, T, WN, W)                                                                                      \
+    extern "C" __global__ void cast_##WN##_##TN(const W* x, T* y, size_t n) { cast<W, T>(x, y, n); }               \
+    extern "C" __global__ void mul_row_##TN##_##WN(const T* x, const W* row, T* y, size_t n, int cols) {           \
+        mul_row<T, W>(x, row, y, n, cols);                                                                         \
+    }                                                                                                              \
+    extern "C" __global__ void broadcast_row_##TN##_##WN(const W* row, T* y, size_t n, int cols) {                 \
+        broadcast_row<T, W>(row, y, n, cols);                                                                      \
+    }                                                                                                              \
+    extern "C" __global__ void rope_##TN##_##WN(const T* x, const W* c, const W* s, T* y, int rows, int cols, int hd, \
+                                                int half, int il) {                                                \
+        rope<T, W>(x, c, s, y, rows, cols, hd, half, il);                                                          \
+    }
+FOR_TW(INST_TW)
+"#;
+
+/// Row-wise reductions: RMSNorm (plain and fused with the residual add), LayerNorm, softmax.
+/// One block per row.
+pub const NORM: &str = r#"
+template <typename T, typename W>
+__device__ void rms_norm(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y, int cols, float eps,
+                         float offset) {
+    const T* xr = x + (size_t)blockIdx.x * cols;
+    T* yr = y + (size_t)blockIdx.x * cols;
+    float s = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) { float v = to_f(xr[c]); s += v * v; }
+    s = block_sum(s);
+    float inv = 1.f / sqrtf(s / cols + eps);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = from_f<T>(to_f(xr[c]) * inv * (to_f(w[c]) + offset));
+}
+
+// The residual stream is rounded to T before it is normalised, as a model running in T would
+// store it; each thread re-reads only the elements it wrote itself.
+template <typename T, typename W>
+__device__ void add_rms_norm(const T* __restrict__ x, const T* __restrict__ res, const W* __restrict__ w,
+                             T* __restrict__ y, T* __restrict__ res_out, int cols, float eps, float offset) {
+    size_t base = (size_t)blockIdx.x * cols;
+    float s = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        T h = from_f<T>(to_f(x[base + c]) + to_f(res[base + c]));
+        res_out[base + c] = h;
+        float v = to_f(h);
+        s += v * v;
+    }
+    s = block_sum(s);
+    float inv = 1.f / sqrtf(s / cols + eps);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        y[base + c] = from_f<T>(to_f(res_out[base + c]) * inv * (to_f(w[c]) + offset));
+}
+
+// w and b may be null.
+template <typename T, typename W>
+__device__ void layer_norm(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b, T* __restrict__ y,
+                           int cols, float eps) {
+    const T* xr = x + (size_t)blockIdx.x * cols;
+    T* yr = y + (size_t)blockIdx.x * cols;
+    float s = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += to_f(xr[c]);
+    float mean = block_sum(s) / cols;
+    float q = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) { float d = to_f(xr[c]) - mean; q += d * d; }
+    float inv = 1.f / sqrtf(block_sum(q) / cols + eps);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = (to_f(xr[c]) - mean) * inv;
+        if (w) v *= to_f(w[c]);
+        if (b) v += to_f(b[c]);
+        yr[c] = from_f<T>(v);
+    }
+}
+
+template <typename T>
+__device__ void softmax(const T* __restrict__ x, T* __restrict__ y, int cols) {
+    const T* xr = x + (size_t)blockIdx.x * cols;
+    T* yr = y + (size_t)blockIdx.x * cols;
+    float m = -INFINITY;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, to_f(xr[c]));
+    m = block_max(m);
+    float s = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += expf(to_f(xr[c]) - m);
+    float inv = 1.f / block_sum(s);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = from_f<T>(expf(to_f(xr[c]) - m) * inv);
+}
+
+#define INST_T(TN, T) \
+    extern "C" __global__ void softmax_##TN(const T* x, T* y, int cols) { softmax<T>(x, y, cols); }
+FOR_T(INST_T)
+
+#define INST_TW(TN, T, WN, W)                                                                                      \
+    extern "C" __global__ void rms_norm_##TN##_##WN(const T* x, const W* w, T* y, int cols, float eps, float off) { \
+        rms_norm<T, W>(x, w, y, cols, eps, off);                                                                   \
+    }                                                                                                              \
+    extern "C" __global__ void add_rms_norm_##TN##_##WN(const T* x, const T* r, const W* w, T* y, T* ro, int cols,  \
+                                                        float eps, float off) {                                    \
+        add_rms_norm<T, W>(x, r, w, y, ro, cols, eps, off);                                                        \
+    }                                                                                                              \
+    extern "C" __global__ void layer_norm_##TN##_##WN(const T* x, const W* w, const W* b, T* y, int cols, float eps) { \
+        layer_norm<T, W>(x, w, b, y, cols, eps);                                                                   \
+    }
+FOR_TW(INST_TW)
+"#;
+
+/// `y[m, n] = x[m, k] . w[n, k]^T (+ bias)` for the few rows of a decode step, where cuBLAS
+/// leaves most of the memory bandwidth unused. Each warp owns R weight rows and streams them once
+/// with 16-byte loads (four in flight per row), dotting every chunk against all m input rows.
+pub const GEMV: &str = r#"
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint4 ld_cached(const void* p) { return __ldg((const uint4*)p); }
+
+__device__ __forceinline__ float dot16(uint4 a, uint4 b, float) {
+    return __uint_as_float(a.x) * __uint_as_float(b.x) + __uint_as_float(a.y) * __uint_as_float(b.y) +
+           __uint_as_float(a.z) * __uint_as_float(b.z) + __uint_as_float(a.w) * __uint_as_float(b.w);
+}
+__device__ __forceinline__ float dot2(unsigned int a, unsigned int b) {
+    return __uint_as_float(a << 16) * __uint_as_float(b << 16) +
+           __uint_as_float(a & 0xffff0000u) * __uint_as_float(b & 0xffff0000u);
+}
+__device__ __forceinline__ float dot16(uint4 a, uint4 b, bf16_t) {
+    return dot2(a.x, b.x) + dot2(a.y, b.y) + dot2(a.z, b.z) + dot2(a.w, b.w);
+}
+
+template <typename T, int M, int R>
+__device__ void gemv(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
+                     int m, int n, int k) {
+    constexpr int VEC = 16 / sizeof(T);
+    constexpr int STEP = 32 * VEC;
+    constexpr int U = 4;
+    const int lane = threadIdx.x & 31;
+    const int n0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
+    if (n0 >= n) return;
+    const T* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wr[r] = w + (size_t)min(n0 + r, n - 1) * k;
+    float acc[M][R];
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[i][r] = 0.f;
+
+    int c = lane * VEC;
+    for (; c + (U - 1) * STEP < k; c += U * STEP) {
+        uint4 wv[R][U];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int u = 0; u < U; ++u) wv[r][u] = ld_stream(wr[r] + c + u * STEP);
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            if (i < m) {
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    uint4 xv = ld_cached(x + (size_t)i * k + c + u * STEP);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) acc[i][r] += dot16(xv, wv[r][u], T());
+                }
+            }
+        }
+    }
+    for (; c < k; c += STEP) {
+        uint4 wv[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) wv[r] = ld_stream(wr[r] + c);
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            if (i < m) {
+                uint4 xv = ld_cached(x + (size_t)i * k + c);
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[i][r] += dot16(xv, wv[r], T());
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float s = warp_sum(acc[i][r]);
+            if (lane == 0 && i < m && n0 + r < n) {
+                if (bias) s += to_f(bias[n0 + r]);
+                y[(size_t)i * n + n0 + r] = from_f<T>(s);
+            }
+        }
+    }
+}
+
+#define INST_GEMV(TN, T, MM, RR)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) gemv_##TN##_m##MM(const T* x, const T* w, const T* b, T* y,  \
+                                                                         int m, int n, int k) {                    \
+        gemv<T, MM, RR>(x, w, b, y, m, n, k);                                                                      \
+    }
+#define INST_T(TN, T) INST_GEMV(TN, T, 1, 2) INST_GEMV(TN, T, 2, 2) INST_GEMV(TN, T, 4, 4) INST_GEMV(TN, T, 8, 4) \
+    INST_GEMV(TN, T, 16, 4)
+FOR_T(INST_T)
+"#;
+
+/// Paged attention over block tables for a flattened batch of prefill chunks and decode tokens.
+///
+/// A work item is up to 16 query vectors (rows x heads of one sequence, all reading one KV head)
+/// that share every key/value tile the block stages in shared memory: a decode token contributes
+/// its GQA group of heads, a prefill chunk several rows of them. Tiles hold 32 keys, one per lane
+/// when scoring; each of the 4 warps owns up to 4 query vectors and keeps an online softmax for
+/// them. When the batch has too few items to fill the GPU, the key range is split across blocks
+/// (flash-decoding) and `attn_combine` merges the partial results.
+pub const ATTENTION: &str = r#"
+#define QV_MAX 16
+#define TILE 32
+#define NWARPS 4
+#define QPW 4
+#define DV_REGS 8
+
+// Mirrors `AttnItem` in attention.rs.
+struct AttnItem { int row0, nrows, pos0, h0, nheads, bt_off, k_lo, k_hi; };
+
+__device__ __forceinline__ float2 load2(const float* p) { return make_float2(p[0], p[1]); }
+__device__ __forceinline__ float2 load2(const bf16_t* p) {
+    unsigned int u = *(const unsigned int*)p;
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+
+// Stages TILE rows of `width` elements (row j from `src + slot[j] * stride`) into `dst` with row
+// pitch `pitch`; rows without a key are zero so that p = 0 never meets a NaN.
+template <typename T>
+__device__ __forceinline__ void load_tile(T* dst, int pitch, const T* __restrict__ src, size_t stride, const int* slot, int width,
+                          int vec) {
+    if (vec) {
+        constexpr int CH = 16 / sizeof(T);
+        const int cpr = width / CH;
+        for (int e = threadIdx.x; e < TILE * cpr; e += blockDim.x) {
+            int j = e / cpr, c = (e % cpr) * CH;
+            uint4 val = make_uint4(0u, 0u, 0u, 0u);
+            if (slot[j] >= 0) val = __ldg((const uint4*)(src + (size_t)slot[j] * stride + c));
+            unsigned int* d = (unsigned int*)(dst + j * pitch + c);
+            d[0] = val.x; d[1] = val.y; d[2] = val.z; d[3] = val.w;
+        }
+    } else {
+        for (int e = threadIdx.x; e < TILE * width; e += blockDim.x) {
+            int j = e / width, c = e % width;
+            dst[j * pitch + c] = slot[j] >= 0 ? src[(size_t)slot[j] * stride + c] : from_f<T>(0.f);
+        }
+    }
+}
+
+template <typename T>
+__device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
+                           const unsigned int* __restrict__ tables, const AttnItem* __restrict__ items,
+                           T* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
+                           int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size, float scale,
+                           float softcap, int window, int splits, int tokens, int kpitch, int vpitch, int vec) {
+    extern __shared__ float smem[];
+    float* q_s = smem;                                    // [QV_MAX][d]
+    float* p_s = q_s + QV_MAX * d;                        // [NWARPS][QPW][TILE]
+    int* slot_s = (int*)(p_s + NWARPS * QPW * TILE);      // [TILE]
+    T* k_s = (T*)(slot_s + TILE);                         // [TILE][kpitch]
+    T* v_s = k_s + TILE * kpitch;                         // [TILE][vpitch]
+
+    const AttnItem it = items[blockIdx.x];
+    const int split = blockIdx.y;
+    const int g = it.h0 / (hq / hkv);
+    const int nqv = it.nrows * it.nheads;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nu = nqv > warp ? min(QPW, (nqv - warp + NWARPS - 1) / NWARPS) : 0;
+
+    const int len = it.k_hi - it.k_lo;
+    const int chunk = ((len + splits - 1) / splits + TILE - 1) / TILE * TILE;
+    const int kbeg = it.k_lo + split * chunk;
+    const int kend = min(kbeg + chunk, it.k_hi);
+
+    for (int e = threadIdx.x; e < nqv * d; e += blockDim.x) {
+        int qv = e / d, c = e % d;
+        int r = qv / it.nheads, h = it.h0 + qv % it.nheads;
+        q_s[e] = to_f(q[((size_t)(it.row0 + r) * hq + h) * d + c]);
+    }
+
+    float m_[QPW], l_[QPW], acc[QPW][DV_REGS];
+    int pos[QPW];
+#pragma unroll
+    for (int u = 0; u < QPW; ++u) {
+        m_[u] = -INFINITY;
+        l_[u] = 0.f;
+        pos[u] = it.pos0 + (warp + NWARPS * u) / it.nheads;
+#pragma unroll
+        for (int i = 0; i < DV_REGS; ++i) acc[u][i] = 0.f;
+    }
+    const size_t kstride = (size_t)hkv * k_dim, vstride = (size_t)hkv * v_dim;
+    const T* kbase = kc + (size_t)g * k_dim;
+    const T* vbase = vc + (size_t)g * v_dim;
+
+    for (int t0 = kbeg; t0 < kend; t0 += TILE) {
+        __syncthreads();  // the previous tile's readers are done (and q_s is written, the first time)
+        if (threadIdx.x < TILE) {
+            int kp = t0 + threadIdx.x;
+            slot_s[threadIdx.x] = kp < kend ? (int)(tables[it.bt_off + kp / block_size] * block_size + kp % block_size) : -1;
+        }
+        __syncthreads();
+        load_tile<T>(k_s, kpitch, kbase, kstride, slot_s, d, vec);
+        load_tile<T>(v_s, vpitch, vbase, vstride, slot_s, dv, vec);
+        __syncthreads();
+        if (nu == 0) continue;
+
+        float s[QPW];
+#pragma unroll
+        for (int u = 0; u < QPW; ++u) s[u] = 0.f;
+        const T* kr = k_s + lane * kpitch;
+        for (int c = 0; c < d; c += 2) {
+            float2 kv = load2(kr + c);
+#pragma unroll
+            for (int u = 0; u < QPW; ++u) {
+                if (u < nu) {
+                    const float* qr = q_s + (warp + NWARPS * u) * d + c;
+                    s[u] += qr[0] * kv.x + qr[1] * kv.y;
+                }
+            }
+        }
+        const int kp = t0 + lane;
+#pragma unroll
+        for (int u = 0; u < QPW; ++u) {
+            if (u < nu) {
+                float x = s[u] * scale;
+                if (softcap > 0.f) x = tanhf(x / softcap) * softcap;
+                bool valid = kp < kend && kp <= pos[u] && (window == 0 || kp > pos[u] - window);
+                x = valid ? x : -INFINITY;
+                float m_new = fmaxf(m_[u], warp_max(x));
+                float p = m_new == -INFINITY ? 0.f : expf(x - m_new);
+                float corr = m_[u] == -INFINITY ? 0.f : expf(m_[u] - m_new);
+                l_[u] = l_[u] * corr + warp_sum(p);
+                m_[u] = m_new;
+#pragma unroll
+                for (int i = 0; i < DV_REGS; ++i) acc[u][i] *= corr;
+                p_s[(warp * QPW + u) * TILE + lane] = p;
+            }
+        }
+        __syncwarp();
+        for (int j = 0; j < TILE; ++j) {
+            const T* vr = v_s + j * vpitch;
+#pragma unroll
+            for (int i = 0; i < DV_REGS; ++i) {
+                int c = lane + 32 * i;
+                if (c < dv) {
+                    float vv = to_f(vr[c]);
+#pragma unroll
+                    for (int u = 0; u < QPW; ++u)
+                        if (u < nu) acc[u][i] += p_s[(warp * QPW + u) * TILE + j] * vv;
+                }
+            }
+        }
+        __syncwarp();
+    }
+
+#pragma unroll
+    for (int u = 0; u < QPW; ++u) {
+        if (u >= nu) break;
+        int qv = warp + NWARPS * u;
+        int row = it.row0 + qv / it.nheads, h = it.h0 + qv % it.nheads;
+        size_t oh = (size_t)row * hq + h;
+        if (splits == 1) {
+            float inv = l_[u] > 0.f ? 1.f / l_[u] : 0.f;
+#pragma unroll
+            for (int i = 0; i < DV_REGS; ++i) {
+                int c = lane + 32 * i;
+                if (c < dv) out[oh * dv + c] = from_f<T>(acc[u][i] * inv);
+            }
+        } else {
+            size_t ph = (size_t)split * tokens * hq + oh;
+#pragma unroll
+            for (int i = 0; i < DV_REGS; ++i) {
+                int c = lane + 32 * i;
+                if (c < dv) part_acc[ph * dv + c] = acc[u][i];
+            }
+            if (lane == 0) { part_ml[ph * 2] = m_[u]; part_ml[ph * 2 + 1] = l_[u]; }
+        }
+    }
+}
+
+// One block per (token, head): merges the splits' unnormalised partial results.
+template <typename T>
+__device__ void attn_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml, T* __restrict__ out,
+                             int splits, int tokens, int hq, int dv) {
+    const size_t oh = blockIdx.x;
+    const size_t per_split = (size_t)tokens * hq;
+    float m = -INFINITY;
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, part_ml[(s * per_split + oh) * 2]);
+    float l = 0.f;
+    for (int s = 0; s < splits; ++s) {
+        float ms = part_ml[(s * per_split + oh) * 2];
+        if (ms != -INFINITY) l += part_ml[(s * per_split + oh) * 2 + 1] * expf(ms - m);
+    }
+    float inv = l > 0.f ? 1.f / l : 0.f;
+    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+        float a = 0.f;
+        for (int s = 0; s < splits; ++s) {
+            float ms = part_ml[(s * per_split + oh) * 2];
+            if (ms != -INFINITY) a += part_acc[(s * per_split + oh) * dv + c] * expf(ms - m);
+        }
+        out[oh * dv + c] = from_f<T>(a * inv);
+    }
+}
+
+#define INST_T(TN, T)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(NWARPS * 32) paged_attn_##TN(                                     \
+        const T* q, const T* kc, const T* vc, const unsigned int* tables, const AttnItem* items, T* out,           \
+        float* part_acc, float* part_ml, int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size,     \
+        float scale, float softcap, int window, int splits, int tokens, int kpitch, int vpitch, int vec) {         \
+        paged_attn<T>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim, block_size,  \
+                      scale, softcap, window, splits, tokens, kpitch, vpitch, vec);                                \
+    }                                                                                                              \
+    extern "C" __global__ void attn_combine_##TN(const float* pa, const float* pm, T* out, int splits, int tokens,  \
+                                                 int hq, int dv) {                                                 \
+        attn_combine<T>(pa, pm, out, splits, tokens, hq, dv);                                                      \
+    }
+FOR_T(INST_T)
+"#;

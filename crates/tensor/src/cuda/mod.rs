@@ -1,0 +1,21 @@
+//! The CUDA backend: f32 and bf16 tensors in device memory, kernels compiled at run time.
+//!
+//! Nothing CUDA is needed to build: `cudarc` loads `libcuda`, `libnvrtc` and `libcublas` when a
+//! device is first opened, and [`is_available`] says whether that can work without trying
+//! anything that could panic. Each device has one context, one stream and one cuBLAS handle for
+//! the process ([`device`]); kernel sources are compiled by NVRTC for the device's compute
+//! capability on first use and cached.
+//!
+//! Activations may be f32 (the path judged against the CPU reference: fp32 GEMMs without TF32)
+//! or bf16 (for speed: every kernel accumulates in f32 and rounds once on store). An op returns
+//! its input activation's dtype; parameter tensors (weights, norms, cos/sin) may be either dtype.
+
+pub(crate) mod attention;
+mod device;
+mod kernels;
+pub(crate) mod matmul;
+pub(crate) mod ops;
+mod storage;
+
+pub use device::{device, device_count, is_available, CudaDevice};
+pub use storage::CudaStorage;

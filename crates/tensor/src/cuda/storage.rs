@@ -1,0 +1,176 @@
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
+use half::bf16;
+
+use super::device::{dev_err, CudaDevice, ELEMENTWISE};
+use crate::error::{Result, TensorError};
+use crate::tensor::CpuStorage;
+use crate::DType;
+
+#[derive(Debug)]
+pub(crate) enum CudaBuf {
+    F32(CudaSlice<f32>),
+    BF16(CudaSlice<bf16>),
+}
+
+/// The device memory of one tensor: f32 or bf16 elements on one GPU.
+#[derive(Debug)]
+pub struct CudaStorage {
+    dev: Arc<CudaDevice>,
+    buf: CudaBuf,
+    /// Elements in use; the buffer holds at least one so that empty tensors need no special case.
+    len: usize,
+}
+
+/// A kernel argument: `launch` pushes these in order.
+#[derive(Clone, Copy)]
+pub(crate) enum Arg {
+    Ptr(u64),
+    I32(i32),
+    U64(u64),
+    F32(f32),
+}
+
+/// A dimension or count as a C `int`, refusing what would wrap.
+pub(crate) fn int(v: usize) -> Result<Arg> {
+    i32::try_from(v).map(Arg::I32).map_err(|_| dev_err(format!("size {v} does not fit a 32-bit kernel argument")))
+}
+
+pub(crate) fn dtype_suffix(dtype: DType) -> Result<&'static str> {
+    match dtype {
+        DType::F32 => Ok("f32"),
+        DType::BF16 => Ok("bf16"),
+        DType::F16 => Err(unsupported_f16("cuda")),
+    }
+}
+
+fn unsupported_f16(op: &'static str) -> TensorError {
+    TensorError::Unsupported { op, detail: "f16 on CUDA (convert to bf16 or f32 with to_dtype first)".into() }
+}
+
+/// A grid-stride launch over `n` elements.
+pub(crate) fn flat_cfg(dev: &CudaDevice, n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, dev.multiprocessors() * 16);
+    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// One block per row; long rows (vocabularies) get more threads.
+pub(crate) fn row_cfg(rows: usize, cols: usize) -> LaunchConfig {
+    let threads = if cols >= 8192 { 1024 } else { 256 };
+    LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
+impl CudaStorage {
+    /// Uninitialised memory for `len` elements; every caller writes all of them.
+    pub(crate) fn alloc(dev: &Arc<CudaDevice>, dtype: DType, len: usize) -> Result<CudaStorage> {
+        let s = dev.stream();
+        // SAFETY: the caller overwrites the memory before anything reads it.
+        let buf = unsafe {
+            match dtype {
+                DType::F32 => CudaBuf::F32(s.alloc::<f32>(len.max(1)).map_err(dev_err)?),
+                DType::BF16 => CudaBuf::BF16(s.alloc::<bf16>(len.max(1)).map_err(dev_err)?),
+                DType::F16 => return Err(unsupported_f16("alloc")),
+            }
+        };
+        Ok(CudaStorage { dev: dev.clone(), buf, len })
+    }
+
+    pub(crate) fn zeros(dev: &Arc<CudaDevice>, dtype: DType, len: usize) -> Result<CudaStorage> {
+        let s = dev.stream();
+        let buf = match dtype {
+            DType::F32 => CudaBuf::F32(s.alloc_zeros::<f32>(len.max(1)).map_err(dev_err)?),
+            DType::BF16 => CudaBuf::BF16(s.alloc_zeros::<bf16>(len.max(1)).map_err(dev_err)?),
+            DType::F16 => return Err(unsupported_f16("zeros")),
+        };
+        Ok(CudaStorage { dev: dev.clone(), buf, len })
+    }
+
+    pub fn from_cpu(dev: &Arc<CudaDevice>, src: &CpuStorage) -> Result<CudaStorage> {
+        let s = dev.stream();
+        let len = src.len();
+        let buf = match src {
+            CpuStorage::F32(v) if !v.is_empty() => CudaBuf::F32(s.clone_htod(v).map_err(dev_err)?),
+            CpuStorage::BF16(v) if !v.is_empty() => CudaBuf::BF16(s.clone_htod(v).map_err(dev_err)?),
+            CpuStorage::F16(_) => return Err(unsupported_f16("to_device")),
+            _ => return CudaStorage::zeros(dev, src.dtype(), 0),
+        };
+        Ok(CudaStorage { dev: dev.clone(), buf, len })
+    }
+
+    /// Copies to host memory; waits for the ops that produce this tensor.
+    pub fn to_cpu(&self) -> Result<CpuStorage> {
+        let s = self.dev.stream();
+        Ok(match &self.buf {
+            CudaBuf::F32(b) => CpuStorage::F32(s.clone_dtoh(&b.slice(..self.len)).map_err(dev_err)?),
+            CudaBuf::BF16(b) => CpuStorage::BF16(s.clone_dtoh(&b.slice(..self.len)).map_err(dev_err)?),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn dtype(&self) -> DType {
+        match self.buf {
+            CudaBuf::F32(_) => DType::F32,
+            CudaBuf::BF16(_) => DType::BF16,
+        }
+    }
+
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.dev
+    }
+
+    pub(crate) fn ptr(&self) -> Arg {
+        Arg::Ptr(self.raw_ptr())
+    }
+
+    pub(crate) fn raw_ptr(&self) -> u64 {
+        let s = self.dev.stream();
+        // Event tracking is off, so the returned guards record nothing.
+        match &self.buf {
+            CudaBuf::F32(b) => b.device_ptr(s).0,
+            CudaBuf::BF16(b) => b.device_ptr(s).0,
+        }
+    }
+
+    /// A copy converted to `dtype` on the device (rounding to nearest even when narrowing).
+    pub(crate) fn cast(&self, dtype: DType) -> Result<CudaStorage> {
+        let out = CudaStorage::alloc(&self.dev, dtype, self.len)?;
+        if self.len > 0 {
+            let name = format!("cast_{}_{}", dtype_suffix(self.dtype())?, dtype_suffix(dtype)?);
+            let f = self.dev.function(ELEMENTWISE, &name)?;
+            self.dev.launch(&f, flat_cfg(&self.dev, self.len), &[self.ptr(), out.ptr(), Arg::U64(self.len as u64)])?;
+        }
+        Ok(out)
+    }
+
+    /// This storage read as `dtype`: itself, or a converted copy where the dtype differs.
+    pub(crate) fn as_dtype(&self, dtype: DType) -> Result<Converted<'_>> {
+        if self.dtype() == dtype {
+            Ok(Converted::Same(self))
+        } else {
+            self.cast(dtype).map(Converted::Cast)
+        }
+    }
+}
+
+pub(crate) enum Converted<'a> {
+    Same(&'a CudaStorage),
+    Cast(CudaStorage),
+}
+
+impl std::ops::Deref for Converted<'_> {
+    type Target = CudaStorage;
+    fn deref(&self) -> &CudaStorage {
+        match self {
+            Converted::Same(s) => s,
+            Converted::Cast(s) => s,
+        }
+    }
+}

@@ -1,0 +1,37 @@
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl DType {
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    /// Parses the spellings used by `--dtype` flags and Hugging Face configs (`torch_dtype`).
+    pub fn parse(name: &str) -> Option<DType> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "f32" | "float32" | "float" | "fp32" => Some(DType::F32),
+            "f16" | "float16" | "half" | "fp16" => Some(DType::F16),
+            "bf16" | "bfloat16" => Some(DType::BF16),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+        })
+    }
+}

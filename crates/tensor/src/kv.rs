@@ -1,0 +1,144 @@
+//! The paged KV cache of one attention layer and the batch metadata attention reads it through.
+//!
+//! The cache is a pool of fixed-size blocks; a sequence owns a block table (block ids in order),
+//! and every token of a forward batch has a slot (`block * block_size + offset`) its key and value
+//! are written to. Prefill chunks and decode tokens of many sequences share one flattened batch.
+
+use crate::cuda::CudaStorage;
+use crate::error::{shape_err, Result};
+use crate::tensor::Device;
+use crate::DType;
+
+#[derive(Debug, Clone)]
+pub struct AttnSeq {
+    /// First row of this sequence's query tokens in the flattened batch.
+    pub q_start: usize,
+    /// Number of query tokens this step (prefill chunk length, or 1 for decode).
+    pub q_len: usize,
+    /// Tokens in the cache once this step's keys are written (cached prefix + `q_len`).
+    pub ctx_len: usize,
+    pub block_table: Vec<u32>,
+}
+
+impl AttnSeq {
+    /// Absolute position of query row `i` of this sequence.
+    pub fn query_position(&self, i: usize) -> usize {
+        self.ctx_len - self.q_len + i
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct AttnMetadata {
+    pub seqs: Vec<AttnSeq>,
+    pub block_size: usize,
+    /// One cache slot per flattened query token.
+    pub slot_mapping: Vec<usize>,
+}
+
+impl AttnMetadata {
+    /// Builds the slot mapping from each sequence's block table.
+    pub fn new(seqs: Vec<AttnSeq>, block_size: usize) -> Result<AttnMetadata> {
+        let total: usize = seqs.iter().map(|s| s.q_len).sum();
+        let mut slot_mapping = vec![0usize; total];
+        for s in &seqs {
+            if s.q_len > s.ctx_len {
+                return Err(shape_err("attn_metadata", format!("q_len {} > ctx_len {}", s.q_len, s.ctx_len)));
+            }
+            if s.block_table.len() * block_size < s.ctx_len {
+                return Err(shape_err(
+                    "attn_metadata",
+                    format!("{} blocks of {block_size} cannot hold {} tokens", s.block_table.len(), s.ctx_len),
+                ));
+            }
+            for i in 0..s.q_len {
+                let pos = s.query_position(i);
+                let block = s.block_table[pos / block_size] as usize;
+                let row = s.q_start + i;
+                if row >= total {
+                    return Err(shape_err("attn_metadata", "q_start + q_len beyond the batch"));
+                }
+                slot_mapping[row] = block * block_size + pos % block_size;
+            }
+        }
+        Ok(AttnMetadata { seqs, block_size, slot_mapping })
+    }
+
+    pub fn num_tokens(&self) -> usize {
+        self.slot_mapping.len()
+    }
+
+    /// Absolute position of every flattened query token.
+    pub fn positions(&self) -> Vec<usize> {
+        let mut positions = vec![0usize; self.num_tokens()];
+        for s in &self.seqs {
+            for i in 0..s.q_len {
+                positions[s.q_start + i] = s.query_position(i);
+            }
+        }
+        positions
+    }
+}
+
+#[derive(Debug)]
+pub enum KvStorage {
+    Cpu { k: Vec<f32>, v: Vec<f32> },
+    /// In the dtype of the activations written to it (f32 or bf16).
+    Cuda { k: CudaStorage, v: CudaStorage },
+}
+
+/// Keys and values of one layer: `[num_blocks, block_size, num_kv_heads, dim]`.
+#[derive(Debug)]
+pub struct PagedKvLayer {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    pub storage: KvStorage,
+}
+
+impl PagedKvLayer {
+    pub fn new_cpu(num_blocks: usize, block_size: usize, num_kv_heads: usize, k_dim: usize, v_dim: usize) -> Self {
+        let slots = num_blocks * block_size * num_kv_heads;
+        PagedKvLayer {
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            k_dim,
+            v_dim,
+            storage: KvStorage::Cpu { k: vec![0.0; slots * k_dim], v: vec![0.0; slots * v_dim] },
+        }
+    }
+
+    /// A zeroed cache on `device` holding `dtype` (f32 or bf16 for CUDA; the CPU cache is f32).
+    pub fn new_on(
+        device: Device,
+        dtype: DType,
+        num_blocks: usize,
+        block_size: usize,
+        num_kv_heads: usize,
+        k_dim: usize,
+        v_dim: usize,
+    ) -> Result<Self> {
+        let Device::Cuda(ordinal) = device else {
+            return Ok(Self::new_cpu(num_blocks, block_size, num_kv_heads, k_dim, v_dim));
+        };
+        let slots = num_blocks * block_size * num_kv_heads;
+        let storage = crate::cuda::attention::new_cache(&crate::cuda::device(ordinal)?, dtype, slots * k_dim, slots * v_dim)?;
+        Ok(PagedKvLayer { num_blocks, block_size, num_kv_heads, k_dim, v_dim, storage })
+    }
+
+    pub fn num_slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+
+    /// Bytes one token occupies in this layer (keys + values, all heads), as f32.
+    pub fn bytes_per_token(num_kv_heads: usize, k_dim: usize, v_dim: usize) -> usize {
+        num_kv_heads * (k_dim + v_dim) * 4
+    }
+
+    /// Bytes one token occupies in a cache of `dtype`.
+    pub fn bytes_per_token_as(num_kv_heads: usize, k_dim: usize, v_dim: usize, dtype: DType) -> usize {
+        num_kv_heads * (k_dim + v_dim) * dtype.size_in_bytes()
+    }
+}

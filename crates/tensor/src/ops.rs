@@ -1,0 +1,309 @@
+//! The op set. Each op validates shapes, then dispatches on where its input lives.
+
+use crate::cpu;
+use crate::cuda;
+use crate::error::{shape_err, Result, TensorError};
+use crate::kv::{AttnMetadata, PagedKvLayer};
+use crate::tensor::{Storage, Tensor};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// erf-based GELU (`gelu` in HF configs).
+    Gelu,
+    /// tanh approximation (`gelu_pytorch_tanh`, `gelu_new`, `gelu_fast`).
+    GeluTanh,
+    Relu,
+}
+
+impl Activation {
+    /// Maps a Hugging Face `hidden_act` / `activation_function` name.
+    pub fn from_hf(name: &str) -> Option<Activation> {
+        match name {
+            "silu" | "swish" => Some(Activation::Silu),
+            "gelu" => Some(Activation::Gelu),
+            "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast" => Some(Activation::GeluTanh),
+            "relu" => Some(Activation::Relu),
+            _ => None,
+        }
+    }
+}
+
+/// How rotary embeddings pair the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Rotate the two halves of the rotary span against each other (HF `rotate_half`, GPT-NeoX).
+    Neox,
+    /// Rotate adjacent pairs (GPT-J, the original paper).
+    Interleaved,
+}
+
+#[derive(Debug, Clone)]
+pub struct AttentionParams {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub v_head_dim: usize,
+    pub scale: f32,
+    /// Keys older than this many positions (counting the query itself) are not seen.
+    pub sliding_window: Option<usize>,
+    /// Attention logits pass through `cap * tanh(x / cap)` before the softmax (Gemma 2).
+    pub softcap: Option<f32>,
+}
+
+/// Every operand must live where the op's first input does: ops never move data implicitly.
+fn same_device(op: &'static str, first: &Tensor, others: &[Option<&Tensor>]) -> Result<()> {
+    for t in others.iter().flatten() {
+        if t.device() != first.device() {
+            return Err(TensorError::Device(format!(
+                "{op}: an operand is on {:?} but the input is on {:?}",
+                t.device(),
+                first.device()
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn same_rows(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.shape() != b.shape() {
+        return Err(shape_err(op, format!("{:?} vs {:?}", a.shape(), b.shape())));
+    }
+    Ok(())
+}
+
+/// `x [m, k] @ w[n, k]^T (+ bias[n])` — weights in the Hugging Face `Linear` layout.
+pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    if w.rank() != 2 || x.last_dim() != w.shape()[1] {
+        return Err(shape_err("matmul_t", format!("x {:?} w {:?}", x.shape(), w.shape())));
+    }
+    if let Some(b) = bias {
+        if b.numel() != w.shape()[0] {
+            return Err(shape_err("matmul_t", format!("bias {:?} for w {:?}", b.shape(), w.shape())));
+        }
+    }
+    same_device("matmul_t", x, &[Some(w), bias])?;
+    match x.storage() {
+        Storage::Cpu(_) => cpu::matmul::matmul_t(x, w, bias),
+        Storage::Cuda(_) => cuda::matmul::matmul_t(x, w, bias),
+    }
+}
+
+/// Rows of `table [vocab, hidden]` for each id.
+pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
+    if table.rank() != 2 {
+        return Err(shape_err("embedding", format!("table {:?}", table.shape())));
+    }
+    if let Some(&bad) = ids.iter().find(|&&id| id as usize >= table.shape()[0]) {
+        return Err(shape_err("embedding", format!("token id {bad} >= vocab {}", table.shape()[0])));
+    }
+    match table.storage() {
+        Storage::Cpu(_) => cpu::elementwise::embedding(table, ids),
+        Storage::Cuda(_) => cuda::ops::embedding(table, ids),
+    }
+}
+
+/// `x / rms(x) * (offset + w)`; offset is 1 for Gemma's `(1 + w)` norms, else 0.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<Tensor> {
+    if w.numel() != x.last_dim() {
+        return Err(shape_err("rms_norm", format!("x {:?} w {:?}", x.shape(), w.shape())));
+    }
+    same_device("rms_norm", x, &[Some(w)])?;
+    match x.storage() {
+        Storage::Cpu(_) => cpu::norm::rms_norm(x, w, eps, offset),
+        Storage::Cuda(_) => cuda::ops::rms_norm(x, w, eps, offset),
+    }
+}
+
+/// `residual + x` and its [`rms_norm`] in one pass: returns `(normed, new_residual)`. In bf16 the
+/// sum is rounded before it is normalised, as separate ops would.
+pub fn add_rms_norm(x: &Tensor, residual: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<(Tensor, Tensor)> {
+    same_rows("add_rms_norm", x, residual)?;
+    if w.numel() != x.last_dim() {
+        return Err(shape_err("add_rms_norm", format!("x {:?} w {:?}", x.shape(), w.shape())));
+    }
+    same_device("add_rms_norm", x, &[Some(residual), Some(w)])?;
+    match x.storage() {
+        Storage::Cpu(_) => cpu::norm::add_rms_norm(x, residual, w, eps, offset),
+        Storage::Cuda(_) => cuda::ops::add_rms_norm(x, residual, w, eps, offset),
+    }
+}
+
+pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) -> Result<Tensor> {
+    for t in [w, b].into_iter().flatten() {
+        if t.numel() != x.last_dim() {
+            return Err(shape_err("layer_norm", format!("x {:?} param {:?}", x.shape(), t.shape())));
+        }
+    }
+    same_device("layer_norm", x, &[w, b])?;
+    match x.storage() {
+        Storage::Cpu(_) => cpu::norm::layer_norm(x, w, b, eps),
+        Storage::Cuda(_) => cuda::ops::layer_norm(x, w, b, eps),
+    }
+}
+
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    same_rows("add", a, b)?;
+    same_device("add", a, &[Some(b)])?;
+    match a.storage() {
+        Storage::Cpu(_) => cpu::elementwise::binary(a, b, |x, y| x + y),
+        Storage::Cuda(_) => cuda::ops::add(a, b),
+    }
+}
+
+pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    same_rows("mul", a, b)?;
+    same_device("mul", a, &[Some(b)])?;
+    match a.storage() {
+        Storage::Cpu(_) => cpu::elementwise::binary(a, b, |x, y| x * y),
+        Storage::Cuda(_) => cuda::ops::mul(a, b),
+    }
+}
+
+/// `x * row` broadcast over rows (`row` has `last_dim` elements).
+pub fn mul_row(x: &Tensor, row: &Tensor) -> Result<Tensor> {
+    if row.numel() != x.last_dim() {
+        return Err(shape_err("mul_row", format!("x {:?} row {:?}", x.shape(), row.shape())));
+    }
+    same_device("mul_row", x, &[Some(row)])?;
+    match x.storage() {
+        Storage::Cpu(_) => cpu::elementwise::mul_row(x, row),
+        Storage::Cuda(_) => cuda::ops::mul_row(x, row),
+    }
+}
+
+pub fn scale(x: &Tensor, factor: f32) -> Result<Tensor> {
+    match x.storage() {
+        Storage::Cpu(_) => cpu::elementwise::unary(x, move |v| v * factor),
+        Storage::Cuda(_) => cuda::ops::scale(x, factor),
+    }
+}
+
+/// `cap * tanh(x / cap)`.
+pub fn softcap(x: &Tensor, cap: f32) -> Result<Tensor> {
+    match x.storage() {
+        Storage::Cpu(_) => cpu::elementwise::unary(x, move |v| (v / cap).tanh() * cap),
+        Storage::Cuda(_) => cuda::ops::softcap(x, cap),
+    }
+}
+
+pub fn activation(x: &Tensor, act: Activation) -> Result<Tensor> {
+    match x.storage() {
+        Storage::Cpu(_) => cpu::elementwise::unary(x, move |v| cpu::elementwise::activate(act, v)),
+        Storage::Cuda(_) => cuda::ops::activation(x, act),
+    }
+}
+
+/// `act(gate) * up`: the gated MLP of Llama-style models.
+pub fn act_mul(gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
+    same_rows("act_mul", gate, up)?;
+    same_device("act_mul", gate, &[Some(up)])?;
+    match gate.storage() {
+        Storage::Cpu(_) => cpu::elementwise::binary(gate, up, move |g, u| cpu::elementwise::activate(act, g) * u),
+        Storage::Cuda(_) => cuda::ops::act_mul(gate, up, act),
+    }
+}
+
+/// Softmax over the last dimension.
+pub fn softmax(x: &Tensor) -> Result<Tensor> {
+    match x.storage() {
+        Storage::Cpu(_) => cpu::elementwise::softmax(x),
+        Storage::Cuda(_) => cuda::ops::softmax(x),
+    }
+}
+
+/// The index of the largest value of each row (greedy sampling); the lowest index wins ties and
+/// NaN counts as the largest value, as in `torch.argmax`.
+pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
+    if logits.last_dim() == 0 {
+        return Err(shape_err("argmax_rows", format!("rows of no columns {:?}", logits.shape())));
+    }
+    match logits.storage() {
+        Storage::Cpu(_) => cpu::elementwise::argmax_rows(logits),
+        Storage::Cuda(_) => cuda::ops::argmax_rows(logits),
+    }
+}
+
+/// Columns `[start, start + len)` of every row.
+pub fn narrow_cols(x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
+    if start + len > x.last_dim() {
+        return Err(shape_err("narrow_cols", format!("[{start}, {}) of {:?}", start + len, x.shape())));
+    }
+    match x.storage() {
+        Storage::Cpu(_) => cpu::elementwise::narrow_cols(x, start, len),
+        Storage::Cuda(_) => cuda::ops::narrow_cols(x, start, len),
+    }
+}
+
+/// Concatenates matrices with the same number of rows along the columns.
+pub fn concat_cols(parts: &[&Tensor]) -> Result<Tensor> {
+    let rows = parts.first().map(|p| p.rows()).unwrap_or(0);
+    if parts.iter().any(|p| p.rows() != rows) {
+        return Err(shape_err("concat_cols", "row counts differ"));
+    }
+    same_device("concat_cols", parts[0], &parts.iter().map(|p| Some(*p)).collect::<Vec<_>>())?;
+    match parts[0].storage() {
+        Storage::Cpu(_) => cpu::elementwise::concat_cols(parts),
+        Storage::Cuda(_) => cuda::ops::concat_cols(parts),
+    }
+}
+
+/// Selects rows of a matrix (e.g. the last token of each sequence before the LM head).
+pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
+    if let Some(&bad) = rows.iter().find(|&&r| r >= x.rows()) {
+        return Err(shape_err("gather_rows", format!("row {bad} of {:?}", x.shape())));
+    }
+    match x.storage() {
+        Storage::Cpu(_) => cpu::elementwise::gather_rows(x, rows),
+        Storage::Cuda(_) => cuda::ops::gather_rows(x, rows),
+    }
+}
+
+/// Applies rotary embeddings to `x [tokens, heads * head_dim]` over the first `cos.last_dim() * 2`
+/// dimensions of every head. `cos`/`sin` are `[tokens, rotary_dim / 2]`, one row per token.
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, head_dim: usize, style: RopeStyle) -> Result<Tensor> {
+    let half = cos.last_dim();
+    if x.last_dim() % head_dim != 0 || half * 2 > head_dim || cos.rows() != x.rows() || sin.shape() != cos.shape() {
+        return Err(shape_err("rope", format!("x {:?} cos {:?} head_dim {head_dim}", x.shape(), cos.shape())));
+    }
+    same_device("rope", x, &[Some(cos), Some(sin)])?;
+    match x.storage() {
+        Storage::Cpu(_) => cpu::rope::rope(x, cos, sin, head_dim, style),
+        Storage::Cuda(_) => cuda::ops::rope(x, cos, sin, head_dim, style),
+    }
+}
+
+/// Writes this step's keys `[tokens, kv_heads * k_dim]` and values into their cache slots.
+pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMetadata) -> Result<()> {
+    let tokens = meta.num_tokens();
+    if k.rows() != tokens
+        || v.rows() != tokens
+        || k.last_dim() != cache.num_kv_heads * cache.k_dim
+        || v.last_dim() != cache.num_kv_heads * cache.v_dim
+    {
+        return Err(shape_err("write_kv", format!("k {:?} v {:?} for {tokens} tokens", k.shape(), v.shape())));
+    }
+    if let Some(&bad) = meta.slot_mapping.iter().find(|&&s| s >= cache.num_slots()) {
+        return Err(shape_err("write_kv", format!("slot {bad} >= {}", cache.num_slots())));
+    }
+    same_device("write_kv", k, &[Some(v)])?;
+    match k.storage() {
+        Storage::Cpu(_) => cpu::attention::write_kv(cache, k, v, meta),
+        Storage::Cuda(_) => cuda::attention::write_kv(cache, k, v, meta),
+    }
+}
+
+/// Causal attention of `q [tokens, heads * head_dim]` over each sequence's cached keys and values
+/// (which must already include this step's). Returns `[tokens, heads * v_head_dim]`.
+pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p: &AttentionParams) -> Result<Tensor> {
+    if q.rows() != meta.num_tokens() || q.last_dim() != p.num_heads * p.head_dim {
+        return Err(shape_err("paged_attention", format!("q {:?} for {} tokens", q.shape(), meta.num_tokens())));
+    }
+    if p.num_kv_heads == 0 || p.num_heads % p.num_kv_heads != 0 || cache.num_kv_heads != p.num_kv_heads {
+        return Err(shape_err("paged_attention", format!("{} heads over {} kv heads", p.num_heads, p.num_kv_heads)));
+    }
+    match q.storage() {
+        Storage::Cpu(_) => cpu::attention::paged_attention(q, cache, meta, p),
+        Storage::Cuda(_) => cuda::attention::paged_attention(q, cache, meta, p),
+    }
+}

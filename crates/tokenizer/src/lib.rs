@@ -1,0 +1,185 @@
+//! Text in and out of a model: the Hugging Face tokenizer (`tokenizer.json` through the
+//! `tokenizers` crate), the chat template (`tokenizer_config.json` / `chat_template.jinja`,
+//! rendered with minijinja as transformers renders it), special tokens from
+//! `generation_config.json`, and incremental detokenization.
+
+mod chat;
+mod detok;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use detok::IncrementalDecoder;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    Template(String),
+}
+
+pub type Result<T> = std::result::Result<T, TokenizerError>;
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat_template: Option<ChatTemplate>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    eos_token_ids: Vec<u32>,
+    bos_token_id: Option<u32>,
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| TokenizerError::File { path: path.to_path_buf(), message: e.to_string() })?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| TokenizerError::File { path: path.to_path_buf(), message: format!("invalid JSON: {e}") })
+}
+
+/// `bos_token` / `eos_token` in tokenizer_config.json are a string or an AddedToken object.
+fn token_string(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_owned),
+        _ => None,
+    }
+}
+
+fn id_list(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|n| n as u32).collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja` and
+    /// `generation_config.json` from a checkpoint directory.
+    pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
+        let tok_path = dir.join("tokenizer.json");
+        let json = std::fs::read_to_string(&tok_path)
+            .map_err(|e| TokenizerError::File { path: tok_path.clone(), message: e.to_string() })?;
+        let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
+        let generation = read_json(&dir.join("generation_config.json"))?;
+        let template_path = dir.join("chat_template.jinja");
+        let template_file = if template_path.exists() {
+            Some(
+                std::fs::read_to_string(&template_path)
+                    .map_err(|e| TokenizerError::File { path: template_path.clone(), message: e.to_string() })?,
+            )
+        } else {
+            None
+        };
+        Tokenizer::from_parts(&json, &config, generation.as_ref(), template_file)
+            .map_err(|e| TokenizerError::File { path: dir.to_path_buf(), message: e.to_string() })
+    }
+
+    /// Builds a tokenizer from the contents of its files (as a GGUF checkpoint provides them).
+    pub fn from_parts(
+        tokenizer_json: &str,
+        tokenizer_config: &Value,
+        generation_config: Option<&Value>,
+        template_override: Option<String>,
+    ) -> Result<Tokenizer> {
+        let inner: tokenizers::Tokenizer =
+            tokenizer_json.parse().map_err(|e: tokenizers::Error| TokenizerError::Tokenizer(e.to_string()))?;
+        let bos_token = token_string(tokenizer_config.get("bos_token"));
+        let eos_token = token_string(tokenizer_config.get("eos_token"));
+        let template_source = template_override.or_else(|| match tokenizer_config.get("chat_template") {
+            Some(Value::String(s)) => Some(s.clone()),
+            // A list of named templates: transformers uses the one named "default".
+            Some(Value::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .and_then(|t| t.get("template").and_then(Value::as_str))
+                .map(str::to_owned),
+            _ => None,
+        });
+        let chat_template = template_source
+            .map(|src| ChatTemplate::new(src, bos_token.clone().unwrap_or_default(), eos_token.clone().unwrap_or_default()))
+            .transpose()?;
+        let mut eos_token_ids = id_list(generation_config.and_then(|g| g.get("eos_token_id")));
+        if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
+            }
+        }
+        let bos_token_id = id_list(generation_config.and_then(|g| g.get("bos_token_id")))
+            .first()
+            .copied()
+            .or_else(|| bos_token.as_deref().and_then(|t| inner.token_to_id(t)));
+        Ok(Tokenizer { inner, chat_template, bos_token, eos_token, eos_token_ids, bos_token_id })
+    }
+
+    /// Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (BOS and
+    /// the like), as `tokenizer(text)` does in transformers.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        self.inner
+            .encode(text, add_special_tokens)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| TokenizerError::Tokenizer(e.to_string()))
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| TokenizerError::Tokenizer(e.to_string()))
+    }
+
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
+    /// Renders a conversation with the model's chat template (an error when it has none).
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.chat_template
+            .as_ref()
+            .ok_or_else(|| TokenizerError::Template("this model has no chat template".into()))?
+            .render(messages, add_generation_prompt)
+    }
+
+    /// Ids that end generation: `generation_config.json`'s `eos_token_id` plus the tokenizer's EOS.
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
+    }
+
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.bos_token_id
+    }
+
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    pub fn incremental_decoder(&self, skip_special_tokens: bool) -> IncrementalDecoder<'_> {
+        IncrementalDecoder::new(self, skip_special_tokens)
+    }
+}

