@@ -30,14 +30,12 @@ impl fmt::Display for Problem {
             Problem::NoTests { architecture, category, state } => {
                 write!(f, "{architecture} ({category}) is `{state}` but its `tests` list is empty")
             }
-            Problem::UnknownTest { architecture, category, test } => write!(
-                f,
-                "{architecture} ({category}) names test `{test}`, which no #[test] in the workspace defines"
-            ),
-            Problem::UnlistedConstructor { architecture } => write!(
-                f,
-                "ferrite_models::registry constructs {architecture}, which has no row in the inventory"
-            ),
+            Problem::UnknownTest { architecture, category, test } => {
+                write!(f, "{architecture} ({category}) names test `{test}`, which no #[test] in the workspace defines")
+            }
+            Problem::UnlistedConstructor { architecture } => {
+                write!(f, "ferrite_models::registry constructs {architecture}, which has no row in the inventory")
+            }
             Problem::DuplicateRow { architecture, category } => {
                 write!(f, "{architecture} ({category}) has more than one row")
             }
@@ -66,11 +64,7 @@ pub fn check(inventory: &Inventory, registry: &[&str], test_ids: &BTreeSet<Strin
             });
         }
         if row.state >= State::GatedCpu && row.tests.is_empty() {
-            problems.push(Problem::NoTests {
-                architecture: architecture(),
-                category: row.category,
-                state: row.state,
-            });
+            problems.push(Problem::NoTests { architecture: architecture(), category: row.category, state: row.state });
         }
         for test in row.tests.iter().filter(|t| !test_ids.contains(*t)) {
             problems.push(Problem::UnknownTest {
@@ -95,7 +89,7 @@ mod tests {
     use crate::inventory::State::*;
 
     fn ids(ids: &[&str]) -> BTreeSet<String> {
-        ids.iter().map(|s| s.to_string()).collect()
+        ids.iter().map(ToString::to_string).collect()
     }
 
     const LLAMA_TEST: &str = "ferrite-models::parity::llama";
@@ -133,11 +127,7 @@ mod tests {
             let inv = inventory(vec![row("LlamaForCausalLM", TextGeneration, "llama", state, &[])]);
             assert_eq!(
                 check(&inv, &["LlamaForCausalLM"], &ids(&[])),
-                vec![Problem::NoTests {
-                    architecture: "LlamaForCausalLM".into(),
-                    category: TextGeneration,
-                    state,
-                }]
+                vec![Problem::NoTests { architecture: "LlamaForCausalLM".into(), category: TextGeneration, state }]
             );
         }
     }

@@ -96,13 +96,8 @@ pub enum State {
 
 impl State {
     /// In ascending order of claim.
-    pub const ALL: [State; 5] = [
-        State::Inventoried,
-        State::Implemented,
-        State::GatedCpu,
-        State::GatedCuda,
-        State::Benchmarked,
-    ];
+    pub const ALL: [State; 5] =
+        [State::Inventoried, State::Implemented, State::GatedCpu, State::GatedCuda, State::Benchmarked];
 
     /// The spelling used in `inventory.toml`.
     pub fn as_str(self) -> &'static str {
@@ -202,9 +197,7 @@ impl Inventory {
     /// Rows past `inventoried`, in rendering order.
     pub fn engaged(&self) -> Vec<&Row> {
         let mut rows: Vec<&Row> = self.rows.iter().filter(|r| r.state > State::Inventoried).collect();
-        rows.sort_by(|a, b| {
-            (a.category, &a.architecture).cmp(&(b.category, &b.architecture))
-        });
+        rows.sort_by(|a, b| (a.category, &a.architecture).cmp(&(b.category, &b.architecture)));
         rows
     }
 }
@@ -245,17 +238,22 @@ impl std::error::Error for Error {
 }
 
 /// Reads and parses an inventory file.
+///
+/// # Errors
+/// [`Error::Read`] when the file cannot be read, [`Error::Parse`] when it is not a valid inventory.
 pub fn load_inventory(path: impl AsRef<Path>) -> Result<Inventory, Error> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path)
-        .map_err(|source| Error::Read { path: path.to_path_buf(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.to_path_buf(), source })?;
     parse_inventory(&text, path)
 }
 
 /// Parses inventory text; `path` only labels errors.
+///
+/// # Errors
+/// [`Error::Parse`] when the text is not a valid inventory.
 pub fn parse_inventory(text: &str, path: impl AsRef<Path>) -> Result<Inventory, Error> {
-    let file: File = toml::from_str(text)
-        .map_err(|source| Error::Parse { path: path.as_ref().to_path_buf(), source })?;
+    let file: File =
+        toml::from_str(text).map_err(|source| Error::Parse { path: path.as_ref().to_path_buf(), source })?;
     Ok(Inventory { source: file.source, rows: file.model })
 }
 
@@ -287,7 +285,7 @@ pub(crate) mod testing {
             upstream_class: architecture.into(),
             example_checkpoint: format!("org/{architecture}"),
             state,
-            tests: tests.iter().map(|t| t.to_string()).collect(),
+            tests: tests.iter().map(ToString::to_string).collect(),
             notes: String::new(),
         }
     }

@@ -15,10 +15,22 @@ pub const README_END: &str = "<!-- model-table:end -->";
 
 /// The content of `docs/model-matrix.md`.
 pub fn render_markdown(inventory: &Inventory) -> String {
-    let source = &inventory.source;
-    let engaged = inventory.engaged();
     let mut out = String::new();
-    // `write!` into a String cannot fail; the results are discarded for that reason alone.
+    header(&mut out, inventory);
+    states(&mut out);
+    test_ids(&mut out);
+    summary(&mut out, inventory);
+    engaged_rows(&mut out, inventory);
+    not_started(&mut out, inventory);
+    provenance(&mut out, inventory);
+    out
+}
+
+// The section writers below `write!` into a String, which cannot fail; that is the only reason
+// their results are discarded.
+
+fn header(out: &mut String, inventory: &Inventory) {
+    let source = &inventory.source;
     let _ = writeln!(out, "# Model matrix\n");
     let _ = writeln!(
         out,
@@ -42,8 +54,17 @@ pub fn render_markdown(inventory: &Inventory) -> String {
         "- Source of truth: `models/inventory.toml`, one row per (architecture, category) membership. \
          Regenerate this file with `{REGENERATE}`; the `ferrite-matrix` consistency test fails while it is stale."
     );
-    let _ = writeln!(out, "- {} rows, {} engaged (past `inventoried`).\n", inventory.rows.len(), engaged.len());
+    let _ =
+        writeln!(out, "- {} rows, {} engaged (past `inventoried`).\n", inventory.rows.len(), inventory.engaged().len());
+}
 
+fn provenance(out: &mut String, inventory: &Inventory) {
+    let source = &inventory.source;
+    let _ = writeln!(out, "## How the inventory was built\n\n{}\n", source.method.trim());
+    let _ = writeln!(out, "## Cross-check with the prior inventory\n\n{}", source.crosscheck.trim());
+}
+
+fn states(out: &mut String) {
     let _ = writeln!(out, "## States\n");
     let _ = writeln!(out, "| State | Claims | Evidence the consistency test requires |");
     let _ = writeln!(out, "|---|---|---|");
@@ -51,7 +72,9 @@ pub fn render_markdown(inventory: &Inventory) -> String {
         let _ = writeln!(out, "| `{state}` | {} | {} |", state.meaning(), evidence(state));
     }
     let _ = writeln!(out);
+}
 
+fn test_ids(out: &mut String) {
     let _ = writeln!(out, "## Test ids\n");
     let _ = writeln!(
         out,
@@ -61,11 +84,15 @@ pub fn render_markdown(inventory: &Inventory) -> String {
          module path starts with the file stem: `fn llama` in `crates/models/tests/parity.rs` is \
          `ferrite-models::parity::llama`. For a unit test it is the module path inside the crate, inline \
          modules included: `fn lists_llama` in `mod tests` of `crates/models/src/registry.rs` is \
-         `ferrite-models::registry::tests::lists_llama`.\n"
+         `ferrite-models::registry::tests::lists_llama`. Tests that a `macro_rules!` macro in the same \
+         file generates from `ident` arguments count as well: `parity! {{ llama => \"llama\" }}` defines \
+         `llama`.\n"
     );
+}
 
-    let _ = writeln!(out, "## Summary\n");
+fn summary(out: &mut String, inventory: &Inventory) {
     let counts = counts_by_category_and_state(inventory);
+    let _ = writeln!(out, "## Summary\n");
     let mut header = String::from("| Category | vLLM dict |");
     let mut rule = String::from("|---|---|");
     for state in State::ALL {
@@ -85,33 +112,38 @@ pub fn render_markdown(inventory: &Inventory) -> String {
         let _ = write!(out, " {} |", inventory.rows.iter().filter(|r| r.state == state).count());
     }
     let _ = writeln!(out, " {} |\n", inventory.rows.len());
+}
 
+fn engaged_rows(out: &mut String, inventory: &Inventory) {
     let _ = writeln!(out, "## Engaged rows\n");
+    let engaged = inventory.engaged();
     if engaged.is_empty() {
         let _ = writeln!(out, "None yet.\n");
-    } else {
-        let _ = writeln!(out, "| Architecture | Category | Family | State | Tests | Example checkpoint |");
-        let _ = writeln!(out, "|---|---|---|---|---|---|");
-        for row in &engaged {
-            let tests = if row.tests.is_empty() {
-                "none".to_string()
-            } else {
-                row.tests.iter().map(|t| format!("`{}`", cell(t))).collect::<Vec<_>>().join("<br>")
-            };
-            let _ = writeln!(
-                out,
-                "| `{}` | {} | `{}` | `{}` | {} | {} |",
-                cell(&row.architecture),
-                row.category,
-                cell(&row.family),
-                row.state,
-                tests,
-                checkpoint_link(&row.example_checkpoint),
-            );
-        }
-        let _ = writeln!(out);
+        return;
     }
+    let _ = writeln!(out, "| Architecture | Category | Family | State | Tests | Example checkpoint |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    for row in &engaged {
+        let tests = if row.tests.is_empty() {
+            "none".to_string()
+        } else {
+            row.tests.iter().map(|t| format!("`{}`", cell(t))).collect::<Vec<_>>().join("<br>")
+        };
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | `{}` | `{}` | {} | {} |",
+            cell(&row.architecture),
+            row.category,
+            cell(&row.family),
+            row.state,
+            tests,
+            checkpoint_link(&row.example_checkpoint),
+        );
+    }
+    let _ = writeln!(out);
+}
 
+fn not_started(out: &mut String, inventory: &Inventory) {
     let _ = writeln!(out, "## Not started\n");
     let _ = writeln!(out, "The `inventoried` rows, per category and family (the vLLM module).\n");
     for category in Category::ALL {
@@ -136,22 +168,11 @@ pub fn render_markdown(inventory: &Inventory) -> String {
         families.sort_by_cached_key(|(family, _)| (family.to_lowercase(), family.to_string()));
         for (family, mut architectures) in families {
             architectures.sort_by_cached_key(|a| (a.to_lowercase(), a.to_string()));
-            let _ = writeln!(
-                out,
-                "| `{}` | {} | {} |",
-                cell(family),
-                architectures.len(),
-                cell(&architectures.join(", "))
-            );
+            let _ =
+                writeln!(out, "| `{}` | {} | {} |", cell(family), architectures.len(), cell(&architectures.join(", ")));
         }
         let _ = writeln!(out);
     }
-
-    let _ = writeln!(out, "## How the inventory was built\n");
-    let _ = writeln!(out, "{}\n", source.method.trim());
-    let _ = writeln!(out, "## Cross-check with the prior inventory\n");
-    let _ = writeln!(out, "{}", source.crosscheck.trim());
-    out
 }
 
 /// The terminal view printed by `ferrite matrix`: counts per category and state, then the
@@ -332,7 +353,9 @@ mod tests {
         assert!(doc.contains("| **total** | | 3 | 1 | 1 | 0 | 0 | 5 |"), "{doc}");
         // Engaged rows are ordered by category, then name, whatever the file order.
         let llama = doc.find("| `LlamaForCausalLM` | text-generation | `llama` | `implemented` | none |").unwrap();
-        let qwen = doc.find("| `Qwen2ForCausalLM` | text-generation | `qwen2` | `gated-cpu` | `ferrite-models::parity::qwen2` |").unwrap();
+        let qwen = doc
+            .find("| `Qwen2ForCausalLM` | text-generation | `qwen2` | `gated-cpu` | `ferrite-models::parity::qwen2` |")
+            .unwrap();
         assert!(llama < qwen);
         assert!(doc.contains("### text-generation (2 rows, 2 families)"));
         assert!(doc.contains("| `llama` | 1 | AquilaForCausalLM |"));
@@ -356,7 +379,10 @@ mod tests {
         let text = lines.iter().find(|l| l.starts_with("text-generation")).unwrap();
         assert_eq!(header.len(), text.len(), "counts are right-aligned under their headers");
         assert!(text.ends_with("  4"));
-        assert!(table.contains("Qwen2ForCausalLM  text-generation  gated-cpu    ferrite-models::parity::qwen2"), "{table}");
+        assert!(
+            table.contains("Qwen2ForCausalLM  text-generation  gated-cpu    ferrite-models::parity::qwen2"),
+            "{table}"
+        );
     }
 
     #[test]

@@ -38,10 +38,7 @@ fn rows_match_recorded_upstream_counts() {
 fn doc_is_current() {
     let path = workspace_root().join("docs/model-matrix.md");
     let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert!(
-        committed == render_markdown(&inventory()),
-        "docs/model-matrix.md is stale: run `{REGENERATE}`"
-    );
+    assert!(committed == render_markdown(&inventory()), "docs/model-matrix.md is stale: run `{REGENERATE}`");
 }
 
 /// Writes docs/model-matrix.md without building the CLI:

@@ -2,7 +2,9 @@
 //! Hugging Face class really shares a family's computation is one line here.
 
 use crate::config::RawConfig;
-use crate::families::{llama, qwen2, qwen3};
+use crate::families::{cohere, gpt2, gpt_neox, granite, olmo2, opt, phi, phi3, stablelm, starcoder2};
+use crate::families::{gemma, gemma2, gemma3, llama, qwen2, qwen3};
+use crate::families::{deepseek_v2, deepseek_v3, mixtral, olmoe, qwen2_moe, qwen3_moe};
 use crate::model::CausalLM;
 use crate::weights::Weights;
 use crate::{ModelError, Result};
@@ -17,6 +19,25 @@ const ENTRIES: &[(&str, Constructor)] = &[
     }),
     ("Qwen2ForCausalLM", |r, w| Ok(Box::new(qwen2::load(r, w)?))),
     ("Qwen3ForCausalLM", |r, w| Ok(Box::new(qwen3::load(r, w)?))),
+    ("MixtralForCausalLM", |r, w| Ok(Box::new(mixtral::load(r, w)?))),
+    ("Qwen2MoeForCausalLM", |r, w| Ok(Box::new(qwen2_moe::load(r, w)?))),
+    ("Qwen3MoeForCausalLM", |r, w| Ok(Box::new(qwen3_moe::load(r, w)?))),
+    ("OlmoeForCausalLM", |r, w| Ok(Box::new(olmoe::load(r, w)?))),
+    ("DeepseekV2ForCausalLM", |r, w| Ok(Box::new(deepseek_v2::load(r, w)?))),
+    ("DeepseekV3ForCausalLM", |r, w| Ok(Box::new(deepseek_v3::load(r, w)?))),
+    ("GemmaForCausalLM", |r, w| Ok(Box::new(gemma::load(r, w)?))),
+    ("Gemma2ForCausalLM", |r, w| Ok(Box::new(gemma2::load(r, w)?))),
+    ("Gemma3ForCausalLM", |r, w| Ok(Box::new(gemma3::load(r, w)?))),
+    ("Phi3ForCausalLM", |r, w| Ok(Box::new(phi3::load(r, w)?))),
+    ("PhiForCausalLM", |r, w| Ok(Box::new(phi::load(r, w)?))),
+    ("OPTForCausalLM", |r, w| Ok(Box::new(opt::load(r, w)?))),
+    ("GPT2LMHeadModel", |r, w| Ok(Box::new(gpt2::load(r, w)?))),
+    ("GPTNeoXForCausalLM", |r, w| Ok(Box::new(gpt_neox::load(r, w)?))),
+    ("StableLmForCausalLM", |r, w| Ok(Box::new(stablelm::load(r, w)?))),
+    ("GraniteForCausalLM", |r, w| Ok(Box::new(granite::load(r, w)?))),
+    ("Olmo2ForCausalLM", |r, w| Ok(Box::new(olmo2::load(r, w)?))),
+    ("CohereForCausalLM", |r, w| Ok(Box::new(cohere::load(r, w)?))),
+    ("Starcoder2ForCausalLM", |r, w| Ok(Box::new(starcoder2::load(r, w)?))),
 ];
 
 /// Every architecture name that has a constructor, sorted.
