@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-pub use dequant::GgmlType;
+pub use dequant::{DequantError, GgmlType};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 /// What ggml assumes when a file does not set `general.alignment`.
@@ -237,10 +237,7 @@ impl fmt::Debug for GgufFile {
 pub fn is_gguf(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 4];
-    File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .map(|()| &magic == MAGIC)
-        .unwrap_or(false)
+    File::open(path).and_then(|mut f| f.read_exact(&mut magic)).map(|()| &magic == MAGIC).unwrap_or(false)
 }
 
 impl GgufFile {
@@ -300,18 +297,14 @@ impl GgufFile {
 
     /// The tensor's bytes exactly as stored (ggml blocks for quantized types).
     pub fn tensor_data(&self, name: &str) -> Result<&[u8], GgufError> {
-        let info = self
-            .tensor_info(name)
-            .ok_or_else(|| self.error(GgufErrorKind::MissingTensor(name.to_string())))?;
+        let info = self.tensor_info(name).ok_or_else(|| self.error(GgufErrorKind::MissingTensor(name.to_string())))?;
         Ok(self.data_of(info))
     }
 
     /// Dequantizes a tensor to f32, returning its row-major shape (GGUF dims reversed) and values.
     /// Bit-exact with ggml's `dequantize_row_*` and gguf-py's `gguf.quants.dequantize`.
     pub fn dequantize(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), GgufError> {
-        let info = self
-            .tensor_info(name)
-            .ok_or_else(|| self.error(GgufErrorKind::MissingTensor(name.to_string())))?;
+        let info = self.tensor_info(name).ok_or_else(|| self.error(GgufErrorKind::MissingTensor(name.to_string())))?;
         if !info.ggml_type.can_dequantize() {
             return Err(self.error(GgufErrorKind::UnsupportedType { name: info.name.clone(), ty: info.ggml_type }));
         }
@@ -384,8 +377,7 @@ impl GgufFile {
     }
 
     fn architecture(&self) -> Result<&str, GgufError> {
-        self.get_str("general.architecture")?
-            .ok_or_else(|| self.metadata_error("general.architecture", "missing"))
+        self.get_str("general.architecture")?.ok_or_else(|| self.metadata_error("general.architecture", "missing"))
     }
 }
 
@@ -471,7 +463,8 @@ impl<'a> Reader<'a> {
                 if elem_ty == 9 {
                     return Err(GgufErrorKind::Malformed(format!("{} is an array of arrays", what())));
                 }
-                let mut values = Vec::with_capacity(count as usize);
+                // No preallocation from the count: memory grows only with elements actually read.
+                let mut values = Vec::new();
                 for i in 0..count {
                     values.push(self.value(elem_ty, &|| format!("{}[{i}]", what()))?);
                 }
@@ -537,7 +530,7 @@ fn parse(buf: &[u8]) -> Result<Parsed, GgufErrorKind> {
         },
     };
 
-    let mut tensors = Vec::with_capacity(tensor_count as usize);
+    let mut tensors = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for i in 0..tensor_count {
         let name = r.string(&|| format!("tensor name #{i}"))?;

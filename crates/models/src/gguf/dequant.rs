@@ -244,7 +244,8 @@ fn dequant_q2_k(src: &[u8], dst: &mut [f32]) {
                     let sc = scales[is];
                     is += 1;
                     let (dl, ml) = (d * (sc & 0x0F) as f32, min * (sc >> 4) as f32);
-                    for (y, &q) in out.by_ref().zip(half) {
+                    // The finite side goes first: zip pulls from its left before its right.
+                    for (&q, y) in half.iter().zip(out.by_ref()) {
                         *y = dl * ((q >> shift) & 3) as f32 - ml;
                     }
                 }
@@ -280,7 +281,7 @@ fn dequant_q3_k(src: &[u8], dst: &mut [f32]) {
                 for (q, h) in [(&q[..16], &hm[..16]), (&q[16..], &hm[16..])] {
                     let dl = d_all * (scales[is] as i32 - 32) as f32;
                     is += 1;
-                    for ((y, &q), &h) in out.by_ref().zip(q).zip(h) {
+                    for ((&q, &h), y) in q.iter().zip(h).zip(out.by_ref()) {
                         let offset = if h & m != 0 { 0 } else { 4 };
                         *y = dl * (((q >> shift) & 3) as i32 - offset) as f32;
                     }
@@ -477,9 +478,8 @@ mod tests {
         let (sc, mn, l) = (quants(16, 16, 6), quants(16, 16, 7), quants(4, QK_K, 8));
         let scales: Vec<u8> = sc.iter().zip(&mn).map(|(&s, &m)| s | (m << 4)).collect();
         let b = [&scales[..], &pack_2bit(&l), &f16_bytes(d), &f16_bytes(dmin)].concat();
-        let want: Vec<f32> = (0..QK_K)
-            .map(|i| d * sc[i / 16] as f32 * l[i] as f32 - dmin * mn[i / 16] as f32)
-            .collect();
+        let want: Vec<f32> =
+            (0..QK_K).map(|i| d * sc[i / 16] as f32 * l[i] as f32 - dmin * mn[i / 16] as f32).collect();
         assert_eq!(run(GgmlType::Q2_K, &b), want);
     }
 
@@ -488,7 +488,7 @@ mod tests {
         let d = 0.75f32;
         // Scales are stored offset by 32 (0..64 meaning -32..32), quants offset by 4.
         let (sc, l) = (quants(64, 16, 9), quants(8, QK_K, 10));
-        let mut hmask = vec![0u8; 32];
+        let mut hmask = [0u8; 32];
         let mut low = l.clone();
         for j in 0..QK_K {
             if low[j] > 3 {
@@ -506,8 +506,7 @@ mod tests {
             scales[j % 4 + 8] |= (s >> 4) << (2 * (j / 4));
         }
         let b = [&hmask[..], &pack_2bit(&low), &scales, &f16_bytes(d)].concat();
-        let want: Vec<f32> =
-            (0..QK_K).map(|i| d * (sc[i / 16] as f32 - 32.0) * (l[i] as f32 - 4.0)).collect();
+        let want: Vec<f32> = (0..QK_K).map(|i| d * (sc[i / 16] as f32 - 32.0) * (l[i] as f32 - 4.0)).collect();
         assert_eq!(run(GgmlType::Q3_K, &b), want);
     }
 
@@ -538,9 +537,8 @@ mod tests {
             }
         }
         let b = [&f16_bytes(d)[..], &f16_bytes(dmin), &pack_scale_min(&sc, &mn), &qs].concat();
-        let want: Vec<f32> = (0..QK_K)
-            .map(|i| d * sc[i / 32] as f32 * l[i] as f32 - dmin * mn[i / 32] as f32)
-            .collect();
+        let want: Vec<f32> =
+            (0..QK_K).map(|i| d * sc[i / 32] as f32 * l[i] as f32 - dmin * mn[i / 32] as f32).collect();
         assert_eq!(run(GgmlType::Q4_K, &b), want);
     }
 
@@ -567,9 +565,8 @@ mod tests {
             m2 <<= 2;
         }
         let b = [&f16_bytes(d)[..], &f16_bytes(dmin), &pack_scale_min(&sc, &mn), &qh, &ql].concat();
-        let want: Vec<f32> = (0..QK_K)
-            .map(|i| d * sc[i / 32] as f32 * l[i] as f32 - dmin * mn[i / 32] as f32)
-            .collect();
+        let want: Vec<f32> =
+            (0..QK_K).map(|i| d * sc[i / 32] as f32 * l[i] as f32 - dmin * mn[i / 32] as f32).collect();
         assert_eq!(run(GgmlType::Q5_K, &b), want);
     }
 

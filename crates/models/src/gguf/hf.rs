@@ -55,11 +55,8 @@ const GEMMA3_LAYER_TENSORS: &[(&str, &str)] = &[
     ("ffn_down", "mlp.down_proj"),
 ];
 
-const GLOBAL_TENSORS: &[(&str, &str)] = &[
-    ("token_embd", "model.embed_tokens"),
-    ("output_norm", "model.norm"),
-    ("output", "lm_head"),
-];
+const GLOBAL_TENSORS: &[(&str, &str)] =
+    &[("token_embd", "model.embed_tokens"), ("output_norm", "model.norm"), ("output", "lm_head")];
 
 /// The hyperparameters both the config and the tensor fix-ups need.
 struct Dims {
@@ -239,14 +236,13 @@ impl GgufFile {
     }
 
     /// `(transformers name, GGUF name)` for every tensor of the file that transformers loads, in
-    /// file order. A tied model has no `lm_head.weight` here; see `tie_word_embeddings`.
+    /// file order; empty for an architecture `hf_config` rejects. A tied model has no
+    /// `lm_head.weight` here (see `tie_word_embeddings`): use `model.embed_tokens.weight`.
     pub fn hf_tensors(&self) -> Vec<(String, String)> {
         let Ok(arch) = self.arch() else {
             return Vec::new();
         };
-        self.tensor_names()
-            .filter_map(|gguf| hf_name(arch, gguf).map(|hf| (hf, gguf.to_string())))
-            .collect()
+        self.tensor_names().filter_map(|gguf| hf_name(arch, gguf).map(|hf| (hf, gguf.to_string()))).collect()
     }
 
     /// A tensor under its transformers name, dequantized to f32 and put in transformers' layout:

@@ -701,8 +701,7 @@ mod tests {
         added.add("<new>", true);
         added.add("<newer>", false);
         added.add("<new>", false);
-        let ids: Vec<(u32, &str, bool)> =
-            added.by_id.values().map(|t| (t.id, t.content.as_str(), t.special)).collect();
+        let ids: Vec<(u32, &str, bool)> = added.by_id.values().map(|t| (t.id, t.content.as_str(), t.special)).collect();
         assert_eq!(ids, [(1, "b", true), (2, "<new>", true), (3, "<newer>", false)]);
     }
 
