@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oracle_common import ROOT, greedy_generate, manual_greedy, versions, write_json  # noqa: E402
+from moe_probe import init_correction_bias, routing_probe, zero_shared_expert_gate  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -94,6 +95,19 @@ class Spec:
     ablate_fn: Ablation | None = None
     ablation_desc: str = ""
     notes: list[str] = field(default_factory=list)
+    # Run after the constant-parameter perturbation (e.g. to randomise buffers init leaves at zero).
+    init_fn: Callable[[torch.nn.Module, torch.Generator], None] | None = None
+    # Checks on the saved fixture whose result goes into oracle.json (e.g. a routing probe).
+    probe: Callable[[torch.nn.Module, list], dict] | None = None
+    # Further features of the same fixture, each checked like the main ablation.
+    extra_ablations: list["Ablate"] = field(default_factory=list)
+
+
+@dataclass
+class Ablate:
+    desc: str
+    config: dict[str, Any] | None = None
+    fn: Ablation | None = None
 
 
 def _tie_lm_head(model: torch.nn.Module) -> None:
@@ -110,6 +124,37 @@ def _drop_qk_norm(model: torch.nn.Module) -> None:
     for layer in model.model.layers:
         layer.self_attn.q_norm = torch.nn.Identity()
         layer.self_attn.k_norm = torch.nn.Identity()
+
+
+def _opt_position_offset_0(model: torch.nn.Module) -> None:
+    model.model.decoder.embed_positions.offset = 0
+
+
+def _opt_pre_norm(model: torch.nn.Module) -> None:
+    for layer in model.model.decoder.layers:
+        layer.do_layer_norm_before = True
+
+
+def _zero_wpe(model: torch.nn.Module) -> None:
+    model.transformer.wpe.weight.data.zero_()
+
+
+def _zero_lm_head_bias(model: torch.nn.Module) -> None:
+    model.lm_head.bias.data.zero_()
+
+
+def _no_stablelm_qk_layernorm(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        layer.self_attn.qk_layernorm = False
+
+
+def _no_cohere_qk_norm(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        layer.self_attn.use_qk_norm = False
+
+
+def _unit_embed_scale(model: torch.nn.Module) -> None:
+    model.model.embed_tokens.embed_scale.fill_(1.0)
 
 
 DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
@@ -154,6 +199,7 @@ SPECS: list[Spec] = [
     ),
     Spec(
         name="llama-linear-rope",
+        save_dtype="bfloat16",
         config_class="LlamaConfig",
         architecture="LlamaForCausalLM",
         kwargs=dict(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0)),
@@ -164,6 +210,7 @@ SPECS: list[Spec] = [
     ),
     Spec(
         name="llama-dynamic-rope",
+        save_dtype="bfloat16",
         config_class="LlamaConfig",
         architecture="LlamaForCausalLM",
         kwargs=dict(
@@ -189,6 +236,7 @@ SPECS: list[Spec] = [
     ),
     Spec(
         name="llama-yarn-rope",
+        save_dtype="bfloat16",
         config_class="LlamaConfig",
         architecture="LlamaForCausalLM",
         kwargs=dict(
@@ -210,6 +258,7 @@ SPECS: list[Spec] = [
     ),
     Spec(
         name="mistral",
+        save_dtype="bfloat16",
         config_class="MistralConfig",
         architecture="MistralForCausalLM",
         kwargs=dict(sliding_window=64, rope_parameters=dict(DEFAULT_ROPE)),
@@ -239,6 +288,391 @@ SPECS: list[Spec] = [
         feature="QK-norm (per-head RMSNorm on q and k before RoPE), head_dim 32 != hidden/heads (16)",
         ablate_fn=_drop_qk_norm,
         ablation_desc="q_norm/k_norm replaced by identity",
+    ),
+    # ---- model families wave 1 (bf16 weights, oracle on the f32 upcast; each fixture <= 450 KB) ----
+    Spec(
+        name="gemma",
+        config_class="GemmaConfig",
+        architecture="GemmaForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(head_dim=16, pad_token_id=None, tie_word_embeddings=True, hidden_act="gelu_pytorch_tanh",
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="GeGLU (gelu_pytorch_tanh), embeddings scaled by sqrt(hidden)=8 in the weight dtype, (1+w) RMSNorm, "
+        "tied embeddings",
+        ablate_fn=_unit_embed_scale,
+        ablation_desc="embedding normalizer sqrt(64) -> 1",
+    ),
+    Spec(
+        name="gemma2",
+        config_class="Gemma2Config",
+        architecture="Gemma2ForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=48, head_dim=16, pad_token_id=None, query_pre_attn_scalar=24,
+                    sliding_window=48, attn_logit_softcapping=5.0, final_logit_softcapping=15.0, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="sandwich norms (pre/post attention, pre/post feedforward), attention logits softcapped at 5, final "
+        "logits at 15, query_pre_attn_scalar 24 (scale 24^-0.5, head_dim 16), layer_types [sliding 48, full], "
+        "hidden 48 (embedding normalizer sqrt(48) is not a round number), untied lm_head",
+        ablate_config=dict(attn_logit_softcapping=None, final_logit_softcapping=None),
+        ablation_desc="attn_logit_softcapping and final_logit_softcapping -> None",
+        extra_ablations=[
+            Ablate("attn_logit_softcapping -> None", config=dict(attn_logit_softcapping=None)),
+            Ablate("sliding_window 48 -> 4096 (layer 0 sees the whole prompt)", config=dict(sliding_window=4096)),
+            Ablate("query_pre_attn_scalar 24 -> head_dim 16", config=dict(query_pre_attn_scalar=16)),
+        ],
+        notes=[
+            "Untied and hidden 48: with tied embeddings the sqrt(hidden)-scaled input embedding dominates the sandwich-"
+            "normed residual stream and every seed repeats its last token.",
+            "HF 5.24 Gemma2 eager attention: scores = (q.k) * query_pre_attn_scalar**-0.5, then softcap "
+            "(scores/cap -> tanh -> *cap), then the mask; logits = lm_head(h) -> /cap -> tanh -> *cap.",
+            "Sliding layers (layer_types[i] == 'sliding_attention', default even i) see keys q-47..q.",
+            "The final softcap is monotonic, so it cannot change greedy tokens (no ablation for it): it shows in the "
+            "recorded log-probs, which the Rust gate compares within 2e-3 nats.",
+        ],
+    ),
+    Spec(
+        name="gemma3",
+        config_class="Gemma3TextConfig",
+        architecture="Gemma3ForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(
+            hidden_size=48, head_dim=16, pad_token_id=None, intermediate_size=96, num_hidden_layers=3,
+            query_pre_attn_scalar=24,
+            sliding_window=48, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            },
+        ),
+        feature="QK-norm ((1+w) per head), local rope theta 1e4 on sliding layers vs global theta 1e6 with linear "
+        "factor 8 on full layers, layer_types [sliding 48, sliding 48, full], sandwich norms, scale 24^-0.5, "
+        "untied lm_head",
+        ablate_fn=_drop_qk_norm,
+        ablation_desc="q_norm/k_norm replaced by identity",
+        extra_ablations=[
+            Ablate("global rope -> the local one (theta 1e4, no scaling)", config=dict(rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+            Ablate("sliding_window 48 -> 4096", config=dict(sliding_window=4096)),
+        ],
+        notes=[
+            "HF 5.24 Gemma3 passes no softcap to attention (attn_logit_softcapping is unused); final_logit_softcapping "
+            "is None here. rope_parameters is nested per layer type.",
+        ],
+    ),
+    Spec(
+        name="phi3",
+        config_class="Phi3Config",
+        architecture="Phi3ForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=48, intermediate_size=96, pad_token_id=None, sliding_window=48,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="fused qkv_proj (q 48 | k 24 | v 24 rows) and gate_up_proj (gate | up), split at load; sliding window "
+        "48 on every layer; untied lm_head",
+        ablate_config=dict(sliding_window=None),
+        ablation_desc="sliding_window -> None",
+    ),
+    Spec(
+        name="phi3-longrope",
+        config_class="Phi3Config",
+        architecture="Phi3ForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(
+            hidden_size=48, intermediate_size=96, pad_token_id=None, max_position_embeddings=2048,
+            original_max_position_embeddings=256,
+            rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                 short_factor=[1.0, 1.02, 1.1, 1.25, 1.5, 2.0],
+                                 long_factor=[1.0, 1.6, 3.0, 5.0, 8.0, 12.0]),
+        ),
+        feature="LongRoPE: short factors up to original_max_position_embeddings 256, long factors beyond (prompts of "
+        "297+ tokens), cos/sin scaled by sqrt(1 + ln(2048/256)/ln(256)) = 1.1726",
+        ablate_config=dict(rope_parameters=dict(DEFAULT_ROPE)),
+        ablation_desc="rope_parameters -> default",
+        extra_ablations=[
+            Ablate("long_factor -> short_factor", config=dict(rope_parameters=dict(
+                rope_type="longrope", rope_theta=10000.0, short_factor=[1.0, 1.02, 1.1, 1.25, 1.5, 2.0],
+                long_factor=[1.0, 1.02, 1.1, 1.25, 1.5, 2.0]))),
+        ],
+        notes=[
+            "HF 5.24 longrope_frequency_update: each forward picks the long factors iff max(position_ids)+1 > "
+            "original_max_position_embeddings (256; the top-level Phi-3 key wins over the rope section), else the short "
+            "ones; cached keys keep the rotation they were written with. attention_factor is "
+            "sqrt(1 + ln(max_position_embeddings/original) / ln(original)) when unset.",
+        ],
+    ),
+    Spec(
+        name="phi",
+        config_class="PhiConfig",
+        architecture="PhiForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=48, intermediate_size=128, num_key_value_heads=4, pad_token_id=None,
+                    rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.5)),
+        feature="parallel attention + MLP on one LayerNorm (h = (attn + mlp) + h), partial rotary 0.5 (6 of 12 dims), "
+        "LayerNorm and dense biases, lm_head bias, gelu_new",
+        ablate_config=dict(rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=1.0)),
+        ablation_desc="partial_rotary_factor 0.5 -> 1.0",
+        extra_ablations=[Ablate("lm_head bias zeroed", fn=_zero_lm_head_bias)],
+    ),
+    Spec(
+        name="opt",
+        config_class="OPTConfig",
+        architecture="OPTForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=32, ffn_dim=64, max_position_embeddings=672, pad_token_id=None,
+                    tie_word_embeddings=True),
+        feature="learned positions at position + 2, queries scaled after q_proj, ReLU MLP, pre-LayerNorm "
+        "(do_layer_norm_before), tied embeddings",
+        ablate_fn=_opt_position_offset_0,
+        ablation_desc="position offset 2 -> 0",
+    ),
+    Spec(
+        name="opt-postnorm",
+        config_class="OPTConfig",
+        architecture="OPTForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=32, ffn_dim=64, max_position_embeddings=672, pad_token_id=None,
+                    tie_word_embeddings=True, do_layer_norm_before=False, word_embed_proj_dim=24),
+        feature="opt-350m layout: LayerNorm after each residual add (do_layer_norm_before false, no final norm), "
+        "word_embed_proj_dim 24 with project_in / project_out",
+        ablate_fn=_opt_pre_norm,
+        ablation_desc="layers switched to pre-norm",
+    ),
+    Spec(
+        name="gpt2",
+        config_class="GPT2Config",
+        architecture="GPT2LMHeadModel",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=48, n_inner=128, max_position_embeddings=672, tie_word_embeddings=True),
+        feature="Conv1D weights [in, out] (transposed at load), fused c_attn, learned positions (wpe), gelu_new, "
+        "tied embeddings",
+        ablate_fn=_zero_wpe,
+        ablation_desc="position embeddings zeroed",
+        extra_ablations=[Ablate("scale_attn_weights -> False", config=dict(scale_attn_weights=False))],
+    ),
+    Spec(
+        name="gpt-neox",
+        config_class="GPTNeoXConfig",
+        architecture="GPTNeoXForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=48, num_attention_heads=2, intermediate_size=96,
+                    rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.25)),
+        feature="fused query_key_value interleaved per head, partial rotary 0.25 (6 of 24 dims), parallel residual "
+        "(h = (mlp(ln2 h) + attn(ln1 h)) + h), biases, untied lm_head (embed_out in older checkpoints)",
+        ablate_config=dict(use_parallel_residual=False),
+        ablation_desc="use_parallel_residual -> False",
+        extra_ablations=[Ablate("partial_rotary_factor 0.25 -> 1.0",
+                                config=dict(rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=1.0)))],
+    ),
+    Spec(
+        name="stablelm",
+        config_class="StableLmConfig",
+        architecture="StableLmForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=48, num_attention_heads=2, intermediate_size=96, use_qkv_bias=True,
+                    rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.25)),
+        feature="LayerNorm with bias, partial rotary 0.25 (6 of 24 dims), q/k/v biases (StableLM 2 1.6B), "
+        "sequential residual, untied lm_head",
+        ablate_fn=_zero_qkv_bias,
+        ablation_desc="q/k/v biases zeroed",
+        extra_ablations=[Ablate("partial_rotary_factor 0.25 -> 1.0",
+                                config=dict(rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=1.0)))],
+    ),
+    Spec(
+        name="stablelm-qknorm-parallel",
+        config_class="StableLmConfig",
+        architecture="StableLmForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=48, num_attention_heads=2, num_key_value_heads=1, intermediate_size=96,
+                    qk_layernorm=True, use_parallel_residual=True, tie_word_embeddings=True,
+                    rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.25)),
+        feature="StableLM 2 12B layout: per-head LayerNorm QK-norm with one weight per head, parallel residual "
+        "(h = (h + attn) + mlp(ln1 h)), MQA",
+        ablate_fn=_no_stablelm_qk_layernorm,
+        ablation_desc="qk_layernorm off",
+    ),
+    Spec(
+        name="granite",
+        config_class="GraniteConfig",
+        architecture="GraniteForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=48, intermediate_size=96, pad_token_id=None, embedding_multiplier=12.0,
+                    residual_multiplier=0.22, attention_multiplier=0.15, logits_scaling=2.0,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="embedding_multiplier 12, residual_multiplier 0.22, attention_multiplier 0.15 (not 12^-0.5), logits "
+        "divided by logits_scaling 2",
+        ablate_config=dict(embedding_multiplier=1.0, residual_multiplier=1.0, attention_multiplier=12 ** -0.5),
+        ablation_desc="embedding/residual multipliers -> 1, attention_multiplier -> head_dim^-0.5",
+        extra_ablations=[
+            Ablate("embedding_multiplier -> 1", config=dict(embedding_multiplier=1.0)),
+            Ablate("residual_multiplier -> 1", config=dict(residual_multiplier=1.0)),
+            Ablate("attention_multiplier -> head_dim^-0.5", config=dict(attention_multiplier=12 ** -0.5)),
+        ],
+        notes=["logits_scaling only divides the logits (monotonic): it shows in the log-probs, not the tokens. It is 2 "
+               "here rather than Granite 3's 8: dividing by 8 shrinks every top-2 log-prob gap 8x, and no seed of 60 "
+               "reached the 5e-3 minimum (best 1.4e-3)."],
+    ),
+    Spec(
+        name="olmo2",
+        config_class="Olmo2Config",
+        architecture="Olmo2ForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=48, intermediate_size=96, pad_token_id=None, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="post-norm (h = h + norm(attn(h)), h = h + norm(mlp(h))), QK-norm over all heads at once "
+        "(q_norm [48], k_norm [24]) before RoPE",
+        ablate_fn=_drop_qk_norm,
+        ablation_desc="q_norm/k_norm replaced by identity",
+    ),
+    Spec(
+        name="cohere",
+        config_class="CohereConfig",
+        architecture="CohereForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(pad_token_id=None, tie_word_embeddings=True, use_qk_norm=True, logit_scale=2.0,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="parallel block on one bias-free LayerNorm (h = (h + attn) + mlp), interleaved rope (adjacent "
+        "pairs), per-head LayerNorm QK-norm (weights [heads, head_dim]), logit_scale 2, tied embeddings",
+        ablate_fn=_no_cohere_qk_norm,
+        ablation_desc="use_qk_norm off",
+        notes=["logit_scale is 2 here (Command-R uses 0.0625): a scale below 1 shrinks every top-2 log-prob gap, and "
+               "with 0.25 no seed of 60 reached the 5e-3 minimum (best 2.7e-3). It only rescales the logits, so it "
+               "shows in the log-probs, not the tokens."],
+    ),
+    Spec(
+        name="starcoder2",
+        config_class="Starcoder2Config",
+        architecture="Starcoder2ForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(sliding_window=48, tie_word_embeddings=True, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="LayerNorm with bias, biases on q/k/v/o and c_fc/c_proj, ungated gelu_pytorch_tanh MLP, sliding window "
+        "48, tied embeddings",
+        ablate_config=dict(sliding_window=None),
+        ablation_desc="sliding_window -> None",
+        extra_ablations=[Ablate("q/k/v biases zeroed", fn=_zero_qkv_bias)],
+    ),
+    Spec(
+        name="falcon",
+        config_class="FalconConfig",
+        architecture="FalconForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(ffn_hidden_size=128, tie_word_embeddings=True, multi_query=True, parallel_attn=True, bias=False,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="Falcon-7B layout: multi-query fused query_key_value [q x4 | k | v], parallel attention + MLP on one "
+        "LayerNorm (h = (mlp + attn) + h), erf GELU, tied embeddings",
+        notes=["No ablation: the features are layouts (a wrong split or wiring fails every case)."],
+    ),
+    Spec(
+        name="falcon-new-arch",
+        config_class="FalconConfig",
+        architecture="FalconForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(ffn_hidden_size=128, tie_word_embeddings=True, new_decoder_architecture=True, num_kv_heads=2,
+                    bias=True,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="Falcon-40B layout (new_decoder_architecture): grouped fused query_key_value (per KV group 2 queries, "
+        "1 key, 1 value), separate ln_attn / ln_mlp feeding the parallel branches, biases",
+        notes=["No ablation: the features are layouts (a wrong split or wiring fails every case)."],
+    ),
+    # ---- mixture of experts (crates/models/src/moe.rs, mla.rs) --------------------------------------
+    Spec(
+        name="mixtral",
+        config_class="MixtralConfig",
+        architecture="MixtralForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=32, head_dim=16, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+                    sliding_window=64, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="sparse MoE: softmax router, top-2 of 4 experts renormalised (w1/w3/w2 expert weights under "
+        "block_sparse_moe), sliding window 64, head_dim 16 != hidden/heads",
+        ablate_config=dict(num_experts_per_tok=1),
+        ablation_desc="num_experts_per_tok 2 -> 1",
+        probe=routing_probe,
+    ),
+    Spec(
+        name="qwen2-moe",
+        config_class="Qwen2MoeConfig",
+        architecture="Qwen2MoeForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=32, num_hidden_layers=3, intermediate_size=64, moe_intermediate_size=32,
+                    shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1],
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="Qwen2-MoE: softmax top-2 of 4 experts NOT renormalised (norm_topk_prob false), shared expert "
+        "scaled by sigmoid(shared_expert_gate), q/k/v biases, mlp_only_layers [1] (layer 1 dense, 0 and 2 sparse)",
+        ablate_fn=zero_shared_expert_gate,
+        ablation_desc="shared_expert_gate weights zeroed (gate = sigmoid(0) = 0.5)",
+        extra_ablations=[Ablate("norm_topk_prob false -> true", config=dict(norm_topk_prob=True))],
+        probe=routing_probe,
+    ),
+    Spec(
+        name="qwen3-moe",
+        config_class="Qwen3MoeConfig",
+        architecture="Qwen3MoeForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=32, head_dim=16, num_hidden_layers=4, intermediate_size=64, moe_intermediate_size=16,
+                    num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=2,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="Qwen3-MoE: per-head QK-norm, softmax top-2 of 8 experts renormalised (norm_topk_prob), "
+        "decoder_sparse_step 2 (layers 1 and 3 sparse, 0 and 2 dense), head_dim 16",
+        ablate_config=dict(norm_topk_prob=False),
+        ablation_desc="norm_topk_prob true -> false",
+        extra_ablations=[Ablate("q_norm/k_norm replaced by identity", fn=_drop_qk_norm)],
+        probe=routing_probe,
+    ),
+    Spec(
+        name="olmoe",
+        config_class="OlmoeConfig",
+        architecture="OlmoeForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=32, intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                    rope_parameters=dict(DEFAULT_ROPE), pad_token_id=None),
+        feature="OLMoE: QK-norm over the full q / k width (one RMSNorm across all heads), softmax top-2 of 8 "
+        "experts not renormalised",
+        ablate_fn=_drop_qk_norm,
+        ablation_desc="q_norm/k_norm replaced by identity",
+        probe=routing_probe,
+    ),
+    Spec(
+        name="deepseek-v2",
+        config_class="DeepseekV2Config",
+        architecture="DeepseekV2ForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=32, num_key_value_heads=None, intermediate_size=64, moe_intermediate_size=16,
+                    q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=3, first_k_dense_replace=1,
+                    topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=2.0,
+                    max_position_embeddings=1024,
+                    rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                         original_max_position_embeddings=256, mscale=1.0, mscale_all_dim=0.8,
+                                         beta_fast=32.0, beta_slow=1.0)),
+        feature="DeepSeek-V2: MLA (q_proj, kv_lora_rank 32, nope 16 + rope 8, v 16, interleaved rope), YaRN "
+        "(factor 4, mscale 1 / mscale_all_dim 0.8: cos/sin x attention_factor and softmax scale x mscale^2), "
+        "group_limited_greedy top-3 of 8 experts in 4 groups (2 groups kept), routed_scaling_factor 2, 1 shared "
+        "expert, first_k_dense_replace 1",
+        ablate_config=dict(rope_parameters=dict(DEFAULT_ROPE)),
+        ablation_desc="rope_parameters -> default (drops YaRN and its mscale)",
+        extra_ablations=[Ablate("topk_method group_limited_greedy -> greedy", config=dict(topk_method="greedy"))],
+        probe=routing_probe,
+        notes=["num_key_value_heads is left at its default (= num_attention_heads): DeepseekV2Attention expands "
+               "the latent to every head and fails with fewer KV heads."],
+    ),
+    Spec(
+        name="deepseek-v3",
+        config_class="DeepseekV3Config",
+        architecture="DeepseekV3ForCausalLM",
+        save_dtype="bfloat16",
+        init_fn=init_correction_bias(0.1),
+        kwargs=dict(hidden_size=32, num_key_value_heads=4, intermediate_size=64, moe_intermediate_size=16,
+                    q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+                    n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="DeepSeek-V3: MLA with q_lora_rank 24 (q_a_proj / q_a_layernorm / q_b_proj), interleaved rope; "
+        "noaux_tc router: sigmoid scores + e_score_correction_bias (N(0, 0.1)) for the choice, top-2 of 4 groups "
+        "by their two best scores, top-2 experts, unbiased weights renormalised (norm_topk_prob) x 2.5, 1 shared "
+        "expert, first_k_dense_replace 1",
+        ablate_config=dict(n_group=1, topk_group=1),
+        ablation_desc="n_group 4 / topk_group 2 -> 1 / 1 (no group limit)",
+        extra_ablations=[Ablate("routed_scaling_factor 2.5 -> 1.0", config=dict(routed_scaling_factor=1.0))],
+        probe=routing_probe,
+        notes=["num_key_value_heads is set to num_attention_heads: DeepseekV3Config defaults it to 128, and MLA "
+               "expands the latent to every query head."],
     ),
 ]
 
@@ -346,6 +780,8 @@ def build_model(spec: Spec, vocab_size: int, seed: int) -> torch.nn.Module:
             flat = p.detach().reshape(-1)
             if flat.numel() > 0 and bool(torch.all(flat == flat[0])):
                 p.add_(torch.randn(p.shape, generator=gen) * CONST_PERTURB_STD)
+        if spec.init_fn is not None:
+            spec.init_fn(model, gen)
     model.generation_config.bos_token_id = 0
     model.generation_config.eos_token_id = 2
     model.generation_config.pad_token_id = 0
@@ -391,12 +827,16 @@ def assess(results: list[dict[str, Any]]) -> tuple[float, bool, int]:
 def ablation_changes(spec: Spec, fixture_dir: Path, cases, results) -> int | None:
     if spec.ablate_config is None and spec.ablate_fn is None:
         return None
+    return run_ablation(spec.ablate_config, spec.ablate_fn, fixture_dir, cases, results)
+
+
+def run_ablation(ablate_config, ablate_fn, fixture_dir: Path, cases, results) -> int:
     base = load_fixture(fixture_dir)
-    if spec.ablate_config is not None:
+    if ablate_config is not None:
         cfg = copy.deepcopy(base.config)
-        for k, v in spec.ablate_config.items():
+        for k, v in ablate_config.items():
             setattr(cfg, k, copy.deepcopy(v))
-        if "rope_parameters" in spec.ablate_config:
+        if "rope_parameters" in ablate_config:
             cfg.standardize_rope_params()
         abl = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
         missing, unexpected = abl.load_state_dict(base.state_dict(), strict=False)
@@ -406,8 +846,8 @@ def ablation_changes(spec: Spec, fixture_dir: Path, cases, results) -> int | Non
         abl.eval()
     else:
         abl = base
-    if spec.ablate_fn is not None:
-        spec.ablate_fn(abl)
+    if ablate_fn is not None:
+        ablate_fn(abl)
     abl_results = run_battery(abl, cases)
     return sum(a["output_ids"] != r["output_ids"] for a, r in zip(abl_results, results))
 
@@ -484,7 +924,13 @@ def generate_one(spec: Spec, tok, cases, min_gap_req: float) -> dict[str, Any]:
     changed = ablation_changes(spec, out_dir, cases, results)
     if changed is not None:
         assert changed > 0, f"{spec.name}: ablation ({spec.ablation_desc}) changed no output: feature not exercised"
+    extra = []
+    for a in spec.extra_ablations:
+        n = run_ablation(a.config, a.fn, out_dir, cases, results)
+        assert n > 0, f"{spec.name}: ablation ({a.desc}) changed no output: feature not exercised"
+        extra.append({"change": a.desc, "cases_changed": n, "cases": len(cases)})
     verify_reload(out_dir, cases, results)
+    probe = spec.probe(load_fixture(out_dir), cases) if spec.probe is not None else None
 
     cfg = load_fixture(out_dir).config
     oracle = {
@@ -509,6 +955,8 @@ def generate_one(spec: Spec, tok, cases, min_gap_req: float) -> dict[str, Any]:
         "distinct_output_tokens": distinct,
         "ablation": None if changed is None else {"change": spec.ablation_desc, "cases_changed": changed,
                                                   "cases": len(cases)},
+        **({"extra_ablations": extra} if extra else {}),
+        **({"routing_probe": probe} if probe is not None else {}),
         "notes": spec.notes,
         "cases": [
             {
@@ -534,7 +982,8 @@ def generate_one(spec: Spec, tok, cases, min_gap_req: float) -> dict[str, Any]:
         "min_gap": min_gap,
         "distinct": distinct,
         "seed": seed,
-        "ablation": "-" if changed is None else f"{changed}/{len(cases)}",
+        "ablation": "-" if changed is None else "+".join([f"{changed}"] + [str(e["cases_changed"]) for e in extra])
+        + f"/{len(cases)}",
         "secs": time.time() - t0,
     }
 

