@@ -1,1 +1,23 @@
+//! The inference engine, shaped like vLLM's V1 engine: a KV block pool with prefix caching,
+//! a scheduler doing continuous batching with chunked prefill and preemption by recompute, a
+//! device-agnostic model runner, a batched sampler with vLLM's `SamplingParams` semantics, and
+//! incremental detokenization with stop strings. [`Engine`] runs the loop on its own thread and
+//! serves [`EngineClient`]s (the server, the CLI); [`LLM`] is the offline batch API.
 
+pub mod config;
+pub mod core;
+pub mod detokenizer;
+pub mod engine;
+pub mod error;
+pub mod llm;
+pub mod output;
+pub mod params;
+pub mod runner;
+pub mod sampler;
+
+pub use config::{CacheConfig, EngineConfig};
+pub use engine::{Engine, EngineClient, EngineStats, PromptInput, RequestStream};
+pub use error::{EngineError, Result};
+pub use llm::LLM;
+pub use output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
+pub use params::SamplingParams;

@@ -14,6 +14,9 @@ pub enum ModelError {
     Weights { path: PathBuf, message: String },
     #[error("unsupported architecture `{arch}`; supported: {supported}")]
     UnsupportedArchitecture { arch: String, supported: String },
+    /// A request the model cannot run (an empty sequence, too many tokens, a bad token type).
+    #[error("{0}")]
+    InvalidInput(String),
     #[error(transparent)]
     Tensor(#[from] ferrite_tensor::TensorError),
     #[error(transparent)]

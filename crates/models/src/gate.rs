@@ -165,3 +165,22 @@ pub fn run_fixture(dir: &Path, dtype: ferrite_tensor::DType) -> Result<(Oracle, 
     }
     Ok((oracle, reports))
 }
+
+/// [`run_fixture`] with the model built by `build` instead of the registry (to gate a
+/// non-default configuration of a family, e.g. MLA's latent KV cache).
+pub fn run_fixture_with(
+    dir: &Path,
+    dtype: ferrite_tensor::DType,
+    build: impl Fn(&crate::config::RawConfig, &crate::weights::Weights) -> Result<Box<dyn CausalLM>>,
+) -> Result<(Oracle, Vec<CaseReport>)> {
+    let oracle = Oracle::load(&dir.join("oracle.json"))?;
+    let raw = crate::config::RawConfig::from_file(&dir.join("config.json"))?;
+    let weights = crate::weights::Weights::new(Box::new(crate::weights::SafetensorsWeights::open(dir)?), dtype, None);
+    let model = build(&raw, &weights)?;
+    let mut reports = Vec::new();
+    for case in &oracle.cases {
+        let ours = greedy(model.as_ref(), &case.prompt_ids, case.output_ids.len(), 16)?;
+        reports.push(judge(case, &ours));
+    }
+    Ok((oracle, reports))
+}

@@ -1,7 +1,9 @@
 //! Layers shared by the model families. Each layer owns its weights and a `forward` over the
 //! flattened `[tokens, features]` batch.
 
-use ferrite_tensor::{ops, Activation, AttentionParams, AttnMetadata, PagedKvLayer, Tensor};
+use std::ops::Range;
+
+use ferrite_tensor::{ops, Activation, AttentionParams, AttnMetadata, CpuStorage, PagedKvLayer, Storage, Tensor, TensorError};
 
 use crate::rope::Rope;
 use crate::weights::Weights;
@@ -30,6 +32,39 @@ impl Linear {
 
     pub fn out_features(&self) -> usize {
         self.weight.shape()[0]
+    }
+
+    /// A GPT-2 `Conv1D` (`x @ W + b` with `W [in, out]`): transposed here to the `Linear` layout.
+    pub fn load_conv1d(w: &Weights, prefix: &str, in_features: usize, out_features: usize) -> Result<Linear> {
+        let weight = transpose(&w.get(&format!("{prefix}.weight"), &[in_features, out_features])?)?;
+        let bias = Some(w.get_f32(&format!("{prefix}.bias"), &[out_features])?);
+        Ok(Linear { weight, bias })
+    }
+
+    /// Splits a fused projection (`qkv_proj`, `gate_up_proj`) into consecutive blocks of output rows.
+    pub fn split_rows(&self, sizes: &[usize]) -> Result<Vec<Linear>> {
+        let mut start = 0;
+        let mut parts = Vec::with_capacity(sizes.len());
+        for &n in sizes {
+            parts.push(self.select_rows(std::slice::from_ref(&(start..start + n)))?);
+            start += n;
+        }
+        if start != self.out_features() {
+            return Err(TensorError::Shape {
+                op: "split_rows",
+                detail: format!("{sizes:?} do not add up to {} rows", self.out_features()),
+            }
+            .into());
+        }
+        Ok(parts)
+    }
+
+    /// The output rows in `ranges`, concatenated in that order (de-interleaves per-head fused layouts).
+    pub fn select_rows(&self, ranges: &[Range<usize>]) -> Result<Linear> {
+        Ok(Linear {
+            weight: select_rows(&self.weight, ranges)?,
+            bias: self.bias.as_ref().map(|b| select_rows(b, ranges)).transpose()?,
+        })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -133,16 +168,37 @@ impl Attention {
         meta: &AttnMetadata,
         cache: &mut PagedKvLayer,
     ) -> Result<Tensor> {
-        let d = self.params.head_dim;
+        let (q, k, v) = self.project(x)?;
+        self.attend(q, k, v, rope, meta, cache)
+    }
+
+    /// The q/k/v projections and the RMS QK-norm. A norm spans its weight's width: one head
+    /// (weight `[head_dim]`, Qwen3, Gemma 3) or all heads at once (weight `[heads * head_dim]`,
+    /// OLMo-2).
+    pub fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let mut q = self.q.forward(x)?;
         let mut k = self.k.forward(x)?;
         let v = self.v.forward(x)?;
         if let Some(n) = &self.q_norm {
-            q = n.forward_heads(&q, d)?;
+            q = n.forward_heads(&q, n.weight.numel())?;
         }
         if let Some(n) = &self.k_norm {
-            k = n.forward_heads(&k, d)?;
+            k = n.forward_heads(&k, n.weight.numel())?;
         }
+        Ok((q, k, v))
+    }
+
+    /// Rotary embeddings, cache write, paged attention and the output projection over q/k/v
+    /// that are already projected (and normalised, for families whose QK-norm is not RMS).
+    pub fn attend(
+        &self,
+        mut q: Tensor,
+        mut k: Tensor,
+        v: Tensor,
+        rope: Option<(&Rope, &Tensor, &Tensor)>,
+        meta: &AttnMetadata,
+        cache: &mut PagedKvLayer,
+    ) -> Result<Tensor> {
         if let Some((rope, cos, sin)) = rope {
             q = rope.apply(&q, cos, sin)?;
             k = rope.apply(&k, cos, sin)?;
@@ -162,5 +218,180 @@ pub struct Embedding {
 impl Embedding {
     pub fn forward(&self, ids: &[u32]) -> Result<Tensor> {
         Ok(ops::embedding(&self.table, ids)?)
+    }
+}
+
+/// Rows `ranges` of a CPU matrix (a 1-D tensor is one column), concatenated; for reshaping
+/// checkpoint tensors at load time, before they move to a device.
+fn select_rows(t: &Tensor, ranges: &[Range<usize>]) -> Result<Tensor> {
+    let cols = if t.rank() == 1 { 1 } else { t.last_dim() };
+    let rows = t.numel().checked_div(cols).unwrap_or(0);
+    if let Some(bad) = ranges.iter().find(|r| r.start > r.end || r.end > rows) {
+        return Err(TensorError::Shape { op: "select_rows", detail: format!("rows {bad:?} of {:?}", t.shape()) }.into());
+    }
+    fn pick<T: Copy>(v: &[T], cols: usize, ranges: &[Range<usize>]) -> Vec<T> {
+        ranges.iter().flat_map(|r| v[r.start * cols..r.end * cols].iter().copied()).collect()
+    }
+    let storage = match t.cpu() {
+        Some(CpuStorage::F32(v)) => CpuStorage::F32(pick(v, cols, ranges)),
+        Some(CpuStorage::F16(v)) => CpuStorage::F16(pick(v, cols, ranges)),
+        Some(CpuStorage::BF16(v)) => CpuStorage::BF16(pick(v, cols, ranges)),
+        None => return Err(TensorError::Unsupported { op: "select_rows", detail: "a tensor on a device".into() }.into()),
+    };
+    let n: usize = ranges.iter().map(|r| r.len()).sum();
+    let shape = if t.rank() == 1 { vec![n] } else { vec![n, cols] };
+    Ok(Tensor::from_storage(Storage::Cpu(storage), shape)?)
+}
+
+/// `[a, b] -> [b, a]` of a CPU matrix, at load time.
+fn transpose(t: &Tensor) -> Result<Tensor> {
+    let (a, b) = match t.shape() {
+        &[a, b] => (a, b),
+        other => return Err(TensorError::Shape { op: "transpose", detail: format!("{other:?} is not a matrix") }.into()),
+    };
+    fn flip<T: Copy>(v: &[T], a: usize, b: usize) -> Vec<T> {
+        (0..b).flat_map(|j| (0..a).map(move |i| v[i * b + j])).collect()
+    }
+    let storage = match t.cpu() {
+        Some(CpuStorage::F32(v)) => CpuStorage::F32(flip(v, a, b)),
+        Some(CpuStorage::F16(v)) => CpuStorage::F16(flip(v, a, b)),
+        Some(CpuStorage::BF16(v)) => CpuStorage::BF16(flip(v, a, b)),
+        None => return Err(TensorError::Unsupported { op: "transpose", detail: "a tensor on a device".into() }.into()),
+    };
+    Ok(Tensor::from_storage(Storage::Cpu(storage), vec![b, a])?)
+}
+
+/// RMSNorm or LayerNorm, for blocks whose family picks one.
+#[derive(Debug, Clone)]
+pub enum Norm {
+    Rms(RmsNorm),
+    Layer(LayerNorm),
+}
+
+impl Norm {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Norm::Rms(n) => n.forward(x),
+            Norm::Layer(n) => n.forward(x),
+        }
+    }
+}
+
+/// LayerNorm over each head of `x [tokens, heads * head_dim]` (the QK-norm of StableLM and Cohere).
+/// The affine weight is shared by every head (`[head_dim]`, Phi's `qk_layernorm` form) or one per
+/// head (`[heads * head_dim]`); a bias, where present, is shared.
+#[derive(Debug, Clone)]
+pub struct HeadLayerNorm {
+    pub weight: Option<Tensor>,
+    pub bias: Option<Tensor>,
+    pub head_dim: usize,
+    pub eps: f32,
+}
+
+impl HeadLayerNorm {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let d = self.head_dim;
+        let per_head = x.reshape(&[x.numel() / d, d])?;
+        let shared = self.weight.as_ref().is_none_or(|w| w.numel() == d);
+        if shared {
+            return Ok(ops::layer_norm(&per_head, self.weight.as_ref(), self.bias.as_ref(), self.eps)?.reshape(x.shape())?);
+        }
+        if self.bias.is_some() {
+            return Err(TensorError::Unsupported { op: "HeadLayerNorm", detail: "per-head weights with a bias".into() }.into());
+        }
+        let normed = ops::layer_norm(&per_head, None, None, self.eps)?.reshape(x.shape())?;
+        match &self.weight {
+            Some(w) => Ok(ops::mul_row(&normed, w)?),
+            None => Ok(normed),
+        }
+    }
+}
+
+/// `fc2(act(fc1(x)))`: the ungated MLP of GPT-2, OPT, GPT-NeoX, Phi and Starcoder2.
+#[derive(Debug, Clone)]
+pub struct DenseMlp {
+    pub fc1: Linear,
+    pub fc2: Linear,
+    pub act: Activation,
+}
+
+impl DenseMlp {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.fc2.forward(&ops::activation(&self.fc1.forward(x)?, self.act)?)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum Mlp {
+    Gated(GatedMlp),
+    Dense(DenseMlp),
+}
+
+impl Mlp {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Mlp::Gated(m) => m.forward(x),
+            Mlp::Dense(m) => m.forward(x),
+        }
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        match self {
+            Mlp::Gated(m) => [&m.gate, &m.up, &m.down].iter().map(|l| l.weight.size_in_bytes()).sum(),
+            Mlp::Dense(m) => m.fc1.weight.size_in_bytes() + m.fc2.weight.size_in_bytes(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrite_tensor::{DType, Tensor};
+
+    use super::*;
+
+    #[test]
+    fn select_rows_and_transpose_keep_dtype_and_order() {
+        let t = Tensor::from_f32_as((0..12).map(|v| v as f32).collect(), &[4, 3], DType::BF16).unwrap();
+        let picked = select_rows(&t, &[2..3, 0..2]).unwrap();
+        assert_eq!((picked.shape(), picked.dtype()), (&[3usize, 3][..], DType::BF16));
+        assert_eq!(picked.to_f32_vec(), [6., 7., 8., 0., 1., 2., 3., 4., 5.]);
+        let tt = transpose(&t).unwrap();
+        assert_eq!(tt.shape(), &[3, 4]);
+        assert_eq!(tt.to_f32_vec(), [0., 3., 6., 9., 1., 4., 7., 10., 2., 5., 8., 11.]);
+        let bias = Tensor::from_f32(vec![1., 2., 3., 4.], &[4]).unwrap();
+        assert_eq!(select_rows(&bias, &[3..4, 1..2]).unwrap().to_f32_vec(), [4., 2.]);
+        assert!(select_rows(&t, std::slice::from_ref(&(3..5))).is_err());
+    }
+
+    #[test]
+    fn split_rows_covers_every_row() {
+        let w = Tensor::from_f32((0..10).map(|v| v as f32).collect(), &[5, 2]).unwrap();
+        let lin = Linear { weight: w, bias: Some(Tensor::from_f32(vec![0., 1., 2., 3., 4.], &[5]).unwrap()) };
+        let parts = lin.split_rows(&[3, 2]).unwrap();
+        assert_eq!(parts[1].weight.to_f32_vec(), [6., 7., 8., 9.]);
+        assert_eq!(parts[1].bias.as_ref().unwrap().to_f32_vec(), [3., 4.]);
+        assert!(lin.split_rows(&[3, 1]).is_err());
+    }
+
+    #[test]
+    fn head_layer_norm_per_head_weights_match_shared_when_equal() {
+        let x = Tensor::from_f32((0..16).map(|v| ((v * 7) % 5) as f32 - 2.0).collect(), &[2, 8]).unwrap();
+        let shared = HeadLayerNorm {
+            weight: Some(Tensor::from_f32(vec![0.5, 1.0, 1.5, 2.0], &[4]).unwrap()),
+            bias: None,
+            head_dim: 4,
+            eps: 1e-5,
+        };
+        let per_head = HeadLayerNorm {
+            weight: Some(Tensor::from_f32(vec![0.5, 1.0, 1.5, 2.0, 0.5, 1.0, 1.5, 2.0], &[8]).unwrap()),
+            ..shared.clone()
+        };
+        let (a, b) = (shared.forward(&x).unwrap().to_f32_vec(), per_head.forward(&x).unwrap().to_f32_vec());
+        assert_eq!(a, b);
+        // Each head is normalised on its own: zero mean over every 4 values once the weight is divided out.
+        for head in a.chunks(4) {
+            let unweighted: f32 = head.iter().zip([0.5, 1.0, 1.5, 2.0]).map(|(v, w)| v / w).sum();
+            assert!(unweighted.abs() < 1e-4, "{head:?}");
+        }
     }
 }

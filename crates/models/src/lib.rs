@@ -2,13 +2,17 @@
 //! the layers decoders share, one module per model family, and the architecture registry.
 
 pub mod config;
+pub mod decoder;
 pub mod error;
 pub mod families;
 pub mod gate;
 pub mod gguf;
 pub mod layers;
 pub mod loader;
+pub mod mla;
 pub mod model;
+pub mod moe;
+pub mod pooling;
 pub mod registry;
 pub mod rope;
 pub mod weights;

@@ -36,4 +36,16 @@ pub trait CausalLM: Send + Sync {
     /// Runs the model over `input.tokens`, writing their keys and values into `kv` (one entry per
     /// layer, shaped as `info().kv_layers`), and returns logits `[logit_rows.len(), vocab]` (f32).
     fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor>;
+
+    /// As [`CausalLM::forward`], but returns the final-norm hidden states of `logit_rows`
+    /// (`[logit_rows.len(), hidden]`, the LM head's input) instead of logits: a decoder used as an
+    /// embedding model pools these. Families that do not expose them say so.
+    fn hidden_states(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
+        let _ = (input, kv);
+        Err(ferrite_tensor::TensorError::Unsupported {
+            op: "hidden_states",
+            detail: format!("{} (no hidden-state output yet)", self.info().architecture),
+        }
+        .into())
+    }
 }

@@ -2,7 +2,7 @@
 //! Hugging Face class really shares a family's computation is one line here.
 
 use crate::config::RawConfig;
-use crate::families::{cohere, gpt2, gpt_neox, granite, olmo2, opt, phi, phi3, stablelm, starcoder2};
+use crate::families::{cohere, falcon, gpt2, gpt_neox, granite, olmo2, opt, phi, phi3, stablelm, starcoder2};
 use crate::families::{gemma, gemma2, gemma3, llama, qwen2, qwen3};
 use crate::families::{deepseek_v2, deepseek_v3, mixtral, olmoe, qwen2_moe, qwen3_moe};
 use crate::model::CausalLM;
@@ -38,19 +38,28 @@ const ENTRIES: &[(&str, Constructor)] = &[
     ("Olmo2ForCausalLM", |r, w| Ok(Box::new(olmo2::load(r, w)?))),
     ("CohereForCausalLM", |r, w| Ok(Box::new(cohere::load(r, w)?))),
     ("Starcoder2ForCausalLM", |r, w| Ok(Box::new(starcoder2::load(r, w)?))),
+    ("FalconForCausalLM", |r, w| Ok(Box::new(falcon::load(r, w)?))),
 ];
 
-/// Every architecture name that has a constructor, sorted.
+/// Every architecture name that has a constructor, sorted: causal LMs here, and pooling models
+/// (embedding, classification) in [`crate::pooling::architectures`].
 pub fn architectures() -> Vec<&'static str> {
     let mut names: Vec<&'static str> = ENTRIES.iter().map(|(n, _)| *n).collect();
+    names.extend(crate::pooling::architectures());
     names.sort_unstable();
+    names.dedup();
     names
 }
 
 pub fn constructor(arch: &str) -> Result<Constructor> {
-    ENTRIES.iter().find(|(n, _)| *n == arch).map(|(_, c)| *c).ok_or_else(|| ModelError::UnsupportedArchitecture {
-        arch: arch.to_owned(),
-        supported: architectures().join(", "),
+    ENTRIES.iter().find(|(n, _)| *n == arch).map(|(_, c)| *c).ok_or_else(|| {
+        let mut causal: Vec<&str> = ENTRIES.iter().map(|(n, _)| *n).collect();
+        causal.sort_unstable();
+        let mut supported = causal.join(", ");
+        if crate::pooling::constructor(arch).is_ok() {
+            supported.push_str(&format!(" ({arch} is a pooling model: load it with `pooling::load_pooling_model`)"));
+        }
+        ModelError::UnsupportedArchitecture { arch: arch.to_owned(), supported }
     })
 }
 

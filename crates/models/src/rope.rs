@@ -48,6 +48,22 @@ impl RopeParameters {
         if params.partial_rotary_factor.is_none() {
             params.partial_rotary_factor = obj.get("partial_rotary_factor").and_then(Value::as_f64);
         }
+        // transformers' `standardize_rope_params`: a top-level `original_max_position_embeddings`
+        // (Phi-3 saves it there) wins over the one inside the rope section for the scaled types.
+        if matches!(params.kind(), "llama3" | "yarn" | "longrope") {
+            if let Some(v) = obj.get("original_max_position_embeddings").and_then(Value::as_u64) {
+                params.original_max_position_embeddings = Some(v as usize);
+            }
+        }
+        Ok(params)
+    }
+
+    /// One rope section given as a JSON object (e.g. one layer type's entry of a nested
+    /// `rope_parameters`, as Gemma 3 writes them), with `default_theta` where it has no `rope_theta`.
+    pub fn from_section(raw: &RawConfig, section: &Value, default_theta: f64) -> Result<RopeParameters> {
+        let mut params: RopeParameters =
+            serde_json::from_value(section.clone()).map_err(|e| raw.error(format!("rope parameters: {e}")))?;
+        params.rope_theta = params.rope_theta.or(Some(default_theta));
         Ok(params)
     }
 
@@ -278,7 +294,7 @@ mod tests {
     fn dynamic_ntk_only_changes_past_trained_length() {
         let r = raw(serde_json::json!({"rope_scaling": {"type": "dynamic", "factor": 2.0}}));
         let rope = Rope::new(&RopeParameters::from_config(&r, 1e4).unwrap(), 32, 512, &r).unwrap();
-        assert_eq!(rope.inv_freq(512), default_inv_freq(1e4, 32).as_slice().into());
+        assert_eq!(rope.inv_freq(512).as_ref(), default_inv_freq(1e4, 32).as_slice());
         assert!(rope.inv_freq(600)[5] < rope.inv_freq(512)[5]);
     }
 

@@ -124,7 +124,8 @@ impl PagedKvLayer {
             return Ok(Self::new_cpu(num_blocks, block_size, num_kv_heads, k_dim, v_dim));
         };
         let slots = num_blocks * block_size * num_kv_heads;
-        let storage = crate::cuda::attention::new_cache(&crate::cuda::device(ordinal)?, dtype, slots * k_dim, slots * v_dim)?;
+        let dev = crate::cuda::device(ordinal)?;
+        let storage = crate::cuda::attention::new_cache(&dev, dtype, slots * k_dim, slots * v_dim)?;
         Ok(PagedKvLayer { num_blocks, block_size, num_kv_heads, k_dim, v_dim, storage })
     }
 

@@ -307,3 +307,76 @@ pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p:
         Storage::Cuda(_) => cuda::attention::paged_attention(q, cache, meta, p),
     }
 }
+
+/// Grouped `x @ w[e]^T` for mixture-of-experts layers: `w` is `[experts, n, k]` (each expert in
+/// the `Linear` layout), `x [rows, k]` holds the rows sorted by expert, and `offsets` (one more
+/// than the number of experts, from 0 to `rows`, non-decreasing) says which rows go to which
+/// expert: rows `offsets[e]..offsets[e + 1]` use `w[e]`. Returns `[rows, n]`.
+pub fn grouped_matmul_t(x: &Tensor, w: &Tensor, offsets: &[usize]) -> Result<Tensor> {
+    if w.rank() != 3 || x.last_dim() != w.shape()[2] {
+        return Err(shape_err("grouped_matmul_t", format!("x {:?} w {:?}", x.shape(), w.shape())));
+    }
+    let rows: usize = x.shape().iter().rev().skip(1).product();
+    if offsets.len() != w.shape()[0] + 1
+        || offsets[0] != 0
+        || offsets[offsets.len() - 1] != rows
+        || offsets.windows(2).any(|p| p[0] > p[1])
+    {
+        return Err(shape_err("grouped_matmul_t", format!("offsets {offsets:?} for {rows} rows, w {:?}", w.shape())));
+    }
+    same_device("grouped_matmul_t", x, &[Some(w)])?;
+    match x.storage() {
+        Storage::Cpu(_) => cpu::matmul::grouped_matmul_t(x, w, offsets),
+        Storage::Cuda(_) => cuda::matmul::grouped_matmul_t(x, w, offsets),
+    }
+}
+
+/// `out[i] = sum_j weights[i * per_row + j] * y[rows[i * per_row + j]]`: gathers `per_row` rows
+/// of `y` for each output row, scales each by its weight and adds them in `j` order (the
+/// combine step of a mixture-of-experts layer; with `per_row` 1 it scales rows). Returns
+/// `[rows.len() / per_row, y.last_dim()]`.
+pub fn combine_rows(y: &Tensor, rows: &[usize], weights: &[f32], per_row: usize) -> Result<Tensor> {
+    if per_row == 0 || rows.len() % per_row != 0 || weights.len() != rows.len() {
+        return Err(shape_err(
+            "combine_rows",
+            format!("{} rows, {} weights, {per_row} per output row", rows.len(), weights.len()),
+        ));
+    }
+    if let Some(&bad) = rows.iter().find(|&&r| r >= y.rows()) {
+        return Err(shape_err("combine_rows", format!("row {bad} of {:?}", y.shape())));
+    }
+    match y.storage() {
+        Storage::Cpu(_) => cpu::elementwise::combine_rows(y, rows, weights, per_row),
+        Storage::Cuda(_) => cuda::ops::combine_rows(y, rows, weights, per_row),
+    }
+}
+
+/// Attention without a KV cache over the contiguous sequences of a flattened batch: sequence
+/// `s` owns rows `sum(seq_lens[..s])..sum(seq_lens[..=s])` of `q [tokens, heads * head_dim]`,
+/// `k [tokens, kv_heads * head_dim]` and `v [tokens, kv_heads * v_head_dim]`, and attends only
+/// to itself. `causal: false` is the bidirectional attention of encoders (BERT); `causal: true`
+/// matches [`paged_attention`] (sliding window and softcap included). Returns
+/// `[tokens, heads * v_head_dim]`.
+pub fn attention_dense(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttentionParams, seq_lens: &[usize], causal: bool) -> Result<Tensor> {
+    let tokens: usize = seq_lens.iter().sum();
+    if p.num_kv_heads == 0 || p.num_heads % p.num_kv_heads != 0 {
+        return Err(shape_err("attention_dense", format!("{} heads over {} kv heads", p.num_heads, p.num_kv_heads)));
+    }
+    if q.rows() != tokens
+        || k.rows() != tokens
+        || v.rows() != tokens
+        || q.last_dim() != p.num_heads * p.head_dim
+        || k.last_dim() != p.num_kv_heads * p.head_dim
+        || v.last_dim() != p.num_kv_heads * p.v_head_dim
+    {
+        return Err(shape_err(
+            "attention_dense",
+            format!("q {:?} k {:?} v {:?} for {tokens} tokens", q.shape(), k.shape(), v.shape()),
+        ));
+    }
+    same_device("attention_dense", q, &[Some(k), Some(v)])?;
+    match q.storage() {
+        Storage::Cpu(_) => cpu::attention::attention_dense(q, k, v, p, seq_lens, causal),
+        Storage::Cuda(_) => cuda::attention::attention_dense(q, k, v, p, seq_lens, causal),
+    }
+}

@@ -217,7 +217,9 @@ impl Tensor {
         }
         let storage = match (&*self.storage, device) {
             (Storage::Cpu(_), Device::Cpu) => return Ok(self.clone()),
-            (Storage::Cpu(s), Device::Cuda(ordinal)) => Storage::Cuda(CudaStorage::from_cpu(&crate::cuda::device(ordinal)?, s)?),
+            (Storage::Cpu(s), Device::Cuda(ordinal)) => {
+                Storage::Cuda(CudaStorage::from_cpu(&crate::cuda::device(ordinal)?, s)?)
+            }
             (Storage::Cuda(s), Device::Cpu) => Storage::Cpu(s.to_cpu()?),
             (Storage::Cuda(s), Device::Cuda(ordinal)) => {
                 Storage::Cuda(CudaStorage::from_cpu(&crate::cuda::device(ordinal)?, &s.to_cpu()?)?)

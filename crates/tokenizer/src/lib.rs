@@ -91,8 +91,13 @@ impl Tokenizer {
         generation_config: Option<&Value>,
         template_override: Option<String>,
     ) -> Result<Tokenizer> {
-        let inner: tokenizers::Tokenizer =
+        let mut inner: tokenizers::Tokenizer =
             tokenizer_json.parse().map_err(|e: tokenizers::Error| TokenizerError::Tokenizer(e.to_string()))?;
+        // transformers overrides the padding and truncation a tokenizer.json carries on every call
+        // (`tokenizer(text)` neither pads nor truncates), so they are dropped here; length limits
+        // are applied per call ([`Tokenizer::encode_truncated`], [`Tokenizer::encode_pair`]).
+        inner.with_padding(None);
+        inner.with_truncation(None).map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;
         let bos_token = token_string(tokenizer_config.get("bos_token"));
         let eos_token = token_string(tokenizer_config.get("eos_token"));
         let template_source = template_override.or_else(|| match tokenizer_config.get("chat_template") {
@@ -130,6 +135,49 @@ impl Tokenizer {
             .map_err(|e| TokenizerError::Tokenizer(e.to_string()))
     }
 
+    /// Ids of `text` with special tokens, cut to at most `max_length` tokens as transformers'
+    /// `tokenizer(text, truncation=True, max_length=n)` does: the text is cut on the right and
+    /// the special tokens are kept. `None` does not truncate.
+    pub fn encode_truncated(&self, text: &str, max_length: Option<usize>) -> Result<Vec<u32>> {
+        let err = |e: tokenizers::Error| TokenizerError::Tokenizer(e.to_string());
+        let encoding = self.inner.encode(text, false).map_err(err)?;
+        let encoding = match max_length {
+            Some(max) => self.truncate(encoding, None, max)?.0,
+            None => encoding,
+        };
+        Ok(self.inner.post_process(encoding, None, true).map_err(err)?.get_ids().to_vec())
+    }
+
+    /// A text pair as a cross-encoder reads it, `tokenizer(a, b, truncation=True, max_length=n)`:
+    /// the post-processor's pair template (`[CLS] a [SEP] b [SEP]` for BERT) and its token type
+    /// ids (segment 0, then 1). The longer text is cut first when the pair exceeds `max_length`.
+    /// Returns `(ids, type_ids)`.
+    pub fn encode_pair(&self, a: &str, b: &str, max_length: Option<usize>) -> Result<(Vec<u32>, Vec<u32>)> {
+        let err = |e: tokenizers::Error| TokenizerError::Tokenizer(e.to_string());
+        let first = self.inner.encode(a, false).map_err(err)?;
+        let second = self.inner.encode(b, false).map_err(err)?;
+        let (first, second) = match max_length {
+            Some(max) => self.truncate(first, Some(second), max)?,
+            None => (first, Some(second)),
+        };
+        let encoding = self.inner.post_process(first, second, true).map_err(err)?;
+        Ok((encoding.get_ids().to_vec(), encoding.get_type_ids().to_vec()))
+    }
+
+    /// Longest-first truncation leaving room for the special tokens the post-processor adds.
+    fn truncate(
+        &self,
+        first: tokenizers::Encoding,
+        second: Option<tokenizers::Encoding>,
+        max_length: usize,
+    ) -> Result<(tokenizers::Encoding, Option<tokenizers::Encoding>)> {
+        use tokenizers::PostProcessor;
+        let added = self.inner.get_post_processor().map(|p| p.added_tokens(second.is_some())).unwrap_or(0);
+        let params = tokenizers::TruncationParams { max_length: max_length.saturating_sub(added), ..Default::default() };
+        tokenizers::utils::truncation::truncate_encodings(first, second, &params)
+            .map_err(|e| TokenizerError::Tokenizer(e.to_string()))
+    }
+
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.inner.decode(ids, skip_special_tokens).map_err(|e| TokenizerError::Tokenizer(e.to_string()))
     }
@@ -156,6 +204,12 @@ impl Tokenizer {
             .as_ref()
             .ok_or_else(|| TokenizerError::Template("this model has no chat template".into()))?
             .render(messages, add_generation_prompt)
+    }
+
+    /// Ids of a conversation as transformers' `apply_chat_template(..., tokenize=True)` gives them:
+    /// the rendered text already holds its special tokens, so none are added on encode.
+    pub fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>> {
+        self.encode(&self.apply_chat_template(messages, add_generation_prompt)?, false)
     }
 
     /// Ids that end generation: `generation_config.json`'s `eos_token_id` plus the tokenizer's EOS.

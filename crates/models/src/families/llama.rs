@@ -197,6 +197,10 @@ impl CausalLM for LlamaModel {
     }
 
     fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
+        self.lm_head.forward(&self.hidden_states(input, kv)?)
+    }
+
+    fn hidden_states(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
         let meta = input.meta;
         let (cos, sin) = self.rope.cos_sin(meta)?;
         let mut h = self.embed.forward(input.tokens)?;
@@ -208,6 +212,6 @@ impl CausalLM for LlamaModel {
             h = ops::add(&h, &block.mlp.forward(&x)?)?;
         }
         let h = ops::gather_rows(&h, input.logit_rows)?;
-        self.lm_head.forward(&self.norm.forward(&h)?)
+        self.norm.forward(&h)
     }
 }

@@ -78,6 +78,92 @@ pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p:
     Ok(f32_tensor(out, vec![tokens, hq * dv]))
 }
 
+/// `out [m, n] = beta * a [m, k] @ b^T` (`b` row-major `[n, k]`) or, with `b_transposed`
+/// false, `a @ b` (`b` row-major `[k, n]`), single-threaded (callers parallelise over heads).
+fn small_gemm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], b_transposed: bool, beta: f32, out: &mut [f32]) {
+    let (rhs_cs, rhs_rs) = if b_transposed { (k as isize, 1) } else { (1, n as isize) };
+    // SAFETY: `a` is [m, k] and `out` [m, n] row-major, `b` holds n * k elements read with the
+    // strides above; all are live slices of at least those sizes.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            1,
+            k as isize,
+            b.as_ptr(),
+            rhs_cs,
+            rhs_rs,
+            0.0,
+            beta,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// Dense attention over contiguous sequences of a flattened batch (no KV cache): `q [tokens,
+/// heads * head_dim]`, `k [tokens, kv_heads * head_dim]`, `v [tokens, kv_heads * v_head_dim]`,
+/// sequence `s` owning rows `sum(seq_lens[..s])..` of each. One task per (sequence, head):
+/// `softmax(mask(scale * Q K^T)) V` as two small GEMMs.
+pub fn attention_dense(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttentionParams, seq_lens: &[usize], causal: bool) -> Result<Tensor> {
+    let (qs, ks, vs) = (q.as_f32_slice()?, k.as_f32_slice()?, v.as_f32_slice()?);
+    let (hq, hkv, d, dv) = (p.num_heads, p.num_kv_heads, p.head_dim, p.v_head_dim);
+    let group = hq / hkv;
+    let tokens: usize = seq_lens.iter().sum();
+    let mut starts = Vec::with_capacity(seq_lens.len());
+    let mut acc = 0;
+    for &len in seq_lens {
+        starts.push(acc);
+        acc += len;
+    }
+    let tasks: Vec<(usize, usize)> = (0..seq_lens.len()).flat_map(|s| (0..hq).map(move |h| (s, h))).collect();
+    let results: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|&(s, h)| {
+            let (start, len) = (starts[s], seq_lens[s]);
+            let kvh = h / group;
+            // This head's queries, keys and values, contiguous.
+            let gather = |src: &[f32], width: usize, off: usize, dim: usize| -> Vec<f32> {
+                (0..len).flat_map(|j| src[(start + j) * width + off..][..dim].iter().copied()).collect()
+            };
+            let qh = gather(qs, hq * d, h * d, d);
+            let kh = gather(ks, hkv * d, kvh * d, d);
+            let vh = gather(vs, hkv * dv, kvh * dv, dv);
+            let mut scores = vec![0.0f32; len * len];
+            small_gemm(len, len, d, &qh, &kh, true, p.scale, &mut scores);
+            for (i, row) in scores.chunks_mut(len).enumerate() {
+                if let Some(cap) = p.softcap {
+                    row.iter_mut().for_each(|x| *x = (*x / cap).tanh() * cap);
+                }
+                if causal {
+                    let lo = p.sliding_window.map_or(0, |w| (i + 1).saturating_sub(w));
+                    row[..lo].iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
+                    row[i + 1..].iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
+                }
+                softmax_in_place(row);
+            }
+            let mut out = vec![0.0f32; len * dv];
+            small_gemm(len, dv, len, &scores, &vh, false, 1.0, &mut out);
+            out
+        })
+        .collect();
+    let mut out = vec![0.0f32; tokens * hq * dv];
+    for (&(s, h), values) in tasks.iter().zip(&results) {
+        for i in 0..seq_lens[s] {
+            out[(starts[s] + i) * hq * dv + h * dv..][..dv].copy_from_slice(&values[i * dv..(i + 1) * dv]);
+        }
+    }
+    Ok(f32_tensor(out, vec![tokens, hq * dv]))
+}
+
 #[cfg(test)]
 mod tests {
     use crate::kv::{AttnMetadata, AttnSeq, PagedKvLayer};
@@ -140,6 +226,63 @@ mod tests {
             }
             for (g, w) in got.iter().zip(&want) {
                 assert!((g - w).abs() < 1e-5, "window {window:?}: {g} vs {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn dense_attention_matches_paged_causal_and_sees_the_future_when_bidirectional() {
+        use crate::ops::attention_dense;
+        let (hq, hkv, d) = (4, 2, 8);
+        let lens = [5usize, 1, 7];
+        let t: usize = lens.iter().sum();
+        let (q, k, v) = (values(t * hq * d, 4), values(t * hkv * d, 5), values(t * hkv * d, 6));
+        let params = AttentionParams {
+            num_heads: hq,
+            num_kv_heads: hkv,
+            head_dim: d,
+            v_head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            sliding_window: None,
+            softcap: None,
+        };
+        let tensor = |x: &[f32], w: usize| Tensor::from_f32(x.to_vec(), &[t, w]).unwrap();
+        let causal = attention_dense(&tensor(&q, hq * d), &tensor(&k, hkv * d), &tensor(&v, hkv * d), &params, &lens, true)
+            .unwrap()
+            .to_f32_vec();
+        let full = attention_dense(&tensor(&q, hq * d), &tensor(&k, hkv * d), &tensor(&v, hkv * d), &params, &lens, false)
+            .unwrap()
+            .to_f32_vec();
+        let mut start = 0;
+        for &len in &lens {
+            let rows = |x: &[f32], w: usize| x[start * w..(start + len) * w].to_vec();
+            let want = dense(&rows(&q, hq * d), &rows(&k, hkv * d), &rows(&v, hkv * d), len, hq, hkv, d, None);
+            let got = &causal[start * hq * d..(start + len) * hq * d];
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-5, "causal: {g} vs {w}");
+            }
+            // Bidirectional: the last query row sees every key either way; row 0 of a longer sequence differs.
+            let last = (start + len - 1) * hq * d;
+            assert_eq!(&full[last..last + hq * d], &causal[last..last + hq * d]);
+            if len > 1 {
+                let first = start * hq * d;
+                assert!(full[first..first + hq * d].iter().zip(&causal[first..first + hq * d]).any(|(a, b)| (a - b).abs() > 1e-3));
+            }
+            start += len;
+        }
+        // Bidirectional equals a reference with the mask removed.
+        let (l, s0) = (7, 6);
+        let row = (s0 + 2) * hq * d;
+        for h in 0..hq {
+            let kvh = h / (hq / hkv);
+            let qh = &q[row + h * d..row + (h + 1) * d];
+            let mut s: Vec<f32> = (0..l)
+                .map(|j| (0..d).map(|x| qh[x] * k[((s0 + j) * hkv + kvh) * d + x]).sum::<f32>() / (d as f32).sqrt())
+                .collect();
+            super::softmax_in_place(&mut s);
+            for x in 0..d {
+                let want: f32 = (0..l).map(|j| s[j] * v[((s0 + j) * hkv + kvh) * d + x]).sum();
+                assert!((full[row + h * d + x] - want).abs() < 1e-5);
             }
         }
     }

@@ -135,3 +135,34 @@ pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
     }
     Ok(f32_tensor(out, vec![rows.len(), cols]))
 }
+
+/// `out[i] = sum_j weights[i * per_row + j] * y[rows[i * per_row + j]]`, the products added in
+/// `j` order (the MoE combine: each token's expert outputs, weighted by its routing weights).
+pub fn combine_rows(y: &Tensor, rows: &[usize], weights: &[f32], per_row: usize) -> Result<Tensor> {
+    let src = y.as_f32_slice()?;
+    let cols = y.last_dim();
+    let out_rows = rows.len() / per_row.max(1);
+    let mut out = vec![0.0f32; out_rows * cols];
+    out.par_chunks_mut(cols.max(1)).enumerate().for_each(|(i, dst)| {
+        for j in 0..per_row {
+            let (r, w) = (rows[i * per_row + j], weights[i * per_row + j]);
+            let row = &src[r * cols..(r + 1) * cols];
+            dst.iter_mut().zip(row).for_each(|(d, v)| *d += w * v);
+        }
+    });
+    Ok(f32_tensor(out, vec![out_rows, cols]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn combine_rows_weights_and_sums_selected_rows() {
+        let y = Tensor::from_f32((0..12).map(|v| v as f32).collect(), &[4, 3]).unwrap();
+        // Two output rows, two picks each; row 2 is picked twice.
+        let out = combine_rows(&y, &[2, 0, 3, 2], &[0.5, 2.0, 1.0, -1.0], 2).unwrap();
+        assert_eq!(out.shape(), &[2, 3]);
+        assert_eq!(out.to_f32_vec(), vec![3.0, 5.5, 8.0, 3.0, 3.0, 3.0]);
+    }
+}

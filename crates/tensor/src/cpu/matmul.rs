@@ -162,6 +162,43 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
     Ok(f32_tensor(out, shape))
 }
 
+/// `x [m, k] @ w^T` for one weight matrix `w` of `n * k` elements starting at element `w_start`
+/// of `storage` (an expert's slice of a stacked `[experts, n, k]` tensor), into `out [m, n]`.
+fn matmul_slice(xs: &[f32], m: usize, k: usize, storage: &CpuStorage, w_start: usize, n: usize, out: &mut [f32]) {
+    let w_end = w_start + n * k;
+    match storage {
+        CpuStorage::F32(ws) => {
+            let ws = &ws[w_start..w_end];
+            if m <= STREAMING_MAX_ROWS {
+                streaming(xs, m, k, ws, n, out);
+            } else {
+                gemm_panel(xs, m, k, ws, n, out, n, 0);
+            }
+        }
+        CpuStorage::BF16(ws) => dispatch(xs, m, k, &ws[w_start..w_end], n, out),
+        CpuStorage::F16(ws) => dispatch(xs, m, k, &ws[w_start..w_end], n, out),
+    }
+}
+
+/// Grouped `x @ w[e]^T`: rows `offsets[e]..offsets[e + 1]` of `x [rows, k]` go through expert `e`
+/// of `w [experts, n, k]`; one matmul per non-empty group (the layout a grouped GEMM consumes).
+pub fn grouped_matmul_t(x: &Tensor, w: &Tensor, offsets: &[usize]) -> Result<Tensor> {
+    let (n, k) = (w.shape()[1], w.shape()[2]);
+    let rows = x.shape().iter().rev().skip(1).product::<usize>();
+    let xs = x.as_f32_slice()?;
+    let storage = w.cpu().expect("dispatched to the CPU backend");
+    let mut out = vec![0.0f32; rows * n];
+    if n > 0 && k > 0 {
+        for (e, pair) in offsets.windows(2).enumerate() {
+            let (r0, r1) = (pair[0], pair[1]);
+            if r1 > r0 {
+                matmul_slice(&xs[r0 * k..r1 * k], r1 - r0, k, storage, e * n * k, n, &mut out[r0 * n..r1 * n]);
+            }
+        }
+    }
+    Ok(f32_tensor(out, vec![rows, n]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +227,34 @@ mod tests {
                 let got = matmul_t(&Tensor::from_f32(x.clone(), &[m, k]).unwrap(), &wt, None).unwrap().to_f32_vec();
                 for (g, w) in got.iter().zip(&want) {
                     assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "m={m} {dtype}: {g} vs {w}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_matmul_matches_one_matmul_per_group() {
+        let (e, n, k) = (4, 37, 19);
+        let w: Vec<f32> = (0..e * n * k).map(|i| ((i * 53 % 89) as f32 - 44.0) / 44.0).collect();
+        // Group sizes exercise both paths (streaming <= 4 rows, gemm above) and an empty expert.
+        let sizes = [3, 0, 9, 1];
+        let rows: usize = sizes.iter().sum();
+        let mut offsets = vec![0];
+        for s in sizes {
+            offsets.push(offsets.last().unwrap() + s);
+        }
+        let x: Vec<f32> = (0..rows * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+        for dtype in [DType::F32, DType::BF16] {
+            let wt = Tensor::from_f32_as(w.clone(), &[e, n, k], dtype).unwrap();
+            let got = grouped_matmul_t(&Tensor::from_f32(x.clone(), &[rows, k]).unwrap(), &wt, &offsets).unwrap();
+            assert_eq!(got.shape(), &[rows, n]);
+            let got = got.to_f32_vec();
+            let wr = wt.to_f32_vec();
+            for g in 0..e {
+                let (r0, r1) = (offsets[g], offsets[g + 1]);
+                let want = reference(&x[r0 * k..r1 * k], r1 - r0, k, &wr[g * n * k..(g + 1) * n * k], n);
+                for (a, b) in got[r0 * n..r1 * n].iter().zip(&want) {
+                    assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{dtype} expert {g}: {a} vs {b}");
                 }
             }
         }

@@ -11,34 +11,52 @@ use super::device::{dev_err, CudaDevice, ATTENTION, ELEMENTWISE};
 use super::ops::{cuda_of, wrap};
 use super::storage::{dtype_suffix, int, Arg, CudaStorage};
 use crate::error::{Result, TensorError};
-use crate::kv::{AttnMetadata, KvStorage, PagedKvLayer};
+use crate::kv::{AttnMetadata, AttnSeq, KvStorage, PagedKvLayer};
 use crate::ops::AttentionParams;
 use crate::tensor::Tensor;
 use crate::DType;
 
-/// Query vectors (rows x heads) one attention block serves; mirrors QV_MAX in the kernel.
+/// Query vectors (rows x heads) one prefill block serves; mirrors QV_MAX in the kernel.
 const QV_MAX: usize = 16;
-/// Keys per shared-memory tile; mirrors TILE.
+/// Keys per shared-memory tile of the prefill kernel; mirrors TILE.
 const TILE: usize = 32;
 const WARPS: usize = 4;
 /// Query vectors per warp; mirrors QPW.
 const QPW: usize = 4;
-/// The kernel keeps a value row in 8 registers per lane.
+/// The kernels keep a value row in 8 registers per lane.
 const MAX_V_DIM: usize = 8 * 32;
-/// Fewest keys a split of the key range is given, so that staging q and merging pay off.
+/// Keys a decode block scores per round (one per thread); mirrors DEC_SUB.
+const DEC_SUB: usize = 128;
+/// Fewest keys a split of a decode row's key range is given.
+const MIN_DECODE_KEYS_PER_SPLIT: usize = 64;
+/// Most query heads per decode block (the largest HM instantiated).
+const DEC_HMAX: usize = 8;
+/// Fewest keys a split of a prefill item's key range is given, so that staging q and merging pay off.
 const MIN_KEYS_PER_SPLIT: usize = 64;
+/// Attention metadata variants kept per device: layers of one step differ only by their
+/// attention parameters (sliding-window layers interleaved with global ones, say).
+const META_CACHE_ENTRIES: usize = 4;
 
 pub(crate) struct SlotCache {
     key: Vec<usize>,
     slots: CudaSlice<u32>,
 }
 
-pub(crate) struct MetaCache {
-    key: Vec<u32>,
+/// Work items of one kernel (`AttnItem`s or `DecodeItem`s), how many ways each item's key range
+/// is split, and the output row of each row the kernel serves, in the order of its partials.
+struct Launch {
     items: CudaSlice<i32>,
-    tables: CudaSlice<u32>,
     n_items: usize,
     splits: usize,
+    rows: usize,
+    row_ids: CudaSlice<u32>,
+}
+
+pub(crate) struct MetaCache {
+    key: Vec<u32>,
+    tables: CudaSlice<u32>,
+    prefill: Option<Launch>,
+    decode: Option<Launch>,
 }
 
 fn dptr<T>(s: &CudaSlice<T>, dev: &CudaDevice) -> Arg {
@@ -49,7 +67,11 @@ pub fn new_cache(dev: &Arc<CudaDevice>, dtype: DType, k_len: usize, v_len: usize
     Ok(KvStorage::Cuda { k: CudaStorage::zeros(dev, dtype, k_len)?, v: CudaStorage::zeros(dev, dtype, v_len)? })
 }
 
-fn cache_buffers<'a>(op: &'static str, cache: &'a PagedKvLayer, dtype: DType) -> Result<(&'a CudaStorage, &'a CudaStorage)> {
+fn cache_buffers<'a>(
+    op: &'static str,
+    cache: &'a PagedKvLayer,
+    dtype: DType,
+) -> Result<(&'a CudaStorage, &'a CudaStorage)> {
     let KvStorage::Cuda { k, v } = &cache.storage else {
         return Err(dev_err(format!("{op}: CUDA activations with a CPU KV cache")));
     };
@@ -91,12 +113,13 @@ pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMet
 }
 
 /// Everything the work items depend on, in a form cheap to compare against the cached copy.
-fn meta_key(meta: &AttnMetadata, p: &AttentionParams) -> Vec<u32> {
+fn meta_key(meta: &AttnMetadata, p: &AttentionParams, causal: bool) -> Vec<u32> {
     let mut key = vec![
         meta.block_size as u32,
         p.num_heads as u32,
         p.num_kv_heads as u32,
         p.sliding_window.unwrap_or(0) as u32,
+        causal as u32,
         meta.seqs.len() as u32,
     ];
     for s in &meta.seqs {
@@ -106,63 +129,123 @@ fn meta_key(meta: &AttnMetadata, p: &AttentionParams) -> Vec<u32> {
     key
 }
 
-/// Splits the batch into work items (mirrors `AttnItem` in the kernel: row0, nrows, pos0, h0,
-/// nheads, bt_off, k_lo, k_hi) and picks how many ways to split each item's key range.
-fn build_meta(dev: &CudaDevice, meta: &AttnMetadata, p: &AttentionParams, key: Vec<u32>) -> Result<MetaCache> {
+/// How many ways to split key ranges so that `items` blocks become about `target`, giving each
+/// split at least `min_keys` of the longest range.
+fn split_count(items: usize, target: usize, max_keys: usize, min_keys: usize) -> usize {
+    if items == 0 || items >= target {
+        1
+    } else {
+        target.div_ceil(items).min(max_keys.div_ceil(min_keys)).max(1)
+    }
+}
+
+/// Builds the work items: single-token rows go to the decode kernel (mirrors `DecodeItem`: row,
+/// local, h0, nheads, bt_off, k_lo, k_hi, pad), multi-token chunks to the prefill kernel (mirrors
+/// `AttnItem`: row0, nrows, pos0, h0, nheads, bt_off, k_lo, k_hi, local0). `local` numbers a
+/// kernel's rows for its partial results. Without `causal` every row sees its sequence's whole
+/// context (encoders).
+fn build_meta(
+    dev: &CudaDevice,
+    meta: &AttnMetadata,
+    p: &AttentionParams,
+    causal: bool,
+    key: Vec<u32>,
+) -> Result<MetaCache> {
     let group = p.num_heads / p.num_kv_heads;
-    let heads_per_item = group.min(QV_MAX);
-    let rows_per_item = (QV_MAX / heads_per_item).max(1);
-    let mut items: Vec<i32> = Vec::new();
-    let mut tables: Vec<u32> = Vec::new();
-    let mut max_keys = 0usize;
     let i = |v: usize| i32::try_from(v).map_err(|_| dev_err(format!("paged_attention: {v} beyond 32 bits")));
+    let window = if causal { p.sliding_window } else { None };
+    let key_range = |pos: usize, last: usize, ctx: usize| {
+        let hi = if causal { last + 1 } else { ctx };
+        let lo = window.map(|w| (pos + 1).saturating_sub(w)).unwrap_or(0);
+        (lo, hi)
+    };
+    let (pre_heads, dec_heads) = (group.min(QV_MAX), group.min(DEC_HMAX));
+    let pre_rows = (QV_MAX / pre_heads).max(1);
+    let (mut pre, mut dec, mut tables) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut pre_rows_ids, mut dec_rows_ids) = (Vec::<u32>::new(), Vec::<u32>::new());
+    let (mut pre_keys, mut dec_keys) = (0usize, 0usize);
     for s in &meta.seqs {
         let bt_off = tables.len();
         tables.extend_from_slice(&s.block_table);
-        for r0 in (0..s.q_len).step_by(rows_per_item) {
-            let nrows = rows_per_item.min(s.q_len - r0);
-            let pos0 = s.query_position(r0);
-            let k_hi = pos0 + nrows;
-            let k_lo = p.sliding_window.map(|w| (pos0 + 1).saturating_sub(w)).unwrap_or(0);
-            max_keys = max_keys.max(k_hi - k_lo);
+        if s.q_len == 1 {
+            let pos = s.query_position(0);
+            let (lo, hi) = key_range(pos, pos, s.ctx_len);
+            dec_keys = dec_keys.max(hi - lo);
             for g in 0..p.num_kv_heads {
-                for hc in (0..group).step_by(heads_per_item) {
-                    let nheads = heads_per_item.min(group - hc);
+                for hc in (0..group).step_by(dec_heads) {
                     let h0 = g * group + hc;
-                    items.extend([i(s.q_start + r0)?, i(nrows)?, i(pos0)?, i(h0)?, i(nheads)?, i(bt_off)?, i(k_lo)?, i(k_hi)?]);
+                    let nheads = dec_heads.min(group - hc);
+                    dec.extend([
+                        i(s.q_start)?,
+                        i(dec_rows_ids.len())?,
+                        i(h0)?,
+                        i(nheads)?,
+                        i(bt_off)?,
+                        i(lo)?,
+                        i(hi)?,
+                        0,
+                    ]);
+                }
+            }
+            dec_rows_ids.push(s.q_start as u32);
+            continue;
+        }
+        let local0 = pre_rows_ids.len();
+        pre_rows_ids.extend((s.q_start..s.q_start + s.q_len).map(|r| r as u32));
+        for r0 in (0..s.q_len).step_by(pre_rows) {
+            let nrows = pre_rows.min(s.q_len - r0);
+            let pos0 = s.query_position(r0);
+            let (lo, hi) = key_range(pos0, pos0 + nrows - 1, s.ctx_len);
+            pre_keys = pre_keys.max(hi - lo);
+            for g in 0..p.num_kv_heads {
+                for hc in (0..group).step_by(pre_heads) {
+                    let h0 = g * group + hc;
+                    let nheads = pre_heads.min(group - hc);
+                    pre.extend([
+                        i(s.q_start + r0)?,
+                        i(nrows)?,
+                        i(pos0)?,
+                        i(h0)?,
+                        i(nheads)?,
+                        i(bt_off)?,
+                        i(lo)?,
+                        i(hi)?,
+                        i(local0 + r0)?,
+                    ]);
                 }
             }
         }
     }
-    let n_items = items.len() / 8;
-    // Flash-decoding: with fewer items than two waves of blocks, split the key ranges.
-    let target = 2 * dev.multiprocessors();
-    let splits = if n_items == 0 || n_items >= target {
-        1
-    } else {
-        target.div_ceil(n_items).min(max_keys.div_ceil(MIN_KEYS_PER_SPLIT)).max(1)
+    let stream = dev.stream();
+    let sms = dev.multiprocessors();
+    let launch = |items: Vec<i32>, ints: usize, row_ids: Vec<u32>, target: usize, max_keys: usize, min_keys: usize| {
+        if items.is_empty() {
+            return Ok(None);
+        }
+        let n_items = items.len() / ints;
+        let splits = split_count(n_items, target, max_keys, min_keys);
+        Ok::<_, TensorError>(Some(Launch {
+            items: stream.clone_htod(&items).map_err(dev_err)?,
+            n_items,
+            splits,
+            rows: row_ids.len(),
+            row_ids: stream.clone_htod(&row_ids).map_err(dev_err)?,
+        }))
     };
+    // Decode blocks are short-lived and memory-bound: aim for four waves of them.
+    let decode = launch(dec, 8, dec_rows_ids, 4 * sms, dec_keys, MIN_DECODE_KEYS_PER_SPLIT)?;
+    let prefill = launch(pre, 9, pre_rows_ids, 2 * sms, pre_keys, MIN_KEYS_PER_SPLIT)?;
     if tables.is_empty() {
         tables.push(0);
     }
-    if items.is_empty() {
-        items.extend([0; 8]);
-    }
-    let stream = dev.stream();
-    Ok(MetaCache {
-        key,
-        items: stream.clone_htod(&items).map_err(dev_err)?,
-        tables: stream.clone_htod(&tables).map_err(dev_err)?,
-        n_items,
-        splits,
-    })
+    Ok(MetaCache { key, tables: stream.clone_htod(&tables).map_err(dev_err)?, prefill, decode })
 }
 
 /// Row pitch (in elements) of a shared-memory tile: an odd number of 4-byte words, so that the
 /// 32 lanes reading one column of 32 different keys hit 32 different banks.
 fn pitch(width: usize, elem: usize) -> usize {
     let mut words = (width * elem).div_ceil(4);
-    if words % 2 == 0 {
+    if words & 1 == 0 {
         words += 1;
     }
     words * 4 / elem
@@ -170,107 +253,224 @@ fn pitch(width: usize, elem: usize) -> usize {
 
 pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p: &AttentionParams) -> Result<Tensor> {
     let qs = cuda_of("paged_attention", q)?;
+    let (kc, vc) = cache_buffers("paged_attention", cache, qs.dtype())?;
+    if cache.num_slots() > i32::MAX as usize {
+        return Err(TensorError::Unsupported {
+            op: "paged_attention",
+            detail: format!("{} cache slots", cache.num_slots()),
+        });
+    }
+    let kv = KvView { k: kc, v: vc, k_dim: cache.k_dim, v_dim: cache.v_dim };
+    attend("paged_attention", qs, &kv, meta, p, true)
+}
+
+/// Attention within each contiguous sequence of a batch: the keys and values are read in place
+/// as a cache of one-token blocks whose block table is the sequence's rows.
+pub fn attention_dense(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    p: &AttentionParams,
+    seq_lens: &[usize],
+    causal: bool,
+) -> Result<Tensor> {
+    let op = "attention_dense";
+    let (qs, ks, vs) = (cuda_of(op, q)?, cuda_of(op, k)?, cuda_of(op, v)?);
+    if ks.dtype() != qs.dtype() || vs.dtype() != qs.dtype() {
+        return Err(TensorError::Unsupported { op, detail: "q, k and v of different dtypes".into() });
+    }
+    let tokens: usize = seq_lens.iter().sum();
+    if tokens > i32::MAX as usize {
+        return Err(TensorError::Unsupported { op, detail: format!("{tokens} tokens") });
+    }
+    let mut seqs = Vec::with_capacity(seq_lens.len());
+    let mut start = 0;
+    for &len in seq_lens {
+        if len > 0 {
+            let block_table = (start as u32..(start + len) as u32).collect();
+            seqs.push(AttnSeq { q_start: start, q_len: len, ctx_len: len, block_table });
+        }
+        start += len;
+    }
+    let meta = AttnMetadata::new(seqs, 1)?;
+    let kv = KvView { k: ks, v: vs, k_dim: p.head_dim, v_dim: p.v_head_dim };
+    attend(op, qs, &kv, &meta, p, causal)
+}
+
+/// Keys `[slots, kv_heads * k_dim]` and values `[slots, kv_heads * v_dim]` in device memory.
+struct KvView<'a> {
+    k: &'a CudaStorage,
+    v: &'a CudaStorage,
+    k_dim: usize,
+    v_dim: usize,
+}
+
+fn attend(
+    op: &'static str,
+    qs: &CudaStorage,
+    kv: &KvView<'_>,
+    meta: &AttnMetadata,
+    p: &AttentionParams,
+    causal: bool,
+) -> Result<Tensor> {
     let dtype = qs.dtype();
-    let (kc, vc) = cache_buffers("paged_attention", cache, dtype)?;
     let dev = qs.device();
     let (d, dv) = (p.head_dim, p.v_head_dim);
-    let unsupported = |detail: String| TensorError::Unsupported { op: "paged_attention", detail };
-    if d % 2 != 0 || dv % 2 != 0 || dv > MAX_V_DIM || d > cache.k_dim || dv > cache.v_dim {
-        return Err(unsupported(format!("head dims {d}/{dv} with cache dims {}/{}", cache.k_dim, cache.v_dim)));
+    let unsupported = |detail: String| TensorError::Unsupported { op, detail };
+    if d % 2 != 0 || dv % 2 != 0 || dv > MAX_V_DIM || d > kv.k_dim || dv > kv.v_dim {
+        return Err(unsupported(format!("head dims {d}/{dv} with cache dims {}/{}", kv.k_dim, kv.v_dim)));
     }
     if p.sliding_window == Some(0) {
         return Err(unsupported("a sliding window of 0 keys".into()));
-    }
-    if cache.num_slots() > i32::MAX as usize {
-        return Err(unsupported(format!("{} cache slots", cache.num_slots())));
     }
     let tokens = meta.num_tokens();
     let out = CudaStorage::alloc(dev, dtype, tokens * p.num_heads * dv)?;
     if tokens == 0 {
         return wrap(out, vec![0, p.num_heads * dv]);
     }
-
     let elem = dtype.size_in_bytes();
-    let (kpitch, vpitch) = (pitch(d, elem), pitch(dv, elem));
-    let smem = 4 * (QV_MAX * d + WARPS * QPW * TILE + TILE) + elem * TILE * (kpitch + vpitch);
-    if smem > dev.max_shared_per_block() {
-        return Err(unsupported(format!("head dims {d}/{dv} need {smem} bytes of shared memory per block")));
-    }
     let chunk = 16 / elem;
-    let vec = [d, dv, cache.k_dim, cache.v_dim].iter().all(|x| x % chunk == 0) as i32;
+    let vec = [d, dv, kv.k_dim, kv.v_dim].iter().all(|x| x % chunk == 0) as i32;
 
-    let key = meta_key(meta, p);
+    let key = meta_key(meta, p, causal);
     let mut meta_cache = dev.attn_meta.lock().map_err(|_| dev_err("attention metadata cache poisoned"))?;
-    if meta_cache.as_ref().is_none_or(|c| c.key != key) {
-        *meta_cache = Some(build_meta(dev, meta, p, key)?);
-    }
-    let mc = meta_cache.as_ref().expect("filled above");
-    let splits = mc.splits;
-
+    let mc = match meta_cache.iter().position(|c| c.key == key) {
+        Some(i) => &meta_cache[i],
+        None => {
+            if meta_cache.len() == META_CACHE_ENTRIES {
+                meta_cache.remove(0);
+            }
+            meta_cache.push(build_meta(dev, meta, p, causal, key)?);
+            meta_cache.last().expect("pushed above")
+        }
+    };
     let sfx = dtype_suffix(dtype)?;
-    let f = dev.function(ATTENTION, &format!("paged_attn_{sfx}"))?;
+    let common = || -> Result<[Arg; 7]> {
+        Ok([
+            int(p.num_heads)?,
+            int(p.num_kv_heads)?,
+            int(d)?,
+            int(dv)?,
+            int(kv.k_dim)?,
+            int(kv.v_dim)?,
+            int(meta.block_size)?,
+        ])
+    };
+
+    if let Some(l) = &mc.prefill {
+        let (kpitch, vpitch) = (pitch(d, elem), pitch(dv, elem));
+        let smem = 4 * (QV_MAX * d + WARPS * QPW * TILE + TILE) + elem * TILE * (kpitch + vpitch);
+        let f = kernel(dev, &format!("paged_attn_{sfx}"), smem, op)?;
+        let parts = Partials::new(dev, l, p.num_heads, dv)?;
+        let mut args = vec![qs.ptr(), kv.k.ptr(), kv.v.ptr(), dptr(&mc.tables, dev), dptr(&l.items, dev), out.ptr()];
+        args.extend(parts.ptrs(dev));
+        args.extend(common()?);
+        args.extend([
+            Arg::F32(p.scale),
+            Arg::F32(p.softcap.unwrap_or(0.0)),
+            int(p.sliding_window.unwrap_or(0))?,
+            Arg::I32(causal as i32),
+            int(l.splits)?,
+            int(l.rows)?,
+            int(kpitch)?,
+            int(vpitch)?,
+            Arg::I32(vec),
+        ]);
+        dev.launch(&f, grid(l, smem), &args)?;
+        parts.combine(dev, &out, &l.row_ids, p.num_heads, dv, sfx)?;
+    }
+    if let Some(l) = &mc.decode {
+        // The instantiation for this group size and value width (kernels::ATTENTION, INST_DECODE).
+        let hm = (p.num_heads / p.num_kv_heads).min(DEC_HMAX).next_power_of_two();
+        let dvr = if dv <= 128 { 4 } else { 8 };
+        let smem = 4 * (hm * d + hm * DEC_SUB + 3 * hm + DEC_SUB + WARPS * hm * dv);
+        let f = kernel(dev, &format!("paged_decode_{sfx}_h{hm}_v{dvr}"), smem, op)?;
+        let parts = Partials::new(dev, l, p.num_heads, dv)?;
+        let mut args = vec![qs.ptr(), kv.k.ptr(), kv.v.ptr(), dptr(&mc.tables, dev), dptr(&l.items, dev), out.ptr()];
+        args.extend(parts.ptrs(dev));
+        args.extend(common()?);
+        args.extend([
+            Arg::F32(p.scale),
+            Arg::F32(p.softcap.unwrap_or(0.0)),
+            int(l.splits)?,
+            int(l.rows)?,
+            Arg::I32(vec),
+        ]);
+        dev.launch(&f, grid(l, smem), &args)?;
+        parts.combine(dev, &out, &l.row_ids, p.num_heads, dv, sfx)?;
+    }
+    wrap(out, vec![tokens, p.num_heads * dv])
+}
+
+/// An attention kernel, allowed the dynamic shared memory it needs past the default 48 KiB.
+fn kernel(dev: &CudaDevice, name: &str, smem: usize, op: &'static str) -> Result<cudarc::driver::CudaFunction> {
+    if smem > dev.max_shared_per_block() {
+        return Err(TensorError::Unsupported {
+            op,
+            detail: format!("{name} would need {smem} bytes of shared memory"),
+        });
+    }
+    let f = dev.function(ATTENTION, name)?;
     if smem > 48 * 1024 {
         f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             .map_err(dev_err)?;
     }
-    let (part_acc, part_ml) = if splits > 1 {
-        let per = splits * tokens * p.num_heads;
-        // SAFETY: every (split, token, head) partial is written by its block before the merge.
-        let acc = unsafe { dev.stream().alloc::<f32>(per * dv) }.map_err(dev_err)?;
-        let ml = unsafe { dev.stream().alloc::<f32>(per * 2) }.map_err(dev_err)?;
-        (Some(acc), Some(ml))
-    } else {
-        (None, None)
-    };
-    let opt_ptr = |s: &Option<CudaSlice<f32>>| s.as_ref().map(|s| dptr(s, dev)).unwrap_or(Arg::Ptr(0));
-    let cfg = LaunchConfig {
-        grid_dim: (mc.n_items as u32, splits as u32, 1),
+    Ok(f)
+}
+
+fn grid(l: &Launch, smem: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (l.n_items as u32, l.splits as u32, 1),
         block_dim: (WARPS as u32 * 32, 1, 1),
         shared_mem_bytes: smem as u32,
-    };
-    let args = [
-        qs.ptr(),
-        kc.ptr(),
-        vc.ptr(),
-        dptr(&mc.tables, dev),
-        dptr(&mc.items, dev),
-        out.ptr(),
-        opt_ptr(&part_acc),
-        opt_ptr(&part_ml),
-        int(p.num_heads)?,
-        int(p.num_kv_heads)?,
-        int(d)?,
-        int(dv)?,
-        int(cache.k_dim)?,
-        int(cache.v_dim)?,
-        int(meta.block_size)?,
-        Arg::F32(p.scale),
-        Arg::F32(p.softcap.unwrap_or(0.0)),
-        int(p.sliding_window.unwrap_or(0))?,
-        int(splits)?,
-        int(tokens)?,
-        int(kpitch)?,
-        int(vpitch)?,
-        Arg::I32(vec),
-    ];
-    dev.launch(&f, cfg, &args)?;
-    if splits > 1 {
-        let f = dev.function(ATTENTION, &format!("attn_combine_{sfx}"))?;
-        let cfg = LaunchConfig {
-            grid_dim: ((tokens * p.num_heads) as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let args = [
-            opt_ptr(&part_acc),
-            opt_ptr(&part_ml),
-            out.ptr(),
-            int(splits)?,
-            int(tokens)?,
-            int(p.num_heads)?,
-            int(dv)?,
-        ];
-        dev.launch(&f, cfg, &args)?;
     }
-    wrap(out, vec![tokens, p.num_heads * dv])
+}
+
+/// The partial results of a launch whose key ranges are split (none when they are not).
+struct Partials {
+    bufs: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+    splits: usize,
+    rows: usize,
+}
+
+impl Partials {
+    fn new(dev: &CudaDevice, l: &Launch, heads: usize, dv: usize) -> Result<Partials> {
+        let bufs = if l.splits > 1 {
+            let per = l.splits * l.rows * heads;
+            // SAFETY: every (split, row, head) partial is written by its block before the merge.
+            let acc = unsafe { dev.stream().alloc::<f32>(per * dv) }.map_err(dev_err)?;
+            let ml = unsafe { dev.stream().alloc::<f32>(per * 2) }.map_err(dev_err)?;
+            Some((acc, ml))
+        } else {
+            None
+        };
+        Ok(Partials { bufs, splits: l.splits, rows: l.rows })
+    }
+
+    fn ptrs(&self, dev: &CudaDevice) -> [Arg; 2] {
+        match &self.bufs {
+            Some((acc, ml)) => [dptr(acc, dev), dptr(ml, dev)],
+            None => [Arg::Ptr(0), Arg::Ptr(0)],
+        }
+    }
+
+    fn combine(
+        &self,
+        dev: &CudaDevice,
+        out: &CudaStorage,
+        rows: &CudaSlice<u32>,
+        heads: usize,
+        dv: usize,
+        sfx: &str,
+    ) -> Result<()> {
+        if self.bufs.is_none() {
+            return Ok(());
+        }
+        let f = dev.function(ATTENTION, &format!("attn_combine_{sfx}"))?;
+        let cfg =
+            LaunchConfig { grid_dim: ((self.rows * heads) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let [acc, ml] = self.ptrs(dev);
+        let rows = dptr(rows, dev);
+        dev.launch(&f, cfg, &[acc, ml, out.ptr(), rows, int(self.splits)?, int(self.rows)?, int(heads)?, int(dv)?])
+    }
 }

@@ -1,7 +1,6 @@
 //! One context per GPU for the whole process: its stream, cuBLAS handle and compiled kernels.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
@@ -25,13 +24,7 @@ pub(crate) struct KernelSource {
 
 pub(crate) const ELEMENTWISE: KernelSource = KernelSource { name: "elementwise", src: kernels::ELEMENTWISE };
 pub(crate) const NORM: KernelSource = KernelSource { name: "norm", src: kernels::NORM };
-pub(crate) const GEMV: KernelSource = KernelSource { name: "gemv", src: kernels::GEMV };
 pub(crate) const ATTENTION: KernelSource = KernelSource { name: "attention", src: kernels::ATTENTION };
-
-/// Up to this many rows, `matmul_t` uses the streaming GEMV kernel rather than cuBLAS.
-const DEFAULT_GEMV_MAX_ROWS: usize = 8;
-/// The largest row count the GEMV kernels are instantiated for.
-pub(crate) const GEMV_ROWS_LIMIT: usize = 16;
 
 /// A GPU as the op set sees it. Everything is issued on one stream, so the order of ops is
 /// the order of calls, and memory freed by a dropped tensor is reused only after the kernels
@@ -46,8 +39,7 @@ pub struct CudaDevice {
     blas: Mutex<blas_sys::cublasHandle_t>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
-    gemv_max_rows: AtomicUsize,
-    pub(crate) attn_meta: Mutex<Option<super::attention::MetaCache>>,
+    pub(crate) attn_meta: Mutex<Vec<super::attention::MetaCache>>,
     pub(crate) slot_meta: Mutex<Option<super::attention::SlotCache>>,
 }
 
@@ -127,11 +119,6 @@ impl CudaDevice {
             // Plain fp32 GEMMs: TF32 would cost f32 activations their exactness against the CPU.
             blas_sys::cublasSetMathMode(blas, blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH).result().map_err(dev_err)?;
         }
-        let gemv_max_rows = std::env::var("FERRITE_GEMV_MAX_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(DEFAULT_GEMV_MAX_ROWS)
-            .min(GEMV_ROWS_LIMIT);
         Ok(CudaDevice {
             ordinal,
             name: ctx.name().map_err(dev_err)?,
@@ -142,8 +129,7 @@ impl CudaDevice {
             blas: Mutex::new(blas),
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
-            gemv_max_rows: AtomicUsize::new(gemv_max_rows),
-            attn_meta: Mutex::new(None),
+            attn_meta: Mutex::new(Vec::new()),
             slot_meta: Mutex::new(None),
         })
     }
@@ -172,16 +158,6 @@ impl CudaDevice {
     /// Blocks until every op issued so far has finished; reports asynchronous kernel faults.
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(dev_err)
-    }
-
-    /// Up to this many rows `matmul_t` streams the weights through its own GEMV kernel instead of
-    /// cuBLAS (0 disables it; capped at 16). Defaults to 8, or `FERRITE_GEMV_MAX_ROWS`.
-    pub fn set_gemv_max_rows(&self, rows: usize) {
-        self.gemv_max_rows.store(rows.min(GEMV_ROWS_LIMIT), Ordering::Relaxed);
-    }
-
-    pub(crate) fn gemv_max_rows(&self) -> usize {
-        self.gemv_max_rows.load(Ordering::Relaxed)
     }
 
     pub(crate) fn max_shared_per_block(&self) -> usize {

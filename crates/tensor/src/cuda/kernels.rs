@@ -166,6 +166,20 @@ __device__ void rope(const T* __restrict__ x, const W* __restrict__ cosv, const 
     }
 }
 
+// out[i] = sum_j weights[i * per_row + j] * y[rows[i * per_row + j]], added in j order (the
+// mixture-of-experts combine). One block per output row.
+template <typename T>
+__device__ void combine_rows(const T* __restrict__ y, const unsigned int* __restrict__ rows,
+                             const float* __restrict__ weights, T* __restrict__ out, int cols, int per_row) {
+    const size_t i = blockIdx.x;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float a = 0.f;
+        for (int j = 0; j < per_row; ++j)
+            a += weights[i * per_row + j] * to_f(y[(size_t)rows[i * per_row + j] * cols + c]);
+        out[i * cols + c] = from_f<T>(a);
+    }
+}
+
 // One block per token: copies its key and value rows into their cache slot.
 template <typename T>
 __device__ void write_kv(const T* __restrict__ k, const T* __restrict__ v, const unsigned int* __restrict__ slots,
@@ -227,7 +241,11 @@ __device__ void argmax_rows(const T* __restrict__ x, unsigned int* __restrict__ 
                                              int vw) {                                                             \
         write_kv<T>(k, v, slots, kc, vc, kw, vw);                                                                  \
     }                                                                                                              \
-    extern "C" __global__ void argmax_rows_##TN(const T* x, unsigned int* out, int cols) { argmax_rows<T>(x, out, cols); }
+    extern "C" __global__ void argmax_rows_##TN(const T* x, unsigned int* out, int cols) { argmax_rows<T>(x, out, cols); } \
+    extern "C" __global__ void combine_rows_##TN(const T* y, const unsigned int* rows, const float* w, T* out, int cols, \
+                                                 int per_row) {                                                    \
+        combine_rows<T>(y, rows, w, out, cols, per_row);                                                           \
+    }
 FOR_T(INST_T)
 
 #define INST_TW(TN, T, WN, W)                                                                                      \
@@ -330,110 +348,21 @@ FOR_T(INST_T)
 FOR_TW(INST_TW)
 "#;
 
-/// `y[m, n] = x[m, k] . w[n, k]^T (+ bias)` for the few rows of a decode step, where cuBLAS
-/// leaves most of the memory bandwidth unused. Each warp owns R weight rows and streams them once
-/// with 16-byte loads (four in flight per row), dotting every chunk against all m input rows.
-pub const GEMV: &str = r#"
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    return r;
-}
-__device__ __forceinline__ uint4 ld_cached(const void* p) { return __ldg((const uint4*)p); }
-
-__device__ __forceinline__ float dot16(uint4 a, uint4 b, float) {
-    return __uint_as_float(a.x) * __uint_as_float(b.x) + __uint_as_float(a.y) * __uint_as_float(b.y) +
-           __uint_as_float(a.z) * __uint_as_float(b.z) + __uint_as_float(a.w) * __uint_as_float(b.w);
-}
-__device__ __forceinline__ float dot2(unsigned int a, unsigned int b) {
-    return __uint_as_float(a << 16) * __uint_as_float(b << 16) +
-           __uint_as_float(a & 0xffff0000u) * __uint_as_float(b & 0xffff0000u);
-}
-__device__ __forceinline__ float dot16(uint4 a, uint4 b, bf16_t) {
-    return dot2(a.x, b.x) + dot2(a.y, b.y) + dot2(a.z, b.z) + dot2(a.w, b.w);
-}
-
-template <typename T, int M, int R>
-__device__ void gemv(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
-                     int m, int n, int k) {
-    constexpr int VEC = 16 / sizeof(T);
-    constexpr int STEP = 32 * VEC;
-    constexpr int U = 4;
-    const int lane = threadIdx.x & 31;
-    const int n0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
-    if (n0 >= n) return;
-    const T* wr[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) wr[r] = w + (size_t)min(n0 + r, n - 1) * k;
-    float acc[M][R];
-#pragma unroll
-    for (int i = 0; i < M; ++i)
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[i][r] = 0.f;
-
-    int c = lane * VEC;
-    for (; c + (U - 1) * STEP < k; c += U * STEP) {
-        uint4 wv[R][U];
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int u = 0; u < U; ++u) wv[r][u] = ld_stream(wr[r] + c + u * STEP);
-#pragma unroll
-        for (int i = 0; i < M; ++i) {
-            if (i < m) {
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    uint4 xv = ld_cached(x + (size_t)i * k + c + u * STEP);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) acc[i][r] += dot16(xv, wv[r][u], T());
-                }
-            }
-        }
-    }
-    for (; c < k; c += STEP) {
-        uint4 wv[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) wv[r] = ld_stream(wr[r] + c);
-#pragma unroll
-        for (int i = 0; i < M; ++i) {
-            if (i < m) {
-                uint4 xv = ld_cached(x + (size_t)i * k + c);
-#pragma unroll
-                for (int r = 0; r < R; ++r) acc[i][r] += dot16(xv, wv[r], T());
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < M; ++i) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            float s = warp_sum(acc[i][r]);
-            if (lane == 0 && i < m && n0 + r < n) {
-                if (bias) s += to_f(bias[n0 + r]);
-                y[(size_t)i * n + n0 + r] = from_f<T>(s);
-            }
-        }
-    }
-}
-
-#define INST_GEMV(TN, T, MM, RR)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256) gemv_##TN##_m##MM(const T* x, const T* w, const T* b, T* y,  \
-                                                                         int m, int n, int k) {                    \
-        gemv<T, MM, RR>(x, w, b, y, m, n, k);                                                                      \
-    }
-#define INST_T(TN, T) INST_GEMV(TN, T, 1, 2) INST_GEMV(TN, T, 2, 2) INST_GEMV(TN, T, 4, 4) INST_GEMV(TN, T, 8, 4) \
-    INST_GEMV(TN, T, 16, 4)
-FOR_T(INST_T)
-"#;
-
 /// Paged attention over block tables for a flattened batch of prefill chunks and decode tokens.
 ///
-/// A work item is up to 16 query vectors (rows x heads of one sequence, all reading one KV head)
-/// that share every key/value tile the block stages in shared memory: a decode token contributes
-/// its GQA group of heads, a prefill chunk several rows of them. Tiles hold 32 keys, one per lane
-/// when scoring; each of the 4 warps owns up to 4 query vectors and keeps an online softmax for
-/// them. When the batch has too few items to fill the GPU, the key range is split across blocks
+/// `paged_attn` serves rows of multi-token chunks (prefill). A work item is up to 16 query
+/// vectors (rows x heads of one sequence, all reading one KV head) that share every key/value
+/// tile the block stages in shared memory. Tiles hold 32 keys, one per lane when scoring; each
+/// of the 4 warps owns up to 4 query vectors and keeps an online softmax for them. It runs on
+/// CUDA cores (no tensor-core MMA yet).
+///
+/// `paged_decode` serves single-token rows (decode), which are bound by reading the cache: a
+/// block takes one row, up to 8 query heads of one KV group and a range of keys, and walks it 128
+/// keys at a time: every thread scores one key (the whole K row in 16-byte loads, eight in
+/// flight), the block takes the softmax statistics of the 128 scores, then each warp accumulates
+/// a quarter of the V rows (lanes across the head dimension, coalesced).
+///
+/// When a batch has too few work items to fill the GPU, both split the key range across blocks
 /// (flash-decoding) and `attn_combine` merges the partial results.
 pub const ATTENTION: &str = r#"
 #define QV_MAX 16
@@ -441,9 +370,13 @@ pub const ATTENTION: &str = r#"
 #define NWARPS 4
 #define QPW 4
 #define DV_REGS 8
+#define DEC_SUB 128
+#define DEC_WARPS 4
+#define DEC_UNROLL 8
 
-// Mirrors `AttnItem` in attention.rs.
-struct AttnItem { int row0, nrows, pos0, h0, nheads, bt_off, k_lo, k_hi; };
+// Mirror `AttnItem` and `DecodeItem` in attention.rs.
+struct AttnItem { int row0, nrows, pos0, h0, nheads, bt_off, k_lo, k_hi, local0; };
+struct DecodeItem { int row, local, h0, nheads, bt_off, k_lo, k_hi, pad; };
 
 __device__ __forceinline__ float2 load2(const float* p) { return make_float2(p[0], p[1]); }
 __device__ __forceinline__ float2 load2(const bf16_t* p) {
@@ -451,11 +384,21 @@ __device__ __forceinline__ float2 load2(const bf16_t* p) {
     return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
 }
 
+// The elements of a 16-byte chunk as floats: 4 f32 or 8 bf16.
+__device__ __forceinline__ void unpack(uint4 r, float* f, float) {
+    f[0] = __uint_as_float(r.x); f[1] = __uint_as_float(r.y); f[2] = __uint_as_float(r.z); f[3] = __uint_as_float(r.w);
+}
+__device__ __forceinline__ void unpack(uint4 r, float* f, bf16_t) {
+    unsigned int w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { f[2 * i] = __uint_as_float(w[i] << 16); f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u); }
+}
+
 // Stages TILE rows of `width` elements (row j from `src + slot[j] * stride`) into `dst` with row
 // pitch `pitch`; rows without a key are zero so that p = 0 never meets a NaN.
 template <typename T>
-__device__ __forceinline__ void load_tile(T* dst, int pitch, const T* __restrict__ src, size_t stride, const int* slot, int width,
-                          int vec) {
+__device__ __forceinline__ void load_tile(T* dst, int pitch, const T* __restrict__ src, size_t stride, const int* slot,
+                                          int width, int vec) {
     if (vec) {
         constexpr int CH = 16 / sizeof(T);
         const int cpr = width / CH;
@@ -474,12 +417,21 @@ __device__ __forceinline__ void load_tile(T* dst, int pitch, const T* __restrict
     }
 }
 
+// Writes one query vector's result: directly when the keys were not split, else as a partial
+// (unnormalised accumulator, running max, sum) at index `ph` for attn_combine.
+__device__ __forceinline__ void store_partial(float* part_acc, float* part_ml, size_t ph, int c, float a, int dv,
+                                              float m, float l, bool write_ml) {
+    if (c < dv) part_acc[ph * dv + c] = a;
+    if (write_ml) { part_ml[ph * 2] = m; part_ml[ph * 2 + 1] = l; }
+}
+
 template <typename T>
 __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
                            const unsigned int* __restrict__ tables, const AttnItem* __restrict__ items,
                            T* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
                            int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size, float scale,
-                           float softcap, int window, int splits, int tokens, int kpitch, int vpitch, int vec) {
+                           float softcap, int window, int causal, int splits, int n_rows, int kpitch, int vpitch,
+                           int vec) {
     extern __shared__ float smem[];
     float* q_s = smem;                                    // [QV_MAX][d]
     float* p_s = q_s + QV_MAX * d;                        // [NWARPS][QPW][TILE]
@@ -551,7 +503,7 @@ __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, co
             if (u < nu) {
                 float x = s[u] * scale;
                 if (softcap > 0.f) x = tanhf(x / softcap) * softcap;
-                bool valid = kp < kend && kp <= pos[u] && (window == 0 || kp > pos[u] - window);
+                bool valid = kp < kend && (!causal || (kp <= pos[u] && (window == 0 || kp > pos[u] - window)));
                 x = valid ? x : -INFINITY;
                 float m_new = fmaxf(m_[u], warp_max(x));
                 float p = m_new == -INFINITY ? 0.f : expf(x - m_new);
@@ -586,60 +538,238 @@ __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, co
         int qv = warp + NWARPS * u;
         int row = it.row0 + qv / it.nheads, h = it.h0 + qv % it.nheads;
         size_t oh = (size_t)row * hq + h;
-        if (splits == 1) {
-            float inv = l_[u] > 0.f ? 1.f / l_[u] : 0.f;
+        float inv = l_[u] > 0.f ? 1.f / l_[u] : 0.f;
 #pragma unroll
-            for (int i = 0; i < DV_REGS; ++i) {
-                int c = lane + 32 * i;
+        for (int i = 0; i < DV_REGS; ++i) {
+            int c = lane + 32 * i;
+            if (splits == 1) {
                 if (c < dv) out[oh * dv + c] = from_f<T>(acc[u][i] * inv);
+            } else {
+                size_t ph = ((size_t)split * n_rows + it.local0 + qv / it.nheads) * hq + h;
+                store_partial(part_acc, part_ml, ph, c, acc[u][i], dv, m_[u], l_[u], lane == 0 && i == 0);
             }
-        } else {
-            size_t ph = (size_t)split * tokens * hq + oh;
-#pragma unroll
-            for (int i = 0; i < DV_REGS; ++i) {
-                int c = lane + 32 * i;
-                if (c < dv) part_acc[ph * dv + c] = acc[u][i];
-            }
-            if (lane == 0) { part_ml[ph * 2] = m_[u]; part_ml[ph * 2 + 1] = l_[u]; }
         }
     }
 }
 
-// One block per (token, head): merges the splits' unnormalised partial results.
+template <typename T, int HM, int DVR>
+__device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
+                             const unsigned int* __restrict__ tables, const DecodeItem* __restrict__ items,
+                             T* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml, int hq,
+                             int hkv, int d, int dv, int k_dim, int v_dim, int block_size, float scale, float softcap,
+                             int splits, int n_rows, int vec) {
+    extern __shared__ float smem[];
+    float* q_s = smem;                             // [HM][d]
+    float* s_s = q_s + HM * d;               // [HM][DEC_SUB]: scores, then probabilities
+    float* m_s = s_s + HM * DEC_SUB;         // [HM] running max
+    float* l_s = m_s + HM;                   // [HM] running sum
+    float* corr_s = l_s + HM;                // [HM] rescale of the accumulators this round
+    int* slot_s = (int*)(corr_s + HM);       // [DEC_SUB]
+    float* red_s = (float*)(slot_s + DEC_SUB);     // [DEC_WARPS][HM][dv]
+
+    const DecodeItem it = items[blockIdx.x];
+    const int split = blockIdx.y;
+    const int g = it.h0 / (hq / hkv);
+    const int H = it.nheads;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int len = it.k_hi - it.k_lo;
+    // Splits are multiples of 32 keys: a short split leaves threads of its last round idle but
+    // shortens the block's chain of dependent loads, which is what bounds small batches.
+    const int chunk = ((len + splits - 1) / splits + 31) / 32 * 32;
+    const int kbeg = it.k_lo + split * chunk;
+    const int kend = min(kbeg + chunk, it.k_hi);
+
+    for (int e = tid; e < H * d; e += blockDim.x) q_s[e] = to_f(q[((size_t)it.row * hq + it.h0) * d + e]);
+    if (tid < HM) { m_s[tid] = -INFINITY; l_s[tid] = 0.f; }
+
+    float acc[HM][DVR];
+#pragma unroll
+    for (int h = 0; h < HM; ++h)
+#pragma unroll
+        for (int i = 0; i < DVR; ++i) acc[h][i] = 0.f;
+    const size_t kstride = (size_t)hkv * k_dim, vstride = (size_t)hkv * v_dim;
+    const T* kbase = kc + (size_t)g * k_dim;
+    const T* vbase = vc + (size_t)g * v_dim;
+    __syncthreads();
+
+    for (int s0 = kbeg; s0 < kend; s0 += DEC_SUB) {
+        // Scores: one key per thread.
+        const int kp = s0 + tid;
+        float sc[HM];
+#pragma unroll
+        for (int h = 0; h < HM; ++h) sc[h] = 0.f;
+        int slot = -1;
+        if (kp < kend) {
+            slot = (int)(tables[it.bt_off + kp / block_size] * block_size + kp % block_size);
+            const T* kr = kbase + (size_t)slot * kstride;
+            if (vec) {
+                constexpr int CH = 16 / sizeof(T);
+                for (int c0 = 0; c0 < d; c0 += DEC_UNROLL * CH) {
+                    uint4 raw[DEC_UNROLL];
+#pragma unroll
+                    for (int u = 0; u < DEC_UNROLL; ++u)
+                        raw[u] = c0 + u * CH < d ? __ldg((const uint4*)(kr + c0 + u * CH)) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+                    for (int u = 0; u < DEC_UNROLL; ++u) {
+                        if (c0 + u * CH < d) {
+                            float kf[CH];
+                            unpack(raw[u], kf, T());
+#pragma unroll
+                            for (int h = 0; h < HM; ++h) {
+                                if (h < H) {
+                                    const float* qr = q_s + h * d + c0 + u * CH;
+#pragma unroll
+                                    for (int e = 0; e < CH; ++e) sc[h] += qr[e] * kf[e];
+                                }
+                            }
+                        }
+                    }
+                }
+            } else {
+                for (int c = 0; c < d; ++c) {
+                    float kf = to_f(kr[c]);
+#pragma unroll
+                    for (int h = 0; h < HM; ++h)
+                        if (h < H) sc[h] += q_s[h * d + c] * kf;
+                }
+            }
+        }
+        slot_s[tid] = slot;
+#pragma unroll
+        for (int h = 0; h < HM; ++h) {
+            if (h < H) {
+                float x = sc[h] * scale;
+                if (softcap > 0.f) x = tanhf(x / softcap) * softcap;
+                s_s[h * DEC_SUB + tid] = kp < kend ? x : -INFINITY;
+            }
+        }
+        __syncthreads();
+        // Softmax statistics of this round: warp w owns heads w, w + 4.
+        for (int h = warp; h < H; h += DEC_WARPS) {
+            float v[DEC_SUB / 32];
+            float mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < DEC_SUB / 32; ++i) { v[i] = s_s[h * DEC_SUB + lane + 32 * i]; mx = fmaxf(mx, v[i]); }
+            const float m_old = m_s[h];
+            const float m_new = fmaxf(m_old, warp_max(mx));  // finite: the round has a valid key
+            float sum = 0.f;
+#pragma unroll
+            for (int i = 0; i < DEC_SUB / 32; ++i) {
+                float p = expf(v[i] - m_new);
+                s_s[h * DEC_SUB + lane + 32 * i] = p;
+                sum += p;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float corr = m_old == -INFINITY ? 0.f : expf(m_old - m_new);
+                m_s[h] = m_new;
+                l_s[h] = l_s[h] * corr + sum;
+                corr_s[h] = corr;
+            }
+        }
+        __syncthreads();
+        // Values: warp w takes keys w, w + 4, ... of the round; lanes across the head dimension.
+#pragma unroll
+        for (int h = 0; h < HM; ++h) {
+            if (h < H) {
+                const float cr = corr_s[h];
+#pragma unroll
+                for (int i = 0; i < DVR; ++i) acc[h][i] *= cr;
+            }
+        }
+        const int nk = min(DEC_SUB, kend - s0);
+#pragma unroll 8
+        for (int j = warp; j < nk; j += DEC_WARPS) {
+            const T* vr = vbase + (size_t)slot_s[j] * vstride;
+            float vv[DVR];
+#pragma unroll
+            for (int i = 0; i < DVR; ++i) vv[i] = lane + 32 * i < dv ? to_f(vr[lane + 32 * i]) : 0.f;
+#pragma unroll
+            for (int h = 0; h < HM; ++h) {
+                if (h < H) {
+                    const float p = s_s[h * DEC_SUB + j];
+#pragma unroll
+                    for (int i = 0; i < DVR; ++i) acc[h][i] += p * vv[i];
+                }
+            }
+        }
+        __syncthreads();  // s_s and slot_s are rewritten by the next round
+    }
+
+#pragma unroll
+    for (int h = 0; h < HM; ++h) {
+        if (h < H) {
+#pragma unroll
+            for (int i = 0; i < DVR; ++i)
+                if (lane + 32 * i < dv) red_s[(warp * HM + h) * dv + lane + 32 * i] = acc[h][i];
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < H * dv; e += blockDim.x) {
+        const int h = e / dv, c = e % dv;
+        float a = 0.f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; ++w) a += red_s[(w * HM + h) * dv + c];
+        if (splits == 1) {
+            out[((size_t)it.row * hq + it.h0 + h) * dv + c] = from_f<T>(a / l_s[h]);
+        } else {
+            store_partial(part_acc, part_ml, ((size_t)split * n_rows + it.local) * hq + it.h0 + h, c, a, dv, m_s[h],
+                          l_s[h], c == 0);
+        }
+    }
+}
+
+// One block per (row, head) of `n_rows` rows: merges the splits' partial results. Partial row i
+// belongs to output row rows[i].
 template <typename T>
 __device__ void attn_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml, T* __restrict__ out,
-                             int splits, int tokens, int hq, int dv) {
-    const size_t oh = blockIdx.x;
-    const size_t per_split = (size_t)tokens * hq;
+                             const unsigned int* __restrict__ rows, int splits, int n_rows, int hq, int dv) {
+    const size_t local = blockIdx.x / hq, h = blockIdx.x % hq;
+    const size_t oh = (size_t)rows[local] * hq + h;
+    const size_t per_split = (size_t)n_rows * hq;
+    const size_t ph = local * hq + h;
     float m = -INFINITY;
-    for (int s = 0; s < splits; ++s) m = fmaxf(m, part_ml[(s * per_split + oh) * 2]);
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, part_ml[(s * per_split + ph) * 2]);
     float l = 0.f;
     for (int s = 0; s < splits; ++s) {
-        float ms = part_ml[(s * per_split + oh) * 2];
-        if (ms != -INFINITY) l += part_ml[(s * per_split + oh) * 2 + 1] * expf(ms - m);
+        float ms = part_ml[(s * per_split + ph) * 2];
+        if (ms != -INFINITY) l += part_ml[(s * per_split + ph) * 2 + 1] * expf(ms - m);
     }
     float inv = l > 0.f ? 1.f / l : 0.f;
     for (int c = threadIdx.x; c < dv; c += blockDim.x) {
         float a = 0.f;
         for (int s = 0; s < splits; ++s) {
-            float ms = part_ml[(s * per_split + oh) * 2];
-            if (ms != -INFINITY) a += part_acc[(s * per_split + oh) * dv + c] * expf(ms - m);
+            float ms = part_ml[(s * per_split + ph) * 2];
+            if (ms != -INFINITY) a += part_acc[(s * per_split + ph) * dv + c] * expf(ms - m);
         }
         out[oh * dv + c] = from_f<T>(a * inv);
     }
 }
 
+// Decode kernels for up to HM heads a block and values of up to 32 * DVR elements: sized
+// register arrays instead of predicated-off work for the common GQA groups and head dims.
+#define INST_DECODE(TN, T, HM, DVR)                                                                                \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) paged_decode_##TN##_h##HM##_v##DVR(               \
+        const T* q, const T* kc, const T* vc, const unsigned int* tables, const DecodeItem* items, T* out,         \
+        float* part_acc, float* part_ml, int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size,     \
+        float scale, float softcap, int splits, int n_rows, int vec) {                                             \
+        paged_decode<T, HM, DVR>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim,   \
+                                 block_size, scale, softcap, splits, n_rows, vec);                                 \
+    }
 #define INST_T(TN, T)                                                                                              \
     extern "C" __global__ void __launch_bounds__(NWARPS * 32) paged_attn_##TN(                                     \
         const T* q, const T* kc, const T* vc, const unsigned int* tables, const AttnItem* items, T* out,           \
         float* part_acc, float* part_ml, int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size,     \
-        float scale, float softcap, int window, int splits, int tokens, int kpitch, int vpitch, int vec) {         \
+        float scale, float softcap, int window, int causal, int splits, int n_rows, int kpitch, int vpitch,        \
+        int vec) {                                                                                                 \
         paged_attn<T>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim, block_size,  \
-                      scale, softcap, window, splits, tokens, kpitch, vpitch, vec);                                \
+                      scale, softcap, window, causal, splits, n_rows, kpitch, vpitch, vec);                        \
     }                                                                                                              \
-    extern "C" __global__ void attn_combine_##TN(const float* pa, const float* pm, T* out, int splits, int tokens,  \
-                                                 int hq, int dv) {                                                 \
-        attn_combine<T>(pa, pm, out, splits, tokens, hq, dv);                                                      \
+    INST_DECODE(TN, T, 1, 4) INST_DECODE(TN, T, 2, 4) INST_DECODE(TN, T, 4, 4) INST_DECODE(TN, T, 8, 4)            \
+    INST_DECODE(TN, T, 1, 8) INST_DECODE(TN, T, 2, 8) INST_DECODE(TN, T, 4, 8) INST_DECODE(TN, T, 8, 8)            \
+    extern "C" __global__ void attn_combine_##TN(const float* pa, const float* pm, T* out, const unsigned int* rows, \
+                                                 int splits, int n_rows, int hq, int dv) {                         \
+        attn_combine<T>(pa, pm, out, rows, splits, n_rows, hq, dv);                                                \
     }
 FOR_T(INST_T)
 "#;

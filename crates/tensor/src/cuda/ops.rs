@@ -150,13 +150,24 @@ pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
 }
 
 /// Copies `len` columns from `src` (starting at `src_off`) into `dst` (starting at `dst_off`).
-fn copy_cols(src: &CudaStorage, src_cols: usize, src_off: usize, dst: &CudaStorage, dst_cols: usize, dst_off: usize, rows: usize, len: usize) -> Result<()> {
+#[allow(clippy::too_many_arguments)]
+fn copy_cols(
+    src: &CudaStorage,
+    src_cols: usize,
+    src_off: usize,
+    dst: &CudaStorage,
+    dst_cols: usize,
+    dst_off: usize,
+    rows: usize,
+    len: usize,
+) -> Result<()> {
     if rows == 0 || len == 0 {
         return Ok(());
     }
     let dev = src.device();
     let f = dev.function(ELEMENTWISE, &format!("copy_cols_{}", dtype_suffix(src.dtype())?))?;
-    let args = [src.ptr(), int(src_cols)?, int(src_off)?, dst.ptr(), int(dst_cols)?, int(dst_off)?, int(rows)?, int(len)?];
+    let args =
+        [src.ptr(), int(src_cols)?, int(src_off)?, dst.ptr(), int(dst_cols)?, int(dst_off)?, int(rows)?, int(len)?];
     dev.launch(&f, flat_cfg(dev, rows * len), &args)
 }
 
@@ -278,6 +289,34 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, head_dim: usize, style: Rope
         dev.launch(&f, flat_cfg(dev, rows * cols), &args)?;
     }
     wrap(out, x.shape().to_vec())
+}
+
+pub fn combine_rows(y: &Tensor, rows: &[usize], weights: &[f32], per_row: usize) -> Result<Tensor> {
+    let ys = cuda_of("combine_rows", y)?;
+    let dev = ys.device();
+    let cols = y.last_dim();
+    let out_rows = rows.len() / per_row;
+    let out = CudaStorage::alloc(dev, ys.dtype(), out_rows * cols)?;
+    if out_rows > 0 && cols > 0 {
+        let idx = rows
+            .iter()
+            .map(|&r| u32::try_from(r).map_err(|_| dev_err(format!("combine_rows: row {r} beyond 32 bits"))))
+            .collect::<Result<Vec<u32>>>()?;
+        let idx = upload_u32(dev, &idx)?;
+        let w = dev.stream().clone_htod(weights).map_err(dev_err)?;
+        let f = dev.function(ELEMENTWISE, &format!("combine_rows_{}", dtype_suffix(ys.dtype())?))?;
+        let s = dev.stream();
+        let args = [
+            ys.ptr(),
+            Arg::Ptr(cudarc::driver::DevicePtr::device_ptr(&idx, s).0),
+            Arg::Ptr(cudarc::driver::DevicePtr::device_ptr(&w, s).0),
+            out.ptr(),
+            int(cols)?,
+            int(per_row)?,
+        ];
+        dev.launch(&f, row_cfg(out_rows, cols), &args)?;
+    }
+    wrap(out, vec![out_rows, cols])
 }
 
 pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {

@@ -1,0 +1,188 @@
+//! `ferrite serve`: load a checkpoint, start the engine, and serve the OpenAI-compatible API
+//! until SIGINT or SIGTERM, then drain in-flight requests (bounded) and exit 0.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use ferrite_engine::{EngineConfig, LLM};
+use ferrite_server::{AppState, ServerConfig};
+use ferrite_tensor::DType;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum DTypeArg {
+    /// float32 on the CPU (the reference precision).
+    Auto,
+    #[value(alias = "float", alias = "f32")]
+    Float32,
+    #[value(alias = "bf16")]
+    Bfloat16,
+    #[value(alias = "half", alias = "f16")]
+    Float16,
+}
+
+impl DTypeArg {
+    pub(crate) fn dtype(self) -> DType {
+        match self {
+            DTypeArg::Auto | DTypeArg::Float32 => DType::F32,
+            DTypeArg::Bfloat16 => DType::BF16,
+            DTypeArg::Float16 => DType::F16,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Checkpoint directory (config.json, safetensors, tokenizer.json) or a .gguf file.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Address to listen on (0.0.0.0 for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Names clients may use in `model` (the first is reported); defaults to the --model value.
+    #[arg(long, num_args = 1..)]
+    pub served_model_name: Vec<String>,
+    /// Longest prompt + completion in tokens; defaults to the model's max_position_embeddings.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Require `Authorization: Bearer KEY` on /v1/* routes.
+    #[arg(long, env = "FERRITE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub dtype: DTypeArg,
+    /// Sequences the engine runs at once.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Tokens one engine step may compute (decodes plus prefill chunks).
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// KV-cache size, in bytes or with a unit: 512MiB, 4GiB, 2G.
+    #[arg(long, default_value = "4GiB", value_parser = parse_bytes)]
+    pub kv_cache_memory: usize,
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+    /// Sequences that may wait beyond --max-num-seqs before new requests get 503.
+    #[arg(long, default_value_t = 1024)]
+    pub max_queue: usize,
+    /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 30.0)]
+    pub shutdown_timeout: f64,
+    /// generate, or a pooling task (embed, classify, score); inferred from the architecture
+    /// when omitted (encoders such as BertModel are pooling models).
+    #[arg(long, value_enum)]
+    pub task: Option<crate::serve_pooling::TaskArg>,
+}
+
+/// Sizes like `4GiB`, `512MiB`, `2G` (binary and decimal units are both powers of 1024, as
+/// vLLM's memory flags read them) or plain bytes.
+fn parse_bytes(text: &str) -> std::result::Result<usize, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: f64 = number.parse().map_err(|_| format!("not a size: {text:?} (try 4GiB or 536870912)"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1u64,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => return Err(format!("unknown size unit {other:?} in {text:?}")),
+    };
+    let bytes = number * scale as f64;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > usize::MAX as f64 {
+        return Err(format!("size out of range: {text:?}"));
+    }
+    Ok(bytes as usize)
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    if !(args.shutdown_timeout.is_finite() && args.shutdown_timeout >= 0.0) {
+        bail!("--shutdown-timeout must be a non-negative number of seconds");
+    }
+    if let Some(task) = crate::serve_pooling::pooling_task(&args)? {
+        return crate::serve_pooling::run(args, task);
+    }
+    let config = EngineConfig {
+        block_size: args.block_size,
+        kv_cache_memory: args.kv_cache_memory,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_num_seqs: args.max_num_seqs,
+        max_model_len: args.max_model_len,
+        enable_prefix_caching: !args.no_enable_prefix_caching,
+        ..EngineConfig::default()
+    };
+    let model_root = args.model.display().to_string();
+    let llm = LLM::new(&args.model, args.dtype.dtype(), config).with_context(|| format!("loading {model_root}"))?;
+    let served_model_names =
+        if args.served_model_name.is_empty() { vec![model_root.clone()] } else { args.served_model_name.clone() };
+    let server_config = ServerConfig {
+        served_model_names,
+        model_root,
+        api_key: args.api_key.clone(),
+        max_num_seqs: args.max_num_seqs,
+        max_queue: args.max_queue,
+    };
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    let grace = Duration::from_secs_f64(args.shutdown_timeout);
+    runtime.block_on(async {
+        let addr: SocketAddr = tokio::net::lookup_host((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("resolving --host {}", args.host))?
+            .next()
+            .with_context(|| format!("--host {} resolves to no address", args.host))?;
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr().context("reading the bound address")?;
+        let state = AppState::new(llm.client(), server_config);
+        tracing::info!(model = %args.model.display(), "listening on http://{local}");
+        ferrite_server::serve(listener, state, shutdown_signal(), grace).await.context("serving")
+    })?;
+    // Connections still open past the grace period are cut here; their engine requests abort
+    // when their streams drop, before the engine itself stops with `llm`.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    drop(llm);
+    tracing::info!("server stopped");
+    Ok(())
+}
+
+pub(crate) async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!("cannot listen for SIGTERM ({e}); only SIGINT stops the server");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        () = terminate => tracing::info!("SIGTERM received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_take_binary_units_or_plain_bytes() {
+        assert_eq!(parse_bytes("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2G"), Ok(2 << 30));
+        assert_eq!(parse_bytes("1.5k"), Ok(1536));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("3 parsecs").is_err());
+        assert!(parse_bytes("0").is_err());
+    }
+}

@@ -1,0 +1,109 @@
+use ferrite_models::ModelInfo;
+use ferrite_tensor::{DType, Device, PagedKvLayer};
+
+use crate::error::{EngineError, Result};
+
+/// How the engine sizes its KV cache and batches. Defaults follow vLLM's CPU backend.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Bytes for the KV cache across all layers; the block count is derived from it.
+    pub kv_cache_memory: usize,
+    /// Tokens one step may compute (decodes plus prefill chunks).
+    pub max_num_batched_tokens: usize,
+    /// Sequences one step may hold.
+    pub max_num_seqs: usize,
+    /// Longest prompt + completion; `None` takes the model's `max_position_embeddings`.
+    pub max_model_len: Option<usize>,
+    pub enable_prefix_caching: bool,
+    /// Where the KV cache lives: the device the model's weights were loaded to.
+    pub device: Device,
+    /// Element type of a device KV cache (the CPU cache is always f32).
+    pub kv_cache_dtype: DType,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            block_size: 16,
+            // vLLM's VLLM_CPU_KVCACHE_SPACE default.
+            kv_cache_memory: 4 << 30,
+            max_num_batched_tokens: 2048,
+            max_num_seqs: 256,
+            max_model_len: None,
+            enable_prefix_caching: true,
+            device: Device::Cpu,
+            kv_cache_dtype: DType::F32,
+        }
+    }
+}
+
+/// The cache geometry derived from an [`EngineConfig`] and a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub dtype: DType,
+    pub bytes_per_token: usize,
+}
+
+impl CacheConfig {
+    pub fn capacity_tokens(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+}
+
+impl EngineConfig {
+    /// Checks the configuration against the model and derives the cache geometry and the
+    /// effective `max_model_len`.
+    pub fn resolve(&self, info: &ModelInfo) -> Result<(CacheConfig, usize)> {
+        if self.block_size == 0 {
+            return Err(EngineError::Config("block_size must be at least 1".into()));
+        }
+        if self.max_num_batched_tokens == 0 || self.max_num_seqs == 0 {
+            return Err(EngineError::Config("max_num_batched_tokens and max_num_seqs must be at least 1".into()));
+        }
+        if info.kv_layers.is_empty() {
+            return Err(EngineError::Config("the model has no KV cache layers".into()));
+        }
+        let max_model_len = match self.max_model_len {
+            Some(0) => return Err(EngineError::Config("max_model_len must be at least 1".into())),
+            Some(len) if len > info.max_position_embeddings => {
+                return Err(EngineError::Config(format!(
+                    "max_model_len {len} exceeds the model's max_position_embeddings {}",
+                    info.max_position_embeddings
+                )))
+            }
+            Some(len) => len,
+            None => info.max_position_embeddings,
+        };
+        let dtype = if self.device == Device::Cpu { DType::F32 } else { self.kv_cache_dtype };
+        let bytes_per_token: usize = info
+            .kv_layers
+            .iter()
+            .map(|l| PagedKvLayer::bytes_per_token_as(l.num_kv_heads, l.k_dim, l.v_dim, dtype))
+            .sum();
+        let block_bytes = bytes_per_token * self.block_size;
+        let num_blocks = self.kv_cache_memory / block_bytes.max(1);
+        if num_blocks == 0 {
+            return Err(EngineError::Config(format!(
+                "kv_cache_memory of {} bytes is smaller than one block ({block_bytes} bytes = {} tokens x \
+                 {bytes_per_token} bytes)",
+                self.kv_cache_memory, self.block_size
+            )));
+        }
+        if num_blocks > u32::MAX as usize {
+            return Err(EngineError::Config(format!("{num_blocks} KV blocks exceed the u32 block id range")));
+        }
+        let cache = CacheConfig { block_size: self.block_size, num_blocks, dtype, bytes_per_token };
+        if cache.capacity_tokens() < max_model_len {
+            tracing::warn!(
+                capacity_tokens = cache.capacity_tokens(),
+                max_model_len,
+                "the KV cache holds fewer tokens than max_model_len; longer requests are rejected at admission"
+            );
+        }
+        Ok((cache, max_model_len))
+    }
+}

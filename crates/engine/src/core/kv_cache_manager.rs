@@ -1,0 +1,157 @@
+//! Per-request block tables over the [`BlockPool`], with automatic prefix caching (vLLM's
+//! `KVCacheManager` for full attention).
+
+use std::collections::HashMap;
+
+use super::block_pool::{extend_block_hashes, BlockHash, BlockId, BlockPool};
+use super::ReqId;
+
+/// Prefix-cache lookups, in tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheStats {
+    pub requests: u64,
+    pub queries: u64,
+    pub hits: u64,
+}
+
+#[derive(Debug, Default)]
+struct RequestBlocks {
+    blocks: Vec<BlockId>,
+    /// Hashes of the request's full blocks, extended as its tokens grow.
+    hashes: Vec<BlockHash>,
+    /// Leading blocks already registered in the prefix cache.
+    num_cached: usize,
+}
+
+#[derive(Debug)]
+pub struct KvCacheManager {
+    pool: BlockPool,
+    block_size: usize,
+    max_model_len: usize,
+    enable_caching: bool,
+    requests: HashMap<ReqId, RequestBlocks>,
+    stats: PrefixCacheStats,
+}
+
+impl KvCacheManager {
+    pub fn new(num_blocks: usize, block_size: usize, max_model_len: usize, enable_caching: bool) -> KvCacheManager {
+        KvCacheManager {
+            pool: BlockPool::new(num_blocks, enable_caching),
+            block_size,
+            max_model_len,
+            enable_caching,
+            requests: HashMap::new(),
+            stats: PrefixCacheStats::default(),
+        }
+    }
+
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    pub fn stats(&self) -> PrefixCacheStats {
+        self.stats
+    }
+
+    pub fn num_free_blocks(&self) -> usize {
+        self.pool.num_free_blocks()
+    }
+
+    pub fn block_ids(&self, req: ReqId) -> &[BlockId] {
+        self.requests.get(&req).map(|r| r.blocks.as_slice()).unwrap_or(&[])
+    }
+
+    /// The longest cached prefix of `tokens` in whole blocks, and its length in tokens. The last
+    /// token is never a hit: its logits must be computed to sample from them.
+    pub fn get_computed_blocks(&mut self, req: ReqId, tokens: &[u32], skip_cache: bool) -> (Vec<BlockId>, usize) {
+        if !self.enable_caching || skip_cache || tokens.is_empty() {
+            return (Vec::new(), 0);
+        }
+        let entry = self.requests.entry(req).or_default();
+        extend_block_hashes(&mut entry.hashes, tokens, self.block_size);
+        let max_blocks = (tokens.len() - 1) / self.block_size;
+        let hits: Vec<BlockId> =
+            entry.hashes.iter().take(max_blocks).map_while(|h| self.pool.get_cached_block(h)).collect();
+        let hit_tokens = hits.len() * self.block_size;
+        self.stats.requests += 1;
+        self.stats.queries += tokens.len() as u64;
+        self.stats.hits += hit_tokens as u64;
+        (hits, hit_tokens)
+    }
+
+    /// Grows `req`'s block table to hold `num_computed_tokens + hits + num_new_tokens` tokens,
+    /// taking references on the prefix-cache `hits` first. Returns the newly allocated blocks, or
+    /// `None` (and changes nothing) when the pool cannot supply them.
+    pub fn allocate_slots(
+        &mut self,
+        req: ReqId,
+        tokens: &[u32],
+        num_computed_tokens: usize,
+        num_new_tokens: usize,
+        hits: &[BlockId],
+    ) -> Option<Vec<BlockId>> {
+        let bs = self.block_size;
+        let computed = num_computed_tokens + hits.len() * bs;
+        let needed_tokens = (computed + num_new_tokens).min(self.max_model_len);
+        let held = self.requests.get(&req).map_or(0, |r| r.blocks.len());
+        let to_allocate = needed_tokens.div_ceil(bs).saturating_sub(held + hits.len());
+        // Hits sitting in the free queue stop being allocatable once touched.
+        let free_hits = hits.iter().filter(|&&b| self.pool.ref_count(b) == 0).count();
+        if to_allocate + free_hits > self.pool.num_free_blocks() {
+            return None;
+        }
+        self.pool.touch(hits);
+        let new_blocks = self.pool.get_new_blocks(to_allocate)?;
+        let entry = self.requests.entry(req).or_default();
+        if entry.blocks.is_empty() {
+            entry.num_cached = hits.len();
+        }
+        entry.blocks.extend_from_slice(hits);
+        entry.blocks.extend_from_slice(&new_blocks);
+        if self.enable_caching {
+            // Blocks this step fills completely become hits for later requests (and for requests
+            // later in the same step: the forward writes every key before attention reads any).
+            let full = (computed + num_new_tokens).min(tokens.len()) / bs;
+            if full > entry.num_cached {
+                extend_block_hashes(&mut entry.hashes, &tokens[..full * bs], bs);
+                self.pool.cache_full_blocks(&entry.blocks, &entry.hashes, entry.num_cached..full);
+                entry.num_cached = full;
+            }
+        }
+        Some(new_blocks)
+    }
+
+    /// Releases every block of `req`, tail first so that its last blocks are evicted first.
+    pub fn free(&mut self, req: ReqId) {
+        if let Some(entry) = self.requests.remove(&req) {
+            self.pool.free_blocks(entry.blocks.into_iter().rev());
+        }
+    }
+
+    /// Drops the cached content of free blocks (after a failed step).
+    pub fn evict_free_cached_blocks(&mut self) {
+        self.pool.evict_free_cached_blocks();
+    }
+
+    /// The pool's invariants plus: every block's reference count equals the number of block
+    /// tables holding it.
+    pub fn check_consistency(&self) -> Result<(), String> {
+        self.pool.check_consistency()?;
+        let mut refs = vec![0u32; self.pool.num_blocks()];
+        for (req, entry) in &self.requests {
+            for &b in &entry.blocks {
+                refs[b as usize] += 1;
+            }
+            if entry.num_cached > entry.blocks.len() {
+                return Err(format!("request {req} caches {} of {} blocks", entry.num_cached, entry.blocks.len()));
+            }
+        }
+        for (id, &want) in refs.iter().enumerate() {
+            let got = self.pool.ref_count(id as BlockId);
+            if got != want {
+                return Err(format!("block {id} has {got} references but {want} block tables hold it"));
+            }
+        }
+        Ok(())
+    }
+}

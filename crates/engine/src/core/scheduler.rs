@@ -1,0 +1,303 @@
+//! Continuous batching as vLLM's V1 scheduler does it: each step spends a token budget on the
+//! running requests first (decodes and unfinished prefill chunks, oldest first), then admits
+//! waiting requests with chunked prefill into what is left. When the pool runs dry the newest
+//! running request is preempted: its blocks are freed and it recomputes later.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use super::kv_cache_manager::KvCacheManager;
+use super::request::{Request, RequestStatus};
+use super::{BlockId, ReqId};
+use crate::output::{FinishReason, StopReason, TokenLogprob};
+use crate::params::RequestSampling;
+
+#[derive(Debug, Clone, Copy)]
+pub struct SchedulerConfig {
+    pub max_num_batched_tokens: usize,
+    pub max_num_seqs: usize,
+    pub max_model_len: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub enable_prefix_caching: bool,
+}
+
+/// A request the runner has not seen: everything it needs to run and sample it.
+#[derive(Debug, Clone)]
+pub struct NewRequestData {
+    pub req_id: ReqId,
+    pub prompt_token_ids: Vec<u32>,
+    pub sampling: Arc<RequestSampling>,
+    pub block_ids: Vec<BlockId>,
+    /// Tokens already in the cache (prefix-cache hits).
+    pub num_computed_tokens: usize,
+}
+
+/// A request the runner already holds.
+#[derive(Debug, Clone)]
+pub struct CachedRequestData {
+    pub req_id: ReqId,
+    /// Back from preemption: `new_block_ids` replaces the block table instead of extending it.
+    pub resumed_from_preemption: bool,
+    pub new_block_ids: Vec<BlockId>,
+    pub num_computed_tokens: usize,
+}
+
+/// One step's plan, consumed by the model runner.
+#[derive(Debug, Clone, Default)]
+pub struct SchedulerOutput {
+    pub scheduled_new_reqs: Vec<NewRequestData>,
+    pub scheduled_cached_reqs: Vec<CachedRequestData>,
+    /// Tokens to compute per request, in batch order (running requests first).
+    pub num_scheduled_tokens: Vec<(ReqId, usize)>,
+    pub total_num_scheduled_tokens: usize,
+    /// Requests finished since the previous step, whose runner state can go.
+    pub finished_req_ids: Vec<ReqId>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SampledToken {
+    pub token_id: u32,
+    pub logprob: Option<TokenLogprob>,
+}
+
+/// What the runner computed for a [`SchedulerOutput`].
+#[derive(Debug, Clone, Default)]
+pub struct ModelRunnerOutput {
+    /// Requests whose scheduled tokens reached the end of their known tokens.
+    pub sampled: HashMap<ReqId, SampledToken>,
+    /// Logprobs of prompt tokens covered by this step's chunk, in prompt order.
+    pub prompt_logprobs: HashMap<ReqId, Vec<TokenLogprob>>,
+}
+
+/// What one sequence produced in a step.
+#[derive(Debug, Clone)]
+pub struct EngineCoreOutput {
+    pub req_id: ReqId,
+    pub new_token_ids: Vec<u32>,
+    pub new_logprobs: Option<TokenLogprob>,
+    pub new_prompt_logprobs: Option<Vec<TokenLogprob>>,
+    pub finish_reason: Option<FinishReason>,
+    pub stop_reason: Option<StopReason>,
+    pub num_cached_tokens: usize,
+}
+
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    kv: KvCacheManager,
+    requests: HashMap<ReqId, Request>,
+    waiting: VecDeque<ReqId>,
+    running: Vec<ReqId>,
+    finished_req_ids: Vec<ReqId>,
+    num_preemptions: u64,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig) -> Scheduler {
+        Scheduler {
+            kv: KvCacheManager::new(
+                config.num_blocks,
+                config.block_size,
+                config.max_model_len,
+                config.enable_prefix_caching,
+            ),
+            config,
+            requests: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            finished_req_ids: Vec::new(),
+            num_preemptions: 0,
+        }
+    }
+
+    pub fn add_request(&mut self, req: Request) {
+        self.waiting.push_back(req.id);
+        self.requests.insert(req.id, req);
+    }
+
+    pub fn kv_cache(&self) -> &KvCacheManager {
+        &self.kv
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn num_preemptions(&self) -> u64 {
+        self.num_preemptions
+    }
+
+    pub fn has_unfinished_requests(&self) -> bool {
+        !self.requests.is_empty()
+    }
+
+    /// Every request not yet finished, waiting ones included.
+    pub fn unfinished_request_ids(&self) -> Vec<ReqId> {
+        self.running.iter().chain(self.waiting.iter()).copied().collect()
+    }
+
+    pub fn schedule(&mut self) -> SchedulerOutput {
+        let mut budget = self.config.max_num_batched_tokens;
+        let mut out =
+            SchedulerOutput { finished_req_ids: std::mem::take(&mut self.finished_req_ids), ..Default::default() };
+        let mut preempted = false;
+
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let req = &self.requests[&id];
+            let num_new = (req.num_tokens() - req.num_computed_tokens).min(budget);
+            if num_new == 0 {
+                i += 1;
+                continue;
+            }
+            let scheduled = loop {
+                let req = &self.requests[&id];
+                if let Some(new_blocks) =
+                    self.kv.allocate_slots(id, &req.all_token_ids, req.num_computed_tokens, num_new, &[])
+                {
+                    break Some(new_blocks);
+                }
+                // The newest running request makes room; it may be this one.
+                let Some(victim) = self.running.pop() else { break None };
+                self.preempt(victim);
+                preempted = true;
+                if victim == id {
+                    break None;
+                }
+            };
+            let Some(new_block_ids) = scheduled else { break };
+            out.scheduled_cached_reqs.push(CachedRequestData {
+                req_id: id,
+                resumed_from_preemption: false,
+                new_block_ids,
+                num_computed_tokens: self.requests[&id].num_computed_tokens,
+            });
+            out.num_scheduled_tokens.push((id, num_new));
+            budget -= num_new;
+            i += 1;
+        }
+
+        // A step that had to preempt admits nobody: the pool is already short.
+        while !preempted && budget > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(&id) = self.waiting.front() else { break };
+            let req = &self.requests[&id];
+            let (hits, num_hit_tokens) = self.kv.get_computed_blocks(id, &req.all_token_ids, req.skips_prefix_cache());
+            let num_new = (req.num_tokens() - num_hit_tokens).min(budget);
+            let Some(_) = self.kv.allocate_slots(id, &req.all_token_ids, 0, num_new, &hits) else { break };
+            self.waiting.pop_front();
+            let block_ids = self.kv.block_ids(id).to_vec();
+            let Some(req) = self.requests.get_mut(&id) else { break };
+            if req.status == RequestStatus::Preempted {
+                out.scheduled_cached_reqs.push(CachedRequestData {
+                    req_id: id,
+                    resumed_from_preemption: true,
+                    new_block_ids: block_ids,
+                    num_computed_tokens: num_hit_tokens,
+                });
+            } else {
+                out.scheduled_new_reqs.push(NewRequestData {
+                    req_id: id,
+                    prompt_token_ids: req.prompt_token_ids().to_vec(),
+                    sampling: req.sampling.clone(),
+                    block_ids,
+                    num_computed_tokens: num_hit_tokens,
+                });
+            }
+            req.num_cached_tokens.get_or_insert(num_hit_tokens);
+            req.num_computed_tokens = num_hit_tokens;
+            req.status = RequestStatus::Running;
+            self.running.push(id);
+            out.num_scheduled_tokens.push((id, num_new));
+            budget -= num_new;
+        }
+
+        // Scheduled tokens count as computed from here on (the runner computes them this step).
+        for &(id, n) in &out.num_scheduled_tokens {
+            if let Some(req) = self.requests.get_mut(&id) {
+                req.num_computed_tokens += n;
+            }
+        }
+        out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget;
+        out
+    }
+
+    fn preempt(&mut self, id: ReqId) {
+        self.kv.free(id);
+        if let Some(req) = self.requests.get_mut(&id) {
+            req.status = RequestStatus::Preempted;
+            req.num_computed_tokens = 0;
+        }
+        self.num_preemptions += 1;
+        self.waiting.push_front(id);
+        tracing::debug!(req = id, "preempted");
+    }
+
+    /// Appends sampled tokens, applies the token-level stop rules and retires finished requests.
+    pub fn update_from_output(&mut self, so: &SchedulerOutput, mut out: ModelRunnerOutput) -> Vec<EngineCoreOutput> {
+        let mut outputs = Vec::with_capacity(so.num_scheduled_tokens.len());
+        let mut finished = Vec::new();
+        for &(id, _) in &so.num_scheduled_tokens {
+            let Some(req) = self.requests.get_mut(&id) else { continue };
+            let sampled = out.sampled.remove(&id);
+            let new_prompt_logprobs = out.prompt_logprobs.remove(&id);
+            if sampled.is_none() && new_prompt_logprobs.is_none() {
+                continue;
+            }
+            let mut o = EngineCoreOutput {
+                req_id: id,
+                new_token_ids: Vec::new(),
+                new_logprobs: None,
+                new_prompt_logprobs,
+                finish_reason: None,
+                stop_reason: None,
+                num_cached_tokens: req.num_cached_tokens.unwrap_or(0),
+            };
+            if let Some(s) = sampled {
+                req.all_token_ids.push(s.token_id);
+                o.new_token_ids.push(s.token_id);
+                o.new_logprobs = s.logprob;
+                if req.check_stop(self.config.max_model_len) {
+                    if let RequestStatus::Finished(reason) = req.status {
+                        o.finish_reason = Some(reason);
+                    }
+                    o.stop_reason = req.stop_reason.clone();
+                    finished.push(id);
+                }
+            }
+            outputs.push(o);
+        }
+        for id in finished {
+            self.retire(id);
+        }
+        outputs
+    }
+
+    /// Ends requests from outside the token loop: aborts, stop strings, failures.
+    pub fn finish_requests(&mut self, ids: &[ReqId], reason: FinishReason) {
+        for &id in ids {
+            if let Some(req) = self.requests.get_mut(&id) {
+                req.status = RequestStatus::Finished(reason);
+                self.retire(id);
+            }
+        }
+    }
+
+    /// Forgets the content of free cached blocks: a failed step may have half-written them.
+    pub fn evict_free_cached_blocks(&mut self) {
+        self.kv.evict_free_cached_blocks();
+    }
+
+    fn retire(&mut self, id: ReqId) {
+        self.kv.free(id);
+        self.running.retain(|&r| r != id);
+        self.waiting.retain(|&r| r != id);
+        self.requests.remove(&id);
+        self.finished_req_ids.push(id);
+    }
+}

@@ -1,0 +1,711 @@
+//! The engine loop on its own thread, and the handles requests come in through.
+//!
+//! [`EngineClient::add_request`] validates and tokenizes on the caller's thread, then hands the
+//! request to the loop over a channel and returns a [`RequestStream`] of deltas. The loop repeats
+//! schedule -> execute -> update -> detokenize, and blocks on the channel when idle.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use ferrite_models::{CausalLM, ModelInfo};
+use ferrite_tokenizer::Tokenizer;
+use rand::Rng;
+use tokio::sync::mpsc as tokio_mpsc;
+
+use crate::config::{CacheConfig, EngineConfig};
+use crate::core::scheduler::{EngineCoreOutput, SchedulerConfig};
+use crate::core::{ReqId, Request, Scheduler};
+use crate::detokenizer::Detokenizer;
+use crate::error::{EngineError, Result};
+use crate::output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
+use crate::params::{RequestSampling, SamplingParams};
+use crate::runner::ModelRunner;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptInput {
+    /// Tokenized with the tokenizer's special tokens (BOS and the like), as `tokenizer(text)`.
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// A snapshot of the engine's counters (cheap: copied out of a mutex the loop updates per step).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    pub kv_blocks_total: usize,
+    pub kv_blocks_used: usize,
+    /// Prompt tokens looked up in the prefix cache, and how many were found.
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub prompt_tokens_total: u64,
+    pub generation_tokens_total: u64,
+    pub num_preemptions: u64,
+    pub finished_requests: u64,
+}
+
+struct NewRequest {
+    parent: u64,
+    request_id: String,
+    prompt: Arc<[u32]>,
+    /// The detokenizer's view: stop strings, special tokens, min_tokens.
+    params: SamplingParams,
+    children: Vec<Arc<RequestSampling>>,
+    sender: tokio_mpsc::UnboundedSender<RequestOutput>,
+    arrival: Instant,
+}
+
+enum Command {
+    Add(Box<NewRequest>),
+    Abort(u64),
+    AbortById(String),
+    Shutdown,
+}
+
+struct Shared {
+    commands: mpsc::Sender<Command>,
+    tokenizer: Arc<Tokenizer>,
+    model_info: ModelInfo,
+    cache: CacheConfig,
+    max_model_len: usize,
+    stats: Arc<Mutex<EngineStats>>,
+    next_parent: AtomicU64,
+    /// The tokenizer's EOS, then the generation config's other end-of-sequence ids.
+    eos_token_id: Option<u32>,
+    extra_eos_token_ids: Vec<u32>,
+}
+
+/// A cheap, thread-safe handle to a running engine.
+#[derive(Clone)]
+pub struct EngineClient {
+    shared: Arc<Shared>,
+}
+
+/// Owns the engine thread; dropping it aborts what is in flight and stops the loop.
+pub struct Engine {
+    client: EngineClient,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    pub fn new(model: Box<dyn CausalLM>, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine> {
+        let info = model.info().clone();
+        let (cache, max_model_len) = config.resolve(&info)?;
+        let runner = ModelRunner::new(model, &cache, &config)?;
+        let sched_config = SchedulerConfig {
+            max_num_batched_tokens: config.max_num_batched_tokens,
+            max_num_seqs: config.max_num_seqs,
+            max_model_len,
+            block_size: cache.block_size,
+            num_blocks: cache.num_blocks,
+            enable_prefix_caching: config.enable_prefix_caching,
+        };
+        tracing::info!(
+            blocks = cache.num_blocks,
+            block_size = cache.block_size,
+            capacity_tokens = cache.capacity_tokens(),
+            max_model_len,
+            "engine KV cache allocated"
+        );
+        let eos_token_id = tokenizer
+            .eos_token()
+            .and_then(|t| tokenizer.token_to_id(t))
+            .or_else(|| tokenizer.eos_token_ids().first().copied());
+        let extra_eos_token_ids =
+            tokenizer.eos_token_ids().iter().copied().filter(|&id| Some(id) != eos_token_id).collect();
+        let (tx, rx) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(EngineStats { kv_blocks_total: cache.num_blocks, ..Default::default() }));
+        let core = EngineCore {
+            scheduler: Scheduler::new(sched_config),
+            sched_config,
+            runner,
+            processor: OutputProcessor::new(tokenizer.clone()),
+            commands: rx,
+            stats: stats.clone(),
+            next_req: 0,
+            step_index: 0,
+        };
+        let thread = std::thread::Builder::new()
+            .name("ferrite-engine".into())
+            .spawn(move || core.run())
+            .map_err(|e| EngineError::Config(format!("cannot start the engine thread: {e}")))?;
+        let shared = Shared {
+            commands: tx,
+            tokenizer,
+            model_info: info,
+            cache,
+            max_model_len,
+            stats,
+            next_parent: AtomicU64::new(0),
+            eos_token_id,
+            extra_eos_token_ids,
+        };
+        Ok(Engine { client: EngineClient { shared: Arc::new(shared) }, thread: Some(thread) })
+    }
+
+    pub fn client(&self) -> EngineClient {
+        self.client.clone()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.client.shared.commands.send(Command::Shutdown);
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::error!("the engine thread panicked");
+            }
+        }
+    }
+}
+
+impl EngineClient {
+    /// Validates and queues a request. Errors here are the request's fault (HTTP 400) except
+    /// [`EngineError::EngineStopped`].
+    pub fn add_request(
+        &self,
+        request_id: String,
+        prompt: PromptInput,
+        params: SamplingParams,
+    ) -> Result<RequestStream> {
+        let arrival = Instant::now();
+        let s = &self.shared;
+        params.validate()?;
+        let prompt: Vec<u32> = match prompt {
+            PromptInput::Text(text) => s.tokenizer.encode(&text, true)?,
+            PromptInput::Tokens(ids) => ids,
+        };
+        let vocab = s.model_info.vocab_size;
+        if prompt.is_empty() {
+            return Err(EngineError::InvalidPrompt("the prompt is empty".into()));
+        }
+        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::InvalidPrompt(format!("token id {bad} is out of vocabulary (size {vocab})")));
+        }
+        if let Some(bad) = params.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::invalid(
+                "stop_token_ids",
+                format!("token id {bad} is out of vocabulary (size {vocab})"),
+            ));
+        }
+        let max_model_len = s.max_model_len;
+        if prompt.len() >= max_model_len {
+            return Err(EngineError::PromptTooLong { prompt_tokens: prompt.len(), max_model_len });
+        }
+        let max_tokens = params.max_tokens.unwrap_or(max_model_len - prompt.len());
+        if prompt.len() + max_tokens > max_model_len {
+            return Err(EngineError::ContextLengthExceeded { prompt_tokens: prompt.len(), max_tokens, max_model_len });
+        }
+        // The last sampled token is never fed back, so it needs no slot.
+        let needed_tokens = prompt.len() + max_tokens - 1;
+        if needed_tokens.div_ceil(s.cache.block_size) > s.cache.num_blocks {
+            return Err(EngineError::CacheTooSmall {
+                prompt_tokens: prompt.len(),
+                max_tokens,
+                needed_tokens,
+                capacity_tokens: s.cache.capacity_tokens(),
+            });
+        }
+
+        let params = params.normalized();
+        let mut stop_token_ids = params.stop_token_ids.clone();
+        if !params.ignore_eos {
+            stop_token_ids.extend(s.extra_eos_token_ids.iter().filter(|id| !params.stop_token_ids.contains(id)));
+        }
+        let mut min_tokens_mask: Vec<u32> =
+            s.eos_token_id.into_iter().chain(s.extra_eos_token_ids.iter().copied()).collect();
+        min_tokens_mask
+            .extend(params.stop_token_ids.iter().filter(|id| !min_tokens_mask.contains(id)).collect::<Vec<_>>());
+        // vLLM gives sequence i of a seeded request the seed `seed + i`.
+        let base_seed = params.seed.unwrap_or_else(|| rand::rng().random());
+        let children = (0..params.n)
+            .map(|i| {
+                Arc::new(RequestSampling {
+                    params: SamplingParams { n: 1, ..params.clone() },
+                    max_tokens,
+                    eos_token_id: if params.ignore_eos { None } else { s.eos_token_id },
+                    stop_token_ids: stop_token_ids.clone(),
+                    min_tokens_mask: min_tokens_mask.clone(),
+                    seed: base_seed.wrapping_add(i as u64),
+                })
+            })
+            .collect();
+        let parent = s.next_parent.fetch_add(1, Ordering::Relaxed);
+        let (sender, receiver) = tokio_mpsc::unbounded_channel();
+        let request = NewRequest {
+            parent,
+            request_id: request_id.clone(),
+            prompt: prompt.into(),
+            params,
+            children,
+            sender,
+            arrival,
+        };
+        s.commands.send(Command::Add(Box::new(request))).map_err(|_| EngineError::EngineStopped)?;
+        Ok(RequestStream { request_id, parent, receiver, commands: s.commands.clone(), finished: false })
+    }
+
+    /// Aborts every in-flight request with this id; they finish with `FinishReason::Abort`.
+    pub fn abort(&self, request_id: &str) {
+        let _ = self.shared.commands.send(Command::AbortById(request_id.to_string()));
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        *self.shared.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn tokenizer(&self) -> Arc<Tokenizer> {
+        self.shared.tokenizer.clone()
+    }
+
+    pub fn model_info(&self) -> &ModelInfo {
+        &self.shared.model_info
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.shared.max_model_len
+    }
+
+    pub fn cache_config(&self) -> CacheConfig {
+        self.shared.cache
+    }
+}
+
+/// The outputs of one request, as deltas, ending with one whose `finished` is set. Usable as a
+/// `futures::Stream` or, outside an async runtime, through [`RequestStream::blocking_next`].
+/// Dropping it before the end aborts the request.
+pub struct RequestStream {
+    request_id: String,
+    parent: u64,
+    receiver: tokio_mpsc::UnboundedReceiver<RequestOutput>,
+    commands: mpsc::Sender<Command>,
+    finished: bool,
+}
+
+impl RequestStream {
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// Waits for the next output; `None` after the last one. Panics inside an async runtime (use
+    /// the `Stream` impl there).
+    pub fn blocking_next(&mut self) -> Option<RequestOutput> {
+        let out = self.receiver.blocking_recv();
+        self.observe(&out);
+        out
+    }
+
+    fn observe(&mut self, out: &Option<RequestOutput>) {
+        if out.as_ref().is_none_or(|o| o.finished) {
+            self.finished = true;
+        }
+    }
+}
+
+impl futures::Stream for RequestStream {
+    type Item = RequestOutput;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<RequestOutput>> {
+        let polled = self.receiver.poll_recv(cx);
+        if let Poll::Ready(out) = &polled {
+            self.observe(out);
+        }
+        polled
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = self.commands.send(Command::Abort(self.parent));
+        }
+    }
+}
+
+struct ChildState {
+    req_id: ReqId,
+    detokenizer: Detokenizer,
+    finished: bool,
+    has_output: bool,
+}
+
+struct ParentState {
+    request_id: String,
+    prompt: Arc<[u32]>,
+    sender: tokio_mpsc::UnboundedSender<RequestOutput>,
+    children: Vec<ChildState>,
+    metrics: RequestMetrics,
+    want_logprobs: bool,
+    /// Gathered over prefill chunks of sequence 0; sent with its first token.
+    prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
+    num_cached_tokens: usize,
+}
+
+impl ParentState {
+    fn output(&self, outputs: Vec<CompletionOutput>) -> RequestOutput {
+        RequestOutput {
+            request_id: self.request_id.clone(),
+            prompt_token_ids: self.prompt.clone(),
+            prompt_logprobs: None,
+            outputs,
+            finished: self.children.iter().all(|c| c.finished),
+            num_cached_tokens: self.num_cached_tokens,
+            metrics: self.metrics,
+            error: None,
+        }
+    }
+}
+
+/// Turns engine-core outputs into request deltas: detokenizes, applies stop strings, streams.
+struct OutputProcessor {
+    tokenizer: Arc<Tokenizer>,
+    parents: HashMap<u64, ParentState>,
+    /// Sequence id -> (parent, index).
+    children: HashMap<ReqId, (u64, usize)>,
+    prompt_tokens_total: u64,
+    generation_tokens_total: u64,
+    finished_requests: u64,
+}
+
+impl OutputProcessor {
+    fn new(tokenizer: Arc<Tokenizer>) -> OutputProcessor {
+        OutputProcessor {
+            tokenizer,
+            parents: HashMap::new(),
+            children: HashMap::new(),
+            prompt_tokens_total: 0,
+            generation_tokens_total: 0,
+            finished_requests: 0,
+        }
+    }
+
+    fn add(&mut self, req: &NewRequest, child_ids: &[ReqId]) {
+        let children = child_ids
+            .iter()
+            .enumerate()
+            .map(|(index, &req_id)| {
+                self.children.insert(req_id, (req.parent, index));
+                ChildState {
+                    req_id,
+                    detokenizer: Detokenizer::new(&self.tokenizer, &req.prompt, &req.params),
+                    finished: false,
+                    has_output: false,
+                }
+            })
+            .collect();
+        self.parents.insert(
+            req.parent,
+            ParentState {
+                request_id: req.request_id.clone(),
+                prompt: req.prompt.clone(),
+                sender: req.sender.clone(),
+                children,
+                metrics: RequestMetrics::new(req.arrival),
+                want_logprobs: req.params.logprobs.is_some(),
+                prompt_logprobs: None,
+                num_cached_tokens: 0,
+            },
+        );
+    }
+
+    fn mark_scheduled(&mut self, req: ReqId, now: Instant) {
+        if let Some(p) = self.children.get(&req).and_then(|(p, _)| self.parents.get_mut(p)) {
+            p.metrics.first_scheduled_time.get_or_insert(now);
+        }
+    }
+
+    /// Streams one step's outputs. Returns the sequences a stop string ended, and those whose
+    /// client went away; both must leave the scheduler.
+    fn process(&mut self, outputs: Vec<EngineCoreOutput>) -> (Vec<ReqId>, Vec<ReqId>) {
+        let now = Instant::now();
+        let mut stopped = Vec::new();
+        let mut order: Vec<u64> = Vec::new();
+        let mut deltas: HashMap<u64, Vec<CompletionOutput>> = HashMap::new();
+        let mut prompt_logprobs_ready: Vec<u64> = Vec::new();
+        for o in outputs {
+            let Some(&(pid, index)) = self.children.get(&o.req_id) else { continue };
+            let Some(parent) = self.parents.get_mut(&pid) else { continue };
+            if index == 0 {
+                parent.num_cached_tokens = o.num_cached_tokens;
+                if let Some(lps) = o.new_prompt_logprobs {
+                    parent.prompt_logprobs.get_or_insert_with(|| vec![None]).extend(lps.into_iter().map(Some));
+                }
+            }
+            if o.new_token_ids.is_empty() {
+                continue;
+            }
+            let child = &mut parent.children[index];
+            if !child.has_output {
+                child.has_output = true;
+                self.prompt_tokens_total += parent.prompt.len() as u64;
+                if index == 0 && parent.prompt_logprobs.is_some() {
+                    prompt_logprobs_ready.push(pid);
+                }
+            }
+            self.generation_tokens_total += o.new_token_ids.len() as u64;
+            parent.metrics.first_token_time.get_or_insert(now);
+            parent.metrics.last_token_time = Some(now);
+            parent.metrics.num_generation_tokens += o.new_token_ids.len();
+            let stop_terminated = o.finish_reason == Some(FinishReason::Stop);
+            let mut finish_reason = o.finish_reason;
+            let mut stop_reason = o.stop_reason;
+            if let Some(stop) = child.detokenizer.update(&self.tokenizer, &o.new_token_ids, stop_terminated) {
+                if finish_reason.is_none() {
+                    stopped.push(child.req_id);
+                }
+                finish_reason = Some(FinishReason::Stop);
+                stop_reason = Some(StopReason::String(stop));
+            }
+            child.finished = finish_reason.is_some();
+            let text = child.detokenizer.next_delta(child.finished);
+            let logprobs = parent.want_logprobs.then(|| o.new_logprobs.into_iter().collect());
+            if !deltas.contains_key(&pid) {
+                order.push(pid);
+            }
+            deltas.entry(pid).or_default().push(CompletionOutput {
+                index,
+                text,
+                token_ids: o.new_token_ids,
+                logprobs,
+                finish_reason,
+                stop_reason,
+            });
+        }
+        let mut disconnected = Vec::new();
+        for pid in order {
+            let Some(outs) = deltas.remove(&pid) else { continue };
+            let Some(parent) = self.parents.get_mut(&pid) else { continue };
+            let mut out = parent.output(outs);
+            if prompt_logprobs_ready.contains(&pid) {
+                out.prompt_logprobs = parent.prompt_logprobs.take();
+            }
+            if out.finished {
+                parent.metrics.finished_time = Some(now);
+                out.metrics = parent.metrics;
+            }
+            let finished = out.finished;
+            if parent.sender.send(out).is_err() {
+                disconnected.extend(parent.children.iter().filter(|c| !c.finished).map(|c| c.req_id));
+                self.remove(pid);
+            } else if finished {
+                self.remove(pid);
+            }
+        }
+        (stopped, disconnected)
+    }
+
+    fn remove(&mut self, pid: u64) {
+        if let Some(parent) = self.parents.remove(&pid) {
+            for c in &parent.children {
+                self.children.remove(&c.req_id);
+            }
+            self.finished_requests += 1;
+        }
+    }
+
+    fn parents_with_id(&self, request_id: &str) -> Vec<u64> {
+        self.parents.iter().filter(|(_, p)| p.request_id == request_id).map(|(&id, _)| id).collect()
+    }
+
+    fn parent_of(&self, req: ReqId) -> Option<u64> {
+        self.children.get(&req).map(|&(p, _)| p)
+    }
+
+    /// Ends a request before its sequences finished (abort or failure) and tells the client.
+    /// Returns the sequences still in the scheduler.
+    fn terminate(&mut self, pid: u64, reason: FinishReason, error: Option<String>) -> Vec<ReqId> {
+        let Some(parent) = self.parents.get_mut(&pid) else { return Vec::new() };
+        let now = Instant::now();
+        let mut open = Vec::new();
+        let mut outs = Vec::new();
+        for (index, c) in parent.children.iter_mut().enumerate().filter(|(_, c)| !c.finished) {
+            c.finished = true;
+            open.push(c.req_id);
+            outs.push(CompletionOutput {
+                index,
+                text: c.detokenizer.next_delta(true),
+                token_ids: Vec::new(),
+                logprobs: parent.want_logprobs.then(Vec::new),
+                finish_reason: Some(reason),
+                stop_reason: None,
+            });
+        }
+        parent.metrics.finished_time = Some(now);
+        let mut out = parent.output(outs);
+        out.error = error;
+        let _ = parent.sender.send(out);
+        self.remove(pid);
+        open
+    }
+
+    fn all_parents(&self) -> Vec<u64> {
+        self.parents.keys().copied().collect()
+    }
+}
+
+struct EngineCore {
+    scheduler: Scheduler,
+    sched_config: SchedulerConfig,
+    runner: ModelRunner,
+    processor: OutputProcessor,
+    commands: mpsc::Receiver<Command>,
+    stats: Arc<Mutex<EngineStats>>,
+    next_req: ReqId,
+    step_index: u64,
+}
+
+impl EngineCore {
+    fn run(mut self) {
+        loop {
+            if !self.scheduler.has_unfinished_requests() {
+                // Idle: sleep until a command arrives (or every client is gone).
+                match self.commands.recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            let mut shutdown = false;
+            while let Ok(cmd) = self.commands.try_recv() {
+                if !self.handle(cmd) {
+                    shutdown = true;
+                    break;
+                }
+            }
+            if shutdown {
+                break;
+            }
+            if self.scheduler.has_unfinished_requests() {
+                let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()));
+                if let Err(panic) = stepped {
+                    let message = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "unknown panic".into());
+                    self.recover(format!("engine step panicked: {message}"));
+                }
+            }
+            self.publish_stats();
+        }
+        for pid in self.processor.all_parents() {
+            self.processor.terminate(pid, FinishReason::Abort, None);
+        }
+        self.publish_stats();
+    }
+
+    /// Applies one command; `false` on shutdown.
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Add(req) => {
+                let ids: Vec<ReqId> = (0..req.children.len() as u64).map(|i| self.next_req + i).collect();
+                self.next_req += ids.len() as u64;
+                self.processor.add(&req, &ids);
+                for (&id, sampling) in ids.iter().zip(&req.children) {
+                    self.scheduler.add_request(Request::new(id, &req.prompt, sampling.clone()));
+                }
+            }
+            Command::Abort(pid) => self.abort(pid),
+            Command::AbortById(request_id) => {
+                for pid in self.processor.parents_with_id(&request_id) {
+                    self.abort(pid);
+                }
+            }
+            Command::Shutdown => return false,
+        }
+        true
+    }
+
+    fn abort(&mut self, pid: u64) {
+        let open = self.processor.terminate(pid, FinishReason::Abort, None);
+        self.scheduler.finish_requests(&open, FinishReason::Abort);
+    }
+
+    fn step(&mut self) {
+        let span = tracing::debug_span!("step", index = self.step_index);
+        let _guard = span.enter();
+        self.step_index += 1;
+        let so = {
+            let _s = tracing::debug_span!("schedule").entered();
+            self.scheduler.schedule()
+        };
+        let now = Instant::now();
+        for new in &so.scheduled_new_reqs {
+            self.processor.mark_scheduled(new.req_id, now);
+        }
+        let result = {
+            let _s = tracing::debug_span!("execute_model", tokens = so.total_num_scheduled_tokens).entered();
+            self.runner.execute_model(&so)
+        };
+        if so.total_num_scheduled_tokens == 0 {
+            // Admission guarantees every request fits the cache alone, so an empty step with
+            // work waiting is a bookkeeping fault: fail what waits rather than spin.
+            let waiting = self.scheduler.unfinished_request_ids();
+            tracing::error!(requests = waiting.len(), "nothing could be scheduled");
+            self.fail(&waiting, "the scheduler could not fit the request in the KV cache".into());
+            return;
+        }
+        match result {
+            Ok(out) => {
+                let outputs = self.scheduler.update_from_output(&so, out);
+                let (stopped, disconnected) = self.processor.process(outputs);
+                self.scheduler.finish_requests(&stopped, FinishReason::Stop);
+                self.scheduler.finish_requests(&disconnected, FinishReason::Abort);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "model step failed");
+                let ids: Vec<ReqId> = so.num_scheduled_tokens.iter().map(|&(id, _)| id).collect();
+                self.fail(&ids, e.to_string());
+                self.scheduler.evict_free_cached_blocks();
+            }
+        }
+    }
+
+    /// Fails the requests these sequences belong to (all their sequences).
+    fn fail(&mut self, seqs: &[ReqId], message: String) {
+        let mut parents: Vec<u64> = seqs.iter().filter_map(|&id| self.processor.parent_of(id)).collect();
+        parents.sort_unstable();
+        parents.dedup();
+        for pid in parents {
+            let open = self.processor.terminate(pid, FinishReason::Error, Some(message.clone()));
+            self.scheduler.finish_requests(&open, FinishReason::Error);
+        }
+    }
+
+    /// After a panic the bookkeeping cannot be trusted: fail everything and start clean.
+    fn recover(&mut self, message: String) {
+        tracing::error!(%message, "recovering the engine");
+        for pid in self.processor.all_parents() {
+            self.processor.terminate(pid, FinishReason::Error, Some(message.clone()));
+        }
+        self.scheduler = Scheduler::new(self.sched_config);
+        self.runner.reset();
+    }
+
+    fn publish_stats(&self) {
+        let kv = self.scheduler.kv_cache();
+        let prefix = kv.stats();
+        let stats = EngineStats {
+            num_running: self.scheduler.num_running(),
+            num_waiting: self.scheduler.num_waiting(),
+            kv_blocks_total: kv.pool().num_blocks(),
+            kv_blocks_used: kv.pool().num_blocks() - kv.num_free_blocks(),
+            prefix_cache_queries: prefix.queries,
+            prefix_cache_hits: prefix.hits,
+            prompt_tokens_total: self.processor.prompt_tokens_total,
+            generation_tokens_total: self.processor.generation_tokens_total,
+            num_preemptions: self.scheduler.num_preemptions(),
+            finished_requests: self.processor.finished_requests,
+        };
+        *self.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = stats;
+    }
+}

@@ -1,0 +1,68 @@
+//! The offline API: load a checkpoint, run a batch of prompts to completion.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ferrite_models::{load_model, LoadOptions};
+use ferrite_tensor::DType;
+use ferrite_tokenizer::Tokenizer;
+
+use crate::config::EngineConfig;
+use crate::engine::{Engine, EngineClient, PromptInput};
+use crate::error::{EngineError, Result};
+use crate::output::RequestOutput;
+use crate::params::SamplingParams;
+
+pub struct LLM {
+    engine: Engine,
+}
+
+impl LLM {
+    /// Loads a checkpoint directory (config.json, safetensors, tokenizer.json) or a GGUF file
+    /// (which carries its own tokenizer) and starts an engine on it.
+    pub fn new(model_path: impl AsRef<Path>, dtype: DType, config: EngineConfig) -> Result<LLM> {
+        let path = model_path.as_ref();
+        let loaded = load_model(path, &LoadOptions { dtype, progress: true })?;
+        let tokenizer = match &loaded.gguf_tokenizer {
+            Some((json, tokenizer_config)) => Tokenizer::from_parts(json, tokenizer_config, None, None)?,
+            None => Tokenizer::from_dir(path)?,
+        };
+        let engine = Engine::new(loaded.model, Arc::new(tokenizer), config)?;
+        Ok(LLM { engine })
+    }
+
+    pub fn from_engine(engine: Engine) -> LLM {
+        LLM { engine }
+    }
+
+    pub fn client(&self) -> EngineClient {
+        self.engine.client()
+    }
+
+    pub fn tokenizer(&self) -> Arc<Tokenizer> {
+        self.engine.client().tokenizer()
+    }
+
+    /// Runs every prompt (all submitted at once, batched by the scheduler) and returns their
+    /// final, cumulative outputs in prompt order. Must not be called from an async runtime.
+    pub fn generate(&self, prompts: Vec<PromptInput>, params: &SamplingParams) -> Result<Vec<RequestOutput>> {
+        let client = self.engine.client();
+        let mut streams = Vec::with_capacity(prompts.len());
+        for (i, prompt) in prompts.into_iter().enumerate() {
+            streams.push(client.add_request(format!("generate-{i}"), prompt, params.clone())?);
+        }
+        streams
+            .iter_mut()
+            .map(|stream| {
+                let mut acc: Option<RequestOutput> = None;
+                while let Some(delta) = stream.blocking_next() {
+                    match &mut acc {
+                        Some(a) => a.merge(delta),
+                        None => acc = Some(delta),
+                    }
+                }
+                acc.filter(|a| a.finished).ok_or(EngineError::EngineStopped)
+            })
+            .collect()
+    }
+}

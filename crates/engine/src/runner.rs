@@ -1,0 +1,220 @@
+//! The model runner: keeps each request's tokens, block table and generator, flattens a
+//! [`SchedulerOutput`] into one forward batch, and samples the rows that need it. It only talks
+//! to the model through [`CausalLM::forward`], so any backend runs under it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ferrite_models::{CausalLM, ForwardInput};
+use ferrite_tensor::{AttnMetadata, AttnSeq, PagedKvLayer};
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+use rayon::prelude::*;
+
+use crate::config::{CacheConfig, EngineConfig};
+use crate::core::scheduler::{ModelRunnerOutput, SchedulerOutput};
+use crate::core::{BlockId, ReqId};
+use crate::error::{EngineError, Result};
+use crate::output::TokenLogprob;
+use crate::params::RequestSampling;
+use crate::sampler::{self, SampleRow};
+
+struct CachedRequestState {
+    /// Prompt and every token sampled so far.
+    token_ids: Vec<u32>,
+    num_prompt_tokens: usize,
+    block_ids: Vec<BlockId>,
+    num_computed_tokens: usize,
+    sampling: Arc<RequestSampling>,
+    generator: ChaCha20Rng,
+    /// Prompt positions whose logprobs were already returned (they survive preemption).
+    num_prompt_logprobs_done: usize,
+}
+
+pub struct ModelRunner {
+    model: Box<dyn CausalLM>,
+    kv_caches: Vec<PagedKvLayer>,
+    block_size: usize,
+    requests: HashMap<ReqId, CachedRequestState>,
+}
+
+/// Which logit rows belong to which request.
+enum RowUse {
+    Sample(ReqId),
+    /// Logits at prompt position `pos` score the prompt token at `pos + 1`.
+    PromptLogprob(ReqId, usize),
+}
+
+impl ModelRunner {
+    pub fn new(model: Box<dyn CausalLM>, cache: &CacheConfig, config: &EngineConfig) -> Result<ModelRunner> {
+        let _span = tracing::info_span!("allocate_kv_cache", blocks = cache.num_blocks, block_size = cache.block_size)
+            .entered();
+        let kv_caches = model
+            .info()
+            .kv_layers
+            .iter()
+            .map(|l| {
+                PagedKvLayer::new_on(
+                    config.device,
+                    cache.dtype,
+                    cache.num_blocks,
+                    cache.block_size,
+                    l.num_kv_heads,
+                    l.k_dim,
+                    l.v_dim,
+                )
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(ModelRunner { model, kv_caches, block_size: cache.block_size, requests: HashMap::new() })
+    }
+
+    /// Forgets every request (after a failure left the bookkeeping in doubt).
+    pub fn reset(&mut self) {
+        self.requests.clear();
+    }
+
+    fn update_states(&mut self, so: &SchedulerOutput) {
+        for id in &so.finished_req_ids {
+            self.requests.remove(id);
+        }
+        for new in &so.scheduled_new_reqs {
+            self.requests.insert(
+                new.req_id,
+                CachedRequestState {
+                    token_ids: new.prompt_token_ids.clone(),
+                    num_prompt_tokens: new.prompt_token_ids.len(),
+                    block_ids: new.block_ids.clone(),
+                    num_computed_tokens: new.num_computed_tokens,
+                    sampling: new.sampling.clone(),
+                    generator: ChaCha20Rng::seed_from_u64(new.sampling.seed),
+                    num_prompt_logprobs_done: 0,
+                },
+            );
+        }
+        for cached in &so.scheduled_cached_reqs {
+            let Some(state) = self.requests.get_mut(&cached.req_id) else { continue };
+            if cached.resumed_from_preemption {
+                state.block_ids.clone_from(&cached.new_block_ids);
+            } else {
+                state.block_ids.extend_from_slice(&cached.new_block_ids);
+            }
+            state.num_computed_tokens = cached.num_computed_tokens;
+        }
+    }
+
+    /// Runs one step. On error the step's requests cannot continue (their cache is in doubt).
+    pub fn execute_model(&mut self, so: &SchedulerOutput) -> Result<ModelRunnerOutput> {
+        self.update_states(so);
+        let mut out = ModelRunnerOutput::default();
+        if so.total_num_scheduled_tokens == 0 {
+            return Ok(out);
+        }
+        let mut tokens = Vec::with_capacity(so.total_num_scheduled_tokens);
+        let mut seqs = Vec::with_capacity(so.num_scheduled_tokens.len());
+        let mut logit_rows = Vec::new();
+        let mut row_uses = Vec::new();
+        for &(id, n) in &so.num_scheduled_tokens {
+            let state = self
+                .requests
+                .get(&id)
+                .ok_or_else(|| EngineError::Internal(format!("runner has no state for scheduled request {id}")))?;
+            let (start, end) = (state.num_computed_tokens, state.num_computed_tokens + n);
+            let chunk = state.token_ids.get(start..end).ok_or_else(|| {
+                EngineError::Internal(format!(
+                    "request {id}: scheduled tokens {start}..{end} beyond {}",
+                    state.token_ids.len()
+                ))
+            })?;
+            let q_start = tokens.len();
+            tokens.extend_from_slice(chunk);
+            seqs.push(AttnSeq { q_start, q_len: n, ctx_len: end, block_table: state.block_ids.clone() });
+            if state.sampling.params.prompt_logprobs.is_some() {
+                let first = start.max(state.num_prompt_logprobs_done);
+                for pos in first..end.min(state.num_prompt_tokens - 1) {
+                    logit_rows.push(q_start + pos - start);
+                    row_uses.push(RowUse::PromptLogprob(id, pos));
+                }
+            }
+            if end == state.token_ids.len() {
+                logit_rows.push(q_start + n - 1);
+                row_uses.push(RowUse::Sample(id));
+            }
+        }
+        if logit_rows.is_empty() {
+            // Only mid-prompt chunks this step: their keys still need computing, and one row of
+            // logits (discarded) keeps every backend on its usual shapes.
+            logit_rows.push(tokens.len() - 1);
+        }
+        let meta = AttnMetadata::new(seqs, self.block_size)?;
+        let logits = {
+            let _span = tracing::debug_span!("forward", tokens = tokens.len(), rows = logit_rows.len()).entered();
+            self.model
+                .forward(&ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &logit_rows }, &mut self.kv_caches)?
+        };
+        let vocab = logits.last_dim();
+        let mut data = logits.to_f32_vec();
+        if data.len() != logit_rows.len() * vocab {
+            return Err(EngineError::Internal(format!(
+                "forward returned {} logits for {} rows of vocab {vocab}",
+                data.len(),
+                logit_rows.len()
+            )));
+        }
+
+        for &(id, n) in &so.num_scheduled_tokens {
+            if let Some(state) = self.requests.get_mut(&id) {
+                state.num_computed_tokens += n;
+            }
+        }
+        let _span = tracing::debug_span!("sample", rows = logit_rows.len()).entered();
+        self.prompt_logprobs(&row_uses, &data, vocab, &mut out);
+        self.sample(&row_uses, &mut data, vocab, &mut out);
+        Ok(out)
+    }
+
+    fn prompt_logprobs(&mut self, row_uses: &[RowUse], data: &[f32], vocab: usize, out: &mut ModelRunnerOutput) {
+        let jobs: Vec<(ReqId, usize, &[f32], u32, usize)> = row_uses
+            .iter()
+            .zip(data.chunks(vocab))
+            .filter_map(|(u, row)| match *u {
+                RowUse::PromptLogprob(id, pos) => {
+                    let state = self.requests.get(&id)?;
+                    let top = state.sampling.params.prompt_logprobs.unwrap_or(0);
+                    Some((id, pos, row, state.token_ids[pos + 1], top))
+                }
+                RowUse::Sample(_) => None,
+            })
+            .collect();
+        let computed: Vec<(ReqId, usize, TokenLogprob)> = jobs
+            .into_par_iter()
+            .map(|(id, pos, row, next, top)| (id, pos, sampler::token_logprob(&sampler::log_softmax(row), next, top)))
+            .collect();
+        for (id, pos, lp) in computed {
+            out.prompt_logprobs.entry(id).or_default().push(lp);
+            if let Some(state) = self.requests.get_mut(&id) {
+                state.num_prompt_logprobs_done = pos + 1;
+            }
+        }
+    }
+
+    fn sample(&mut self, row_uses: &[RowUse], data: &mut [f32], vocab: usize, out: &mut ModelRunnerOutput) {
+        let mut states: HashMap<ReqId, &mut CachedRequestState> =
+            self.requests.iter_mut().map(|(k, v)| (*k, v)).collect();
+        let mut ids = Vec::new();
+        let mut rows = Vec::new();
+        for (u, row) in row_uses.iter().zip(data.chunks_mut(vocab)) {
+            let RowUse::Sample(id) = *u else { continue };
+            let Some(state) = states.remove(&id) else { continue };
+            let (prompt, output) = state.token_ids.split_at(state.num_prompt_tokens);
+            ids.push(id);
+            rows.push(SampleRow { logits: row, sampling: &state.sampling, prompt, output, rng: &mut state.generator });
+        }
+        let sampled = sampler::sample(rows);
+        for (id, s) in ids.into_iter().zip(sampled) {
+            if let Some(state) = self.requests.get_mut(&id) {
+                state.token_ids.push(s.token_id);
+            }
+            out.sampled.insert(id, s);
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Property test of the KV cache manager over random request lifecycles: no leak, no double
+//! free, reference counts equal to block-table membership, and prefix-cache hits that really
+//! hold the prompt's tokens (checked against a shadow of what each slot was written with).
+
+use std::collections::HashMap;
+
+use ferrite_engine::core::KvCacheManager;
+use proptest::prelude::*;
+
+const BLOCK: usize = 4;
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// A new request: a shared stem (prefix sharing) plus a random tail; prefill in chunks.
+    Add {
+        stem: usize,
+        tail: Vec<u32>,
+        chunk: usize,
+        skip_cache: bool,
+    },
+    /// Advance request `i % live`: the next prefill chunk, or one decoded token.
+    Step {
+        i: usize,
+        chunk: usize,
+        token: u32,
+    },
+    Free {
+        i: usize,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0usize..3, prop::collection::vec(0u32..3, 1..20), 1usize..12, prop::bool::weighted(0.1))
+            .prop_map(|(stem, tail, chunk, skip_cache)| Op::Add { stem, tail, chunk, skip_cache }),
+        (0usize..64, 1usize..12, 0u32..3).prop_map(|(i, chunk, token)| Op::Step { i, chunk, token }),
+        (0usize..64).prop_map(|i| Op::Free { i }),
+    ]
+}
+
+struct Live {
+    id: u64,
+    tokens: Vec<u32>,
+    computed: usize,
+}
+
+struct Model {
+    kv: KvCacheManager,
+    live: Vec<Live>,
+    /// What each (block, offset) slot was last written with: its token and, since keys and
+    /// values depend on everything before it, the whole prefix up to it.
+    shadow: HashMap<(u32, usize), Vec<u32>>,
+}
+
+impl Model {
+    /// Allocates and "computes" `n` more tokens of `r`, writing them to the shadow slots.
+    fn compute(&mut self, idx: usize, n: usize, hits: &[u32], hit_tokens: usize) -> bool {
+        let r = &self.live[idx];
+        let start = r.computed + hit_tokens;
+        if self.kv.allocate_slots(r.id, &r.tokens, r.computed, n, hits).is_none() {
+            return false;
+        }
+        let table = self.kv.block_ids(r.id).to_vec();
+        assert!(table.len() * BLOCK >= start + n, "block table too short");
+        for p in start..start + n {
+            self.shadow.insert((table[p / BLOCK], p % BLOCK), r.tokens[..=p].to_vec());
+        }
+        self.live[idx].computed = start + n;
+        true
+    }
+}
+
+fn run(num_blocks: usize, ops: Vec<Op>) {
+    let stems: [Vec<u32>; 3] = [vec![1; 9], (0..13).map(|i| i % 3).collect(), vec![]];
+    let mut m =
+        Model { kv: KvCacheManager::new(num_blocks, BLOCK, 4096, true), live: Vec::new(), shadow: HashMap::new() };
+    let mut next_id = 0;
+    for op in ops {
+        match op {
+            Op::Add { stem, tail, chunk, skip_cache } => {
+                let mut tokens = stems[stem].clone();
+                tokens.extend(tail);
+                let id = next_id;
+                next_id += 1;
+                let (hits, hit_tokens) = m.kv.get_computed_blocks(id, &tokens, skip_cache);
+                assert!(hit_tokens < tokens.len(), "the last token must stay uncached");
+                for (b, &block) in hits.iter().enumerate() {
+                    for o in 0..BLOCK {
+                        let p = b * BLOCK + o;
+                        assert_eq!(
+                            m.shadow.get(&(block, o)).map(Vec::as_slice),
+                            Some(&tokens[..=p]),
+                            "hit block {block} holds another prefix"
+                        );
+                    }
+                }
+                m.live.push(Live { id, tokens, computed: 0 });
+                let idx = m.live.len() - 1;
+                let n = chunk.min(m.live[idx].tokens.len() - hit_tokens);
+                if !m.compute(idx, n, &hits, hit_tokens) {
+                    m.kv.free(id);
+                    m.live.pop();
+                }
+            }
+            Op::Step { i, chunk, token } if !m.live.is_empty() => {
+                let idx = i % m.live.len();
+                let r = &mut m.live[idx];
+                if r.computed == r.tokens.len() {
+                    r.tokens.push(token);
+                }
+                let n = chunk.min(r.tokens.len() - r.computed);
+                if !m.compute(idx, n, &[], 0) {
+                    // Preempted: blocks back, state dropped (it would recompute from scratch).
+                    let r = m.live.swap_remove(idx);
+                    m.kv.free(r.id);
+                }
+            }
+            Op::Free { i } if !m.live.is_empty() => {
+                let r = m.live.swap_remove(i % m.live.len());
+                m.kv.free(r.id);
+            }
+            _ => {}
+        }
+        m.kv.check_consistency().unwrap();
+        let held: usize = m.live.iter().map(|r| m.kv.block_ids(r.id).len()).sum();
+        assert!(num_blocks - m.kv.num_free_blocks() <= held, "blocks in use beyond the block tables");
+    }
+    for r in std::mem::take(&mut m.live) {
+        m.kv.free(r.id);
+    }
+    m.kv.check_consistency().unwrap();
+    assert_eq!(m.kv.num_free_blocks(), num_blocks, "blocks leaked");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn block_manager_keeps_its_invariants(num_blocks in 1usize..24, ops in prop::collection::vec(op(), 1..80)) {
+        run(num_blocks, ops);
+    }
+}

@@ -1,0 +1,70 @@
+//! Shared helpers: fixture engines and oracle batteries.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ferrite_engine::{EngineClient, EngineConfig, PromptInput, RequestOutput, SamplingParams, LLM};
+use ferrite_models::gate::{fixtures_dir, Oracle};
+use ferrite_tensor::DType;
+
+pub fn fixture(name: &str) -> PathBuf {
+    let dir = fixtures_dir().join("models").join(name);
+    assert!(dir.join("oracle.json").exists(), "fixture {name} is missing at {}", dir.display());
+    dir
+}
+
+pub fn oracle(name: &str) -> Oracle {
+    Oracle::load(&fixture(name).join("oracle.json")).expect("oracle.json")
+}
+
+/// A small cache: the fixtures need only a few MiB.
+pub fn config() -> EngineConfig {
+    EngineConfig { kv_cache_memory: 16 << 20, ..Default::default() }
+}
+
+/// KV bytes of `blocks` blocks of 16 tokens for a fixture (f32 keys and values, all layers).
+pub fn kv_memory(name: &str, blocks: usize) -> usize {
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap()).unwrap();
+    let get = |k: &str| cfg.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
+    let heads = get("num_attention_heads").unwrap();
+    let head_dim = get("head_dim").unwrap_or(get("hidden_size").unwrap() / heads);
+    let kv_heads = get("num_key_value_heads").unwrap_or(heads);
+    get("num_hidden_layers").unwrap() * kv_heads * head_dim * 2 * 4 * 16 * blocks
+}
+
+pub fn llm(name: &str, config: EngineConfig) -> LLM {
+    LLM::new(fixture(name), DType::F32, config).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+pub fn battery(name: &str) -> Vec<PromptInput> {
+    oracle(name).cases.iter().map(|c| PromptInput::Tokens(c.prompt_ids.clone())).collect()
+}
+
+/// Greedy with EOS ignored: the oracle's decoding.
+pub fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) }
+}
+
+pub fn token_ids(outputs: &[RequestOutput]) -> Vec<Vec<u32>> {
+    outputs.iter().map(|o| o.outputs[0].token_ids.clone()).collect()
+}
+
+/// Each prompt run alone, one after another.
+pub fn solo(llm: &LLM, prompts: &[PromptInput], params: &SamplingParams) -> Vec<Vec<u32>> {
+    prompts.iter().map(|p| token_ids(&llm.generate(vec![p.clone()], params).unwrap())[0].clone()).collect()
+}
+
+/// Waits until the engine holds no request and no KV block (requests finish asynchronously).
+pub fn wait_idle(client: &EngineClient) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = client.stats();
+        if s.num_running == 0 && s.num_waiting == 0 && s.kv_blocks_used == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "engine did not go idle: {s:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

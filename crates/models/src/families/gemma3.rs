@@ -1,0 +1,37 @@
+//! Gemma 3 text (`Gemma3ForCausalLM`, `model_type: gemma3_text`): the Gemma 2 block with per-head
+//! `(1 + w)` RMSNorm on queries and keys, separate rotary bases for local (sliding) and global
+//! layers (`rope_parameters.{sliding_attention,full_attention}`, or the legacy
+//! `rope_local_base_freq` / `rope_theta`), the sliding pattern from `layer_types` (legacy:
+//! every `sliding_window_pattern`-th layer is global), and final-logit softcapping only where the
+//! config sets it. transformers 5.24 defines `attn_logit_softcapping` for Gemma 3 but never passes
+//! it to attention, so it is ignored here too.
+//!
+//! Checkpoint names: Gemma 2's plus `model.layers.{i}.self_attn.{q,k}_norm`.
+
+use super::gemma2::{f64_or, gemma3_rope_sections, load_sandwich, Gemma2Config, Sandwich};
+use crate::config::RawConfig;
+use crate::decoder::Decoder;
+use crate::rope::Rope;
+use crate::weights::Weights;
+use crate::Result;
+
+pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
+    let cfg: Gemma2Config = raw.parse()?;
+    let max_pos = cfg.max_position_embeddings.unwrap_or(131_072);
+    let [local, global] = gemma3_rope_sections(raw)?;
+    let ropes = vec![Rope::new(&local, cfg.head_dim, max_pos, raw)?, Rope::new(&global, cfg.head_dim, max_pos, raw)?];
+    let opts = Sandwich {
+        qk_norm: true,
+        ropes,
+        rope_of: |sliding| if sliding { 0 } else { 1 },
+        attn_softcap: None,
+        final_softcap: f64_or(raw, "final_logit_softcapping", None),
+        sliding_window: f64_or(raw, "sliding_window", Some(4096.0)).map(|v| v as usize),
+        default_sliding: |i, raw| {
+            let pattern = raw.value.get("sliding_window_pattern").and_then(|v| v.as_u64()).unwrap_or(6) as usize;
+            (i + 1) % pattern.max(1) != 0
+        },
+        default_max_positions: 131_072,
+    };
+    load_sandwich(raw, w, &cfg, opts)
+}

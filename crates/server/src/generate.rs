@@ -1,0 +1,219 @@
+//! Submitting prompts to the engine and reading back their deltas, shared by both endpoints.
+//!
+//! Each prompt becomes one engine request; their streams are merged so a request with several
+//! prompts streams them side by side. Every stream carries a [`Tracker`] that records the
+//! latency histograms and, when dropped before its choices finish, counts them as aborted.
+//! Dropping the merged stream drops the engine streams, which aborts the engine requests.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use ferrite_engine::{CompletionOutput, PromptInput, RequestOutput, RequestStream, SamplingParams};
+use futures::stream::{SelectAll, Stream, StreamExt};
+
+use crate::error::ApiError;
+use crate::logprobs::Position;
+use crate::metrics::Finish;
+use crate::params::engine_error;
+use crate::protocol::StopReason;
+use crate::AppState;
+
+/// A prompt ready for the engine: its ids, and its text when the client sent text.
+pub struct Prompt {
+    pub ids: Vec<u32>,
+    pub text: Option<String>,
+}
+
+/// One delta of one choice, in the server's terms.
+pub struct Delta {
+    /// The prompt it belongs to.
+    pub prompt: usize,
+    /// The choice's index within that prompt (0..n).
+    pub index: usize,
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub logprobs: Option<Vec<Position>>,
+    pub finish_reason: Option<&'static str>,
+    pub stop_reason: Option<StopReason>,
+}
+
+/// What one engine step sent for one prompt.
+pub struct Step {
+    pub prompt: usize,
+    /// Prompt logprobs, on the first step of a prompt that asked for them; `None` at the first
+    /// position, which has no context.
+    pub prompt_logprobs: Option<Vec<Option<Position>>>,
+    pub deltas: Vec<Delta>,
+    /// Set when the engine failed the request; the step is its last.
+    pub error: Option<String>,
+}
+
+struct ChoiceTiming {
+    first_token: Option<Instant>,
+    tokens: usize,
+    finished: bool,
+}
+
+struct Tracker {
+    state: Arc<AppState>,
+    /// The engine request's id, for logs.
+    id: String,
+    arrival: Instant,
+    first_token_seen: bool,
+    choices: Vec<ChoiceTiming>,
+}
+
+impl Tracker {
+    fn observe(&mut self, out: &CompletionOutput, finish: Option<Finish>) {
+        let now = Instant::now();
+        let Some(choice) = self.choices.get_mut(out.index) else { return };
+        if !out.token_ids.is_empty() {
+            if !self.first_token_seen {
+                self.first_token_seen = true;
+                self.state.metrics.record_first_token(now.duration_since(self.arrival));
+            }
+            choice.first_token.get_or_insert(now);
+            choice.tokens += out.token_ids.len();
+        }
+        if let (Some(finish), false) = (finish, choice.finished) {
+            choice.finished = true;
+            self.state.metrics.record_finished(finish, self.arrival, choice.first_token, choice.tokens);
+        }
+    }
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
+        let unfinished = self.choices.iter().filter(|c| !c.finished).count();
+        if unfinished > 0 {
+            tracing::info!(request_id = %self.id, unfinished, "dropped unfinished (client gone or shutdown): aborted");
+        }
+        for c in self.choices.iter().filter(|c| !c.finished) {
+            self.state.metrics.record_finished(Finish::Abort, self.arrival, c.first_token, c.tokens);
+        }
+    }
+}
+
+/// An engine stream tagged with its prompt index and tracked.
+pub struct Tracked {
+    prompt: usize,
+    inner: RequestStream,
+    tracker: Tracker,
+}
+
+impl Stream for Tracked {
+    type Item = Step;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Step>> {
+        let this = self.get_mut();
+        match this.inner.poll_next_unpin(cx) {
+            Poll::Ready(Some(out)) => Poll::Ready(Some(this.step(out))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Tracked {
+    fn step(&mut self, out: RequestOutput) -> Step {
+        let deltas = out
+            .outputs
+            .into_iter()
+            .map(|o| {
+                let (finish_reason, finish) = finish_of(&o);
+                self.tracker.observe(&o, finish);
+                let stop_reason = stop_reason_of(&o);
+                Delta {
+                    prompt: self.prompt,
+                    index: o.index,
+                    logprobs: o.logprobs.map(|lps| lps.into_iter().map(position).collect()),
+                    stop_reason,
+                    finish_reason,
+                    text: o.text,
+                    token_ids: o.token_ids,
+                }
+            })
+            .collect();
+        Step {
+            prompt: self.prompt,
+            prompt_logprobs: out.prompt_logprobs.map(|lps| lps.into_iter().map(|p| p.map(position)).collect()),
+            deltas,
+            error: out.error,
+        }
+    }
+}
+
+/// Starts one engine request per prompt. An error part-way drops (and so aborts) the requests
+/// already started.
+pub fn submit(
+    state: &Arc<AppState>,
+    request_id: &str,
+    prompts: &[Prompt],
+    params: &SamplingParams,
+    arrival: Instant,
+) -> Result<SelectAll<Tracked>, ApiError> {
+    let mut streams = Vec::with_capacity(prompts.len());
+    for (i, prompt) in prompts.iter().enumerate() {
+        let id = format!("{request_id}-{i}");
+        let inner = state
+            .client
+            .add_request(id.clone(), PromptInput::Tokens(prompt.ids.clone()), params.clone())
+            .map_err(engine_error)?;
+        let choices = (0..params.n).map(|_| ChoiceTiming { first_token: None, tokens: 0, finished: false }).collect();
+        let tracker = Tracker { state: state.clone(), id, arrival, first_token_seen: false, choices };
+        streams.push(Tracked { prompt: i, inner, tracker });
+    }
+    tracing::info!(
+        request_id,
+        prompts = prompts.len(),
+        prompt_tokens = prompts.iter().map(|p| p.ids.len()).sum::<usize>(),
+        n = params.n,
+        max_tokens = params.max_tokens,
+        temperature = params.temperature,
+        "request submitted"
+    );
+    Ok(futures::stream::select_all(streams))
+}
+
+/// vLLM's check: the prompt plus the tokens asked for must fit the context.
+pub fn check_length(state: &AppState, prompt_len: usize, max_tokens: Option<usize>) -> Result<(), ApiError> {
+    let limit = state.max_model_len;
+    match max_tokens {
+        None if prompt_len >= limit => Err(ApiError::bad_request(format!(
+            "This model's maximum context length is {limit} tokens. However, you requested {prompt_len} tokens in the \
+             messages, Please reduce the length of the messages."
+        ))),
+        Some(m) if prompt_len + m > limit => Err(ApiError::bad_request(format!(
+            "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({prompt_len} in \
+             the messages, {m} in the completion). Please reduce the length of the messages or completion.",
+            prompt_len + m
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn finish_of(o: &CompletionOutput) -> (Option<&'static str>, Option<Finish>) {
+    use ferrite_engine::FinishReason;
+    match o.finish_reason {
+        Some(FinishReason::Stop) => (Some("stop"), Some(Finish::Stop)),
+        Some(FinishReason::Length) => (Some("length"), Some(Finish::Length)),
+        Some(FinishReason::Abort) => (Some("abort"), Some(Finish::Abort)),
+        Some(FinishReason::Error) => (Some("error"), Some(Finish::Error)),
+        None => (None, None),
+    }
+}
+
+fn stop_reason_of(o: &CompletionOutput) -> Option<StopReason> {
+    use ferrite_engine::StopReason as E;
+    match &o.stop_reason {
+        Some(E::TokenId(id)) => Some(StopReason::Token(*id)),
+        Some(E::String(s)) => Some(StopReason::Text(s.clone())),
+        None => None,
+    }
+}
+
+fn position(lp: ferrite_engine::TokenLogprob) -> Position {
+    Position { token: lp.token_id, logprob: lp.logprob, top: lp.top }
+}

@@ -1,0 +1,361 @@
+//! The OpenAI wire format as vLLM speaks it: request bodies (with vLLM's sampling extras) and
+//! response and stream-chunk bodies.
+//!
+//! Numbers a client may get wrong (negative `max_tokens`, `n` of a billion) are read as wide
+//! signed types and checked later, so the client gets vLLM's message instead of a serde type
+//! error.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `stop`: one string or a list of them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSpec {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopSpec::One(s) => vec![s],
+            StopSpec::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// Sampling fields `/v1/completions` and `/v1/chat/completions` share, including vLLM's
+/// extras (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `min_tokens`, `stop_token_ids`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SamplingFields {
+    pub n: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopSpec>,
+    pub stop_token_ids: Option<Vec<i64>>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<i64>,
+    pub skip_special_tokens: Option<bool>,
+    pub include_stop_str_in_output: Option<bool>,
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
+    pub best_of: Option<i64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    /// A string, a list of strings, a list of token ids or a list of token-id lists; read by
+    /// [`crate::completions`] so that each shape gets its own error message.
+    pub prompt: Value,
+    pub max_tokens: Option<i64>,
+    pub echo: Option<bool>,
+    pub logprobs: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub suffix: Option<String>,
+    pub add_special_tokens: Option<bool>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// A chat message's `content`: a string, or a list of parts of which only text is supported.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct RequestMessage {
+    pub role: String,
+    /// Null is allowed (an assistant turn that only called tools).
+    pub content: Option<MessageContent>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub model: Option<String>,
+    pub messages: Vec<RequestMessage>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub response_format: Option<Value>,
+    pub tools: Option<Vec<Value>>,
+    pub add_generation_prompt: Option<bool>,
+    pub add_special_tokens: Option<bool>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// `/tokenize` takes either a completion-style `prompt` or chat `messages` (vLLM's two shapes).
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<RequestMessage>>,
+    pub add_special_tokens: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+    pub return_token_strs: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenizeResponse {
+    pub count: usize,
+    pub max_model_len: usize,
+    pub tokens: Vec<u32>,
+    pub token_strs: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Vec<i64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DetokenizeResponse {
+    pub prompt: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub total_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Usage {
+        Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+    }
+}
+
+/// vLLM's `stop_reason`: the stop string or stop token id that ended a choice, null for EOS or
+/// length.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum StopReason {
+    Token(u32),
+    Text(String),
+}
+
+/// OpenAI completions logprobs: parallel lists, one entry per token.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct CompletionLogprobs {
+    pub text_offset: Vec<usize>,
+    pub token_logprobs: Vec<Option<f32>>,
+    pub tokens: Vec<String>,
+    pub top_logprobs: Vec<Option<serde_json::Map<String, Value>>>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+    pub stop_reason: Option<StopReason>,
+}
+
+/// A `/v1/completions` response body or (with `object` "text_completion" too, as OpenAI sends
+/// it) one stream chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    pub system_fingerprint: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChatTopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<ChatTopLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatMessageOut {
+    pub role: &'static str,
+    pub content: String,
+    pub tool_calls: Vec<Value>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: ChatMessageOut,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+    pub stop_reason: Option<StopReason>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+    pub system_fingerprint: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChatDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatStreamChoice {
+    pub index: usize,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<StopReason>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatStreamChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    pub system_fingerprint: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelPermission {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub allow_create_engine: bool,
+    pub allow_sampling: bool,
+    pub allow_logprobs: bool,
+    pub allow_search_indices: bool,
+    pub allow_view: bool,
+    pub allow_fine_tuning: bool,
+    pub organization: &'static str,
+    pub group: Option<String>,
+    pub is_blocking: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+    pub root: String,
+    pub parent: Option<String>,
+    pub max_model_len: usize,
+    pub permission: Vec<ModelPermission>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelCard>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_request_reads_vllm_extras_and_both_stop_shapes() {
+        let r: CompletionRequest = serde_json::from_str(
+            r#"{"prompt":"hi","stop":"x","top_k":5,"ignore_eos":true,"stop_token_ids":[3],"max_tokens":-1}"#,
+        )
+        .unwrap();
+        assert_eq!(r.sampling.stop.unwrap().into_vec(), vec!["x".to_string()]);
+        assert_eq!(r.sampling.top_k, Some(5));
+        assert_eq!(r.sampling.ignore_eos, Some(true));
+        assert_eq!(r.max_tokens, Some(-1));
+        let r: CompletionRequest = serde_json::from_str(r#"{"prompt":[1,2],"stop":["a","b"]}"#).unwrap();
+        assert_eq!(r.sampling.stop.unwrap().into_vec().len(), 2);
+    }
+
+    #[test]
+    fn chat_content_is_a_string_or_text_parts() {
+        let r: ChatCompletionRequest = serde_json::from_str(
+            r#"{"messages":[{"role":"user","content":"hi"},{"role":"user","content":[{"type":"text","text":"a"}]},{"role":"assistant","content":null}]}"#,
+        )
+        .unwrap();
+        assert!(matches!(r.messages[0].content, Some(MessageContent::Text(_))));
+        assert!(matches!(r.messages[1].content, Some(MessageContent::Parts(_))));
+        assert!(r.messages[2].content.is_none());
+    }
+
+    #[test]
+    fn chunks_skip_absent_usage_but_keep_null_fingerprint() {
+        let chunk = ChatCompletionChunk {
+            id: "chatcmpl-1".into(),
+            object: "chat.completion.chunk",
+            created: 1,
+            model: "m".into(),
+            choices: vec![ChatStreamChoice {
+                index: 0,
+                delta: ChatDelta { role: Some("assistant"), content: Some(String::new()) },
+                logprobs: None,
+                finish_reason: None,
+                stop_reason: None,
+            }],
+            usage: None,
+            system_fingerprint: None,
+        };
+        let v = serde_json::to_value(&chunk).unwrap();
+        assert!(v.get("usage").is_none());
+        assert_eq!(v["system_fingerprint"], Value::Null);
+        assert_eq!(v["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(v["choices"][0]["finish_reason"], Value::Null);
+    }
+}

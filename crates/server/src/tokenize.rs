@@ -1,0 +1,54 @@
+//! vLLM's `/tokenize` (a prompt, or chat messages through the template) and `/detokenize`.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::Json;
+
+use crate::chat::chat_prompt;
+use crate::error::{parse_json, ApiError};
+use crate::protocol::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
+use crate::AppState;
+
+pub async fn tokenize(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<TokenizeResponse>, ApiError> {
+    let req: TokenizeRequest = parse_json(&body?)?;
+    state.check_model(req.model.as_deref())?;
+    let tokens = match (&req.prompt, &req.messages) {
+        (Some(prompt), None) => state
+            .tokenizer
+            .encode(prompt, req.add_special_tokens.unwrap_or(true))
+            .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
+        // As in vLLM, the chat form adds no special tokens by default: the template has them.
+        (None, Some(messages)) => {
+            chat_prompt(
+                &state,
+                messages,
+                req.add_generation_prompt.unwrap_or(true),
+                req.add_special_tokens.unwrap_or(false),
+            )?
+            .ids
+        }
+        _ => return Err(ApiError::bad_request("Either `prompt` or `messages` must be given, not both")),
+    };
+    let token_strs = req
+        .return_token_strs
+        .unwrap_or(false)
+        .then(|| tokens.iter().map(|&id| state.tokenizer.id_to_token(id).unwrap_or_default()).collect());
+    Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: state.max_model_len, tokens, token_strs }))
+}
+
+pub async fn detokenize(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<DetokenizeResponse>, ApiError> {
+    let req: DetokenizeRequest = parse_json(&body?)?;
+    state.check_model(req.model.as_deref())?;
+    let ids = state.check_token_ids(&req.tokens, "tokens")?;
+    let prompt = state.tokenizer.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    Ok(Json(DetokenizeResponse { prompt }))
+}

@@ -1,0 +1,618 @@
+//! Every CUDA op against the CPU op on random inputs, in f32 and bf16.
+//!
+//! Both backends get identical inputs: data is rounded to the tested dtype first, the CPU op runs
+//! on those values in f32, the CUDA op on the rounded tensor in the tested dtype. The error of an
+//! op is `max |cuda - cpu| / max |cpu|` over its output; the bound is stated per dtype:
+//! - f32: 1e-5 (summation order only: no TF32, no reduced-precision paths),
+//! - bf16: 1e-2 (the CUDA output is rounded to bf16 once, 2^-9 relative, plus the rounding of
+//!   intermediates that a bf16 model also rounds, such as the residual in `add_rms_norm`),
+//! - pure data movement (copies, gathers, casts, argmax): exact,
+//! - f32 softmax over long rows: 2e-4, the CPU reference's own error (it adds up to 150K
+//!   exponentials one after another in f32, about sqrt(n) ulps, where the GPU sums a tree).
+//!
+//! Without a GPU every test prints "SKIP: no CUDA device" and returns.
+
+use ferrite_tensor::cuda;
+use ferrite_tensor::ops::{self, Activation, AttentionParams, RopeStyle};
+use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device, PagedKvLayer, Tensor};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const GPU: Device = Device::Cuda(0);
+const DTYPES: [DType; 2] = [DType::F32, DType::BF16];
+
+macro_rules! require_gpu {
+    () => {
+        if !cuda::is_available() {
+            println!("SKIP: no CUDA device");
+            return;
+        }
+    };
+}
+
+fn tol(dtype: DType) -> f32 {
+    match dtype {
+        DType::F32 => 1e-5,
+        _ => 1e-2,
+    }
+}
+
+fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+fn random(r: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| r.random_range(-1.0f32..1.0) * scale).collect()
+}
+
+/// Values as the tested dtype holds them.
+fn round(data: &[f32], dtype: DType) -> Vec<f32> {
+    Tensor::from_f32_as(data.to_vec(), &[data.len()], dtype).unwrap().to_f32_vec()
+}
+
+/// The CPU reference input (f32 holding the rounded values) and the CUDA input (in `dtype`).
+fn pair(data: &[f32], shape: &[usize], dtype: DType) -> (Tensor, Tensor) {
+    let cpu = Tensor::from_f32(round(data, dtype), shape).unwrap();
+    let gpu = Tensor::from_f32_as(data.to_vec(), shape, dtype).unwrap().to_device(GPU).unwrap();
+    (cpu, gpu)
+}
+
+/// Asserts `got` (CUDA) matches `want` (CPU) within `bound` and returns the error.
+fn check(name: &str, dtype: DType, got: &Tensor, want: &Tensor, bound: f32) -> f32 {
+    assert_eq!(got.device(), GPU, "{name}: result left the GPU");
+    assert_eq!(got.dtype(), dtype, "{name}: output dtype");
+    assert_eq!(got.shape(), want.shape(), "{name}: shape");
+    let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
+    let scale = w.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
+    let mut max_abs = 0.0f32;
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        assert!(!a.is_nan() || b.is_nan(), "{name} {dtype}: NaN at {i} (cpu {b})");
+        max_abs = max_abs.max((a - b).abs());
+    }
+    let err = max_abs / scale;
+    println!("CHECK {name} {dtype}: max_abs_err={max_abs:.3e} rel_err={err:.3e} bound={bound:.0e}");
+    assert!(err <= bound, "{name} {dtype}: error {err:.3e} > {bound:.0e} (max abs {max_abs:.3e}, scale {scale:.3e})");
+    err
+}
+
+#[test]
+fn transfers_and_casts_round_trip() {
+    require_gpu!();
+    let mut r = rng(1);
+    let data = random(&mut r, 1000, 3.0);
+    for dtype in DTYPES {
+        let t = Tensor::from_f32_as(data.clone(), &[10, 100], dtype).unwrap();
+        let g = t.to_device(GPU).unwrap();
+        assert_eq!((g.device(), g.dtype(), g.shape()), (GPU, dtype, &[10usize, 100][..]));
+        assert_eq!(g.to_f32_vec(), t.to_f32_vec(), "{dtype} round trip");
+        let back = g.to_device(Device::Cpu).unwrap();
+        assert_eq!(back.dtype(), dtype);
+        assert_eq!(back.to_f32_vec(), t.to_f32_vec());
+    }
+    // Rounding on the device is the CPU's round-to-nearest-even, bit for bit.
+    let g = Tensor::from_f32(data.clone(), &[1000]).unwrap().to_device(GPU).unwrap();
+    let narrowed = g.to_dtype(DType::BF16);
+    assert_eq!(narrowed.dtype(), DType::BF16);
+    assert_eq!(narrowed.to_f32_vec(), round(&data, DType::BF16), "device f32 -> bf16 rounding");
+    assert_eq!(narrowed.to_dtype(DType::F32).to_f32_vec(), round(&data, DType::BF16));
+    // Empty tensors.
+    let e = Tensor::from_f32(vec![], &[0, 7]).unwrap().to_device(GPU).unwrap();
+    assert_eq!(e.shape(), &[0, 7]);
+    assert!(e.to_f32_vec().is_empty());
+    println!("CHECK transfers: exact");
+}
+
+#[test]
+fn misuse_is_an_error_not_a_panic() {
+    require_gpu!();
+    let x = Tensor::from_f32(vec![1.0; 8], &[2, 4]).unwrap();
+    let w = x.to_device(GPU).unwrap();
+    assert!(ops::matmul_t(&x, &w, None).is_err(), "CPU x with a CUDA weight");
+    assert!(ops::add(&w, &x).is_err(), "CUDA a with a CPU b");
+    assert!(w.as_f32_slice().is_err());
+    let f16 = Tensor::from_f32_as(vec![1.0; 8], &[8], DType::F16).unwrap();
+    assert!(f16.to_device(GPU).is_err(), "f16 is not a CUDA dtype");
+    assert!(Tensor::zeros(&[1]).to_device(Device::Cuda(cuda::device_count())).is_err(), "missing ordinal");
+    let bf = x.to_dtype(DType::BF16).to_device(GPU).unwrap();
+    assert!(ops::add(&w, &bf).is_err(), "mixed activation dtypes");
+    println!("CHECK misuse: errors");
+}
+
+#[test]
+fn matmul_t_matches_cpu() {
+    require_gpu!();
+    let mut r = rng(2);
+    let mut worst = [0.0f32; 2];
+    // (m, k, n): decode-sized and prefill-sized m, odd k and n.
+    let shapes = [
+        (1, 64, 96),
+        (2, 256, 130),
+        (3, 512, 77),
+        (5, 1024, 256),
+        (8, 4096, 300),
+        (16, 768, 129),
+        (1, 67, 33),
+        (7, 100, 50),
+        (33, 320, 700),
+        (128, 2048, 512),
+    ];
+    for &(m, k, n) in &shapes {
+        let x = random(&mut r, m * k, 1.0);
+        let w = random(&mut r, n * k, 0.5);
+        let b = random(&mut r, n, 1.0);
+        for (di, dtype) in DTYPES.into_iter().enumerate() {
+            let (xc, xg) = pair(&x, &[m, k], dtype);
+            let (wc, wg) = pair(&w, &[n, k], dtype);
+            let (bc, bg) = pair(&b, &[n], dtype);
+            for bias in [false, true] {
+                let want = ops::matmul_t(&xc, &wc, bias.then_some(&bc)).unwrap();
+                let got = ops::matmul_t(&xg, &wg, bias.then_some(&bg)).unwrap();
+                let name = format!("matmul_t m={m} k={k} n={n} bias={bias}");
+                worst[di] = worst[di].max(check(&name, dtype, &got, &want, tol(dtype)));
+            }
+        }
+        // f32 activations over bf16 weights: the weight is widened exactly, so f32 bounds hold.
+        let (xc, xg) = pair(&x, &[m, k], DType::F32);
+        let (wc, wg) = pair(&w, &[n, k], DType::BF16);
+        let got = ops::matmul_t(&xg, &wg, None).unwrap();
+        check(
+            &format!("matmul_t mixed m={m} k={k} n={n}"),
+            DType::F32,
+            &got,
+            &ops::matmul_t(&xc, &wc, None).unwrap(),
+            1e-5,
+        );
+    }
+    println!("WORST matmul_t f32={:.3e} bf16={:.3e}", worst[0], worst[1]);
+}
+
+#[test]
+fn gathers_and_copies_are_exact() {
+    require_gpu!();
+    let mut r = rng(3);
+    for dtype in DTYPES {
+        let table = random(&mut r, 50 * 24, 2.0);
+        let (tc, tg) = pair(&table, &[50, 24], dtype);
+        let ids = [3u32, 0, 49, 3, 17];
+        check("embedding", dtype, &ops::embedding(&tg, &ids).unwrap(), &ops::embedding(&tc, &ids).unwrap(), 0.0);
+        let rows = [4usize, 4, 0, 49];
+        check(
+            "gather_rows",
+            dtype,
+            &ops::gather_rows(&tg, &rows).unwrap(),
+            &ops::gather_rows(&tc, &rows).unwrap(),
+            0.0,
+        );
+        check(
+            "narrow_cols",
+            dtype,
+            &ops::narrow_cols(&tg, 5, 13).unwrap(),
+            &ops::narrow_cols(&tc, 5, 13).unwrap(),
+            0.0,
+        );
+        let other = random(&mut r, 50 * 7, 1.0);
+        let (oc, og) = pair(&other, &[50, 7], dtype);
+        let got = ops::concat_cols(&[&tg, &og, &tg]).unwrap();
+        check("concat_cols", dtype, &got, &ops::concat_cols(&[&tc, &oc, &tc]).unwrap(), 0.0);
+        check("embedding (no ids)", dtype, &ops::embedding(&tg, &[]).unwrap(), &ops::embedding(&tc, &[]).unwrap(), 0.0);
+    }
+}
+
+#[test]
+fn norms_match_cpu() {
+    require_gpu!();
+    let mut r = rng(4);
+    for (rows, cols) in [(1, 64), (7, 4096), (3, 1000), (2, 20000)] {
+        let x = random(&mut r, rows * cols, 2.0);
+        let res = random(&mut r, rows * cols, 2.0);
+        let w = random(&mut r, cols, 1.0);
+        let b = random(&mut r, cols, 1.0);
+        for dtype in DTYPES {
+            let (xc, xg) = pair(&x, &[rows, cols], dtype);
+            let (rc, rg) = pair(&res, &[rows, cols], dtype);
+            for wdtype in DTYPES {
+                let (wc, wg) = pair(&w, &[cols], wdtype);
+                let (bc, bg) = pair(&b, &[cols], wdtype);
+                for offset in [0.0, 1.0] {
+                    let name = format!("rms_norm {rows}x{cols} w={wdtype} offset={offset}");
+                    let want = ops::rms_norm(&xc, &wc, 1e-6, offset).unwrap();
+                    check(&name, dtype, &ops::rms_norm(&xg, &wg, 1e-6, offset).unwrap(), &want, tol(dtype));
+                    let (n_got, s_got) = ops::add_rms_norm(&xg, &rg, &wg, 1e-5, offset).unwrap();
+                    let (n_want, s_want) = ops::add_rms_norm(&xc, &rc, &wc, 1e-5, offset).unwrap();
+                    check(&format!("add_rms_norm.sum {rows}x{cols} w={wdtype}"), dtype, &s_got, &s_want, tol(dtype));
+                    check(
+                        &format!("add_rms_norm.normed {rows}x{cols} w={wdtype} offset={offset}"),
+                        dtype,
+                        &n_got,
+                        &n_want,
+                        tol(dtype),
+                    );
+                }
+                for (wo, bo) in [(true, true), (true, false), (false, true), (false, false)] {
+                    let name = format!("layer_norm {rows}x{cols} w={wdtype} weight={wo} bias={bo}");
+                    let want = ops::layer_norm(&xc, wo.then_some(&wc), bo.then_some(&bc), 1e-5).unwrap();
+                    let got = ops::layer_norm(&xg, wo.then_some(&wg), bo.then_some(&bg), 1e-5).unwrap();
+                    check(&name, dtype, &got, &want, tol(dtype));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn elementwise_matches_cpu() {
+    require_gpu!();
+    let mut r = rng(5);
+    let acts = [Activation::Silu, Activation::Gelu, Activation::GeluTanh, Activation::Relu];
+    for (rows, cols) in [(1, 5), (33, 1000), (4, 14336)] {
+        let a = random(&mut r, rows * cols, 4.0);
+        let b = random(&mut r, rows * cols, 4.0);
+        let row = random(&mut r, cols, 2.0);
+        for dtype in DTYPES {
+            let (ac, ag) = pair(&a, &[rows, cols], dtype);
+            let (bc, bg) = pair(&b, &[rows, cols], dtype);
+            let t = tol(dtype);
+            check("add", dtype, &ops::add(&ag, &bg).unwrap(), &ops::add(&ac, &bc).unwrap(), t);
+            check("mul", dtype, &ops::mul(&ag, &bg).unwrap(), &ops::mul(&ac, &bc).unwrap(), t);
+            check("scale", dtype, &ops::scale(&ag, -0.37).unwrap(), &ops::scale(&ac, -0.37).unwrap(), t);
+            check("softcap", dtype, &ops::softcap(&ag, 2.5).unwrap(), &ops::softcap(&ac, 2.5).unwrap(), t);
+            for wdtype in DTYPES {
+                let (rc, rg) = pair(&row, &[cols], wdtype);
+                check(
+                    &format!("mul_row w={wdtype}"),
+                    dtype,
+                    &ops::mul_row(&ag, &rg).unwrap(),
+                    &ops::mul_row(&ac, &rc).unwrap(),
+                    t,
+                );
+            }
+            for act in acts {
+                let name = format!("activation {act:?}");
+                check(&name, dtype, &ops::activation(&ag, act).unwrap(), &ops::activation(&ac, act).unwrap(), t);
+                let name = format!("act_mul {act:?}");
+                check(&name, dtype, &ops::act_mul(&ag, &bg, act).unwrap(), &ops::act_mul(&ac, &bc, act).unwrap(), t);
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_and_argmax_match_cpu() {
+    require_gpu!();
+    let mut r = rng(6);
+    for (rows, cols) in [(3, 7), (5, 1000), (2, 32000), (1, 151936)] {
+        let x = random(&mut r, rows * cols, 8.0);
+        for dtype in DTYPES {
+            let (xc, xg) = pair(&x, &[rows, cols], dtype);
+            let bound = if dtype == DType::F32 { 2e-4 } else { tol(dtype) };
+            check(
+                &format!("softmax {rows}x{cols}"),
+                dtype,
+                &ops::softmax(&xg).unwrap(),
+                &ops::softmax(&xc).unwrap(),
+                bound,
+            );
+            assert_eq!(ops::argmax_rows(&xg).unwrap(), ops::argmax_rows(&xc).unwrap(), "argmax {rows}x{cols} {dtype}");
+        }
+    }
+    // Ties go to the lowest index; NaN is the largest value (torch.argmax).
+    let rows = [
+        vec![1.0, 3.0, 3.0, 2.0, 3.0],
+        vec![f32::NEG_INFINITY; 5],
+        vec![0.0, f32::NAN, 5.0, f32::NAN, 1.0],
+        vec![-2.0, -1.0, -1.0, -3.0, f32::INFINITY],
+    ];
+    let flat: Vec<f32> = rows.concat();
+    for dtype in DTYPES {
+        let (xc, xg) = pair(&flat, &[4, 5], dtype);
+        let want = ops::argmax_rows(&xc).unwrap();
+        assert_eq!(want, vec![1, 0, 1, 4], "CPU argmax semantics");
+        assert_eq!(ops::argmax_rows(&xg).unwrap(), want, "CUDA argmax {dtype}");
+    }
+    println!("CHECK argmax_rows: exact");
+}
+
+#[test]
+fn rope_matches_cpu() {
+    require_gpu!();
+    let mut r = rng(7);
+    for (tokens, heads, head_dim, rotary) in [(5, 4, 64, 64), (17, 8, 128, 128), (3, 2, 80, 32), (9, 3, 256, 128)] {
+        let half = rotary / 2;
+        let x = random(&mut r, tokens * heads * head_dim, 3.0);
+        let angles: Vec<f32> = (0..tokens * half).map(|i| (i / half) as f32 * 0.9f32.powi((i % half) as i32)).collect();
+        let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+        let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+        for dtype in DTYPES {
+            let (xc, xg) = pair(&x, &[tokens, heads * head_dim], dtype);
+            for cdtype in DTYPES {
+                let (cc, cg) = pair(&cos, &[tokens, half], cdtype);
+                let (sc, sg) = pair(&sin, &[tokens, half], cdtype);
+                for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
+                    let name = format!("rope {style:?} t={tokens} h={heads} d={head_dim} rot={rotary} cos={cdtype}");
+                    let want = ops::rope(&xc, &cc, &sc, head_dim, style).unwrap();
+                    check(&name, dtype, &ops::rope(&xg, &cg, &sg, head_dim, style).unwrap(), &want, tol(dtype));
+                }
+            }
+        }
+    }
+}
+
+/// One sequence of an attention test: `cached` tokens already in the cache, `new` this step.
+struct Seq {
+    cached: usize,
+    new: usize,
+}
+
+struct AttnCase {
+    name: &'static str,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    dv: usize,
+    block_size: usize,
+    window: Option<usize>,
+    softcap: Option<f32>,
+    seqs: Vec<Seq>,
+}
+
+/// Fills the cache with every sequence's cached prefix (one earlier step), then runs this step's
+/// write_kv + paged_attention on both backends and compares.
+fn run_attention_case(c: &AttnCase, seed: u64) -> [f32; 2] {
+    let mut r = rng(seed);
+    let blocks_per_seq: Vec<usize> = c.seqs.iter().map(|s| (s.cached + s.new).div_ceil(c.block_size)).collect();
+    let num_blocks = blocks_per_seq.iter().sum::<usize>() + 3;
+    // Block tables drawn from a shuffled pool: order in the pool must not matter.
+    let mut pool: Vec<u32> = (0..num_blocks as u32).collect();
+    pool.shuffle(&mut r);
+    let mut tables = Vec::new();
+    let mut next = 0;
+    for &n in &blocks_per_seq {
+        tables.push(pool[next..next + n].to_vec());
+        next += n;
+    }
+    let kw = c.hkv * c.d;
+    let vw = c.hkv * c.dv;
+    let step_meta = |lens: &dyn Fn(&Seq) -> (usize, usize)| {
+        let mut seqs = Vec::new();
+        let mut q_start = 0;
+        for (s, t) in c.seqs.iter().zip(&tables) {
+            let (q_len, ctx_len) = lens(s);
+            if q_len > 0 {
+                seqs.push(AttnSeq { q_start, q_len, ctx_len, block_table: t.clone() });
+                q_start += q_len;
+            }
+        }
+        AttnMetadata::new(seqs, c.block_size).unwrap()
+    };
+    let prefix = step_meta(&|s| (s.cached, s.cached));
+    let step = step_meta(&|s| (s.new, s.cached + s.new));
+    let params = AttentionParams {
+        num_heads: c.hq,
+        num_kv_heads: c.hkv,
+        head_dim: c.d,
+        v_head_dim: c.dv,
+        scale: 1.0 / (c.d as f32).sqrt(),
+        sliding_window: c.window,
+        softcap: c.softcap,
+    };
+    let (n0, n1) = (prefix.num_tokens(), step.num_tokens());
+    let (k0, v0) = (random(&mut r, n0 * kw, 1.0), random(&mut r, n0 * vw, 1.0));
+    let (k1, v1) = (random(&mut r, n1 * kw, 1.0), random(&mut r, n1 * vw, 1.0));
+    // Large enough queries that the softmax is far from uniform.
+    let q = random(&mut r, n1 * c.hq * c.d, 3.0);
+    let mut worst = [0.0f32; 2];
+    for (di, dtype) in DTYPES.into_iter().enumerate() {
+        let mut cpu_cache = PagedKvLayer::new_cpu(num_blocks, c.block_size, c.hkv, c.d, c.dv);
+        let mut gpu_cache = PagedKvLayer::new_on(GPU, dtype, num_blocks, c.block_size, c.hkv, c.d, c.dv).unwrap();
+        for (meta, k, v) in [(&prefix, &k0, &v0), (&step, &k1, &v1)] {
+            if meta.num_tokens() == 0 {
+                continue;
+            }
+            let (kc, kg) = pair(k, &[meta.num_tokens(), kw], dtype);
+            let (vc, vg) = pair(v, &[meta.num_tokens(), vw], dtype);
+            ops::write_kv(&mut cpu_cache, &kc, &vc, meta).unwrap();
+            ops::write_kv(&mut gpu_cache, &kg, &vg, meta).unwrap();
+        }
+        let (qc, qg) = pair(&q, &[n1, c.hq * c.d], dtype);
+        let want = ops::paged_attention(&qc, &cpu_cache, &step, &params).unwrap();
+        let got = ops::paged_attention(&qg, &gpu_cache, &step, &params).unwrap();
+        worst[di] = check(&format!("paged_attention {}", c.name), dtype, &got, &want, tol(dtype));
+        // A second call on the same metadata reuses the device copy of it.
+        let again = ops::paged_attention(&qg, &gpu_cache, &step, &params).unwrap();
+        assert_eq!(again.to_f32_vec(), got.to_f32_vec(), "{}: repeat call differs", c.name);
+    }
+    worst
+}
+
+fn seqs(list: &[(usize, usize)]) -> Vec<Seq> {
+    list.iter().map(|&(cached, new)| Seq { cached, new }).collect()
+}
+
+#[test]
+fn paged_attention_matches_cpu() {
+    require_gpu!();
+    let mixed = [(0, 20), (44, 1), (37, 13), (0, 1), (100, 1), (5, 40)];
+    let cases = [
+        AttnCase {
+            name: "mixed prefill/decode GQA 8/2 d64 bs16",
+            hq: 8,
+            hkv: 2,
+            d: 64,
+            dv: 64,
+            block_size: 16,
+            window: None,
+            softcap: None,
+            seqs: seqs(&mixed),
+        },
+        AttnCase {
+            name: "mixed, sliding window 24 + softcap 30",
+            hq: 8,
+            hkv: 2,
+            d: 64,
+            dv: 64,
+            block_size: 16,
+            window: Some(24),
+            softcap: Some(30.0),
+            seqs: seqs(&mixed),
+        },
+        AttnCase {
+            name: "MHA 4/4 d128 bs8 chunked prefill",
+            hq: 4,
+            hkv: 4,
+            d: 128,
+            dv: 128,
+            block_size: 8,
+            window: None,
+            softcap: None,
+            seqs: seqs(&[(0, 37), (64, 23)]),
+        },
+        AttnCase {
+            name: "decode batch 2 ctx ~1500 GQA 32/8 d128 (split keys)",
+            hq: 32,
+            hkv: 8,
+            d: 128,
+            dv: 128,
+            block_size: 16,
+            window: None,
+            softcap: None,
+            seqs: seqs(&[(1499, 1), (1203, 1)]),
+        },
+        AttnCase {
+            name: "decode batch 1 ctx 3000 GQA 32/8 window 1000",
+            hq: 32,
+            hkv: 8,
+            d: 128,
+            dv: 128,
+            block_size: 16,
+            window: Some(1000),
+            softcap: None,
+            seqs: seqs(&[(2999, 1)]),
+        },
+        AttnCase {
+            name: "MQA 20/1 (head chunks) d96 mixed",
+            hq: 20,
+            hkv: 1,
+            d: 96,
+            dv: 96,
+            block_size: 16,
+            window: None,
+            softcap: Some(50.0),
+            seqs: seqs(&[(0, 9), (30, 1), (12, 5)]),
+        },
+        AttnCase {
+            name: "GQA 6/2 d66 (scalar tile loads) bs4",
+            hq: 6,
+            hkv: 2,
+            d: 66,
+            dv: 66,
+            block_size: 4,
+            window: None,
+            softcap: None,
+            seqs: seqs(&[(0, 11), (9, 1), (3, 4)]),
+        },
+        AttnCase {
+            name: "GQA 8/4 d256 Gemma-like window 16 softcap 50",
+            hq: 8,
+            hkv: 4,
+            d: 256,
+            dv: 256,
+            block_size: 16,
+            window: Some(16),
+            softcap: Some(50.0),
+            seqs: seqs(&[(0, 30), (70, 1), (20, 7)]),
+        },
+        AttnCase {
+            name: "GQA 4/2 k_dim 64 v_dim 32",
+            hq: 4,
+            hkv: 2,
+            d: 64,
+            dv: 32,
+            block_size: 16,
+            window: None,
+            softcap: None,
+            seqs: seqs(&[(0, 10), (17, 1)]),
+        },
+    ];
+    let mut worst = [0.0f32; 2];
+    for (i, c) in cases.iter().enumerate() {
+        let w = run_attention_case(c, 100 + i as u64);
+        worst = [worst[0].max(w[0]), worst[1].max(w[1])];
+    }
+    println!("WORST paged_attention f32={:.3e} bf16={:.3e}", worst[0], worst[1]);
+}
+
+#[test]
+fn mixture_of_experts_ops_match_cpu() {
+    require_gpu!();
+    let mut r = rng(8);
+    let (experts, k, n) = (6, 256, 96);
+    let w = random(&mut r, experts * n * k, 0.5);
+    // Rows per expert, empty groups included.
+    let counts = [3usize, 0, 1, 17, 0, 2];
+    let mut offsets = vec![0usize];
+    for c in counts {
+        offsets.push(offsets.last().unwrap() + c);
+    }
+    let rows = *offsets.last().unwrap();
+    let x = random(&mut r, rows * k, 1.0);
+    let picks: Vec<usize> = (0..rows * 2).map(|i| (i * 7 + 3) % rows).collect();
+    let weights = random(&mut r, rows * 2, 1.0);
+    for dtype in DTYPES {
+        let (xc, xg) = pair(&x, &[rows, k], dtype);
+        let (wc, wg) = pair(&w, &[experts, n, k], dtype);
+        let want = ops::grouped_matmul_t(&xc, &wc, &offsets).unwrap();
+        let got = ops::grouped_matmul_t(&xg, &wg, &offsets).unwrap();
+        check("grouped_matmul_t", dtype, &got, &want, tol(dtype));
+        // combine_rows reads the expert outputs: both backends get the CUDA ones.
+        let (yc, yg) = (Tensor::from_f32(got.to_f32_vec(), got.shape()).unwrap(), got);
+        for per_row in [1, 2] {
+            let n_out = rows * 2 / per_row;
+            let (p, wts) = (&picks[..n_out * per_row], &weights[..n_out * per_row]);
+            let want = ops::combine_rows(&yc, p, wts, per_row).unwrap();
+            check(
+                &format!("combine_rows per_row={per_row}"),
+                dtype,
+                &ops::combine_rows(&yg, p, wts, per_row).unwrap(),
+                &want,
+                tol(dtype),
+            );
+        }
+    }
+}
+
+#[test]
+fn attention_dense_matches_cpu() {
+    require_gpu!();
+    let mut r = rng(9);
+    let seq_lens = [7usize, 1, 30, 12];
+    let tokens: usize = seq_lens.iter().sum();
+    for (hq, hkv, d, window, softcap) in
+        [(8, 2, 64, None, None), (4, 4, 128, Some(5), Some(20.0)), (6, 2, 66, None, None)]
+    {
+        let params = AttentionParams {
+            num_heads: hq,
+            num_kv_heads: hkv,
+            head_dim: d,
+            v_head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            sliding_window: window,
+            softcap,
+        };
+        let q = random(&mut r, tokens * hq * d, 3.0);
+        let k = random(&mut r, tokens * hkv * d, 1.0);
+        let v = random(&mut r, tokens * hkv * d, 1.0);
+        for dtype in DTYPES {
+            let (qc, qg) = pair(&q, &[tokens, hq * d], dtype);
+            let (kc, kg) = pair(&k, &[tokens, hkv * d], dtype);
+            let (vc, vg) = pair(&v, &[tokens, hkv * d], dtype);
+            for causal in [true, false] {
+                let want = ops::attention_dense(&qc, &kc, &vc, &params, &seq_lens, causal).unwrap();
+                let got = ops::attention_dense(&qg, &kg, &vg, &params, &seq_lens, causal).unwrap();
+                let name =
+                    format!("attention_dense {hq}/{hkv} d{d} window={window:?} softcap={softcap:?} causal={causal}");
+                check(&name, dtype, &got, &want, tol(dtype));
+            }
+        }
+    }
+}

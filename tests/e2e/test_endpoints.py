@@ -1,0 +1,281 @@
+"""Every endpoint, streaming and not, through the openai client and raw HTTP."""
+
+import json
+import math
+
+from conftest import MAX_MODEL_LEN, NAME, open_stream, sse_events
+
+PROMPT = "The quick brown fox jumps over"
+LONG = {"max_tokens": 12, "temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+def greedy(client, prompt, **kw):
+    args = dict(LONG, **kw)
+    return client.completions.create(model=NAME, prompt=prompt, **args)
+
+
+def test_health_version_models(server, client):
+    status, _, body = server.request("GET", "/health")
+    assert status == 200 and body == b""
+    status, version = server.json("GET", "/version")
+    assert status == 200 and isinstance(version["version"], str) and version["version"]
+    models = client.models.list()
+    assert [m.id for m in models.data] == [NAME]
+    card = models.data[0]
+    assert card.object == "model" and card.owned_by == "ferrite" and card.created > 0
+    status, raw = server.json("GET", "/v1/models")
+    assert raw["object"] == "list"
+    assert raw["data"][0]["max_model_len"] == MAX_MODEL_LEN
+    assert raw["data"][0]["root"].endswith("llama")
+
+
+def test_tokenize_detokenize_roundtrip(server):
+    status, t = server.json("POST", "/tokenize", {"model": NAME, "prompt": PROMPT, "return_token_strs": True})
+    assert status == 200, t
+    assert t["count"] == len(t["tokens"]) > 0
+    assert t["max_model_len"] == MAX_MODEL_LEN
+    assert len(t["token_strs"]) == t["count"] and all(isinstance(s, str) for s in t["token_strs"])
+    status, plain = server.json("POST", "/tokenize", {"prompt": PROMPT})
+    assert plain["tokens"] == t["tokens"] and plain["token_strs"] is None
+    status, d = server.json("POST", "/detokenize", {"model": NAME, "tokens": t["tokens"]})
+    assert status == 200 and d == {"prompt": PROMPT}
+    messages = [{"role": "user", "content": "hi"}]
+    status, chat = server.json("POST", "/tokenize", {"messages": messages})
+    status, rendered = server.json("POST", "/detokenize", {"tokens": chat["tokens"]})
+    assert rendered["prompt"] == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    status, no_gen = server.json("POST", "/tokenize", {"messages": messages, "add_generation_prompt": False})
+    assert no_gen["count"] < chat["count"]
+
+
+def test_completion_text_prompt_and_usage(server, client):
+    r = greedy(client, PROMPT)
+    assert r.id.startswith("cmpl-") and r.object == "text_completion" and r.model == NAME
+    assert r.created > 0 and r.system_fingerprint is None
+    (choice,) = r.choices
+    assert choice.index == 0 and choice.finish_reason == "length" and choice.text
+    _, t = server.json("POST", "/tokenize", {"prompt": PROMPT})
+    assert r.usage.prompt_tokens == t["count"]
+    assert r.usage.completion_tokens == 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+    # Greedy decoding is deterministic across requests.
+    assert greedy(client, PROMPT).choices[0].text == choice.text
+
+
+def test_completion_prompt_shapes_agree(server, client):
+    other = "Once upon a time"
+    a, b = greedy(client, PROMPT).choices[0].text, greedy(client, other).choices[0].text
+    both = greedy(client, [PROMPT, other])
+    assert [c.index for c in both.choices] == [0, 1]
+    assert [c.text for c in both.choices] == [a, b]
+    _, ta = server.json("POST", "/tokenize", {"prompt": PROMPT})
+    _, tb = server.json("POST", "/tokenize", {"prompt": other})
+    assert greedy(client, ta["tokens"]).choices[0].text == a
+    ids = greedy(client, [ta["tokens"], tb["tokens"]])
+    assert [c.text for c in ids.choices] == [a, b]
+    assert ids.usage.prompt_tokens == ta["count"] + tb["count"]
+    assert ids.usage.completion_tokens == 24
+
+
+def test_completion_echo_and_logprobs(client):
+    plain = greedy(client, PROMPT, logprobs=3)
+    lp = plain.choices[0].logprobs
+    n = plain.usage.completion_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
+    if not any("\ufffd" in t for t in lp.tokens):
+        assert "".join(lp.tokens) == plain.choices[0].text
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert logprob <= 0 and 3 <= len(top) <= 4
+        # Greedy: the chosen token is the most likely one.
+        assert math.isclose(logprob, max(top.values()), abs_tol=1e-5)
+        assert token in top
+    echoed = greedy(client, PROMPT, echo=True, logprobs=1)
+    c = echoed.choices[0]
+    assert c.text == PROMPT + plain.choices[0].text
+    p = echoed.usage.prompt_tokens
+    assert len(c.logprobs.tokens) == p + n
+    assert c.logprobs.token_logprobs[0] is None and c.logprobs.top_logprobs[0] is None
+    assert all(x is not None for x in c.logprobs.token_logprobs[1:])
+    if not any("\ufffd" in t for t in c.logprobs.tokens):
+        assert "".join(c.logprobs.tokens) == c.text
+
+
+def test_completion_n_seed_and_sampling_params(client):
+    kw = dict(max_tokens=8, n=3, temperature=1.0, top_p=0.9, seed=1234, extra_body={"top_k": 50})
+    first = client.completions.create(model=NAME, prompt=PROMPT, **kw)
+    again = client.completions.create(model=NAME, prompt=PROMPT, **kw)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert [c.text for c in first.choices] == [c.text for c in again.choices]
+    # Usage counts the tokens of every choice.
+    assert 3 <= first.usage.completion_tokens <= 24
+    extras = client.completions.create(
+        model=NAME, prompt=PROMPT, max_tokens=6, temperature=0.8, seed=7, presence_penalty=0.5,
+        frequency_penalty=0.5, extra_body={"min_p": 0.05, "repetition_penalty": 1.2, "min_tokens": 6, "ignore_eos": True},
+    )
+    assert extras.usage.completion_tokens == 6
+
+
+def test_completion_stop_strings_and_stop_token_ids(server, client):
+    base = greedy(client, PROMPT, max_tokens=16, logprobs=0)
+    text, tokens = base.choices[0].text, base.choices[0].logprobs.tokens
+    # A stop string taken from the middle of the greedy output cuts the text just before it.
+    stop = next(t for t in tokens[3:] if t.strip())
+    cut = greedy(client, PROMPT, max_tokens=16, stop=stop)
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].stop_reason == stop
+    assert text.startswith(cut.choices[0].text) and stop not in cut.choices[0].text
+    listed = greedy(client, PROMPT, max_tokens=16, stop=["\u2603", stop])
+    assert listed.choices[0].text == cut.choices[0].text
+    # A stop token id: the id of a generated token, found by tokenizing its (clean) string alone.
+    for pos, token in enumerate(tokens[2:], start=2):
+        _, t = server.json("POST", "/tokenize", {"prompt": token, "add_special_tokens": False})
+        if token.isascii() and token.strip() and len(t["tokens"]) == 1:
+            break
+    else:
+        raise AssertionError(f"no clean single-token string in {tokens}")
+    stop_id = t["tokens"][0]
+    by_id = greedy(client, PROMPT, max_tokens=16, extra_body={"stop_token_ids": [stop_id], "ignore_eos": True})
+    c = by_id.choices[0]
+    assert c.finish_reason == "stop" and c.stop_reason == stop_id
+    assert by_id.usage.completion_tokens <= pos + 1
+
+
+def test_completion_stream_matches_non_stream(server, client):
+    expected = greedy(client, PROMPT).choices[0].text
+    chunks = list(greedy(client, PROMPT, stream=True, stream_options={"include_usage": True}))
+    text_chunks, usage_chunk = chunks[:-1], chunks[-1]
+    assert all(ch.id == chunks[0].id and ch.id.startswith("cmpl-") for ch in chunks)
+    assert all(ch.object == "text_completion" for ch in chunks)
+    assert "".join(ch.choices[0].text for ch in text_chunks) == expected
+    assert [ch.choices[0].finish_reason for ch in text_chunks][-1] == "length"
+    assert all(ch.choices[0].finish_reason is None for ch in text_chunks[:-1])
+    assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == 12
+    # The wire format itself: data: lines, no usage unless asked, ending with [DONE].
+    conn, r = open_stream(server, "/v1/completions", {"model": NAME, "prompt": PROMPT, "max_tokens": 4, "stream": True})
+    assert r.status == 200 and r.getheader("content-type").startswith("text/event-stream")
+    events = sse_events(r)
+    conn.close()
+    assert events[-1] == "[DONE]"
+    bodies = [json.loads(e) for e in events[:-1]]
+    assert all("usage" not in b for b in bodies)
+    assert bodies[-1]["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_completion_stream_n_and_prompts(client):
+    chunks = list(client.completions.create(
+        model=NAME, prompt=[PROMPT, "Hello"], max_tokens=5, n=2, temperature=1.0, seed=3, stream=True,
+        extra_body={"ignore_eos": True},
+    ))
+    texts = {}
+    finished = set()
+    for ch in chunks:
+        for c in ch.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            if c.finish_reason:
+                finished.add(c.index)
+    assert finished == {0, 1, 2, 3}
+    full = client.completions.create(
+        model=NAME, prompt=[PROMPT, "Hello"], max_tokens=5, n=2, temperature=1.0, seed=3,
+        extra_body={"ignore_eos": True},
+    )
+    assert [texts[i] for i in range(4)] == [c.text for c in full.choices]
+
+
+def test_chat_completion_basic(server, client):
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Say something."},
+        {"role": "assistant", "content": "Something."},
+        {"role": "user", "content": "Again."},
+    ]
+    r = client.chat.completions.create(model=NAME, messages=messages, max_tokens=10, temperature=0)
+    assert r.id.startswith("chatcmpl-") and r.object == "chat.completion" and r.model == NAME
+    assert r.system_fingerprint is None
+    (c,) = r.choices
+    assert c.message.role == "assistant" and isinstance(c.message.content, str)
+    assert c.finish_reason in ("stop", "length")
+    _, t = server.json("POST", "/tokenize", {"messages": messages})
+    assert r.usage.prompt_tokens == t["count"]
+    assert 0 < r.usage.completion_tokens <= 10
+
+
+def test_chat_content_parts_equal_joined_string(client):
+    parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]
+    a = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": parts}], max_tokens=8, temperature=0)
+    b = client.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "first\nsecond"}], max_tokens=8, temperature=0
+    )
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens
+
+
+def test_chat_stream_chunks_and_usage(client):
+    kw = dict(model=NAME, messages=[{"role": "user", "content": "Tell me a story"}], max_completion_tokens=12,
+              temperature=0, extra_body={"ignore_eos": True})
+    expected = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert all(ch.object == "chat.completion.chunk" and ch.id == chunks[0].id for ch in chunks)
+    first, body, usage = chunks[0], chunks[1:-1], chunks[-1]
+    assert first.choices[0].delta.role == "assistant" and first.choices[0].delta.content == ""
+    assert "".join(ch.choices[0].delta.content or "" for ch in body) == expected.choices[0].message.content
+    assert body[-1].choices[0].finish_reason == "length"
+    assert all(ch.choices[0].finish_reason is None for ch in body[:-1])
+    assert usage.choices == [] and usage.usage.completion_tokens == 12
+    assert usage.usage.prompt_tokens == expected.usage.prompt_tokens
+    assert expected.usage.completion_tokens == 12
+
+
+def test_chat_logprobs_n_and_stop(client):
+    msgs = [{"role": "user", "content": "Count"}]
+    r = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=6, temperature=0, logprobs=True,
+                                       top_logprobs=2, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 6
+    for entry in content:
+        assert bytes(entry.bytes) == entry.token.encode()
+        assert len(entry.top_logprobs) == 2
+        assert math.isclose(entry.logprob, entry.top_logprobs[0].logprob, abs_tol=1e-5)
+    if not any("\ufffd" in e.token for e in content):
+        assert "".join(e.token for e in content) == r.choices[0].message.content
+    plain = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=6, temperature=0)
+    assert plain.choices[0].logprobs is None
+    many = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=4, n=3, temperature=1.0, seed=5)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    stream = list(client.chat.completions.create(model=NAME, messages=msgs, max_tokens=4, n=2, temperature=1.0,
+                                                 seed=5, stream=True))
+    roles = [ch.choices[0].index for ch in stream if ch.choices and ch.choices[0].delta.role == "assistant"]
+    assert sorted(roles) == [0, 1]
+    text = r.choices[0].message.content
+    stop = next(e.token for e in content[2:] if e.token.strip())
+    cut = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=6, temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop" and text.startswith(cut.choices[0].message.content)
+
+
+def test_metrics_exposition(server, client):
+    before = server.metrics()
+    greedy(client, PROMPT)
+    # The engine publishes its counters after the step that sent the last token.
+    after = server.wait_metrics(
+        lambda m: m["ferrite:generation_tokens_total"] >= before["ferrite:generation_tokens_total"] + 12
+    )
+    for name in [
+        "ferrite:num_requests_running", "ferrite:num_requests_waiting", "ferrite:kv_cache_usage_perc",
+        "ferrite:prefix_cache_queries_total", "ferrite:prefix_cache_hits_total", "ferrite:num_preemptions_total",
+        "ferrite:prompt_tokens_total", "ferrite:generation_tokens_total",
+        "ferrite:time_to_first_token_seconds_count", "ferrite:time_to_first_token_seconds_sum",
+        "ferrite:time_per_output_token_seconds_count", "ferrite:e2e_request_latency_seconds_count",
+    ]:
+        assert name in after, name
+    assert after["ferrite:generation_tokens_total"] >= before["ferrite:generation_tokens_total"] + 12
+    assert after["ferrite:prompt_tokens_total"] > before["ferrite:prompt_tokens_total"]
+    assert after["ferrite:prefix_cache_queries_total"] > before["ferrite:prefix_cache_queries_total"]
+    assert after["ferrite:time_to_first_token_seconds_count"] == before["ferrite:time_to_first_token_seconds_count"] + 1
+    assert after["ferrite:e2e_request_latency_seconds_count"] == before["ferrite:e2e_request_latency_seconds_count"] + 1
+    key = f'ferrite:request_success_total{{finished_reason="length",model_name="{NAME}"}}'
+    assert after[key] == before[key] + 1
+    inf = f'ferrite:e2e_request_latency_seconds_bucket{{le="+Inf",model_name="{NAME}"}}'
+    assert after[inf] == after["ferrite:e2e_request_latency_seconds_count"]
+    assert 0.0 <= after["ferrite:kv_cache_usage_perc"] <= 1.0
+    _, headers, text = server.request("GET", "/metrics")
+    assert headers["content-type"].startswith("text/plain")
+    assert "# TYPE ferrite:time_to_first_token_seconds histogram" in text.decode()

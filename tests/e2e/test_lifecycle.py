@@ -1,0 +1,174 @@
+"""The server under load and over its life: API keys, the queue bound, clients that vanish
+mid-stream, 64 concurrent streams, and shutdown on SIGTERM / SIGINT."""
+
+import json
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from conftest import NAME, open_stream, sse_events
+
+
+def test_api_key_guards_v1_only(spawn):
+    s = spawn("--api-key", "sekrit")
+    assert s.json("GET", "/v1/models")[0] == 401
+    status, body = s.json("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})
+    assert status == 401 and body["error"]["code"] == 401
+    status, _ = s.json("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2}, headers={"Authorization": "sekrit"})
+    assert status == 401
+    with pytest.raises(openai.AuthenticationError):
+        s.client(api_key="wrong").models.list()
+    good = s.client(api_key="sekrit")
+    assert [m.id for m in good.models.list().data] == [NAME]
+    assert good.completions.create(model=NAME, prompt="hi", max_tokens=2).usage.completion_tokens <= 2
+    # As in vLLM: health checks, scrapers and the tokenizer routes need no key.
+    assert s.request("GET", "/health")[0] == 200
+    assert s.request("GET", "/metrics")[0] == 200
+    assert s.json("POST", "/tokenize", {"prompt": "hi"})[0] == 200
+
+
+def test_queue_bound_gives_503_then_recovers(spawn):
+    s = spawn("--max-num-seqs", "1", "--max-queue", "0", max_model_len=2048)
+    body = {"model": NAME, "prompt": "hi", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    conn, r = open_stream(s, "/v1/completions", body)
+    assert r.status == 200
+    r.readline()  # the first chunk: the request holds its slot
+    status, err = s.json("POST", "/v1/completions", {"model": NAME, "prompt": "again", "max_tokens": 2})
+    assert status == 503, err
+    assert err["error"]["type"] == "ServiceUnavailableError" and "overloaded" in err["error"]["message"]
+    with pytest.raises(openai.InternalServerError) as e:
+        s.client().chat.completions.create(model=NAME, messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    assert e.value.status_code == 503
+    # Asking for more sequences than the bound could ever hold is the client's error.
+    status, err = s.json("POST", "/v1/completions", {"model": NAME, "prompt": ["a", "b"], "max_tokens": 2})
+    assert status == 400, err
+    conn.close()
+    deadline = time.time() + 30
+    while True:
+        status, _ = s.json("POST", "/v1/completions", {"model": NAME, "prompt": "again", "max_tokens": 2})
+        if status == 200 or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    assert status == 200
+
+
+def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
+    before = server.wait_metrics(lambda m: m["ferrite:num_requests_running"] == 0)
+    abort = f'ferrite:request_success_total{{finished_reason="abort",model_name="{NAME}"}}'
+    max_tokens = 1000
+    body = {"model": NAME, "prompt": "a long story", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    conn, r = open_stream(server, "/v1/completions", body)
+    for _ in range(3):
+        assert r.readline().startswith(b"data: ")
+        r.readline()
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    after = server.wait_metrics(
+        lambda m: m["ferrite:num_requests_running"] == 0 and m["ferrite:kv_cache_usage_perc"] == 0.0 and m[abort] > before[abort]
+    )
+    assert after["ferrite:num_requests_running"] == 0
+    assert after["ferrite:num_requests_waiting"] == 0
+    assert after["ferrite:kv_cache_usage_perc"] == 0.0
+    assert after[abort] == before[abort] + 1
+    generated = after["ferrite:generation_tokens_total"] - before["ferrite:generation_tokens_total"]
+    assert generated < max_tokens, "the request ran to the end after its client left"
+    # Non-streaming requests keep working.
+    c = server.client().completions.create(model=NAME, prompt="hi", max_tokens=3)
+    assert c.usage.completion_tokens <= 3
+
+
+def test_disconnect_while_waiting_for_a_non_streamed_answer_aborts(server):
+    before = server.wait_metrics(lambda m: m["ferrite:num_requests_running"] == 0)
+    abort = f'ferrite:request_success_total{{finished_reason="abort",model_name="{NAME}"}}'
+    max_tokens = 1000
+    conn = server.connect()
+    body = {"model": NAME, "prompt": "patience", "max_tokens": max_tokens, "ignore_eos": True}
+    conn.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    server.wait_metrics(lambda m: m["ferrite:num_requests_running"] >= 1, timeout=5)
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    after = server.wait_metrics(lambda m: m["ferrite:num_requests_running"] == 0 and m[abort] > before[abort])
+    assert after[abort] == before[abort] + 1
+    assert after["ferrite:generation_tokens_total"] - before["ferrite:generation_tokens_total"] < max_tokens
+    assert after["ferrite:kv_cache_usage_perc"] == 0.0
+
+
+def test_64_concurrent_streams_match_sequential_greedy(server, client):
+    prompts = [f"Request number {i} says" for i in range(64)]
+    kw = dict(max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    sequential = [client.completions.create(model=NAME, prompt=p, **kw).choices[0].text for p in prompts]
+    chat_sequential = [
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": p}], **kw).choices[0].message.content
+        for p in prompts[:16]
+    ]
+
+    def stream_completion(p):
+        chunks = list(client.completions.create(model=NAME, prompt=p, stream=True,
+                                                stream_options={"include_usage": True}, **kw))
+        assert chunks[-1].usage.completion_tokens == 24
+        assert chunks[-2].choices[0].finish_reason == "length"
+        return "".join(ch.choices[0].text for ch in chunks[:-1])
+
+    def stream_chat(p):
+        chunks = list(client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": p}],
+                                                     stream=True, **kw))
+        assert chunks[-1].choices[0].finish_reason == "length"
+        return "".join(ch.choices[0].delta.content or "" for ch in chunks)
+
+    with ThreadPoolExecutor(max_workers=80) as pool:
+        completions = pool.map(stream_completion, prompts)
+        chats = pool.map(stream_chat, prompts[:16])
+        completions, chats = list(completions), list(chats)
+    assert completions == sequential
+    assert chats == chat_sequential
+    m = server.wait_metrics(lambda m: m["ferrite:num_requests_running"] == 0)
+    assert m["ferrite:num_requests_running"] == 0 and m["ferrite:kv_cache_usage_perc"] == 0.0
+
+
+def test_sigterm_drains_in_flight_then_exits_zero(spawn):
+    s = spawn(max_model_len=2048)
+    body = {"model": NAME, "prompt": "drain me", "max_tokens": 2000, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    conn, r = open_stream(s, "/v1/completions", body)
+    assert r.status == 200
+    first = r.readline()
+    assert first.startswith(b"data: ")
+    s.proc.send_signal(signal.SIGTERM)
+    # New connections are refused once the signal is handled, while the stream goes on.
+    deadline = time.time() + 10
+    refused = False
+    while time.time() < deadline and not refused:
+        try:
+            socket.create_connection(("127.0.0.1", s.port), timeout=1).close()
+            time.sleep(0.02)
+        except OSError:
+            refused = True
+    events = sse_events(r)
+    conn.close()
+    assert refused, "the server kept accepting connections after SIGTERM"
+    assert events[-1] == "[DONE]"
+    usage = json.loads(events[-2])
+    assert usage["usage"]["completion_tokens"] == 2000
+    assert json.loads(events[-3])["choices"][0]["finish_reason"] == "length"
+    assert s.proc.wait(60) == 0, s.logs()
+
+
+def test_sigint_exits_zero_and_grace_is_bounded(spawn):
+    idle = spawn()
+    assert idle.stop(signal.SIGINT) == 0
+    s = spawn("--shutdown-timeout", "0.2", max_model_len=2048)
+    body = {"model": NAME, "prompt": "cut me", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    # Several long streams, so the work outlasts the grace period.
+    streams = [open_stream(s, "/v1/completions", body) for _ in range(4)]
+    for _, r in streams:
+        r.readline()
+    started = time.time()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(30) == 0, s.logs()
+    assert time.time() - started < 10
+    for conn, _ in streams:
+        conn.close()
