@@ -72,16 +72,11 @@ def build_battery(tok) -> list[dict[str, Any]]:
         # longer than the 512-token sliding window: local layers stop seeing the start
         ("terms_700", take_tokens(tok, terms, 700)),
         ("history_1000", take_tokens(tok, history, 1000)),
+        ("primes", "The first ten prime numbers are"),
+        # the GGUF (a base model) carries no chat template: Gemma's turn markers written out, as special tokens
+        ("turns_capital", "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n"),
     ]
     cases = [{"name": n, "prompt": t, "chat": False, "prompt_ids": tok(t)["input_ids"]} for n, t in raw]
-    chats = [
-        ("chat_capital", [{"role": "user", "content": "What is the capital of France?"}]),
-        ("chat_haiku", [{"role": "user", "content": "Write a haiku about the sea."}]),
-    ]
-    for name, msgs in chats:
-        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        ids = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]
-        cases.append({"name": name, "prompt": text, "chat": True, "messages": msgs, "prompt_ids": list(ids)})
     return cases
 
 
@@ -126,8 +121,8 @@ def main() -> int:
                                                  "rope_parameters", "query_pre_attn_scalar", "vocab_size")},
         "min_top2_gap": min(min(r["gaps"]) for r in results),
         "notes": [
-            "prompt_ids are transformers' ids (BOS 2 first; chat cases via apply_chat_template). The Rust gate feeds "
-            "them as they are and checks separately that ferrite's GGUF tokenizer gives the raw cases the same ids.",
+            "prompt_ids are transformers' ids (BOS 2 first). The GGUF has no chat template, so turns_capital writes "
+            "Gemma's turn markers out; the Rust gate checks that ferrite's GGUF tokenizer gives the same ids.",
         ],
         "cases": [
             {

@@ -13,9 +13,10 @@ use crate::serve::DTypeArg;
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
-    /// Checkpoint directory (config.json, safetensors, tokenizer.json) or a .gguf file.
+    /// Checkpoint directory (config.json, safetensors, tokenizer.json) or a .gguf file;
+    /// defaults to SmolLM2-135M-Instruct, downloaded on first use.
     #[arg(long)]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     #[arg(long)]
     pub prompt: String,
     /// Send the prompt as a user message through the model's chat template.
@@ -43,8 +44,11 @@ pub struct GenerateArgs {
 /// Runs synchronously (it blocks on the engine's stream), so call it outside an async runtime.
 pub fn run(args: GenerateArgs) -> Result<()> {
     let config = EngineConfig { kv_cache_memory: 1 << 30, ..EngineConfig::default() };
-    let llm = LLM::new(&args.model, args.dtype.dtype(), config)
-        .with_context(|| format!("loading {}", args.model.display()))?;
+    let model = match &args.model {
+        Some(path) => path.clone(),
+        None => crate::default_model::resolve()?,
+    };
+    let llm = LLM::new(&model, args.dtype.dtype(), config).with_context(|| format!("loading {}", model.display()))?;
     let prompt = if args.chat {
         let ids = llm
             .tokenizer()

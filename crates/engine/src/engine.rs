@@ -408,7 +408,8 @@ impl OutputProcessor {
                 children,
                 metrics: RequestMetrics::new(req.arrival),
                 want_logprobs: req.params.logprobs.is_some(),
-                prompt_logprobs: None,
+                // The first prompt token has no context, hence no logprob.
+                prompt_logprobs: req.params.prompt_logprobs.map(|_| vec![None]),
                 num_cached_tokens: 0,
             },
         );
@@ -433,8 +434,8 @@ impl OutputProcessor {
             let Some(parent) = self.parents.get_mut(&pid) else { continue };
             if index == 0 {
                 parent.num_cached_tokens = o.num_cached_tokens;
-                if let Some(lps) = o.new_prompt_logprobs {
-                    parent.prompt_logprobs.get_or_insert_with(|| vec![None]).extend(lps.into_iter().map(Some));
+                if let (Some(acc), Some(lps)) = (&mut parent.prompt_logprobs, o.new_prompt_logprobs) {
+                    acc.extend(lps.into_iter().map(Some));
                 }
             }
             if o.new_token_ids.is_empty() {

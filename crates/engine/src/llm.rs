@@ -44,7 +44,8 @@ impl LLM {
     }
 
     /// Runs every prompt (all submitted at once, batched by the scheduler) and returns their
-    /// final, cumulative outputs in prompt order. Must not be called from an async runtime.
+    /// final, cumulative outputs in prompt order; a request the engine failed fails the call.
+    /// Must not be called from an async runtime.
     pub fn generate(&self, prompts: Vec<PromptInput>, params: &SamplingParams) -> Result<Vec<RequestOutput>> {
         let client = self.engine.client();
         let mut streams = Vec::with_capacity(prompts.len());
@@ -61,7 +62,13 @@ impl LLM {
                         None => acc = Some(delta),
                     }
                 }
-                acc.filter(|a| a.finished).ok_or(EngineError::EngineStopped)
+                let out = acc.filter(|a| a.finished).ok_or(EngineError::EngineStopped)?;
+                match &out.error {
+                    Some(message) => {
+                        Err(EngineError::Internal(format!("request {} failed: {message}", out.request_id)))
+                    }
+                    None => Ok(out),
+                }
             })
             .collect()
     }

@@ -202,6 +202,13 @@ fn prompt_logprobs_agree_with_generation_logprobs() {
 }
 
 #[test]
+fn a_one_token_prompt_has_only_the_contextless_entry() {
+    let llm = llm("llama", config());
+    let out = &llm.generate(vec![prompt(0)], &SamplingParams { prompt_logprobs: Some(2), ..greedy(2) }).unwrap()[0];
+    assert_eq!(out.prompt_logprobs, Some(vec![None]));
+}
+
+#[test]
 fn penalties_change_greedy_choices() {
     let llm = llm("llama", config());
     // The pangram's greedy continuation repeats token 736 three times in a row.

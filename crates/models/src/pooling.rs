@@ -390,8 +390,10 @@ pub struct LoadedPoolingModel {
     pub max_forward_tokens: usize,
 }
 
-/// The default [`LoadedPoolingModel::max_forward_tokens`].
-pub const MAX_FORWARD_TOKENS: usize = 2048;
+/// The default [`LoadedPoolingModel::max_forward_tokens`]. Measured with all-MiniLM-L6-v2 at
+/// batch 64 x 128 tokens on 2 cores: 256 ran about 15% faster than 1024 and 8192 (whose
+/// activations, 50 MB per [tokens, intermediate] matrix, stream through memory).
+pub const MAX_FORWARD_TOKENS: usize = 256;
 
 impl LoadedPoolingModel {
     pub fn info(&self) -> &PoolingInfo {

@@ -77,15 +77,22 @@ impl ServeTask {
                 "--task score needs a cross-encoder with one output label; {arch} has {}",
                 model.info().labels.len()
             )),
-            (task, kind) => Err(format!("--task {} needs a {} model; {arch} is a {} model", task.as_str(), needed(task), kind.as_str())),
+            (task, kind) => Err(format!("--task {} needs {} model; {arch} is {} model", task.as_str(), kind_name(task.needs()), kind_name(kind))),
+        }
+    }
+
+    fn needs(self) -> PoolingTask {
+        match self {
+            ServeTask::Embed => PoolingTask::Embed,
+            ServeTask::Classify | ServeTask::Score => PoolingTask::Classify,
         }
     }
 }
 
-fn needed(task: ServeTask) -> &'static str {
-    match task {
-        ServeTask::Embed => "embed",
-        ServeTask::Classify | ServeTask::Score => "classify",
+fn kind_name(kind: PoolingTask) -> &'static str {
+    match kind {
+        PoolingTask::Embed => "an embedding",
+        PoolingTask::Classify => "a classification",
     }
 }
 
@@ -542,10 +549,10 @@ fn prompt_tokens(inputs: &[PoolingInput]) -> usize {
 
 fn unsupported(state: &PoolingState, api: &str) -> ApiError {
     ApiError::bad_request(format!(
-        "The model does not support {api} API (served with --task {}, {} is a {} model)",
+        "The model does not support {api} API (served with --task {}; {} is {} model)",
         state.task.as_str(),
         state.model.info().architecture,
-        state.model.info().task.as_str()
+        kind_name(state.model.info().task)
     ))
 }
 

@@ -2,9 +2,10 @@
 //!
 //! `cargo build --release -p ferrite-tensor --example cuda_bench`, then run the binary on a GPU
 //! machine (see notes/rust-cuda-recipe.md for LD_LIBRARY_PATH). Measures device copy bandwidth,
-//! `matmul_t` (cuBLAS) at decode shapes, and paged attention, each
-//! as the median of several event-timed runs; where the op can be captured into a CUDA graph the
-//! graph replay is timed too, which removes the host's launch overhead from the figure.
+//! `matmul_t` (cuBLAS) at decode shapes and paged attention, each as the median of several
+//! event-timed runs; where the op can be captured into a CUDA graph the graph replay is timed
+//! too, which removes the host's launch overhead from the figure. Arguments pick sections
+//! (`matmul`, `attention`; all by default) or `profile` (a few untimed launches for ncu).
 
 use std::fmt::Write as _;
 

@@ -359,7 +359,7 @@ pub fn combine_rows(y: &Tensor, rows: &[usize], weights: &[f32], per_row: usize)
 /// `[tokens, heads * v_head_dim]`.
 pub fn attention_dense(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttentionParams, seq_lens: &[usize], causal: bool) -> Result<Tensor> {
     let tokens: usize = seq_lens.iter().sum();
-    if p.num_kv_heads == 0 || p.num_heads % p.num_kv_heads != 0 {
+    if p.num_kv_heads == 0 || !p.num_heads.is_multiple_of(p.num_kv_heads) {
         return Err(shape_err("attention_dense", format!("{} heads over {} kv heads", p.num_heads, p.num_kv_heads)));
     }
     if q.rows() != tokens

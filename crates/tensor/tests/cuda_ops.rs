@@ -616,3 +616,19 @@ fn attention_dense_matches_cpu() {
         }
     }
 }
+
+/// The CPU semantics the CUDA ops are held to, checked on any machine.
+#[test]
+fn cpu_reference_semantics() {
+    let rows = [vec![1.0, 3.0, 3.0, 2.0], vec![f32::NEG_INFINITY; 4], vec![0.0, f32::NAN, 5.0, f32::NAN]];
+    let x = Tensor::from_f32(rows.concat(), &[3, 4]).unwrap();
+    assert_eq!(ops::argmax_rows(&x).unwrap(), vec![1, 0, 1]);
+    let mut r = rng(10);
+    let (a, b, w) = (random(&mut r, 2 * 64, 2.0), random(&mut r, 2 * 64, 2.0), random(&mut r, 64, 1.0));
+    let (a, b) = (Tensor::from_f32(a, &[2, 64]).unwrap(), Tensor::from_f32(b, &[2, 64]).unwrap());
+    let w = Tensor::from_f32(w, &[64]).unwrap();
+    let (normed, sum) = ops::add_rms_norm(&a, &b, &w, 1e-6, 1.0).unwrap();
+    let want_sum = ops::add(&b, &a).unwrap();
+    assert_eq!(sum.to_f32_vec(), want_sum.to_f32_vec());
+    assert_eq!(normed.to_f32_vec(), ops::rms_norm(&want_sum, &w, 1e-6, 1.0).unwrap().to_f32_vec());
+}

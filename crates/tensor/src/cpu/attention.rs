@@ -80,6 +80,7 @@ pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p:
 
 /// `out [m, n] = beta * a [m, k] @ b^T` (`b` row-major `[n, k]`) or, with `b_transposed`
 /// false, `a @ b` (`b` row-major `[k, n]`), single-threaded (callers parallelise over heads).
+#[allow(clippy::too_many_arguments)]
 fn small_gemm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], b_transposed: bool, beta: f32, out: &mut [f32]) {
     let (rhs_cs, rhs_rs) = if b_transposed { (k as isize, 1) } else { (1, n as isize) };
     // SAFETY: `a` is [m, k] and `out` [m, n] row-major, `b` holds n * k elements read with the
