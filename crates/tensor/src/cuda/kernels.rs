@@ -573,9 +573,7 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
     const int H = it.nheads;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int len = it.k_hi - it.k_lo;
-    // Splits are multiples of 32 keys: a short split leaves threads of its last round idle but
-    // shortens the block's chain of dependent loads, which is what bounds small batches.
-    const int chunk = ((len + splits - 1) / splits + 31) / 32 * 32;
+    const int chunk = ((len + splits - 1) / splits + DEC_SUB - 1) / DEC_SUB * DEC_SUB;
     const int kbeg = it.k_lo + split * chunk;
     const int kend = min(kbeg + chunk, it.k_hi);
 
