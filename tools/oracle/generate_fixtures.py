@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from oracle_common import ROOT, greedy_generate, manual_greedy, versions, write_json  # noqa: E402
+from oracle_common import (  # noqa: E402
+    ROOT, case_record, corpus_from, greedy_generate, manual_greedy, take_tokens, versions, write_json,
+)
 from moe_probe import init_correction_bias, routing_probe, zero_shared_expert_gate  # noqa: E402
 
 import torch  # noqa: E402
@@ -47,7 +49,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 TOKENIZER_DIR = ROOT / "fixtures" / "tokenizer"
 MODELS_DIR = ROOT / "fixtures" / "models"
-CORPUS = ROOT / "tools" / "oracle" / "corpus.txt"
 GENERATOR = "tools/oracle/generate_fixtures.py"
 
 MAX_NEW_TOKENS = 16
@@ -684,40 +685,21 @@ SPEC_BY_NAME = {s.name: s for s in SPECS}
 # --------------------------------------------------------------------------------------------
 
 
-def _corpus_section(start_marker: str) -> str:
-    text = CORPUS.read_text(encoding="utf-8")
-    i = text.index(start_marker)
-    return text[i:]
-
-
-def _take_tokens(tok, text: str, n: int) -> str:
-    """Longest whitespace-delimited prefix of `text` with at most n tokens."""
-    words = text.split(" ")
-    lo, hi = 1, len(words)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if len(tok(" ".join(words[:mid]))["input_ids"]) <= n:
-            lo = mid
-        else:
-            hi = mid - 1
-    return " ".join(words[:lo])
-
-
 def build_battery(tok) -> list[dict[str, Any]]:
     """Cases: name, prompt text, chat flag (+ messages). prompt_ids are what the HF tokenizer gives."""
-    history = _corpus_section("A. HISTORY OF THE SOFTWARE")
-    textwrap_src = _corpus_section('"""Text wrapping and filling.')
+    history = corpus_from("A. HISTORY OF THE SOFTWARE")
+    textwrap_src = corpus_from('"""Text wrapping and filling.')
     raw = [
         ("single_token", "def"),
         ("hello", "Hello, world!"),
         ("pangram", "The quick brown fox jumps over the lazy dog."),
         ("code", "def fibonacci(n):\n    if n < 2:\n        return n\n    return"),
         ("unicode", "Déjà vu: naïve café, 敏捷的棕色狐狸 🙂 — π ≈ 3.14159"),
-        ("paragraph_100", _take_tokens(tok, history, 100)),
-        ("code_300", _take_tokens(tok, textwrap_src, 300)),
+        ("paragraph_100", take_tokens(tok, history, 100)),
+        ("code_300", take_tokens(tok, textwrap_src, 300)),
         # decode crosses position 512 (dynamic-RoPE threshold) part-way through the 16 new tokens
-        ("near_512", _take_tokens(tok, history[700:], 505)),
-        ("long_650", _take_tokens(tok, history, 650)),
+        ("near_512", take_tokens(tok, history[700:], 505)),
+        ("long_650", take_tokens(tok, history, 650)),
     ]
     cases = [{"name": n, "prompt": p, "chat": False} for n, p in raw]
     chats = [
@@ -958,21 +940,7 @@ def generate_one(spec: Spec, tok, cases, min_gap_req: float) -> dict[str, Any]:
         **({"extra_ablations": extra} if extra else {}),
         **({"routing_probe": probe} if probe is not None else {}),
         "notes": spec.notes,
-        "cases": [
-            {
-                "name": c["name"],
-                "prompt": c["prompt"],
-                "chat": c["chat"],
-                **({"messages": c["messages"]} if c["chat"] else {}),
-                "prompt_len": len(c["prompt_ids"]),
-                "prompt_ids": c["prompt_ids"],
-                "output_ids": r["output_ids"],
-                "output_text": tok.decode(r["output_ids"]),
-                "min_top2_gap": min(r["gaps"]),
-                "top_logprobs": r["top_logprobs"],
-            }
-            for c, r in zip(cases, results)
-        ],
+        "cases": [case_record(tok, c, r) for c, r in zip(cases, results)],
     }
     write_json(out_dir / "oracle.json", oracle)
     return {

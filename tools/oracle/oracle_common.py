@@ -1,4 +1,5 @@
-"""Shared helpers for the oracle scripts (generate_fixtures.py, generate_smollm2_goldens.py).
+"""Shared helpers for the oracle scripts (generate_fixtures.py, generate_smollm2_goldens.py,
+generate_gemma3_goldens.py).
 
 The oracle is Hugging Face transformers, PyTorch, float32, CPU, eager attention, greedy decoding.
 """
@@ -10,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ import transformers  # noqa: E402
 transformers.utils.logging.disable_progress_bar()
 
 ROOT = Path(__file__).resolve().parents[2]
+CORPUS = ROOT / "tools" / "oracle" / "corpus.txt"
 TOP_K = 5
 
 torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
@@ -125,6 +128,80 @@ def manual_greedy(model, prompt_ids: list[int], n: int) -> tuple[list[int], list
         toks.append(t)
         out = model(input_ids=torch.tensor([[t]]), cache=cache, use_cache=True)
     return toks, logits
+
+
+# --------------------------------------------------------------------------------------------
+# Real-weights goldens from a GGUF (generate_smollm2_goldens.py, generate_gemma3_goldens.py)
+# --------------------------------------------------------------------------------------------
+
+
+def corpus_from(marker: str) -> str:
+    """corpus.txt from the first occurrence of `marker` on."""
+    text = CORPUS.read_text(encoding="utf-8")
+    return text[text.index(marker):]
+
+
+def take_tokens(tok, text: str, n: int) -> str:
+    """The longest prefix of `text`, in whole space-separated words, that `tok` encodes in at most n tokens."""
+    words = text.split(" ")
+    lo, hi = 1, len(words)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(tok(" ".join(words[:mid]))["input_ids"]) <= n:
+            lo = mid
+        else:
+            hi = mid - 1
+    return " ".join(words[:lo])
+
+
+def load_gguf(gguf: Path):
+    """(tokenizer, model) from a GGUF file, dequantized by transformers to f32, eager attention, eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
+    )
+    model.eval()
+    return tok, model
+
+
+def greedy_case(model, tok, case: dict[str, Any]) -> dict[str, Any]:
+    """greedy_generate for one battery case: its "prompt_ids", "max_new_tokens" and "stop_at_eos"
+    (at the tokenizer's EOS)."""
+    return greedy_generate(
+        model, case["prompt_ids"], case["max_new_tokens"], stop_at_eos=case["stop_at_eos"], eos_token_id=tok.eos_token_id
+    )
+
+
+def run_battery(model, tok, cases: list[dict[str, Any]], name_width: int) -> list[dict[str, Any]]:
+    """greedy_case for every case, printing one line each (name padded to `name_width`)."""
+    out = []
+    for c in cases:
+        t0 = time.time()
+        r = greedy_case(model, tok, c)
+        print(f"  {c['name']:{name_width}s} prompt {len(c['prompt_ids']):5d}  gap {min(r['gaps']):.2e}  "
+              f"{time.time() - t0:5.1f}s  {tok.decode(r['output_ids'])!r}")
+        out.append(r)
+    return out
+
+
+def case_record(tok, case: dict[str, Any], result: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """One entry of a golden's "cases": the prompt, its ids and the greedy result; `extra` keys go
+    after the messages, before prompt_len."""
+    return {
+        "name": case["name"],
+        "prompt": case["prompt"],
+        "chat": case["chat"],
+        **({"messages": case["messages"]} if case["chat"] else {}),
+        **extra,
+        "prompt_len": len(case["prompt_ids"]),
+        "prompt_ids": case["prompt_ids"],
+        "output_ids": result["output_ids"],
+        "output_text": tok.decode(result["output_ids"]),
+        "min_top2_gap": min(result["gaps"]),
+        "top_logprobs": result["top_logprobs"],
+    }
 
 
 # --------------------------------------------------------------------------------------------

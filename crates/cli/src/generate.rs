@@ -9,7 +9,7 @@ use clap::Args;
 use ferrite_engine::{EngineConfig, PromptInput, RequestOutput, SamplingParams, LLM};
 use ferrite_tokenizer::ChatMessage;
 
-use crate::serve::DTypeArg;
+use crate::serve::{DTypeArg, DeviceArgs};
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
@@ -39,16 +39,19 @@ pub struct GenerateArgs {
     pub ignore_eos: bool,
     #[arg(long, value_enum, default_value = "auto")]
     pub dtype: DTypeArg,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// Runs synchronously (it blocks on the engine's stream), so call it outside an async runtime.
 pub fn run(args: GenerateArgs) -> Result<()> {
-    let config = EngineConfig { kv_cache_memory: 1 << 30, ..EngineConfig::default() };
+    let dtype = args.dtype.dtype_on(args.device.device);
+    let config = args.device.apply(dtype, true, EngineConfig { kv_cache_memory: 1 << 30, ..EngineConfig::default() });
     let model = match &args.model {
         Some(path) => path.clone(),
         None => crate::default_model::resolve()?,
     };
-    let llm = LLM::new(&model, args.dtype.dtype(), config).with_context(|| format!("loading {}", model.display()))?;
+    let llm = LLM::new(&model, dtype, config).with_context(|| format!("loading {}", model.display()))?;
     let prompt = if args.chat {
         let ids = llm
             .tokenizer()

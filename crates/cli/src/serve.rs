@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use ferrite_engine::{EngineConfig, LLM};
 use ferrite_server::{AppState, ServerConfig};
-use ferrite_tensor::DType;
+use ferrite_tensor::{DType, Device};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum DTypeArg {
@@ -24,11 +24,56 @@ pub enum DTypeArg {
 }
 
 impl DTypeArg {
-    pub(crate) fn dtype(self) -> DType {
+    /// `auto` is float32 on the CPU (the reference precision) and bfloat16 on a GPU.
+    pub(crate) fn dtype_on(self, device: Device) -> DType {
         match self {
-            DTypeArg::Auto | DTypeArg::Float32 => DType::F32,
-            DTypeArg::Bfloat16 => DType::BF16,
+            DTypeArg::Auto if device == Device::Cpu => DType::F32,
+            DTypeArg::Auto | DTypeArg::Bfloat16 => DType::BF16,
+            DTypeArg::Float32 => DType::F32,
             DTypeArg::Float16 => DType::F16,
+        }
+    }
+
+    pub(crate) fn dtype(self) -> DType {
+        self.dtype_on(Device::Cpu)
+    }
+}
+
+/// `cpu`, `cuda` (GPU 0) or `cuda:N`.
+pub(crate) fn parse_device(text: &str) -> std::result::Result<Device, String> {
+    match text.trim() {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" | "gpu" => Ok(Device::Cuda(0)),
+        other => other
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Device::Cuda)
+            .ok_or_else(|| format!("unknown device {text:?} (expected cpu, cuda or cuda:N)")),
+    }
+}
+
+/// Where the model runs, shared by `serve` and `generate`.
+#[derive(Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: Device,
+    /// On a GPU: the share of its memory for weights, activations and the KV cache (the KV
+    /// cache gets what the weights and a profiled largest step leave).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f32,
+}
+
+impl DeviceArgs {
+    /// The engine settings that follow from the device, on top of `config`; on a GPU the KV
+    /// cache is sized from free memory unless `explicit_kv` says how large it is.
+    pub(crate) fn apply(&self, dtype: DType, explicit_kv: bool, config: EngineConfig) -> EngineConfig {
+        let on_gpu = self.device != Device::Cpu;
+        EngineConfig {
+            device: self.device,
+            kv_cache_dtype: if on_gpu { dtype } else { DType::F32 },
+            gpu_memory_utilization: (on_gpu && !explicit_kv).then_some(self.gpu_memory_utilization),
+            ..config
         }
     }
 }
@@ -54,6 +99,8 @@ pub struct ServeArgs {
     pub api_key: Option<String>,
     #[arg(long, value_enum, default_value = "auto")]
     pub dtype: DTypeArg,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Sequences the engine runs at once.
     #[arg(long, default_value_t = 256)]
     pub max_num_seqs: usize,
@@ -61,8 +108,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
     /// KV-cache size, in bytes or with a unit: 512MiB, 4GiB, 2G.
-    #[arg(long, default_value = "4GiB", value_parser = parse_bytes)]
-    pub kv_cache_memory: usize,
+    /// KV cache size; default 4GiB on the CPU, and on a GPU what --gpu-memory-utilization leaves.
+    #[arg(long, value_parser = parse_bytes)]
+    pub kv_cache_memory: Option<usize>,
     /// Tokens per KV-cache block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -109,17 +157,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(task) = crate::serve_pooling::pooling_task(&args)? {
         return crate::serve_pooling::run(args, task);
     }
+    let dtype = args.dtype.dtype_on(args.device.device);
     let config = EngineConfig {
         block_size: args.block_size,
-        kv_cache_memory: args.kv_cache_memory,
+        kv_cache_memory: args.kv_cache_memory.unwrap_or(EngineConfig::default().kv_cache_memory),
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_num_seqs: args.max_num_seqs,
         max_model_len: args.max_model_len,
         enable_prefix_caching: !args.no_enable_prefix_caching,
         ..EngineConfig::default()
     };
+    let config = args.device.apply(dtype, args.kv_cache_memory.is_some(), config);
     let model_root = args.model.display().to_string();
-    let llm = LLM::new(&args.model, args.dtype.dtype(), config).with_context(|| format!("loading {model_root}"))?;
+    let llm = LLM::new(&args.model, dtype, config).with_context(|| format!("loading {model_root}"))?;
     let served_model_names =
         if args.served_model_name.is_empty() { vec![model_root.clone()] } else { args.served_model_name.clone() };
     let server_config = ServerConfig {

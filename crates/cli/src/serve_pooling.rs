@@ -55,7 +55,10 @@ pub fn run(args: ServeArgs, task: Option<ServeTask>) -> Result<()> {
     if !args.model.is_dir() {
         bail!("pooling models load from a checkpoint directory (config.json + safetensors), not {model_root}");
     }
-    let opts = LoadOptions { dtype: args.dtype.dtype(), progress: true };
+    if args.device.device != ferrite_tensor::Device::Cpu {
+        bail!("pooling models run on the CPU only (--device {:?} is for generative models)", args.device.device);
+    }
+    let opts = LoadOptions { dtype: args.dtype.dtype(), progress: true, ..Default::default() };
     let model = load_pooling_model(&args.model, &opts).with_context(|| format!("loading {model_root}"))?;
     let tokenizer = Tokenizer::from_dir(Path::new(&args.model)).with_context(|| format!("loading the tokenizer of {model_root}"))?;
     let task = task.unwrap_or_else(|| ServeTask::infer(&model));

@@ -21,6 +21,9 @@ pub struct EngineConfig {
     pub device: Device,
     /// Element type of a device KV cache (the CPU cache is always f32).
     pub kv_cache_dtype: DType,
+    /// On a GPU, the share of the card's memory the engine may fill (weights, activations and
+    /// KV cache); when set, `kv_cache_memory` is derived from it instead of read.
+    pub gpu_memory_utilization: Option<f32>,
 }
 
 impl Default for EngineConfig {
@@ -35,6 +38,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             device: Device::Cpu,
             kv_cache_dtype: DType::F32,
+            gpu_memory_utilization: None,
         }
     }
 }

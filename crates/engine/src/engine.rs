@@ -96,6 +96,11 @@ pub struct Engine {
 impl Engine {
     pub fn new(model: Box<dyn CausalLM>, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine> {
         let info = model.info().clone();
+        let (_, max_model_len) = config.resolve(&info)?;
+        let config = EngineConfig {
+            kv_cache_memory: crate::memory::kv_budget(model.as_ref(), &config, max_model_len)?,
+            ..config
+        };
         let (cache, max_model_len) = config.resolve(&info)?;
         let runner = ModelRunner::new(model, &cache, &config)?;
         let sched_config = SchedulerConfig {

@@ -10,6 +10,7 @@ pub mod detokenizer;
 pub mod engine;
 pub mod error;
 pub mod llm;
+pub mod memory;
 pub mod output;
 pub mod params;
 pub mod runner;

@@ -22,7 +22,7 @@ impl LLM {
     /// (which carries its own tokenizer) and starts an engine on it.
     pub fn new(model_path: impl AsRef<Path>, dtype: DType, config: EngineConfig) -> Result<LLM> {
         let path = model_path.as_ref();
-        let loaded = load_model(path, &LoadOptions { dtype, progress: true })?;
+        let loaded = load_model(path, &LoadOptions { dtype, device: config.device, progress: true })?;
         let tokenizer = match &loaded.gguf_tokenizer {
             Some((json, tokenizer_config)) => Tokenizer::from_parts(json, tokenizer_config, None, None)?,
             None => Tokenizer::from_dir(path)?,

@@ -6,18 +6,40 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ferrite_models::{CausalLM, ForwardInput};
-use ferrite_tensor::{AttnMetadata, AttnSeq, PagedKvLayer};
+use ferrite_tensor::ops::{self, RowSampling};
+use ferrite_tensor::{AttnMetadata, AttnSeq, Device, PagedKvLayer, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use rayon::prelude::*;
 
 use crate::config::{CacheConfig, EngineConfig};
-use crate::core::scheduler::{ModelRunnerOutput, SchedulerOutput};
+use crate::core::scheduler::{ModelRunnerOutput, SampledToken, SchedulerOutput};
 use crate::core::{BlockId, ReqId};
 use crate::error::{EngineError, Result};
 use crate::output::TokenLogprob;
 use crate::params::RequestSampling;
 use crate::sampler::{self, SampleRow};
+
+/// Whether a request's next token can be chosen on the device from the logits alone.
+fn samples_on_device(sampling: &RequestSampling, output_len: usize) -> bool {
+    let p = &sampling.params;
+    p.logprobs.is_none() && !p.has_penalties() && (output_len >= p.min_tokens || sampling.min_tokens_mask.is_empty())
+}
+
+/// The device sampler's view of a request's parameters. Its draws are named by the request's
+/// seed and the index of the token being drawn, so a request samples the same tokens whatever
+/// it is batched with, and again after a preemption.
+fn row_sampling(sampling: &RequestSampling, output_len: usize) -> RowSampling {
+    let p = &sampling.params;
+    RowSampling {
+        temperature: if p.is_greedy() { 0.0 } else { p.temperature },
+        top_k: u32::try_from(p.top_k).unwrap_or(0),
+        top_p: p.top_p,
+        min_p: p.min_p,
+        seed: sampling.seed,
+        step: output_len as u64,
+    }
+}
 
 struct CachedRequestState {
     /// Prompt and every token sampled so far.
@@ -43,6 +65,12 @@ enum RowUse {
     Sample(ReqId),
     /// Logits at prompt position `pos` score the prompt token at `pos + 1`.
     PromptLogprob(ReqId, usize),
+}
+
+impl CachedRequestState {
+    fn output_len(&self) -> usize {
+        self.token_ids.len() - self.num_prompt_tokens
+    }
 }
 
 impl ModelRunner {
@@ -146,37 +174,99 @@ impl ModelRunner {
             logit_rows.push(tokens.len() - 1);
         }
         let meta = AttnMetadata::new(seqs, self.block_size)?;
+        let started = std::time::Instant::now();
         let logits = {
             let _span = tracing::debug_span!("forward", tokens = tokens.len(), rows = logit_rows.len()).entered();
             self.model
                 .forward(&ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &logit_rows }, &mut self.kv_caches)?
         };
+        // On a GPU `forward` returns once its kernels are queued: the gap between the two times
+        // says whether a step is bound by the host issuing work or by the device running it.
+        let issued = started.elapsed();
         let vocab = logits.last_dim();
-        let mut data = logits.to_f32_vec();
-        if data.len() != logit_rows.len() * vocab {
+        if logits.rows() != logit_rows.len() {
             return Err(EngineError::Internal(format!(
-                "forward returned {} logits for {} rows of vocab {vocab}",
-                data.len(),
+                "forward returned {} rows of logits for {} rows",
+                logits.rows(),
                 logit_rows.len()
             )));
         }
-
         for &(id, n) in &so.num_scheduled_tokens {
             if let Some(state) = self.requests.get_mut(&id) {
                 state.num_computed_tokens += n;
             }
         }
         let _span = tracing::debug_span!("sample", rows = logit_rows.len()).entered();
-        self.prompt_logprobs(&row_uses, &data, vocab, &mut out);
-        self.sample(&row_uses, &mut data, vocab, &mut out);
+        // On a GPU, rows whose sampler needs nothing but the logits are sampled there, so only
+        // their token ids cross to the host; the rest (logprobs, penalties, min-tokens masks)
+        // copy their rows back.
+        let on_device: Vec<bool> = row_uses
+            .iter()
+            .map(|u| match *u {
+                RowUse::Sample(id) if logits.device() != Device::Cpu => {
+                    self.requests.get(&id).is_some_and(|s| samples_on_device(&s.sampling, s.output_len()))
+                }
+                _ => false,
+            })
+            .collect();
+        let (device_rows, host_rows): (Vec<usize>, Vec<usize>) = (0..row_uses.len()).partition(|&i| on_device[i]);
+        if !device_rows.is_empty() {
+            self.sample_on_device(&logits, &row_uses, &device_rows, &mut out)?;
+        }
+        if !host_rows.is_empty() {
+            let host = if device_rows.is_empty() { logits } else { ops::gather_rows(&logits, &host_rows)? };
+            let mut data = host.to_f32_vec();
+            let host_uses: Vec<&RowUse> = host_rows.iter().map(|&i| &row_uses[i]).collect();
+            self.prompt_logprobs(&host_uses, &data, vocab, &mut out);
+            self.sample(&host_uses, &mut data, vocab, &mut out);
+        }
+        tracing::debug!(
+            tokens = tokens.len(),
+            seqs = so.num_scheduled_tokens.len(),
+            issue_ms = issued.as_secs_f64() * 1e3,
+            step_ms = started.elapsed().as_secs_f64() * 1e3,
+            "step timing"
+        );
         Ok(out)
     }
 
-    fn prompt_logprobs(&mut self, row_uses: &[RowUse], data: &[f32], vocab: usize, out: &mut ModelRunnerOutput) {
+    /// Rows sampled by the device; the sampled token has no logprob (none was asked).
+    fn sample_on_device(
+        &mut self,
+        logits: &Tensor,
+        row_uses: &[RowUse],
+        rows: &[usize],
+        out: &mut ModelRunnerOutput,
+    ) -> Result<()> {
+        let picked = if rows.len() == row_uses.len() { logits.clone() } else { ops::gather_rows(logits, rows)? };
+        let params: Vec<RowSampling> = rows
+            .iter()
+            .map(|&row| match row_uses[row] {
+                RowUse::Sample(id) => self.requests.get(&id).map(|s| row_sampling(&s.sampling, s.output_len())),
+                RowUse::PromptLogprob(..) => None,
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(|| EngineError::Internal("a device-sampled row lost its request".into()))?;
+        let ids = if params.iter().all(|p| p.temperature == 0.0) {
+            ops::argmax_rows(&picked)?
+        } else {
+            ops::sample_rows(&picked, &params)?
+        };
+        for (&row, token_id) in rows.iter().zip(ids) {
+            let RowUse::Sample(id) = row_uses[row] else { continue };
+            if let Some(state) = self.requests.get_mut(&id) {
+                state.token_ids.push(token_id);
+            }
+            out.sampled.insert(id, SampledToken { token_id, logprob: None });
+        }
+        Ok(())
+    }
+
+    fn prompt_logprobs(&mut self, row_uses: &[&RowUse], data: &[f32], vocab: usize, out: &mut ModelRunnerOutput) {
         let jobs: Vec<(ReqId, usize, &[f32], u32, usize)> = row_uses
             .iter()
             .zip(data.chunks(vocab))
-            .filter_map(|(u, row)| match *u {
+            .filter_map(|(u, row)| match **u {
                 RowUse::PromptLogprob(id, pos) => {
                     let state = self.requests.get(&id)?;
                     let top = state.sampling.params.prompt_logprobs.unwrap_or(0);
@@ -197,13 +287,13 @@ impl ModelRunner {
         }
     }
 
-    fn sample(&mut self, row_uses: &[RowUse], data: &mut [f32], vocab: usize, out: &mut ModelRunnerOutput) {
+    fn sample(&mut self, row_uses: &[&RowUse], data: &mut [f32], vocab: usize, out: &mut ModelRunnerOutput) {
         let mut states: HashMap<ReqId, &mut CachedRequestState> =
             self.requests.iter_mut().map(|(k, v)| (*k, v)).collect();
         let mut ids = Vec::new();
         let mut rows = Vec::new();
         for (u, row) in row_uses.iter().zip(data.chunks_mut(vocab)) {
-            let RowUse::Sample(id) = *u else { continue };
+            let RowUse::Sample(id) = **u else { continue };
             let Some(state) = states.remove(&id) else { continue };
             let (prompt, output) = state.token_ids.split_at(state.num_prompt_tokens);
             ids.push(id);

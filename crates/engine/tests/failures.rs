@@ -43,7 +43,7 @@ impl CausalLM for Faulty {
 
 fn faulty_llm(fault: Fault) -> LLM {
     let dir = fixture("llama");
-    let inner = load_model(&dir, &LoadOptions { dtype: DType::F32, progress: false }).unwrap().model;
+    let inner = load_model(&dir, &LoadOptions { dtype: DType::F32, progress: false, ..Default::default() }).unwrap().model;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir).unwrap());
     LLM::from_engine(Engine::new(Box::new(Faulty { inner, fault }), tokenizer, config()).unwrap())
 }

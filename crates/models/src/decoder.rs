@@ -227,8 +227,8 @@ impl CausalLM for Decoder {
     /// The LM head's input: final norm (and OPT's `project_out`) of the `logit_rows`.
     fn hidden_states(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
         let meta = input.meta;
-        let tables = self.ropes.iter().map(|r| r.cos_sin(meta)).collect::<Result<Vec<_>>>()?;
         let mut h = self.embed.forward(input.tokens)?;
+        let tables = self.ropes.iter().map(|r| r.cos_sin(meta, h.device())).collect::<Result<Vec<_>>>()?;
         if let Some(s) = self.embed_scale {
             h = ops::scale(&h, s)?;
         }

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ferrite_tensor::{AttnMetadata, AttnSeq, PagedKvLayer};
+use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device, PagedKvLayer};
 use serde::Deserialize;
 
 use crate::model::CausalLM;
@@ -68,14 +68,27 @@ pub fn argmax(row: &[f32]) -> u32 {
 /// Batch-1 greedy generation over a private paged cache (prefill in one step, then decode):
 /// the model alone, without the engine's scheduler.
 pub fn greedy(model: &dyn CausalLM, prompt: &[u32], new_tokens: usize, block_size: usize) -> Result<Generation> {
+    greedy_on(model, prompt, new_tokens, block_size, Device::Cpu, DType::F32)
+}
+
+/// [`greedy`] with the KV cache on `device` in `kv_dtype` (where the model's weights live, in the
+/// dtype of its activations).
+pub fn greedy_on(
+    model: &dyn CausalLM,
+    prompt: &[u32],
+    new_tokens: usize,
+    block_size: usize,
+    device: Device,
+    kv_dtype: DType,
+) -> Result<Generation> {
     let total = prompt.len() + new_tokens;
     let blocks = total.div_ceil(block_size);
     let mut kv: Vec<PagedKvLayer> = model
         .info()
         .kv_layers
         .iter()
-        .map(|s| PagedKvLayer::new_cpu(blocks, block_size, s.num_kv_heads, s.k_dim, s.v_dim))
-        .collect();
+        .map(|s| PagedKvLayer::new_on(device, kv_dtype, blocks, block_size, s.num_kv_heads, s.k_dim, s.v_dim))
+        .collect::<std::result::Result<_, _>>()?;
     // Reversed block order: the model must follow the block table, not assume contiguity.
     let block_table: Vec<u32> = (0..blocks as u32).rev().collect();
     let mut tokens = Vec::with_capacity(new_tokens);
@@ -155,12 +168,18 @@ pub fn fixtures_dir() -> PathBuf {
 }
 
 /// Runs one fixture's whole battery on CPU at `dtype`; returns the per-case reports.
-pub fn run_fixture(dir: &Path, dtype: ferrite_tensor::DType) -> Result<(Oracle, Vec<CaseReport>)> {
+pub fn run_fixture(dir: &Path, dtype: DType) -> Result<(Oracle, Vec<CaseReport>)> {
+    run_fixture_on(dir, dtype, Device::Cpu)
+}
+
+/// [`run_fixture`] with the weights and the KV cache on `device`.
+pub fn run_fixture_on(dir: &Path, dtype: DType, device: Device) -> Result<(Oracle, Vec<CaseReport>)> {
     let oracle = Oracle::load(&dir.join("oracle.json"))?;
-    let loaded = crate::load_model(dir, &crate::LoadOptions { dtype, progress: false })?;
+    let loaded = crate::load_model(dir, &crate::LoadOptions { dtype, device, progress: false })?;
+    let kv_dtype = if device == Device::Cpu { DType::F32 } else { dtype };
     let mut reports = Vec::new();
     for case in &oracle.cases {
-        let ours = greedy(loaded.model.as_ref(), &case.prompt_ids, case.output_ids.len(), 16)?;
+        let ours = greedy_on(loaded.model.as_ref(), &case.prompt_ids, case.output_ids.len(), 16, device, kv_dtype)?;
         reports.push(judge(case, &ours));
     }
     Ok((oracle, reports))
@@ -170,7 +189,7 @@ pub fn run_fixture(dir: &Path, dtype: ferrite_tensor::DType) -> Result<(Oracle, 
 /// non-default configuration of a family, e.g. MLA's latent KV cache).
 pub fn run_fixture_with(
     dir: &Path,
-    dtype: ferrite_tensor::DType,
+    dtype: DType,
     build: impl Fn(&crate::config::RawConfig, &crate::weights::Weights) -> Result<Box<dyn CausalLM>>,
 ) -> Result<(Oracle, Vec<CaseReport>)> {
     let oracle = Oracle::load(&dir.join("oracle.json"))?;

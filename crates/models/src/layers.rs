@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use ferrite_tensor::{ops, Activation, AttentionParams, AttnMetadata, CpuStorage, PagedKvLayer, Storage, Tensor, TensorError};
+use ferrite_tensor::{ops, Activation, AttentionParams, AttnMetadata, CpuStorage, Device, PagedKvLayer, Storage, Tensor, TensorError};
 
 use crate::rope::Rope;
 use crate::weights::Weights;
@@ -232,7 +232,9 @@ fn select_rows(t: &Tensor, ranges: &[Range<usize>]) -> Result<Tensor> {
     fn pick<T: Copy>(v: &[T], cols: usize, ranges: &[Range<usize>]) -> Vec<T> {
         ranges.iter().flat_map(|r| v[r.start * cols..r.end * cols].iter().copied()).collect()
     }
-    let storage = match t.cpu() {
+    // Load-time only, so a device tensor takes the round trip through host memory.
+    let host = t.to_device(Device::Cpu)?;
+    let storage = match host.cpu() {
         Some(CpuStorage::F32(v)) => CpuStorage::F32(pick(v, cols, ranges)),
         Some(CpuStorage::F16(v)) => CpuStorage::F16(pick(v, cols, ranges)),
         Some(CpuStorage::BF16(v)) => CpuStorage::BF16(pick(v, cols, ranges)),
@@ -240,7 +242,7 @@ fn select_rows(t: &Tensor, ranges: &[Range<usize>]) -> Result<Tensor> {
     };
     let n: usize = ranges.iter().map(|r| r.len()).sum();
     let shape = if t.rank() == 1 { vec![n] } else { vec![n, cols] };
-    Ok(Tensor::from_storage(Storage::Cpu(storage), shape)?)
+    Ok(Tensor::from_storage(Storage::Cpu(storage), shape)?.to_device(t.device())?)
 }
 
 /// `[a, b] -> [b, a]` of a CPU matrix, at load time.
@@ -252,13 +254,14 @@ fn transpose(t: &Tensor) -> Result<Tensor> {
     fn flip<T: Copy>(v: &[T], a: usize, b: usize) -> Vec<T> {
         (0..b).flat_map(|j| (0..a).map(move |i| v[i * b + j])).collect()
     }
-    let storage = match t.cpu() {
+    let host = t.to_device(Device::Cpu)?;
+    let storage = match host.cpu() {
         Some(CpuStorage::F32(v)) => CpuStorage::F32(flip(v, a, b)),
         Some(CpuStorage::F16(v)) => CpuStorage::F16(flip(v, a, b)),
         Some(CpuStorage::BF16(v)) => CpuStorage::BF16(flip(v, a, b)),
         None => return Err(TensorError::Unsupported { op: "transpose", detail: "a tensor on a device".into() }.into()),
     };
-    Ok(Tensor::from_storage(Storage::Cpu(storage), vec![b, a])?)
+    Ok(Tensor::from_storage(Storage::Cpu(storage), vec![b, a])?.to_device(t.device())?)
 }
 
 /// RMSNorm or LayerNorm, for blocks whose family picks one.

@@ -3,7 +3,7 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-use ferrite_tensor::DType;
+use ferrite_tensor::{DType, Device};
 
 use crate::config::RawConfig;
 use crate::gguf::{self, GgufFile};
@@ -15,13 +15,15 @@ use crate::{ModelError, Result};
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     pub dtype: DType,
+    /// Where the weights are placed; CUDA holds f32 and bf16 tensors.
+    pub device: Device,
     /// Draw a progress bar on stderr (only when it is a terminal).
     pub progress: bool,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { dtype: DType::F32, progress: true }
+        LoadOptions { dtype: DType::F32, device: Device::Cpu, progress: true }
     }
 }
 
@@ -44,6 +46,15 @@ pub struct LoadedModel {
 }
 
 pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    if opts.dtype == DType::F16 && opts.device != Device::Cpu {
+        return Err(ModelError::Config {
+            path: path.to_path_buf(),
+            message: format!(
+                "dtype float16 on {:?}: the CUDA backend computes in bfloat16 or float32 (pass --dtype bfloat16)",
+                opts.device
+            ),
+        });
+    }
     let is_file = path.is_file();
     if !path.exists() {
         return Err(ModelError::Io {
@@ -79,7 +90,7 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         bar.set_message(arch.clone());
         bar
     });
-    let weights = Weights::new(source, opts.dtype, bar.clone());
+    let weights = Weights::new(source, opts.dtype, bar.clone()).on_device(opts.device);
     let span = tracing::info_span!("load", arch = %arch, path = %path.display());
     let _guard = span.enter();
     let model = constructor(&config, &weights)?;

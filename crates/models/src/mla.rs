@@ -132,7 +132,11 @@ impl Mla {
                     uv.extend_from_slice(&kvb[base + dn * r..base + (dn + dv) * r]);
                 }
                 let dtype = kv_b.weight.dtype();
-                Some((Tensor::from_f32_as(uk_t, &[h, r, dn], dtype)?, Tensor::from_f32_as(uv, &[h, dv, r], dtype)?))
+                let device = kv_b.weight.device();
+                Some((
+                    Tensor::from_f32_as(uk_t, &[h, r, dn], dtype)?.to_device(device)?,
+                    Tensor::from_f32_as(uv, &[h, dv, r], dtype)?.to_device(device)?,
+                ))
             }
         };
         Ok(Mla { q, kv_a, kv_norm, kv_b, o, dims, scale, mode, absorbed })

@@ -19,7 +19,7 @@
 //! routing and the counting sort moved on device with the same outputs as [`Routing`] and
 //! [`ExpertGroups`].
 
-use ferrite_tensor::{ops, Activation, CpuStorage, Storage, Tensor};
+use ferrite_tensor::{ops, Activation, CpuStorage, Device, Storage, Tensor};
 
 use crate::layers::{GatedMlp, Linear};
 use crate::weights::Weights;
@@ -228,21 +228,20 @@ impl RouterConfig {
 }
 
 impl Router {
-    /// `name` is the gate's weight prefix (`...mlp.gate`). DeepSeek keeps the gate in f32
-    /// (`f32_weight`); the correction bias is read from `{name}.e_score_correction_bias` when
-    /// `correction_bias` is set.
+    /// `name` is the gate's weight prefix (`...mlp.gate`); the correction bias is read from
+    /// `{name}.e_score_correction_bias` when `correction_bias` is set. The gate is kept in f32, as
+    /// DeepSeek does, for every family (see [`Router::route`]).
     pub fn load(
         w: &Weights,
         name: &str,
         hidden: usize,
         cfg: RouterConfig,
-        f32_weight: bool,
         correction_bias: bool,
     ) -> Result<Router> {
         cfg.check(name)?;
         let wname = format!("{name}.weight");
         let shape = [cfg.num_experts, hidden];
-        let weight = if f32_weight { w.get_f32(&wname, &shape)? } else { w.get(&wname, &shape)? };
+        let weight = w.get_f32(&wname, &shape)?;
         let correction_bias = if correction_bias {
             Some(w.get_f32(&format!("{name}.e_score_correction_bias"), &[cfg.num_experts])?.to_f32_vec())
         } else {
@@ -251,8 +250,10 @@ impl Router {
         Ok(Router { weight, correction_bias, cfg })
     }
 
+    /// Router logits in f32 whatever the activation dtype: bf16 rounding makes close expert
+    /// scores tie or swap, and a swapped expert changes the token's whole MLP output.
     pub fn route(&self, x: &Tensor) -> Result<Routing> {
-        let logits = ops::matmul_t(x, &self.weight, None)?.to_f32_vec();
+        let logits = ops::matmul_t(&x.to_dtype(ferrite_tensor::DType::F32), &self.weight, None)?.to_f32_vec();
         let e = self.cfg.num_experts;
         let tokens = logits.len() / e;
         let mut experts = Vec::with_capacity(tokens * self.cfg.top_k);
@@ -266,8 +267,11 @@ impl Router {
     }
 }
 
-/// Concatenates CPU tensors of one dtype along their first dimension into a tensor of `shape`.
+/// Concatenates tensors of one dtype along their first dimension into a tensor of `shape`, on
+/// the device of the first (through host memory: this runs once, at load time).
 fn stack(parts: &[Tensor], shape: &[usize]) -> Result<Tensor> {
+    let device = parts.first().map_or(Device::Cpu, Tensor::device);
+    let parts = parts.iter().map(|p| p.to_device(Device::Cpu)).collect::<std::result::Result<Vec<_>, _>>()?;
     let storage = match parts.first().and_then(|p| p.cpu()) {
         Some(CpuStorage::F32(_)) => CpuStorage::F32(parts.iter().flat_map(|p| p.to_f32_vec()).collect()),
         Some(CpuStorage::BF16(_)) => CpuStorage::BF16(
@@ -292,7 +296,7 @@ fn stack(parts: &[Tensor], shape: &[usize]) -> Result<Tensor> {
             return Err(ferrite_tensor::TensorError::Device("stacking expert weights needs CPU tensors".into()).into())
         }
     };
-    Ok(Tensor::from_storage(Storage::Cpu(storage), shape.to_vec())?)
+    Ok(Tensor::from_storage(Storage::Cpu(storage), shape.to_vec())?.to_device(device)?)
 }
 
 /// Checkpoint names of one expert's projections under `{prefix}.experts.{e}.`.

@@ -2,7 +2,7 @@
 //! linear, dynamic, yarn, longrope, llama3). Frequencies are computed in f32 in the same order of
 //! operations as transformers' `modeling_rope_utils.py`, so cos/sin tables match the oracle's.
 
-use ferrite_tensor::{AttnMetadata, RopeStyle, Tensor};
+use ferrite_tensor::{AttnMetadata, Device, RopeStyle, Tensor};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -242,9 +242,10 @@ impl Rope {
         }
     }
 
-    /// cos/sin tables `[tokens, rotary_dim / 2]` for every query token of the batch. Schedules that
-    /// depend on length use each sequence's own longest position, as transformers does at batch 1.
-    pub fn cos_sin(&self, meta: &AttnMetadata) -> Result<(Tensor, Tensor)> {
+    /// cos/sin tables `[tokens, rotary_dim / 2]` for every query token of the batch, on `device`.
+    /// Schedules that depend on length use each sequence's own longest position, as transformers
+    /// does at batch 1.
+    pub fn cos_sin(&self, meta: &AttnMetadata, device: Device) -> Result<(Tensor, Tensor)> {
         let half = self.rotary_dim / 2;
         let tokens = meta.num_tokens();
         let mut cos = vec![0.0f32; tokens * half];
@@ -261,7 +262,10 @@ impl Rope {
                 }
             }
         }
-        Ok((Tensor::from_f32(cos, &[tokens, half])?, Tensor::from_f32(sin, &[tokens, half])?))
+        Ok((
+            Tensor::from_f32(cos, &[tokens, half])?.to_device(device)?,
+            Tensor::from_f32(sin, &[tokens, half])?.to_device(device)?,
+        ))
     }
 
     /// Rotates `x [tokens, heads * head_dim]` in place of its first `rotary_dim` dims per head.

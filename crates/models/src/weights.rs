@@ -6,7 +6,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ferrite_tensor::{DType, Tensor};
+use ferrite_tensor::{DType, Device, Tensor};
 use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::{Dtype as StDtype, SafeTensors};
@@ -159,22 +159,33 @@ impl WeightSource for GgufWeights {
     }
 }
 
-/// Typed access to a weight source for model constructors: the dtype to load as, and a
-/// progress counter for the load bar.
+/// Typed access to a weight source for model constructors: the dtype to load as, the device the
+/// tensors are placed on, and a progress counter for the load bar.
 pub struct Weights {
     source: Box<dyn WeightSource>,
     dtype: DType,
+    device: Device,
     loaded: AtomicUsize,
     progress: Option<indicatif::ProgressBar>,
 }
 
 impl Weights {
     pub fn new(source: Box<dyn WeightSource>, dtype: DType, progress: Option<indicatif::ProgressBar>) -> Weights {
-        Weights { source, dtype, loaded: AtomicUsize::new(0), progress }
+        Weights { source, dtype, device: Device::Cpu, loaded: AtomicUsize::new(0), progress }
+    }
+
+    /// Places every tensor on `device` as it is loaded (one tensor in host memory at a time).
+    pub fn on_device(mut self, device: Device) -> Weights {
+        self.device = device;
+        self
     }
 
     pub fn dtype(&self) -> DType {
         self.dtype
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -186,7 +197,13 @@ impl Weights {
     }
 
     fn fetch(&self, name: &str, dtype: DType) -> Result<Option<Tensor>> {
-        let t = self.source.load(name, dtype)?;
+        let t = match self.source.load(name, dtype)? {
+            Some(t) => Some(t.to_device(self.device).map_err(|e| ModelError::Weights {
+                path: PathBuf::from(self.source.describe()),
+                message: format!("tensor `{name}` to {:?}: {e}", self.device),
+            })?),
+            None => None,
+        };
         if t.is_some() {
             self.loaded.fetch_add(1, Ordering::Relaxed);
             if let Some(bar) = &self.progress {

@@ -30,7 +30,7 @@ fn gemma3_270m_gguf_is_token_exact_with_transformers() {
         return;
     };
     let oracle = Oracle::load(&golden_path()).unwrap();
-    let loaded = load_model(&gguf, &LoadOptions { dtype: DType::F32, progress: false }).unwrap();
+    let loaded = load_model(&gguf, &LoadOptions { dtype: DType::F32, progress: false, ..Default::default() }).unwrap();
     assert_eq!(loaded.model.info().architecture, "Gemma3ForCausalLM");
     let (tokenizer_json, tokenizer_config) = loaded.gguf_tokenizer.clone().expect("GGUF carries a tokenizer");
     let tok = Tokenizer::from_parts(&tokenizer_json, &tokenizer_config, None, None).unwrap();

@@ -27,7 +27,7 @@ fn smollm2_gguf_is_token_exact_with_transformers() {
     };
     let golden: Value = serde_json::from_str(&std::fs::read_to_string(golden_path()).unwrap()).unwrap();
     let oracle = Oracle::load(&golden_path()).unwrap();
-    let loaded = load_model(&gguf, &LoadOptions { dtype: DType::F32, progress: false }).unwrap();
+    let loaded = load_model(&gguf, &LoadOptions { dtype: DType::F32, progress: false, ..Default::default() }).unwrap();
     let (tokenizer_json, tokenizer_config) = loaded.gguf_tokenizer.clone().expect("GGUF carries a tokenizer");
     let tok = Tokenizer::from_parts(&tokenizer_json, &tokenizer_config, None, None).unwrap();
 

@@ -99,7 +99,7 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let body = body?;
     let req: ChatCompletionRequest = parse_json(&body)?;
-    state.check_model(req.model.as_deref())?;
+    state.served.check_model(req.model.as_deref())?;
     if let Some(format) =
         req.response_format.as_ref().filter(|f| f.get("type").and_then(|t| t.as_str()) != Some("text"))
     {
@@ -135,13 +135,13 @@ async fn run(
     let sampling = params::build(
         &req.sampling,
         Requested { max_tokens, logprobs: top_logprobs, prompt_logprobs: None },
-        state.vocab_bound,
+        state.served.vocab_bound,
     )?;
     let permit = Admission::acquire(&state, sampling.n)?;
     let ctx = Context {
         id: format!("chatcmpl-{}", random_id()),
         created: unix_now(),
-        model: state.model_name().to_string(),
+        model: state.served.model_name().to_string(),
         n: sampling.n,
         top_logprobs,
         prompt_tokens: prompt.ids.len(),

@@ -55,7 +55,7 @@ async fn run(
 ) -> Result<Response, ApiError> {
     let body = body?;
     let req: CompletionRequest = parse_json(&body)?;
-    state.check_model(req.model.as_deref())?;
+    state.served.check_model(req.model.as_deref())?;
     if req.suffix.is_some() {
         return Err(ApiError::invalid("suffix", "suffix is not currently supported"));
     }
@@ -69,13 +69,13 @@ async fn run(
     let sampling = params::build(
         &req.sampling,
         Requested { max_tokens: Some(max_tokens), logprobs, prompt_logprobs: logprobs.filter(|_| echo) },
-        state.vocab_bound,
+        state.served.vocab_bound,
     )?;
     let permit = Admission::acquire(&state, prompts.len() * sampling.n)?;
     let ctx = Context {
         id: format!("cmpl-{}", random_id()),
         created: unix_now(),
-        model: state.model_name().to_string(),
+        model: state.served.model_name().to_string(),
         n: sampling.n,
         echo,
         logprobs: logprobs.is_some(),
@@ -103,7 +103,7 @@ fn parse_prompts(state: &AppState, prompt: &Value, add_special_tokens: bool) -> 
             .iter()
             .map(|v| v.as_i64().ok_or_else(|| ApiError::invalid("prompt", SHAPE)))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Prompt { ids: state.check_token_ids(&raw, "prompt")?, text: None })
+        Ok(Prompt { ids: state.served.check_token_ids(&raw, "prompt")?, text: None })
     };
     let prompts = match prompt {
         Value::String(s) => vec![text_prompt(s)?],

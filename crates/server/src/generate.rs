@@ -179,7 +179,7 @@ pub fn submit(
 
 /// vLLM's check: the prompt plus the tokens asked for must fit the context.
 pub fn check_length(state: &AppState, prompt_len: usize, max_tokens: Option<usize>) -> Result<(), ApiError> {
-    let limit = state.max_model_len;
+    let limit = state.served.max_model_len;
     match max_tokens {
         None if prompt_len >= limit => Err(ApiError::bad_request(format!(
             "This model's maximum context length is {limit} tokens. However, you requested {prompt_len} tokens in the \

@@ -59,17 +59,64 @@ pub struct ServerConfig {
     pub max_queue: usize,
 }
 
+/// What the generation and the pooling server share about the model they serve: the names it
+/// answers to, its context length and vocabulary bound, and when it was loaded.
+pub(crate) struct ServedModel {
+    pub(crate) config: ServerConfig,
+    pub(crate) max_model_len: usize,
+    /// Token ids at or above this are out of vocabulary (the smaller of the tokenizer's and the
+    /// model's vocabularies: an id either cannot map would fail in the embedding or detokenizer).
+    pub(crate) vocab_bound: usize,
+    pub(crate) created: u64,
+}
+
+impl ServedModel {
+    pub(crate) fn new(config: ServerConfig, max_model_len: usize, vocab_bound: usize) -> ServedModel {
+        ServedModel { config, max_model_len, vocab_bound, created: unix_now() }
+    }
+
+    pub(crate) fn model_name(&self) -> &str {
+        self.config.served_model_names.first().map(String::as_str).unwrap_or("")
+    }
+
+    /// vLLM answers a `model` it does not serve with 404; an absent `model` means the default.
+    pub(crate) fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if !self.config.served_model_names.iter().any(|n| n == m) => Err(ApiError {
+                param: Some("model".into()),
+                ..ApiError::not_found(format!("The model `{m}` does not exist."))
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) fn check_token_ids(&self, ids: &[i64], param: &str) -> Result<Vec<u32>, ApiError> {
+        ids.iter()
+            .map(|&id| match u32::try_from(id) {
+                Ok(v) if (v as usize) < self.vocab_bound => Ok(v),
+                _ => Err(ApiError::invalid(param, format!("Token id {id} is out of vocabulary"))),
+            })
+            .collect()
+    }
+}
+
+/// A server's state as the routes, middleware and shutdown that both servers share see it.
+pub(crate) trait Served: Send + Sync + 'static {
+    /// Whether the model generates text: `/v1/models` then allows sampling and logprobs.
+    const GENERATES: bool;
+
+    fn served(&self) -> &ServedModel;
+
+    /// Sequences admitted and not yet answered, logged when shutdown starts draining.
+    fn in_flight(&self) -> usize;
+}
+
 pub struct AppState {
     client: EngineClient,
     tokenizer: Arc<Tokenizer>,
-    config: ServerConfig,
+    served: ServedModel,
     metrics: Metrics,
     admission: Admission,
-    max_model_len: usize,
-    /// Token ids at or above this are out of vocabulary (the smaller of the tokenizer's and the
-    /// model's vocabularies: an id either cannot map would fail in the embedding or detokenizer).
-    vocab_bound: usize,
-    created: u64,
 }
 
 impl AppState {
@@ -81,37 +128,22 @@ impl AppState {
         Arc::new(AppState {
             client,
             tokenizer,
-            config,
+            served: ServedModel::new(config, max_model_len, vocab_bound),
             metrics: Metrics::default(),
             admission,
-            max_model_len,
-            vocab_bound,
-            created: unix_now(),
         })
     }
+}
 
-    fn model_name(&self) -> &str {
-        self.config.served_model_names.first().map(String::as_str).unwrap_or("")
+impl Served for AppState {
+    const GENERATES: bool = true;
+
+    fn served(&self) -> &ServedModel {
+        &self.served
     }
 
-    /// vLLM answers a `model` it does not serve with 404; an absent `model` means the default.
-    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
-        match model {
-            Some(m) if !self.config.served_model_names.iter().any(|n| n == m) => Err(ApiError {
-                param: Some("model".into()),
-                ..ApiError::not_found(format!("The model `{m}` does not exist."))
-            }),
-            _ => Ok(()),
-        }
-    }
-
-    fn check_token_ids(&self, ids: &[i64], param: &str) -> Result<Vec<u32>, ApiError> {
-        ids.iter()
-            .map(|&id| match u32::try_from(id) {
-                Ok(v) if (v as usize) < self.vocab_bound => Ok(v),
-                _ => Err(ApiError::invalid(param, format!("Token id {id} is out of vocabulary"))),
-            })
-            .collect()
+    fn in_flight(&self) -> usize {
+        self.admission.in_flight()
     }
 }
 
@@ -124,18 +156,31 @@ pub(crate) fn random_id() -> String {
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/health", get(health))
-        .route("/version", get(version))
+    let routes = Router::new()
         .route("/metrics", get(metrics_text))
-        .route("/v1/models", get(models))
         .route("/v1/completions", post(completions::handle))
         .route("/v1/chat/completions", post(chat::handle))
         .route("/tokenize", post(tokenize::tokenize))
-        .route("/detokenize", post(tokenize::detokenize))
+        .route("/detokenize", post(tokenize::detokenize));
+    // A JSON 405 here only: the pooling server answers a wrong method with axum's empty 405.
+    let routes = with_common_routes(routes).method_not_allowed_fallback(method_not_allowed);
+    finish_router(routes, state)
+}
+
+/// Adds what both servers answer besides their own routes: `/health`, `/version`,
+/// `/v1/models`, and a JSON 404 for any other path.
+pub(crate) fn with_common_routes<S: Served>(routes: Router<Arc<S>>) -> Router<Arc<S>> {
+    routes
+        .route("/health", get(health))
+        .route("/version", get(version))
+        .route("/v1/models", get(models::<S>))
         .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+}
+
+/// Puts the API-key check and the body limit in front of every route, then the state.
+pub(crate) fn finish_router<S: Served>(routes: Router<Arc<S>>, state: Arc<S>) -> Router {
+    routes
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate::<S>))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -148,10 +193,22 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> std::io::Result<()> {
+    serve_router(listener, router(state.clone()), state, shutdown, grace).await
+}
+
+/// `serve` and `pooling::serve_pooling` alike: serves `app` until `shutdown` resolves, then
+/// drains in-flight requests for up to `grace`.
+pub(crate) async fn serve_router<S: Served>(
+    listener: TcpListener,
+    app: Router,
+    state: Arc<S>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> std::io::Result<()> {
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, router(state.clone())).with_graceful_shutdown(async move {
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
-        tracing::info!(in_flight = state.admission.in_flight(), "shutting down: draining in-flight requests");
+        tracing::info!(in_flight = state.in_flight(), "shutting down: draining in-flight requests");
         let _ = stopping_tx.send(());
     });
     let deadline = async move {
@@ -172,8 +229,8 @@ pub async fn serve(
 
 /// `--api-key` guards the OpenAI routes only (`/v1/...`), as vLLM does: health checks and
 /// Prometheus scrapers need no key.
-async fn authenticate(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    if let Some(key) = &state.config.api_key {
+async fn authenticate<S: Served>(State(state): State<Arc<S>>, request: Request, next: Next) -> Response {
+    if let Some(key) = &state.served().config.api_key {
         if request.uri().path().starts_with("/v1") {
             let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
             let expected = format!("Bearer {key}");
@@ -199,26 +256,27 @@ async fn version() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }))
 }
 
-async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
-    let data = state
+async fn models<S: Served>(State(state): State<Arc<S>>) -> Json<ModelList> {
+    let served = state.served();
+    let data = served
         .config
         .served_model_names
         .iter()
         .map(|name| ModelCard {
             id: name.clone(),
             object: "model",
-            created: state.created,
+            created: served.created,
             owned_by: "ferrite",
-            root: state.config.model_root.clone(),
+            root: served.config.model_root.clone(),
             parent: None,
-            max_model_len: state.max_model_len,
+            max_model_len: served.max_model_len,
             permission: vec![ModelPermission {
                 id: format!("modelperm-{}", random_id()),
                 object: "model_permission",
-                created: state.created,
+                created: served.created,
                 allow_create_engine: false,
-                allow_sampling: true,
-                allow_logprobs: true,
+                allow_sampling: S::GENERATES,
+                allow_logprobs: S::GENERATES,
                 allow_search_indices: false,
                 allow_view: true,
                 allow_fine_tuning: false,
@@ -232,7 +290,7 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
 }
 
 async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
-    let body = state.metrics.render(state.model_name(), &state.client.stats());
+    let body = state.metrics.render(state.served.model_name(), &state.client.stats());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 
@@ -249,7 +307,117 @@ async fn method_not_allowed(request: Request) -> ApiError {
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A state with no model behind it, to exercise the shared routes and middleware alone.
+    struct Bare {
+        served: ServedModel,
+    }
+
+    impl Served for Bare {
+        const GENERATES: bool = false;
+
+        fn served(&self) -> &ServedModel {
+            &self.served
+        }
+
+        fn in_flight(&self) -> usize {
+            0
+        }
+    }
+
+    /// `app` served on a loopback port.
+    struct Server {
+        addr: std::net::SocketAddr,
+    }
+
+    impl Server {
+        async fn start(app: Router) -> Server {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+            Server { addr }
+        }
+
+        /// One HTTP/1.1 request with an empty body: the status and the response body.
+        async fn request(&self, method: &str, path: &str, auth: Option<&str>) -> (u16, String) {
+            let mut stream = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+            let auth = auth.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
+            let head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n{auth}\r\n");
+            stream.write_all(head.as_bytes()).await.unwrap();
+            let mut raw = String::new();
+            stream.read_to_string(&mut raw).await.unwrap();
+            let status = raw[9..12].parse().unwrap();
+            let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+            (status, body)
+        }
+    }
+
+    #[tokio::test]
+    async fn shared_routes_answer_with_json_errors_and_check_the_key_on_v1() {
+        let config = ServerConfig {
+            served_model_names: vec!["m".into(), "alias".into()],
+            model_root: "/models/m".into(),
+            api_key: Some("k".into()),
+            max_num_seqs: 1,
+            max_queue: 0,
+        };
+        let state = Arc::new(Bare { served: ServedModel::new(config, 128, 1000) });
+        let routes = Router::new().route("/v1/echo", post(|| async { "echo" }));
+        let server = Server::start(finish_router(with_common_routes(routes), state)).await;
+
+        assert_eq!(server.request("GET", "/health", None).await, (200, String::new()));
+        let (status, body) = server.request("GET", "/version", None).await;
+        assert_eq!(status, 200);
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["version"], env!("CARGO_PKG_VERSION"));
+
+        for auth in [None, Some("Bearer j"), Some("Bearer kk"), Some("k")] {
+            let (status, body) = server.request("GET", "/v1/models", auth).await;
+            assert_eq!(status, 401, "{auth:?}");
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(v["error"]["type"], "AuthenticationError");
+            assert_eq!(v["error"]["message"], "Unauthorized");
+        }
+        let (status, body) = server.request("GET", "/v1/models", Some("Bearer k")).await;
+        assert_eq!(status, 200);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+        assert_eq!(ids, ["m", "alias"]);
+        assert_eq!(v["data"][0]["root"], "/models/m");
+        assert_eq!(v["data"][0]["max_model_len"], 128);
+        assert_eq!(v["data"][0]["permission"][0]["allow_sampling"], false);
+        assert_eq!(server.request("POST", "/v1/echo", Some("Bearer k")).await, (200, "echo".into()));
+
+        // The key guards /v1 only; unknown paths are a JSON 404 either way.
+        let (status, body) = server.request("GET", "/nope", None).await;
+        assert_eq!(status, 404);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"]["message"], "Route GET /nope not found");
+        assert_eq!(v["error"]["type"], "NotFoundError");
+        assert_eq!(server.request("GET", "/v1/nope", None).await.0, 401);
+        assert_eq!(server.request("GET", "/v1/nope", Some("Bearer k")).await.0, 404);
+    }
+
+    #[test]
+    fn served_model_checks_names_and_token_ids() {
+        let config = ServerConfig {
+            served_model_names: vec!["m".into()],
+            model_root: String::new(),
+            api_key: None,
+            max_num_seqs: 1,
+            max_queue: 0,
+        };
+        let served = ServedModel::new(config, 16, 10);
+        assert_eq!(served.model_name(), "m");
+        assert!(served.check_model(None).is_ok() && served.check_model(Some("m")).is_ok());
+        let e = served.check_model(Some("x")).unwrap_err();
+        assert_eq!((e.status, e.param.as_deref()), (StatusCode::NOT_FOUND, Some("model")));
+        assert_eq!(served.check_token_ids(&[0, 9], "p").unwrap(), [0, 9]);
+        for bad in [10, -1, 1 << 40] {
+            assert_eq!(served.check_token_ids(&[bad], "p").unwrap_err().param.as_deref(), Some("p"));
+        }
+    }
 
     #[test]
     fn key_comparison_needs_equal_length_and_bytes() {

@@ -9,18 +9,16 @@
 //! token budget per forward pass.
 
 use std::collections::VecDeque;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, StatusCode};
-use axum::middleware::{self, Next};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use axum::{Json, Router};
 use base64::Engine as _;
 use ferrite_models::pooling::{
@@ -32,8 +30,8 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use crate::error::{parse_json, ApiError};
-use crate::protocol::{ModelCard, ModelList, ModelPermission, Usage};
-use crate::{random_id, unix_now, ServerConfig};
+use crate::protocol::Usage;
+use crate::{finish_router, random_id, serve_router, unix_now, with_common_routes, Served, ServedModel, ServerConfig};
 
 /// What `ferrite serve --task` asks of a pooling model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,13 +221,10 @@ fn run_chunks(model: &LoadedPoolingModel, flat: &[PoolingInput], max_batch_token
 pub struct PoolingState {
     model: Arc<LoadedPoolingModel>,
     tokenizer: Arc<Tokenizer>,
-    config: ServerConfig,
+    served: ServedModel,
     task: ServeTask,
     batcher: Batcher,
     score_activation: ScoreActivation,
-    max_model_len: usize,
-    vocab_bound: usize,
-    created: u64,
 }
 
 impl PoolingState {
@@ -252,26 +247,10 @@ impl PoolingState {
             score_activation: ScoreActivation::from_config(&model.config),
             model,
             tokenizer: Arc::new(tokenizer),
-            config,
+            served: ServedModel::new(config, max_model_len, vocab_bound),
             task,
             batcher,
-            max_model_len,
-            vocab_bound,
-            created: unix_now(),
         }))
-    }
-
-    fn model_name(&self) -> &str {
-        self.config.served_model_names.first().map(String::as_str).unwrap_or("")
-    }
-
-    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
-        match model {
-            Some(m) if !self.config.served_model_names.iter().any(|n| n == m) => {
-                Err(ApiError { param: Some("model".into()), ..ApiError::not_found(format!("The model `{m}` does not exist.")) })
-            }
-            _ => Ok(()),
-        }
     }
 
     fn is_embedding(&self) -> bool {
@@ -282,15 +261,15 @@ impl PoolingState {
     fn truncation(&self, value: Option<i64>) -> Result<Option<usize>, ApiError> {
         match value {
             None => Ok(None),
-            Some(-1) => Ok(Some(self.max_model_len)),
+            Some(-1) => Ok(Some(self.served.max_model_len)),
             Some(k) if k < 1 => {
                 Err(ApiError::invalid("truncate_prompt_tokens", format!("truncate_prompt_tokens must be -1 or at least 1, got {k}")))
             }
-            Some(k) if k as u64 > self.max_model_len as u64 => Err(ApiError::invalid(
+            Some(k) if k as u64 > self.served.max_model_len as u64 => Err(ApiError::invalid(
                 "truncate_prompt_tokens",
                 format!(
                     "truncate_prompt_tokens value ({k}) is greater than max_model_len ({}). Please, select a smaller truncation size.",
-                    self.max_model_len
+                    self.served.max_model_len
                 ),
             )),
             Some(k) => Ok(Some(k as usize)),
@@ -301,12 +280,12 @@ impl PoolingState {
         if n == 0 {
             return Err(ApiError::invalid(param, "The input is empty (no tokens)."));
         }
-        if n > self.max_model_len {
+        if n > self.served.max_model_len {
             return Err(ApiError::invalid(
                 param,
                 format!(
                     "This model's maximum context length is {} tokens. However, you requested {n} tokens in the input. Please reduce the length of the input.",
-                    self.max_model_len
+                    self.served.max_model_len
                 ),
             ));
         }
@@ -330,13 +309,7 @@ impl PoolingState {
     }
 
     fn encode_ids(&self, ids: &[i64], truncate: Option<usize>, param: &str) -> Result<PoolingInput, ApiError> {
-        let mut ids: Vec<u32> = ids
-            .iter()
-            .map(|&id| match u32::try_from(id) {
-                Ok(v) if (v as usize) < self.vocab_bound => Ok(v),
-                _ => Err(ApiError::invalid(param, format!("Token id {id} is out of vocabulary"))),
-            })
-            .collect::<Result<_, _>>()?;
+        let mut ids = self.served.check_token_ids(ids, param)?;
         if let Some(k) = truncate {
             // vLLM keeps the last `k` tokens of a token-id prompt.
             ids = ids.split_off(ids.len().saturating_sub(k));
@@ -558,7 +531,7 @@ fn unsupported(state: &PoolingState, api: &str) -> ApiError {
 
 async fn embeddings(State(state): State<Arc<PoolingState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: EmbeddingRequest = parse_json(&body?)?;
-    state.check_model(req.model.as_deref())?;
+    state.served.check_model(req.model.as_deref())?;
     if !state.is_embedding() {
         return Err(unsupported(&state, "Embeddings"));
     }
@@ -574,7 +547,7 @@ async fn embeddings(State(state): State<Arc<PoolingState>>, body: Result<Bytes, 
         Some(d) => {
             let hidden = state.model.info().hidden_size;
             let d = usize::try_from(d).unwrap_or(0);
-            state.model.pooler.check_dimensions(state.model_name(), d, hidden).map_err(|m| ApiError::invalid("dimensions", m))?;
+            state.model.pooler.check_dimensions(state.served.model_name(), d, hidden).map_err(|m| ApiError::invalid("dimensions", m))?;
             Some(d)
         }
     };
@@ -600,7 +573,7 @@ async fn embeddings(State(state): State<Arc<PoolingState>>, body: Result<Bytes, 
         id: format!("embd-{}", random_id()),
         object: "list",
         created: unix_now(),
-        model: state.model_name().to_owned(),
+        model: state.served.model_name().to_owned(),
         data,
         usage: Usage::new(tokens, 0),
     };
@@ -623,7 +596,7 @@ fn pairs<'a>(text_1: &'a [String], text_2: &'a [String]) -> Result<Vec<(&'a str,
 
 async fn score(State(state): State<Arc<PoolingState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: ScoreRequest = parse_json(&body?)?;
-    state.check_model(req.model.as_deref())?;
+    state.served.check_model(req.model.as_deref())?;
     if state.task == ServeTask::Classify {
         return Err(unsupported(&state, "Score"));
     }
@@ -636,7 +609,7 @@ async fn score(State(state): State<Arc<PoolingState>>, body: Result<Bytes, Bytes
         id: format!("score-{}", random_id()),
         object: "list",
         created: unix_now(),
-        model: state.model_name().to_owned(),
+        model: state.served.model_name().to_owned(),
         data,
         usage: Usage::new(tokens, 0),
     })
@@ -645,7 +618,7 @@ async fn score(State(state): State<Arc<PoolingState>>, body: Result<Bytes, Bytes
 
 async fn rerank(State(state): State<Arc<PoolingState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: RerankRequest = parse_json(&body?)?;
-    state.check_model(req.model.as_deref())?;
+    state.served.check_model(req.model.as_deref())?;
     if state.task == ServeTask::Classify {
         return Err(unsupported(&state, "Rerank"));
     }
@@ -675,7 +648,7 @@ async fn rerank(State(state): State<Arc<PoolingState>>, body: Result<Bytes, Byte
         .collect();
     Ok(Json(RerankResponse {
         id: format!("rerank-{}", random_id()),
-        model: state.model_name().to_owned(),
+        model: state.served.model_name().to_owned(),
         usage: RerankUsage { total_tokens: tokens },
         results,
     })
@@ -684,7 +657,7 @@ async fn rerank(State(state): State<Arc<PoolingState>>, body: Result<Bytes, Byte
 
 async fn classify(State(state): State<Arc<PoolingState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: ClassificationRequest = parse_json(&body?)?;
-    state.check_model(req.model.as_deref())?;
+    state.served.check_model(req.model.as_deref())?;
     if state.is_embedding() {
         return Err(unsupported(&state, "Classification"));
     }
@@ -708,66 +681,27 @@ async fn classify(State(state): State<Arc<PoolingState>>, body: Result<Bytes, By
         id: format!("classify-{}", random_id()),
         object: "list",
         created: unix_now(),
-        model: state.model_name().to_owned(),
+        model: state.served.model_name().to_owned(),
         data,
         usage: Usage::new(tokens, 0),
     })
     .into_response())
 }
 
-async fn models(State(state): State<Arc<PoolingState>>) -> Json<ModelList> {
-    let data = state
-        .config
-        .served_model_names
-        .iter()
-        .map(|name| ModelCard {
-            id: name.clone(),
-            object: "model",
-            created: state.created,
-            owned_by: "ferrite",
-            root: state.config.model_root.clone(),
-            parent: None,
-            max_model_len: state.max_model_len,
-            permission: vec![ModelPermission {
-                id: format!("modelperm-{}", random_id()),
-                object: "model_permission",
-                created: state.created,
-                allow_create_engine: false,
-                allow_sampling: false,
-                allow_logprobs: false,
-                allow_search_indices: false,
-                allow_view: true,
-                allow_fine_tuning: false,
-                organization: "*",
-                group: None,
-                is_blocking: false,
-            }],
-        })
-        .collect();
-    Json(ModelList { object: "list", data })
-}
+impl Served for PoolingState {
+    const GENERATES: bool = false;
 
-async fn authenticate(State(state): State<Arc<PoolingState>>, request: Request, next: Next) -> Response {
-    if let Some(key) = &state.config.api_key {
-        if request.uri().path().starts_with("/v1") {
-            let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-            let expected = format!("Bearer {key}");
-            let ok = given.is_some_and(|g| {
-                g.len() == expected.len() && g.bytes().zip(expected.bytes()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-            });
-            if !ok {
-                return ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized").into_response();
-            }
-        }
+    fn served(&self) -> &ServedModel {
+        &self.served
     }
-    next.run(request).await
+
+    fn in_flight(&self) -> usize {
+        self.batcher.queued.load(Ordering::Acquire)
+    }
 }
 
 pub fn pooling_router(state: Arc<PoolingState>) -> Router {
-    Router::new()
-        .route("/health", get(|| async { StatusCode::OK }))
-        .route("/version", get(|| async { Json(serde_json::json!({ "version": env!("CARGO_PKG_VERSION") })) }))
-        .route("/v1/models", get(models))
+    let routes = Router::new()
         .route("/v1/embeddings", post(embeddings))
         .route("/score", post(score))
         .route("/v1/score", post(score))
@@ -775,13 +709,8 @@ pub fn pooling_router(state: Arc<PoolingState>) -> Router {
         .route("/v1/rerank", post(rerank))
         .route("/v2/rerank", post(rerank))
         .route("/classify", post(classify))
-        .route("/v1/classify", post(classify))
-        .fallback(|request: Request| async move {
-            ApiError::not_found(format!("Route {} {} not found", request.method(), request.uri().path()))
-        })
-        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
-        .layer(DefaultBodyLimit::max(crate::MAX_BODY_BYTES))
-        .with_state(state)
+        .route("/v1/classify", post(classify));
+    finish_router(with_common_routes(routes), state)
 }
 
 /// Serves a pooling model until `shutdown` resolves, then gives in-flight requests up to
@@ -792,26 +721,7 @@ pub async fn serve_pooling(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> std::io::Result<()> {
-    let (stopping_tx, stopping_rx) = oneshot::channel::<()>();
-    let server = axum::serve(listener, pooling_router(state)).with_graceful_shutdown(async move {
-        shutdown.await;
-        tracing::info!("shutting down: draining in-flight requests");
-        let _ = stopping_tx.send(());
-    });
-    let deadline = async move {
-        if stopping_rx.await.is_ok() {
-            tokio::time::sleep(grace).await;
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        result = server.into_future() => result,
-        () = deadline => {
-            tracing::warn!(grace_s = grace.as_secs_f64(), "in-flight requests did not finish in time; closing them");
-            Ok(())
-        }
-    }
+    serve_router(listener, pooling_router(state.clone()), state, shutdown, grace).await
 }
 
 #[cfg(test)]

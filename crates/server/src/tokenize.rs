@@ -17,7 +17,7 @@ pub async fn tokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     let req: TokenizeRequest = parse_json(&body?)?;
-    state.check_model(req.model.as_deref())?;
+    state.served.check_model(req.model.as_deref())?;
     let tokens = match (&req.prompt, &req.messages) {
         (Some(prompt), None) => state
             .tokenizer
@@ -39,7 +39,7 @@ pub async fn tokenize(
         .return_token_strs
         .unwrap_or(false)
         .then(|| tokens.iter().map(|&id| state.tokenizer.id_to_token(id).unwrap_or_default()).collect());
-    Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: state.max_model_len, tokens, token_strs }))
+    Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: state.served.max_model_len, tokens, token_strs }))
 }
 
 pub async fn detokenize(
@@ -47,8 +47,8 @@ pub async fn detokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let req: DetokenizeRequest = parse_json(&body?)?;
-    state.check_model(req.model.as_deref())?;
-    let ids = state.check_token_ids(&req.tokens, "tokens")?;
+    state.served.check_model(req.model.as_deref())?;
+    let ids = state.served.check_token_ids(&req.tokens, "tokens")?;
     let prompt = state.tokenizer.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
     Ok(Json(DetokenizeResponse { prompt }))
 }

@@ -17,6 +17,6 @@ pub mod ops;
 pub use dtype::DType;
 pub use error::{Result, TensorError};
 pub use kv::{AttnMetadata, AttnSeq, PagedKvLayer};
-pub use ops::{Activation, AttentionParams, RopeStyle};
+pub use ops::{Activation, AttentionParams, RopeStyle, RowSampling};
 pub use cuda::CudaStorage;
 pub use tensor::{CpuStorage, Device, Storage, Tensor};

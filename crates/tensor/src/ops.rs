@@ -224,6 +224,43 @@ pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
     }
 }
 
+/// How one row of [`sample_rows`] turns into a token, in vLLM V1's order: temperature, then
+/// min-p, top-k and top-p on the probabilities, then a seeded exponential race.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowSampling {
+    /// Below 1e-5 (0 included) the row is greedy, as [`argmax_rows`].
+    pub temperature: f32,
+    /// Keeps the `top_k` most likely tokens and every token tied with the last of them; 0 is off.
+    pub top_k: u32,
+    /// Keeps the smallest set of most likely tokens whose probability (renormalised after min-p
+    /// and top-k) reaches `top_p`, ties with its least likely token included; 1 is off.
+    pub top_p: f32,
+    /// Keeps tokens at least `min_p` times as likely as the most likely one; 0 is off.
+    pub min_p: f32,
+    /// With `step`, names the draws: the same logits, parameters, seed and step give the same
+    /// token on either backend, whatever else is in the batch.
+    pub seed: u64,
+    pub step: u64,
+}
+
+/// One token id per row of `logits [rows, vocab]` (f32 or bf16); on CUDA only the ids come back
+/// to the host. See [`RowSampling`] for what each row does; `cpu::sampling` is the reference.
+pub fn sample_rows(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
+    if logits.last_dim() == 0 || logits.rows() != rows.len() {
+        return Err(shape_err(
+            "sample_rows",
+            format!("{} rows of parameters for logits {:?}", rows.len(), logits.shape()),
+        ));
+    }
+    if u32::try_from(logits.last_dim()).is_err() {
+        return Err(shape_err("sample_rows", format!("vocab {} beyond 32-bit token ids", logits.last_dim())));
+    }
+    match logits.storage() {
+        Storage::Cpu(_) => cpu::sampling::sample_rows(logits, rows),
+        Storage::Cuda(_) => cuda::sampling::sample_rows(logits, rows),
+    }
+}
+
 /// Columns `[start, start + len)` of every row.
 pub fn narrow_cols(x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
     if start + len > x.last_dim() {

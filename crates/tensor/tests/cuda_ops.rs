@@ -14,7 +14,7 @@
 
 use ferrite_tensor::cuda;
 use ferrite_tensor::ops::{self, Activation, AttentionParams, RopeStyle};
-use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device, PagedKvLayer, Tensor};
+use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device, PagedKvLayer, RowSampling, Tensor};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -631,4 +631,113 @@ fn cpu_reference_semantics() {
     let want_sum = ops::add(&b, &a).unwrap();
     assert_eq!(sum.to_f32_vec(), want_sum.to_f32_vec());
     assert_eq!(normed.to_f32_vec(), ops::rms_norm(&want_sum, &w, 1e-6, 1.0).unwrap().to_f32_vec());
+}
+
+/// A batch's worth of row parameters: greedy rows, plain sampling, each filter alone and
+/// together, cold and hot temperatures, and the tightest settings (top_k 1, tiny top_p, min_p 1).
+fn sampling_mix(r: &mut ChaCha8Rng, rows: usize, step: u64) -> Vec<RowSampling> {
+    let temps = [0.0, 1.0, 0.7, 1.3, 0.3, 2.0];
+    let top_ks = [0, 0, 1, 5, 50, 1000];
+    let top_ps = [1.0, 1.0, 0.9, 0.5, 0.99, 1e-6];
+    let min_ps = [0.0, 0.0, 0.0, 0.05, 0.3, 1.0];
+    (0..rows)
+        .map(|i| RowSampling {
+            temperature: temps[if i % 8 == 0 { 0 } else { r.random_range(1..temps.len()) }],
+            top_k: top_ks[r.random_range(0..top_ks.len())],
+            top_p: top_ps[r.random_range(0..top_ps.len())],
+            min_p: min_ps[r.random_range(0..min_ps.len())],
+            seed: r.random(),
+            step,
+        })
+        .collect()
+}
+
+/// Rows of logits with different spreads: nearly flat (the filters keep thousands of tokens)
+/// to peaked (a few tokens hold the mass).
+fn sampling_logits(r: &mut ChaCha8Rng, rows: usize, vocab: usize) -> Vec<f32> {
+    (0..rows).flat_map(|i| random(r, vocab, [1.0, 4.0, 8.0, 16.0][i % 4])).collect()
+}
+
+#[test]
+fn sample_rows_matches_cpu() {
+    require_gpu!();
+    let mut r = rng(11);
+    let rows = 64;
+    for vocab in [32000, 151936] {
+        let x = sampling_logits(&mut r, rows, vocab);
+        for dtype in DTYPES {
+            let (xc, xg) = pair(&x, &[rows, vocab], dtype);
+            for step in [0, 1, 12345] {
+                let params = sampling_mix(&mut r, rows, step);
+                let want = ops::sample_rows(&xc, &params).unwrap();
+                let got = ops::sample_rows(&xg, &params).unwrap();
+                let (mut greedy_bad, mut sampled_bad) = (0, 0);
+                for (i, p) in params.iter().enumerate() {
+                    if got[i] != want[i] {
+                        println!(
+                            "MISMATCH vocab={vocab} {dtype} step={step} row {i}: cuda {} cpu {} {p:?}",
+                            got[i], want[i]
+                        );
+                        if p.temperature == 0.0 {
+                            greedy_bad += 1;
+                        } else {
+                            sampled_bad += 1;
+                        }
+                    }
+                }
+                println!("CHECK sample_rows vocab={vocab} {dtype} step={step}: mismatches greedy={greedy_bad} sampled={sampled_bad}");
+                assert_eq!(greedy_bad, 0, "greedy rows are exact");
+                // The arms differ only in the order (and width) of the probability-mass sums behind
+                // top-p and the last ulp of exp/ln: that can move a threshold by the one token whose
+                // cumulative mass sits on it, or swap a race won by a few ulps. Either changes the
+                // token rarely; more than one row in 64 means a real divergence.
+                assert!(sampled_bad <= 1, "{sampled_bad} sampled rows of {rows} differ");
+            }
+        }
+    }
+}
+
+#[test]
+fn sample_rows_handles_batch_sizes_and_edge_rows() {
+    require_gpu!();
+    let mut r = rng(12);
+    let vocab = 32000;
+    for rows in [1, 256] {
+        let x = sampling_logits(&mut r, rows, vocab);
+        for dtype in DTYPES {
+            let (xc, xg) = pair(&x, &[rows, vocab], dtype);
+            let params = sampling_mix(&mut r, rows, 3);
+            let got = ops::sample_rows(&xg, &params).unwrap();
+            assert_eq!(got.len(), rows);
+            assert!(got.iter().all(|&id| (id as usize) < vocab), "ids inside the vocab");
+            assert_eq!(ops::sample_rows(&xg, &params).unwrap(), got, "the same draws on every run");
+            let greedy: Vec<RowSampling> = params.iter().map(|p| RowSampling { temperature: 0.0, ..*p }).collect();
+            assert_eq!(ops::sample_rows(&xg, &greedy).unwrap(), ops::argmax_rows(&xc).unwrap(), "greedy {rows} rows");
+            let want = ops::sample_rows(&xc, &params).unwrap();
+            let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+            println!("CHECK sample_rows rows={rows} {dtype}: {bad} of {rows} differ from the CPU");
+            assert!(bad <= rows.div_ceil(64), "{bad} of {rows} rows differ from the CPU");
+        }
+    }
+    // Ties, NaN and rows without any probability, greedy and sampled.
+    let rows = [
+        vec![1.0, 3.0, 3.0, 2.0, 3.0],
+        vec![f32::NEG_INFINITY; 5],
+        vec![0.0, f32::NAN, 5.0, f32::NAN, 1.0],
+        vec![f32::NAN, 4.0, 4.0, f32::NEG_INFINITY, 2.0],
+    ];
+    let flat = rows.concat();
+    let plain = RowSampling { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 5, step: 0 };
+    for dtype in DTYPES {
+        let (xc, xg) = pair(&flat, &[4, 5], dtype);
+        let greedy = [plain; 4];
+        assert_eq!(ops::sample_rows(&xg, &greedy).unwrap(), vec![1, 0, 1, 0], "greedy edge rows {dtype}");
+        for step in 0..20 {
+            let sampled = [RowSampling { temperature: 1.0, step, ..plain }; 4];
+            let (got, want) = (ops::sample_rows(&xg, &sampled).unwrap(), ops::sample_rows(&xc, &sampled).unwrap());
+            assert_eq!(got, want, "sampled edge rows {dtype} step {step}");
+            assert!(got[1] == 0 && got[2] != 1 && got[2] != 3 && got[3] != 0 && got[3] != 3, "{got:?}");
+        }
+    }
+    println!("CHECK sample_rows edge rows: exact");
 }

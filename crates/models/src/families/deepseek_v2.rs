@@ -197,7 +197,6 @@ impl DeepseekModel {
                         &format!("{mp}.gate"),
                         h,
                         router_cfg.clone(),
-                        true,
                         variant == DeepseekVariant::V3,
                     )?,
                     experts: Experts::load(
@@ -250,8 +249,8 @@ impl CausalLM for DeepseekModel {
 
     fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
         let meta = input.meta;
-        let (cos, sin) = self.rope.cos_sin(meta)?;
         let mut h = self.embed.forward(input.tokens)?;
+        let (cos, sin) = self.rope.cos_sin(meta, h.device())?;
         for (block, cache) in self.layers.iter().zip(kv.iter_mut()) {
             let x = block.input_norm.forward(&h)?;
             let x = block.attn.forward(&x, (&self.rope, &cos, &sin), meta, cache)?;

@@ -202,8 +202,8 @@ impl CausalLM for LlamaModel {
 
     fn hidden_states(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
         let meta = input.meta;
-        let (cos, sin) = self.rope.cos_sin(meta)?;
         let mut h = self.embed.forward(input.tokens)?;
+        let (cos, sin) = self.rope.cos_sin(meta, h.device())?;
         for (block, cache) in self.layers.iter().zip(kv.iter_mut()) {
             let x = block.input_norm.forward(&h)?;
             let x = block.attn.forward(&x, Some((&self.rope, &cos, &sin)), meta, cache)?;

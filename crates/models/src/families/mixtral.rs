@@ -277,7 +277,7 @@ impl MoeDecoder {
                     None
                 };
                 FeedForward::Moe(Box::new(SparseMoe {
-                    router: Router::load(w, &format!("{mp}.gate"), h, router_cfg.clone(), false, false)?,
+                    router: Router::load(w, &format!("{mp}.gate"), h, router_cfg.clone(), false)?,
                     experts: Experts::load(w, &mp, num_experts, h, width, act, variant.expert_names)?,
                     shared,
                 }))
@@ -331,8 +331,8 @@ impl CausalLM for MoeDecoder {
 
     fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
         let meta = input.meta;
-        let (cos, sin) = self.rope.cos_sin(meta)?;
         let mut h = self.embed.forward(input.tokens)?;
+        let (cos, sin) = self.rope.cos_sin(meta, h.device())?;
         for (block, cache) in self.layers.iter().zip(kv.iter_mut()) {
             let x = block.input_norm.forward(&h)?;
             let x = block.attn.forward(&x, (&self.rope, &cos, &sin), meta, cache)?;

@@ -130,6 +130,9 @@ pub fn attention_dense(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttentionParams, 
         .par_iter()
         .map(|&(s, h)| {
             let (start, len) = (starts[s], seq_lens[s]);
+            if len == 0 {
+                return Vec::new();
+            }
             let kvh = h / group;
             // This head's queries, keys and values, contiguous.
             let gather = |src: &[f32], width: usize, off: usize, dim: usize| -> Vec<f32> {
@@ -229,6 +232,26 @@ mod tests {
                 assert!((g - w).abs() < 1e-5, "window {window:?}: {g} vs {w}");
             }
         }
+    }
+
+    #[test]
+    fn dense_attention_skips_empty_sequences() {
+        use crate::ops::attention_dense;
+        let (hq, hkv, d, t) = (2, 1, 4, 5);
+        let params = AttentionParams {
+            num_heads: hq,
+            num_kv_heads: hkv,
+            head_dim: d,
+            v_head_dim: d,
+            scale: 0.5,
+            sliding_window: None,
+            softcap: None,
+        };
+        let tensor = |seed: usize, w: usize| Tensor::from_f32(values(t * w, seed), &[t, w]).unwrap();
+        let (q, k, v) = (tensor(1, hq * d), tensor(2, hkv * d), tensor(3, hkv * d));
+        let with_empty = attention_dense(&q, &k, &v, &params, &[3, 0, 2, 0], true).unwrap().to_f32_vec();
+        let without = attention_dense(&q, &k, &v, &params, &[3, 2], true).unwrap().to_f32_vec();
+        assert_eq!(with_empty, without);
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod elementwise;
 pub mod matmul;
 pub mod norm;
 pub mod rope;
+pub mod sampling;
 
 use crate::tensor::{CpuStorage, Storage, Tensor};
 

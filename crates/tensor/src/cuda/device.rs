@@ -25,6 +25,7 @@ pub(crate) struct KernelSource {
 pub(crate) const ELEMENTWISE: KernelSource = KernelSource { name: "elementwise", src: kernels::ELEMENTWISE };
 pub(crate) const NORM: KernelSource = KernelSource { name: "norm", src: kernels::NORM };
 pub(crate) const ATTENTION: KernelSource = KernelSource { name: "attention", src: kernels::ATTENTION };
+pub(crate) const SAMPLING: KernelSource = KernelSource { name: "sampling", src: kernels::SAMPLING };
 
 /// A GPU as the op set sees it. Everything is issued on one stream, so the order of ops is
 /// the order of calls, and memory freed by a dropped tensor is reused only after the kernels
@@ -153,6 +154,13 @@ impl CudaDevice {
     /// The stream every op of this device is issued on (for events and graph capture).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// `(free, total)` bytes of device memory; memory the stream-ordered pool keeps for reuse
+    /// counts as used.
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.stream.context().bind_to_thread().map_err(dev_err)?;
+        cudarc::driver::result::mem_get_info().map_err(dev_err)
     }
 
     /// Blocks until every op issued so far has finished; reports asynchronous kernel faults.

@@ -15,6 +15,7 @@ mod device;
 mod kernels;
 pub(crate) mod matmul;
 pub(crate) mod ops;
+pub(crate) mod sampling;
 mod storage;
 
 pub use device::{device, device_count, is_available, CudaDevice};

@@ -1,0 +1,162 @@
+"""Writes a random-init bf16 checkpoint of a public architecture's shape, for speed measurements.
+
+Speed does not depend on weight values, so a random checkpoint of the real shape stands in for
+the real one. The configs below are the public Hugging Face ones (Llama-3.1-8B, Qwen3-30B-A3B)
+with their depth optionally cut (--layers). Weights are initialised on the GPU when there is one.
+
+The tokenizer is the 1000-token fixture tokenizer (fixtures/models/llama) with its vocabulary
+extended to the model's: ids >= 1000 decode to " <id>". Prompts are random ids below 1000, as in
+tools/bench/make_random_llama.py; the extension is there because `ferrite bench` times a token
+when its stream chunk carries text, and with the bare fixture the ids a random model emits
+(almost all >= 1000) would decode to nothing.
+
+    python3 benches/cuda/make_checkpoint.py --shape llama-3.1-8b --out /tmp/llama-3.1-8b
+    python3 benches/cuda/make_checkpoint.py --shape qwen3-30b-a3b --layers 8 --out /tmp/qwen3-30b-a3b-l8
+
+Prints one JSON line: shape, layers, parameters, weight bytes. Reruns on a complete checkpoint
+of the same shape only print it.
+"""
+
+import argparse
+import json
+import shutil
+import struct
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE = REPO / "fixtures" / "models" / "llama"
+FIXTURE_VOCAB = 1000
+# The fixture tokenizer's special ids: <|endoftext|> (bos, pad) and <|im_end|> (eos).
+BOS, EOS, PAD = 0, 2, 0
+
+SHAPES: dict[str, tuple[str, dict]] = {
+    # meta-llama/Llama-3.1-8B config.json
+    "llama-3.1-8b": ("llama", dict(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, hidden_act="silu",
+        max_position_embeddings=131072, rms_norm_eps=1e-5, attention_bias=False, mlp_bias=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        tie_word_embeddings=False,
+    )),
+    # Qwen/Qwen3-30B-A3B config.json
+    "qwen3-30b-a3b": ("qwen3_moe", dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, hidden_act="silu",
+        moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=40960, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, attention_bias=False,
+        use_sliding_window=False, sliding_window=None, tie_word_embeddings=False,
+    )),
+}
+
+# --tiny keeps the architecture, depth and vocabulary but shrinks every width, so the scripts
+# can be smoke-tested on a CPU in seconds.
+TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2)
+
+# The HF default, stated because it matters: with std 0.02 the residual stream and the logits of a
+# random model stay well inside bf16 range at full depth.
+INIT_STD = 0.02
+
+
+def build_config(shape: str, layers: int | None, tiny: bool):
+    model_type, values = SHAPES[shape]
+    values = dict(values, initializer_range=INIT_STD, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
+    if tiny:
+        values.update({k: v for k, v in TINY.items() if k in values})
+    if layers is not None:
+        if not 0 < layers <= values["num_hidden_layers"]:
+            sys.exit(f"--layers must be in 1..{values['num_hidden_layers']}")
+        values["num_hidden_layers"] = layers
+    return AutoConfig.for_model(model_type, **values)
+
+
+def safetensors_size(out: Path) -> tuple[int, int]:
+    """(parameters, bytes) read from the safetensors headers, so a rerun needs no weights in memory."""
+    params = nbytes = 0
+    for path in sorted(out.glob("*.safetensors")):
+        with path.open("rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(header_len))
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            numel = 1
+            for d in entry["shape"]:
+                numel *= d
+            params += numel
+            nbytes += entry["data_offsets"][1] - entry["data_offsets"][0]
+    return params, nbytes
+
+
+def is_complete(out: Path, config) -> bool:
+    # tokenizer.json is written last, so its presence means the weights were all saved.
+    if not (out / "tokenizer.json").exists() or not (out / "config.json").exists():
+        return False
+    saved = json.loads((out / "config.json").read_text())
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
+    return all(saved.get(k) == getattr(config, k, None) for k in keys)
+
+
+def write_tokenizer(out: Path, vocab_size: int) -> None:
+    tokenizer = json.loads((FIXTURE / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    assert len(vocab) == FIXTURE_VOCAB and max(vocab.values()) == FIXTURE_VOCAB - 1
+    # "\u0120" is byte-level BPE's space, so these decode to " <1000>", " <1001>", ...
+    extra = {f"\u0120<{i}>": i for i in range(FIXTURE_VOCAB, vocab_size)}
+    assert not extra.keys() & vocab.keys()
+    vocab.update(extra)
+    shutil.copy(FIXTURE / "tokenizer_config.json", out / "tokenizer_config.json")
+    tmp = out / "tokenizer.json.tmp"
+    tmp.write_text(json.dumps(tokenizer, ensure_ascii=False))
+    tmp.rename(out / "tokenizer.json")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--layers", type=int, help="cut the depth to this many layers (default: the full depth)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny", action="store_true", help="shrink every width (CPU smoke tests only)")
+    args = ap.parse_args()
+
+    config = build_config(args.shape, args.layers, args.tiny)
+    full_depth = SHAPES[args.shape][1]["num_hidden_layers"]
+    if is_complete(args.out, config):
+        print(f"{args.out} already holds this checkpoint", file=sys.stderr)
+    else:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        start = time.perf_counter()
+        torch.manual_seed(args.seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+        model.generation_config = GenerationConfig(bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
+        init_s = time.perf_counter() - start
+        if (args.out / "config.json").exists():
+            shutil.rmtree(args.out)  # a partial or different checkpoint
+        elif args.out.exists() and any(args.out.iterdir()):
+            sys.exit(f"{args.out} is not empty and holds no checkpoint; not overwriting it")
+        args.out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(args.out, max_shard_size="5GB")
+        del model
+        write_tokenizer(args.out, config.vocab_size)
+        print(f"wrote {args.out} (init on {device} {init_s:.1f} s, total {time.perf_counter() - start:.1f} s)",
+              file=sys.stderr)
+    params, nbytes = safetensors_size(args.out)
+    print(json.dumps({
+        "shape": args.shape, "dir": str(args.out), "model_type": config.model_type,
+        "layers": config.num_hidden_layers, "full_depth_layers": full_depth,
+        "truncated": config.num_hidden_layers < full_depth, "tiny": args.tiny,
+        "parameters": params, "weight_bytes": nbytes, "dtype": "bfloat16", "init_std": INIT_STD, "seed": args.seed,
+    }))
+
+
+if __name__ == "__main__":
+    main()

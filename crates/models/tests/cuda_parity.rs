@@ -1,0 +1,63 @@
+//! The parity battery of every fixture on a CUDA GPU: in f32 token-exact against transformers
+//! with the CPU gate's logprob tolerance, and in bf16 judged by the near-tie rule (a case passes
+//! STRICT, or diverges only where the oracle's top two were within `NEAR_TIE_NATS`; at most one
+//! case in a hundred may miss). Without a GPU (CI) the test prints SKIP and passes.
+
+use ferrite_models::gate::{fixtures_dir, run_fixture_on, summarize, NEAR_TIE_NATS};
+use ferrite_tensor::{DType, Device};
+
+const LOGPROB_TOLERANCE: f32 = 2e-3;
+
+#[test]
+fn every_fixture_on_cuda() {
+    if !ferrite_tensor::cuda::is_available() {
+        println!("SKIP: no CUDA device");
+        return;
+    }
+    let mut names: Vec<String> = std::fs::read_dir(fixtures_dir().join("models"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut failures = Vec::new();
+    let mut bf16_misses = Vec::new();
+    let (mut bf16_strict, mut bf16_near, mut bf16_total) = (0, 0, 0);
+    for name in &names {
+        let dir = fixtures_dir().join("models").join(name);
+        for dtype in [DType::F32, DType::BF16] {
+            let (oracle, reports) = match run_fixture_on(&dir, dtype, Device::Cuda(0)) {
+                Ok(r) => r,
+                Err(e) => {
+                    println!("{name} {dtype}: ERROR {e}");
+                    failures.push(format!("{name} {dtype}: {e}"));
+                    continue;
+                }
+            };
+            let worst = reports.iter().map(|r| r.max_logprob_error).fold(0.0f32, f32::max);
+            println!("{name} ({}) cuda {dtype}: {}, max logprob error {worst:.1e}", oracle.architecture, summarize(&reports));
+            for r in &reports {
+                let line = format!("{name} {dtype}/{}: divergence {:?}, logprob error {}", r.name, r.divergence, r.max_logprob_error);
+                match dtype {
+                    DType::F32 if !(r.strict && r.max_logprob_error < LOGPROB_TOLERANCE) => failures.push(line),
+                    DType::BF16 if !(r.strict || r.near_tie()) => bf16_misses.push(line),
+                    _ => {}
+                }
+            }
+            if dtype == DType::BF16 {
+                bf16_total += reports.len();
+                bf16_strict += reports.iter().filter(|r| r.strict).count();
+                bf16_near += reports.iter().filter(|r| r.near_tie()).count();
+            }
+        }
+    }
+    println!(
+        "bf16 on cuda: {} of {bf16_total} cases pass (STRICT {bf16_strict} + near-tie {bf16_near}, rule {NEAR_TIE_NATS} nats)",
+        bf16_strict + bf16_near
+    );
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    // bf16 rounding can reorder a mixture-of-experts router's top-k, which changes a token's
+    // whole MLP output: such a case diverges beyond the near-tie rule through no bug of ours.
+    // One case in a hundred may; more means bf16 broke.
+    println!("bf16 cases beyond the near-tie rule:\n{}", bf16_misses.join("\n"));
+    assert!(bf16_misses.len() * 100 <= bf16_total, "{} of {bf16_total} bf16 cases fail the near-tie rule", bf16_misses.len());
+}
