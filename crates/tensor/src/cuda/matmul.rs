@@ -58,17 +58,83 @@ pub fn grouped_matmul_t(x: &Tensor, w: &Tensor, offsets: &[usize]) -> Result<Ten
         if k == 0 { CudaStorage::zeros(dev, dtype, rows * n)? } else { CudaStorage::alloc(dev, dtype, rows * n)? };
     if n > 0 && k > 0 {
         let elem = dtype.size_in_bytes() as u64;
-        for (e, pair) in offsets.windows(2).enumerate() {
-            let (r0, r1) = (pair[0], pair[1]);
-            if r1 > r0 {
-                let wp = ws.raw_ptr() + (e * n * k) as u64 * elem;
-                let xp = xs.raw_ptr() + (r0 * k) as u64 * elem;
-                let op = out.raw_ptr() + (r0 * n) as u64 * elem;
-                gemm(&out, wp, xp, op, r1 - r0, n, k, 0.0)?;
-            }
+        // (rows of the group, weight, input, output) of each expert that has rows.
+        let groups: Vec<(usize, u64, u64, u64)> = offsets
+            .windows(2)
+            .enumerate()
+            .filter(|(_, pair)| pair[1] > pair[0])
+            .map(|(e, pair)| {
+                let r0 = pair[0];
+                (
+                    pair[1] - r0,
+                    ws.raw_ptr() + (e * n * k) as u64 * elem,
+                    xs.raw_ptr() + (r0 * k) as u64 * elem,
+                    out.raw_ptr() + (r0 * n) as u64 * elem,
+                )
+            })
+            .collect();
+        match groups.as_slice() {
+            [] => {}
+            [(m, wp, xp, op)] => gemm(&out, *wp, *xp, *op, *m, n, k, 0.0)?,
+            _ => grouped_gemm(&out, &groups, n, k)?,
         }
     }
     wrap(out, vec![rows, n])
+}
+
+/// Every expert's `out_e = x_e w_e^T` in one cuBLAS call (`cublasGemmGroupedBatchedEx`, one group
+/// of one problem per expert), instead of a host loop of GEMMs.
+fn grouped_gemm(like: &CudaStorage, groups: &[(usize, u64, u64, u64)], n: usize, k: usize) -> Result<()> {
+    let dev = like.device();
+    let ty = match like.dtype() {
+        DType::BF16 => blas_sys::cudaDataType_t::CUDA_R_16BF,
+        _ => blas_sys::cudaDataType_t::CUDA_R_32F,
+    };
+    let dim = |v: usize| i32::try_from(v).map_err(|_| dev_err(format!("matmul dimension {v} exceeds cuBLAS's int")));
+    let count = groups.len();
+    let (ni, ki, count_i) = (dim(n)?, dim(k)?, dim(count)?);
+    let ms = groups.iter().map(|g| dim(g.0)).collect::<Result<Vec<i32>>>()?;
+    let transa = vec![blas_sys::cublasOperation_t::CUBLAS_OP_T; count];
+    let transb = vec![blas_sys::cublasOperation_t::CUBLAS_OP_N; count];
+    let (n_arr, k_arr, ones) = (vec![ni; count], vec![ki; count], vec![1i32; count]);
+    let (alpha, beta) = (vec![1.0f32; count], vec![0.0f32; count]);
+    // The operand pointer arrays must live in device memory: weights, inputs, outputs, in turn.
+    let pointers: Vec<u64> =
+        groups.iter().map(|g| g.1).chain(groups.iter().map(|g| g.2)).chain(groups.iter().map(|g| g.3)).collect();
+    let table = dev.stream().clone_htod(&pointers).map_err(dev_err)?;
+    let base = {
+        use cudarc::driver::DevicePtr;
+        table.device_ptr(dev.stream()).0
+    };
+    let (a, b, c) = (base, base + 8 * count as u64, base + 16 * count as u64);
+    let status = dev.with_blas(|handle| unsafe {
+        // SAFETY: every host array has `count` entries; the device pointer table holds 3 *
+        // `count` pointers into live buffers sized by the dimensions; the handle is bound to the
+        // device's stream, and the table is freed stream-ordered after the call.
+        blas_sys::cublasGemmGroupedBatchedEx(
+            handle,
+            transa.as_ptr(),
+            transb.as_ptr(),
+            n_arr.as_ptr(),
+            ms.as_ptr(),
+            k_arr.as_ptr(),
+            alpha.as_ptr() as *const _,
+            a as *const *const _,
+            ty,
+            k_arr.as_ptr(),
+            b as *const *const _,
+            ty,
+            k_arr.as_ptr(),
+            beta.as_ptr() as *const _,
+            c as *const *mut _,
+            ty,
+            n_arr.as_ptr(),
+            count_i,
+            ones.as_ptr(),
+            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        )
+    })?;
+    status.result().map_err(|e| dev_err(format!("cuBLAS grouped gemm of {count} experts ({n}x{k}): {e:?}")))
 }
 
 /// Row-major `out[m, n] (+)= x[m, k] w[n, k]^T` on raw device pointers of `like`'s dtype.
