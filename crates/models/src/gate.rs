@@ -186,19 +186,22 @@ pub fn run_fixture_on(dir: &Path, dtype: DType, device: Device) -> Result<(Oracl
 }
 
 /// [`run_fixture`] with the model built by `build` instead of the registry (to gate a
-/// non-default configuration of a family, e.g. MLA's latent KV cache).
+/// non-default configuration of a family, e.g. MLA's latent KV cache), on `device`.
 pub fn run_fixture_with(
     dir: &Path,
     dtype: DType,
+    device: Device,
     build: impl Fn(&crate::config::RawConfig, &crate::weights::Weights) -> Result<Box<dyn CausalLM>>,
 ) -> Result<(Oracle, Vec<CaseReport>)> {
     let oracle = Oracle::load(&dir.join("oracle.json"))?;
     let raw = crate::config::RawConfig::from_file(&dir.join("config.json"))?;
-    let weights = crate::weights::Weights::new(Box::new(crate::weights::SafetensorsWeights::open(dir)?), dtype, None);
+    let weights = crate::weights::Weights::new(Box::new(crate::weights::SafetensorsWeights::open(dir)?), dtype, None)
+        .on_device(device);
     let model = build(&raw, &weights)?;
+    let kv_dtype = if device == Device::Cpu { DType::F32 } else { dtype };
     let mut reports = Vec::new();
     for case in &oracle.cases {
-        let ours = greedy(model.as_ref(), &case.prompt_ids, case.output_ids.len(), 16)?;
+        let ours = greedy_on(model.as_ref(), &case.prompt_ids, case.output_ids.len(), 16, device, kv_dtype)?;
         reports.push(judge(case, &ours));
     }
     Ok((oracle, reports))

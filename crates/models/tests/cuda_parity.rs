@@ -3,7 +3,7 @@
 //! STRICT, or diverges only where the oracle's top two were within `NEAR_TIE_NATS`; at most one
 //! case in a hundred may miss). Without a GPU (CI) the test prints SKIP and passes.
 
-use ferrite_models::gate::{fixtures_dir, run_fixture_on, summarize, NEAR_TIE_NATS};
+use ferrite_models::gate::{fixtures_dir, run_fixture_on, run_fixture_with, summarize, NEAR_TIE_NATS};
 use ferrite_tensor::{DType, Device};
 
 const LOGPROB_TOLERANCE: f32 = 2e-3;
@@ -60,4 +60,27 @@ fn every_fixture_on_cuda() {
     // One case in a hundred may; more means bf16 broke.
     println!("bf16 cases beyond the near-tie rule:\n{}", bf16_misses.join("\n"));
     assert!(bf16_misses.len() * 100 <= bf16_total, "{} of {bf16_total} bf16 cases fail the near-tie rule", bf16_misses.len());
+}
+
+/// DeepSeek's MLA with the latent KV cache (compressed latent + rope key, `kv_b_proj` absorbed
+/// into the query and output) on CUDA, f32, token-exact.
+#[test]
+fn deepseek_latent_mla_on_cuda() {
+    use ferrite_models::families::deepseek_v2::{DeepseekModel, DeepseekVariant};
+    use ferrite_models::mla::MlaCacheMode;
+    if !ferrite_tensor::cuda::is_available() {
+        println!("SKIP: no CUDA device");
+        return;
+    }
+    for (name, variant) in [("deepseek-v2", DeepseekVariant::V2), ("deepseek-v3", DeepseekVariant::V3)] {
+        let dir = fixtures_dir().join("models").join(name);
+        let (_, reports) = run_fixture_with(&dir, DType::F32, Device::Cuda(0), |r, w| {
+            Ok(Box::new(DeepseekModel::load(r, w, variant, MlaCacheMode::Latent)?))
+        })
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        println!("{name} latent MLA cache cuda f32: {}", summarize(&reports));
+        for r in &reports {
+            assert!(r.strict && r.max_logprob_error < LOGPROB_TOLERANCE, "{name}/{}: {:?}", r.name, r.divergence);
+        }
+    }
 }

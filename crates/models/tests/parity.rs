@@ -149,7 +149,7 @@ fn gate_latent_mla(name: &str, variant: ferrite_models::families::deepseek_v2::D
     use ferrite_models::families::deepseek_v2::DeepseekModel;
     use ferrite_models::mla::MlaCacheMode;
     let dir = fixtures_dir().join("models").join(name);
-    let (oracle, reports) = ferrite_models::gate::run_fixture_with(&dir, DType::F32, |r, w| {
+    let (oracle, reports) = ferrite_models::gate::run_fixture_with(&dir, DType::F32, ferrite_tensor::Device::Cpu, |r, w| {
         let model = DeepseekModel::load(r, w, variant, MlaCacheMode::Latent)?;
         let spec = ferrite_models::CausalLM::info(&model).kv_layers[0];
         assert_eq!(spec.num_kv_heads, 1, "latent cache has one KV head");
