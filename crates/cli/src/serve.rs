@@ -71,7 +71,7 @@ impl DeviceArgs {
         let on_gpu = self.device != Device::Cpu;
         EngineConfig {
             device: self.device,
-            kv_cache_dtype: if on_gpu { dtype } else { DType::F32 },
+            kv_cache_dtype: dtype,
             gpu_memory_utilization: (on_gpu && !explicit_kv).then_some(self.gpu_memory_utilization),
             ..config
         }

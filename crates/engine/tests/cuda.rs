@@ -76,28 +76,5 @@ fn kv_cache_sized_from_gpu_memory() {
 #[test]
 fn seeded_device_sampling_is_reproducible_whatever_the_batch() {
     let Some(llm) = cuda_llm("llama", DType::BF16) else { return };
-    let random = |seed: Option<u64>, max_tokens: usize| SamplingParams {
-        temperature: 0.9,
-        top_p: 0.95,
-        top_k: 200,
-        min_p: 0.01,
-        seed,
-        max_tokens: Some(max_tokens),
-        ignore_eos: true,
-        ..Default::default()
-    };
-    let prompt = |i: usize| battery("llama")[i].clone();
-    let alone = token_ids(&llm.generate(vec![prompt(2)], &random(Some(42), 24)).unwrap());
-    let client = llm.client();
-    let mut others: Vec<_> =
-        (3..7).map(|i| client.add_request(format!("other-{i}"), prompt(i), random(None, 40)).unwrap()).collect();
-    let batched = token_ids(&llm.generate(vec![prompt(2)], &random(Some(42), 24)).unwrap());
-    for s in &mut others {
-        while s.blocking_next().is_some() {}
-    }
-    assert_eq!(batched, alone);
-    let other_seed = token_ids(&llm.generate(vec![prompt(2)], &random(Some(43), 24)).unwrap());
-    assert_ne!(other_seed, alone, "different seeds should give different samples");
-    let greedy_out = token_ids(&llm.generate(vec![prompt(2)], &greedy(24)).unwrap());
-    assert_ne!(greedy_out, alone, "temperature 0.9 should depart from greedy");
+    assert_seeded_sampling_is_batch_independent(&llm);
 }

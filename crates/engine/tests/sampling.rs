@@ -6,40 +6,13 @@ mod common;
 use common::*;
 use ferrite_engine::{FinishReason, PromptInput, RequestOutput, SamplingParams, StopReason};
 
-fn random(seed: Option<u64>, max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        temperature: 0.9,
-        top_p: 0.95,
-        top_k: 200,
-        min_p: 0.01,
-        seed,
-        max_tokens: Some(max_tokens),
-        ignore_eos: true,
-        ..Default::default()
-    }
-}
-
 fn prompt(i: usize) -> PromptInput {
     battery("llama")[i].clone()
 }
 
 #[test]
 fn seeded_sampling_is_reproducible_whatever_the_batch() {
-    let llm = llm("llama", config());
-    let alone = token_ids(&llm.generate(vec![prompt(2)], &random(Some(42), 24)).unwrap());
-    // The same request batched among others, unseeded ones included.
-    let client = llm.client();
-    let mut others: Vec<_> =
-        (3..7).map(|i| client.add_request(format!("other-{i}"), prompt(i), random(None, 40)).unwrap()).collect();
-    let batched = token_ids(&llm.generate(vec![prompt(2)], &random(Some(42), 24)).unwrap());
-    for s in &mut others {
-        while s.blocking_next().is_some() {}
-    }
-    assert_eq!(batched, alone);
-    let other_seed = token_ids(&llm.generate(vec![prompt(2)], &random(Some(43), 24)).unwrap());
-    assert_ne!(other_seed, alone, "different seeds should give different samples");
-    let greedy_out = token_ids(&llm.generate(vec![prompt(2)], &greedy(24)).unwrap());
-    assert_ne!(greedy_out, alone, "temperature 0.9 should depart from greedy");
+    assert_seeded_sampling_is_batch_independent(&llm("llama", config()));
 }
 
 #[test]

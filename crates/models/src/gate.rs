@@ -176,13 +176,21 @@ pub fn run_fixture(dir: &Path, dtype: DType) -> Result<(Oracle, Vec<CaseReport>)
 pub fn run_fixture_on(dir: &Path, dtype: DType, device: Device) -> Result<(Oracle, Vec<CaseReport>)> {
     let oracle = Oracle::load(&dir.join("oracle.json"))?;
     let loaded = crate::load_model(dir, &crate::LoadOptions { dtype, device, progress: false })?;
-    let kv_dtype = if device == Device::Cpu { DType::F32 } else { dtype };
-    let mut reports = Vec::new();
-    for case in &oracle.cases {
-        let ours = greedy_on(loaded.model.as_ref(), &case.prompt_ids, case.output_ids.len(), 16, device, kv_dtype)?;
-        reports.push(judge(case, &ours));
-    }
+    let reports = run_battery(&oracle, loaded.model.as_ref(), dtype, device)?;
     Ok((oracle, reports))
+}
+
+/// Every case of `oracle` through `model`, whose weights are on `device` in `dtype` (the KV
+/// cache takes that dtype too; a CPU cache is always f32).
+fn run_battery(oracle: &Oracle, model: &dyn CausalLM, dtype: DType, device: Device) -> Result<Vec<CaseReport>> {
+    oracle
+        .cases
+        .iter()
+        .map(|case| {
+            let ours = greedy_on(model, &case.prompt_ids, case.output_ids.len(), 16, device, dtype)?;
+            Ok(judge(case, &ours))
+        })
+        .collect()
 }
 
 /// [`run_fixture`] with the model built by `build` instead of the registry (to gate a
@@ -198,11 +206,6 @@ pub fn run_fixture_with(
     let weights = crate::weights::Weights::new(Box::new(crate::weights::SafetensorsWeights::open(dir)?), dtype, None)
         .on_device(device);
     let model = build(&raw, &weights)?;
-    let kv_dtype = if device == Device::Cpu { DType::F32 } else { dtype };
-    let mut reports = Vec::new();
-    for case in &oracle.cases {
-        let ours = greedy_on(model.as_ref(), &case.prompt_ids, case.output_ids.len(), 16, device, kv_dtype)?;
-        reports.push(judge(case, &ours));
-    }
+    let reports = run_battery(&oracle, model.as_ref(), dtype, device)?;
     Ok((oracle, reports))
 }

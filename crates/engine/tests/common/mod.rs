@@ -47,6 +47,40 @@ pub fn greedy(max_tokens: usize) -> SamplingParams {
     SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) }
 }
 
+/// Temperature, top-p, top-k and min-p all active.
+pub fn random(seed: Option<u64>, max_tokens: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        top_k: 200,
+        min_p: 0.01,
+        seed,
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+/// On an engine over the llama fixture: a seeded request draws the same tokens alone and
+/// batched among others (unseeded ones included), another seed draws others, and sampling
+/// departs from greedy.
+pub fn assert_seeded_sampling_is_batch_independent(llm: &LLM) {
+    let prompt = |i: usize| battery("llama")[i].clone();
+    let alone = token_ids(&llm.generate(vec![prompt(2)], &random(Some(42), 24)).unwrap());
+    let client = llm.client();
+    let mut others: Vec<_> =
+        (3..7).map(|i| client.add_request(format!("other-{i}"), prompt(i), random(None, 40)).unwrap()).collect();
+    let batched = token_ids(&llm.generate(vec![prompt(2)], &random(Some(42), 24)).unwrap());
+    for s in &mut others {
+        while s.blocking_next().is_some() {}
+    }
+    assert_eq!(batched, alone);
+    let other_seed = token_ids(&llm.generate(vec![prompt(2)], &random(Some(43), 24)).unwrap());
+    assert_ne!(other_seed, alone, "different seeds should give different samples");
+    let greedy_out = token_ids(&llm.generate(vec![prompt(2)], &greedy(24)).unwrap());
+    assert_ne!(greedy_out, alone, "temperature 0.9 should depart from greedy");
+}
+
 pub fn token_ids(outputs: &[RequestOutput]) -> Vec<Vec<u32>> {
     outputs.iter().map(|o| o.outputs[0].token_ids.clone()).collect()
 }

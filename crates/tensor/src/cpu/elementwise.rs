@@ -69,19 +69,19 @@ pub(crate) fn softmax_in_place(row: &mut [f32]) {
 pub fn argmax_rows(x: &Tensor) -> Result<Vec<u32>> {
     let cols = x.last_dim().max(1);
     let src = x.as_f32_slice()?;
-    Ok(src
-        .par_chunks(cols)
-        .map(|row| {
-            let mut best = 0usize;
-            for (i, &v) in row.iter().enumerate().skip(1) {
-                let b = row[best];
-                if !b.is_nan() && (v.is_nan() || v > b) {
-                    best = i;
-                }
-            }
-            best as u32
-        })
-        .collect())
+    Ok(src.par_chunks(cols).map(argmax_row).collect())
+}
+
+/// [`argmax_rows`] of one row.
+pub(crate) fn argmax_row(row: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &v) in row.iter().enumerate().skip(1) {
+        let b = row[best];
+        if !b.is_nan() && (v.is_nan() || v > b) {
+            best = i;
+        }
+    }
+    best as u32
 }
 
 pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {

@@ -22,6 +22,7 @@
 
 use rayon::prelude::*;
 
+use super::elementwise::argmax_row;
 use crate::error::Result;
 use crate::ops::RowSampling;
 use crate::tensor::{CpuStorage, Tensor};
@@ -107,27 +108,15 @@ fn survivor(x: f32, m: f32, log_min_p: f32, floor: u32) -> Option<f32> {
     (d > f32::NEG_INFINITY && d >= log_min_p && order_key(x) >= floor).then_some(d)
 }
 
-/// `ops::argmax_rows` on one row: the lowest index among the maxima, NaN the largest value.
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &v) in row.iter().enumerate().skip(1) {
-        let b = row[best];
-        if !b.is_nan() && (v.is_nan() || v > b) {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 fn sample_row(row: &[f32], plan: &RowPlan) -> u32 {
     if plan.greedy {
-        return argmax(row);
+        return argmax_row(row);
     }
     let x: Vec<f32> = row.iter().map(|&l| scaled(l, plan.inv_t)).collect();
     let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if m == f32::NEG_INFINITY {
         // No token has any probability: fall back to what greedy would pick.
-        return argmax(row);
+        return argmax_row(row);
     }
     let lmin = plan.log_min_p;
     let mut floor = 0u32;
@@ -263,7 +252,7 @@ mod tests {
     fn the_tightest_filters_equal_greedy() {
         for salt in 0..20 {
             let row = logits(1000, 4.0, salt);
-            let want = argmax(&row);
+            let want = argmax_row(&row);
             let base = RowSampling { seed: u64::from(salt), step: 3, ..params(0.8) };
             assert_eq!(sample(&row, RowSampling { top_k: 1, ..base }), want, "top_k 1");
             assert_eq!(sample(&row, RowSampling { top_p: 1e-6, ..base }), want, "tiny top_p");

@@ -72,6 +72,31 @@ __device__ float block_max(float v) {
 
 #define FOR_T(M) M(f32, float) M(bf16, bf16_t)
 #define FOR_TW(M) M(f32, float, f32, float) M(f32, float, bf16, bf16_t) M(bf16, bf16_t, f32, float) M(bf16, bf16_t, bf16, bf16_t)
+
+// torch.argmax order: NaN is the largest value; among equals the lowest index wins.
+__device__ __forceinline__ bool better(float v, unsigned int i, float bv, unsigned int bi) {
+    if (isnan(v)) return !isnan(bv) || i < bi;
+    if (isnan(bv)) return false;
+    return v > bv || (v == bv && i < bi);
+}
+
+// Thread 0 writes the block's best (value, index).
+__device__ void store_best(float bv, unsigned int bi, unsigned int* out) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        unsigned int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+    }
+    __shared__ float sv[32];
+    __shared__ unsigned int si[32];
+    if ((threadIdx.x & 31) == 0) { sv[threadIdx.x >> 5] = bv; si[threadIdx.x >> 5] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+            if (better(sv[w], si[w], bv, bi)) { bv = sv[w]; bi = si[w]; }
+        out[blockIdx.x] = bi;
+    }
+}
 "#;
 
 /// Elementwise maps, copies and gathers, rotary embeddings, KV-cache writes, argmax.
@@ -191,13 +216,6 @@ __device__ void write_kv(const T* __restrict__ k, const T* __restrict__ v, const
     for (int c = threadIdx.x; c < vw; c += blockDim.x) vc[slot * vw + c] = vs[c];
 }
 
-// torch.argmax order: NaN is the largest value; among equals the lowest index wins.
-__device__ __forceinline__ bool better(float v, unsigned int i, float bv, unsigned int bi) {
-    if (isnan(v)) return !isnan(bv) || i < bi;
-    if (isnan(bv)) return false;
-    return v > bv || (v == bv && i < bi);
-}
-
 // One block per row.
 template <typename T>
 __device__ void argmax_rows(const T* __restrict__ x, unsigned int* __restrict__ out, int cols) {
@@ -208,20 +226,7 @@ __device__ void argmax_rows(const T* __restrict__ x, unsigned int* __restrict__ 
         float v = to_f(xr[c]);
         if (better(v, c, bv, bi)) { bv = v; bi = c; }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        unsigned int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
-    }
-    __shared__ float sv[32];
-    __shared__ unsigned int si[32];
-    if ((threadIdx.x & 31) == 0) { sv[threadIdx.x >> 5] = bv; si[threadIdx.x >> 5] = bi; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
-            if (better(sv[w], si[w], bv, bi)) { bv = sv[w]; bi = si[w]; }
-        out[blockIdx.x] = bi;
-    }
+    store_best(bv, bi, out);
 }
 
 #define INST_T(TN, T)                                                                                              \
@@ -827,31 +832,6 @@ __device__ __forceinline__ float scaled(float l, float inv_t) {
 __device__ __forceinline__ bool survivor(float x, float m, float log_min_p, unsigned int floor_key, float& d) {
     d = x == m ? 0.f : __fsub_rn(x, m);
     return d > -INFINITY && d >= log_min_p && order_key(x) >= floor_key;
-}
-
-// torch.argmax order: NaN is the largest value; among equals the lowest index wins.
-__device__ __forceinline__ bool better(float v, unsigned int i, float bv, unsigned int bi) {
-    if (isnan(v)) return !isnan(bv) || i < bi;
-    if (isnan(bv)) return false;
-    return v > bv || (v == bv && i < bi);
-}
-
-// Thread 0 writes the block's best (value, index).
-__device__ void store_best(float bv, unsigned int bi, unsigned int* out) {
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        unsigned int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
-    }
-    __shared__ float sv[32];
-    __shared__ unsigned int si[32];
-    if ((threadIdx.x & 31) == 0) { sv[threadIdx.x >> 5] = bv; si[threadIdx.x >> 5] = bi; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
-            if (better(sv[w], si[w], bv, bi)) { bv = sv[w]; bi = si[w]; }
-        out[blockIdx.x] = bi;
-    }
 }
 
 // The largest order key t such that the survivors with key >= t weigh at least `target` (each
