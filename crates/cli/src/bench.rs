@@ -75,7 +75,10 @@ async fn get_text(client: &HttpClient, url: &str, api_key: Option<&str>) -> Resu
     if let Some(key) = api_key {
         req = req.header("authorization", format!("Bearer {key}"));
     }
-    let resp = client.request(req.body(Full::new(Bytes::new()))?).await.with_context(|| format!("GET {url}"))?;
+    let resp = client
+        .request(req.body(Full::new(Bytes::new()))?)
+        .await
+        .with_context(|| format!("GET {url}"))?;
     let status = resp.status();
     let body = resp.into_body().collect().await?.to_bytes();
     if !status.is_success() {
@@ -98,21 +101,32 @@ fn metric_sum(text: &str, suffix: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
-async fn one_request(client: &HttpClient, args: &BenchArgs, model: &str, prompt: Vec<u32>) -> Result<RequestTiming> {
+async fn one_request(
+    client: &HttpClient,
+    args: &BenchArgs,
+    model: &str,
+    prompt: Vec<u32>,
+) -> Result<RequestTiming> {
     let body = json!({
         "model": model, "prompt": prompt, "max_tokens": args.output_len, "temperature": 0.0,
         "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true},
     });
-    let mut req = hyper::Request::post(format!("{}/v1/completions", args.base_url)).header("content-type", "application/json");
+    let mut req = hyper::Request::post(format!("{}/v1/completions", args.base_url))
+        .header("content-type", "application/json");
     if let Some(key) = &args.api_key {
         req = req.header("authorization", format!("Bearer {key}"));
     }
     let start = Instant::now();
-    let resp = client.request(req.body(Full::new(Bytes::from(body.to_string())))?).await?;
+    let resp = client
+        .request(req.body(Full::new(Bytes::from(body.to_string())))?)
+        .await?;
     if !resp.status().is_success() {
         let status = resp.status();
         let text = resp.into_body().collect().await?.to_bytes();
-        bail!("completion failed: {status}: {}", String::from_utf8_lossy(&text));
+        bail!(
+            "completion failed: {status}: {}",
+            String::from_utf8_lossy(&text)
+        );
     }
     let mut body = resp.into_body();
     let mut buffer = String::new();
@@ -122,12 +136,16 @@ async fn one_request(client: &HttpClient, args: &BenchArgs, model: &str, prompt:
     let mut chunks_with_text = 0usize;
     while let Some(frame) = body.frame().await {
         let frame = frame?;
-        let Some(data) = frame.data_ref() else { continue };
+        let Some(data) = frame.data_ref() else {
+            continue;
+        };
         buffer.push_str(&String::from_utf8_lossy(data));
         while let Some(end) = buffer.find("\n\n") {
             let event: String = buffer.drain(..end + 2).collect();
             for line in event.lines() {
-                let Some(payload) = line.strip_prefix("data: ") else { continue };
+                let Some(payload) = line.strip_prefix("data: ") else {
+                    continue;
+                };
                 if payload == "[DONE]" {
                     continue;
                 }
@@ -135,7 +153,10 @@ async fn one_request(client: &HttpClient, args: &BenchArgs, model: &str, prompt:
                 if let Some(tokens) = chunk["usage"]["completion_tokens"].as_u64() {
                     usage_tokens = Some(tokens as usize);
                 }
-                let has_text = chunk["choices"].as_array().is_some_and(|c| c.iter().any(|c| c["text"].as_str().is_some_and(|t| !t.is_empty())));
+                let has_text = chunk["choices"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["text"].as_str().is_some_and(|t| !t.is_empty()))
+                });
                 if has_text {
                     let now = Instant::now();
                     match first {
@@ -158,11 +179,24 @@ async fn one_request(client: &HttpClient, args: &BenchArgs, model: &str, prompt:
     })
 }
 
-async fn run_level(client: &HttpClient, args: &BenchArgs, model: &str, concurrency: usize, run: usize) -> Result<Value> {
+async fn run_level(
+    client: &HttpClient,
+    args: &BenchArgs,
+    model: &str,
+    concurrency: usize,
+    run: usize,
+) -> Result<Value> {
     let n = args.num_prompts.unwrap_or((concurrency * 4).max(8));
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed ^ ((concurrency as u64) << 32) ^ run as u64);
-    let prompts: Vec<Vec<u32>> =
-        (0..n).map(|_| (0..args.input_len).map(|_| rng.random_range(0..args.vocab_size)).collect()).collect();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
+        args.seed ^ ((concurrency as u64) << 32) ^ run as u64,
+    );
+    let prompts: Vec<Vec<u32>> = (0..n)
+        .map(|_| {
+            (0..args.input_len)
+                .map(|_| rng.random_range(0..args.vocab_size))
+                .collect()
+        })
+        .collect();
     let queue = std::sync::Mutex::new(prompts.into_iter());
     let start = Instant::now();
     let workers = (0..concurrency).map(|_| async {
@@ -186,7 +220,10 @@ async fn run_level(client: &HttpClient, args: &BenchArgs, model: &str, concurren
         .filter(|t| t.output_tokens > 1)
         .map(|t| (t.e2e - t.ttft) / (t.output_tokens - 1) as f64)
         .collect();
-    let mut itl: Vec<f64> = timings.iter().flat_map(|t| t.itls.iter().copied()).collect();
+    let mut itl: Vec<f64> = timings
+        .iter()
+        .flat_map(|t| t.itls.iter().copied())
+        .collect();
     Ok(json!({
         "requests": timings.len(),
         "wall_s": wall,
@@ -202,9 +239,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let levels: Vec<usize> = args
         .concurrency
         .split(',')
-        .map(|s| s.trim().parse::<usize>().with_context(|| format!("--concurrency: `{s}` is not a number")))
+        .map(|s| {
+            s.trim()
+                .parse::<usize>()
+                .with_context(|| format!("--concurrency: `{s}` is not a number"))
+        })
         .collect::<Result<_>>()?;
-    if levels.iter().any(|&c| c == 0) || args.runs == 0 || args.output_len == 0 || args.input_len == 0 {
+    if levels.iter().any(|&c| c == 0)
+        || args.runs == 0
+        || args.output_len == 0
+        || args.input_len == 0
+    {
         bail!("--concurrency levels, --runs, --input-len and --output-len must be positive");
     }
     let runtime = tokio::runtime::Runtime::new()?;
@@ -216,8 +261,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let model = match &args.model {
             Some(m) => m.clone(),
             None => {
-                let models: Value = serde_json::from_str(&get_text(&client, &format!("{}/v1/models", args.base_url), key).await?)?;
-                models["data"][0]["id"].as_str().context("/v1/models lists no model")?.to_owned()
+                let models: Value = serde_json::from_str(
+                    &get_text(&client, &format!("{}/v1/models", args.base_url), key).await?,
+                )?;
+                models["data"][0]["id"]
+                    .as_str()
+                    .context("/v1/models lists no model")?
+                    .to_owned()
             }
         };
         let metrics_url = format!("{}/metrics", args.base_url);
@@ -232,15 +282,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let hit_rate = match (before, after) {
                 (Some(b), Some(a)) => {
                     let delta = |s: &str| Some(metric_sum(&a, s)? - metric_sum(&b, s)?);
-                    match (delta("prefix_cache_hits_total"), delta("prefix_cache_queries_total")) {
+                    match (
+                        delta("prefix_cache_hits_total"),
+                        delta("prefix_cache_queries_total"),
+                    ) {
                         (Some(h), Some(q)) if q > 0.0 => Some(h / q),
                         _ => None,
                     }
                 }
                 _ => None,
             };
-            let mut by_throughput: Vec<(f64, Value)> =
-                runs.into_iter().map(|r| (r["output_tok_per_s"].as_f64().unwrap_or(0.0), r)).collect();
+            let mut by_throughput: Vec<(f64, Value)> = runs
+                .into_iter()
+                .map(|r| (r["output_tok_per_s"].as_f64().unwrap_or(0.0), r))
+                .collect();
             by_throughput.sort_by(|a, b| a.0.total_cmp(&b.0));
             let median_run = by_throughput[by_throughput.len() / 2].1.clone();
             results.push(json!({

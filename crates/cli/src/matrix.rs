@@ -19,8 +19,12 @@ pub struct MatrixArgs {
 }
 
 pub fn run(args: MatrixArgs) -> Result<()> {
-    let inventory = ferrite_matrix::load_inventory(&args.inventory)
-        .with_context(|| format!("reading {} (run from the repository root or pass --inventory)", args.inventory.display()))?;
+    let inventory = ferrite_matrix::load_inventory(&args.inventory).with_context(|| {
+        format!(
+            "reading {} (run from the repository root or pass --inventory)",
+            args.inventory.display()
+        )
+    })?;
     let text = if args.markdown {
         ferrite_matrix::render_markdown(&inventory)
     } else if args.readme_table {

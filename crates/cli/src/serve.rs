@@ -62,17 +62,26 @@ pub struct DeviceArgs {
     /// cache gets what the weights and a profiled largest step leave).
     #[arg(long, default_value_t = 0.9)]
     pub gpu_memory_utilization: f32,
+    /// On a GPU: run decode steps kernel by kernel instead of replaying CUDA graphs.
+    #[arg(long)]
+    pub enforce_eager: bool,
 }
 
 impl DeviceArgs {
     /// The engine settings that follow from the device, on top of `config`; on a GPU the KV
     /// cache is sized from free memory unless `explicit_kv` says how large it is.
-    pub(crate) fn apply(&self, dtype: DType, explicit_kv: bool, config: EngineConfig) -> EngineConfig {
+    pub(crate) fn apply(
+        &self,
+        dtype: DType,
+        explicit_kv: bool,
+        config: EngineConfig,
+    ) -> EngineConfig {
         let on_gpu = self.device != Device::Cpu;
         EngineConfig {
             device: self.device,
             kv_cache_dtype: dtype,
             gpu_memory_utilization: (on_gpu && !explicit_kv).then_some(self.gpu_memory_utilization),
+            enforce_eager: self.enforce_eager,
             ..config
         }
     }
@@ -132,9 +141,13 @@ pub struct ServeArgs {
 /// vLLM's memory flags read them) or plain bytes.
 fn parse_bytes(text: &str) -> std::result::Result<usize, String> {
     let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
-    let number: f64 = number.parse().map_err(|_| format!("not a size: {text:?} (try 4GiB or 536870912)"))?;
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("not a size: {text:?} (try 4GiB or 536870912)"))?;
     let scale = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1u64,
         "k" | "kb" | "kib" => 1 << 10,
@@ -160,18 +173,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let dtype = args.dtype.dtype_on(args.device.device);
     let config = EngineConfig {
         block_size: args.block_size,
-        kv_cache_memory: args.kv_cache_memory.unwrap_or(EngineConfig::default().kv_cache_memory),
+        kv_cache_memory: args
+            .kv_cache_memory
+            .unwrap_or(EngineConfig::default().kv_cache_memory),
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_num_seqs: args.max_num_seqs,
         max_model_len: args.max_model_len,
         enable_prefix_caching: !args.no_enable_prefix_caching,
         ..EngineConfig::default()
     };
-    let config = args.device.apply(dtype, args.kv_cache_memory.is_some(), config);
+    let config = args
+        .device
+        .apply(dtype, args.kv_cache_memory.is_some(), config);
     let model_root = args.model.display().to_string();
-    let llm = LLM::new(&args.model, dtype, config).with_context(|| format!("loading {model_root}"))?;
-    let served_model_names =
-        if args.served_model_name.is_empty() { vec![model_root.clone()] } else { args.served_model_name.clone() };
+    let llm =
+        LLM::new(&args.model, dtype, config).with_context(|| format!("loading {model_root}"))?;
+    let served_model_names = if args.served_model_name.is_empty() {
+        vec![model_root.clone()]
+    } else {
+        args.served_model_name.clone()
+    };
     let server_config = ServerConfig {
         served_model_names,
         model_root,
@@ -179,8 +200,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_num_seqs: args.max_num_seqs,
         max_queue: args.max_queue,
     };
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
     let grace = Duration::from_secs_f64(args.shutdown_timeout);
     runtime.block_on(async {
         let addr: SocketAddr = tokio::net::lookup_host((args.host.as_str(), args.port))
@@ -188,11 +211,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("resolving --host {}", args.host))?
             .next()
             .with_context(|| format!("--host {} resolves to no address", args.host))?;
-        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr().context("reading the bound address")?;
         let state = AppState::new(llm.client(), server_config);
         tracing::info!(model = %args.model.display(), "listening on http://{local}");
-        ferrite_server::serve(listener, state, shutdown_signal(), grace).await.context("serving")
+        ferrite_server::serve(listener, state, shutdown_signal(), grace)
+            .await
+            .context("serving")
     })?;
     // Connections still open past the grace period are cut here; their engine requests abort
     // when their streams drop, before the engine itself stops with `llm`.

@@ -23,7 +23,9 @@ use crate::core::scheduler::{EngineCoreOutput, SchedulerConfig};
 use crate::core::{ReqId, Request, Scheduler};
 use crate::detokenizer::Detokenizer;
 use crate::error::{EngineError, Result};
-use crate::output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
+use crate::output::{
+    CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob,
+};
 use crate::params::{RequestSampling, SamplingParams};
 use crate::runner::ModelRunner;
 
@@ -48,6 +50,8 @@ pub struct EngineStats {
     pub generation_tokens_total: u64,
     pub num_preemptions: u64,
     pub finished_requests: u64,
+    /// Decode steps captured and replayed as CUDA graphs.
+    pub cuda_graphs: crate::GraphCounts,
 }
 
 struct NewRequest {
@@ -94,7 +98,11 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(model: Box<dyn CausalLM>, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine> {
+    pub fn new(
+        model: Box<dyn CausalLM>,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+    ) -> Result<Engine> {
         let info = model.info().clone();
         let (_, max_model_len) = config.resolve(&info)?;
         let config = EngineConfig {
@@ -122,10 +130,17 @@ impl Engine {
             .eos_token()
             .and_then(|t| tokenizer.token_to_id(t))
             .or_else(|| tokenizer.eos_token_ids().first().copied());
-        let extra_eos_token_ids =
-            tokenizer.eos_token_ids().iter().copied().filter(|&id| Some(id) != eos_token_id).collect();
+        let extra_eos_token_ids = tokenizer
+            .eos_token_ids()
+            .iter()
+            .copied()
+            .filter(|&id| Some(id) != eos_token_id)
+            .collect();
         let (tx, rx) = mpsc::channel();
-        let stats = Arc::new(Mutex::new(EngineStats { kv_blocks_total: cache.num_blocks, ..Default::default() }));
+        let stats = Arc::new(Mutex::new(EngineStats {
+            kv_blocks_total: cache.num_blocks,
+            ..Default::default()
+        }));
         let core = EngineCore {
             scheduler: Scheduler::new(sched_config),
             sched_config,
@@ -151,7 +166,12 @@ impl Engine {
             eos_token_id,
             extra_eos_token_ids,
         };
-        Ok(Engine { client: EngineClient { shared: Arc::new(shared) }, thread: Some(thread) })
+        Ok(Engine {
+            client: EngineClient {
+                shared: Arc::new(shared),
+            },
+            thread: Some(thread),
+        })
     }
 
     pub fn client(&self) -> EngineClient {
@@ -191,7 +211,9 @@ impl EngineClient {
             return Err(EngineError::InvalidPrompt("the prompt is empty".into()));
         }
         if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(EngineError::InvalidPrompt(format!("token id {bad} is out of vocabulary (size {vocab})")));
+            return Err(EngineError::InvalidPrompt(format!(
+                "token id {bad} is out of vocabulary (size {vocab})"
+            )));
         }
         if let Some(bad) = params.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
             return Err(EngineError::invalid(
@@ -201,11 +223,18 @@ impl EngineClient {
         }
         let max_model_len = s.max_model_len;
         if prompt.len() >= max_model_len {
-            return Err(EngineError::PromptTooLong { prompt_tokens: prompt.len(), max_model_len });
+            return Err(EngineError::PromptTooLong {
+                prompt_tokens: prompt.len(),
+                max_model_len,
+            });
         }
         let max_tokens = params.max_tokens.unwrap_or(max_model_len - prompt.len());
         if prompt.len() + max_tokens > max_model_len {
-            return Err(EngineError::ContextLengthExceeded { prompt_tokens: prompt.len(), max_tokens, max_model_len });
+            return Err(EngineError::ContextLengthExceeded {
+                prompt_tokens: prompt.len(),
+                max_tokens,
+                max_model_len,
+            });
         }
         // The last sampled token is never fed back, so it needs no slot.
         let needed_tokens = prompt.len() + max_tokens - 1;
@@ -221,20 +250,39 @@ impl EngineClient {
         let params = params.normalized();
         let mut stop_token_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
-            stop_token_ids.extend(s.extra_eos_token_ids.iter().filter(|id| !params.stop_token_ids.contains(id)));
+            stop_token_ids.extend(
+                s.extra_eos_token_ids
+                    .iter()
+                    .filter(|id| !params.stop_token_ids.contains(id)),
+            );
         }
-        let mut min_tokens_mask: Vec<u32> =
-            s.eos_token_id.into_iter().chain(s.extra_eos_token_ids.iter().copied()).collect();
-        min_tokens_mask
-            .extend(params.stop_token_ids.iter().filter(|id| !min_tokens_mask.contains(id)).collect::<Vec<_>>());
+        let mut min_tokens_mask: Vec<u32> = s
+            .eos_token_id
+            .into_iter()
+            .chain(s.extra_eos_token_ids.iter().copied())
+            .collect();
+        min_tokens_mask.extend(
+            params
+                .stop_token_ids
+                .iter()
+                .filter(|id| !min_tokens_mask.contains(id))
+                .collect::<Vec<_>>(),
+        );
         // vLLM gives sequence i of a seeded request the seed `seed + i`.
         let base_seed = params.seed.unwrap_or_else(|| rand::rng().random());
         let children = (0..params.n)
             .map(|i| {
                 Arc::new(RequestSampling {
-                    params: SamplingParams { n: 1, ..params.clone() },
+                    params: SamplingParams {
+                        n: 1,
+                        ..params.clone()
+                    },
                     max_tokens,
-                    eos_token_id: if params.ignore_eos { None } else { s.eos_token_id },
+                    eos_token_id: if params.ignore_eos {
+                        None
+                    } else {
+                        s.eos_token_id
+                    },
                     stop_token_ids: stop_token_ids.clone(),
                     min_tokens_mask: min_tokens_mask.clone(),
                     seed: base_seed.wrapping_add(i as u64),
@@ -252,17 +300,32 @@ impl EngineClient {
             sender,
             arrival,
         };
-        s.commands.send(Command::Add(Box::new(request))).map_err(|_| EngineError::EngineStopped)?;
-        Ok(RequestStream { request_id, parent, receiver, commands: s.commands.clone(), finished: false })
+        s.commands
+            .send(Command::Add(Box::new(request)))
+            .map_err(|_| EngineError::EngineStopped)?;
+        Ok(RequestStream {
+            request_id,
+            parent,
+            receiver,
+            commands: s.commands.clone(),
+            finished: false,
+        })
     }
 
     /// Aborts every in-flight request with this id; they finish with `FinishReason::Abort`.
     pub fn abort(&self, request_id: &str) {
-        let _ = self.shared.commands.send(Command::AbortById(request_id.to_string()));
+        let _ = self
+            .shared
+            .commands
+            .send(Command::AbortById(request_id.to_string()));
     }
 
     pub fn stats(&self) -> EngineStats {
-        *self.shared.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        *self
+            .shared
+            .stats
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn tokenizer(&self) -> Arc<Tokenizer> {
@@ -421,7 +484,11 @@ impl OutputProcessor {
     }
 
     fn mark_scheduled(&mut self, req: ReqId, now: Instant) {
-        if let Some(p) = self.children.get(&req).and_then(|(p, _)| self.parents.get_mut(p)) {
+        if let Some(p) = self
+            .children
+            .get(&req)
+            .and_then(|(p, _)| self.parents.get_mut(p))
+        {
             p.metrics.first_scheduled_time.get_or_insert(now);
         }
     }
@@ -435,11 +502,16 @@ impl OutputProcessor {
         let mut deltas: HashMap<u64, Vec<CompletionOutput>> = HashMap::new();
         let mut prompt_logprobs_ready: Vec<u64> = Vec::new();
         for o in outputs {
-            let Some(&(pid, index)) = self.children.get(&o.req_id) else { continue };
-            let Some(parent) = self.parents.get_mut(&pid) else { continue };
+            let Some(&(pid, index)) = self.children.get(&o.req_id) else {
+                continue;
+            };
+            let Some(parent) = self.parents.get_mut(&pid) else {
+                continue;
+            };
             if index == 0 {
                 parent.num_cached_tokens = o.num_cached_tokens;
-                if let (Some(acc), Some(lps)) = (&mut parent.prompt_logprobs, o.new_prompt_logprobs) {
+                if let (Some(acc), Some(lps)) = (&mut parent.prompt_logprobs, o.new_prompt_logprobs)
+                {
                     acc.extend(lps.into_iter().map(Some));
                 }
             }
@@ -461,7 +533,11 @@ impl OutputProcessor {
             let stop_terminated = o.finish_reason == Some(FinishReason::Stop);
             let mut finish_reason = o.finish_reason;
             let mut stop_reason = o.stop_reason;
-            if let Some(stop) = child.detokenizer.update(&self.tokenizer, &o.new_token_ids, stop_terminated) {
+            if let Some(stop) =
+                child
+                    .detokenizer
+                    .update(&self.tokenizer, &o.new_token_ids, stop_terminated)
+            {
                 if finish_reason.is_none() {
                     stopped.push(child.req_id);
                 }
@@ -470,7 +546,9 @@ impl OutputProcessor {
             }
             child.finished = finish_reason.is_some();
             let text = child.detokenizer.next_delta(child.finished);
-            let logprobs = parent.want_logprobs.then(|| o.new_logprobs.into_iter().collect());
+            let logprobs = parent
+                .want_logprobs
+                .then(|| o.new_logprobs.into_iter().collect());
             if !deltas.contains_key(&pid) {
                 order.push(pid);
             }
@@ -485,8 +563,12 @@ impl OutputProcessor {
         }
         let mut disconnected = Vec::new();
         for pid in order {
-            let Some(outs) = deltas.remove(&pid) else { continue };
-            let Some(parent) = self.parents.get_mut(&pid) else { continue };
+            let Some(outs) = deltas.remove(&pid) else {
+                continue;
+            };
+            let Some(parent) = self.parents.get_mut(&pid) else {
+                continue;
+            };
             let mut out = parent.output(outs);
             if prompt_logprobs_ready.contains(&pid) {
                 out.prompt_logprobs = parent.prompt_logprobs.take();
@@ -497,7 +579,13 @@ impl OutputProcessor {
             }
             let finished = out.finished;
             if parent.sender.send(out).is_err() {
-                disconnected.extend(parent.children.iter().filter(|c| !c.finished).map(|c| c.req_id));
+                disconnected.extend(
+                    parent
+                        .children
+                        .iter()
+                        .filter(|c| !c.finished)
+                        .map(|c| c.req_id),
+                );
                 self.remove(pid);
             } else if finished {
                 self.remove(pid);
@@ -516,7 +604,11 @@ impl OutputProcessor {
     }
 
     fn parents_with_id(&self, request_id: &str) -> Vec<u64> {
-        self.parents.iter().filter(|(_, p)| p.request_id == request_id).map(|(&id, _)| id).collect()
+        self.parents
+            .iter()
+            .filter(|(_, p)| p.request_id == request_id)
+            .map(|(&id, _)| id)
+            .collect()
     }
 
     fn parent_of(&self, req: ReqId) -> Option<u64> {
@@ -526,11 +618,18 @@ impl OutputProcessor {
     /// Ends a request before its sequences finished (abort or failure) and tells the client.
     /// Returns the sequences still in the scheduler.
     fn terminate(&mut self, pid: u64, reason: FinishReason, error: Option<String>) -> Vec<ReqId> {
-        let Some(parent) = self.parents.get_mut(&pid) else { return Vec::new() };
+        let Some(parent) = self.parents.get_mut(&pid) else {
+            return Vec::new();
+        };
         let now = Instant::now();
         let mut open = Vec::new();
         let mut outs = Vec::new();
-        for (index, c) in parent.children.iter_mut().enumerate().filter(|(_, c)| !c.finished) {
+        for (index, c) in parent
+            .children
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, c)| !c.finished)
+        {
             c.finished = true;
             open.push(c.req_id);
             outs.push(CompletionOutput {
@@ -613,11 +712,14 @@ impl EngineCore {
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
             Command::Add(req) => {
-                let ids: Vec<ReqId> = (0..req.children.len() as u64).map(|i| self.next_req + i).collect();
+                let ids: Vec<ReqId> = (0..req.children.len() as u64)
+                    .map(|i| self.next_req + i)
+                    .collect();
                 self.next_req += ids.len() as u64;
                 self.processor.add(&req, &ids);
                 for (&id, sampling) in ids.iter().zip(&req.children) {
-                    self.scheduler.add_request(Request::new(id, &req.prompt, sampling.clone()));
+                    self.scheduler
+                        .add_request(Request::new(id, &req.prompt, sampling.clone()));
                 }
             }
             Command::Abort(pid) => self.abort(pid),
@@ -649,7 +751,8 @@ impl EngineCore {
             self.processor.mark_scheduled(new.req_id, now);
         }
         let result = {
-            let _s = tracing::debug_span!("execute_model", tokens = so.total_num_scheduled_tokens).entered();
+            let _s = tracing::debug_span!("execute_model", tokens = so.total_num_scheduled_tokens)
+                .entered();
             self.runner.execute_model(&so)
         };
         if so.total_num_scheduled_tokens == 0 {
@@ -657,7 +760,10 @@ impl EngineCore {
             // work waiting is a bookkeeping fault: fail what waits rather than spin.
             let waiting = self.scheduler.unfinished_request_ids();
             tracing::error!(requests = waiting.len(), "nothing could be scheduled");
-            self.fail(&waiting, "the scheduler could not fit the request in the KV cache".into());
+            self.fail(
+                &waiting,
+                "the scheduler could not fit the request in the KV cache".into(),
+            );
             return;
         }
         match result {
@@ -665,7 +771,8 @@ impl EngineCore {
                 let outputs = self.scheduler.update_from_output(&so, out);
                 let (stopped, disconnected) = self.processor.process(outputs);
                 self.scheduler.finish_requests(&stopped, FinishReason::Stop);
-                self.scheduler.finish_requests(&disconnected, FinishReason::Abort);
+                self.scheduler
+                    .finish_requests(&disconnected, FinishReason::Abort);
             }
             Err(e) => {
                 tracing::error!(error = %e, "model step failed");
@@ -678,11 +785,16 @@ impl EngineCore {
 
     /// Fails the requests these sequences belong to (all their sequences).
     fn fail(&mut self, seqs: &[ReqId], message: String) {
-        let mut parents: Vec<u64> = seqs.iter().filter_map(|&id| self.processor.parent_of(id)).collect();
+        let mut parents: Vec<u64> = seqs
+            .iter()
+            .filter_map(|&id| self.processor.parent_of(id))
+            .collect();
         parents.sort_unstable();
         parents.dedup();
         for pid in parents {
-            let open = self.processor.terminate(pid, FinishReason::Error, Some(message.clone()));
+            let open = self
+                .processor
+                .terminate(pid, FinishReason::Error, Some(message.clone()));
             self.scheduler.finish_requests(&open, FinishReason::Error);
         }
     }
@@ -691,7 +803,8 @@ impl EngineCore {
     fn recover(&mut self, message: String) {
         tracing::error!(%message, "recovering the engine");
         for pid in self.processor.all_parents() {
-            self.processor.terminate(pid, FinishReason::Error, Some(message.clone()));
+            self.processor
+                .terminate(pid, FinishReason::Error, Some(message.clone()));
         }
         self.scheduler = Scheduler::new(self.sched_config);
         self.runner.reset();
@@ -711,7 +824,11 @@ impl EngineCore {
             generation_tokens_total: self.processor.generation_tokens_total,
             num_preemptions: self.scheduler.num_preemptions(),
             finished_requests: self.processor.finished_requests,
+            cuda_graphs: self.runner.graph_counts(),
         };
-        *self.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = stats;
+        *self
+            .stats
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = stats;
     }
 }

@@ -9,6 +9,7 @@ pub mod core;
 pub mod detokenizer;
 pub mod engine;
 pub mod error;
+pub mod graphs;
 pub mod llm;
 pub mod memory;
 pub mod output;
@@ -19,6 +20,9 @@ pub mod sampler;
 pub use config::{CacheConfig, EngineConfig};
 pub use engine::{Engine, EngineClient, EngineStats, PromptInput, RequestStream};
 pub use error::{EngineError, Result};
+pub use graphs::GraphCounts;
 pub use llm::LLM;
-pub use output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
+pub use output::{
+    CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob,
+};
 pub use params::SamplingParams;

@@ -16,6 +16,7 @@ use crate::config::{CacheConfig, EngineConfig};
 use crate::core::scheduler::{ModelRunnerOutput, SampledToken, SchedulerOutput};
 use crate::core::{BlockId, ReqId};
 use crate::error::{EngineError, Result};
+use crate::graphs::{DecodeGraphs, GraphCounts};
 use crate::output::TokenLogprob;
 use crate::params::RequestSampling;
 use crate::sampler::{self, SampleRow};
@@ -23,7 +24,9 @@ use crate::sampler::{self, SampleRow};
 /// Whether a request's next token can be chosen on the device from the logits alone.
 fn samples_on_device(sampling: &RequestSampling, output_len: usize) -> bool {
     let p = &sampling.params;
-    p.logprobs.is_none() && !p.has_penalties() && (output_len >= p.min_tokens || sampling.min_tokens_mask.is_empty())
+    p.logprobs.is_none()
+        && !p.has_penalties()
+        && (output_len >= p.min_tokens || sampling.min_tokens_mask.is_empty())
 }
 
 /// The device sampler's view of a request's parameters. Its draws are named by the request's
@@ -58,6 +61,8 @@ pub struct ModelRunner {
     kv_caches: Vec<PagedKvLayer>,
     block_size: usize,
     requests: HashMap<ReqId, CachedRequestState>,
+    /// Decode steps as CUDA graphs (none on the CPU or with `enforce_eager`).
+    graphs: Option<DecodeGraphs>,
 }
 
 /// Which logit rows belong to which request.
@@ -74,9 +79,17 @@ impl CachedRequestState {
 }
 
 impl ModelRunner {
-    pub fn new(model: Box<dyn CausalLM>, cache: &CacheConfig, config: &EngineConfig) -> Result<ModelRunner> {
-        let _span = tracing::info_span!("allocate_kv_cache", blocks = cache.num_blocks, block_size = cache.block_size)
-            .entered();
+    pub fn new(
+        model: Box<dyn CausalLM>,
+        cache: &CacheConfig,
+        config: &EngineConfig,
+    ) -> Result<ModelRunner> {
+        let _span = tracing::info_span!(
+            "allocate_kv_cache",
+            blocks = cache.num_blocks,
+            block_size = cache.block_size
+        )
+        .entered();
         let kv_caches = model
             .info()
             .kv_layers
@@ -93,7 +106,19 @@ impl ModelRunner {
                 )
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(ModelRunner { model, kv_caches, block_size: cache.block_size, requests: HashMap::new() })
+        let graphs = DecodeGraphs::new(config.device, config.enforce_eager)?;
+        Ok(ModelRunner {
+            model,
+            kv_caches,
+            block_size: cache.block_size,
+            requests: HashMap::new(),
+            graphs,
+        })
+    }
+
+    /// Decode steps captured and replayed as CUDA graphs so far.
+    pub fn graph_counts(&self) -> GraphCounts {
+        self.graphs.as_ref().map(|g| g.counts).unwrap_or_default()
     }
 
     /// Forgets every request (after a failure left the bookkeeping in doubt).
@@ -120,7 +145,9 @@ impl ModelRunner {
             );
         }
         for cached in &so.scheduled_cached_reqs {
-            let Some(state) = self.requests.get_mut(&cached.req_id) else { continue };
+            let Some(state) = self.requests.get_mut(&cached.req_id) else {
+                continue;
+            };
             if cached.resumed_from_preemption {
                 state.block_ids.clone_from(&cached.new_block_ids);
             } else {
@@ -142,10 +169,9 @@ impl ModelRunner {
         let mut logit_rows = Vec::new();
         let mut row_uses = Vec::new();
         for &(id, n) in &so.num_scheduled_tokens {
-            let state = self
-                .requests
-                .get(&id)
-                .ok_or_else(|| EngineError::Internal(format!("runner has no state for scheduled request {id}")))?;
+            let state = self.requests.get(&id).ok_or_else(|| {
+                EngineError::Internal(format!("runner has no state for scheduled request {id}"))
+            })?;
             let (start, end) = (state.num_computed_tokens, state.num_computed_tokens + n);
             let chunk = state.token_ids.get(start..end).ok_or_else(|| {
                 EngineError::Internal(format!(
@@ -155,7 +181,12 @@ impl ModelRunner {
             })?;
             let q_start = tokens.len();
             tokens.extend_from_slice(chunk);
-            seqs.push(AttnSeq { q_start, q_len: n, ctx_len: end, block_table: state.block_ids.clone() });
+            seqs.push(AttnSeq {
+                q_start,
+                q_len: n,
+                ctx_len: end,
+                block_table: state.block_ids.clone(),
+            });
             if state.sampling.params.prompt_logprobs.is_some() {
                 let first = start.max(state.num_prompt_logprobs_done);
                 for pos in first..end.min(state.num_prompt_tokens - 1) {
@@ -176,15 +207,37 @@ impl ModelRunner {
         let meta = AttnMetadata::new(seqs, self.block_size)?;
         let started = std::time::Instant::now();
         let logits = {
-            let _span = tracing::debug_span!("forward", tokens = tokens.len(), rows = logit_rows.len()).entered();
-            self.model
-                .forward(&ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &logit_rows }, &mut self.kv_caches)?
+            let _span =
+                tracing::debug_span!("forward", tokens = tokens.len(), rows = logit_rows.len())
+                    .entered();
+            let replayed = match &mut self.graphs {
+                Some(g) => g.forward(
+                    self.model.as_ref(),
+                    &mut self.kv_caches,
+                    &tokens,
+                    &meta,
+                    &logit_rows,
+                )?,
+                None => None,
+            };
+            match replayed {
+                Some(logits) => logits,
+                None => self.model.forward(
+                    &ForwardInput {
+                        tokens: &tokens,
+                        meta: &meta,
+                        logit_rows: &logit_rows,
+                    },
+                    &mut self.kv_caches,
+                )?,
+            }
         };
         // On a GPU `forward` returns once its kernels are queued: the gap between the two times
         // says whether a step is bound by the host issuing work or by the device running it.
         let issued = started.elapsed();
         let vocab = logits.last_dim();
-        if logits.rows() != logit_rows.len() {
+        // A graph's logits carry a row for each padding sequence after the batch's own rows.
+        if logits.rows() < logit_rows.len() {
             return Err(EngineError::Internal(format!(
                 "forward returned {} rows of logits for {} rows",
                 logits.rows(),
@@ -203,18 +256,25 @@ impl ModelRunner {
         let on_device: Vec<bool> = row_uses
             .iter()
             .map(|u| match *u {
-                RowUse::Sample(id) if logits.device() != Device::Cpu => {
-                    self.requests.get(&id).is_some_and(|s| samples_on_device(&s.sampling, s.output_len()))
-                }
+                RowUse::Sample(id) if logits.device() != Device::Cpu => self
+                    .requests
+                    .get(&id)
+                    .is_some_and(|s| samples_on_device(&s.sampling, s.output_len())),
                 _ => false,
             })
             .collect();
-        let (device_rows, host_rows): (Vec<usize>, Vec<usize>) = (0..row_uses.len()).partition(|&i| on_device[i]);
+        let (device_rows, host_rows): (Vec<usize>, Vec<usize>) =
+            (0..row_uses.len()).partition(|&i| on_device[i]);
         if !device_rows.is_empty() {
             self.sample_on_device(&logits, &row_uses, &device_rows, &mut out)?;
         }
         if !host_rows.is_empty() {
-            let host = if device_rows.is_empty() { logits } else { ops::gather_rows(&logits, &host_rows)? };
+            let all_rows = device_rows.is_empty() && logits.rows() == row_uses.len();
+            let host = if all_rows {
+                logits
+            } else {
+                ops::gather_rows(&logits, &host_rows)?
+            };
             let mut data = host.to_f32_vec();
             let host_uses: Vec<&RowUse> = host_rows.iter().map(|&i| &row_uses[i]).collect();
             self.prompt_logprobs(&host_uses, &data, vocab, &mut out);
@@ -238,11 +298,19 @@ impl ModelRunner {
         rows: &[usize],
         out: &mut ModelRunnerOutput,
     ) -> Result<()> {
-        let picked = if rows.len() == row_uses.len() { logits.clone() } else { ops::gather_rows(logits, rows)? };
+        let all_rows = rows.len() == row_uses.len() && logits.rows() == rows.len();
+        let picked = if all_rows {
+            logits.clone()
+        } else {
+            ops::gather_rows(logits, rows)?
+        };
         let params: Vec<RowSampling> = rows
             .iter()
             .map(|&row| match row_uses[row] {
-                RowUse::Sample(id) => self.requests.get(&id).map(|s| row_sampling(&s.sampling, s.output_len())),
+                RowUse::Sample(id) => self
+                    .requests
+                    .get(&id)
+                    .map(|s| row_sampling(&s.sampling, s.output_len())),
                 RowUse::PromptLogprob(..) => None,
             })
             .collect::<Option<_>>()
@@ -253,16 +321,30 @@ impl ModelRunner {
             ops::sample_rows(&picked, &params)?
         };
         for (&row, token_id) in rows.iter().zip(ids) {
-            let RowUse::Sample(id) = row_uses[row] else { continue };
+            let RowUse::Sample(id) = row_uses[row] else {
+                continue;
+            };
             if let Some(state) = self.requests.get_mut(&id) {
                 state.token_ids.push(token_id);
             }
-            out.sampled.insert(id, SampledToken { token_id, logprob: None });
+            out.sampled.insert(
+                id,
+                SampledToken {
+                    token_id,
+                    logprob: None,
+                },
+            );
         }
         Ok(())
     }
 
-    fn prompt_logprobs(&mut self, row_uses: &[&RowUse], data: &[f32], vocab: usize, out: &mut ModelRunnerOutput) {
+    fn prompt_logprobs(
+        &mut self,
+        row_uses: &[&RowUse],
+        data: &[f32],
+        vocab: usize,
+        out: &mut ModelRunnerOutput,
+    ) {
         let jobs: Vec<(ReqId, usize, &[f32], u32, usize)> = row_uses
             .iter()
             .zip(data.chunks(vocab))
@@ -277,7 +359,13 @@ impl ModelRunner {
             .collect();
         let computed: Vec<(ReqId, usize, TokenLogprob)> = jobs
             .into_par_iter()
-            .map(|(id, pos, row, next, top)| (id, pos, sampler::token_logprob(&sampler::log_softmax(row), next, top)))
+            .map(|(id, pos, row, next, top)| {
+                (
+                    id,
+                    pos,
+                    sampler::token_logprob(&sampler::log_softmax(row), next, top),
+                )
+            })
             .collect();
         for (id, pos, lp) in computed {
             out.prompt_logprobs.entry(id).or_default().push(lp);
@@ -287,17 +375,31 @@ impl ModelRunner {
         }
     }
 
-    fn sample(&mut self, row_uses: &[&RowUse], data: &mut [f32], vocab: usize, out: &mut ModelRunnerOutput) {
+    fn sample(
+        &mut self,
+        row_uses: &[&RowUse],
+        data: &mut [f32],
+        vocab: usize,
+        out: &mut ModelRunnerOutput,
+    ) {
         let mut states: HashMap<ReqId, &mut CachedRequestState> =
             self.requests.iter_mut().map(|(k, v)| (*k, v)).collect();
         let mut ids = Vec::new();
         let mut rows = Vec::new();
         for (u, row) in row_uses.iter().zip(data.chunks_mut(vocab)) {
             let RowUse::Sample(id) = **u else { continue };
-            let Some(state) = states.remove(&id) else { continue };
+            let Some(state) = states.remove(&id) else {
+                continue;
+            };
             let (prompt, output) = state.token_ids.split_at(state.num_prompt_tokens);
             ids.push(id);
-            rows.push(SampleRow { logits: row, sampling: &state.sampling, prompt, output, rng: &mut state.generator });
+            rows.push(SampleRow {
+                logits: row,
+                sampling: &state.sampling,
+                prompt,
+                output,
+                rng: &mut state.generator,
+            });
         }
         let sampled = sampler::sample(rows);
         for (id, s) in ids.into_iter().zip(sampled) {

@@ -9,24 +9,104 @@ use ferrite_engine::{EngineConfig, SamplingParams, LLM};
 use ferrite_tensor::{DType, Device};
 
 fn cuda_llm(name: &str, dtype: DType) -> Option<LLM> {
+    cuda_llm_with(name, dtype, false)
+}
+
+fn cuda_llm_with(name: &str, dtype: DType, enforce_eager: bool) -> Option<LLM> {
     if !ferrite_tensor::cuda::is_available() {
         println!("SKIP: no CUDA device");
         return None;
     }
-    let config = EngineConfig { device: Device::Cuda(0), kv_cache_dtype: dtype, ..config() };
+    let config = EngineConfig {
+        device: Device::Cuda(0),
+        kv_cache_dtype: dtype,
+        enforce_eager,
+        ..config()
+    };
     Some(LLM::new(fixture(name), dtype, config).unwrap_or_else(|e| panic!("{name}: {e}")))
 }
 
 fn battery_on_cuda(name: &str, logprobs: Option<usize>) {
-    let Some(llm) = cuda_llm(name, DType::F32) else { return };
+    let Some(llm) = cuda_llm(name, DType::F32) else {
+        return;
+    };
     let oracle = oracle(name);
-    let params = SamplingParams { logprobs, ..greedy(oracle.cases[0].output_ids.len()) };
+    let params = SamplingParams {
+        logprobs,
+        ..greedy(oracle.cases[0].output_ids.len())
+    };
     let outputs = llm.generate(battery(name), &params).unwrap();
     for (case, out) in oracle.cases.iter().zip(&outputs) {
-        assert_eq!(out.outputs[0].token_ids, case.output_ids, "{name}/{}: tokens differ on cuda", case.name);
+        assert_eq!(
+            out.outputs[0].token_ids, case.output_ids,
+            "{name}/{}: tokens differ on cuda",
+            case.name
+        );
         assert_eq!(out.outputs[0].logprobs.is_some(), logprobs.is_some());
     }
-    println!("{name} on cuda (logprobs {logprobs:?}): {} cases token-exact", outputs.len());
+    let graphs = llm.client().stats().cuda_graphs;
+    assert!(
+        graphs.captured > 0 && graphs.replayed > graphs.captured,
+        "{name}: decode not replayed: {graphs:?}"
+    );
+    println!(
+        "{name} on cuda (logprobs {logprobs:?}): {} cases token-exact, graphs {graphs:?}",
+        outputs.len()
+    );
+}
+
+/// Decode replayed from CUDA graphs chooses the tokens the eager path chooses, in bf16 too
+/// (where the oracle's tokens are only near-tie close), over batches that shrink through the
+/// capture sizes as requests of different lengths finish.
+#[test]
+fn cuda_graph_decode_matches_eager() {
+    for dtype in [DType::F32, DType::BF16] {
+        let Some(graphed) = cuda_llm_with("llama", dtype, false) else {
+            return;
+        };
+        let eager = cuda_llm_with("llama", dtype, true).unwrap();
+        let prompts: Vec<_> = battery("llama").into_iter().cycle().take(11).collect();
+        let lengths: Vec<SamplingParams> = (0..prompts.len()).map(|i| greedy(6 + 5 * i)).collect();
+        let run = |llm: &LLM| -> Vec<Vec<u32>> {
+            let client = llm.client();
+            let mut streams: Vec<_> = prompts
+                .iter()
+                .zip(&lengths)
+                .enumerate()
+                .map(|(i, (p, params))| {
+                    client
+                        .add_request(format!("r{i}"), p.clone(), params.clone())
+                        .unwrap()
+                })
+                .collect();
+            streams
+                .iter_mut()
+                .map(|s| {
+                    let mut acc = s.blocking_next().expect("a first output");
+                    while let Some(delta) = s.blocking_next() {
+                        acc.merge(delta);
+                    }
+                    assert!(acc.finished && acc.error.is_none(), "{:?}", acc.error);
+                    acc.outputs[0].token_ids.clone()
+                })
+                .collect()
+        };
+        let (with_graphs, without) = (run(&graphed), run(&eager));
+        assert_eq!(
+            with_graphs, without,
+            "{dtype:?}: graph replay changed greedy tokens"
+        );
+        let counts = graphed.client().stats().cuda_graphs;
+        assert!(
+            counts.captured >= 3 && counts.replayed > counts.captured,
+            "{dtype:?}: {counts:?}"
+        );
+        assert_eq!(eager.client().stats().cuda_graphs.replayed, 0);
+        println!(
+            "{dtype:?}: {} requests identical with and without graphs, {counts:?}",
+            prompts.len()
+        );
+    }
 }
 
 #[test]
@@ -53,7 +133,11 @@ fn kv_cache_sized_from_gpu_memory() {
     }
     let model = ferrite_models::load_model(
         &fixture("llama"),
-        &ferrite_models::LoadOptions { dtype: DType::BF16, device: Device::Cuda(0), progress: false },
+        &ferrite_models::LoadOptions {
+            dtype: DType::BF16,
+            device: Device::Cuda(0),
+            progress: false,
+        },
     )
     .unwrap()
     .model;
@@ -64,10 +148,16 @@ fn kv_cache_sized_from_gpu_memory() {
         ..config()
     };
     let bytes = ferrite_engine::memory::kv_budget(model.as_ref(), &config, 2048).unwrap();
-    let (free, total) = ferrite_tensor::cuda::device(0).unwrap().memory_info().unwrap();
+    let (free, total) = ferrite_tensor::cuda::device(0)
+        .unwrap()
+        .memory_info()
+        .unwrap();
     println!("kv budget {bytes} bytes of {total} (free {free})");
     assert!(bytes > 0 && bytes < total / 20);
-    let too_small = EngineConfig { gpu_memory_utilization: Some(1e-6), ..config };
+    let too_small = EngineConfig {
+        gpu_memory_utilization: Some(1e-6),
+        ..config
+    };
     assert!(ferrite_engine::memory::kv_budget(model.as_ref(), &too_small, 2048).is_err());
 }
 
@@ -75,6 +165,8 @@ fn kv_cache_sized_from_gpu_memory() {
 /// unseeded ones, and another seed draws others.
 #[test]
 fn seeded_device_sampling_is_reproducible_whatever_the_batch() {
-    let Some(llm) = cuda_llm("llama", DType::BF16) else { return };
+    let Some(llm) = cuda_llm("llama", DType::BF16) else {
+        return;
+    };
     assert_seeded_sampling_is_batch_independent(&llm);
 }

@@ -18,13 +18,24 @@ pub struct RawConfig {
 
 impl RawConfig {
     pub fn from_file(path: &Path) -> Result<RawConfig> {
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
-        let value: Value = serde_json::from_str(&text)
-            .map_err(|e| ModelError::Config { path: path.to_path_buf(), message: format!("invalid JSON: {e}") })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+            path: path.to_path_buf(),
+            message: format!("invalid JSON: {e}"),
+        })?;
         if !value.is_object() {
-            return Err(ModelError::Config { path: path.to_path_buf(), message: "expected a JSON object".into() });
+            return Err(ModelError::Config {
+                path: path.to_path_buf(),
+                message: "expected a JSON object".into(),
+            });
         }
-        Ok(RawConfig { path: path.to_path_buf(), value })
+        Ok(RawConfig {
+            path: path.to_path_buf(),
+            value,
+        })
     }
 
     /// The first entry of `architectures`, which selects the model class (as transformers does).
@@ -35,7 +46,9 @@ impl RawConfig {
             .and_then(|a| a.first())
             .and_then(|a| a.as_str())
             .map(str::to_owned)
-            .ok_or_else(|| self.error("missing field `architectures` (a list naming the model class)"))
+            .ok_or_else(|| {
+                self.error("missing field `architectures` (a list naming the model class)")
+            })
     }
 
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T> {
@@ -43,7 +56,10 @@ impl RawConfig {
     }
 
     pub fn error(&self, message: impl Into<String>) -> ModelError {
-        ModelError::Config { path: self.path.clone(), message: message.into() }
+        ModelError::Config {
+            path: self.path.clone(),
+            message: message.into(),
+        }
     }
 }
 
@@ -59,9 +75,19 @@ mod tests {
 
     #[test]
     fn missing_field_error_names_file_and_field() {
-        let raw = RawConfig { path: "dir/config.json".into(), value: serde_json::json!({"vocab_size": 3, "extra": true}) };
+        let raw = RawConfig {
+            path: "dir/config.json".into(),
+            value: serde_json::json!({"vocab_size": 3, "extra": true}),
+        };
         let err = raw.parse::<Needs>().unwrap_err().to_string();
-        assert!(err.contains("dir/config.json") && err.contains("hidden_size"), "{err}");
-        assert!(raw.architecture().unwrap_err().to_string().contains("architectures"));
+        assert!(
+            err.contains("dir/config.json") && err.contains("hidden_size"),
+            "{err}"
+        );
+        assert!(raw
+            .architecture()
+            .unwrap_err()
+            .to_string()
+            .contains("architectures"));
     }
 }

@@ -22,42 +22,68 @@ pub struct Requested {
 
 pub fn check_logprobs(param: &str, value: i64) -> Result<usize, ApiError> {
     if value < 0 {
-        return Err(ApiError::invalid(param, format!("{param} must be non-negative, got {value}.")));
+        return Err(ApiError::invalid(
+            param,
+            format!("{param} must be non-negative, got {value}."),
+        ));
     }
     if value > MAX_LOGPROBS as i64 {
-        return Err(ApiError::invalid(param, format!("{param} must be at most {MAX_LOGPROBS}, got {value}.")));
+        return Err(ApiError::invalid(
+            param,
+            format!("{param} must be at most {MAX_LOGPROBS}, got {value}."),
+        ));
     }
     Ok(value as usize)
 }
 
 pub fn check_max_tokens(param: &str, value: i64) -> Result<usize, ApiError> {
     if value < 1 {
-        return Err(ApiError::invalid(param, format!("max_tokens must be at least 1, got {value}.")));
+        return Err(ApiError::invalid(
+            param,
+            format!("max_tokens must be at least 1, got {value}."),
+        ));
     }
-    usize::try_from(value).map_err(|_| ApiError::invalid(param, format!("max_tokens is too large: {value}")))
+    usize::try_from(value)
+        .map_err(|_| ApiError::invalid(param, format!("max_tokens is too large: {value}")))
 }
 
 /// The number of choices per prompt, checked.
 pub fn choices(fields: &SamplingFields) -> Result<usize, ApiError> {
     let n = fields.n.unwrap_or(1);
     if n < 1 {
-        return Err(ApiError::invalid("n", format!("n must be at least 1, got {n}.")));
+        return Err(ApiError::invalid(
+            "n",
+            format!("n must be at least 1, got {n}."),
+        ));
     }
     if n > MAX_N {
-        return Err(ApiError::invalid("n", format!("n must be at most {MAX_N}, got {n}.")));
+        return Err(ApiError::invalid(
+            "n",
+            format!("n must be at most {MAX_N}, got {n}."),
+        ));
     }
     Ok(n as usize)
 }
 
-pub fn build(fields: &SamplingFields, requested: Requested, vocab_bound: usize) -> Result<SamplingParams, ApiError> {
+pub fn build(
+    fields: &SamplingFields,
+    requested: Requested,
+    vocab_bound: usize,
+) -> Result<SamplingParams, ApiError> {
     let n = choices(fields)?;
     if let Some(best_of) = fields.best_of {
         if best_of != n as i64 {
-            return Err(ApiError::invalid("best_of", "best_of is not supported; leave it unset or equal to n."));
+            return Err(ApiError::invalid(
+                "best_of",
+                "best_of is not supported; leave it unset or equal to n.",
+            ));
         }
     }
     if fields.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-        return Err(ApiError::invalid("logit_bias", "logit_bias is not supported yet."));
+        return Err(ApiError::invalid(
+            "logit_bias",
+            "logit_bias is not supported yet.",
+        ));
     }
     let min_tokens = match fields.min_tokens.unwrap_or(0) {
         m if m < 0 => {
@@ -75,25 +101,42 @@ pub fn build(fields: &SamplingFields, requested: Requested, vocab_bound: usize) 
         .iter()
         .map(|&id| match u32::try_from(id) {
             Ok(v) if (v as usize) < vocab_bound => Ok(v),
-            _ => Err(ApiError::invalid("stop_token_ids", format!("Token id {id} is out of vocabulary"))),
+            _ => Err(ApiError::invalid(
+                "stop_token_ids",
+                format!("Token id {id} is out of vocabulary"),
+            )),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let defaults = SamplingParams::default();
     let params = SamplingParams {
         n,
-        temperature: fields.temperature.map_or(defaults.temperature, |v| v as f32),
+        temperature: fields
+            .temperature
+            .map_or(defaults.temperature, |v| v as f32),
         top_p: fields.top_p.map_or(defaults.top_p, |v| v as f32),
         // Out-of-range values saturate; the engine then rejects them with its own message.
-        top_k: fields.top_k.map_or(defaults.top_k, |k| k.clamp(i32::MIN as i64, i32::MAX as i64) as i32),
+        top_k: fields.top_k.map_or(defaults.top_k, |k| {
+            k.clamp(i32::MIN as i64, i32::MAX as i64) as i32
+        }),
         min_p: fields.min_p.map_or(defaults.min_p, |v| v as f32),
-        repetition_penalty: fields.repetition_penalty.map_or(defaults.repetition_penalty, |v| v as f32),
-        presence_penalty: fields.presence_penalty.map_or(defaults.presence_penalty, |v| v as f32),
-        frequency_penalty: fields.frequency_penalty.map_or(defaults.frequency_penalty, |v| v as f32),
+        repetition_penalty: fields
+            .repetition_penalty
+            .map_or(defaults.repetition_penalty, |v| v as f32),
+        presence_penalty: fields
+            .presence_penalty
+            .map_or(defaults.presence_penalty, |v| v as f32),
+        frequency_penalty: fields
+            .frequency_penalty
+            .map_or(defaults.frequency_penalty, |v| v as f32),
         // Any 64-bit pattern is a valid seed; negative seeds stay distinct and deterministic.
         seed: fields.seed.map(|s| s as u64),
         max_tokens: requested.max_tokens,
         min_tokens,
-        stop: fields.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
+        stop: fields
+            .stop
+            .clone()
+            .map(|s| s.into_vec())
+            .unwrap_or_default(),
         stop_token_ids,
         ignore_eos: fields.ignore_eos.unwrap_or(false),
         logprobs: requested.logprobs,
@@ -111,7 +154,9 @@ pub fn build(fields: &SamplingFields, requested: Requested, vocab_bound: usize) 
 /// engine is a 503, anything else a 500.
 pub fn engine_error(e: EngineError) -> ApiError {
     match e {
-        EngineError::InvalidParameter { param, message } => ApiError::invalid(param, format!("{param} {message}")),
+        EngineError::InvalidParameter { param, message } => {
+            ApiError::invalid(param, format!("{param} {message}"))
+        }
         EngineError::EngineStopped => ApiError::unavailable(e.to_string()),
         e if e.is_request_error() => ApiError::bad_request(e.to_string()),
         e => ApiError::internal(e.to_string()),

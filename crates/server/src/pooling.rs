@@ -31,7 +31,10 @@ use tokio::sync::oneshot;
 
 use crate::error::{parse_json, ApiError};
 use crate::protocol::Usage;
-use crate::{finish_router, random_id, serve_router, unix_now, with_common_routes, Served, ServedModel, ServerConfig};
+use crate::{
+    finish_router, random_id, serve_router, unix_now, with_common_routes, Served, ServedModel,
+    ServerConfig,
+};
 
 /// What `ferrite serve --task` asks of a pooling model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,14 +71,20 @@ impl ServeTask {
     pub fn check(self, model: &LoadedPoolingModel) -> Result<(), String> {
         let arch = &model.info().architecture;
         match (self, model.info().task) {
-            (ServeTask::Embed, PoolingTask::Embed) | (ServeTask::Classify, PoolingTask::Classify) => Ok(()),
+            (ServeTask::Embed, PoolingTask::Embed)
+            | (ServeTask::Classify, PoolingTask::Classify) => Ok(()),
             (ServeTask::Score, PoolingTask::Embed) => Ok(()),
             (ServeTask::Score, PoolingTask::Classify) if model.info().labels.len() == 1 => Ok(()),
             (ServeTask::Score, PoolingTask::Classify) => Err(format!(
                 "--task score needs a cross-encoder with one output label; {arch} has {}",
                 model.info().labels.len()
             )),
-            (task, kind) => Err(format!("--task {} needs {} model; {arch} is {} model", task.as_str(), kind_name(task.needs()), kind_name(kind))),
+            (task, kind) => Err(format!(
+                "--task {} needs {} model; {arch} is {} model",
+                task.as_str(),
+                kind_name(task.needs()),
+                kind_name(kind)
+            )),
         }
     }
 
@@ -125,7 +134,11 @@ impl Batcher {
             .name("ferrite-pooling".into())
             .spawn(move || worker(&model, &rx, max_batch_tokens.max(1)))
             .expect("spawning the pooling thread");
-        Batcher { tx, queued: Arc::new(AtomicUsize::new(0)), limit: limit.max(1) }
+        Batcher {
+            tx,
+            queued: Arc::new(AtomicUsize::new(0)),
+            limit: limit.max(1),
+        }
     }
 
     /// Runs `inputs` (already validated) through the model: one output per input, in order.
@@ -138,7 +151,10 @@ impl Batcher {
             )));
         }
         let before = self.queued.fetch_add(n, Ordering::AcqRel);
-        let _slot = QueueSlot { queued: self.queued.clone(), n };
+        let _slot = QueueSlot {
+            queued: self.queued.clone(),
+            n,
+        };
         if before + n > self.limit {
             return Err(ApiError::unavailable(format!(
                 "The server is overloaded ({before} sequences queued, limit {}); retry later.",
@@ -146,7 +162,9 @@ impl Batcher {
             )));
         }
         let (reply, answer) = oneshot::channel();
-        self.tx.send(Job { inputs, reply }).map_err(|_| ApiError::internal("the pooling thread has stopped"))?;
+        self.tx
+            .send(Job { inputs, reply })
+            .map_err(|_| ApiError::internal("the pooling thread has stopped"))?;
         match answer.await {
             Ok(Ok(out)) => Ok(out),
             Ok(Err(e)) => Err(ApiError::internal(e)),
@@ -184,7 +202,13 @@ fn worker(model: &LoadedPoolingModel, rx: &mpsc::Receiver<Job>, max_batch_tokens
         let flat: Vec<PoolingInput> = jobs.iter().flat_map(|j| j.inputs.iter().cloned()).collect();
         let started = Instant::now();
         let result = run_chunks(model, &flat, max_batch_tokens);
-        tracing::debug!(requests = jobs.len(), sequences = flat.len(), tokens, ms = started.elapsed().as_millis() as u64, "pooling batch");
+        tracing::debug!(
+            requests = jobs.len(),
+            sequences = flat.len(),
+            tokens,
+            ms = started.elapsed().as_millis() as u64,
+            "pooling batch"
+        );
         match result {
             Ok(outputs) => {
                 let mut outputs = outputs.into_iter();
@@ -203,16 +227,25 @@ fn worker(model: &LoadedPoolingModel, rx: &mpsc::Receiver<Job>, max_batch_tokens
     }
 }
 
-fn run_chunks(model: &LoadedPoolingModel, flat: &[PoolingInput], max_batch_tokens: usize) -> Result<Vec<Vec<f32>>, String> {
+fn run_chunks(
+    model: &LoadedPoolingModel,
+    flat: &[PoolingInput],
+    max_batch_tokens: usize,
+) -> Result<Vec<Vec<f32>>, String> {
     let mut out = Vec::with_capacity(flat.len());
     let mut start = 0;
     while start < flat.len() {
         let (mut end, mut tokens) = (start, 0);
-        while end < flat.len() && (end == start || tokens + flat[end].ids.len() <= max_batch_tokens) {
+        while end < flat.len() && (end == start || tokens + flat[end].ids.len() <= max_batch_tokens)
+        {
             tokens += flat[end].ids.len();
             end += 1;
         }
-        out.extend(model.forward(&flat[start..end]).map_err(|e| e.to_string())?);
+        out.extend(
+            model
+                .forward(&flat[start..end])
+                .map_err(|e| e.to_string())?,
+        );
         start = end;
     }
     Ok(out)
@@ -240,9 +273,14 @@ impl PoolingState {
     ) -> Result<Arc<PoolingState>, String> {
         task.check(&model)?;
         let model = Arc::new(model);
-        let max_model_len = max_model_len.map_or(model.max_model_len, |m| m.min(model.max_model_len));
+        let max_model_len =
+            max_model_len.map_or(model.max_model_len, |m| m.min(model.max_model_len));
         let vocab_bound = tokenizer.vocab_size().min(model.info().vocab_size);
-        let batcher = Batcher::start(model.clone(), max_batch_tokens.max(max_model_len), config.max_num_seqs + config.max_queue);
+        let batcher = Batcher::start(
+            model.clone(),
+            max_batch_tokens.max(max_model_len),
+            config.max_num_seqs + config.max_queue,
+        );
         Ok(Arc::new(PoolingState {
             score_activation: ScoreActivation::from_config(&model.config),
             model,
@@ -292,7 +330,13 @@ impl PoolingState {
         Ok(())
     }
 
-    fn encode_text(&self, text: &str, truncate: Option<usize>, add_special: bool, param: &str) -> Result<PoolingInput, ApiError> {
+    fn encode_text(
+        &self,
+        text: &str,
+        truncate: Option<usize>,
+        add_special: bool,
+        param: &str,
+    ) -> Result<PoolingInput, ApiError> {
         let ids = if add_special {
             self.tokenizer.encode_truncated(text, truncate)
         } else {
@@ -308,7 +352,12 @@ impl PoolingState {
         Ok(ids.into())
     }
 
-    fn encode_ids(&self, ids: &[i64], truncate: Option<usize>, param: &str) -> Result<PoolingInput, ApiError> {
+    fn encode_ids(
+        &self,
+        ids: &[i64],
+        truncate: Option<usize>,
+        param: &str,
+    ) -> Result<PoolingInput, ApiError> {
         let mut ids = self.served.check_token_ids(ids, param)?;
         if let Some(k) = truncate {
             // vLLM keeps the last `k` tokens of a token-id prompt.
@@ -318,12 +367,23 @@ impl PoolingState {
         Ok(ids.into())
     }
 
-    fn encode_input(&self, input: Input, truncate: Option<usize>, add_special: bool) -> Result<Vec<PoolingInput>, ApiError> {
+    fn encode_input(
+        &self,
+        input: Input,
+        truncate: Option<usize>,
+        add_special: bool,
+    ) -> Result<Vec<PoolingInput>, ApiError> {
         let inputs = match input {
             Input::Text(t) => vec![self.encode_text(&t, truncate, add_special, "input")?],
-            Input::Texts(ts) => ts.iter().map(|t| self.encode_text(t, truncate, add_special, "input")).collect::<Result<_, _>>()?,
+            Input::Texts(ts) => ts
+                .iter()
+                .map(|t| self.encode_text(t, truncate, add_special, "input"))
+                .collect::<Result<_, _>>()?,
             Input::Ids(ids) => vec![self.encode_ids(&ids, truncate, "input")?],
-            Input::IdLists(lists) => lists.iter().map(|ids| self.encode_ids(ids, truncate, "input")).collect::<Result<_, _>>()?,
+            Input::IdLists(lists) => lists
+                .iter()
+                .map(|ids| self.encode_ids(ids, truncate, "input"))
+                .collect::<Result<_, _>>()?,
         };
         if inputs.is_empty() {
             return Err(ApiError::invalid("input", "The input list is empty."));
@@ -331,15 +391,30 @@ impl PoolingState {
         Ok(inputs)
     }
 
-    fn encode_pair(&self, a: &str, b: &str, truncate: Option<usize>) -> Result<PoolingInput, ApiError> {
-        let (ids, type_ids) = self.tokenizer.encode_pair(a, b, truncate).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    fn encode_pair(
+        &self,
+        a: &str,
+        b: &str,
+        truncate: Option<usize>,
+    ) -> Result<PoolingInput, ApiError> {
+        let (ids, type_ids) = self
+            .tokenizer
+            .encode_pair(a, b, truncate)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
         self.check_length(ids.len(), "text_2")?;
-        Ok(PoolingInput { ids, type_ids: Some(type_ids) })
+        Ok(PoolingInput {
+            ids,
+            type_ids: Some(type_ids),
+        })
     }
 
     /// Relevance of each `(a, b)` pair and the prompt tokens used: a cross-encoder's activated
     /// logit, or the cosine of an embedding model's embeddings.
-    async fn score_pairs(&self, pairs: &[(&str, &str)], truncate: Option<usize>) -> Result<(Vec<f32>, usize), ApiError> {
+    async fn score_pairs(
+        &self,
+        pairs: &[(&str, &str)],
+        truncate: Option<usize>,
+    ) -> Result<(Vec<f32>, usize), ApiError> {
         if self.is_embedding() {
             let mut inputs = Vec::with_capacity(pairs.len() * 2);
             for (a, b) in pairs {
@@ -357,10 +432,18 @@ impl PoolingState {
                 self.model.info().labels.len()
             )));
         }
-        let inputs: Vec<PoolingInput> = pairs.iter().map(|(a, b)| self.encode_pair(a, b, truncate)).collect::<Result<_, _>>()?;
+        let inputs: Vec<PoolingInput> = pairs
+            .iter()
+            .map(|(a, b)| self.encode_pair(a, b, truncate))
+            .collect::<Result<_, _>>()?;
         let tokens = inputs.iter().map(|s| s.ids.len()).sum();
         let out = self.batcher.run(inputs).await?;
-        Ok((out.iter().map(|l| self.score_activation.apply(l[0])).collect(), tokens))
+        Ok((
+            out.iter()
+                .map(|l| self.score_activation.apply(l[0]))
+                .collect(),
+            tokens,
+        ))
     }
 }
 
@@ -529,7 +612,10 @@ fn unsupported(state: &PoolingState, api: &str) -> ApiError {
     ))
 }
 
-async fn embeddings(State(state): State<Arc<PoolingState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn embeddings(
+    State(state): State<Arc<PoolingState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let req: EmbeddingRequest = parse_json(&body?)?;
     state.served.check_model(req.model.as_deref())?;
     if !state.is_embedding() {
@@ -539,7 +625,10 @@ async fn embeddings(State(state): State<Arc<PoolingState>>, body: Result<Bytes, 
         None | Some("float") => false,
         Some("base64") => true,
         Some(other) => {
-            return Err(ApiError::invalid("encoding_format", format!("encoding_format must be `float` or `base64`, got `{other}`")))
+            return Err(ApiError::invalid(
+                "encoding_format",
+                format!("encoding_format must be `float` or `base64`, got `{other}`"),
+            ))
         }
     };
     let dimensions = match req.dimensions {
@@ -547,7 +636,11 @@ async fn embeddings(State(state): State<Arc<PoolingState>>, body: Result<Bytes, 
         Some(d) => {
             let hidden = state.model.info().hidden_size;
             let d = usize::try_from(d).unwrap_or(0);
-            state.model.pooler.check_dimensions(state.served.model_name(), d, hidden).map_err(|m| ApiError::invalid("dimensions", m))?;
+            state
+                .model
+                .pooler
+                .check_dimensions(state.served.model_name(), d, hidden)
+                .map_err(|m| ApiError::invalid("dimensions", m))?;
             Some(d)
         }
     };
@@ -559,14 +652,20 @@ async fn embeddings(State(state): State<Arc<PoolingState>>, body: Result<Bytes, 
         .into_iter()
         .enumerate()
         .map(|(index, mut v)| {
-            state.model.finish_embedding(&mut v, dimensions, req.normalize);
+            state
+                .model
+                .finish_embedding(&mut v, dimensions, req.normalize);
             let embedding = if base64 {
                 let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                 EmbeddingData::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
             } else {
                 EmbeddingData::Float(v)
             };
-            Embedding { index, object: "embedding", embedding }
+            Embedding {
+                index,
+                object: "embedding",
+                embedding,
+            }
         })
         .collect();
     let response = EmbeddingResponse {
@@ -581,20 +680,43 @@ async fn embeddings(State(state): State<Arc<PoolingState>>, body: Result<Bytes, 
 }
 
 /// vLLM's pairing: one `text_1` against every `text_2`, or two lists of the same length zipped.
-fn pairs<'a>(text_1: &'a [String], text_2: &'a [String]) -> Result<Vec<(&'a str, &'a str)>, ApiError> {
+fn pairs<'a>(
+    text_1: &'a [String],
+    text_2: &'a [String],
+) -> Result<Vec<(&'a str, &'a str)>, ApiError> {
     if text_1.is_empty() {
-        return Err(ApiError::invalid("text_1", "At least one text element must be given"));
+        return Err(ApiError::invalid(
+            "text_1",
+            "At least one text element must be given",
+        ));
     }
     if text_2.is_empty() {
-        return Err(ApiError::invalid("text_2", "At least one text_pair element must be given"));
+        return Err(ApiError::invalid(
+            "text_2",
+            "At least one text_pair element must be given",
+        ));
     }
     if text_1.len() > 1 && text_1.len() != text_2.len() {
-        return Err(ApiError::bad_request("text_1 and text_2 lists must have the same length"));
+        return Err(ApiError::bad_request(
+            "text_1 and text_2 lists must have the same length",
+        ));
     }
-    Ok(text_2.iter().enumerate().map(|(i, b)| (text_1[if text_1.len() == 1 { 0 } else { i }].as_str(), b.as_str())).collect())
+    Ok(text_2
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            (
+                text_1[if text_1.len() == 1 { 0 } else { i }].as_str(),
+                b.as_str(),
+            )
+        })
+        .collect())
 }
 
-async fn score(State(state): State<Arc<PoolingState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn score(
+    State(state): State<Arc<PoolingState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let req: ScoreRequest = parse_json(&body?)?;
     state.served.check_model(req.model.as_deref())?;
     if state.task == ServeTask::Classify {
@@ -604,7 +726,15 @@ async fn score(State(state): State<Arc<PoolingState>>, body: Result<Bytes, Bytes
     let (t1, t2) = (req.text_1.into_vec(), req.text_2.into_vec());
     let pairs = pairs(&t1, &t2)?;
     let (scores, tokens) = state.score_pairs(&pairs, truncate).await?;
-    let data = scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
+    let data = scores
+        .into_iter()
+        .enumerate()
+        .map(|(index, score)| ScoreData {
+            index,
+            object: "score",
+            score,
+        })
+        .collect();
     Ok(Json(ScoreResponse {
         id: format!("score-{}", random_id()),
         object: "list",
@@ -616,22 +746,37 @@ async fn score(State(state): State<Arc<PoolingState>>, body: Result<Bytes, Bytes
     .into_response())
 }
 
-async fn rerank(State(state): State<Arc<PoolingState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn rerank(
+    State(state): State<Arc<PoolingState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let req: RerankRequest = parse_json(&body?)?;
     state.served.check_model(req.model.as_deref())?;
     if state.task == ServeTask::Classify {
         return Err(unsupported(&state, "Rerank"));
     }
     if req.documents.is_empty() {
-        return Err(ApiError::invalid("documents", "At least one document must be given"));
+        return Err(ApiError::invalid(
+            "documents",
+            "At least one document must be given",
+        ));
     }
     let top_n = match req.top_n {
         None | Some(0) => req.documents.len(),
-        Some(n) if n < 0 => return Err(ApiError::invalid("top_n", format!("top_n must be at least 0, got {n}"))),
+        Some(n) if n < 0 => {
+            return Err(ApiError::invalid(
+                "top_n",
+                format!("top_n must be at least 0, got {n}"),
+            ))
+        }
         Some(n) => (n as usize).min(req.documents.len()),
     };
     let truncate = state.truncation(req.truncate_prompt_tokens)?;
-    let pairs: Vec<(&str, &str)> = req.documents.iter().map(|d| (req.query.as_str(), d.as_str())).collect();
+    let pairs: Vec<(&str, &str)> = req
+        .documents
+        .iter()
+        .map(|d| (req.query.as_str(), d.as_str()))
+        .collect();
     let (scores, tokens) = state.score_pairs(&pairs, truncate).await?;
     let mut order: Vec<usize> = (0..scores.len()).collect();
     // Best first; equal scores keep document order.
@@ -642,20 +787,27 @@ async fn rerank(State(state): State<Arc<PoolingState>>, body: Result<Bytes, Byte
         .take(top_n)
         .map(|i| RerankResult {
             index: i,
-            document: with_docs.then(|| RerankDocument { text: req.documents[i].clone() }),
+            document: with_docs.then(|| RerankDocument {
+                text: req.documents[i].clone(),
+            }),
             relevance_score: scores[i],
         })
         .collect();
     Ok(Json(RerankResponse {
         id: format!("rerank-{}", random_id()),
         model: state.served.model_name().to_owned(),
-        usage: RerankUsage { total_tokens: tokens },
+        usage: RerankUsage {
+            total_tokens: tokens,
+        },
         results,
     })
     .into_response())
 }
 
-async fn classify(State(state): State<Arc<PoolingState>>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn classify(
+    State(state): State<Arc<PoolingState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let req: ClassificationRequest = parse_json(&body?)?;
     state.served.check_model(req.model.as_deref())?;
     if state.is_embedding() {
@@ -673,8 +825,16 @@ async fn classify(State(state): State<Arc<PoolingState>>, body: Result<Bytes, By
         .enumerate()
         .map(|(index, logits)| {
             let probs = classifier_activation(&logits);
-            let best = probs.iter().enumerate().fold(0, |b, (i, p)| if *p > probs[b] { i } else { b });
-            ClassificationData { index, label: labels.get(best).cloned(), num_classes: probs.len(), probs }
+            let best = probs
+                .iter()
+                .enumerate()
+                .fold(0, |b, (i, p)| if *p > probs[b] { i } else { b });
+            ClassificationData {
+                index,
+                label: labels.get(best).cloned(),
+                num_classes: probs.len(),
+                probs,
+            }
         })
         .collect();
     Ok(Json(ClassificationResponse {
@@ -721,7 +881,14 @@ pub async fn serve_pooling(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> std::io::Result<()> {
-    serve_router(listener, pooling_router(state.clone()), state, shutdown, grace).await
+    serve_router(
+        listener,
+        pooling_router(state.clone()),
+        state,
+        shutdown,
+        grace,
+    )
+    .await
 }
 
 #[cfg(test)]

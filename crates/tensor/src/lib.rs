@@ -14,9 +14,9 @@ pub mod cuda;
 pub mod kv;
 pub mod ops;
 
+pub use cuda::CudaStorage;
 pub use dtype::DType;
 pub use error::{Result, TensorError};
 pub use kv::{AttnMetadata, AttnSeq, PagedKvLayer};
 pub use ops::{Activation, AttentionParams, RopeStyle, RowSampling};
-pub use cuda::CudaStorage;
 pub use tensor::{CpuStorage, Device, Storage, Tensor};

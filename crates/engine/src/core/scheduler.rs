@@ -138,13 +138,19 @@ impl Scheduler {
 
     /// Every request not yet finished, waiting ones included.
     pub fn unfinished_request_ids(&self) -> Vec<ReqId> {
-        self.running.iter().chain(self.waiting.iter()).copied().collect()
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .copied()
+            .collect()
     }
 
     pub fn schedule(&mut self) -> SchedulerOutput {
         let mut budget = self.config.max_num_batched_tokens;
-        let mut out =
-            SchedulerOutput { finished_req_ids: std::mem::take(&mut self.finished_req_ids), ..Default::default() };
+        let mut out = SchedulerOutput {
+            finished_req_ids: std::mem::take(&mut self.finished_req_ids),
+            ..Default::default()
+        };
         let mut preempted = false;
 
         let mut i = 0;
@@ -158,20 +164,28 @@ impl Scheduler {
             }
             let scheduled = loop {
                 let req = &self.requests[&id];
-                if let Some(new_blocks) =
-                    self.kv.allocate_slots(id, &req.all_token_ids, req.num_computed_tokens, num_new, &[])
-                {
+                if let Some(new_blocks) = self.kv.allocate_slots(
+                    id,
+                    &req.all_token_ids,
+                    req.num_computed_tokens,
+                    num_new,
+                    &[],
+                ) {
                     break Some(new_blocks);
                 }
                 // The newest running request makes room; it may be this one.
-                let Some(victim) = self.running.pop() else { break None };
+                let Some(victim) = self.running.pop() else {
+                    break None;
+                };
                 self.preempt(victim);
                 preempted = true;
                 if victim == id {
                     break None;
                 }
             };
-            let Some(new_block_ids) = scheduled else { break };
+            let Some(new_block_ids) = scheduled else {
+                break;
+            };
             out.scheduled_cached_reqs.push(CachedRequestData {
                 req_id: id,
                 resumed_from_preemption: false,
@@ -185,14 +199,25 @@ impl Scheduler {
 
         // A step that had to preempt admits nobody: the pool is already short.
         while !preempted && budget > 0 && self.running.len() < self.config.max_num_seqs {
-            let Some(&id) = self.waiting.front() else { break };
+            let Some(&id) = self.waiting.front() else {
+                break;
+            };
             let req = &self.requests[&id];
-            let (hits, num_hit_tokens) = self.kv.get_computed_blocks(id, &req.all_token_ids, req.skips_prefix_cache());
+            let (hits, num_hit_tokens) =
+                self.kv
+                    .get_computed_blocks(id, &req.all_token_ids, req.skips_prefix_cache());
             let num_new = (req.num_tokens() - num_hit_tokens).min(budget);
-            let Some(_) = self.kv.allocate_slots(id, &req.all_token_ids, 0, num_new, &hits) else { break };
+            let Some(_) = self
+                .kv
+                .allocate_slots(id, &req.all_token_ids, 0, num_new, &hits)
+            else {
+                break;
+            };
             self.waiting.pop_front();
             let block_ids = self.kv.block_ids(id).to_vec();
-            let Some(req) = self.requests.get_mut(&id) else { break };
+            let Some(req) = self.requests.get_mut(&id) else {
+                break;
+            };
             if req.status == RequestStatus::Preempted {
                 out.scheduled_cached_reqs.push(CachedRequestData {
                     req_id: id,
@@ -239,11 +264,17 @@ impl Scheduler {
     }
 
     /// Appends sampled tokens, applies the token-level stop rules and retires finished requests.
-    pub fn update_from_output(&mut self, so: &SchedulerOutput, mut out: ModelRunnerOutput) -> Vec<EngineCoreOutput> {
+    pub fn update_from_output(
+        &mut self,
+        so: &SchedulerOutput,
+        mut out: ModelRunnerOutput,
+    ) -> Vec<EngineCoreOutput> {
         let mut outputs = Vec::with_capacity(so.num_scheduled_tokens.len());
         let mut finished = Vec::new();
         for &(id, _) in &so.num_scheduled_tokens {
-            let Some(req) = self.requests.get_mut(&id) else { continue };
+            let Some(req) = self.requests.get_mut(&id) else {
+                continue;
+            };
             let sampled = out.sampled.remove(&id);
             let new_prompt_logprobs = out.prompt_logprobs.remove(&id);
             if sampled.is_none() && new_prompt_logprobs.is_none() {

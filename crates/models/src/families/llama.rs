@@ -99,7 +99,9 @@ impl LlamaConfig {
             WindowRule::None => None,
             WindowRule::AllLayers => self.sliding_window,
             WindowRule::FromMaxWindowLayers => {
-                if self.use_sliding_window.unwrap_or(false) && layer >= self.max_window_layers.unwrap_or(0) {
+                if self.use_sliding_window.unwrap_or(false)
+                    && layer >= self.max_window_layers.unwrap_or(0)
+                {
                     self.sliding_window
                 } else {
                     None
@@ -119,30 +121,70 @@ impl LlamaModel {
         let act = Activation::from_hf(&cfg.hidden_act)
             .ok_or_else(|| raw.error(format!("unsupported `hidden_act` `{}`", cfg.hidden_act)))?;
         if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(raw.error(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")));
+            return Err(raw.error(format!(
+                "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+            )));
         }
         if let Some(types) = &cfg.layer_types {
             if types.len() != cfg.num_hidden_layers {
-                return Err(raw.error(format!("`layer_types` has {} entries for {} layers", types.len(), cfg.num_hidden_layers)));
+                return Err(raw.error(format!(
+                    "`layer_types` has {} entries for {} layers",
+                    types.len(),
+                    cfg.num_hidden_layers
+                )));
             }
         }
-        let rope = Rope::new(&RopeParameters::from_config(raw, 10000.0)?, head_dim, cfg.max_position_embeddings, raw)?;
+        let rope = Rope::new(
+            &RopeParameters::from_config(raw, 10000.0)?,
+            head_dim,
+            cfg.max_position_embeddings,
+            raw,
+        )?;
         let qkv_bias = variant.qkv_bias || cfg.attention_bias;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let qk_norm = |n: &str| -> Result<Option<RmsNorm>> {
                 if variant.qk_norm {
-                    Ok(Some(RmsNorm::load(w, &format!("{p}.self_attn.{n}"), head_dim, cfg.rms_norm_eps)?))
+                    Ok(Some(RmsNorm::load(
+                        w,
+                        &format!("{p}.self_attn.{n}"),
+                        head_dim,
+                        cfg.rms_norm_eps,
+                    )?))
                 } else {
                     Ok(None)
                 }
             };
             let attn = Attention {
-                q: Linear::load(w, &format!("{p}.self_attn.q_proj"), h, heads * head_dim, qkv_bias)?,
-                k: Linear::load(w, &format!("{p}.self_attn.k_proj"), h, kv_heads * head_dim, qkv_bias)?,
-                v: Linear::load(w, &format!("{p}.self_attn.v_proj"), h, kv_heads * head_dim, qkv_bias)?,
-                o: Linear::load(w, &format!("{p}.self_attn.o_proj"), heads * head_dim, h, cfg.attention_bias)?,
+                q: Linear::load(
+                    w,
+                    &format!("{p}.self_attn.q_proj"),
+                    h,
+                    heads * head_dim,
+                    qkv_bias,
+                )?,
+                k: Linear::load(
+                    w,
+                    &format!("{p}.self_attn.k_proj"),
+                    h,
+                    kv_heads * head_dim,
+                    qkv_bias,
+                )?,
+                v: Linear::load(
+                    w,
+                    &format!("{p}.self_attn.v_proj"),
+                    h,
+                    kv_heads * head_dim,
+                    qkv_bias,
+                )?,
+                o: Linear::load(
+                    w,
+                    &format!("{p}.self_attn.o_proj"),
+                    heads * head_dim,
+                    h,
+                    cfg.attention_bias,
+                )?,
                 q_norm: qk_norm("q_norm")?,
                 k_norm: qk_norm("k_norm")?,
                 params: AttentionParams {
@@ -158,36 +200,79 @@ impl LlamaModel {
             layers.push(Block {
                 input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm"), h, cfg.rms_norm_eps)?,
                 attn,
-                post_norm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), h, cfg.rms_norm_eps)?,
-                mlp: GatedMlp::load(w, &format!("{p}.mlp"), h, cfg.intermediate_size, act, cfg.mlp_bias)?,
+                post_norm: RmsNorm::load(
+                    w,
+                    &format!("{p}.post_attention_layernorm"),
+                    h,
+                    cfg.rms_norm_eps,
+                )?,
+                mlp: GatedMlp::load(
+                    w,
+                    &format!("{p}.mlp"),
+                    h,
+                    cfg.intermediate_size,
+                    act,
+                    cfg.mlp_bias,
+                )?,
             });
         }
-        let embed = Embedding { table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])? };
+        let embed = Embedding {
+            table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?,
+        };
         let lm_head = if cfg.tie_word_embeddings || !w.contains("lm_head.weight") {
-            Linear { weight: embed.table.clone(), bias: None }
+            Linear {
+                weight: embed.table.clone(),
+                bias: None,
+            }
         } else {
             Linear::load(w, "lm_head", h, cfg.vocab_size, false)?
         };
         let norm = RmsNorm::load(w, "model.norm", h, cfg.rms_norm_eps)?;
         let weight_bytes = embed.table.size_in_bytes()
-            + if cfg.tie_word_embeddings { 0 } else { lm_head.weight.size_in_bytes() }
+            + if cfg.tie_word_embeddings {
+                0
+            } else {
+                lm_head.weight.size_in_bytes()
+            }
             + layers
                 .iter()
                 .map(|b| {
-                    [&b.attn.q, &b.attn.k, &b.attn.v, &b.attn.o, &b.mlp.gate, &b.mlp.up, &b.mlp.down]
-                        .iter()
-                        .map(|l| l.weight.size_in_bytes())
-                        .sum::<usize>()
+                    [
+                        &b.attn.q,
+                        &b.attn.k,
+                        &b.attn.v,
+                        &b.attn.o,
+                        &b.mlp.gate,
+                        &b.mlp.up,
+                        &b.mlp.down,
+                    ]
+                    .iter()
+                    .map(|l| l.weight.size_in_bytes())
+                    .sum::<usize>()
                 })
                 .sum::<usize>();
         let info = ModelInfo {
             architecture: raw.architecture()?,
             vocab_size: cfg.vocab_size,
             max_position_embeddings: cfg.max_position_embeddings,
-            kv_layers: vec![KvLayerSpec { num_kv_heads: kv_heads, k_dim: head_dim, v_dim: head_dim }; cfg.num_hidden_layers],
+            kv_layers: vec![
+                KvLayerSpec {
+                    num_kv_heads: kv_heads,
+                    k_dim: head_dim,
+                    v_dim: head_dim
+                };
+                cfg.num_hidden_layers
+            ],
             weight_bytes,
         };
-        Ok(LlamaModel { info, embed, layers, norm, lm_head, rope })
+        Ok(LlamaModel {
+            info,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+        })
     }
 }
 
@@ -206,7 +291,9 @@ impl CausalLM for LlamaModel {
         let (cos, sin) = self.rope.cos_sin(meta, h.device())?;
         for (block, cache) in self.layers.iter().zip(kv.iter_mut()) {
             let x = block.input_norm.forward(&h)?;
-            let x = block.attn.forward(&x, Some((&self.rope, &cos, &sin)), meta, cache)?;
+            let x = block
+                .attn
+                .forward(&x, Some((&self.rope, &cos, &sin)), meta, cache)?;
             h = ops::add(&h, &x)?;
             let x = block.post_norm.forward(&h)?;
             h = ops::add(&h, &block.mlp.forward(&x)?)?;

@@ -5,9 +5,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{sys as drv_sys, CudaSlice, DevicePtr, LaunchConfig};
+use cudarc::driver::{sys as drv_sys, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 
 use super::device::{dev_err, CudaDevice, ATTENTION, ELEMENTWISE};
+use super::graph::{self, u32_slots, StepIndex};
 use super::ops::{cuda_of, wrap};
 use super::storage::{dtype_suffix, int, Arg, CudaStorage};
 use crate::error::{Result, TensorError};
@@ -62,8 +63,16 @@ fn dptr<T>(s: &CudaSlice<T>, dev: &CudaDevice) -> Arg {
     Arg::Ptr(s.device_ptr(dev.stream()).0)
 }
 
-pub fn new_cache(dev: &Arc<CudaDevice>, dtype: DType, k_len: usize, v_len: usize) -> Result<KvStorage> {
-    Ok(KvStorage::Cuda { k: CudaStorage::zeros(dev, dtype, k_len)?, v: CudaStorage::zeros(dev, dtype, v_len)? })
+pub fn new_cache(
+    dev: &Arc<CudaDevice>,
+    dtype: DType,
+    k_len: usize,
+    v_len: usize,
+) -> Result<KvStorage> {
+    Ok(KvStorage::Cuda {
+        k: CudaStorage::zeros(dev, dtype, k_len)?,
+        v: CudaStorage::zeros(dev, dtype, v_len)?,
+    })
 }
 
 fn cache_buffers<'a>(
@@ -72,7 +81,9 @@ fn cache_buffers<'a>(
     dtype: DType,
 ) -> Result<(&'a CudaStorage, &'a CudaStorage)> {
     let KvStorage::Cuda { k, v } = &cache.storage else {
-        return Err(dev_err(format!("{op}: CUDA activations with a CPU KV cache")));
+        return Err(dev_err(format!(
+            "{op}: CUDA activations with a CPU KV cache"
+        )));
     };
     if k.dtype() != dtype {
         return Err(TensorError::Unsupported {
@@ -83,10 +94,18 @@ fn cache_buffers<'a>(
     Ok((k, v))
 }
 
-pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMetadata) -> Result<()> {
+pub fn write_kv(
+    cache: &mut PagedKvLayer,
+    k: &Tensor,
+    v: &Tensor,
+    meta: &AttnMetadata,
+) -> Result<()> {
     let (ks, vs) = (cuda_of("write_kv", k)?, cuda_of("write_kv", v)?);
     if ks.dtype() != vs.dtype() {
-        return Err(TensorError::Unsupported { op: "write_kv", detail: "keys and values of different dtypes".into() });
+        return Err(TensorError::Unsupported {
+            op: "write_kv",
+            detail: "keys and values of different dtypes".into(),
+        });
     }
     let (kc, vc) = cache_buffers("write_kv", cache, ks.dtype())?;
     let dev = ks.device();
@@ -94,21 +113,55 @@ pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMet
     if tokens == 0 {
         return Ok(());
     }
-    let mut slot_cache = dev.slot_meta.lock().map_err(|_| dev_err("slot cache poisoned"))?;
-    if slot_cache.as_ref().is_none_or(|c| c.key != meta.slot_mapping) {
-        let slots = meta
-            .slot_mapping
-            .iter()
-            .map(|&s| u32::try_from(s).map_err(|_| dev_err(format!("write_kv: slot {s} beyond 32 bits"))))
-            .collect::<Result<Vec<u32>>>()?;
-        let slots = dev.stream().clone_htod(&slots).map_err(dev_err)?;
-        *slot_cache = Some(SlotCache { key: meta.slot_mapping.clone(), slots });
+    let f = dev.function(
+        ELEMENTWISE,
+        &format!("write_kv_{}", dtype_suffix(ks.dtype())?),
+    )?;
+    let (kw, vw) = (
+        cache.num_kv_heads * cache.k_dim,
+        cache.num_kv_heads * cache.v_dim,
+    );
+    let cfg = LaunchConfig {
+        grid_dim: (tokens as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let launch = |slots: Arg| {
+        dev.launch(
+            &f,
+            cfg,
+            &[
+                ks.ptr(),
+                vs.ptr(),
+                slots,
+                kc.ptr(),
+                vc.ptr(),
+                int(kw)?,
+                int(vw)?,
+            ],
+        )
+    };
+    if let Some(p) = dev.step_index(&StepIndex::Slots(meta))? {
+        return launch(Arg::Ptr(p));
     }
-    let slots = &slot_cache.as_ref().expect("filled above").slots;
-    let f = dev.function(ELEMENTWISE, &format!("write_kv_{}", dtype_suffix(ks.dtype())?))?;
-    let (kw, vw) = (cache.num_kv_heads * cache.k_dim, cache.num_kv_heads * cache.v_dim);
-    let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-    dev.launch(&f, cfg, &[ks.ptr(), vs.ptr(), dptr(slots, dev), kc.ptr(), vc.ptr(), int(kw)?, int(vw)?])
+    let mut slot_cache = dev
+        .slot_meta
+        .lock()
+        .map_err(|_| dev_err("slot cache poisoned"))?;
+    if slot_cache
+        .as_ref()
+        .is_none_or(|c| c.key != meta.slot_mapping)
+    {
+        let slots = dev
+            .stream()
+            .clone_htod(&u32_slots(meta)?)
+            .map_err(dev_err)?;
+        *slot_cache = Some(SlotCache {
+            key: meta.slot_mapping.clone(),
+            slots,
+        });
+    }
+    launch(dptr(&slot_cache.as_ref().expect("filled above").slots, dev))
 }
 
 /// Everything the work items depend on, in a form cheap to compare against the cached copy.
@@ -122,7 +175,12 @@ fn meta_key(meta: &AttnMetadata, p: &AttentionParams, causal: bool) -> Vec<u32> 
         meta.seqs.len() as u32,
     ];
     for s in &meta.seqs {
-        key.extend([s.q_start as u32, s.q_len as u32, s.ctx_len as u32, s.block_table.len() as u32]);
+        key.extend([
+            s.q_start as u32,
+            s.q_len as u32,
+            s.ctx_len as u32,
+            s.block_table.len() as u32,
+        ]);
         key.extend_from_slice(&s.block_table);
     }
     key
@@ -134,7 +192,10 @@ fn split_count(items: usize, target: usize, max_keys: usize, min_keys: usize) ->
     if items == 0 || items >= target {
         1
     } else {
-        target.div_ceil(items).min(max_keys.div_ceil(min_keys)).max(1)
+        target
+            .div_ceil(items)
+            .min(max_keys.div_ceil(min_keys))
+            .max(1)
     }
 }
 
@@ -142,16 +203,20 @@ fn split_count(items: usize, target: usize, max_keys: usize, min_keys: usize) ->
 /// local, h0, nheads, bt_off, k_lo, k_hi, pad), multi-token chunks to the prefill kernel (mirrors
 /// `AttnItem`: row0, nrows, pos0, h0, nheads, bt_off, k_lo, k_hi, local0). `local` numbers a
 /// kernel's rows for its partial results. Without `causal` every row sees its sequence's whole
-/// context (encoders).
-fn build_meta(
+/// context (encoders). With `fixed_shape` (graph capture and replay) the block tables are laid
+/// out at their full length and the split counts follow that capacity rather than the keys in
+/// use, so that every step of one padded shape gets work of the same shape.
+pub(crate) fn plan_meta(
     dev: &CudaDevice,
     meta: &AttnMetadata,
     p: &AttentionParams,
     causal: bool,
-    key: Vec<u32>,
-) -> Result<MetaCache> {
+    fixed_shape: bool,
+) -> Result<MetaPlan> {
     let group = p.num_heads / p.num_kv_heads;
-    let i = |v: usize| i32::try_from(v).map_err(|_| dev_err(format!("paged_attention: {v} beyond 32 bits")));
+    let i = |v: usize| {
+        i32::try_from(v).map_err(|_| dev_err(format!("paged_attention: {v} beyond 32 bits")))
+    };
     let window = if causal { p.sliding_window } else { None };
     let key_range = |pos: usize, last: usize, ctx: usize| {
         let hi = if causal { last + 1 } else { ctx };
@@ -163,13 +228,20 @@ fn build_meta(
     let (mut pre, mut dec, mut tables) = (Vec::new(), Vec::new(), Vec::new());
     let (mut pre_rows_ids, mut dec_rows_ids) = (Vec::<u32>::new(), Vec::<u32>::new());
     let (mut pre_keys, mut dec_keys) = (0usize, 0usize);
+    let capacity = |s: &AttnSeq, used: usize| {
+        if fixed_shape {
+            s.block_table.len() * meta.block_size
+        } else {
+            used
+        }
+    };
     for s in &meta.seqs {
         let bt_off = tables.len();
         tables.extend_from_slice(&s.block_table);
         if s.q_len == 1 {
             let pos = s.query_position(0);
             let (lo, hi) = key_range(pos, pos, s.ctx_len);
-            dec_keys = dec_keys.max(hi - lo);
+            dec_keys = dec_keys.max(capacity(s, hi - lo));
             for g in 0..p.num_kv_heads {
                 for hc in (0..group).step_by(dec_heads) {
                     let h0 = g * group + hc;
@@ -195,7 +267,7 @@ fn build_meta(
             let nrows = pre_rows.min(s.q_len - r0);
             let pos0 = s.query_position(r0);
             let (lo, hi) = key_range(pos0, pos0 + nrows - 1, s.ctx_len);
-            pre_keys = pre_keys.max(hi - lo);
+            pre_keys = pre_keys.max(capacity(s, hi - lo));
             for g in 0..p.num_kv_heads {
                 for hc in (0..group).step_by(pre_heads) {
                     let h0 = g * group + hc;
@@ -215,29 +287,115 @@ fn build_meta(
             }
         }
     }
-    let stream = dev.stream();
     let sms = dev.multiprocessors();
-    let launch = |items: Vec<i32>, ints: usize, row_ids: Vec<u32>, target: usize, max_keys: usize, min_keys: usize| {
-        if items.is_empty() {
-            return Ok(None);
-        }
-        let n_items = items.len() / ints;
-        let splits = split_count(n_items, target, max_keys, min_keys);
-        Ok::<_, TensorError>(Some(Launch {
-            items: stream.clone_htod(&items).map_err(dev_err)?,
-            n_items,
-            splits,
-            rows: row_ids.len(),
-            row_ids: stream.clone_htod(&row_ids).map_err(dev_err)?,
-        }))
+    let launch = |items: Vec<i32>,
+                  ints: usize,
+                  row_ids: Vec<u32>,
+                  target: usize,
+                  max_keys: usize,
+                  min_keys: usize| {
+        (!items.is_empty()).then(|| {
+            let n_items = items.len() / ints;
+            LaunchPlan {
+                splits: split_count(n_items, target, max_keys, min_keys),
+                n_items,
+                items,
+                row_ids,
+            }
+        })
     };
     // Decode blocks are short-lived and memory-bound: aim for four waves of them.
-    let decode = launch(dec, 8, dec_rows_ids, 4 * sms, dec_keys, DEC_SUB)?;
-    let prefill = launch(pre, 9, pre_rows_ids, 2 * sms, pre_keys, MIN_KEYS_PER_SPLIT)?;
+    let decode = launch(dec, 8, dec_rows_ids, 4 * sms, dec_keys, DEC_SUB);
+    let prefill = launch(pre, 9, pre_rows_ids, 2 * sms, pre_keys, MIN_KEYS_PER_SPLIT);
     if tables.is_empty() {
         tables.push(0);
     }
-    Ok(MetaCache { key, tables: stream.clone_htod(&tables).map_err(dev_err)?, prefill, decode })
+    Ok(MetaPlan {
+        tables,
+        prefill,
+        decode,
+    })
+}
+
+/// The host side of a [`MetaCache`].
+pub(crate) struct MetaPlan {
+    tables: Vec<u32>,
+    prefill: Option<LaunchPlan>,
+    decode: Option<LaunchPlan>,
+}
+
+struct LaunchPlan {
+    items: Vec<i32>,
+    n_items: usize,
+    splits: usize,
+    row_ids: Vec<u32>,
+}
+
+fn upload_meta(stream: &Arc<CudaStream>, plan: MetaPlan, key: Vec<u32>) -> Result<MetaCache> {
+    let launch = |l: LaunchPlan| {
+        Ok::<_, TensorError>(Launch {
+            items: stream.clone_htod(&l.items).map_err(dev_err)?,
+            n_items: l.n_items,
+            splits: l.splits,
+            rows: l.row_ids.len(),
+            row_ids: stream.clone_htod(&l.row_ids).map_err(dev_err)?,
+        })
+    };
+    Ok(MetaCache {
+        key,
+        tables: stream.clone_htod(&plan.tables).map_err(dev_err)?,
+        prefill: plan.prefill.map(launch).transpose()?,
+        decode: plan.decode.map(launch).transpose()?,
+    })
+}
+
+/// Device buffers shaped for `plan`, left for [`refill_meta`] to fill.
+pub(crate) fn alloc_meta(stream: &Arc<CudaStream>, plan: &MetaPlan) -> Result<MetaCache> {
+    // SAFETY (all three): every replay rewrites the whole buffer before the graph reads it.
+    let alloc_u32 = |n: usize| unsafe { stream.alloc::<u32>(n) }.map_err(dev_err);
+    let launch = |l: &LaunchPlan| {
+        Ok::<_, TensorError>(Launch {
+            items: unsafe { stream.alloc::<i32>(l.items.len()) }.map_err(dev_err)?,
+            n_items: l.n_items,
+            splits: l.splits,
+            rows: l.row_ids.len(),
+            row_ids: alloc_u32(l.row_ids.len())?,
+        })
+    };
+    Ok(MetaCache {
+        key: Vec::new(),
+        tables: alloc_u32(plan.tables.len())?,
+        prefill: plan.prefill.as_ref().map(launch).transpose()?,
+        decode: plan.decode.as_ref().map(launch).transpose()?,
+    })
+}
+
+/// Writes `plan` into the buffers of `cache`, which a graph captured with a plan of the same
+/// shape reads.
+pub(crate) fn refill_meta(
+    stream: &Arc<CudaStream>,
+    cache: &MetaCache,
+    plan: &MetaPlan,
+) -> Result<()> {
+    graph::write(stream, &cache.tables, &plan.tables)?;
+    for (launch, plan) in [
+        (&cache.prefill, &plan.prefill),
+        (&cache.decode, &plan.decode),
+    ] {
+        match (launch, plan) {
+            (None, None) => {}
+            (Some(l), Some(p)) if l.n_items == p.n_items && l.splits == p.splits => {
+                graph::write(stream, &l.items, &p.items)?;
+                graph::write(stream, &l.row_ids, &p.row_ids)?;
+            }
+            _ => {
+                return Err(dev_err(
+                    "graph replay: attention work of another shape than the captured step's",
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Row pitch (in elements) of a shared-memory tile: an odd number of 4-byte words, so that the
@@ -250,7 +408,12 @@ fn pitch(width: usize, elem: usize) -> usize {
     words * 4 / elem
 }
 
-pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p: &AttentionParams) -> Result<Tensor> {
+pub fn paged_attention(
+    q: &Tensor,
+    cache: &PagedKvLayer,
+    meta: &AttnMetadata,
+    p: &AttentionParams,
+) -> Result<Tensor> {
     let qs = cuda_of("paged_attention", q)?;
     let (kc, vc) = cache_buffers("paged_attention", cache, qs.dtype())?;
     if cache.num_slots() > i32::MAX as usize {
@@ -259,7 +422,12 @@ pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p:
             detail: format!("{} cache slots", cache.num_slots()),
         });
     }
-    let kv = KvView { k: kc, v: vc, k_dim: cache.k_dim, v_dim: cache.v_dim };
+    let kv = KvView {
+        k: kc,
+        v: vc,
+        k_dim: cache.k_dim,
+        v_dim: cache.v_dim,
+    };
     attend("paged_attention", qs, &kv, meta, p, true)
 }
 
@@ -276,23 +444,39 @@ pub fn attention_dense(
     let op = "attention_dense";
     let (qs, ks, vs) = (cuda_of(op, q)?, cuda_of(op, k)?, cuda_of(op, v)?);
     if ks.dtype() != qs.dtype() || vs.dtype() != qs.dtype() {
-        return Err(TensorError::Unsupported { op, detail: "q, k and v of different dtypes".into() });
+        return Err(TensorError::Unsupported {
+            op,
+            detail: "q, k and v of different dtypes".into(),
+        });
     }
     let tokens: usize = seq_lens.iter().sum();
     if tokens > i32::MAX as usize {
-        return Err(TensorError::Unsupported { op, detail: format!("{tokens} tokens") });
+        return Err(TensorError::Unsupported {
+            op,
+            detail: format!("{tokens} tokens"),
+        });
     }
     let mut seqs = Vec::with_capacity(seq_lens.len());
     let mut start = 0;
     for &len in seq_lens {
         if len > 0 {
             let block_table = (start as u32..(start + len) as u32).collect();
-            seqs.push(AttnSeq { q_start: start, q_len: len, ctx_len: len, block_table });
+            seqs.push(AttnSeq {
+                q_start: start,
+                q_len: len,
+                ctx_len: len,
+                block_table,
+            });
         }
         start += len;
     }
     let meta = AttnMetadata::new(seqs, 1)?;
-    let kv = KvView { k: ks, v: vs, k_dim: p.head_dim, v_dim: p.v_head_dim };
+    let kv = KvView {
+        k: ks,
+        v: vs,
+        k_dim: p.head_dim,
+        v_dim: p.v_head_dim,
+    };
     attend(op, qs, &kv, &meta, p, causal)
 }
 
@@ -317,7 +501,10 @@ fn attend(
     let (d, dv) = (p.head_dim, p.v_head_dim);
     let unsupported = |detail: String| TensorError::Unsupported { op, detail };
     if d % 2 != 0 || dv % 2 != 0 || dv > MAX_V_DIM || d > kv.k_dim || dv > kv.v_dim {
-        return Err(unsupported(format!("head dims {d}/{dv} with cache dims {}/{}", kv.k_dim, kv.v_dim)));
+        return Err(unsupported(format!(
+            "head dims {d}/{dv} with cache dims {}/{}",
+            kv.k_dim, kv.v_dim
+        )));
     }
     if p.sliding_window == Some(0) {
         return Err(unsupported("a sliding window of 0 keys".into()));
@@ -327,22 +514,46 @@ fn attend(
     if tokens == 0 {
         return wrap(out, vec![0, p.num_heads * dv]);
     }
+    let run = |mc: &MetaCache| launch_attention(op, qs, kv, meta, p, causal, mc, &out);
+    if dev.with_step_attention(meta, p, causal, run)?.is_none() {
+        let key = meta_key(meta, p, causal);
+        let mut meta_cache = dev
+            .attn_meta
+            .lock()
+            .map_err(|_| dev_err("attention metadata cache poisoned"))?;
+        let mc = match meta_cache.iter().position(|c| c.key == key) {
+            Some(i) => &meta_cache[i],
+            None => {
+                if meta_cache.len() == META_CACHE_ENTRIES {
+                    meta_cache.remove(0);
+                }
+                let plan = plan_meta(dev, meta, p, causal, false)?;
+                meta_cache.push(upload_meta(dev.stream(), plan, key)?);
+                meta_cache.last().expect("pushed above")
+            }
+        };
+        run(mc)?;
+    }
+    wrap(out, vec![tokens, p.num_heads * dv])
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_attention(
+    op: &'static str,
+    qs: &CudaStorage,
+    kv: &KvView<'_>,
+    meta: &AttnMetadata,
+    p: &AttentionParams,
+    causal: bool,
+    mc: &MetaCache,
+    out: &CudaStorage,
+) -> Result<()> {
+    let dtype = qs.dtype();
+    let dev = qs.device();
+    let (d, dv) = (p.head_dim, p.v_head_dim);
     let elem = dtype.size_in_bytes();
     let chunk = 16 / elem;
     let vec = [d, dv, kv.k_dim, kv.v_dim].iter().all(|x| x % chunk == 0) as i32;
-
-    let key = meta_key(meta, p, causal);
-    let mut meta_cache = dev.attn_meta.lock().map_err(|_| dev_err("attention metadata cache poisoned"))?;
-    let mc = match meta_cache.iter().position(|c| c.key == key) {
-        Some(i) => &meta_cache[i],
-        None => {
-            if meta_cache.len() == META_CACHE_ENTRIES {
-                meta_cache.remove(0);
-            }
-            meta_cache.push(build_meta(dev, meta, p, causal, key)?);
-            meta_cache.last().expect("pushed above")
-        }
-    };
     let sfx = dtype_suffix(dtype)?;
     let common = || -> Result<[Arg; 7]> {
         Ok([
@@ -361,7 +572,14 @@ fn attend(
         let smem = 4 * (QV_MAX * d + WARPS * QPW * TILE + TILE) + elem * TILE * (kpitch + vpitch);
         let f = kernel(dev, &format!("paged_attn_{sfx}"), smem, op)?;
         let parts = Partials::new(dev, l, p.num_heads, dv)?;
-        let mut args = vec![qs.ptr(), kv.k.ptr(), kv.v.ptr(), dptr(&mc.tables, dev), dptr(&l.items, dev), out.ptr()];
+        let mut args = vec![
+            qs.ptr(),
+            kv.k.ptr(),
+            kv.v.ptr(),
+            dptr(&mc.tables, dev),
+            dptr(&l.items, dev),
+            out.ptr(),
+        ];
         args.extend(parts.ptrs(dev));
         args.extend(common()?);
         args.extend([
@@ -376,16 +594,25 @@ fn attend(
             Arg::I32(vec),
         ]);
         dev.launch(&f, grid(l, smem), &args)?;
-        parts.combine(dev, &out, &l.row_ids, p.num_heads, dv, sfx)?;
+        parts.combine(dev, out, &l.row_ids, p.num_heads, dv, sfx)?;
     }
     if let Some(l) = &mc.decode {
         // The instantiation for this group size and value width (kernels::ATTENTION, INST_DECODE).
-        let hm = (p.num_heads / p.num_kv_heads).min(DEC_HMAX).next_power_of_two();
+        let hm = (p.num_heads / p.num_kv_heads)
+            .min(DEC_HMAX)
+            .next_power_of_two();
         let dvr = if dv <= 128 { 4 } else { 8 };
         let smem = 4 * (hm * d + hm * DEC_SUB + 3 * hm + DEC_SUB + WARPS * hm * dv);
         let f = kernel(dev, &format!("paged_decode_{sfx}_h{hm}_v{dvr}"), smem, op)?;
         let parts = Partials::new(dev, l, p.num_heads, dv)?;
-        let mut args = vec![qs.ptr(), kv.k.ptr(), kv.v.ptr(), dptr(&mc.tables, dev), dptr(&l.items, dev), out.ptr()];
+        let mut args = vec![
+            qs.ptr(),
+            kv.k.ptr(),
+            kv.v.ptr(),
+            dptr(&mc.tables, dev),
+            dptr(&l.items, dev),
+            out.ptr(),
+        ];
         args.extend(parts.ptrs(dev));
         args.extend(common()?);
         args.extend([
@@ -396,13 +623,18 @@ fn attend(
             Arg::I32(vec),
         ]);
         dev.launch(&f, grid(l, smem), &args)?;
-        parts.combine(dev, &out, &l.row_ids, p.num_heads, dv, sfx)?;
+        parts.combine(dev, out, &l.row_ids, p.num_heads, dv, sfx)?;
     }
-    wrap(out, vec![tokens, p.num_heads * dv])
+    Ok(())
 }
 
 /// An attention kernel, allowed the dynamic shared memory it needs past the default 48 KiB.
-fn kernel(dev: &CudaDevice, name: &str, smem: usize, op: &'static str) -> Result<cudarc::driver::CudaFunction> {
+fn kernel(
+    dev: &CudaDevice,
+    name: &str,
+    smem: usize,
+    op: &'static str,
+) -> Result<cudarc::driver::CudaFunction> {
     if smem > dev.max_shared_per_block() {
         return Err(TensorError::Unsupported {
             op,
@@ -411,8 +643,11 @@ fn kernel(dev: &CudaDevice, name: &str, smem: usize, op: &'static str) -> Result
     }
     let f = dev.function(ATTENTION, name)?;
     if smem > 48 * 1024 {
-        f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-            .map_err(dev_err)?;
+        f.set_attribute(
+            drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(dev_err)?;
     }
     Ok(f)
 }
@@ -443,7 +678,11 @@ impl Partials {
         } else {
             None
         };
-        Ok(Partials { bufs, splits: l.splits, rows: l.rows })
+        Ok(Partials {
+            bufs,
+            splits: l.splits,
+            rows: l.rows,
+        })
     }
 
     fn ptrs(&self, dev: &CudaDevice) -> [Arg; 2] {
@@ -466,10 +705,26 @@ impl Partials {
             return Ok(());
         }
         let f = dev.function(ATTENTION, &format!("attn_combine_{sfx}"))?;
-        let cfg =
-            LaunchConfig { grid_dim: ((self.rows * heads) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: ((self.rows * heads) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let [acc, ml] = self.ptrs(dev);
         let rows = dptr(rows, dev);
-        dev.launch(&f, cfg, &[acc, ml, out.ptr(), rows, int(self.splits)?, int(self.rows)?, int(heads)?, int(dv)?])
+        dev.launch(
+            &f,
+            cfg,
+            &[
+                acc,
+                ml,
+                out.ptr(),
+                rows,
+                int(self.splits)?,
+                int(self.rows)?,
+                int(heads)?,
+                int(dv)?,
+            ],
+        )
     }
 }

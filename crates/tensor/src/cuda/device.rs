@@ -4,7 +4,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
-use cudarc::driver::{sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use super::kernels;
@@ -22,10 +24,22 @@ pub(crate) struct KernelSource {
     pub src: &'static str,
 }
 
-pub(crate) const ELEMENTWISE: KernelSource = KernelSource { name: "elementwise", src: kernels::ELEMENTWISE };
-pub(crate) const NORM: KernelSource = KernelSource { name: "norm", src: kernels::NORM };
-pub(crate) const ATTENTION: KernelSource = KernelSource { name: "attention", src: kernels::ATTENTION };
-pub(crate) const SAMPLING: KernelSource = KernelSource { name: "sampling", src: kernels::SAMPLING };
+pub(crate) const ELEMENTWISE: KernelSource = KernelSource {
+    name: "elementwise",
+    src: kernels::ELEMENTWISE,
+};
+pub(crate) const NORM: KernelSource = KernelSource {
+    name: "norm",
+    src: kernels::NORM,
+};
+pub(crate) const ATTENTION: KernelSource = KernelSource {
+    name: "attention",
+    src: kernels::ATTENTION,
+};
+pub(crate) const SAMPLING: KernelSource = KernelSource {
+    name: "sampling",
+    src: kernels::SAMPLING,
+};
 
 /// A GPU as the op set sees it. Everything is issued on one stream, so the order of ops is
 /// the order of calls, and memory freed by a dropped tensor is reused only after the kernels
@@ -42,6 +56,12 @@ pub struct CudaDevice {
     functions: Mutex<HashMap<String, CudaFunction>>,
     pub(crate) attn_meta: Mutex<Vec<super::attention::MetaCache>>,
     pub(crate) slot_meta: Mutex<Option<super::attention::SlotCache>>,
+    /// The graph capture in progress, if any (see `graph`).
+    pub(crate) recording: Mutex<Option<super::graph::Recording>>,
+    /// Allocates the buffers a captured graph keeps, which must not come from the capture.
+    side: Arc<CudaStream>,
+    /// cuBLAS's scratch memory, ours so that captured GEMMs never allocate their own.
+    _blas_workspace: cudarc::driver::CudaSlice<u8>,
 }
 
 // SAFETY: the cuBLAS handle is only used behind its mutex; every other field is Send + Sync.
@@ -74,7 +94,12 @@ pub fn device_count() -> usize {
             return 0;
         }
         // cudarc panics when a symbol is missing from an older driver; that means "no GPU" here.
-        std::panic::catch_unwind(|| CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)).unwrap_or(0)
+        std::panic::catch_unwind(|| {
+            CudaContext::device_count()
+                .map(|n| n.max(0) as usize)
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
     })
 }
 
@@ -89,7 +114,10 @@ pub fn device(ordinal: usize) -> Result<Arc<CudaDevice>> {
             format!("cuda:{ordinal} requested but only {count} device(s) exist")
         }));
     }
-    let mut map = DEVICES.get_or_init(Default::default).lock().map_err(|_| dev_err("device table poisoned"))?;
+    let mut map = DEVICES
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| dev_err("device table poisoned"))?;
     if let Some(d) = map.get(&ordinal) {
         return Ok(d.clone());
     }
@@ -108,17 +136,34 @@ impl CudaDevice {
         // A stream of our own rather than the legacy default stream, which cannot be captured
         // into CUDA graphs.
         let stream = ctx.new_stream().map_err(dev_err)?;
+        let side = ctx.new_stream().map_err(dev_err)?;
         keep_pool_memory(&ctx)?;
         let attr = |a| ctx.attribute(a).map_err(dev_err);
-        let multiprocessors = attr(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
-        let max_shared_per_block =
-            attr(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
+        let multiprocessors =
+            attr(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let max_shared_per_block = attr(
+            drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )? as usize;
         let blas = blas_result::create_handle().map_err(dev_err)?;
-        // SAFETY: the handle is fresh; the stream outlives it (both live in this struct).
+        // cuBLAS's own default on Hopper; a GEMM captured into a graph must not allocate.
+        let workspace_bytes = 32 << 20;
+        let blas_workspace = stream.alloc_zeros::<u8>(workspace_bytes).map_err(dev_err)?;
+        stream.synchronize().map_err(dev_err)?;
+        // SAFETY: the handle is fresh; the stream and the workspace outlive it (all three live
+        // in this struct).
         unsafe {
             blas_result::set_stream(blas, stream.cu_stream() as _).map_err(dev_err)?;
+            {
+                use cudarc::driver::DevicePtr;
+                let ws = blas_workspace.device_ptr(&stream).0;
+                blas_sys::cublasSetWorkspace_v2(blas, ws as *mut std::ffi::c_void, workspace_bytes)
+                    .result()
+                    .map_err(dev_err)?;
+            }
             // Plain fp32 GEMMs: TF32 would cost f32 activations their exactness against the CPU.
-            blas_sys::cublasSetMathMode(blas, blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH).result().map_err(dev_err)?;
+            blas_sys::cublasSetMathMode(blas, blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH)
+                .result()
+                .map_err(dev_err)?;
         }
         Ok(CudaDevice {
             ordinal,
@@ -132,6 +177,9 @@ impl CudaDevice {
             functions: Mutex::new(HashMap::new()),
             attn_meta: Mutex::new(Vec::new()),
             slot_meta: Mutex::new(None),
+            recording: Mutex::new(None),
+            side,
+            _blas_workspace: blas_workspace,
         })
     }
 
@@ -156,6 +204,10 @@ impl CudaDevice {
         &self.stream
     }
 
+    pub(crate) fn side_stream(&self) -> &Arc<CudaStream> {
+        &self.side
+    }
+
     /// `(free, total)` bytes of device memory; memory the stream-ordered pool keeps for reuse
     /// counts as used.
     pub fn memory_info(&self) -> Result<(usize, usize)> {
@@ -174,18 +226,29 @@ impl CudaDevice {
 
     /// Runs `f` with the cuBLAS handle, which is bound to this device's stream.
     pub(crate) fn with_blas<R>(&self, f: impl FnOnce(blas_sys::cublasHandle_t) -> R) -> Result<R> {
-        let handle = self.blas.lock().map_err(|_| dev_err("cuBLAS handle poisoned"))?;
+        let handle = self
+            .blas
+            .lock()
+            .map_err(|_| dev_err("cuBLAS handle poisoned"))?;
         self.stream.context().bind_to_thread().map_err(dev_err)?;
         Ok(f(*handle))
     }
 
     /// The kernel `name` of `source`, compiling the source on its first use in this process.
     pub(crate) fn function(&self, source: KernelSource, name: &str) -> Result<CudaFunction> {
-        if let Some(f) = self.functions.lock().map_err(|_| dev_err("function cache poisoned"))?.get(name) {
+        if let Some(f) = self
+            .functions
+            .lock()
+            .map_err(|_| dev_err("function cache poisoned"))?
+            .get(name)
+        {
             return Ok(f.clone());
         }
         let module = {
-            let mut modules = self.modules.lock().map_err(|_| dev_err("module cache poisoned"))?;
+            let mut modules = self
+                .modules
+                .lock()
+                .map_err(|_| dev_err("module cache poisoned"))?;
             match modules.get(source.name) {
                 Some(m) => m.clone(),
                 None => {
@@ -195,8 +258,13 @@ impl CudaDevice {
                 }
             }
         };
-        let f = module.load_function(name).map_err(|e| dev_err(format!("kernel {name}: {e}")))?;
-        self.functions.lock().map_err(|_| dev_err("function cache poisoned"))?.insert(name.to_string(), f.clone());
+        let f = module
+            .load_function(name)
+            .map_err(|e| dev_err(format!("kernel {name}: {e}")))?;
+        self.functions
+            .lock()
+            .map_err(|_| dev_err("function cache poisoned"))?
+            .insert(name.to_string(), f.clone());
         Ok(f)
     }
 
@@ -204,9 +272,16 @@ impl CudaDevice {
         let (major, minor) = self.compute_capability;
         let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
         let src = format!("{}{}", kernels::COMMON, source.src);
-        let opts = CompileOptions { arch: Some(arch), ..Default::default() };
-        let ptx = compile_ptx_with_opts(src, opts)
-            .map_err(|e| dev_err(format!("NVRTC failed on the {} kernels for {arch}: {e:?}", source.name)))?;
+        let opts = CompileOptions {
+            arch: Some(arch),
+            ..Default::default()
+        };
+        let ptx = compile_ptx_with_opts(src, opts).map_err(|e| {
+            dev_err(format!(
+                "NVRTC failed on the {} kernels for {arch}: {e:?}",
+                source.name
+            ))
+        })?;
         self.stream.context().load_module(ptx).map_err(dev_err)
     }
 
@@ -237,7 +312,9 @@ fn keep_pool_memory(ctx: &Arc<CudaContext>) -> Result<()> {
     let mut threshold: u64 = u64::MAX;
     // SAFETY: plain driver calls on this context's device with valid out-pointers.
     unsafe {
-        drv_sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result().map_err(dev_err)?;
+        drv_sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+            .result()
+            .map_err(dev_err)?;
         drv_sys::cuMemPoolSetAttribute(
             pool,
             drv_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,

@@ -205,10 +205,11 @@ __device__ void combine_rows(const T* __restrict__ y, const unsigned int* __rest
     }
 }
 
-// One block per token: copies its key and value rows into their cache slot.
+// One block per token: copies its key and value rows into their cache slot (none for padding).
 template <typename T>
 __device__ void write_kv(const T* __restrict__ k, const T* __restrict__ v, const unsigned int* __restrict__ slots,
                          T* __restrict__ kc, T* __restrict__ vc, int kw, int vw) {
+    if (slots[blockIdx.x] == 0xffffffffu) return;
     size_t slot = slots[blockIdx.x];
     const T* ks = k + (size_t)blockIdx.x * kw;
     const T* vs = v + (size_t)blockIdx.x * vw;

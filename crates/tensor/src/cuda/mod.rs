@@ -12,6 +12,7 @@
 
 pub(crate) mod attention;
 mod device;
+pub(crate) mod graph;
 mod kernels;
 pub(crate) mod matmul;
 pub(crate) mod ops;
@@ -19,4 +20,5 @@ pub(crate) mod sampling;
 mod storage;
 
 pub use device::{device, device_count, is_available, CudaDevice};
+pub use graph::{HostFill, StepGraph, StepInput};
 pub use storage::CudaStorage;
