@@ -125,6 +125,17 @@ impl RmsNorm {
         Ok(ops::rms_norm(x, &self.weight, self.eps, self.offset)?)
     }
 
+    /// `residual + x` and its norm in one pass: `(norm(residual + x), residual + x)`.
+    pub fn forward_add(&self, x: &Tensor, residual: &Tensor) -> Result<(Tensor, Tensor)> {
+        Ok(ops::add_rms_norm(
+            x,
+            residual,
+            &self.weight,
+            self.eps,
+            self.offset,
+        )?)
+    }
+
     /// Normalises each head of `x [tokens, heads * head_dim]` separately (QK-norm).
     pub fn forward_heads(&self, x: &Tensor, head_dim: usize) -> Result<Tensor> {
         let rows = x.rows();

@@ -289,16 +289,29 @@ impl CausalLM for LlamaModel {
         let meta = input.meta;
         let mut h = self.embed.forward(input.tokens)?;
         let (cos, sin) = self.rope.cos_sin(meta, h.device())?;
+        // Each residual add is fused into the norm that follows it; the last block's output is
+        // added after the logit rows are gathered.
+        let mut pending: Option<Tensor> = None;
         for (block, cache) in self.layers.iter().zip(kv.iter_mut()) {
-            let x = block.input_norm.forward(&h)?;
-            let x = block
+            let x = match pending.take() {
+                Some(out) => {
+                    let (x, sum) = block.input_norm.forward_add(&out, &h)?;
+                    h = sum;
+                    x
+                }
+                None => block.input_norm.forward(&h)?,
+            };
+            let attn = block
                 .attn
                 .forward(&x, Some((&self.rope, &cos, &sin)), meta, cache)?;
-            h = ops::add(&h, &x)?;
-            let x = block.post_norm.forward(&h)?;
-            h = ops::add(&h, &block.mlp.forward(&x)?)?;
+            let (x, sum) = block.post_norm.forward_add(&attn, &h)?;
+            h = sum;
+            pending = Some(block.mlp.forward(&x)?);
         }
-        let h = ops::gather_rows(&h, input.logit_rows)?;
+        let mut h = ops::gather_rows(&h, input.logit_rows)?;
+        if let Some(out) = pending {
+            h = ops::add(&h, &ops::gather_rows(&out, input.logit_rows)?)?;
+        }
         self.norm.forward(&h)
     }
 }

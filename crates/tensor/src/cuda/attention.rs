@@ -33,6 +33,9 @@ const DEC_SUB: usize = 128;
 const DEC_HMAX: usize = 8;
 /// Fewest keys a split of a prefill item's key range is given, so that staging q and merging pay off.
 const MIN_KEYS_PER_SPLIT: usize = 64;
+/// Keys per tile and head dims of the tensor-core prefill kernel (kernels::ATTENTION, INST_MMA).
+const MMA_TILE: usize = 64;
+const MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Attention metadata variants kept per device: layers of one step differ only by their
 /// attention parameters (sliding-window layers interleaved with global ones, say).
 const META_CACHE_ENTRIES: usize = 4;
@@ -568,33 +571,65 @@ fn launch_attention(
     };
 
     if let Some(l) = &mc.prefill {
-        let (kpitch, vpitch) = (pitch(d, elem), pitch(dv, elem));
-        let smem = 4 * (QV_MAX * d + WARPS * QPW * TILE + TILE) + elem * TILE * (kpitch + vpitch);
-        let f = kernel(dev, &format!("paged_attn_{sfx}"), smem, op)?;
-        let parts = Partials::new(dev, l, p.num_heads, dv)?;
-        let mut args = vec![
-            qs.ptr(),
-            kv.k.ptr(),
-            kv.v.ptr(),
-            dptr(&mc.tables, dev),
-            dptr(&l.items, dev),
-            out.ptr(),
-        ];
-        args.extend(parts.ptrs(dev));
-        args.extend(common()?);
-        args.extend([
-            Arg::F32(p.scale),
-            Arg::F32(p.softcap.unwrap_or(0.0)),
-            int(p.sliding_window.unwrap_or(0))?,
-            Arg::I32(causal as i32),
-            int(l.splits)?,
-            int(l.rows)?,
-            int(kpitch)?,
-            int(vpitch)?,
-            Arg::I32(vec),
-        ]);
-        dev.launch(&f, grid(l, smem), &args)?;
-        parts.combine(dev, out, &l.row_ids, p.num_heads, dv, sfx)?;
+        if dtype == DType::BF16 && vec == 1 && d == dv && MMA_HEAD_DIMS.contains(&d) {
+            // Tensor cores (kernels::ATTENTION, INST_MMA): smem mirrors `paged_attn_mma`'s layout.
+            let smem = 2 * MMA_TILE * (2 * d + 16) + 4 * MMA_TILE + 4 * (WARPS * 16 + 16 + 16 * dv);
+            let f = kernel(dev, &format!("paged_attn_mma_bf16_d{d}_v{dv}"), smem, op)?;
+            let parts = Partials::new(dev, l, p.num_heads, dv)?;
+            let mut args = vec![
+                qs.ptr(),
+                kv.k.ptr(),
+                kv.v.ptr(),
+                dptr(&mc.tables, dev),
+                dptr(&l.items, dev),
+                out.ptr(),
+            ];
+            args.extend(parts.ptrs(dev));
+            args.extend([
+                int(p.num_heads)?,
+                int(p.num_kv_heads)?,
+                int(kv.k_dim)?,
+                int(kv.v_dim)?,
+                int(meta.block_size)?,
+                Arg::F32(p.scale),
+                Arg::F32(p.softcap.unwrap_or(0.0)),
+                int(p.sliding_window.unwrap_or(0))?,
+                Arg::I32(causal as i32),
+                int(l.splits)?,
+                int(l.rows)?,
+            ]);
+            dev.launch(&f, grid(l, smem), &args)?;
+            parts.combine(dev, out, &l.row_ids, p.num_heads, dv, sfx)?;
+        } else {
+            let (kpitch, vpitch) = (pitch(d, elem), pitch(dv, elem));
+            let smem =
+                4 * (QV_MAX * d + WARPS * QPW * TILE + TILE) + elem * TILE * (kpitch + vpitch);
+            let f = kernel(dev, &format!("paged_attn_{sfx}"), smem, op)?;
+            let parts = Partials::new(dev, l, p.num_heads, dv)?;
+            let mut args = vec![
+                qs.ptr(),
+                kv.k.ptr(),
+                kv.v.ptr(),
+                dptr(&mc.tables, dev),
+                dptr(&l.items, dev),
+                out.ptr(),
+            ];
+            args.extend(parts.ptrs(dev));
+            args.extend(common()?);
+            args.extend([
+                Arg::F32(p.scale),
+                Arg::F32(p.softcap.unwrap_or(0.0)),
+                int(p.sliding_window.unwrap_or(0))?,
+                Arg::I32(causal as i32),
+                int(l.splits)?,
+                int(l.rows)?,
+                int(kpitch)?,
+                int(vpitch)?,
+                Arg::I32(vec),
+            ]);
+            dev.launch(&f, grid(l, smem), &args)?;
+            parts.combine(dev, out, &l.row_ids, p.num_heads, dv, sfx)?;
+        }
     }
     if let Some(l) = &mc.decode {
         // The instantiation for this group size and value width (kernels::ATTENTION, INST_DECODE).

@@ -36,6 +36,10 @@ pub(crate) const ATTENTION: KernelSource = KernelSource {
     name: "attention",
     src: kernels::ATTENTION,
 };
+pub(crate) const GEMV: KernelSource = KernelSource {
+    name: "gemv",
+    src: kernels::GEMV,
+};
 pub(crate) const SAMPLING: KernelSource = KernelSource {
     name: "sampling",
     src: kernels::SAMPLING,

@@ -1,17 +1,22 @@
 //! `x @ w^T (+ bias)` on CUDA through cuBLAS: f32 accumulation in both dtypes, and plain fp32
 //! (no TF32) for f32 activations.
 //!
-//! Measured on the H200 at decode shapes (Llama-3.1-8B projections, m = 1..32), cuBLAS already
-//! streams the bf16 weights at 80-99 % of the copy bandwidth, so there is no custom GEMV here.
+//! bf16 products of up to `GEMV_MAX_ROWS` rows (decode) go to the GEMV kernel instead
+//! (kernels::GEMV): profiled inside a Llama-3.1-8B decode step on the H200, cuBLAS's kernels for
+//! those shapes (split-K plus a reduction kernel each) streamed the weights at about 70 % of the
+//! copy bandwidth.
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
 
-use super::device::dev_err;
+use super::device::{dev_err, GEMV};
 use super::ops::{broadcast_row, cuda_of, wrap};
-use super::storage::CudaStorage;
+use super::storage::{int, Arg, CudaStorage};
 use crate::error::Result;
 use crate::tensor::Tensor;
 use crate::DType;
+
+/// The most rows `matmul_t` hands to the GEMV kernel (instantiated for 1 to 4).
+const GEMV_MAX_ROWS: usize = 4;
 
 pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let xs = cuda_of("matmul_t", x)?;
@@ -39,7 +44,24 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
         None if k == 0 => CudaStorage::zeros(dev, dtype, m * n)?,
         None => CudaStorage::alloc(dev, dtype, m * n)?,
     };
-    if k > 0 {
+    if k > 0 && dtype == DType::BF16 && m <= GEMV_MAX_ROWS && k % 8 == 0 {
+        let f = dev.function(GEMV, &format!("gemv_bf16_m{m}"))?;
+        let warps_per_block = 8;
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (n.div_ceil(warps_per_block) as u32, 1, 1),
+            block_dim: (32 * warps_per_block as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let args = [
+            xs.ptr(),
+            ws.ptr(),
+            out.ptr(),
+            int(n)?,
+            int(k)?,
+            Arg::I32(bs.is_some() as i32),
+        ];
+        dev.launch(&f, cfg, &args)?;
+    } else if k > 0 {
         let beta = if bs.is_some() { 1.0 } else { 0.0 };
         gemm(
             &out,
