@@ -170,3 +170,48 @@ fn seeded_device_sampling_is_reproducible_whatever_the_batch() {
     };
     assert_seeded_sampling_is_batch_independent(&llm);
 }
+
+/// Every fixture family through the engine in f32 with CUDA graphs on gives the oracle's greedy
+/// tokens, whether its decode steps replay graphs or (for models whose forward reads back to the
+/// host, such as mixture-of-experts routing) fall back to eager steps. Prints which it was.
+#[test]
+fn every_family_decodes_token_exact_with_graphs_on() {
+    if !ferrite_tensor::cuda::is_available() {
+        println!("SKIP: no CUDA device");
+        return;
+    }
+    let mut dirs: Vec<String> =
+        std::fs::read_dir(ferrite_models::gate::fixtures_dir().join("models"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().join("oracle.json").exists())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+    dirs.sort();
+    let mut replaying = Vec::new();
+    for name in &dirs {
+        let llm = cuda_llm(name, DType::F32).unwrap();
+        let oracle = oracle(name);
+        let outputs = llm
+            .generate(battery(name), &greedy(oracle.cases[0].output_ids.len()))
+            .unwrap();
+        for (case, out) in oracle.cases.iter().zip(&outputs) {
+            assert_eq!(
+                out.outputs[0].token_ids, case.output_ids,
+                "{name}/{}: tokens differ",
+                case.name
+            );
+        }
+        let counts = llm.client().stats().cuda_graphs;
+        println!("GRAPHS {name}: {counts:?}");
+        if counts.replayed > 0 {
+            replaying.push(name.clone());
+        }
+    }
+    println!(
+        "{} of {} families replay decode graphs: {replaying:?}",
+        replaying.len(),
+        dirs.len()
+    );
+    assert!(replaying.iter().any(|n| n == "llama") && replaying.iter().any(|n| n == "qwen3"));
+}

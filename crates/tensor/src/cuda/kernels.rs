@@ -951,32 +951,39 @@ __device__ void paged_attn_mma(const bf16_t* __restrict__ q, const bf16_t* __res
         }
     }
 
-    // Merge the warps: scale each to the block's row maximum and add up in shared memory.
+    // Merge the warps: scale each to the block's row maximum and add them up in shared memory,
+    // one warp after another so that the sum's order (and rounding) is the same on every run.
     __syncthreads();
     for (int e = threadIdx.x; e < 16 * DV; e += blockDim.x) o_s[e] = 0.f;
     if (threadIdx.x < 16) l_s[threadIdx.x] = 0.f;
     if (t == 0) { m_s[warp * 16 + g] = m_[0]; m_s[warp * 16 + g + 8] = m_[1]; }
     __syncthreads();
-    float f[2];
+    float f[2], lsum[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         float mb = -INFINITY;
         for (int w = 0; w < NWARPS; ++w) mb = fmaxf(mb, m_s[w * 16 + g + 8 * i]);
         f[i] = m_[i] == -INFINITY ? 0.f : expf(m_[i] - mb);
-        float l = l_[i];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        if (t == 0 && f[i] > 0.f) atomicAdd(&l_s[g + 8 * i], l * f[i]);
+        lsum[i] = l_[i];
+        lsum[i] += __shfl_xor_sync(0xffffffffu, lsum[i], 1);
+        lsum[i] += __shfl_xor_sync(0xffffffffu, lsum[i], 2);
     }
+    for (int w = 0; w < NWARPS; ++w) {
+        if (warp == w) {
 #pragma unroll
-    for (int j = 0; j < DV / 8; ++j) {
+            for (int i = 0; i < 2; ++i)
+                if (t == 0 && f[i] > 0.f) l_s[g + 8 * i] += lsum[i] * f[i];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            int i = e >> 1;
-            if (f[i] > 0.f) atomicAdd(&o_s[(g + 8 * i) * DV + j * 8 + t * 2 + (e & 1)], o[j][e] * f[i]);
+            for (int j = 0; j < DV / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    int i = e >> 1;
+                    if (f[i] > 0.f) o_s[(g + 8 * i) * DV + j * 8 + t * 2 + (e & 1)] += o[j][e] * f[i];
+                }
+            }
         }
+        __syncthreads();
     }
-    __syncthreads();
     for (int e = threadIdx.x; e < nqv * DV; e += blockDim.x) {
         int qv = e / DV, c = e % DV;
         int row = it.row0 + qv / it.nheads, h = it.h0 + qv % it.nheads;
