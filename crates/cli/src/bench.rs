@@ -256,6 +256,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     runtime.block_on(async {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(10)));
+        // As browsers and the OpenAI SDKs' HTTP stacks do: small request writes are not held back.
+        connector.set_nodelay(true);
         let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
         let key = args.api_key.as_deref();
         let model = match &args.model {

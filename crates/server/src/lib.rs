@@ -228,6 +228,13 @@ pub(crate) async fn serve_router<S: Served>(
     grace: Duration,
 ) -> std::io::Result<()> {
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+    // Without TCP_NODELAY the first streamed chunk after the response headers waits for the
+    // client's delayed ACK (40 ms on Linux): that was the whole TTFT of a short prompt.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %e, "cannot set TCP_NODELAY on a connection");
+        }
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
         tracing::info!(
