@@ -18,3 +18,9 @@ cargo build --release --locked --bin ferrite
 FERRITE_SMOLLM2_GGUF="$("${CARGO_TARGET_DIR:-target}/release/ferrite" default-model)"
 export FERRITE_SMOLLM2_GGUF
 cargo test --release --locked --workspace
+# Lints last, so that a test failure is reported first; skipped where clippy is not installed.
+if cargo clippy --version >/dev/null 2>&1; then
+    cargo clippy --release --locked --workspace --all-targets -- -D warnings
+else
+    echo "clippy not installed: lints skipped"
+fi

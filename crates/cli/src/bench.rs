@@ -245,11 +245,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 .with_context(|| format!("--concurrency: `{s}` is not a number"))
         })
         .collect::<Result<_>>()?;
-    if levels.iter().any(|&c| c == 0)
-        || args.runs == 0
-        || args.output_len == 0
-        || args.input_len == 0
-    {
+    if levels.contains(&0) || args.runs == 0 || args.output_len == 0 || args.input_len == 0 {
         bail!("--concurrency levels, --runs, --input-len and --output-len must be positive");
     }
     let runtime = tokio::runtime::Runtime::new()?;

@@ -114,8 +114,7 @@ mod tests {
     #[test]
     fn unknown_architecture_lists_supported_ones() {
         let err = super::constructor("GPTBananaForCausalLM")
-            .err()
-            .expect("must be rejected")
+            .expect_err("must be rejected")
             .to_string();
         assert!(
             err.contains("GPTBananaForCausalLM") && err.contains("LlamaForCausalLM"),

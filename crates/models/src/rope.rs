@@ -171,6 +171,8 @@ impl Rope {
                         let scaled = if wavelen > low_wavelen { f / factor } else { f };
                         let smooth = (old / wavelen - low) / (high - low);
                         let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
+                        // transformers' `~(wavelen < high) & ~(wavelen > low)`, NaN handling included.
+                        #[allow(clippy::neg_cmp_op_on_partial_ord)]
                         let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
                         if medium {
                             smoothed

@@ -355,7 +355,7 @@ pub fn rope(
     style: RopeStyle,
 ) -> Result<Tensor> {
     let half = cos.last_dim();
-    if x.last_dim() % head_dim != 0
+    if !x.last_dim().is_multiple_of(head_dim)
         || half * 2 > head_dim
         || cos.rows() != x.rows()
         || sin.shape() != cos.shape()
@@ -441,7 +441,7 @@ pub fn paged_attention(
         ));
     }
     if p.num_kv_heads == 0
-        || p.num_heads % p.num_kv_heads != 0
+        || !p.num_heads.is_multiple_of(p.num_kv_heads)
         || cache.num_kv_heads != p.num_kv_heads
     {
         return Err(shape_err(
@@ -489,7 +489,7 @@ pub fn grouped_matmul_t(x: &Tensor, w: &Tensor, offsets: &[usize]) -> Result<Ten
 /// combine step of a mixture-of-experts layer; with `per_row` 1 it scales rows). Returns
 /// `[rows.len() / per_row, y.last_dim()]`.
 pub fn combine_rows(y: &Tensor, rows: &[usize], weights: &[f32], per_row: usize) -> Result<Tensor> {
-    if per_row == 0 || rows.len() % per_row != 0 || weights.len() != rows.len() {
+    if per_row == 0 || !rows.len().is_multiple_of(per_row) || weights.len() != rows.len() {
         return Err(shape_err(
             "combine_rows",
             format!(

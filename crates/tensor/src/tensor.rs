@@ -128,12 +128,7 @@ impl Tensor {
 
     /// The number of rows when viewed as a matrix of `last_dim` columns.
     pub fn rows(&self) -> usize {
-        let last = self.last_dim();
-        if last == 0 {
-            0
-        } else {
-            self.numel() / last
-        }
+        self.numel().checked_div(self.last_dim()).unwrap_or(0)
     }
 
     pub fn dtype(&self) -> DType {

@@ -120,7 +120,7 @@ impl LlamaModel {
         let head_dim = cfg.head_dim.unwrap_or(h / heads);
         let act = Activation::from_hf(&cfg.hidden_act)
             .ok_or_else(|| raw.error(format!("unsupported `hidden_act` `{}`", cfg.hidden_act)))?;
-        if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             return Err(raw.error(format!(
                 "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
             )));

@@ -138,7 +138,7 @@ impl GgmlType {
     pub fn dequantize_into(self, src: &[u8], dst: &mut [f32]) -> Result<(), DequantError> {
         let kernel = self.kernel().ok_or(DequantError::Unsupported(self))?;
         let (block, bytes) = (self.block_size(), self.type_size());
-        if dst.len() % block != 0 || dst.len() / block * bytes != src.len() {
+        if !dst.len().is_multiple_of(block) || dst.len() / block * bytes != src.len() {
             return Err(DequantError::Length {
                 ty: self,
                 src: src.len(),

@@ -230,6 +230,7 @@ mod tests {
     }
 
     /// Dense causal attention over contiguous K/V, one sequence, as the oracle computes it.
+    #[allow(clippy::too_many_arguments)]
     fn dense(
         q: &[f32],
         k: &[f32],

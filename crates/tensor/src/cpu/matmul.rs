@@ -89,6 +89,7 @@ fn streaming<W: Widen>(x: &[f32], m: usize, k: usize, w: &[W], n: usize, out: &m
 }
 
 /// `out[:, j0..j0+rows] = x @ panel^T` for a row-major f32 panel `[rows, k]`.
+#[allow(clippy::too_many_arguments)]
 fn gemm_panel(
     x: &[f32],
     m: usize,

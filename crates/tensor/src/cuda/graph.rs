@@ -70,7 +70,7 @@ enum Input {
     Attention {
         params: AttentionParams,
         causal: bool,
-        cache: MetaCache,
+        cache: Box<MetaCache>,
     },
     Host {
         fill: HostFill,
@@ -209,7 +209,7 @@ impl CudaDevice {
                 rec.inputs.push(Input::Attention {
                     params: params.clone(),
                     causal,
-                    cache,
+                    cache: Box::new(cache),
                 });
                 rec.inputs.len() - 1
             }
