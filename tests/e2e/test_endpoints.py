@@ -279,3 +279,24 @@ def test_metrics_exposition(server, client):
     _, headers, text = server.request("GET", "/metrics")
     assert headers["content-type"].startswith("text/plain")
     assert "# TYPE ferrite:time_to_first_token_seconds histogram" in text.decode()
+
+
+def test_generation_config_supplies_sampling_defaults(spawn, client, tmp_path):
+    # A model creator's recommendation of greedy decoding: requests that leave temperature out
+    # decode greedily, and what a request sets still wins (vLLM's `--generation-config`).
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "top_k": 50}))
+    s = spawn("--generation-config", str(tmp_path))
+    recommended = s.client()
+    prompt = "the quick brown fox"
+    greedy = client.completions.create(model=NAME, prompt=prompt, max_tokens=24, temperature=0).choices[0].text
+    omitted = recommended.completions.create(model=NAME, prompt=prompt, max_tokens=24).choices[0].text
+    assert omitted == greedy
+    chat = [{"role": "user", "content": prompt}]
+    greedy_chat = client.chat.completions.create(model=NAME, messages=chat, max_tokens=16, temperature=0)
+    omitted_chat = recommended.chat.completions.create(model=NAME, messages=chat, max_tokens=16)
+    assert omitted_chat.choices[0].message.content == greedy_chat.choices[0].message.content
+    sampled = dict(model=NAME, prompt=prompt, max_tokens=24, temperature=1.0, seed=7)
+    assert (
+        recommended.completions.create(**sampled).choices[0].text
+        == client.completions.create(**sampled).choices[0].text
+    )

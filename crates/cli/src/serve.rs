@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use ferrite_engine::{EngineConfig, LLM};
-use ferrite_server::{AppState, ServerConfig};
+use ferrite_server::{AppState, SamplingDefaults, ServerConfig};
 use ferrite_tensor::{DType, Device};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -135,6 +135,46 @@ pub struct ServeArgs {
     /// when omitted (encoders such as BertModel are pooling models).
     #[arg(long, value_enum)]
     pub task: Option<crate::serve_pooling::TaskArg>,
+    /// Sampling defaults for the fields a request leaves out: `auto` takes the recommendations
+    /// in the model's generation_config.json (temperature, top_p, top_k, min_p,
+    /// repetition_penalty), as vLLM does; `vllm` keeps the engine's own; anything else is a
+    /// directory holding a generation_config.json.
+    #[arg(long, default_value = "auto")]
+    pub generation_config: String,
+}
+
+/// The sampling defaults `--generation-config` asks for.
+fn sampling_defaults(args: &ServeArgs) -> Result<SamplingDefaults> {
+    let dir = match args.generation_config.as_str() {
+        "vllm" => return Ok(SamplingDefaults::default()),
+        // A GGUF file carries no generation config.
+        "auto" if !args.model.is_dir() => return Ok(SamplingDefaults::default()),
+        "auto" => args.model.clone(),
+        other => PathBuf::from(other),
+    };
+    let file = dir.join("generation_config.json");
+    if !file.exists() {
+        if args.generation_config != "auto" {
+            bail!(
+                "--generation-config {}: no generation_config.json there",
+                args.generation_config
+            );
+        }
+        return Ok(SamplingDefaults::default());
+    }
+    let name = file.display().to_string();
+    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {name}"))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {name}"))?;
+    let defaults =
+        SamplingDefaults::from_generation_config(&value, &name).map_err(anyhow::Error::msg)?;
+    if !defaults.is_empty() {
+        tracing::warn!(
+            ?defaults,
+            "sampling defaults overridden by the model's generation config; --generation-config vllm keeps the engine's"
+        );
+    }
+    Ok(defaults)
 }
 
 /// Sizes like `4GiB`, `512MiB`, `2G` (binary and decimal units are both powers of 1024, as
@@ -170,6 +210,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(task) = crate::serve_pooling::pooling_task(&args)? {
         return crate::serve_pooling::run(args, task);
     }
+    // Before the (slow) model load, so that a bad --generation-config fails at once.
+    let sampling_defaults = sampling_defaults(&args)?;
     let dtype = args.dtype.dtype_on(args.device.device);
     let config = EngineConfig {
         block_size: args.block_size,
@@ -199,6 +241,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         api_key: args.api_key.clone(),
         max_num_seqs: args.max_num_seqs,
         max_queue: args.max_queue,
+        sampling_defaults,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -82,6 +82,7 @@ pub fn run(args: ServeArgs, task: Option<ServeTask>) -> Result<()> {
         api_key: args.api_key.clone(),
         max_num_seqs: args.max_num_seqs,
         max_queue: args.max_queue,
+        sampling_defaults: Default::default(),
     };
     tracing::info!(
         task = task.as_str(),

@@ -164,6 +164,7 @@ async fn run(
             prompt_logprobs: None,
         },
         state.served.vocab_bound,
+        &state.served.config.sampling_defaults,
     )?;
     let permit = Admission::acquire(&state, sampling.n)?;
     let ctx = Context {

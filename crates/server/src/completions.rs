@@ -86,6 +86,7 @@ async fn run(
             prompt_logprobs: logprobs.filter(|_| echo),
         },
         state.served.vocab_bound,
+        &state.served.config.sampling_defaults,
     )?;
     let permit = Admission::acquire(&state, prompts.len() * sampling.n)?;
     let ctx = Context {

@@ -16,6 +16,7 @@ mod generate;
 mod logprobs;
 pub mod metrics;
 mod params;
+pub use params::SamplingDefaults;
 pub mod pooling;
 pub mod protocol;
 mod sse;
@@ -57,6 +58,8 @@ pub struct ServerConfig {
     pub max_num_seqs: usize,
     /// Sequences that may wait beyond those running before new requests get 503.
     pub max_queue: usize,
+    /// Sampling values for the fields a request leaves out (the model's generation config).
+    pub sampling_defaults: SamplingDefaults,
 }
 
 /// What the generation and the pooling server share about the model they serve: the names it
@@ -426,6 +429,7 @@ mod tests {
             api_key: Some("k".into()),
             max_num_seqs: 1,
             max_queue: 0,
+            sampling_defaults: Default::default(),
         };
         let state = Arc::new(Bare {
             served: ServedModel::new(config, 128, 1000),
@@ -490,6 +494,7 @@ mod tests {
             api_key: None,
             max_num_seqs: 1,
             max_queue: 0,
+            sampling_defaults: Default::default(),
         };
         let served = ServedModel::new(config, 16, 10);
         assert_eq!(served.model_name(), "m");

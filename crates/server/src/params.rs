@@ -8,6 +8,73 @@ use ferrite_engine::{EngineError, SamplingParams};
 use crate::error::ApiError;
 use crate::protocol::SamplingFields;
 
+/// Sampling defaults a model's creator recommends in its `generation_config.json`, used for the
+/// fields a request leaves out, as vLLM does under `--generation-config auto`. Like vLLM, which
+/// reads the file through transformers' `GenerationConfig.to_diff_dict()`, a value equal to
+/// transformers' own default (temperature 1, top-p 1, top-k 50, repetition penalty 1) does not
+/// count as a recommendation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SamplingDefaults {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+}
+
+impl SamplingDefaults {
+    /// The recommendations in a parsed `generation_config.json`; `file` names it in errors.
+    pub fn from_generation_config(
+        config: &serde_json::Value,
+        file: &str,
+    ) -> Result<SamplingDefaults, String> {
+        let number = |key: &str, hf_default: Option<f64>| -> Result<Option<f64>, String> {
+            match config.get(key) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(v) => {
+                    let x = v
+                        .as_f64()
+                        .ok_or_else(|| format!("{file}: `{key}` must be a number, got {v}"))?;
+                    Ok((Some(x) != hf_default).then_some(x))
+                }
+            }
+        };
+        let top_k = number("top_k", Some(50.0))?
+            .map(|k| {
+                if k.fract() == 0.0 && k >= i32::MIN as f64 && k <= i32::MAX as f64 {
+                    Ok(k as i32)
+                } else {
+                    Err(format!("{file}: `top_k` must be an integer, got {k}"))
+                }
+            })
+            .transpose()?;
+        Ok(SamplingDefaults {
+            temperature: number("temperature", Some(1.0))?.map(|v| v as f32),
+            top_p: number("top_p", Some(1.0))?.map(|v| v as f32),
+            top_k,
+            min_p: number("min_p", None)?.map(|v| v as f32),
+            repetition_penalty: number("repetition_penalty", Some(1.0))?.map(|v| v as f32),
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == SamplingDefaults::default()
+    }
+
+    /// Engine defaults with these recommendations on top.
+    fn params(&self) -> SamplingParams {
+        let base = SamplingParams::default();
+        SamplingParams {
+            temperature: self.temperature.unwrap_or(base.temperature),
+            top_p: self.top_p.unwrap_or(base.top_p),
+            top_k: self.top_k.unwrap_or(base.top_k),
+            min_p: self.min_p.unwrap_or(base.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(base.repetition_penalty),
+            ..base
+        }
+    }
+}
+
 /// OpenAI's own cap on `n`. The engine allows vLLM's 16384, but over HTTP a request for that
 /// many choices is far more likely a mistake than a workload.
 pub const MAX_N: i64 = 128;
@@ -69,6 +136,7 @@ pub fn build(
     fields: &SamplingFields,
     requested: Requested,
     vocab_bound: usize,
+    model_defaults: &SamplingDefaults,
 ) -> Result<SamplingParams, ApiError> {
     let n = choices(fields)?;
     if let Some(best_of) = fields.best_of {
@@ -107,7 +175,7 @@ pub fn build(
             )),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let defaults = SamplingParams::default();
+    let defaults = model_defaults.params();
     let params = SamplingParams {
         n,
         temperature: fields
@@ -160,5 +228,79 @@ pub fn engine_error(e: EngineError) -> ApiError {
         EngineError::EngineStopped => ApiError::unavailable(e.to_string()),
         e if e.is_request_error() => ApiError::bad_request(e.to_string()),
         e => ApiError::internal(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn requested() -> Requested {
+        Requested {
+            max_tokens: Some(8),
+            logprobs: None,
+            prompt_logprobs: None,
+        }
+    }
+
+    #[test]
+    fn generation_config_recommendations_skip_transformers_defaults() {
+        let config = serde_json::json!({
+            "temperature": 0.6, "top_p": 0.9, "top_k": 50, "repetition_penalty": 1.0,
+            "do_sample": true, "eos_token_id": [1, 2], "max_new_tokens": 100
+        });
+        let d =
+            SamplingDefaults::from_generation_config(&config, "generation_config.json").unwrap();
+        assert_eq!(
+            d,
+            SamplingDefaults {
+                temperature: Some(0.6),
+                top_p: Some(0.9),
+                ..Default::default()
+            }
+        );
+        let none =
+            SamplingDefaults::from_generation_config(&serde_json::json!({"eos_token_id": 2}), "g")
+                .unwrap();
+        assert!(none.is_empty());
+        let k = SamplingDefaults::from_generation_config(
+            &serde_json::json!({"top_k": 20, "min_p": 0.05}),
+            "g",
+        )
+        .unwrap();
+        assert_eq!((k.top_k, k.min_p), (Some(20), Some(0.05)));
+        let err = SamplingDefaults::from_generation_config(
+            &serde_json::json!({"top_k": 2.5}),
+            "gen.json",
+        )
+        .unwrap_err();
+        assert!(err.contains("gen.json") && err.contains("top_k"), "{err}");
+        let err = SamplingDefaults::from_generation_config(
+            &serde_json::json!({"temperature": "hot"}),
+            "gen.json",
+        )
+        .unwrap_err();
+        assert!(err.contains("temperature"), "{err}");
+    }
+
+    #[test]
+    fn model_defaults_fill_only_the_fields_a_request_leaves_out() {
+        let defaults = SamplingDefaults {
+            temperature: Some(0.6),
+            top_k: Some(20),
+            ..Default::default()
+        };
+        let omitted = SamplingFields::default();
+        let p = build(&omitted, requested(), 1000, &defaults).unwrap();
+        assert_eq!((p.temperature, p.top_k, p.top_p), (0.6, 20, 1.0));
+        let explicit = SamplingFields {
+            temperature: Some(0.0),
+            top_k: Some(-1),
+            ..Default::default()
+        };
+        let p = build(&explicit, requested(), 1000, &defaults).unwrap();
+        assert_eq!((p.temperature, p.top_k), (0.0, -1));
+        let p = build(&omitted, requested(), 1000, &SamplingDefaults::default()).unwrap();
+        assert_eq!(p.temperature, SamplingParams::default().temperature);
     }
 }
