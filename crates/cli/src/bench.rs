@@ -75,10 +75,7 @@ async fn get_text(client: &HttpClient, url: &str, api_key: Option<&str>) -> Resu
     if let Some(key) = api_key {
         req = req.header("authorization", format!("Bearer {key}"));
     }
-    let resp = client
-        .request(req.body(Full::new(Bytes::new()))?)
-        .await
-        .with_context(|| format!("GET {url}"))?;
+    let resp = client.request(req.body(Full::new(Bytes::new()))?).await.with_context(|| format!("GET {url}"))?;
     let status = resp.status();
     let body = resp.into_body().collect().await?.to_bytes();
     if !status.is_success() {
@@ -101,32 +98,22 @@ fn metric_sum(text: &str, suffix: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
-async fn one_request(
-    client: &HttpClient,
-    args: &BenchArgs,
-    model: &str,
-    prompt: Vec<u32>,
-) -> Result<RequestTiming> {
+async fn one_request(client: &HttpClient, args: &BenchArgs, model: &str, prompt: Vec<u32>) -> Result<RequestTiming> {
     let body = json!({
         "model": model, "prompt": prompt, "max_tokens": args.output_len, "temperature": 0.0,
         "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true},
     });
-    let mut req = hyper::Request::post(format!("{}/v1/completions", args.base_url))
-        .header("content-type", "application/json");
+    let mut req =
+        hyper::Request::post(format!("{}/v1/completions", args.base_url)).header("content-type", "application/json");
     if let Some(key) = &args.api_key {
         req = req.header("authorization", format!("Bearer {key}"));
     }
     let start = Instant::now();
-    let resp = client
-        .request(req.body(Full::new(Bytes::from(body.to_string())))?)
-        .await?;
+    let resp = client.request(req.body(Full::new(Bytes::from(body.to_string())))?).await?;
     if !resp.status().is_success() {
         let status = resp.status();
         let text = resp.into_body().collect().await?.to_bytes();
-        bail!(
-            "completion failed: {status}: {}",
-            String::from_utf8_lossy(&text)
-        );
+        bail!("completion failed: {status}: {}", String::from_utf8_lossy(&text));
     }
     let mut body = resp.into_body();
     let mut buffer = String::new();
@@ -153,10 +140,9 @@ async fn one_request(
                 if let Some(tokens) = chunk["usage"]["completion_tokens"].as_u64() {
                     usage_tokens = Some(tokens as usize);
                 }
-                let has_text = chunk["choices"].as_array().is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c["text"].as_str().is_some_and(|t| !t.is_empty()))
-                });
+                let has_text = chunk["choices"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["text"].as_str().is_some_and(|t| !t.is_empty())));
                 if has_text {
                     let now = Instant::now();
                     match first {
@@ -187,16 +173,9 @@ async fn run_level(
     run: usize,
 ) -> Result<Value> {
     let n = args.num_prompts.unwrap_or((concurrency * 4).max(8));
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
-        args.seed ^ ((concurrency as u64) << 32) ^ run as u64,
-    );
-    let prompts: Vec<Vec<u32>> = (0..n)
-        .map(|_| {
-            (0..args.input_len)
-                .map(|_| rng.random_range(0..args.vocab_size))
-                .collect()
-        })
-        .collect();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed ^ ((concurrency as u64) << 32) ^ run as u64);
+    let prompts: Vec<Vec<u32>> =
+        (0..n).map(|_| (0..args.input_len).map(|_| rng.random_range(0..args.vocab_size)).collect()).collect();
     let queue = std::sync::Mutex::new(prompts.into_iter());
     let start = Instant::now();
     let workers = (0..concurrency).map(|_| async {
@@ -220,10 +199,7 @@ async fn run_level(
         .filter(|t| t.output_tokens > 1)
         .map(|t| (t.e2e - t.ttft) / (t.output_tokens - 1) as f64)
         .collect();
-    let mut itl: Vec<f64> = timings
-        .iter()
-        .flat_map(|t| t.itls.iter().copied())
-        .collect();
+    let mut itl: Vec<f64> = timings.iter().flat_map(|t| t.itls.iter().copied()).collect();
     Ok(json!({
         "requests": timings.len(),
         "wall_s": wall,
@@ -239,11 +215,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let levels: Vec<usize> = args
         .concurrency
         .split(',')
-        .map(|s| {
-            s.trim()
-                .parse::<usize>()
-                .with_context(|| format!("--concurrency: `{s}` is not a number"))
-        })
+        .map(|s| s.trim().parse::<usize>().with_context(|| format!("--concurrency: `{s}` is not a number")))
         .collect::<Result<_>>()?;
     if levels.contains(&0) || args.runs == 0 || args.output_len == 0 || args.input_len == 0 {
         bail!("--concurrency levels, --runs, --input-len and --output-len must be positive");
@@ -259,13 +231,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let model = match &args.model {
             Some(m) => m.clone(),
             None => {
-                let models: Value = serde_json::from_str(
-                    &get_text(&client, &format!("{}/v1/models", args.base_url), key).await?,
-                )?;
-                models["data"][0]["id"]
-                    .as_str()
-                    .context("/v1/models lists no model")?
-                    .to_owned()
+                let models: Value =
+                    serde_json::from_str(&get_text(&client, &format!("{}/v1/models", args.base_url), key).await?)?;
+                models["data"][0]["id"].as_str().context("/v1/models lists no model")?.to_owned()
             }
         };
         let metrics_url = format!("{}/metrics", args.base_url);
@@ -280,20 +248,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let hit_rate = match (before, after) {
                 (Some(b), Some(a)) => {
                     let delta = |s: &str| Some(metric_sum(&a, s)? - metric_sum(&b, s)?);
-                    match (
-                        delta("prefix_cache_hits_total"),
-                        delta("prefix_cache_queries_total"),
-                    ) {
+                    match (delta("prefix_cache_hits_total"), delta("prefix_cache_queries_total")) {
                         (Some(h), Some(q)) if q > 0.0 => Some(h / q),
                         _ => None,
                     }
                 }
                 _ => None,
             };
-            let mut by_throughput: Vec<(f64, Value)> = runs
-                .into_iter()
-                .map(|r| (r["output_tok_per_s"].as_f64().unwrap_or(0.0), r))
-                .collect();
+            let mut by_throughput: Vec<(f64, Value)> =
+                runs.into_iter().map(|r| (r["output_tok_per_s"].as_f64().unwrap_or(0.0), r)).collect();
             by_throughput.sort_by(|a, b| a.0.total_cmp(&b.0));
             let median_run = by_throughput[by_throughput.len() / 2].1.clone();
             results.push(json!({
@@ -324,7 +287,8 @@ mod tests {
 
     #[test]
     fn metric_sum_reads_labelled_samples_of_either_prefix() {
-        let text = "# HELP x\nferrite:prefix_cache_hits_total{model_name=\"m\"} 3\nvllm:prefix_cache_hits_total 2\nother 9\n";
+        let text =
+            "# HELP x\nferrite:prefix_cache_hits_total{model_name=\"m\"} 3\nvllm:prefix_cache_hits_total 2\nother 9\n";
         assert_eq!(metric_sum(text, "prefix_cache_hits_total"), Some(5.0));
         assert_eq!(metric_sum(text, "missing_total"), None);
     }

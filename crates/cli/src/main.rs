@@ -34,8 +34,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FERRITE_LOG")
-                .unwrap_or_else(|_| "warn,ferrite=info".into()),
+            tracing_subscriber::EnvFilter::try_from_env("FERRITE_LOG").unwrap_or_else(|_| "warn,ferrite=info".into()),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -20,10 +20,7 @@ pub struct MatrixArgs {
 
 pub fn run(args: MatrixArgs) -> Result<()> {
     let inventory = ferrite_matrix::load_inventory(&args.inventory).with_context(|| {
-        format!(
-            "reading {} (run from the repository root or pass --inventory)",
-            args.inventory.display()
-        )
+        format!("reading {} (run from the repository root or pass --inventory)", args.inventory.display())
     })?;
     let text = if args.markdown {
         ferrite_matrix::render_markdown(&inventory)

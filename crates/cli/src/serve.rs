@@ -70,12 +70,7 @@ pub struct DeviceArgs {
 impl DeviceArgs {
     /// The engine settings that follow from the device, on top of `config`; on a GPU the KV
     /// cache is sized from free memory unless `explicit_kv` says how large it is.
-    pub(crate) fn apply(
-        &self,
-        dtype: DType,
-        explicit_kv: bool,
-        config: EngineConfig,
-    ) -> EngineConfig {
+    pub(crate) fn apply(&self, dtype: DType, explicit_kv: bool, config: EngineConfig) -> EngineConfig {
         let on_gpu = self.device != Device::Cpu;
         EngineConfig {
             device: self.device,
@@ -155,19 +150,14 @@ fn sampling_defaults(args: &ServeArgs) -> Result<SamplingDefaults> {
     let file = dir.join("generation_config.json");
     if !file.exists() {
         if args.generation_config != "auto" {
-            bail!(
-                "--generation-config {}: no generation_config.json there",
-                args.generation_config
-            );
+            bail!("--generation-config {}: no generation_config.json there", args.generation_config);
         }
         return Ok(SamplingDefaults::default());
     }
     let name = file.display().to_string();
     let text = std::fs::read_to_string(&file).with_context(|| format!("reading {name}"))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {name}"))?;
-    let defaults =
-        SamplingDefaults::from_generation_config(&value, &name).map_err(anyhow::Error::msg)?;
+    let value: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {name}"))?;
+    let defaults = SamplingDefaults::from_generation_config(&value, &name).map_err(anyhow::Error::msg)?;
     if !defaults.is_empty() {
         tracing::warn!(
             ?defaults,
@@ -181,13 +171,9 @@ fn sampling_defaults(args: &ServeArgs) -> Result<SamplingDefaults> {
 /// vLLM's memory flags read them) or plain bytes.
 fn parse_bytes(text: &str) -> std::result::Result<usize, String> {
     let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| format!("not a size: {text:?} (try 4GiB or 536870912)"))?;
+    let number: f64 = number.parse().map_err(|_| format!("not a size: {text:?} (try 4GiB or 536870912)"))?;
     let scale = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1u64,
         "k" | "kb" | "kib" => 1 << 10,
@@ -215,26 +201,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let dtype = args.dtype.dtype_on(args.device.device);
     let config = EngineConfig {
         block_size: args.block_size,
-        kv_cache_memory: args
-            .kv_cache_memory
-            .unwrap_or(EngineConfig::default().kv_cache_memory),
+        kv_cache_memory: args.kv_cache_memory.unwrap_or(EngineConfig::default().kv_cache_memory),
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_num_seqs: args.max_num_seqs,
         max_model_len: args.max_model_len,
         enable_prefix_caching: !args.no_enable_prefix_caching,
         ..EngineConfig::default()
     };
-    let config = args
-        .device
-        .apply(dtype, args.kv_cache_memory.is_some(), config);
+    let config = args.device.apply(dtype, args.kv_cache_memory.is_some(), config);
     let model_root = args.model.display().to_string();
-    let llm =
-        LLM::new(&args.model, dtype, config).with_context(|| format!("loading {model_root}"))?;
-    let served_model_names = if args.served_model_name.is_empty() {
-        vec![model_root.clone()]
-    } else {
-        args.served_model_name.clone()
-    };
+    let llm = LLM::new(&args.model, dtype, config).with_context(|| format!("loading {model_root}"))?;
+    let served_model_names =
+        if args.served_model_name.is_empty() { vec![model_root.clone()] } else { args.served_model_name.clone() };
     let server_config = ServerConfig {
         served_model_names,
         model_root,
@@ -243,10 +221,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_queue: args.max_queue,
         sampling_defaults,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     let grace = Duration::from_secs_f64(args.shutdown_timeout);
     runtime.block_on(async {
         let addr: SocketAddr = tokio::net::lookup_host((args.host.as_str(), args.port))
@@ -254,15 +230,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("resolving --host {}", args.host))?
             .next()
             .with_context(|| format!("--host {} resolves to no address", args.host))?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr().context("reading the bound address")?;
         let state = AppState::new(llm.client(), server_config);
         tracing::info!(model = %args.model.display(), "listening on http://{local}");
-        ferrite_server::serve(listener, state, shutdown_signal(), grace)
-            .await
-            .context("serving")
+        ferrite_server::serve(listener, state, shutdown_signal(), grace).await.context("serving")
     })?;
     // Connections still open past the grace period are cut here; their engine requests abort
     // when their streams drop, before the engine itself stops with `llm`.

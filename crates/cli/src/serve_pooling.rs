@@ -56,26 +56,15 @@ pub fn run(args: ServeArgs, task: Option<ServeTask>) -> Result<()> {
         bail!("pooling models load from a checkpoint directory (config.json + safetensors), not {model_root}");
     }
     if args.device.device != ferrite_tensor::Device::Cpu {
-        bail!(
-            "pooling models run on the CPU only (--device {:?} is for generative models)",
-            args.device.device
-        );
+        bail!("pooling models run on the CPU only (--device {:?} is for generative models)", args.device.device);
     }
-    let opts = LoadOptions {
-        dtype: args.dtype.dtype(),
-        progress: true,
-        ..Default::default()
-    };
-    let model =
-        load_pooling_model(&args.model, &opts).with_context(|| format!("loading {model_root}"))?;
+    let opts = LoadOptions { dtype: args.dtype.dtype(), progress: true, ..Default::default() };
+    let model = load_pooling_model(&args.model, &opts).with_context(|| format!("loading {model_root}"))?;
     let tokenizer = Tokenizer::from_dir(Path::new(&args.model))
         .with_context(|| format!("loading the tokenizer of {model_root}"))?;
     let task = task.unwrap_or_else(|| ServeTask::infer(&model));
-    let served_model_names = if args.served_model_name.is_empty() {
-        vec![model_root.clone()]
-    } else {
-        args.served_model_name.clone()
-    };
+    let served_model_names =
+        if args.served_model_name.is_empty() { vec![model_root.clone()] } else { args.served_model_name.clone() };
     let config = ServerConfig {
         served_model_names,
         model_root,
@@ -91,19 +80,10 @@ pub fn run(args: ServeArgs, task: Option<ServeTask>) -> Result<()> {
         normalize = model.pooler.normalize,
         "serving a pooling model"
     );
-    let state = PoolingState::new(
-        model,
-        tokenizer,
-        config,
-        task,
-        args.max_model_len,
-        args.max_num_batched_tokens,
-    )
-    .map_err(anyhow::Error::msg)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let state = PoolingState::new(model, tokenizer, config, task, args.max_model_len, args.max_num_batched_tokens)
+        .map_err(anyhow::Error::msg)?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     let grace = Duration::from_secs_f64(args.shutdown_timeout);
     runtime.block_on(async {
         let addr: SocketAddr = tokio::net::lookup_host((args.host.as_str(), args.port))
@@ -111,19 +91,12 @@ pub fn run(args: ServeArgs, task: Option<ServeTask>) -> Result<()> {
             .with_context(|| format!("resolving --host {}", args.host))?
             .next()
             .with_context(|| format!("--host {} resolves to no address", args.host))?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr().context("reading the bound address")?;
         tracing::info!(model = %args.model.display(), "listening on http://{local}");
-        ferrite_server::pooling::serve_pooling(
-            listener,
-            state,
-            crate::serve::shutdown_signal(),
-            grace,
-        )
-        .await
-        .context("serving")
+        ferrite_server::pooling::serve_pooling(listener, state, crate::serve::shutdown_signal(), grace)
+            .await
+            .context("serving")
     })?;
     runtime.shutdown_timeout(Duration::from_secs(1));
     tracing::info!("server stopped");

@@ -40,12 +40,8 @@ fn parse() -> Result<Args, Box<dyn Error>> {
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--model" => args.model = value,
-            "--dtype" => {
-                args.dtype = DType::parse(&value).ok_or_else(|| format!("unknown dtype {value}"))?
-            }
-            "--concurrency" => {
-                args.concurrency = value.split(',').map(str::parse).collect::<Result<_, _>>()?
-            }
+            "--dtype" => args.dtype = DType::parse(&value).ok_or_else(|| format!("unknown dtype {value}"))?,
+            "--concurrency" => args.concurrency = value.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--prompt-len" => args.prompt_len = value.parse()?,
             "--output-len" => args.output_len = value.parse()?,
             "--prompt-vocab" => args.prompt_vocab = value.parse()?,
@@ -70,33 +66,16 @@ fn ms(d: Option<Duration>) -> serde_json::Value {
 fn main() -> Result<(), Box<dyn Error>> {
     let args = parse()?;
     let load = Instant::now();
-    let config = EngineConfig {
-        kv_cache_memory: 2 << 30,
-        ..EngineConfig::default()
-    };
+    let config = EngineConfig { kv_cache_memory: 2 << 30, ..EngineConfig::default() };
     let llm = LLM::new(&args.model, args.dtype, config)?;
     let load_s = load.elapsed().as_secs_f64();
     let client = llm.client();
     let mut rng = ChaCha20Rng::seed_from_u64(0);
-    let mut prompt = |len: usize| {
-        PromptInput::Tokens(
-            (0..len)
-                .map(|_| rng.random_range(3..args.prompt_vocab))
-                .collect(),
-        )
-    };
-    let params = SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy(args.output_len)
-    };
+    let mut prompt =
+        |len: usize| PromptInput::Tokens((0..len).map(|_| rng.random_range(3..args.prompt_vocab)).collect());
+    let params = SamplingParams { ignore_eos: true, ..SamplingParams::greedy(args.output_len) };
     // Touch every weight page once before timing.
-    llm.generate(
-        vec![prompt(8)],
-        &SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy(2)
-        },
-    )?;
+    llm.generate(vec![prompt(8)], &SamplingParams { ignore_eos: true, ..SamplingParams::greedy(2) })?;
 
     let mut levels = Vec::new();
     for &c in &args.concurrency {
@@ -106,12 +85,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         let outputs: Vec<RequestOutput> = llm.generate(prompts, &params)?;
         let elapsed = start.elapsed().as_secs_f64();
         let generated: usize = outputs.iter().map(|o| o.outputs[0].token_ids.len()).sum();
-        let tpot = median(
-            outputs
-                .iter()
-                .filter_map(|o| o.metrics.time_per_output_token())
-                .collect(),
-        );
+        let tpot = median(outputs.iter().filter_map(|o| o.metrics.time_per_output_token()).collect());
         let level = json!({
             "concurrency": c,
             "prompt_len": args.prompt_len,

@@ -69,21 +69,13 @@ impl EngineConfig {
             return Err(EngineError::Config("block_size must be at least 1".into()));
         }
         if self.max_num_batched_tokens == 0 || self.max_num_seqs == 0 {
-            return Err(EngineError::Config(
-                "max_num_batched_tokens and max_num_seqs must be at least 1".into(),
-            ));
+            return Err(EngineError::Config("max_num_batched_tokens and max_num_seqs must be at least 1".into()));
         }
         if info.kv_layers.is_empty() {
-            return Err(EngineError::Config(
-                "the model has no KV cache layers".into(),
-            ));
+            return Err(EngineError::Config("the model has no KV cache layers".into()));
         }
         let max_model_len = match self.max_model_len {
-            Some(0) => {
-                return Err(EngineError::Config(
-                    "max_model_len must be at least 1".into(),
-                ))
-            }
+            Some(0) => return Err(EngineError::Config("max_model_len must be at least 1".into())),
             Some(len) if len > info.max_position_embeddings => {
                 return Err(EngineError::Config(format!(
                     "max_model_len {len} exceeds the model's max_position_embeddings {}",
@@ -93,11 +85,7 @@ impl EngineConfig {
             Some(len) => len,
             None => info.max_position_embeddings,
         };
-        let dtype = if self.device == Device::Cpu {
-            DType::F32
-        } else {
-            self.kv_cache_dtype
-        };
+        let dtype = if self.device == Device::Cpu { DType::F32 } else { self.kv_cache_dtype };
         let bytes_per_token: usize = info
             .kv_layers
             .iter()
@@ -113,16 +101,9 @@ impl EngineConfig {
             )));
         }
         if num_blocks > u32::MAX as usize {
-            return Err(EngineError::Config(format!(
-                "{num_blocks} KV blocks exceed the u32 block id range"
-            )));
+            return Err(EngineError::Config(format!("{num_blocks} KV blocks exceed the u32 block id range")));
         }
-        let cache = CacheConfig {
-            block_size: self.block_size,
-            num_blocks,
-            dtype,
-            bytes_per_token,
-        };
+        let cache = CacheConfig { block_size: self.block_size, num_blocks, dtype, bytes_per_token };
         if cache.capacity_tokens() < max_model_len {
             tracing::warn!(
                 capacity_tokens = cache.capacity_tokens(),

@@ -32,12 +32,10 @@ pub struct Detokenizer {
 }
 
 fn decode(tokenizer: &Tokenizer, ids: &[u32], skip_special_tokens: bool) -> String {
-    tokenizer
-        .decode(ids, skip_special_tokens)
-        .unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "cannot decode generated tokens; emitting no text for them");
-            String::new()
-        })
+    tokenizer.decode(ids, skip_special_tokens).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot decode generated tokens; emitting no text for them");
+        String::new()
+    })
 }
 
 impl Detokenizer {
@@ -57,13 +55,7 @@ impl Detokenizer {
         let stop_buffer_chars = if params.include_stop_str_in_output {
             0
         } else {
-            params
-                .stop
-                .iter()
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(1)
-                .saturating_sub(1)
+            params.stop.iter().map(|s| s.chars().count()).max().unwrap_or(1).saturating_sub(1)
         };
         Detokenizer {
             ids: context.to_vec(),
@@ -86,20 +78,9 @@ impl Detokenizer {
 
     fn decode_next(&mut self, tokenizer: &Tokenizer, id: u32) -> String {
         self.ids.push(id);
-        let prefix = decode(
-            tokenizer,
-            &self.ids[self.prefix_offset..self.read_offset],
-            self.skip_special_tokens,
-        );
-        let full = decode(
-            tokenizer,
-            &self.ids[self.prefix_offset..],
-            self.skip_special_tokens,
-        );
-        if full.len() > prefix.len()
-            && !full.ends_with('\u{FFFD}')
-            && full.is_char_boundary(prefix.len())
-        {
+        let prefix = decode(tokenizer, &self.ids[self.prefix_offset..self.read_offset], self.skip_special_tokens);
+        let full = decode(tokenizer, &self.ids[self.prefix_offset..], self.skip_special_tokens);
+        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.is_char_boundary(prefix.len()) {
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
             full[prefix.len()..].to_string()
@@ -111,12 +92,7 @@ impl Detokenizer {
     /// Adds one step's tokens. `stop_terminated`: the last one is an EOS / stop token, whose
     /// text is left out unless `include_stop_str_in_output`. Returns the stop string that
     /// matched, the text then cut at its start (or after its end when it is to be included).
-    pub fn update(
-        &mut self,
-        tokenizer: &Tokenizer,
-        new_ids: &[u32],
-        stop_terminated: bool,
-    ) -> Option<String> {
+    pub fn update(&mut self, tokenizer: &Tokenizer, new_ids: &[u32], stop_terminated: bool) -> Option<String> {
         let decoded = if stop_terminated && !self.include_stop_str_in_output {
             &new_ids[..new_ids.len().saturating_sub(1)]
         } else {
@@ -137,12 +113,8 @@ impl Detokenizer {
             return None;
         }
         let new_bytes = self.output_text.len() - stop_check_offset;
-        let (stop, truncate_to) = check_stop_strings(
-            &self.output_text,
-            new_bytes,
-            &self.stop,
-            self.include_stop_str_in_output,
-        )?;
+        let (stop, truncate_to) =
+            check_stop_strings(&self.output_text, new_bytes, &self.stop, self.include_stop_str_in_output)?;
         if let Some(len) = truncate_to {
             self.output_text.truncate(len);
         }
@@ -156,11 +128,7 @@ impl Detokenizer {
         let end = if hold == 0 {
             self.output_text.len()
         } else {
-            self.output_text
-                .char_indices()
-                .rev()
-                .nth(hold - 1)
-                .map_or(0, |(i, _)| i)
+            self.output_text.char_indices().rev().nth(hold - 1).map_or(0, |(i, _)| i)
         };
         if end <= self.streamed_bytes {
             return String::new();
@@ -208,25 +176,13 @@ mod tests {
     fn stop_strings_are_found_across_the_boundary_of_new_text() {
         let stops = vec!["lo w".to_string(), "xyz".to_string()];
         // "hel" was there before, "lo world" is new: the match starts in old text.
-        assert_eq!(
-            check_stop_strings("hello world", 8, &stops, false),
-            Some(("lo w".into(), Some(3)))
-        );
-        assert_eq!(
-            check_stop_strings("hello world", 8, &stops, true),
-            Some(("lo w".into(), Some(7)))
-        );
+        assert_eq!(check_stop_strings("hello world", 8, &stops, false), Some(("lo w".into(), Some(3))));
+        assert_eq!(check_stop_strings("hello world", 8, &stops, true), Some(("lo w".into(), Some(7))));
         // A match entirely inside already-checked text is not found again.
         assert_eq!(check_stop_strings("hello world!", 1, &stops, false), None);
         // Multi-byte text: the search window is widened to a character boundary.
         let s = vec!["é!".to_string()];
-        assert_eq!(
-            check_stop_strings("café!", 1, &s, false),
-            Some(("é!".into(), Some(3)))
-        );
-        assert_eq!(
-            check_stop_strings("café!", 1, &s, true),
-            Some(("é!".into(), None))
-        );
+        assert_eq!(check_stop_strings("café!", 1, &s, false), Some(("é!".into(), Some(3))));
+        assert_eq!(check_stop_strings("café!", 1, &s, true), Some(("é!".into(), None)));
     }
 }

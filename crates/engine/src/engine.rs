@@ -23,9 +23,7 @@ use crate::core::scheduler::{EngineCoreOutput, SchedulerConfig};
 use crate::core::{ReqId, Request, Scheduler};
 use crate::detokenizer::Detokenizer;
 use crate::error::{EngineError, Result};
-use crate::output::{
-    CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob,
-};
+use crate::output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
 use crate::params::{RequestSampling, SamplingParams};
 use crate::runner::ModelRunner;
 
@@ -98,11 +96,7 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(
-        model: Box<dyn CausalLM>,
-        tokenizer: Arc<Tokenizer>,
-        config: EngineConfig,
-    ) -> Result<Engine> {
+    pub fn new(model: Box<dyn CausalLM>, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine> {
         let info = model.info().clone();
         let (_, max_model_len) = config.resolve(&info)?;
         let config = EngineConfig {
@@ -130,17 +124,10 @@ impl Engine {
             .eos_token()
             .and_then(|t| tokenizer.token_to_id(t))
             .or_else(|| tokenizer.eos_token_ids().first().copied());
-        let extra_eos_token_ids = tokenizer
-            .eos_token_ids()
-            .iter()
-            .copied()
-            .filter(|&id| Some(id) != eos_token_id)
-            .collect();
+        let extra_eos_token_ids =
+            tokenizer.eos_token_ids().iter().copied().filter(|&id| Some(id) != eos_token_id).collect();
         let (tx, rx) = mpsc::channel();
-        let stats = Arc::new(Mutex::new(EngineStats {
-            kv_blocks_total: cache.num_blocks,
-            ..Default::default()
-        }));
+        let stats = Arc::new(Mutex::new(EngineStats { kv_blocks_total: cache.num_blocks, ..Default::default() }));
         let core = EngineCore {
             scheduler: Scheduler::new(sched_config),
             sched_config,
@@ -166,12 +153,7 @@ impl Engine {
             eos_token_id,
             extra_eos_token_ids,
         };
-        Ok(Engine {
-            client: EngineClient {
-                shared: Arc::new(shared),
-            },
-            thread: Some(thread),
-        })
+        Ok(Engine { client: EngineClient { shared: Arc::new(shared) }, thread: Some(thread) })
     }
 
     pub fn client(&self) -> EngineClient {
@@ -211,9 +193,7 @@ impl EngineClient {
             return Err(EngineError::InvalidPrompt("the prompt is empty".into()));
         }
         if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(EngineError::InvalidPrompt(format!(
-                "token id {bad} is out of vocabulary (size {vocab})"
-            )));
+            return Err(EngineError::InvalidPrompt(format!("token id {bad} is out of vocabulary (size {vocab})")));
         }
         if let Some(bad) = params.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
             return Err(EngineError::invalid(
@@ -223,18 +203,11 @@ impl EngineClient {
         }
         let max_model_len = s.max_model_len;
         if prompt.len() >= max_model_len {
-            return Err(EngineError::PromptTooLong {
-                prompt_tokens: prompt.len(),
-                max_model_len,
-            });
+            return Err(EngineError::PromptTooLong { prompt_tokens: prompt.len(), max_model_len });
         }
         let max_tokens = params.max_tokens.unwrap_or(max_model_len - prompt.len());
         if prompt.len() + max_tokens > max_model_len {
-            return Err(EngineError::ContextLengthExceeded {
-                prompt_tokens: prompt.len(),
-                max_tokens,
-                max_model_len,
-            });
+            return Err(EngineError::ContextLengthExceeded { prompt_tokens: prompt.len(), max_tokens, max_model_len });
         }
         // The last sampled token is never fed back, so it needs no slot.
         let needed_tokens = prompt.len() + max_tokens - 1;
@@ -250,39 +223,20 @@ impl EngineClient {
         let params = params.normalized();
         let mut stop_token_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
-            stop_token_ids.extend(
-                s.extra_eos_token_ids
-                    .iter()
-                    .filter(|id| !params.stop_token_ids.contains(id)),
-            );
+            stop_token_ids.extend(s.extra_eos_token_ids.iter().filter(|id| !params.stop_token_ids.contains(id)));
         }
-        let mut min_tokens_mask: Vec<u32> = s
-            .eos_token_id
-            .into_iter()
-            .chain(s.extra_eos_token_ids.iter().copied())
-            .collect();
-        min_tokens_mask.extend(
-            params
-                .stop_token_ids
-                .iter()
-                .filter(|id| !min_tokens_mask.contains(id))
-                .collect::<Vec<_>>(),
-        );
+        let mut min_tokens_mask: Vec<u32> =
+            s.eos_token_id.into_iter().chain(s.extra_eos_token_ids.iter().copied()).collect();
+        min_tokens_mask
+            .extend(params.stop_token_ids.iter().filter(|id| !min_tokens_mask.contains(id)).collect::<Vec<_>>());
         // vLLM gives sequence i of a seeded request the seed `seed + i`.
         let base_seed = params.seed.unwrap_or_else(|| rand::rng().random());
         let children = (0..params.n)
             .map(|i| {
                 Arc::new(RequestSampling {
-                    params: SamplingParams {
-                        n: 1,
-                        ..params.clone()
-                    },
+                    params: SamplingParams { n: 1, ..params.clone() },
                     max_tokens,
-                    eos_token_id: if params.ignore_eos {
-                        None
-                    } else {
-                        s.eos_token_id
-                    },
+                    eos_token_id: if params.ignore_eos { None } else { s.eos_token_id },
                     stop_token_ids: stop_token_ids.clone(),
                     min_tokens_mask: min_tokens_mask.clone(),
                     seed: base_seed.wrapping_add(i as u64),
@@ -300,32 +254,17 @@ impl EngineClient {
             sender,
             arrival,
         };
-        s.commands
-            .send(Command::Add(Box::new(request)))
-            .map_err(|_| EngineError::EngineStopped)?;
-        Ok(RequestStream {
-            request_id,
-            parent,
-            receiver,
-            commands: s.commands.clone(),
-            finished: false,
-        })
+        s.commands.send(Command::Add(Box::new(request))).map_err(|_| EngineError::EngineStopped)?;
+        Ok(RequestStream { request_id, parent, receiver, commands: s.commands.clone(), finished: false })
     }
 
     /// Aborts every in-flight request with this id; they finish with `FinishReason::Abort`.
     pub fn abort(&self, request_id: &str) {
-        let _ = self
-            .shared
-            .commands
-            .send(Command::AbortById(request_id.to_string()));
+        let _ = self.shared.commands.send(Command::AbortById(request_id.to_string()));
     }
 
     pub fn stats(&self) -> EngineStats {
-        *self
-            .shared
-            .stats
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        *self.shared.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn tokenizer(&self) -> Arc<Tokenizer> {
@@ -484,11 +423,7 @@ impl OutputProcessor {
     }
 
     fn mark_scheduled(&mut self, req: ReqId, now: Instant) {
-        if let Some(p) = self
-            .children
-            .get(&req)
-            .and_then(|(p, _)| self.parents.get_mut(p))
-        {
+        if let Some(p) = self.children.get(&req).and_then(|(p, _)| self.parents.get_mut(p)) {
             p.metrics.first_scheduled_time.get_or_insert(now);
         }
     }
@@ -510,8 +445,7 @@ impl OutputProcessor {
             };
             if index == 0 {
                 parent.num_cached_tokens = o.num_cached_tokens;
-                if let (Some(acc), Some(lps)) = (&mut parent.prompt_logprobs, o.new_prompt_logprobs)
-                {
+                if let (Some(acc), Some(lps)) = (&mut parent.prompt_logprobs, o.new_prompt_logprobs) {
                     acc.extend(lps.into_iter().map(Some));
                 }
             }
@@ -533,11 +467,7 @@ impl OutputProcessor {
             let stop_terminated = o.finish_reason == Some(FinishReason::Stop);
             let mut finish_reason = o.finish_reason;
             let mut stop_reason = o.stop_reason;
-            if let Some(stop) =
-                child
-                    .detokenizer
-                    .update(&self.tokenizer, &o.new_token_ids, stop_terminated)
-            {
+            if let Some(stop) = child.detokenizer.update(&self.tokenizer, &o.new_token_ids, stop_terminated) {
                 if finish_reason.is_none() {
                     stopped.push(child.req_id);
                 }
@@ -546,9 +476,7 @@ impl OutputProcessor {
             }
             child.finished = finish_reason.is_some();
             let text = child.detokenizer.next_delta(child.finished);
-            let logprobs = parent
-                .want_logprobs
-                .then(|| o.new_logprobs.into_iter().collect());
+            let logprobs = parent.want_logprobs.then(|| o.new_logprobs.into_iter().collect());
             if !deltas.contains_key(&pid) {
                 order.push(pid);
             }
@@ -579,13 +507,7 @@ impl OutputProcessor {
             }
             let finished = out.finished;
             if parent.sender.send(out).is_err() {
-                disconnected.extend(
-                    parent
-                        .children
-                        .iter()
-                        .filter(|c| !c.finished)
-                        .map(|c| c.req_id),
-                );
+                disconnected.extend(parent.children.iter().filter(|c| !c.finished).map(|c| c.req_id));
                 self.remove(pid);
             } else if finished {
                 self.remove(pid);
@@ -604,11 +526,7 @@ impl OutputProcessor {
     }
 
     fn parents_with_id(&self, request_id: &str) -> Vec<u64> {
-        self.parents
-            .iter()
-            .filter(|(_, p)| p.request_id == request_id)
-            .map(|(&id, _)| id)
-            .collect()
+        self.parents.iter().filter(|(_, p)| p.request_id == request_id).map(|(&id, _)| id).collect()
     }
 
     fn parent_of(&self, req: ReqId) -> Option<u64> {
@@ -624,12 +542,7 @@ impl OutputProcessor {
         let now = Instant::now();
         let mut open = Vec::new();
         let mut outs = Vec::new();
-        for (index, c) in parent
-            .children
-            .iter_mut()
-            .enumerate()
-            .filter(|(_, c)| !c.finished)
-        {
+        for (index, c) in parent.children.iter_mut().enumerate().filter(|(_, c)| !c.finished) {
             c.finished = true;
             open.push(c.req_id);
             outs.push(CompletionOutput {
@@ -712,14 +625,11 @@ impl EngineCore {
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
             Command::Add(req) => {
-                let ids: Vec<ReqId> = (0..req.children.len() as u64)
-                    .map(|i| self.next_req + i)
-                    .collect();
+                let ids: Vec<ReqId> = (0..req.children.len() as u64).map(|i| self.next_req + i).collect();
                 self.next_req += ids.len() as u64;
                 self.processor.add(&req, &ids);
                 for (&id, sampling) in ids.iter().zip(&req.children) {
-                    self.scheduler
-                        .add_request(Request::new(id, &req.prompt, sampling.clone()));
+                    self.scheduler.add_request(Request::new(id, &req.prompt, sampling.clone()));
                 }
             }
             Command::Abort(pid) => self.abort(pid),
@@ -751,8 +661,7 @@ impl EngineCore {
             self.processor.mark_scheduled(new.req_id, now);
         }
         let result = {
-            let _s = tracing::debug_span!("execute_model", tokens = so.total_num_scheduled_tokens)
-                .entered();
+            let _s = tracing::debug_span!("execute_model", tokens = so.total_num_scheduled_tokens).entered();
             self.runner.execute_model(&so)
         };
         if so.total_num_scheduled_tokens == 0 {
@@ -760,10 +669,7 @@ impl EngineCore {
             // work waiting is a bookkeeping fault: fail what waits rather than spin.
             let waiting = self.scheduler.unfinished_request_ids();
             tracing::error!(requests = waiting.len(), "nothing could be scheduled");
-            self.fail(
-                &waiting,
-                "the scheduler could not fit the request in the KV cache".into(),
-            );
+            self.fail(&waiting, "the scheduler could not fit the request in the KV cache".into());
             return;
         }
         match result {
@@ -771,8 +677,7 @@ impl EngineCore {
                 let outputs = self.scheduler.update_from_output(&so, out);
                 let (stopped, disconnected) = self.processor.process(outputs);
                 self.scheduler.finish_requests(&stopped, FinishReason::Stop);
-                self.scheduler
-                    .finish_requests(&disconnected, FinishReason::Abort);
+                self.scheduler.finish_requests(&disconnected, FinishReason::Abort);
             }
             Err(e) => {
                 tracing::error!(error = %e, "model step failed");
@@ -785,16 +690,11 @@ impl EngineCore {
 
     /// Fails the requests these sequences belong to (all their sequences).
     fn fail(&mut self, seqs: &[ReqId], message: String) {
-        let mut parents: Vec<u64> = seqs
-            .iter()
-            .filter_map(|&id| self.processor.parent_of(id))
-            .collect();
+        let mut parents: Vec<u64> = seqs.iter().filter_map(|&id| self.processor.parent_of(id)).collect();
         parents.sort_unstable();
         parents.dedup();
         for pid in parents {
-            let open = self
-                .processor
-                .terminate(pid, FinishReason::Error, Some(message.clone()));
+            let open = self.processor.terminate(pid, FinishReason::Error, Some(message.clone()));
             self.scheduler.finish_requests(&open, FinishReason::Error);
         }
     }
@@ -803,8 +703,7 @@ impl EngineCore {
     fn recover(&mut self, message: String) {
         tracing::error!(%message, "recovering the engine");
         for pid in self.processor.all_parents() {
-            self.processor
-                .terminate(pid, FinishReason::Error, Some(message.clone()));
+            self.processor.terminate(pid, FinishReason::Error, Some(message.clone()));
         }
         self.scheduler = Scheduler::new(self.sched_config);
         self.runner.reset();
@@ -826,9 +725,6 @@ impl EngineCore {
             finished_requests: self.processor.finished_requests,
             cuda_graphs: self.runner.graph_counts(),
         };
-        *self
-            .stats
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = stats;
+        *self.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = stats;
     }
 }

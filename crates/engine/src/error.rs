@@ -7,10 +7,7 @@ use ferrite_tokenizer::TokenizerError;
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("invalid `{param}`: {message}")]
-    InvalidParameter {
-        param: &'static str,
-        message: String,
-    },
+    InvalidParameter { param: &'static str, message: String },
     #[error("invalid prompt: {0}")]
     InvalidPrompt(String),
     #[error(
@@ -19,26 +16,14 @@ pub enum EngineError {
          prompt or completion.",
         prompt_tokens + max_tokens
     )]
-    ContextLengthExceeded {
-        prompt_tokens: usize,
-        max_tokens: usize,
-        max_model_len: usize,
-    },
+    ContextLengthExceeded { prompt_tokens: usize, max_tokens: usize, max_model_len: usize },
     #[error("The prompt (length {prompt_tokens}) is longer than the maximum model length of {max_model_len}.")]
-    PromptTooLong {
-        prompt_tokens: usize,
-        max_model_len: usize,
-    },
+    PromptTooLong { prompt_tokens: usize, max_model_len: usize },
     #[error(
         "the request needs {needed_tokens} KV cache slots ({prompt_tokens} prompt + {max_tokens} completion \
          tokens) but the whole cache holds {capacity_tokens}; lower max_tokens or raise kv_cache_memory"
     )]
-    CacheTooSmall {
-        prompt_tokens: usize,
-        max_tokens: usize,
-        needed_tokens: usize,
-        capacity_tokens: usize,
-    },
+    CacheTooSmall { prompt_tokens: usize, max_tokens: usize, needed_tokens: usize, capacity_tokens: usize },
     #[error("engine configuration: {0}")]
     Config(String),
     /// A broken invariant between the engine's parts or with the model; fails the step's requests.
@@ -68,10 +53,7 @@ impl EngineError {
     }
 
     pub(crate) fn invalid(param: &'static str, message: impl Into<String>) -> EngineError {
-        EngineError::InvalidParameter {
-            param,
-            message: message.into(),
-        }
+        EngineError::InvalidParameter { param, message: message.into() }
     }
 }
 

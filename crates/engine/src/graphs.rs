@@ -33,19 +33,11 @@ pub(crate) struct PaddedStep {
 
 /// The padded form of a step that is pure decode (one new token per sequence, each sampled) and
 /// fits the largest capture size; `None` for any other step.
-pub(crate) fn pad_decode(
-    tokens: &[u32],
-    meta: &AttnMetadata,
-    logit_rows: &[usize],
-) -> Result<Option<PaddedStep>> {
+pub(crate) fn pad_decode(tokens: &[u32], meta: &AttnMetadata, logit_rows: &[usize]) -> Result<Option<PaddedStep>> {
     let batch = meta.seqs.len();
     let pure_decode = batch > 0
         && tokens.len() == batch
-        && meta
-            .seqs
-            .iter()
-            .enumerate()
-            .all(|(i, s)| s.q_len == 1 && s.q_start == i)
+        && meta.seqs.iter().enumerate().all(|(i, s)| s.q_len == 1 && s.q_start == i)
         && logit_rows.iter().copied().eq(0..batch);
     let Some(&padded) = CAPTURE_SIZES.iter().find(|&&size| size >= batch) else {
         return Ok(None);
@@ -53,26 +45,15 @@ pub(crate) fn pad_decode(
     if !pure_decode {
         return Ok(None);
     }
-    let longest = meta
-        .seqs
-        .iter()
-        .map(|s| s.block_table.len())
-        .max()
-        .unwrap_or(0);
+    let longest = meta.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(0);
     let blocks = longest.next_power_of_two().max(MIN_TABLE_BLOCKS);
     let widen = |table: &[u32]| {
         let mut t = table.to_vec();
         t.resize(blocks, 0);
         t
     };
-    let mut seqs: Vec<AttnSeq> = meta
-        .seqs
-        .iter()
-        .map(|s| AttnSeq {
-            block_table: widen(&s.block_table),
-            ..s.clone()
-        })
-        .collect();
+    let mut seqs: Vec<AttnSeq> =
+        meta.seqs.iter().map(|s| AttnSeq { block_table: widen(&s.block_table), ..s.clone() }).collect();
     seqs.extend((batch..padded).map(|row| AttnSeq {
         q_start: row,
         q_len: 1,
@@ -118,12 +99,7 @@ impl DecodeGraphs {
             return Ok(None);
         }
         let device = ferrite_tensor::cuda::device(ordinal)?;
-        Ok(Some(DecodeGraphs {
-            device,
-            graphs: HashMap::new(),
-            disabled: false,
-            counts: GraphCounts::default(),
-        }))
+        Ok(Some(DecodeGraphs { device, graphs: HashMap::new(), disabled: false, counts: GraphCounts::default() }))
     }
 
     /// The logits of `step` from its graph (captured on first use), with one row per padded
@@ -142,22 +118,12 @@ impl DecodeGraphs {
         let Some(step) = pad_decode(tokens, meta, logit_rows)? else {
             return Ok(None);
         };
-        let input = StepInput {
-            tokens: &step.tokens,
-            meta: &step.meta,
-            logit_rows: &step.logit_rows,
-        };
+        let input = StepInput { tokens: &step.tokens, meta: &step.meta, logit_rows: &step.logit_rows };
         if !self.graphs.contains_key(&step.shape) {
-            let _span =
-                tracing::debug_span!("capture", batch = step.shape.0, blocks = step.shape.1)
-                    .entered();
+            let _span = tracing::debug_span!("capture", batch = step.shape.0, blocks = step.shape.1).entered();
             let forward = || {
                 model.forward(
-                    &ForwardInput {
-                        tokens: input.tokens,
-                        meta: input.meta,
-                        logit_rows: input.logit_rows,
-                    },
+                    &ForwardInput { tokens: input.tokens, meta: input.meta, logit_rows: input.logit_rows },
                     kv_caches,
                 )
             };
@@ -194,12 +160,7 @@ mod tests {
                 let n = ctx.div_ceil(block_size) as u32;
                 let table = (next_block..next_block + n).collect();
                 next_block += n;
-                AttnSeq {
-                    q_start: i,
-                    q_len: 1,
-                    ctx_len: ctx,
-                    block_table: table,
-                }
+                AttnSeq { q_start: i, q_len: 1, ctx_len: ctx, block_table: table }
             })
             .collect();
         AttnMetadata::new(seqs, block_size).unwrap()
@@ -215,10 +176,7 @@ mod tests {
         assert_eq!(&step.meta.slot_mapping[..3], &meta.slot_mapping[..]);
         assert_eq!(step.meta.slot_mapping[3], PAD_SLOT);
         assert!(step.meta.seqs.iter().all(|s| s.block_table.len() == 16));
-        assert_eq!(
-            &step.meta.seqs[1].block_table[..3],
-            &meta.seqs[1].block_table[..]
-        );
+        assert_eq!(&step.meta.seqs[1].block_table[..3], &meta.seqs[1].block_table[..]);
         assert_eq!(step.meta.seqs[3].ctx_len, 1);
         for &(batch, padded) in &[(1, 1), (2, 2), (5, 8), (33, 64), (200, 256)] {
             let meta = decode_meta(&vec![3; batch], 16);
@@ -239,24 +197,11 @@ mod tests {
     fn only_pure_decode_steps_fit_a_graph() {
         let too_many = decode_meta(&vec![2; 257], 16);
         let rows: Vec<usize> = (0..257).collect();
-        assert!(pad_decode(&vec![1; 257], &too_many, &rows)
-            .unwrap()
-            .is_none());
-        let prefill = AttnMetadata::new(
-            vec![AttnSeq {
-                q_start: 0,
-                q_len: 3,
-                ctx_len: 3,
-                block_table: vec![0],
-            }],
-            16,
-        )
-        .unwrap();
+        assert!(pad_decode(&vec![1; 257], &too_many, &rows).unwrap().is_none());
+        let prefill =
+            AttnMetadata::new(vec![AttnSeq { q_start: 0, q_len: 3, ctx_len: 3, block_table: vec![0] }], 16).unwrap();
         assert!(pad_decode(&[1, 2, 3], &prefill, &[2]).unwrap().is_none());
         let meta = decode_meta(&[4, 4], 16);
-        assert!(
-            pad_decode(&[1, 2], &meta, &[1]).unwrap().is_none(),
-            "a row without logits"
-        );
+        assert!(pad_decode(&[1, 2], &meta, &[1]).unwrap().is_none(), "a row without logits");
     }
 }

@@ -22,7 +22,5 @@ pub use engine::{Engine, EngineClient, EngineStats, PromptInput, RequestStream};
 pub use error::{EngineError, Result};
 pub use graphs::GraphCounts;
 pub use llm::LLM;
-pub use output::{
-    CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob,
-};
+pub use output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
 pub use params::SamplingParams;

@@ -22,18 +22,9 @@ impl LLM {
     /// (which carries its own tokenizer) and starts an engine on it.
     pub fn new(model_path: impl AsRef<Path>, dtype: DType, config: EngineConfig) -> Result<LLM> {
         let path = model_path.as_ref();
-        let loaded = load_model(
-            path,
-            &LoadOptions {
-                dtype,
-                device: config.device,
-                progress: true,
-            },
-        )?;
+        let loaded = load_model(path, &LoadOptions { dtype, device: config.device, progress: true })?;
         let tokenizer = match &loaded.gguf_tokenizer {
-            Some((json, tokenizer_config)) => {
-                Tokenizer::from_parts(json, tokenizer_config, None, None)?
-            }
+            Some((json, tokenizer_config)) => Tokenizer::from_parts(json, tokenizer_config, None, None)?,
             None => Tokenizer::from_dir(path)?,
         };
         let engine = Engine::new(loaded.model, Arc::new(tokenizer), config)?;
@@ -55,11 +46,7 @@ impl LLM {
     /// Runs every prompt (all submitted at once, batched by the scheduler) and returns their
     /// final, cumulative outputs in prompt order; a request the engine failed fails the call.
     /// Must not be called from an async runtime.
-    pub fn generate(
-        &self,
-        prompts: Vec<PromptInput>,
-        params: &SamplingParams,
-    ) -> Result<Vec<RequestOutput>> {
+    pub fn generate(&self, prompts: Vec<PromptInput>, params: &SamplingParams) -> Result<Vec<RequestOutput>> {
         let client = self.engine.client();
         let mut streams = Vec::with_capacity(prompts.len());
         for (i, prompt) in prompts.into_iter().enumerate() {
@@ -75,14 +62,11 @@ impl LLM {
                         None => acc = Some(delta),
                     }
                 }
-                let out = acc
-                    .filter(|a| a.finished)
-                    .ok_or(EngineError::EngineStopped)?;
+                let out = acc.filter(|a| a.finished).ok_or(EngineError::EngineStopped)?;
                 match &out.error {
-                    Some(message) => Err(EngineError::Internal(format!(
-                        "request {} failed: {message}",
-                        out.request_id
-                    ))),
+                    Some(message) => {
+                        Err(EngineError::Internal(format!("request {} failed: {message}", out.request_id)))
+                    }
                     None => Ok(out),
                 }
             })

@@ -11,18 +11,12 @@ use crate::error::{EngineError, Result};
 
 /// Bytes for the KV cache of `model`: `config.kv_cache_memory`, unless the model is on a GPU and
 /// `config.gpu_memory_utilization` is set.
-pub fn kv_budget(
-    model: &dyn CausalLM,
-    config: &EngineConfig,
-    max_model_len: usize,
-) -> Result<usize> {
+pub fn kv_budget(model: &dyn CausalLM, config: &EngineConfig, max_model_len: usize) -> Result<usize> {
     let (Device::Cuda(ordinal), Some(util)) = (config.device, config.gpu_memory_utilization) else {
         return Ok(config.kv_cache_memory);
     };
     if !(util > 0.0 && util <= 1.0) {
-        return Err(EngineError::Config(format!(
-            "gpu_memory_utilization must be in (0, 1], got {util}"
-        )));
+        return Err(EngineError::Config(format!("gpu_memory_utilization must be in (0, 1], got {util}")));
     }
     let dev = ferrite_tensor::cuda::device(ordinal)?;
     let tokens = config.max_num_batched_tokens.min(max_model_len).max(1);
@@ -45,23 +39,11 @@ pub fn kv_budget(
             )
         })
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let seq = AttnSeq {
-        q_start: 0,
-        q_len: tokens,
-        ctx_len: tokens,
-        block_table: (0..blocks as u32).collect(),
-    };
+    let seq = AttnSeq { q_start: 0, q_len: tokens, ctx_len: tokens, block_table: (0..blocks as u32).collect() };
     let meta = AttnMetadata::new(vec![seq], block_size)?;
     let ids = vec![0u32; tokens];
     let logit_rows: Vec<usize> = (tokens - rows..tokens).collect();
-    let logits = model.forward(
-        &ForwardInput {
-            tokens: &ids,
-            meta: &meta,
-            logit_rows: &logit_rows,
-        },
-        &mut scratch,
-    )?;
+    let logits = model.forward(&ForwardInput { tokens: &ids, meta: &meta, logit_rows: &logit_rows }, &mut scratch)?;
     drop(logits);
     drop(scratch);
     dev.synchronize()?;

@@ -105,10 +105,7 @@ impl RequestMetrics {
     /// Mean time per output token after the first (vLLM's TPOT).
     pub fn time_per_output_token(&self) -> Option<Duration> {
         let decode = self.last_token_time?.duration_since(self.first_token_time?);
-        let steps = self
-            .num_generation_tokens
-            .checked_sub(1)
-            .filter(|&s| s > 0)?;
+        let steps = self.num_generation_tokens.checked_sub(1).filter(|&s| s > 0)?;
         Some(decode / steps as u32)
     }
 }

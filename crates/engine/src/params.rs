@@ -77,21 +77,14 @@ fn finite(param: &'static str, v: f32) -> Result<()> {
     if v.is_finite() {
         Ok(())
     } else {
-        Err(EngineError::invalid(
-            param,
-            format!("must be a finite number, got {v}"),
-        ))
+        Err(EngineError::invalid(param, format!("must be a finite number, got {v}")))
     }
 }
 
 impl SamplingParams {
     /// Greedy decoding with the given completion length (the parity gate's setting).
     pub fn greedy(max_tokens: usize) -> SamplingParams {
-        SamplingParams {
-            temperature: 0.0,
-            max_tokens: Some(max_tokens),
-            ..Default::default()
-        }
+        SamplingParams { temperature: 0.0, max_tokens: Some(max_tokens), ..Default::default() }
     }
 
     pub fn is_greedy(&self) -> bool {
@@ -101,10 +94,7 @@ impl SamplingParams {
     /// The checks of vLLM's `SamplingParams._verify_args`, with its messages.
     pub fn validate(&self) -> Result<()> {
         if self.n == 0 || self.n > MAX_N {
-            return Err(EngineError::invalid(
-                "n",
-                format!("must be in [1, {MAX_N}], got {}", self.n),
-            ));
+            return Err(EngineError::invalid("n", format!("must be in [1, {MAX_N}], got {}", self.n)));
         }
         for (param, v) in [
             ("temperature", self.temperature),
@@ -135,16 +125,10 @@ impl SamplingParams {
             ));
         }
         if !(0.0..=2.0).contains(&self.temperature) {
-            return Err(EngineError::invalid(
-                "temperature",
-                format!("must be in [0, 2], got {}", self.temperature),
-            ));
+            return Err(EngineError::invalid("temperature", format!("must be in [0, 2], got {}", self.temperature)));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(EngineError::invalid(
-                "top_p",
-                format!("must be in (0, 1], got {}", self.top_p),
-            ));
+            return Err(EngineError::invalid("top_p", format!("must be in (0, 1], got {}", self.top_p)));
         }
         if self.top_k < -1 {
             return Err(EngineError::invalid(
@@ -153,32 +137,20 @@ impl SamplingParams {
             ));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(EngineError::invalid(
-                "min_p",
-                format!("must be in [0, 1], got {}", self.min_p),
-            ));
+            return Err(EngineError::invalid("min_p", format!("must be in [0, 1], got {}", self.min_p)));
         }
         if let Some(max) = self.max_tokens {
             if max == 0 {
-                return Err(EngineError::invalid(
-                    "max_tokens",
-                    "must be at least 1, got 0",
-                ));
+                return Err(EngineError::invalid("max_tokens", "must be at least 1, got 0"));
             }
             if self.min_tokens > max {
                 return Err(EngineError::invalid(
                     "min_tokens",
-                    format!(
-                        "must be less than or equal to max_tokens={max}, got {}",
-                        self.min_tokens
-                    ),
+                    format!("must be less than or equal to max_tokens={max}, got {}", self.min_tokens),
                 ));
             }
         }
-        for (param, v) in [
-            ("logprobs", self.logprobs),
-            ("prompt_logprobs", self.prompt_logprobs),
-        ] {
+        for (param, v) in [("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)] {
             if let Some(v) = v.filter(|&v| v > MAX_LOGPROBS) {
                 return Err(EngineError::invalid(
                     param,
@@ -187,16 +159,10 @@ impl SamplingParams {
             }
         }
         if self.stop.iter().any(String::is_empty) {
-            return Err(EngineError::invalid(
-                "stop",
-                "cannot contain an empty string",
-            ));
+            return Err(EngineError::invalid("stop", "cannot contain an empty string"));
         }
         if self.is_greedy() && self.n > 1 {
-            return Err(EngineError::invalid(
-                "n",
-                format!("must be 1 when using greedy sampling, got {}", self.n),
-            ));
+            return Err(EngineError::invalid("n", format!("must be 1 when using greedy sampling, got {}", self.n)));
         }
         Ok(())
     }
@@ -222,9 +188,7 @@ impl SamplingParams {
     }
 
     pub(crate) fn has_penalties(&self) -> bool {
-        self.repetition_penalty != 1.0
-            || self.presence_penalty != 0.0
-            || self.frequency_penalty != 0.0
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
 }
 
@@ -251,99 +215,19 @@ mod tests {
     #[test]
     fn rejects_out_of_range_values_with_the_parameter_name() {
         let cases: Vec<(SamplingParams, &str)> = vec![
-            (
-                SamplingParams {
-                    n: 0,
-                    ..Default::default()
-                },
-                "n",
-            ),
-            (
-                SamplingParams {
-                    temperature: -0.1,
-                    ..Default::default()
-                },
-                "temperature",
-            ),
-            (
-                SamplingParams {
-                    temperature: f32::NAN,
-                    ..Default::default()
-                },
-                "temperature",
-            ),
-            (
-                SamplingParams {
-                    top_p: 0.0,
-                    ..Default::default()
-                },
-                "top_p",
-            ),
-            (
-                SamplingParams {
-                    top_k: -2,
-                    ..Default::default()
-                },
-                "top_k",
-            ),
-            (
-                SamplingParams {
-                    min_p: 1.5,
-                    ..Default::default()
-                },
-                "min_p",
-            ),
-            (
-                SamplingParams {
-                    repetition_penalty: 0.0,
-                    ..Default::default()
-                },
-                "repetition_penalty",
-            ),
-            (
-                SamplingParams {
-                    presence_penalty: 2.5,
-                    ..Default::default()
-                },
-                "presence_penalty",
-            ),
-            (
-                SamplingParams {
-                    max_tokens: Some(0),
-                    ..Default::default()
-                },
-                "max_tokens",
-            ),
-            (
-                SamplingParams {
-                    min_tokens: 20,
-                    max_tokens: Some(10),
-                    ..Default::default()
-                },
-                "min_tokens",
-            ),
-            (
-                SamplingParams {
-                    logprobs: Some(21),
-                    ..Default::default()
-                },
-                "logprobs",
-            ),
-            (
-                SamplingParams {
-                    stop: vec![String::new()],
-                    ..Default::default()
-                },
-                "stop",
-            ),
-            (
-                SamplingParams {
-                    n: 2,
-                    temperature: 0.0,
-                    ..Default::default()
-                },
-                "n",
-            ),
+            (SamplingParams { n: 0, ..Default::default() }, "n"),
+            (SamplingParams { temperature: -0.1, ..Default::default() }, "temperature"),
+            (SamplingParams { temperature: f32::NAN, ..Default::default() }, "temperature"),
+            (SamplingParams { top_p: 0.0, ..Default::default() }, "top_p"),
+            (SamplingParams { top_k: -2, ..Default::default() }, "top_k"),
+            (SamplingParams { min_p: 1.5, ..Default::default() }, "min_p"),
+            (SamplingParams { repetition_penalty: 0.0, ..Default::default() }, "repetition_penalty"),
+            (SamplingParams { presence_penalty: 2.5, ..Default::default() }, "presence_penalty"),
+            (SamplingParams { max_tokens: Some(0), ..Default::default() }, "max_tokens"),
+            (SamplingParams { min_tokens: 20, max_tokens: Some(10), ..Default::default() }, "min_tokens"),
+            (SamplingParams { logprobs: Some(21), ..Default::default() }, "logprobs"),
+            (SamplingParams { stop: vec![String::new()], ..Default::default() }, "stop"),
+            (SamplingParams { n: 2, temperature: 0.0, ..Default::default() }, "n"),
         ];
         for (p, name) in cases {
             match p.validate() {
@@ -354,48 +238,20 @@ mod tests {
             }
         }
         assert!(SamplingParams::default().validate().is_ok());
-        assert!(SamplingParams {
-            top_k: -1,
-            ..Default::default()
-        }
-        .validate()
-        .is_ok());
+        assert!(SamplingParams { top_k: -1, ..Default::default() }.validate().is_ok());
     }
 
     #[test]
     fn normalization_matches_vllm_post_init() {
-        let g = SamplingParams {
-            temperature: 0.0,
-            top_k: 5,
-            top_p: 0.5,
-            min_p: 0.2,
-            ..Default::default()
-        }
-        .normalized();
+        let g =
+            SamplingParams { temperature: 0.0, top_k: 5, top_p: 0.5, min_p: 0.2, ..Default::default() }.normalized();
         assert_eq!((g.top_k, g.top_p, g.min_p), (0, 1.0, 0.0));
         assert_eq!(
-            SamplingParams {
-                temperature: 0.001,
-                ..Default::default()
-            }
-            .normalized()
-            .temperature,
+            SamplingParams { temperature: 0.001, ..Default::default() }.normalized().temperature,
             MIN_TEMPERATURE
         );
-        assert_eq!(
-            SamplingParams {
-                top_k: -1,
-                ..Default::default()
-            }
-            .normalized()
-            .top_k,
-            0
-        );
-        let dedup = SamplingParams {
-            stop_token_ids: vec![3, 1, 3],
-            ..Default::default()
-        }
-        .normalized();
+        assert_eq!(SamplingParams { top_k: -1, ..Default::default() }.normalized().top_k, 0);
+        let dedup = SamplingParams { stop_token_ids: vec![3, 1, 3], ..Default::default() }.normalized();
         assert_eq!(dedup.stop_token_ids, vec![3, 1]);
     }
 }

@@ -24,9 +24,7 @@ use crate::sampler::{self, SampleRow};
 /// Whether a request's next token can be chosen on the device from the logits alone.
 fn samples_on_device(sampling: &RequestSampling, output_len: usize) -> bool {
     let p = &sampling.params;
-    p.logprobs.is_none()
-        && !p.has_penalties()
-        && (output_len >= p.min_tokens || sampling.min_tokens_mask.is_empty())
+    p.logprobs.is_none() && !p.has_penalties() && (output_len >= p.min_tokens || sampling.min_tokens_mask.is_empty())
 }
 
 /// The device sampler's view of a request's parameters. Its draws are named by the request's
@@ -79,17 +77,9 @@ impl CachedRequestState {
 }
 
 impl ModelRunner {
-    pub fn new(
-        model: Box<dyn CausalLM>,
-        cache: &CacheConfig,
-        config: &EngineConfig,
-    ) -> Result<ModelRunner> {
-        let _span = tracing::info_span!(
-            "allocate_kv_cache",
-            blocks = cache.num_blocks,
-            block_size = cache.block_size
-        )
-        .entered();
+    pub fn new(model: Box<dyn CausalLM>, cache: &CacheConfig, config: &EngineConfig) -> Result<ModelRunner> {
+        let _span = tracing::info_span!("allocate_kv_cache", blocks = cache.num_blocks, block_size = cache.block_size)
+            .entered();
         let kv_caches = model
             .info()
             .kv_layers
@@ -107,13 +97,7 @@ impl ModelRunner {
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let graphs = DecodeGraphs::new(config.device, config.enforce_eager)?;
-        Ok(ModelRunner {
-            model,
-            kv_caches,
-            block_size: cache.block_size,
-            requests: HashMap::new(),
-            graphs,
-        })
+        Ok(ModelRunner { model, kv_caches, block_size: cache.block_size, requests: HashMap::new(), graphs })
     }
 
     /// Decode steps captured and replayed as CUDA graphs so far.
@@ -169,9 +153,10 @@ impl ModelRunner {
         let mut logit_rows = Vec::new();
         let mut row_uses = Vec::new();
         for &(id, n) in &so.num_scheduled_tokens {
-            let state = self.requests.get(&id).ok_or_else(|| {
-                EngineError::Internal(format!("runner has no state for scheduled request {id}"))
-            })?;
+            let state = self
+                .requests
+                .get(&id)
+                .ok_or_else(|| EngineError::Internal(format!("runner has no state for scheduled request {id}")))?;
             let (start, end) = (state.num_computed_tokens, state.num_computed_tokens + n);
             let chunk = state.token_ids.get(start..end).ok_or_else(|| {
                 EngineError::Internal(format!(
@@ -181,12 +166,7 @@ impl ModelRunner {
             })?;
             let q_start = tokens.len();
             tokens.extend_from_slice(chunk);
-            seqs.push(AttnSeq {
-                q_start,
-                q_len: n,
-                ctx_len: end,
-                block_table: state.block_ids.clone(),
-            });
+            seqs.push(AttnSeq { q_start, q_len: n, ctx_len: end, block_table: state.block_ids.clone() });
             if state.sampling.params.prompt_logprobs.is_some() {
                 let first = start.max(state.num_prompt_logprobs_done);
                 for pos in first..end.min(state.num_prompt_tokens - 1) {
@@ -207,27 +187,15 @@ impl ModelRunner {
         let meta = AttnMetadata::new(seqs, self.block_size)?;
         let started = std::time::Instant::now();
         let logits = {
-            let _span =
-                tracing::debug_span!("forward", tokens = tokens.len(), rows = logit_rows.len())
-                    .entered();
+            let _span = tracing::debug_span!("forward", tokens = tokens.len(), rows = logit_rows.len()).entered();
             let replayed = match &mut self.graphs {
-                Some(g) => g.forward(
-                    self.model.as_ref(),
-                    &mut self.kv_caches,
-                    &tokens,
-                    &meta,
-                    &logit_rows,
-                )?,
+                Some(g) => g.forward(self.model.as_ref(), &mut self.kv_caches, &tokens, &meta, &logit_rows)?,
                 None => None,
             };
             match replayed {
                 Some(logits) => logits,
                 None => self.model.forward(
-                    &ForwardInput {
-                        tokens: &tokens,
-                        meta: &meta,
-                        logit_rows: &logit_rows,
-                    },
+                    &ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &logit_rows },
                     &mut self.kv_caches,
                 )?,
             }
@@ -256,25 +224,19 @@ impl ModelRunner {
         let on_device: Vec<bool> = row_uses
             .iter()
             .map(|u| match *u {
-                RowUse::Sample(id) if logits.device() != Device::Cpu => self
-                    .requests
-                    .get(&id)
-                    .is_some_and(|s| samples_on_device(&s.sampling, s.output_len())),
+                RowUse::Sample(id) if logits.device() != Device::Cpu => {
+                    self.requests.get(&id).is_some_and(|s| samples_on_device(&s.sampling, s.output_len()))
+                }
                 _ => false,
             })
             .collect();
-        let (device_rows, host_rows): (Vec<usize>, Vec<usize>) =
-            (0..row_uses.len()).partition(|&i| on_device[i]);
+        let (device_rows, host_rows): (Vec<usize>, Vec<usize>) = (0..row_uses.len()).partition(|&i| on_device[i]);
         if !device_rows.is_empty() {
             self.sample_on_device(&logits, &row_uses, &device_rows, &mut out)?;
         }
         if !host_rows.is_empty() {
             let all_rows = device_rows.is_empty() && logits.rows() == row_uses.len();
-            let host = if all_rows {
-                logits
-            } else {
-                ops::gather_rows(&logits, &host_rows)?
-            };
+            let host = if all_rows { logits } else { ops::gather_rows(&logits, &host_rows)? };
             let mut data = host.to_f32_vec();
             let host_uses: Vec<&RowUse> = host_rows.iter().map(|&i| &row_uses[i]).collect();
             self.prompt_logprobs(&host_uses, &data, vocab, &mut out);
@@ -299,18 +261,11 @@ impl ModelRunner {
         out: &mut ModelRunnerOutput,
     ) -> Result<()> {
         let all_rows = rows.len() == row_uses.len() && logits.rows() == rows.len();
-        let picked = if all_rows {
-            logits.clone()
-        } else {
-            ops::gather_rows(logits, rows)?
-        };
+        let picked = if all_rows { logits.clone() } else { ops::gather_rows(logits, rows)? };
         let params: Vec<RowSampling> = rows
             .iter()
             .map(|&row| match row_uses[row] {
-                RowUse::Sample(id) => self
-                    .requests
-                    .get(&id)
-                    .map(|s| row_sampling(&s.sampling, s.output_len())),
+                RowUse::Sample(id) => self.requests.get(&id).map(|s| row_sampling(&s.sampling, s.output_len())),
                 RowUse::PromptLogprob(..) => None,
             })
             .collect::<Option<_>>()
@@ -327,24 +282,12 @@ impl ModelRunner {
             if let Some(state) = self.requests.get_mut(&id) {
                 state.token_ids.push(token_id);
             }
-            out.sampled.insert(
-                id,
-                SampledToken {
-                    token_id,
-                    logprob: None,
-                },
-            );
+            out.sampled.insert(id, SampledToken { token_id, logprob: None });
         }
         Ok(())
     }
 
-    fn prompt_logprobs(
-        &mut self,
-        row_uses: &[&RowUse],
-        data: &[f32],
-        vocab: usize,
-        out: &mut ModelRunnerOutput,
-    ) {
+    fn prompt_logprobs(&mut self, row_uses: &[&RowUse], data: &[f32], vocab: usize, out: &mut ModelRunnerOutput) {
         let jobs: Vec<(ReqId, usize, &[f32], u32, usize)> = row_uses
             .iter()
             .zip(data.chunks(vocab))
@@ -359,13 +302,7 @@ impl ModelRunner {
             .collect();
         let computed: Vec<(ReqId, usize, TokenLogprob)> = jobs
             .into_par_iter()
-            .map(|(id, pos, row, next, top)| {
-                (
-                    id,
-                    pos,
-                    sampler::token_logprob(&sampler::log_softmax(row), next, top),
-                )
-            })
+            .map(|(id, pos, row, next, top)| (id, pos, sampler::token_logprob(&sampler::log_softmax(row), next, top)))
             .collect();
         for (id, pos, lp) in computed {
             out.prompt_logprobs.entry(id).or_default().push(lp);
@@ -375,13 +312,7 @@ impl ModelRunner {
         }
     }
 
-    fn sample(
-        &mut self,
-        row_uses: &[&RowUse],
-        data: &mut [f32],
-        vocab: usize,
-        out: &mut ModelRunnerOutput,
-    ) {
+    fn sample(&mut self, row_uses: &[&RowUse], data: &mut [f32], vocab: usize, out: &mut ModelRunnerOutput) {
         let mut states: HashMap<ReqId, &mut CachedRequestState> =
             self.requests.iter_mut().map(|(k, v)| (*k, v)).collect();
         let mut ids = Vec::new();
@@ -393,13 +324,7 @@ impl ModelRunner {
             };
             let (prompt, output) = state.token_ids.split_at(state.num_prompt_tokens);
             ids.push(id);
-            rows.push(SampleRow {
-                logits: row,
-                sampling: &state.sampling,
-                prompt,
-                output,
-                rng: &mut state.generator,
-            });
+            rows.push(SampleRow { logits: row, sampling: &state.sampling, prompt, output, rng: &mut state.generator });
         }
         let sampled = sampler::sample(rows);
         for (id, s) in ids.into_iter().zip(sampled) {

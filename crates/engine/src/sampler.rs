@@ -26,13 +26,7 @@ pub fn sample(rows: Vec<SampleRow<'_>>) -> Vec<SampledToken> {
 }
 
 fn sample_row(row: SampleRow<'_>) -> SampledToken {
-    let SampleRow {
-        logits,
-        sampling,
-        prompt,
-        output,
-        rng,
-    } = row;
+    let SampleRow { logits, sampling, prompt, output, rng } = row;
     let params = &sampling.params;
     let raw_logprobs = params.logprobs.map(|_| log_softmax(logits));
 
@@ -102,17 +96,9 @@ fn softmax(row: &[f32]) -> Vec<f32> {
 
 /// `token`'s logprob and rank in `logprobs`, and the `top_n` best entries (ties: lower id first).
 pub fn token_logprob(logprobs: &[f32], token: u32, top_n: usize) -> TokenLogprob {
-    let logprob = logprobs
-        .get(token as usize)
-        .copied()
-        .unwrap_or(f32::NEG_INFINITY);
+    let logprob = logprobs.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY);
     let rank = logprobs.iter().filter(|&&v| v >= logprob).count().max(1);
-    TokenLogprob {
-        token_id: token,
-        logprob,
-        rank,
-        top: top_entries(logprobs, top_n),
-    }
+    TokenLogprob { token_id: token, logprob, rank, top: top_entries(logprobs, top_n) }
 }
 
 fn top_entries(values: &[f32], n: usize) -> Vec<(u32, f32)> {
@@ -133,14 +119,7 @@ fn top_entries(values: &[f32], n: usize) -> Vec<(u32, f32)> {
 
 /// vLLM's `apply_penalties`: repetition over prompt and output (divide positive logits,
 /// multiply negative ones), then frequency and presence over the output only.
-fn apply_penalties(
-    logits: &mut [f32],
-    prompt: &[u32],
-    output: &[u32],
-    repetition: f32,
-    presence: f32,
-    frequency: f32,
-) {
+fn apply_penalties(logits: &mut [f32], prompt: &[u32], output: &[u32], repetition: f32, presence: f32, frequency: f32) {
     let vocab = logits.len();
     let mut output_counts = vec![0u32; vocab];
     for &t in output {
@@ -156,18 +135,10 @@ fn apply_penalties(
             }
         }
         for (l, _) in logits.iter_mut().zip(&seen).filter(|(_, &s)| s) {
-            *l = if *l > 0.0 {
-                *l / repetition
-            } else {
-                *l * repetition
-            };
+            *l = if *l > 0.0 { *l / repetition } else { *l * repetition };
         }
     }
-    for (l, &c) in logits
-        .iter_mut()
-        .zip(&output_counts)
-        .filter(|(_, &c)| c > 0)
-    {
+    for (l, &c) in logits.iter_mut().zip(&output_counts).filter(|(_, &c)| c > 0) {
         *l -= frequency * c as f32 + presence;
     }
 }
@@ -188,10 +159,7 @@ fn apply_top_k(logits: &mut [f32], k: usize) {
     let idx = sorted.len() - k;
     let (_, kth, _) = sorted.select_nth_unstable_by(idx, f32::total_cmp);
     let kth = *kth;
-    logits
-        .iter_mut()
-        .filter(|l| **l < kth)
-        .for_each(|l| *l = f32::NEG_INFINITY);
+    logits.iter_mut().filter(|l| **l < kth).for_each(|l| *l = f32::NEG_INFINITY);
 }
 
 /// Drops the least likely tokens whose cumulative probability stays within `1 - p`; the most
@@ -254,21 +222,12 @@ mod tests {
         let s = sampling(params);
         let mut rng = ChaCha20Rng::seed_from_u64(seed);
         let mut row = logits.to_vec();
-        sample_row(SampleRow {
-            logits: &mut row,
-            sampling: &s,
-            prompt: &[],
-            output,
-            rng: &mut rng,
-        })
+        sample_row(SampleRow { logits: &mut row, sampling: &s, prompt: &[], output, rng: &mut rng })
     }
 
     #[test]
     fn greedy_takes_the_lowest_index_on_ties() {
-        assert_eq!(
-            draw(&[0.0, 3.0, 3.0, 1.0], SamplingParams::greedy(1), &[], 0).token_id,
-            1
-        );
+        assert_eq!(draw(&[0.0, 3.0, 3.0, 1.0], SamplingParams::greedy(1), &[], 0).token_id, 1);
     }
 
     #[test]
@@ -282,10 +241,7 @@ mod tests {
         assert_eq!(l, vec![3.0, 2.0, f32::NEG_INFINITY, f32::NEG_INFINITY]);
         let mut l = vec![3.0, 2.0, 1.0, 0.0];
         apply_top_p(&mut l, 0.01);
-        assert_eq!(
-            l,
-            vec![3.0, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY]
-        );
+        assert_eq!(l, vec![3.0, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY]);
     }
 
     #[test]
@@ -306,30 +262,9 @@ mod tests {
     #[test]
     fn min_tokens_masks_eos_until_reached() {
         let logits = [10.0, 0.0, 1.0];
+        assert_eq!(draw(&logits, SamplingParams { min_tokens: 2, ..SamplingParams::greedy(4) }, &[2], 0).token_id, 2);
         assert_eq!(
-            draw(
-                &logits,
-                SamplingParams {
-                    min_tokens: 2,
-                    ..SamplingParams::greedy(4)
-                },
-                &[2],
-                0
-            )
-            .token_id,
-            2
-        );
-        assert_eq!(
-            draw(
-                &logits,
-                SamplingParams {
-                    min_tokens: 2,
-                    ..SamplingParams::greedy(4)
-                },
-                &[2, 2],
-                0
-            )
-            .token_id,
+            draw(&logits, SamplingParams { min_tokens: 2, ..SamplingParams::greedy(4) }, &[2, 2], 0).token_id,
             0
         );
     }
@@ -337,22 +272,13 @@ mod tests {
     #[test]
     fn seeded_draws_follow_the_distribution() {
         let logits = [0.0, (3.0f32).ln(), f32::NEG_INFINITY];
-        let params = SamplingParams {
-            temperature: 1.0,
-            ..Default::default()
-        };
+        let params = SamplingParams { temperature: 1.0, ..Default::default() };
         let s = sampling(params);
         let mut rng = ChaCha20Rng::seed_from_u64(7);
         let mut counts = [0usize; 3];
         for _ in 0..4000 {
             let mut row = logits.to_vec();
-            let t = sample_row(SampleRow {
-                logits: &mut row,
-                sampling: &s,
-                prompt: &[],
-                output: &[],
-                rng: &mut rng,
-            });
+            let t = sample_row(SampleRow { logits: &mut row, sampling: &s, prompt: &[], output: &[], rng: &mut rng });
             counts[t.token_id as usize] += 1;
         }
         assert_eq!(counts[2], 0);
@@ -365,12 +291,7 @@ mod tests {
         let logits = [1.0, 3.0, 2.0, 3.0];
         let t = draw(
             &logits,
-            SamplingParams {
-                logprobs: Some(2),
-                temperature: 0.0,
-                repetition_penalty: 1.5,
-                ..Default::default()
-            },
+            SamplingParams { logprobs: Some(2), temperature: 0.0, repetition_penalty: 1.5, ..Default::default() },
             &[],
             0,
         );

@@ -31,23 +31,9 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (
-            0usize..3,
-            prop::collection::vec(0u32..3, 1..20),
-            1usize..12,
-            prop::bool::weighted(0.1)
-        )
-            .prop_map(|(stem, tail, chunk, skip_cache)| Op::Add {
-                stem,
-                tail,
-                chunk,
-                skip_cache
-            }),
-        (0usize..64, 1usize..12, 0u32..3).prop_map(|(i, chunk, token)| Op::Step {
-            i,
-            chunk,
-            token
-        }),
+        (0usize..3, prop::collection::vec(0u32..3, 1..20), 1usize..12, prop::bool::weighted(0.1))
+            .prop_map(|(stem, tail, chunk, skip_cache)| Op::Add { stem, tail, chunk, skip_cache }),
+        (0usize..64, 1usize..12, 0u32..3).prop_map(|(i, chunk, token)| Op::Step { i, chunk, token }),
         (0usize..64).prop_map(|i| Op::Free { i }),
     ]
 }
@@ -71,18 +57,13 @@ impl Model {
     fn compute(&mut self, idx: usize, n: usize, hits: &[u32], hit_tokens: usize) -> bool {
         let r = &self.live[idx];
         let start = r.computed + hit_tokens;
-        if self
-            .kv
-            .allocate_slots(r.id, &r.tokens, r.computed, n, hits)
-            .is_none()
-        {
+        if self.kv.allocate_slots(r.id, &r.tokens, r.computed, n, hits).is_none() {
             return false;
         }
         let table = self.kv.block_ids(r.id).to_vec();
         assert!(table.len() * BLOCK >= start + n, "block table too short");
         for p in start..start + n {
-            self.shadow
-                .insert((table[p / BLOCK], p % BLOCK), r.tokens[..=p].to_vec());
+            self.shadow.insert((table[p / BLOCK], p % BLOCK), r.tokens[..=p].to_vec());
         }
         self.live[idx].computed = start + n;
         true
@@ -91,29 +72,18 @@ impl Model {
 
 fn run(num_blocks: usize, ops: Vec<Op>) {
     let stems: [Vec<u32>; 3] = [vec![1; 9], (0..13).map(|i| i % 3).collect(), vec![]];
-    let mut m = Model {
-        kv: KvCacheManager::new(num_blocks, BLOCK, 4096, true),
-        live: Vec::new(),
-        shadow: HashMap::new(),
-    };
+    let mut m =
+        Model { kv: KvCacheManager::new(num_blocks, BLOCK, 4096, true), live: Vec::new(), shadow: HashMap::new() };
     let mut next_id = 0;
     for op in ops {
         match op {
-            Op::Add {
-                stem,
-                tail,
-                chunk,
-                skip_cache,
-            } => {
+            Op::Add { stem, tail, chunk, skip_cache } => {
                 let mut tokens = stems[stem].clone();
                 tokens.extend(tail);
                 let id = next_id;
                 next_id += 1;
                 let (hits, hit_tokens) = m.kv.get_computed_blocks(id, &tokens, skip_cache);
-                assert!(
-                    hit_tokens < tokens.len(),
-                    "the last token must stay uncached"
-                );
+                assert!(hit_tokens < tokens.len(), "the last token must stay uncached");
                 for (b, &block) in hits.iter().enumerate() {
                     for o in 0..BLOCK {
                         let p = b * BLOCK + o;
@@ -124,11 +94,7 @@ fn run(num_blocks: usize, ops: Vec<Op>) {
                         );
                     }
                 }
-                m.live.push(Live {
-                    id,
-                    tokens,
-                    computed: 0,
-                });
+                m.live.push(Live { id, tokens, computed: 0 });
                 let idx = m.live.len() - 1;
                 let n = chunk.min(m.live[idx].tokens.len() - hit_tokens);
                 if !m.compute(idx, n, &hits, hit_tokens) {
@@ -157,10 +123,7 @@ fn run(num_blocks: usize, ops: Vec<Op>) {
         }
         m.kv.check_consistency().unwrap();
         let held: usize = m.live.iter().map(|r| m.kv.block_ids(r.id).len()).sum();
-        assert!(
-            num_blocks - m.kv.num_free_blocks() <= held,
-            "blocks in use beyond the block tables"
-        );
+        assert!(num_blocks - m.kv.num_free_blocks() <= held, "blocks in use beyond the block tables");
     }
     for r in std::mem::take(&mut m.live) {
         m.kv.free(r.id);

@@ -17,12 +17,7 @@ fn cuda_llm_with(name: &str, dtype: DType, enforce_eager: bool) -> Option<LLM> {
         println!("SKIP: no CUDA device");
         return None;
     }
-    let config = EngineConfig {
-        device: Device::Cuda(0),
-        kv_cache_dtype: dtype,
-        enforce_eager,
-        ..config()
-    };
+    let config = EngineConfig { device: Device::Cuda(0), kv_cache_dtype: dtype, enforce_eager, ..config() };
     Some(LLM::new(fixture(name), dtype, config).unwrap_or_else(|e| panic!("{name}: {e}")))
 }
 
@@ -31,28 +26,15 @@ fn battery_on_cuda(name: &str, logprobs: Option<usize>) {
         return;
     };
     let oracle = oracle(name);
-    let params = SamplingParams {
-        logprobs,
-        ..greedy(oracle.cases[0].output_ids.len())
-    };
+    let params = SamplingParams { logprobs, ..greedy(oracle.cases[0].output_ids.len()) };
     let outputs = llm.generate(battery(name), &params).unwrap();
     for (case, out) in oracle.cases.iter().zip(&outputs) {
-        assert_eq!(
-            out.outputs[0].token_ids, case.output_ids,
-            "{name}/{}: tokens differ on cuda",
-            case.name
-        );
+        assert_eq!(out.outputs[0].token_ids, case.output_ids, "{name}/{}: tokens differ on cuda", case.name);
         assert_eq!(out.outputs[0].logprobs.is_some(), logprobs.is_some());
     }
     let graphs = llm.client().stats().cuda_graphs;
-    assert!(
-        graphs.captured > 0 && graphs.replayed > graphs.captured,
-        "{name}: decode not replayed: {graphs:?}"
-    );
-    println!(
-        "{name} on cuda (logprobs {logprobs:?}): {} cases token-exact, graphs {graphs:?}",
-        outputs.len()
-    );
+    assert!(graphs.captured > 0 && graphs.replayed > graphs.captured, "{name}: decode not replayed: {graphs:?}");
+    println!("{name} on cuda (logprobs {logprobs:?}): {} cases token-exact, graphs {graphs:?}", outputs.len());
 }
 
 /// The tokens of a request's one sequence once it has finished (and did not fail).
@@ -83,29 +65,16 @@ fn cuda_graph_decode_matches_eager() {
                 .iter()
                 .zip(&lengths)
                 .enumerate()
-                .map(|(i, (p, params))| {
-                    client
-                        .add_request(format!("r{i}"), p.clone(), params.clone())
-                        .unwrap()
-                })
+                .map(|(i, (p, params))| client.add_request(format!("r{i}"), p.clone(), params.clone()).unwrap())
                 .collect();
             streams.iter_mut().map(final_tokens).collect()
         };
         let (with_graphs, without) = (run(&graphed), run(&eager));
-        assert_eq!(
-            with_graphs, without,
-            "{dtype:?}: graph replay changed greedy tokens"
-        );
+        assert_eq!(with_graphs, without, "{dtype:?}: graph replay changed greedy tokens");
         let counts = graphed.client().stats().cuda_graphs;
-        assert!(
-            counts.captured >= 3 && counts.replayed > counts.captured,
-            "{dtype:?}: {counts:?}"
-        );
+        assert!(counts.captured >= 3 && counts.replayed > counts.captured, "{dtype:?}: {counts:?}");
         assert_eq!(eager.client().stats().cuda_graphs.replayed, 0);
-        println!(
-            "{dtype:?}: {} requests identical with and without graphs, {counts:?}",
-            prompts.len()
-        );
+        println!("{dtype:?}: {} requests identical with and without graphs, {counts:?}", prompts.len());
     }
 }
 
@@ -133,11 +102,7 @@ fn kv_cache_sized_from_gpu_memory() {
     }
     let model = ferrite_models::load_model(
         &fixture("llama"),
-        &ferrite_models::LoadOptions {
-            dtype: DType::BF16,
-            device: Device::Cuda(0),
-            progress: false,
-        },
+        &ferrite_models::LoadOptions { dtype: DType::BF16, device: Device::Cuda(0), progress: false },
     )
     .unwrap()
     .model;
@@ -148,16 +113,10 @@ fn kv_cache_sized_from_gpu_memory() {
         ..config()
     };
     let bytes = ferrite_engine::memory::kv_budget(model.as_ref(), &config, 2048).unwrap();
-    let (free, total) = ferrite_tensor::cuda::device(0)
-        .unwrap()
-        .memory_info()
-        .unwrap();
+    let (free, total) = ferrite_tensor::cuda::device(0).unwrap().memory_info().unwrap();
     println!("kv budget {bytes} bytes of {total} (free {free})");
     assert!(bytes > 0 && bytes < total / 20);
-    let too_small = EngineConfig {
-        gpu_memory_utilization: Some(1e-6),
-        ..config
-    };
+    let too_small = EngineConfig { gpu_memory_utilization: Some(1e-6), ..config };
     assert!(ferrite_engine::memory::kv_budget(model.as_ref(), &too_small, 2048).is_err());
 }
 
@@ -180,13 +139,12 @@ fn every_family_decodes_token_exact_with_graphs_on() {
         println!("SKIP: no CUDA device");
         return;
     }
-    let mut dirs: Vec<String> =
-        std::fs::read_dir(ferrite_models::gate::fixtures_dir().join("models"))
-            .unwrap()
-            .filter_map(|e| e.ok())
-            .filter(|e| e.path().join("oracle.json").exists())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
+    let mut dirs: Vec<String> = std::fs::read_dir(ferrite_models::gate::fixtures_dir().join("models"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().join("oracle.json").exists())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
     dirs.sort();
     let mut replaying = Vec::new();
     for name in &dirs {
@@ -199,22 +157,11 @@ fn every_family_decodes_token_exact_with_graphs_on() {
             .iter()
             .map(|c| {
                 let prompt = PromptInput::Tokens(c.prompt_ids.clone());
-                client
-                    .add_request(
-                        format!("{name}/{}", c.name),
-                        prompt,
-                        greedy(c.output_ids.len()),
-                    )
-                    .unwrap()
+                client.add_request(format!("{name}/{}", c.name), prompt, greedy(c.output_ids.len())).unwrap()
             })
             .collect();
         for (case, stream) in oracle.cases.iter().zip(&mut streams) {
-            assert_eq!(
-                final_tokens(stream),
-                case.output_ids,
-                "{name}/{}: tokens differ",
-                case.name
-            );
+            assert_eq!(final_tokens(stream), case.output_ids, "{name}/{}: tokens differ", case.name);
         }
         let counts = llm.client().stats().cuda_graphs;
         println!("GRAPHS {name}: {counts:?}");
@@ -222,10 +169,6 @@ fn every_family_decodes_token_exact_with_graphs_on() {
             replaying.push(name.clone());
         }
     }
-    println!(
-        "{} of {} families replay decode graphs: {replaying:?}",
-        replaying.len(),
-        dirs.len()
-    );
+    println!("{} of {} families replay decode graphs: {replaying:?}", replaying.len(), dirs.len());
     assert!(replaying.iter().any(|n| n == "llama") && replaying.iter().any(|n| n == "qwen3"));
 }

@@ -30,18 +30,10 @@ impl CausalLM for Faulty {
         self.inner.info()
     }
 
-    fn forward(
-        &self,
-        input: &ForwardInput<'_>,
-        kv: &mut [PagedKvLayer],
-    ) -> ferrite_models::Result<Tensor> {
+    fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> ferrite_models::Result<Tensor> {
         if input.tokens.windows(2).any(|w| w == POISON) {
             match self.fault {
-                Fault::Error => {
-                    return Err(ModelError::Tensor(TensorError::Device(
-                        "injected failure".into(),
-                    )))
-                }
+                Fault::Error => return Err(ModelError::Tensor(TensorError::Device("injected failure".into()))),
                 Fault::Panic => panic!("injected panic"),
             }
         }
@@ -51,16 +43,8 @@ impl CausalLM for Faulty {
 
 fn faulty_llm(fault: Fault) -> LLM {
     let dir = fixture("llama");
-    let inner = load_model(
-        &dir,
-        &LoadOptions {
-            dtype: DType::F32,
-            progress: false,
-            ..Default::default()
-        },
-    )
-    .unwrap()
-    .model;
+    let inner =
+        load_model(&dir, &LoadOptions { dtype: DType::F32, progress: false, ..Default::default() }).unwrap().model;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir).unwrap());
     LLM::from_engine(Engine::new(Box::new(Faulty { inner, fault }), tokenizer, config()).unwrap())
 }
@@ -74,36 +58,18 @@ fn fails_then_recovers(fault: Fault) {
 
     let mut poisoned = POISON.to_vec();
     poisoned.extend(1..40);
-    let mut stream = client
-        .add_request(
-            "poisoned".into(),
-            PromptInput::Tokens(poisoned.clone()),
-            params.clone(),
-        )
-        .unwrap();
-    let last = std::iter::from_fn(|| stream.blocking_next())
-        .last()
-        .expect("a final output");
+    let mut stream =
+        client.add_request("poisoned".into(), PromptInput::Tokens(poisoned.clone()), params.clone()).unwrap();
+    let last = std::iter::from_fn(|| stream.blocking_next()).last().expect("a final output");
     assert!(last.finished);
     assert_eq!(last.outputs[0].finish_reason, Some(FinishReason::Error));
-    assert!(
-        last.error
-            .as_deref()
-            .is_some_and(|e| e.contains("injected")),
-        "{:?}",
-        last.error
-    );
+    assert!(last.error.as_deref().is_some_and(|e| e.contains("injected")), "{:?}", last.error);
     wait_idle(&client);
 
-    let err = llm
-        .generate(vec![PromptInput::Tokens(poisoned)], &params)
-        .unwrap_err();
+    let err = llm.generate(vec![PromptInput::Tokens(poisoned)], &params).unwrap_err();
     assert!(matches!(err, EngineError::Internal(_)), "{err}");
     // Served again, from a cache the failure did not leave stale entries in.
-    assert_eq!(
-        token_ids(&llm.generate(vec![good], &params).unwrap()),
-        reference
-    );
+    assert_eq!(token_ids(&llm.generate(vec![good], &params).unwrap()), reference);
     wait_idle(&client);
 }
 

@@ -9,122 +9,38 @@ use futures::StreamExt;
 
 #[test]
 fn admission_rejects_what_cannot_run() {
-    let llm = llm(
-        "llama",
-        EngineConfig {
-            kv_cache_memory: kv_memory("llama", 4),
-            ..config()
-        },
-    );
+    let llm = llm("llama", EngineConfig { kv_cache_memory: kv_memory("llama", 4), ..config() });
     let client = llm.client();
     let max = client.max_model_len();
     assert_eq!(max, 2048);
     let add = |prompt: PromptInput, params: SamplingParams| {
-        let err = client
-            .add_request("r".into(), prompt, params)
-            .err()
-            .expect("must be rejected");
+        let err = client.add_request("r".into(), prompt, params).err().expect("must be rejected");
         assert!(err.is_request_error(), "{err}");
         err
     };
 
     let err = add(PromptInput::Tokens(vec![5; max]), SamplingParams::default());
-    assert!(
-        matches!(
-            err,
-            EngineError::PromptTooLong {
-                prompt_tokens: 2048,
-                max_model_len: 2048
-            }
-        ),
-        "{err}"
-    );
-    let err = add(
-        PromptInput::Tokens(vec![5; 2000]),
-        SamplingParams {
-            max_tokens: Some(100),
-            ..Default::default()
-        },
-    );
-    assert!(
-        matches!(err, EngineError::ContextLengthExceeded { .. }),
-        "{err}"
-    );
-    assert!(
-        err.to_string().contains("maximum context length is 2048"),
-        "{err}"
-    );
+    assert!(matches!(err, EngineError::PromptTooLong { prompt_tokens: 2048, max_model_len: 2048 }), "{err}");
+    let err = add(PromptInput::Tokens(vec![5; 2000]), SamplingParams { max_tokens: Some(100), ..Default::default() });
+    assert!(matches!(err, EngineError::ContextLengthExceeded { .. }), "{err}");
+    assert!(err.to_string().contains("maximum context length is 2048"), "{err}");
     // 4 blocks hold 64 slots; 60 prompt tokens + 16 completion tokens need 75.
-    let err = add(
-        PromptInput::Tokens(vec![5; 60]),
-        SamplingParams {
-            max_tokens: Some(16),
-            ..Default::default()
-        },
-    );
-    assert!(
-        matches!(
-            err,
-            EngineError::CacheTooSmall {
-                capacity_tokens: 64,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    let err = add(PromptInput::Tokens(vec![5; 60]), SamplingParams { max_tokens: Some(16), ..Default::default() });
+    assert!(matches!(err, EngineError::CacheTooSmall { capacity_tokens: 64, .. }), "{err}");
     let err = add(PromptInput::Tokens(vec![]), SamplingParams::default());
     assert!(matches!(err, EngineError::InvalidPrompt(_)), "{err}");
-    let err = add(
-        PromptInput::Tokens(vec![1, 1_000_000]),
-        SamplingParams::default(),
-    );
+    let err = add(PromptInput::Tokens(vec![1, 1_000_000]), SamplingParams::default());
     assert!(matches!(err, EngineError::InvalidPrompt(_)), "{err}");
-    let err = add(
-        PromptInput::Text("hi".into()),
-        SamplingParams {
-            top_p: 1.5,
-            ..Default::default()
-        },
-    );
-    assert!(
-        matches!(err, EngineError::InvalidParameter { param: "top_p", .. }),
-        "{err}"
-    );
-    let err = add(
-        PromptInput::Text("hi".into()),
-        SamplingParams {
-            stop_token_ids: vec![5000],
-            ..Default::default()
-        },
-    );
-    assert!(
-        matches!(
-            err,
-            EngineError::InvalidParameter {
-                param: "stop_token_ids",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    let err = add(PromptInput::Text("hi".into()), SamplingParams { top_p: 1.5, ..Default::default() });
+    assert!(matches!(err, EngineError::InvalidParameter { param: "top_p", .. }), "{err}");
+    let err = add(PromptInput::Text("hi".into()), SamplingParams { stop_token_ids: vec![5000], ..Default::default() });
+    assert!(matches!(err, EngineError::InvalidParameter { param: "stop_token_ids", .. }), "{err}");
     // max_tokens None runs to max_model_len, which must then fit the cache too.
-    let err = add(
-        PromptInput::Tokens(vec![5; 10]),
-        SamplingParams {
-            max_tokens: None,
-            ..Default::default()
-        },
-    );
+    let err = add(PromptInput::Tokens(vec![5; 10]), SamplingParams { max_tokens: None, ..Default::default() });
     assert!(matches!(err, EngineError::CacheTooSmall { .. }), "{err}");
     // The largest request that fits still runs.
     let out = llm
-        .generate(
-            vec![PromptInput::Tokens(vec![5; 49])],
-            &SamplingParams {
-                max_tokens: Some(16),
-                ..greedy(16)
-            },
-        )
+        .generate(vec![PromptInput::Tokens(vec![5; 49])], &SamplingParams { max_tokens: Some(16), ..greedy(16) })
         .unwrap();
     assert_eq!(out[0].outputs[0].token_ids.len(), 16);
     wait_idle(&client);
@@ -138,11 +54,7 @@ fn dropping_streams_aborts_and_returns_every_block() {
     let mut streams: Vec<_> = battery("llama")
         .into_iter()
         .enumerate()
-        .map(|(i, p)| {
-            client
-                .add_request(format!("r{i}"), p, greedy(1000))
-                .unwrap()
-        })
+        .map(|(i, p)| client.add_request(format!("r{i}"), p, greedy(1000)).unwrap())
         .collect();
     for s in &mut streams {
         let first = s.blocking_next().expect("a first output");
@@ -155,22 +67,15 @@ fn dropping_streams_aborts_and_returns_every_block() {
     assert_eq!((stats.kv_blocks_used, stats.kv_blocks_total), (0, total));
     assert!(stats.finished_requests >= 11);
     // The engine still serves afterwards.
-    let out = llm
-        .generate(vec![battery("llama")[1].clone()], &greedy(4))
-        .unwrap();
-    assert_eq!(
-        out[0].outputs[0].token_ids,
-        oracle("llama").cases[1].output_ids[..4]
-    );
+    let out = llm.generate(vec![battery("llama")[1].clone()], &greedy(4)).unwrap();
+    assert_eq!(out[0].outputs[0].token_ids, oracle("llama").cases[1].output_ids[..4]);
 }
 
 #[test]
 fn abort_by_id_finishes_the_stream_with_abort() {
     let llm = llm("llama", config());
     let client = llm.client();
-    let mut s = client
-        .add_request("to-abort".into(), battery("llama")[2].clone(), greedy(1000))
-        .unwrap();
+    let mut s = client.add_request("to-abort".into(), battery("llama")[2].clone(), greedy(1000)).unwrap();
     let first = s.blocking_next().unwrap();
     assert_eq!(first.request_id, "to-abort");
     client.abort("to-abort");
@@ -184,13 +89,9 @@ fn abort_by_id_finishes_the_stream_with_abort() {
 fn async_streams_and_shutdown_with_requests_in_flight() {
     let llm = llm("llama", config());
     let client = llm.client();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let (tokens, finish) = rt.block_on(async {
-        let mut s = client
-            .add_request("async".into(), battery("llama")[3].clone(), greedy(10))
-            .unwrap();
+        let mut s = client.add_request("async".into(), battery("llama")[3].clone(), greedy(10)).unwrap();
         let mut tokens = Vec::new();
         let mut finish = None;
         while let Some(out) = s.next().await {
@@ -203,9 +104,7 @@ fn async_streams_and_shutdown_with_requests_in_flight() {
     assert_eq!(finish, Some(FinishReason::Length));
 
     // Dropping the engine ends in-flight streams with an abort instead of leaving them hanging.
-    let mut s = client
-        .add_request("inflight".into(), battery("llama")[4].clone(), greedy(1000))
-        .unwrap();
+    let mut s = client.add_request("inflight".into(), battery("llama")[4].clone(), greedy(1000)).unwrap();
     s.blocking_next().unwrap();
     drop(llm);
     let last = std::iter::from_fn(|| s.blocking_next()).last().unwrap();

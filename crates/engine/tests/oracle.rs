@@ -11,49 +11,29 @@ const LOGPROB_TOLERANCE: f32 = 2e-3;
 fn battery_matches_oracle(name: &str) {
     let oracle = oracle(name);
     let llm = llm(name, config());
-    let params = ferrite_engine::SamplingParams {
-        logprobs: Some(5),
-        ..greedy(oracle.cases[0].output_ids.len())
-    };
+    let params = ferrite_engine::SamplingParams { logprobs: Some(5), ..greedy(oracle.cases[0].output_ids.len()) };
     let outputs = llm.generate(battery(name), &params).unwrap();
     assert_eq!(outputs.len(), oracle.cases.len());
     let mut max_err = 0.0f32;
     for (case, out) in oracle.cases.iter().zip(&outputs) {
         let seq = &out.outputs[0];
-        assert_eq!(
-            seq.token_ids, case.output_ids,
-            "{name}/{}: tokens differ from the oracle",
-            case.name
-        );
+        assert_eq!(seq.token_ids, case.output_ids, "{name}/{}: tokens differ from the oracle", case.name);
         assert_eq!(&*out.prompt_token_ids, case.prompt_ids.as_slice());
         let logprobs = seq.logprobs.as_ref().expect("logprobs requested");
         assert_eq!(logprobs.len(), case.output_ids.len());
         for (step, (ours, want)) in logprobs.iter().zip(&case.top_logprobs).enumerate() {
-            assert_eq!(
-                ours.rank, 1,
-                "{name}/{}: greedy token not ranked first at step {step}",
-                case.name
-            );
+            assert_eq!(ours.rank, 1, "{name}/{}: greedy token not ranked first at step {step}", case.name);
             assert_eq!(ours.top.len(), 5);
             for &(id, lp) in want {
                 let got = ours.top.iter().find(|t| t.0 == id).unwrap_or_else(|| {
-                    panic!(
-                        "{name}/{} step {step}: oracle top-5 token {id} not in ours {:?}",
-                        case.name, ours.top
-                    )
+                    panic!("{name}/{} step {step}: oracle top-5 token {id} not in ours {:?}", case.name, ours.top)
                 });
                 max_err = max_err.max((got.1 - lp).abs());
             }
         }
     }
-    println!(
-        "{name}: {} cases token-exact, max top-5 logprob error {max_err:.2e}",
-        outputs.len()
-    );
-    assert!(
-        max_err < LOGPROB_TOLERANCE,
-        "{name}: logprob error {max_err}"
-    );
+    println!("{name}: {} cases token-exact, max top-5 logprob error {max_err:.2e}", outputs.len());
+    assert!(max_err < LOGPROB_TOLERANCE, "{name}: logprob error {max_err}");
 }
 
 #[test]

@@ -9,30 +9,15 @@ use crate::inventory::{Category, Inventory, State};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Problem {
     /// The row claims `implemented` or more, but the model registry has no constructor for it.
-    NoConstructor {
-        architecture: String,
-        category: Category,
-        state: State,
-    },
+    NoConstructor { architecture: String, category: Category, state: State },
     /// The row claims a gate (`gated-*` or `benchmarked`) but names no test.
-    NoTests {
-        architecture: String,
-        category: Category,
-        state: State,
-    },
+    NoTests { architecture: String, category: Category, state: State },
     /// The row names a test id that no `#[test]` in the workspace has.
-    UnknownTest {
-        architecture: String,
-        category: Category,
-        test: String,
-    },
+    UnknownTest { architecture: String, category: Category, test: String },
     /// The model registry constructs an architecture that has no row at all.
     UnlistedConstructor { architecture: String },
     /// The same (architecture, category) appears more than once.
-    DuplicateRow {
-        architecture: String,
-        category: Category,
-    },
+    DuplicateRow { architecture: String, category: Category },
 }
 
 impl fmt::Display for Problem {
@@ -62,21 +47,14 @@ impl fmt::Display for Problem {
 /// `test_ids` (as produced by [`crate::discover_test_ids`]). An empty result means every claim
 /// is backed. A named test must exist whatever the row's state: a dangling id is wrong even on
 /// a row that does not need it yet.
-pub fn check(
-    inventory: &Inventory,
-    registry: &[&str],
-    test_ids: &BTreeSet<String>,
-) -> Vec<Problem> {
+pub fn check(inventory: &Inventory, registry: &[&str], test_ids: &BTreeSet<String>) -> Vec<Problem> {
     let constructible: BTreeSet<&str> = registry.iter().copied().collect();
     let mut problems = Vec::new();
     let mut seen = BTreeSet::new();
     for row in &inventory.rows {
         let architecture = || row.architecture.clone();
         if !seen.insert((row.architecture.as_str(), row.category)) {
-            problems.push(Problem::DuplicateRow {
-                architecture: architecture(),
-                category: row.category,
-            });
+            problems.push(Problem::DuplicateRow { architecture: architecture(), category: row.category });
         }
         if row.state >= State::Implemented && !constructible.contains(row.architecture.as_str()) {
             problems.push(Problem::NoConstructor {
@@ -86,11 +64,7 @@ pub fn check(
             });
         }
         if row.state >= State::GatedCpu && row.tests.is_empty() {
-            problems.push(Problem::NoTests {
-                architecture: architecture(),
-                category: row.category,
-                state: row.state,
-            });
+            problems.push(Problem::NoTests { architecture: architecture(), category: row.category, state: row.state });
         }
         for test in row.tests.iter().filter(|t| !test_ids.contains(*t)) {
             problems.push(Problem::UnknownTest {
@@ -100,15 +74,9 @@ pub fn check(
             });
         }
     }
-    let listed: BTreeSet<&str> = inventory
-        .rows
-        .iter()
-        .map(|r| r.architecture.as_str())
-        .collect();
+    let listed: BTreeSet<&str> = inventory.rows.iter().map(|r| r.architecture.as_str()).collect();
     for architecture in constructible.difference(&listed) {
-        problems.push(Problem::UnlistedConstructor {
-            architecture: architecture.to_string(),
-        });
+        problems.push(Problem::UnlistedConstructor { architecture: architecture.to_string() });
     }
     problems
 }
@@ -129,41 +97,19 @@ mod tests {
     #[test]
     fn consistent_inventory_has_no_problems() {
         let inv = inventory(vec![
-            row(
-                "LlamaForCausalLM",
-                TextGeneration,
-                "llama",
-                GatedCpu,
-                &[LLAMA_TEST],
-            ),
+            row("LlamaForCausalLM", TextGeneration, "llama", GatedCpu, &[LLAMA_TEST]),
             row("LlamaForCausalLM", Embedding, "llama", Inventoried, &[]),
-            row(
-                "Qwen2ForCausalLM",
-                TextGeneration,
-                "qwen2",
-                Implemented,
-                &[],
-            ),
+            row("Qwen2ForCausalLM", TextGeneration, "qwen2", Implemented, &[]),
             row("GPT2LMHeadModel", TextGeneration, "gpt2", Inventoried, &[]),
         ]);
-        let problems = check(
-            &inv,
-            &["LlamaForCausalLM", "Qwen2ForCausalLM"],
-            &ids(&[LLAMA_TEST]),
-        );
+        let problems = check(&inv, &["LlamaForCausalLM", "Qwen2ForCausalLM"], &ids(&[LLAMA_TEST]));
         assert_eq!(problems, vec![]);
     }
 
     #[test]
     fn claim_without_constructor() {
         for state in [Implemented, GatedCpu, GatedCuda, Benchmarked] {
-            let inv = inventory(vec![row(
-                "Qwen3ForCausalLM",
-                TextGeneration,
-                "qwen3",
-                state,
-                &[LLAMA_TEST],
-            )]);
+            let inv = inventory(vec![row("Qwen3ForCausalLM", TextGeneration, "qwen3", state, &[LLAMA_TEST])]);
             assert_eq!(
                 check(&inv, &[], &ids(&[LLAMA_TEST])),
                 vec![Problem::NoConstructor {
@@ -178,20 +124,10 @@ mod tests {
     #[test]
     fn gate_without_tests() {
         for state in [GatedCpu, GatedCuda, Benchmarked] {
-            let inv = inventory(vec![row(
-                "LlamaForCausalLM",
-                TextGeneration,
-                "llama",
-                state,
-                &[],
-            )]);
+            let inv = inventory(vec![row("LlamaForCausalLM", TextGeneration, "llama", state, &[])]);
             assert_eq!(
                 check(&inv, &["LlamaForCausalLM"], &ids(&[])),
-                vec![Problem::NoTests {
-                    architecture: "LlamaForCausalLM".into(),
-                    category: TextGeneration,
-                    state
-                }]
+                vec![Problem::NoTests { architecture: "LlamaForCausalLM".into(), category: TextGeneration, state }]
             );
         }
     }
@@ -199,20 +135,8 @@ mod tests {
     #[test]
     fn test_id_that_does_not_exist() {
         let inv = inventory(vec![
-            row(
-                "LlamaForCausalLM",
-                TextGeneration,
-                "llama",
-                GatedCuda,
-                &[LLAMA_TEST, "ferrite-models::parity::gone"],
-            ),
-            row(
-                "GPT2LMHeadModel",
-                TextGeneration,
-                "gpt2",
-                Inventoried,
-                &["ferrite-models::parity::gpt2"],
-            ),
+            row("LlamaForCausalLM", TextGeneration, "llama", GatedCuda, &[LLAMA_TEST, "ferrite-models::parity::gone"]),
+            row("GPT2LMHeadModel", TextGeneration, "gpt2", Inventoried, &["ferrite-models::parity::gpt2"]),
         ]);
         assert_eq!(
             check(&inv, &["LlamaForCausalLM"], &ids(&[LLAMA_TEST])),
@@ -233,50 +157,23 @@ mod tests {
 
     #[test]
     fn constructor_without_row() {
-        let inv = inventory(vec![row(
-            "LlamaForCausalLM",
-            TextGeneration,
-            "llama",
-            Implemented,
-            &[],
-        )]);
+        let inv = inventory(vec![row("LlamaForCausalLM", TextGeneration, "llama", Implemented, &[])]);
         assert_eq!(
-            check(
-                &inv,
-                &["LlamaForCausalLM", "YiForCausalLM", "YiForCausalLM"],
-                &ids(&[])
-            ),
-            vec![Problem::UnlistedConstructor {
-                architecture: "YiForCausalLM".into()
-            }]
+            check(&inv, &["LlamaForCausalLM", "YiForCausalLM", "YiForCausalLM"], &ids(&[])),
+            vec![Problem::UnlistedConstructor { architecture: "YiForCausalLM".into() }]
         );
     }
 
     #[test]
     fn duplicate_row() {
         let inv = inventory(vec![
-            row(
-                "Qwen2ForCausalLM",
-                TextGeneration,
-                "qwen2",
-                Inventoried,
-                &[],
-            ),
+            row("Qwen2ForCausalLM", TextGeneration, "qwen2", Inventoried, &[]),
             row("Qwen2ForCausalLM", Embedding, "qwen2", Inventoried, &[]),
-            row(
-                "Qwen2ForCausalLM",
-                TextGeneration,
-                "qwen2",
-                Inventoried,
-                &[],
-            ),
+            row("Qwen2ForCausalLM", TextGeneration, "qwen2", Inventoried, &[]),
         ]);
         assert_eq!(
             check(&inv, &[], &ids(&[])),
-            vec![Problem::DuplicateRow {
-                architecture: "Qwen2ForCausalLM".into(),
-                category: TextGeneration
-            }]
+            vec![Problem::DuplicateRow { architecture: "Qwen2ForCausalLM".into(), category: TextGeneration }]
         );
     }
 

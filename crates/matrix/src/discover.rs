@@ -92,10 +92,7 @@ fn file_stem(path: &Path) -> Option<String> {
 
 /// Module path of a file relative to `src/`.
 fn module_path(relative: &Path) -> Vec<String> {
-    let mut parts: Vec<String> = relative
-        .iter()
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
+    let mut parts: Vec<String> = relative.iter().map(|p| p.to_string_lossy().into_owned()).collect();
     let Some(last) = parts.pop() else {
         return parts;
     };
@@ -156,12 +153,7 @@ fn scan<'a>(tokens: &[Token<'a>], macros: &mut Vec<TestMacro<'a>>) -> Vec<Found>
     let mut found = Vec::new();
     // Inline modules that are open, with the brace depth their body opened at.
     let mut modules: Vec<(&str, usize)> = Vec::new();
-    let module_path = |modules: &[(&str, usize)]| {
-        modules
-            .iter()
-            .map(|(m, _)| m.to_string())
-            .collect::<Vec<_>>()
-    };
+    let module_path = |modules: &[(&str, usize)]| modules.iter().map(|(m, _)| m.to_string()).collect::<Vec<_>>();
     let mut depth = 0usize;
     let mut test_attribute_pending = false;
     let mut i = 0;
@@ -183,33 +175,24 @@ fn scan<'a>(tokens: &[Token<'a>], macros: &mut Vec<TestMacro<'a>>) -> Vec<Found>
             Token::Ident("fn") => {
                 let name = match (tokens.get(i + 1), tokens.get(i + 2)) {
                     (Some(Token::Ident(name)), _) => Some(Name::Fn(name.to_string())),
-                    (Some(Token::Punct('$')), Some(Token::Ident(var))) => {
-                        Some(Name::Metavariable(var.to_string()))
-                    }
+                    (Some(Token::Punct('$')), Some(Token::Ident(var))) => Some(Name::Metavariable(var.to_string())),
                     _ => None,
                 };
                 if let (true, Some(name)) = (test_attribute_pending, name) {
-                    found.push(Found {
-                        modules: module_path(&modules),
-                        name,
-                    });
+                    found.push(Found { modules: module_path(&modules), name });
                 }
                 test_attribute_pending = false;
             }
             Token::Ident("mod") => {
-                if let (Some(Token::Ident(name)), Some(Token::Punct('{'))) =
-                    (tokens.get(i + 1), tokens.get(i + 2))
-                {
+                if let (Some(Token::Ident(name)), Some(Token::Punct('{'))) = (tokens.get(i + 1), tokens.get(i + 2)) {
                     modules.push((name, depth + 1));
                 }
                 test_attribute_pending = false;
             }
             Token::Ident("macro_rules") => {
-                if let (Some(Token::Punct('!')), Some(Token::Ident(name)), Some(open)) = (
-                    tokens.get(i + 1),
-                    tokens.get(i + 2),
-                    tokens.get(i + 3).and_then(closer).map(|_| i + 3),
-                ) {
+                if let (Some(Token::Punct('!')), Some(Token::Ident(name)), Some(open)) =
+                    (tokens.get(i + 1), tokens.get(i + 2), tokens.get(i + 3).and_then(closer).map(|_| i + 3))
+                {
                     let close = matching(tokens, open);
                     if let Some(test_macro) = test_macro(name, &tokens[open + 1..close]) {
                         macros.push(test_macro);
@@ -221,16 +204,11 @@ fn scan<'a>(tokens: &[Token<'a>], macros: &mut Vec<TestMacro<'a>>) -> Vec<Found>
             }
             Token::Ident(name) if tokens.get(i + 1) == Some(&Token::Punct('!')) => {
                 let test_macro = macros.iter().find(|m| m.name == name);
-                if let (Some(test_macro), Some(open)) = (
-                    test_macro,
-                    tokens.get(i + 2).and_then(closer).map(|_| i + 2),
-                ) {
+                if let (Some(test_macro), Some(open)) = (test_macro, tokens.get(i + 2).and_then(closer).map(|_| i + 2))
+                {
                     let close = matching(tokens, open);
                     for name in invoked_test_names(test_macro, &tokens[open + 1..close]) {
-                        found.push(Found {
-                            modules: module_path(&modules),
-                            name: Name::Fn(name.to_string()),
-                        });
+                        found.push(Found { modules: module_path(&modules), name: Name::Fn(name.to_string()) });
                     }
                     i = close + 1;
                     continue;
@@ -273,9 +251,7 @@ fn test_macro<'a>(name: &'a str, rules: &[Token<'a>]) -> Option<TestMacro<'a>> {
         let matcher_close = matching(rules, matcher_open);
         let arrow = matcher_close + 1;
         let body_open = arrow + 2;
-        if rules.get(arrow) != Some(&Token::Punct('='))
-            || rules.get(body_open).and_then(closer).is_none()
-        {
+        if rules.get(arrow) != Some(&Token::Punct('=')) || rules.get(body_open).and_then(closer).is_none() {
             break;
         }
         let body_close = matching(rules, body_open);
@@ -296,14 +272,9 @@ fn test_macro<'a>(name: &'a str, rules: &[Token<'a>]) -> Option<TestMacro<'a>> {
 /// What follows `$var:ident` in `matcher`; nothing when the matcher does not bind `var` as an
 /// `ident`.
 fn fragment_follower<'a>(matcher: &[Token<'a>], var: &str) -> Option<Follower<'a>> {
-    let at = matcher.windows(4).position(|w| {
-        w == [
-            Token::Punct('$'),
-            Token::Ident(var),
-            Token::Punct(':'),
-            Token::Ident("ident"),
-        ]
-    })?;
+    let at = matcher
+        .windows(4)
+        .position(|w| w == [Token::Punct('$'), Token::Ident(var), Token::Punct(':'), Token::Ident("ident")])?;
     Some(match matcher.get(at + 4) {
         None | Some(Token::Punct(')' | ']' | '}')) => Follower::SeparatorOrEnd,
         Some(&token) => Follower::Token(token),
@@ -345,9 +316,7 @@ fn is_test_attribute(attribute: &[Token]) -> bool {
     while let Some(Token::Ident(segment)) = attribute.get(i) {
         last = Some(*segment);
         i += 1;
-        if attribute.get(i) == Some(&Token::Punct(':'))
-            && attribute.get(i + 1) == Some(&Token::Punct(':'))
-        {
+        if attribute.get(i) == Some(&Token::Punct(':')) && attribute.get(i + 1) == Some(&Token::Punct(':')) {
             i += 2;
         } else {
             break;
@@ -445,9 +414,7 @@ fn tokenize(source: &str) -> Vec<Token<'_>> {
             let word = slice(source, &chars, start, i);
             let hashes = chars[i..].iter().take_while(|&&(_, c)| c == '#').count();
             match (word, at(i), at(i + hashes)) {
-                ("r" | "br" | "cr", _, Some('"')) => {
-                    i = skip_raw_string(&chars, i + hashes + 1, hashes)
-                }
+                ("r" | "br" | "cr", _, Some('"')) => i = skip_raw_string(&chars, i + hashes + 1, hashes),
                 ("b" | "c", Some('"'), _) => i = skip_string(&chars, i + 1),
                 // Byte literal b'x': the char-literal branch skips the rest on the next turn.
                 ("b", Some('\''), _) => {}
@@ -507,10 +474,7 @@ mod tests {
     use super::*;
 
     fn found(source: &str) -> Vec<String> {
-        test_ids_in_source(source)
-            .into_iter()
-            .map(|p| p.join("::"))
-            .collect()
+        test_ids_in_source(source).into_iter().map(|p| p.join("::")).collect()
     }
 
     #[test]
@@ -538,10 +502,7 @@ mod tests {
             #[test_case(1)]
             fn parameterized() {}
         "#;
-        assert_eq!(
-            found(source),
-            ["plain", "on_tokio", "decorated", "documented"]
-        );
+        assert_eq!(found(source), ["plain", "on_tokio", "decorated", "documented"]);
     }
 
     #[test]
@@ -563,15 +524,7 @@ mod tests {
             #[test]
             fn top_level() {}
         ";
-        assert_eq!(
-            found(source),
-            [
-                "tests::outer",
-                "tests::nested::inner",
-                "tests::after_nested",
-                "top_level"
-            ]
-        );
+        assert_eq!(found(source), ["tests::outer", "tests::nested::inner", "tests::after_nested", "top_level"]);
     }
 
     #[test]
@@ -626,17 +579,7 @@ mod tests {
             not_tests!(helper);
             fn gate(_: &str) { assert!(1 != 2); }
         "#;
-        assert_eq!(
-            found(source),
-            [
-                "llama",
-                "mistral_sliding_window",
-                "qwen3",
-                "single::gemma",
-                "a",
-                "b"
-            ]
-        );
+        assert_eq!(found(source), ["llama", "mistral_sliding_window", "qwen3", "single::gemma", "a", "b"]);
     }
 
     #[test]
@@ -654,13 +597,7 @@ mod tests {
     fn discovers_this_crate() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let ids = discover_test_ids(&root);
-        assert!(
-            ids.contains("ferrite-matrix::discover::tests::discovers_this_crate"),
-            "{ids:?}"
-        );
-        assert!(
-            ids.contains("ferrite-matrix::consistency::inventory_matches_code"),
-            "{ids:?}"
-        );
+        assert!(ids.contains("ferrite-matrix::discover::tests::discovers_this_crate"), "{ids:?}");
+        assert!(ids.contains("ferrite-matrix::consistency::inventory_matches_code"), "{ids:?}");
     }
 }

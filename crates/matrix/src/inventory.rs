@@ -96,13 +96,8 @@ pub enum State {
 
 impl State {
     /// In ascending order of claim.
-    pub const ALL: [State; 5] = [
-        State::Inventoried,
-        State::Implemented,
-        State::GatedCpu,
-        State::GatedCuda,
-        State::Benchmarked,
-    ];
+    pub const ALL: [State; 5] =
+        [State::Inventoried, State::Implemented, State::GatedCpu, State::GatedCuda, State::Benchmarked];
 
     /// The spelling used in `inventory.toml`.
     pub fn as_str(self) -> &'static str {
@@ -119,9 +114,7 @@ impl State {
     pub fn meaning(self) -> &'static str {
         match self {
             State::Inventoried => "known upstream, not started",
-            State::Implemented => {
-                "a constructor is registered in `ferrite-models`; no parity test yet"
-            }
+            State::Implemented => "a constructor is registered in `ferrite-models`; no parity test yet",
             State::GatedCpu => "token-exact against Hugging Face transformers in a CPU test",
             State::GatedCuda => "token-exact in a CUDA test as well",
             State::Benchmarked => "gated, with a recorded throughput comparison against vLLM",
@@ -203,11 +196,7 @@ impl Inventory {
 
     /// Rows past `inventoried`, in rendering order.
     pub fn engaged(&self) -> Vec<&Row> {
-        let mut rows: Vec<&Row> = self
-            .rows
-            .iter()
-            .filter(|r| r.state > State::Inventoried)
-            .collect();
+        let mut rows: Vec<&Row> = self.rows.iter().filter(|r| r.state > State::Inventoried).collect();
         rows.sort_by(|a, b| (a.category, &a.architecture).cmp(&(b.category, &b.architecture)));
         rows
     }
@@ -226,14 +215,8 @@ struct File {
 /// the line, column and key that toml reports.
 #[derive(Debug)]
 pub enum Error {
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    Parse {
-        path: PathBuf,
-        source: toml::de::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
+    Parse { path: PathBuf, source: toml::de::Error },
 }
 
 impl fmt::Display for Error {
@@ -260,10 +243,7 @@ impl std::error::Error for Error {
 /// [`Error::Read`] when the file cannot be read, [`Error::Parse`] when it is not a valid inventory.
 pub fn load_inventory(path: impl AsRef<Path>) -> Result<Inventory, Error> {
     let path = path.as_ref();
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.to_path_buf(), source })?;
     parse_inventory(&text, path)
 }
 
@@ -272,14 +252,9 @@ pub fn load_inventory(path: impl AsRef<Path>) -> Result<Inventory, Error> {
 /// # Errors
 /// [`Error::Parse`] when the text is not a valid inventory.
 pub fn parse_inventory(text: &str, path: impl AsRef<Path>) -> Result<Inventory, Error> {
-    let file: File = toml::from_str(text).map_err(|source| Error::Parse {
-        path: path.as_ref().to_path_buf(),
-        source,
-    })?;
-    Ok(Inventory {
-        source: file.source,
-        rows: file.model,
-    })
+    let file: File =
+        toml::from_str(text).map_err(|source| Error::Parse { path: path.as_ref().to_path_buf(), source })?;
+    Ok(Inventory { source: file.source, rows: file.model })
 }
 
 /// Builders for the other modules' tests, which care about rows rather than TOML.
@@ -301,13 +276,7 @@ pub(crate) mod testing {
         }
     }
 
-    pub(crate) fn row(
-        architecture: &str,
-        category: Category,
-        family: &str,
-        state: State,
-        tests: &[&str],
-    ) -> Row {
+    pub(crate) fn row(architecture: &str, category: Category, family: &str, state: State, tests: &[&str]) -> Row {
         Row {
             architecture: architecture.into(),
             category,
@@ -323,11 +292,7 @@ pub(crate) mod testing {
 
     pub(crate) fn inventory(rows: Vec<Row>) -> Inventory {
         let mut source = source();
-        source.counts = Inventory {
-            source: source.clone(),
-            rows: rows.clone(),
-        }
-        .counts();
+        source.counts = Inventory { source: source.clone(), rows: rows.clone() }.counts();
         Inventory { source, rows }
     }
 }
@@ -374,18 +339,13 @@ text-generation = 1
             "{SOURCE}\n[[model]]\narchitecture = \"X\"\ncategory = \"text-generation\"\nfamily = \"x\"\n\
              upstream_module = \"x\"\nupstream_class = \"X\"\nstate = \"shipped\"\n"
         );
-        let err = parse_inventory(&text, "models/inventory.toml")
-            .unwrap_err()
-            .to_string();
+        let err = parse_inventory(&text, "models/inventory.toml").unwrap_err().to_string();
         assert!(err.starts_with("models/inventory.toml: "), "{err}");
         assert!(err.contains("shipped") && err.contains("state"), "{err}");
 
         let text = SOURCE.replace("text-generation = 1", "text-gen = 1");
         let err = parse_inventory(&text, "inv.toml").unwrap_err().to_string();
-        assert!(
-            err.contains("text-gen") && err.contains("text-generation"),
-            "{err}"
-        );
+        assert!(err.contains("text-gen") && err.contains("text-generation"), "{err}");
 
         let text = format!("{SOURCE}\n[[model]]\narchitecture = \"X\"\ncategory = \"embedding\"\n");
         let err = parse_inventory(&text, "inv.toml").unwrap_err().to_string();
@@ -394,13 +354,8 @@ text-generation = 1
 
     #[test]
     fn unreadable_file_names_the_path() {
-        let err = load_inventory("/nonexistent/inventory.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.starts_with("/nonexistent/inventory.toml: cannot read"),
-            "{err}"
-        );
+        let err = load_inventory("/nonexistent/inventory.toml").unwrap_err().to_string();
+        assert!(err.starts_with("/nonexistent/inventory.toml: cannot read"), "{err}");
     }
 
     #[test]

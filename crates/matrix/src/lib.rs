@@ -14,10 +14,7 @@ mod render;
 
 pub use check::{check, Problem};
 pub use discover::discover_test_ids;
-pub use inventory::{
-    load_inventory, parse_inventory, Category, Error, Inventory, Row, Source, State,
-};
+pub use inventory::{load_inventory, parse_inventory, Category, Error, Inventory, Row, Source, State};
 pub use render::{
-    render_markdown, render_table, splice_readme, supported_models_table, README_END, README_START,
-    REGENERATE,
+    render_markdown, render_table, splice_readme, supported_models_table, README_END, README_START, REGENERATE,
 };

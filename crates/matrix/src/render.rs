@@ -36,10 +36,7 @@ fn header(out: &mut String, inventory: &Inventory) {
         out,
         "<!-- Generated from models/inventory.toml by ferrite-matrix; do not edit. Regenerate: `{REGENERATE}` -->\n"
     );
-    let _ = writeln!(
-        out,
-        "Every architecture in vLLM's model registry, and how far ferrite has engaged each one.\n"
-    );
+    let _ = writeln!(out, "Every architecture in vLLM's model registry, and how far ferrite has engaged each one.\n");
     let _ = writeln!(
         out,
         "- Upstream: [{repo}]({url}) {version}, commit `{commit}`: `{path}`, with example checkpoints from \
@@ -57,42 +54,22 @@ fn header(out: &mut String, inventory: &Inventory) {
         "- Source of truth: `models/inventory.toml`, one row per (architecture, category) membership. \
          Regenerate this file with `{REGENERATE}`; the `ferrite-matrix` consistency test fails while it is stale."
     );
-    let _ = writeln!(
-        out,
-        "- {} rows, {} engaged (past `inventoried`).\n",
-        inventory.rows.len(),
-        inventory.engaged().len()
-    );
+    let _ =
+        writeln!(out, "- {} rows, {} engaged (past `inventoried`).\n", inventory.rows.len(), inventory.engaged().len());
 }
 
 fn provenance(out: &mut String, inventory: &Inventory) {
     let source = &inventory.source;
-    let _ = writeln!(
-        out,
-        "## How the inventory was built\n\n{}\n",
-        source.method.trim()
-    );
-    let _ = writeln!(
-        out,
-        "## Cross-check with the prior inventory\n\n{}",
-        source.crosscheck.trim()
-    );
+    let _ = writeln!(out, "## How the inventory was built\n\n{}\n", source.method.trim());
+    let _ = writeln!(out, "## Cross-check with the prior inventory\n\n{}", source.crosscheck.trim());
 }
 
 fn states(out: &mut String) {
     let _ = writeln!(out, "## States\n");
-    let _ = writeln!(
-        out,
-        "| State | Claims | Evidence the consistency test requires |"
-    );
+    let _ = writeln!(out, "| State | Claims | Evidence the consistency test requires |");
     let _ = writeln!(out, "|---|---|---|");
     for state in State::ALL {
-        let _ = writeln!(
-            out,
-            "| `{state}` | {} | {} |",
-            state.meaning(),
-            evidence(state)
-        );
+        let _ = writeln!(out, "| `{state}` | {} | {} |", state.meaning(), evidence(state));
     }
     let _ = writeln!(out);
 }
@@ -128,23 +105,11 @@ fn summary(out: &mut String, inventory: &Inventory) {
         for state in State::ALL {
             let _ = write!(out, " {} |", counts.get(&(category, state)).unwrap_or(&0));
         }
-        let _ = writeln!(
-            out,
-            " {} |",
-            inventory
-                .rows
-                .iter()
-                .filter(|r| r.category == category)
-                .count()
-        );
+        let _ = writeln!(out, " {} |", inventory.rows.iter().filter(|r| r.category == category).count());
     }
     let _ = write!(out, "| **total** | |");
     for state in State::ALL {
-        let _ = write!(
-            out,
-            " {} |",
-            inventory.rows.iter().filter(|r| r.state == state).count()
-        );
+        let _ = write!(out, " {} |", inventory.rows.iter().filter(|r| r.state == state).count());
     }
     let _ = writeln!(out, " {} |\n", inventory.rows.len());
 }
@@ -156,20 +121,13 @@ fn engaged_rows(out: &mut String, inventory: &Inventory) {
         let _ = writeln!(out, "None yet.\n");
         return;
     }
-    let _ = writeln!(
-        out,
-        "| Architecture | Category | Family | State | Tests | Example checkpoint |"
-    );
+    let _ = writeln!(out, "| Architecture | Category | Family | State | Tests | Example checkpoint |");
     let _ = writeln!(out, "|---|---|---|---|---|---|");
     for row in &engaged {
         let tests = if row.tests.is_empty() {
             "none".to_string()
         } else {
-            row.tests
-                .iter()
-                .map(|t| format!("`{}`", cell(t)))
-                .collect::<Vec<_>>()
-                .join("<br>")
+            row.tests.iter().map(|t| format!("`{}`", cell(t))).collect::<Vec<_>>().join("<br>")
         };
         let _ = writeln!(
             out,
@@ -187,21 +145,11 @@ fn engaged_rows(out: &mut String, inventory: &Inventory) {
 
 fn not_started(out: &mut String, inventory: &Inventory) {
     let _ = writeln!(out, "## Not started\n");
-    let _ = writeln!(
-        out,
-        "The `inventoried` rows, per category and family (the vLLM module).\n"
-    );
+    let _ = writeln!(out, "The `inventoried` rows, per category and family (the vLLM module).\n");
     for category in Category::ALL {
         let mut by_family: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for row in inventory
-            .rows
-            .iter()
-            .filter(|r| r.category == category && r.state == State::Inventoried)
-        {
-            by_family
-                .entry(&row.family)
-                .or_default()
-                .push(&row.architecture);
+        for row in inventory.rows.iter().filter(|r| r.category == category && r.state == State::Inventoried) {
+            by_family.entry(&row.family).or_default().push(&row.architecture);
         }
         if by_family.is_empty() {
             continue;
@@ -220,13 +168,8 @@ fn not_started(out: &mut String, inventory: &Inventory) {
         families.sort_by_cached_key(|(family, _)| (family.to_lowercase(), family.to_string()));
         for (family, mut architectures) in families {
             architectures.sort_by_cached_key(|a| (a.to_lowercase(), a.to_string()));
-            let _ = writeln!(
-                out,
-                "| `{}` | {} | {} |",
-                cell(family),
-                architectures.len(),
-                cell(&architectures.join(", "))
-            );
+            let _ =
+                writeln!(out, "| `{}` | {} | {} |", cell(family), architectures.len(), cell(&architectures.join(", ")));
         }
         let _ = writeln!(out);
     }
@@ -252,54 +195,26 @@ pub fn render_table(inventory: &Inventory) -> String {
         .collect::<Vec<_>>()];
     for category in Category::ALL {
         let mut line = vec![category.to_string()];
-        line.extend(
-            State::ALL
-                .iter()
-                .map(|&s| counts.get(&(category, s)).unwrap_or(&0).to_string()),
-        );
-        line.push(
-            inventory
-                .rows
-                .iter()
-                .filter(|r| r.category == category)
-                .count()
-                .to_string(),
-        );
+        line.extend(State::ALL.iter().map(|&s| counts.get(&(category, s)).unwrap_or(&0).to_string()));
+        line.push(inventory.rows.iter().filter(|r| r.category == category).count().to_string());
         summary.push(line);
     }
     let mut total = vec!["total".to_string()];
-    total.extend(State::ALL.iter().map(|&s| {
-        inventory
-            .rows
-            .iter()
-            .filter(|r| r.state == s)
-            .count()
-            .to_string()
-    }));
+    total.extend(State::ALL.iter().map(|&s| inventory.rows.iter().filter(|r| r.state == s).count().to_string()));
     total.push(inventory.rows.len().to_string());
     summary.push(total);
     out.push_str(&aligned(&summary, 1));
 
     if !engaged.is_empty() {
         out.push('\n');
-        let mut rows = vec![["ARCHITECTURE", "CATEGORY", "STATE", "TESTS", "EXAMPLE"]
-            .map(String::from)
-            .to_vec()];
+        let mut rows = vec![["ARCHITECTURE", "CATEGORY", "STATE", "TESTS", "EXAMPLE"].map(String::from).to_vec()];
         for row in engaged {
             rows.push(vec![
                 row.architecture.clone(),
                 row.category.to_string(),
                 row.state.to_string(),
-                if row.tests.is_empty() {
-                    "-".to_string()
-                } else {
-                    row.tests.join(", ")
-                },
-                if row.example_checkpoint.is_empty() {
-                    "-".to_string()
-                } else {
-                    row.example_checkpoint.clone()
-                },
+                if row.tests.is_empty() { "-".to_string() } else { row.tests.join(", ") },
+                if row.example_checkpoint.is_empty() { "-".to_string() } else { row.example_checkpoint.clone() },
             ]);
         }
         out.push_str(&aligned(&rows, usize::MAX));
@@ -310,9 +225,7 @@ pub fn render_table(inventory: &Inventory) -> String {
 /// A compact markdown table of the engaged rows, for `README.md` (see [`splice_readme`]).
 pub fn supported_models_table(inventory: &Inventory) -> String {
     let engaged = inventory.engaged();
-    let mut out = String::from(
-        "| Architecture | Category | State | Example checkpoint |\n|---|---|---|---|\n",
-    );
+    let mut out = String::from("| Architecture | Category | State | Example checkpoint |\n|---|---|---|---|\n");
     for row in &engaged {
         let _ = writeln!(
             out,
@@ -340,10 +253,7 @@ pub fn supported_models_table(inventory: &Inventory) -> String {
 pub fn splice_readme(readme: &str, table: &str) -> String {
     let block = format!("{README_START}\n{}\n{README_END}", table.trim_end());
     if let Some(start) = readme.find(README_START) {
-        if let Some(end) = readme[start..]
-            .find(README_END)
-            .map(|e| start + e + README_END.len())
-        {
+        if let Some(end) = readme[start..].find(README_END).map(|e| start + e + README_END.len()) {
             return format!("{}{block}{}", &readme[..start], &readme[end..]);
         }
     }
@@ -395,13 +305,7 @@ fn cell(text: &str) -> String {
 fn aligned(rows: &[Vec<String>], numeric_from: usize) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
-        .map(|c| {
-            rows.iter()
-                .filter_map(|r| r.get(c))
-                .map(|v| v.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
+        .map(|c| rows.iter().filter_map(|r| r.get(c)).map(|v| v.chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
     for row in rows {
@@ -431,28 +335,10 @@ mod tests {
 
     fn sample() -> Inventory {
         inventory(vec![
-            row(
-                "Qwen2ForCausalLM",
-                TextGeneration,
-                "qwen2",
-                GatedCpu,
-                &["ferrite-models::parity::qwen2"],
-            ),
-            row(
-                "LlamaForCausalLM",
-                TextGeneration,
-                "llama",
-                Implemented,
-                &[],
-            ),
+            row("Qwen2ForCausalLM", TextGeneration, "qwen2", GatedCpu, &["ferrite-models::parity::qwen2"]),
+            row("LlamaForCausalLM", TextGeneration, "llama", Implemented, &[]),
             row("LlamaForCausalLM", Embedding, "llama", Inventoried, &[]),
-            row(
-                "AquilaForCausalLM",
-                TextGeneration,
-                "llama",
-                Inventoried,
-                &[],
-            ),
+            row("AquilaForCausalLM", TextGeneration, "llama", Inventoried, &[]),
             row("GPT2LMHeadModel", TextGeneration, "gpt2", Inventoried, &[]),
         ])
     }
@@ -463,18 +349,10 @@ mod tests {
         assert!(doc.starts_with("# Model matrix\n"));
         assert!(doc.contains("commit `abc1234`"));
         assert!(doc.contains(REGENERATE));
-        assert!(
-            doc.contains("| text-generation | `_TEXT_GENERATION_MODELS` | 2 | 1 | 1 | 0 | 0 | 4 |"),
-            "{doc}"
-        );
-        assert!(
-            doc.contains("| **total** | | 3 | 1 | 1 | 0 | 0 | 5 |"),
-            "{doc}"
-        );
+        assert!(doc.contains("| text-generation | `_TEXT_GENERATION_MODELS` | 2 | 1 | 1 | 0 | 0 | 4 |"), "{doc}");
+        assert!(doc.contains("| **total** | | 3 | 1 | 1 | 0 | 0 | 5 |"), "{doc}");
         // Engaged rows are ordered by category, then name, whatever the file order.
-        let llama = doc
-            .find("| `LlamaForCausalLM` | text-generation | `llama` | `implemented` | none |")
-            .unwrap();
+        let llama = doc.find("| `LlamaForCausalLM` | text-generation | `llama` | `implemented` | none |").unwrap();
         let qwen = doc
             .find("| `Qwen2ForCausalLM` | text-generation | `qwen2` | `gated-cpu` | `ferrite-models::parity::qwen2` |")
             .unwrap();
@@ -496,25 +374,13 @@ mod tests {
     fn terminal_table_aligns_counts() {
         let table = render_table(&sample());
         let lines: Vec<&str> = table.lines().collect();
-        assert_eq!(
-            lines[0],
-            "vLLM v0.0.0 (abc1234), read 2026-01-01: 5 rows, 2 engaged"
-        );
+        assert_eq!(lines[0], "vLLM v0.0.0 (abc1234), read 2026-01-01: 5 rows, 2 engaged");
         let header = lines.iter().find(|l| l.starts_with("CATEGORY")).unwrap();
-        let text = lines
-            .iter()
-            .find(|l| l.starts_with("text-generation"))
-            .unwrap();
-        assert_eq!(
-            header.len(),
-            text.len(),
-            "counts are right-aligned under their headers"
-        );
+        let text = lines.iter().find(|l| l.starts_with("text-generation")).unwrap();
+        assert_eq!(header.len(), text.len(), "counts are right-aligned under their headers");
         assert!(text.ends_with("  4"));
         assert!(
-            table.contains(
-                "Qwen2ForCausalLM  text-generation  gated-cpu    ferrite-models::parity::qwen2"
-            ),
+            table.contains("Qwen2ForCausalLM  text-generation  gated-cpu    ferrite-models::parity::qwen2"),
             "{table}"
         );
     }
@@ -531,28 +397,17 @@ mod tests {
     fn splice_replaces_between_markers_and_is_idempotent() {
         let readme = format!("# ferrite\n\n{README_START}\nold\n{README_END}\n\nMore.\n");
         let once = splice_readme(&readme, "| new |\n");
-        assert_eq!(
-            once,
-            format!("# ferrite\n\n{README_START}\n| new |\n{README_END}\n\nMore.\n")
-        );
+        assert_eq!(once, format!("# ferrite\n\n{README_START}\n| new |\n{README_END}\n\nMore.\n"));
         assert_eq!(splice_readme(&once, "| new |\n"), once);
     }
 
     #[test]
     fn splice_appends_when_markers_are_missing() {
         let once = splice_readme("# ferrite\n", "| t |");
-        assert_eq!(
-            once,
-            format!("# ferrite\n\n{README_START}\n| t |\n{README_END}\n")
-        );
+        assert_eq!(once, format!("# ferrite\n\n{README_START}\n| t |\n{README_END}\n"));
         assert_eq!(splice_readme(&once, "| t |"), once);
         // An end marker before the start marker does not count as a pair.
         let backwards = format!("{README_END}\n{README_START}\n");
-        assert_eq!(
-            splice_readme(&backwards, "| t |")
-                .matches(README_START)
-                .count(),
-            2
-        );
+        assert_eq!(splice_readme(&backwards, "| t |").matches(README_START).count(), 2);
     }
 }

@@ -3,9 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ferrite_matrix::{
-    check, discover_test_ids, load_inventory, render_markdown, Inventory, REGENERATE,
-};
+use ferrite_matrix::{check, discover_test_ids, load_inventory, render_markdown, Inventory, REGENERATE};
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -21,11 +19,7 @@ fn inventory_matches_code() {
     let registry = ferrite_models::registry::architectures();
     let problems = check(&inventory, &registry, &discover_test_ids(workspace_root()));
     let report: Vec<String> = problems.iter().map(|p| format!("  - {p}")).collect();
-    assert!(
-        problems.is_empty(),
-        "models/inventory.toml disagrees with the code:\n{}",
-        report.join("\n")
-    );
+    assert!(problems.is_empty(), "models/inventory.toml disagrees with the code:\n{}", report.join("\n"));
 }
 
 #[test]
@@ -43,12 +37,8 @@ fn rows_match_recorded_upstream_counts() {
 #[test]
 fn doc_is_current() {
     let path = workspace_root().join("docs/model-matrix.md");
-    let committed =
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert!(
-        committed == render_markdown(&inventory()),
-        "docs/model-matrix.md is stale: run `{REGENERATE}`"
-    );
+    let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(committed == render_markdown(&inventory()), "docs/model-matrix.md is stale: run `{REGENERATE}`");
 }
 
 /// Writes docs/model-matrix.md without building the CLI:
@@ -58,6 +48,5 @@ fn doc_is_current() {
 fn write_doc() {
     let path = workspace_root().join("docs/model-matrix.md");
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(&path, render_markdown(&inventory()))
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    std::fs::write(&path, render_markdown(&inventory())).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }

@@ -21,34 +21,22 @@ fn main() {
     let mut forward_tokens = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        let mut value = || {
-            args.next()
-                .unwrap_or_else(|| panic!("{flag} needs a value"))
-        };
+        let mut value = || args.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
             "--model" => model = Some(PathBuf::from(value())),
             "--text-file" => text_file = Some(PathBuf::from(value())),
             "--batch" => batch = value().parse().expect("--batch N"),
             "--iters" => iters = value().parse().expect("--iters N"),
             "--warmup" => warmup = value().parse().expect("--warmup N"),
-            "--forward-tokens" => {
-                forward_tokens = Some(value().parse().expect("--forward-tokens N"))
-            }
+            "--forward-tokens" => forward_tokens = Some(value().parse().expect("--forward-tokens N")),
             other => panic!("unknown flag {other}"),
         }
     }
     let dir = model.expect("--model DIR");
-    let text =
-        std::fs::read_to_string(text_file.expect("--text-file F")).expect("reading --text-file");
+    let text = std::fs::read_to_string(text_file.expect("--text-file F")).expect("reading --text-file");
     let text = text.trim_end_matches('\n');
-    let mut model = load_pooling_model(
-        &dir,
-        &LoadOptions {
-            progress: false,
-            ..Default::default()
-        },
-    )
-    .expect("loading the model");
+    let mut model =
+        load_pooling_model(&dir, &LoadOptions { progress: false, ..Default::default() }).expect("loading the model");
     if let Some(t) = forward_tokens {
         model.max_forward_tokens = t;
     }
@@ -57,11 +45,7 @@ fn main() {
     let run = || {
         let ids: Vec<Vec<u32>> = texts
             .iter()
-            .map(|t| {
-                tokenizer
-                    .encode_truncated(t, Some(model.max_model_len))
-                    .expect("tokenizing")
-            })
+            .map(|t| tokenizer.encode_truncated(t, Some(model.max_model_len)).expect("tokenizing"))
             .collect();
         let out = model.embed(&ids).expect("embedding");
         assert_eq!(out.len(), batch);

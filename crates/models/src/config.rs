@@ -18,24 +18,14 @@ pub struct RawConfig {
 
 impl RawConfig {
     pub fn from_file(path: &Path) -> Result<RawConfig> {
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
-            path: path.to_path_buf(),
-            message: format!("invalid JSON: {e}"),
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| ModelError::Config { path: path.to_path_buf(), message: format!("invalid JSON: {e}") })?;
         if !value.is_object() {
-            return Err(ModelError::Config {
-                path: path.to_path_buf(),
-                message: "expected a JSON object".into(),
-            });
+            return Err(ModelError::Config { path: path.to_path_buf(), message: "expected a JSON object".into() });
         }
-        Ok(RawConfig {
-            path: path.to_path_buf(),
-            value,
-        })
+        Ok(RawConfig { path: path.to_path_buf(), value })
     }
 
     /// The first entry of `architectures`, which selects the model class (as transformers does).
@@ -46,9 +36,7 @@ impl RawConfig {
             .and_then(|a| a.first())
             .and_then(|a| a.as_str())
             .map(str::to_owned)
-            .ok_or_else(|| {
-                self.error("missing field `architectures` (a list naming the model class)")
-            })
+            .ok_or_else(|| self.error("missing field `architectures` (a list naming the model class)"))
     }
 
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T> {
@@ -56,10 +44,7 @@ impl RawConfig {
     }
 
     pub fn error(&self, message: impl Into<String>) -> ModelError {
-        ModelError::Config {
-            path: self.path.clone(),
-            message: message.into(),
-        }
+        ModelError::Config { path: self.path.clone(), message: message.into() }
     }
 }
 
@@ -75,19 +60,10 @@ mod tests {
 
     #[test]
     fn missing_field_error_names_file_and_field() {
-        let raw = RawConfig {
-            path: "dir/config.json".into(),
-            value: serde_json::json!({"vocab_size": 3, "extra": true}),
-        };
+        let raw =
+            RawConfig { path: "dir/config.json".into(), value: serde_json::json!({"vocab_size": 3, "extra": true}) };
         let err = raw.parse::<Needs>().unwrap_err().to_string();
-        assert!(
-            err.contains("dir/config.json") && err.contains("hidden_size"),
-            "{err}"
-        );
-        assert!(raw
-            .architecture()
-            .unwrap_err()
-            .to_string()
-            .contains("architectures"));
+        assert!(err.contains("dir/config.json") && err.contains("hidden_size"), "{err}");
+        assert!(raw.architecture().unwrap_err().to_string().contains("architectures"));
     }
 }

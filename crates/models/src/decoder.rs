@@ -49,10 +49,7 @@ impl SelfAttention {
 
     fn weight_bytes(&self) -> usize {
         let a = &self.attn;
-        [&a.q, &a.k, &a.v, &a.o]
-            .iter()
-            .map(|l| l.weight.size_in_bytes())
-            .sum()
+        [&a.q, &a.k, &a.v, &a.o].iter().map(|l| l.weight.size_in_bytes()).sum()
     }
 }
 
@@ -109,10 +106,7 @@ impl Block {
         match self.wiring {
             Wiring::Sequential { residual_scale } => {
                 let x = norm_opt(&self.attn_norm, h.clone())?;
-                let mut a = norm_opt(
-                    &self.attn_out_norm,
-                    self.attn.forward(&x, rope, meta, cache)?,
-                )?;
+                let mut a = norm_opt(&self.attn_out_norm, self.attn.forward(&x, rope, meta, cache)?)?;
                 if let Some(s) = residual_scale {
                     a = ops::scale(&a, s)?;
                 }
@@ -183,9 +177,7 @@ pub struct Decoder {
 /// A multiplier as Hugging Face applies it to a tensor of `dtype`: Gemma casts its
 /// `sqrt(hidden)` normalizer to the weights' dtype (55.4256 becomes 55.5 in bf16).
 pub fn scalar_in_dtype(v: f64, dtype: DType) -> f32 {
-    Tensor::from_f32_as(vec![v as f32], &[1], dtype)
-        .map(|t| t.to_f32_vec()[0])
-        .unwrap_or(v as f32)
+    Tensor::from_f32_as(vec![v as f32], &[1], dtype).map(|t| t.to_f32_vec()[0]).unwrap_or(v as f32)
 }
 
 impl Decoder {
@@ -204,32 +196,15 @@ impl Decoder {
             .iter()
             .map(|b| {
                 let p = &b.attn.attn.params;
-                KvLayerSpec {
-                    num_kv_heads: p.num_kv_heads,
-                    k_dim: p.head_dim,
-                    v_dim: p.v_head_dim,
-                }
+                KvLayerSpec { num_kv_heads: p.num_kv_heads, k_dim: p.head_dim, v_dim: p.v_head_dim }
             })
             .collect();
         let tied = std::ptr::eq(embed.table.storage(), lm_head.weight.storage());
         let weight_bytes = embed.table.size_in_bytes()
-            + if tied {
-                0
-            } else {
-                lm_head.weight.size_in_bytes()
-            }
-            + blocks
-                .iter()
-                .map(|b| b.attn.weight_bytes() + b.mlp.weight_bytes())
-                .sum::<usize>()
+            + if tied { 0 } else { lm_head.weight.size_in_bytes() }
+            + blocks.iter().map(|b| b.attn.weight_bytes() + b.mlp.weight_bytes()).sum::<usize>()
             + extra.iter().map(|t| t.size_in_bytes()).sum::<usize>();
-        ModelInfo {
-            architecture,
-            vocab_size,
-            max_position_embeddings,
-            kv_layers,
-            weight_bytes,
-        }
+        ModelInfo { architecture, vocab_size, max_position_embeddings, kv_layers, weight_bytes }
     }
 }
 
@@ -253,11 +228,7 @@ impl CausalLM for Decoder {
     fn hidden_states(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
         let meta = input.meta;
         let mut h = self.embed.forward(input.tokens)?;
-        let tables = self
-            .ropes
-            .iter()
-            .map(|r| r.cos_sin(meta, h.device()))
-            .collect::<Result<Vec<_>>>()?;
+        let tables = self.ropes.iter().map(|r| r.cos_sin(meta, h.device())).collect::<Result<Vec<_>>>()?;
         if let Some(s) = self.embed_scale {
             h = ops::scale(&h, s)?;
         }
@@ -265,18 +236,11 @@ impl CausalLM for Decoder {
             h = p.forward(&h)?;
         }
         if let Some(pos) = &self.positions {
-            let ids: Vec<u32> = meta
-                .positions()
-                .into_iter()
-                .map(|p| (p + pos.offset) as u32)
-                .collect();
+            let ids: Vec<u32> = meta.positions().into_iter().map(|p| (p + pos.offset) as u32).collect();
             h = ops::add(&h, &ops::embedding(&pos.table, &ids)?)?;
         }
         for (block, cache) in self.blocks.iter().zip(kv.iter_mut()) {
-            let rope = block
-                .attn
-                .rope
-                .map(|i| (&self.ropes[i], &tables[i].0, &tables[i].1));
+            let rope = block.attn.rope.map(|i| (&self.ropes[i], &tables[i].0, &tables[i].1));
             h = block.forward(h, rope, meta, cache)?;
         }
         let mut h = norm_opt(&self.final_norm, ops::gather_rows(&h, input.logit_rows)?)?;
@@ -304,9 +268,9 @@ pub mod load {
     #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` is newer than the workspace's rust-version
     pub fn check_heads(raw: &RawConfig, heads: usize, kv_heads: usize) -> Result<()> {
         if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(raw.error(format!(
-                "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
-            )));
+            return Err(
+                raw.error(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"))
+            );
         }
         Ok(())
     }
@@ -332,24 +296,11 @@ pub mod load {
     }
 
     /// The LM head: the input embedding when tied (or when the checkpoint has no head), else `name`.
-    pub fn lm_head(
-        w: &Weights,
-        name: &str,
-        embed: &Embedding,
-        tied: bool,
-        bias: bool,
-    ) -> Result<Linear> {
+    pub fn lm_head(w: &Weights, name: &str, embed: &Embedding, tied: bool, bias: bool) -> Result<Linear> {
         let [vocab, hidden] = [embed.table.shape()[0], embed.table.shape()[1]];
         if tied || !w.contains(&format!("{name}.weight")) {
-            let bias = if bias {
-                Some(w.get_f32(&format!("{name}.bias"), &[vocab])?)
-            } else {
-                None
-            };
-            return Ok(Linear {
-                weight: embed.table.clone(),
-                bias,
-            });
+            let bias = if bias { Some(w.get_f32(&format!("{name}.bias"), &[vocab])?) } else { None };
+            return Ok(Linear { weight: embed.table.clone(), bias });
         }
         Linear::load(w, name, hidden, vocab, bias)
     }
@@ -358,13 +309,7 @@ pub mod load {
         RmsNorm::load(w, name, size, eps)
     }
 
-    pub fn layer_norm(
-        w: &Weights,
-        name: &str,
-        size: usize,
-        eps: f64,
-        bias: bool,
-    ) -> Result<LayerNorm> {
+    pub fn layer_norm(w: &Weights, name: &str, size: usize, eps: f64, bias: bool) -> Result<LayerNorm> {
         LayerNorm::load(w, name, size, eps, bias)
     }
 
@@ -373,9 +318,7 @@ pub mod load {
         match layer_types.get(i).map(String::as_str) {
             Some("sliding_attention") => Ok(true),
             Some("full_attention") => Ok(false),
-            Some(other) => {
-                Err(raw.error(format!("unsupported layer type `{other}` in `layer_types`")))
-            }
+            Some(other) => Err(raw.error(format!("unsupported layer type `{other}` in `layer_types`"))),
             None => Err(raw.error(format!("`layer_types` has no entry for layer {i}"))),
         }
     }

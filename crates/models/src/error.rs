@@ -5,18 +5,11 @@ pub enum ModelError {
     #[error("{path}: {message}")]
     Config { path: PathBuf, message: String },
     #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("weights: tensor `{name}` not found (looked in {location})")]
     MissingTensor { name: String, location: String },
     #[error("weights: tensor `{name}` has shape {actual:?}, expected {expected:?}")]
-    TensorShape {
-        name: String,
-        expected: Vec<usize>,
-        actual: Vec<usize>,
-    },
+    TensorShape { name: String, expected: Vec<usize>, actual: Vec<usize> },
     #[error("{path}: {message}")]
     Weights { path: PathBuf, message: String },
     #[error("unsupported architecture `{arch}`; supported: {supported}")]

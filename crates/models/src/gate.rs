@@ -37,14 +37,9 @@ pub struct Oracle {
 
 impl Oracle {
     pub fn load(path: &Path) -> Result<Oracle> {
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        serde_json::from_str(&text).map_err(|e| ModelError::Config {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+        serde_json::from_str(&text).map_err(|e| ModelError::Config { path: path.to_path_buf(), message: e.to_string() })
     }
 }
 
@@ -73,20 +68,8 @@ pub fn argmax(row: &[f32]) -> u32 {
 
 /// Batch-1 greedy generation over a private paged cache (prefill in one step, then decode):
 /// the model alone, without the engine's scheduler.
-pub fn greedy(
-    model: &dyn CausalLM,
-    prompt: &[u32],
-    new_tokens: usize,
-    block_size: usize,
-) -> Result<Generation> {
-    greedy_on(
-        model,
-        prompt,
-        new_tokens,
-        block_size,
-        Device::Cpu,
-        DType::F32,
-    )
+pub fn greedy(model: &dyn CausalLM, prompt: &[u32], new_tokens: usize, block_size: usize) -> Result<Generation> {
+    greedy_on(model, prompt, new_tokens, block_size, Device::Cpu, DType::F32)
 }
 
 /// [`greedy`] with the KV cache on `device` in `kv_dtype` (where the model's weights live, in the
@@ -105,17 +88,7 @@ pub fn greedy_on(
         .info()
         .kv_layers
         .iter()
-        .map(|s| {
-            PagedKvLayer::new_on(
-                device,
-                kv_dtype,
-                blocks,
-                block_size,
-                s.num_kv_heads,
-                s.k_dim,
-                s.v_dim,
-            )
-        })
+        .map(|s| PagedKvLayer::new_on(device, kv_dtype, blocks, block_size, s.num_kv_heads, s.k_dim, s.v_dim))
         .collect::<std::result::Result<_, _>>()?;
     // Reversed block order: the model must follow the block table, not assume contiguity.
     let block_table: Vec<u32> = (0..blocks as u32).rev().collect();
@@ -125,19 +98,10 @@ pub fn greedy_on(
     let mut ctx = 0;
     while tokens.len() < new_tokens {
         ctx += step_tokens.len();
-        let seq = AttnSeq {
-            q_start: 0,
-            q_len: step_tokens.len(),
-            ctx_len: ctx,
-            block_table: block_table.clone(),
-        };
+        let seq = AttnSeq { q_start: 0, q_len: step_tokens.len(), ctx_len: ctx, block_table: block_table.clone() };
         let meta = AttnMetadata::new(vec![seq], block_size)?;
         let logits = model.forward(
-            &crate::ForwardInput {
-                tokens: &step_tokens,
-                meta: &meta,
-                logit_rows: &[step_tokens.len() - 1],
-            },
+            &crate::ForwardInput { tokens: &step_tokens, meta: &meta, logit_rows: &[step_tokens.len() - 1] },
             &mut kv,
         )?;
         let row = logits.to_f32_vec();
@@ -190,27 +154,15 @@ pub fn judge(case: &OracleCase, ours: &Generation) -> CaseReport {
         }
     }
     let strict = divergence.is_none() && ours.tokens.len() >= case.output_ids.len();
-    CaseReport {
-        name: case.name.clone(),
-        strict,
-        divergence,
-        max_logprob_error: max_err,
-    }
+    CaseReport { name: case.name.clone(), strict, divergence, max_logprob_error: max_err }
 }
 
 /// Summary line in the matrix's format, e.g. `11/11 (STRICT 11 + near-tie 0, max gap 0.00 nats)`.
 pub fn summarize(reports: &[CaseReport]) -> String {
     let strict = reports.iter().filter(|r| r.strict).count();
     let near = reports.iter().filter(|r| r.near_tie()).count();
-    let gap = reports
-        .iter()
-        .filter_map(|r| r.divergence.map(|d| d.1))
-        .fold(0.0f32, f32::max);
-    format!(
-        "{}/{} (STRICT {strict} + near-tie {near}, max gap {gap:.2} nats)",
-        strict + near,
-        reports.len()
-    )
+    let gap = reports.iter().filter_map(|r| r.divergence.map(|d| d.1)).fold(0.0f32, f32::max);
+    format!("{}/{} (STRICT {strict} + near-tie {near}, max gap {gap:.2} nats)", strict + near, reports.len())
 }
 
 /// The workspace's `fixtures/` directory.
@@ -224,44 +176,21 @@ pub fn run_fixture(dir: &Path, dtype: DType) -> Result<(Oracle, Vec<CaseReport>)
 }
 
 /// [`run_fixture`] with the weights and the KV cache on `device`.
-pub fn run_fixture_on(
-    dir: &Path,
-    dtype: DType,
-    device: Device,
-) -> Result<(Oracle, Vec<CaseReport>)> {
+pub fn run_fixture_on(dir: &Path, dtype: DType, device: Device) -> Result<(Oracle, Vec<CaseReport>)> {
     let oracle = Oracle::load(&dir.join("oracle.json"))?;
-    let loaded = crate::load_model(
-        dir,
-        &crate::LoadOptions {
-            dtype,
-            device,
-            progress: false,
-        },
-    )?;
+    let loaded = crate::load_model(dir, &crate::LoadOptions { dtype, device, progress: false })?;
     let reports = run_battery(&oracle, loaded.model.as_ref(), dtype, device)?;
     Ok((oracle, reports))
 }
 
 /// Every case of `oracle` through `model`, whose weights are on `device` in `dtype` (the KV
 /// cache takes that dtype too; a CPU cache is always f32).
-fn run_battery(
-    oracle: &Oracle,
-    model: &dyn CausalLM,
-    dtype: DType,
-    device: Device,
-) -> Result<Vec<CaseReport>> {
+fn run_battery(oracle: &Oracle, model: &dyn CausalLM, dtype: DType, device: Device) -> Result<Vec<CaseReport>> {
     oracle
         .cases
         .iter()
         .map(|case| {
-            let ours = greedy_on(
-                model,
-                &case.prompt_ids,
-                case.output_ids.len(),
-                16,
-                device,
-                dtype,
-            )?;
+            let ours = greedy_on(model, &case.prompt_ids, case.output_ids.len(), 16, device, dtype)?;
             Ok(judge(case, &ours))
         })
         .collect()
@@ -277,12 +206,8 @@ pub fn run_fixture_with(
 ) -> Result<(Oracle, Vec<CaseReport>)> {
     let oracle = Oracle::load(&dir.join("oracle.json"))?;
     let raw = crate::config::RawConfig::from_file(&dir.join("config.json"))?;
-    let weights = crate::weights::Weights::new(
-        Box::new(crate::weights::SafetensorsWeights::open(dir)?),
-        dtype,
-        None,
-    )
-    .on_device(device);
+    let weights = crate::weights::Weights::new(Box::new(crate::weights::SafetensorsWeights::open(dir)?), dtype, None)
+        .on_device(device);
     let model = build(&raw, &weights)?;
     let reports = run_battery(&oracle, model.as_ref(), dtype, device)?;
     Ok((oracle, reports))

@@ -237,18 +237,12 @@ impl fmt::Debug for GgufFile {
 pub fn is_gguf(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 4];
-    File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .map(|()| &magic == MAGIC)
-        .unwrap_or(false)
+    File::open(path).and_then(|mut f| f.read_exact(&mut magic)).map(|()| &magic == MAGIC).unwrap_or(false)
 }
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
-        let err = |kind| GgufError {
-            path: path.to_path_buf(),
-            kind,
-        };
+        let err = |kind| GgufError { path: path.to_path_buf(), kind };
         let file = File::open(path).map_err(|e| err(GgufErrorKind::Io(e)))?;
         // SAFETY: the map is read-only and private to this struct. Like every mmap-based loader
         // (safetensors included), this assumes nobody truncates or rewrites the file while it is
@@ -260,12 +254,7 @@ impl GgufFile {
             mmap,
             version: parsed.version,
             metadata: parsed.metadata,
-            by_name: parsed
-                .tensors
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (t.name.clone(), i))
-                .collect(),
+            by_name: parsed.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect(),
             tensors: parsed.tensors,
             alignment: parsed.alignment,
             data_offset: parsed.data_offset,
@@ -308,34 +297,22 @@ impl GgufFile {
 
     /// The tensor's bytes exactly as stored (ggml blocks for quantized types).
     pub fn tensor_data(&self, name: &str) -> Result<&[u8], GgufError> {
-        let info = self
-            .tensor_info(name)
-            .ok_or_else(|| self.error(GgufErrorKind::MissingTensor(name.to_string())))?;
+        let info = self.tensor_info(name).ok_or_else(|| self.error(GgufErrorKind::MissingTensor(name.to_string())))?;
         Ok(self.data_of(info))
     }
 
     /// Dequantizes a tensor to f32, returning its row-major shape (GGUF dims reversed) and values.
     /// Bit-exact with ggml's `dequantize_row_*` and gguf-py's `gguf.quants.dequantize`.
     pub fn dequantize(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), GgufError> {
-        let info = self
-            .tensor_info(name)
-            .ok_or_else(|| self.error(GgufErrorKind::MissingTensor(name.to_string())))?;
+        let info = self.tensor_info(name).ok_or_else(|| self.error(GgufErrorKind::MissingTensor(name.to_string())))?;
         if !info.ggml_type.can_dequantize() {
-            return Err(self.error(GgufErrorKind::UnsupportedType {
-                name: info.name.clone(),
-                ty: info.ggml_type,
-            }));
+            return Err(self.error(GgufErrorKind::UnsupportedType { name: info.name.clone(), ty: info.ggml_type }));
         }
         let mut out = vec![0f32; info.n_elements as usize];
         // Sizes were validated at open, so the only failure left would be a bug in that check.
         info.ggml_type
             .dequantize_into(self.data_of(info), &mut out)
-            .map_err(|e| {
-                self.error(GgufErrorKind::Malformed(format!(
-                    "tensor `{}`: {e}",
-                    info.name
-                )))
-            })?;
+            .map_err(|e| self.error(GgufErrorKind::Malformed(format!("tensor `{}`: {e}", info.name))))?;
         Ok((info.shape(), out))
     }
 
@@ -346,17 +323,11 @@ impl GgufFile {
     }
 
     fn error(&self, kind: GgufErrorKind) -> GgufError {
-        GgufError {
-            path: self.path.clone(),
-            kind,
-        }
+        GgufError { path: self.path.clone(), kind }
     }
 
     fn metadata_error(&self, key: &str, problem: impl Into<String>) -> GgufError {
-        self.error(GgufErrorKind::Metadata {
-            key: key.to_string(),
-            problem: problem.into(),
-        })
+        self.error(GgufErrorKind::Metadata { key: key.to_string(), problem: problem.into() })
     }
 
     fn get(&self, key: &str) -> Option<&GgufValue> {
@@ -368,10 +339,7 @@ impl GgufFile {
         self.get(key)
             .map(|v| {
                 v.as_u64().ok_or_else(|| {
-                    self.metadata_error(
-                        key,
-                        format!("expected an unsigned integer, found {} {v}", v.type_name()),
-                    )
+                    self.metadata_error(key, format!("expected an unsigned integer, found {} {v}", v.type_name()))
                 })
             })
             .transpose()
@@ -380,12 +348,8 @@ impl GgufFile {
     fn get_f64(&self, key: &str) -> Result<Option<f64>, GgufError> {
         self.get(key)
             .map(|v| {
-                v.as_f64().ok_or_else(|| {
-                    self.metadata_error(
-                        key,
-                        format!("expected a number, found {} {v}", v.type_name()),
-                    )
-                })
+                v.as_f64()
+                    .ok_or_else(|| self.metadata_error(key, format!("expected a number, found {} {v}", v.type_name())))
             })
             .transpose()
     }
@@ -393,12 +357,8 @@ impl GgufFile {
     fn get_bool(&self, key: &str) -> Result<Option<bool>, GgufError> {
         self.get(key)
             .map(|v| {
-                v.as_bool().ok_or_else(|| {
-                    self.metadata_error(
-                        key,
-                        format!("expected a bool, found {} {v}", v.type_name()),
-                    )
-                })
+                v.as_bool()
+                    .ok_or_else(|| self.metadata_error(key, format!("expected a bool, found {} {v}", v.type_name())))
             })
             .transpose()
     }
@@ -406,24 +366,18 @@ impl GgufFile {
     fn get_str(&self, key: &str) -> Result<Option<&str>, GgufError> {
         self.get(key)
             .map(|v| {
-                v.as_str().ok_or_else(|| {
-                    self.metadata_error(
-                        key,
-                        format!("expected a string, found {} {v}", v.type_name()),
-                    )
-                })
+                v.as_str()
+                    .ok_or_else(|| self.metadata_error(key, format!("expected a string, found {} {v}", v.type_name())))
             })
             .transpose()
     }
 
     fn require_u64(&self, key: &str) -> Result<u64, GgufError> {
-        self.get_u64(key)?
-            .ok_or_else(|| self.metadata_error(key, "missing"))
+        self.get_u64(key)?.ok_or_else(|| self.metadata_error(key, "missing"))
     }
 
     fn architecture(&self) -> Result<&str, GgufError> {
-        self.get_str("general.architecture")?
-            .ok_or_else(|| self.metadata_error("general.architecture", "missing"))
+        self.get_str("general.architecture")?.ok_or_else(|| self.metadata_error("general.architecture", "missing"))
     }
 }
 
@@ -444,21 +398,14 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize, what: &dyn Fn() -> String) -> Result<&'a [u8], GgufErrorKind> {
         let (buf, pos) = (self.buf, self.pos);
-        let truncated = || GgufErrorKind::Truncated {
-            what: what(),
-            offset: pos as u64,
-            len: buf.len() as u64,
-        };
+        let truncated = || GgufErrorKind::Truncated { what: what(), offset: pos as u64, len: buf.len() as u64 };
         let end = pos.checked_add(n).ok_or_else(truncated)?;
         let bytes = buf.get(pos..end).ok_or_else(truncated)?;
         self.pos = end;
         Ok(bytes)
     }
 
-    fn array<const N: usize>(
-        &mut self,
-        what: &dyn Fn() -> String,
-    ) -> Result<[u8; N], GgufErrorKind> {
+    fn array<const N: usize>(&mut self, what: &dyn Fn() -> String) -> Result<[u8; N], GgufErrorKind> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(N, what)?);
         Ok(out)
@@ -498,12 +445,7 @@ impl<'a> Reader<'a> {
             7 => match self.array::<1>(what)?[0] {
                 0 => GgufValue::Bool(false),
                 1 => GgufValue::Bool(true),
-                b => {
-                    return Err(GgufErrorKind::Malformed(format!(
-                        "{} is a bool stored as {b}",
-                        what()
-                    )))
-                }
+                b => return Err(GgufErrorKind::Malformed(format!("{} is a bool stored as {b}", what()))),
             },
             8 => GgufValue::String(self.string(what)?),
             9 => {
@@ -519,10 +461,7 @@ impl<'a> Reader<'a> {
                     )));
                 }
                 if elem_ty == 9 {
-                    return Err(GgufErrorKind::Malformed(format!(
-                        "{} is an array of arrays",
-                        what()
-                    )));
+                    return Err(GgufErrorKind::Malformed(format!("{} is an array of arrays", what())));
                 }
                 // No preallocation from the count: memory grows only with elements actually read.
                 let mut values = Vec::new();
@@ -535,10 +474,7 @@ impl<'a> Reader<'a> {
             11 => GgufValue::I64(i64::from_le_bytes(self.array(what)?)),
             12 => GgufValue::F64(f64::from_le_bytes(self.array(what)?)),
             other => {
-                return Err(GgufErrorKind::Malformed(format!(
-                    "{} has unknown value type {other}",
-                    what()
-                )));
+                return Err(GgufErrorKind::Malformed(format!("{} has unknown value type {other}", what())));
             }
         })
     }
@@ -577,9 +513,7 @@ fn parse(buf: &[u8]) -> Result<Parsed, GgufErrorKind> {
         let ty = r.u32(&what)?;
         let value = r.value(ty, &what)?;
         if metadata.insert(key.clone(), value).is_some() {
-            return Err(GgufErrorKind::Malformed(format!(
-                "metadata key `{key}` appears twice"
-            )));
+            return Err(GgufErrorKind::Malformed(format!("metadata key `{key}` appears twice")));
         }
     }
 
@@ -613,18 +547,12 @@ fn parse(buf: &[u8]) -> Result<Parsed, GgufErrorKind> {
         }
         let type_id = r.u32(&what)?;
         let offset = r.u64(&what)?;
-        let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| GgufErrorKind::UnknownType {
-            name: name.clone(),
-            id: type_id,
-        })?;
+        let ggml_type =
+            GgmlType::from_id(type_id).ok_or_else(|| GgufErrorKind::UnknownType { name: name.clone(), id: type_id })?;
         let n_elements = dims
             .iter()
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| {
-                GgufErrorKind::Malformed(format!(
-                    "tensor `{name}` has dims {dims:?} overflowing u64"
-                ))
-            })?;
+            .ok_or_else(|| GgufErrorKind::Malformed(format!("tensor `{name}` has dims {dims:?} overflowing u64")))?;
         let block = ggml_type.block_size() as u64;
         // ggml stores each row as whole blocks, so the innermost dim must be a multiple.
         if dims[0] % block != 0 {
@@ -640,43 +568,23 @@ fn parse(buf: &[u8]) -> Result<Parsed, GgufErrorKind> {
             )));
         }
         if !seen.insert(name.clone()) {
-            return Err(GgufErrorKind::Malformed(format!(
-                "tensor `{name}` appears twice"
-            )));
+            return Err(GgufErrorKind::Malformed(format!("tensor `{name}` appears twice")));
         }
-        tensors.push(GgufTensorInfo {
-            name,
-            dims,
-            ggml_type,
-            offset,
-            n_elements,
-            n_bytes,
-        });
+        tensors.push(GgufTensorInfo { name, dims, ggml_type, offset, n_elements, n_bytes });
     }
 
     let data_offset = (r.pos as u64).div_ceil(alignment) * alignment;
     let file_len = buf.len() as u64;
     for t in &tensors {
-        let end = data_offset
-            .checked_add(t.offset)
-            .and_then(|s| s.checked_add(t.n_bytes));
+        let end = data_offset.checked_add(t.offset).and_then(|s| s.checked_add(t.n_bytes));
         if end.is_none_or(|end| end > file_len) {
             return Err(GgufErrorKind::Truncated {
-                what: format!(
-                    "data of tensor `{}` ({} bytes at data offset {})",
-                    t.name, t.n_bytes, t.offset
-                ),
+                what: format!("data of tensor `{}` ({} bytes at data offset {})", t.name, t.n_bytes, t.offset),
                 offset: data_offset.saturating_add(t.offset),
                 len: file_len,
             });
         }
     }
 
-    Ok(Parsed {
-        version,
-        metadata,
-        tensors,
-        alignment,
-        data_offset,
-    })
+    Ok(Parsed { version, metadata, tensors, alignment, data_offset })
 }

@@ -4,8 +4,7 @@
 use std::ops::Range;
 
 use ferrite_tensor::{
-    ops, Activation, AttentionParams, AttnMetadata, CpuStorage, Device, PagedKvLayer, Storage,
-    Tensor, TensorError,
+    ops, Activation, AttentionParams, AttnMetadata, CpuStorage, Device, PagedKvLayer, Storage, Tensor, TensorError,
 };
 
 use crate::rope::Rope;
@@ -20,29 +19,14 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn load(
-        w: &Weights,
-        prefix: &str,
-        in_features: usize,
-        out_features: usize,
-        bias: bool,
-    ) -> Result<Linear> {
+    pub fn load(w: &Weights, prefix: &str, in_features: usize, out_features: usize, bias: bool) -> Result<Linear> {
         let weight = w.get(&format!("{prefix}.weight"), &[out_features, in_features])?;
-        let bias = if bias {
-            Some(w.get_f32(&format!("{prefix}.bias"), &[out_features])?)
-        } else {
-            None
-        };
+        let bias = if bias { Some(w.get_f32(&format!("{prefix}.bias"), &[out_features])?) } else { None };
         Ok(Linear { weight, bias })
     }
 
     /// Loads a bias when the checkpoint has one (some configs do not say).
-    pub fn load_opt_bias(
-        w: &Weights,
-        prefix: &str,
-        in_features: usize,
-        out_features: usize,
-    ) -> Result<Linear> {
+    pub fn load_opt_bias(w: &Weights, prefix: &str, in_features: usize, out_features: usize) -> Result<Linear> {
         let weight = w.get(&format!("{prefix}.weight"), &[out_features, in_features])?;
         let bias = w.get_f32_opt(&format!("{prefix}.bias"), &[out_features])?;
         Ok(Linear { weight, bias })
@@ -53,12 +37,7 @@ impl Linear {
     }
 
     /// A GPT-2 `Conv1D` (`x @ W + b` with `W [in, out]`): transposed here to the `Linear` layout.
-    pub fn load_conv1d(
-        w: &Weights,
-        prefix: &str,
-        in_features: usize,
-        out_features: usize,
-    ) -> Result<Linear> {
+    pub fn load_conv1d(w: &Weights, prefix: &str, in_features: usize, out_features: usize) -> Result<Linear> {
         let weight = transpose(&w.get(&format!("{prefix}.weight"), &[in_features, out_features])?)?;
         let bias = Some(w.get_f32(&format!("{prefix}.bias"), &[out_features])?);
         Ok(Linear { weight, bias })
@@ -86,11 +65,7 @@ impl Linear {
     pub fn select_rows(&self, ranges: &[Range<usize>]) -> Result<Linear> {
         Ok(Linear {
             weight: select_rows(&self.weight, ranges)?,
-            bias: self
-                .bias
-                .as_ref()
-                .map(|b| select_rows(b, ranges))
-                .transpose()?,
+            bias: self.bias.as_ref().map(|b| select_rows(b, ranges)).transpose()?,
         })
     }
 
@@ -109,11 +84,7 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     pub fn load(w: &Weights, name: &str, size: usize, eps: f64) -> Result<RmsNorm> {
-        Ok(RmsNorm {
-            weight: w.get_f32(&format!("{name}.weight"), &[size])?,
-            eps: eps as f32,
-            offset: 0.0,
-        })
+        Ok(RmsNorm { weight: w.get_f32(&format!("{name}.weight"), &[size])?, eps: eps as f32, offset: 0.0 })
     }
 
     pub fn with_offset(mut self, offset: f32) -> RmsNorm {
@@ -127,13 +98,7 @@ impl RmsNorm {
 
     /// `residual + x` and its norm in one pass: `(norm(residual + x), residual + x)`.
     pub fn forward_add(&self, x: &Tensor, residual: &Tensor) -> Result<(Tensor, Tensor)> {
-        Ok(ops::add_rms_norm(
-            x,
-            residual,
-            &self.weight,
-            self.eps,
-            self.offset,
-        )?)
+        Ok(ops::add_rms_norm(x, residual, &self.weight, self.eps, self.offset)?)
     }
 
     /// Normalises each head of `x [tokens, heads * head_dim]` separately (QK-norm).
@@ -154,25 +119,12 @@ pub struct LayerNorm {
 impl LayerNorm {
     pub fn load(w: &Weights, name: &str, size: usize, eps: f64, bias: bool) -> Result<LayerNorm> {
         let weight = Some(w.get_f32(&format!("{name}.weight"), &[size])?);
-        let bias = if bias {
-            Some(w.get_f32(&format!("{name}.bias"), &[size])?)
-        } else {
-            None
-        };
-        Ok(LayerNorm {
-            weight,
-            bias,
-            eps: eps as f32,
-        })
+        let bias = if bias { Some(w.get_f32(&format!("{name}.bias"), &[size])?) } else { None };
+        Ok(LayerNorm { weight, bias, eps: eps as f32 })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(ops::layer_norm(
-            x,
-            self.weight.as_ref(),
-            self.bias.as_ref(),
-            self.eps,
-        )?)
+        Ok(ops::layer_norm(x, self.weight.as_ref(), self.bias.as_ref(), self.eps)?)
     }
 }
 
@@ -195,21 +147,9 @@ impl GatedMlp {
         bias: bool,
     ) -> Result<GatedMlp> {
         Ok(GatedMlp {
-            gate: Linear::load(
-                w,
-                &format!("{prefix}.gate_proj"),
-                hidden,
-                intermediate,
-                bias,
-            )?,
+            gate: Linear::load(w, &format!("{prefix}.gate_proj"), hidden, intermediate, bias)?,
             up: Linear::load(w, &format!("{prefix}.up_proj"), hidden, intermediate, bias)?,
-            down: Linear::load(
-                w,
-                &format!("{prefix}.down_proj"),
-                intermediate,
-                hidden,
-                bias,
-            )?,
+            down: Linear::load(w, &format!("{prefix}.down_proj"), intermediate, hidden, bias)?,
             act,
         })
     }
@@ -301,17 +241,10 @@ fn select_rows(t: &Tensor, ranges: &[Range<usize>]) -> Result<Tensor> {
     let cols = if t.rank() == 1 { 1 } else { t.last_dim() };
     let rows = t.numel().checked_div(cols).unwrap_or(0);
     if let Some(bad) = ranges.iter().find(|r| r.start > r.end || r.end > rows) {
-        return Err(TensorError::Shape {
-            op: "select_rows",
-            detail: format!("rows {bad:?} of {:?}", t.shape()),
-        }
-        .into());
+        return Err(TensorError::Shape { op: "select_rows", detail: format!("rows {bad:?} of {:?}", t.shape()) }.into());
     }
     fn pick<T: Copy>(v: &[T], cols: usize, ranges: &[Range<usize>]) -> Vec<T> {
-        ranges
-            .iter()
-            .flat_map(|r| v[r.start * cols..r.end * cols].iter().copied())
-            .collect()
+        ranges.iter().flat_map(|r| v[r.start * cols..r.end * cols].iter().copied()).collect()
     }
     // Load-time only, so a device tensor takes the round trip through host memory.
     let host = t.to_device(Device::Cpu)?;
@@ -320,19 +253,11 @@ fn select_rows(t: &Tensor, ranges: &[Range<usize>]) -> Result<Tensor> {
         Some(CpuStorage::F16(v)) => CpuStorage::F16(pick(v, cols, ranges)),
         Some(CpuStorage::BF16(v)) => CpuStorage::BF16(pick(v, cols, ranges)),
         None => {
-            return Err(TensorError::Unsupported {
-                op: "select_rows",
-                detail: "a tensor on a device".into(),
-            }
-            .into())
+            return Err(TensorError::Unsupported { op: "select_rows", detail: "a tensor on a device".into() }.into())
         }
     };
     let n: usize = ranges.iter().map(|r| r.len()).sum();
-    let shape = if t.rank() == 1 {
-        vec![n]
-    } else {
-        vec![n, cols]
-    };
+    let shape = if t.rank() == 1 { vec![n] } else { vec![n, cols] };
     Ok(Tensor::from_storage(Storage::Cpu(storage), shape)?.to_device(t.device())?)
 }
 
@@ -341,30 +266,18 @@ fn transpose(t: &Tensor) -> Result<Tensor> {
     let (a, b) = match t.shape() {
         &[a, b] => (a, b),
         other => {
-            return Err(TensorError::Shape {
-                op: "transpose",
-                detail: format!("{other:?} is not a matrix"),
-            }
-            .into())
+            return Err(TensorError::Shape { op: "transpose", detail: format!("{other:?} is not a matrix") }.into())
         }
     };
     fn flip<T: Copy>(v: &[T], a: usize, b: usize) -> Vec<T> {
-        (0..b)
-            .flat_map(|j| (0..a).map(move |i| v[i * b + j]))
-            .collect()
+        (0..b).flat_map(|j| (0..a).map(move |i| v[i * b + j])).collect()
     }
     let host = t.to_device(Device::Cpu)?;
     let storage = match host.cpu() {
         Some(CpuStorage::F32(v)) => CpuStorage::F32(flip(v, a, b)),
         Some(CpuStorage::F16(v)) => CpuStorage::F16(flip(v, a, b)),
         Some(CpuStorage::BF16(v)) => CpuStorage::BF16(flip(v, a, b)),
-        None => {
-            return Err(TensorError::Unsupported {
-                op: "transpose",
-                detail: "a tensor on a device".into(),
-            }
-            .into())
-        }
+        None => return Err(TensorError::Unsupported { op: "transpose", detail: "a tensor on a device".into() }.into()),
     };
     Ok(Tensor::from_storage(Storage::Cpu(storage), vec![b, a])?.to_device(t.device())?)
 }
@@ -402,13 +315,9 @@ impl HeadLayerNorm {
         let per_head = x.reshape(&[x.numel() / d, d])?;
         let shared = self.weight.as_ref().is_none_or(|w| w.numel() == d);
         if shared {
-            return Ok(ops::layer_norm(
-                &per_head,
-                self.weight.as_ref(),
-                self.bias.as_ref(),
-                self.eps,
-            )?
-            .reshape(x.shape())?);
+            return Ok(
+                ops::layer_norm(&per_head, self.weight.as_ref(), self.bias.as_ref(), self.eps)?.reshape(x.shape())?
+            );
         }
         if self.bias.is_some() {
             return Err(TensorError::Unsupported {
@@ -435,8 +344,7 @@ pub struct DenseMlp {
 
 impl DenseMlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.fc2
-            .forward(&ops::activation(&self.fc1.forward(x)?, self.act)?)
+        self.fc2.forward(&ops::activation(&self.fc1.forward(x)?, self.act)?)
     }
 }
 
@@ -456,10 +364,7 @@ impl Mlp {
 
     pub fn weight_bytes(&self) -> usize {
         match self {
-            Mlp::Gated(m) => [&m.gate, &m.up, &m.down]
-                .iter()
-                .map(|l| l.weight.size_in_bytes())
-                .sum(),
+            Mlp::Gated(m) => [&m.gate, &m.up, &m.down].iter().map(|l| l.weight.size_in_bytes()).sum(),
             Mlp::Dense(m) => m.fc1.weight.size_in_bytes() + m.fc2.weight.size_in_bytes(),
         }
     }
@@ -473,35 +378,22 @@ mod tests {
 
     #[test]
     fn select_rows_and_transpose_keep_dtype_and_order() {
-        let t =
-            Tensor::from_f32_as((0..12).map(|v| v as f32).collect(), &[4, 3], DType::BF16).unwrap();
+        let t = Tensor::from_f32_as((0..12).map(|v| v as f32).collect(), &[4, 3], DType::BF16).unwrap();
         let picked = select_rows(&t, &[2..3, 0..2]).unwrap();
-        assert_eq!(
-            (picked.shape(), picked.dtype()),
-            (&[3usize, 3][..], DType::BF16)
-        );
+        assert_eq!((picked.shape(), picked.dtype()), (&[3usize, 3][..], DType::BF16));
         assert_eq!(picked.to_f32_vec(), [6., 7., 8., 0., 1., 2., 3., 4., 5.]);
         let tt = transpose(&t).unwrap();
         assert_eq!(tt.shape(), &[3, 4]);
-        assert_eq!(
-            tt.to_f32_vec(),
-            [0., 3., 6., 9., 1., 4., 7., 10., 2., 5., 8., 11.]
-        );
+        assert_eq!(tt.to_f32_vec(), [0., 3., 6., 9., 1., 4., 7., 10., 2., 5., 8., 11.]);
         let bias = Tensor::from_f32(vec![1., 2., 3., 4.], &[4]).unwrap();
-        assert_eq!(
-            select_rows(&bias, &[3..4, 1..2]).unwrap().to_f32_vec(),
-            [4., 2.]
-        );
+        assert_eq!(select_rows(&bias, &[3..4, 1..2]).unwrap().to_f32_vec(), [4., 2.]);
         assert!(select_rows(&t, std::slice::from_ref(&(3..5))).is_err());
     }
 
     #[test]
     fn split_rows_covers_every_row() {
         let w = Tensor::from_f32((0..10).map(|v| v as f32).collect(), &[5, 2]).unwrap();
-        let lin = Linear {
-            weight: w,
-            bias: Some(Tensor::from_f32(vec![0., 1., 2., 3., 4.], &[5]).unwrap()),
-        };
+        let lin = Linear { weight: w, bias: Some(Tensor::from_f32(vec![0., 1., 2., 3., 4.], &[5]).unwrap()) };
         let parts = lin.split_rows(&[3, 2]).unwrap();
         assert_eq!(parts[1].weight.to_f32_vec(), [6., 7., 8., 9.]);
         assert_eq!(parts[1].bias.as_ref().unwrap().to_f32_vec(), [3., 4.]);
@@ -510,11 +402,7 @@ mod tests {
 
     #[test]
     fn head_layer_norm_per_head_weights_match_shared_when_equal() {
-        let x = Tensor::from_f32(
-            (0..16).map(|v| ((v * 7) % 5) as f32 - 2.0).collect(),
-            &[2, 8],
-        )
-        .unwrap();
+        let x = Tensor::from_f32((0..16).map(|v| ((v * 7) % 5) as f32 - 2.0).collect(), &[2, 8]).unwrap();
         let shared = HeadLayerNorm {
             weight: Some(Tensor::from_f32(vec![0.5, 1.0, 1.5, 2.0], &[4]).unwrap()),
             bias: None,
@@ -522,23 +410,14 @@ mod tests {
             eps: 1e-5,
         };
         let per_head = HeadLayerNorm {
-            weight: Some(
-                Tensor::from_f32(vec![0.5, 1.0, 1.5, 2.0, 0.5, 1.0, 1.5, 2.0], &[8]).unwrap(),
-            ),
+            weight: Some(Tensor::from_f32(vec![0.5, 1.0, 1.5, 2.0, 0.5, 1.0, 1.5, 2.0], &[8]).unwrap()),
             ..shared.clone()
         };
-        let (a, b) = (
-            shared.forward(&x).unwrap().to_f32_vec(),
-            per_head.forward(&x).unwrap().to_f32_vec(),
-        );
+        let (a, b) = (shared.forward(&x).unwrap().to_f32_vec(), per_head.forward(&x).unwrap().to_f32_vec());
         assert_eq!(a, b);
         // Each head is normalised on its own: zero mean over every 4 values once the weight is divided out.
         for head in a.chunks(4) {
-            let unweighted: f32 = head
-                .iter()
-                .zip([0.5, 1.0, 1.5, 2.0])
-                .map(|(v, w)| v / w)
-                .sum();
+            let unweighted: f32 = head.iter().zip([0.5, 1.0, 1.5, 2.0]).map(|(v, w)| v / w).sum();
             assert!(unweighted.abs() < 1e-4, "{head:?}");
         }
     }

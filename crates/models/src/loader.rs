@@ -23,11 +23,7 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions {
-            dtype: DType::F32,
-            device: Device::Cpu,
-            progress: true,
-        }
+        LoadOptions { dtype: DType::F32, device: Device::Cpu, progress: true }
     }
 }
 
@@ -66,38 +62,19 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "model path does not exist"),
         });
     }
-    type Opened = (
-        RawConfig,
-        Box<dyn WeightSource>,
-        CheckpointKind,
-        Option<(String, serde_json::Value)>,
-    );
+    type Opened = (RawConfig, Box<dyn WeightSource>, CheckpointKind, Option<(String, serde_json::Value)>);
     let (config, source, kind, gguf_tokenizer): Opened = if is_file && gguf::is_gguf(path) {
         let file = GgufFile::open(path)?;
-        let config = RawConfig {
-            path: path.to_path_buf(),
-            value: file.hf_config()?,
-        };
+        let config = RawConfig { path: path.to_path_buf(), value: file.hf_config()? };
         let tokenizer = (file.hf_tokenizer_json()?, file.hf_tokenizer_config_json()?);
-        (
-            config,
-            Box::new(GgufWeights::new(file, path)),
-            CheckpointKind::Gguf(path.to_path_buf()),
-            Some(tokenizer),
-        )
+        (config, Box::new(GgufWeights::new(file, path)), CheckpointKind::Gguf(path.to_path_buf()), Some(tokenizer))
     } else if path.is_dir() {
         let config = RawConfig::from_file(&path.join("config.json"))?;
-        (
-            config,
-            Box::new(SafetensorsWeights::open(path)?),
-            CheckpointKind::HfDir(path.to_path_buf()),
-            None,
-        )
+        (config, Box::new(SafetensorsWeights::open(path)?), CheckpointKind::HfDir(path.to_path_buf()), None)
     } else {
         return Err(ModelError::Config {
             path: path.to_path_buf(),
-            message: "expected a checkpoint directory (config.json + safetensors) or a .gguf file"
-                .into(),
+            message: "expected a checkpoint directory (config.json + safetensors) or a .gguf file".into(),
         });
     };
     let arch = config.architecture()?;
@@ -105,11 +82,9 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let bar = (opts.progress && std::io::stderr().is_terminal()).then(|| {
         let bar = indicatif::ProgressBar::new(source.tensor_count() as u64);
         bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "loading {msg} [{bar:40}] {pos}/{len} tensors {elapsed}",
-            )
-            .expect("static template")
-            .progress_chars("=> "),
+            indicatif::ProgressStyle::with_template("loading {msg} [{bar:40}] {pos}/{len} tensors {elapsed}")
+                .expect("static template")
+                .progress_chars("=> "),
         );
         bar.set_message(arch.clone());
         bar
@@ -121,15 +96,6 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    tracing::info!(
-        tensors = weights.loaded_count(),
-        weight_bytes = model.info().weight_bytes,
-        "model loaded"
-    );
-    Ok(LoadedModel {
-        model,
-        config,
-        kind,
-        gguf_tokenizer,
-    })
+    tracing::info!(tensors = weights.loaded_count(), weight_bytes = model.info().weight_bytes, "model loaded");
+    Ok(LoadedModel { model, config, kind, gguf_tokenizer })
 }

@@ -98,23 +98,11 @@ impl Mla {
         let h = dims.num_heads;
         let (dn, dv, r) = (dims.qk_nope_head_dim, dims.v_head_dim, dims.kv_lora_rank);
         let q = match dims.q_lora_rank {
-            None => QProj::Full(Linear::load(
-                w,
-                &format!("{prefix}.q_proj"),
-                hidden,
-                h * dims.qk_head_dim(),
-                false,
-            )?),
+            None => QProj::Full(Linear::load(w, &format!("{prefix}.q_proj"), hidden, h * dims.qk_head_dim(), false)?),
             Some(qr) => QProj::LowRank {
                 a: Linear::load(w, &format!("{prefix}.q_a_proj"), hidden, qr, attention_bias)?,
                 norm: RmsNorm::load(w, &format!("{prefix}.q_a_layernorm"), qr, LATENT_NORM_EPS)?,
-                b: Linear::load(
-                    w,
-                    &format!("{prefix}.q_b_proj"),
-                    qr,
-                    h * dims.qk_head_dim(),
-                    false,
-                )?,
+                b: Linear::load(w, &format!("{prefix}.q_b_proj"), qr, h * dims.qk_head_dim(), false)?,
             },
         };
         let kv_a = Linear::load(
@@ -126,13 +114,7 @@ impl Mla {
         )?;
         let kv_norm = RmsNorm::load(w, &format!("{prefix}.kv_a_layernorm"), r, LATENT_NORM_EPS)?;
         let kv_b = Linear::load(w, &format!("{prefix}.kv_b_proj"), r, h * (dn + dv), false)?;
-        let o = Linear::load(
-            w,
-            &format!("{prefix}.o_proj"),
-            h * dv,
-            hidden,
-            attention_bias,
-        )?;
+        let o = Linear::load(w, &format!("{prefix}.o_proj"), h * dv, hidden, attention_bias)?;
         let absorbed = match mode {
             MlaCacheMode::Expanded => None,
             MlaCacheMode::Latent => {
@@ -157,33 +139,19 @@ impl Mla {
                 ))
             }
         };
-        Ok(Mla {
-            q,
-            kv_a,
-            kv_norm,
-            kv_b,
-            o,
-            dims,
-            scale,
-            mode,
-            absorbed,
-        })
+        Ok(Mla { q, kv_a, kv_norm, kv_b, o, dims, scale, mode, absorbed })
     }
 
     /// The paged cache this layer reads and writes.
     pub fn kv_spec(&self) -> KvLayerSpec {
         let d = &self.dims;
         match self.mode {
-            MlaCacheMode::Expanded => KvLayerSpec {
-                num_kv_heads: d.num_heads,
-                k_dim: d.qk_head_dim(),
-                v_dim: d.v_head_dim,
-            },
-            MlaCacheMode::Latent => KvLayerSpec {
-                num_kv_heads: 1,
-                k_dim: d.kv_lora_rank + d.qk_rope_head_dim,
-                v_dim: d.kv_lora_rank,
-            },
+            MlaCacheMode::Expanded => {
+                KvLayerSpec { num_kv_heads: d.num_heads, k_dim: d.qk_head_dim(), v_dim: d.v_head_dim }
+            }
+            MlaCacheMode::Latent => {
+                KvLayerSpec { num_kv_heads: 1, k_dim: d.kv_lora_rank + d.qk_rope_head_dim, v_dim: d.kv_lora_rank }
+            }
         }
     }
 
@@ -192,10 +160,7 @@ impl Mla {
             QProj::Full(q) => q.weight.size_in_bytes(),
             QProj::LowRank { a, b, .. } => a.weight.size_in_bytes() + b.weight.size_in_bytes(),
         };
-        q + [&self.kv_a, &self.kv_b, &self.o]
-            .iter()
-            .map(|l| l.weight.size_in_bytes())
-            .sum::<usize>()
+        q + [&self.kv_a, &self.kv_b, &self.o].iter().map(|l| l.weight.size_in_bytes()).sum::<usize>()
     }
 
     /// `x [tokens, hidden]` -> `[tokens, hidden]`; `rope` rotates heads of `qk_rope_head_dim`.
@@ -208,24 +173,14 @@ impl Mla {
     ) -> Result<Tensor> {
         let d = self.dims;
         let (t, h) = (x.rows(), d.num_heads);
-        let (dn, dr, dv, r) = (
-            d.qk_nope_head_dim,
-            d.qk_rope_head_dim,
-            d.v_head_dim,
-            d.kv_lora_rank,
-        );
+        let (dn, dr, dv, r) = (d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim, d.kv_lora_rank);
         let (rope, cos, sin) = rope;
 
         // Queries, one row per (token, head): [nope | rope], the rope part rotated.
         let q = self.q.forward(x)?.reshape(&[t * h, dn + dr])?;
         let q_nope = ops::narrow_cols(&q, 0, dn)?;
-        let q_pe = rope
-            .apply(
-                &ops::narrow_cols(&q, dn, dr)?.reshape(&[t, h * dr])?,
-                cos,
-                sin,
-            )?
-            .reshape(&[t * h, dr])?;
+        let q_pe =
+            rope.apply(&ops::narrow_cols(&q, dn, dr)?.reshape(&[t, h * dr])?, cos, sin)?.reshape(&[t * h, dr])?;
 
         // The compressed latent and the shared rotated key part.
         let ckv = self.kv_a.forward(x)?;

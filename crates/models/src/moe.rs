@@ -118,12 +118,7 @@ impl Routing {
         }
         let k = self.top_k.max(1);
         let tokens = pairs.iter().map(|p| p / k).collect();
-        ExpertGroups {
-            pairs,
-            tokens,
-            offsets,
-            row_of_pair,
-        }
+        ExpertGroups { pairs, tokens, offsets, row_of_pair }
     }
 }
 
@@ -202,15 +197,9 @@ impl RouterConfig {
     }
 
     fn check(&self, name: &str) -> Result<()> {
-        let bad = |m: String| ModelError::Config {
-            path: name.into(),
-            message: m,
-        };
+        let bad = |m: String| ModelError::Config { path: name.into(), message: m };
         if self.num_experts == 0 || self.top_k == 0 || self.top_k > self.num_experts {
-            return Err(bad(format!(
-                "top-{} routing over {} experts",
-                self.top_k, self.num_experts
-            )));
+            return Err(bad(format!("top-{} routing over {} experts", self.top_k, self.num_experts)));
         }
         if let Some(g) = self.group {
             if g.n_group == 0
@@ -225,9 +214,7 @@ impl RouterConfig {
             }
             let size = self.num_experts / g.n_group;
             if g.score == GroupScore::TopTwoSum && size < 2 {
-                return Err(bad(format!(
-                    "groups of {size} expert cannot be scored by their top two"
-                )));
+                return Err(bad(format!("groups of {size} expert cannot be scored by their top two")));
             }
             if g.score == GroupScore::TopTwoSum && g.topk_group * size < self.top_k {
                 return Err(bad(format!(
@@ -244,40 +231,23 @@ impl Router {
     /// `name` is the gate's weight prefix (`...mlp.gate`); the correction bias is read from
     /// `{name}.e_score_correction_bias` when `correction_bias` is set. The gate is kept in f32, as
     /// DeepSeek does, for every family (see [`Router::route`]).
-    pub fn load(
-        w: &Weights,
-        name: &str,
-        hidden: usize,
-        cfg: RouterConfig,
-        correction_bias: bool,
-    ) -> Result<Router> {
+    pub fn load(w: &Weights, name: &str, hidden: usize, cfg: RouterConfig, correction_bias: bool) -> Result<Router> {
         cfg.check(name)?;
         let wname = format!("{name}.weight");
         let shape = [cfg.num_experts, hidden];
         let weight = w.get_f32(&wname, &shape)?;
         let correction_bias = if correction_bias {
-            Some(
-                w.get_f32(
-                    &format!("{name}.e_score_correction_bias"),
-                    &[cfg.num_experts],
-                )?
-                .to_f32_vec(),
-            )
+            Some(w.get_f32(&format!("{name}.e_score_correction_bias"), &[cfg.num_experts])?.to_f32_vec())
         } else {
             None
         };
-        Ok(Router {
-            weight,
-            correction_bias,
-            cfg,
-        })
+        Ok(Router { weight, correction_bias, cfg })
     }
 
     /// Router logits in f32 whatever the activation dtype: bf16 rounding makes close expert
     /// scores tie or swap, and a swapped expert changes the token's whole MLP output.
     pub fn route(&self, x: &Tensor) -> Result<Routing> {
-        let logits = ops::matmul_t(&x.to_dtype(ferrite_tensor::DType::F32), &self.weight, None)?
-            .to_f32_vec();
+        let logits = ops::matmul_t(&x.to_dtype(ferrite_tensor::DType::F32), &self.weight, None)?.to_f32_vec();
         let e = self.cfg.num_experts;
         let tokens = logits.len() / e;
         let mut experts = Vec::with_capacity(tokens * self.cfg.top_k);
@@ -287,11 +257,7 @@ impl Router {
             experts.extend(ids);
             weights.extend(ws);
         }
-        Ok(Routing {
-            top_k: self.cfg.top_k,
-            experts,
-            weights,
-        })
+        Ok(Routing { top_k: self.cfg.top_k, experts, weights })
     }
 }
 
@@ -299,24 +265,15 @@ impl Router {
 /// the device of the first (through host memory: this runs once, at load time).
 fn stack(parts: &[Tensor], shape: &[usize]) -> Result<Tensor> {
     let device = parts.first().map_or(Device::Cpu, Tensor::device);
-    let parts = parts
-        .iter()
-        .map(|p| p.to_device(Device::Cpu))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let parts = parts.iter().map(|p| p.to_device(Device::Cpu)).collect::<std::result::Result<Vec<_>, _>>()?;
     let storage = match parts.first().and_then(|p| p.cpu()) {
-        Some(CpuStorage::F32(_)) => {
-            CpuStorage::F32(parts.iter().flat_map(|p| p.to_f32_vec()).collect())
-        }
+        Some(CpuStorage::F32(_)) => CpuStorage::F32(parts.iter().flat_map(|p| p.to_f32_vec()).collect()),
         Some(CpuStorage::BF16(_)) => CpuStorage::BF16(
             parts
                 .iter()
                 .flat_map(|p| match p.cpu() {
                     Some(CpuStorage::BF16(v)) => v.clone(),
-                    _ => p
-                        .to_f32_vec()
-                        .into_iter()
-                        .map(half::bf16::from_f32)
-                        .collect(),
+                    _ => p.to_f32_vec().into_iter().map(half::bf16::from_f32).collect(),
                 })
                 .collect(),
         ),
@@ -325,19 +282,12 @@ fn stack(parts: &[Tensor], shape: &[usize]) -> Result<Tensor> {
                 .iter()
                 .flat_map(|p| match p.cpu() {
                     Some(CpuStorage::F16(v)) => v.clone(),
-                    _ => p
-                        .to_f32_vec()
-                        .into_iter()
-                        .map(half::f16::from_f32)
-                        .collect(),
+                    _ => p.to_f32_vec().into_iter().map(half::f16::from_f32).collect(),
                 })
                 .collect(),
         ),
         None => {
-            return Err(ferrite_tensor::TensorError::Device(
-                "stacking expert weights needs CPU tensors".into(),
-            )
-            .into())
+            return Err(ferrite_tensor::TensorError::Device("stacking expert weights needs CPU tensors".into()).into())
         }
     };
     Ok(Tensor::from_storage(Storage::Cpu(storage), shape.to_vec())?.to_device(device)?)
@@ -353,17 +303,9 @@ pub struct ExpertNames {
 
 impl ExpertNames {
     /// `gate_proj` / `up_proj` / `down_proj` (Qwen-MoE, OLMoE, DeepSeek).
-    pub const HF: ExpertNames = ExpertNames {
-        gate: "gate_proj",
-        up: "up_proj",
-        down: "down_proj",
-    };
+    pub const HF: ExpertNames = ExpertNames { gate: "gate_proj", up: "up_proj", down: "down_proj" };
     /// `w1` / `w3` / `w2` (Mixtral).
-    pub const MIXTRAL: ExpertNames = ExpertNames {
-        gate: "w1",
-        up: "w3",
-        down: "w2",
-    };
+    pub const MIXTRAL: ExpertNames = ExpertNames { gate: "w1", up: "w3", down: "w2" };
 }
 
 /// The routed experts as stacked weights: `gate_up [experts, 2 * intermediate, hidden]` (each
@@ -393,10 +335,7 @@ impl Experts {
         let (e, i, h) = (num_experts, intermediate, hidden);
         let fused = format!("{prefix}.experts.gate_up_proj");
         let (gate_up, down) = if w.contains(&fused) {
-            (
-                w.get(&fused, &[e, 2 * i, h])?,
-                w.get(&format!("{prefix}.experts.down_proj"), &[e, h, i])?,
-            )
+            (w.get(&fused, &[e, 2 * i, h])?, w.get(&format!("{prefix}.experts.down_proj"), &[e, h, i])?)
         } else {
             let mut gu = Vec::with_capacity(2 * e);
             let mut dn = Vec::with_capacity(e);
@@ -408,13 +347,7 @@ impl Experts {
             }
             (stack(&gu, &[e, 2 * i, h])?, stack(&dn, &[e, h, i])?)
         };
-        Ok(Experts {
-            gate_up,
-            down,
-            num_experts,
-            intermediate,
-            act,
-        })
+        Ok(Experts { gate_up, down, num_experts, intermediate, act })
     }
 
     /// `sum_slot weight * down_e(act(gate_e(x)) * up_e(x))` per token, computed per expert over
@@ -424,18 +357,9 @@ impl Experts {
         let xs = ops::gather_rows(x, &groups.tokens)?;
         let gu = ops::grouped_matmul_t(&xs, &self.gate_up, &groups.offsets)?;
         let i = self.intermediate;
-        let h = ops::act_mul(
-            &ops::narrow_cols(&gu, 0, i)?,
-            &ops::narrow_cols(&gu, i, i)?,
-            self.act,
-        )?;
+        let h = ops::act_mul(&ops::narrow_cols(&gu, 0, i)?, &ops::narrow_cols(&gu, i, i)?, self.act)?;
         let y = ops::grouped_matmul_t(&h, &self.down, &groups.offsets)?;
-        Ok(ops::combine_rows(
-            &y,
-            &groups.row_of_pair,
-            &routing.weights,
-            routing.top_k,
-        )?)
+        Ok(ops::combine_rows(&y, &groups.row_of_pair, &routing.weights, routing.top_k)?)
     }
 
     pub fn weight_bytes(&self) -> usize {
@@ -457,12 +381,7 @@ impl SharedExpert {
         let Some(gate) = &self.gate else {
             return Ok(out);
         };
-        let scale: Vec<f32> = gate
-            .forward(x)?
-            .to_f32_vec()
-            .into_iter()
-            .map(sigmoid)
-            .collect();
+        let scale: Vec<f32> = gate.forward(x)?.to_f32_vec().into_iter().map(sigmoid).collect();
         let rows: Vec<usize> = (0..out.rows()).collect();
         Ok(ops::combine_rows(&out, &rows, &scale, 1)?)
     }
@@ -488,10 +407,7 @@ impl SparseMoe {
 
     pub fn weight_bytes(&self) -> usize {
         let shared = self.shared.as_ref().map_or(0, |s| {
-            [&s.mlp.gate, &s.mlp.up, &s.mlp.down]
-                .iter()
-                .map(|l| l.weight.size_in_bytes())
-                .sum::<usize>()
+            [&s.mlp.gate, &s.mlp.up, &s.mlp.down].iter().map(|l| l.weight.size_in_bytes()).sum::<usize>()
                 + s.gate.as_ref().map_or(0, |g| g.weight.size_in_bytes())
         });
         self.router.weight.size_in_bytes() + self.experts.weight_bytes() + shared
@@ -515,10 +431,7 @@ impl FeedForward {
 
     pub fn weight_bytes(&self) -> usize {
         match self {
-            FeedForward::Dense(m) => [&m.gate, &m.up, &m.down]
-                .iter()
-                .map(|l| l.weight.size_in_bytes())
-                .sum(),
+            FeedForward::Dense(m) => [&m.gate, &m.up, &m.down].iter().map(|l| l.weight.size_in_bytes()).sum(),
             FeedForward::Moe(m) => m.weight_bytes(),
         }
     }
@@ -547,17 +460,9 @@ mod tests {
         let (ids, ws) = cfg(4, 2).route_row(&logits, None);
         assert_eq!(ids, vec![1, 2]);
         assert_eq!(ws, vec![probs[1], probs[2]]);
-        let (_, ws) = RouterConfig {
-            renormalize: true,
-            ..cfg(4, 2)
-        }
-        .route_row(&logits, None);
+        let (_, ws) = RouterConfig { renormalize: true, ..cfg(4, 2) }.route_row(&logits, None);
         assert!((ws[0] + ws[1] - 1.0).abs() < 1e-6 && ws[0] > ws[1]);
-        let (_, ws) = RouterConfig {
-            scaling: 2.5,
-            ..cfg(4, 2)
-        }
-        .route_row(&logits, None);
+        let (_, ws) = RouterConfig { scaling: 2.5, ..cfg(4, 2) }.route_row(&logits, None);
         assert_eq!(ws, vec![probs[1] * 2.5, probs[2] * 2.5]);
     }
 
@@ -566,11 +471,7 @@ mod tests {
         // Groups {0,1} and {2,3}: the best single expert is 0, so group 0 wins with topk_group 1,
         // even though experts 2 and 3 together beat expert 1.
         let logits = [3.0f32, -3.0, 2.5, 2.4];
-        let group = Some(GroupLimit {
-            n_group: 2,
-            topk_group: 1,
-            score: GroupScore::Max,
-        });
+        let group = Some(GroupLimit { n_group: 2, topk_group: 1, score: GroupScore::Max });
         let (ids, ws) = RouterConfig { group, ..cfg(4, 2) }.route_row(&logits, None);
         assert_eq!(ids, vec![0, 1]);
         let probs = softmax_row(&logits);
@@ -586,11 +487,7 @@ mod tests {
             renormalize: true,
             renormalize_eps: 1e-20,
             scaling: 2.5,
-            group: Some(GroupLimit {
-                n_group: 2,
-                topk_group: 1,
-                score: GroupScore::TopTwoSum,
-            }),
+            group: Some(GroupLimit { n_group: 2, topk_group: 1, score: GroupScore::TopTwoSum }),
             ..cfg(4, 2)
         };
         let logits = [1.0f32, 0.0, 0.5, 0.4];
@@ -608,11 +505,7 @@ mod tests {
 
     #[test]
     fn grouping_sorts_pairs_by_expert_and_inverts() {
-        let routing = Routing {
-            top_k: 2,
-            experts: vec![2, 0, 0, 1, 2, 1],
-            weights: vec![0.0; 6],
-        };
+        let routing = Routing { top_k: 2, experts: vec![2, 0, 0, 1, 2, 1], weights: vec![0.0; 6] };
         let g = routing.group_by_expert(4);
         assert_eq!(g.offsets, vec![0, 2, 4, 6, 6]);
         assert_eq!(g.pairs, vec![1, 2, 3, 5, 0, 4]);
@@ -641,9 +534,7 @@ mod tests {
     }
 
     fn values(n: usize, seed: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| (((i + seed) * 2654435761usize) % 1000) as f32 / 500.0 - 1.0)
-            .collect()
+        (0..n).map(|i| (((i + seed) * 2654435761usize) % 1000) as f32 / 500.0 - 1.0).collect()
     }
 
     #[test]
@@ -655,32 +546,16 @@ mod tests {
         let mut per_expert = std::collections::HashMap::new();
         for x in 0..e {
             let p = format!("m.experts.{x}");
-            per_expert.insert(
-                format!("{p}.w1.weight"),
-                Tensor::from_f32(gate[x].clone(), &[i, h]).unwrap(),
-            );
-            per_expert.insert(
-                format!("{p}.w3.weight"),
-                Tensor::from_f32(up[x].clone(), &[i, h]).unwrap(),
-            );
-            per_expert.insert(
-                format!("{p}.w2.weight"),
-                Tensor::from_f32(down[x].clone(), &[h, i]).unwrap(),
-            );
+            per_expert.insert(format!("{p}.w1.weight"), Tensor::from_f32(gate[x].clone(), &[i, h]).unwrap());
+            per_expert.insert(format!("{p}.w3.weight"), Tensor::from_f32(up[x].clone(), &[i, h]).unwrap());
+            per_expert.insert(format!("{p}.w2.weight"), Tensor::from_f32(down[x].clone(), &[h, i]).unwrap());
         }
-        let fused_gu: Vec<f32> = (0..e)
-            .flat_map(|x| gate[x].iter().chain(&up[x]).copied().collect::<Vec<_>>())
-            .collect();
+        let fused_gu: Vec<f32> =
+            (0..e).flat_map(|x| gate[x].iter().chain(&up[x]).copied().collect::<Vec<_>>()).collect();
         let fused_dn: Vec<f32> = down.concat();
         let mut fused = std::collections::HashMap::new();
-        fused.insert(
-            "m.experts.gate_up_proj".to_string(),
-            Tensor::from_f32(fused_gu, &[e, 2 * i, h]).unwrap(),
-        );
-        fused.insert(
-            "m.experts.down_proj".to_string(),
-            Tensor::from_f32(fused_dn, &[e, h, i]).unwrap(),
-        );
+        fused.insert("m.experts.gate_up_proj".to_string(), Tensor::from_f32(fused_gu, &[e, 2 * i, h]).unwrap());
+        fused.insert("m.experts.down_proj".to_string(), Tensor::from_f32(fused_dn, &[e, h, i]).unwrap());
 
         let x = values(t * h, 7);
         let routing = Routing {
@@ -710,13 +585,9 @@ mod tests {
         }
         for (label, map) in [("per-expert", per_expert), ("fused", fused)] {
             let w = Weights::new(Box::new(MapSource(map)), ferrite_tensor::DType::F32, None);
-            let experts =
-                Experts::load(&w, "m", e, h, i, Activation::Silu, ExpertNames::MIXTRAL).unwrap();
+            let experts = Experts::load(&w, "m", e, h, i, Activation::Silu, ExpertNames::MIXTRAL).unwrap();
             assert_eq!(experts.gate_up.shape(), &[e, 2 * i, h]);
-            let got = experts
-                .forward(&Tensor::from_f32(x.clone(), &[t, h]).unwrap(), &routing)
-                .unwrap()
-                .to_f32_vec();
+            let got = experts.forward(&Tensor::from_f32(x.clone(), &[t, h]).unwrap(), &routing).unwrap().to_f32_vec();
             for (g, w) in got.iter().zip(&want) {
                 assert!((g - w).abs() < 1e-5, "{label}: {g} vs {w}");
             }

@@ -84,10 +84,7 @@ pub struct PoolingInput {
 
 impl From<Vec<u32>> for PoolingInput {
     fn from(ids: Vec<u32>) -> PoolingInput {
-        PoolingInput {
-            ids,
-            type_ids: None,
-        }
+        PoolingInput { ids, type_ids: None }
     }
 }
 
@@ -96,9 +93,7 @@ impl PoolingInput {
     pub fn check(&self, index: usize, max_tokens: usize) -> Result<()> {
         let n = self.ids.len();
         if n == 0 {
-            return Err(ModelError::InvalidInput(format!(
-                "sequence {index} is empty"
-            )));
+            return Err(ModelError::InvalidInput(format!("sequence {index} is empty")));
         }
         if n > max_tokens {
             return Err(ModelError::InvalidInput(format!(
@@ -184,16 +179,10 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
     if !path.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
     serde_json::from_str(&text)
         .map(Some)
-        .map_err(|e| ModelError::Config {
-            path: path.to_path_buf(),
-            message: format!("invalid JSON: {e}"),
-        })
+        .map_err(|e| ModelError::Config { path: path.to_path_buf(), message: format!("invalid JSON: {e}") })
 }
 
 impl PoolerConfig {
@@ -201,15 +190,8 @@ impl PoolerConfig {
     /// `sentence_bert_config.json` from a checkpoint directory, and the Matryoshka fields from
     /// `config.json`. Without `modules.json`: `default_pooling`, normalised (vLLM's default for
     /// embedding models).
-    pub fn from_dir(
-        dir: &Path,
-        raw: &RawConfig,
-        default_pooling: PoolingType,
-    ) -> Result<PoolerConfig> {
-        let err = |path: &Path, message: String| ModelError::Config {
-            path: path.to_path_buf(),
-            message,
-        };
+    pub fn from_dir(dir: &Path, raw: &RawConfig, default_pooling: PoolingType) -> Result<PoolerConfig> {
+        let err = |path: &Path, message: String| ModelError::Config { path: path.to_path_buf(), message };
         let mut pooler = PoolerConfig {
             pooling: default_pooling,
             normalize: true,
@@ -219,27 +201,19 @@ impl PoolerConfig {
         };
         let modules_path = dir.join("modules.json");
         if let Some(modules) = read_json(&modules_path)? {
-            let list = modules
-                .as_array()
-                .ok_or_else(|| err(&modules_path, "expected a list of modules".into()))?;
+            let list = modules.as_array().ok_or_else(|| err(&modules_path, "expected a list of modules".into()))?;
             let mut normalize = false;
             for module in list {
-                let kind = module
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
+                let kind = module.get("type").and_then(Value::as_str).unwrap_or_default();
                 let name = kind.rsplit('.').next().unwrap_or_default();
                 match name {
                     "Transformer" => {}
                     "Normalize" => normalize = true,
                     "Pooling" => {
-                        let sub = module
-                            .get("path")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default();
+                        let sub = module.get("path").and_then(Value::as_str).unwrap_or_default();
                         let path = dir.join(sub).join("config.json");
-                        let cfg = read_json(&path)?
-                            .ok_or_else(|| err(&path, "missing (named by modules.json)".into()))?;
+                        let cfg =
+                            read_json(&path)?.ok_or_else(|| err(&path, "missing (named by modules.json)".into()))?;
                         pooler.pooling = st_pooling_mode(&cfg).map_err(|m| err(&path, m))?;
                     }
                     other => {
@@ -254,22 +228,11 @@ impl PoolerConfig {
             pooler.source = "modules.json";
         }
         if let Some(st) = read_json(&dir.join("sentence_bert_config.json"))? {
-            pooler.max_seq_length = st
-                .get("max_seq_length")
-                .and_then(Value::as_u64)
-                .map(|n| n as usize);
+            pooler.max_seq_length = st.get("max_seq_length").and_then(Value::as_u64).map(|n| n as usize);
         }
-        if let Some(dims) = raw
-            .value
-            .get("matryoshka_dimensions")
-            .and_then(Value::as_array)
-        {
-            pooler.matryoshka = Matryoshka::Dimensions(
-                dims.iter()
-                    .filter_map(Value::as_u64)
-                    .map(|d| d as usize)
-                    .collect(),
-            );
+        if let Some(dims) = raw.value.get("matryoshka_dimensions").and_then(Value::as_array) {
+            pooler.matryoshka =
+                Matryoshka::Dimensions(dims.iter().filter_map(Value::as_u64).map(|d| d as usize).collect());
         } else if raw.value.get("is_matryoshka").and_then(Value::as_bool) == Some(true) {
             pooler.matryoshka = Matryoshka::Any;
         }
@@ -277,12 +240,7 @@ impl PoolerConfig {
     }
 
     /// Validates a requested `dimensions` as vLLM does (the messages are vLLM's).
-    pub fn check_dimensions(
-        &self,
-        model: &str,
-        dimensions: usize,
-        hidden: usize,
-    ) -> std::result::Result<(), String> {
+    pub fn check_dimensions(&self, model: &str, dimensions: usize, hidden: usize) -> std::result::Result<(), String> {
         match &self.matryoshka {
             Matryoshka::Unsupported => {
                 return Err(format!(
@@ -300,9 +258,7 @@ impl PoolerConfig {
             return Err("Dimensions must be greater than 0".into());
         }
         if dimensions > hidden {
-            return Err(format!(
-                "dimensions {dimensions} exceed the model's embedding size {hidden}"
-            ));
+            return Err(format!("dimensions {dimensions} exceed the model's embedding size {hidden}"));
         }
         Ok(())
     }
@@ -313,11 +269,7 @@ impl PoolerConfig {
 fn st_pooling_mode(cfg: &Value) -> std::result::Result<PoolingType, String> {
     let modes: Vec<String> = match cfg.get("pooling_mode") {
         Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(Value::as_str)
-            .map(str::to_owned)
-            .collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
         _ => cfg
             .as_object()
             .into_iter()
@@ -327,8 +279,9 @@ fn st_pooling_mode(cfg: &Value) -> std::result::Result<PoolingType, String> {
             .collect(),
     };
     match modes.as_slice() {
-        [one] => PoolingType::parse(one)
-            .ok_or_else(|| format!("unsupported pooling mode `{one}` (CLS, MEAN and LAST are)")),
+        [one] => {
+            PoolingType::parse(one).ok_or_else(|| format!("unsupported pooling mode `{one}` (CLS, MEAN and LAST are)"))
+        }
         [] => Err("no pooling mode is set".into()),
         many => Err(format!("combined pooling modes {many:?} are not supported")),
     }
@@ -343,10 +296,7 @@ pub fn pool(hidden: &Tensor, lens: &[usize], pooling: PoolingType) -> Result<Ten
         at += n;
     }
     if at != hidden.rows() || lens.contains(&0) {
-        return Err(ModelError::InvalidInput(format!(
-            "pool: lengths {lens:?} for {} rows",
-            hidden.rows()
-        )));
+        return Err(ModelError::InvalidInput(format!("pool: lengths {lens:?} for {} rows", hidden.rows())));
     }
     match pooling {
         PoolingType::Cls => Ok(ops::gather_rows(hidden, &starts)?),
@@ -361,9 +311,7 @@ pub fn pool(hidden: &Tensor, lens: &[usize], pooling: PoolingType) -> Result<Ten
             for (i, (&s, &n)) in starts.iter().zip(lens).enumerate() {
                 let dst = &mut out[i * h..(i + 1) * h];
                 for r in s..s + n {
-                    dst.iter_mut()
-                        .zip(&data[r * h..(r + 1) * h])
-                        .for_each(|(o, v)| *o += v);
+                    dst.iter_mut().zip(&data[r * h..(r + 1) * h]).for_each(|(o, v)| *o += v);
                 }
                 dst.iter_mut().for_each(|o| *o /= n as f32);
             }
@@ -374,12 +322,7 @@ pub fn pool(hidden: &Tensor, lens: &[usize], pooling: PoolingType) -> Result<Ten
 
 /// `x / max(|x|, 1e-12)` (`torch.nn.functional.normalize`).
 pub fn l2_normalize(v: &mut [f32]) {
-    let norm = v
-        .iter()
-        .map(|x| (*x as f64) * (*x as f64))
-        .sum::<f64>()
-        .sqrt()
-        .max(1e-12);
+    let norm = v.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt().max(1e-12);
     v.iter_mut().for_each(|x| *x = (*x as f64 / norm) as f32);
 }
 
@@ -435,10 +378,7 @@ impl ScoreActivation {
 
 fn rows(t: &Tensor) -> Vec<Vec<f32>> {
     let cols = t.last_dim();
-    t.to_f32_vec()
-        .chunks(cols.max(1))
-        .map(<[f32]>::to_vec)
-        .collect()
+    t.to_f32_vec().chunks(cols.max(1)).map(<[f32]>::to_vec).collect()
 }
 
 /// A pooling model with its pooler, ready to serve.
@@ -479,9 +419,7 @@ impl LoadedPoolingModel {
         let mut start = 0;
         while start < batch.len() {
             let (mut end, mut tokens) = (start, 0);
-            while end < batch.len()
-                && (end == start || tokens + batch[end].ids.len() <= self.max_forward_tokens)
-            {
+            while end < batch.len() && (end == start || tokens + batch[end].ids.len() <= self.max_forward_tokens) {
                 tokens += batch[end].ids.len();
                 end += 1;
             }
@@ -497,12 +435,7 @@ impl LoadedPoolingModel {
     /// Cuts a pooled state to `dimensions` (Matryoshka; validate it first with
     /// [`PoolerConfig::check_dimensions`]), then L2-normalises it if `normalize` (the
     /// pooler's setting unless overridden), in that order, as vLLM does.
-    pub fn finish_embedding(
-        &self,
-        v: &mut Vec<f32>,
-        dimensions: Option<usize>,
-        normalize: Option<bool>,
-    ) {
+    pub fn finish_embedding(&self, v: &mut Vec<f32>, dimensions: Option<usize>, normalize: Option<bool>) {
         if let Some(d) = dimensions {
             v.truncate(d);
         }
@@ -512,11 +445,7 @@ impl LoadedPoolingModel {
     }
 
     /// Embeddings of `batch` as the pooler defines them, cut to `dimensions` if given.
-    pub fn embed_inputs(
-        &self,
-        batch: &[PoolingInput],
-        dimensions: Option<usize>,
-    ) -> Result<Vec<Vec<f32>>> {
+    pub fn embed_inputs(&self, batch: &[PoolingInput], dimensions: Option<usize>) -> Result<Vec<Vec<f32>>> {
         if self.info().task != PoolingTask::Embed {
             return Err(ModelError::InvalidInput(format!(
                 "{} is a classification model, not an embedding model",
@@ -524,8 +453,7 @@ impl LoadedPoolingModel {
             )));
         }
         let mut out = self.forward(batch)?;
-        out.iter_mut()
-            .for_each(|v| self.finish_embedding(v, dimensions, None));
+        out.iter_mut().for_each(|v| self.finish_embedding(v, dimensions, None));
         Ok(out)
     }
 
@@ -560,11 +488,11 @@ const DECODER_BLOCK: usize = 16;
 
 impl DecoderEmbedding {
     pub fn new(raw: &RawConfig, model: Box<dyn CausalLM>) -> Result<DecoderEmbedding> {
-        let hidden_size =
-            raw.value
-                .get("hidden_size")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| raw.error("missing field `hidden_size`"))? as usize;
+        let hidden_size = raw
+            .value
+            .get("hidden_size")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| raw.error("missing field `hidden_size`"))? as usize;
         let m = model.info();
         let info = PoolingInfo {
             architecture: m.architecture.clone(),
@@ -592,23 +520,11 @@ impl PoolingModel for DecoderEmbedding {
         let mut next_block = 0u32;
         for (i, s) in batch.iter().enumerate() {
             s.check(i, self.info.max_tokens)?;
-            if s.type_ids
-                .as_ref()
-                .is_some_and(|t| t.iter().any(|&x| x != 0))
-            {
-                return Err(ModelError::InvalidInput(format!(
-                    "{} has no token types",
-                    self.info.architecture
-                )));
+            if s.type_ids.as_ref().is_some_and(|t| t.iter().any(|&x| x != 0)) {
+                return Err(ModelError::InvalidInput(format!("{} has no token types", self.info.architecture)));
             }
-            if let Some(&bad) = s
-                .ids
-                .iter()
-                .find(|&&id| id as usize >= self.info.vocab_size)
-            {
-                return Err(ModelError::InvalidInput(format!(
-                    "token id {bad} is out of vocabulary"
-                )));
+            if let Some(&bad) = s.ids.iter().find(|&&id| id as usize >= self.info.vocab_size) {
+                return Err(ModelError::InvalidInput(format!("token id {bad} is out of vocabulary")));
             }
             let blocks = s.ids.len().div_ceil(DECODER_BLOCK) as u32;
             seqs.push(AttnSeq {
@@ -626,25 +542,10 @@ impl PoolingModel for DecoderEmbedding {
             .info()
             .kv_layers
             .iter()
-            .map(|l| {
-                PagedKvLayer::new_cpu(
-                    next_block as usize,
-                    DECODER_BLOCK,
-                    l.num_kv_heads,
-                    l.k_dim,
-                    l.v_dim,
-                )
-            })
+            .map(|l| PagedKvLayer::new_cpu(next_block as usize, DECODER_BLOCK, l.num_kv_heads, l.k_dim, l.v_dim))
             .collect();
         let all: Vec<usize> = (0..tokens.len()).collect();
-        self.model.hidden_states(
-            &ForwardInput {
-                tokens: &tokens,
-                meta: &meta,
-                logit_rows: &all,
-            },
-            &mut kv,
-        )
+        self.model.hidden_states(&ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &all }, &mut kv)
     }
 }
 
@@ -685,39 +586,16 @@ fn decoder(raw: &RawConfig, model: impl CausalLM + 'static) -> Result<Box<dyn Po
 /// Architecture name -> pooling constructor. Decoders listed here are also causal LMs in
 /// [`crate::registry`]; as pooling models they embed with last-token pooling.
 const ENTRIES: &[(&str, PoolingConstructor)] = &[
-    ("BertModel", |r, w| {
-        Ok(Box::new(bert::BertModel::load(
-            r,
-            w,
-            "bert",
-            bert::Positions::Absolute,
-        )?))
-    }),
-    ("BertForSequenceClassification", |r, w| {
-        Ok(Box::new(bert::BertForSequenceClassification::load(r, w)?))
-    }),
-    ("RobertaModel", |r, w| {
-        Ok(Box::new(roberta::load_model(r, w)?))
-    }),
-    ("XLMRobertaModel", |r, w| {
-        Ok(Box::new(roberta::load_model(r, w)?))
-    }),
-    ("RobertaForSequenceClassification", |r, w| {
-        Ok(Box::new(roberta::RobertaForSequenceClassification::load(
-            r, w,
-        )?))
-    }),
+    ("BertModel", |r, w| Ok(Box::new(bert::BertModel::load(r, w, "bert", bert::Positions::Absolute)?))),
+    ("BertForSequenceClassification", |r, w| Ok(Box::new(bert::BertForSequenceClassification::load(r, w)?))),
+    ("RobertaModel", |r, w| Ok(Box::new(roberta::load_model(r, w)?))),
+    ("XLMRobertaModel", |r, w| Ok(Box::new(roberta::load_model(r, w)?))),
+    ("RobertaForSequenceClassification", |r, w| Ok(Box::new(roberta::RobertaForSequenceClassification::load(r, w)?))),
     ("XLMRobertaForSequenceClassification", |r, w| {
-        Ok(Box::new(roberta::RobertaForSequenceClassification::load(
-            r, w,
-        )?))
+        Ok(Box::new(roberta::RobertaForSequenceClassification::load(r, w)?))
     }),
-    ("LlamaModel", |r, w| {
-        decoder(r, llama::LlamaModel::load(r, w, llama::Variant::default())?)
-    }),
-    ("LlamaForCausalLM", |r, w| {
-        decoder(r, llama::LlamaModel::load(r, w, llama::Variant::default())?)
-    }),
+    ("LlamaModel", |r, w| decoder(r, llama::LlamaModel::load(r, w, llama::Variant::default())?)),
+    ("LlamaForCausalLM", |r, w| decoder(r, llama::LlamaModel::load(r, w, llama::Variant::default())?)),
     ("Qwen3ForCausalLM", |r, w| decoder(r, qwen3::load(r, w)?)),
 ];
 
@@ -729,14 +607,10 @@ pub fn architectures() -> Vec<&'static str> {
 }
 
 pub fn constructor(arch: &str) -> Result<PoolingConstructor> {
-    ENTRIES
-        .iter()
-        .find(|(n, _)| *n == arch)
-        .map(|(_, c)| *c)
-        .ok_or_else(|| ModelError::UnsupportedArchitecture {
-            arch: arch.to_owned(),
-            supported: format!("{} (as pooling models)", architectures().join(", ")),
-        })
+    ENTRIES.iter().find(|(n, _)| *n == arch).map(|(_, c)| *c).ok_or_else(|| ModelError::UnsupportedArchitecture {
+        arch: arch.to_owned(),
+        supported: format!("{} (as pooling models)", architectures().join(", ")),
+    })
 }
 
 /// Whether `arch` is served as a pooling model by default (it has no causal-LM constructor).
@@ -759,9 +633,7 @@ pub fn load_pooling_model(dir: &Path, opts: &LoadOptions) -> Result<LoadedPoolin
     let _guard = span.enter();
     let model = constructor(&config, &weights)?;
     let pooler = PoolerConfig::from_dir(dir, &config, model.info().default_pooling)?;
-    let max_model_len = pooler
-        .max_seq_length
-        .map_or(model.info().max_tokens, |m| m.min(model.info().max_tokens));
+    let max_model_len = pooler.max_seq_length.map_or(model.info().max_tokens, |m| m.min(model.info().max_tokens));
     tracing::info!(
         tensors = weights.loaded_count(),
         pooling = pooler.pooling.as_str(),
@@ -785,17 +657,10 @@ mod tests {
 
     #[test]
     fn sentence_transformers_pooling_modes() {
-        let legacy =
-            serde_json::json!({"pooling_mode_cls_token": false, "pooling_mode_mean_tokens": true});
+        let legacy = serde_json::json!({"pooling_mode_cls_token": false, "pooling_mode_mean_tokens": true});
         assert_eq!(st_pooling_mode(&legacy), Ok(PoolingType::Mean));
-        assert_eq!(
-            st_pooling_mode(&serde_json::json!({"pooling_mode": "lasttoken"})),
-            Ok(PoolingType::Last)
-        );
-        assert_eq!(
-            st_pooling_mode(&serde_json::json!({"pooling_mode": ["cls"]})),
-            Ok(PoolingType::Cls)
-        );
+        assert_eq!(st_pooling_mode(&serde_json::json!({"pooling_mode": "lasttoken"})), Ok(PoolingType::Last));
+        assert_eq!(st_pooling_mode(&serde_json::json!({"pooling_mode": ["cls"]})), Ok(PoolingType::Cls));
         assert!(st_pooling_mode(&serde_json::json!({"pooling_mode_max_tokens": true})).is_err());
         assert!(st_pooling_mode(&serde_json::json!({"pooling_mode": ["cls", "mean"]})).is_err());
     }
@@ -804,18 +669,9 @@ mod tests {
     fn pooling_picks_rows_and_means() {
         let h = Tensor::from_f32(vec![1., 2., 3., 4., 5., 6., 7., 8., 9., 10.], &[5, 2]).unwrap();
         let lens = [2, 3];
-        assert_eq!(
-            pool(&h, &lens, PoolingType::Cls).unwrap().to_f32_vec(),
-            vec![1., 2., 5., 6.]
-        );
-        assert_eq!(
-            pool(&h, &lens, PoolingType::Last).unwrap().to_f32_vec(),
-            vec![3., 4., 9., 10.]
-        );
-        assert_eq!(
-            pool(&h, &lens, PoolingType::Mean).unwrap().to_f32_vec(),
-            vec![2., 3., 7., 8.]
-        );
+        assert_eq!(pool(&h, &lens, PoolingType::Cls).unwrap().to_f32_vec(), vec![1., 2., 5., 6.]);
+        assert_eq!(pool(&h, &lens, PoolingType::Last).unwrap().to_f32_vec(), vec![3., 4., 9., 10.]);
+        assert_eq!(pool(&h, &lens, PoolingType::Mean).unwrap().to_f32_vec(), vec![2., 3., 7., 8.]);
         assert!(pool(&h, &[2, 2], PoolingType::Cls).is_err());
     }
 
@@ -828,20 +684,14 @@ mod tests {
             max_seq_length: None,
             source: "defaults",
         };
-        assert!(p
-            .check_dimensions("m", 8, 16)
-            .unwrap_err()
-            .contains("does not support matryoshka"));
+        assert!(p.check_dimensions("m", 8, 16).unwrap_err().contains("does not support matryoshka"));
         p.matryoshka = Matryoshka::Any;
         assert!(p.check_dimensions("m", 8, 16).is_ok());
         assert!(p.check_dimensions("m", 0, 16).is_err());
         assert!(p.check_dimensions("m", 17, 16).is_err());
         p.matryoshka = Matryoshka::Dimensions(vec![4, 8]);
         assert!(p.check_dimensions("m", 8, 16).is_ok());
-        assert!(p
-            .check_dimensions("m", 6, 16)
-            .unwrap_err()
-            .contains("only supports [4, 8]"));
+        assert!(p.check_dimensions("m", 6, 16).unwrap_err().contains("only supports [4, 8]"));
     }
 
     #[test]

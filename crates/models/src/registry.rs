@@ -2,9 +2,7 @@
 //! Hugging Face class really shares a family's computation is one line here.
 
 use crate::config::RawConfig;
-use crate::families::{
-    cohere, falcon, gpt2, gpt_neox, granite, olmo2, opt, phi, phi3, stablelm, starcoder2,
-};
+use crate::families::{cohere, falcon, gpt2, gpt_neox, granite, olmo2, opt, phi, phi3, stablelm, starcoder2};
 use crate::families::{deepseek_v2, deepseek_v3, mixtral, olmoe, qwen2_moe, qwen3_moe};
 use crate::families::{gemma, gemma2, gemma3, llama, qwen2, qwen3};
 use crate::model::CausalLM;
@@ -14,68 +12,33 @@ use crate::{ModelError, Result};
 pub type Constructor = fn(&RawConfig, &Weights) -> Result<Box<dyn CausalLM>>;
 
 const ENTRIES: &[(&str, Constructor)] = &[
-    ("LlamaForCausalLM", |r, w| {
-        Ok(Box::new(llama::LlamaModel::load(
-            r,
-            w,
-            llama::Variant::default(),
-        )?))
-    }),
+    ("LlamaForCausalLM", |r, w| Ok(Box::new(llama::LlamaModel::load(r, w, llama::Variant::default())?))),
     ("MistralForCausalLM", |r, w| {
-        let variant = llama::Variant {
-            window: llama::WindowRule::AllLayers,
-            ..Default::default()
-        };
+        let variant = llama::Variant { window: llama::WindowRule::AllLayers, ..Default::default() };
         Ok(Box::new(llama::LlamaModel::load(r, w, variant)?))
     }),
     ("Qwen2ForCausalLM", |r, w| Ok(Box::new(qwen2::load(r, w)?))),
     ("Qwen3ForCausalLM", |r, w| Ok(Box::new(qwen3::load(r, w)?))),
-    ("MixtralForCausalLM", |r, w| {
-        Ok(Box::new(mixtral::load(r, w)?))
-    }),
-    ("Qwen2MoeForCausalLM", |r, w| {
-        Ok(Box::new(qwen2_moe::load(r, w)?))
-    }),
-    ("Qwen3MoeForCausalLM", |r, w| {
-        Ok(Box::new(qwen3_moe::load(r, w)?))
-    }),
+    ("MixtralForCausalLM", |r, w| Ok(Box::new(mixtral::load(r, w)?))),
+    ("Qwen2MoeForCausalLM", |r, w| Ok(Box::new(qwen2_moe::load(r, w)?))),
+    ("Qwen3MoeForCausalLM", |r, w| Ok(Box::new(qwen3_moe::load(r, w)?))),
     ("OlmoeForCausalLM", |r, w| Ok(Box::new(olmoe::load(r, w)?))),
-    ("DeepseekV2ForCausalLM", |r, w| {
-        Ok(Box::new(deepseek_v2::load(r, w)?))
-    }),
-    ("DeepseekV3ForCausalLM", |r, w| {
-        Ok(Box::new(deepseek_v3::load(r, w)?))
-    }),
+    ("DeepseekV2ForCausalLM", |r, w| Ok(Box::new(deepseek_v2::load(r, w)?))),
+    ("DeepseekV3ForCausalLM", |r, w| Ok(Box::new(deepseek_v3::load(r, w)?))),
     ("GemmaForCausalLM", |r, w| Ok(Box::new(gemma::load(r, w)?))),
-    ("Gemma2ForCausalLM", |r, w| {
-        Ok(Box::new(gemma2::load(r, w)?))
-    }),
-    ("Gemma3ForCausalLM", |r, w| {
-        Ok(Box::new(gemma3::load(r, w)?))
-    }),
+    ("Gemma2ForCausalLM", |r, w| Ok(Box::new(gemma2::load(r, w)?))),
+    ("Gemma3ForCausalLM", |r, w| Ok(Box::new(gemma3::load(r, w)?))),
     ("Phi3ForCausalLM", |r, w| Ok(Box::new(phi3::load(r, w)?))),
     ("PhiForCausalLM", |r, w| Ok(Box::new(phi::load(r, w)?))),
     ("OPTForCausalLM", |r, w| Ok(Box::new(opt::load(r, w)?))),
     ("GPT2LMHeadModel", |r, w| Ok(Box::new(gpt2::load(r, w)?))),
-    ("GPTNeoXForCausalLM", |r, w| {
-        Ok(Box::new(gpt_neox::load(r, w)?))
-    }),
-    ("StableLmForCausalLM", |r, w| {
-        Ok(Box::new(stablelm::load(r, w)?))
-    }),
-    ("GraniteForCausalLM", |r, w| {
-        Ok(Box::new(granite::load(r, w)?))
-    }),
+    ("GPTNeoXForCausalLM", |r, w| Ok(Box::new(gpt_neox::load(r, w)?))),
+    ("StableLmForCausalLM", |r, w| Ok(Box::new(stablelm::load(r, w)?))),
+    ("GraniteForCausalLM", |r, w| Ok(Box::new(granite::load(r, w)?))),
     ("Olmo2ForCausalLM", |r, w| Ok(Box::new(olmo2::load(r, w)?))),
-    ("CohereForCausalLM", |r, w| {
-        Ok(Box::new(cohere::load(r, w)?))
-    }),
-    ("Starcoder2ForCausalLM", |r, w| {
-        Ok(Box::new(starcoder2::load(r, w)?))
-    }),
-    ("FalconForCausalLM", |r, w| {
-        Ok(Box::new(falcon::load(r, w)?))
-    }),
+    ("CohereForCausalLM", |r, w| Ok(Box::new(cohere::load(r, w)?))),
+    ("Starcoder2ForCausalLM", |r, w| Ok(Box::new(starcoder2::load(r, w)?))),
+    ("FalconForCausalLM", |r, w| Ok(Box::new(falcon::load(r, w)?))),
 ];
 
 /// Every architecture name that has a constructor, sorted: causal LMs here, and pooling models
@@ -89,36 +52,22 @@ pub fn architectures() -> Vec<&'static str> {
 }
 
 pub fn constructor(arch: &str) -> Result<Constructor> {
-    ENTRIES
-        .iter()
-        .find(|(n, _)| *n == arch)
-        .map(|(_, c)| *c)
-        .ok_or_else(|| {
-            let mut causal: Vec<&str> = ENTRIES.iter().map(|(n, _)| *n).collect();
-            causal.sort_unstable();
-            let mut supported = causal.join(", ");
-            if crate::pooling::constructor(arch).is_ok() {
-                supported.push_str(&format!(
-                    " ({arch} is a pooling model: load it with `pooling::load_pooling_model`)"
-                ));
-            }
-            ModelError::UnsupportedArchitecture {
-                arch: arch.to_owned(),
-                supported,
-            }
-        })
+    ENTRIES.iter().find(|(n, _)| *n == arch).map(|(_, c)| *c).ok_or_else(|| {
+        let mut causal: Vec<&str> = ENTRIES.iter().map(|(n, _)| *n).collect();
+        causal.sort_unstable();
+        let mut supported = causal.join(", ");
+        if crate::pooling::constructor(arch).is_ok() {
+            supported.push_str(&format!(" ({arch} is a pooling model: load it with `pooling::load_pooling_model`)"));
+        }
+        ModelError::UnsupportedArchitecture { arch: arch.to_owned(), supported }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn unknown_architecture_lists_supported_ones() {
-        let err = super::constructor("GPTBananaForCausalLM")
-            .expect_err("must be rejected")
-            .to_string();
-        assert!(
-            err.contains("GPTBananaForCausalLM") && err.contains("LlamaForCausalLM"),
-            "{err}"
-        );
+        let err = super::constructor("GPTBananaForCausalLM").expect_err("must be rejected").to_string();
+        assert!(err.contains("GPTBananaForCausalLM") && err.contains("LlamaForCausalLM"), "{err}");
     }
 }

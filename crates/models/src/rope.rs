@@ -42,15 +42,11 @@ impl RopeParameters {
             .filter(|v| v.is_object())
             .or_else(|| obj.get("rope_scaling").filter(|v| v.is_object()));
         let mut params: RopeParameters = match section {
-            Some(v) => serde_json::from_value(v.clone())
-                .map_err(|e| raw.error(format!("rope parameters: {e}")))?,
+            Some(v) => serde_json::from_value(v.clone()).map_err(|e| raw.error(format!("rope parameters: {e}")))?,
             None => RopeParameters::default(),
         };
         if params.rope_theta.is_none() {
-            params.rope_theta = obj
-                .get("rope_theta")
-                .and_then(Value::as_f64)
-                .or(Some(default_theta));
+            params.rope_theta = obj.get("rope_theta").and_then(Value::as_f64).or(Some(default_theta));
         }
         if params.partial_rotary_factor.is_none() {
             params.partial_rotary_factor = obj.get("partial_rotary_factor").and_then(Value::as_f64);
@@ -58,10 +54,7 @@ impl RopeParameters {
         // transformers' `standardize_rope_params`: a top-level `original_max_position_embeddings`
         // (Phi-3 saves it there) wins over the one inside the rope section for the scaled types.
         if matches!(params.kind(), "llama3" | "yarn" | "longrope") {
-            if let Some(v) = obj
-                .get("original_max_position_embeddings")
-                .and_then(Value::as_u64)
-            {
+            if let Some(v) = obj.get("original_max_position_embeddings").and_then(Value::as_u64) {
                 params.original_max_position_embeddings = Some(v as usize);
             }
         }
@@ -70,13 +63,9 @@ impl RopeParameters {
 
     /// One rope section given as a JSON object (e.g. one layer type's entry of a nested
     /// `rope_parameters`, as Gemma 3 writes them), with `default_theta` where it has no `rope_theta`.
-    pub fn from_section(
-        raw: &RawConfig,
-        section: &Value,
-        default_theta: f64,
-    ) -> Result<RopeParameters> {
-        let mut params: RopeParameters = serde_json::from_value(section.clone())
-            .map_err(|e| raw.error(format!("rope parameters: {e}")))?;
+    pub fn from_section(raw: &RawConfig, section: &Value, default_theta: f64) -> Result<RopeParameters> {
+        let mut params: RopeParameters =
+            serde_json::from_value(section.clone()).map_err(|e| raw.error(format!("rope parameters: {e}")))?;
         params.rope_theta = params.rope_theta.or(Some(default_theta));
         Ok(params)
     }
@@ -116,10 +105,7 @@ pub struct Rope {
 
 /// `1 / base^(2i/dim)` exactly as torch evaluates it in f32.
 fn default_inv_freq(base: f32, dim: usize) -> Vec<f32> {
-    (0..dim)
-        .step_by(2)
-        .map(|i| 1.0f32 / base.powf(i as f32 / dim as f32))
-        .collect()
+    (0..dim).step_by(2).map(|i| 1.0f32 / base.powf(i as f32 / dim as f32)).collect()
 }
 
 impl Rope {
@@ -142,12 +128,7 @@ impl Rope {
             "default" => Schedule::Fixed(default_inv_freq(base, dim)),
             "linear" => {
                 let factor = need(params.factor, "factor")? as f32;
-                Schedule::Fixed(
-                    default_inv_freq(base, dim)
-                        .into_iter()
-                        .map(|f| f / factor)
-                        .collect(),
-                )
+                Schedule::Fixed(default_inv_freq(base, dim).into_iter().map(|f| f / factor).collect())
             }
             "dynamic" => Schedule::DynamicNtk {
                 base,
@@ -184,12 +165,8 @@ impl Rope {
                 Schedule::Fixed(freqs)
             }
             "yarn" => {
-                let original_max = params
-                    .original_max_position_embeddings
-                    .unwrap_or(max_position_embeddings);
-                let factor = params
-                    .factor
-                    .unwrap_or(max_position_embeddings as f64 / original_max as f64);
+                let original_max = params.original_max_position_embeddings.unwrap_or(max_position_embeddings);
+                let factor = params.factor.unwrap_or(max_position_embeddings as f64 / original_max as f64);
                 let mscale = |scale: f64, m: f64| {
                     if scale <= 1.0 {
                         1.0
@@ -197,11 +174,7 @@ impl Rope {
                         0.1 * m * scale.ln() + 1.0
                     }
                 };
-                attention_scaling = match (
-                    params.attention_factor,
-                    params.mscale,
-                    params.mscale_all_dim,
-                ) {
+                attention_scaling = match (params.attention_factor, params.mscale, params.mscale_all_dim) {
                     (Some(a), _, _) => a as f32,
                     (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
                         (mscale(factor, m) / mscale(factor, all)) as f32
@@ -211,8 +184,7 @@ impl Rope {
                 let beta_fast = params.beta_fast.filter(|&b| b != 0.0).unwrap_or(32.0);
                 let beta_slow = params.beta_slow.filter(|&b| b != 0.0).unwrap_or(1.0);
                 let correction_dim = |rotations: f64| {
-                    (dim as f64
-                        * (original_max as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln())
+                    (dim as f64 * (original_max as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln())
                         / (2.0 * (base as f64).ln())
                 };
                 let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
@@ -231,31 +203,23 @@ impl Rope {
                         let pos_freq = base.powf((2 * i) as f32 / dim as f32);
                         let extrapolation = 1.0 / pos_freq;
                         let interpolation = 1.0 / (factor * pos_freq);
-                        let ramp =
-                            ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                        let ramp = ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
                         let extrapolation_factor = 1.0 - ramp;
-                        interpolation * (1.0 - extrapolation_factor)
-                            + extrapolation * extrapolation_factor
+                        interpolation * (1.0 - extrapolation_factor) + extrapolation * extrapolation_factor
                     })
                     .collect();
                 Schedule::Fixed(freqs)
             }
             "longrope" => {
-                let original_max = params
-                    .original_max_position_embeddings
-                    .unwrap_or(max_position_embeddings);
-                let factor = params
-                    .factor
-                    .unwrap_or(max_position_embeddings as f64 / original_max as f64);
+                let original_max = params.original_max_position_embeddings.unwrap_or(max_position_embeddings);
+                let factor = params.factor.unwrap_or(max_position_embeddings as f64 / original_max as f64);
                 attention_scaling = match params.attention_factor {
                     Some(a) => a as f32,
                     None if factor <= 1.0 => 1.0,
                     None => (1.0 + factor.ln() / (original_max as f64).ln()).sqrt() as f32,
                 };
                 let scaled = |ext: &Option<Vec<f64>>, key: &str| -> Result<Vec<f32>> {
-                    let ext = ext
-                        .as_ref()
-                        .ok_or_else(|| raw.error(format!("rope type `longrope` needs `{key}`")))?;
+                    let ext = ext.as_ref().ok_or_else(|| raw.error(format!("rope type `longrope` needs `{key}`")))?;
                     if ext.len() != dim / 2 {
                         return Err(raw.error(format!(
                             "`{key}` has {} entries, rotary dim {dim} needs {}",
@@ -277,13 +241,7 @@ impl Rope {
             }
             other => return Err(raw.error(format!("unsupported rope type `{other}`"))),
         };
-        Ok(Rope {
-            schedule,
-            rotary_dim,
-            head_dim,
-            attention_scaling,
-            style: RopeStyle::Neox,
-        })
+        Ok(Rope { schedule, rotary_dim, head_dim, attention_scaling, style: RopeStyle::Neox })
     }
 
     pub fn with_style(mut self, style: RopeStyle) -> Rope {
@@ -299,26 +257,16 @@ impl Rope {
     fn inv_freq(&self, seq_len: usize) -> std::borrow::Cow<'_, [f32]> {
         match &self.schedule {
             Schedule::Fixed(f) => f.into(),
-            Schedule::DynamicNtk {
-                base,
-                factor,
-                max_position,
-                original,
-            } => {
+            Schedule::DynamicNtk { base, factor, max_position, original } => {
                 if seq_len <= *max_position {
                     return original.into();
                 }
                 let dim = self.rotary_dim as f32;
-                let grown = base
-                    * ((factor * seq_len as f32 / *max_position as f32) - (factor - 1.0))
-                        .powf(dim / (dim - 2.0));
+                let grown =
+                    base * ((factor * seq_len as f32 / *max_position as f32) - (factor - 1.0)).powf(dim / (dim - 2.0));
                 default_inv_freq(grown, self.rotary_dim).into()
             }
-            Schedule::LongRope {
-                short,
-                long,
-                original_max,
-            } => {
+            Schedule::LongRope { short, long, original_max } => {
                 if seq_len > *original_max {
                     long.into()
                 } else {
@@ -362,13 +310,7 @@ impl Rope {
 
     /// Rotates `x [tokens, heads * head_dim]` in place of its first `rotary_dim` dims per head.
     pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        Ok(ferrite_tensor::ops::rope(
-            x,
-            cos,
-            sin,
-            self.head_dim,
-            self.style,
-        )?)
+        Ok(ferrite_tensor::ops::rope(x, cos, sin, self.head_dim, self.style)?)
     }
 }
 
@@ -377,24 +319,16 @@ mod tests {
     use super::*;
 
     fn raw(v: Value) -> RawConfig {
-        RawConfig {
-            path: "config.json".into(),
-            value: v,
-        }
+        RawConfig { path: "config.json".into(), value: v }
     }
 
     #[test]
     fn legacy_and_v5_rope_keys_agree() {
-        let a = raw(
-            serde_json::json!({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
-        );
-        let b = raw(
-            serde_json::json!({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}}),
-        );
-        let (pa, pb) = (
-            RopeParameters::from_config(&a, 1e4).unwrap(),
-            RopeParameters::from_config(&b, 1e4).unwrap(),
-        );
+        let a =
+            raw(serde_json::json!({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}));
+        let b =
+            raw(serde_json::json!({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500000.0}}));
+        let (pa, pb) = (RopeParameters::from_config(&a, 1e4).unwrap(), RopeParameters::from_config(&b, 1e4).unwrap());
         assert_eq!(pa.rope_theta, pb.rope_theta);
         let ra = Rope::new(&pa, 64, 2048, &a).unwrap();
         let rb = Rope::new(&pb, 64, 2048, &b).unwrap();
@@ -406,19 +340,14 @@ mod tests {
     fn dynamic_ntk_only_changes_past_trained_length() {
         let r = raw(serde_json::json!({"rope_scaling": {"type": "dynamic", "factor": 2.0}}));
         let rope = Rope::new(&RopeParameters::from_config(&r, 1e4).unwrap(), 32, 512, &r).unwrap();
-        assert_eq!(
-            rope.inv_freq(512).as_ref(),
-            default_inv_freq(1e4, 32).as_slice()
-        );
+        assert_eq!(rope.inv_freq(512).as_ref(), default_inv_freq(1e4, 32).as_slice());
         assert!(rope.inv_freq(600)[5] < rope.inv_freq(512)[5]);
     }
 
     #[test]
     fn unknown_rope_type_is_an_error_naming_it() {
         let r = raw(serde_json::json!({"rope_scaling": {"rope_type": "warp"}}));
-        let err = Rope::new(&RopeParameters::from_config(&r, 1e4).unwrap(), 32, 512, &r)
-            .unwrap_err()
-            .to_string();
+        let err = Rope::new(&RopeParameters::from_config(&r, 1e4).unwrap(), 32, 512, &r).unwrap_err().to_string();
         assert!(err.contains("warp"), "{err}");
     }
 }

@@ -38,26 +38,15 @@ impl SafetensorsWeights {
     pub fn open(dir: &Path) -> Result<SafetensorsWeights> {
         let index_path = dir.join("model.safetensors.index.json");
         let files: Vec<PathBuf> = if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path).map_err(|source| ModelError::Io {
+            let text = std::fs::read_to_string(&index_path)
+                .map_err(|source| ModelError::Io { path: index_path.clone(), source })?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| ModelError::Weights { path: index_path.clone(), message: format!("invalid JSON: {e}") })?;
+            let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ModelError::Weights {
                 path: index_path.clone(),
-                source,
+                message: "missing field `weight_map`".into(),
             })?;
-            let json: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| ModelError::Weights {
-                    path: index_path.clone(),
-                    message: format!("invalid JSON: {e}"),
-                })?;
-            let map = json
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .ok_or_else(|| ModelError::Weights {
-                    path: index_path.clone(),
-                    message: "missing field `weight_map`".into(),
-                })?;
-            let mut names: Vec<String> = map
-                .values()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect();
+            let mut names: Vec<String> = map.values().filter_map(|v| v.as_str().map(str::to_owned)).collect();
             names.sort();
             names.dedup();
             names.into_iter().map(|n| dir.join(n)).collect()
@@ -74,15 +63,9 @@ impl SafetensorsWeights {
         let mut shards = Vec::new();
         let mut index = HashMap::new();
         for path in files {
-            let file = File::open(&path).map_err(|source| ModelError::Io {
-                path: path.clone(),
-                source,
-            })?;
+            let file = File::open(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
             // SAFETY: the checkpoint files are treated as read-only for the life of the process.
-            let mmap = unsafe { Mmap::map(&file) }.map_err(|source| ModelError::Io {
-                path: path.clone(),
-                source,
-            })?;
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|source| ModelError::Io { path: path.clone(), source })?;
             let st = SafeTensors::deserialize(&mmap).map_err(|e| ModelError::Weights {
                 path: path.clone(),
                 message: format!("invalid safetensors: {e}"),
@@ -92,36 +75,15 @@ impl SafetensorsWeights {
             }
             shards.push(Shard { path, mmap });
         }
-        Ok(SafetensorsWeights {
-            dir: dir.to_path_buf(),
-            shards,
-            index,
-        })
+        Ok(SafetensorsWeights { dir: dir.to_path_buf(), shards, index })
     }
 }
 
-fn convert(
-    bytes: &[u8],
-    dtype: StDtype,
-    target: DType,
-    shape: &[usize],
-    name: &str,
-    path: &Path,
-) -> Result<Tensor> {
-    let err = |m: String| ModelError::Weights {
-        path: path.to_path_buf(),
-        message: format!("tensor `{name}`: {m}"),
-    };
-    let f32s = |b: &[u8]| -> Vec<f32> {
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
-    let u16s = |b: &[u8]| -> Vec<u16> {
-        b.chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-            .collect()
-    };
+fn convert(bytes: &[u8], dtype: StDtype, target: DType, shape: &[usize], name: &str, path: &Path) -> Result<Tensor> {
+    let err = |m: String| ModelError::Weights { path: path.to_path_buf(), message: format!("tensor `{name}`: {m}") };
+    let f32s =
+        |b: &[u8]| -> Vec<f32> { b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect() };
+    let u16s = |b: &[u8]| -> Vec<u16> { b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect() };
     let storage = match (dtype, target) {
         (StDtype::BF16, DType::BF16) => {
             ferrite_tensor::CpuStorage::BF16(u16s(bytes).into_iter().map(bf16::from_bits).collect())
@@ -131,23 +93,16 @@ fn convert(
         }
         (StDtype::F32, _) => ferrite_tensor::CpuStorage::from_f32(f32s(bytes), target),
         (StDtype::BF16, _) => ferrite_tensor::CpuStorage::from_f32(
-            u16s(bytes)
-                .into_iter()
-                .map(|b| bf16::from_bits(b).to_f32())
-                .collect(),
+            u16s(bytes).into_iter().map(|b| bf16::from_bits(b).to_f32()).collect(),
             target,
         ),
         (StDtype::F16, _) => ferrite_tensor::CpuStorage::from_f32(
-            u16s(bytes)
-                .into_iter()
-                .map(|b| f16::from_bits(b).to_f32())
-                .collect(),
+            u16s(bytes).into_iter().map(|b| f16::from_bits(b).to_f32()).collect(),
             target,
         ),
         (other, _) => return Err(err(format!("unsupported safetensors dtype {other:?}"))),
     };
-    Tensor::from_storage(ferrite_tensor::Storage::Cpu(storage), shape.to_vec())
-        .map_err(|e| err(e.to_string()))
+    Tensor::from_storage(ferrite_tensor::Storage::Cpu(storage), shape.to_vec()).map_err(|e| err(e.to_string()))
 }
 
 impl WeightSource for SafetensorsWeights {
@@ -160,23 +115,12 @@ impl WeightSource for SafetensorsWeights {
             return Ok(None);
         };
         let shard = &self.shards[shard];
-        let st = SafeTensors::deserialize(&shard.mmap).map_err(|e| ModelError::Weights {
-            path: shard.path.clone(),
-            message: e.to_string(),
-        })?;
-        let view = st.tensor(name).map_err(|e| ModelError::Weights {
-            path: shard.path.clone(),
-            message: format!("tensor `{name}`: {e}"),
-        })?;
-        convert(
-            view.data(),
-            view.dtype(),
-            dtype,
-            view.shape(),
-            name,
-            &shard.path,
-        )
-        .map(Some)
+        let st = SafeTensors::deserialize(&shard.mmap)
+            .map_err(|e| ModelError::Weights { path: shard.path.clone(), message: e.to_string() })?;
+        let view = st
+            .tensor(name)
+            .map_err(|e| ModelError::Weights { path: shard.path.clone(), message: format!("tensor `{name}`: {e}") })?;
+        convert(view.data(), view.dtype(), dtype, view.shape(), name, &shard.path).map(Some)
     }
 
     fn describe(&self) -> String {
@@ -198,11 +142,7 @@ pub struct GgufWeights {
 impl GgufWeights {
     pub fn new(file: GgufFile, path: &Path) -> GgufWeights {
         let names = file.hf_tensors().into_iter().collect();
-        GgufWeights {
-            file,
-            path: path.to_path_buf(),
-            names,
-        }
+        GgufWeights { file, path: path.to_path_buf(), names }
     }
 }
 
@@ -239,18 +179,8 @@ pub struct Weights {
 }
 
 impl Weights {
-    pub fn new(
-        source: Box<dyn WeightSource>,
-        dtype: DType,
-        progress: Option<indicatif::ProgressBar>,
-    ) -> Weights {
-        Weights {
-            source,
-            dtype,
-            device: Device::Cpu,
-            loaded: AtomicUsize::new(0),
-            progress,
-        }
+    pub fn new(source: Box<dyn WeightSource>, dtype: DType, progress: Option<indicatif::ProgressBar>) -> Weights {
+        Weights { source, dtype, device: Device::Cpu, loaded: AtomicUsize::new(0), progress }
     }
 
     /// Places every tensor on `device` as it is loaded (one tensor in host memory at a time).
@@ -307,10 +237,7 @@ impl Weights {
 
     pub fn get_any_shape(&self, name: &str) -> Result<Tensor> {
         self.fetch(name, self.dtype)?
-            .ok_or_else(|| ModelError::MissingTensor {
-                name: name.into(),
-                location: self.source.describe(),
-            })
+            .ok_or_else(|| ModelError::MissingTensor { name: name.into(), location: self.source.describe() })
     }
 
     pub fn get_opt(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
@@ -325,10 +252,7 @@ impl Weights {
     pub fn get_f32(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let t = self
             .fetch(name, DType::F32)?
-            .ok_or_else(|| ModelError::MissingTensor {
-                name: name.into(),
-                location: self.source.describe(),
-            })?;
+            .ok_or_else(|| ModelError::MissingTensor { name: name.into(), location: self.source.describe() })?;
         if t.shape() != shape {
             return Err(ModelError::TensorShape {
                 name: name.into(),

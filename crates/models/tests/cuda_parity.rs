@@ -3,9 +3,7 @@
 //! STRICT, or diverges only where the oracle's top two were within `NEAR_TIE_NATS`; at most one
 //! case in a hundred may miss). Without a GPU (CI) the test prints SKIP and passes.
 
-use ferrite_models::gate::{
-    fixtures_dir, run_fixture_on, run_fixture_with, summarize, NEAR_TIE_NATS,
-};
+use ferrite_models::gate::{fixtures_dir, run_fixture_on, run_fixture_with, summarize, NEAR_TIE_NATS};
 use ferrite_tensor::{DType, Device};
 
 const LOGPROB_TOLERANCE: f32 = 2e-3;
@@ -35,10 +33,7 @@ fn every_fixture_on_cuda() {
                     continue;
                 }
             };
-            let worst = reports
-                .iter()
-                .map(|r| r.max_logprob_error)
-                .fold(0.0f32, f32::max);
+            let worst = reports.iter().map(|r| r.max_logprob_error).fold(0.0f32, f32::max);
             println!(
                 "{name} ({}) cuda {dtype}: {}, max logprob error {worst:.1e}",
                 oracle.architecture,
@@ -50,9 +45,7 @@ fn every_fixture_on_cuda() {
                     r.name, r.divergence, r.max_logprob_error
                 );
                 match dtype {
-                    DType::F32 if !(r.strict && r.max_logprob_error < LOGPROB_TOLERANCE) => {
-                        failures.push(line)
-                    }
+                    DType::F32 if !(r.strict && r.max_logprob_error < LOGPROB_TOLERANCE) => failures.push(line),
                     DType::BF16 if !(r.strict || r.near_tie()) => bf16_misses.push(line),
                     _ => {}
                 }
@@ -68,19 +61,11 @@ fn every_fixture_on_cuda() {
         "bf16 on cuda: {} of {bf16_total} cases pass (STRICT {bf16_strict} + near-tie {bf16_near}, rule {NEAR_TIE_NATS} nats)",
         bf16_strict + bf16_near
     );
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
     // bf16 rounding can reorder a mixture-of-experts router's top-k, which changes a token's
     // whole MLP output: such a case diverges beyond the near-tie rule through no bug of ours.
     // One case in a hundred may; more means bf16 broke.
-    println!(
-        "bf16 cases beyond the near-tie rule:\n{}",
-        bf16_misses.join("\n")
-    );
+    println!("bf16 cases beyond the near-tie rule:\n{}", bf16_misses.join("\n"));
     assert!(
         bf16_misses.len() * 100 <= bf16_total,
         "{} of {bf16_total} bf16 cases fail the near-tie rule",
@@ -98,28 +83,15 @@ fn deepseek_latent_mla_on_cuda() {
         println!("SKIP: no CUDA device");
         return;
     }
-    for (name, variant) in [
-        ("deepseek-v2", DeepseekVariant::V2),
-        ("deepseek-v3", DeepseekVariant::V3),
-    ] {
+    for (name, variant) in [("deepseek-v2", DeepseekVariant::V2), ("deepseek-v3", DeepseekVariant::V3)] {
         let dir = fixtures_dir().join("models").join(name);
         let (_, reports) = run_fixture_with(&dir, DType::F32, Device::Cuda(0), |r, w| {
-            Ok(Box::new(DeepseekModel::load(
-                r,
-                w,
-                variant,
-                MlaCacheMode::Latent,
-            )?))
+            Ok(Box::new(DeepseekModel::load(r, w, variant, MlaCacheMode::Latent)?))
         })
         .unwrap_or_else(|e| panic!("{name}: {e}"));
         println!("{name} latent MLA cache cuda f32: {}", summarize(&reports));
         for r in &reports {
-            assert!(
-                r.strict && r.max_logprob_error < LOGPROB_TOLERANCE,
-                "{name}/{}: {:?}",
-                r.name,
-                r.divergence
-            );
+            assert!(r.strict && r.max_logprob_error < LOGPROB_TOLERANCE, "{name}/{}: {:?}", r.name, r.divergence);
         }
     }
 }

@@ -30,50 +30,19 @@ fn gemma3_270m_gguf_is_token_exact_with_transformers() {
         return;
     };
     let oracle = Oracle::load(&golden_path()).unwrap();
-    let loaded = load_model(
-        &gguf,
-        &LoadOptions {
-            dtype: DType::F32,
-            progress: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let loaded = load_model(&gguf, &LoadOptions { dtype: DType::F32, progress: false, ..Default::default() }).unwrap();
     assert_eq!(loaded.model.info().architecture, "Gemma3ForCausalLM");
-    let (tokenizer_json, tokenizer_config) = loaded
-        .gguf_tokenizer
-        .clone()
-        .expect("GGUF carries a tokenizer");
+    let (tokenizer_json, tokenizer_config) = loaded.gguf_tokenizer.clone().expect("GGUF carries a tokenizer");
     let tok = Tokenizer::from_parts(&tokenizer_json, &tokenizer_config, None, None).unwrap();
     let mut reports = Vec::new();
     for case in &oracle.cases {
         if !case.chat {
-            assert_eq!(
-                tok.encode(&case.prompt, true).unwrap(),
-                case.prompt_ids,
-                "{}: prompt ids differ",
-                case.name
-            );
+            assert_eq!(tok.encode(&case.prompt, true).unwrap(), case.prompt_ids, "{}: prompt ids differ", case.name);
         }
-        let ours = greedy(
-            loaded.model.as_ref(),
-            &case.prompt_ids,
-            case.output_ids.len(),
-            16,
-        )
-        .unwrap();
+        let ours = greedy(loaded.model.as_ref(), &case.prompt_ids, case.output_ids.len(), 16).unwrap();
         let report = judge(case, &ours);
-        assert!(
-            report.strict,
-            "{}: diverged at {:?}",
-            case.name, report.divergence
-        );
-        assert!(
-            report.max_logprob_error < 2e-3,
-            "{}: logprob error {}",
-            case.name,
-            report.max_logprob_error
-        );
+        assert!(report.strict, "{}: diverged at {:?}", case.name, report.divergence);
+        assert!(report.max_logprob_error < 2e-3, "{}: logprob error {}", case.name, report.max_logprob_error);
         reports.push(report);
     }
     assert!(reports.len() >= 12);

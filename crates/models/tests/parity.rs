@@ -12,23 +12,11 @@ const LOGPROB_TOLERANCE: f32 = 2e-3;
 
 fn gate(name: &str, dtype: DType) {
     let dir = fixtures_dir().join("models").join(name);
-    assert!(
-        Path::new(&dir).join("oracle.json").exists(),
-        "fixture {name} is missing at {}",
-        dir.display()
-    );
+    assert!(Path::new(&dir).join("oracle.json").exists(), "fixture {name} is missing at {}", dir.display());
     let (oracle, reports) = run_fixture(&dir, dtype).unwrap_or_else(|e| panic!("{name}: {e}"));
-    println!(
-        "{name} ({}) {dtype}: {}",
-        oracle.architecture,
-        summarize(&reports)
-    );
+    println!("{name} ({}) {dtype}: {}", oracle.architecture, summarize(&reports));
     for r in &reports {
-        assert!(
-            r.strict,
-            "{name}/{}: diverged from the oracle at {:?}",
-            r.name, r.divergence
-        );
+        assert!(r.strict, "{name}/{}: diverged from the oracle at {:?}", r.name, r.divergence);
         if dtype == DType::F32 {
             assert!(
                 r.max_logprob_error < LOGPROB_TOLERANCE,
@@ -38,11 +26,7 @@ fn gate(name: &str, dtype: DType) {
             );
         }
     }
-    assert!(
-        reports.len() >= 8,
-        "{name}: battery has only {} prompts",
-        reports.len()
-    );
+    assert!(reports.len() >= 8, "{name}: battery has only {} prompts", reports.len());
 }
 
 macro_rules! parity {
@@ -99,8 +83,7 @@ fn broken_copy(name: &str, edit: impl Fn(&mut serde_json::Value)) -> std::path::
         std::fs::copy(&path, dst.join(path.file_name().unwrap())).unwrap();
     }
     let config_path = dst.join("config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
     edit(&mut config);
     std::fs::write(&config_path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
     dst
@@ -114,14 +97,12 @@ fn strict_count(dir: &Path) -> (usize, usize) {
 #[test]
 fn gate_catches_a_dropped_rope_scaling() {
     let dir = broken_copy("llama-tied-llama3rope", |c| {
-        c["rope_parameters"] = serde_json::json!({"rope_type": "default", "rope_theta": c["rope_parameters"]["rope_theta"]});
+        c["rope_parameters"] =
+            serde_json::json!({"rope_type": "default", "rope_theta": c["rope_parameters"]["rope_theta"]});
     });
     let (strict, total) = strict_count(&dir);
     std::fs::remove_dir_all(&dir).ok();
-    assert!(
-        strict < total,
-        "dropping llama3 rope scaling went unnoticed ({strict}/{total} strict)"
-    );
+    assert!(strict < total, "dropping llama3 rope scaling went unnoticed ({strict}/{total} strict)");
 }
 
 #[test]
@@ -129,10 +110,7 @@ fn gate_catches_a_wrong_norm_epsilon() {
     let dir = broken_copy("qwen3", |c| c["rms_norm_eps"] = serde_json::json!(0.5));
     let (strict, total) = strict_count(&dir);
     std::fs::remove_dir_all(&dir).ok();
-    assert!(
-        strict < total,
-        "a wrong rms_norm_eps went unnoticed ({strict}/{total} strict)"
-    );
+    assert!(strict < total, "a wrong rms_norm_eps went unnoticed ({strict}/{total} strict)");
 }
 
 /// Model families wave 1: each family's distinctive config key, edited in a copy of its fixture,
@@ -144,53 +122,29 @@ fn gate_catches_wave1_config_breaks() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Value);
     let breaks: &[(&str, &str, Edit)] = &[
-        ("gemma2", "attention softcap dropped", |c| {
-            c["attn_logit_softcapping"] = json!(null)
-        }),
-        ("gemma2", "final softcap dropped", |c| {
-            c["final_logit_softcapping"] = json!(null)
-        }),
-        ("gemma2", "query_pre_attn_scalar ignored", |c| {
-            c["query_pre_attn_scalar"] = json!(16)
-        }),
+        ("gemma2", "attention softcap dropped", |c| c["attn_logit_softcapping"] = json!(null)),
+        ("gemma2", "final softcap dropped", |c| c["final_logit_softcapping"] = json!(null)),
+        ("gemma2", "query_pre_attn_scalar ignored", |c| c["query_pre_attn_scalar"] = json!(16)),
         ("gemma3", "local rope base = global", |c| {
-            c["rope_parameters"]["sliding_attention"] =
-                c["rope_parameters"]["full_attention"].clone()
+            c["rope_parameters"]["sliding_attention"] = c["rope_parameters"]["full_attention"].clone()
         }),
         ("phi3-longrope", "long factors = short", |c| {
             c["rope_parameters"]["long_factor"] = c["rope_parameters"]["short_factor"].clone()
         }),
-        ("phi", "full rotary", |c| {
-            c["rope_parameters"]["partial_rotary_factor"] = json!(1.0)
-        }),
-        ("gpt-neox", "sequential residual", |c| {
-            c["use_parallel_residual"] = json!(false)
-        }),
-        ("granite", "residual_multiplier 1", |c| {
-            c["residual_multiplier"] = json!(1.0)
-        }),
-        ("granite", "logits_scaling 1", |c| {
-            c["logits_scaling"] = json!(1.0)
-        }),
+        ("phi", "full rotary", |c| c["rope_parameters"]["partial_rotary_factor"] = json!(1.0)),
+        ("gpt-neox", "sequential residual", |c| c["use_parallel_residual"] = json!(false)),
+        ("granite", "residual_multiplier 1", |c| c["residual_multiplier"] = json!(1.0)),
+        ("granite", "logits_scaling 1", |c| c["logits_scaling"] = json!(1.0)),
         ("cohere", "logit_scale 1", |c| c["logit_scale"] = json!(1.0)),
-        ("starcoder2", "sliding window dropped", |c| {
-            c["sliding_window"] = json!(null)
-        }),
+        ("starcoder2", "sliding window dropped", |c| c["sliding_window"] = json!(null)),
     ];
     for (fixture, what, edit) in breaks {
         let dir = broken_copy(fixture, edit);
-        let (_, reports) =
-            run_fixture(&dir, DType::F32).unwrap_or_else(|e| panic!("{fixture} ({what}): {e}"));
+        let (_, reports) = run_fixture(&dir, DType::F32).unwrap_or_else(|e| panic!("{fixture} ({what}): {e}"));
         std::fs::remove_dir_all(&dir).ok();
         let strict = reports.iter().filter(|r| r.strict).count();
-        let worst = reports
-            .iter()
-            .map(|r| r.max_logprob_error)
-            .fold(0.0f32, f32::max);
-        println!(
-            "{fixture} with {what}: {strict}/{} strict, max logprob error {worst:.3}",
-            reports.len()
-        );
+        let worst = reports.iter().map(|r| r.max_logprob_error).fold(0.0f32, f32::max);
+        println!("{fixture} with {what}: {strict}/{} strict, max logprob error {worst:.3}", reports.len());
         assert!(
             strict < reports.len() || worst >= LOGPROB_TOLERANCE,
             "{fixture}: {what} went unnoticed ({strict}/{} strict, max logprob error {worst})",
@@ -205,57 +159,30 @@ fn gate_latent_mla(name: &str, variant: ferrite_models::families::deepseek_v2::D
     use ferrite_models::families::deepseek_v2::DeepseekModel;
     use ferrite_models::mla::MlaCacheMode;
     let dir = fixtures_dir().join("models").join(name);
-    let (oracle, reports) = ferrite_models::gate::run_fixture_with(
-        &dir,
-        DType::F32,
-        ferrite_tensor::Device::Cpu,
-        |r, w| {
+    let (oracle, reports) =
+        ferrite_models::gate::run_fixture_with(&dir, DType::F32, ferrite_tensor::Device::Cpu, |r, w| {
             let model = DeepseekModel::load(r, w, variant, MlaCacheMode::Latent)?;
             let spec = ferrite_models::CausalLM::info(&model).kv_layers[0];
             assert_eq!(spec.num_kv_heads, 1, "latent cache has one KV head");
             Ok(Box::new(model))
-        },
-    )
-    .unwrap_or_else(|e| panic!("{name}: {e}"));
-    println!(
-        "{name} ({}) latent MLA cache f32: {}",
-        oracle.architecture,
-        summarize(&reports)
-    );
+        })
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    println!("{name} ({}) latent MLA cache f32: {}", oracle.architecture, summarize(&reports));
     for r in &reports {
-        assert!(
-            r.strict,
-            "{name}/{}: diverged from the oracle at {:?}",
-            r.name, r.divergence
-        );
-        assert!(
-            r.max_logprob_error < LOGPROB_TOLERANCE,
-            "{name}/{}: logprob error {}",
-            r.name,
-            r.max_logprob_error
-        );
+        assert!(r.strict, "{name}/{}: diverged from the oracle at {:?}", r.name, r.divergence);
+        assert!(r.max_logprob_error < LOGPROB_TOLERANCE, "{name}/{}: logprob error {}", r.name, r.max_logprob_error);
     }
-    assert!(
-        reports.len() >= 8,
-        "{name}: battery has only {} prompts",
-        reports.len()
-    );
+    assert!(reports.len() >= 8, "{name}: battery has only {} prompts", reports.len());
 }
 
 #[test]
 fn deepseek_v2_latent_mla_cache() {
-    gate_latent_mla(
-        "deepseek-v2",
-        ferrite_models::families::deepseek_v2::DeepseekVariant::V2,
-    );
+    gate_latent_mla("deepseek-v2", ferrite_models::families::deepseek_v2::DeepseekVariant::V2);
 }
 
 #[test]
 fn deepseek_v3_latent_mla_cache() {
-    gate_latent_mla(
-        "deepseek-v3",
-        ferrite_models::families::deepseek_v2::DeepseekVariant::V3,
-    );
+    gate_latent_mla("deepseek-v3", ferrite_models::families::deepseek_v2::DeepseekVariant::V3);
 }
 
 #[test]
@@ -263,57 +190,28 @@ fn gate_catches_moe_config_breaks() {
     use serde_json::json;
     type Edit = fn(&mut serde_json::Value);
     let breaks: &[(&str, &str, Edit)] = &[
-        ("mixtral", "top-1 routing", |c| {
-            c["num_experts_per_tok"] = json!(1)
-        }),
-        ("qwen2-moe", "norm_topk_prob true", |c| {
-            c["norm_topk_prob"] = json!(true)
-        }),
-        ("qwen3-moe", "norm_topk_prob false", |c| {
-            c["norm_topk_prob"] = json!(false)
-        }),
-        ("olmoe", "norm_topk_prob true", |c| {
-            c["norm_topk_prob"] = json!(true)
-        }),
-        ("deepseek-v2", "mscale_all_dim dropped", |c| {
-            c["rope_parameters"]["mscale_all_dim"] = json!(null)
-        }),
-        (
-            "deepseek-v2",
-            "greedy instead of group-limited routing",
-            |c| c["topk_method"] = json!("greedy"),
-        ),
-        ("deepseek-v2", "routed_scaling_factor 1", |c| {
-            c["routed_scaling_factor"] = json!(1.0)
-        }),
+        ("mixtral", "top-1 routing", |c| c["num_experts_per_tok"] = json!(1)),
+        ("qwen2-moe", "norm_topk_prob true", |c| c["norm_topk_prob"] = json!(true)),
+        ("qwen3-moe", "norm_topk_prob false", |c| c["norm_topk_prob"] = json!(false)),
+        ("olmoe", "norm_topk_prob true", |c| c["norm_topk_prob"] = json!(true)),
+        ("deepseek-v2", "mscale_all_dim dropped", |c| c["rope_parameters"]["mscale_all_dim"] = json!(null)),
+        ("deepseek-v2", "greedy instead of group-limited routing", |c| c["topk_method"] = json!("greedy")),
+        ("deepseek-v2", "routed_scaling_factor 1", |c| c["routed_scaling_factor"] = json!(1.0)),
         ("deepseek-v3", "no group limit", |c| {
             c["n_group"] = json!(1);
             c["topk_group"] = json!(1);
         }),
-        ("deepseek-v3", "norm_topk_prob false", |c| {
-            c["norm_topk_prob"] = json!(false)
-        }),
-        ("deepseek-v3", "routed_scaling_factor 1", |c| {
-            c["routed_scaling_factor"] = json!(1.0)
-        }),
-        ("deepseek-v3", "rope not interleaved", |c| {
-            c["rope_interleave"] = json!(false)
-        }),
+        ("deepseek-v3", "norm_topk_prob false", |c| c["norm_topk_prob"] = json!(false)),
+        ("deepseek-v3", "routed_scaling_factor 1", |c| c["routed_scaling_factor"] = json!(1.0)),
+        ("deepseek-v3", "rope not interleaved", |c| c["rope_interleave"] = json!(false)),
     ];
     for (fixture, what, edit) in breaks {
         let dir = broken_copy(fixture, edit);
-        let (_, reports) =
-            run_fixture(&dir, DType::F32).unwrap_or_else(|e| panic!("{fixture} ({what}): {e}"));
+        let (_, reports) = run_fixture(&dir, DType::F32).unwrap_or_else(|e| panic!("{fixture} ({what}): {e}"));
         std::fs::remove_dir_all(&dir).ok();
         let strict = reports.iter().filter(|r| r.strict).count();
-        let worst = reports
-            .iter()
-            .map(|r| r.max_logprob_error)
-            .fold(0.0f32, f32::max);
-        println!(
-            "{fixture} with {what}: {strict}/{} strict, max logprob error {worst:.3}",
-            reports.len()
-        );
+        let worst = reports.iter().map(|r| r.max_logprob_error).fold(0.0f32, f32::max);
+        println!("{fixture} with {what}: {strict}/{} strict, max logprob error {worst:.3}", reports.len());
         assert!(
             strict < reports.len() || worst >= LOGPROB_TOLERANCE,
             "{fixture}: {what} went unnoticed ({strict}/{} strict, max logprob error {worst})",

@@ -16,64 +16,34 @@ fn golden_path() -> PathBuf {
 
 /// The GGUF from FERRITE_SMOLLM2_GGUF (scripts/test.sh sets it from `ferrite default-model`).
 fn gguf_path() -> Option<PathBuf> {
-    std::env::var_os("FERRITE_SMOLLM2_GGUF")
-        .map(PathBuf::from)
-        .filter(|p| p.exists())
+    std::env::var_os("FERRITE_SMOLLM2_GGUF").map(PathBuf::from).filter(|p| p.exists())
 }
 
 #[test]
 fn smollm2_gguf_is_token_exact_with_transformers() {
     let Some(gguf) = gguf_path() else {
-        println!(
-            "SKIP: FERRITE_SMOLLM2_GGUF is not set to an existing file (scripts/test.sh sets it)"
-        );
+        println!("SKIP: FERRITE_SMOLLM2_GGUF is not set to an existing file (scripts/test.sh sets it)");
         return;
     };
-    let golden: Value =
-        serde_json::from_str(&std::fs::read_to_string(golden_path()).unwrap()).unwrap();
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(golden_path()).unwrap()).unwrap();
     let oracle = Oracle::load(&golden_path()).unwrap();
-    let loaded = load_model(
-        &gguf,
-        &LoadOptions {
-            dtype: DType::F32,
-            progress: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let (tokenizer_json, tokenizer_config) = loaded
-        .gguf_tokenizer
-        .clone()
-        .expect("GGUF carries a tokenizer");
+    let loaded = load_model(&gguf, &LoadOptions { dtype: DType::F32, progress: false, ..Default::default() }).unwrap();
+    let (tokenizer_json, tokenizer_config) = loaded.gguf_tokenizer.clone().expect("GGUF carries a tokenizer");
     let tok = Tokenizer::from_parts(&tokenizer_json, &tokenizer_config, None, None).unwrap();
 
     let mut reports = Vec::new();
     for (case, raw) in oracle.cases.iter().zip(golden["cases"].as_array().unwrap()) {
         let ids = if case.chat {
-            let messages: Vec<ChatMessage> =
-                serde_json::from_value(raw["messages"].clone()).unwrap();
+            let messages: Vec<ChatMessage> = serde_json::from_value(raw["messages"].clone()).unwrap();
             tok.encode_chat(&messages, true).unwrap()
         } else {
             tok.encode(&case.prompt, true).unwrap()
         };
-        assert_eq!(
-            ids, case.prompt_ids,
-            "{}: prompt ids differ from transformers'",
-            case.name
-        );
+        assert_eq!(ids, case.prompt_ids, "{}: prompt ids differ from transformers'", case.name);
         let ours = greedy(loaded.model.as_ref(), &ids, case.output_ids.len(), 16).unwrap();
         let report = judge(case, &ours);
-        assert!(
-            report.strict,
-            "{}: diverged at {:?}",
-            case.name, report.divergence
-        );
-        assert!(
-            report.max_logprob_error < 2e-3,
-            "{}: logprob error {}",
-            case.name,
-            report.max_logprob_error
-        );
+        assert!(report.strict, "{}: diverged at {:?}", case.name, report.divergence);
+        assert!(report.max_logprob_error < 2e-3, "{}: logprob error {}", case.name, report.max_logprob_error);
         if case.name == "capital_of_france" {
             let text = tok.decode(&ours.tokens, true).unwrap();
             assert_eq!(text, "The capital of France is Paris.");

@@ -22,19 +22,13 @@ pub struct Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.state
-            .admission
-            .in_flight
-            .fetch_sub(self.sequences, Ordering::AcqRel);
+        self.state.admission.in_flight.fetch_sub(self.sequences, Ordering::AcqRel);
     }
 }
 
 impl Admission {
     pub fn new(limit: usize) -> Admission {
-        Admission {
-            in_flight: AtomicUsize::new(0),
-            limit: limit.max(1),
-        }
+        Admission { in_flight: AtomicUsize::new(0), limit: limit.max(1) }
     }
 
     pub fn in_flight(&self) -> usize {
@@ -54,11 +48,7 @@ impl Admission {
         let mut current = admission.in_flight.load(Ordering::Acquire);
         loop {
             if current + sequences > admission.limit {
-                tracing::warn!(
-                    in_flight = current,
-                    limit = admission.limit,
-                    "overloaded: rejecting request"
-                );
+                tracing::warn!(in_flight = current, limit = admission.limit, "overloaded: rejecting request");
                 return Err(ApiError::unavailable(format!(
                     "The server is overloaded ({current} sequences in flight, limit {}); retry later.",
                     admission.limit
@@ -70,12 +60,7 @@ impl Admission {
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
-                Ok(_) => {
-                    return Ok(Permit {
-                        state: state.clone(),
-                        sequences,
-                    })
-                }
+                Ok(_) => return Ok(Permit { state: state.clone(), sequences }),
                 Err(actual) => current = actual,
             }
         }

@@ -21,17 +21,13 @@ use crate::generate::{self, Prompt, Step, Tracked};
 use crate::logprobs;
 use crate::params::{self, Requested};
 use crate::protocol::{
-    ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
-    ChatLogprobs, ChatMessageOut, ChatStreamChoice, MessageContent, RequestMessage, StopReason,
-    Usage,
+    ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatLogprobs,
+    ChatMessageOut, ChatStreamChoice, MessageContent, RequestMessage, StopReason, Usage,
 };
 use crate::sse::{done_event, json_event, json_event_raw};
 use crate::{random_id, unix_now, AppState};
 
-pub async fn handle(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrival = Instant::now();
     match run(state, body, arrival).await {
         Ok(response) => response,
@@ -42,10 +38,7 @@ pub async fn handle(
 /// Messages as the chat template sees them: text parts are joined with newlines, as vLLM does.
 pub fn template_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
-        return Err(ApiError::invalid(
-            "messages",
-            "messages must contain at least one message",
-        ));
+        return Err(ApiError::invalid("messages", "messages must contain at least one message"));
     }
     messages
         .iter()
@@ -84,14 +77,9 @@ pub fn chat_prompt(
         .tokenizer
         .apply_chat_template(&messages, add_generation_prompt)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    let ids = state
-        .tokenizer
-        .encode(&text, add_special_tokens)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    Ok(Prompt {
-        ids,
-        text: Some(text),
-    })
+    let ids =
+        state.tokenizer.encode(&text, add_special_tokens).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    Ok(Prompt { ids, text: Some(text) })
 }
 
 struct Context {
@@ -112,10 +100,8 @@ async fn run(
     let body = body?;
     let req: ChatCompletionRequest = parse_json(&body)?;
     state.served.check_model(req.model.as_deref())?;
-    if let Some(format) = req
-        .response_format
-        .as_ref()
-        .filter(|f| f.get("type").and_then(|t| t.as_str()) != Some("text"))
+    if let Some(format) =
+        req.response_format.as_ref().filter(|f| f.get("type").and_then(|t| t.as_str()) != Some("text"))
     {
         return Err(ApiError::invalid(
             "response_format",
@@ -123,10 +109,7 @@ async fn run(
         ));
     }
     if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid(
-            "tools",
-            "tool calling is not supported yet; omit `tools`",
-        ));
+        return Err(ApiError::invalid("tools", "tool calling is not supported yet; omit `tools`"));
     }
     let prompt = chat_prompt(
         &state,
@@ -136,11 +119,7 @@ async fn run(
     )?;
     let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
         Some(v) => Some(params::check_max_tokens(
-            if req.max_completion_tokens.is_some() {
-                "max_completion_tokens"
-            } else {
-                "max_tokens"
-            },
+            if req.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" },
             v,
         )?),
         None => None,
@@ -149,20 +128,13 @@ async fn run(
     let top_logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (true, top) => Some(params::check_logprobs("top_logprobs", top.unwrap_or(0))?),
         (false, Some(top)) if top > 0 => {
-            return Err(ApiError::invalid(
-                "top_logprobs",
-                "when using `top_logprobs`, `logprobs` must be set to true.",
-            ))
+            return Err(ApiError::invalid("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true."))
         }
         (false, _) => None,
     };
     let sampling = params::build(
         &req.sampling,
-        Requested {
-            max_tokens,
-            logprobs: top_logprobs,
-            prompt_logprobs: None,
-        },
+        Requested { max_tokens, logprobs: top_logprobs, prompt_logprobs: None },
         state.served.vocab_bound,
         &state.served.config.sampling_defaults,
     )?;
@@ -176,18 +148,9 @@ async fn run(
         prompt_tokens: prompt.ids.len(),
         state: state.clone(),
     };
-    let streams = generate::submit(
-        &state,
-        &ctx.id,
-        std::slice::from_ref(&prompt),
-        &sampling,
-        arrival,
-    )?;
+    let streams = generate::submit(&state, &ctx.id, std::slice::from_ref(&prompt), &sampling, arrival)?;
     if req.stream.unwrap_or(false) {
-        let include_usage = req
-            .stream_options
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
+        let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
         Ok(stream_response(ctx, streams, permit, include_usage))
     } else {
         Ok(Json(collect(ctx, streams).await?).into_response())
@@ -215,18 +178,12 @@ impl Context {
                 continue;
             }
             let lp = self.top_logprobs.map(|top| ChatLogprobs {
-                content: logprobs::chat_entries(
-                    &self.state.tokenizer,
-                    &d.logprobs.unwrap_or_default(),
-                    top,
-                ),
+                content: logprobs::chat_entries(&self.state.tokenizer, &d.logprobs.unwrap_or_default(), top),
             });
             c.text.push_str(&d.text);
             if let Some(new) = &lp {
                 c.logprobs
-                    .get_or_insert_with(|| ChatLogprobs {
-                        content: Vec::new(),
-                    })
+                    .get_or_insert_with(|| ChatLogprobs { content: Vec::new() })
                     .content
                     .extend(new.content.iter().cloned());
             }
@@ -236,10 +193,7 @@ impl Context {
             }
             out.push(ChatStreamChoice {
                 index: d.index,
-                delta: ChatDelta {
-                    role: None,
-                    content: Some(d.text),
-                },
+                delta: ChatDelta { role: None, content: Some(d.text) },
                 logprobs: lp,
                 finish_reason: d.finish_reason,
                 stop_reason: d.stop_reason,
@@ -265,10 +219,7 @@ impl Context {
     }
 }
 
-async fn collect(
-    ctx: Context,
-    mut streams: SelectAll<Tracked>,
-) -> Result<ChatCompletionResponse, ApiError> {
+async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Result<ChatCompletionResponse, ApiError> {
     let mut choices: Vec<Choice> = (0..ctx.n).map(|_| Choice::default()).collect();
     while let Some(step) = streams.next().await {
         if let Some(message) = &step.error {
@@ -282,11 +233,7 @@ async fn collect(
         .enumerate()
         .map(|(index, c)| ChatChoice {
             index,
-            message: ChatMessageOut {
-                role: "assistant",
-                content: c.text,
-                tool_calls: Vec::new(),
-            },
+            message: ChatMessageOut { role: "assistant", content: c.text, tool_calls: Vec::new() },
             logprobs: c.logprobs,
             finish_reason: c.finish_reason,
             stop_reason: c.stop_reason,
@@ -303,21 +250,13 @@ async fn collect(
     })
 }
 
-fn stream_response(
-    ctx: Context,
-    streams: SelectAll<Tracked>,
-    permit: Permit,
-    include_usage: bool,
-) -> Response {
+fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, include_usage: bool) -> Response {
     let roles: Vec<Event> = (0..ctx.n)
         .map(|index| {
             json_event(&ctx.chunk(
                 vec![ChatStreamChoice {
                     index,
-                    delta: ChatDelta {
-                        role: Some("assistant"),
-                        content: Some(String::new()),
-                    },
+                    delta: ChatDelta { role: Some("assistant"), content: Some(String::new()) },
                     logprobs: None,
                     finish_reason: None,
                     stop_reason: None,
@@ -333,30 +272,18 @@ fn stream_response(
     let deltas = stream::unfold(state, move |state| async move {
         let (ctx, mut streams, mut choices, permit) = state?;
         match streams.next().await {
-            Some(Step {
-                error: Some(message),
-                ..
-            }) => Some((
-                vec![
-                    json_event_raw(ApiError::internal(message).to_json()),
-                    done_event(),
-                ],
-                None,
-            )),
+            Some(Step { error: Some(message), .. }) => {
+                Some((vec![json_event_raw(ApiError::internal(message).to_json()), done_event()], None))
+            }
             Some(step) => {
-                let events: Vec<Event> = ctx
-                    .apply(&mut choices, step)
-                    .into_iter()
-                    .map(|c| json_event(&ctx.chunk(vec![c], None)))
-                    .collect();
+                let events: Vec<Event> =
+                    ctx.apply(&mut choices, step).into_iter().map(|c| json_event(&ctx.chunk(vec![c], None))).collect();
                 Some((events, Some((ctx, streams, choices, permit))))
             }
             None => {
                 let mut events = Vec::new();
                 if include_usage {
-                    events.push(json_event(
-                        &ctx.chunk(Vec::new(), Some(ctx.usage(&choices))),
-                    ));
+                    events.push(json_event(&ctx.chunk(Vec::new(), Some(ctx.usage(&choices)))));
                 }
                 events.push(done_event());
                 drop(permit);

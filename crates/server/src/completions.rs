@@ -21,19 +21,14 @@ use crate::error::{parse_json, ApiError};
 use crate::generate::{self, Prompt, Step, Tracked};
 use crate::logprobs::{self, Position};
 use crate::params::{self, Requested};
-use crate::protocol::{
-    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, StopReason, Usage,
-};
+use crate::protocol::{CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, StopReason, Usage};
 use crate::sse::{done_event, json_event, json_event_raw};
 use crate::{random_id, unix_now, AppState};
 
 /// OpenAI's default for `/v1/completions` (chat's default is "the rest of the context").
 const DEFAULT_MAX_TOKENS: i64 = 16;
 
-pub async fn handle(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrival = Instant::now();
     match run(state, body, arrival).await {
         Ok(response) => response,
@@ -62,29 +57,18 @@ async fn run(
     let req: CompletionRequest = parse_json(&body)?;
     state.served.check_model(req.model.as_deref())?;
     if req.suffix.is_some() {
-        return Err(ApiError::invalid(
-            "suffix",
-            "suffix is not currently supported",
-        ));
+        return Err(ApiError::invalid("suffix", "suffix is not currently supported"));
     }
     let prompts = parse_prompts(&state, &req.prompt, req.add_special_tokens.unwrap_or(true))?;
-    let max_tokens =
-        params::check_max_tokens("max_tokens", req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS))?;
+    let max_tokens = params::check_max_tokens("max_tokens", req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS))?;
     for p in &prompts {
         generate::check_length(&state, p.ids.len(), Some(max_tokens))?;
     }
-    let logprobs = req
-        .logprobs
-        .map(|v| params::check_logprobs("logprobs", v))
-        .transpose()?;
+    let logprobs = req.logprobs.map(|v| params::check_logprobs("logprobs", v)).transpose()?;
     let echo = req.echo.unwrap_or(false);
     let sampling = params::build(
         &req.sampling,
-        Requested {
-            max_tokens: Some(max_tokens),
-            logprobs,
-            prompt_logprobs: logprobs.filter(|_| echo),
-        },
+        Requested { max_tokens: Some(max_tokens), logprobs, prompt_logprobs: logprobs.filter(|_| echo) },
         state.served.vocab_bound,
         &state.served.config.sampling_defaults,
     )?;
@@ -101,51 +85,33 @@ async fn run(
     };
     let streams = generate::submit(&state, &ctx.id, &ctx.prompts, &sampling, arrival)?;
     if req.stream.unwrap_or(false) {
-        let include_usage = req
-            .stream_options
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
+        let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
         Ok(stream_response(ctx, streams, permit, include_usage))
     } else {
         Ok(Json(collect(ctx, streams).await?).into_response())
     }
 }
 
-fn parse_prompts(
-    state: &AppState,
-    prompt: &Value,
-    add_special_tokens: bool,
-) -> Result<Vec<Prompt>, ApiError> {
+fn parse_prompts(state: &AppState, prompt: &Value, add_special_tokens: bool) -> Result<Vec<Prompt>, ApiError> {
     const SHAPE: &str = "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists";
     let text_prompt = |s: &str| -> Result<Prompt, ApiError> {
-        let ids = state
-            .tokenizer
-            .encode(s, add_special_tokens)
-            .map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
-        Ok(Prompt {
-            ids,
-            text: Some(s.to_string()),
-        })
+        let ids =
+            state.tokenizer.encode(s, add_special_tokens).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
+        Ok(Prompt { ids, text: Some(s.to_string()) })
     };
     let ids_prompt = |items: &[Value]| -> Result<Prompt, ApiError> {
         let raw = items
             .iter()
             .map(|v| v.as_i64().ok_or_else(|| ApiError::invalid("prompt", SHAPE)))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Prompt {
-            ids: state.served.check_token_ids(&raw, "prompt")?,
-            text: None,
-        })
+        Ok(Prompt { ids: state.served.check_token_ids(&raw, "prompt")?, text: None })
     };
     let prompts = match prompt {
         Value::String(s) => vec![text_prompt(s)?],
-        Value::Array(items) if items.is_empty() => {
-            return Err(ApiError::invalid("prompt", "prompt must not be empty"))
+        Value::Array(items) if items.is_empty() => return Err(ApiError::invalid("prompt", "prompt must not be empty")),
+        Value::Array(items) if items.iter().all(Value::is_string) => {
+            items.iter().map(|v| text_prompt(v.as_str().unwrap_or_default())).collect::<Result<_, _>>()?
         }
-        Value::Array(items) if items.iter().all(Value::is_string) => items
-            .iter()
-            .map(|v| text_prompt(v.as_str().unwrap_or_default()))
-            .collect::<Result<_, _>>()?,
         Value::Array(items) if items.iter().all(Value::is_number) => vec![ids_prompt(items)?],
         Value::Array(items) if items.iter().all(Value::is_array) => items
             .iter()
@@ -154,10 +120,7 @@ fn parse_prompts(
         _ => return Err(ApiError::invalid("prompt", SHAPE)),
     };
     if prompts.iter().any(|p| p.ids.is_empty()) {
-        return Err(ApiError::invalid(
-            "prompt",
-            "The decoder prompt cannot be empty",
-        ));
+        return Err(ApiError::invalid("prompt", "The decoder prompt cannot be empty"));
     }
     Ok(prompts)
 }
@@ -196,30 +159,17 @@ impl Context {
                 if self.echo {
                     match &prompt.text {
                         Some(t) => text.push_str(t),
-                        None => {
-                            text.push_str(&tokenizer.decode(&prompt.ids, false).unwrap_or_default())
-                        }
+                        None => text.push_str(&tokenizer.decode(&prompt.ids, false).unwrap_or_default()),
                     }
                     if let Some(lp) = lp.as_mut() {
                         let positions = prompt_logprobs.take().unwrap_or_default();
-                        logprobs::extend_completion(
-                            lp,
-                            tokenizer,
-                            &prompt.ids,
-                            &positions,
-                            &mut c.offset,
-                        );
+                        logprobs::extend_completion(lp, tokenizer, &prompt.ids, &positions, &mut c.offset);
                     }
                 }
             }
             text.push_str(&d.text);
             if let Some(lp) = lp.as_mut() {
-                let positions: Vec<Option<Position>> = d
-                    .logprobs
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(Some)
-                    .collect();
+                let positions: Vec<Option<Position>> = d.logprobs.unwrap_or_default().into_iter().map(Some).collect();
                 logprobs::extend_completion(lp, tokenizer, &d.token_ids, &positions, &mut c.offset);
             }
             c.tokens += d.token_ids.len();
@@ -273,13 +223,8 @@ fn append_logprobs(all: &mut CompletionLogprobs, new: &CompletionLogprobs) {
     all.top_logprobs.extend(new.top_logprobs.iter().cloned());
 }
 
-async fn collect(
-    ctx: Context,
-    mut streams: SelectAll<Tracked>,
-) -> Result<CompletionResponse, ApiError> {
-    let mut choices: Vec<Choice> = (0..ctx.prompts.len() * ctx.n)
-        .map(|_| Choice::default())
-        .collect();
+async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Result<CompletionResponse, ApiError> {
+    let mut choices: Vec<Choice> = (0..ctx.prompts.len() * ctx.n).map(|_| Choice::default()).collect();
     while let Some(step) = streams.next().await {
         if let Some(message) = &step.error {
             return Err(ApiError::internal(message.clone()));
@@ -301,31 +246,17 @@ async fn collect(
     Ok(ctx.response(out, Some(usage)))
 }
 
-fn stream_response(
-    ctx: Context,
-    streams: SelectAll<Tracked>,
-    permit: Permit,
-    include_usage: bool,
-) -> Response {
-    let choices: Vec<Choice> = (0..ctx.prompts.len() * ctx.n)
-        .map(|_| Choice::default())
-        .collect();
+fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, include_usage: bool) -> Response {
+    let choices: Vec<Choice> = (0..ctx.prompts.len() * ctx.n).map(|_| Choice::default()).collect();
     // The permit lives in the stream state, so the request counts against the bound until the
     // last chunk is sent or the client goes away.
     let state = Some((ctx, streams, choices, permit));
     let events = stream::unfold(state, move |state| async move {
         let (ctx, mut streams, mut choices, permit) = state?;
         match streams.next().await {
-            Some(Step {
-                error: Some(message),
-                ..
-            }) => Some((
-                vec![
-                    json_event_raw(ApiError::internal(message).to_json()),
-                    done_event(),
-                ],
-                None,
-            )),
+            Some(Step { error: Some(message), .. }) => {
+                Some((vec![json_event_raw(ApiError::internal(message).to_json()), done_event()], None))
+            }
             Some(step) => {
                 let events: Vec<Event> = ctx
                     .apply(&mut choices, step)
@@ -337,9 +268,7 @@ fn stream_response(
             None => {
                 let mut events = Vec::new();
                 if include_usage {
-                    events.push(json_event(
-                        &ctx.response(Vec::new(), Some(ctx.usage(&choices))),
-                    ));
+                    events.push(json_event(&ctx.response(Vec::new(), Some(ctx.usage(&choices)))));
                 }
                 events.push(done_event());
                 drop(permit);

@@ -28,11 +28,7 @@ struct ErrorBody<'a> {
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-            param: None,
-        }
+        ApiError { status, message: message.into(), param: None }
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {
@@ -41,10 +37,7 @@ impl ApiError {
 
     /// A 400 naming the offending request field, as OpenAI's `param`.
     pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            param: Some(param.to_string()),
-            ..ApiError::bad_request(message)
-        }
+        ApiError { param: Some(param.to_string()), ..ApiError::bad_request(message) }
     }
 
     pub fn not_found(message: impl Into<String>) -> ApiError {
@@ -82,8 +75,7 @@ impl ApiError {
                 code: self.status.as_u16(),
             },
         };
-        serde_json::to_string(&body)
-            .unwrap_or_else(|_| String::from(r#"{"error":{"message":"internal error"}}"#))
+        serde_json::to_string(&body).unwrap_or_else(|_| String::from(r#"{"error":{"message":"internal error"}}"#))
     }
 }
 
@@ -94,12 +86,7 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(status = self.status.as_u16(), message = %self.message, "request rejected");
         }
-        (
-            self.status,
-            [(header::CONTENT_TYPE, "application/json")],
-            self.to_json(),
-        )
-            .into_response()
+        (self.status, [(header::CONTENT_TYPE, "application/json")], self.to_json()).into_response()
     }
 }
 
@@ -112,8 +99,7 @@ impl From<axum::extract::rejection::BytesRejection> for ApiError {
 /// Parses a JSON request body; malformed JSON, bad UTF-8, wrong types and missing fields all
 /// become a 400 that quotes serde's reason (which names the field and position).
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
 }
 
 #[cfg(test)]
@@ -127,10 +113,7 @@ mod tests {
         assert_eq!(v["error"]["type"], "BadRequestError");
         assert_eq!(v["error"]["param"], "max_tokens");
         assert_eq!(v["error"]["code"], 400);
-        assert_eq!(
-            v["error"]["message"],
-            "max_tokens must be at least 1, got -1."
-        );
+        assert_eq!(v["error"]["message"], "max_tokens must be at least 1, got -1.");
     }
 
     #[test]
@@ -140,12 +123,7 @@ mod tests {
         struct R {
             prompt: String,
         }
-        for body in [
-            &b"{"[..],
-            b"{}",
-            b"{\"prompt\": 3}",
-            b"{\"prompt\": \"\xff\"}",
-        ] {
+        for body in [&b"{"[..], b"{}", b"{\"prompt\": 3}", b"{\"prompt\": \"\xff\"}"] {
             let e = parse_json::<R>(body).unwrap_err();
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{}", e.message);
         }

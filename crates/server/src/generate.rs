@@ -74,21 +74,14 @@ impl Tracker {
         if !out.token_ids.is_empty() {
             if !self.first_token_seen {
                 self.first_token_seen = true;
-                self.state
-                    .metrics
-                    .record_first_token(now.duration_since(self.arrival));
+                self.state.metrics.record_first_token(now.duration_since(self.arrival));
             }
             choice.first_token.get_or_insert(now);
             choice.tokens += out.token_ids.len();
         }
         if let (Some(finish), false) = (finish, choice.finished) {
             choice.finished = true;
-            self.state.metrics.record_finished(
-                finish,
-                self.arrival,
-                choice.first_token,
-                choice.tokens,
-            );
+            self.state.metrics.record_finished(finish, self.arrival, choice.first_token, choice.tokens);
         }
     }
 }
@@ -100,12 +93,7 @@ impl Drop for Tracker {
             tracing::info!(request_id = %self.id, unfinished, "dropped unfinished (client gone or shutdown): aborted");
         }
         for c in self.choices.iter().filter(|c| !c.finished) {
-            self.state.metrics.record_finished(
-                Finish::Abort,
-                self.arrival,
-                c.first_token,
-                c.tokens,
-            );
+            self.state.metrics.record_finished(Finish::Abort, self.arrival, c.first_token, c.tokens);
         }
     }
 }
@@ -142,9 +130,7 @@ impl Tracked {
                 Delta {
                     prompt: self.prompt,
                     index: o.index,
-                    logprobs: o
-                        .logprobs
-                        .map(|lps| lps.into_iter().map(position).collect()),
+                    logprobs: o.logprobs.map(|lps| lps.into_iter().map(position).collect()),
                     stop_reason,
                     finish_reason,
                     text: o.text,
@@ -154,9 +140,7 @@ impl Tracked {
             .collect();
         Step {
             prompt: self.prompt,
-            prompt_logprobs: out
-                .prompt_logprobs
-                .map(|lps| lps.into_iter().map(|p| p.map(position)).collect()),
+            prompt_logprobs: out.prompt_logprobs.map(|lps| lps.into_iter().map(|p| p.map(position)).collect()),
             deltas,
             error: out.error,
         }
@@ -177,31 +161,11 @@ pub fn submit(
         let id = format!("{request_id}-{i}");
         let inner = state
             .client
-            .add_request(
-                id.clone(),
-                PromptInput::Tokens(prompt.ids.clone()),
-                params.clone(),
-            )
+            .add_request(id.clone(), PromptInput::Tokens(prompt.ids.clone()), params.clone())
             .map_err(engine_error)?;
-        let choices = (0..params.n)
-            .map(|_| ChoiceTiming {
-                first_token: None,
-                tokens: 0,
-                finished: false,
-            })
-            .collect();
-        let tracker = Tracker {
-            state: state.clone(),
-            id,
-            arrival,
-            first_token_seen: false,
-            choices,
-        };
-        streams.push(Tracked {
-            prompt: i,
-            inner,
-            tracker,
-        });
+        let choices = (0..params.n).map(|_| ChoiceTiming { first_token: None, tokens: 0, finished: false }).collect();
+        let tracker = Tracker { state: state.clone(), id, arrival, first_token_seen: false, choices };
+        streams.push(Tracked { prompt: i, inner, tracker });
     }
     tracing::info!(
         request_id,
@@ -216,11 +180,7 @@ pub fn submit(
 }
 
 /// vLLM's check: the prompt plus the tokens asked for must fit the context.
-pub fn check_length(
-    state: &AppState,
-    prompt_len: usize,
-    max_tokens: Option<usize>,
-) -> Result<(), ApiError> {
+pub fn check_length(state: &AppState, prompt_len: usize, max_tokens: Option<usize>) -> Result<(), ApiError> {
     let limit = state.served.max_model_len;
     match max_tokens {
         None if prompt_len >= limit => Err(ApiError::bad_request(format!(
@@ -257,9 +217,5 @@ fn stop_reason_of(o: &CompletionOutput) -> Option<StopReason> {
 }
 
 fn position(lp: ferrite_engine::TokenLogprob) -> Position {
-    Position {
-        token: lp.token_id,
-        logprob: lp.logprob,
-        top: lp.top,
-    }
+    Position { token: lp.token_id, logprob: lp.logprob, top: lp.top }
 }

@@ -74,25 +74,12 @@ pub(crate) struct ServedModel {
 }
 
 impl ServedModel {
-    pub(crate) fn new(
-        config: ServerConfig,
-        max_model_len: usize,
-        vocab_bound: usize,
-    ) -> ServedModel {
-        ServedModel {
-            config,
-            max_model_len,
-            vocab_bound,
-            created: unix_now(),
-        }
+    pub(crate) fn new(config: ServerConfig, max_model_len: usize, vocab_bound: usize) -> ServedModel {
+        ServedModel { config, max_model_len, vocab_bound, created: unix_now() }
     }
 
     pub(crate) fn model_name(&self) -> &str {
-        self.config
-            .served_model_names
-            .first()
-            .map(String::as_str)
-            .unwrap_or("")
+        self.config.served_model_names.first().map(String::as_str).unwrap_or("")
     }
 
     /// vLLM answers a `model` it does not serve with 404; an absent `model` means the default.
@@ -110,10 +97,7 @@ impl ServedModel {
         ids.iter()
             .map(|&id| match u32::try_from(id) {
                 Ok(v) if (v as usize) < self.vocab_bound => Ok(v),
-                _ => Err(ApiError::invalid(
-                    param,
-                    format!("Token id {id} is out of vocabulary"),
-                )),
+                _ => Err(ApiError::invalid(param, format!("Token id {id} is out of vocabulary"))),
             })
             .collect()
     }
@@ -167,10 +151,7 @@ impl Served for AppState {
 }
 
 pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 pub(crate) fn random_id() -> String {
@@ -202,10 +183,7 @@ pub(crate) fn with_common_routes<S: Served>(routes: Router<Arc<S>>) -> Router<Ar
 /// Puts the API-key check and the body limit in front of every route, then the state.
 pub(crate) fn finish_router<S: Served>(routes: Router<Arc<S>>, state: Arc<S>) -> Router {
     routes
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            authenticate::<S>,
-        ))
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate::<S>))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -240,10 +218,7 @@ pub(crate) async fn serve_router<S: Served>(
     });
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
-        tracing::info!(
-            in_flight = state.in_flight(),
-            "shutting down: draining in-flight requests"
-        );
+        tracing::info!(in_flight = state.in_flight(), "shutting down: draining in-flight requests");
         let _ = stopping_tx.send(());
     });
     let deadline = async move {
@@ -264,17 +239,10 @@ pub(crate) async fn serve_router<S: Served>(
 
 /// `--api-key` guards the OpenAI routes only (`/v1/...`), as vLLM does: health checks and
 /// Prometheus scrapers need no key.
-async fn authenticate<S: Served>(
-    State(state): State<Arc<S>>,
-    request: Request,
-    next: Next,
-) -> Response {
+async fn authenticate<S: Served>(State(state): State<Arc<S>>, request: Request, next: Next) -> Response {
     if let Some(key) = &state.served().config.api_key {
         if request.uri().path().starts_with("/v1") {
-            let given = request
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok());
+            let given = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
             let expected = format!("Bearer {key}");
             if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), expected.as_bytes())) {
                 return ApiError::new(StatusCode::UNAUTHORIZED, "Unauthorized").into_response();
@@ -328,42 +296,22 @@ async fn models<S: Served>(State(state): State<Arc<S>>) -> Json<ModelList> {
             }],
         })
         .collect();
-    Json(ModelList {
-        object: "list",
-        data,
-    })
+    Json(ModelList { object: "list", data })
 }
 
 async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
-    let body = state
-        .metrics
-        .render(state.served.model_name(), &state.client.stats());
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
+    let body = state.metrics.render(state.served.model_name(), &state.client.stats());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 
 async fn not_found(request: Request) -> ApiError {
-    ApiError::not_found(format!(
-        "Route {} {} not found",
-        request.method(),
-        request.uri().path()
-    ))
+    ApiError::not_found(format!("Route {} {} not found", request.method(), request.uri().path()))
 }
 
 async fn method_not_allowed(request: Request) -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
-        format!(
-            "Method {} is not allowed for {}",
-            request.method(),
-            request.uri().path()
-        ),
+        format!("Method {} is not allowed for {}", request.method(), request.uri().path()),
     )
 }
 
@@ -405,18 +353,14 @@ mod tests {
         /// One HTTP/1.1 request with an empty body: the status and the response body.
         async fn request(&self, method: &str, path: &str, auth: Option<&str>) -> (u16, String) {
             let mut stream = tokio::net::TcpStream::connect(self.addr).await.unwrap();
-            let auth = auth
-                .map(|a| format!("Authorization: {a}\r\n"))
-                .unwrap_or_default();
-            let head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n{auth}\r\n");
+            let auth = auth.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
+            let head =
+                format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n{auth}\r\n");
             stream.write_all(head.as_bytes()).await.unwrap();
             let mut raw = String::new();
             stream.read_to_string(&mut raw).await.unwrap();
             let status = raw[9..12].parse().unwrap();
-            let body = raw
-                .split_once("\r\n\r\n")
-                .map(|(_, b)| b.to_string())
-                .unwrap_or_default();
+            let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
             (status, body)
         }
     }
@@ -431,22 +375,14 @@ mod tests {
             max_queue: 0,
             sampling_defaults: Default::default(),
         };
-        let state = Arc::new(Bare {
-            served: ServedModel::new(config, 128, 1000),
-        });
+        let state = Arc::new(Bare { served: ServedModel::new(config, 128, 1000) });
         let routes = Router::new().route("/v1/echo", post(|| async { "echo" }));
         let server = Server::start(finish_router(with_common_routes(routes), state)).await;
 
-        assert_eq!(
-            server.request("GET", "/health", None).await,
-            (200, String::new())
-        );
+        assert_eq!(server.request("GET", "/health", None).await, (200, String::new()));
         let (status, body) = server.request("GET", "/version", None).await;
         assert_eq!(status, 200);
-        assert_eq!(
-            serde_json::from_str::<serde_json::Value>(&body).unwrap()["version"],
-            env!("CARGO_PKG_VERSION")
-        );
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["version"], env!("CARGO_PKG_VERSION"));
 
         for auth in [None, Some("Bearer j"), Some("Bearer kk"), Some("k")] {
             let (status, body) = server.request("GET", "/v1/models", auth).await;
@@ -458,20 +394,12 @@ mod tests {
         let (status, body) = server.request("GET", "/v1/models", Some("Bearer k")).await;
         assert_eq!(status, 200);
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        let ids: Vec<&str> = v["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m["id"].as_str().unwrap())
-            .collect();
+        let ids: Vec<&str> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
         assert_eq!(ids, ["m", "alias"]);
         assert_eq!(v["data"][0]["root"], "/models/m");
         assert_eq!(v["data"][0]["max_model_len"], 128);
         assert_eq!(v["data"][0]["permission"][0]["allow_sampling"], false);
-        assert_eq!(
-            server.request("POST", "/v1/echo", Some("Bearer k")).await,
-            (200, "echo".into())
-        );
+        assert_eq!(server.request("POST", "/v1/echo", Some("Bearer k")).await, (200, "echo".into()));
 
         // The key guards /v1 only; unknown paths are a JSON 404 either way.
         let (status, body) = server.request("GET", "/nope", None).await;
@@ -480,10 +408,7 @@ mod tests {
         assert_eq!(v["error"]["message"], "Route GET /nope not found");
         assert_eq!(v["error"]["type"], "NotFoundError");
         assert_eq!(server.request("GET", "/v1/nope", None).await.0, 401);
-        assert_eq!(
-            server.request("GET", "/v1/nope", Some("Bearer k")).await.0,
-            404
-        );
+        assert_eq!(server.request("GET", "/v1/nope", Some("Bearer k")).await.0, 404);
     }
 
     #[test]
@@ -500,20 +425,10 @@ mod tests {
         assert_eq!(served.model_name(), "m");
         assert!(served.check_model(None).is_ok() && served.check_model(Some("m")).is_ok());
         let e = served.check_model(Some("x")).unwrap_err();
-        assert_eq!(
-            (e.status, e.param.as_deref()),
-            (StatusCode::NOT_FOUND, Some("model"))
-        );
+        assert_eq!((e.status, e.param.as_deref()), (StatusCode::NOT_FOUND, Some("model")));
         assert_eq!(served.check_token_ids(&[0, 9], "p").unwrap(), [0, 9]);
         for bad in [10, -1, 1 << 40] {
-            assert_eq!(
-                served
-                    .check_token_ids(&[bad], "p")
-                    .unwrap_err()
-                    .param
-                    .as_deref(),
-                Some("p")
-            );
+            assert_eq!(served.check_token_ids(&[bad], "p").unwrap_err().param.as_deref(), Some("p"));
         }
     }
 

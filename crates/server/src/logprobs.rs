@@ -67,11 +67,7 @@ pub fn extend_completion(
     }
 }
 
-pub fn chat_entries(
-    tokenizer: &Tokenizer,
-    positions: &[Position],
-    top_n: usize,
-) -> Vec<ChatTokenLogprob> {
+pub fn chat_entries(tokenizer: &Tokenizer, positions: &[Position], top_n: usize) -> Vec<ChatTokenLogprob> {
     positions
         .iter()
         .map(|p| {
@@ -86,11 +82,7 @@ pub fn chat_entries(
                     .take(top_n)
                     .map(|&(id, lp)| {
                         let token = token_str(tokenizer, id);
-                        ChatTopLogprob {
-                            bytes: token.as_bytes().to_vec(),
-                            token,
-                            logprob: clamp(lp),
-                        }
+                        ChatTopLogprob { bytes: token.as_bytes().to_vec(), token, logprob: clamp(lp) }
                     })
                     .collect(),
             }
@@ -103,8 +95,7 @@ mod tests {
     use super::*;
 
     fn tokenizer() -> Tokenizer {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/llama");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/llama");
         Tokenizer::from_dir(&dir).unwrap()
     }
 
@@ -116,13 +107,7 @@ mod tests {
         let positions: Vec<Option<Position>> = ids
             .iter()
             .enumerate()
-            .map(|(i, &id)| {
-                (i > 0).then(|| Position {
-                    token: id,
-                    logprob: f32::NEG_INFINITY,
-                    top: vec![(1, -0.5)],
-                })
-            })
+            .map(|(i, &id)| (i > 0).then(|| Position { token: id, logprob: f32::NEG_INFINITY, top: vec![(1, -0.5)] }))
             .collect();
         let mut out = CompletionLogprobs::default();
         let mut offset = 0;
@@ -143,11 +128,7 @@ mod tests {
     fn chat_entries_carry_utf8_bytes_and_at_most_top_n() {
         let tok = tokenizer();
         let id = tok.encode("hello", false).unwrap()[0];
-        let p = Position {
-            token: id,
-            logprob: -0.25,
-            top: vec![(id, -0.25), (1, -2.0), (2, -3.0)],
-        };
+        let p = Position { token: id, logprob: -0.25, top: vec![(id, -0.25), (1, -2.0), (2, -3.0)] };
         let e = chat_entries(&tok, &[p], 2);
         assert_eq!(e[0].bytes, e[0].token.as_bytes());
         assert_eq!(e[0].top_logprobs.len(), 2);

@@ -13,16 +13,14 @@ use std::time::{Duration, Instant};
 use ferrite_engine::EngineStats;
 
 const TTFT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    160.0, 640.0, 2560.0,
 ];
-const TPOT_BUCKETS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0,
-];
+const TPOT_BUCKETS: &[f64] =
+    &[0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
 const E2E_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-    480.0, 960.0, 1920.0, 7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+    1920.0, 7680.0,
 ];
 
 /// How a choice ended, the `finished_reason` label of `request_success_total`.
@@ -61,21 +59,11 @@ struct HistogramState {
 
 impl Histogram {
     fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram {
-            bounds,
-            state: Mutex::new(HistogramState {
-                counts: vec![0; bounds.len() + 1],
-                sum: 0.0,
-            }),
-        }
+        Histogram { bounds, state: Mutex::new(HistogramState { counts: vec![0; bounds.len() + 1], sum: 0.0 }) }
     }
 
     fn observe(&self, value: f64) {
-        let slot = self
-            .bounds
-            .iter()
-            .position(|&b| value <= b)
-            .unwrap_or(self.bounds.len());
+        let slot = self.bounds.iter().position(|&b| value <= b).unwrap_or(self.bounds.len());
         // A poisoned lock only means another thread panicked mid-update of two numbers; the
         // histogram is still usable.
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -90,10 +78,7 @@ impl Histogram {
         for (i, count) in s.counts.iter().enumerate() {
             cumulative += count;
             // `{:?}` prints 1.0 as "1.0", as Python's prometheus_client does.
-            let le = self
-                .bounds
-                .get(i)
-                .map_or_else(|| "+Inf".to_string(), |b| format!("{b:?}"));
+            let le = self.bounds.get(i).map_or_else(|| "+Inf".to_string(), |b| format!("{b:?}"));
             let _ = writeln!(out, "{name}_bucket{{le=\"{le}\",{labels}}} {cumulative}");
         }
         let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
@@ -120,10 +105,7 @@ impl Default for Metrics {
 }
 
 fn escape_label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 impl Metrics {
@@ -133,18 +115,11 @@ impl Metrics {
 
     /// One finished choice: its end-to-end latency, and (when it produced more than one token)
     /// the mean time per output token after the first.
-    pub fn record_finished(
-        &self,
-        finish: Finish,
-        arrival: Instant,
-        first_token: Option<Instant>,
-        tokens: usize,
-    ) {
+    pub fn record_finished(&self, finish: Finish, arrival: Instant, first_token: Option<Instant>, tokens: usize) {
         let now = Instant::now();
         self.e2e.observe(now.duration_since(arrival).as_secs_f64());
         if let (Some(first), true) = (first_token, tokens > 1) {
-            self.tpot
-                .observe(now.duration_since(first).as_secs_f64() / (tokens - 1) as f64);
+            self.tpot.observe(now.duration_since(first).as_secs_f64() / (tokens - 1) as f64);
         }
         self.success[finish as usize].fetch_add(1, Ordering::Relaxed);
     }
@@ -154,14 +129,8 @@ impl Metrics {
         let mut out = String::with_capacity(8 * 1024);
         let mut scalar = |name: &str, kind: &str, help: &str, value: String| {
             // Counters are declared without `_total`, as prometheus_client (and so vLLM) does.
-            let family = name
-                .strip_suffix("_total")
-                .filter(|_| kind == "counter")
-                .unwrap_or(name);
-            let _ = writeln!(
-                out,
-                "# HELP {family} {help}\n# TYPE {family} {kind}\n{name}{{{labels}}} {value}"
-            );
+            let family = name.strip_suffix("_total").filter(|_| kind == "counter").unwrap_or(name);
+            let _ = writeln!(out, "# HELP {family} {help}\n# TYPE {family} {kind}\n{name}{{{labels}}} {value}");
         };
         scalar(
             "ferrite:num_requests_running",
@@ -175,11 +144,7 @@ impl Metrics {
             "Number of requests waiting to be processed.",
             g.num_waiting.to_string(),
         );
-        let usage = if g.kv_blocks_total == 0 {
-            0.0
-        } else {
-            g.kv_blocks_used as f64 / g.kv_blocks_total as f64
-        };
+        let usage = if g.kv_blocks_total == 0 { 0.0 } else { g.kv_blocks_used as f64 / g.kv_blocks_total as f64 };
         scalar(
             "ferrite:kv_cache_usage_perc",
             "gauge",
@@ -274,12 +239,7 @@ mod tests {
         let arrival = Instant::now() - Duration::from_secs(1);
         m.record_finished(Finish::Length, arrival, Some(arrival), 11);
         m.record_finished(Finish::Abort, arrival, None, 0);
-        let g = EngineStats {
-            kv_blocks_total: 8,
-            kv_blocks_used: 2,
-            prompt_tokens_total: 7,
-            ..Default::default()
-        };
+        let g = EngineStats { kv_blocks_total: 8, kv_blocks_used: 2, prompt_tokens_total: 7, ..Default::default() };
         let text = m.render("my \"model\"", &g);
         let l = r#"model_name="my \"model\"""#;
         for line in [
@@ -297,10 +257,7 @@ mod tests {
             format!("ferrite:time_per_output_token_seconds_count{{{l}}} 1"),
             format!("ferrite:e2e_request_latency_seconds_count{{{l}}} 2"),
         ] {
-            assert!(
-                text.lines().any(|x| x == line),
-                "missing {line:?} in\n{text}"
-            );
+            assert!(text.lines().any(|x| x == line), "missing {line:?} in\n{text}");
         }
     }
 }

@@ -24,17 +24,12 @@ pub struct SamplingDefaults {
 
 impl SamplingDefaults {
     /// The recommendations in a parsed `generation_config.json`; `file` names it in errors.
-    pub fn from_generation_config(
-        config: &serde_json::Value,
-        file: &str,
-    ) -> Result<SamplingDefaults, String> {
+    pub fn from_generation_config(config: &serde_json::Value, file: &str) -> Result<SamplingDefaults, String> {
         let number = |key: &str, hf_default: Option<f64>| -> Result<Option<f64>, String> {
             match config.get(key) {
                 None | Some(serde_json::Value::Null) => Ok(None),
                 Some(v) => {
-                    let x = v
-                        .as_f64()
-                        .ok_or_else(|| format!("{file}: `{key}` must be a number, got {v}"))?;
+                    let x = v.as_f64().ok_or_else(|| format!("{file}: `{key}` must be a number, got {v}"))?;
                     Ok((Some(x) != hf_default).then_some(x))
                 }
             }
@@ -89,45 +84,29 @@ pub struct Requested {
 
 pub fn check_logprobs(param: &str, value: i64) -> Result<usize, ApiError> {
     if value < 0 {
-        return Err(ApiError::invalid(
-            param,
-            format!("{param} must be non-negative, got {value}."),
-        ));
+        return Err(ApiError::invalid(param, format!("{param} must be non-negative, got {value}.")));
     }
     if value > MAX_LOGPROBS as i64 {
-        return Err(ApiError::invalid(
-            param,
-            format!("{param} must be at most {MAX_LOGPROBS}, got {value}."),
-        ));
+        return Err(ApiError::invalid(param, format!("{param} must be at most {MAX_LOGPROBS}, got {value}.")));
     }
     Ok(value as usize)
 }
 
 pub fn check_max_tokens(param: &str, value: i64) -> Result<usize, ApiError> {
     if value < 1 {
-        return Err(ApiError::invalid(
-            param,
-            format!("max_tokens must be at least 1, got {value}."),
-        ));
+        return Err(ApiError::invalid(param, format!("max_tokens must be at least 1, got {value}.")));
     }
-    usize::try_from(value)
-        .map_err(|_| ApiError::invalid(param, format!("max_tokens is too large: {value}")))
+    usize::try_from(value).map_err(|_| ApiError::invalid(param, format!("max_tokens is too large: {value}")))
 }
 
 /// The number of choices per prompt, checked.
 pub fn choices(fields: &SamplingFields) -> Result<usize, ApiError> {
     let n = fields.n.unwrap_or(1);
     if n < 1 {
-        return Err(ApiError::invalid(
-            "n",
-            format!("n must be at least 1, got {n}."),
-        ));
+        return Err(ApiError::invalid("n", format!("n must be at least 1, got {n}.")));
     }
     if n > MAX_N {
-        return Err(ApiError::invalid(
-            "n",
-            format!("n must be at most {MAX_N}, got {n}."),
-        ));
+        return Err(ApiError::invalid("n", format!("n must be at most {MAX_N}, got {n}.")));
     }
     Ok(n as usize)
 }
@@ -141,17 +120,11 @@ pub fn build(
     let n = choices(fields)?;
     if let Some(best_of) = fields.best_of {
         if best_of != n as i64 {
-            return Err(ApiError::invalid(
-                "best_of",
-                "best_of is not supported; leave it unset or equal to n.",
-            ));
+            return Err(ApiError::invalid("best_of", "best_of is not supported; leave it unset or equal to n."));
         }
     }
     if fields.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-        return Err(ApiError::invalid(
-            "logit_bias",
-            "logit_bias is not supported yet.",
-        ));
+        return Err(ApiError::invalid("logit_bias", "logit_bias is not supported yet."));
     }
     let min_tokens = match fields.min_tokens.unwrap_or(0) {
         m if m < 0 => {
@@ -169,42 +142,25 @@ pub fn build(
         .iter()
         .map(|&id| match u32::try_from(id) {
             Ok(v) if (v as usize) < vocab_bound => Ok(v),
-            _ => Err(ApiError::invalid(
-                "stop_token_ids",
-                format!("Token id {id} is out of vocabulary"),
-            )),
+            _ => Err(ApiError::invalid("stop_token_ids", format!("Token id {id} is out of vocabulary"))),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let defaults = model_defaults.params();
     let params = SamplingParams {
         n,
-        temperature: fields
-            .temperature
-            .map_or(defaults.temperature, |v| v as f32),
+        temperature: fields.temperature.map_or(defaults.temperature, |v| v as f32),
         top_p: fields.top_p.map_or(defaults.top_p, |v| v as f32),
         // Out-of-range values saturate; the engine then rejects them with its own message.
-        top_k: fields.top_k.map_or(defaults.top_k, |k| {
-            k.clamp(i32::MIN as i64, i32::MAX as i64) as i32
-        }),
+        top_k: fields.top_k.map_or(defaults.top_k, |k| k.clamp(i32::MIN as i64, i32::MAX as i64) as i32),
         min_p: fields.min_p.map_or(defaults.min_p, |v| v as f32),
-        repetition_penalty: fields
-            .repetition_penalty
-            .map_or(defaults.repetition_penalty, |v| v as f32),
-        presence_penalty: fields
-            .presence_penalty
-            .map_or(defaults.presence_penalty, |v| v as f32),
-        frequency_penalty: fields
-            .frequency_penalty
-            .map_or(defaults.frequency_penalty, |v| v as f32),
+        repetition_penalty: fields.repetition_penalty.map_or(defaults.repetition_penalty, |v| v as f32),
+        presence_penalty: fields.presence_penalty.map_or(defaults.presence_penalty, |v| v as f32),
+        frequency_penalty: fields.frequency_penalty.map_or(defaults.frequency_penalty, |v| v as f32),
         // Any 64-bit pattern is a valid seed; negative seeds stay distinct and deterministic.
         seed: fields.seed.map(|s| s as u64),
         max_tokens: requested.max_tokens,
         min_tokens,
-        stop: fields
-            .stop
-            .clone()
-            .map(|s| s.into_vec())
-            .unwrap_or_default(),
+        stop: fields.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
         stop_token_ids,
         ignore_eos: fields.ignore_eos.unwrap_or(false),
         logprobs: requested.logprobs,
@@ -222,9 +178,7 @@ pub fn build(
 /// engine is a 503, anything else a 500.
 pub fn engine_error(e: EngineError) -> ApiError {
     match e {
-        EngineError::InvalidParameter { param, message } => {
-            ApiError::invalid(param, format!("{param} {message}"))
-        }
+        EngineError::InvalidParameter { param, message } => ApiError::invalid(param, format!("{param} {message}")),
         EngineError::EngineStopped => ApiError::unavailable(e.to_string()),
         e if e.is_request_error() => ApiError::bad_request(e.to_string()),
         e => ApiError::internal(e.to_string()),
@@ -236,11 +190,7 @@ mod tests {
     use super::*;
 
     fn requested() -> Requested {
-        Requested {
-            max_tokens: Some(8),
-            logprobs: None,
-            prompt_logprobs: None,
-        }
+        Requested { max_tokens: Some(8), logprobs: None, prompt_logprobs: None }
     }
 
     #[test]
@@ -249,55 +199,27 @@ mod tests {
             "temperature": 0.6, "top_p": 0.9, "top_k": 50, "repetition_penalty": 1.0,
             "do_sample": true, "eos_token_id": [1, 2], "max_new_tokens": 100
         });
-        let d =
-            SamplingDefaults::from_generation_config(&config, "generation_config.json").unwrap();
-        assert_eq!(
-            d,
-            SamplingDefaults {
-                temperature: Some(0.6),
-                top_p: Some(0.9),
-                ..Default::default()
-            }
-        );
-        let none =
-            SamplingDefaults::from_generation_config(&serde_json::json!({"eos_token_id": 2}), "g")
-                .unwrap();
+        let d = SamplingDefaults::from_generation_config(&config, "generation_config.json").unwrap();
+        assert_eq!(d, SamplingDefaults { temperature: Some(0.6), top_p: Some(0.9), ..Default::default() });
+        let none = SamplingDefaults::from_generation_config(&serde_json::json!({"eos_token_id": 2}), "g").unwrap();
         assert!(none.is_empty());
-        let k = SamplingDefaults::from_generation_config(
-            &serde_json::json!({"top_k": 20, "min_p": 0.05}),
-            "g",
-        )
-        .unwrap();
+        let k =
+            SamplingDefaults::from_generation_config(&serde_json::json!({"top_k": 20, "min_p": 0.05}), "g").unwrap();
         assert_eq!((k.top_k, k.min_p), (Some(20), Some(0.05)));
-        let err = SamplingDefaults::from_generation_config(
-            &serde_json::json!({"top_k": 2.5}),
-            "gen.json",
-        )
-        .unwrap_err();
+        let err = SamplingDefaults::from_generation_config(&serde_json::json!({"top_k": 2.5}), "gen.json").unwrap_err();
         assert!(err.contains("gen.json") && err.contains("top_k"), "{err}");
-        let err = SamplingDefaults::from_generation_config(
-            &serde_json::json!({"temperature": "hot"}),
-            "gen.json",
-        )
-        .unwrap_err();
+        let err = SamplingDefaults::from_generation_config(&serde_json::json!({"temperature": "hot"}), "gen.json")
+            .unwrap_err();
         assert!(err.contains("temperature"), "{err}");
     }
 
     #[test]
     fn model_defaults_fill_only_the_fields_a_request_leaves_out() {
-        let defaults = SamplingDefaults {
-            temperature: Some(0.6),
-            top_k: Some(20),
-            ..Default::default()
-        };
+        let defaults = SamplingDefaults { temperature: Some(0.6), top_k: Some(20), ..Default::default() };
         let omitted = SamplingFields::default();
         let p = build(&omitted, requested(), 1000, &defaults).unwrap();
         assert_eq!((p.temperature, p.top_k, p.top_p), (0.6, 20, 1.0));
-        let explicit = SamplingFields {
-            temperature: Some(0.0),
-            top_k: Some(-1),
-            ..Default::default()
-        };
+        let explicit = SamplingFields { temperature: Some(0.0), top_k: Some(-1), ..Default::default() };
         let p = build(&explicit, requested(), 1000, &defaults).unwrap();
         assert_eq!((p.temperature, p.top_k), (0.0, -1));
         let p = build(&omitted, requested(), 1000, &SamplingDefaults::default()).unwrap();

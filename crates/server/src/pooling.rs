@@ -31,10 +31,7 @@ use tokio::sync::oneshot;
 
 use crate::error::{parse_json, ApiError};
 use crate::protocol::Usage;
-use crate::{
-    finish_router, random_id, serve_router, unix_now, with_common_routes, Served, ServedModel,
-    ServerConfig,
-};
+use crate::{finish_router, random_id, serve_router, unix_now, with_common_routes, Served, ServedModel, ServerConfig};
 
 /// What `ferrite serve --task` asks of a pooling model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,8 +68,7 @@ impl ServeTask {
     pub fn check(self, model: &LoadedPoolingModel) -> Result<(), String> {
         let arch = &model.info().architecture;
         match (self, model.info().task) {
-            (ServeTask::Embed, PoolingTask::Embed)
-            | (ServeTask::Classify, PoolingTask::Classify) => Ok(()),
+            (ServeTask::Embed, PoolingTask::Embed) | (ServeTask::Classify, PoolingTask::Classify) => Ok(()),
             (ServeTask::Score, PoolingTask::Embed) => Ok(()),
             (ServeTask::Score, PoolingTask::Classify) if model.info().labels.len() == 1 => Ok(()),
             (ServeTask::Score, PoolingTask::Classify) => Err(format!(
@@ -134,11 +130,7 @@ impl Batcher {
             .name("ferrite-pooling".into())
             .spawn(move || worker(&model, &rx, max_batch_tokens.max(1)))
             .expect("spawning the pooling thread");
-        Batcher {
-            tx,
-            queued: Arc::new(AtomicUsize::new(0)),
-            limit: limit.max(1),
-        }
+        Batcher { tx, queued: Arc::new(AtomicUsize::new(0)), limit: limit.max(1) }
     }
 
     /// Runs `inputs` (already validated) through the model: one output per input, in order.
@@ -151,10 +143,7 @@ impl Batcher {
             )));
         }
         let before = self.queued.fetch_add(n, Ordering::AcqRel);
-        let _slot = QueueSlot {
-            queued: self.queued.clone(),
-            n,
-        };
+        let _slot = QueueSlot { queued: self.queued.clone(), n };
         if before + n > self.limit {
             return Err(ApiError::unavailable(format!(
                 "The server is overloaded ({before} sequences queued, limit {}); retry later.",
@@ -162,9 +151,7 @@ impl Batcher {
             )));
         }
         let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Job { inputs, reply })
-            .map_err(|_| ApiError::internal("the pooling thread has stopped"))?;
+        self.tx.send(Job { inputs, reply }).map_err(|_| ApiError::internal("the pooling thread has stopped"))?;
         match answer.await {
             Ok(Ok(out)) => Ok(out),
             Ok(Err(e)) => Err(ApiError::internal(e)),
@@ -236,16 +223,11 @@ fn run_chunks(
     let mut start = 0;
     while start < flat.len() {
         let (mut end, mut tokens) = (start, 0);
-        while end < flat.len() && (end == start || tokens + flat[end].ids.len() <= max_batch_tokens)
-        {
+        while end < flat.len() && (end == start || tokens + flat[end].ids.len() <= max_batch_tokens) {
             tokens += flat[end].ids.len();
             end += 1;
         }
-        out.extend(
-            model
-                .forward(&flat[start..end])
-                .map_err(|e| e.to_string())?,
-        );
+        out.extend(model.forward(&flat[start..end]).map_err(|e| e.to_string())?);
         start = end;
     }
     Ok(out)
@@ -273,14 +255,10 @@ impl PoolingState {
     ) -> Result<Arc<PoolingState>, String> {
         task.check(&model)?;
         let model = Arc::new(model);
-        let max_model_len =
-            max_model_len.map_or(model.max_model_len, |m| m.min(model.max_model_len));
+        let max_model_len = max_model_len.map_or(model.max_model_len, |m| m.min(model.max_model_len));
         let vocab_bound = tokenizer.vocab_size().min(model.info().vocab_size);
-        let batcher = Batcher::start(
-            model.clone(),
-            max_batch_tokens.max(max_model_len),
-            config.max_num_seqs + config.max_queue,
-        );
+        let batcher =
+            Batcher::start(model.clone(), max_batch_tokens.max(max_model_len), config.max_num_seqs + config.max_queue);
         Ok(Arc::new(PoolingState {
             score_activation: ScoreActivation::from_config(&model.config),
             model,
@@ -352,12 +330,7 @@ impl PoolingState {
         Ok(ids.into())
     }
 
-    fn encode_ids(
-        &self,
-        ids: &[i64],
-        truncate: Option<usize>,
-        param: &str,
-    ) -> Result<PoolingInput, ApiError> {
+    fn encode_ids(&self, ids: &[i64], truncate: Option<usize>, param: &str) -> Result<PoolingInput, ApiError> {
         let mut ids = self.served.check_token_ids(ids, param)?;
         if let Some(k) = truncate {
             // vLLM keeps the last `k` tokens of a token-id prompt.
@@ -375,15 +348,13 @@ impl PoolingState {
     ) -> Result<Vec<PoolingInput>, ApiError> {
         let inputs = match input {
             Input::Text(t) => vec![self.encode_text(&t, truncate, add_special, "input")?],
-            Input::Texts(ts) => ts
-                .iter()
-                .map(|t| self.encode_text(t, truncate, add_special, "input"))
-                .collect::<Result<_, _>>()?,
+            Input::Texts(ts) => {
+                ts.iter().map(|t| self.encode_text(t, truncate, add_special, "input")).collect::<Result<_, _>>()?
+            }
             Input::Ids(ids) => vec![self.encode_ids(&ids, truncate, "input")?],
-            Input::IdLists(lists) => lists
-                .iter()
-                .map(|ids| self.encode_ids(ids, truncate, "input"))
-                .collect::<Result<_, _>>()?,
+            Input::IdLists(lists) => {
+                lists.iter().map(|ids| self.encode_ids(ids, truncate, "input")).collect::<Result<_, _>>()?
+            }
         };
         if inputs.is_empty() {
             return Err(ApiError::invalid("input", "The input list is empty."));
@@ -391,21 +362,11 @@ impl PoolingState {
         Ok(inputs)
     }
 
-    fn encode_pair(
-        &self,
-        a: &str,
-        b: &str,
-        truncate: Option<usize>,
-    ) -> Result<PoolingInput, ApiError> {
-        let (ids, type_ids) = self
-            .tokenizer
-            .encode_pair(a, b, truncate)
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    fn encode_pair(&self, a: &str, b: &str, truncate: Option<usize>) -> Result<PoolingInput, ApiError> {
+        let (ids, type_ids) =
+            self.tokenizer.encode_pair(a, b, truncate).map_err(|e| ApiError::bad_request(e.to_string()))?;
         self.check_length(ids.len(), "text_2")?;
-        Ok(PoolingInput {
-            ids,
-            type_ids: Some(type_ids),
-        })
+        Ok(PoolingInput { ids, type_ids: Some(type_ids) })
     }
 
     /// Relevance of each `(a, b)` pair and the prompt tokens used: a cross-encoder's activated
@@ -432,18 +393,11 @@ impl PoolingState {
                 self.model.info().labels.len()
             )));
         }
-        let inputs: Vec<PoolingInput> = pairs
-            .iter()
-            .map(|(a, b)| self.encode_pair(a, b, truncate))
-            .collect::<Result<_, _>>()?;
+        let inputs: Vec<PoolingInput> =
+            pairs.iter().map(|(a, b)| self.encode_pair(a, b, truncate)).collect::<Result<_, _>>()?;
         let tokens = inputs.iter().map(|s| s.ids.len()).sum();
         let out = self.batcher.run(inputs).await?;
-        Ok((
-            out.iter()
-                .map(|l| self.score_activation.apply(l[0]))
-                .collect(),
-            tokens,
-        ))
+        Ok((out.iter().map(|l| self.score_activation.apply(l[0])).collect(), tokens))
     }
 }
 
@@ -652,20 +606,14 @@ async fn embeddings(
         .into_iter()
         .enumerate()
         .map(|(index, mut v)| {
-            state
-                .model
-                .finish_embedding(&mut v, dimensions, req.normalize);
+            state.model.finish_embedding(&mut v, dimensions, req.normalize);
             let embedding = if base64 {
                 let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                 EmbeddingData::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
             } else {
                 EmbeddingData::Float(v)
             };
-            Embedding {
-                index,
-                object: "embedding",
-                embedding,
-            }
+            Embedding { index, object: "embedding", embedding }
         })
         .collect();
     let response = EmbeddingResponse {
@@ -680,36 +628,20 @@ async fn embeddings(
 }
 
 /// vLLM's pairing: one `text_1` against every `text_2`, or two lists of the same length zipped.
-fn pairs<'a>(
-    text_1: &'a [String],
-    text_2: &'a [String],
-) -> Result<Vec<(&'a str, &'a str)>, ApiError> {
+fn pairs<'a>(text_1: &'a [String], text_2: &'a [String]) -> Result<Vec<(&'a str, &'a str)>, ApiError> {
     if text_1.is_empty() {
-        return Err(ApiError::invalid(
-            "text_1",
-            "At least one text element must be given",
-        ));
+        return Err(ApiError::invalid("text_1", "At least one text element must be given"));
     }
     if text_2.is_empty() {
-        return Err(ApiError::invalid(
-            "text_2",
-            "At least one text_pair element must be given",
-        ));
+        return Err(ApiError::invalid("text_2", "At least one text_pair element must be given"));
     }
     if text_1.len() > 1 && text_1.len() != text_2.len() {
-        return Err(ApiError::bad_request(
-            "text_1 and text_2 lists must have the same length",
-        ));
+        return Err(ApiError::bad_request("text_1 and text_2 lists must have the same length"));
     }
     Ok(text_2
         .iter()
         .enumerate()
-        .map(|(i, b)| {
-            (
-                text_1[if text_1.len() == 1 { 0 } else { i }].as_str(),
-                b.as_str(),
-            )
-        })
+        .map(|(i, b)| (text_1[if text_1.len() == 1 { 0 } else { i }].as_str(), b.as_str()))
         .collect())
 }
 
@@ -726,15 +658,8 @@ async fn score(
     let (t1, t2) = (req.text_1.into_vec(), req.text_2.into_vec());
     let pairs = pairs(&t1, &t2)?;
     let (scores, tokens) = state.score_pairs(&pairs, truncate).await?;
-    let data = scores
-        .into_iter()
-        .enumerate()
-        .map(|(index, score)| ScoreData {
-            index,
-            object: "score",
-            score,
-        })
-        .collect();
+    let data =
+        scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
     Ok(Json(ScoreResponse {
         id: format!("score-{}", random_id()),
         object: "list",
@@ -756,27 +681,15 @@ async fn rerank(
         return Err(unsupported(&state, "Rerank"));
     }
     if req.documents.is_empty() {
-        return Err(ApiError::invalid(
-            "documents",
-            "At least one document must be given",
-        ));
+        return Err(ApiError::invalid("documents", "At least one document must be given"));
     }
     let top_n = match req.top_n {
         None | Some(0) => req.documents.len(),
-        Some(n) if n < 0 => {
-            return Err(ApiError::invalid(
-                "top_n",
-                format!("top_n must be at least 0, got {n}"),
-            ))
-        }
+        Some(n) if n < 0 => return Err(ApiError::invalid("top_n", format!("top_n must be at least 0, got {n}"))),
         Some(n) => (n as usize).min(req.documents.len()),
     };
     let truncate = state.truncation(req.truncate_prompt_tokens)?;
-    let pairs: Vec<(&str, &str)> = req
-        .documents
-        .iter()
-        .map(|d| (req.query.as_str(), d.as_str()))
-        .collect();
+    let pairs: Vec<(&str, &str)> = req.documents.iter().map(|d| (req.query.as_str(), d.as_str())).collect();
     let (scores, tokens) = state.score_pairs(&pairs, truncate).await?;
     let mut order: Vec<usize> = (0..scores.len()).collect();
     // Best first; equal scores keep document order.
@@ -787,18 +700,14 @@ async fn rerank(
         .take(top_n)
         .map(|i| RerankResult {
             index: i,
-            document: with_docs.then(|| RerankDocument {
-                text: req.documents[i].clone(),
-            }),
+            document: with_docs.then(|| RerankDocument { text: req.documents[i].clone() }),
             relevance_score: scores[i],
         })
         .collect();
     Ok(Json(RerankResponse {
         id: format!("rerank-{}", random_id()),
         model: state.served.model_name().to_owned(),
-        usage: RerankUsage {
-            total_tokens: tokens,
-        },
+        usage: RerankUsage { total_tokens: tokens },
         results,
     })
     .into_response())
@@ -825,16 +734,8 @@ async fn classify(
         .enumerate()
         .map(|(index, logits)| {
             let probs = classifier_activation(&logits);
-            let best = probs
-                .iter()
-                .enumerate()
-                .fold(0, |b, (i, p)| if *p > probs[b] { i } else { b });
-            ClassificationData {
-                index,
-                label: labels.get(best).cloned(),
-                num_classes: probs.len(),
-                probs,
-            }
+            let best = probs.iter().enumerate().fold(0, |b, (i, p)| if *p > probs[b] { i } else { b });
+            ClassificationData { index, label: labels.get(best).cloned(), num_classes: probs.len(), probs }
         })
         .collect();
     Ok(Json(ClassificationResponse {
@@ -881,14 +782,7 @@ pub async fn serve_pooling(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> std::io::Result<()> {
-    serve_router(
-        listener,
-        pooling_router(state.clone()),
-        state,
-        shutdown,
-        grace,
-    )
-    .await
+    serve_router(listener, pooling_router(state.clone()), state, shutdown, grace).await
 }
 
 #[cfg(test)]

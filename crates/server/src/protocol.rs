@@ -150,11 +150,7 @@ pub struct Usage {
 
 impl Usage {
     pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Usage {
-        Usage {
-            prompt_tokens,
-            completion_tokens,
-            total_tokens: prompt_tokens + completion_tokens,
-        }
+        Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
     }
 }
 
@@ -324,8 +320,7 @@ mod tests {
         assert_eq!(r.sampling.top_k, Some(5));
         assert_eq!(r.sampling.ignore_eos, Some(true));
         assert_eq!(r.max_tokens, Some(-1));
-        let r: CompletionRequest =
-            serde_json::from_str(r#"{"prompt":[1,2],"stop":["a","b"]}"#).unwrap();
+        let r: CompletionRequest = serde_json::from_str(r#"{"prompt":[1,2],"stop":["a","b"]}"#).unwrap();
         assert_eq!(r.sampling.stop.unwrap().into_vec().len(), 2);
     }
 
@@ -335,14 +330,8 @@ mod tests {
             r#"{"messages":[{"role":"user","content":"hi"},{"role":"user","content":[{"type":"text","text":"a"}]},{"role":"assistant","content":null}]}"#,
         )
         .unwrap();
-        assert!(matches!(
-            r.messages[0].content,
-            Some(MessageContent::Text(_))
-        ));
-        assert!(matches!(
-            r.messages[1].content,
-            Some(MessageContent::Parts(_))
-        ));
+        assert!(matches!(r.messages[0].content, Some(MessageContent::Text(_))));
+        assert!(matches!(r.messages[1].content, Some(MessageContent::Parts(_))));
         assert!(r.messages[2].content.is_none());
     }
 
@@ -355,10 +344,7 @@ mod tests {
             model: "m".into(),
             choices: vec![ChatStreamChoice {
                 index: 0,
-                delta: ChatDelta {
-                    role: Some("assistant"),
-                    content: Some(String::new()),
-                },
+                delta: ChatDelta { role: Some("assistant"), content: Some(String::new()) },
                 logprobs: None,
                 finish_reason: None,
                 stop_reason: None,

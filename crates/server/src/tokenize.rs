@@ -33,24 +33,13 @@ pub async fn tokenize(
             )?
             .ids
         }
-        _ => {
-            return Err(ApiError::bad_request(
-                "Either `prompt` or `messages` must be given, not both",
-            ))
-        }
+        _ => return Err(ApiError::bad_request("Either `prompt` or `messages` must be given, not both")),
     };
-    let token_strs = req.return_token_strs.unwrap_or(false).then(|| {
-        tokens
-            .iter()
-            .map(|&id| state.tokenizer.id_to_token(id).unwrap_or_default())
-            .collect()
-    });
-    Ok(Json(TokenizeResponse {
-        count: tokens.len(),
-        max_model_len: state.served.max_model_len,
-        tokens,
-        token_strs,
-    }))
+    let token_strs = req
+        .return_token_strs
+        .unwrap_or(false)
+        .then(|| tokens.iter().map(|&id| state.tokenizer.id_to_token(id).unwrap_or_default()).collect());
+    Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: state.served.max_model_len, tokens, token_strs }))
 }
 
 pub async fn detokenize(
@@ -60,9 +49,6 @@ pub async fn detokenize(
     let req: DetokenizeRequest = parse_json(&body?)?;
     state.served.check_model(req.model.as_deref())?;
     let ids = state.served.check_token_ids(&req.tokens, "tokens")?;
-    let prompt = state
-        .tokenizer
-        .decode(&ids, false)
-        .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    let prompt = state.tokenizer.decode(&ids, false).map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
     Ok(Json(DetokenizeResponse { prompt }))
 }

@@ -12,9 +12,7 @@ use std::fmt::Write as _;
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use ferrite_tensor::cuda::{self, CudaDevice};
 use ferrite_tensor::ops::{self, AttentionParams};
-use ferrite_tensor::{
-    AttnMetadata, AttnSeq, CpuStorage, DType, Device, PagedKvLayer, Storage, Tensor,
-};
+use ferrite_tensor::{AttnMetadata, AttnSeq, CpuStorage, DType, Device, PagedKvLayer, Storage, Tensor};
 use half::bf16;
 
 type R<T> = Result<T, Box<dyn std::error::Error>>;
@@ -36,10 +34,7 @@ impl Rng {
 fn random_bf16(rng: &mut Rng, shape: &[usize], scale: f32) -> R<Tensor> {
     let n = shape.iter().product();
     let data: Vec<bf16> = (0..n).map(|_| bf16::from_f32(rng.next() * scale)).collect();
-    Ok(
-        Tensor::from_storage(Storage::Cpu(CpuStorage::BF16(data)), shape.to_vec())?
-            .to_device(GPU)?,
-    )
+    Ok(Tensor::from_storage(Storage::Cpu(CpuStorage::BF16(data)), shape.to_vec())?.to_device(GPU)?)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -48,21 +43,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Median over `reps` event-timed batches of `iters` calls, in microseconds per call.
-fn time_us(
-    dev: &CudaDevice,
-    iters: usize,
-    reps: usize,
-    mut f: impl FnMut(usize) -> R<()>,
-) -> R<f64> {
+fn time_us(dev: &CudaDevice, iters: usize, reps: usize, mut f: impl FnMut(usize) -> R<()>) -> R<f64> {
     for i in 0..3 {
         f(i)?;
     }
     dev.synchronize()?;
     let ctx = dev.stream().context();
-    let (e0, e1) = (
-        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
-        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
-    );
+    let (e0, e1) =
+        (ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?, ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?);
     let mut samples = Vec::new();
     for _ in 0..reps {
         e0.record(dev.stream())?;
@@ -76,12 +64,7 @@ fn time_us(
 }
 
 /// As `time_us`, replaying `iters` calls captured into one CUDA graph; None if capture fails.
-fn time_graph_us(
-    dev: &CudaDevice,
-    iters: usize,
-    reps: usize,
-    mut f: impl FnMut(usize) -> R<()>,
-) -> R<Option<f64>> {
+fn time_graph_us(dev: &CudaDevice, iters: usize, reps: usize, mut f: impl FnMut(usize) -> R<()>) -> R<Option<f64>> {
     for i in 0..3 {
         f(i)?;
     }
@@ -107,10 +90,8 @@ fn time_graph_us(
     graph.launch()?;
     dev.synchronize()?;
     let ctx = stream.context();
-    let (e0, e1) = (
-        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
-        ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
-    );
+    let (e0, e1) =
+        (ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?, ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?);
     let mut samples = Vec::new();
     for _ in 0..reps {
         e0.record(stream)?;
@@ -122,8 +103,7 @@ fn time_graph_us(
 }
 
 fn opt(v: Option<f64>) -> String {
-    v.map(|x| format!("{x:.2}"))
-        .unwrap_or_else(|| "null".into())
+    v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "null".into())
 }
 
 fn copy_bandwidth(dev: &CudaDevice) -> R<f64> {
@@ -146,28 +126,15 @@ fn matmul_figures(dev: &CudaDevice, copy_gbs: f64, out: &mut String) -> R<()> {
     for (name, k, n) in shapes {
         // Three copies of the weight, used in turn, so that no call finds its weight in L2 (60 MB).
         let w0 = random_bf16(&mut rng, &[n, k], 0.02)?;
-        let mut variants: Vec<(DType, Vec<Tensor>)> = vec![(
-            DType::BF16,
-            (0..3)
-                .map(|_| ops::scale(&w0, 1.0))
-                .collect::<Result<_, _>>()?,
-        )];
+        let mut variants: Vec<(DType, Vec<Tensor>)> =
+            vec![(DType::BF16, (0..3).map(|_| ops::scale(&w0, 1.0)).collect::<Result<_, _>>()?)];
         if name.starts_with("qkv") {
             // The f32 exactness path: plain fp32 cuBLAS, weights twice the bytes.
-            variants.push((
-                DType::F32,
-                (0..3)
-                    .map(|_| Ok(w0.to_dtype(DType::F32)))
-                    .collect::<R<_>>()?,
-            ));
+            variants.push((DType::F32, (0..3).map(|_| Ok(w0.to_dtype(DType::F32))).collect::<R<_>>()?));
         }
         drop(w0);
         for (dtype, ws) in &variants {
-            let ms: &[usize] = if *dtype == DType::F32 {
-                &[1, 8]
-            } else {
-                &[1, 2, 4, 8, 16, 32]
-            };
+            let ms: &[usize] = if *dtype == DType::F32 { &[1, 8] } else { &[1, 2, 4, 8, 16, 32] };
             for &m in ms {
                 let x = random_bf16(&mut rng, &[m, k], 1.0)?.to_dtype(*dtype);
                 let elem = dtype.size_in_bytes() as f64;
@@ -210,10 +177,7 @@ fn attention_figures(dev: &CudaDevice, copy_gbs: f64, profile: bool, out: &mut S
     let cases: Vec<(usize, usize)> = if profile {
         vec![(1, 2048), (32, 2048)]
     } else {
-        [1usize, 32, 128]
-            .iter()
-            .flat_map(|&b| [512usize, 1024, 2048].map(|c| (b, c)))
-            .collect()
+        [1usize, 32, 128].iter().flat_map(|&b| [512usize, 1024, 2048].map(|c| (b, c))).collect()
     };
     for (batch, ctx) in cases {
         let blocks_per_seq = ctx.div_ceil(bs);
@@ -225,23 +189,14 @@ fn attention_figures(dev: &CudaDevice, copy_gbs: f64, profile: bool, out: &mut S
                 q_start: b * ctx,
                 q_len: ctx,
                 ctx_len: ctx,
-                block_table: (0..blocks_per_seq as u32)
-                    .map(|i| (b * blocks_per_seq) as u32 + i)
-                    .collect(),
+                block_table: (0..blocks_per_seq as u32).map(|i| (b * blocks_per_seq) as u32 + i).collect(),
             })
             .collect();
         let meta = AttnMetadata::new(prefill.clone(), bs)?;
         let kv = random_bf16(&mut rng, &[batch * ctx, hkv * d], 1.0)?;
         ops::write_kv(&mut cache, &kv, &kv, &meta)?;
-        let decode: Vec<AttnSeq> = prefill
-            .iter()
-            .enumerate()
-            .map(|(b, s)| AttnSeq {
-                q_start: b,
-                q_len: 1,
-                ..s.clone()
-            })
-            .collect();
+        let decode: Vec<AttnSeq> =
+            prefill.iter().enumerate().map(|(b, s)| AttnSeq { q_start: b, q_len: 1, ..s.clone() }).collect();
         let meta = AttnMetadata::new(decode, bs)?;
         let q = random_bf16(&mut rng, &[batch, hq * d], 1.0)?;
         let run = |_: usize| -> R<()> {
@@ -269,12 +224,7 @@ fn attention_figures(dev: &CudaDevice, copy_gbs: f64, profile: bool, out: &mut S
     let blocks = t.div_ceil(bs);
     let mut cache = PagedKvLayer::new_on(GPU, DType::BF16, blocks, bs, hkv, d, d)?;
     let meta = AttnMetadata::new(
-        vec![AttnSeq {
-            q_start: 0,
-            q_len: t,
-            ctx_len: t,
-            block_table: (0..blocks as u32).collect(),
-        }],
+        vec![AttnSeq { q_start: 0, q_len: t, ctx_len: t, block_table: (0..blocks as u32).collect() }],
         bs,
     )?;
     let kv = random_bf16(&mut rng, &[t, hkv * d], 1.0)?;

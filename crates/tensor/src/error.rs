@@ -11,8 +11,5 @@ pub enum TensorError {
 pub type Result<T> = std::result::Result<T, TensorError>;
 
 pub(crate) fn shape_err(op: &'static str, detail: impl Into<String>) -> TensorError {
-    TensorError::Shape {
-        op,
-        detail: detail.into(),
-    }
+    TensorError::Shape { op, detail: detail.into() }
 }

@@ -46,19 +46,12 @@ impl AttnMetadata {
         let mut slot_mapping = vec![0usize; total];
         for s in &seqs {
             if s.q_len > s.ctx_len {
-                return Err(shape_err(
-                    "attn_metadata",
-                    format!("q_len {} > ctx_len {}", s.q_len, s.ctx_len),
-                ));
+                return Err(shape_err("attn_metadata", format!("q_len {} > ctx_len {}", s.q_len, s.ctx_len)));
             }
             if s.block_table.len() * block_size < s.ctx_len {
                 return Err(shape_err(
                     "attn_metadata",
-                    format!(
-                        "{} blocks of {block_size} cannot hold {} tokens",
-                        s.block_table.len(),
-                        s.ctx_len
-                    ),
+                    format!("{} blocks of {block_size} cannot hold {} tokens", s.block_table.len(), s.ctx_len),
                 ));
             }
             for i in 0..s.q_len {
@@ -66,19 +59,12 @@ impl AttnMetadata {
                 let block = s.block_table[pos / block_size] as usize;
                 let row = s.q_start + i;
                 if row >= total {
-                    return Err(shape_err(
-                        "attn_metadata",
-                        "q_start + q_len beyond the batch",
-                    ));
+                    return Err(shape_err("attn_metadata", "q_start + q_len beyond the batch"));
                 }
                 slot_mapping[row] = block * block_size + pos % block_size;
             }
         }
-        Ok(AttnMetadata {
-            seqs,
-            block_size,
-            slot_mapping,
-        })
+        Ok(AttnMetadata { seqs, block_size, slot_mapping })
     }
 
     pub fn num_tokens(&self) -> usize {
@@ -122,13 +108,7 @@ pub struct PagedKvLayer {
 }
 
 impl PagedKvLayer {
-    pub fn new_cpu(
-        num_blocks: usize,
-        block_size: usize,
-        num_kv_heads: usize,
-        k_dim: usize,
-        v_dim: usize,
-    ) -> Self {
+    pub fn new_cpu(num_blocks: usize, block_size: usize, num_kv_heads: usize, k_dim: usize, v_dim: usize) -> Self {
         let slots = num_blocks * block_size * num_kv_heads;
         PagedKvLayer {
             num_blocks,
@@ -136,10 +116,7 @@ impl PagedKvLayer {
             num_kv_heads,
             k_dim,
             v_dim,
-            storage: KvStorage::Cpu {
-                k: vec![0.0; slots * k_dim],
-                v: vec![0.0; slots * v_dim],
-            },
+            storage: KvStorage::Cpu { k: vec![0.0; slots * k_dim], v: vec![0.0; slots * v_dim] },
         }
     }
 
@@ -154,25 +131,12 @@ impl PagedKvLayer {
         v_dim: usize,
     ) -> Result<Self> {
         let Device::Cuda(ordinal) = device else {
-            return Ok(Self::new_cpu(
-                num_blocks,
-                block_size,
-                num_kv_heads,
-                k_dim,
-                v_dim,
-            ));
+            return Ok(Self::new_cpu(num_blocks, block_size, num_kv_heads, k_dim, v_dim));
         };
         let slots = num_blocks * block_size * num_kv_heads;
         let dev = crate::cuda::device(ordinal)?;
         let storage = crate::cuda::attention::new_cache(&dev, dtype, slots * k_dim, slots * v_dim)?;
-        Ok(PagedKvLayer {
-            num_blocks,
-            block_size,
-            num_kv_heads,
-            k_dim,
-            v_dim,
-            storage,
-        })
+        Ok(PagedKvLayer { num_blocks, block_size, num_kv_heads, k_dim, v_dim, storage })
     }
 
     pub fn num_slots(&self) -> usize {
@@ -185,12 +149,7 @@ impl PagedKvLayer {
     }
 
     /// Bytes one token occupies in a cache of `dtype`.
-    pub fn bytes_per_token_as(
-        num_kv_heads: usize,
-        k_dim: usize,
-        v_dim: usize,
-        dtype: DType,
-    ) -> usize {
+    pub fn bytes_per_token_as(num_kv_heads: usize, k_dim: usize, v_dim: usize, dtype: DType) -> usize {
         num_kv_heads * (k_dim + v_dim) * dtype.size_in_bytes()
     }
 }

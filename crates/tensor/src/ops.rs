@@ -75,17 +75,11 @@ fn same_rows(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
 /// `x [m, k] @ w[n, k]^T (+ bias[n])` — weights in the Hugging Face `Linear` layout.
 pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     if w.rank() != 2 || x.last_dim() != w.shape()[1] {
-        return Err(shape_err(
-            "matmul_t",
-            format!("x {:?} w {:?}", x.shape(), w.shape()),
-        ));
+        return Err(shape_err("matmul_t", format!("x {:?} w {:?}", x.shape(), w.shape())));
     }
     if let Some(b) = bias {
         if b.numel() != w.shape()[0] {
-            return Err(shape_err(
-                "matmul_t",
-                format!("bias {:?} for w {:?}", b.shape(), w.shape()),
-            ));
+            return Err(shape_err("matmul_t", format!("bias {:?} for w {:?}", b.shape(), w.shape())));
         }
     }
     same_device("matmul_t", x, &[Some(w), bias])?;
@@ -101,10 +95,7 @@ pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
         return Err(shape_err("embedding", format!("table {:?}", table.shape())));
     }
     if let Some(&bad) = ids.iter().find(|&&id| id as usize >= table.shape()[0]) {
-        return Err(shape_err(
-            "embedding",
-            format!("token id {bad} >= vocab {}", table.shape()[0]),
-        ));
+        return Err(shape_err("embedding", format!("token id {bad} >= vocab {}", table.shape()[0])));
     }
     match table.storage() {
         Storage::Cpu(_) => cpu::elementwise::embedding(table, ids),
@@ -115,10 +106,7 @@ pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
 /// `x / rms(x) * (offset + w)`; offset is 1 for Gemma's `(1 + w)` norms, else 0.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<Tensor> {
     if w.numel() != x.last_dim() {
-        return Err(shape_err(
-            "rms_norm",
-            format!("x {:?} w {:?}", x.shape(), w.shape()),
-        ));
+        return Err(shape_err("rms_norm", format!("x {:?} w {:?}", x.shape(), w.shape())));
     }
     same_device("rms_norm", x, &[Some(w)])?;
     match x.storage() {
@@ -129,19 +117,10 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<Tensor>
 
 /// `residual + x` and its [`rms_norm`] in one pass: returns `(normed, new_residual)`. In bf16 the
 /// sum is rounded before it is normalised, as separate ops would.
-pub fn add_rms_norm(
-    x: &Tensor,
-    residual: &Tensor,
-    w: &Tensor,
-    eps: f32,
-    offset: f32,
-) -> Result<(Tensor, Tensor)> {
+pub fn add_rms_norm(x: &Tensor, residual: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<(Tensor, Tensor)> {
     same_rows("add_rms_norm", x, residual)?;
     if w.numel() != x.last_dim() {
-        return Err(shape_err(
-            "add_rms_norm",
-            format!("x {:?} w {:?}", x.shape(), w.shape()),
-        ));
+        return Err(shape_err("add_rms_norm", format!("x {:?} w {:?}", x.shape(), w.shape())));
     }
     same_device("add_rms_norm", x, &[Some(residual), Some(w)])?;
     match x.storage() {
@@ -153,10 +132,7 @@ pub fn add_rms_norm(
 pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) -> Result<Tensor> {
     for t in [w, b].into_iter().flatten() {
         if t.numel() != x.last_dim() {
-            return Err(shape_err(
-                "layer_norm",
-                format!("x {:?} param {:?}", x.shape(), t.shape()),
-            ));
+            return Err(shape_err("layer_norm", format!("x {:?} param {:?}", x.shape(), t.shape())));
         }
     }
     same_device("layer_norm", x, &[w, b])?;
@@ -187,10 +163,7 @@ pub fn mul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// `x * row` broadcast over rows (`row` has `last_dim` elements).
 pub fn mul_row(x: &Tensor, row: &Tensor) -> Result<Tensor> {
     if row.numel() != x.last_dim() {
-        return Err(shape_err(
-            "mul_row",
-            format!("x {:?} row {:?}", x.shape(), row.shape()),
-        ));
+        return Err(shape_err("mul_row", format!("x {:?} row {:?}", x.shape(), row.shape())));
     }
     same_device("mul_row", x, &[Some(row)])?;
     match x.storage() {
@@ -226,9 +199,7 @@ pub fn act_mul(gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
     same_rows("act_mul", gate, up)?;
     same_device("act_mul", gate, &[Some(up)])?;
     match gate.storage() {
-        Storage::Cpu(_) => {
-            cpu::elementwise::binary(gate, up, move |g, u| cpu::elementwise::activate(act, g) * u)
-        }
+        Storage::Cpu(_) => cpu::elementwise::binary(gate, up, move |g, u| cpu::elementwise::activate(act, g) * u),
         Storage::Cuda(_) => cuda::ops::act_mul(gate, up, act),
     }
 }
@@ -245,10 +216,7 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
 /// NaN counts as the largest value, as in `torch.argmax`.
 pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
     if logits.last_dim() == 0 {
-        return Err(shape_err(
-            "argmax_rows",
-            format!("rows of no columns {:?}", logits.shape()),
-        ));
+        return Err(shape_err("argmax_rows", format!("rows of no columns {:?}", logits.shape())));
     }
     match logits.storage() {
         Storage::Cpu(_) => cpu::elementwise::argmax_rows(logits),
@@ -281,18 +249,11 @@ pub fn sample_rows(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
     if logits.last_dim() == 0 || logits.rows() != rows.len() {
         return Err(shape_err(
             "sample_rows",
-            format!(
-                "{} rows of parameters for logits {:?}",
-                rows.len(),
-                logits.shape()
-            ),
+            format!("{} rows of parameters for logits {:?}", rows.len(), logits.shape()),
         ));
     }
     if u32::try_from(logits.last_dim()).is_err() {
-        return Err(shape_err(
-            "sample_rows",
-            format!("vocab {} beyond 32-bit token ids", logits.last_dim()),
-        ));
+        return Err(shape_err("sample_rows", format!("vocab {} beyond 32-bit token ids", logits.last_dim())));
     }
     match logits.storage() {
         Storage::Cpu(_) => cpu::sampling::sample_rows(logits, rows),
@@ -303,10 +264,7 @@ pub fn sample_rows(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
 /// Columns `[start, start + len)` of every row.
 pub fn narrow_cols(x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
     if start + len > x.last_dim() {
-        return Err(shape_err(
-            "narrow_cols",
-            format!("[{start}, {}) of {:?}", start + len, x.shape()),
-        ));
+        return Err(shape_err("narrow_cols", format!("[{start}, {}) of {:?}", start + len, x.shape())));
     }
     match x.storage() {
         Storage::Cpu(_) => cpu::elementwise::narrow_cols(x, start, len),
@@ -320,11 +278,7 @@ pub fn concat_cols(parts: &[&Tensor]) -> Result<Tensor> {
     if parts.iter().any(|p| p.rows() != rows) {
         return Err(shape_err("concat_cols", "row counts differ"));
     }
-    same_device(
-        "concat_cols",
-        parts[0],
-        &parts.iter().map(|p| Some(*p)).collect::<Vec<_>>(),
-    )?;
+    same_device("concat_cols", parts[0], &parts.iter().map(|p| Some(*p)).collect::<Vec<_>>())?;
     match parts[0].storage() {
         Storage::Cpu(_) => cpu::elementwise::concat_cols(parts),
         Storage::Cuda(_) => cuda::ops::concat_cols(parts),
@@ -334,10 +288,7 @@ pub fn concat_cols(parts: &[&Tensor]) -> Result<Tensor> {
 /// Selects rows of a matrix (e.g. the last token of each sequence before the LM head).
 pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
     if let Some(&bad) = rows.iter().find(|&&r| r >= x.rows()) {
-        return Err(shape_err(
-            "gather_rows",
-            format!("row {bad} of {:?}", x.shape()),
-        ));
+        return Err(shape_err("gather_rows", format!("row {bad} of {:?}", x.shape())));
     }
     match x.storage() {
         Storage::Cpu(_) => cpu::elementwise::gather_rows(x, rows),
@@ -347,27 +298,14 @@ pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
 
 /// Applies rotary embeddings to `x [tokens, heads * head_dim]` over the first `cos.last_dim() * 2`
 /// dimensions of every head. `cos`/`sin` are `[tokens, rotary_dim / 2]`, one row per token.
-pub fn rope(
-    x: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-    head_dim: usize,
-    style: RopeStyle,
-) -> Result<Tensor> {
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, head_dim: usize, style: RopeStyle) -> Result<Tensor> {
     let half = cos.last_dim();
     if !x.last_dim().is_multiple_of(head_dim)
         || half * 2 > head_dim
         || cos.rows() != x.rows()
         || sin.shape() != cos.shape()
     {
-        return Err(shape_err(
-            "rope",
-            format!(
-                "x {:?} cos {:?} head_dim {head_dim}",
-                x.shape(),
-                cos.shape()
-            ),
-        ));
+        return Err(shape_err("rope", format!("x {:?} cos {:?} head_dim {head_dim}", x.shape(), cos.shape())));
     }
     same_device("rope", x, &[Some(cos), Some(sin)])?;
     match x.storage() {
@@ -377,32 +315,17 @@ pub fn rope(
 }
 
 /// Writes this step's keys `[tokens, kv_heads * k_dim]` and values into their cache slots.
-pub fn write_kv(
-    cache: &mut PagedKvLayer,
-    k: &Tensor,
-    v: &Tensor,
-    meta: &AttnMetadata,
-) -> Result<()> {
+pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMetadata) -> Result<()> {
     let tokens = meta.num_tokens();
     if k.rows() != tokens
         || v.rows() != tokens
         || k.last_dim() != cache.num_kv_heads * cache.k_dim
         || v.last_dim() != cache.num_kv_heads * cache.v_dim
     {
-        return Err(shape_err(
-            "write_kv",
-            format!("k {:?} v {:?} for {tokens} tokens", k.shape(), v.shape()),
-        ));
+        return Err(shape_err("write_kv", format!("k {:?} v {:?} for {tokens} tokens", k.shape(), v.shape())));
     }
-    if let Some(&bad) = meta
-        .slot_mapping
-        .iter()
-        .find(|&&s| s >= cache.num_slots() && s != PAD_SLOT)
-    {
-        return Err(shape_err(
-            "write_kv",
-            format!("slot {bad} >= {}", cache.num_slots()),
-        ));
+    if let Some(&bad) = meta.slot_mapping.iter().find(|&&s| s >= cache.num_slots() && s != PAD_SLOT) {
+        return Err(shape_err("write_kv", format!("slot {bad} >= {}", cache.num_slots())));
     }
     same_device("write_kv", k, &[Some(v)])?;
     match k.storage() {
@@ -414,12 +337,7 @@ pub fn write_kv(
 /// A `[tokens, cols]` f32 table the host computes from a step's metadata (rotary cos/sin, say),
 /// on `device`. Inside a CUDA graph capture it becomes an input of the graph that `fill`
 /// recomputes before every replay, so `fill` must depend on nothing but the metadata.
-pub fn step_tensor(
-    meta: &AttnMetadata,
-    device: Device,
-    cols: usize,
-    fill: cuda::HostFill,
-) -> Result<Tensor> {
+pub fn step_tensor(meta: &AttnMetadata, device: Device, cols: usize, fill: cuda::HostFill) -> Result<Tensor> {
     match device {
         Device::Cpu => Tensor::from_f32(fill(meta), &[meta.num_tokens(), cols]),
         Device::Cuda(o) => cuda::device(o)?.step_tensor(meta, cols, fill),
@@ -428,26 +346,12 @@ pub fn step_tensor(
 
 /// Causal attention of `q [tokens, heads * head_dim]` over each sequence's cached keys and values
 /// (which must already include this step's). Returns `[tokens, heads * v_head_dim]`.
-pub fn paged_attention(
-    q: &Tensor,
-    cache: &PagedKvLayer,
-    meta: &AttnMetadata,
-    p: &AttentionParams,
-) -> Result<Tensor> {
+pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p: &AttentionParams) -> Result<Tensor> {
     if q.rows() != meta.num_tokens() || q.last_dim() != p.num_heads * p.head_dim {
-        return Err(shape_err(
-            "paged_attention",
-            format!("q {:?} for {} tokens", q.shape(), meta.num_tokens()),
-        ));
+        return Err(shape_err("paged_attention", format!("q {:?} for {} tokens", q.shape(), meta.num_tokens())));
     }
-    if p.num_kv_heads == 0
-        || !p.num_heads.is_multiple_of(p.num_kv_heads)
-        || cache.num_kv_heads != p.num_kv_heads
-    {
-        return Err(shape_err(
-            "paged_attention",
-            format!("{} heads over {} kv heads", p.num_heads, p.num_kv_heads),
-        ));
+    if p.num_kv_heads == 0 || !p.num_heads.is_multiple_of(p.num_kv_heads) || cache.num_kv_heads != p.num_kv_heads {
+        return Err(shape_err("paged_attention", format!("{} heads over {} kv heads", p.num_heads, p.num_kv_heads)));
     }
     match q.storage() {
         Storage::Cpu(_) => cpu::attention::paged_attention(q, cache, meta, p),
@@ -461,10 +365,7 @@ pub fn paged_attention(
 /// expert: rows `offsets[e]..offsets[e + 1]` use `w[e]`. Returns `[rows, n]`.
 pub fn grouped_matmul_t(x: &Tensor, w: &Tensor, offsets: &[usize]) -> Result<Tensor> {
     if w.rank() != 3 || x.last_dim() != w.shape()[2] {
-        return Err(shape_err(
-            "grouped_matmul_t",
-            format!("x {:?} w {:?}", x.shape(), w.shape()),
-        ));
+        return Err(shape_err("grouped_matmul_t", format!("x {:?} w {:?}", x.shape(), w.shape())));
     }
     let rows: usize = x.shape().iter().rev().skip(1).product();
     if offsets.len() != w.shape()[0] + 1
@@ -472,10 +373,7 @@ pub fn grouped_matmul_t(x: &Tensor, w: &Tensor, offsets: &[usize]) -> Result<Ten
         || offsets[offsets.len() - 1] != rows
         || offsets.windows(2).any(|p| p[0] > p[1])
     {
-        return Err(shape_err(
-            "grouped_matmul_t",
-            format!("offsets {offsets:?} for {rows} rows, w {:?}", w.shape()),
-        ));
+        return Err(shape_err("grouped_matmul_t", format!("offsets {offsets:?} for {rows} rows, w {:?}", w.shape())));
     }
     same_device("grouped_matmul_t", x, &[Some(w)])?;
     match x.storage() {
@@ -492,18 +390,11 @@ pub fn combine_rows(y: &Tensor, rows: &[usize], weights: &[f32], per_row: usize)
     if per_row == 0 || !rows.len().is_multiple_of(per_row) || weights.len() != rows.len() {
         return Err(shape_err(
             "combine_rows",
-            format!(
-                "{} rows, {} weights, {per_row} per output row",
-                rows.len(),
-                weights.len()
-            ),
+            format!("{} rows, {} weights, {per_row} per output row", rows.len(), weights.len()),
         ));
     }
     if let Some(&bad) = rows.iter().find(|&&r| r >= y.rows()) {
-        return Err(shape_err(
-            "combine_rows",
-            format!("row {bad} of {:?}", y.shape()),
-        ));
+        return Err(shape_err("combine_rows", format!("row {bad} of {:?}", y.shape())));
     }
     match y.storage() {
         Storage::Cpu(_) => cpu::elementwise::combine_rows(y, rows, weights, per_row),
@@ -527,10 +418,7 @@ pub fn attention_dense(
 ) -> Result<Tensor> {
     let tokens: usize = seq_lens.iter().sum();
     if p.num_kv_heads == 0 || !p.num_heads.is_multiple_of(p.num_kv_heads) {
-        return Err(shape_err(
-            "attention_dense",
-            format!("{} heads over {} kv heads", p.num_heads, p.num_kv_heads),
-        ));
+        return Err(shape_err("attention_dense", format!("{} heads over {} kv heads", p.num_heads, p.num_kv_heads)));
     }
     if q.rows() != tokens
         || k.rows() != tokens
@@ -541,12 +429,7 @@ pub fn attention_dense(
     {
         return Err(shape_err(
             "attention_dense",
-            format!(
-                "q {:?} k {:?} v {:?} for {tokens} tokens",
-                q.shape(),
-                k.shape(),
-                v.shape()
-            ),
+            format!("q {:?} k {:?} v {:?} for {tokens} tokens", q.shape(), k.shape(), v.shape()),
         ));
     }
     same_device("attention_dense", q, &[Some(k), Some(v)])?;

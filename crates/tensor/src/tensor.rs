@@ -83,10 +83,7 @@ impl Tensor {
                 format!("shape {shape:?} needs {numel} elements, storage has {len}"),
             ));
         }
-        Ok(Tensor {
-            storage: Arc::new(storage),
-            shape,
-        })
+        Ok(Tensor { storage: Arc::new(storage), shape })
     }
 
     pub fn from_f32(data: Vec<f32>, shape: &[usize]) -> Result<Tensor> {
@@ -95,18 +92,12 @@ impl Tensor {
 
     /// Builds a CPU tensor of `dtype` from f32 values (rounding to nearest even for 16-bit types).
     pub fn from_f32_as(data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        Tensor::from_storage(
-            Storage::Cpu(CpuStorage::from_f32(data, dtype)),
-            shape.to_vec(),
-        )
+        Tensor::from_storage(Storage::Cpu(CpuStorage::from_f32(data, dtype)), shape.to_vec())
     }
 
     pub fn zeros(shape: &[usize]) -> Tensor {
         let numel = shape.iter().product();
-        Tensor {
-            storage: Arc::new(Storage::Cpu(CpuStorage::F32(vec![0.0; numel]))),
-            shape: shape.to_vec(),
-        }
+        Tensor { storage: Arc::new(Storage::Cpu(CpuStorage::F32(vec![0.0; numel]))), shape: shape.to_vec() }
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -167,10 +158,9 @@ impl Tensor {
     pub fn as_f32_slice(&self) -> Result<&[f32]> {
         match &*self.storage {
             Storage::Cpu(CpuStorage::F32(v)) => Ok(v),
-            Storage::Cpu(other) => Err(crate::TensorError::Unsupported {
-                op: "as_f32_slice",
-                detail: format!("dtype {}", other.dtype()),
-            }),
+            Storage::Cpu(other) => {
+                Err(crate::TensorError::Unsupported { op: "as_f32_slice", detail: format!("dtype {}", other.dtype()) })
+            }
             Storage::Cuda(_) => Err(crate::TensorError::Device(format!(
                 "as_f32_slice needs a CPU tensor, this one is on {:?}",
                 self.device()
@@ -185,10 +175,7 @@ impl Tensor {
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match &*self.storage {
             Storage::Cpu(s) => s.to_f32_vec(),
-            Storage::Cuda(s) => s
-                .to_cpu()
-                .map(|c| c.to_f32_vec())
-                .unwrap_or_else(|e| panic!("to_f32_vec: {e}")),
+            Storage::Cuda(s) => s.to_cpu().map(|c| c.to_f32_vec()).unwrap_or_else(|e| panic!("to_f32_vec: {e}")),
         }
     }
 
@@ -204,24 +191,15 @@ impl Tensor {
             return crate::cuda::ops::cast(self, dtype).unwrap_or_else(|e| panic!("to_dtype: {e}"));
         }
         let data = self.to_f32_vec();
-        Tensor {
-            storage: Arc::new(Storage::Cpu(CpuStorage::from_f32(data, dtype))),
-            shape: self.shape.clone(),
-        }
+        Tensor { storage: Arc::new(Storage::Cpu(CpuStorage::from_f32(data, dtype))), shape: self.shape.clone() }
     }
 
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
         let numel: usize = shape.iter().product();
         if numel != self.numel() {
-            return Err(shape_err(
-                "reshape",
-                format!("{:?} -> {shape:?}", self.shape),
-            ));
+            return Err(shape_err("reshape", format!("{:?} -> {shape:?}", self.shape)));
         }
-        Ok(Tensor {
-            storage: self.storage.clone(),
-            shape: shape.to_vec(),
-        })
+        Ok(Tensor { storage: self.storage.clone(), shape: shape.to_vec() })
     }
 
     pub fn size_in_bytes(&self) -> usize {
@@ -240,14 +218,10 @@ impl Tensor {
                 Storage::Cuda(CudaStorage::from_cpu(&crate::cuda::device(ordinal)?, s)?)
             }
             (Storage::Cuda(s), Device::Cpu) => Storage::Cpu(s.to_cpu()?),
-            (Storage::Cuda(s), Device::Cuda(ordinal)) => Storage::Cuda(CudaStorage::from_cpu(
-                &crate::cuda::device(ordinal)?,
-                &s.to_cpu()?,
-            )?),
+            (Storage::Cuda(s), Device::Cuda(ordinal)) => {
+                Storage::Cuda(CudaStorage::from_cpu(&crate::cuda::device(ordinal)?, &s.to_cpu()?)?)
+            }
         };
-        Ok(Tensor {
-            storage: Arc::new(storage),
-            shape: self.shape.clone(),
-        })
+        Ok(Tensor { storage: Arc::new(storage), shape: self.shape.clone() })
     }
 }

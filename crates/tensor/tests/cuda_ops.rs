@@ -43,25 +43,18 @@ fn rng(seed: u64) -> ChaCha8Rng {
 }
 
 fn random(r: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n)
-        .map(|_| r.random_range(-1.0f32..1.0) * scale)
-        .collect()
+    (0..n).map(|_| r.random_range(-1.0f32..1.0) * scale).collect()
 }
 
 /// Values as the tested dtype holds them.
 fn round(data: &[f32], dtype: DType) -> Vec<f32> {
-    Tensor::from_f32_as(data.to_vec(), &[data.len()], dtype)
-        .unwrap()
-        .to_f32_vec()
+    Tensor::from_f32_as(data.to_vec(), &[data.len()], dtype).unwrap().to_f32_vec()
 }
 
 /// The CPU reference input (f32 holding the rounded values) and the CUDA input (in `dtype`).
 fn pair(data: &[f32], shape: &[usize], dtype: DType) -> (Tensor, Tensor) {
     let cpu = Tensor::from_f32(round(data, dtype), shape).unwrap();
-    let gpu = Tensor::from_f32_as(data.to_vec(), shape, dtype)
-        .unwrap()
-        .to_device(GPU)
-        .unwrap();
+    let gpu = Tensor::from_f32_as(data.to_vec(), shape, dtype).unwrap().to_device(GPU).unwrap();
     (cpu, gpu)
 }
 
@@ -71,24 +64,15 @@ fn check(name: &str, dtype: DType, got: &Tensor, want: &Tensor, bound: f32) -> f
     assert_eq!(got.dtype(), dtype, "{name}: output dtype");
     assert_eq!(got.shape(), want.shape(), "{name}: shape");
     let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
-    let scale = w
-        .iter()
-        .fold(0.0f32, |m, v| m.max(v.abs()))
-        .max(f32::MIN_POSITIVE);
+    let scale = w.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE);
     let mut max_abs = 0.0f32;
     for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        assert!(
-            !a.is_nan() || b.is_nan(),
-            "{name} {dtype}: NaN at {i} (cpu {b})"
-        );
+        assert!(!a.is_nan() || b.is_nan(), "{name} {dtype}: NaN at {i} (cpu {b})");
         max_abs = max_abs.max((a - b).abs());
     }
     let err = max_abs / scale;
     println!("CHECK {name} {dtype}: max_abs_err={max_abs:.3e} rel_err={err:.3e} bound={bound:.0e}");
-    assert!(
-        err <= bound,
-        "{name} {dtype}: error {err:.3e} > {bound:.0e} (max abs {max_abs:.3e}, scale {scale:.3e})"
-    );
+    assert!(err <= bound, "{name} {dtype}: error {err:.3e} > {bound:.0e} (max abs {max_abs:.3e}, scale {scale:.3e})");
     err
 }
 
@@ -100,36 +84,20 @@ fn transfers_and_casts_round_trip() {
     for dtype in DTYPES {
         let t = Tensor::from_f32_as(data.clone(), &[10, 100], dtype).unwrap();
         let g = t.to_device(GPU).unwrap();
-        assert_eq!(
-            (g.device(), g.dtype(), g.shape()),
-            (GPU, dtype, &[10usize, 100][..])
-        );
+        assert_eq!((g.device(), g.dtype(), g.shape()), (GPU, dtype, &[10usize, 100][..]));
         assert_eq!(g.to_f32_vec(), t.to_f32_vec(), "{dtype} round trip");
         let back = g.to_device(Device::Cpu).unwrap();
         assert_eq!(back.dtype(), dtype);
         assert_eq!(back.to_f32_vec(), t.to_f32_vec());
     }
     // Rounding on the device is the CPU's round-to-nearest-even, bit for bit.
-    let g = Tensor::from_f32(data.clone(), &[1000])
-        .unwrap()
-        .to_device(GPU)
-        .unwrap();
+    let g = Tensor::from_f32(data.clone(), &[1000]).unwrap().to_device(GPU).unwrap();
     let narrowed = g.to_dtype(DType::BF16);
     assert_eq!(narrowed.dtype(), DType::BF16);
-    assert_eq!(
-        narrowed.to_f32_vec(),
-        round(&data, DType::BF16),
-        "device f32 -> bf16 rounding"
-    );
-    assert_eq!(
-        narrowed.to_dtype(DType::F32).to_f32_vec(),
-        round(&data, DType::BF16)
-    );
+    assert_eq!(narrowed.to_f32_vec(), round(&data, DType::BF16), "device f32 -> bf16 rounding");
+    assert_eq!(narrowed.to_dtype(DType::F32).to_f32_vec(), round(&data, DType::BF16));
     // Empty tensors.
-    let e = Tensor::from_f32(vec![], &[0, 7])
-        .unwrap()
-        .to_device(GPU)
-        .unwrap();
+    let e = Tensor::from_f32(vec![], &[0, 7]).unwrap().to_device(GPU).unwrap();
     assert_eq!(e.shape(), &[0, 7]);
     assert!(e.to_f32_vec().is_empty());
     println!("CHECK transfers: exact");
@@ -140,20 +108,12 @@ fn misuse_is_an_error_not_a_panic() {
     require_gpu!();
     let x = Tensor::from_f32(vec![1.0; 8], &[2, 4]).unwrap();
     let w = x.to_device(GPU).unwrap();
-    assert!(
-        ops::matmul_t(&x, &w, None).is_err(),
-        "CPU x with a CUDA weight"
-    );
+    assert!(ops::matmul_t(&x, &w, None).is_err(), "CPU x with a CUDA weight");
     assert!(ops::add(&w, &x).is_err(), "CUDA a with a CPU b");
     assert!(w.as_f32_slice().is_err());
     let f16 = Tensor::from_f32_as(vec![1.0; 8], &[8], DType::F16).unwrap();
     assert!(f16.to_device(GPU).is_err(), "f16 is not a CUDA dtype");
-    assert!(
-        Tensor::zeros(&[1])
-            .to_device(Device::Cuda(cuda::device_count()))
-            .is_err(),
-        "missing ordinal"
-    );
+    assert!(Tensor::zeros(&[1]).to_device(Device::Cuda(cuda::device_count())).is_err(), "missing ordinal");
     let bf = x.to_dtype(DType::BF16).to_device(GPU).unwrap();
     assert!(ops::add(&w, &bf).is_err(), "mixed activation dtypes");
     println!("CHECK misuse: errors");
@@ -216,13 +176,7 @@ fn gathers_and_copies_are_exact() {
         let table = random(&mut r, 50 * 24, 2.0);
         let (tc, tg) = pair(&table, &[50, 24], dtype);
         let ids = [3u32, 0, 49, 3, 17];
-        check(
-            "embedding",
-            dtype,
-            &ops::embedding(&tg, &ids).unwrap(),
-            &ops::embedding(&tc, &ids).unwrap(),
-            0.0,
-        );
+        check("embedding", dtype, &ops::embedding(&tg, &ids).unwrap(), &ops::embedding(&tc, &ids).unwrap(), 0.0);
         let rows = [4usize, 4, 0, 49];
         check(
             "gather_rows",
@@ -241,20 +195,8 @@ fn gathers_and_copies_are_exact() {
         let other = random(&mut r, 50 * 7, 1.0);
         let (oc, og) = pair(&other, &[50, 7], dtype);
         let got = ops::concat_cols(&[&tg, &og, &tg]).unwrap();
-        check(
-            "concat_cols",
-            dtype,
-            &got,
-            &ops::concat_cols(&[&tc, &oc, &tc]).unwrap(),
-            0.0,
-        );
-        check(
-            "embedding (no ids)",
-            dtype,
-            &ops::embedding(&tg, &[]).unwrap(),
-            &ops::embedding(&tc, &[]).unwrap(),
-            0.0,
-        );
+        check("concat_cols", dtype, &got, &ops::concat_cols(&[&tc, &oc, &tc]).unwrap(), 0.0);
+        check("embedding (no ids)", dtype, &ops::embedding(&tg, &[]).unwrap(), &ops::embedding(&tc, &[]).unwrap(), 0.0);
     }
 }
 
@@ -276,22 +218,10 @@ fn norms_match_cpu() {
                 for offset in [0.0, 1.0] {
                     let name = format!("rms_norm {rows}x{cols} w={wdtype} offset={offset}");
                     let want = ops::rms_norm(&xc, &wc, 1e-6, offset).unwrap();
-                    check(
-                        &name,
-                        dtype,
-                        &ops::rms_norm(&xg, &wg, 1e-6, offset).unwrap(),
-                        &want,
-                        tol(dtype),
-                    );
+                    check(&name, dtype, &ops::rms_norm(&xg, &wg, 1e-6, offset).unwrap(), &want, tol(dtype));
                     let (n_got, s_got) = ops::add_rms_norm(&xg, &rg, &wg, 1e-5, offset).unwrap();
                     let (n_want, s_want) = ops::add_rms_norm(&xc, &rc, &wc, 1e-5, offset).unwrap();
-                    check(
-                        &format!("add_rms_norm.sum {rows}x{cols} w={wdtype}"),
-                        dtype,
-                        &s_got,
-                        &s_want,
-                        tol(dtype),
-                    );
+                    check(&format!("add_rms_norm.sum {rows}x{cols} w={wdtype}"), dtype, &s_got, &s_want, tol(dtype));
                     check(
                         &format!("add_rms_norm.normed {rows}x{cols} w={wdtype} offset={offset}"),
                         dtype,
@@ -302,10 +232,8 @@ fn norms_match_cpu() {
                 }
                 for (wo, bo) in [(true, true), (true, false), (false, true), (false, false)] {
                     let name = format!("layer_norm {rows}x{cols} w={wdtype} weight={wo} bias={bo}");
-                    let want =
-                        ops::layer_norm(&xc, wo.then_some(&wc), bo.then_some(&bc), 1e-5).unwrap();
-                    let got =
-                        ops::layer_norm(&xg, wo.then_some(&wg), bo.then_some(&bg), 1e-5).unwrap();
+                    let want = ops::layer_norm(&xc, wo.then_some(&wc), bo.then_some(&bc), 1e-5).unwrap();
+                    let got = ops::layer_norm(&xg, wo.then_some(&wg), bo.then_some(&bg), 1e-5).unwrap();
                     check(&name, dtype, &got, &want, tol(dtype));
                 }
             }
@@ -317,12 +245,7 @@ fn norms_match_cpu() {
 fn elementwise_matches_cpu() {
     require_gpu!();
     let mut r = rng(5);
-    let acts = [
-        Activation::Silu,
-        Activation::Gelu,
-        Activation::GeluTanh,
-        Activation::Relu,
-    ];
+    let acts = [Activation::Silu, Activation::Gelu, Activation::GeluTanh, Activation::Relu];
     for (rows, cols) in [(1, 5), (33, 1000), (4, 14336)] {
         let a = random(&mut r, rows * cols, 4.0);
         let b = random(&mut r, rows * cols, 4.0);
@@ -331,34 +254,10 @@ fn elementwise_matches_cpu() {
             let (ac, ag) = pair(&a, &[rows, cols], dtype);
             let (bc, bg) = pair(&b, &[rows, cols], dtype);
             let t = tol(dtype);
-            check(
-                "add",
-                dtype,
-                &ops::add(&ag, &bg).unwrap(),
-                &ops::add(&ac, &bc).unwrap(),
-                t,
-            );
-            check(
-                "mul",
-                dtype,
-                &ops::mul(&ag, &bg).unwrap(),
-                &ops::mul(&ac, &bc).unwrap(),
-                t,
-            );
-            check(
-                "scale",
-                dtype,
-                &ops::scale(&ag, -0.37).unwrap(),
-                &ops::scale(&ac, -0.37).unwrap(),
-                t,
-            );
-            check(
-                "softcap",
-                dtype,
-                &ops::softcap(&ag, 2.5).unwrap(),
-                &ops::softcap(&ac, 2.5).unwrap(),
-                t,
-            );
+            check("add", dtype, &ops::add(&ag, &bg).unwrap(), &ops::add(&ac, &bc).unwrap(), t);
+            check("mul", dtype, &ops::mul(&ag, &bg).unwrap(), &ops::mul(&ac, &bc).unwrap(), t);
+            check("scale", dtype, &ops::scale(&ag, -0.37).unwrap(), &ops::scale(&ac, -0.37).unwrap(), t);
+            check("softcap", dtype, &ops::softcap(&ag, 2.5).unwrap(), &ops::softcap(&ac, 2.5).unwrap(), t);
             for wdtype in DTYPES {
                 let (rc, rg) = pair(&row, &[cols], wdtype);
                 check(
@@ -371,21 +270,9 @@ fn elementwise_matches_cpu() {
             }
             for act in acts {
                 let name = format!("activation {act:?}");
-                check(
-                    &name,
-                    dtype,
-                    &ops::activation(&ag, act).unwrap(),
-                    &ops::activation(&ac, act).unwrap(),
-                    t,
-                );
+                check(&name, dtype, &ops::activation(&ag, act).unwrap(), &ops::activation(&ac, act).unwrap(), t);
                 let name = format!("act_mul {act:?}");
-                check(
-                    &name,
-                    dtype,
-                    &ops::act_mul(&ag, &bg, act).unwrap(),
-                    &ops::act_mul(&ac, &bc, act).unwrap(),
-                    t,
-                );
+                check(&name, dtype, &ops::act_mul(&ag, &bg, act).unwrap(), &ops::act_mul(&ac, &bc, act).unwrap(), t);
             }
         }
     }
@@ -399,11 +286,7 @@ fn softmax_and_argmax_match_cpu() {
         let x = random(&mut r, rows * cols, 8.0);
         for dtype in DTYPES {
             let (xc, xg) = pair(&x, &[rows, cols], dtype);
-            let bound = if dtype == DType::F32 {
-                2e-4
-            } else {
-                tol(dtype)
-            };
+            let bound = if dtype == DType::F32 { 2e-4 } else { tol(dtype) };
             check(
                 &format!("softmax {rows}x{cols}"),
                 dtype,
@@ -411,11 +294,7 @@ fn softmax_and_argmax_match_cpu() {
                 &ops::softmax(&xc).unwrap(),
                 bound,
             );
-            assert_eq!(
-                ops::argmax_rows(&xg).unwrap(),
-                ops::argmax_rows(&xc).unwrap(),
-                "argmax {rows}x{cols} {dtype}"
-            );
+            assert_eq!(ops::argmax_rows(&xg).unwrap(), ops::argmax_rows(&xc).unwrap(), "argmax {rows}x{cols} {dtype}");
         }
     }
     // Ties go to the lowest index; NaN is the largest value (torch.argmax).
@@ -439,17 +318,10 @@ fn softmax_and_argmax_match_cpu() {
 fn rope_matches_cpu() {
     require_gpu!();
     let mut r = rng(7);
-    for (tokens, heads, head_dim, rotary) in [
-        (5, 4, 64, 64),
-        (17, 8, 128, 128),
-        (3, 2, 80, 32),
-        (9, 3, 256, 128),
-    ] {
+    for (tokens, heads, head_dim, rotary) in [(5, 4, 64, 64), (17, 8, 128, 128), (3, 2, 80, 32), (9, 3, 256, 128)] {
         let half = rotary / 2;
         let x = random(&mut r, tokens * heads * head_dim, 3.0);
-        let angles: Vec<f32> = (0..tokens * half)
-            .map(|i| (i / half) as f32 * 0.9f32.powi((i % half) as i32))
-            .collect();
+        let angles: Vec<f32> = (0..tokens * half).map(|i| (i / half) as f32 * 0.9f32.powi((i % half) as i32)).collect();
         let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
         let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
         for dtype in DTYPES {
@@ -460,13 +332,7 @@ fn rope_matches_cpu() {
                 for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
                     let name = format!("rope {style:?} t={tokens} h={heads} d={head_dim} rot={rotary} cos={cdtype}");
                     let want = ops::rope(&xc, &cc, &sc, head_dim, style).unwrap();
-                    check(
-                        &name,
-                        dtype,
-                        &ops::rope(&xg, &cg, &sg, head_dim, style).unwrap(),
-                        &want,
-                        tol(dtype),
-                    );
+                    check(&name, dtype, &ops::rope(&xg, &cg, &sg, head_dim, style).unwrap(), &want, tol(dtype));
                 }
             }
         }
@@ -495,11 +361,7 @@ struct AttnCase {
 /// write_kv + paged_attention on both backends and compares.
 fn run_attention_case(c: &AttnCase, seed: u64) -> [f32; 2] {
     let mut r = rng(seed);
-    let blocks_per_seq: Vec<usize> = c
-        .seqs
-        .iter()
-        .map(|s| (s.cached + s.new).div_ceil(c.block_size))
-        .collect();
+    let blocks_per_seq: Vec<usize> = c.seqs.iter().map(|s| (s.cached + s.new).div_ceil(c.block_size)).collect();
     let num_blocks = blocks_per_seq.iter().sum::<usize>() + 3;
     // Block tables drawn from a shuffled pool: order in the pool must not matter.
     let mut pool: Vec<u32> = (0..num_blocks as u32).collect();
@@ -518,12 +380,7 @@ fn run_attention_case(c: &AttnCase, seed: u64) -> [f32; 2] {
         for (s, t) in c.seqs.iter().zip(&tables) {
             let (q_len, ctx_len) = lens(s);
             if q_len > 0 {
-                seqs.push(AttnSeq {
-                    q_start,
-                    q_len,
-                    ctx_len,
-                    block_table: t.clone(),
-                });
+                seqs.push(AttnSeq { q_start, q_len, ctx_len, block_table: t.clone() });
                 q_start += q_len;
             }
         }
@@ -548,8 +405,7 @@ fn run_attention_case(c: &AttnCase, seed: u64) -> [f32; 2] {
     let mut worst = [0.0f32; 2];
     for (di, dtype) in DTYPES.into_iter().enumerate() {
         let mut cpu_cache = PagedKvLayer::new_cpu(num_blocks, c.block_size, c.hkv, c.d, c.dv);
-        let mut gpu_cache =
-            PagedKvLayer::new_on(GPU, dtype, num_blocks, c.block_size, c.hkv, c.d, c.dv).unwrap();
+        let mut gpu_cache = PagedKvLayer::new_on(GPU, dtype, num_blocks, c.block_size, c.hkv, c.d, c.dv).unwrap();
         for (meta, k, v) in [(&prefix, &k0, &v0), (&step, &k1, &v1)] {
             if meta.num_tokens() == 0 {
                 continue;
@@ -562,29 +418,16 @@ fn run_attention_case(c: &AttnCase, seed: u64) -> [f32; 2] {
         let (qc, qg) = pair(&q, &[n1, c.hq * c.d], dtype);
         let want = ops::paged_attention(&qc, &cpu_cache, &step, &params).unwrap();
         let got = ops::paged_attention(&qg, &gpu_cache, &step, &params).unwrap();
-        worst[di] = check(
-            &format!("paged_attention {}", c.name),
-            dtype,
-            &got,
-            &want,
-            tol(dtype),
-        );
+        worst[di] = check(&format!("paged_attention {}", c.name), dtype, &got, &want, tol(dtype));
         // A second call on the same metadata reuses the device copy of it.
         let again = ops::paged_attention(&qg, &gpu_cache, &step, &params).unwrap();
-        assert_eq!(
-            again.to_f32_vec(),
-            got.to_f32_vec(),
-            "{}: repeat call differs",
-            c.name
-        );
+        assert_eq!(again.to_f32_vec(), got.to_f32_vec(), "{}: repeat call differs", c.name);
     }
     worst
 }
 
 fn seqs(list: &[(usize, usize)]) -> Vec<Seq> {
-    list.iter()
-        .map(|&(cached, new)| Seq { cached, new })
-        .collect()
+    list.iter().map(|&(cached, new)| Seq { cached, new }).collect()
 }
 
 #[test]
@@ -697,10 +540,7 @@ fn paged_attention_matches_cpu() {
         let w = run_attention_case(c, 100 + i as u64);
         worst = [worst[0].max(w[0]), worst[1].max(w[1])];
     }
-    println!(
-        "WORST paged_attention f32={:.3e} bf16={:.3e}",
-        worst[0], worst[1]
-    );
+    println!("WORST paged_attention f32={:.3e} bf16={:.3e}", worst[0], worst[1]);
 }
 
 #[test]
@@ -726,10 +566,7 @@ fn mixture_of_experts_ops_match_cpu() {
         let got = ops::grouped_matmul_t(&xg, &wg, &offsets).unwrap();
         check("grouped_matmul_t", dtype, &got, &want, tol(dtype));
         // combine_rows reads the expert outputs: both backends get the CUDA ones.
-        let (yc, yg) = (
-            Tensor::from_f32(got.to_f32_vec(), got.shape()).unwrap(),
-            got,
-        );
+        let (yc, yg) = (Tensor::from_f32(got.to_f32_vec(), got.shape()).unwrap(), got);
         for per_row in [1, 2] {
             let n_out = rows * 2 / per_row;
             let (p, wts) = (&picks[..n_out * per_row], &weights[..n_out * per_row]);
@@ -751,11 +588,9 @@ fn attention_dense_matches_cpu() {
     let mut r = rng(9);
     let seq_lens = [7usize, 1, 30, 12];
     let tokens: usize = seq_lens.iter().sum();
-    for (hq, hkv, d, window, softcap) in [
-        (8, 2, 64, None, None),
-        (4, 4, 128, Some(5), Some(20.0)),
-        (6, 2, 66, None, None),
-    ] {
+    for (hq, hkv, d, window, softcap) in
+        [(8, 2, 64, None, None), (4, 4, 128, Some(5), Some(20.0)), (6, 2, 66, None, None)]
+    {
         let params = AttentionParams {
             num_heads: hq,
             num_kv_heads: hkv,
@@ -786,33 +621,17 @@ fn attention_dense_matches_cpu() {
 /// The CPU semantics the CUDA ops are held to, checked on any machine.
 #[test]
 fn cpu_reference_semantics() {
-    let rows = [
-        vec![1.0, 3.0, 3.0, 2.0],
-        vec![f32::NEG_INFINITY; 4],
-        vec![0.0, f32::NAN, 5.0, f32::NAN],
-    ];
+    let rows = [vec![1.0, 3.0, 3.0, 2.0], vec![f32::NEG_INFINITY; 4], vec![0.0, f32::NAN, 5.0, f32::NAN]];
     let x = Tensor::from_f32(rows.concat(), &[3, 4]).unwrap();
     assert_eq!(ops::argmax_rows(&x).unwrap(), vec![1, 0, 1]);
     let mut r = rng(10);
-    let (a, b, w) = (
-        random(&mut r, 2 * 64, 2.0),
-        random(&mut r, 2 * 64, 2.0),
-        random(&mut r, 64, 1.0),
-    );
-    let (a, b) = (
-        Tensor::from_f32(a, &[2, 64]).unwrap(),
-        Tensor::from_f32(b, &[2, 64]).unwrap(),
-    );
+    let (a, b, w) = (random(&mut r, 2 * 64, 2.0), random(&mut r, 2 * 64, 2.0), random(&mut r, 64, 1.0));
+    let (a, b) = (Tensor::from_f32(a, &[2, 64]).unwrap(), Tensor::from_f32(b, &[2, 64]).unwrap());
     let w = Tensor::from_f32(w, &[64]).unwrap();
     let (normed, sum) = ops::add_rms_norm(&a, &b, &w, 1e-6, 1.0).unwrap();
     let want_sum = ops::add(&b, &a).unwrap();
     assert_eq!(sum.to_f32_vec(), want_sum.to_f32_vec());
-    assert_eq!(
-        normed.to_f32_vec(),
-        ops::rms_norm(&want_sum, &w, 1e-6, 1.0)
-            .unwrap()
-            .to_f32_vec()
-    );
+    assert_eq!(normed.to_f32_vec(), ops::rms_norm(&want_sum, &w, 1e-6, 1.0).unwrap().to_f32_vec());
 }
 
 /// A batch's worth of row parameters: greedy rows, plain sampling, each filter alone and
@@ -824,11 +643,7 @@ fn sampling_mix(r: &mut ChaCha8Rng, rows: usize, step: u64) -> Vec<RowSampling> 
     let min_ps = [0.0, 0.0, 0.0, 0.05, 0.3, 1.0];
     (0..rows)
         .map(|i| RowSampling {
-            temperature: temps[if i % 8 == 0 {
-                0
-            } else {
-                r.random_range(1..temps.len())
-            }],
+            temperature: temps[if i % 8 == 0 { 0 } else { r.random_range(1..temps.len()) }],
             top_k: top_ks[r.random_range(0..top_ks.len())],
             top_p: top_ps[r.random_range(0..top_ps.len())],
             min_p: min_ps[r.random_range(0..min_ps.len())],
@@ -841,9 +656,7 @@ fn sampling_mix(r: &mut ChaCha8Rng, rows: usize, step: u64) -> Vec<RowSampling> 
 /// Rows of logits with different spreads: nearly flat (the filters keep thousands of tokens)
 /// to peaked (a few tokens hold the mass).
 fn sampling_logits(r: &mut ChaCha8Rng, rows: usize, vocab: usize) -> Vec<f32> {
-    (0..rows)
-        .flat_map(|i| random(r, vocab, [1.0, 4.0, 8.0, 16.0][i % 4]))
-        .collect()
+    (0..rows).flat_map(|i| random(r, vocab, [1.0, 4.0, 8.0, 16.0][i % 4])).collect()
 }
 
 #[test]
@@ -879,10 +692,7 @@ fn sample_rows_matches_cpu() {
                 // top-p and the last ulp of exp/ln: that can move a threshold by the one token whose
                 // cumulative mass sits on it, or swap a race won by a few ulps. Either changes the
                 // token rarely; more than one row in 64 means a real divergence.
-                assert!(
-                    sampled_bad <= 1,
-                    "{sampled_bad} sampled rows of {rows} differ"
-                );
+                assert!(sampled_bad <= 1, "{sampled_bad} sampled rows of {rows} differ");
             }
         }
     }
@@ -900,34 +710,14 @@ fn sample_rows_handles_batch_sizes_and_edge_rows() {
             let params = sampling_mix(&mut r, rows, 3);
             let got = ops::sample_rows(&xg, &params).unwrap();
             assert_eq!(got.len(), rows);
-            assert!(
-                got.iter().all(|&id| (id as usize) < vocab),
-                "ids inside the vocab"
-            );
-            assert_eq!(
-                ops::sample_rows(&xg, &params).unwrap(),
-                got,
-                "the same draws on every run"
-            );
-            let greedy: Vec<RowSampling> = params
-                .iter()
-                .map(|p| RowSampling {
-                    temperature: 0.0,
-                    ..*p
-                })
-                .collect();
-            assert_eq!(
-                ops::sample_rows(&xg, &greedy).unwrap(),
-                ops::argmax_rows(&xc).unwrap(),
-                "greedy {rows} rows"
-            );
+            assert!(got.iter().all(|&id| (id as usize) < vocab), "ids inside the vocab");
+            assert_eq!(ops::sample_rows(&xg, &params).unwrap(), got, "the same draws on every run");
+            let greedy: Vec<RowSampling> = params.iter().map(|p| RowSampling { temperature: 0.0, ..*p }).collect();
+            assert_eq!(ops::sample_rows(&xg, &greedy).unwrap(), ops::argmax_rows(&xc).unwrap(), "greedy {rows} rows");
             let want = ops::sample_rows(&xc, &params).unwrap();
             let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
             println!("CHECK sample_rows rows={rows} {dtype}: {bad} of {rows} differ from the CPU");
-            assert!(
-                bad <= rows.div_ceil(64),
-                "{bad} of {rows} rows differ from the CPU"
-            );
+            assert!(bad <= rows.div_ceil(64), "{bad} of {rows} rows differ from the CPU");
         }
     }
     // Ties, NaN and rows without any probability, greedy and sampled.
@@ -938,37 +728,16 @@ fn sample_rows_handles_batch_sizes_and_edge_rows() {
         vec![f32::NAN, 4.0, 4.0, f32::NEG_INFINITY, 2.0],
     ];
     let flat = rows.concat();
-    let plain = RowSampling {
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        seed: 5,
-        step: 0,
-    };
+    let plain = RowSampling { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 5, step: 0 };
     for dtype in DTYPES {
         let (xc, xg) = pair(&flat, &[4, 5], dtype);
         let greedy = [plain; 4];
-        assert_eq!(
-            ops::sample_rows(&xg, &greedy).unwrap(),
-            vec![1, 0, 1, 0],
-            "greedy edge rows {dtype}"
-        );
+        assert_eq!(ops::sample_rows(&xg, &greedy).unwrap(), vec![1, 0, 1, 0], "greedy edge rows {dtype}");
         for step in 0..20 {
-            let sampled = [RowSampling {
-                temperature: 1.0,
-                step,
-                ..plain
-            }; 4];
-            let (got, want) = (
-                ops::sample_rows(&xg, &sampled).unwrap(),
-                ops::sample_rows(&xc, &sampled).unwrap(),
-            );
+            let sampled = [RowSampling { temperature: 1.0, step, ..plain }; 4];
+            let (got, want) = (ops::sample_rows(&xg, &sampled).unwrap(), ops::sample_rows(&xc, &sampled).unwrap());
             assert_eq!(got, want, "sampled edge rows {dtype} step {step}");
-            assert!(
-                got[1] == 0 && got[2] != 1 && got[2] != 3 && got[3] != 0 && got[3] != 3,
-                "{got:?}"
-            );
+            assert!(got[1] == 0 && got[2] != 1 && got[2] != 3 && got[3] != 0 && got[3] != 3, "{got:?}");
         }
     }
     println!("CHECK sample_rows edge rows: exact");
@@ -986,10 +755,7 @@ fn graph_step(
     let width = table.last_dim();
     let x = ops::embedding(table, step.tokens)?;
     let fill: cuda::HostFill = std::sync::Arc::new(move |m: &AttnMetadata| {
-        m.positions()
-            .iter()
-            .flat_map(|&pos| (0..width).map(move |c| 1.0 + 0.01 * (pos + c) as f32))
-            .collect()
+        m.positions().iter().flat_map(|&pos| (0..width).map(move |c| 1.0 + 0.01 * (pos + c) as f32)).collect()
     });
     let x = ops::mul(&x, &ops::step_tensor(step.meta, GPU, width, fill)?)?;
     ops::write_kv(cache, &x, &x, step.meta)?;
@@ -1011,12 +777,7 @@ fn graph_meta(ctx_lens: &[usize], pads: usize, blocks: usize, block_size: usize)
         })
         .collect();
     let real = seqs.len();
-    seqs.extend((0..pads).map(|j| AttnSeq {
-        q_start: real + j,
-        q_len: 1,
-        ctx_len: 1,
-        block_table: vec![0; blocks],
-    }));
+    seqs.extend((0..pads).map(|j| AttnSeq { q_start: real + j, q_len: 1, ctx_len: 1, block_table: vec![0; blocks] }));
     let mut meta = AttnMetadata::new(seqs, block_size).unwrap();
     meta.slot_mapping[real..].fill(ferrite_tensor::kv::PAD_SLOT);
     meta
@@ -1040,49 +801,29 @@ fn graph_replay_matches_eager() {
         sliding_window: None,
         softcap: None,
     };
-    let table = Tensor::from_f32(random(&mut r, vocab * heads * d, 1.0), &[vocab, heads * d])
-        .unwrap()
-        .to_device(GPU)
-        .unwrap();
-    let w = Tensor::from_f32(random(&mut r, vocab * heads * d, 0.3), &[vocab, heads * d])
-        .unwrap()
-        .to_device(GPU)
-        .unwrap();
+    let table =
+        Tensor::from_f32(random(&mut r, vocab * heads * d, 1.0), &[vocab, heads * d]).unwrap().to_device(GPU).unwrap();
+    let w =
+        Tensor::from_f32(random(&mut r, vocab * heads * d, 0.3), &[vocab, heads * d]).unwrap().to_device(GPU).unwrap();
     let new_cache = || PagedKvLayer::new_on(GPU, DType::F32, 4 * blocks, bs, heads, d, d).unwrap();
     let (mut eager_cache, mut graph_cache) = (new_cache(), new_cache());
     let mut graph: Option<cuda::StepGraph> = None;
     for step_no in 0..6usize {
         let ctx_lens = [3 + step_no, 9 + 2 * step_no, 1 + step_no];
         let meta = graph_meta(&ctx_lens, 1, blocks, bs);
-        let tokens: Vec<u32> = (0..4)
-            .map(|i| ((7 * step_no + 3 * i) % vocab) as u32)
-            .collect();
+        let tokens: Vec<u32> = (0..4).map(|i| ((7 * step_no + 3 * i) % vocab) as u32).collect();
         let rows = [0usize, 1, 2, 3];
-        let step = cuda::StepInput {
-            tokens: &tokens,
-            meta: &meta,
-            logit_rows: &rows,
-        };
+        let step = cuda::StepInput { tokens: &tokens, meta: &meta, logit_rows: &rows };
         let want = graph_step(&table, &w, &mut eager_cache, step, &p).unwrap();
         if graph.is_none() {
             graph = Some(
-                cuda::StepGraph::capture(&dev, step, || {
-                    graph_step(&table, &w, &mut graph_cache, step, &p)
-                })
-                .unwrap(),
+                cuda::StepGraph::capture(&dev, step, || graph_step(&table, &w, &mut graph_cache, step, &p)).unwrap(),
             );
         }
         let got = graph.as_ref().unwrap().replay(step).unwrap();
         let (got, want) = (got.to_f32_vec(), want.to_f32_vec());
-        let err = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
-        assert!(
-            err <= 1e-4,
-            "step {step_no}: replay differs from eager by {err}"
-        );
+        let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(err <= 1e-4, "step {step_no}: replay differs from eager by {err}");
     }
 }
 
@@ -1092,28 +833,16 @@ fn graph_replay_matches_eager() {
 fn graph_capture_refuses_host_round_trips() {
     require_gpu!();
     let dev = cuda::device(0).unwrap();
-    let table = Tensor::from_f32((0..40).map(|i| i as f32).collect(), &[10, 4])
-        .unwrap()
-        .to_device(GPU)
-        .unwrap();
+    let table = Tensor::from_f32((0..40).map(|i| i as f32).collect(), &[10, 4]).unwrap().to_device(GPU).unwrap();
     let meta = graph_meta(&[2], 0, 1, 4);
     let (tokens, rows) = ([3u32], [0usize]);
-    let step = cuda::StepInput {
-        tokens: &tokens,
-        meta: &meta,
-        logit_rows: &rows,
-    };
+    let step = cuda::StepInput { tokens: &tokens, meta: &meta, logit_rows: &rows };
     let forward = || -> ferrite_tensor::Result<Tensor> {
         let x = ops::embedding(&table, step.tokens)?;
         let best = ops::argmax_rows(&x)?;
         ops::embedding(&table, &best)
     };
-    let err = cuda::StepGraph::capture(&dev, step, forward)
-        .unwrap_err()
-        .to_string();
+    let err = cuda::StepGraph::capture(&dev, step, forward).unwrap_err().to_string();
     assert!(err.contains("reading token ids back"), "{err}");
-    assert_eq!(
-        ops::embedding(&table, &[3]).unwrap().to_f32_vec(),
-        vec![12.0, 13.0, 14.0, 15.0]
-    );
+    assert_eq!(ops::embedding(&table, &[3]).unwrap().to_f32_vec(), vec![12.0, 13.0, 14.0, 15.0]);
 }

@@ -11,10 +11,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+        ChatMessage { role: role.into(), content: content.into() }
     }
 }
 
@@ -45,14 +42,8 @@ impl ChatTemplate {
         minijinja_contrib::add_to_environment(&mut env);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned("chat", source.clone())
-            .map_err(|e| TokenizerError::Template(e.to_string()))?;
-        Ok(ChatTemplate {
-            env,
-            source,
-            bos_token,
-            eos_token,
-        })
+        env.add_template_owned("chat", source.clone()).map_err(|e| TokenizerError::Template(e.to_string()))?;
+        Ok(ChatTemplate { env, source, bos_token, eos_token })
     }
 
     pub fn source(&self) -> &str {
@@ -60,10 +51,7 @@ impl ChatTemplate {
     }
 
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let template = self
-            .env
-            .get_template("chat")
-            .map_err(|e| TokenizerError::Template(e.to_string()))?;
+        let template = self.env.get_template("chat").map_err(|e| TokenizerError::Template(e.to_string()))?;
         template
             .render(minijinja::context! {
                 messages => JValue::from_serialize(messages),
@@ -85,28 +73,19 @@ mod tests {
     fn renders_chatml_with_generation_prompt_and_python_methods() {
         let t = ChatTemplate::new(CHATML.into(), String::new(), String::new()).unwrap();
         let out = t.render(&[ChatMessage::new("user", " Hi ")], true).unwrap();
-        assert_eq!(out, "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-        let py = ChatTemplate::new(
-            "{{ messages[0].content.strip().upper() }}".into(),
-            String::new(),
-            String::new(),
-        )
-        .unwrap();
         assert_eq!(
-            py.render(&[ChatMessage::new("user", " x ")], false)
-                .unwrap(),
-            "X"
+            out,
+            "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
+        let py = ChatTemplate::new("{{ messages[0].content.strip().upper() }}".into(), String::new(), String::new())
+            .unwrap();
+        assert_eq!(py.render(&[ChatMessage::new("user", " x ")], false).unwrap(), "X");
     }
 
     #[test]
     fn raise_exception_surfaces_as_an_error() {
-        let t = ChatTemplate::new(
-            "{{ raise_exception('roles must alternate') }}".into(),
-            String::new(),
-            String::new(),
-        )
-        .unwrap();
+        let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}".into(), String::new(), String::new())
+            .unwrap();
         let err = t.render(&[], false).unwrap_err().to_string();
         assert!(err.contains("roles must alternate"), "{err}");
     }

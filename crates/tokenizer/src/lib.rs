@@ -38,16 +38,11 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
     if !path.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|e| TokenizerError::File {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| TokenizerError::File { path: path.to_path_buf(), message: e.to_string() })?;
     serde_json::from_str(&text)
         .map(Some)
-        .map_err(|e| TokenizerError::File {
-            path: path.to_path_buf(),
-            message: format!("invalid JSON: {e}"),
-        })
+        .map_err(|e| TokenizerError::File { path: path.to_path_buf(), message: format!("invalid JSON: {e}") })
 }
 
 /// `bos_token` / `eos_token` in tokenizer_config.json are a string or an AddedToken object.
@@ -62,11 +57,7 @@ fn token_string(v: Option<&Value>) -> Option<String> {
 fn id_list(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(Value::as_u64)
-            .map(|n| n as u32)
-            .collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|n| n as u32).collect(),
         _ => Vec::new(),
     }
 }
@@ -76,29 +67,21 @@ impl Tokenizer {
     /// `generation_config.json` from a checkpoint directory.
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
         let tok_path = dir.join("tokenizer.json");
-        let json = std::fs::read_to_string(&tok_path).map_err(|e| TokenizerError::File {
-            path: tok_path.clone(),
-            message: e.to_string(),
-        })?;
+        let json = std::fs::read_to_string(&tok_path)
+            .map_err(|e| TokenizerError::File { path: tok_path.clone(), message: e.to_string() })?;
         let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
         let generation = read_json(&dir.join("generation_config.json"))?;
         let template_path = dir.join("chat_template.jinja");
         let template_file = if template_path.exists() {
             Some(
-                std::fs::read_to_string(&template_path).map_err(|e| TokenizerError::File {
-                    path: template_path.clone(),
-                    message: e.to_string(),
-                })?,
+                std::fs::read_to_string(&template_path)
+                    .map_err(|e| TokenizerError::File { path: template_path.clone(), message: e.to_string() })?,
             )
         } else {
             None
         };
-        Tokenizer::from_parts(&json, &config, generation.as_ref(), template_file).map_err(|e| {
-            TokenizerError::File {
-                path: dir.to_path_buf(),
-                message: e.to_string(),
-            }
-        })
+        Tokenizer::from_parts(&json, &config, generation.as_ref(), template_file)
+            .map_err(|e| TokenizerError::File { path: dir.to_path_buf(), message: e.to_string() })
     }
 
     /// Builds a tokenizer from the contents of its files (as a GGUF checkpoint provides them).
@@ -108,36 +91,28 @@ impl Tokenizer {
         generation_config: Option<&Value>,
         template_override: Option<String>,
     ) -> Result<Tokenizer> {
-        let mut inner: tokenizers::Tokenizer = tokenizer_json
-            .parse()
-            .map_err(|e: tokenizers::Error| TokenizerError::Tokenizer(e.to_string()))?;
+        let mut inner: tokenizers::Tokenizer =
+            tokenizer_json.parse().map_err(|e: tokenizers::Error| TokenizerError::Tokenizer(e.to_string()))?;
         // transformers overrides the padding and truncation a tokenizer.json carries on every call
         // (`tokenizer(text)` neither pads nor truncates), so they are dropped here; length limits
         // are applied per call ([`Tokenizer::encode_truncated`], [`Tokenizer::encode_pair`]).
         inner.with_padding(None);
-        inner
-            .with_truncation(None)
-            .map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;
+        inner.with_truncation(None).map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;
         let bos_token = token_string(tokenizer_config.get("bos_token"));
         let eos_token = token_string(tokenizer_config.get("eos_token"));
-        let template_source =
-            template_override.or_else(|| match tokenizer_config.get("chat_template") {
-                Some(Value::String(s)) => Some(s.clone()),
-                // A list of named templates: transformers uses the one named "default".
-                Some(Value::Array(list)) => list
-                    .iter()
-                    .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-                    .and_then(|t| t.get("template").and_then(Value::as_str))
-                    .map(str::to_owned),
-                _ => None,
-            });
+        let template_source = template_override.or_else(|| match tokenizer_config.get("chat_template") {
+            Some(Value::String(s)) => Some(s.clone()),
+            // A list of named templates: transformers uses the one named "default".
+            Some(Value::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                .and_then(|t| t.get("template").and_then(Value::as_str))
+                .map(str::to_owned),
+            _ => None,
+        });
         let chat_template = template_source
             .map(|src| {
-                ChatTemplate::new(
-                    src,
-                    bos_token.clone().unwrap_or_default(),
-                    eos_token.clone().unwrap_or_default(),
-                )
+                ChatTemplate::new(src, bos_token.clone().unwrap_or_default(), eos_token.clone().unwrap_or_default())
             })
             .transpose()?;
         let mut eos_token_ids = id_list(generation_config.and_then(|g| g.get("eos_token_id")));
@@ -150,14 +125,7 @@ impl Tokenizer {
             .first()
             .copied()
             .or_else(|| bos_token.as_deref().and_then(|t| inner.token_to_id(t)));
-        Ok(Tokenizer {
-            inner,
-            chat_template,
-            bos_token,
-            eos_token,
-            eos_token_ids,
-            bos_token_id,
-        })
+        Ok(Tokenizer { inner, chat_template, bos_token, eos_token, eos_token_ids, bos_token_id })
     }
 
     /// Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (BOS and
@@ -179,24 +147,14 @@ impl Tokenizer {
             Some(max) => self.truncate(encoding, None, max)?.0,
             None => encoding,
         };
-        Ok(self
-            .inner
-            .post_process(encoding, None, true)
-            .map_err(err)?
-            .get_ids()
-            .to_vec())
+        Ok(self.inner.post_process(encoding, None, true).map_err(err)?.get_ids().to_vec())
     }
 
     /// A text pair as a cross-encoder reads it, `tokenizer(a, b, truncation=True, max_length=n)`:
     /// the post-processor's pair template (`[CLS] a [SEP] b [SEP]` for BERT) and its token type
     /// ids (segment 0, then 1). The longer text is cut first when the pair exceeds `max_length`.
     /// Returns `(ids, type_ids)`.
-    pub fn encode_pair(
-        &self,
-        a: &str,
-        b: &str,
-        max_length: Option<usize>,
-    ) -> Result<(Vec<u32>, Vec<u32>)> {
+    pub fn encode_pair(&self, a: &str, b: &str, max_length: Option<usize>) -> Result<(Vec<u32>, Vec<u32>)> {
         let err = |e: tokenizers::Error| TokenizerError::Tokenizer(e.to_string());
         let first = self.inner.encode(a, false).map_err(err)?;
         let second = self.inner.encode(b, false).map_err(err)?;
@@ -205,10 +163,7 @@ impl Tokenizer {
             None => (first, Some(second)),
         };
         let encoding = self.inner.post_process(first, second, true).map_err(err)?;
-        Ok((
-            encoding.get_ids().to_vec(),
-            encoding.get_type_ids().to_vec(),
-        ))
+        Ok((encoding.get_ids().to_vec(), encoding.get_type_ids().to_vec()))
     }
 
     /// Longest-first truncation leaving room for the special tokens the post-processor adds.
@@ -219,23 +174,15 @@ impl Tokenizer {
         max_length: usize,
     ) -> Result<(tokenizers::Encoding, Option<tokenizers::Encoding>)> {
         use tokenizers::PostProcessor;
-        let added = self
-            .inner
-            .get_post_processor()
-            .map(|p| p.added_tokens(second.is_some()))
-            .unwrap_or(0);
-        let params = tokenizers::TruncationParams {
-            max_length: max_length.saturating_sub(added),
-            ..Default::default()
-        };
+        let added = self.inner.get_post_processor().map(|p| p.added_tokens(second.is_some())).unwrap_or(0);
+        let params =
+            tokenizers::TruncationParams { max_length: max_length.saturating_sub(added), ..Default::default() };
         tokenizers::utils::truncation::truncate_encodings(first, second, &params)
             .map_err(|e| TokenizerError::Tokenizer(e.to_string()))
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| TokenizerError::Tokenizer(e.to_string()))
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| TokenizerError::Tokenizer(e.to_string()))
     }
 
     pub fn id_to_token(&self, id: u32) -> Option<String> {
@@ -255,11 +202,7 @@ impl Tokenizer {
     }
 
     /// Renders a conversation with the model's chat template (an error when it has none).
-    pub fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String> {
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         self.chat_template
             .as_ref()
             .ok_or_else(|| TokenizerError::Template("this model has no chat template".into()))?
@@ -268,15 +211,8 @@ impl Tokenizer {
 
     /// Ids of a conversation as transformers' `apply_chat_template(..., tokenize=True)` gives them:
     /// the rendered text already holds its special tokens, so none are added on encode.
-    pub fn encode_chat(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<Vec<u32>> {
-        self.encode(
-            &self.apply_chat_template(messages, add_generation_prompt)?,
-            false,
-        )
+    pub fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>> {
+        self.encode(&self.apply_chat_template(messages, add_generation_prompt)?, false)
     }
 
     /// Ids that end generation: `generation_config.json`'s `eos_token_id` plus the tokenizer's EOS.

@@ -15,19 +15,11 @@ fn check_cases(tok: &Tokenizer, oracle: &Value, label: &str) -> usize {
     let cases = oracle["cases"].as_array().expect("cases");
     for case in cases {
         let name = case["name"].as_str().unwrap_or("?");
-        let want: Vec<u32> =
-            serde_json::from_value(case["prompt_ids"].clone()).expect("prompt_ids");
+        let want: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).expect("prompt_ids");
         let got = if case["chat"].as_bool().unwrap_or(false) {
-            let messages: Vec<ChatMessage> =
-                serde_json::from_value(case["messages"].clone()).expect("messages");
-            let text = tok
-                .apply_chat_template(&messages, true)
-                .expect("template renders");
-            assert_eq!(
-                text,
-                case["prompt"].as_str().unwrap(),
-                "{label}/{name}: rendered chat prompt differs"
-            );
+            let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).expect("messages");
+            let text = tok.apply_chat_template(&messages, true).expect("template renders");
+            assert_eq!(text, case["prompt"].as_str().unwrap(), "{label}/{name}: rendered chat prompt differs");
             tok.encode_chat(&messages, true).unwrap()
         } else {
             tok.encode(case["prompt"].as_str().unwrap(), true).unwrap()
@@ -46,8 +38,7 @@ fn every_fixture_prompt_tokenizes_as_transformers_did() {
         if !oracle_path.exists() {
             continue;
         }
-        let oracle: Value =
-            serde_json::from_str(&std::fs::read_to_string(&oracle_path).unwrap()).unwrap();
+        let oracle: Value = serde_json::from_str(&std::fs::read_to_string(&oracle_path).unwrap()).unwrap();
         let tok = Tokenizer::from_dir(&dir).unwrap();
         checked += check_cases(&tok, &oracle, &dir.display().to_string());
     }
@@ -57,8 +48,6 @@ fn every_fixture_prompt_tokenizes_as_transformers_did() {
 #[test]
 fn eos_comes_from_generation_config_and_tokenizer_config() {
     let tok = Tokenizer::from_dir(&fixtures().join("llama")).unwrap();
-    let eos = tok
-        .eos_token()
-        .expect("fixture tokenizer declares an eos token");
+    let eos = tok.eos_token().expect("fixture tokenizer declares an eos token");
     assert!(tok.eos_token_ids().contains(&tok.token_to_id(eos).unwrap()));
 }

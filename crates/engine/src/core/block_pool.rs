@@ -31,10 +31,7 @@ pub fn extend_block_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], block_si
     let full = tokens.len() / block_size;
     for i in hashes.len()..full {
         let parent = i.checked_sub(1).map(|p| hashes[p]);
-        hashes.push(BlockHash::new(
-            parent,
-            &tokens[i * block_size..(i + 1) * block_size],
-        ));
+        hashes.push(BlockHash::new(parent, &tokens[i * block_size..(i + 1) * block_size]));
     }
 }
 
@@ -57,9 +54,7 @@ impl FreeBlockQueue {
         let n = num_blocks as u32;
         FreeBlockQueue {
             prev: (0..n).map(|i| if i == 0 { NIL } else { i - 1 }).collect(),
-            next: (0..n)
-                .map(|i| if i + 1 == n { NIL } else { i + 1 })
-                .collect(),
+            next: (0..n).map(|i| if i + 1 == n { NIL } else { i + 1 }).collect(),
             queued: vec![true; num_blocks],
             head: if n == 0 { NIL } else { 0 },
             tail: if n == 0 { NIL } else { n - 1 },
@@ -200,12 +195,7 @@ impl BlockPool {
     }
 
     /// Registers `blocks[i]` under `hashes[i]` for `i` in `range` (full blocks just computed).
-    pub fn cache_full_blocks(
-        &mut self,
-        blocks: &[BlockId],
-        hashes: &[BlockHash],
-        range: std::ops::Range<usize>,
-    ) {
+    pub fn cache_full_blocks(&mut self, blocks: &[BlockId], hashes: &[BlockHash], range: std::ops::Range<usize>) {
         if !self.enable_caching {
             return;
         }
@@ -250,40 +240,28 @@ impl BlockPool {
                 return Err(format!("block {id} is twice in the free queue"));
             }
             if self.ref_cnt[id as usize] != 0 {
-                return Err(format!(
-                    "block {id} is free with {} references",
-                    self.ref_cnt[id as usize]
-                ));
+                return Err(format!("block {id} is free with {} references", self.ref_cnt[id as usize]));
             }
             count += 1;
         }
         if count != self.free.len {
-            return Err(format!(
-                "free queue has {count} blocks but counts {}",
-                self.free.len
-            ));
+            return Err(format!("free queue has {count} blocks but counts {}", self.free.len));
         }
         let unreferenced = self.ref_cnt.iter().filter(|&&r| r == 0).count();
         if unreferenced != count {
-            return Err(format!(
-                "{unreferenced} blocks have no reference but {count} are free"
-            ));
+            return Err(format!("{unreferenced} blocks have no reference but {count} are free"));
         }
         for (hash, ids) in &self.cached {
             for &id in ids {
                 if self.hash[id as usize] != Some(*hash) {
-                    return Err(format!(
-                        "block {id} is cached under a hash it does not carry"
-                    ));
+                    return Err(format!("block {id} is cached under a hash it does not carry"));
                 }
             }
         }
         let hashed = self.hash.iter().filter(|h| h.is_some()).count();
         let mapped: usize = self.cached.values().map(Vec::len).sum();
         if hashed != mapped {
-            return Err(format!(
-                "{hashed} blocks carry a hash but the map holds {mapped}"
-            ));
+            return Err(format!("{hashed} blocks carry a hash but the map holds {mapped}"));
         }
         Ok(())
     }
@@ -320,10 +298,7 @@ mod tests {
         assert_eq!(a.len(), 2);
         let mut b = Vec::new();
         extend_block_hashes(&mut b, &[9, 9, 3, 4], 2);
-        assert_ne!(
-            a[1], b[1],
-            "same block tokens after a different prefix must not match"
-        );
+        assert_ne!(a[1], b[1], "same block tokens after a different prefix must not match");
         let mut c = a[..1].to_vec();
         extend_block_hashes(&mut c, &[1, 2, 3, 4, 5, 6], 2);
         assert_eq!(&c[..2], &a[..]);

@@ -34,12 +34,7 @@ pub struct KvCacheManager {
 }
 
 impl KvCacheManager {
-    pub fn new(
-        num_blocks: usize,
-        block_size: usize,
-        max_model_len: usize,
-        enable_caching: bool,
-    ) -> KvCacheManager {
+    pub fn new(num_blocks: usize, block_size: usize, max_model_len: usize, enable_caching: bool) -> KvCacheManager {
         KvCacheManager {
             pool: BlockPool::new(num_blocks, enable_caching),
             block_size,
@@ -63,32 +58,20 @@ impl KvCacheManager {
     }
 
     pub fn block_ids(&self, req: ReqId) -> &[BlockId] {
-        self.requests
-            .get(&req)
-            .map(|r| r.blocks.as_slice())
-            .unwrap_or(&[])
+        self.requests.get(&req).map(|r| r.blocks.as_slice()).unwrap_or(&[])
     }
 
     /// The longest cached prefix of `tokens` in whole blocks, and its length in tokens. The last
     /// token is never a hit: its logits must be computed to sample from them.
-    pub fn get_computed_blocks(
-        &mut self,
-        req: ReqId,
-        tokens: &[u32],
-        skip_cache: bool,
-    ) -> (Vec<BlockId>, usize) {
+    pub fn get_computed_blocks(&mut self, req: ReqId, tokens: &[u32], skip_cache: bool) -> (Vec<BlockId>, usize) {
         if !self.enable_caching || skip_cache || tokens.is_empty() {
             return (Vec::new(), 0);
         }
         let entry = self.requests.entry(req).or_default();
         extend_block_hashes(&mut entry.hashes, tokens, self.block_size);
         let max_blocks = (tokens.len() - 1) / self.block_size;
-        let hits: Vec<BlockId> = entry
-            .hashes
-            .iter()
-            .take(max_blocks)
-            .map_while(|h| self.pool.get_cached_block(h))
-            .collect();
+        let hits: Vec<BlockId> =
+            entry.hashes.iter().take(max_blocks).map_while(|h| self.pool.get_cached_block(h)).collect();
         let hit_tokens = hits.len() * self.block_size;
         self.stats.requests += 1;
         self.stats.queries += tokens.len() as u64;
@@ -113,10 +96,7 @@ impl KvCacheManager {
         let held = self.requests.get(&req).map_or(0, |r| r.blocks.len());
         let to_allocate = needed_tokens.div_ceil(bs).saturating_sub(held + hits.len());
         // Hits sitting in the free queue stop being allocatable once touched.
-        let free_hits = hits
-            .iter()
-            .filter(|&&b| self.pool.ref_count(b) == 0)
-            .count();
+        let free_hits = hits.iter().filter(|&&b| self.pool.ref_count(b) == 0).count();
         if to_allocate + free_hits > self.pool.num_free_blocks() {
             return None;
         }
@@ -134,8 +114,7 @@ impl KvCacheManager {
             let full = (computed + num_new_tokens).min(tokens.len()) / bs;
             if full > entry.num_cached {
                 extend_block_hashes(&mut entry.hashes, &tokens[..full * bs], bs);
-                self.pool
-                    .cache_full_blocks(&entry.blocks, &entry.hashes, entry.num_cached..full);
+                self.pool.cache_full_blocks(&entry.blocks, &entry.hashes, entry.num_cached..full);
                 entry.num_cached = full;
             }
         }
@@ -164,19 +143,13 @@ impl KvCacheManager {
                 refs[b as usize] += 1;
             }
             if entry.num_cached > entry.blocks.len() {
-                return Err(format!(
-                    "request {req} caches {} of {} blocks",
-                    entry.num_cached,
-                    entry.blocks.len()
-                ));
+                return Err(format!("request {req} caches {} of {} blocks", entry.num_cached, entry.blocks.len()));
             }
         }
         for (id, &want) in refs.iter().enumerate() {
             let got = self.pool.ref_count(id as BlockId);
             if got != want {
-                return Err(format!(
-                    "block {id} has {got} references but {want} block tables hold it"
-                ));
+                return Err(format!("block {id} has {got} references but {want} block tables hold it"));
             }
         }
         Ok(())

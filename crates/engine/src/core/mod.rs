@@ -13,7 +13,4 @@ pub type ReqId = u64;
 pub use block_pool::{BlockHash, BlockId, BlockPool};
 pub use kv_cache_manager::{KvCacheManager, PrefixCacheStats};
 pub use request::{Request, RequestStatus};
-pub use scheduler::{
-    CachedRequestData, EngineCoreOutput, NewRequestData, Scheduler, SchedulerConfig,
-    SchedulerOutput,
-};
+pub use scheduler::{CachedRequestData, EngineCoreOutput, NewRequestData, Scheduler, SchedulerConfig, SchedulerOutput};

@@ -63,9 +63,7 @@ impl Request {
     /// vLLM's `check_stop` after a token was appended: length first, then (past `min_tokens`)
     /// EOS and stop token ids. Stop strings are the detokenizer's business.
     pub fn check_stop(&mut self, max_model_len: usize) -> bool {
-        if self.num_tokens() >= max_model_len
-            || self.num_output_tokens() >= self.sampling.max_tokens
-        {
+        if self.num_tokens() >= max_model_len || self.num_output_tokens() >= self.sampling.max_tokens {
             self.status = RequestStatus::Finished(FinishReason::Length);
             return true;
         }

@@ -138,19 +138,13 @@ impl Scheduler {
 
     /// Every request not yet finished, waiting ones included.
     pub fn unfinished_request_ids(&self) -> Vec<ReqId> {
-        self.running
-            .iter()
-            .chain(self.waiting.iter())
-            .copied()
-            .collect()
+        self.running.iter().chain(self.waiting.iter()).copied().collect()
     }
 
     pub fn schedule(&mut self) -> SchedulerOutput {
         let mut budget = self.config.max_num_batched_tokens;
-        let mut out = SchedulerOutput {
-            finished_req_ids: std::mem::take(&mut self.finished_req_ids),
-            ..Default::default()
-        };
+        let mut out =
+            SchedulerOutput { finished_req_ids: std::mem::take(&mut self.finished_req_ids), ..Default::default() };
         let mut preempted = false;
 
         let mut i = 0;
@@ -164,13 +158,9 @@ impl Scheduler {
             }
             let scheduled = loop {
                 let req = &self.requests[&id];
-                if let Some(new_blocks) = self.kv.allocate_slots(
-                    id,
-                    &req.all_token_ids,
-                    req.num_computed_tokens,
-                    num_new,
-                    &[],
-                ) {
+                if let Some(new_blocks) =
+                    self.kv.allocate_slots(id, &req.all_token_ids, req.num_computed_tokens, num_new, &[])
+                {
                     break Some(new_blocks);
                 }
                 // The newest running request makes room; it may be this one.
@@ -203,14 +193,9 @@ impl Scheduler {
                 break;
             };
             let req = &self.requests[&id];
-            let (hits, num_hit_tokens) =
-                self.kv
-                    .get_computed_blocks(id, &req.all_token_ids, req.skips_prefix_cache());
+            let (hits, num_hit_tokens) = self.kv.get_computed_blocks(id, &req.all_token_ids, req.skips_prefix_cache());
             let num_new = (req.num_tokens() - num_hit_tokens).min(budget);
-            let Some(_) = self
-                .kv
-                .allocate_slots(id, &req.all_token_ids, 0, num_new, &hits)
-            else {
+            let Some(_) = self.kv.allocate_slots(id, &req.all_token_ids, 0, num_new, &hits) else {
                 break;
             };
             self.waiting.pop_front();
@@ -264,11 +249,7 @@ impl Scheduler {
     }
 
     /// Appends sampled tokens, applies the token-level stop rules and retires finished requests.
-    pub fn update_from_output(
-        &mut self,
-        so: &SchedulerOutput,
-        mut out: ModelRunnerOutput,
-    ) -> Vec<EngineCoreOutput> {
+    pub fn update_from_output(&mut self, so: &SchedulerOutput, mut out: ModelRunnerOutput) -> Vec<EngineCoreOutput> {
         let mut outputs = Vec::with_capacity(so.num_scheduled_tokens.len());
         let mut finished = Vec::new();
         for &(id, _) in &so.num_scheduled_tokens {

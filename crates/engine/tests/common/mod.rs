@@ -10,11 +10,7 @@ use ferrite_tensor::DType;
 
 pub fn fixture(name: &str) -> PathBuf {
     let dir = fixtures_dir().join("models").join(name);
-    assert!(
-        dir.join("oracle.json").exists(),
-        "fixture {name} is missing at {}",
-        dir.display()
-    );
+    assert!(dir.join("oracle.json").exists(), "fixture {name} is missing at {}", dir.display());
     dir
 }
 
@@ -24,17 +20,13 @@ pub fn oracle(name: &str) -> Oracle {
 
 /// A small cache: the fixtures need only a few MiB.
 pub fn config() -> EngineConfig {
-    EngineConfig {
-        kv_cache_memory: 16 << 20,
-        ..Default::default()
-    }
+    EngineConfig { kv_cache_memory: 16 << 20, ..Default::default() }
 }
 
 /// KV bytes of `blocks` blocks of 16 tokens for a fixture (f32 keys and values, all layers).
 pub fn kv_memory(name: &str, blocks: usize) -> usize {
     let cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap()).unwrap();
     let get = |k: &str| cfg.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
     let heads = get("num_attention_heads").unwrap();
     let head_dim = get("head_dim").unwrap_or(get("hidden_size").unwrap() / heads);
@@ -47,19 +39,12 @@ pub fn llm(name: &str, config: EngineConfig) -> LLM {
 }
 
 pub fn battery(name: &str) -> Vec<PromptInput> {
-    oracle(name)
-        .cases
-        .iter()
-        .map(|c| PromptInput::Tokens(c.prompt_ids.clone()))
-        .collect()
+    oracle(name).cases.iter().map(|c| PromptInput::Tokens(c.prompt_ids.clone())).collect()
 }
 
 /// Greedy with EOS ignored: the oracle's decoding.
 pub fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        ignore_eos: true,
-        ..SamplingParams::greedy(max_tokens)
-    }
+    SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) }
 }
 
 /// Temperature, top-p, top-k and min-p all active.
@@ -81,54 +66,28 @@ pub fn random(seed: Option<u64>, max_tokens: usize) -> SamplingParams {
 /// departs from greedy.
 pub fn assert_seeded_sampling_is_batch_independent(llm: &LLM) {
     let prompt = |i: usize| battery("llama")[i].clone();
-    let alone = token_ids(
-        &llm.generate(vec![prompt(2)], &random(Some(42), 24))
-            .unwrap(),
-    );
+    let alone = token_ids(&llm.generate(vec![prompt(2)], &random(Some(42), 24)).unwrap());
     let client = llm.client();
-    let mut others: Vec<_> = (3..7)
-        .map(|i| {
-            client
-                .add_request(format!("other-{i}"), prompt(i), random(None, 40))
-                .unwrap()
-        })
-        .collect();
-    let batched = token_ids(
-        &llm.generate(vec![prompt(2)], &random(Some(42), 24))
-            .unwrap(),
-    );
+    let mut others: Vec<_> =
+        (3..7).map(|i| client.add_request(format!("other-{i}"), prompt(i), random(None, 40)).unwrap()).collect();
+    let batched = token_ids(&llm.generate(vec![prompt(2)], &random(Some(42), 24)).unwrap());
     for s in &mut others {
         while s.blocking_next().is_some() {}
     }
     assert_eq!(batched, alone);
-    let other_seed = token_ids(
-        &llm.generate(vec![prompt(2)], &random(Some(43), 24))
-            .unwrap(),
-    );
-    assert_ne!(
-        other_seed, alone,
-        "different seeds should give different samples"
-    );
+    let other_seed = token_ids(&llm.generate(vec![prompt(2)], &random(Some(43), 24)).unwrap());
+    assert_ne!(other_seed, alone, "different seeds should give different samples");
     let greedy_out = token_ids(&llm.generate(vec![prompt(2)], &greedy(24)).unwrap());
-    assert_ne!(
-        greedy_out, alone,
-        "temperature 0.9 should depart from greedy"
-    );
+    assert_ne!(greedy_out, alone, "temperature 0.9 should depart from greedy");
 }
 
 pub fn token_ids(outputs: &[RequestOutput]) -> Vec<Vec<u32>> {
-    outputs
-        .iter()
-        .map(|o| o.outputs[0].token_ids.clone())
-        .collect()
+    outputs.iter().map(|o| o.outputs[0].token_ids.clone()).collect()
 }
 
 /// Each prompt run alone, one after another.
 pub fn solo(llm: &LLM, prompts: &[PromptInput], params: &SamplingParams) -> Vec<Vec<u32>> {
-    prompts
-        .iter()
-        .map(|p| token_ids(&llm.generate(vec![p.clone()], params).unwrap())[0].clone())
-        .collect()
+    prompts.iter().map(|p| token_ids(&llm.generate(vec![p.clone()], params).unwrap())[0].clone()).collect()
 }
 
 /// Waits until the engine holds no request and no KV block (requests finish asynchronously).

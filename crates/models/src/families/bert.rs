@@ -56,12 +56,7 @@ pub struct BertConfig {
 impl BertConfig {
     /// Label names in index order (`LABEL_i` where the config names none), for classifiers.
     pub fn labels(&self) -> Vec<String> {
-        let n = self
-            .id2label
-            .as_ref()
-            .map(|m| m.len())
-            .or(self.num_labels)
-            .unwrap_or(2);
+        let n = self.id2label.as_ref().map(|m| m.len()).or(self.num_labels).unwrap_or(2);
         (0..n)
             .map(|i| {
                 self.id2label
@@ -108,9 +103,7 @@ impl Positions {
     pub fn max_tokens(&self, max_position_embeddings: usize) -> usize {
         match *self {
             Positions::Absolute => max_position_embeddings,
-            Positions::AfterPadding { padding_idx } => {
-                max_position_embeddings.saturating_sub(padding_idx as usize + 1)
-            }
+            Positions::AfterPadding { padding_idx } => max_position_embeddings.saturating_sub(padding_idx as usize + 1),
         }
     }
 }
@@ -143,45 +136,23 @@ pub struct BertEncoder {
 impl BertEncoder {
     /// `prefix` is the base model's name in the checkpoint (`"bert."`, `"roberta."`, or `""`
     /// for a checkpoint saved from the base class).
-    pub fn load(
-        raw: &RawConfig,
-        w: &Weights,
-        prefix: &str,
-        positions: Positions,
-    ) -> Result<BertEncoder> {
+    pub fn load(raw: &RawConfig, w: &Weights, prefix: &str, positions: Positions) -> Result<BertEncoder> {
         let cfg: BertConfig = raw.parse()?;
         if cfg.position_embedding_type != "absolute" {
-            return Err(raw.error(format!(
-                "unsupported `position_embedding_type` `{}`",
-                cfg.position_embedding_type
-            )));
+            return Err(raw.error(format!("unsupported `position_embedding_type` `{}`", cfg.position_embedding_type)));
         }
         let act = Activation::from_hf(&cfg.hidden_act)
             .ok_or_else(|| raw.error(format!("unsupported `hidden_act` `{}`", cfg.hidden_act)))?;
         let (h, heads) = (cfg.hidden_size, cfg.num_attention_heads);
         if heads == 0 || h % heads != 0 {
-            return Err(raw.error(format!(
-                "hidden_size {h} is not a multiple of num_attention_heads {heads}"
-            )));
+            return Err(raw.error(format!("hidden_size {h} is not a multiple of num_attention_heads {heads}")));
         }
         let head_dim = h / heads;
         let eps = cfg.layer_norm_eps;
         let e = |n: &str| format!("{prefix}embeddings.{n}");
-        let word = Embedding {
-            table: w.get(&e("word_embeddings.weight"), &[cfg.vocab_size, h])?,
-        };
-        let position = Embedding {
-            table: w.get(
-                &e("position_embeddings.weight"),
-                &[cfg.max_position_embeddings, h],
-            )?,
-        };
-        let token_type = Embedding {
-            table: w.get(
-                &e("token_type_embeddings.weight"),
-                &[cfg.type_vocab_size, h],
-            )?,
-        };
+        let word = Embedding { table: w.get(&e("word_embeddings.weight"), &[cfg.vocab_size, h])? };
+        let position = Embedding { table: w.get(&e("position_embeddings.weight"), &[cfg.max_position_embeddings, h])? };
+        let token_type = Embedding { table: w.get(&e("token_type_embeddings.weight"), &[cfg.type_vocab_size, h])? };
         let embed_norm = LayerNorm::load(w, &e("LayerNorm"), h, eps, true)?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
@@ -191,50 +162,23 @@ impl BertEncoder {
                 key: Linear::load(w, &format!("{p}.attention.self.key"), h, h, true)?,
                 value: Linear::load(w, &format!("{p}.attention.self.value"), h, h, true)?,
                 attn_out: Linear::load(w, &format!("{p}.attention.output.dense"), h, h, true)?,
-                attn_norm: LayerNorm::load(
-                    w,
-                    &format!("{p}.attention.output.LayerNorm"),
-                    h,
-                    eps,
-                    true,
-                )?,
-                intermediate: Linear::load(
-                    w,
-                    &format!("{p}.intermediate.dense"),
-                    h,
-                    cfg.intermediate_size,
-                    true,
-                )?,
-                output: Linear::load(
-                    w,
-                    &format!("{p}.output.dense"),
-                    cfg.intermediate_size,
-                    h,
-                    true,
-                )?,
+                attn_norm: LayerNorm::load(w, &format!("{p}.attention.output.LayerNorm"), h, eps, true)?,
+                intermediate: Linear::load(w, &format!("{p}.intermediate.dense"), h, cfg.intermediate_size, true)?,
+                output: Linear::load(w, &format!("{p}.output.dense"), cfg.intermediate_size, h, true)?,
                 out_norm: LayerNorm::load(w, &format!("{p}.output.LayerNorm"), h, eps, true)?,
             });
         }
-        let weight_bytes = [&word.table, &position.table, &token_type.table]
-            .iter()
-            .map(|t| t.size_in_bytes())
-            .sum::<usize>()
-            + layers
-                .iter()
-                .map(|l| {
-                    [
-                        &l.query,
-                        &l.key,
-                        &l.value,
-                        &l.attn_out,
-                        &l.intermediate,
-                        &l.output,
-                    ]
+        let weight_bytes =
+            [&word.table, &position.table, &token_type.table].iter().map(|t| t.size_in_bytes()).sum::<usize>()
+                + layers
                     .iter()
-                    .map(|x| x.weight.size_in_bytes())
-                    .sum::<usize>()
-                })
-                .sum::<usize>();
+                    .map(|l| {
+                        [&l.query, &l.key, &l.value, &l.attn_out, &l.intermediate, &l.output]
+                            .iter()
+                            .map(|x| x.weight.size_in_bytes())
+                            .sum::<usize>()
+                    })
+                    .sum::<usize>();
         let params = AttentionParams {
             num_heads: heads,
             num_kv_heads: heads,
@@ -260,8 +204,7 @@ impl BertEncoder {
 
     /// Tokens one sequence may hold.
     pub fn max_tokens(&self) -> usize {
-        self.positions
-            .max_tokens(self.config.max_position_embeddings)
+        self.positions.max_tokens(self.config.max_position_embeddings)
     }
 
     pub fn weight_bytes(&self) -> usize {
@@ -289,11 +232,7 @@ impl BertEncoder {
         let h = ops::add(&h, &self.position.forward(&positions)?)?;
         let mut h = self.embed_norm.forward(&h)?;
         for l in &self.layers {
-            let (q, k, v) = (
-                l.query.forward(&h)?,
-                l.key.forward(&h)?,
-                l.value.forward(&h)?,
-            );
+            let (q, k, v) = (l.query.forward(&h)?, l.key.forward(&h)?, l.value.forward(&h)?);
             let a = ops::attention_dense(&q, &k, &v, &self.params, &lens, false)?;
             let a = l.attn_out.forward(&a)?;
             h = l.attn_norm.forward(&ops::add(&a, &h)?)?;
@@ -344,21 +283,9 @@ pub struct BertModel {
 }
 
 impl BertModel {
-    pub fn load(
-        raw: &RawConfig,
-        w: &Weights,
-        family: &str,
-        positions: Positions,
-    ) -> Result<BertModel> {
+    pub fn load(raw: &RawConfig, w: &Weights, family: &str, positions: Positions) -> Result<BertModel> {
         let encoder = BertEncoder::load(raw, w, &base_prefix(w, family), positions)?;
-        let info = info(
-            raw,
-            &encoder,
-            PoolingTask::Embed,
-            PoolingType::Cls,
-            Vec::new(),
-            0,
-        )?;
+        let info = info(raw, &encoder, PoolingTask::Embed, PoolingType::Cls, Vec::new(), 0)?;
         Ok(BertModel { info, encoder })
     }
 }
@@ -391,20 +318,8 @@ impl BertForSequenceClassification {
         let pooler = Linear::load(w, &format!("{prefix}pooler.dense"), h, h, true)?;
         let classifier = Linear::load(w, "classifier", h, labels.len(), true)?;
         let extra = pooler.weight.size_in_bytes() + classifier.weight.size_in_bytes();
-        let info = info(
-            raw,
-            &encoder,
-            PoolingTask::Classify,
-            PoolingType::Cls,
-            labels,
-            extra,
-        )?;
-        Ok(BertForSequenceClassification {
-            info,
-            encoder,
-            pooler,
-            classifier,
-        })
+        let info = info(raw, &encoder, PoolingTask::Classify, PoolingType::Cls, labels, extra)?;
+        Ok(BertForSequenceClassification { info, encoder, pooler, classifier })
     }
 }
 

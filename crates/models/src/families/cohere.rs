@@ -70,13 +70,8 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     load::check_heads(raw, heads, kv_heads)?;
     let d = cfg.head_dim.unwrap_or(h / heads);
     let act = load::activation(raw, "hidden_act", &cfg.hidden_act)?;
-    let rope = Rope::new(
-        &RopeParameters::from_config(raw, 500_000.0)?,
-        d,
-        cfg.max_position_embeddings,
-        raw,
-    )?
-    .with_style(RopeStyle::Interleaved);
+    let rope = Rope::new(&RopeParameters::from_config(raw, 500_000.0)?, d, cfg.max_position_embeddings, raw)?
+        .with_style(RopeStyle::Interleaved);
     let eps = cfg.layer_norm_eps;
     let bias = cfg.attention_bias;
     let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
@@ -92,51 +87,22 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             params: load::attention_params(heads, kv_heads, d, (d as f64).powf(-0.5), None, None),
         };
         let head_norm = |n: &str, count: usize| -> Result<HeadLayerNorm> {
-            let weight = w
-                .get_f32(&format!("{p}.self_attn.{n}.weight"), &[count, d])?
-                .reshape(&[count * d])?;
-            Ok(HeadLayerNorm {
-                weight: Some(weight),
-                bias: None,
-                head_dim: d,
-                eps: eps as f32,
-            })
+            let weight = w.get_f32(&format!("{p}.self_attn.{n}.weight"), &[count, d])?.reshape(&[count * d])?;
+            Ok(HeadLayerNorm { weight: Some(weight), bias: None, head_dim: d, eps: eps as f32 })
         };
-        let head_norms = if cfg.use_qk_norm {
-            Some((head_norm("q_norm", heads)?, head_norm("k_norm", kv_heads)?))
-        } else {
-            None
-        };
+        let head_norms =
+            if cfg.use_qk_norm { Some((head_norm("q_norm", heads)?, head_norm("k_norm", kv_heads)?)) } else { None };
         blocks.push(Block {
-            attn_norm: Some(Norm::Layer(cohere_norm(
-                w,
-                &format!("{p}.input_layernorm"),
-                h,
-                eps,
-            )?)),
-            attn: SelfAttention {
-                attn,
-                head_norms,
-                q_scale: None,
-                rope: Some(0),
-            },
+            attn_norm: Some(Norm::Layer(cohere_norm(w, &format!("{p}.input_layernorm"), h, eps)?)),
+            attn: SelfAttention { attn, head_norms, q_scale: None, rope: Some(0) },
             attn_out_norm: None,
             mlp_norm: None,
-            mlp: Mlp::Gated(GatedMlp::load(
-                w,
-                &format!("{p}.mlp"),
-                h,
-                cfg.intermediate_size,
-                act,
-                false,
-            )?),
+            mlp: Mlp::Gated(GatedMlp::load(w, &format!("{p}.mlp"), h, cfg.intermediate_size, act, false)?),
             mlp_out_norm: None,
             wiring: Wiring::Parallel(ParallelSum::ResidualFirst),
         });
     }
-    let embed = Embedding {
-        table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?,
-    };
+    let embed = Embedding { table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])? };
     let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
     let info = Decoder::info_for(
         raw.architecture()?,
@@ -157,10 +123,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         final_norm: Some(Norm::Layer(cohere_norm(w, "model.norm", h, eps)?)),
         project_out: None,
         lm_head,
-        logits: LogitsPost {
-            scale: Some(cfg.logit_scale as f32),
-            softcap: None,
-        },
+        logits: LogitsPost { scale: Some(cfg.logit_scale as f32), softcap: None },
         ropes: vec![rope],
     })
 }

@@ -11,8 +11,7 @@ use crate::layers::{Embedding, GatedMlp, Linear, RmsNorm};
 use crate::mla::{Mla, MlaCacheMode, MlaDims};
 use crate::model::{CausalLM, ForwardInput, ModelInfo};
 use crate::moe::{
-    ExpertNames, Experts, FeedForward, GroupLimit, GroupScore, Router, RouterConfig, Scoring,
-    SharedExpert, SparseMoe,
+    ExpertNames, Experts, FeedForward, GroupLimit, GroupScore, Router, RouterConfig, Scoring, SharedExpert, SparseMoe,
 };
 use crate::rope::{Rope, RopeParameters};
 use crate::weights::Weights;
@@ -111,12 +110,7 @@ fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
 }
 
 impl DeepseekModel {
-    pub fn load(
-        raw: &RawConfig,
-        w: &Weights,
-        variant: DeepseekVariant,
-        mode: MlaCacheMode,
-    ) -> Result<DeepseekModel> {
+    pub fn load(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: MlaCacheMode) -> Result<DeepseekModel> {
         let cfg: DeepseekConfig = raw.parse()?;
         let h = cfg.hidden_size;
         let heads = cfg.num_attention_heads;
@@ -135,32 +129,20 @@ impl DeepseekModel {
             (DeepseekVariant::V3, Some(false)) => RopeStyle::Neox,
             _ => RopeStyle::Interleaved,
         };
-        let rope = Rope::new(
-            &rope_params,
-            cfg.qk_rope_head_dim,
-            cfg.max_position_embeddings,
-            raw,
-        )?
-        .with_style(style);
+        let rope = Rope::new(&rope_params, cfg.qk_rope_head_dim, cfg.max_position_embeddings, raw)?.with_style(style);
         // transformers' `yarn_apply_mscale`: any non-default rope with `mscale_all_dim` scales the
         // softmax by mscale(factor, mscale_all_dim)^2.
         let mut scale = (dims.qk_head_dim() as f64).powf(-0.5);
         if rope_params.kind() != "default" {
             if let Some(all) = rope_params.mscale_all_dim.filter(|&m| m != 0.0) {
-                let factor = rope_params
-                    .factor
-                    .ok_or_else(|| raw.error("`mscale_all_dim` needs rope `factor`"))?;
+                let factor = rope_params.factor.ok_or_else(|| raw.error("`mscale_all_dim` needs rope `factor`"))?;
                 let m = yarn_mscale(factor, all);
                 scale = scale * m * m;
             }
         }
         let group = |score| -> Result<Option<GroupLimit>> {
             match (cfg.n_group, cfg.topk_group) {
-                (Some(n_group), Some(topk_group)) => Ok(Some(GroupLimit {
-                    n_group,
-                    topk_group,
-                    score,
-                })),
+                (Some(n_group), Some(topk_group)) => Ok(Some(GroupLimit { n_group, topk_group, score })),
                 _ => Err(raw.error("grouped routing needs `n_group` and `topk_group`")),
             }
         };
@@ -192,15 +174,7 @@ impl DeepseekModel {
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
-            let attn = Mla::load(
-                w,
-                &format!("{p}.self_attn"),
-                h,
-                dims,
-                cfg.attention_bias,
-                scale as f32,
-                mode,
-            )?;
+            let attn = Mla::load(w, &format!("{p}.self_attn"), h, dims, cfg.attention_bias, scale as f32, mode)?;
             let ffn = if i >= cfg.first_k_dense_replace {
                 let mp = format!("{p}.mlp");
                 let shared = match cfg.n_shared_experts.unwrap_or(0) {
@@ -237,50 +211,26 @@ impl DeepseekModel {
                     shared,
                 }))
             } else {
-                FeedForward::Dense(GatedMlp::load(
-                    w,
-                    &format!("{p}.mlp"),
-                    h,
-                    cfg.intermediate_size,
-                    act,
-                    mlp_bias,
-                )?)
+                FeedForward::Dense(GatedMlp::load(w, &format!("{p}.mlp"), h, cfg.intermediate_size, act, mlp_bias)?)
             };
             layers.push(Block {
                 input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm"), h, cfg.rms_norm_eps)?,
                 attn,
-                post_norm: RmsNorm::load(
-                    w,
-                    &format!("{p}.post_attention_layernorm"),
-                    h,
-                    cfg.rms_norm_eps,
-                )?,
+                post_norm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), h, cfg.rms_norm_eps)?,
                 ffn,
             });
         }
-        let embed = Embedding {
-            table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?,
-        };
+        let embed = Embedding { table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])? };
         let tied = cfg.tie_word_embeddings || !w.contains("lm_head.weight");
         let lm_head = if tied {
-            Linear {
-                weight: embed.table.clone(),
-                bias: None,
-            }
+            Linear { weight: embed.table.clone(), bias: None }
         } else {
             Linear::load(w, "lm_head", h, cfg.vocab_size, false)?
         };
         let norm = RmsNorm::load(w, "model.norm", h, cfg.rms_norm_eps)?;
         let weight_bytes = embed.table.size_in_bytes()
-            + if tied {
-                0
-            } else {
-                lm_head.weight.size_in_bytes()
-            }
-            + layers
-                .iter()
-                .map(|b| b.attn.weight_bytes() + b.ffn.weight_bytes())
-                .sum::<usize>();
+            + if tied { 0 } else { lm_head.weight.size_in_bytes() }
+            + layers.iter().map(|b| b.attn.weight_bytes() + b.ffn.weight_bytes()).sum::<usize>();
         let info = ModelInfo {
             architecture: raw.architecture()?,
             vocab_size: cfg.vocab_size,
@@ -288,14 +238,7 @@ impl DeepseekModel {
             kv_layers: layers.iter().map(|b| b.attn.kv_spec()).collect(),
             weight_bytes,
         };
-        Ok(DeepseekModel {
-            info,
-            embed,
-            layers,
-            norm,
-            lm_head,
-            rope,
-        })
+        Ok(DeepseekModel { info, embed, layers, norm, lm_head, rope })
     }
 }
 
@@ -310,9 +253,7 @@ impl CausalLM for DeepseekModel {
         let (cos, sin) = self.rope.cos_sin(meta, h.device())?;
         for (block, cache) in self.layers.iter().zip(kv.iter_mut()) {
             let x = block.input_norm.forward(&h)?;
-            let x = block
-                .attn
-                .forward(&x, (&self.rope, &cos, &sin), meta, cache)?;
+            let x = block.attn.forward(&x, (&self.rope, &cos, &sin), meta, cache)?;
             h = ops::add(&h, &x)?;
             let x = block.post_norm.forward(&h)?;
             h = ops::add(&h, &block.ffn.forward(&x)?)?;

@@ -72,19 +72,10 @@ fn qkv_layout(cfg: &FalconConfig, heads: usize, d: usize) -> ([Vec<Range<usize>>
         let stride = per + 2;
         let q = (0..groups).map(|g| block(g * stride, per)).collect();
         let k = (0..groups).map(|g| block(g * stride + per, 1)).collect();
-        let v = (0..groups)
-            .map(|g| block(g * stride + per + 1, 1))
-            .collect();
+        let v = (0..groups).map(|g| block(g * stride + per + 1, 1)).collect();
         ([q, k, v], groups)
     } else if cfg.multi_query {
-        (
-            [
-                vec![block(0, heads)],
-                vec![block(heads, 1)],
-                vec![block(heads + 1, 1)],
-            ],
-            1,
-        )
+        ([vec![block(0, heads)], vec![block(heads, 1)], vec![block(heads + 1, 1)]], 1)
     } else {
         let part = |j: usize| (0..heads).map(|h| block(h * 3 + j, 1)).collect();
         ([part(0), part(1), part(2)], heads)
@@ -94,14 +85,10 @@ fn qkv_layout(cfg: &FalconConfig, heads: usize, d: usize) -> ([Vec<Range<usize>>
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let cfg: FalconConfig = raw.parse()?;
     if cfg.alibi {
-        return Err(raw.error(
-            "`alibi: true` (Falcon-RW) is not supported: the op set has no ALiBi attention bias",
-        ));
+        return Err(raw.error("`alibi: true` (Falcon-RW) is not supported: the op set has no ALiBi attention bias"));
     }
     if cfg.new_decoder_architecture && !cfg.parallel_attn {
-        return Err(raw.error(
-            "`new_decoder_architecture` without `parallel_attn` is not a layout transformers runs",
-        ));
+        return Err(raw.error("`new_decoder_architecture` without `parallel_attn` is not a layout transformers runs"));
     }
     let h = cfg.hidden_size;
     let heads = cfg.num_attention_heads;
@@ -111,24 +98,13 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let fused_rows = (heads + 2 * kv_heads) * d;
     let ffn = cfg.ffn_hidden_size.unwrap_or(4 * h);
     let act = load::activation(raw, "activation", &cfg.activation)?;
-    let rope = Rope::new(
-        &RopeParameters::from_config(raw, 10000.0)?,
-        d,
-        cfg.max_position_embeddings,
-        raw,
-    )?;
+    let rope = Rope::new(&RopeParameters::from_config(raw, 10000.0)?, d, cfg.max_position_embeddings, raw)?;
     let eps = cfg.layer_norm_epsilon;
     let two_norms = cfg.new_decoder_architecture && cfg.num_ln_in_parallel_attn.unwrap_or(2) == 2;
     let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
     for i in 0..cfg.num_hidden_layers {
         let p = format!("transformer.h.{i}");
-        let qkv = Linear::load(
-            w,
-            &format!("{p}.self_attention.query_key_value"),
-            h,
-            fused_rows,
-            cfg.bias,
-        )?;
+        let qkv = Linear::load(w, &format!("{p}.self_attention.query_key_value"), h, fused_rows, cfg.bias)?;
         let attn = Attention {
             q: qkv.select_rows(&q_rows)?,
             k: qkv.select_rows(&k_rows)?,
@@ -144,43 +120,18 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             act,
         };
         let norm = |n: &str| -> Result<Option<Norm>> {
-            Ok(Some(Norm::Layer(load::layer_norm(
-                w,
-                &format!("{p}.{n}"),
-                h,
-                eps,
-                true,
-            )?)))
+            Ok(Some(Norm::Layer(load::layer_norm(w, &format!("{p}.{n}"), h, eps, true)?)))
         };
         let (attn_norm, mlp_norm, wiring) = if two_norms {
-            (
-                norm("ln_attn")?,
-                norm("ln_mlp")?,
-                Wiring::Parallel(ParallelSum::BranchesFirst),
-            )
+            (norm("ln_attn")?, norm("ln_mlp")?, Wiring::Parallel(ParallelSum::BranchesFirst))
         } else if cfg.parallel_attn {
-            (
-                norm("input_layernorm")?,
-                None,
-                Wiring::Parallel(ParallelSum::BranchesFirst),
-            )
+            (norm("input_layernorm")?, None, Wiring::Parallel(ParallelSum::BranchesFirst))
         } else {
-            (
-                norm("input_layernorm")?,
-                norm("post_attention_layernorm")?,
-                Wiring::Sequential {
-                    residual_scale: None,
-                },
-            )
+            (norm("input_layernorm")?, norm("post_attention_layernorm")?, Wiring::Sequential { residual_scale: None })
         };
         blocks.push(Block {
             attn_norm,
-            attn: SelfAttention {
-                attn,
-                head_norms: None,
-                q_scale: None,
-                rope: Some(0),
-            },
+            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: Some(0) },
             attn_out_norm: None,
             mlp_norm,
             mlp: Mlp::Dense(mlp),
@@ -188,9 +139,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             wiring,
         });
     }
-    let embed = Embedding {
-        table: w.get("transformer.word_embeddings.weight", &[cfg.vocab_size, h])?,
-    };
+    let embed = Embedding { table: w.get("transformer.word_embeddings.weight", &[cfg.vocab_size, h])? };
     let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
     let info = Decoder::info_for(
         raw.architecture()?,
@@ -208,13 +157,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         project_in: None,
         positions: None,
         blocks,
-        final_norm: Some(Norm::Layer(load::layer_norm(
-            w,
-            "transformer.ln_f",
-            h,
-            eps,
-            true,
-        )?)),
+        final_norm: Some(Norm::Layer(load::layer_norm(w, "transformer.ln_f", h, eps, true)?)),
         project_out: None,
         lm_head,
         logits: LogitsPost::default(),

@@ -52,14 +52,8 @@ pub(crate) fn gemma_norm(w: &Weights, name: &str, size: usize, eps: f64) -> Resu
 }
 
 /// `model.embed_tokens`, scaled by `sqrt(hidden)` in the weights' dtype.
-pub(crate) fn scaled_embedding(
-    w: &Weights,
-    vocab: usize,
-    hidden: usize,
-) -> Result<(Embedding, f32)> {
-    let embed = Embedding {
-        table: w.get("model.embed_tokens.weight", &[vocab, hidden])?,
-    };
+pub(crate) fn scaled_embedding(w: &Weights, vocab: usize, hidden: usize) -> Result<(Embedding, f32)> {
+    let embed = Embedding { table: w.get("model.embed_tokens.weight", &[vocab, hidden])? };
     let scale = scalar_in_dtype((hidden as f64).sqrt(), embed.table.dtype());
     Ok((embed, scale))
 }
@@ -67,9 +61,7 @@ pub(crate) fn scaled_embedding(
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let cfg: GemmaConfig = raw.parse()?;
     if cfg.use_bidirectional_attention.unwrap_or(false) {
-        return Err(
-            raw.error("`use_bidirectional_attention: true` (an encoder) is not a causal LM")
-        );
+        return Err(raw.error("`use_bidirectional_attention: true` (an encoder) is not a causal LM"));
     }
     let h = cfg.hidden_size;
     let heads = cfg.num_attention_heads;
@@ -82,89 +74,29 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         "gelu" => Activation::GeluTanh,
         other => load::activation(raw, "hidden_act", other)?,
     };
-    let rope = Rope::new(
-        &RopeParameters::from_config(raw, 10000.0)?,
-        head_dim,
-        cfg.max_position_embeddings,
-        raw,
-    )?;
+    let rope = Rope::new(&RopeParameters::from_config(raw, 10000.0)?, head_dim, cfg.max_position_embeddings, raw)?;
     let eps = cfg.rms_norm_eps;
     let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
         let bias = cfg.attention_bias;
         let attn = Attention {
-            q: Linear::load(
-                w,
-                &format!("{p}.self_attn.q_proj"),
-                h,
-                heads * head_dim,
-                bias,
-            )?,
-            k: Linear::load(
-                w,
-                &format!("{p}.self_attn.k_proj"),
-                h,
-                kv_heads * head_dim,
-                bias,
-            )?,
-            v: Linear::load(
-                w,
-                &format!("{p}.self_attn.v_proj"),
-                h,
-                kv_heads * head_dim,
-                bias,
-            )?,
-            o: Linear::load(
-                w,
-                &format!("{p}.self_attn.o_proj"),
-                heads * head_dim,
-                h,
-                bias,
-            )?,
+            q: Linear::load(w, &format!("{p}.self_attn.q_proj"), h, heads * head_dim, bias)?,
+            k: Linear::load(w, &format!("{p}.self_attn.k_proj"), h, kv_heads * head_dim, bias)?,
+            v: Linear::load(w, &format!("{p}.self_attn.v_proj"), h, kv_heads * head_dim, bias)?,
+            o: Linear::load(w, &format!("{p}.self_attn.o_proj"), heads * head_dim, h, bias)?,
             q_norm: None,
             k_norm: None,
-            params: load::attention_params(
-                heads,
-                kv_heads,
-                head_dim,
-                (head_dim as f64).powf(-0.5),
-                None,
-                None,
-            ),
+            params: load::attention_params(heads, kv_heads, head_dim, (head_dim as f64).powf(-0.5), None, None),
         };
         blocks.push(Block {
-            attn_norm: Some(Norm::Rms(gemma_norm(
-                w,
-                &format!("{p}.input_layernorm"),
-                h,
-                eps,
-            )?)),
-            attn: SelfAttention {
-                attn,
-                head_norms: None,
-                q_scale: None,
-                rope: Some(0),
-            },
+            attn_norm: Some(Norm::Rms(gemma_norm(w, &format!("{p}.input_layernorm"), h, eps)?)),
+            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: Some(0) },
             attn_out_norm: None,
-            mlp_norm: Some(Norm::Rms(gemma_norm(
-                w,
-                &format!("{p}.post_attention_layernorm"),
-                h,
-                eps,
-            )?)),
-            mlp: Mlp::Gated(GatedMlp::load(
-                w,
-                &format!("{p}.mlp"),
-                h,
-                cfg.intermediate_size,
-                act,
-                false,
-            )?),
+            mlp_norm: Some(Norm::Rms(gemma_norm(w, &format!("{p}.post_attention_layernorm"), h, eps)?)),
+            mlp: Mlp::Gated(GatedMlp::load(w, &format!("{p}.mlp"), h, cfg.intermediate_size, act, false)?),
             mlp_out_norm: None,
-            wiring: Wiring::Sequential {
-                residual_scale: None,
-            },
+            wiring: Wiring::Sequential { residual_scale: None },
         });
     }
     let (embed, scale) = scaled_embedding(w, cfg.vocab_size, h)?;

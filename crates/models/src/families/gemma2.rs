@@ -93,12 +93,7 @@ pub(crate) struct Sandwich {
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let cfg: Gemma2Config = raw.parse()?;
     let max_pos = cfg.max_position_embeddings.unwrap_or(8192);
-    let rope = Rope::new(
-        &RopeParameters::from_config(raw, 10000.0)?,
-        cfg.head_dim,
-        max_pos,
-        raw,
-    )?;
+    let rope = Rope::new(&RopeParameters::from_config(raw, 10000.0)?, cfg.head_dim, max_pos, raw)?;
     let opts = Sandwich {
         qk_norm: false,
         ropes: vec![rope],
@@ -112,23 +107,12 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     load_sandwich(raw, w, &cfg, opts)
 }
 
-pub(crate) fn load_sandwich(
-    raw: &RawConfig,
-    w: &Weights,
-    cfg: &Gemma2Config,
-    opts: Sandwich,
-) -> Result<Decoder> {
+pub(crate) fn load_sandwich(raw: &RawConfig, w: &Weights, cfg: &Gemma2Config, opts: Sandwich) -> Result<Decoder> {
     if cfg.use_bidirectional_attention.unwrap_or(false) {
-        return Err(
-            raw.error("`use_bidirectional_attention: true` (an encoder) is not a causal LM")
-        );
+        return Err(raw.error("`use_bidirectional_attention: true` (an encoder) is not a causal LM"));
     }
     let h = cfg.hidden_size;
-    let (heads, kv_heads, head_dim) = (
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-    );
+    let (heads, kv_heads, head_dim) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
     load::check_heads(raw, heads, kv_heads)?;
     let act = load::activation(raw, "hidden_activation", &cfg.hidden_activation)?;
     if let Some(types) = &cfg.layer_types {
@@ -152,91 +136,33 @@ pub(crate) fn load_sandwich(
         let window = if sliding { opts.sliding_window } else { None };
         let bias = cfg.attention_bias;
         let qk_norm = |n: &str| -> Result<_> {
-            opts.qk_norm
-                .then(|| gemma_norm(w, &format!("{p}.self_attn.{n}"), head_dim, eps))
-                .transpose()
+            opts.qk_norm.then(|| gemma_norm(w, &format!("{p}.self_attn.{n}"), head_dim, eps)).transpose()
         };
         let attn = Attention {
-            q: Linear::load(
-                w,
-                &format!("{p}.self_attn.q_proj"),
-                h,
-                heads * head_dim,
-                bias,
-            )?,
-            k: Linear::load(
-                w,
-                &format!("{p}.self_attn.k_proj"),
-                h,
-                kv_heads * head_dim,
-                bias,
-            )?,
-            v: Linear::load(
-                w,
-                &format!("{p}.self_attn.v_proj"),
-                h,
-                kv_heads * head_dim,
-                bias,
-            )?,
-            o: Linear::load(
-                w,
-                &format!("{p}.self_attn.o_proj"),
-                heads * head_dim,
-                h,
-                bias,
-            )?,
+            q: Linear::load(w, &format!("{p}.self_attn.q_proj"), h, heads * head_dim, bias)?,
+            k: Linear::load(w, &format!("{p}.self_attn.k_proj"), h, kv_heads * head_dim, bias)?,
+            v: Linear::load(w, &format!("{p}.self_attn.v_proj"), h, kv_heads * head_dim, bias)?,
+            o: Linear::load(w, &format!("{p}.self_attn.o_proj"), heads * head_dim, h, bias)?,
             q_norm: qk_norm("q_norm")?,
             k_norm: qk_norm("k_norm")?,
-            params: load::attention_params(
-                heads,
-                kv_heads,
-                head_dim,
-                scale,
-                window,
-                opts.attn_softcap,
-            ),
+            params: load::attention_params(heads, kv_heads, head_dim, scale, window, opts.attn_softcap),
         };
-        let norm = |n: &str| -> Result<Option<Norm>> {
-            Ok(Some(Norm::Rms(gemma_norm(w, &format!("{p}.{n}"), h, eps)?)))
-        };
+        let norm =
+            |n: &str| -> Result<Option<Norm>> { Ok(Some(Norm::Rms(gemma_norm(w, &format!("{p}.{n}"), h, eps)?))) };
         blocks.push(Block {
             attn_norm: norm("input_layernorm")?,
-            attn: SelfAttention {
-                attn,
-                head_norms: None,
-                q_scale: None,
-                rope: Some((opts.rope_of)(sliding)),
-            },
+            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: Some((opts.rope_of)(sliding)) },
             attn_out_norm: norm("post_attention_layernorm")?,
             mlp_norm: norm("pre_feedforward_layernorm")?,
-            mlp: Mlp::Gated(GatedMlp::load(
-                w,
-                &format!("{p}.mlp"),
-                h,
-                cfg.intermediate_size,
-                act,
-                false,
-            )?),
+            mlp: Mlp::Gated(GatedMlp::load(w, &format!("{p}.mlp"), h, cfg.intermediate_size, act, false)?),
             mlp_out_norm: norm("post_feedforward_layernorm")?,
-            wiring: Wiring::Sequential {
-                residual_scale: None,
-            },
+            wiring: Wiring::Sequential { residual_scale: None },
         });
     }
     let (embed, embed_scale) = scaled_embedding(w, cfg.vocab_size, h)?;
     let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
-    let max_pos = cfg
-        .max_position_embeddings
-        .unwrap_or(opts.default_max_positions);
-    let info = Decoder::info_for(
-        raw.architecture()?,
-        cfg.vocab_size,
-        max_pos,
-        &blocks,
-        &embed,
-        &lm_head,
-        &[],
-    );
+    let max_pos = cfg.max_position_embeddings.unwrap_or(opts.default_max_positions);
+    let info = Decoder::info_for(raw.architecture()?, cfg.vocab_size, max_pos, &blocks, &embed, &lm_head, &[]);
     Ok(Decoder {
         info,
         embed,
@@ -247,10 +173,7 @@ pub(crate) fn load_sandwich(
         final_norm: Some(Norm::Rms(gemma_norm(w, "model.norm", h, eps)?)),
         project_out: None,
         lm_head,
-        logits: LogitsPost {
-            scale: None,
-            softcap: opts.final_softcap.map(|c| c as f32),
-        },
+        logits: LogitsPost { scale: None, softcap: opts.final_softcap.map(|c| c as f32) },
         ropes: opts.ropes,
     })
 }
@@ -263,33 +186,16 @@ pub(crate) fn gemma3_rope_sections(raw: &RawConfig) -> Result<[RopeParameters; 2
     let nested = obj
         .get("rope_parameters")
         .filter(|v| v.get("sliding_attention").is_some() || v.get("full_attention").is_some());
-    let local_theta = obj
-        .get("rope_local_base_freq")
-        .and_then(Value::as_f64)
-        .unwrap_or(10_000.0);
-    let global_theta = obj
-        .get("rope_theta")
-        .and_then(Value::as_f64)
-        .unwrap_or(1_000_000.0);
+    let local_theta = obj.get("rope_local_base_freq").and_then(Value::as_f64).unwrap_or(10_000.0);
+    let global_theta = obj.get("rope_theta").and_then(Value::as_f64).unwrap_or(1_000_000.0);
     let empty = Value::Object(Default::default());
     match nested {
         Some(n) => Ok([
-            RopeParameters::from_section(
-                raw,
-                n.get("sliding_attention").unwrap_or(&empty),
-                local_theta,
-            )?,
-            RopeParameters::from_section(
-                raw,
-                n.get("full_attention").unwrap_or(&empty),
-                global_theta,
-            )?,
+            RopeParameters::from_section(raw, n.get("sliding_attention").unwrap_or(&empty), local_theta)?,
+            RopeParameters::from_section(raw, n.get("full_attention").unwrap_or(&empty), global_theta)?,
         ]),
         None => {
-            let scaling = obj
-                .get("rope_scaling")
-                .filter(|v| v.is_object())
-                .unwrap_or(&empty);
+            let scaling = obj.get("rope_scaling").filter(|v| v.is_object()).unwrap_or(&empty);
             Ok([
                 RopeParameters::from_section(raw, &empty, local_theta)?,
                 RopeParameters::from_section(raw, scaling, global_theta)?,

@@ -19,10 +19,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let cfg: Gemma2Config = raw.parse()?;
     let max_pos = cfg.max_position_embeddings.unwrap_or(131_072);
     let [local, global] = gemma3_rope_sections(raw)?;
-    let ropes = vec![
-        Rope::new(&local, cfg.head_dim, max_pos, raw)?,
-        Rope::new(&global, cfg.head_dim, max_pos, raw)?,
-    ];
+    let ropes = vec![Rope::new(&local, cfg.head_dim, max_pos, raw)?, Rope::new(&global, cfg.head_dim, max_pos, raw)?];
     let opts = Sandwich {
         qk_norm: true,
         ropes,
@@ -31,11 +28,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         final_softcap: f64_or(raw, "final_logit_softcapping", None),
         sliding_window: f64_or(raw, "sliding_window", Some(4096.0)).map(|v| v as usize),
         default_sliding: |i, raw| {
-            let pattern = raw
-                .value
-                .get("sliding_window_pattern")
-                .and_then(|v| v.as_u64())
-                .unwrap_or(6) as usize;
+            let pattern = raw.value.get("sliding_window_pattern").and_then(|v| v.as_u64()).unwrap_or(6) as usize;
             (i + 1) % pattern.max(1) != 0
         },
         default_max_positions: 131_072,

@@ -58,25 +58,14 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let head_dim = h / heads;
     let inner = cfg.n_inner.unwrap_or(4 * h);
     let act = load::activation(raw, "activation_function", &cfg.activation_function)?;
-    let root = if w.contains("transformer.wte.weight") {
-        "transformer."
-    } else {
-        ""
-    };
+    let root = if w.contains("transformer.wte.weight") { "transformer." } else { "" };
     let eps = cfg.layer_norm_epsilon;
     let mut blocks = Vec::with_capacity(cfg.n_layer);
     for i in 0..cfg.n_layer {
         let p = format!("{root}h.{i}");
         let c_attn = Linear::load_conv1d(w, &format!("{p}.attn.c_attn"), h, 3 * h)?;
-        let [q, k, v]: [Linear; 3] = c_attn
-            .split_rows(&[h, h, h])?
-            .try_into()
-            .expect("three parts");
-        let mut scale = if cfg.scale_attn_weights {
-            (head_dim as f64).powf(-0.5)
-        } else {
-            1.0
-        };
+        let [q, k, v]: [Linear; 3] = c_attn.split_rows(&[h, h, h])?.try_into().expect("three parts");
+        let mut scale = if cfg.scale_attn_weights { (head_dim as f64).powf(-0.5) } else { 1.0 };
         if cfg.scale_attn_by_inverse_layer_idx {
             scale /= (i + 1) as f64;
         }
@@ -95,41 +84,17 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             act,
         };
         blocks.push(Block {
-            attn_norm: Some(Norm::Layer(load::layer_norm(
-                w,
-                &format!("{p}.ln_1"),
-                h,
-                eps,
-                true,
-            )?)),
-            attn: SelfAttention {
-                attn,
-                head_norms: None,
-                q_scale: None,
-                rope: None,
-            },
+            attn_norm: Some(Norm::Layer(load::layer_norm(w, &format!("{p}.ln_1"), h, eps, true)?)),
+            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: None },
             attn_out_norm: None,
-            mlp_norm: Some(Norm::Layer(load::layer_norm(
-                w,
-                &format!("{p}.ln_2"),
-                h,
-                eps,
-                true,
-            )?)),
+            mlp_norm: Some(Norm::Layer(load::layer_norm(w, &format!("{p}.ln_2"), h, eps, true)?)),
             mlp: Mlp::Dense(mlp),
             mlp_out_norm: None,
-            wiring: Wiring::Sequential {
-                residual_scale: None,
-            },
+            wiring: Wiring::Sequential { residual_scale: None },
         });
     }
-    let embed = Embedding {
-        table: w.get(&format!("{root}wte.weight"), &[cfg.vocab_size, h])?,
-    };
-    let positions = LearnedPositions {
-        table: w.get(&format!("{root}wpe.weight"), &[cfg.n_positions, h])?,
-        offset: 0,
-    };
+    let embed = Embedding { table: w.get(&format!("{root}wte.weight"), &[cfg.vocab_size, h])? };
+    let positions = LearnedPositions { table: w.get(&format!("{root}wpe.weight"), &[cfg.n_positions, h])?, offset: 0 };
     let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
     let info = Decoder::info_for(
         raw.architecture()?,
@@ -147,13 +112,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         project_in: None,
         positions: Some(positions),
         blocks,
-        final_norm: Some(Norm::Layer(load::layer_norm(
-            w,
-            &format!("{root}ln_f"),
-            h,
-            eps,
-            true,
-        )?)),
+        final_norm: Some(Norm::Layer(load::layer_norm(w, &format!("{root}ln_f"), h, eps, true)?)),
         project_out: None,
         lm_head,
         logits: LogitsPost::default(),

@@ -59,17 +59,9 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     load::check_heads(raw, heads, heads)?;
     let d = h / heads;
     let act = load::activation(raw, "hidden_act", &cfg.hidden_act)?;
-    let legacy_base = raw
-        .value
-        .get("rotary_emb_base")
-        .and_then(Value::as_f64)
-        .unwrap_or(10000.0);
+    let legacy_base = raw.value.get("rotary_emb_base").and_then(Value::as_f64).unwrap_or(10000.0);
     let mut rope_params = RopeParameters::from_config(raw, legacy_base)?;
-    let legacy_pct = raw
-        .value
-        .get("rotary_pct")
-        .and_then(Value::as_f64)
-        .unwrap_or(0.25);
+    let legacy_pct = raw.value.get("rotary_pct").and_then(Value::as_f64).unwrap_or(0.25);
     rope_params.partial_rotary_factor = rope_params.partial_rotary_factor.or(Some(legacy_pct));
     let rope = Rope::new(&rope_params, d, cfg.max_position_embeddings, raw)?;
     let eps = cfg.layer_norm_eps;
@@ -79,11 +71,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         let p = format!("gpt_neox.layers.{i}");
         let qkv = Linear::load(w, &format!("{p}.attention.query_key_value"), h, 3 * h, bias)?;
         let part = |j: usize| {
-            qkv.select_rows(
-                &(0..heads)
-                    .map(|hd| hd * 3 * d + j * d..hd * 3 * d + (j + 1) * d)
-                    .collect::<Vec<_>>(),
-            )
+            qkv.select_rows(&(0..heads).map(|hd| hd * 3 * d + j * d..hd * 3 * d + (j + 1) * d).collect::<Vec<_>>())
         };
         let attn = Attention {
             q: part(0)?,
@@ -95,39 +83,16 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             params: load::attention_params(heads, heads, d, (d as f64).powf(-0.5), None, None),
         };
         let mlp = DenseMlp {
-            fc1: Linear::load(
-                w,
-                &format!("{p}.mlp.dense_h_to_4h"),
-                h,
-                cfg.intermediate_size,
-                true,
-            )?,
-            fc2: Linear::load(
-                w,
-                &format!("{p}.mlp.dense_4h_to_h"),
-                cfg.intermediate_size,
-                h,
-                true,
-            )?,
+            fc1: Linear::load(w, &format!("{p}.mlp.dense_h_to_4h"), h, cfg.intermediate_size, true)?,
+            fc2: Linear::load(w, &format!("{p}.mlp.dense_4h_to_h"), cfg.intermediate_size, h, true)?,
             act,
         };
         let norm = |n: &str| -> Result<Option<Norm>> {
-            Ok(Some(Norm::Layer(load::layer_norm(
-                w,
-                &format!("{p}.{n}"),
-                h,
-                eps,
-                true,
-            )?)))
+            Ok(Some(Norm::Layer(load::layer_norm(w, &format!("{p}.{n}"), h, eps, true)?)))
         };
         blocks.push(Block {
             attn_norm: norm("input_layernorm")?,
-            attn: SelfAttention {
-                attn,
-                head_norms: None,
-                q_scale: None,
-                rope: Some(0),
-            },
+            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: Some(0) },
             attn_out_norm: None,
             mlp_norm: norm("post_attention_layernorm")?,
             mlp: Mlp::Dense(mlp),
@@ -135,20 +100,12 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             wiring: if cfg.use_parallel_residual {
                 Wiring::Parallel(ParallelSum::BranchesFirst)
             } else {
-                Wiring::Sequential {
-                    residual_scale: None,
-                }
+                Wiring::Sequential { residual_scale: None }
             },
         });
     }
-    let embed = Embedding {
-        table: w.get("gpt_neox.embed_in.weight", &[cfg.vocab_size, h])?,
-    };
-    let head_name = if w.contains("embed_out.weight") {
-        "embed_out"
-    } else {
-        "lm_head"
-    };
+    let embed = Embedding { table: w.get("gpt_neox.embed_in.weight", &[cfg.vocab_size, h])? };
+    let head_name = if w.contains("embed_out.weight") { "embed_out" } else { "lm_head" };
     let lm_head = load::lm_head(w, head_name, &embed, cfg.tie_word_embeddings, false)?;
     let info = Decoder::info_for(
         raw.architecture()?,
@@ -166,13 +123,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         project_in: None,
         positions: None,
         blocks,
-        final_norm: Some(Norm::Layer(load::layer_norm(
-            w,
-            "gpt_neox.final_layer_norm",
-            h,
-            eps,
-            true,
-        )?)),
+        final_norm: Some(Norm::Layer(load::layer_norm(w, "gpt_neox.final_layer_norm", h, eps, true)?)),
         project_out: None,
         lm_head,
         logits: LogitsPost::default(),

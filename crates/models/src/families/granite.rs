@@ -66,12 +66,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     load::check_heads(raw, heads, kv_heads)?;
     let d = cfg.head_dim.unwrap_or(h / heads);
     let act = load::activation(raw, "hidden_act", &cfg.hidden_act)?;
-    let rope = Rope::new(
-        &RopeParameters::from_config(raw, 10000.0)?,
-        d,
-        cfg.max_position_embeddings,
-        raw,
-    )?;
+    let rope = Rope::new(&RopeParameters::from_config(raw, 10000.0)?, d, cfg.max_position_embeddings, raw)?;
     let eps = cfg.rms_norm_eps;
     let bias = cfg.attention_bias;
     let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
@@ -84,52 +79,19 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             o: Linear::load(w, &format!("{p}.self_attn.o_proj"), heads * d, h, bias)?,
             q_norm: None,
             k_norm: None,
-            params: load::attention_params(
-                heads,
-                kv_heads,
-                d,
-                cfg.attention_multiplier,
-                None,
-                None,
-            ),
+            params: load::attention_params(heads, kv_heads, d, cfg.attention_multiplier, None, None),
         };
         blocks.push(Block {
-            attn_norm: Some(Norm::Rms(load::rms(
-                w,
-                &format!("{p}.input_layernorm"),
-                h,
-                eps,
-            )?)),
-            attn: SelfAttention {
-                attn,
-                head_norms: None,
-                q_scale: None,
-                rope: Some(0),
-            },
+            attn_norm: Some(Norm::Rms(load::rms(w, &format!("{p}.input_layernorm"), h, eps)?)),
+            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: Some(0) },
             attn_out_norm: None,
-            mlp_norm: Some(Norm::Rms(load::rms(
-                w,
-                &format!("{p}.post_attention_layernorm"),
-                h,
-                eps,
-            )?)),
-            mlp: Mlp::Gated(GatedMlp::load(
-                w,
-                &format!("{p}.mlp"),
-                h,
-                cfg.intermediate_size,
-                act,
-                cfg.mlp_bias,
-            )?),
+            mlp_norm: Some(Norm::Rms(load::rms(w, &format!("{p}.post_attention_layernorm"), h, eps)?)),
+            mlp: Mlp::Gated(GatedMlp::load(w, &format!("{p}.mlp"), h, cfg.intermediate_size, act, cfg.mlp_bias)?),
             mlp_out_norm: None,
-            wiring: Wiring::Sequential {
-                residual_scale: Some(cfg.residual_multiplier as f32),
-            },
+            wiring: Wiring::Sequential { residual_scale: Some(cfg.residual_multiplier as f32) },
         });
     }
-    let embed = Embedding {
-        table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?,
-    };
+    let embed = Embedding { table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])? };
     let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
     let info = Decoder::info_for(
         raw.architecture()?,
@@ -150,10 +112,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         final_norm: Some(Norm::Rms(load::rms(w, "model.norm", h, eps)?)),
         project_out: None,
         lm_head,
-        logits: LogitsPost {
-            scale: Some((1.0 / cfg.logits_scaling) as f32),
-            softcap: None,
-        },
+        logits: LogitsPost { scale: Some((1.0 / cfg.logits_scaling) as f32), softcap: None },
         ropes: vec![rope],
     })
 }

@@ -99,9 +99,7 @@ impl LlamaConfig {
             WindowRule::None => None,
             WindowRule::AllLayers => self.sliding_window,
             WindowRule::FromMaxWindowLayers => {
-                if self.use_sliding_window.unwrap_or(false)
-                    && layer >= self.max_window_layers.unwrap_or(0)
-                {
+                if self.use_sliding_window.unwrap_or(false) && layer >= self.max_window_layers.unwrap_or(0) {
                     self.sliding_window
                 } else {
                     None
@@ -121,9 +119,9 @@ impl LlamaModel {
         let act = Activation::from_hf(&cfg.hidden_act)
             .ok_or_else(|| raw.error(format!("unsupported `hidden_act` `{}`", cfg.hidden_act)))?;
         if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-            return Err(raw.error(format!(
-                "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
-            )));
+            return Err(
+                raw.error(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"))
+            );
         }
         if let Some(types) = &cfg.layer_types {
             if types.len() != cfg.num_hidden_layers {
@@ -134,57 +132,23 @@ impl LlamaModel {
                 )));
             }
         }
-        let rope = Rope::new(
-            &RopeParameters::from_config(raw, 10000.0)?,
-            head_dim,
-            cfg.max_position_embeddings,
-            raw,
-        )?;
+        let rope = Rope::new(&RopeParameters::from_config(raw, 10000.0)?, head_dim, cfg.max_position_embeddings, raw)?;
         let qkv_bias = variant.qkv_bias || cfg.attention_bias;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let qk_norm = |n: &str| -> Result<Option<RmsNorm>> {
                 if variant.qk_norm {
-                    Ok(Some(RmsNorm::load(
-                        w,
-                        &format!("{p}.self_attn.{n}"),
-                        head_dim,
-                        cfg.rms_norm_eps,
-                    )?))
+                    Ok(Some(RmsNorm::load(w, &format!("{p}.self_attn.{n}"), head_dim, cfg.rms_norm_eps)?))
                 } else {
                     Ok(None)
                 }
             };
             let attn = Attention {
-                q: Linear::load(
-                    w,
-                    &format!("{p}.self_attn.q_proj"),
-                    h,
-                    heads * head_dim,
-                    qkv_bias,
-                )?,
-                k: Linear::load(
-                    w,
-                    &format!("{p}.self_attn.k_proj"),
-                    h,
-                    kv_heads * head_dim,
-                    qkv_bias,
-                )?,
-                v: Linear::load(
-                    w,
-                    &format!("{p}.self_attn.v_proj"),
-                    h,
-                    kv_heads * head_dim,
-                    qkv_bias,
-                )?,
-                o: Linear::load(
-                    w,
-                    &format!("{p}.self_attn.o_proj"),
-                    heads * head_dim,
-                    h,
-                    cfg.attention_bias,
-                )?,
+                q: Linear::load(w, &format!("{p}.self_attn.q_proj"), h, heads * head_dim, qkv_bias)?,
+                k: Linear::load(w, &format!("{p}.self_attn.k_proj"), h, kv_heads * head_dim, qkv_bias)?,
+                v: Linear::load(w, &format!("{p}.self_attn.v_proj"), h, kv_heads * head_dim, qkv_bias)?,
+                o: Linear::load(w, &format!("{p}.self_attn.o_proj"), heads * head_dim, h, cfg.attention_bias)?,
                 q_norm: qk_norm("q_norm")?,
                 k_norm: qk_norm("k_norm")?,
                 params: AttentionParams {
@@ -200,55 +164,26 @@ impl LlamaModel {
             layers.push(Block {
                 input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm"), h, cfg.rms_norm_eps)?,
                 attn,
-                post_norm: RmsNorm::load(
-                    w,
-                    &format!("{p}.post_attention_layernorm"),
-                    h,
-                    cfg.rms_norm_eps,
-                )?,
-                mlp: GatedMlp::load(
-                    w,
-                    &format!("{p}.mlp"),
-                    h,
-                    cfg.intermediate_size,
-                    act,
-                    cfg.mlp_bias,
-                )?,
+                post_norm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), h, cfg.rms_norm_eps)?,
+                mlp: GatedMlp::load(w, &format!("{p}.mlp"), h, cfg.intermediate_size, act, cfg.mlp_bias)?,
             });
         }
-        let embed = Embedding {
-            table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?,
-        };
+        let embed = Embedding { table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])? };
         let lm_head = if cfg.tie_word_embeddings || !w.contains("lm_head.weight") {
-            Linear {
-                weight: embed.table.clone(),
-                bias: None,
-            }
+            Linear { weight: embed.table.clone(), bias: None }
         } else {
             Linear::load(w, "lm_head", h, cfg.vocab_size, false)?
         };
         let norm = RmsNorm::load(w, "model.norm", h, cfg.rms_norm_eps)?;
         let weight_bytes = embed.table.size_in_bytes()
-            + if cfg.tie_word_embeddings {
-                0
-            } else {
-                lm_head.weight.size_in_bytes()
-            }
+            + if cfg.tie_word_embeddings { 0 } else { lm_head.weight.size_in_bytes() }
             + layers
                 .iter()
                 .map(|b| {
-                    [
-                        &b.attn.q,
-                        &b.attn.k,
-                        &b.attn.v,
-                        &b.attn.o,
-                        &b.mlp.gate,
-                        &b.mlp.up,
-                        &b.mlp.down,
-                    ]
-                    .iter()
-                    .map(|l| l.weight.size_in_bytes())
-                    .sum::<usize>()
+                    [&b.attn.q, &b.attn.k, &b.attn.v, &b.attn.o, &b.mlp.gate, &b.mlp.up, &b.mlp.down]
+                        .iter()
+                        .map(|l| l.weight.size_in_bytes())
+                        .sum::<usize>()
                 })
                 .sum::<usize>();
         let info = ModelInfo {
@@ -256,23 +191,12 @@ impl LlamaModel {
             vocab_size: cfg.vocab_size,
             max_position_embeddings: cfg.max_position_embeddings,
             kv_layers: vec![
-                KvLayerSpec {
-                    num_kv_heads: kv_heads,
-                    k_dim: head_dim,
-                    v_dim: head_dim
-                };
+                KvLayerSpec { num_kv_heads: kv_heads, k_dim: head_dim, v_dim: head_dim };
                 cfg.num_hidden_layers
             ],
             weight_bytes,
         };
-        Ok(LlamaModel {
-            info,
-            embed,
-            layers,
-            norm,
-            lm_head,
-            rope,
-        })
+        Ok(LlamaModel { info, embed, layers, norm, lm_head, rope })
     }
 }
 
@@ -301,9 +225,7 @@ impl CausalLM for LlamaModel {
                 }
                 None => block.input_norm.forward(&h)?,
             };
-            let attn = block
-                .attn
-                .forward(&x, Some((&self.rope, &cos, &sin)), meta, cache)?;
+            let attn = block.attn.forward(&x, Some((&self.rope, &cos, &sin)), meta, cache)?;
             let (x, sum) = block.post_norm.forward_add(&attn, &h)?;
             h = sum;
             pending = Some(block.mlp.forward(&x)?);

@@ -9,9 +9,7 @@ use serde::Deserialize;
 use crate::config::RawConfig;
 use crate::layers::{Attention, Embedding, GatedMlp, Linear, RmsNorm};
 use crate::model::{CausalLM, ForwardInput, KvLayerSpec, ModelInfo};
-use crate::moe::{
-    ExpertNames, Experts, FeedForward, Router, RouterConfig, Scoring, SharedExpert, SparseMoe,
-};
+use crate::moe::{ExpertNames, Experts, FeedForward, Router, RouterConfig, Scoring, SharedExpert, SparseMoe};
 use crate::rope::{Rope, RopeParameters};
 use crate::weights::Weights;
 use crate::Result;
@@ -130,14 +128,8 @@ impl MoeDecoderConfig {
             WindowRule::AllLayersIfEnabled => self.sliding_window.filter(|_| enabled),
             WindowRule::Qwen2Moe => {
                 let sliding = match &self.layer_types {
-                    Some(types) => {
-                        types.get(layer).map(String::as_str) == Some("sliding_attention")
-                    }
-                    None => {
-                        enabled
-                            && layer.is_multiple_of(2)
-                            && layer < self.max_window_layers.unwrap_or(28)
-                    }
+                    Some(types) => types.get(layer).map(String::as_str) == Some("sliding_attention"),
+                    None => enabled && layer.is_multiple_of(2) && layer < self.max_window_layers.unwrap_or(28),
                 };
                 if sliding {
                     self.sliding_window
@@ -212,9 +204,9 @@ impl MoeDecoder {
         let act = Activation::from_hf(&cfg.hidden_act)
             .ok_or_else(|| raw.error(format!("unsupported `hidden_act` `{}`", cfg.hidden_act)))?;
         if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
-            return Err(raw.error(format!(
-                "num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
-            )));
+            return Err(
+                raw.error(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"))
+            );
         }
         if cfg.clip_qkv.is_some() {
             return Err(raw.error("`clip_qkv` (clamping q/k/v) is not supported"));
@@ -229,20 +221,9 @@ impl MoeDecoder {
             }
         }
         let num_experts = cfg.num_local_experts.or(cfg.num_experts).unwrap_or(0);
-        let expert_width = if variant.moe_width_key {
-            cfg.moe_intermediate_size
-        } else {
-            cfg.intermediate_size
-        };
-        let need = |v: Option<usize>, key: &str| {
-            v.ok_or_else(|| raw.error(format!("missing field `{key}`")))
-        };
-        let rope = Rope::new(
-            &RopeParameters::from_config(raw, 10000.0)?,
-            head_dim,
-            cfg.max_position_embeddings,
-            raw,
-        )?;
+        let expert_width = if variant.moe_width_key { cfg.moe_intermediate_size } else { cfg.intermediate_size };
+        let need = |v: Option<usize>, key: &str| v.ok_or_else(|| raw.error(format!("missing field `{key}`")));
+        let rope = Rope::new(&RopeParameters::from_config(raw, 10000.0)?, head_dim, cfg.max_position_embeddings, raw)?;
         let qkv_bias = cfg.qkv_bias.unwrap_or(variant.default_qkv_bias) || cfg.attention_bias;
         let router_cfg = RouterConfig {
             num_experts,
@@ -256,49 +237,15 @@ impl MoeDecoder {
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
-            let norm = |n: &str, size: usize| {
-                RmsNorm::load(w, &format!("{p}.self_attn.{n}"), size, cfg.rms_norm_eps)
-            };
+            let norm = |n: &str, size: usize| RmsNorm::load(w, &format!("{p}.self_attn.{n}"), size, cfg.rms_norm_eps);
             let per_head = variant.qk_norm == QkNorm::PerHead;
             let inner = Attention {
-                q: Linear::load(
-                    w,
-                    &format!("{p}.self_attn.q_proj"),
-                    h,
-                    heads * head_dim,
-                    qkv_bias,
-                )?,
-                k: Linear::load(
-                    w,
-                    &format!("{p}.self_attn.k_proj"),
-                    h,
-                    kv_heads * head_dim,
-                    qkv_bias,
-                )?,
-                v: Linear::load(
-                    w,
-                    &format!("{p}.self_attn.v_proj"),
-                    h,
-                    kv_heads * head_dim,
-                    qkv_bias,
-                )?,
-                o: Linear::load(
-                    w,
-                    &format!("{p}.self_attn.o_proj"),
-                    heads * head_dim,
-                    h,
-                    cfg.attention_bias,
-                )?,
-                q_norm: if per_head {
-                    Some(norm("q_norm", head_dim)?)
-                } else {
-                    None
-                },
-                k_norm: if per_head {
-                    Some(norm("k_norm", head_dim)?)
-                } else {
-                    None
-                },
+                q: Linear::load(w, &format!("{p}.self_attn.q_proj"), h, heads * head_dim, qkv_bias)?,
+                k: Linear::load(w, &format!("{p}.self_attn.k_proj"), h, kv_heads * head_dim, qkv_bias)?,
+                v: Linear::load(w, &format!("{p}.self_attn.v_proj"), h, kv_heads * head_dim, qkv_bias)?,
+                o: Linear::load(w, &format!("{p}.self_attn.o_proj"), heads * head_dim, h, cfg.attention_bias)?,
+                q_norm: if per_head { Some(norm("q_norm", head_dim)?) } else { None },
+                k_norm: if per_head { Some(norm("k_norm", head_dim)?) } else { None },
                 params: AttentionParams {
                     num_heads: heads,
                     num_kv_heads: kv_heads,
@@ -310,10 +257,7 @@ impl MoeDecoder {
                 },
             };
             let full_width_norm = if variant.qk_norm == QkNorm::FullWidth {
-                Some((
-                    norm("q_norm", heads * head_dim)?,
-                    norm("k_norm", kv_heads * head_dim)?,
-                ))
+                Some((norm("q_norm", heads * head_dim)?, norm("k_norm", kv_heads * head_dim)?))
             } else {
                 None
             };
@@ -321,96 +265,48 @@ impl MoeDecoder {
             let ffn = if cfg.is_sparse(i, num_experts) {
                 let width = need(
                     expert_width,
-                    if variant.moe_width_key {
-                        "moe_intermediate_size"
-                    } else {
-                        "intermediate_size"
-                    },
+                    if variant.moe_width_key { "moe_intermediate_size" } else { "intermediate_size" },
                 )?;
                 let shared = if variant.shared_expert {
-                    let sw = need(
-                        cfg.shared_expert_intermediate_size,
-                        "shared_expert_intermediate_size",
-                    )?;
+                    let sw = need(cfg.shared_expert_intermediate_size, "shared_expert_intermediate_size")?;
                     Some(SharedExpert {
                         mlp: GatedMlp::load(w, &format!("{mp}.shared_expert"), h, sw, act, false)?,
-                        gate: Some(Linear::load(
-                            w,
-                            &format!("{mp}.shared_expert_gate"),
-                            h,
-                            1,
-                            false,
-                        )?),
+                        gate: Some(Linear::load(w, &format!("{mp}.shared_expert_gate"), h, 1, false)?),
                     })
                 } else {
                     None
                 };
                 FeedForward::Moe(Box::new(SparseMoe {
                     router: Router::load(w, &format!("{mp}.gate"), h, router_cfg.clone(), false)?,
-                    experts: Experts::load(
-                        w,
-                        &mp,
-                        num_experts,
-                        h,
-                        width,
-                        act,
-                        variant.expert_names,
-                    )?,
+                    experts: Experts::load(w, &mp, num_experts, h, width, act, variant.expert_names)?,
                     shared,
                 }))
             } else {
                 let width = need(cfg.intermediate_size, "intermediate_size")?;
-                FeedForward::Dense(GatedMlp::load(
-                    w,
-                    &format!("{p}.mlp"),
-                    h,
-                    width,
-                    act,
-                    false,
-                )?)
+                FeedForward::Dense(GatedMlp::load(w, &format!("{p}.mlp"), h, width, act, false)?)
             };
             layers.push(Block {
                 input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm"), h, cfg.rms_norm_eps)?,
-                attn: MoeAttention {
-                    inner,
-                    full_width_norm,
-                },
-                post_norm: RmsNorm::load(
-                    w,
-                    &format!("{p}.post_attention_layernorm"),
-                    h,
-                    cfg.rms_norm_eps,
-                )?,
+                attn: MoeAttention { inner, full_width_norm },
+                post_norm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), h, cfg.rms_norm_eps)?,
                 ffn,
             });
         }
-        let embed = Embedding {
-            table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?,
-        };
+        let embed = Embedding { table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])? };
         let tied = cfg.tie_word_embeddings || !w.contains("lm_head.weight");
         let lm_head = if tied {
-            Linear {
-                weight: embed.table.clone(),
-                bias: None,
-            }
+            Linear { weight: embed.table.clone(), bias: None }
         } else {
             Linear::load(w, "lm_head", h, cfg.vocab_size, false)?
         };
         let norm = RmsNorm::load(w, "model.norm", h, cfg.rms_norm_eps)?;
         let weight_bytes = embed.table.size_in_bytes()
-            + if tied {
-                0
-            } else {
-                lm_head.weight.size_in_bytes()
-            }
+            + if tied { 0 } else { lm_head.weight.size_in_bytes() }
             + layers
                 .iter()
                 .map(|b| {
                     let a = &b.attn.inner;
-                    [&a.q, &a.k, &a.v, &a.o]
-                        .iter()
-                        .map(|l| l.weight.size_in_bytes())
-                        .sum::<usize>()
+                    [&a.q, &a.k, &a.v, &a.o].iter().map(|l| l.weight.size_in_bytes()).sum::<usize>()
                         + b.ffn.weight_bytes()
                 })
                 .sum::<usize>();
@@ -419,23 +315,12 @@ impl MoeDecoder {
             vocab_size: cfg.vocab_size,
             max_position_embeddings: cfg.max_position_embeddings,
             kv_layers: vec![
-                KvLayerSpec {
-                    num_kv_heads: kv_heads,
-                    k_dim: head_dim,
-                    v_dim: head_dim
-                };
+                KvLayerSpec { num_kv_heads: kv_heads, k_dim: head_dim, v_dim: head_dim };
                 cfg.num_hidden_layers
             ],
             weight_bytes,
         };
-        Ok(MoeDecoder {
-            info,
-            embed,
-            layers,
-            norm,
-            lm_head,
-            rope,
-        })
+        Ok(MoeDecoder { info, embed, layers, norm, lm_head, rope })
     }
 }
 
@@ -450,9 +335,7 @@ impl CausalLM for MoeDecoder {
         let (cos, sin) = self.rope.cos_sin(meta, h.device())?;
         for (block, cache) in self.layers.iter().zip(kv.iter_mut()) {
             let x = block.input_norm.forward(&h)?;
-            let x = block
-                .attn
-                .forward(&x, (&self.rope, &cos, &sin), meta, cache)?;
+            let x = block.attn.forward(&x, (&self.rope, &cos, &sin), meta, cache)?;
             h = ops::add(&h, &x)?;
             let x = block.post_norm.forward(&h)?;
             h = ops::add(&h, &block.ffn.forward(&x)?)?;

@@ -53,12 +53,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     load::check_heads(raw, heads, kv_heads)?;
     let d = cfg.head_dim.unwrap_or(h / heads);
     let act = load::activation(raw, "hidden_act", &cfg.hidden_act)?;
-    let rope = Rope::new(
-        &RopeParameters::from_config(raw, 10000.0)?,
-        d,
-        cfg.max_position_embeddings,
-        raw,
-    )?;
+    let rope = Rope::new(&RopeParameters::from_config(raw, 10000.0)?, d, cfg.max_position_embeddings, raw)?;
     let eps = cfg.rms_norm_eps;
     let bias = cfg.attention_bias;
     let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
@@ -70,57 +65,21 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             v: Linear::load(w, &format!("{p}.self_attn.v_proj"), h, kv_heads * d, bias)?,
             o: Linear::load(w, &format!("{p}.self_attn.o_proj"), heads * d, h, bias)?,
             // Full-width: the weight spans every head, so the norm does too.
-            q_norm: Some(load::rms(
-                w,
-                &format!("{p}.self_attn.q_norm"),
-                heads * d,
-                eps,
-            )?),
-            k_norm: Some(load::rms(
-                w,
-                &format!("{p}.self_attn.k_norm"),
-                kv_heads * d,
-                eps,
-            )?),
+            q_norm: Some(load::rms(w, &format!("{p}.self_attn.q_norm"), heads * d, eps)?),
+            k_norm: Some(load::rms(w, &format!("{p}.self_attn.k_norm"), kv_heads * d, eps)?),
             params: load::attention_params(heads, kv_heads, d, (d as f64).powf(-0.5), None, None),
         };
         blocks.push(Block {
             attn_norm: None,
-            attn: SelfAttention {
-                attn,
-                head_norms: None,
-                q_scale: None,
-                rope: Some(0),
-            },
-            attn_out_norm: Some(Norm::Rms(load::rms(
-                w,
-                &format!("{p}.post_attention_layernorm"),
-                h,
-                eps,
-            )?)),
+            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: Some(0) },
+            attn_out_norm: Some(Norm::Rms(load::rms(w, &format!("{p}.post_attention_layernorm"), h, eps)?)),
             mlp_norm: None,
-            mlp: Mlp::Gated(GatedMlp::load(
-                w,
-                &format!("{p}.mlp"),
-                h,
-                cfg.intermediate_size,
-                act,
-                false,
-            )?),
-            mlp_out_norm: Some(Norm::Rms(load::rms(
-                w,
-                &format!("{p}.post_feedforward_layernorm"),
-                h,
-                eps,
-            )?)),
-            wiring: Wiring::Sequential {
-                residual_scale: None,
-            },
+            mlp: Mlp::Gated(GatedMlp::load(w, &format!("{p}.mlp"), h, cfg.intermediate_size, act, false)?),
+            mlp_out_norm: Some(Norm::Rms(load::rms(w, &format!("{p}.post_feedforward_layernorm"), h, eps)?)),
+            wiring: Wiring::Sequential { residual_scale: None },
         });
     }
-    let embed = Embedding {
-        table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?,
-    };
+    let embed = Embedding { table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])? };
     let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
     let info = Decoder::info_for(
         raw.architecture()?,

@@ -58,11 +58,7 @@ fn opt_norm(w: &Weights, name: &str, size: usize, affine: bool) -> Result<Norm> 
     Ok(Norm::Layer(if affine {
         LayerNorm::load(w, name, size, 1e-5, true)?
     } else {
-        LayerNorm {
-            weight: None,
-            bias: None,
-            eps: 1e-5,
-        }
+        LayerNorm { weight: None, bias: None, eps: 1e-5 }
     }))
 }
 
@@ -74,11 +70,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let head_dim = h / heads;
     let act = load::activation(raw, "activation_function", &cfg.activation_function)?;
     let proj_dim = cfg.word_embed_proj_dim.unwrap_or(h);
-    let root = if w.contains("decoder.embed_tokens.weight") {
-        "decoder"
-    } else {
-        "model.decoder"
-    };
+    let root = if w.contains("decoder.embed_tokens.weight") { "decoder" } else { "model.decoder" };
     let (bias, affine) = (cfg.enable_bias, cfg.layer_norm_elementwise_affine);
     let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
     for i in 0..cfg.num_hidden_layers {
@@ -98,12 +90,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             act,
         };
         blocks.push(Block {
-            attn_norm: Some(opt_norm(
-                w,
-                &format!("{p}.self_attn_layer_norm"),
-                h,
-                affine,
-            )?),
+            attn_norm: Some(opt_norm(w, &format!("{p}.self_attn_layer_norm"), h, affine)?),
             attn: SelfAttention {
                 attn,
                 head_norms: None,
@@ -115,43 +102,21 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             mlp: Mlp::Dense(mlp),
             mlp_out_norm: None,
             wiring: if cfg.do_layer_norm_before {
-                Wiring::Sequential {
-                    residual_scale: None,
-                }
+                Wiring::Sequential { residual_scale: None }
             } else {
                 Wiring::PostNorm
             },
         });
     }
-    let embed = Embedding {
-        table: w.get(
-            &format!("{root}.embed_tokens.weight"),
-            &[cfg.vocab_size, proj_dim],
-        )?,
-    };
+    let embed = Embedding { table: w.get(&format!("{root}.embed_tokens.weight"), &[cfg.vocab_size, proj_dim])? };
     let positions = LearnedPositions {
-        table: w.get(
-            &format!("{root}.embed_positions.weight"),
-            &[cfg.max_position_embeddings + POSITION_OFFSET, h],
-        )?,
+        table: w.get(&format!("{root}.embed_positions.weight"), &[cfg.max_position_embeddings + POSITION_OFFSET, h])?,
         offset: POSITION_OFFSET,
     };
     let (project_in, project_out) = if proj_dim != h {
         (
-            Some(Linear::load(
-                w,
-                &format!("{root}.project_in"),
-                proj_dim,
-                h,
-                false,
-            )?),
-            Some(Linear::load(
-                w,
-                &format!("{root}.project_out"),
-                h,
-                proj_dim,
-                false,
-            )?),
+            Some(Linear::load(w, &format!("{root}.project_in"), proj_dim, h, false)?),
+            Some(Linear::load(w, &format!("{root}.project_out"), h, proj_dim, false)?),
         )
     } else {
         (None, None)
@@ -162,12 +127,8 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         None
     };
     let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
-    let extra: Vec<&ferrite_tensor::Tensor> = [&project_in, &project_out]
-        .into_iter()
-        .flatten()
-        .map(|l| &l.weight)
-        .chain([&positions.table])
-        .collect();
+    let extra: Vec<&ferrite_tensor::Tensor> =
+        [&project_in, &project_out].into_iter().flatten().map(|l| &l.weight).chain([&positions.table]).collect();
     let info = Decoder::info_for(
         raw.architecture()?,
         cfg.vocab_size,

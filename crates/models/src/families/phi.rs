@@ -47,9 +47,7 @@ pub struct PhiConfig {
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let cfg: PhiConfig = raw.parse()?;
     if cfg.qk_layernorm {
-        return Err(
-            raw.error("`qk_layernorm: true` is not supported (no parity fixture covers it)")
-        );
+        return Err(raw.error("`qk_layernorm: true` is not supported (no parity fixture covers it)"));
     }
     let h = cfg.hidden_size;
     let heads = cfg.num_attention_heads;
@@ -65,44 +63,13 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
         let attn = Attention {
-            q: Linear::load(
-                w,
-                &format!("{p}.self_attn.q_proj"),
-                h,
-                heads * head_dim,
-                true,
-            )?,
-            k: Linear::load(
-                w,
-                &format!("{p}.self_attn.k_proj"),
-                h,
-                kv_heads * head_dim,
-                true,
-            )?,
-            v: Linear::load(
-                w,
-                &format!("{p}.self_attn.v_proj"),
-                h,
-                kv_heads * head_dim,
-                true,
-            )?,
-            o: Linear::load(
-                w,
-                &format!("{p}.self_attn.dense"),
-                heads * head_dim,
-                h,
-                true,
-            )?,
+            q: Linear::load(w, &format!("{p}.self_attn.q_proj"), h, heads * head_dim, true)?,
+            k: Linear::load(w, &format!("{p}.self_attn.k_proj"), h, kv_heads * head_dim, true)?,
+            v: Linear::load(w, &format!("{p}.self_attn.v_proj"), h, kv_heads * head_dim, true)?,
+            o: Linear::load(w, &format!("{p}.self_attn.dense"), heads * head_dim, h, true)?,
             q_norm: None,
             k_norm: None,
-            params: load::attention_params(
-                heads,
-                kv_heads,
-                head_dim,
-                (head_dim as f64).powf(-0.5),
-                None,
-                None,
-            ),
+            params: load::attention_params(heads, kv_heads, head_dim, (head_dim as f64).powf(-0.5), None, None),
         };
         let mlp = DenseMlp {
             fc1: Linear::load(w, &format!("{p}.mlp.fc1"), h, cfg.intermediate_size, true)?,
@@ -110,19 +77,8 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             act,
         };
         blocks.push(Block {
-            attn_norm: Some(Norm::Layer(load::layer_norm(
-                w,
-                &format!("{p}.input_layernorm"),
-                h,
-                eps,
-                true,
-            )?)),
-            attn: SelfAttention {
-                attn,
-                head_norms: None,
-                q_scale: None,
-                rope: Some(0),
-            },
+            attn_norm: Some(Norm::Layer(load::layer_norm(w, &format!("{p}.input_layernorm"), h, eps, true)?)),
+            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: Some(0) },
             attn_out_norm: None,
             mlp_norm: None,
             mlp: Mlp::Dense(mlp),
@@ -130,9 +86,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             wiring: Wiring::Parallel(ParallelSum::BranchesFirst),
         });
     }
-    let embed = Embedding {
-        table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?,
-    };
+    let embed = Embedding { table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])? };
     let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, true)?;
     let info = Decoder::info_for(
         raw.architecture()?,
@@ -150,13 +104,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         project_in: None,
         positions: None,
         blocks,
-        final_norm: Some(Norm::Layer(load::layer_norm(
-            w,
-            "model.final_layernorm",
-            h,
-            eps,
-            true,
-        )?)),
+        final_norm: Some(Norm::Layer(load::layer_norm(w, "model.final_layernorm", h, eps, true)?)),
         project_out: None,
         lm_head,
         logits: LogitsPost::default(),

@@ -69,17 +69,8 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
-        let qkv = Linear::load(
-            w,
-            &format!("{p}.self_attn.qkv_proj"),
-            h,
-            q_rows + 2 * kv_rows,
-            false,
-        )?;
-        let [q, k, v]: [Linear; 3] = qkv
-            .split_rows(&[q_rows, kv_rows, kv_rows])?
-            .try_into()
-            .expect("three parts");
+        let qkv = Linear::load(w, &format!("{p}.self_attn.qkv_proj"), h, q_rows + 2 * kv_rows, false)?;
+        let [q, k, v]: [Linear; 3] = qkv.split_rows(&[q_rows, kv_rows, kv_rows])?.try_into().expect("three parts");
         let attn = Attention {
             q,
             k,
@@ -97,46 +88,19 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             ),
         };
         let gate_up = Linear::load(w, &format!("{p}.mlp.gate_up_proj"), h, 2 * inter, false)?;
-        let [gate, up]: [Linear; 2] = gate_up
-            .split_rows(&[inter, inter])?
-            .try_into()
-            .expect("two parts");
+        let [gate, up]: [Linear; 2] = gate_up.split_rows(&[inter, inter])?.try_into().expect("two parts");
         let down = Linear::load(w, &format!("{p}.mlp.down_proj"), inter, h, false)?;
         blocks.push(Block {
-            attn_norm: Some(Norm::Rms(load::rms(
-                w,
-                &format!("{p}.input_layernorm"),
-                h,
-                eps,
-            )?)),
-            attn: SelfAttention {
-                attn,
-                head_norms: None,
-                q_scale: None,
-                rope: Some(0),
-            },
+            attn_norm: Some(Norm::Rms(load::rms(w, &format!("{p}.input_layernorm"), h, eps)?)),
+            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: Some(0) },
             attn_out_norm: None,
-            mlp_norm: Some(Norm::Rms(load::rms(
-                w,
-                &format!("{p}.post_attention_layernorm"),
-                h,
-                eps,
-            )?)),
-            mlp: Mlp::Gated(GatedMlp {
-                gate,
-                up,
-                down,
-                act,
-            }),
+            mlp_norm: Some(Norm::Rms(load::rms(w, &format!("{p}.post_attention_layernorm"), h, eps)?)),
+            mlp: Mlp::Gated(GatedMlp { gate, up, down, act }),
             mlp_out_norm: None,
-            wiring: Wiring::Sequential {
-                residual_scale: None,
-            },
+            wiring: Wiring::Sequential { residual_scale: None },
         });
     }
-    let embed = Embedding {
-        table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?,
-    };
+    let embed = Embedding { table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])? };
     let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
     let info = Decoder::info_for(
         raw.architecture()?,

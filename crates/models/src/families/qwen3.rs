@@ -7,13 +7,5 @@ use crate::weights::Weights;
 use crate::Result;
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<LlamaModel> {
-    LlamaModel::load(
-        raw,
-        w,
-        Variant {
-            qkv_bias: false,
-            qk_norm: true,
-            window: WindowRule::FromMaxWindowLayers,
-        },
-    )
+    LlamaModel::load(raw, w, Variant { qkv_bias: false, qk_norm: true, window: WindowRule::FromMaxWindowLayers })
 }

@@ -18,12 +18,8 @@ fn positions(raw: &RawConfig) -> Result<Positions> {
         .value
         .get("pad_token_id")
         .and_then(|v| v.as_u64())
-        .ok_or_else(|| {
-            raw.error("missing field `pad_token_id` (RoBERTa positions start after it)")
-        })?;
-    Ok(Positions::AfterPadding {
-        padding_idx: padding_idx as u32,
-    })
+        .ok_or_else(|| raw.error("missing field `pad_token_id` (RoBERTa positions start after it)"))?;
+    Ok(Positions::AfterPadding { padding_idx: padding_idx as u32 })
 }
 
 /// `RobertaModel` / `XLMRobertaModel` as an embedding model (CLS pooling unless the
@@ -55,16 +51,9 @@ impl RobertaForSequenceClassification {
             default_pooling: PoolingType::Cls,
             labels,
             type_vocab_size: encoder.config.type_vocab_size,
-            weight_bytes: encoder.weight_bytes()
-                + dense.weight.size_in_bytes()
-                + out_proj.weight.size_in_bytes(),
+            weight_bytes: encoder.weight_bytes() + dense.weight.size_in_bytes() + out_proj.weight.size_in_bytes(),
         };
-        Ok(RobertaForSequenceClassification {
-            info,
-            encoder,
-            dense,
-            out_proj,
-        })
+        Ok(RobertaForSequenceClassification { info, encoder, dense, out_proj })
     }
 }
 

@@ -56,26 +56,12 @@ pub struct StableLmConfig {
 }
 
 /// `norms.{0..heads}.weight` of a `StableLmLayerNormPerHead`, as one `[heads * head_dim]` row.
-fn per_head_norm(
-    w: &Weights,
-    prefix: &str,
-    heads: usize,
-    d: usize,
-    eps: f64,
-) -> Result<HeadLayerNorm> {
+fn per_head_norm(w: &Weights, prefix: &str, heads: usize, d: usize, eps: f64) -> Result<HeadLayerNorm> {
     let parts = (0..heads)
-        .map(|i| {
-            Ok(w.get_f32(&format!("{prefix}.norms.{i}.weight"), &[d])?
-                .reshape(&[1, d])?)
-        })
+        .map(|i| Ok(w.get_f32(&format!("{prefix}.norms.{i}.weight"), &[d])?.reshape(&[1, d])?))
         .collect::<Result<Vec<Tensor>>>()?;
     let weight = ops::concat_cols(&parts.iter().collect::<Vec<_>>())?.reshape(&[heads * d])?;
-    Ok(HeadLayerNorm {
-        weight: Some(weight),
-        bias: None,
-        head_dim: d,
-        eps: eps as f32,
-    })
+    Ok(HeadLayerNorm { weight: Some(weight), bias: None, head_dim: d, eps: eps as f32 })
 }
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
@@ -110,50 +96,24 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         } else {
             None
         };
-        let norm = |n: &str| -> Result<Norm> {
-            Ok(Norm::Layer(load::layer_norm(
-                w,
-                &format!("{p}.{n}"),
-                h,
-                eps,
-                true,
-            )?))
-        };
+        let norm =
+            |n: &str| -> Result<Norm> { Ok(Norm::Layer(load::layer_norm(w, &format!("{p}.{n}"), h, eps, true)?)) };
         let (mlp_norm, wiring) = if cfg.use_parallel_residual {
             (None, Wiring::Parallel(ParallelSum::ResidualFirst))
         } else {
-            (
-                Some(norm("post_attention_layernorm")?),
-                Wiring::Sequential {
-                    residual_scale: None,
-                },
-            )
+            (Some(norm("post_attention_layernorm")?), Wiring::Sequential { residual_scale: None })
         };
         blocks.push(Block {
             attn_norm: Some(norm("input_layernorm")?),
-            attn: SelfAttention {
-                attn,
-                head_norms,
-                q_scale: None,
-                rope: Some(0),
-            },
+            attn: SelfAttention { attn, head_norms, q_scale: None, rope: Some(0) },
             attn_out_norm: None,
             mlp_norm,
-            mlp: Mlp::Gated(GatedMlp::load(
-                w,
-                &format!("{p}.mlp"),
-                h,
-                cfg.intermediate_size,
-                act,
-                false,
-            )?),
+            mlp: Mlp::Gated(GatedMlp::load(w, &format!("{p}.mlp"), h, cfg.intermediate_size, act, false)?),
             mlp_out_norm: None,
             wiring,
         });
     }
-    let embed = Embedding {
-        table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?,
-    };
+    let embed = Embedding { table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])? };
     let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
     let info = Decoder::info_for(
         raw.architecture()?,
@@ -171,13 +131,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         project_in: None,
         positions: None,
         blocks,
-        final_norm: Some(Norm::Layer(load::layer_norm(
-            w,
-            "model.norm",
-            h,
-            eps,
-            true,
-        )?)),
+        final_norm: Some(Norm::Layer(load::layer_norm(w, "model.norm", h, eps, true)?)),
         project_out: None,
         lm_head,
         logits: LogitsPost::default(),

@@ -60,12 +60,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     load::check_heads(raw, heads, kv_heads)?;
     let d = cfg.head_dim.unwrap_or(h / heads);
     let act = load::activation(raw, "hidden_act", &cfg.hidden_act)?;
-    let rope = Rope::new(
-        &RopeParameters::from_config(raw, 10000.0)?,
-        d,
-        cfg.max_position_embeddings,
-        raw,
-    )?;
+    let rope = Rope::new(&RopeParameters::from_config(raw, 10000.0)?, d, cfg.max_position_embeddings, raw)?;
     let (eps, bias) = (cfg.norm_epsilon, cfg.use_bias);
     let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
     for i in 0..cfg.num_hidden_layers {
@@ -77,55 +72,27 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             o: Linear::load(w, &format!("{p}.self_attn.o_proj"), heads * d, h, bias)?,
             q_norm: None,
             k_norm: None,
-            params: load::attention_params(
-                heads,
-                kv_heads,
-                d,
-                (d as f64).powf(-0.5),
-                cfg.sliding_window,
-                None,
-            ),
+            params: load::attention_params(heads, kv_heads, d, (d as f64).powf(-0.5), cfg.sliding_window, None),
         };
         let mlp = DenseMlp {
             fc1: Linear::load(w, &format!("{p}.mlp.c_fc"), h, cfg.intermediate_size, bias)?,
-            fc2: Linear::load(
-                w,
-                &format!("{p}.mlp.c_proj"),
-                cfg.intermediate_size,
-                h,
-                bias,
-            )?,
+            fc2: Linear::load(w, &format!("{p}.mlp.c_proj"), cfg.intermediate_size, h, bias)?,
             act,
         };
         let norm = |n: &str| -> Result<Option<Norm>> {
-            Ok(Some(Norm::Layer(load::layer_norm(
-                w,
-                &format!("{p}.{n}"),
-                h,
-                eps,
-                true,
-            )?)))
+            Ok(Some(Norm::Layer(load::layer_norm(w, &format!("{p}.{n}"), h, eps, true)?)))
         };
         blocks.push(Block {
             attn_norm: norm("input_layernorm")?,
-            attn: SelfAttention {
-                attn,
-                head_norms: None,
-                q_scale: None,
-                rope: Some(0),
-            },
+            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: Some(0) },
             attn_out_norm: None,
             mlp_norm: norm("post_attention_layernorm")?,
             mlp: Mlp::Dense(mlp),
             mlp_out_norm: None,
-            wiring: Wiring::Sequential {
-                residual_scale: None,
-            },
+            wiring: Wiring::Sequential { residual_scale: None },
         });
     }
-    let embed = Embedding {
-        table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?,
-    };
+    let embed = Embedding { table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])? };
     let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
     let info = Decoder::info_for(
         raw.architecture()?,
@@ -143,13 +110,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         project_in: None,
         positions: None,
         blocks,
-        final_norm: Some(Norm::Layer(load::layer_norm(
-            w,
-            "model.norm",
-            h,
-            eps,
-            true,
-        )?)),
+        final_norm: Some(Norm::Layer(load::layer_norm(w, "model.norm", h, eps, true)?)),
         project_out: None,
         lm_head,
         logits: LogitsPost::default(),

@@ -98,13 +98,7 @@ pub enum DequantError {
     #[error("ggml type {0} cannot be dequantized by ferrite")]
     Unsupported(GgmlType),
     #[error("{src} bytes of {ty} cannot fill {dst} f32 values (blocks of {block} elements take {bytes} bytes)")]
-    Length {
-        ty: GgmlType,
-        src: usize,
-        dst: usize,
-        block: usize,
-        bytes: usize,
-    },
+    Length { ty: GgmlType, src: usize, dst: usize, block: usize, bytes: usize },
 }
 
 type RowKernel = fn(&[u8], &mut [f32]);
@@ -139,13 +133,7 @@ impl GgmlType {
         let kernel = self.kernel().ok_or(DequantError::Unsupported(self))?;
         let (block, bytes) = (self.block_size(), self.type_size());
         if !dst.len().is_multiple_of(block) || dst.len() / block * bytes != src.len() {
-            return Err(DequantError::Length {
-                ty: self,
-                src: src.len(),
-                dst: dst.len(),
-                block,
-                bytes,
-            });
+            return Err(DequantError::Length { ty: self, src: src.len(), dst: dst.len(), block, bytes });
         }
         let blocks_per_chunk = (CHUNK_ELEMS / block).max(1);
         dst.par_chunks_mut(blocks_per_chunk * block)
@@ -203,10 +191,7 @@ fn dequant_q4_1(src: &[u8], dst: &mut [f32]) {
 /// The fifth bits of a Q5 block: bit j of the u32 belongs to element j.
 #[inline]
 fn q5_high_bits(qh: u32, j: usize) -> (u8, u8) {
-    (
-        (((qh >> j) << 4) & 0x10) as u8,
-        ((qh >> (j + 12)) & 0x10) as u8,
-    )
+    ((((qh >> j) << 4) & 0x10) as u8, ((qh >> (j + 12)) & 0x10) as u8)
 }
 
 /// block_q5_0: f16 d, u32 of fifth bits, 16 bytes of nibbles.
@@ -286,10 +271,7 @@ fn dequant_q3_k(src: &[u8], dst: &mut [f32]) {
             ((a1 >> 4) & KMASK2) | (((tmp >> 6) & KMASK1) << 4),
         ];
         let mut scales = [0i8; 16];
-        for (s, byte) in scales
-            .iter_mut()
-            .zip(aux.iter().flat_map(|w| w.to_le_bytes()))
-        {
+        for (s, byte) in scales.iter_mut().zip(aux.iter().flat_map(|w| w.to_le_bytes())) {
             *s = byte as i8;
         }
         let mut out = y.iter_mut();
@@ -316,10 +298,7 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        (
-            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
+        ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
 }
 
@@ -329,11 +308,7 @@ fn dequant_q4_k(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(144).zip(dst.chunks_exact_mut(QK_K)) {
         let (d, min) = (f16_at(b, 0), f16_at(b, 2));
         let scales = &b[4..16];
-        for (j, (q, y)) in b[16..144]
-            .chunks_exact(32)
-            .zip(y.chunks_exact_mut(64))
-            .enumerate()
-        {
+        for (j, (q, y)) in b[16..144].chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
             let (sc1, m1) = scale_min_k4(2 * j, scales);
             let (sc2, m2) = scale_min_k4(2 * j + 1, scales);
             let (d1, m1) = (d * sc1 as f32, min * m1 as f32);
@@ -352,11 +327,7 @@ fn dequant_q5_k(src: &[u8], dst: &mut [f32]) {
     for (b, y) in src.chunks_exact(176).zip(dst.chunks_exact_mut(QK_K)) {
         let (d, min) = (f16_at(b, 0), f16_at(b, 2));
         let (scales, qh) = (&b[4..16], &b[16..48]);
-        for (j, (ql, y)) in b[48..176]
-            .chunks_exact(32)
-            .zip(y.chunks_exact_mut(64))
-            .enumerate()
-        {
+        for (j, (ql, y)) in b[48..176].chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
             let (u1, u2) = (1u8 << (2 * j), 2u8 << (2 * j));
             let (sc1, m1) = scale_min_k4(2 * j, scales);
             let (sc2, m2) = scale_min_k4(2 * j + 1, scales);
@@ -417,9 +388,7 @@ mod tests {
 
     /// A reproducible spread of small integers in `0..n`.
     fn quants(n: u32, len: usize, seed: u32) -> Vec<u8> {
-        (0..len as u32)
-            .map(|i| ((i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 7) % n) as u8)
-            .collect()
+        (0..len as u32).map(|i| ((i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 7) % n) as u8).collect()
     }
 
     #[test]
@@ -435,15 +404,9 @@ mod tests {
         assert_eq!(out, vals.map(|v| f16::from_f32(v).to_f32()));
 
         // bf16 is the top half of the f32.
-        let bf16s: Vec<u8> = vals
-            .iter()
-            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
-            .collect();
+        let bf16s: Vec<u8> = vals.iter().flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes()).collect();
         GgmlType::BF16.dequantize_into(&bf16s, &mut out).unwrap();
-        assert_eq!(
-            out.map(f32::to_bits),
-            vals.map(|v| v.to_bits() & 0xFFFF_0000)
-        );
+        assert_eq!(out.map(f32::to_bits), vals.map(|v| v.to_bits() & 0xFFFF_0000));
     }
 
     #[test]
@@ -466,12 +429,7 @@ mod tests {
 
     fn q5_bits(q: &[u8]) -> (u32, Vec<u8>) {
         let qh = (0..32).fold(0u32, |acc, j| acc | (u32::from(q[j] >> 4) << j));
-        (
-            qh,
-            (0..16)
-                .map(|j| (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4))
-                .collect(),
-        )
+        (qh, (0..16).map(|j| (q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4)).collect())
     }
 
     #[test]
@@ -508,8 +466,7 @@ mod tests {
         let mut qs = vec![0u8; 64];
         for j in (0..QK_K).step_by(128) {
             for i in 0..32 {
-                qs[j / 4 + i] =
-                    l[j + i] | (l[j + i + 32] << 2) | (l[j + i + 64] << 4) | (l[j + i + 96] << 6);
+                qs[j / 4 + i] = l[j + i] | (l[j + i + 32] << 2) | (l[j + i + 64] << 4) | (l[j + i + 96] << 6);
             }
         }
         qs
@@ -521,9 +478,8 @@ mod tests {
         let (sc, mn, l) = (quants(16, 16, 6), quants(16, 16, 7), quants(4, QK_K, 8));
         let scales: Vec<u8> = sc.iter().zip(&mn).map(|(&s, &m)| s | (m << 4)).collect();
         let b = [&scales[..], &pack_2bit(&l), &f16_bytes(d), &f16_bytes(dmin)].concat();
-        let want: Vec<f32> = (0..QK_K)
-            .map(|i| d * sc[i / 16] as f32 * l[i] as f32 - dmin * mn[i / 16] as f32)
-            .collect();
+        let want: Vec<f32> =
+            (0..QK_K).map(|i| d * sc[i / 16] as f32 * l[i] as f32 - dmin * mn[i / 16] as f32).collect();
         assert_eq!(run(GgmlType::Q2_K, &b), want);
     }
 
@@ -550,9 +506,7 @@ mod tests {
             scales[j % 4 + 8] |= (s >> 4) << (2 * (j / 4));
         }
         let b = [&hmask[..], &pack_2bit(&low), &scales, &f16_bytes(d)].concat();
-        let want: Vec<f32> = (0..QK_K)
-            .map(|i| d * (sc[i / 16] as f32 - 32.0) * (l[i] as f32 - 4.0))
-            .collect();
+        let want: Vec<f32> = (0..QK_K).map(|i| d * (sc[i / 16] as f32 - 32.0) * (l[i] as f32 - 4.0)).collect();
         assert_eq!(run(GgmlType::Q3_K, &b), want);
     }
 
@@ -582,16 +536,9 @@ mod tests {
                 qs[32 * c + i] = l[j + i] | (l[j + i + 32] << 4);
             }
         }
-        let b = [
-            &f16_bytes(d)[..],
-            &f16_bytes(dmin),
-            &pack_scale_min(&sc, &mn),
-            &qs,
-        ]
-        .concat();
-        let want: Vec<f32> = (0..QK_K)
-            .map(|i| d * sc[i / 32] as f32 * l[i] as f32 - dmin * mn[i / 32] as f32)
-            .collect();
+        let b = [&f16_bytes(d)[..], &f16_bytes(dmin), &pack_scale_min(&sc, &mn), &qs].concat();
+        let want: Vec<f32> =
+            (0..QK_K).map(|i| d * sc[i / 32] as f32 * l[i] as f32 - dmin * mn[i / 32] as f32).collect();
         assert_eq!(run(GgmlType::Q4_K, &b), want);
     }
 
@@ -617,17 +564,9 @@ mod tests {
             m1 <<= 2;
             m2 <<= 2;
         }
-        let b = [
-            &f16_bytes(d)[..],
-            &f16_bytes(dmin),
-            &pack_scale_min(&sc, &mn),
-            &qh,
-            &ql,
-        ]
-        .concat();
-        let want: Vec<f32> = (0..QK_K)
-            .map(|i| d * sc[i / 32] as f32 * l[i] as f32 - dmin * mn[i / 32] as f32)
-            .collect();
+        let b = [&f16_bytes(d)[..], &f16_bytes(dmin), &pack_scale_min(&sc, &mn), &qh, &ql].concat();
+        let want: Vec<f32> =
+            (0..QK_K).map(|i| d * sc[i / 32] as f32 * l[i] as f32 - dmin * mn[i / 32] as f32).collect();
         assert_eq!(run(GgmlType::Q5_K, &b), want);
     }
 
@@ -647,23 +586,15 @@ mod tests {
         }
         let scales: Vec<u8> = sc.iter().map(|&s| s as u8).collect();
         let b = [&ql[..], &qh, &scales, &f16_bytes(d)].concat();
-        let want: Vec<f32> = (0..QK_K)
-            .map(|i| d * sc[i / 16] as f32 * (l[i] as f32 - 32.0))
-            .collect();
+        let want: Vec<f32> = (0..QK_K).map(|i| d * sc[i / 16] as f32 * (l[i] as f32 - 32.0)).collect();
         assert_eq!(run(GgmlType::Q6_K, &b), want);
     }
 
     #[test]
     fn rejects_bad_lengths_and_unsupported_types() {
         let mut out = vec![0f32; 32];
-        assert!(matches!(
-            GgmlType::Q4_0.dequantize_into(&[0u8; 17], &mut out),
-            Err(DequantError::Length { .. })
-        ));
-        assert!(matches!(
-            GgmlType::Q4_K.dequantize_into(&[0u8; 18], &mut out),
-            Err(DequantError::Length { .. })
-        ));
+        assert!(matches!(GgmlType::Q4_0.dequantize_into(&[0u8; 17], &mut out), Err(DequantError::Length { .. })));
+        assert!(matches!(GgmlType::Q4_K.dequantize_into(&[0u8; 18], &mut out), Err(DequantError::Length { .. })));
         assert!(matches!(
             GgmlType::IQ2_XXS.dequantize_into(&[], &mut []),
             Err(DequantError::Unsupported(GgmlType::IQ2_XXS))

@@ -55,11 +55,8 @@ const GEMMA3_LAYER_TENSORS: &[(&str, &str)] = &[
     ("ffn_down", "mlp.down_proj"),
 ];
 
-const GLOBAL_TENSORS: &[(&str, &str)] = &[
-    ("token_embd", "model.embed_tokens"),
-    ("output_norm", "model.norm"),
-    ("output", "lm_head"),
-];
+const GLOBAL_TENSORS: &[(&str, &str)] =
+    &[("token_embd", "model.embed_tokens"), ("output_norm", "model.norm"), ("output", "lm_head")];
 
 /// The hyperparameters both the config and the tensor fix-ups need.
 struct Dims {
@@ -86,26 +83,18 @@ impl GgufFile {
     fn dims(&self) -> Result<Dims, GgufError> {
         let heads = self.require_u64(&self.arch_key("attention.head_count")?)?;
         // llama.cpp's default when the key is absent: no grouped-query attention.
-        let kv_heads = self
-            .get_u64(&self.arch_key("attention.head_count_kv")?)?
-            .unwrap_or(heads);
+        let kv_heads = self.get_u64(&self.arch_key("attention.head_count_kv")?)?.unwrap_or(heads);
         let hidden = self.require_u64(&self.arch_key("embedding_length")?)?;
         if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
             return Err(self.error(GgufErrorKind::Malformed(format!(
                 "{heads} attention heads cannot be shared by {kv_heads} key/value heads"
             ))));
         }
-        Ok(Dims {
-            heads,
-            kv_heads,
-            hidden,
-        })
+        Ok(Dims { heads, kv_heads, hidden })
     }
 
     fn token_count(&self) -> Option<usize> {
-        self.get("tokenizer.ggml.tokens")
-            .and_then(|v| v.as_array())
-            .map(<[_]>::len)
+        self.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).map(<[_]>::len)
     }
 
     /// A transformers-style `config.json` for this file, as transformers builds it from the same
@@ -167,10 +156,7 @@ impl GgufFile {
                 c.insert("model_type".into(), json!("llama"));
                 c.insert("hidden_act".into(), json!("silu"));
                 c.insert("mlp_bias".into(), json!(false));
-                c.insert(
-                    "max_position_embeddings".into(),
-                    json!(context.unwrap_or(2048)),
-                );
+                c.insert("max_position_embeddings".into(), json!(context.unwrap_or(2048)));
                 c.insert("rms_norm_eps".into(), json!(eps.unwrap_or(1e-6)));
                 c.insert("rope_theta".into(), json!(theta));
                 let mut params = json!({"rope_type": "default", "rope_theta": theta});
@@ -182,9 +168,7 @@ impl GgufFile {
             }
             Arch::Gemma3 => {
                 let theta = rope_theta.unwrap_or(1_000_000.0);
-                let window = self
-                    .get_u64(&key("attention.sliding_window")?)?
-                    .unwrap_or(4096);
+                let window = self.get_u64(&key("attention.sliding_window")?)?.unwrap_or(4096);
                 let layer_types: Vec<&str> = (0..num_layers as usize)
                     .map(|i| {
                         if (i + 1) % GEMMA3_SLIDING_WINDOW_PATTERN == 0 {
@@ -197,16 +181,10 @@ impl GgufFile {
                 c.insert("architectures".into(), json!(["Gemma3ForCausalLM"]));
                 c.insert("model_type".into(), json!("gemma3_text"));
                 c.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
-                c.insert(
-                    "max_position_embeddings".into(),
-                    json!(context.unwrap_or(131_072)),
-                );
+                c.insert("max_position_embeddings".into(), json!(context.unwrap_or(131_072)));
                 c.insert("rms_norm_eps".into(), json!(eps.unwrap_or(1e-6)));
                 c.insert("rope_theta".into(), json!(theta));
-                c.insert(
-                    "rope_local_base_freq".into(),
-                    json!(GEMMA3_ROPE_LOCAL_BASE_FREQ),
-                );
+                c.insert("rope_local_base_freq".into(), json!(GEMMA3_ROPE_LOCAL_BASE_FREQ));
                 // Scaling, where a file has it, applies to the global layers only, as in the
                 // original checkpoints' configs.
                 let mut full = json!({"rope_type": "default", "rope_theta": theta});
@@ -222,15 +200,9 @@ impl GgufFile {
                 );
                 c.insert("rope_scaling".into(), json!(rope_scaling));
                 c.insert("sliding_window".into(), json!(window));
-                c.insert(
-                    "_sliding_window_pattern".into(),
-                    json!(GEMMA3_SLIDING_WINDOW_PATTERN),
-                );
+                c.insert("_sliding_window_pattern".into(), json!(GEMMA3_SLIDING_WINDOW_PATTERN));
                 c.insert("layer_types".into(), json!(layer_types));
-                c.insert(
-                    "query_pre_attn_scalar".into(),
-                    json!(GEMMA3_QUERY_PRE_ATTN_SCALAR),
-                );
+                c.insert("query_pre_attn_scalar".into(), json!(GEMMA3_QUERY_PRE_ATTN_SCALAR));
                 c.insert("final_logit_softcapping".into(), Value::Null);
                 c.insert("attn_logit_softcapping".into(), Value::Null);
                 c.insert("use_bidirectional_attention".into(), json!(false));
@@ -270,9 +242,7 @@ impl GgufFile {
         let Ok(arch) = self.arch() else {
             return Vec::new();
         };
-        self.tensor_names()
-            .filter_map(|gguf| hf_name(arch, gguf).map(|hf| (hf, gguf.to_string())))
-            .collect()
+        self.tensor_names().filter_map(|gguf| hf_name(arch, gguf).map(|hf| (hf, gguf.to_string()))).collect()
     }
 
     /// A tensor under its transformers name, dequantized to f32 and put in transformers' layout:
@@ -382,56 +352,20 @@ mod tests {
     #[test]
     fn names() {
         let cases = [
-            (
-                Arch::Llama,
-                "token_embd.weight",
-                Some("model.embed_tokens.weight"),
-            ),
+            (Arch::Llama, "token_embd.weight", Some("model.embed_tokens.weight")),
             (Arch::Llama, "output_norm.weight", Some("model.norm.weight")),
             (Arch::Llama, "output.weight", Some("lm_head.weight")),
-            (
-                Arch::Llama,
-                "blk.12.attn_q.weight",
-                Some("model.layers.12.self_attn.q_proj.weight"),
-            ),
-            (
-                Arch::Llama,
-                "blk.0.attn_q.bias",
-                Some("model.layers.0.self_attn.q_proj.bias"),
-            ),
-            (
-                Arch::Llama,
-                "blk.3.ffn_norm.weight",
-                Some("model.layers.3.post_attention_layernorm.weight"),
-            ),
-            (
-                Arch::Llama,
-                "blk.3.ffn_down.weight",
-                Some("model.layers.3.mlp.down_proj.weight"),
-            ),
+            (Arch::Llama, "blk.12.attn_q.weight", Some("model.layers.12.self_attn.q_proj.weight")),
+            (Arch::Llama, "blk.0.attn_q.bias", Some("model.layers.0.self_attn.q_proj.bias")),
+            (Arch::Llama, "blk.3.ffn_norm.weight", Some("model.layers.3.post_attention_layernorm.weight")),
+            (Arch::Llama, "blk.3.ffn_down.weight", Some("model.layers.3.mlp.down_proj.weight")),
             (Arch::Llama, "rope_freqs.weight", None),
             (Arch::Llama, "blk.x.attn_q.weight", None),
             (Arch::Llama, "blk.1.post_ffw_norm.weight", None),
-            (
-                Arch::Gemma3,
-                "blk.1.ffn_norm.weight",
-                Some("model.layers.1.pre_feedforward_layernorm.weight"),
-            ),
-            (
-                Arch::Gemma3,
-                "blk.1.post_ffw_norm.weight",
-                Some("model.layers.1.post_feedforward_layernorm.weight"),
-            ),
-            (
-                Arch::Gemma3,
-                "blk.1.attn_k_norm.weight",
-                Some("model.layers.1.self_attn.k_norm.weight"),
-            ),
-            (
-                Arch::Gemma3,
-                "blk.1.post_attention_norm.weight",
-                Some("model.layers.1.post_attention_layernorm.weight"),
-            ),
+            (Arch::Gemma3, "blk.1.ffn_norm.weight", Some("model.layers.1.pre_feedforward_layernorm.weight")),
+            (Arch::Gemma3, "blk.1.post_ffw_norm.weight", Some("model.layers.1.post_feedforward_layernorm.weight")),
+            (Arch::Gemma3, "blk.1.attn_k_norm.weight", Some("model.layers.1.self_attn.k_norm.weight")),
+            (Arch::Gemma3, "blk.1.post_attention_norm.weight", Some("model.layers.1.post_attention_layernorm.weight")),
         ];
         for (arch, gguf, want) in cases {
             assert_eq!(hf_name(arch, gguf).as_deref(), want, "{gguf}");

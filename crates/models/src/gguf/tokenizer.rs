@@ -37,13 +37,14 @@ const GPT4O_SPLIT: &str = concat!(
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 );
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN35_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 fn pre_tokenizer_split(pre: &str) -> Option<&'static str> {
     Some(match pre {
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" | "jina-v5-nano" | "dbrx" | "smaug-bpe" => LLAMA3_SPLIT,
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
+        | "jina-v5-nano" | "dbrx" | "smaug-bpe" => LLAMA3_SPLIT,
         "tekken" => TEKKEN_SPLIT,
         "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" => QWEN2_SPLIT,
         "qwen35" => QWEN35_SPLIT,
@@ -81,48 +82,21 @@ enum Normalizer {
 #[derive(serde::Serialize)]
 #[serde(tag = "type")]
 enum PreTokenizer {
-    ByteLevel {
-        add_prefix_space: bool,
-        trim_offsets: bool,
-        use_regex: bool,
-    },
-    Split {
-        pattern: Pattern,
-        behavior: &'static str,
-        invert: bool,
-    },
-    Metaspace {
-        replacement: char,
-        prepend_scheme: &'static str,
-        split: bool,
-    },
-    Sequence {
-        pretokenizers: Vec<PreTokenizer>,
-    },
+    ByteLevel { add_prefix_space: bool, trim_offsets: bool, use_regex: bool },
+    Split { pattern: Pattern, behavior: &'static str, invert: bool },
+    Metaspace { replacement: char, prepend_scheme: &'static str, split: bool },
+    Sequence { pretokenizers: Vec<PreTokenizer> },
 }
 
 #[derive(serde::Serialize)]
 #[serde(tag = "type")]
 enum Decoder {
-    ByteLevel {
-        add_prefix_space: bool,
-        trim_offsets: bool,
-        use_regex: bool,
-    },
-    Replace {
-        pattern: Pattern,
-        content: String,
-    },
+    ByteLevel { add_prefix_space: bool, trim_offsets: bool, use_regex: bool },
+    Replace { pattern: Pattern, content: String },
     ByteFallback,
     Fuse,
-    Strip {
-        content: char,
-        start: usize,
-        stop: usize,
-    },
-    Sequence {
-        decoders: Vec<Decoder>,
-    },
+    Strip { content: char, start: usize, stop: usize },
+    Sequence { decoders: Vec<Decoder> },
 }
 
 #[derive(serde::Serialize)]
@@ -141,11 +115,7 @@ struct SpecialTokenEntry {
 #[derive(serde::Serialize)]
 #[serde(tag = "type")]
 enum PostProcessor {
-    TemplateProcessing {
-        single: Vec<Piece>,
-        pair: Vec<Piece>,
-        special_tokens: BTreeMap<String, SpecialTokenEntry>,
-    },
+    TemplateProcessing { single: Vec<Piece>, pair: Vec<Piece>, special_tokens: BTreeMap<String, SpecialTokenEntry> },
 }
 
 #[derive(serde::Serialize, Clone)]
@@ -259,89 +229,51 @@ impl GgufFile {
         let Some(value) = self.get(key) else {
             return Ok(None);
         };
-        let items = value
-            .as_array()
-            .ok_or_else(|| self.metadata_error(key, "expected an array of strings"))?;
+        let items = value.as_array().ok_or_else(|| self.metadata_error(key, "expected an array of strings"))?;
         items
             .iter()
             .enumerate()
-            .map(|(i, v)| {
-                v.as_str()
-                    .ok_or_else(|| self.metadata_error(key, format!("element {i} is not a string")))
-            })
+            .map(|(i, v)| v.as_str().ok_or_else(|| self.metadata_error(key, format!("element {i} is not a string"))))
             .collect::<Result<Vec<_>, _>>()
             .map(Some)
     }
 
-    fn number_array<T>(
-        &self,
-        key: &str,
-        get: impl Fn(&GgufValue) -> Option<T>,
-    ) -> Result<Option<Vec<T>>, GgufError> {
+    fn number_array<T>(&self, key: &str, get: impl Fn(&GgufValue) -> Option<T>) -> Result<Option<Vec<T>>, GgufError> {
         let Some(value) = self.get(key) else {
             return Ok(None);
         };
-        let items = value
-            .as_array()
-            .ok_or_else(|| self.metadata_error(key, "expected an array of numbers"))?;
+        let items = value.as_array().ok_or_else(|| self.metadata_error(key, "expected an array of numbers"))?;
         items
             .iter()
             .enumerate()
-            .map(|(i, v)| {
-                get(v)
-                    .ok_or_else(|| self.metadata_error(key, format!("element {i} is not a number")))
-            })
+            .map(|(i, v)| get(v).ok_or_else(|| self.metadata_error(key, format!("element {i} is not a number"))))
             .collect::<Result<Vec<_>, _>>()
             .map(Some)
     }
 
     fn vocab(&self) -> Result<Vocab<'_>, GgufError> {
         const TOKENS: &str = "tokenizer.ggml.tokens";
-        let tokens = self
-            .string_array(TOKENS)?
-            .ok_or_else(|| self.metadata_error(TOKENS, "missing"))?;
-        let token_types = self
-            .number_array("tokenizer.ggml.token_type", GgufValue::as_i64)?
-            .unwrap_or_default();
+        let tokens = self.string_array(TOKENS)?.ok_or_else(|| self.metadata_error(TOKENS, "missing"))?;
+        let token_types = self.number_array("tokenizer.ggml.token_type", GgufValue::as_i64)?.unwrap_or_default();
         let scores = self.number_array("tokenizer.ggml.scores", GgufValue::as_f64)?;
         let merges = self.string_array("tokenizer.ggml.merges")?;
-        Ok(Vocab {
-            tokens,
-            token_types,
-            scores,
-            merges,
-        })
+        Ok(Vocab { tokens, token_types, scores, merges })
     }
 
     /// The file's token for a `tokenizer.ggml.*_token_id` key, as transformers resolves it.
-    fn special_token<'a>(
-        &self,
-        vocab: &Vocab<'a>,
-        key: &str,
-    ) -> Result<Option<&'a str>, GgufError> {
+    fn special_token<'a>(&self, vocab: &Vocab<'a>, key: &str) -> Result<Option<&'a str>, GgufError> {
         let Some(id) = self.get_u64(key)? else {
             return Ok(None);
         };
-        let token = usize::try_from(id)
-            .ok()
-            .and_then(|i| vocab.tokens.get(i))
-            .copied();
+        let token = usize::try_from(id).ok().and_then(|i| vocab.tokens.get(i)).copied();
         token.map(Some).ok_or_else(|| {
-            self.metadata_error(
-                key,
-                format!(
-                    "token id {id} is outside the {}-token vocabulary",
-                    vocab.tokens.len()
-                ),
-            )
+            self.metadata_error(key, format!("token id {id} is outside the {}-token vocabulary", vocab.tokens.len()))
         })
     }
 
     fn builder(&self) -> Result<Builder, GgufError> {
         const MODEL: &str = "tokenizer.ggml.model";
-        let model = self
-            .get_str(MODEL)?
-            .ok_or_else(|| self.metadata_error(MODEL, "missing"))?;
+        let model = self.get_str(MODEL)?.ok_or_else(|| self.metadata_error(MODEL, "missing"))?;
         match model {
             "gpt2" => Ok(Builder::ByteLevel),
             "llama" if matches!(self.architecture()?, "gemma" | "gemma2" | "gemma3") => Ok(Builder::Gemma),
@@ -354,22 +286,13 @@ impl GgufFile {
 
     /// `tokenizer.chat_template`, the Jinja template the file ships, if any.
     pub fn chat_template(&self) -> Option<String> {
-        self.get("tokenizer.chat_template")
-            .and_then(GgufValue::as_str)
-            .map(str::to_string)
+        self.get("tokenizer.chat_template").and_then(GgufValue::as_str).map(str::to_string)
     }
 
     /// The BOS and EOS token ids the file declares.
     pub fn bos_eos(&self) -> (Option<u32>, Option<u32>) {
-        let id = |key: &str| {
-            self.get(key)
-                .and_then(GgufValue::as_u64)
-                .and_then(|v| u32::try_from(v).ok())
-        };
-        (
-            id("tokenizer.ggml.bos_token_id"),
-            id("tokenizer.ggml.eos_token_id"),
-        )
+        let id = |key: &str| self.get(key).and_then(GgufValue::as_u64).and_then(|v| u32::try_from(v).ok());
+        (id("tokenizer.ggml.bos_token_id"), id("tokenizer.ggml.eos_token_id"))
     }
 
     /// Whether transformers adds BOS / EOS when encoding (`get_gguf_tokenizer`): the file's flags,
@@ -412,11 +335,7 @@ impl GgufFile {
         if !vocab.token_types.is_empty() && vocab.token_types.len() != vocab.tokens.len() {
             return Err(self.metadata_error(
                 "tokenizer.ggml.token_type",
-                format!(
-                    "has {} entries for {} tokens",
-                    vocab.token_types.len(),
-                    vocab.tokens.len()
-                ),
+                format!("has {} entries for {} tokens", vocab.token_types.len(), vocab.tokens.len()),
             ));
         }
 
@@ -452,28 +371,19 @@ impl GgufFile {
                 .collect(),
             Builder::Llama => vocab.tokens.iter().map(|t| t.to_string()).collect(),
         };
-        let model_vocab = PyDict::new(
-            spelled
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (t.as_str(), i as u32)),
-        );
+        let model_vocab = PyDict::new(spelled.iter().enumerate().map(|(i, t)| (t.as_str(), i as u32)));
 
         let merges = match &vocab.merges {
             Some(merges) => merges
                 .iter()
                 .map(|m| {
                     let (a, b) = m.split_once(' ').ok_or_else(|| {
-                        self.metadata_error(
-                            "tokenizer.ggml.merges",
-                            format!("merge {m:?} is not two tokens"),
-                        )
+                        self.metadata_error("tokenizer.ggml.merges", format!("merge {m:?} is not two tokens"))
                     })?;
                     if b.contains(' ') {
-                        return Err(self.metadata_error(
-                            "tokenizer.ggml.merges",
-                            format!("merge {m:?} is not two tokens"),
-                        ));
+                        return Err(
+                            self.metadata_error("tokenizer.ggml.merges", format!("merge {m:?} is not two tokens"))
+                        );
                     }
                     Ok((a.to_string(), b.to_string()))
                 })
@@ -482,34 +392,19 @@ impl GgufFile {
                 let scores: Vec<(&str, f64)> = match builder {
                     // Gemma's scores do not follow its merge order; the file order does
                     // (transformers' `gemma_tokenizer`, fix 2).
-                    Builder::Gemma => spelled
-                        .iter()
-                        .enumerate()
-                        .map(|(i, t)| (t.as_str(), -(i as f64)))
-                        .collect(),
+                    Builder::Gemma => spelled.iter().enumerate().map(|(i, t)| (t.as_str(), -(i as f64))).collect(),
                     _ => {
                         const SCORES: &str = "tokenizer.ggml.scores";
                         let scores = vocab.scores.as_ref().ok_or_else(|| {
-                            self.metadata_error(
-                                SCORES,
-                                "missing, and without merges or scores BPE cannot be rebuilt",
-                            )
+                            self.metadata_error(SCORES, "missing, and without merges or scores BPE cannot be rebuilt")
                         })?;
                         if scores.len() != vocab.tokens.len() {
                             return Err(self.metadata_error(
                                 SCORES,
-                                format!(
-                                    "has {} entries for {} tokens",
-                                    scores.len(),
-                                    vocab.tokens.len()
-                                ),
+                                format!("has {} entries for {} tokens", scores.len(), vocab.tokens.len()),
                             ));
                         }
-                        spelled
-                            .iter()
-                            .map(String::as_str)
-                            .zip(scores.iter().copied())
-                            .collect()
+                        spelled.iter().map(String::as_str).zip(scores.iter().copied()).collect()
                     }
                 };
                 generate_merges(&model_vocab, &PyDict::new(scores))
@@ -542,25 +437,16 @@ impl GgufFile {
 
         // Without a token to add, transformers turns the flag off.
         let (add_bos, add_eos) = self.add_bos_eos(builder)?;
-        let token_of = |name: &str| {
-            named
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, t)| t.to_string())
-        };
+        let token_of = |name: &str| named.iter().find(|(n, _)| *n == name).map(|(_, t)| t.to_string());
         let (bos, eos) = (token_of("bos_token"), token_of("eos_token"));
-        let with_id =
-            |token: Option<String>, key: &str| -> Result<Option<(u32, String)>, GgufError> {
-                token
-                    .map(|t| match added.id_of(&t) {
-                        Some(id) => Ok((id, t)),
-                        None => Err(self.metadata_error(
-                            key,
-                            format!("token {t:?} cannot be added to the vocabulary"),
-                        )),
-                    })
-                    .transpose()
-            };
+        let with_id = |token: Option<String>, key: &str| -> Result<Option<(u32, String)>, GgufError> {
+            token
+                .map(|t| match added.id_of(&t) {
+                    Some(id) => Ok((id, t)),
+                    None => Err(self.metadata_error(key, format!("token {t:?} cannot be added to the vocabulary"))),
+                })
+                .transpose()
+        };
         let post_processor = template_processing(
             with_id(bos.filter(|_| add_bos), "tokenizer.ggml.bos_token_id")?,
             with_id(eos.filter(|_| add_eos), "tokenizer.ggml.eos_token_id")?,
@@ -569,23 +455,12 @@ impl GgufFile {
         let (normalizer, mut pre_tokenizer, decoder, unk_token) = match builder {
             Builder::ByteLevel => (
                 None,
-                Some(PreTokenizer::ByteLevel {
-                    add_prefix_space: false,
-                    trim_offsets: true,
-                    use_regex: true,
-                }),
-                Decoder::ByteLevel {
-                    add_prefix_space: true,
-                    trim_offsets: true,
-                    use_regex: true,
-                },
+                Some(PreTokenizer::ByteLevel { add_prefix_space: false, trim_offsets: true, use_regex: true }),
+                Decoder::ByteLevel { add_prefix_space: true, trim_offsets: true, use_regex: true },
                 None,
             ),
             Builder::Gemma => (
-                Some(Normalizer::Replace {
-                    pattern: Pattern::String(" ".into()),
-                    content: SPIECE_UNDERLINE.into(),
-                }),
+                Some(Normalizer::Replace { pattern: Pattern::String(" ".into()), content: SPIECE_UNDERLINE.into() }),
                 Some(PreTokenizer::Split {
                     pattern: Pattern::String(" ".into()),
                     behavior: "MergedWithPrevious",
@@ -596,40 +471,21 @@ impl GgufFile {
             ),
             Builder::Llama => (
                 None,
-                Some(PreTokenizer::Metaspace {
-                    replacement: SPIECE_UNDERLINE,
-                    prepend_scheme: "first",
-                    split: false,
-                }),
+                Some(PreTokenizer::Metaspace { replacement: SPIECE_UNDERLINE, prepend_scheme: "first", split: false }),
                 sentencepiece_decoder(true),
                 None,
             ),
         };
-        if let Some(split) = self
-            .get_str("tokenizer.ggml.pre")?
-            .and_then(pre_tokenizer_split)
-        {
+        if let Some(split) = self.get_str("tokenizer.ggml.pre")?.and_then(pre_tokenizer_split) {
             pre_tokenizer = Some(PreTokenizer::Sequence {
                 pretokenizers: vec![
-                    PreTokenizer::Split {
-                        pattern: Pattern::Regex(split.into()),
-                        behavior: "Isolated",
-                        invert: false,
-                    },
-                    PreTokenizer::ByteLevel {
-                        add_prefix_space: false,
-                        trim_offsets: true,
-                        use_regex: false,
-                    },
+                    PreTokenizer::Split { pattern: Pattern::Regex(split.into()), behavior: "Isolated", invert: false },
+                    PreTokenizer::ByteLevel { add_prefix_space: false, trim_offsets: true, use_regex: false },
                 ],
             });
         }
 
-        let mut ordered: Vec<(String, u32)> = model_vocab
-            .map
-            .iter()
-            .map(|(t, &id)| (t.to_string(), id))
-            .collect();
+        let mut ordered: Vec<(String, u32)> = model_vocab.map.iter().map(|(t, &id)| (t.to_string(), id)).collect();
         ordered.sort_by_key(|&(_, id)| id);
         let sentencepiece = builder != Builder::ByteLevel;
         let json = TokenizerJson {
@@ -653,11 +509,8 @@ impl GgufFile {
                 merges,
             },
         };
-        serde_json::to_string(&json).map_err(|e| {
-            self.error(GgufErrorKind::Malformed(format!(
-                "tokenizer.json serialization failed: {e}"
-            )))
-        })
+        serde_json::to_string(&json)
+            .map_err(|e| self.error(GgufErrorKind::Malformed(format!("tokenizer.json serialization failed: {e}"))))
     }
 
     /// The `tokenizer_config.json` settings transformers derives from the file: special tokens,
@@ -667,11 +520,7 @@ impl GgufFile {
         let vocab = self.vocab()?;
         let (add_bos, add_eos) = self.add_bos_eos(builder)?;
         let mut config = serde_json::Map::new();
-        let class = if builder == Builder::Gemma {
-            "GemmaTokenizer"
-        } else {
-            "TokenizersBackend"
-        };
+        let class = if builder == Builder::Gemma { "GemmaTokenizer" } else { "TokenizersBackend" };
         config.insert("tokenizer_class".into(), json!(class));
         for name in ["bos_token", "eos_token", "unk_token", "pad_token"] {
             config.insert(name.into(), Value::Null);
@@ -690,19 +539,12 @@ impl GgufFile {
 
 fn sentencepiece_decoder(strip_prefix_space: bool) -> Decoder {
     let mut decoders = vec![
-        Decoder::Replace {
-            pattern: Pattern::String(SPIECE_UNDERLINE.into()),
-            content: " ".into(),
-        },
+        Decoder::Replace { pattern: Pattern::String(SPIECE_UNDERLINE.into()), content: " ".into() },
         Decoder::ByteFallback,
         Decoder::Fuse,
     ];
     if strip_prefix_space {
-        decoders.push(Decoder::Strip {
-            content: ' ',
-            start: 1,
-            stop: 0,
-        });
+        decoders.push(Decoder::Strip { content: ' ', start: 1, stop: 0 });
     }
     Decoder::Sequence { decoders }
 }
@@ -712,20 +554,11 @@ fn template_processing(bos: Option<(u32, String)>, eos: Option<(u32, String)>) -
     let sequence = |type_id: u32| {
         let mut pieces = Vec::new();
         if let Some((_, t)) = &bos {
-            pieces.push(Piece::SpecialToken {
-                id: t.clone(),
-                type_id,
-            });
+            pieces.push(Piece::SpecialToken { id: t.clone(), type_id });
         }
-        pieces.push(Piece::Sequence {
-            id: if type_id == 0 { "A" } else { "B" },
-            type_id,
-        });
+        pieces.push(Piece::Sequence { id: if type_id == 0 { "A" } else { "B" }, type_id });
         if let Some((_, t)) = &eos {
-            pieces.push(Piece::SpecialToken {
-                id: t.clone(),
-                type_id,
-            });
+            pieces.push(Piece::SpecialToken { id: t.clone(), type_id });
         }
         pieces
     };
@@ -735,22 +568,9 @@ fn template_processing(bos: Option<(u32, String)>, eos: Option<(u32, String)>) -
     let special_tokens = bos
         .iter()
         .chain(&eos)
-        .map(|(id, t)| {
-            (
-                t.clone(),
-                SpecialTokenEntry {
-                    id: t.clone(),
-                    ids: vec![*id],
-                    tokens: vec![t.clone()],
-                },
-            )
-        })
+        .map(|(id, t)| (t.clone(), SpecialTokenEntry { id: t.clone(), ids: vec![*id], tokens: vec![t.clone()] }))
         .collect();
-    PostProcessor::TemplateProcessing {
-        single,
-        pair,
-        special_tokens,
-    }
+    PostProcessor::TemplateProcessing { single, pair, special_tokens }
 }
 
 /// The added-token table, with the id rules of `tokenizers`' `AddedVocabulary::add_tokens`.
@@ -772,10 +592,7 @@ impl<'v> AddedTokens<'v> {
     }
 
     fn id_of(&self, content: &str) -> Option<u32> {
-        self.by_content
-            .get(content)
-            .or_else(|| self.model_vocab.map.get(content))
-            .copied()
+        self.by_content.get(content).or_else(|| self.model_vocab.map.get(content)).copied()
     }
 
     fn add(&mut self, content: &str, special: bool) {
@@ -783,12 +600,10 @@ impl<'v> AddedTokens<'v> {
         if content.is_empty() || self.by_content.contains_key(content) {
             return;
         }
-        let id = self
-            .id_of(content)
-            .unwrap_or_else(|| match self.by_id.keys().next_back() {
-                Some(&max) if max >= self.model_size => max + 1,
-                _ => self.model_size,
-            });
+        let id = self.id_of(content).unwrap_or_else(|| match self.by_id.keys().next_back() {
+            Some(&max) if max >= self.model_size => max + 1,
+            _ => self.model_size,
+        });
         let token = AddedToken {
             id,
             content: content.to_string(),
@@ -841,15 +656,9 @@ fn generate_merges(vocab: &PyDict<'_, u32>, scores: &PyDict<'_, f64>) -> Vec<(St
         merges.extend(local);
     }
     merges.sort_by(|a, b| {
-        b.score
-            .total_cmp(&a.score)
-            .then(b.left_len.cmp(&a.left_len))
-            .then(b.right_len.cmp(&a.right_len))
+        b.score.total_cmp(&a.score).then(b.left_len.cmp(&a.left_len)).then(b.right_len.cmp(&a.right_len))
     });
-    merges
-        .into_iter()
-        .map(|m| (m.left.to_string(), m.right.to_string()))
-        .collect()
+    merges.into_iter().map(|m| (m.left.to_string(), m.right.to_string())).collect()
 }
 
 #[cfg(test)]
@@ -875,18 +684,12 @@ mod tests {
         // Equal scores: longer left pieces first, then vocabulary order.
         let scores = PyDict::new(tokens.iter().map(|&t| (t, 0.0)));
         let merges = generate_merges(&vocab, &scores);
-        let pairs: Vec<(&str, &str)> = merges
-            .iter()
-            .map(|(a, b)| (a.as_str(), b.as_str()))
-            .collect();
+        let pairs: Vec<(&str, &str)> = merges.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
         assert_eq!(pairs, [("ab", "c"), ("a", "bc"), ("a", "b"), ("b", "c")]);
         // Higher scores first.
         let scores = PyDict::new([("abc", 1.0), ("ab", 2.0), ("bc", 3.0)]);
         let merges = generate_merges(&vocab, &scores);
-        let pairs: Vec<(&str, &str)> = merges
-            .iter()
-            .map(|(a, b)| (a.as_str(), b.as_str()))
-            .collect();
+        let pairs: Vec<(&str, &str)> = merges.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
         assert_eq!(pairs, [("b", "c"), ("a", "b"), ("ab", "c"), ("a", "bc")]);
     }
 
@@ -898,15 +701,8 @@ mod tests {
         added.add("<new>", true);
         added.add("<newer>", false);
         added.add("<new>", false);
-        let ids: Vec<(u32, &str, bool)> = added
-            .by_id
-            .values()
-            .map(|t| (t.id, t.content.as_str(), t.special))
-            .collect();
-        assert_eq!(
-            ids,
-            [(1, "b", true), (2, "<new>", true), (3, "<newer>", false)]
-        );
+        let ids: Vec<(u32, &str, bool)> = added.by_id.values().map(|t| (t.id, t.content.as_str(), t.special)).collect();
+        assert_eq!(ids, [(1, "b", true), (2, "<new>", true), (3, "<newer>", false)]);
     }
 
     #[test]

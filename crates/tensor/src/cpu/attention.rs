@@ -7,43 +7,24 @@ use crate::kv::{AttnMetadata, KvStorage, PagedKvLayer, PAD_SLOT};
 use crate::ops::AttentionParams;
 use crate::tensor::Tensor;
 
-pub fn write_kv(
-    cache: &mut PagedKvLayer,
-    k: &Tensor,
-    v: &Tensor,
-    meta: &AttnMetadata,
-) -> Result<()> {
+pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMetadata) -> Result<()> {
     let (ks, vs) = (k.as_f32_slice()?, v.as_f32_slice()?);
     let kw = cache.num_kv_heads * cache.k_dim;
     let vw = cache.num_kv_heads * cache.v_dim;
     let KvStorage::Cpu { k: kc, v: vc } = &mut cache.storage else {
-        return Err(TensorError::Device(
-            "write_kv: CPU activations with a CUDA KV cache".into(),
-        ));
+        return Err(TensorError::Device("write_kv: CPU activations with a CUDA KV cache".into()));
     };
-    for (row, &slot) in meta
-        .slot_mapping
-        .iter()
-        .enumerate()
-        .filter(|(_, &s)| s != PAD_SLOT)
-    {
+    for (row, &slot) in meta.slot_mapping.iter().enumerate().filter(|(_, &s)| s != PAD_SLOT) {
         kc[slot * kw..(slot + 1) * kw].copy_from_slice(&ks[row * kw..(row + 1) * kw]);
         vc[slot * vw..(slot + 1) * vw].copy_from_slice(&vs[row * vw..(row + 1) * vw]);
     }
     Ok(())
 }
 
-pub fn paged_attention(
-    q: &Tensor,
-    cache: &PagedKvLayer,
-    meta: &AttnMetadata,
-    p: &AttentionParams,
-) -> Result<Tensor> {
+pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p: &AttentionParams) -> Result<Tensor> {
     let qs = q.as_f32_slice()?;
     let KvStorage::Cpu { k: kc, v: vc } = &cache.storage else {
-        return Err(TensorError::Device(
-            "paged_attention: CPU activations with a CUDA KV cache".into(),
-        ));
+        return Err(TensorError::Device("paged_attention: CPU activations with a CUDA KV cache".into()));
     };
     let (hq, d, dv) = (p.num_heads, p.head_dim, p.v_head_dim);
     let group = hq / p.num_kv_heads;
@@ -53,12 +34,8 @@ pub fn paged_attention(
     let tokens = meta.num_tokens();
 
     // (sequence, query row) pairs: each task computes every head of one query token.
-    let tasks: Vec<(usize, usize)> = meta
-        .seqs
-        .iter()
-        .enumerate()
-        .flat_map(|(si, s)| (0..s.q_len).map(move |i| (si, i)))
-        .collect();
+    let tasks: Vec<(usize, usize)> =
+        meta.seqs.iter().enumerate().flat_map(|(si, s)| (0..s.q_len).map(move |i| (si, i))).collect();
     let mut out = vec![0.0f32; tokens * hq * dv];
     let rows: Vec<(usize, Vec<f32>)> = tasks
         .par_iter()
@@ -70,9 +47,7 @@ pub fn paged_attention(
                 None => 0,
             };
             let row = s.q_start + i;
-            let slots: Vec<usize> = (first..=pos)
-                .map(|kp| s.block_table[kp / bs] as usize * bs + kp % bs)
-                .collect();
+            let slots: Vec<usize> = (first..=pos).map(|kp| s.block_table[kp / bs] as usize * bs + kp % bs).collect();
             let mut result = vec![0.0f32; hq * dv];
             let mut scores = vec![0.0f32; slots.len()];
             for h in 0..hq {
@@ -105,21 +80,8 @@ pub fn paged_attention(
 /// `out [m, n] = beta * a [m, k] @ b^T` (`b` row-major `[n, k]`) or, with `b_transposed`
 /// false, `a @ b` (`b` row-major `[k, n]`), single-threaded (callers parallelise over heads).
 #[allow(clippy::too_many_arguments)]
-fn small_gemm(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: &[f32],
-    b: &[f32],
-    b_transposed: bool,
-    beta: f32,
-    out: &mut [f32],
-) {
-    let (rhs_cs, rhs_rs) = if b_transposed {
-        (k as isize, 1)
-    } else {
-        (1, n as isize)
-    };
+fn small_gemm(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], b_transposed: bool, beta: f32, out: &mut [f32]) {
+    let (rhs_cs, rhs_rs) = if b_transposed { (k as isize, 1) } else { (1, n as isize) };
     // SAFETY: `a` is [m, k] and `out` [m, n] row-major, `b` holds n * k elements read with the
     // strides above; all are live slices of at least those sizes.
     unsafe {
@@ -169,9 +131,7 @@ pub fn attention_dense(
         starts.push(acc);
         acc += len;
     }
-    let tasks: Vec<(usize, usize)> = (0..seq_lens.len())
-        .flat_map(|s| (0..hq).map(move |h| (s, h)))
-        .collect();
+    let tasks: Vec<(usize, usize)> = (0..seq_lens.len()).flat_map(|s| (0..hq).map(move |h| (s, h))).collect();
     let results: Vec<Vec<f32>> = tasks
         .par_iter()
         .map(|&(s, h)| {
@@ -182,9 +142,7 @@ pub fn attention_dense(
             let kvh = h / group;
             // This head's queries, keys and values, contiguous.
             let gather = |src: &[f32], width: usize, off: usize, dim: usize| -> Vec<f32> {
-                (0..len)
-                    .flat_map(|j| src[(start + j) * width + off..][..dim].iter().copied())
-                    .collect()
+                (0..len).flat_map(|j| src[(start + j) * width + off..][..dim].iter().copied()).collect()
             };
             let qh = gather(qs, hq * d, h * d, d);
             let kh = gather(ks, hkv * d, kvh * d, d);
@@ -210,8 +168,7 @@ pub fn attention_dense(
     let mut out = vec![0.0f32; tokens * hq * dv];
     for (&(s, h), values) in tasks.iter().zip(&results) {
         for i in 0..seq_lens[s] {
-            out[(starts[s] + i) * hq * dv + h * dv..][..dv]
-                .copy_from_slice(&values[i * dv..(i + 1) * dv]);
+            out[(starts[s] + i) * hq * dv + h * dv..][..dv].copy_from_slice(&values[i * dv..(i + 1) * dv]);
         }
     }
     Ok(f32_tensor(out, vec![tokens, hq * dv]))
@@ -224,9 +181,7 @@ mod tests {
     use crate::Tensor;
 
     fn values(n: usize, seed: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| (((i + seed) * 2654435761usize) % 1000) as f32 / 500.0 - 1.0)
-            .collect()
+        (0..n).map(|i| (((i + seed) * 2654435761usize) % 1000) as f32 / 500.0 - 1.0).collect()
     }
 
     /// Dense causal attention over contiguous K/V, one sequence, as the oracle computes it.
@@ -248,9 +203,7 @@ mod tests {
                 let lo = window.map(|w| (i + 1).saturating_sub(w)).unwrap_or(0);
                 let mut s: Vec<f32> = (lo..=i)
                     .map(|j| {
-                        (0..d)
-                            .map(|x| q[(i * hq + h) * d + x] * k[(j * hkv + kvh) * d + x])
-                            .sum::<f32>()
+                        (0..d).map(|x| q[(i * hq + h) * d + x] * k[(j * hkv + kvh) * d + x]).sum::<f32>()
                             / (d as f32).sqrt()
                     })
                     .collect();
@@ -268,11 +221,7 @@ mod tests {
     #[test]
     fn paged_prefill_then_decode_matches_dense_attention() {
         let (t, hq, hkv, d, bs) = (11, 4, 2, 8, 4);
-        let (q, k, v) = (
-            values(t * hq * d, 1),
-            values(t * hkv * d, 2),
-            values(t * hkv * d, 3),
-        );
+        let (q, k, v) = (values(t * hq * d, 1), values(t * hkv * d, 2), values(t * hkv * d, 3));
         for window in [None, Some(5)] {
             let want = dense(&q, &k, &v, t, hq, hkv, d, window);
             let params = AttentionParams {
@@ -290,51 +239,23 @@ mod tests {
             // Prefill the first 8 tokens, then decode the rest one at a time.
             let prefill = 8;
             let meta = AttnMetadata::new(
-                vec![AttnSeq {
-                    q_start: 0,
-                    q_len: prefill,
-                    ctx_len: prefill,
-                    block_table: table.clone(),
-                }],
+                vec![AttnSeq { q_start: 0, q_len: prefill, ctx_len: prefill, block_table: table.clone() }],
                 bs,
             )
             .unwrap();
             let rows = |x: &[f32], w: usize, a: usize, b: usize| {
                 Tensor::from_f32(x[a * w..b * w].to_vec(), &[b - a, w]).unwrap()
             };
-            write_kv(
-                &mut cache,
-                &rows(&k, hkv * d, 0, prefill),
-                &rows(&v, hkv * d, 0, prefill),
-                &meta,
-            )
-            .unwrap();
-            let mut got = paged_attention(&rows(&q, hq * d, 0, prefill), &cache, &meta, &params)
-                .unwrap()
-                .to_f32_vec();
+            write_kv(&mut cache, &rows(&k, hkv * d, 0, prefill), &rows(&v, hkv * d, 0, prefill), &meta).unwrap();
+            let mut got = paged_attention(&rows(&q, hq * d, 0, prefill), &cache, &meta, &params).unwrap().to_f32_vec();
             for i in prefill..t {
                 let meta = AttnMetadata::new(
-                    vec![AttnSeq {
-                        q_start: 0,
-                        q_len: 1,
-                        ctx_len: i + 1,
-                        block_table: table.clone(),
-                    }],
+                    vec![AttnSeq { q_start: 0, q_len: 1, ctx_len: i + 1, block_table: table.clone() }],
                     bs,
                 )
                 .unwrap();
-                write_kv(
-                    &mut cache,
-                    &rows(&k, hkv * d, i, i + 1),
-                    &rows(&v, hkv * d, i, i + 1),
-                    &meta,
-                )
-                .unwrap();
-                got.extend(
-                    paged_attention(&rows(&q, hq * d, i, i + 1), &cache, &meta, &params)
-                        .unwrap()
-                        .to_f32_vec(),
-                );
+                write_kv(&mut cache, &rows(&k, hkv * d, i, i + 1), &rows(&v, hkv * d, i, i + 1), &meta).unwrap();
+                got.extend(paged_attention(&rows(&q, hq * d, i, i + 1), &cache, &meta, &params).unwrap().to_f32_vec());
             }
             for (g, w) in got.iter().zip(&want) {
                 assert!((g - w).abs() < 1e-5, "window {window:?}: {g} vs {w}");
@@ -355,15 +276,10 @@ mod tests {
             sliding_window: None,
             softcap: None,
         };
-        let tensor =
-            |seed: usize, w: usize| Tensor::from_f32(values(t * w, seed), &[t, w]).unwrap();
+        let tensor = |seed: usize, w: usize| Tensor::from_f32(values(t * w, seed), &[t, w]).unwrap();
         let (q, k, v) = (tensor(1, hq * d), tensor(2, hkv * d), tensor(3, hkv * d));
-        let with_empty = attention_dense(&q, &k, &v, &params, &[3, 0, 2, 0], true)
-            .unwrap()
-            .to_f32_vec();
-        let without = attention_dense(&q, &k, &v, &params, &[3, 2], true)
-            .unwrap()
-            .to_f32_vec();
+        let with_empty = attention_dense(&q, &k, &v, &params, &[3, 0, 2, 0], true).unwrap().to_f32_vec();
+        let without = attention_dense(&q, &k, &v, &params, &[3, 2], true).unwrap().to_f32_vec();
         assert_eq!(with_empty, without);
     }
 
@@ -373,11 +289,7 @@ mod tests {
         let (hq, hkv, d) = (4, 2, 8);
         let lens = [5usize, 1, 7];
         let t: usize = lens.iter().sum();
-        let (q, k, v) = (
-            values(t * hq * d, 4),
-            values(t * hkv * d, 5),
-            values(t * hkv * d, 6),
-        );
+        let (q, k, v) = (values(t * hq * d, 4), values(t * hkv * d, 5), values(t * hkv * d, 6));
         let params = AttentionParams {
             num_heads: hq,
             num_kv_heads: hkv,
@@ -388,39 +300,18 @@ mod tests {
             softcap: None,
         };
         let tensor = |x: &[f32], w: usize| Tensor::from_f32(x.to_vec(), &[t, w]).unwrap();
-        let causal = attention_dense(
-            &tensor(&q, hq * d),
-            &tensor(&k, hkv * d),
-            &tensor(&v, hkv * d),
-            &params,
-            &lens,
-            true,
-        )
-        .unwrap()
-        .to_f32_vec();
-        let full = attention_dense(
-            &tensor(&q, hq * d),
-            &tensor(&k, hkv * d),
-            &tensor(&v, hkv * d),
-            &params,
-            &lens,
-            false,
-        )
-        .unwrap()
-        .to_f32_vec();
+        let causal =
+            attention_dense(&tensor(&q, hq * d), &tensor(&k, hkv * d), &tensor(&v, hkv * d), &params, &lens, true)
+                .unwrap()
+                .to_f32_vec();
+        let full =
+            attention_dense(&tensor(&q, hq * d), &tensor(&k, hkv * d), &tensor(&v, hkv * d), &params, &lens, false)
+                .unwrap()
+                .to_f32_vec();
         let mut start = 0;
         for &len in &lens {
             let rows = |x: &[f32], w: usize| x[start * w..(start + len) * w].to_vec();
-            let want = dense(
-                &rows(&q, hq * d),
-                &rows(&k, hkv * d),
-                &rows(&v, hkv * d),
-                len,
-                hq,
-                hkv,
-                d,
-                None,
-            );
+            let want = dense(&rows(&q, hq * d), &rows(&k, hkv * d), &rows(&v, hkv * d), len, hq, hkv, d, None);
             let got = &causal[start * hq * d..(start + len) * hq * d];
             for (g, w) in got.iter().zip(&want) {
                 assert!((g - w).abs() < 1e-5, "causal: {g} vs {w}");
@@ -444,18 +335,11 @@ mod tests {
             let kvh = h / (hq / hkv);
             let qh = &q[row + h * d..row + (h + 1) * d];
             let mut s: Vec<f32> = (0..l)
-                .map(|j| {
-                    (0..d)
-                        .map(|x| qh[x] * k[((s0 + j) * hkv + kvh) * d + x])
-                        .sum::<f32>()
-                        / (d as f32).sqrt()
-                })
+                .map(|j| (0..d).map(|x| qh[x] * k[((s0 + j) * hkv + kvh) * d + x]).sum::<f32>() / (d as f32).sqrt())
                 .collect();
             super::softmax_in_place(&mut s);
             for x in 0..d {
-                let want: f32 = (0..l)
-                    .map(|j| s[j] * v[((s0 + j) * hkv + kvh) * d + x])
-                    .sum();
+                let want: f32 = (0..l).map(|j| s[j] * v[((s0 + j) * hkv + kvh) * d + x]).sum();
                 assert!((full[row + h * d + x] - want).abs() < 1e-5);
             }
         }

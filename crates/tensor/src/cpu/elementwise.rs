@@ -30,10 +30,7 @@ pub fn unary(x: &Tensor, f: impl Fn(f32) -> f32 + Sync + Send) -> Result<Tensor>
 pub fn binary(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> f32 + Sync + Send) -> Result<Tensor> {
     let (sa, sb) = (a.as_f32_slice()?, b.as_f32_slice()?);
     let out: Vec<f32> = if sa.len() >= PAR_THRESHOLD {
-        sa.par_iter()
-            .zip(sb.par_iter())
-            .map(|(&x, &y)| f(x, y))
-            .collect()
+        sa.par_iter().zip(sb.par_iter()).map(|(&x, &y)| f(x, y)).collect()
     } else {
         sa.iter().zip(sb).map(|(&x, &y)| f(x, y)).collect()
     };
@@ -45,8 +42,7 @@ pub fn mul_row(x: &Tensor, row: &Tensor) -> Result<Tensor> {
     let row = row.to_f32_vec();
     let cols = row.len();
     let mut out = src.to_vec();
-    out.par_chunks_mut(cols.max(1))
-        .for_each(|r| r.iter_mut().zip(&row).for_each(|(v, w)| *v *= w));
+    out.par_chunks_mut(cols.max(1)).for_each(|r| r.iter_mut().zip(&row).for_each(|(v, w)| *v *= w));
     Ok(f32_tensor(out, x.shape().to_vec()))
 }
 
@@ -92,22 +88,14 @@ pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
     let hidden = table.shape()[1];
     let mut out = vec![0.0f32; ids.len() * hidden];
     let storage = table.cpu().expect("dispatched to the CPU backend");
-    out.par_chunks_mut(hidden.max(1))
-        .zip(ids.par_iter())
-        .for_each(|(dst, &id)| {
-            let start = id as usize * hidden;
-            match storage {
-                CpuStorage::F32(v) => dst.copy_from_slice(&v[start..start + hidden]),
-                CpuStorage::BF16(v) => dst
-                    .iter_mut()
-                    .zip(&v[start..start + hidden])
-                    .for_each(|(d, s)| *d = s.to_f32()),
-                CpuStorage::F16(v) => dst
-                    .iter_mut()
-                    .zip(&v[start..start + hidden])
-                    .for_each(|(d, s)| *d = s.to_f32()),
-            }
-        });
+    out.par_chunks_mut(hidden.max(1)).zip(ids.par_iter()).for_each(|(dst, &id)| {
+        let start = id as usize * hidden;
+        match storage {
+            CpuStorage::F32(v) => dst.copy_from_slice(&v[start..start + hidden]),
+            CpuStorage::BF16(v) => dst.iter_mut().zip(&v[start..start + hidden]).for_each(|(d, s)| *d = s.to_f32()),
+            CpuStorage::F16(v) => dst.iter_mut().zip(&v[start..start + hidden]).for_each(|(d, s)| *d = s.to_f32()),
+        }
+    });
     Ok(f32_tensor(out, vec![ids.len(), hidden]))
 }
 
@@ -127,10 +115,7 @@ pub fn narrow_cols(x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
 pub fn concat_cols(parts: &[&Tensor]) -> Result<Tensor> {
     let rows = parts[0].rows();
     let total: usize = parts.iter().map(|p| p.last_dim()).sum();
-    let slices = parts
-        .iter()
-        .map(|p| p.as_f32_slice())
-        .collect::<Result<Vec<_>>>()?;
+    let slices = parts.iter().map(|p| p.as_f32_slice()).collect::<Result<Vec<_>>>()?;
     let mut out = Vec::with_capacity(rows * total);
     for r in 0..rows {
         for (p, s) in parts.iter().zip(&slices) {
@@ -158,15 +143,13 @@ pub fn combine_rows(y: &Tensor, rows: &[usize], weights: &[f32], per_row: usize)
     let cols = y.last_dim();
     let out_rows = rows.len() / per_row.max(1);
     let mut out = vec![0.0f32; out_rows * cols];
-    out.par_chunks_mut(cols.max(1))
-        .enumerate()
-        .for_each(|(i, dst)| {
-            for j in 0..per_row {
-                let (r, w) = (rows[i * per_row + j], weights[i * per_row + j]);
-                let row = &src[r * cols..(r + 1) * cols];
-                dst.iter_mut().zip(row).for_each(|(d, v)| *d += w * v);
-            }
-        });
+    out.par_chunks_mut(cols.max(1)).enumerate().for_each(|(i, dst)| {
+        for j in 0..per_row {
+            let (r, w) = (rows[i * per_row + j], weights[i * per_row + j]);
+            let row = &src[r * cols..(r + 1) * cols];
+            dst.iter_mut().zip(row).for_each(|(d, v)| *d += w * v);
+        }
+    });
     Ok(f32_tensor(out, vec![out_rows, cols]))
 }
 

@@ -45,10 +45,7 @@ fn dot<W: Widen>(x: &[f32], w: &[W]) -> f32 {
     let mut acc = [0.0f32; LANES];
     let chunks = x.len() / LANES;
     for c in 0..chunks {
-        let (xs, ws) = (
-            &x[c * LANES..(c + 1) * LANES],
-            &w[c * LANES..(c + 1) * LANES],
-        );
+        let (xs, ws) = (&x[c * LANES..(c + 1) * LANES], &w[c * LANES..(c + 1) * LANES]);
         for l in 0..LANES {
             acc[l] = xs[l].mul_add(ws[l].widen(), acc[l]);
         }
@@ -63,22 +60,18 @@ fn dot<W: Widen>(x: &[f32], w: &[W]) -> f32 {
 fn streaming<W: Widen>(x: &[f32], m: usize, k: usize, w: &[W], n: usize, out: &mut [f32]) {
     // Column-blocks of the output, so each thread owns whole weight rows.
     const ROWS_PER_TASK: usize = 32;
-    let mut col_blocks: Vec<Vec<f32>> =
-        (0..n.div_ceil(ROWS_PER_TASK)).map(|_| Vec::new()).collect();
-    col_blocks
-        .par_iter_mut()
-        .enumerate()
-        .for_each(|(b, block)| {
-            let j0 = b * ROWS_PER_TASK;
-            let j1 = (j0 + ROWS_PER_TASK).min(n);
-            block.resize(m * (j1 - j0), 0.0);
-            for j in j0..j1 {
-                let wr = &w[j * k..(j + 1) * k];
-                for i in 0..m {
-                    block[i * (j1 - j0) + (j - j0)] = dot(&x[i * k..(i + 1) * k], wr);
-                }
+    let mut col_blocks: Vec<Vec<f32>> = (0..n.div_ceil(ROWS_PER_TASK)).map(|_| Vec::new()).collect();
+    col_blocks.par_iter_mut().enumerate().for_each(|(b, block)| {
+        let j0 = b * ROWS_PER_TASK;
+        let j1 = (j0 + ROWS_PER_TASK).min(n);
+        block.resize(m * (j1 - j0), 0.0);
+        for j in j0..j1 {
+            let wr = &w[j * k..(j + 1) * k];
+            for i in 0..m {
+                block[i * (j1 - j0) + (j - j0)] = dot(&x[i * k..(i + 1) * k], wr);
             }
-        });
+        }
+    });
     for (b, block) in col_blocks.iter().enumerate() {
         let j0 = b * ROWS_PER_TASK;
         let width = block.len() / m.max(1);
@@ -90,16 +83,7 @@ fn streaming<W: Widen>(x: &[f32], m: usize, k: usize, w: &[W], n: usize, out: &m
 
 /// `out[:, j0..j0+rows] = x @ panel^T` for a row-major f32 panel `[rows, k]`.
 #[allow(clippy::too_many_arguments)]
-fn gemm_panel(
-    x: &[f32],
-    m: usize,
-    k: usize,
-    panel: &[f32],
-    rows: usize,
-    out: &mut [f32],
-    n: usize,
-    j0: usize,
-) {
+fn gemm_panel(x: &[f32], m: usize, k: usize, panel: &[f32], rows: usize, out: &mut [f32], n: usize, j0: usize) {
     // SAFETY: all pointers address live slices of the sizes implied by the strides:
     // x is [m, k] row-major, panel is [rows, k] row-major read as its transpose [k, rows],
     // and out is [m, n] row-major with columns j0..j0+rows written.
@@ -133,12 +117,9 @@ fn blocked<W: Widen>(x: &[f32], m: usize, k: usize, w: &[W], n: usize, out: &mut
     for j0 in (0..n).step_by(PANEL_ROWS) {
         let rows = PANEL_ROWS.min(n - j0);
         let src = &w[j0 * k..(j0 + rows) * k];
-        panel[..rows * k]
-            .par_chunks_mut(k.max(1))
-            .zip(src.par_chunks(k.max(1)))
-            .for_each(|(d, s)| {
-                d.iter_mut().zip(s).for_each(|(d, s)| *d = s.widen());
-            });
+        panel[..rows * k].par_chunks_mut(k.max(1)).zip(src.par_chunks(k.max(1))).for_each(|(d, s)| {
+            d.iter_mut().zip(s).for_each(|(d, s)| *d = s.widen());
+        });
         gemm_panel(x, m, k, &panel[..rows * k], rows, out, n, j0);
     }
 }
@@ -175,8 +156,7 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
     }
     if let Some(b) = bias {
         let b = b.to_f32_vec();
-        out.par_chunks_mut(n.max(1))
-            .for_each(|row| row.iter_mut().zip(&b).for_each(|(v, b)| *v += b));
+        out.par_chunks_mut(n.max(1)).for_each(|row| row.iter_mut().zip(&b).for_each(|(v, b)| *v += b));
     }
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("rank >= 1") = n;
@@ -185,15 +165,7 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
 
 /// `x [m, k] @ w^T` for one weight matrix `w` of `n * k` elements starting at element `w_start`
 /// of `storage` (an expert's slice of a stacked `[experts, n, k]` tensor), into `out [m, n]`.
-fn matmul_slice(
-    xs: &[f32],
-    m: usize,
-    k: usize,
-    storage: &CpuStorage,
-    w_start: usize,
-    n: usize,
-    out: &mut [f32],
-) {
+fn matmul_slice(xs: &[f32], m: usize, k: usize, storage: &CpuStorage, w_start: usize, n: usize, out: &mut [f32]) {
     let w_end = w_start + n * k;
     match storage {
         CpuStorage::F32(ws) => {
@@ -221,15 +193,7 @@ pub fn grouped_matmul_t(x: &Tensor, w: &Tensor, offsets: &[usize]) -> Result<Ten
         for (e, pair) in offsets.windows(2).enumerate() {
             let (r0, r1) = (pair[0], pair[1]);
             if r1 > r0 {
-                matmul_slice(
-                    &xs[r0 * k..r1 * k],
-                    r1 - r0,
-                    k,
-                    storage,
-                    e * n * k,
-                    n,
-                    &mut out[r0 * n..r1 * n],
-                );
+                matmul_slice(&xs[r0 * k..r1 * k], r1 - r0, k, storage, e * n * k, n, &mut out[r0 * n..r1 * n]);
             }
         }
     }
@@ -245,9 +209,7 @@ mod tests {
         let mut out = vec![0.0; m * n];
         for i in 0..m {
             for j in 0..n {
-                out[i * n + j] = (0..k)
-                    .map(|p| x[i * k + p] as f64 * w[j * k + p] as f64)
-                    .sum::<f64>() as f32;
+                out[i * n + j] = (0..k).map(|p| x[i * k + p] as f64 * w[j * k + p] as f64).sum::<f64>() as f32;
             }
         }
         out
@@ -257,24 +219,15 @@ mod tests {
     fn matmul_paths_agree_with_f64_reference() {
         let (k, n) = (67, 300);
         for m in [1, 3, 5, 40] {
-            let x: Vec<f32> = (0..m * k)
-                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
-                .collect();
-            let w: Vec<f32> = (0..n * k)
-                .map(|i| ((i * 53 % 89) as f32 - 44.0) / 44.0)
-                .collect();
+            let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 53 % 89) as f32 - 44.0) / 44.0).collect();
             for dtype in [DType::F32, DType::BF16, DType::F16] {
                 let wt = Tensor::from_f32_as(w.clone(), &[n, k], dtype).unwrap();
                 let rounded = wt.to_f32_vec();
                 let want = reference(&x, m, k, &rounded, n);
-                let got = matmul_t(&Tensor::from_f32(x.clone(), &[m, k]).unwrap(), &wt, None)
-                    .unwrap()
-                    .to_f32_vec();
+                let got = matmul_t(&Tensor::from_f32(x.clone(), &[m, k]).unwrap(), &wt, None).unwrap().to_f32_vec();
                 for (g, w) in got.iter().zip(&want) {
-                    assert!(
-                        (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
-                        "m={m} {dtype}: {g} vs {w}"
-                    );
+                    assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "m={m} {dtype}: {g} vs {w}");
                 }
             }
         }
@@ -283,9 +236,7 @@ mod tests {
     #[test]
     fn grouped_matmul_matches_one_matmul_per_group() {
         let (e, n, k) = (4, 37, 19);
-        let w: Vec<f32> = (0..e * n * k)
-            .map(|i| ((i * 53 % 89) as f32 - 44.0) / 44.0)
-            .collect();
+        let w: Vec<f32> = (0..e * n * k).map(|i| ((i * 53 % 89) as f32 - 44.0) / 44.0).collect();
         // Group sizes exercise both paths (streaming <= 4 rows, gemm above) and an empty expert.
         let sizes = [3, 0, 9, 1];
         let rows: usize = sizes.iter().sum();
@@ -293,34 +244,18 @@ mod tests {
         for s in sizes {
             offsets.push(offsets.last().unwrap() + s);
         }
-        let x: Vec<f32> = (0..rows * k)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
-            .collect();
+        let x: Vec<f32> = (0..rows * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
         for dtype in [DType::F32, DType::BF16] {
             let wt = Tensor::from_f32_as(w.clone(), &[e, n, k], dtype).unwrap();
-            let got = grouped_matmul_t(
-                &Tensor::from_f32(x.clone(), &[rows, k]).unwrap(),
-                &wt,
-                &offsets,
-            )
-            .unwrap();
+            let got = grouped_matmul_t(&Tensor::from_f32(x.clone(), &[rows, k]).unwrap(), &wt, &offsets).unwrap();
             assert_eq!(got.shape(), &[rows, n]);
             let got = got.to_f32_vec();
             let wr = wt.to_f32_vec();
             for g in 0..e {
                 let (r0, r1) = (offsets[g], offsets[g + 1]);
-                let want = reference(
-                    &x[r0 * k..r1 * k],
-                    r1 - r0,
-                    k,
-                    &wr[g * n * k..(g + 1) * n * k],
-                    n,
-                );
+                let want = reference(&x[r0 * k..r1 * k], r1 - r0, k, &wr[g * n * k..(g + 1) * n * k], n);
                 for (a, b) in got[r0 * n..r1 * n].iter().zip(&want) {
-                    assert!(
-                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                        "{dtype} expert {g}: {a} vs {b}"
-                    );
+                    assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{dtype} expert {g}: {a} vs {b}");
                 }
             }
         }

@@ -10,8 +10,7 @@ pub mod sampling;
 use crate::tensor::{CpuStorage, Storage, Tensor};
 
 pub(crate) fn f32_tensor(data: Vec<f32>, shape: Vec<usize>) -> Tensor {
-    Tensor::from_storage(Storage::Cpu(CpuStorage::F32(data)), shape)
-        .expect("op produced a consistent shape")
+    Tensor::from_storage(Storage::Cpu(CpuStorage::F32(data)), shape).expect("op produced a consistent shape")
 }
 
 /// Work below this many elements is not worth waking the thread pool for.

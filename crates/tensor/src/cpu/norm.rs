@@ -17,18 +17,9 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<Tensor>
 }
 
 /// `residual + x`, then its RMSNorm: returns `(normed, new_residual)`.
-pub fn add_rms_norm(
-    x: &Tensor,
-    residual: &Tensor,
-    w: &Tensor,
-    eps: f32,
-    offset: f32,
-) -> Result<(Tensor, Tensor)> {
+pub fn add_rms_norm(x: &Tensor, residual: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<(Tensor, Tensor)> {
     let (xs, rs) = (x.as_f32_slice()?, residual.as_f32_slice()?);
-    let sum = f32_tensor(
-        xs.iter().zip(rs).map(|(a, b)| a + b).collect(),
-        x.shape().to_vec(),
-    );
+    let sum = f32_tensor(xs.iter().zip(rs).map(|(a, b)| a + b).collect(), x.shape().to_vec());
     Ok((rms_norm(&sum, w, eps, offset)?, sum))
 }
 

@@ -47,26 +47,10 @@ impl RowPlan {
     pub fn new(r: &RowSampling, vocab: usize) -> RowPlan {
         // A NaN parameter turns its step off (a NaN temperature: greedy).
         let greedy = r.temperature.is_nan() || r.temperature < 1e-5;
-        let log_min_p = if r.min_p > 0.0 {
-            (f64::from(r.min_p.min(1.0))).ln() as f32
-        } else {
-            f32::NEG_INFINITY
-        };
-        let top_k = if (r.top_k as usize) < vocab {
-            r.top_k
-        } else {
-            0
-        };
+        let log_min_p = if r.min_p > 0.0 { (f64::from(r.min_p.min(1.0))).ln() as f32 } else { f32::NEG_INFINITY };
+        let top_k = if (r.top_k as usize) < vocab { r.top_k } else { 0 };
         let top_p = if r.top_p < 1.0 { r.top_p } else { 1.0 };
-        RowPlan {
-            greedy,
-            inv_t: 1.0 / r.temperature,
-            log_min_p,
-            top_k,
-            top_p,
-            seed: r.seed,
-            step: r.step,
-        }
+        RowPlan { greedy, inv_t: 1.0 / r.temperature, log_min_p, top_k, top_p, seed: r.seed, step: r.step }
     }
 }
 
@@ -75,19 +59,11 @@ pub fn philox4x32_10(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     let (mut c, mut k) = (ctr, key);
     for round in 0..10 {
         if round > 0 {
-            k = [
-                k[0].wrapping_add(0x9E37_79B9),
-                k[1].wrapping_add(0xBB67_AE85),
-            ];
+            k = [k[0].wrapping_add(0x9E37_79B9), k[1].wrapping_add(0xBB67_AE85)];
         }
         let p0 = u64::from(0xD251_1F53u32) * u64::from(c[0]);
         let p1 = u64::from(0xCD9E_8D57u32) * u64::from(c[2]);
-        c = [
-            (p1 >> 32) as u32 ^ c[1] ^ k[0],
-            p1 as u32,
-            (p0 >> 32) as u32 ^ c[3] ^ k[1],
-            p0 as u32,
-        ];
+        c = [(p1 >> 32) as u32 ^ c[1] ^ k[0], p1 as u32, (p0 >> 32) as u32 ^ c[3] ^ k[1], p0 as u32];
     }
     c
 }
@@ -96,12 +72,7 @@ pub fn philox4x32_10(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 /// interval. It lies in (0, 1) strictly, so `E = -ln(u)` is never 0 (an infinite score, a certain
 /// win for even the least likely token) nor infinite, and every value is exact in f32.
 pub fn uniform(seed: u64, step: u64, i: u32) -> f32 {
-    unit(
-        philox4x32_10(
-            [step as u32, (step >> 32) as u32, i, 0],
-            [seed as u32, (seed >> 32) as u32],
-        )[0],
-    )
+    unit(philox4x32_10([step as u32, (step >> 32) as u32, i, 0], [seed as u32, (seed >> 32) as u32])[0])
 }
 
 fn unit(w: u32) -> f32 {
@@ -150,11 +121,8 @@ fn sample_row(row: &[f32], plan: &RowPlan) -> u32 {
     let lmin = plan.log_min_p;
     let mut floor = 0u32;
     if plan.top_k > 0 {
-        let mut keys: Vec<u32> = x
-            .iter()
-            .filter(|&&v| survivor(v, m, lmin, 0).is_some())
-            .map(|&v| order_key(v))
-            .collect();
+        let mut keys: Vec<u32> =
+            x.iter().filter(|&&v| survivor(v, m, lmin, 0).is_some()).map(|&v| order_key(v)).collect();
         let k = plan.top_k as usize;
         if keys.len() > k {
             let at = keys.len() - k;
@@ -162,10 +130,8 @@ fn sample_row(row: &[f32], plan: &RowPlan) -> u32 {
         }
     }
     if plan.top_p < 1.0 {
-        let mut kept: Vec<(u32, f32)> = x
-            .iter()
-            .filter_map(|&v| survivor(v, m, lmin, floor).map(|d| (order_key(v), d.exp())))
-            .collect();
+        let mut kept: Vec<(u32, f32)> =
+            x.iter().filter_map(|&v| survivor(v, m, lmin, floor).map(|d| (order_key(v), d.exp()))).collect();
         // f64 keeps this sum closer to the GPU's tree of f32 partial sums than a serial f32 sum.
         let target = f64::from(plan.top_p) * kept.iter().map(|&(_, w)| f64::from(w)).sum::<f64>();
         kept.sort_unstable_by_key(|&(k, _)| std::cmp::Reverse(k));
@@ -202,11 +168,7 @@ pub fn sample_rows(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
             &widened
         }
     };
-    Ok(data
-        .par_chunks(vocab)
-        .zip(rows.par_iter())
-        .map(|(row, r)| sample_row(row, &RowPlan::new(r, vocab)))
-        .collect())
+    Ok(data.par_chunks(vocab).zip(rows.par_iter()).map(|(row, r)| sample_row(row, &RowPlan::new(r, vocab))).collect())
 }
 
 #[cfg(test)]
@@ -216,21 +178,12 @@ mod tests {
     use crate::DType;
 
     fn params(temperature: f32) -> RowSampling {
-        RowSampling {
-            temperature,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed: 0,
-            step: 0,
-        }
+        RowSampling { temperature, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0, step: 0 }
     }
 
     /// Deterministic pseudo-random logits in [-scale, scale).
     fn logits(n: usize, scale: f32, salt: u32) -> Vec<f32> {
-        (0..n as u32)
-            .map(|i| (uniform(99, u64::from(salt), i) * 2.0 - 1.0) * scale)
-            .collect()
+        (0..n as u32).map(|i| (uniform(99, u64::from(salt), i) * 2.0 - 1.0) * scale).collect()
     }
 
     fn sample(row: &[f32], p: RowSampling) -> u32 {
@@ -259,16 +212,8 @@ mod tests {
     #[test]
     fn philox_matches_random123_known_answers() {
         let cases = [
-            (
-                [0u32; 4],
-                [0u32; 2],
-                [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8],
-            ),
-            (
-                [u32::MAX; 4],
-                [u32::MAX; 2],
-                [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd],
-            ),
+            ([0u32; 4], [0u32; 2], [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]),
+            ([u32::MAX; 4], [u32::MAX; 2], [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd]),
             (
                 [0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344],
                 [0xa4093822, 0x299f31d0],
@@ -276,11 +221,7 @@ mod tests {
             ),
         ];
         for (ctr, key, want) in cases {
-            assert_eq!(
-                philox4x32_10(ctr, key),
-                want,
-                "ctr {ctr:08x?} key {key:08x?}"
-            );
+            assert_eq!(philox4x32_10(ctr, key), want, "ctr {ctr:08x?} key {key:08x?}");
         }
     }
 
@@ -288,27 +229,17 @@ mod tests {
     fn uniforms_stay_inside_the_open_interval() {
         let (lo, hi) = (unit(0), unit(u32::MAX));
         assert!(lo > 0.0 && hi < 1.0 && -hi.ln() > 0.0, "{lo:e} {hi}");
-        let mean = (0..100_000u32)
-            .map(|i| f64::from(uniform(5, 9, i)))
-            .sum::<f64>()
-            / 100_000.0;
+        let mean = (0..100_000u32).map(|i| f64::from(uniform(5, 9, i))).sum::<f64>() / 100_000.0;
         assert!((mean - 0.5).abs() < 0.005, "mean {mean}");
     }
 
     #[test]
     fn greedy_takes_the_lowest_maximum_and_nan_first() {
-        let rows = [
-            vec![1.0, 3.0, 3.0, 2.0],
-            vec![f32::NEG_INFINITY; 4],
-            vec![0.0, f32::NAN, 5.0, f32::NAN],
-        ];
+        let rows = [vec![1.0, 3.0, 3.0, 2.0], vec![f32::NEG_INFINITY; 4], vec![0.0, f32::NAN, 5.0, f32::NAN]];
         let t = Tensor::from_f32(rows.concat(), &[3, 4]).unwrap();
         let greedy = [params(0.0), params(1e-6), params(-1.0)];
         assert_eq!(ops::sample_rows(&t, &greedy).unwrap(), vec![1, 0, 1]);
-        assert_eq!(
-            ops::sample_rows(&t, &greedy).unwrap(),
-            ops::argmax_rows(&t).unwrap()
-        );
+        assert_eq!(ops::sample_rows(&t, &greedy).unwrap(), ops::argmax_rows(&t).unwrap());
         // Sampled rows treat NaN as no probability; a row with none at all falls back to greedy.
         let sampled = [params(1.0); 3];
         for step in 0..50 {
@@ -322,89 +253,39 @@ mod tests {
         for salt in 0..20 {
             let row = logits(1000, 4.0, salt);
             let want = argmax_row(&row);
-            let base = RowSampling {
-                seed: u64::from(salt),
-                step: 3,
-                ..params(0.8)
-            };
-            assert_eq!(
-                sample(&row, RowSampling { top_k: 1, ..base }),
-                want,
-                "top_k 1"
-            );
-            assert_eq!(
-                sample(
-                    &row,
-                    RowSampling {
-                        top_p: 1e-6,
-                        ..base
-                    }
-                ),
-                want,
-                "tiny top_p"
-            );
-            assert_eq!(
-                sample(&row, RowSampling { top_p: 0.0, ..base }),
-                want,
-                "zero top_p"
-            );
-            assert_eq!(
-                sample(&row, RowSampling { min_p: 1.0, ..base }),
-                want,
-                "min_p 1"
-            );
+            let base = RowSampling { seed: u64::from(salt), step: 3, ..params(0.8) };
+            assert_eq!(sample(&row, RowSampling { top_k: 1, ..base }), want, "top_k 1");
+            assert_eq!(sample(&row, RowSampling { top_p: 1e-6, ..base }), want, "tiny top_p");
+            assert_eq!(sample(&row, RowSampling { top_p: 0.0, ..base }), want, "zero top_p");
+            assert_eq!(sample(&row, RowSampling { min_p: 1.0, ..base }), want, "min_p 1");
         }
     }
 
     #[test]
     fn draws_are_reproducible_and_move_with_the_step_and_seed() {
         let row = logits(5000, 0.5, 1);
-        let p = RowSampling {
-            seed: 42,
-            step: 7,
-            ..params(1.0)
-        };
+        let p = RowSampling { seed: 42, step: 7, ..params(1.0) };
         let first = sample(&row, p);
         assert_eq!(sample(&row, p), first);
         // In a batch, next to other rows: the same draw.
         let t = Tensor::from_f32([logits(5000, 3.0, 2), row.clone()].concat(), &[2, 5000]).unwrap();
         assert_eq!(ops::sample_rows(&t, &[params(0.7), p]).unwrap()[1], first);
-        let by_step: std::collections::HashSet<u32> = (0..20)
-            .map(|step| sample(&row, RowSampling { step, ..p }))
-            .collect();
-        assert!(
-            by_step.len() > 15,
-            "20 steps over a flat row gave {} tokens",
-            by_step.len()
-        );
-        let by_seed: std::collections::HashSet<u32> = (0..20)
-            .map(|seed| sample(&row, RowSampling { seed, ..p }))
-            .collect();
-        assert!(
-            by_seed.len() > 15,
-            "20 seeds over a flat row gave {} tokens",
-            by_seed.len()
-        );
+        let by_step: std::collections::HashSet<u32> =
+            (0..20).map(|step| sample(&row, RowSampling { step, ..p })).collect();
+        assert!(by_step.len() > 15, "20 steps over a flat row gave {} tokens", by_step.len());
+        let by_seed: std::collections::HashSet<u32> =
+            (0..20).map(|seed| sample(&row, RowSampling { seed, ..p })).collect();
+        assert!(by_seed.len() > 15, "20 seeds over a flat row gave {} tokens", by_seed.len());
     }
 
     #[test]
     fn draws_follow_the_softmax() {
         let row = [0.0, 1.0, -1.0, 2.0, 0.5, -3.0, f32::NEG_INFINITY, 1.5];
         let want = softmax(&row);
-        let got = frequencies(
-            &row,
-            RowSampling {
-                seed: 11,
-                ..params(1.0)
-            },
-            40_000,
-        );
+        let got = frequencies(&row, RowSampling { seed: 11, ..params(1.0) }, 40_000);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             // 40K draws: a standard error of at most 0.0025.
-            assert!(
-                (g - w).abs() < 0.01,
-                "token {i}: {g:.4} vs softmax {w:.4}\n{got:?}"
-            );
+            assert!((g - w).abs() < 0.01, "token {i}: {g:.4} vs softmax {w:.4}\n{got:?}");
         }
         assert_eq!(got[6], 0.0, "a -inf logit is never drawn");
     }
@@ -412,37 +293,13 @@ mod tests {
     #[test]
     fn temperature_sharpens_and_flattens() {
         let row = [0.0, 1.0, 2.0];
-        let cold = frequencies(
-            &row,
-            RowSampling {
-                seed: 3,
-                ..params(0.1)
-            },
-            4000,
-        );
+        let cold = frequencies(&row, RowSampling { seed: 3, ..params(0.1) }, 4000);
         assert!(cold[2] > 0.99, "{cold:?}");
-        let hot = frequencies(
-            &row,
-            RowSampling {
-                seed: 3,
-                ..params(50.0)
-            },
-            20_000,
-        );
+        let hot = frequencies(&row, RowSampling { seed: 3, ..params(50.0) }, 20_000);
         assert!(hot.iter().all(|&f| (f - 1.0 / 3.0).abs() < 0.03), "{hot:?}");
-        let warm = frequencies(
-            &row,
-            RowSampling {
-                seed: 3,
-                ..params(2.0)
-            },
-            20_000,
-        );
+        let warm = frequencies(&row, RowSampling { seed: 3, ..params(2.0) }, 20_000);
         let want = softmax(&[0.0, 0.5, 1.0]);
-        assert!(
-            warm.iter().zip(&want).all(|(g, w)| (g - w).abs() < 0.02),
-            "{warm:?} vs {want:?}"
-        );
+        assert!(warm.iter().zip(&want).all(|(g, w)| (g - w).abs() < 0.02), "{warm:?} vs {want:?}");
     }
 
     #[test]
@@ -450,90 +307,37 @@ mod tests {
         // p ~ [0.4, 0.3, 0.2, 0.1].
         let row: Vec<f32> = [0.4f32, 0.3, 0.2, 0.1].iter().map(|p| p.ln()).collect();
         let draw = |p: RowSampling| frequencies(&row, RowSampling { seed: 8, ..p }, 20_000);
-        let close =
-            |got: &[f64], want: &[f64]| got.iter().zip(want).all(|(g, w)| (g - w).abs() < 0.015);
-        let k2 = draw(RowSampling {
-            top_k: 2,
-            ..params(1.0)
-        });
-        assert!(
-            close(&k2, &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]),
-            "top_k 2: {k2:?}"
-        );
+        let close = |got: &[f64], want: &[f64]| got.iter().zip(want).all(|(g, w)| (g - w).abs() < 0.015);
+        let k2 = draw(RowSampling { top_k: 2, ..params(1.0) });
+        assert!(close(&k2, &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]), "top_k 2: {k2:?}");
         // 0.75 of the whole needs three tokens; of the top 3 renormalised (0.44, 0.33, 0.22) two.
-        let p = draw(RowSampling {
-            top_p: 0.75,
-            ..params(1.0)
-        });
-        assert!(
-            close(&p, &[0.4 / 0.9, 0.3 / 0.9, 0.2 / 0.9, 0.0]),
-            "top_p 0.75: {p:?}"
-        );
-        let kp = draw(RowSampling {
-            top_k: 3,
-            top_p: 0.75,
-            ..params(1.0)
-        });
-        assert!(
-            close(&kp, &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]),
-            "top_k 3 then top_p 0.75: {kp:?}"
-        );
+        let p = draw(RowSampling { top_p: 0.75, ..params(1.0) });
+        assert!(close(&p, &[0.4 / 0.9, 0.3 / 0.9, 0.2 / 0.9, 0.0]), "top_p 0.75: {p:?}");
+        let kp = draw(RowSampling { top_k: 3, top_p: 0.75, ..params(1.0) });
+        assert!(close(&kp, &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]), "top_k 3 then top_p 0.75: {kp:?}");
         // min_p 0.4 keeps p >= 0.16: three tokens, then top_p 0.5 of those (0.44, 0.33, 0.22) two.
-        let mp = draw(RowSampling {
-            min_p: 0.4,
-            ..params(1.0)
-        });
-        assert!(
-            close(&mp, &[0.4 / 0.9, 0.3 / 0.9, 0.2 / 0.9, 0.0]),
-            "min_p 0.4: {mp:?}"
-        );
-        let mpp = draw(RowSampling {
-            min_p: 0.4,
-            top_p: 0.5,
-            ..params(1.0)
-        });
-        assert!(
-            close(&mpp, &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]),
-            "min_p 0.4 then top_p 0.5: {mpp:?}"
-        );
+        let mp = draw(RowSampling { min_p: 0.4, ..params(1.0) });
+        assert!(close(&mp, &[0.4 / 0.9, 0.3 / 0.9, 0.2 / 0.9, 0.0]), "min_p 0.4: {mp:?}");
+        let mpp = draw(RowSampling { min_p: 0.4, top_p: 0.5, ..params(1.0) });
+        assert!(close(&mpp, &[4.0 / 7.0, 3.0 / 7.0, 0.0, 0.0]), "min_p 0.4 then top_p 0.5: {mpp:?}");
     }
 
     #[test]
     fn top_k_keeps_ties_with_the_kth_value() {
         let row = [1.0, 4.0, 3.0, 3.0, 0.0, 3.0];
-        let seen: std::collections::HashSet<u32> = (0..400)
-            .map(|step| {
-                sample(
-                    &row,
-                    RowSampling {
-                        top_k: 2,
-                        step,
-                        ..params(1.0)
-                    },
-                )
-            })
-            .collect();
+        let seen: std::collections::HashSet<u32> =
+            (0..400).map(|step| sample(&row, RowSampling { top_k: 2, step, ..params(1.0) })).collect();
         assert_eq!(seen, [1, 2, 3, 5].into_iter().collect());
     }
 
     #[test]
     fn bf16_logits_and_misuse() {
         let row = logits(300, 3.0, 4);
-        let f32s = Tensor::from_f32_as(row.clone(), &[1, 300], DType::BF16)
-            .unwrap()
-            .to_f32_vec();
+        let f32s = Tensor::from_f32_as(row.clone(), &[1, 300], DType::BF16).unwrap().to_f32_vec();
         let bf = Tensor::from_f32_as(row, &[1, 300], DType::BF16).unwrap();
-        let p = RowSampling {
-            top_k: 50,
-            top_p: 0.9,
-            seed: 1,
-            ..params(0.9)
-        };
+        let p = RowSampling { top_k: 50, top_p: 0.9, seed: 1, ..params(0.9) };
         assert_eq!(ops::sample_rows(&bf, &[p]).unwrap()[0], sample(&f32s, p));
         assert!(ops::sample_rows(&bf, &[p, p]).is_err(), "one plan per row");
-        assert!(
-            ops::sample_rows(&Tensor::from_f32(vec![], &[2, 0]).unwrap(), &[p, p]).is_err(),
-            "empty vocab"
-        );
+        assert!(ops::sample_rows(&Tensor::from_f32(vec![], &[2, 0]).unwrap(), &[p, p]).is_err(), "empty vocab");
     }
 }

@@ -66,16 +66,8 @@ fn dptr<T>(s: &CudaSlice<T>, dev: &CudaDevice) -> Arg {
     Arg::Ptr(s.device_ptr(dev.stream()).0)
 }
 
-pub fn new_cache(
-    dev: &Arc<CudaDevice>,
-    dtype: DType,
-    k_len: usize,
-    v_len: usize,
-) -> Result<KvStorage> {
-    Ok(KvStorage::Cuda {
-        k: CudaStorage::zeros(dev, dtype, k_len)?,
-        v: CudaStorage::zeros(dev, dtype, v_len)?,
-    })
+pub fn new_cache(dev: &Arc<CudaDevice>, dtype: DType, k_len: usize, v_len: usize) -> Result<KvStorage> {
+    Ok(KvStorage::Cuda { k: CudaStorage::zeros(dev, dtype, k_len)?, v: CudaStorage::zeros(dev, dtype, v_len)? })
 }
 
 fn cache_buffers<'a>(
@@ -84,9 +76,7 @@ fn cache_buffers<'a>(
     dtype: DType,
 ) -> Result<(&'a CudaStorage, &'a CudaStorage)> {
     let KvStorage::Cuda { k, v } = &cache.storage else {
-        return Err(dev_err(format!(
-            "{op}: CUDA activations with a CPU KV cache"
-        )));
+        return Err(dev_err(format!("{op}: CUDA activations with a CPU KV cache")));
     };
     if k.dtype() != dtype {
         return Err(TensorError::Unsupported {
@@ -97,18 +87,10 @@ fn cache_buffers<'a>(
     Ok((k, v))
 }
 
-pub fn write_kv(
-    cache: &mut PagedKvLayer,
-    k: &Tensor,
-    v: &Tensor,
-    meta: &AttnMetadata,
-) -> Result<()> {
+pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMetadata) -> Result<()> {
     let (ks, vs) = (cuda_of("write_kv", k)?, cuda_of("write_kv", v)?);
     if ks.dtype() != vs.dtype() {
-        return Err(TensorError::Unsupported {
-            op: "write_kv",
-            detail: "keys and values of different dtypes".into(),
-        });
+        return Err(TensorError::Unsupported { op: "write_kv", detail: "keys and values of different dtypes".into() });
     }
     let (kc, vc) = cache_buffers("write_kv", cache, ks.dtype())?;
     let dev = ks.device();
@@ -116,53 +98,17 @@ pub fn write_kv(
     if tokens == 0 {
         return Ok(());
     }
-    let f = dev.function(
-        ELEMENTWISE,
-        &format!("write_kv_{}", dtype_suffix(ks.dtype())?),
-    )?;
-    let (kw, vw) = (
-        cache.num_kv_heads * cache.k_dim,
-        cache.num_kv_heads * cache.v_dim,
-    );
-    let cfg = LaunchConfig {
-        grid_dim: (tokens as u32, 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let launch = |slots: Arg| {
-        dev.launch(
-            &f,
-            cfg,
-            &[
-                ks.ptr(),
-                vs.ptr(),
-                slots,
-                kc.ptr(),
-                vc.ptr(),
-                int(kw)?,
-                int(vw)?,
-            ],
-        )
-    };
+    let f = dev.function(ELEMENTWISE, &format!("write_kv_{}", dtype_suffix(ks.dtype())?))?;
+    let (kw, vw) = (cache.num_kv_heads * cache.k_dim, cache.num_kv_heads * cache.v_dim);
+    let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    let launch = |slots: Arg| dev.launch(&f, cfg, &[ks.ptr(), vs.ptr(), slots, kc.ptr(), vc.ptr(), int(kw)?, int(vw)?]);
     if let Some(p) = dev.step_index(&StepIndex::Slots(meta))? {
         return launch(Arg::Ptr(p));
     }
-    let mut slot_cache = dev
-        .slot_meta
-        .lock()
-        .map_err(|_| dev_err("slot cache poisoned"))?;
-    if slot_cache
-        .as_ref()
-        .is_none_or(|c| c.key != meta.slot_mapping)
-    {
-        let slots = dev
-            .stream()
-            .clone_htod(&u32_slots(meta)?)
-            .map_err(dev_err)?;
-        *slot_cache = Some(SlotCache {
-            key: meta.slot_mapping.clone(),
-            slots,
-        });
+    let mut slot_cache = dev.slot_meta.lock().map_err(|_| dev_err("slot cache poisoned"))?;
+    if slot_cache.as_ref().is_none_or(|c| c.key != meta.slot_mapping) {
+        let slots = dev.stream().clone_htod(&u32_slots(meta)?).map_err(dev_err)?;
+        *slot_cache = Some(SlotCache { key: meta.slot_mapping.clone(), slots });
     }
     launch(dptr(&slot_cache.as_ref().expect("filled above").slots, dev))
 }
@@ -178,12 +124,7 @@ fn meta_key(meta: &AttnMetadata, p: &AttentionParams, causal: bool) -> Vec<u32> 
         meta.seqs.len() as u32,
     ];
     for s in &meta.seqs {
-        key.extend([
-            s.q_start as u32,
-            s.q_len as u32,
-            s.ctx_len as u32,
-            s.block_table.len() as u32,
-        ]);
+        key.extend([s.q_start as u32, s.q_len as u32, s.ctx_len as u32, s.block_table.len() as u32]);
         key.extend_from_slice(&s.block_table);
     }
     key
@@ -195,10 +136,7 @@ fn split_count(items: usize, target: usize, max_keys: usize, min_keys: usize) ->
     if items == 0 || items >= target {
         1
     } else {
-        target
-            .div_ceil(items)
-            .min(max_keys.div_ceil(min_keys))
-            .max(1)
+        target.div_ceil(items).min(max_keys.div_ceil(min_keys)).max(1)
     }
 }
 
@@ -217,9 +155,7 @@ pub(crate) fn plan_meta(
     fixed_shape: bool,
 ) -> Result<MetaPlan> {
     let group = p.num_heads / p.num_kv_heads;
-    let i = |v: usize| {
-        i32::try_from(v).map_err(|_| dev_err(format!("paged_attention: {v} beyond 32 bits")))
-    };
+    let i = |v: usize| i32::try_from(v).map_err(|_| dev_err(format!("paged_attention: {v} beyond 32 bits")));
     let window = if causal { p.sliding_window } else { None };
     let key_range = |pos: usize, last: usize, ctx: usize| {
         let hi = if causal { last + 1 } else { ctx };
@@ -291,20 +227,10 @@ pub(crate) fn plan_meta(
         }
     }
     let sms = dev.multiprocessors();
-    let launch = |items: Vec<i32>,
-                  ints: usize,
-                  row_ids: Vec<u32>,
-                  target: usize,
-                  max_keys: usize,
-                  min_keys: usize| {
+    let launch = |items: Vec<i32>, ints: usize, row_ids: Vec<u32>, target: usize, max_keys: usize, min_keys: usize| {
         (!items.is_empty()).then(|| {
             let n_items = items.len() / ints;
-            LaunchPlan {
-                splits: split_count(n_items, target, max_keys, min_keys),
-                n_items,
-                items,
-                row_ids,
-            }
+            LaunchPlan { splits: split_count(n_items, target, max_keys, min_keys), n_items, items, row_ids }
         })
     };
     // Decode blocks are short-lived and memory-bound: aim for four waves of them.
@@ -313,11 +239,7 @@ pub(crate) fn plan_meta(
     if tables.is_empty() {
         tables.push(0);
     }
-    Ok(MetaPlan {
-        tables,
-        prefill,
-        decode,
-    })
+    Ok(MetaPlan { tables, prefill, decode })
 }
 
 /// The host side of a [`MetaCache`].
@@ -375,27 +297,16 @@ pub(crate) fn alloc_meta(stream: &Arc<CudaStream>, plan: &MetaPlan) -> Result<Me
 
 /// Writes `plan` into the buffers of `cache`, which a graph captured with a plan of the same
 /// shape reads.
-pub(crate) fn refill_meta(
-    stream: &Arc<CudaStream>,
-    cache: &MetaCache,
-    plan: &MetaPlan,
-) -> Result<()> {
+pub(crate) fn refill_meta(stream: &Arc<CudaStream>, cache: &MetaCache, plan: &MetaPlan) -> Result<()> {
     graph::write(stream, &cache.tables, &plan.tables)?;
-    for (launch, plan) in [
-        (&cache.prefill, &plan.prefill),
-        (&cache.decode, &plan.decode),
-    ] {
+    for (launch, plan) in [(&cache.prefill, &plan.prefill), (&cache.decode, &plan.decode)] {
         match (launch, plan) {
             (None, None) => {}
             (Some(l), Some(p)) if l.n_items == p.n_items && l.splits == p.splits => {
                 graph::write(stream, &l.items, &p.items)?;
                 graph::write(stream, &l.row_ids, &p.row_ids)?;
             }
-            _ => {
-                return Err(dev_err(
-                    "graph replay: attention work of another shape than the captured step's",
-                ))
-            }
+            _ => return Err(dev_err("graph replay: attention work of another shape than the captured step's")),
         }
     }
     Ok(())
@@ -411,12 +322,7 @@ fn pitch(width: usize, elem: usize) -> usize {
     words * 4 / elem
 }
 
-pub fn paged_attention(
-    q: &Tensor,
-    cache: &PagedKvLayer,
-    meta: &AttnMetadata,
-    p: &AttentionParams,
-) -> Result<Tensor> {
+pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p: &AttentionParams) -> Result<Tensor> {
     let qs = cuda_of("paged_attention", q)?;
     let (kc, vc) = cache_buffers("paged_attention", cache, qs.dtype())?;
     if cache.num_slots() > i32::MAX as usize {
@@ -425,12 +331,7 @@ pub fn paged_attention(
             detail: format!("{} cache slots", cache.num_slots()),
         });
     }
-    let kv = KvView {
-        k: kc,
-        v: vc,
-        k_dim: cache.k_dim,
-        v_dim: cache.v_dim,
-    };
+    let kv = KvView { k: kc, v: vc, k_dim: cache.k_dim, v_dim: cache.v_dim };
     attend("paged_attention", qs, &kv, meta, p, true)
 }
 
@@ -447,39 +348,23 @@ pub fn attention_dense(
     let op = "attention_dense";
     let (qs, ks, vs) = (cuda_of(op, q)?, cuda_of(op, k)?, cuda_of(op, v)?);
     if ks.dtype() != qs.dtype() || vs.dtype() != qs.dtype() {
-        return Err(TensorError::Unsupported {
-            op,
-            detail: "q, k and v of different dtypes".into(),
-        });
+        return Err(TensorError::Unsupported { op, detail: "q, k and v of different dtypes".into() });
     }
     let tokens: usize = seq_lens.iter().sum();
     if tokens > i32::MAX as usize {
-        return Err(TensorError::Unsupported {
-            op,
-            detail: format!("{tokens} tokens"),
-        });
+        return Err(TensorError::Unsupported { op, detail: format!("{tokens} tokens") });
     }
     let mut seqs = Vec::with_capacity(seq_lens.len());
     let mut start = 0;
     for &len in seq_lens {
         if len > 0 {
             let block_table = (start as u32..(start + len) as u32).collect();
-            seqs.push(AttnSeq {
-                q_start: start,
-                q_len: len,
-                ctx_len: len,
-                block_table,
-            });
+            seqs.push(AttnSeq { q_start: start, q_len: len, ctx_len: len, block_table });
         }
         start += len;
     }
     let meta = AttnMetadata::new(seqs, 1)?;
-    let kv = KvView {
-        k: ks,
-        v: vs,
-        k_dim: p.head_dim,
-        v_dim: p.v_head_dim,
-    };
+    let kv = KvView { k: ks, v: vs, k_dim: p.head_dim, v_dim: p.v_head_dim };
     attend(op, qs, &kv, &meta, p, causal)
 }
 
@@ -504,10 +389,7 @@ fn attend(
     let (d, dv) = (p.head_dim, p.v_head_dim);
     let unsupported = |detail: String| TensorError::Unsupported { op, detail };
     if d % 2 != 0 || dv % 2 != 0 || dv > MAX_V_DIM || d > kv.k_dim || dv > kv.v_dim {
-        return Err(unsupported(format!(
-            "head dims {d}/{dv} with cache dims {}/{}",
-            kv.k_dim, kv.v_dim
-        )));
+        return Err(unsupported(format!("head dims {d}/{dv} with cache dims {}/{}", kv.k_dim, kv.v_dim)));
     }
     if p.sliding_window == Some(0) {
         return Err(unsupported("a sliding window of 0 keys".into()));
@@ -520,10 +402,7 @@ fn attend(
     let run = |mc: &MetaCache| launch_attention(op, qs, kv, meta, p, causal, mc, &out);
     if dev.with_step_attention(meta, p, causal, run)?.is_none() {
         let key = meta_key(meta, p, causal);
-        let mut meta_cache = dev
-            .attn_meta
-            .lock()
-            .map_err(|_| dev_err("attention metadata cache poisoned"))?;
+        let mut meta_cache = dev.attn_meta.lock().map_err(|_| dev_err("attention metadata cache poisoned"))?;
         let mc = match meta_cache.iter().position(|c| c.key == key) {
             Some(i) => &meta_cache[i],
             None => {
@@ -576,14 +455,8 @@ fn launch_attention(
             let smem = 2 * MMA_TILE * (2 * d + 16) + 4 * MMA_TILE + 4 * (WARPS * 16 + 16 + 16 * dv);
             let f = kernel(dev, &format!("paged_attn_mma_bf16_d{d}_v{dv}"), smem, op)?;
             let parts = Partials::new(dev, l, p.num_heads, dv)?;
-            let mut args = vec![
-                qs.ptr(),
-                kv.k.ptr(),
-                kv.v.ptr(),
-                dptr(&mc.tables, dev),
-                dptr(&l.items, dev),
-                out.ptr(),
-            ];
+            let mut args =
+                vec![qs.ptr(), kv.k.ptr(), kv.v.ptr(), dptr(&mc.tables, dev), dptr(&l.items, dev), out.ptr()];
             args.extend(parts.ptrs(dev));
             args.extend([
                 int(p.num_heads)?,
@@ -602,18 +475,11 @@ fn launch_attention(
             parts.combine(dev, out, &l.row_ids, p.num_heads, dv, sfx)?;
         } else {
             let (kpitch, vpitch) = (pitch(d, elem), pitch(dv, elem));
-            let smem =
-                4 * (QV_MAX * d + WARPS * QPW * TILE + TILE) + elem * TILE * (kpitch + vpitch);
+            let smem = 4 * (QV_MAX * d + WARPS * QPW * TILE + TILE) + elem * TILE * (kpitch + vpitch);
             let f = kernel(dev, &format!("paged_attn_{sfx}"), smem, op)?;
             let parts = Partials::new(dev, l, p.num_heads, dv)?;
-            let mut args = vec![
-                qs.ptr(),
-                kv.k.ptr(),
-                kv.v.ptr(),
-                dptr(&mc.tables, dev),
-                dptr(&l.items, dev),
-                out.ptr(),
-            ];
+            let mut args =
+                vec![qs.ptr(), kv.k.ptr(), kv.v.ptr(), dptr(&mc.tables, dev), dptr(&l.items, dev), out.ptr()];
             args.extend(parts.ptrs(dev));
             args.extend(common()?);
             args.extend([
@@ -633,21 +499,12 @@ fn launch_attention(
     }
     if let Some(l) = &mc.decode {
         // The instantiation for this group size and value width (kernels::ATTENTION, INST_DECODE).
-        let hm = (p.num_heads / p.num_kv_heads)
-            .min(DEC_HMAX)
-            .next_power_of_two();
+        let hm = (p.num_heads / p.num_kv_heads).min(DEC_HMAX).next_power_of_two();
         let dvr = if dv <= 128 { 4 } else { 8 };
         let smem = 4 * (hm * d + hm * DEC_SUB + 3 * hm + DEC_SUB + WARPS * hm * dv);
         let f = kernel(dev, &format!("paged_decode_{sfx}_h{hm}_v{dvr}"), smem, op)?;
         let parts = Partials::new(dev, l, p.num_heads, dv)?;
-        let mut args = vec![
-            qs.ptr(),
-            kv.k.ptr(),
-            kv.v.ptr(),
-            dptr(&mc.tables, dev),
-            dptr(&l.items, dev),
-            out.ptr(),
-        ];
+        let mut args = vec![qs.ptr(), kv.k.ptr(), kv.v.ptr(), dptr(&mc.tables, dev), dptr(&l.items, dev), out.ptr()];
         args.extend(parts.ptrs(dev));
         args.extend(common()?);
         args.extend([
@@ -664,12 +521,7 @@ fn launch_attention(
 }
 
 /// An attention kernel, allowed the dynamic shared memory it needs past the default 48 KiB.
-fn kernel(
-    dev: &CudaDevice,
-    name: &str,
-    smem: usize,
-    op: &'static str,
-) -> Result<cudarc::driver::CudaFunction> {
+fn kernel(dev: &CudaDevice, name: &str, smem: usize, op: &'static str) -> Result<cudarc::driver::CudaFunction> {
     if smem > dev.max_shared_per_block() {
         return Err(TensorError::Unsupported {
             op,
@@ -678,11 +530,8 @@ fn kernel(
     }
     let f = dev.function(ATTENTION, name)?;
     if smem > 48 * 1024 {
-        f.set_attribute(
-            drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(dev_err)?;
+        f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            .map_err(dev_err)?;
     }
     Ok(f)
 }
@@ -713,11 +562,7 @@ impl Partials {
         } else {
             None
         };
-        Ok(Partials {
-            bufs,
-            splits: l.splits,
-            rows: l.rows,
-        })
+        Ok(Partials { bufs, splits: l.splits, rows: l.rows })
     }
 
     fn ptrs(&self, dev: &CudaDevice) -> [Arg; 2] {
@@ -740,26 +585,10 @@ impl Partials {
             return Ok(());
         }
         let f = dev.function(ATTENTION, &format!("attn_combine_{sfx}"))?;
-        let cfg = LaunchConfig {
-            grid_dim: ((self.rows * heads) as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg =
+            LaunchConfig { grid_dim: ((self.rows * heads) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         let [acc, ml] = self.ptrs(dev);
         let rows = dptr(rows, dev);
-        dev.launch(
-            &f,
-            cfg,
-            &[
-                acc,
-                ml,
-                out.ptr(),
-                rows,
-                int(self.splits)?,
-                int(self.rows)?,
-                int(heads)?,
-                int(dv)?,
-            ],
-        )
+        dev.launch(&f, cfg, &[acc, ml, out.ptr(), rows, int(self.splits)?, int(self.rows)?, int(heads)?, int(dv)?])
     }
 }

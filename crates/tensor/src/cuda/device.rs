@@ -4,9 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
-use cudarc::driver::{
-    sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 
 use super::kernels;
@@ -24,26 +22,11 @@ pub(crate) struct KernelSource {
     pub src: &'static str,
 }
 
-pub(crate) const ELEMENTWISE: KernelSource = KernelSource {
-    name: "elementwise",
-    src: kernels::ELEMENTWISE,
-};
-pub(crate) const NORM: KernelSource = KernelSource {
-    name: "norm",
-    src: kernels::NORM,
-};
-pub(crate) const ATTENTION: KernelSource = KernelSource {
-    name: "attention",
-    src: kernels::ATTENTION,
-};
-pub(crate) const GEMV: KernelSource = KernelSource {
-    name: "gemv",
-    src: kernels::GEMV,
-};
-pub(crate) const SAMPLING: KernelSource = KernelSource {
-    name: "sampling",
-    src: kernels::SAMPLING,
-};
+pub(crate) const ELEMENTWISE: KernelSource = KernelSource { name: "elementwise", src: kernels::ELEMENTWISE };
+pub(crate) const NORM: KernelSource = KernelSource { name: "norm", src: kernels::NORM };
+pub(crate) const ATTENTION: KernelSource = KernelSource { name: "attention", src: kernels::ATTENTION };
+pub(crate) const GEMV: KernelSource = KernelSource { name: "gemv", src: kernels::GEMV };
+pub(crate) const SAMPLING: KernelSource = KernelSource { name: "sampling", src: kernels::SAMPLING };
 
 /// A GPU as the op set sees it. Everything is issued on one stream, so the order of ops is
 /// the order of calls, and memory freed by a dropped tensor is reused only after the kernels
@@ -98,12 +81,7 @@ pub fn device_count() -> usize {
             return 0;
         }
         // cudarc panics when a symbol is missing from an older driver; that means "no GPU" here.
-        std::panic::catch_unwind(|| {
-            CudaContext::device_count()
-                .map(|n| n.max(0) as usize)
-                .unwrap_or(0)
-        })
-        .unwrap_or(0)
+        std::panic::catch_unwind(|| CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)).unwrap_or(0)
     })
 }
 
@@ -118,10 +96,7 @@ pub fn device(ordinal: usize) -> Result<Arc<CudaDevice>> {
             format!("cuda:{ordinal} requested but only {count} device(s) exist")
         }));
     }
-    let mut map = DEVICES
-        .get_or_init(Default::default)
-        .lock()
-        .map_err(|_| dev_err("device table poisoned"))?;
+    let mut map = DEVICES.get_or_init(Default::default).lock().map_err(|_| dev_err("device table poisoned"))?;
     if let Some(d) = map.get(&ordinal) {
         return Ok(d.clone());
     }
@@ -143,11 +118,9 @@ impl CudaDevice {
         let side = ctx.new_stream().map_err(dev_err)?;
         keep_pool_memory(&ctx)?;
         let attr = |a| ctx.attribute(a).map_err(dev_err);
-        let multiprocessors =
-            attr(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
-        let max_shared_per_block = attr(
-            drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-        )? as usize;
+        let multiprocessors = attr(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let max_shared_per_block =
+            attr(drv_sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
         let blas = blas_result::create_handle().map_err(dev_err)?;
         // cuBLAS's own default on Hopper; a GEMM captured into a graph must not allocate.
         let workspace_bytes = 32 << 20;
@@ -165,9 +138,7 @@ impl CudaDevice {
                     .map_err(dev_err)?;
             }
             // Plain fp32 GEMMs: TF32 would cost f32 activations their exactness against the CPU.
-            blas_sys::cublasSetMathMode(blas, blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH)
-                .result()
-                .map_err(dev_err)?;
+            blas_sys::cublasSetMathMode(blas, blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH).result().map_err(dev_err)?;
         }
         Ok(CudaDevice {
             ordinal,
@@ -230,29 +201,18 @@ impl CudaDevice {
 
     /// Runs `f` with the cuBLAS handle, which is bound to this device's stream.
     pub(crate) fn with_blas<R>(&self, f: impl FnOnce(blas_sys::cublasHandle_t) -> R) -> Result<R> {
-        let handle = self
-            .blas
-            .lock()
-            .map_err(|_| dev_err("cuBLAS handle poisoned"))?;
+        let handle = self.blas.lock().map_err(|_| dev_err("cuBLAS handle poisoned"))?;
         self.stream.context().bind_to_thread().map_err(dev_err)?;
         Ok(f(*handle))
     }
 
     /// The kernel `name` of `source`, compiling the source on its first use in this process.
     pub(crate) fn function(&self, source: KernelSource, name: &str) -> Result<CudaFunction> {
-        if let Some(f) = self
-            .functions
-            .lock()
-            .map_err(|_| dev_err("function cache poisoned"))?
-            .get(name)
-        {
+        if let Some(f) = self.functions.lock().map_err(|_| dev_err("function cache poisoned"))?.get(name) {
             return Ok(f.clone());
         }
         let module = {
-            let mut modules = self
-                .modules
-                .lock()
-                .map_err(|_| dev_err("module cache poisoned"))?;
+            let mut modules = self.modules.lock().map_err(|_| dev_err("module cache poisoned"))?;
             match modules.get(source.name) {
                 Some(m) => m.clone(),
                 None => {
@@ -262,13 +222,8 @@ impl CudaDevice {
                 }
             }
         };
-        let f = module
-            .load_function(name)
-            .map_err(|e| dev_err(format!("kernel {name}: {e}")))?;
-        self.functions
-            .lock()
-            .map_err(|_| dev_err("function cache poisoned"))?
-            .insert(name.to_string(), f.clone());
+        let f = module.load_function(name).map_err(|e| dev_err(format!("kernel {name}: {e}")))?;
+        self.functions.lock().map_err(|_| dev_err("function cache poisoned"))?.insert(name.to_string(), f.clone());
         Ok(f)
     }
 
@@ -276,16 +231,9 @@ impl CudaDevice {
         let (major, minor) = self.compute_capability;
         let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
         let src = format!("{}{}", kernels::COMMON, source.src);
-        let opts = CompileOptions {
-            arch: Some(arch),
-            ..Default::default()
-        };
-        let ptx = compile_ptx_with_opts(src, opts).map_err(|e| {
-            dev_err(format!(
-                "NVRTC failed on the {} kernels for {arch}: {e:?}",
-                source.name
-            ))
-        })?;
+        let opts = CompileOptions { arch: Some(arch), ..Default::default() };
+        let ptx = compile_ptx_with_opts(src, opts)
+            .map_err(|e| dev_err(format!("NVRTC failed on the {} kernels for {arch}: {e:?}", source.name)))?;
         self.stream.context().load_module(ptx).map_err(dev_err)
     }
 
@@ -316,9 +264,7 @@ fn keep_pool_memory(ctx: &Arc<CudaContext>) -> Result<()> {
     let mut threshold: u64 = u64::MAX;
     // SAFETY: plain driver calls on this context's device with valid out-pointers.
     unsafe {
-        drv_sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
-            .result()
-            .map_err(dev_err)?;
+        drv_sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result().map_err(dev_err)?;
         drv_sys::cuMemPoolSetAttribute(
             pool,
             drv_sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,

@@ -12,9 +12,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{
-    result as drv_result, sys as drv_sys, CudaGraph, CudaSlice, CudaStream, DevicePtr,
-};
+use cudarc::driver::{result as drv_result, sys as drv_sys, CudaGraph, CudaSlice, CudaStream, DevicePtr};
 
 use super::attention::{self, MetaCache};
 use super::device::{dev_err, CudaDevice};
@@ -67,15 +65,8 @@ enum Input {
     Tokens(CudaSlice<u32>),
     LogitRows(CudaSlice<u32>),
     Slots(CudaSlice<u32>),
-    Attention {
-        params: AttentionParams,
-        causal: bool,
-        cache: Box<MetaCache>,
-    },
-    Host {
-        fill: HostFill,
-        tensor: Tensor,
-    },
+    Attention { params: AttentionParams, causal: bool, cache: Box<MetaCache> },
+    Host { fill: HostFill, tensor: Tensor },
 }
 
 /// The capture in progress on a device: the addresses of the step's inputs and the buffers
@@ -95,25 +86,18 @@ fn slice_id<T>(s: &[T]) -> (usize, usize) {
 }
 
 fn not_capturable(what: &str) -> TensorError {
-    TensorError::Unsupported {
-        op: "graph capture",
-        detail: what.to_string(),
-    }
+    TensorError::Unsupported { op: "graph capture", detail: what.to_string() }
 }
 
 fn u32_rows(rows: &[usize]) -> Result<Vec<u32>> {
-    rows.iter()
-        .map(|&r| u32::try_from(r).map_err(|_| dev_err(format!("row {r} beyond 32 bits"))))
-        .collect()
+    rows.iter().map(|&r| u32::try_from(r).map_err(|_| dev_err(format!("row {r} beyond 32 bits")))).collect()
 }
 
 /// The slot mapping as the kernels read it; [`crate::kv::PAD_SLOT`] stays the marker it is.
 pub(crate) fn u32_slots(meta: &AttnMetadata) -> Result<Vec<u32>> {
     meta.slot_mapping
         .iter()
-        .map(|&s| {
-            u32::try_from(s).map_err(|_| dev_err(format!("write_kv: slot {s} beyond 32 bits")))
-        })
+        .map(|&s| u32::try_from(s).map_err(|_| dev_err(format!("write_kv: slot {s} beyond 32 bits"))))
         .collect()
 }
 
@@ -122,16 +106,10 @@ impl Recording {
         let len = match want {
             StepIndex::Tokens(t) if slice_id(t) == self.tokens => t.len(),
             StepIndex::LogitRows(r) if slice_id(r) == self.logit_rows => r.len(),
-            StepIndex::Slots(m) if std::ptr::eq(*m, self.meta as *const AttnMetadata) => {
-                m.slot_mapping.len()
-            }
+            StepIndex::Slots(m) if std::ptr::eq(*m, self.meta as *const AttnMetadata) => m.slot_mapping.len(),
             StepIndex::Tokens(_) => return Err(not_capturable("token ids other than the step's")),
-            StepIndex::LogitRows(_) => {
-                return Err(not_capturable("a row gather other than the logit rows"))
-            }
-            StepIndex::Slots(_) => {
-                return Err(not_capturable("attention metadata other than the step's"))
-            }
+            StepIndex::LogitRows(_) => return Err(not_capturable("a row gather other than the logit rows")),
+            StepIndex::Slots(_) => return Err(not_capturable("attention metadata other than the step's")),
         };
         let side = &self.side;
         let found = self.inputs.iter().find_map(|i| match (i, want) {
@@ -159,21 +137,13 @@ impl CudaDevice {
     /// The device address of `index` during a capture (a graph input), or `None` outside one,
     /// where the caller uploads it as usual.
     pub(crate) fn step_index(&self, index: &StepIndex<'_>) -> Result<Option<u64>> {
-        let mut rec = self
-            .recording
-            .lock()
-            .map_err(|_| dev_err("graph recording poisoned"))?;
+        let mut rec = self.recording.lock().map_err(|_| dev_err("graph recording poisoned"))?;
         rec.as_mut().map(|r| r.buffer(index)).transpose()
     }
 
     /// Refuses what a graph cannot replay: data moved between host and device mid-forward.
     pub(crate) fn check_not_capturing(&self, what: &str) -> Result<()> {
-        if self
-            .recording
-            .lock()
-            .map_err(|_| dev_err("graph recording poisoned"))?
-            .is_some()
-        {
+        if self.recording.lock().map_err(|_| dev_err("graph recording poisoned"))?.is_some() {
             return Err(not_capturable(what));
         }
         Ok(())
@@ -188,67 +158,45 @@ impl CudaDevice {
         causal: bool,
         f: impl FnOnce(&MetaCache) -> Result<R>,
     ) -> Result<Option<R>> {
-        let mut guard = self
-            .recording
-            .lock()
-            .map_err(|_| dev_err("graph recording poisoned"))?;
+        let mut guard = self.recording.lock().map_err(|_| dev_err("graph recording poisoned"))?;
         let Some(rec) = guard.as_mut() else {
             return Ok(None);
         };
         if !std::ptr::eq(meta, rec.meta as *const AttnMetadata) {
             return Err(not_capturable("attention metadata other than the step's"));
         }
-        let pos = rec.inputs.iter().position(
-            |i| matches!(i, Input::Attention { params: p, causal: c, .. } if p == params && *c == causal),
-        );
+        let pos = rec
+            .inputs
+            .iter()
+            .position(|i| matches!(i, Input::Attention { params: p, causal: c, .. } if p == params && *c == causal));
         let pos = match pos {
             Some(p) => p,
             None => {
                 let plan = attention::plan_meta(self, meta, params, causal, true)?;
                 let cache = attention::alloc_meta(&rec.side, &plan)?;
-                rec.inputs.push(Input::Attention {
-                    params: params.clone(),
-                    causal,
-                    cache: Box::new(cache),
-                });
+                rec.inputs.push(Input::Attention { params: params.clone(), causal, cache: Box::new(cache) });
                 rec.inputs.len() - 1
             }
         };
-        let Input::Attention { cache, .. } = &rec.inputs[pos] else {
-            unreachable!("found as attention above")
-        };
+        let Input::Attention { cache, .. } = &rec.inputs[pos] else { unreachable!("found as attention above") };
         f(cache).map(Some)
     }
 
     /// A `[rows, cols]` f32 tensor filled on the host by `fill`: uploaded now, or during a
     /// capture a graph input recomputed for every replay.
-    pub(crate) fn step_tensor(
-        self: &Arc<Self>,
-        meta: &AttnMetadata,
-        cols: usize,
-        fill: HostFill,
-    ) -> Result<Tensor> {
+    pub(crate) fn step_tensor(self: &Arc<Self>, meta: &AttnMetadata, cols: usize, fill: HostFill) -> Result<Tensor> {
         let rows = meta.num_tokens();
-        let mut guard = self
-            .recording
-            .lock()
-            .map_err(|_| dev_err("graph recording poisoned"))?;
+        let mut guard = self.recording.lock().map_err(|_| dev_err("graph recording poisoned"))?;
         let Some(rec) = guard.as_mut() else {
             drop(guard);
-            return Tensor::from_f32(fill(meta), &[rows, cols])?
-                .to_device(crate::Device::Cuda(self.ordinal()));
+            return Tensor::from_f32(fill(meta), &[rows, cols])?.to_device(crate::Device::Cuda(self.ordinal()));
         };
         if !std::ptr::eq(meta, rec.meta as *const AttnMetadata) {
-            return Err(not_capturable(
-                "a host table of metadata other than the step's",
-            ));
+            return Err(not_capturable("a host table of metadata other than the step's"));
         }
         let storage = CudaStorage::alloc_on(self, &rec.side, crate::DType::F32, rows * cols)?;
         let tensor = Tensor::from_storage(Storage::Cuda(storage), vec![rows, cols])?;
-        rec.inputs.push(Input::Host {
-            fill,
-            tensor: tensor.clone(),
-        });
+        rec.inputs.push(Input::Host { fill, tensor: tensor.clone() });
         Ok(tensor)
     }
 }
@@ -268,12 +216,7 @@ unsafe impl Send for StepGraph {}
 
 impl std::fmt::Debug for StepGraph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "StepGraph({} inputs, output {:?})",
-            self.inputs.len(),
-            self.output.shape()
-        )
+        write!(f, "StepGraph({} inputs, output {:?})", self.inputs.len(), self.output.shape())
     }
 }
 
@@ -288,10 +231,7 @@ impl StepGraph {
     ) -> Result<StepGraph> {
         let side = dev.side_stream().clone();
         {
-            let mut rec = dev
-                .recording
-                .lock()
-                .map_err(|_| dev_err("graph recording poisoned"))?;
+            let mut rec = dev.recording.lock().map_err(|_| dev_err("graph recording poisoned"))?;
             *rec = Some(Recording {
                 tokens: slice_id(step.tokens),
                 logit_rows: slice_id(step.logit_rows),
@@ -302,13 +242,10 @@ impl StepGraph {
         }
         let stream = dev.stream().clone();
         // Relaxed: the graph's own buffers are allocated on the side stream mid-capture.
-        let begun =
-            stream.begin_capture(drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
+        let begun = stream.begin_capture(drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
         let recorded = begun.map_err(dev_err).and_then(|()| {
             let logits = forward().map_err(|e| dev_err(format!("forward under capture: {e}")))?;
-            let src = logits
-                .cuda()
-                .ok_or_else(|| dev_err("forward returned host logits"))?;
+            let src = logits.cuda().ok_or_else(|| dev_err("forward returned host logits"))?;
             let output = CudaStorage::alloc_on(dev, &side, src.dtype(), src.len())?;
             // SAFETY: both buffers hold `len` elements of the same dtype; the copy is captured.
             unsafe {
@@ -349,12 +286,7 @@ impl StepGraph {
         };
         let (graph, output) = graph?;
         side.synchronize().map_err(dev_err)?;
-        Ok(StepGraph {
-            dev: dev.clone(),
-            graph,
-            inputs,
-            output,
-        })
+        Ok(StepGraph { dev: dev.clone(), graph, inputs, output })
     }
 
     /// Rewrites the graph's inputs from `step` and launches it; returns the logits, in a
@@ -366,11 +298,7 @@ impl StepGraph {
                 Input::Tokens(buf) => write(stream, buf, step.tokens)?,
                 Input::LogitRows(buf) => write(stream, buf, &u32_rows(step.logit_rows)?)?,
                 Input::Slots(buf) => write(stream, buf, &u32_slots(step.meta)?)?,
-                Input::Attention {
-                    params,
-                    causal,
-                    cache,
-                } => {
+                Input::Attention { params, causal, cache } => {
                     let plan = attention::plan_meta(&self.dev, step.meta, params, *causal, true)?;
                     attention::refill_meta(stream, cache, &plan)?;
                 }
@@ -381,10 +309,8 @@ impl StepGraph {
                         return Err(shape_change("a host table", storage.len(), data.len()));
                     }
                     // SAFETY: the buffer holds `len` f32s; the copy is ordered before the launch.
-                    unsafe {
-                        drv_result::memcpy_htod_async(storage.raw_ptr(), &data, stream.cu_stream())
-                    }
-                    .map_err(dev_err)?;
+                    unsafe { drv_result::memcpy_htod_async(storage.raw_ptr(), &data, stream.cu_stream()) }
+                        .map_err(dev_err)?;
                 }
             }
         }
@@ -402,9 +328,7 @@ impl Drop for StepGraph {
 }
 
 fn shape_change(what: &str, had: usize, got: usize) -> TensorError {
-    dev_err(format!(
-        "graph replay: {what} of {got} entries where the graph was captured with {had}"
-    ))
+    dev_err(format!("graph replay: {what} of {got} entries where the graph was captured with {had}"))
 }
 
 pub(crate) fn write<T: cudarc::driver::DeviceRepr>(
@@ -416,6 +340,5 @@ pub(crate) fn write<T: cudarc::driver::DeviceRepr>(
         return Err(shape_change("an input", buf.len(), data.len()));
     }
     // SAFETY: `buf` holds exactly `data.len()` elements; the copy is stream-ordered.
-    unsafe { drv_result::memcpy_htod_async(buf.device_ptr(stream).0, data, stream.cu_stream()) }
-        .map_err(dev_err)
+    unsafe { drv_result::memcpy_htod_async(buf.device_ptr(stream).0, data, stream.cu_stream()) }.map_err(dev_err)
 }

@@ -52,27 +52,11 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
             block_dim: (32 * warps_per_block as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let args = [
-            xs.ptr(),
-            ws.ptr(),
-            out.ptr(),
-            int(n)?,
-            int(k)?,
-            Arg::I32(bs.is_some() as i32),
-        ];
+        let args = [xs.ptr(), ws.ptr(), out.ptr(), int(n)?, int(k)?, Arg::I32(bs.is_some() as i32)];
         dev.launch(&f, cfg, &args)?;
     } else if k > 0 {
         let beta = if bs.is_some() { 1.0 } else { 0.0 };
-        gemm(
-            &out,
-            ws.raw_ptr(),
-            xs.raw_ptr(),
-            out.raw_ptr(),
-            m,
-            n,
-            k,
-            beta,
-        )?;
+        gemm(&out, ws.raw_ptr(), xs.raw_ptr(), out.raw_ptr(), m, n, k, beta)?;
     }
     wrap(out, shape)
 }
@@ -85,11 +69,8 @@ pub fn grouped_matmul_t(x: &Tensor, w: &Tensor, offsets: &[usize]) -> Result<Ten
     let ws = cuda_of("grouped_matmul_t", w)?.as_dtype(dtype)?;
     let (n, k) = (w.shape()[1], w.shape()[2]);
     let rows: usize = x.shape().iter().rev().skip(1).product();
-    let out = if k == 0 {
-        CudaStorage::zeros(dev, dtype, rows * n)?
-    } else {
-        CudaStorage::alloc(dev, dtype, rows * n)?
-    };
+    let out =
+        if k == 0 { CudaStorage::zeros(dev, dtype, rows * n)? } else { CudaStorage::alloc(dev, dtype, rows * n)? };
     if n > 0 && k > 0 {
         let elem = dtype.size_in_bytes() as u64;
         // (rows of the group, weight, input, output) of each expert that has rows.
@@ -118,37 +99,23 @@ pub fn grouped_matmul_t(x: &Tensor, w: &Tensor, offsets: &[usize]) -> Result<Ten
 
 /// Every expert's `out_e = x_e w_e^T` in one cuBLAS call (`cublasGemmGroupedBatchedEx`, one group
 /// of one problem per expert), instead of a host loop of GEMMs.
-fn grouped_gemm(
-    like: &CudaStorage,
-    groups: &[(usize, u64, u64, u64)],
-    n: usize,
-    k: usize,
-) -> Result<()> {
+fn grouped_gemm(like: &CudaStorage, groups: &[(usize, u64, u64, u64)], n: usize, k: usize) -> Result<()> {
     let dev = like.device();
     let ty = match like.dtype() {
         DType::BF16 => blas_sys::cudaDataType_t::CUDA_R_16BF,
         _ => blas_sys::cudaDataType_t::CUDA_R_32F,
     };
-    let dim = |v: usize| {
-        i32::try_from(v).map_err(|_| dev_err(format!("matmul dimension {v} exceeds cuBLAS's int")))
-    };
+    let dim = |v: usize| i32::try_from(v).map_err(|_| dev_err(format!("matmul dimension {v} exceeds cuBLAS's int")));
     let count = groups.len();
     let (ni, ki, count_i) = (dim(n)?, dim(k)?, dim(count)?);
-    let ms = groups
-        .iter()
-        .map(|g| dim(g.0))
-        .collect::<Result<Vec<i32>>>()?;
+    let ms = groups.iter().map(|g| dim(g.0)).collect::<Result<Vec<i32>>>()?;
     let transa = vec![blas_sys::cublasOperation_t::CUBLAS_OP_T; count];
     let transb = vec![blas_sys::cublasOperation_t::CUBLAS_OP_N; count];
     let (n_arr, k_arr, ones) = (vec![ni; count], vec![ki; count], vec![1i32; count]);
     let (alpha, beta) = (vec![1.0f32; count], vec![0.0f32; count]);
     // The operand pointer arrays must live in device memory: weights, inputs, outputs, in turn.
-    let pointers: Vec<u64> = groups
-        .iter()
-        .map(|g| g.1)
-        .chain(groups.iter().map(|g| g.2))
-        .chain(groups.iter().map(|g| g.3))
-        .collect();
+    let pointers: Vec<u64> =
+        groups.iter().map(|g| g.1).chain(groups.iter().map(|g| g.2)).chain(groups.iter().map(|g| g.3)).collect();
     dev.check_not_capturing("a grouped GEMM's pointer table")?;
     let table = dev.stream().clone_htod(&pointers).map_err(dev_err)?;
     let base = {
@@ -183,33 +150,18 @@ fn grouped_gemm(
             blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
         )
     })?;
-    status.result().map_err(|e| {
-        dev_err(format!(
-            "cuBLAS grouped gemm of {count} experts ({n}x{k}): {e:?}"
-        ))
-    })
+    status.result().map_err(|e| dev_err(format!("cuBLAS grouped gemm of {count} experts ({n}x{k}): {e:?}")))
 }
 
 /// Row-major `out[m, n] (+)= x[m, k] w[n, k]^T` on raw device pointers of `like`'s dtype.
 #[allow(clippy::too_many_arguments)]
-fn gemm(
-    like: &CudaStorage,
-    wp: u64,
-    xp: u64,
-    op: u64,
-    m: usize,
-    n: usize,
-    k: usize,
-    beta: f32,
-) -> Result<()> {
+fn gemm(like: &CudaStorage, wp: u64, xp: u64, op: u64, m: usize, n: usize, k: usize, beta: f32) -> Result<()> {
     let alpha: f32 = 1.0;
     let ty = match like.dtype() {
         DType::BF16 => blas_sys::cudaDataType_t::CUDA_R_16BF,
         _ => blas_sys::cudaDataType_t::CUDA_R_32F,
     };
-    let dim = |v: usize| {
-        i32::try_from(v).map_err(|_| dev_err(format!("matmul dimension {v} exceeds cuBLAS's int")))
-    };
+    let dim = |v: usize| i32::try_from(v).map_err(|_| dev_err(format!("matmul dimension {v} exceeds cuBLAS's int")));
     let (mi, ni, ki) = (dim(m)?, dim(n)?, dim(k)?);
     // Row-major out[m, n] = x[m, k] w[n, k]^T is column-major out^T[n, m] = (w^T)^T[n, k] x^T[k, m].
     like.device()

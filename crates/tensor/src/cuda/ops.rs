@@ -12,8 +12,7 @@ use crate::tensor::{Storage, Tensor};
 use crate::DType;
 
 pub(crate) fn cuda_of<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a CudaStorage> {
-    t.cuda()
-        .ok_or_else(|| dev_err(format!("{op}: an operand is not on a CUDA device")))
+    t.cuda().ok_or_else(|| dev_err(format!("{op}: an operand is not on a CUDA device")))
 }
 
 pub(crate) fn wrap(storage: CudaStorage, shape: Vec<usize>) -> Result<Tensor> {
@@ -22,10 +21,7 @@ pub(crate) fn wrap(storage: CudaStorage, shape: Vec<usize>) -> Result<Tensor> {
 
 fn same_dtype(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
     if a.dtype() != b.dtype() {
-        return Err(TensorError::Unsupported {
-            op,
-            detail: format!("mixed dtypes {} and {}", a.dtype(), b.dtype()),
-        });
+        return Err(TensorError::Unsupported { op, detail: format!("mixed dtypes {} and {}", a.dtype(), b.dtype()) });
     }
     Ok(())
 }
@@ -53,14 +49,7 @@ fn unary(x: &Tensor, op: i32, a: f32, act: i32) -> Result<Tensor> {
     let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
     if !xs.is_empty() {
         let f = dev.function(ELEMENTWISE, &format!("unary_{}", dtype_suffix(xs.dtype())?))?;
-        let args = [
-            xs.ptr(),
-            out.ptr(),
-            Arg::U64(xs.len() as u64),
-            Arg::I32(op),
-            Arg::F32(a),
-            Arg::I32(act),
-        ];
+        let args = [xs.ptr(), out.ptr(), Arg::U64(xs.len() as u64), Arg::I32(op), Arg::F32(a), Arg::I32(act)];
         dev.launch(&f, flat_cfg(dev, xs.len()), &args)?;
     }
     wrap(out, x.shape().to_vec())
@@ -88,18 +77,8 @@ fn binary(op_name: &'static str, a: &Tensor, b: &Tensor, op: i32, act: i32) -> R
     let dev = sa.device();
     let out = CudaStorage::alloc(dev, sa.dtype(), sa.len())?;
     if !sa.is_empty() {
-        let f = dev.function(
-            ELEMENTWISE,
-            &format!("binary_{}", dtype_suffix(sa.dtype())?),
-        )?;
-        let args = [
-            sa.ptr(),
-            sb.ptr(),
-            out.ptr(),
-            Arg::U64(sa.len() as u64),
-            Arg::I32(op),
-            Arg::I32(act),
-        ];
+        let f = dev.function(ELEMENTWISE, &format!("binary_{}", dtype_suffix(sa.dtype())?))?;
+        let args = [sa.ptr(), sb.ptr(), out.ptr(), Arg::U64(sa.len() as u64), Arg::I32(op), Arg::I32(act)];
         dev.launch(&f, flat_cfg(dev, sa.len()), &args)?;
     }
     wrap(out, a.shape().to_vec())
@@ -122,19 +101,9 @@ pub fn mul_row(x: &Tensor, row: &Tensor) -> Result<Tensor> {
     let dev = xs.device();
     let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
     if !xs.is_empty() {
-        let name = format!(
-            "mul_row_{}_{}",
-            dtype_suffix(xs.dtype())?,
-            dtype_suffix(rs.dtype())?
-        );
+        let name = format!("mul_row_{}_{}", dtype_suffix(xs.dtype())?, dtype_suffix(rs.dtype())?);
         let f = dev.function(ELEMENTWISE, &name)?;
-        let args = [
-            xs.ptr(),
-            rs.ptr(),
-            out.ptr(),
-            Arg::U64(xs.len() as u64),
-            int(x.last_dim())?,
-        ];
+        let args = [xs.ptr(), rs.ptr(), out.ptr(), Arg::U64(xs.len() as u64), int(x.last_dim())?];
         dev.launch(&f, flat_cfg(dev, xs.len()), &args)?;
     }
     wrap(out, x.shape().to_vec())
@@ -143,40 +112,19 @@ pub fn mul_row(x: &Tensor, row: &Tensor) -> Result<Tensor> {
 /// Fills `out [rows, row.len()]` with copies of `row` (converted to `out`'s dtype).
 pub(crate) fn broadcast_row(row: &CudaStorage, out: &CudaStorage) -> Result<()> {
     let dev = out.device();
-    let name = format!(
-        "broadcast_row_{}_{}",
-        dtype_suffix(out.dtype())?,
-        dtype_suffix(row.dtype())?
-    );
+    let name = format!("broadcast_row_{}_{}", dtype_suffix(out.dtype())?, dtype_suffix(row.dtype())?);
     let f = dev.function(ELEMENTWISE, &name)?;
-    dev.launch(
-        &f,
-        flat_cfg(dev, out.len()),
-        &[
-            row.ptr(),
-            out.ptr(),
-            Arg::U64(out.len() as u64),
-            int(row.len())?,
-        ],
-    )
+    dev.launch(&f, flat_cfg(dev, out.len()), &[row.ptr(), out.ptr(), Arg::U64(out.len() as u64), int(row.len())?])
 }
 
-fn upload_u32(
-    dev: &std::sync::Arc<super::CudaDevice>,
-    v: &[u32],
-) -> Result<cudarc::driver::CudaSlice<u32>> {
+fn upload_u32(dev: &std::sync::Arc<super::CudaDevice>, v: &[u32]) -> Result<cudarc::driver::CudaSlice<u32>> {
     dev.check_not_capturing("an index upload")?;
     dev.stream().clone_htod(v).map_err(dev_err)
 }
 
 /// Gathers rows of `src` by `index`: the step's own indices come from the graph's buffer while
 /// a capture runs, anything else is uploaded.
-fn gather(
-    op: &'static str,
-    src: &CudaStorage,
-    cols: usize,
-    index: StepIndex<'_>,
-) -> Result<CudaStorage> {
+fn gather(op: &'static str, src: &CudaStorage, cols: usize, index: StepIndex<'_>) -> Result<CudaStorage> {
     let dev = src.device();
     let n = index.len();
     let out = CudaStorage::alloc(dev, src.dtype(), n * cols)?;
@@ -189,39 +137,22 @@ fn gather(
                 cudarc::driver::DevicePtr::device_ptr(&uploaded, dev.stream()).0
             }
         };
-        let f = dev.function(
-            ELEMENTWISE,
-            &format!("gather_rows_{}", dtype_suffix(src.dtype())?),
-        )?;
-        dev.launch(
-            &f,
-            row_cfg(n, cols),
-            &[src.ptr(), Arg::Ptr(p), out.ptr(), int(cols)?],
-        )
-        .map_err(|e| dev_err(format!("{op}: {e}")))?;
+        let f = dev.function(ELEMENTWISE, &format!("gather_rows_{}", dtype_suffix(src.dtype())?))?;
+        dev.launch(&f, row_cfg(n, cols), &[src.ptr(), Arg::Ptr(p), out.ptr(), int(cols)?])
+            .map_err(|e| dev_err(format!("{op}: {e}")))?;
     }
     Ok(out)
 }
 
 pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
     let hidden = table.shape()[1];
-    let out = gather(
-        "embedding",
-        cuda_of("embedding", table)?,
-        hidden,
-        StepIndex::Tokens(ids),
-    )?;
+    let out = gather("embedding", cuda_of("embedding", table)?, hidden, StepIndex::Tokens(ids))?;
     wrap(out, vec![ids.len(), hidden])
 }
 
 pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
     let cols = x.last_dim();
-    let out = gather(
-        "gather_rows",
-        cuda_of("gather_rows", x)?,
-        cols,
-        StepIndex::LogitRows(rows),
-    )?;
+    let out = gather("gather_rows", cuda_of("gather_rows", x)?, cols, StepIndex::LogitRows(rows))?;
     wrap(out, vec![rows.len(), cols])
 }
 
@@ -241,20 +172,9 @@ fn copy_cols(
         return Ok(());
     }
     let dev = src.device();
-    let f = dev.function(
-        ELEMENTWISE,
-        &format!("copy_cols_{}", dtype_suffix(src.dtype())?),
-    )?;
-    let args = [
-        src.ptr(),
-        int(src_cols)?,
-        int(src_off)?,
-        dst.ptr(),
-        int(dst_cols)?,
-        int(dst_off)?,
-        int(rows)?,
-        int(len)?,
-    ];
+    let f = dev.function(ELEMENTWISE, &format!("copy_cols_{}", dtype_suffix(src.dtype())?))?;
+    let args =
+        [src.ptr(), int(src_cols)?, int(src_off)?, dst.ptr(), int(dst_cols)?, int(dst_off)?, int(rows)?, int(len)?];
     dev.launch(&f, flat_cfg(dev, rows * len), &args)
 }
 
@@ -289,65 +209,28 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<Tensor>
     let (rows, cols) = (x.rows(), x.last_dim());
     let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
     if rows > 0 && cols > 0 {
-        let name = format!(
-            "rms_norm_{}_{}",
-            dtype_suffix(xs.dtype())?,
-            dtype_suffix(ws.dtype())?
-        );
+        let name = format!("rms_norm_{}_{}", dtype_suffix(xs.dtype())?, dtype_suffix(ws.dtype())?);
         let f = dev.function(NORM, &name)?;
-        let args = [
-            xs.ptr(),
-            ws.ptr(),
-            out.ptr(),
-            int(cols)?,
-            Arg::F32(eps),
-            Arg::F32(offset),
-        ];
+        let args = [xs.ptr(), ws.ptr(), out.ptr(), int(cols)?, Arg::F32(eps), Arg::F32(offset)];
         dev.launch(&f, row_cfg(rows, cols), &args)?;
     }
     wrap(out, x.shape().to_vec())
 }
 
-pub fn add_rms_norm(
-    x: &Tensor,
-    residual: &Tensor,
-    w: &Tensor,
-    eps: f32,
-    offset: f32,
-) -> Result<(Tensor, Tensor)> {
-    let (xs, rs, ws) = (
-        cuda_of("add_rms_norm", x)?,
-        cuda_of("add_rms_norm", residual)?,
-        cuda_of("add_rms_norm", w)?,
-    );
+pub fn add_rms_norm(x: &Tensor, residual: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<(Tensor, Tensor)> {
+    let (xs, rs, ws) = (cuda_of("add_rms_norm", x)?, cuda_of("add_rms_norm", residual)?, cuda_of("add_rms_norm", w)?);
     same_dtype("add_rms_norm", xs, rs)?;
     let dev = xs.device();
     let (rows, cols) = (x.rows(), x.last_dim());
     let normed = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
     let sum = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
     if rows > 0 && cols > 0 {
-        let name = format!(
-            "add_rms_norm_{}_{}",
-            dtype_suffix(xs.dtype())?,
-            dtype_suffix(ws.dtype())?
-        );
+        let name = format!("add_rms_norm_{}_{}", dtype_suffix(xs.dtype())?, dtype_suffix(ws.dtype())?);
         let f = dev.function(NORM, &name)?;
-        let args = [
-            xs.ptr(),
-            rs.ptr(),
-            ws.ptr(),
-            normed.ptr(),
-            sum.ptr(),
-            int(cols)?,
-            Arg::F32(eps),
-            Arg::F32(offset),
-        ];
+        let args = [xs.ptr(), rs.ptr(), ws.ptr(), normed.ptr(), sum.ptr(), int(cols)?, Arg::F32(eps), Arg::F32(offset)];
         dev.launch(&f, row_cfg(rows, cols), &args)?;
     }
-    Ok((
-        wrap(normed, x.shape().to_vec())?,
-        wrap(sum, x.shape().to_vec())?,
-    ))
+    Ok((wrap(normed, x.shape().to_vec())?, wrap(sum, x.shape().to_vec())?))
 }
 
 pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) -> Result<Tensor> {
@@ -361,11 +244,7 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) 
     let (rows, cols) = (x.rows(), x.last_dim());
     let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
     if rows > 0 && cols > 0 {
-        let name = format!(
-            "layer_norm_{}_{}",
-            dtype_suffix(xs.dtype())?,
-            dtype_suffix(wdtype)?
-        );
+        let name = format!("layer_norm_{}_{}", dtype_suffix(xs.dtype())?, dtype_suffix(wdtype)?);
         let f = dev.function(NORM, &name)?;
         let null = Arg::Ptr(0);
         let args = [
@@ -393,28 +272,14 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
     wrap(out, x.shape().to_vec())
 }
 
-pub fn rope(
-    x: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-    head_dim: usize,
-    style: RopeStyle,
-) -> Result<Tensor> {
-    let (xs, cs, ss) = (
-        cuda_of("rope", x)?,
-        cuda_of("rope", cos)?,
-        cuda_of("rope", sin)?,
-    );
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, head_dim: usize, style: RopeStyle) -> Result<Tensor> {
+    let (xs, cs, ss) = (cuda_of("rope", x)?, cuda_of("rope", cos)?, cuda_of("rope", sin)?);
     let ss = ss.as_dtype(cs.dtype())?;
     let dev = xs.device();
     let (rows, cols) = (x.rows(), x.last_dim());
     let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
     if rows > 0 && cols > 0 {
-        let name = format!(
-            "rope_{}_{}",
-            dtype_suffix(xs.dtype())?,
-            dtype_suffix(cs.dtype())?
-        );
+        let name = format!("rope_{}_{}", dtype_suffix(xs.dtype())?, dtype_suffix(cs.dtype())?);
         let f = dev.function(ELEMENTWISE, &name)?;
         let interleaved = matches!(style, RopeStyle::Interleaved) as i32;
         let args = [
@@ -442,18 +307,12 @@ pub fn combine_rows(y: &Tensor, rows: &[usize], weights: &[f32], per_row: usize)
     if out_rows > 0 && cols > 0 {
         let idx = rows
             .iter()
-            .map(|&r| {
-                u32::try_from(r)
-                    .map_err(|_| dev_err(format!("combine_rows: row {r} beyond 32 bits")))
-            })
+            .map(|&r| u32::try_from(r).map_err(|_| dev_err(format!("combine_rows: row {r} beyond 32 bits"))))
             .collect::<Result<Vec<u32>>>()?;
         let idx = upload_u32(dev, &idx)?;
         dev.check_not_capturing("routing weights")?;
         let w = dev.stream().clone_htod(weights).map_err(dev_err)?;
-        let f = dev.function(
-            ELEMENTWISE,
-            &format!("combine_rows_{}", dtype_suffix(ys.dtype())?),
-        )?;
+        let f = dev.function(ELEMENTWISE, &format!("combine_rows_{}", dtype_suffix(ys.dtype())?))?;
         let s = dev.stream();
         let args = [
             ys.ptr(),
@@ -478,15 +337,9 @@ pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
     dev.check_not_capturing("reading token ids back")?;
     // SAFETY: the kernel writes one index per row before the copy back reads them.
     let out = unsafe { dev.stream().alloc::<u32>(rows) }.map_err(dev_err)?;
-    let f = dev.function(
-        ELEMENTWISE,
-        &format!("argmax_rows_{}", dtype_suffix(xs.dtype())?),
-    )?;
+    let f = dev.function(ELEMENTWISE, &format!("argmax_rows_{}", dtype_suffix(xs.dtype())?))?;
     let (p, _guard) = cudarc::driver::DevicePtr::device_ptr(&out, dev.stream());
-    let cfg = LaunchConfig {
-        block_dim: (1024, 1, 1),
-        ..row_cfg(rows, cols)
-    };
+    let cfg = LaunchConfig { block_dim: (1024, 1, 1), ..row_cfg(rows, cols) };
     dev.launch(&f, cfg, &[xs.ptr(), Arg::Ptr(p), int(cols)?])?;
     dev.stream().clone_dtoh(&out).map_err(dev_err)
 }

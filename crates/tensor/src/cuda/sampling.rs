@@ -38,37 +38,18 @@ pub fn sample_rows(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
     }
     if vocab > 1 << 24 {
         // The top-k select counts in f32, which is exact only up to 2^24.
-        return Err(TensorError::Unsupported {
-            op: "sample_rows",
-            detail: format!("a vocab of {vocab} on CUDA"),
-        });
+        return Err(TensorError::Unsupported { op: "sample_rows", detail: format!("a vocab of {vocab} on CUDA") });
     }
-    let grid = u32::try_from(rows.len())
-        .map_err(|_| dev_err(format!("sample_rows: {} rows", rows.len())))?;
-    let plans: Vec<u32> = rows
-        .iter()
-        .flat_map(|r| plan_words(&RowPlan::new(r, vocab)))
-        .collect();
+    let grid = u32::try_from(rows.len()).map_err(|_| dev_err(format!("sample_rows: {} rows", rows.len())))?;
+    let plans: Vec<u32> = rows.iter().flat_map(|r| plan_words(&RowPlan::new(r, vocab))).collect();
     dev.check_not_capturing("sampling")?;
     let s = dev.stream();
     let plans = s.clone_htod(&plans).map_err(dev_err)?;
     // SAFETY: the kernel writes one id per row before the copy back reads them.
     let out = unsafe { s.alloc::<u32>(rows.len()) }.map_err(dev_err)?;
-    let f = dev.function(
-        SAMPLING,
-        &format!("sample_rows_{}", dtype_suffix(xs.dtype())?),
-    )?;
-    let cfg = LaunchConfig {
-        grid_dim: (grid, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let args = [
-        xs.ptr(),
-        Arg::Ptr(plans.device_ptr(s).0),
-        Arg::Ptr(out.device_ptr(s).0),
-        int(vocab)?,
-    ];
+    let f = dev.function(SAMPLING, &format!("sample_rows_{}", dtype_suffix(xs.dtype())?))?;
+    let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    let args = [xs.ptr(), Arg::Ptr(plans.device_ptr(s).0), Arg::Ptr(out.device_ptr(s).0), int(vocab)?];
     dev.launch(&f, cfg, &args)?;
     s.clone_dtoh(&out).map_err(dev_err)
 }

@@ -34,9 +34,7 @@ pub(crate) enum Arg {
 
 /// A dimension or count as a C `int`, refusing what would wrap.
 pub(crate) fn int(v: usize) -> Result<Arg> {
-    i32::try_from(v)
-        .map(Arg::I32)
-        .map_err(|_| dev_err(format!("size {v} does not fit a 32-bit kernel argument")))
+    i32::try_from(v).map(Arg::I32).map_err(|_| dev_err(format!("size {v} does not fit a 32-bit kernel argument")))
 }
 
 pub(crate) fn dtype_suffix(dtype: DType) -> Result<&'static str> {
@@ -48,30 +46,19 @@ pub(crate) fn dtype_suffix(dtype: DType) -> Result<&'static str> {
 }
 
 fn unsupported_f16(op: &'static str) -> TensorError {
-    TensorError::Unsupported {
-        op,
-        detail: "f16 on CUDA (convert to bf16 or f32 with to_dtype first)".into(),
-    }
+    TensorError::Unsupported { op, detail: "f16 on CUDA (convert to bf16 or f32 with to_dtype first)".into() }
 }
 
 /// A grid-stride launch over `n` elements.
 pub(crate) fn flat_cfg(dev: &CudaDevice, n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(256).clamp(1, dev.multiprocessors() * 16);
-    LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
 /// One block per row; long rows (vocabularies) get more threads.
 pub(crate) fn row_cfg(rows: usize, cols: usize) -> LaunchConfig {
     let threads = if cols >= 8192 { 1024 } else { 256 };
-    LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
 }
 
 impl CudaStorage {
@@ -86,11 +73,7 @@ impl CudaStorage {
                 DType::F16 => return Err(unsupported_f16("alloc")),
             }
         };
-        Ok(CudaStorage {
-            dev: dev.clone(),
-            buf,
-            len,
-        })
+        Ok(CudaStorage { dev: dev.clone(), buf, len })
     }
 
     /// Like [`CudaStorage::alloc`], but allocated in `stream`'s order (a stream other than the
@@ -109,11 +92,7 @@ impl CudaStorage {
                 DType::F16 => return Err(unsupported_f16("alloc")),
             }
         };
-        Ok(CudaStorage {
-            dev: dev.clone(),
-            buf,
-            len,
-        })
+        Ok(CudaStorage { dev: dev.clone(), buf, len })
     }
 
     pub(crate) fn zeros(dev: &Arc<CudaDevice>, dtype: DType, len: usize) -> Result<CudaStorage> {
@@ -123,11 +102,7 @@ impl CudaStorage {
             DType::BF16 => CudaBuf::BF16(s.alloc_zeros::<bf16>(len.max(1)).map_err(dev_err)?),
             DType::F16 => return Err(unsupported_f16("zeros")),
         };
-        Ok(CudaStorage {
-            dev: dev.clone(),
-            buf,
-            len,
-        })
+        Ok(CudaStorage { dev: dev.clone(), buf, len })
     }
 
     pub fn from_cpu(dev: &Arc<CudaDevice>, src: &CpuStorage) -> Result<CudaStorage> {
@@ -136,17 +111,11 @@ impl CudaStorage {
         let len = src.len();
         let buf = match src {
             CpuStorage::F32(v) if !v.is_empty() => CudaBuf::F32(s.clone_htod(v).map_err(dev_err)?),
-            CpuStorage::BF16(v) if !v.is_empty() => {
-                CudaBuf::BF16(s.clone_htod(v).map_err(dev_err)?)
-            }
+            CpuStorage::BF16(v) if !v.is_empty() => CudaBuf::BF16(s.clone_htod(v).map_err(dev_err)?),
             CpuStorage::F16(_) => return Err(unsupported_f16("to_device")),
             _ => return CudaStorage::zeros(dev, src.dtype(), 0),
         };
-        Ok(CudaStorage {
-            dev: dev.clone(),
-            buf,
-            len,
-        })
+        Ok(CudaStorage { dev: dev.clone(), buf, len })
     }
 
     /// Copies to host memory; waits for the ops that produce this tensor.
@@ -154,12 +123,8 @@ impl CudaStorage {
         self.dev.check_not_capturing("a device-to-host copy")?;
         let s = self.dev.stream();
         Ok(match &self.buf {
-            CudaBuf::F32(b) => {
-                CpuStorage::F32(s.clone_dtoh(&b.slice(..self.len)).map_err(dev_err)?)
-            }
-            CudaBuf::BF16(b) => {
-                CpuStorage::BF16(s.clone_dtoh(&b.slice(..self.len)).map_err(dev_err)?)
-            }
+            CudaBuf::F32(b) => CpuStorage::F32(s.clone_dtoh(&b.slice(..self.len)).map_err(dev_err)?),
+            CudaBuf::BF16(b) => CpuStorage::BF16(s.clone_dtoh(&b.slice(..self.len)).map_err(dev_err)?),
         })
     }
 
@@ -199,17 +164,9 @@ impl CudaStorage {
     pub(crate) fn cast(&self, dtype: DType) -> Result<CudaStorage> {
         let out = CudaStorage::alloc(&self.dev, dtype, self.len)?;
         if self.len > 0 {
-            let name = format!(
-                "cast_{}_{}",
-                dtype_suffix(self.dtype())?,
-                dtype_suffix(dtype)?
-            );
+            let name = format!("cast_{}_{}", dtype_suffix(self.dtype())?, dtype_suffix(dtype)?);
             let f = self.dev.function(ELEMENTWISE, &name)?;
-            self.dev.launch(
-                &f,
-                flat_cfg(&self.dev, self.len),
-                &[self.ptr(), out.ptr(), Arg::U64(self.len as u64)],
-            )?;
+            self.dev.launch(&f, flat_cfg(&self.dev, self.len), &[self.ptr(), out.ptr(), Arg::U64(self.len as u64)])?;
         }
         Ok(out)
     }
