@@ -338,10 +338,12 @@ pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMet
 /// on `device`. Inside a CUDA graph capture it becomes an input of the graph that `fill`
 /// recomputes before every replay, so `fill` must depend on nothing but the metadata.
 pub fn step_tensor(meta: &AttnMetadata, device: Device, cols: usize, fill: cuda::HostFill) -> Result<Tensor> {
-    match device {
-        Device::Cpu => Tensor::from_f32(fill(meta), &[meta.num_tokens(), cols]),
-        Device::Cuda(o) => cuda::device(o)?.step_tensor(meta, cols, fill),
+    if let Device::Cuda(o) = device {
+        if let Some(input) = cuda::device(o)?.step_tensor(meta, cols, &fill)? {
+            return Ok(input);
+        }
     }
+    Tensor::from_f32(fill(meta), &[meta.num_tokens(), cols])?.to_device(device)
 }
 
 /// Causal attention of `q [tokens, heads * head_dim]` over each sequence's cached keys and values

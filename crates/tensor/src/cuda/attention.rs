@@ -256,22 +256,10 @@ struct LaunchPlan {
     row_ids: Vec<u32>,
 }
 
-fn upload_meta(stream: &Arc<CudaStream>, plan: MetaPlan, key: Vec<u32>) -> Result<MetaCache> {
-    let launch = |l: LaunchPlan| {
-        Ok::<_, TensorError>(Launch {
-            items: stream.clone_htod(&l.items).map_err(dev_err)?,
-            n_items: l.n_items,
-            splits: l.splits,
-            rows: l.row_ids.len(),
-            row_ids: stream.clone_htod(&l.row_ids).map_err(dev_err)?,
-        })
-    };
-    Ok(MetaCache {
-        key,
-        tables: stream.clone_htod(&plan.tables).map_err(dev_err)?,
-        prefill: plan.prefill.map(launch).transpose()?,
-        decode: plan.decode.map(launch).transpose()?,
-    })
+fn upload_meta(stream: &Arc<CudaStream>, plan: &MetaPlan, key: Vec<u32>) -> Result<MetaCache> {
+    let cache = alloc_meta(stream, plan)?;
+    refill_meta(stream, &cache, plan)?;
+    Ok(MetaCache { key, ..cache })
 }
 
 /// Device buffers shaped for `plan`, left for [`refill_meta`] to fill.
@@ -410,7 +398,7 @@ fn attend(
                     meta_cache.remove(0);
                 }
                 let plan = plan_meta(dev, meta, p, causal, false)?;
-                meta_cache.push(upload_meta(dev.stream(), plan, key)?);
+                meta_cache.push(upload_meta(dev.stream(), &plan, key)?);
                 meta_cache.last().expect("pushed above")
             }
         };
@@ -449,52 +437,41 @@ fn launch_attention(
         ])
     };
 
+    // Every attention kernel takes q, the caches, the block tables, its work items, the output and
+    // the split partials first; `tail` is the rest of its parameters, in the kernel's order.
+    let run = |l: &Launch, name: String, smem: usize, tail: Vec<Arg>| -> Result<()> {
+        let f = kernel(dev, &name, smem, op)?;
+        let parts = Partials::new(dev, l, p.num_heads, dv)?;
+        let mut args = vec![qs.ptr(), kv.k.ptr(), kv.v.ptr(), dptr(&mc.tables, dev), dptr(&l.items, dev), out.ptr()];
+        args.extend(parts.ptrs(dev));
+        args.extend(tail);
+        dev.launch(&f, grid(l, smem), &args)?;
+        parts.combine(dev, out, &l.row_ids, p.num_heads, dv, sfx)
+    };
+
     if let Some(l) = &mc.prefill {
+        let masking = [
+            Arg::F32(p.scale),
+            Arg::F32(p.softcap.unwrap_or(0.0)),
+            int(p.sliding_window.unwrap_or(0))?,
+            Arg::I32(causal as i32),
+            int(l.splits)?,
+            int(l.rows)?,
+        ];
         if dtype == DType::BF16 && vec == 1 && d == dv && MMA_HEAD_DIMS.contains(&d) {
             // Tensor cores (kernels::ATTENTION, INST_MMA): smem mirrors `paged_attn_mma`'s layout.
             let smem = 2 * MMA_TILE * (2 * d + 16) + 4 * MMA_TILE + 4 * (WARPS * 16 + 16 + 16 * dv);
-            let f = kernel(dev, &format!("paged_attn_mma_bf16_d{d}_v{dv}"), smem, op)?;
-            let parts = Partials::new(dev, l, p.num_heads, dv)?;
-            let mut args =
-                vec![qs.ptr(), kv.k.ptr(), kv.v.ptr(), dptr(&mc.tables, dev), dptr(&l.items, dev), out.ptr()];
-            args.extend(parts.ptrs(dev));
-            args.extend([
-                int(p.num_heads)?,
-                int(p.num_kv_heads)?,
-                int(kv.k_dim)?,
-                int(kv.v_dim)?,
-                int(meta.block_size)?,
-                Arg::F32(p.scale),
-                Arg::F32(p.softcap.unwrap_or(0.0)),
-                int(p.sliding_window.unwrap_or(0))?,
-                Arg::I32(causal as i32),
-                int(l.splits)?,
-                int(l.rows)?,
-            ]);
-            dev.launch(&f, grid(l, smem), &args)?;
-            parts.combine(dev, out, &l.row_ids, p.num_heads, dv, sfx)?;
+            let mut tail =
+                vec![int(p.num_heads)?, int(p.num_kv_heads)?, int(kv.k_dim)?, int(kv.v_dim)?, int(meta.block_size)?];
+            tail.extend(masking);
+            run(l, format!("paged_attn_mma_bf16_d{d}_v{dv}"), smem, tail)?;
         } else {
             let (kpitch, vpitch) = (pitch(d, elem), pitch(dv, elem));
             let smem = 4 * (QV_MAX * d + WARPS * QPW * TILE + TILE) + elem * TILE * (kpitch + vpitch);
-            let f = kernel(dev, &format!("paged_attn_{sfx}"), smem, op)?;
-            let parts = Partials::new(dev, l, p.num_heads, dv)?;
-            let mut args =
-                vec![qs.ptr(), kv.k.ptr(), kv.v.ptr(), dptr(&mc.tables, dev), dptr(&l.items, dev), out.ptr()];
-            args.extend(parts.ptrs(dev));
-            args.extend(common()?);
-            args.extend([
-                Arg::F32(p.scale),
-                Arg::F32(p.softcap.unwrap_or(0.0)),
-                int(p.sliding_window.unwrap_or(0))?,
-                Arg::I32(causal as i32),
-                int(l.splits)?,
-                int(l.rows)?,
-                int(kpitch)?,
-                int(vpitch)?,
-                Arg::I32(vec),
-            ]);
-            dev.launch(&f, grid(l, smem), &args)?;
-            parts.combine(dev, out, &l.row_ids, p.num_heads, dv, sfx)?;
+            let mut tail = common()?.to_vec();
+            tail.extend(masking);
+            tail.extend([int(kpitch)?, int(vpitch)?, Arg::I32(vec)]);
+            run(l, format!("paged_attn_{sfx}"), smem, tail)?;
         }
     }
     if let Some(l) = &mc.decode {
@@ -502,20 +479,15 @@ fn launch_attention(
         let hm = (p.num_heads / p.num_kv_heads).min(DEC_HMAX).next_power_of_two();
         let dvr = if dv <= 128 { 4 } else { 8 };
         let smem = 4 * (hm * d + hm * DEC_SUB + 3 * hm + DEC_SUB + WARPS * hm * dv);
-        let f = kernel(dev, &format!("paged_decode_{sfx}_h{hm}_v{dvr}"), smem, op)?;
-        let parts = Partials::new(dev, l, p.num_heads, dv)?;
-        let mut args = vec![qs.ptr(), kv.k.ptr(), kv.v.ptr(), dptr(&mc.tables, dev), dptr(&l.items, dev), out.ptr()];
-        args.extend(parts.ptrs(dev));
-        args.extend(common()?);
-        args.extend([
+        let mut tail = common()?.to_vec();
+        tail.extend([
             Arg::F32(p.scale),
             Arg::F32(p.softcap.unwrap_or(0.0)),
             int(l.splits)?,
             int(l.rows)?,
             Arg::I32(vec),
         ]);
-        dev.launch(&f, grid(l, smem), &args)?;
-        parts.combine(dev, out, &l.row_ids, p.num_heads, dv, sfx)?;
+        run(l, format!("paged_decode_{sfx}_h{hm}_v{dvr}"), smem, tail)?;
     }
     Ok(())
 }

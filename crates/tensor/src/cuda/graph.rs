@@ -182,22 +182,24 @@ impl CudaDevice {
         f(cache).map(Some)
     }
 
-    /// A `[rows, cols]` f32 tensor filled on the host by `fill`: uploaded now, or during a
-    /// capture a graph input recomputed for every replay.
-    pub(crate) fn step_tensor(self: &Arc<Self>, meta: &AttnMetadata, cols: usize, fill: HostFill) -> Result<Tensor> {
+    /// During a capture, a `[rows, cols]` f32 graph input that `fill` recomputes for every
+    /// replay; `None` outside one, where the caller uploads the table as usual.
+    pub(crate) fn step_tensor(
+        self: &Arc<Self>,
+        meta: &AttnMetadata,
+        cols: usize,
+        fill: &HostFill,
+    ) -> Result<Option<Tensor>> {
         let rows = meta.num_tokens();
         let mut guard = self.recording.lock().map_err(|_| dev_err("graph recording poisoned"))?;
-        let Some(rec) = guard.as_mut() else {
-            drop(guard);
-            return Tensor::from_f32(fill(meta), &[rows, cols])?.to_device(crate::Device::Cuda(self.ordinal()));
-        };
+        let Some(rec) = guard.as_mut() else { return Ok(None) };
         if !std::ptr::eq(meta, rec.meta as *const AttnMetadata) {
             return Err(not_capturable("a host table of metadata other than the step's"));
         }
         let storage = CudaStorage::alloc_on(self, &rec.side, crate::DType::F32, rows * cols)?;
         let tensor = Tensor::from_storage(Storage::Cuda(storage), vec![rows, cols])?;
-        rec.inputs.push(Input::Host { fill, tensor: tensor.clone() });
-        Ok(tensor)
+        rec.inputs.push(Input::Host { fill: fill.clone(), tensor: tensor.clone() });
+        Ok(Some(tensor))
     }
 }
 

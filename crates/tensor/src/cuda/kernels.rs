@@ -37,6 +37,16 @@ template <> __device__ __forceinline__ bf16_t from_f<bf16_t>(float v) {
     return r;
 }
 
+// The elements of a 16-byte chunk as floats: 4 f32 or 8 bf16.
+__device__ __forceinline__ void unpack(uint4 r, float* f, float) {
+    f[0] = __uint_as_float(r.x); f[1] = __uint_as_float(r.y); f[2] = __uint_as_float(r.z); f[3] = __uint_as_float(r.w);
+}
+__device__ __forceinline__ void unpack(uint4 r, float* f, bf16_t) {
+    unsigned int w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { f[2 * i] = __uint_as_float(w[i] << 16); f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u); }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -281,13 +291,12 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
 }
 
 __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
-    unsigned int aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+    float af[8], bf[8];
+    unpack(a, af, bf16_t());
+    unpack(b, bf, bf16_t());
     float s = 0.f;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        s += __uint_as_float(aw[i] << 16) * __uint_as_float(bw[i] << 16);
-        s += __uint_as_float(aw[i] & 0xffff0000u) * __uint_as_float(bw[i] & 0xffff0000u);
-    }
+    for (int e = 0; e < 8; ++e) s += af[e] * bf[e];
     return s;
 }
 
@@ -460,16 +469,6 @@ __device__ __forceinline__ float2 load2(const float* p) { return make_float2(p[0
 __device__ __forceinline__ float2 load2(const bf16_t* p) {
     unsigned int u = *(const unsigned int*)p;
     return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
-}
-
-// The elements of a 16-byte chunk as floats: 4 f32 or 8 bf16.
-__device__ __forceinline__ void unpack(uint4 r, float* f, float) {
-    f[0] = __uint_as_float(r.x); f[1] = __uint_as_float(r.y); f[2] = __uint_as_float(r.z); f[3] = __uint_as_float(r.w);
-}
-__device__ __forceinline__ void unpack(uint4 r, float* f, bf16_t) {
-    unsigned int w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) { f[2 * i] = __uint_as_float(w[i] << 16); f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u); }
 }
 
 // Stages TILE rows of `width` elements (row j from `src + slot[j] * stride`) into `dst` with row

@@ -64,16 +64,7 @@ pub(crate) fn row_cfg(rows: usize, cols: usize) -> LaunchConfig {
 impl CudaStorage {
     /// Uninitialised memory for `len` elements; every caller writes all of them.
     pub(crate) fn alloc(dev: &Arc<CudaDevice>, dtype: DType, len: usize) -> Result<CudaStorage> {
-        let s = dev.stream();
-        // SAFETY: the caller overwrites the memory before anything reads it.
-        let buf = unsafe {
-            match dtype {
-                DType::F32 => CudaBuf::F32(s.alloc::<f32>(len.max(1)).map_err(dev_err)?),
-                DType::BF16 => CudaBuf::BF16(s.alloc::<bf16>(len.max(1)).map_err(dev_err)?),
-                DType::F16 => return Err(unsupported_f16("alloc")),
-            }
-        };
-        Ok(CudaStorage { dev: dev.clone(), buf, len })
+        CudaStorage::alloc_on(dev, dev.stream(), dtype, len)
     }
 
     /// Like [`CudaStorage::alloc`], but allocated in `stream`'s order (a stream other than the
