@@ -150,17 +150,23 @@ fn every_family_decodes_token_exact_with_graphs_on() {
     for name in &dirs {
         let llm = cuda_llm(name, DType::F32).unwrap();
         let oracle = oracle(name);
-        // Each case at its own length: long-prompt cases leave less room under max_model_len.
+        // Each case at its own length. A case past the model's context (the near-512 prompt of a
+        // fixture with 512 positions) is one the engine rightly refuses at admission.
         let client = llm.client();
-        let mut streams: Vec<_> = oracle
-            .cases
+        let (fits, past): (Vec<_>, Vec<_>) =
+            oracle.cases.iter().partition(|c| c.prompt_ids.len() + c.output_ids.len() <= client.max_model_len());
+        for c in &past {
+            println!("{name}/{}: past max_model_len {}, not run", c.name, client.max_model_len());
+        }
+        assert!(fits.len() * 2 > oracle.cases.len(), "{name}: most cases fit");
+        let mut streams: Vec<_> = fits
             .iter()
             .map(|c| {
                 let prompt = PromptInput::Tokens(c.prompt_ids.clone());
                 client.add_request(format!("{name}/{}", c.name), prompt, greedy(c.output_ids.len())).unwrap()
             })
             .collect();
-        for (case, stream) in oracle.cases.iter().zip(&mut streams) {
+        for (case, stream) in fits.iter().zip(&mut streams) {
             assert_eq!(final_tokens(stream), case.output_ids, "{name}/{}: tokens differ", case.name);
         }
         let counts = llm.client().stats().cuda_graphs;

@@ -72,6 +72,10 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(ops::matmul_t(x, &self.weight, self.bias.as_ref())?)
     }
+
+    fn operands(&self) -> (&Tensor, Option<&Tensor>) {
+        (&self.weight, self.bias.as_ref())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -155,7 +159,10 @@ impl GatedMlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = ops::act_mul(&self.gate.forward(x)?, &self.up.forward(x)?, self.act)?;
+        let h = match (&self.gate.bias, &self.up.bias) {
+            (None, None) => ops::gated_matmul_t(x, &self.gate.weight, &self.up.weight, self.act)?,
+            _ => ops::act_mul(&self.gate.forward(x)?, &self.up.forward(x)?, self.act)?,
+        };
         self.down.forward(&h)
     }
 }
@@ -190,9 +197,8 @@ impl Attention {
     /// (weight `[head_dim]`, Qwen3, Gemma 3) or all heads at once (weight `[heads * head_dim]`,
     /// OLMo-2).
     pub fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let mut q = self.q.forward(x)?;
-        let mut k = self.k.forward(x)?;
-        let v = self.v.forward(x)?;
+        let qkv = ops::matmul_t_many(x, &[self.q.operands(), self.k.operands(), self.v.operands()])?;
+        let [mut q, mut k, v]: [Tensor; 3] = qkv.try_into().expect("one product per weight");
         if let Some(n) = &self.q_norm {
             q = n.forward_heads(&q, n.weight.numel())?;
         }
@@ -207,17 +213,16 @@ impl Attention {
     pub fn attend(
         &self,
         mut q: Tensor,
-        mut k: Tensor,
+        k: Tensor,
         v: Tensor,
         rope: Option<(&Rope, &Tensor, &Tensor)>,
         meta: &AttnMetadata,
         cache: &mut PagedKvLayer,
     ) -> Result<Tensor> {
-        if let Some((rope, cos, sin)) = rope {
-            q = rope.apply(&q, cos, sin)?;
-            k = rope.apply(&k, cos, sin)?;
+        match rope {
+            Some((rope, cos, sin)) => q = rope.apply_with_kv(&q, &k, &v, cos, sin, cache, meta)?,
+            None => ops::write_kv(cache, &k, &v, meta)?,
         }
-        ops::write_kv(cache, &k, &v, meta)?;
         let attn = ops::paged_attention(&q, cache, meta, &self.params)?;
         self.o.forward(&attn)
     }

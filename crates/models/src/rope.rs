@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use ferrite_tensor::cuda::HostFill;
-use ferrite_tensor::{ops, AttnMetadata, Device, RopeStyle, Tensor};
+use ferrite_tensor::{ops, AttnMetadata, Device, PagedKvLayer, RopeStyle, Tensor};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -311,6 +311,22 @@ impl Rope {
     /// Rotates `x [tokens, heads * head_dim]` in place of its first `rotary_dim` dims per head.
     pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         Ok(ferrite_tensor::ops::rope(x, cos, sin, self.head_dim, self.style)?)
+    }
+
+    /// Rotates the queries `q` (returned) and the keys `k` of a batch, and writes the rotated
+    /// keys and the values `v` into `cache` at the batch's slots.
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply_with_kv(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        cache: &mut PagedKvLayer,
+        meta: &AttnMetadata,
+    ) -> Result<Tensor> {
+        Ok(ferrite_tensor::ops::rope_write_kv(q, k, v, cos, sin, self.head_dim, self.style, cache, meta)?)
     }
 }
 

@@ -72,20 +72,48 @@ fn same_rows(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// `x [m, k] @ w[n, k]^T (+ bias[n])` — weights in the Hugging Face `Linear` layout.
-pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+fn check_matmul(op: &'static str, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<()> {
     if w.rank() != 2 || x.last_dim() != w.shape()[1] {
-        return Err(shape_err("matmul_t", format!("x {:?} w {:?}", x.shape(), w.shape())));
+        return Err(shape_err(op, format!("x {:?} w {:?}", x.shape(), w.shape())));
     }
     if let Some(b) = bias {
         if b.numel() != w.shape()[0] {
-            return Err(shape_err("matmul_t", format!("bias {:?} for w {:?}", b.shape(), w.shape())));
+            return Err(shape_err(op, format!("bias {:?} for w {:?}", b.shape(), w.shape())));
         }
     }
-    same_device("matmul_t", x, &[Some(w), bias])?;
+    same_device(op, x, &[Some(w), bias])
+}
+
+/// `x [m, k] @ w[n, k]^T (+ bias[n])` — weights in the Hugging Face `Linear` layout.
+pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    check_matmul("matmul_t", x, w, bias)?;
     match x.storage() {
         Storage::Cpu(_) => cpu::matmul::matmul_t(x, w, bias),
         Storage::Cuda(_) => cuda::matmul::matmul_t(x, w, bias),
+    }
+}
+
+/// `matmul_t` of one input by each `(weight, bias)` (the q/k/v projections): the same results,
+/// in one launch where the backend has a kernel for the shape.
+pub fn matmul_t_many(x: &Tensor, weights: &[(&Tensor, Option<&Tensor>)]) -> Result<Vec<Tensor>> {
+    for &(w, b) in weights {
+        check_matmul("matmul_t_many", x, w, b)?;
+    }
+    match x.storage() {
+        Storage::Cpu(_) => weights.iter().map(|&(w, b)| cpu::matmul::matmul_t(x, w, b)).collect(),
+        Storage::Cuda(_) => cuda::matmul::matmul_t_many(x, weights),
+    }
+}
+
+/// `act(x @ gate^T) * (x @ up^T)`, the input half of a gated MLP, with each product rounded to
+/// x's dtype as `matmul_t` would before `act_mul`: the same result as those three ops.
+pub fn gated_matmul_t(x: &Tensor, gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
+    check_matmul("gated_matmul_t", x, gate, None)?;
+    check_matmul("gated_matmul_t", x, up, None)?;
+    same_rows("gated_matmul_t", gate, up)?;
+    match x.storage() {
+        Storage::Cpu(_) => act_mul(&cpu::matmul::matmul_t(x, gate, None)?, &cpu::matmul::matmul_t(x, up, None)?, act),
+        Storage::Cuda(_) => cuda::matmul::gated_matmul_t(x, gate, up, act),
     }
 }
 
@@ -299,38 +327,74 @@ pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
 /// Applies rotary embeddings to `x [tokens, heads * head_dim]` over the first `cos.last_dim() * 2`
 /// dimensions of every head. `cos`/`sin` are `[tokens, rotary_dim / 2]`, one row per token.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, head_dim: usize, style: RopeStyle) -> Result<Tensor> {
-    let half = cos.last_dim();
-    if !x.last_dim().is_multiple_of(head_dim)
-        || half * 2 > head_dim
-        || cos.rows() != x.rows()
-        || sin.shape() != cos.shape()
-    {
-        return Err(shape_err("rope", format!("x {:?} cos {:?} head_dim {head_dim}", x.shape(), cos.shape())));
-    }
-    same_device("rope", x, &[Some(cos), Some(sin)])?;
+    check_rope("rope", x, cos, sin, head_dim)?;
     match x.storage() {
         Storage::Cpu(_) => cpu::rope::rope(x, cos, sin, head_dim, style),
         Storage::Cuda(_) => cuda::ops::rope(x, cos, sin, head_dim, style),
     }
 }
 
-/// Writes this step's keys `[tokens, kv_heads * k_dim]` and values into their cache slots.
-pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMetadata) -> Result<()> {
+fn check_rope(op: &'static str, x: &Tensor, cos: &Tensor, sin: &Tensor, head_dim: usize) -> Result<()> {
+    let half = cos.last_dim();
+    if head_dim == 0
+        || !x.last_dim().is_multiple_of(head_dim)
+        || half * 2 > head_dim
+        || cos.rows() != x.rows()
+        || sin.shape() != cos.shape()
+    {
+        return Err(shape_err(op, format!("x {:?} cos {:?} head_dim {head_dim}", x.shape(), cos.shape())));
+    }
+    same_device(op, x, &[Some(cos), Some(sin)])
+}
+
+fn check_write_kv(op: &'static str, cache: &PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMetadata) -> Result<()> {
     let tokens = meta.num_tokens();
     if k.rows() != tokens
         || v.rows() != tokens
         || k.last_dim() != cache.num_kv_heads * cache.k_dim
         || v.last_dim() != cache.num_kv_heads * cache.v_dim
     {
-        return Err(shape_err("write_kv", format!("k {:?} v {:?} for {tokens} tokens", k.shape(), v.shape())));
+        return Err(shape_err(op, format!("k {:?} v {:?} for {tokens} tokens", k.shape(), v.shape())));
     }
     if let Some(&bad) = meta.slot_mapping.iter().find(|&&s| s >= cache.num_slots() && s != PAD_SLOT) {
-        return Err(shape_err("write_kv", format!("slot {bad} >= {}", cache.num_slots())));
+        return Err(shape_err(op, format!("slot {bad} >= {}", cache.num_slots())));
     }
-    same_device("write_kv", k, &[Some(v)])?;
+    same_device(op, k, &[Some(v)])
+}
+
+/// Writes this step's keys `[tokens, kv_heads * k_dim]` and values into their cache slots.
+pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMetadata) -> Result<()> {
+    check_write_kv("write_kv", cache, k, v, meta)?;
     match k.storage() {
         Storage::Cpu(_) => cpu::attention::write_kv(cache, k, v, meta),
         Storage::Cuda(_) => cuda::attention::write_kv(cache, k, v, meta),
+    }
+}
+
+/// `rope` of the queries, and `write_kv` of the keys after the same `rope`, in one launch where
+/// the backend can: returns the rotated queries; the rotated keys exist only in the cache.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_write_kv(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    head_dim: usize,
+    style: RopeStyle,
+    cache: &mut PagedKvLayer,
+    meta: &AttnMetadata,
+) -> Result<Tensor> {
+    check_rope("rope_write_kv", q, cos, sin, head_dim)?;
+    check_rope("rope_write_kv", k, cos, sin, head_dim)?;
+    check_write_kv("rope_write_kv", cache, k, v, meta)?;
+    same_device("rope_write_kv", q, &[Some(k), Some(v)])?;
+    match q.storage() {
+        Storage::Cpu(_) => {
+            cpu::attention::write_kv(cache, &cpu::rope::rope(k, cos, sin, head_dim, style)?, v, meta)?;
+            cpu::rope::rope(q, cos, sin, head_dim, style)
+        }
+        Storage::Cuda(_) => cuda::attention::rope_write_kv(q, k, v, cos, sin, head_dim, style, cache, meta),
     }
 }
 
@@ -438,5 +502,51 @@ pub fn attention_dense(
     match q.storage() {
         Storage::Cpu(_) => cpu::attention::attention_dense(q, k, v, p, seq_lens, causal),
         Storage::Cuda(_) => cuda::attention::attention_dense(q, k, v, p, seq_lens, causal),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(v: &[f32], shape: &[usize]) -> Tensor {
+        Tensor::from_f32(v.to_vec(), shape).unwrap()
+    }
+
+    #[test]
+    fn fused_forms_equal_the_ops_they_stand_for() {
+        let x = t(&[1.0, -2.0, 0.5, 3.0, 0.25, -1.0], &[2, 3]);
+        let a = t(&[0.5, 1.0, -1.0, 2.0, 0.0, 1.0], &[2, 3]);
+        let b = t(&[1.0, 1.0, 1.0], &[1, 3]);
+        let bias = t(&[10.0], &[1]);
+        let many = matmul_t_many(&x, &[(&a, None), (&b, Some(&bias))]).unwrap();
+        assert_eq!(many[0].to_f32_vec(), matmul_t(&x, &a, None).unwrap().to_f32_vec());
+        assert_eq!(many[1].to_f32_vec(), [9.5, 12.25]);
+        let gated = gated_matmul_t(&x, &a, &a, Activation::Relu).unwrap();
+        let h = matmul_t(&x, &a, None).unwrap().to_f32_vec();
+        assert_eq!(gated.to_f32_vec(), h.iter().map(|v| v.max(0.0) * v).collect::<Vec<_>>());
+        assert!(matmul_t_many(&x, &[(&a, None), (&t(&[1.0; 4], &[2, 2]), None)]).is_err());
+        assert!(gated_matmul_t(&x, &a, &b, Activation::Silu).is_err(), "gate and up of other shapes");
+
+        let (q, k) = (t(&[1.0, 2.0, 3.0, 4.0], &[1, 4]), t(&[5.0, 6.0], &[1, 2]));
+        let (cos, sin) = (t(&[0.0], &[1, 1]), t(&[1.0], &[1, 1]));
+        let v = t(&[7.0, 8.0], &[1, 2]);
+        // One token at position 1 of a one-head cache of one 2-slot block: slot 1.
+        let seq = crate::kv::AttnSeq { q_start: 0, q_len: 1, ctx_len: 2, block_table: vec![0] };
+        let meta = AttnMetadata::new(vec![seq], 2).unwrap();
+        let mut fused = PagedKvLayer::new_cpu(1, 2, 1, 2, 2);
+        let mut apart = PagedKvLayer::new_cpu(1, 2, 1, 2, 2);
+        let rq = rope_write_kv(&q, &k, &v, &cos, &sin, 2, RopeStyle::Neox, &mut fused, &meta).unwrap();
+        assert_eq!(rq.to_f32_vec(), [-2.0, 1.0, -4.0, 3.0]);
+        write_kv(&mut apart, &rope(&k, &cos, &sin, 2, RopeStyle::Neox).unwrap(), &v, &meta).unwrap();
+        let contents = |c: &PagedKvLayer| match &c.storage {
+            crate::kv::KvStorage::Cpu { k, v } => (k.clone(), v.clone()),
+            crate::kv::KvStorage::Cuda { .. } => unreachable!("a CPU cache"),
+        };
+        assert_eq!(contents(&fused), (vec![0.0, 0.0, -6.0, 5.0], vec![0.0, 0.0, 7.0, 8.0]));
+        assert_eq!(contents(&fused), contents(&apart));
+        let bad_sin = t(&[1.0; 2], &[1, 2]);
+        assert!(rope_write_kv(&q, &k, &v, &cos, &bad_sin, 2, RopeStyle::Neox, &mut fused, &meta).is_err());
+        assert!(rope_write_kv(&q, &q, &v, &cos, &sin, 2, RopeStyle::Neox, &mut fused, &meta).is_err(), "keys too wide");
     }
 }

@@ -168,6 +168,66 @@ fn matmul_t_matches_cpu() {
     println!("WORST matmul_t f32={:.3e} bf16={:.3e}", worst[0], worst[1]);
 }
 
+/// The fused decode products give the bits of the ops they replace on the same device (and so
+/// the CPU bounds of those ops), in both dtypes, with and without their GEMV kernels' shapes.
+#[test]
+fn fused_products_match_unfused() {
+    require_gpu!();
+    let mut r = rng(12);
+    // (m, k, [n of each product]): GEMV rows with q/k/v-like widths, odd widths, an empty
+    // product, and rows past the GEMV (cuBLAS).
+    let shapes: [(usize, usize, &[usize]); 5] = [
+        (1, 512, &[256, 64, 64]),
+        (3, 256, &[130, 7, 33]),
+        (4, 1024, &[96, 0, 40]),
+        (2, 64, &[50]),
+        (9, 128, &[40, 24]),
+    ];
+    for (m, k, widths) in shapes {
+        let x = random(&mut r, m * k, 1.0);
+        let ws: Vec<Vec<f32>> = widths.iter().map(|&n| random(&mut r, n * k, 0.5)).collect();
+        let bs: Vec<Vec<f32>> = widths.iter().map(|&n| random(&mut r, n, 1.0)).collect();
+        for dtype in DTYPES {
+            let (xc, xg) = pair(&x, &[m, k], dtype);
+            let wpairs: Vec<(Tensor, Tensor)> = ws.iter().zip(widths).map(|(w, &n)| pair(w, &[n, k], dtype)).collect();
+            let bpairs: Vec<(Tensor, Tensor)> = bs.iter().zip(widths).map(|(b, &n)| pair(b, &[n], dtype)).collect();
+            for bias in [false, true] {
+                let operands: Vec<(&Tensor, Option<&Tensor>)> =
+                    wpairs.iter().zip(&bpairs).map(|(w, b)| (&w.1, bias.then_some(&b.1))).collect();
+                let fused = ops::matmul_t_many(&xg, &operands).unwrap();
+                assert_eq!(fused.len(), widths.len());
+                for (i, got) in fused.iter().enumerate() {
+                    let name = format!("matmul_t_many m={m} k={k} part {i} bias={bias}");
+                    let (w, b) = (&wpairs[i], &bpairs[i]);
+                    let alone = ops::matmul_t(&xg, &w.1, bias.then_some(&b.1)).unwrap();
+                    check(&name, dtype, got, &alone, 0.0);
+                    check(&name, dtype, got, &ops::matmul_t(&xc, &w.0, bias.then_some(&b.0)).unwrap(), tol(dtype));
+                }
+            }
+            let up = pair(&ws[0].iter().rev().copied().collect::<Vec<f32>>(), &[widths[0], k], dtype);
+            for act in [Activation::Silu, Activation::GeluTanh] {
+                let name = format!("gated_matmul_t m={m} k={k} n={} {act:?}", widths[0]);
+                let gate = &wpairs[0];
+                let got = ops::gated_matmul_t(&xg, &gate.1, &up.1, act).unwrap();
+                let unfused = ops::act_mul(
+                    &ops::matmul_t(&xg, &gate.1, None).unwrap(),
+                    &ops::matmul_t(&xg, &up.1, None).unwrap(),
+                    act,
+                )
+                .unwrap();
+                check(&name, dtype, &got, &unfused, 0.0);
+                let cpu = ops::gated_matmul_t(&xc, &gate.0, &up.0, act).unwrap();
+                check(&name, dtype, &got, &cpu, 4.0 * tol(dtype));
+            }
+        }
+    }
+    let x = Tensor::from_f32(vec![0.0; 8], &[1, 8]).unwrap().to_device(Device::Cuda(0)).unwrap();
+    let w = Tensor::from_f32(vec![0.0; 16], &[2, 8]).unwrap().to_device(Device::Cuda(0)).unwrap();
+    let narrow = Tensor::from_f32(vec![0.0; 8], &[2, 4]).unwrap().to_device(Device::Cuda(0)).unwrap();
+    assert!(ops::matmul_t_many(&x, &[(&w, None), (&narrow, None)]).is_err(), "a weight of another width");
+    assert!(ops::gated_matmul_t(&x, &w, &narrow, Activation::Silu).is_err(), "gate and up of other shapes");
+}
+
 #[test]
 fn gathers_and_copies_are_exact() {
     require_gpu!();
@@ -204,7 +264,8 @@ fn gathers_and_copies_are_exact() {
 fn norms_match_cpu() {
     require_gpu!();
     let mut r = rng(4);
-    for (rows, cols) in [(1, 64), (7, 4096), (3, 1000), (2, 20000)] {
+    // bf16 rows of a multiple of 8 up to 8192 take the one-chunk-per-thread kernel; the rest the strided one.
+    for (rows, cols) in [(1, 64), (7, 4096), (3, 1000), (2, 8192), (1, 1004), (2, 20000)] {
         let x = random(&mut r, rows * cols, 2.0);
         let res = random(&mut r, rows * cols, 2.0);
         let w = random(&mut r, cols, 1.0);
@@ -311,6 +372,17 @@ fn softmax_and_argmax_match_cpu() {
         assert_eq!(want, vec![1, 0, 1, 4], "CPU argmax semantics");
         assert_eq!(ops::argmax_rows(&xg).unwrap(), want, "CUDA argmax {dtype}");
     }
+    // The same across the parts a long row is split into (4096 columns or more each).
+    let cols = 20000;
+    let mut long = vec![vec![0.0f32; cols]; 3];
+    (long[0][15000], long[0][5000]) = (7.0, 7.0);
+    (long[1][17000], long[1][9000], long[1][100]) = (f32::NAN, f32::NAN, 9.0);
+    long[2].fill(f32::NEG_INFINITY);
+    for dtype in DTYPES {
+        let (xc, xg) = pair(&long.concat(), &[3, cols], dtype);
+        assert_eq!(ops::argmax_rows(&xc).unwrap(), vec![5000, 9000, 0], "CPU argmax semantics, long rows");
+        assert_eq!(ops::argmax_rows(&xg).unwrap(), vec![5000, 9000, 0], "CUDA argmax {dtype}, long rows");
+    }
     println!("CHECK argmax_rows: exact");
 }
 
@@ -332,11 +404,44 @@ fn rope_matches_cpu() {
                 for style in [RopeStyle::Neox, RopeStyle::Interleaved] {
                     let name = format!("rope {style:?} t={tokens} h={heads} d={head_dim} rot={rotary} cos={cdtype}");
                     let want = ops::rope(&xc, &cc, &sc, head_dim, style).unwrap();
-                    check(&name, dtype, &ops::rope(&xg, &cg, &sg, head_dim, style).unwrap(), &want, tol(dtype));
+                    let alone = ops::rope(&xg, &cg, &sg, head_dim, style).unwrap();
+                    check(&name, dtype, &alone, &want, tol(dtype));
+                    // Keys of fewer heads (GQA) rotated into the cache with the values, in
+                    // one launch: the same bits as rope + write_kv, the padding row unwritten.
+                    let kv_heads = heads.div_ceil(2);
+                    let kg = ops::narrow_cols(&xg, 0, kv_heads * head_dim).unwrap();
+                    let vg = ops::narrow_cols(&xg, (heads - kv_heads) * head_dim, kv_heads * head_dim).unwrap();
+                    let mut meta = AttnMetadata::new(
+                        vec![AttnSeq { q_start: 0, q_len: tokens, ctx_len: tokens, block_table: vec![1, 0] }],
+                        16,
+                    )
+                    .unwrap();
+                    meta.slot_mapping[tokens / 2] = ferrite_tensor::kv::PAD_SLOT;
+                    let cache = || PagedKvLayer::new_on(GPU, dtype, 2, 16, kv_heads, head_dim, head_dim).unwrap();
+                    let (mut fused, mut apart) = (cache(), cache());
+                    let q2 = ops::rope_write_kv(&xg, &kg, &vg, &cg, &sg, head_dim, style, &mut fused, &meta).unwrap();
+                    check(&format!("{name} rope_write_kv q"), dtype, &q2, &alone, 0.0);
+                    let k_rot = ops::rope(&kg, &cg, &sg, head_dim, style).unwrap();
+                    ops::write_kv(&mut apart, &k_rot, &vg, &meta).unwrap();
+                    assert_eq!(cache_contents(&fused), cache_contents(&apart), "{name} rope_write_kv cache {dtype}");
+                    let unwritten =
+                        cache_contents(&fused).0[meta.seqs[0].block_table[0] as usize * 16 * kv_heads * head_dim
+                            + (tokens / 2) * kv_heads * head_dim];
+                    assert_eq!(unwritten, 0.0, "{name}: the padding row's key stays out of the cache");
                 }
             }
         }
     }
+}
+
+fn cache_contents(c: &PagedKvLayer) -> (Vec<f32>, Vec<f32>) {
+    let ferrite_tensor::kv::KvStorage::Cuda { k, v } = &c.storage else { panic!("a CUDA cache") };
+    let host = |s: &ferrite_tensor::CudaStorage| {
+        let cpu = s.to_cpu().unwrap();
+        let len = cpu.len();
+        Tensor::from_storage(ferrite_tensor::Storage::Cpu(cpu), vec![len]).unwrap().to_f32_vec()
+    };
+    (host(k), host(v))
 }
 
 /// One sequence of an attention test: `cached` tokens already in the cache, `new` this step.

@@ -9,11 +9,11 @@ use cudarc::driver::{sys as drv_sys, CudaSlice, CudaStream, DevicePtr, LaunchCon
 
 use super::device::{dev_err, CudaDevice, ATTENTION, ELEMENTWISE};
 use super::graph::{self, u32_slots, StepIndex};
-use super::ops::{cuda_of, wrap};
-use super::storage::{dtype_suffix, int, Arg, CudaStorage};
+use super::ops::{cuda_of, interleaved, wrap};
+use super::storage::{dtype_suffix, flat_cfg, int, Arg, CudaStorage};
 use crate::error::{Result, TensorError};
 use crate::kv::{AttnMetadata, AttnSeq, KvStorage, PagedKvLayer};
-use crate::ops::AttentionParams;
+use crate::ops::{AttentionParams, RopeStyle};
 use crate::tensor::Tensor;
 use crate::DType;
 
@@ -62,7 +62,7 @@ pub(crate) struct MetaCache {
     decode: Option<Launch>,
 }
 
-fn dptr<T>(s: &CudaSlice<T>, dev: &CudaDevice) -> Arg {
+pub(crate) fn dptr<T>(s: &CudaSlice<T>, dev: &CudaDevice) -> Arg {
     Arg::Ptr(s.device_ptr(dev.stream()).0)
 }
 
@@ -101,7 +101,65 @@ pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMet
     let f = dev.function(ELEMENTWISE, &format!("write_kv_{}", dtype_suffix(ks.dtype())?))?;
     let (kw, vw) = (cache.num_kv_heads * cache.k_dim, cache.num_kv_heads * cache.v_dim);
     let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-    let launch = |slots: Arg| dev.launch(&f, cfg, &[ks.ptr(), vs.ptr(), slots, kc.ptr(), vc.ptr(), int(kw)?, int(vw)?]);
+    with_slots(dev, meta, |slots| {
+        dev.launch(&f, cfg, &[ks.ptr(), vs.ptr(), slots, kc.ptr(), vc.ptr(), int(kw)?, int(vw)?])
+    })
+}
+
+/// Rotated queries out; rotated keys and the values into their cache slots; one launch.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_write_kv(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    head_dim: usize,
+    style: RopeStyle,
+    cache: &mut PagedKvLayer,
+    meta: &AttnMetadata,
+) -> Result<Tensor> {
+    let op = "rope_write_kv";
+    let (qs, cs, ss) = (cuda_of(op, q)?, cuda_of(op, cos)?, cuda_of(op, sin)?);
+    let (ks, vs) = (cuda_of(op, k)?.as_dtype(qs.dtype())?, cuda_of(op, v)?.as_dtype(qs.dtype())?);
+    let ss = ss.as_dtype(cs.dtype())?;
+    let (kc, vc) = cache_buffers(op, cache, qs.dtype())?;
+    let dev = qs.device();
+    let rows = meta.num_tokens();
+    let (qcols, kcols, vcols) = (q.last_dim(), k.last_dim(), v.last_dim());
+    let out = CudaStorage::alloc(dev, qs.dtype(), qs.len())?;
+    if rows > 0 {
+        let name = format!("rope_write_kv_{}_{}", dtype_suffix(qs.dtype())?, dtype_suffix(cs.dtype())?);
+        let f = dev.function(ELEMENTWISE, &name)?;
+        let cfg = flat_cfg(dev, rows * (qcols + kcols + vcols));
+        with_slots(dev, meta, |slots| {
+            let args = [
+                qs.ptr(),
+                out.ptr(),
+                int(qcols)?,
+                ks.ptr(),
+                vs.ptr(),
+                slots,
+                kc.ptr(),
+                vc.ptr(),
+                int(kcols)?,
+                int(vcols)?,
+                cs.ptr(),
+                ss.ptr(),
+                int(rows)?,
+                int(head_dim)?,
+                int(cos.last_dim())?,
+                Arg::I32(interleaved(style)),
+            ];
+            dev.launch(&f, cfg, &args)
+        })?;
+    }
+    wrap(out, q.shape().to_vec())
+}
+
+/// Runs `launch` with the device address of this step's slot mapping: the graph's input while
+/// a capture runs, else a copy kept for the other layers of the step.
+fn with_slots(dev: &CudaDevice, meta: &AttnMetadata, launch: impl FnOnce(Arg) -> Result<()>) -> Result<()> {
     if let Some(p) = dev.step_index(&StepIndex::Slots(meta))? {
         return launch(Arg::Ptr(p));
     }

@@ -47,6 +47,19 @@ __device__ __forceinline__ void unpack(uint4 r, float* f, bf16_t) {
     for (int i = 0; i < 4; ++i) { f[2 * i] = __uint_as_float(w[i] << 16); f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u); }
 }
 
+// Activation codes match `Activation` in ops.rs: 0 silu, 1 gelu (erf), 2 gelu (tanh), 3 relu.
+__device__ __forceinline__ float activate(int act, float x) {
+    switch (act) {
+    case 0: return x / (1.f + expf(-x));
+    case 1: return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+    case 2: {
+        float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+        return 0.5f * x * (1.f + tanhf(inner));
+    }
+    default: return fmaxf(x, 0.f);
+    }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -90,11 +103,11 @@ __device__ __forceinline__ bool better(float v, unsigned int i, float bv, unsign
     return v > bv || (v == bv && i < bi);
 }
 
-// Thread 0 writes the block's best (value, index).
-__device__ void store_best(float bv, unsigned int bi, unsigned int* out) {
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        unsigned int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+// Thread 0 writes the block's best index to out_i[o] (and its value to out_v[o] when given).
+__device__ void store_best(float bv, unsigned int bi, unsigned int* out_i, float* out_v = nullptr, size_t o = 0) {
+    for (int k = 16; k > 0; k >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, k);
+        unsigned int oi = __shfl_xor_sync(0xffffffffu, bi, k);
         if (better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
     }
     __shared__ float sv[32];
@@ -104,26 +117,14 @@ __device__ void store_best(float bv, unsigned int bi, unsigned int* out) {
     if (threadIdx.x == 0) {
         for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
             if (better(sv[w], si[w], bv, bi)) { bv = sv[w]; bi = si[w]; }
-        out[blockIdx.x] = bi;
+        out_i[o] = bi;
+        if (out_v) out_v[o] = bv;
     }
 }
 "#;
 
 /// Elementwise maps, copies and gathers, rotary embeddings, KV-cache writes, argmax.
 pub const ELEMENTWISE: &str = r#"
-// Activation codes match `Activation` in ops.rs: 0 silu, 1 gelu (erf), 2 gelu (tanh), 3 relu.
-__device__ __forceinline__ float activate(int act, float x) {
-    switch (act) {
-    case 0: return x / (1.f + expf(-x));
-    case 1: return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
-    case 2: {
-        float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-        return 0.5f * x * (1.f + tanhf(inner));
-    }
-    default: return fmaxf(x, 0.f);
-    }
-}
-
 // op: 0 scale by a, 1 softcap a * tanh(x / a), 2 activation code `act`.
 template <typename T>
 __device__ void unary(const T* __restrict__ x, T* __restrict__ y, size_t n, int op, float a, int act) {
@@ -178,26 +179,54 @@ __device__ void copy_cols(const T* __restrict__ src, int src_cols, int src_off, 
     }
 }
 
-// Rotates the first 2 * half dims of every head; the rest pass through.
+// Element `col` of row `row` of x [rows, width] with the first 2 * half dims of each head rotated
+// (the rest pass through).
+template <typename T, typename W>
+__device__ __forceinline__ T rotated(const T* __restrict__ x, size_t row, int width, int col, const W* __restrict__ cosv,
+                                     const W* __restrict__ sinv, int head_dim, int half, int interleaved) {
+    const size_t idx = row * width + col;
+    const int c = col % head_dim;
+    if (c >= 2 * half) return x[idx];
+    int i, partner;
+    float sign;
+    if (!interleaved) {
+        if (c < half) { i = c; partner = c + half; sign = -1.f; }
+        else { i = c - half; partner = c - half; sign = 1.f; }
+    } else {
+        i = c >> 1;
+        if (c & 1) { partner = c - 1; sign = 1.f; } else { partner = c + 1; sign = -1.f; }
+    }
+    float co = to_f(cosv[row * half + i]), si = to_f(sinv[row * half + i]);
+    float xp = to_f(x[idx - c + partner]);
+    return from_f<T>(to_f(x[idx]) * co + sign * (xp * si));
+}
+
 template <typename T, typename W>
 __device__ void rope(const T* __restrict__ x, const W* __restrict__ cosv, const W* __restrict__ sinv, T* __restrict__ y,
                      int rows, int cols, int head_dim, int half, int interleaved) {
-    GRID_STRIDE(idx, (size_t)rows * cols) {
-        size_t row = idx / cols;
-        int c = (int)(idx % cols) % head_dim;
-        if (c >= 2 * half) { y[idx] = x[idx]; continue; }
-        int i, partner;
-        float sign;
-        if (!interleaved) {
-            if (c < half) { i = c; partner = c + half; sign = -1.f; }
-            else { i = c - half; partner = c - half; sign = 1.f; }
-        } else {
-            i = c >> 1;
-            if (c & 1) { partner = c - 1; sign = 1.f; } else { partner = c + 1; sign = -1.f; }
+    GRID_STRIDE(e, (size_t)rows * cols) y[e] = rotated(x, e / cols, cols, (int)(e % cols), cosv, sinv, head_dim, half, interleaved);
+}
+
+// The attention input of a step in one launch: rotated queries into qo, and the rotated keys
+// and the values straight into their cache slots (write_kv's layout; none for padding rows).
+template <typename T, typename W>
+__device__ void rope_write_kv(const T* __restrict__ q, T* __restrict__ qo, int qcols, const T* __restrict__ k,
+                              const T* __restrict__ v, const unsigned int* __restrict__ slots, T* __restrict__ kc,
+                              T* __restrict__ vc, int kcols, int vcols, const W* __restrict__ cosv,
+                              const W* __restrict__ sinv, int rows, int head_dim, int half, int interleaved) {
+    const int cols = qcols + kcols + vcols;
+    GRID_STRIDE(e, (size_t)rows * cols) {
+        const size_t row = e / cols;
+        int col = (int)(e % cols);
+        if (col < qcols) {
+            qo[row * qcols + col] = rotated(q, row, qcols, col, cosv, sinv, head_dim, half, interleaved);
+            continue;
         }
-        float co = to_f(cosv[row * half + i]), si = to_f(sinv[row * half + i]);
-        float xp = to_f(x[idx - c + partner]);
-        y[idx] = from_f<T>(to_f(x[idx]) * co + sign * (xp * si));
+        const unsigned int slot = slots[row];
+        if (slot == 0xffffffffu) continue;
+        col -= qcols;
+        if (col < kcols) kc[(size_t)slot * kcols + col] = rotated(k, row, kcols, col, cosv, sinv, head_dim, half, interleaved);
+        else vc[(size_t)slot * vcols + col - kcols] = v[row * vcols + col - kcols];
     }
 }
 
@@ -227,17 +256,20 @@ __device__ void write_kv(const T* __restrict__ k, const T* __restrict__ v, const
     for (int c = threadIdx.x; c < vw; c += blockDim.x) vc[slot * vw + c] = vs[c];
 }
 
-// One block per row.
+// Block (part, row) takes columns [part * per_part, (part + 1) * per_part) of its row: one block
+// per row would leave a vocabulary-sized row (128k logits) to a single multiprocessor.
 template <typename T>
-__device__ void argmax_rows(const T* __restrict__ x, unsigned int* __restrict__ out, int cols) {
-    const T* xr = x + (size_t)blockIdx.x * cols;
+__device__ void argmax_parts(const T* __restrict__ x, float* __restrict__ part_v, unsigned int* __restrict__ part_i,
+                             int cols, int per_part) {
+    const T* xr = x + (size_t)blockIdx.y * cols;
+    const int hi = min(cols, (blockIdx.x + 1) * per_part);
     float bv = -INFINITY;
     unsigned int bi = 0xffffffffu;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    for (int c = blockIdx.x * per_part + threadIdx.x; c < hi; c += blockDim.x) {
         float v = to_f(xr[c]);
         if (better(v, c, bv, bi)) { bv = v; bi = c; }
     }
-    store_best(bv, bi, out);
+    store_best(bv, bi, part_i, part_v, (size_t)blockIdx.y * gridDim.x + blockIdx.x);
 }
 
 #define INST_T(TN, T)                                                                                              \
@@ -257,12 +289,25 @@ __device__ void argmax_rows(const T* __restrict__ x, unsigned int* __restrict__ 
                                              int vw) {                                                             \
         write_kv<T>(k, v, slots, kc, vc, kw, vw);                                                                  \
     }                                                                                                              \
-    extern "C" __global__ void argmax_rows_##TN(const T* x, unsigned int* out, int cols) { argmax_rows<T>(x, out, cols); } \
+    extern "C" __global__ void argmax_parts_##TN(const T* x, float* pv, unsigned int* pi, int cols, int per_part) { \
+        argmax_parts<T>(x, pv, pi, cols, per_part);                                                                \
+    }                                                                                                              \
     extern "C" __global__ void combine_rows_##TN(const T* y, const unsigned int* rows, const float* w, T* out, int cols, \
                                                  int per_row) {                                                    \
         combine_rows<T>(y, rows, w, out, cols, per_row);                                                           \
     }
 FOR_T(INST_T)
+
+// One block per row over that row's `parts` best (value, index) pairs from argmax_parts.
+extern "C" __global__ void argmax_merge(const float* part_v, const unsigned int* part_i, unsigned int* out, int parts) {
+    float bv = -INFINITY;
+    unsigned int bi = 0xffffffffu;
+    for (int p = threadIdx.x; p < parts; p += blockDim.x) {
+        size_t o = (size_t)blockIdx.x * parts + p;
+        if (better(part_v[o], part_i[o], bv, bi)) { bv = part_v[o]; bi = part_i[o]; }
+    }
+    store_best(bv, bi, out, nullptr, blockIdx.x);
+}
 
 #define INST_TW(TN, T, WN, W)                                                                                      \
     extern "C" __global__ void cast_##WN##_##TN(const W* x, T* y, size_t n) { cast<W, T>(x, y, n); }               \
@@ -275,6 +320,12 @@ FOR_T(INST_T)
     extern "C" __global__ void rope_##TN##_##WN(const T* x, const W* c, const W* s, T* y, int rows, int cols, int hd, \
                                                 int half, int il) {                                                \
         rope<T, W>(x, c, s, y, rows, cols, hd, half, il);                                                          \
+    }                                                                                                              \
+    extern "C" __global__ void rope_write_kv_##TN##_##WN(const T* q, T* qo, int qcols, const T* k, const T* v,     \
+                                                         const unsigned int* slots, T* kc, T* vc, int kcols,       \
+                                                         int vcols, const W* c, const W* s, int rows, int hd,      \
+                                                         int half, int il) {                                       \
+        rope_write_kv<T, W>(q, qo, qcols, k, v, slots, kc, vc, kcols, vcols, c, s, rows, hd, half, il);            \
     }
 FOR_TW(INST_TW)
 "#;
@@ -282,6 +333,12 @@ FOR_TW(INST_TW)
 /// `y[m, n] (+)= x[m, k] w[n, k]^T` in bf16 for decode-sized m (1 to `GEMV_MAX_ROWS`): one warp
 /// per output column streams its weight row in 16-byte loads, four in flight per lane and
 /// allocated past L1 so that the x rows, read for every weight row, stay there.
+///
+/// Two fused forms save launches at decode, where a step is hundreds of short kernels:
+/// `gemv3` computes up to three products of the same x (q/k/v) in one grid, and `gemv_gated`
+/// computes `act(x wg^T) * (x wu^T)` with each warp streaming its gate and up rows together.
+/// Every output is summed in the same order as by `gemv_bf16` and rounded to bf16 where the
+/// unfused ops would round it, so the fused and unfused paths give the same bits.
 pub const GEMV: &str = r#"
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
     uint4 r;
@@ -300,33 +357,49 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
     return s;
 }
 
-template <int M>
-__device__ void gemv_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ y, int n,
-                          int k, int accumulate) {
-    const int col = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
-    const int lane = threadIdx.x & 31;
-    if (col >= n) return;
-    const uint4* wr = (const uint4*)(w + (size_t)col * k);
+// acc[r][i] = this lane's part of x[i] . w_r for R weight rows of k = 8 * chunks elements; the
+// rows' loads are issued together and share each x load.
+template <int M, int R>
+__device__ __forceinline__ void gemv_dots(const bf16_t* __restrict__ x, const uint4* const* wr, int chunks, int lane,
+                                          float (&acc)[R][M]) {
     const uint4* xr = (const uint4*)x;
-    const int chunks = k / 8;
-    float acc[M];
 #pragma unroll
-    for (int i = 0; i < M; ++i) acc[i] = 0.f;
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int i = 0; i < M; ++i) acc[r][i] = 0.f;
     int c = lane;
     for (; c + 96 < chunks; c += 128) {
-        uint4 wv[4];
+        uint4 wv[R][4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) wv[u] = ld_stream(wr + c + 32 * u);
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) wv[r][u] = ld_stream(wr[r] + c + 32 * u);
 #pragma unroll
         for (int u = 0; u < 4; ++u)
 #pragma unroll
-            for (int i = 0; i < M; ++i) acc[i] += dot8(wv[u], __ldg(xr + (size_t)i * chunks + c + 32 * u));
+            for (int i = 0; i < M; ++i) {
+                uint4 xv = __ldg(xr + (size_t)i * chunks + c + 32 * u);
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[r][i] += dot8(wv[r][u], xv);
+            }
     }
     for (; c < chunks; c += 32) {
-        uint4 wv = ld_stream(wr + c);
+        uint4 wv[R];
 #pragma unroll
-        for (int i = 0; i < M; ++i) acc[i] += dot8(wv, __ldg(xr + (size_t)i * chunks + c));
+        for (int r = 0; r < R; ++r) wv[r] = ld_stream(wr[r] + c);
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+            uint4 xv = __ldg(xr + (size_t)i * chunks + c);
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r][i] += dot8(wv[r], xv);
+        }
     }
+}
+
+// Column `col` of y[m, n]: the warp's sums, plus y's old value where it holds a bias.
+template <int M>
+__device__ __forceinline__ void gemv_store(float (&acc)[M], bf16_t* __restrict__ y, int n, int col, int accumulate,
+                                           int lane) {
 #pragma unroll
     for (int i = 0; i < M; ++i) {
         float v = warp_sum(acc[i]);
@@ -338,9 +411,71 @@ __device__ void gemv_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict
     }
 }
 
+template <int M>
+__device__ void gemv_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ y, int n,
+                          int k, int accumulate) {
+    const int col = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
+    const int lane = threadIdx.x & 31;
+    if (col >= n) return;
+    const uint4* wr[1] = {(const uint4*)(w + (size_t)col * k)};
+    float acc[1][M];
+    gemv_dots<M, 1>(x, wr, k / 8, lane, acc);
+    gemv_store<M>(acc[0], y, n, col, accumulate, lane);
+}
+
+// The grid covers n0 + n1 + n2 columns; a product with n = 0 is absent.
+template <int M>
+__device__ void gemv3_bf16(const bf16_t* __restrict__ x, int k, const bf16_t* w0, bf16_t* y0, int n0, int a0,
+                           const bf16_t* w1, bf16_t* y1, int n1, int a1, const bf16_t* w2, bf16_t* y2, int n2, int a2) {
+    int col = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
+    const int lane = threadIdx.x & 31;
+    const bf16_t* w = w0;
+    bf16_t* y = y0;
+    int n = n0, a = a0;
+    if (col >= n0) {
+        col -= n0;
+        w = w1; y = y1; n = n1; a = a1;
+        if (col >= n1) {
+            col -= n1;
+            w = w2; y = y2; n = n2; a = a2;
+            if (col >= n2) return;
+        }
+    }
+    const uint4* wr[1] = {(const uint4*)(w + (size_t)col * k)};
+    float acc[1][M];
+    gemv_dots<M, 1>(x, wr, k / 8, lane, acc);
+    gemv_store<M>(acc[0], y, n, col, a, lane);
+}
+
+template <int M>
+__device__ void gemv_gated_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict__ wg,
+                                const bf16_t* __restrict__ wu, bf16_t* __restrict__ y, int n, int k, int act) {
+    const int col = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
+    const int lane = threadIdx.x & 31;
+    if (col >= n) return;
+    const uint4* wr[2] = {(const uint4*)(wg + (size_t)col * k), (const uint4*)(wu + (size_t)col * k)};
+    float acc[2][M];
+    gemv_dots<M, 2>(x, wr, k / 8, lane, acc);
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+        float g = to_f(from_f<bf16_t>(warp_sum(acc[0][i])));
+        float u = to_f(from_f<bf16_t>(warp_sum(acc[1][i])));
+        if (lane == 0) y[(size_t)i * n + col] = from_f<bf16_t>(activate(act, g) * u);
+    }
+}
+
 #define INST_GEMV(M)                                                                                               \
     extern "C" __global__ void gemv_bf16_m##M(const bf16_t* x, const bf16_t* w, bf16_t* y, int n, int k, int acc) { \
         gemv_bf16<M>(x, w, y, n, k, acc);                                                                          \
+    }                                                                                                              \
+    extern "C" __global__ void gemv3_bf16_m##M(const bf16_t* x, int k, const bf16_t* w0, bf16_t* y0, int n0, int a0, \
+                                               const bf16_t* w1, bf16_t* y1, int n1, int a1, const bf16_t* w2,     \
+                                               bf16_t* y2, int n2, int a2) {                                       \
+        gemv3_bf16<M>(x, k, w0, y0, n0, a0, w1, y1, n1, a1, w2, y2, n2, a2);                                       \
+    }                                                                                                              \
+    extern "C" __global__ void gemv_gated_bf16_m##M(const bf16_t* x, const bf16_t* wg, const bf16_t* wu, bf16_t* y, \
+                                                    int n, int k, int act) {                                       \
+        gemv_gated_bf16<M>(x, wg, wu, y, n, k, act);                                                               \
     }
 INST_GEMV(1) INST_GEMV(2) INST_GEMV(3) INST_GEMV(4)
 "#;
@@ -382,6 +517,44 @@ __device__ void add_rms_norm(const T* __restrict__ x, const T* __restrict__ res,
 #pragma unroll 4
     for (int c = threadIdx.x; c < cols; c += blockDim.x)
         y[base + c] = from_f<T>(to_f(res_out[base + c]) * inv * (to_f(w[c]) + offset));
+}
+
+// bf16 rows of up to 8 * blockDim.x elements, cols a multiple of 8: each thread holds one
+// 16-byte chunk in registers, so the row is read once, in one round of loads, and the weights
+// load while the block reduces. With `res` the residual add of add_rms_norm comes first.
+template <typename W>
+__device__ void rms_norm_vec8(const bf16_t* __restrict__ x, const bf16_t* __restrict__ res, const W* __restrict__ w,
+                              bf16_t* __restrict__ y, bf16_t* __restrict__ res_out, int cols, float eps, float offset) {
+    const size_t base = (size_t)blockIdx.x * cols;
+    const int c0 = threadIdx.x * 8;
+    const bool mine = c0 < cols;
+    float h[8], wf[8];
+    float s = 0.f;
+    if (mine) {
+        unpack(*(const uint4*)(x + base + c0), h, bf16_t());
+        if (res) {
+            float r[8];
+            unpack(*(const uint4*)(res + base + c0), r, bf16_t());
+            unsigned short out[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                bf16_t b = from_f<bf16_t>(h[e] + r[e]);
+                out[e] = b.bits;
+                h[e] = to_f(b);
+            }
+            *(uint4*)(res_out + base + c0) = *(const uint4*)out;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) { wf[e] = to_f(w[c0 + e]) + offset; s += h[e] * h[e]; }
+    }
+    s = block_sum(s);
+    const float inv = 1.f / sqrtf(s / cols + eps);
+    if (mine) {
+        unsigned short out[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[e] = from_f<bf16_t>(h[e] * inv * wf[e]).bits;
+        *(uint4*)(y + base + c0) = *(const uint4*)out;
+    }
 }
 
 // w and b may be null.
@@ -433,6 +606,13 @@ FOR_T(INST_T)
         layer_norm<T, W>(x, w, b, y, cols, eps);                                                                   \
     }
 FOR_TW(INST_TW)
+
+#define INST_VEC8(WN, W)                                                                                           \
+    extern "C" __global__ void rms_norm_vec8_bf16_##WN(const bf16_t* x, const bf16_t* r, const W* w, bf16_t* y,    \
+                                                       bf16_t* ro, int cols, float eps, float off) {               \
+        rms_norm_vec8<W>(x, r, w, y, ro, cols, eps, off);                                                          \
+    }
+INST_VEC8(f32, float) INST_VEC8(bf16, bf16_t)
 "#;
 
 /// Paged attention over block tables for a flattened batch of prefill chunks and decode tokens.
@@ -1203,7 +1383,7 @@ __device__ void sample_rows(const T* __restrict__ logits, const SamplePlan* __re
             float v = to_f(row[c]);
             if (better(v, c, bv, bi)) { bv = v; bi = c; }
         }
-        store_best(bv, bi, out);
+        store_best(bv, bi, out, nullptr, blockIdx.x);
         return;
     }
     unsigned int floor_key = 0u;
@@ -1226,7 +1406,7 @@ __device__ void sample_rows(const T* __restrict__ logits, const SamplePlan* __re
             if (better(s, c, bv, bi)) { bv = s; bi = c; }
         }
     }
-    store_best(bv, bi, out);
+    store_best(bv, bi, out, nullptr, blockIdx.x);
 }
 
 #define INST_T(TN, T)                                                                                              \

@@ -8,56 +8,139 @@
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
 
-use super::device::{dev_err, GEMV};
-use super::ops::{broadcast_row, cuda_of, wrap};
-use super::storage::{int, Arg, CudaStorage};
+use super::device::{dev_err, CudaDevice, GEMV};
+use super::ops::{act_mul, activation_code, broadcast_row, cuda_of, wrap};
+use super::storage::{int, Arg, Converted, CudaStorage};
 use crate::error::Result;
 use crate::tensor::Tensor;
-use crate::DType;
+use crate::{Activation, DType};
 
 /// The most rows `matmul_t` hands to the GEMV kernel (instantiated for 1 to 4).
 const GEMV_MAX_ROWS: usize = 4;
 
+/// The output of `x @ w^T (+ bias)`, shaped, with the bias (if any) already in it for the product
+/// to accumulate onto (beta = 1 in cuBLAS, `accumulate` in the GEMV): one rounding in bf16.
+struct Product<'a> {
+    w: Converted<'a>,
+    out: CudaStorage,
+    shape: Vec<usize>,
+    has_bias: bool,
+    n: usize,
+    x: &'a CudaStorage,
+}
+
+impl<'a> Product<'a> {
+    fn new(xs: &'a CudaStorage, x: &Tensor, w: &'a Tensor, bias: Option<&Tensor>) -> Result<Product<'a>> {
+        let dtype = xs.dtype();
+        let dev = xs.device();
+        // Mixed dtypes (f32 activations over bf16 weights, say) widen or round the weight per
+        // call: correct, but a model that wants speed loads its weights in the activation dtype.
+        let ws = cuda_of("matmul_t", w)?.as_dtype(dtype)?;
+        let (n, k) = (w.shape()[0], w.shape()[1]);
+        let m = rows_of(x);
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().expect("rank >= 1") = n;
+        let out = match bias {
+            _ if m * n == 0 => CudaStorage::alloc(dev, dtype, 0)?,
+            Some(b) => {
+                let out = CudaStorage::alloc(dev, dtype, m * n)?;
+                broadcast_row(cuda_of("matmul_t", b)?, &out)?;
+                out
+            }
+            None if k == 0 => CudaStorage::zeros(dev, dtype, m * n)?,
+            None => CudaStorage::alloc(dev, dtype, m * n)?,
+        };
+        Ok(Product { w: ws, out, shape, has_bias: bias.is_some(), n, x: xs })
+    }
+
+    fn run_cublas(&self, m: usize, k: usize) -> Result<()> {
+        if m * self.n == 0 || k == 0 {
+            return Ok(());
+        }
+        let beta = if self.has_bias { 1.0 } else { 0.0 };
+        gemm(&self.out, self.w.raw_ptr(), self.x.raw_ptr(), self.out.raw_ptr(), m, self.n, k, beta)
+    }
+
+    fn finish(self) -> Result<Tensor> {
+        wrap(self.out, self.shape)
+    }
+}
+
+/// Not x.rows(), which is 0 when k is: the output still has a row per input row.
+fn rows_of(x: &Tensor) -> usize {
+    x.shape().iter().rev().skip(1).product()
+}
+
+/// Whether the GEMV kernels take an `m x k` product of `dtype`.
+fn gemv_fits(dtype: DType, m: usize, k: usize) -> bool {
+    dtype == DType::BF16 && (1..=GEMV_MAX_ROWS).contains(&m) && k > 0 && k.is_multiple_of(8)
+}
+
+/// One warp per output column over `columns` columns in all.
+fn gemv_launch(dev: &CudaDevice, name: &str, columns: usize, args: &[Arg]) -> Result<()> {
+    let f = dev.function(GEMV, name)?;
+    let warps_per_block = 8;
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (columns.div_ceil(warps_per_block) as u32, 1, 1),
+        block_dim: (32 * warps_per_block as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    dev.launch(&f, cfg, args)
+}
+
 pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let xs = cuda_of("matmul_t", x)?;
+    let p = Product::new(xs, x, w, bias)?;
+    let (m, k) = (rows_of(x), w.shape()[1]);
+    if gemv_fits(xs.dtype(), m, k) && p.n > 0 {
+        let args = [xs.ptr(), p.w.ptr(), p.out.ptr(), int(p.n)?, int(k)?, Arg::I32(p.has_bias as i32)];
+        gemv_launch(xs.device(), &format!("gemv_bf16_m{m}"), p.n, &args)?;
+    } else {
+        p.run_cublas(m, k)?;
+    }
+    p.finish()
+}
+
+/// Up to three GEMV products of one input in one launch (`gemv3`); otherwise one product each.
+pub fn matmul_t_many(x: &Tensor, weights: &[(&Tensor, Option<&Tensor>)]) -> Result<Vec<Tensor>> {
+    let xs = cuda_of("matmul_t_many", x)?;
+    let (m, k) = (rows_of(x), x.last_dim());
+    let products = weights.iter().map(|&(w, b)| Product::new(xs, x, w, b)).collect::<Result<Vec<_>>>()?;
+    if gemv_fits(xs.dtype(), m, k) && (1..=3).contains(&products.len()) {
+        let mut args = vec![xs.ptr(), int(k)?];
+        for i in 0..3 {
+            match products.get(i) {
+                Some(p) => args.extend([p.w.ptr(), p.out.ptr(), int(p.n)?, Arg::I32(p.has_bias as i32)]),
+                None => args.extend([Arg::U64(0), Arg::U64(0), Arg::I32(0), Arg::I32(0)]),
+            }
+        }
+        let columns = products.iter().map(|p| p.n).sum();
+        if columns > 0 {
+            gemv_launch(xs.device(), &format!("gemv3_bf16_m{m}"), columns, &args)?;
+        }
+    } else {
+        for p in &products {
+            p.run_cublas(m, k)?;
+        }
+    }
+    products.into_iter().map(Product::finish).collect()
+}
+
+/// `act(x gate^T) * (x up^T)`: one GEMV launch for decode-sized bf16 inputs, else two products
+/// and `act_mul`.
+pub fn gated_matmul_t(x: &Tensor, gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
+    let xs = cuda_of("gated_matmul_t", x)?;
+    let (m, k, n) = (rows_of(x), x.last_dim(), gate.shape()[0]);
     let dtype = xs.dtype();
-    let dev = xs.device();
-    // Mixed dtypes (f32 activations over bf16 weights, say) widen or round the weight per call:
-    // correct, but a model that wants speed loads its weights in the activation dtype.
-    let ws = cuda_of("matmul_t", w)?.as_dtype(dtype)?;
-    let bs = bias.map(|b| cuda_of("matmul_t", b)).transpose()?;
-    let (n, k) = (w.shape()[0], w.shape()[1]);
-    // Not x.rows(), which is 0 when k is: the output still has a row per input row.
-    let m: usize = x.shape().iter().rev().skip(1).product();
+    if !gemv_fits(dtype, m, k) || n == 0 {
+        return act_mul(&matmul_t(x, gate, None)?, &matmul_t(x, up, None)?, act);
+    }
+    let (gs, us) = (cuda_of("gated_matmul_t", gate)?.as_dtype(dtype)?, cuda_of("gated_matmul_t", up)?.as_dtype(dtype)?);
+    let out = CudaStorage::alloc(xs.device(), dtype, m * n)?;
+    let args = [xs.ptr(), gs.ptr(), us.ptr(), out.ptr(), int(n)?, int(k)?, Arg::I32(activation_code(act))];
+    gemv_launch(xs.device(), &format!("gemv_gated_bf16_m{m}"), n, &args)?;
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("rank >= 1") = n;
-    if m * n == 0 {
-        return wrap(CudaStorage::alloc(dev, dtype, 0)?, shape);
-    }
-    // The bias is written first and cuBLAS accumulates onto it (beta = 1): one rounding in bf16.
-    let out = match bs {
-        Some(b) => {
-            let out = CudaStorage::alloc(dev, dtype, m * n)?;
-            broadcast_row(b, &out)?;
-            out
-        }
-        None if k == 0 => CudaStorage::zeros(dev, dtype, m * n)?,
-        None => CudaStorage::alloc(dev, dtype, m * n)?,
-    };
-    if k > 0 && dtype == DType::BF16 && m <= GEMV_MAX_ROWS && k % 8 == 0 {
-        let f = dev.function(GEMV, &format!("gemv_bf16_m{m}"))?;
-        let warps_per_block = 8;
-        let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: (n.div_ceil(warps_per_block) as u32, 1, 1),
-            block_dim: (32 * warps_per_block as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let args = [xs.ptr(), ws.ptr(), out.ptr(), int(n)?, int(k)?, Arg::I32(bs.is_some() as i32)];
-        dev.launch(&f, cfg, &args)?;
-    } else if k > 0 {
-        let beta = if bs.is_some() { 1.0 } else { 0.0 };
-        gemm(&out, ws.raw_ptr(), xs.raw_ptr(), out.raw_ptr(), m, n, k, beta)?;
-    }
     wrap(out, shape)
 }
 

@@ -3,6 +3,7 @@
 
 use cudarc::driver::LaunchConfig;
 
+use super::attention::dptr;
 use super::device::{dev_err, ELEMENTWISE, NORM};
 use super::graph::StepIndex;
 use super::storage::{dtype_suffix, flat_cfg, int, row_cfg, Arg, CudaStorage};
@@ -26,7 +27,7 @@ fn same_dtype(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> 
     Ok(())
 }
 
-fn activation_code(act: Activation) -> i32 {
+pub(crate) fn activation_code(act: Activation) -> i32 {
     match act {
         Activation::Silu => 0,
         Activation::Gelu => 1,
@@ -203,12 +204,28 @@ pub fn concat_cols(parts: &[&Tensor]) -> Result<Tensor> {
     wrap(out, vec![rows, total])
 }
 
+/// The launch of `rms_norm_vec8` (a thread per 8 elements, the row in registers) where it takes
+/// the shape: bf16 rows of a multiple of 8 up to 8192 elements. A decode step's norms are one
+/// row each, bound by latency: one round of loads instead of a strided loop read twice.
+fn vec8_norm(dtype: DType, rows: usize, cols: usize) -> Option<LaunchConfig> {
+    let fits = dtype == DType::BF16 && rows > 0 && cols > 0 && cols.is_multiple_of(8) && cols / 8 <= 1024;
+    fits.then(|| LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: ((cols / 8).next_multiple_of(32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<Tensor> {
     let (xs, ws) = (cuda_of("rms_norm", x)?, cuda_of("rms_norm", w)?);
     let dev = xs.device();
     let (rows, cols) = (x.rows(), x.last_dim());
     let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
-    if rows > 0 && cols > 0 {
+    if let Some(cfg) = vec8_norm(xs.dtype(), rows, cols) {
+        let f = dev.function(NORM, &format!("rms_norm_vec8_bf16_{}", dtype_suffix(ws.dtype())?))?;
+        let none = Arg::U64(0);
+        dev.launch(&f, cfg, &[xs.ptr(), none, ws.ptr(), out.ptr(), none, int(cols)?, Arg::F32(eps), Arg::F32(offset)])?;
+    } else if rows > 0 && cols > 0 {
         let name = format!("rms_norm_{}_{}", dtype_suffix(xs.dtype())?, dtype_suffix(ws.dtype())?);
         let f = dev.function(NORM, &name)?;
         let args = [xs.ptr(), ws.ptr(), out.ptr(), int(cols)?, Arg::F32(eps), Arg::F32(offset)];
@@ -224,10 +241,13 @@ pub fn add_rms_norm(x: &Tensor, residual: &Tensor, w: &Tensor, eps: f32, offset:
     let (rows, cols) = (x.rows(), x.last_dim());
     let normed = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
     let sum = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
-    if rows > 0 && cols > 0 {
+    let args = [xs.ptr(), rs.ptr(), ws.ptr(), normed.ptr(), sum.ptr(), int(cols)?, Arg::F32(eps), Arg::F32(offset)];
+    if let Some(cfg) = vec8_norm(xs.dtype(), rows, cols) {
+        let f = dev.function(NORM, &format!("rms_norm_vec8_bf16_{}", dtype_suffix(ws.dtype())?))?;
+        dev.launch(&f, cfg, &args)?;
+    } else if rows > 0 && cols > 0 {
         let name = format!("add_rms_norm_{}_{}", dtype_suffix(xs.dtype())?, dtype_suffix(ws.dtype())?);
         let f = dev.function(NORM, &name)?;
-        let args = [xs.ptr(), rs.ptr(), ws.ptr(), normed.ptr(), sum.ptr(), int(cols)?, Arg::F32(eps), Arg::F32(offset)];
         dev.launch(&f, row_cfg(rows, cols), &args)?;
     }
     Ok((wrap(normed, x.shape().to_vec())?, wrap(sum, x.shape().to_vec())?))
@@ -281,7 +301,6 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, head_dim: usize, style: Rope
     if rows > 0 && cols > 0 {
         let name = format!("rope_{}_{}", dtype_suffix(xs.dtype())?, dtype_suffix(cs.dtype())?);
         let f = dev.function(ELEMENTWISE, &name)?;
-        let interleaved = matches!(style, RopeStyle::Interleaved) as i32;
         let args = [
             xs.ptr(),
             cs.ptr(),
@@ -291,11 +310,15 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, head_dim: usize, style: Rope
             int(cols)?,
             int(head_dim)?,
             int(cos.last_dim())?,
-            Arg::I32(interleaved),
+            Arg::I32(interleaved(style)),
         ];
         dev.launch(&f, flat_cfg(dev, rows * cols), &args)?;
     }
     wrap(out, x.shape().to_vec())
+}
+
+pub(crate) fn interleaved(style: RopeStyle) -> i32 {
+    matches!(style, RopeStyle::Interleaved) as i32
 }
 
 pub fn combine_rows(y: &Tensor, rows: &[usize], weights: &[f32], per_row: usize) -> Result<Tensor> {
@@ -335,11 +358,23 @@ pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
         return Ok(Vec::new());
     }
     dev.check_not_capturing("reading token ids back")?;
-    // SAFETY: the kernel writes one index per row before the copy back reads them.
-    let out = unsafe { dev.stream().alloc::<u32>(rows) }.map_err(dev_err)?;
-    let f = dev.function(ELEMENTWISE, &format!("argmax_rows_{}", dtype_suffix(xs.dtype())?))?;
-    let (p, _guard) = cudarc::driver::DevicePtr::device_ptr(&out, dev.stream());
-    let cfg = LaunchConfig { block_dim: (1024, 1, 1), ..row_cfg(rows, cols) };
-    dev.launch(&f, cfg, &[xs.ptr(), Arg::Ptr(p), int(cols)?])?;
+    // Each row in parts of at least ARGMAX_PART columns, one block each, then a merge per row.
+    const ARGMAX_PART: usize = 4096;
+    let parts = cols.div_ceil(ARGMAX_PART).min(64);
+    let per_part = cols.div_ceil(parts);
+    // SAFETY: argmax_parts writes every part's pair and argmax_merge every row's index before
+    // anything reads them.
+    let (part_v, part_i, out) = unsafe {
+        let s = dev.stream();
+        (s.alloc::<f32>(rows * parts), s.alloc::<u32>(rows * parts), s.alloc::<u32>(rows))
+    };
+    let (part_v, part_i, out) = (part_v.map_err(dev_err)?, part_i.map_err(dev_err)?, out.map_err(dev_err)?);
+    let (pv, pi, po) = (dptr(&part_v, dev), dptr(&part_i, dev), dptr(&out, dev));
+    let f = dev.function(ELEMENTWISE, &format!("argmax_parts_{}", dtype_suffix(xs.dtype())?))?;
+    let cfg = LaunchConfig { grid_dim: (parts as u32, rows as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    dev.launch(&f, cfg, &[xs.ptr(), pv, pi, int(cols)?, int(per_part)?])?;
+    let merge = dev.function(ELEMENTWISE, "argmax_merge")?;
+    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+    dev.launch(&merge, cfg, &[pv, pi, po, int(parts)?])?;
     dev.stream().clone_dtoh(&out).map_err(dev_err)
 }
