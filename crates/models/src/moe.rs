@@ -247,7 +247,7 @@ impl Router {
     /// Router logits in f32 whatever the activation dtype: bf16 rounding makes close expert
     /// scores tie or swap, and a swapped expert changes the token's whole MLP output.
     pub fn route(&self, x: &Tensor) -> Result<Routing> {
-        let logits = ops::matmul_t(&x.to_dtype(ferrite_tensor::DType::F32), &self.weight, None)?.to_f32_vec();
+        let logits = ops::matmul_t(&x.to_dtype(ferrite_tensor::DType::F32), &self.weight, None)?.try_to_f32_vec()?;
         let e = self.cfg.num_experts;
         let tokens = logits.len() / e;
         let mut experts = Vec::with_capacity(tokens * self.cfg.top_k);
@@ -381,7 +381,7 @@ impl SharedExpert {
         let Some(gate) = &self.gate else {
             return Ok(out);
         };
-        let scale: Vec<f32> = gate.forward(x)?.to_f32_vec().into_iter().map(sigmoid).collect();
+        let scale: Vec<f32> = gate.forward(x)?.try_to_f32_vec()?.into_iter().map(sigmoid).collect();
         let rows: Vec<usize> = (0..out.rows()).collect();
         Ok(ops::combine_rows(&out, &rows, &scale, 1)?)
     }

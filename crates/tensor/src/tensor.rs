@@ -171,11 +171,17 @@ impl Tensor {
     /// The values as f32, copied back from the device for CUDA tensors.
     ///
     /// # Panics
-    /// If a CUDA copy fails (a faulted context); [`Tensor::to_device`] reports that as an error.
+    /// If a CUDA copy fails (a faulted context, a graph capture); [`Tensor::try_to_f32_vec`]
+    /// reports that as an error.
     pub fn to_f32_vec(&self) -> Vec<f32> {
+        self.try_to_f32_vec().unwrap_or_else(|e| panic!("to_f32_vec: {e}"))
+    }
+
+    /// [`Tensor::to_f32_vec`] for forward passes, which may run under a CUDA graph capture.
+    pub fn try_to_f32_vec(&self) -> Result<Vec<f32>> {
         match &*self.storage {
-            Storage::Cpu(s) => s.to_f32_vec(),
-            Storage::Cuda(s) => s.to_cpu().map(|c| c.to_f32_vec()).unwrap_or_else(|e| panic!("to_f32_vec: {e}")),
+            Storage::Cpu(s) => Ok(s.to_f32_vec()),
+            Storage::Cuda(s) => Ok(s.to_cpu()?.to_f32_vec()),
         }
     }
 

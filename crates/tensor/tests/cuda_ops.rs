@@ -950,4 +950,14 @@ fn graph_capture_refuses_host_round_trips() {
     let err = cuda::StepGraph::capture(&dev, step, forward).unwrap_err().to_string();
     assert!(err.contains("reading token ids back"), "{err}");
     assert_eq!(ops::embedding(&table, &[3]).unwrap().to_f32_vec(), vec![12.0, 13.0, 14.0, 15.0]);
+    // A forward that panics on such a read (the infallible to_f32_vec) is an error too, and the
+    // capture it was in is over.
+    let panicking = || -> ferrite_tensor::Result<Tensor> {
+        let x = ops::embedding(&table, step.tokens)?;
+        let v = x.to_f32_vec();
+        Tensor::from_f32(v, &[1, 4])
+    };
+    let err = cuda::StepGraph::capture(&dev, step, panicking).unwrap_err().to_string();
+    assert!(err.contains("panicked under capture"), "{err}");
+    assert_eq!(ops::embedding(&table, &[3]).unwrap().to_f32_vec(), vec![12.0, 13.0, 14.0, 15.0]);
 }

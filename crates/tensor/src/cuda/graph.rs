@@ -222,6 +222,10 @@ impl std::fmt::Debug for StepGraph {
     }
 }
 
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic.downcast_ref::<String>().map(String::as_str).or_else(|| panic.downcast_ref::<&str>().copied()).unwrap_or("?")
+}
+
 impl StepGraph {
     /// Captures `forward` run on `step`. Nothing runs on the device: replay the graph for this
     /// step too. Fails, leaving the device as it was, when the forward does something a graph
@@ -246,7 +250,11 @@ impl StepGraph {
         // Relaxed: the graph's own buffers are allocated on the side stream mid-capture.
         let begun = stream.begin_capture(drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
         let recorded = begun.map_err(dev_err).and_then(|()| {
-            let logits = forward().map_err(|e| dev_err(format!("forward under capture: {e}")))?;
+            // A forward that panics mid-capture (an infallible host read, say) must still end
+            // the capture, or every later use of the stream fails: the panic becomes the error.
+            let logits = std::panic::catch_unwind(std::panic::AssertUnwindSafe(forward))
+                .map_err(|panic| dev_err(format!("forward panicked under capture: {}", panic_text(&panic))))?
+                .map_err(|e| dev_err(format!("forward under capture: {e}")))?;
             let src = logits.cuda().ok_or_else(|| dev_err("forward returned host logits"))?;
             let output = CudaStorage::alloc_on(dev, &side, src.dtype(), src.len())?;
             // SAFETY: both buffers hold `len` elements of the same dtype; the copy is captured.
