@@ -98,6 +98,16 @@ pub struct Engine {
 impl Engine {
     pub fn new(model: Box<dyn CausalLM>, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine> {
         let info = model.info().clone();
+        let config = if config.enable_prefix_caching && model.rotary_depends_on_length() {
+            tracing::warn!(
+                architecture = %info.architecture,
+                "prefix caching off: this model's rotary frequencies depend on the sequence length, so cached \
+                 keys of a shared prefix would not be the ones transformers computes"
+            );
+            EngineConfig { enable_prefix_caching: false, ..config }
+        } else {
+            config
+        };
         let (_, max_model_len) = config.resolve(&info)?;
         let config = EngineConfig {
             kv_cache_memory: crate::memory::kv_budget(model.as_ref(), &config, max_model_len)?,

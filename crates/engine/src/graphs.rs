@@ -62,6 +62,9 @@ pub(crate) fn pad_decode(tokens: &[u32], meta: &AttnMetadata, logit_rows: &[usiz
     }));
     let mut padded_meta = AttnMetadata::new(seqs, meta.block_size)?;
     padded_meta.slot_mapping[batch..].fill(PAD_SLOT);
+    if !meta.prompt_lens.is_empty() {
+        padded_meta.prompt_lens = meta.prompt_lens.iter().copied().chain((batch..padded).map(|_| 1)).collect();
+    }
     let mut padded_tokens = tokens.to_vec();
     padded_tokens.resize(padded, 0);
     Ok(Some(PaddedStep {

@@ -150,6 +150,7 @@ impl ModelRunner {
         }
         let mut tokens = Vec::with_capacity(so.total_num_scheduled_tokens);
         let mut seqs = Vec::with_capacity(so.num_scheduled_tokens.len());
+        let mut prompt_lens = Vec::with_capacity(so.num_scheduled_tokens.len());
         let mut logit_rows = Vec::new();
         let mut row_uses = Vec::new();
         for &(id, n) in &so.num_scheduled_tokens {
@@ -167,6 +168,7 @@ impl ModelRunner {
             let q_start = tokens.len();
             tokens.extend_from_slice(chunk);
             seqs.push(AttnSeq { q_start, q_len: n, ctx_len: end, block_table: state.block_ids.clone() });
+            prompt_lens.push(state.num_prompt_tokens);
             if state.sampling.params.prompt_logprobs.is_some() {
                 let first = start.max(state.num_prompt_logprobs_done);
                 for pos in first..end.min(state.num_prompt_tokens - 1) {
@@ -184,7 +186,7 @@ impl ModelRunner {
             // logits (discarded) keeps every backend on its usual shapes.
             logit_rows.push(tokens.len() - 1);
         }
-        let meta = AttnMetadata::new(seqs, self.block_size)?;
+        let meta = AttnMetadata::new(seqs, self.block_size)?.with_prompt_lens(prompt_lens)?;
         let started = std::time::Instant::now();
         let logits = {
             let _span = tracing::debug_span!("forward", tokens = tokens.len(), rows = logit_rows.len()).entered();

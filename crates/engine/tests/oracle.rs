@@ -9,8 +9,12 @@ use common::*;
 const LOGPROB_TOLERANCE: f32 = 2e-3;
 
 fn battery_matches_oracle(name: &str) {
+    battery_matches_oracle_with(name, config());
+}
+
+fn battery_matches_oracle_with(name: &str, config: ferrite_engine::EngineConfig) {
     let oracle = oracle(name);
-    let llm = llm(name, config());
+    let llm = llm(name, config);
     let params = ferrite_engine::SamplingParams { logprobs: Some(5), ..greedy(oracle.cases[0].output_ids.len()) };
     let outputs = llm.generate(battery(name), &params).unwrap();
     assert_eq!(outputs.len(), oracle.cases.len());
@@ -59,4 +63,22 @@ fn qwen2() {
 #[test]
 fn llama_tied_llama3_rope() {
     battery_matches_oracle("llama-tied-llama3rope");
+}
+
+/// LongRoPE picks its factors by sequence length (long past 256 positions in this fixture). With
+/// prompts split into 96-token chunks, the first chunks of a 648-token prompt must still use the
+/// factors of the whole prompt, as transformers (one forward per prompt) does; and a prompt that
+/// shares a prefix with a shorter one must not reuse its keys, rotated with the short factors
+/// (prefix caching is asked for here, and the engine turns it off for such models).
+#[test]
+fn phi3_longrope_with_chunked_prefill_and_shared_prefixes() {
+    let chunked = ferrite_engine::EngineConfig { max_num_batched_tokens: 96, enable_prefix_caching: true, ..config() };
+    battery_matches_oracle_with("phi3-longrope", chunked);
+    let o = oracle("phi3-longrope");
+    let llm = llm("phi3-longrope", ferrite_engine::EngineConfig { enable_prefix_caching: true, ..config() });
+    for case in &o.cases {
+        let out =
+            llm.generate(vec![ferrite_engine::PromptInput::Tokens(case.prompt_ids.clone())], &greedy(16)).unwrap();
+        assert_eq!(out[0].outputs[0].token_ids, case.output_ids, "{}: one request after another", case.name);
+    }
 }

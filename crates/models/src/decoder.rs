@@ -213,6 +213,10 @@ impl CausalLM for Decoder {
         &self.info
     }
 
+    fn rotary_depends_on_length(&self) -> bool {
+        self.ropes.iter().any(Rope::depends_on_length)
+    }
+
     fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
         let mut logits = self.lm_head.forward(&self.hidden_states(input, kv)?)?;
         if let Some(s) = self.logits.scale {

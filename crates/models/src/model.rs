@@ -37,6 +37,13 @@ pub trait CausalLM: Send + Sync {
     /// layer, shaped as `info().kv_layers`), and returns logits `[logit_rows.len(), vocab]` (f32).
     fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor>;
 
+    /// Whether the rotary frequencies depend on the sequence length (dynamic NTK, LongRoPE): the
+    /// cached keys of a prefix then depend on the length of the sequence that wrote them, so they
+    /// cannot be shared with another sequence (the engine turns prefix caching off).
+    fn rotary_depends_on_length(&self) -> bool {
+        false
+    }
+
     /// As [`CausalLM::forward`], but returns the final-norm hidden states of `logit_rows`
     /// (`[logit_rows.len(), hidden]`, the LM head's input) instead of logits: a decoder used as an
     /// embedding model pools these. Families that do not expose them say so.

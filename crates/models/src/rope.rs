@@ -249,6 +249,11 @@ impl Rope {
         self
     }
 
+    /// See [`crate::CausalLM::rotary_depends_on_length`].
+    pub fn depends_on_length(&self) -> bool {
+        !matches!(self.schedule, Schedule::Fixed(_))
+    }
+
     pub fn rotary_dim(&self) -> usize {
         self.rotary_dim
     }
@@ -277,8 +282,8 @@ impl Rope {
     }
 
     /// cos/sin tables `[tokens, rotary_dim / 2]` for every query token of the batch, on `device`.
-    /// Schedules that depend on length use each sequence's own longest position, as transformers
-    /// does at batch 1.
+    /// Schedules that depend on length use each sequence's own length (`schedule_len`), as
+    /// transformers does at batch 1.
     pub fn cos_sin(&self, meta: &AttnMetadata, device: Device) -> Result<(Tensor, Tensor)> {
         let half = self.rotary_dim / 2;
         let table = |rope: Arc<Rope>, trig: fn(f32) -> f32| -> HostFill {
@@ -295,8 +300,8 @@ impl Rope {
     fn table(&self, meta: &AttnMetadata, trig: fn(f32) -> f32) -> Vec<f32> {
         let half = self.rotary_dim / 2;
         let mut out = vec![0.0f32; meta.num_tokens() * half];
-        for s in &meta.seqs {
-            let inv_freq = self.inv_freq(s.ctx_len);
+        for (i, s) in meta.seqs.iter().enumerate() {
+            let inv_freq = self.inv_freq(meta.schedule_len(i));
             for i in 0..s.q_len {
                 let pos = s.query_position(i) as f32;
                 let row = s.q_start + i;

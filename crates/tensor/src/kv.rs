@@ -37,6 +37,9 @@ pub struct AttnMetadata {
     pub block_size: usize,
     /// One cache slot per flattened query token.
     pub slot_mapping: Vec<usize>,
+    /// Per sequence, the length of its whole prompt where a step holds a chunk of it (empty: the
+    /// sequences' `ctx_len`s). See [`AttnMetadata::schedule_len`].
+    pub prompt_lens: Vec<usize>,
 }
 
 impl AttnMetadata {
@@ -64,7 +67,26 @@ impl AttnMetadata {
                 slot_mapping[row] = block * block_size + pos % block_size;
             }
         }
-        Ok(AttnMetadata { seqs, block_size, slot_mapping })
+        Ok(AttnMetadata { seqs, block_size, slot_mapping, prompt_lens: Vec::new() })
+    }
+
+    /// Records each sequence's whole prompt length (for chunked prefill).
+    pub fn with_prompt_lens(mut self, prompt_lens: Vec<usize>) -> Result<AttnMetadata> {
+        if prompt_lens.len() != self.seqs.len() {
+            return Err(shape_err(
+                "attn_metadata",
+                format!("{} prompt lengths, {} seqs", prompt_lens.len(), self.seqs.len()),
+            ));
+        }
+        self.prompt_lens = prompt_lens;
+        Ok(self)
+    }
+
+    /// The sequence length that length-dependent rotary schedules (dynamic NTK, LongRoPE) see for
+    /// sequence `i`: transformers runs a prompt in one forward and picks the schedule by its whole
+    /// length, so every chunk of a prompt uses that, and decode steps their own length.
+    pub fn schedule_len(&self, i: usize) -> usize {
+        self.seqs[i].ctx_len.max(self.prompt_lens.get(i).copied().unwrap_or(0))
     }
 
     pub fn num_tokens(&self) -> usize {

@@ -205,6 +205,10 @@ impl CausalLM for LlamaModel {
         &self.info
     }
 
+    fn rotary_depends_on_length(&self) -> bool {
+        self.rope.depends_on_length()
+    }
+
     fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
         self.lm_head.forward(&self.hidden_states(input, kv)?)
     }

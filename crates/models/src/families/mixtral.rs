@@ -329,6 +329,10 @@ impl CausalLM for MoeDecoder {
         &self.info
     }
 
+    fn rotary_depends_on_length(&self) -> bool {
+        self.rope.depends_on_length()
+    }
+
     fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
         let meta = input.meta;
         let mut h = self.embed.forward(input.tokens)?;
