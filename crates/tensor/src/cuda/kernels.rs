@@ -426,12 +426,10 @@ __device__ __forceinline__ void gemv_store(float (&acc)[M], bf16_t* __restrict__
     }
 }
 
+// Column `col` of one product y[m, n] (+)= x w^T: this warp's whole share of the work.
 template <int M>
-__device__ void gemv_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ y, int n,
-                          int k, int accumulate) {
-    const int col = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
-    const int lane = threadIdx.x & 31;
-    if (col >= n) return;
+__device__ __forceinline__ void gemv_column(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
+                                            bf16_t* __restrict__ y, int n, int k, int col, int accumulate, int lane) {
     const uint4* wr[1] = {(const uint4*)(w + (size_t)col * k)};
     float acc[1][M];
     gemv_dots<M, 1>(x, wr, k / 8, lane, acc);
@@ -440,12 +438,18 @@ __device__ void gemv_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict
     gemv_store<M>(acc[0], y, n, col, accumulate, lane);
 }
 
+template <int M>
+__device__ void gemv_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ y, int n,
+                          int k, int accumulate) {
+    const int col = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
+    if (col < n) gemv_column<M>(x, w, y, n, k, col, accumulate, threadIdx.x & 31);
+}
+
 // The grid covers n0 + n1 + n2 columns; a product with n = 0 is absent.
 template <int M>
 __device__ void gemv3_bf16(const bf16_t* __restrict__ x, int k, const bf16_t* w0, bf16_t* y0, int n0, int a0,
                            const bf16_t* w1, bf16_t* y1, int n1, int a1, const bf16_t* w2, bf16_t* y2, int n2, int a2) {
     int col = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
-    const int lane = threadIdx.x & 31;
     const bf16_t* w = w0;
     bf16_t* y = y0;
     int n = n0, a = a0;
@@ -458,12 +462,7 @@ __device__ void gemv3_bf16(const bf16_t* __restrict__ x, int k, const bf16_t* w0
             if (col >= n2) return;
         }
     }
-    const uint4* wr[1] = {(const uint4*)(w + (size_t)col * k)};
-    float acc[1][M];
-    gemv_dots<M, 1>(x, wr, k / 8, lane, acc);
-    // The weights are read: the next kernel may start launching.
-    pdl_launch_dependents();
-    gemv_store<M>(acc[0], y, n, col, a, lane);
+    gemv_column<M>(x, w, y, n, k, col, a, threadIdx.x & 31);
 }
 
 template <int M>
