@@ -615,8 +615,11 @@ impl Partials {
             return Ok(());
         }
         let f = dev.function(ATTENTION, &format!("attn_combine_{sfx}"))?;
-        let cfg =
-            LaunchConfig { grid_dim: ((self.rows * heads) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: ((self.rows * heads) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: (self.splits * 8) as u32,
+        };
         let [acc, ml] = self.ptrs(dev);
         let rows = dptr(rows, dev);
         dev.launch(&f, cfg, &[acc, ml, out.ptr(), rows, int(self.splits)?, int(self.rows)?, int(heads)?, int(dv)?])

@@ -62,15 +62,12 @@ __device__ __forceinline__ float activate(int act, float x) {
 
 // Programmatic dependent launch (sm_90+): kernels are launched allowed to start before the
 // previous kernel in the stream has finished, so every kernel first waits for its predecessors
-// to complete and their writes to be visible; a kernel may trigger its dependents' launch early.
-// Elsewhere both are no-ops.
+// to complete and their writes to be visible. Right after that wait it lets the next kernel
+// launch, so that the next one's blocks are resident and waiting when this one ends; as each
+// kernel triggers only once it runs, one grid at most waits ahead. Elsewhere both are no-ops.
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }
@@ -433,8 +430,6 @@ __device__ __forceinline__ void gemv_column(const bf16_t* __restrict__ x, const 
     const uint4* wr[1] = {(const uint4*)(w + (size_t)col * k)};
     float acc[1][M];
     gemv_dots<M, 1>(x, wr, k / 8, lane, acc);
-    // The weights are read: the next kernel may start launching.
-    pdl_launch_dependents();
     gemv_store<M>(acc[0], y, n, col, accumulate, lane);
 }
 
@@ -474,8 +469,6 @@ __device__ void gemv_gated_bf16(const bf16_t* __restrict__ x, const bf16_t* __re
     const uint4* wr[2] = {(const uint4*)(wg + (size_t)col * k), (const uint4*)(wu + (size_t)col * k)};
     float acc[2][M];
     gemv_dots<M, 2>(x, wr, k / 8, lane, acc);
-    // The weights are read: the next kernel may start launching.
-    pdl_launch_dependents();
 #pragma unroll
     for (int i = 0; i < M; ++i) {
         float g = to_f(from_f<bf16_t>(warp_sum(acc[0][i])));
@@ -1209,27 +1202,54 @@ __device__ void paged_attn_mma(const bf16_t* __restrict__ q, const bf16_t* __res
 INST_MMA(64, 64) INST_MMA(128, 128) INST_MMA(256, 256)
 
 // One block per (row, head) of `n_rows` rows: merges the splits' partial results. Partial row i
-// belongs to output row rows[i].
+// belongs to output row rows[i]. The splits' statistics are read by all threads at once and the
+// empty splits (key ranges past the context) are dropped before the per-channel sums, which run
+// over the remaining splits in order: at decode most of a capture-sized split count is empty,
+// and a merge that walked every split a thread at a time was bound by those dependent loads.
+// Dynamic shared memory: `splits` floats and `splits` ints.
 template <typename T>
 __device__ void attn_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml, T* __restrict__ out,
                              const unsigned int* __restrict__ rows, int splits, int n_rows, int hq, int dv) {
+    extern __shared__ float comb_s[];
+    float* scale_s = comb_s;                  // [splits] exp(m_s - m)
+    int* live_s = (int*)(comb_s + splits);    // [splits] the non-empty splits, in order
+    __shared__ int n_live;
     const size_t local = blockIdx.x / hq, h = blockIdx.x % hq;
     const size_t oh = (size_t)rows[local] * hq + h;
     const size_t per_split = (size_t)n_rows * hq;
     const size_t ph = local * hq + h;
+    const int tid = threadIdx.x, lane = tid & 31;
     float m = -INFINITY;
-    for (int s = 0; s < splits; ++s) m = fmaxf(m, part_ml[(s * per_split + ph) * 2]);
+    for (int s = tid; s < splits; s += blockDim.x) m = fmaxf(m, part_ml[(s * per_split + ph) * 2]);
+    m = block_max(m);
     float l = 0.f;
-    for (int s = 0; s < splits; ++s) {
-        float ms = part_ml[(s * per_split + ph) * 2];
-        if (ms != -INFINITY) l += part_ml[(s * per_split + ph) * 2 + 1] * expf(ms - m);
+    for (int s = tid; s < splits; s += blockDim.x) {
+        const float ms = part_ml[(s * per_split + ph) * 2];
+        const float e = ms == -INFINITY ? 0.f : expf(ms - m);
+        scale_s[s] = e;
+        if (ms != -INFINITY) l += part_ml[(s * per_split + ph) * 2 + 1] * e;
     }
-    float inv = l > 0.f ? 1.f / l : 0.f;
-    for (int c = threadIdx.x; c < dv; c += blockDim.x) {
+    l = block_sum(l);
+    if (tid < 32) {
+        int n = 0;
+        for (int s0 = 0; s0 < splits; s0 += 32) {
+            const int s = s0 + lane;
+            const bool live = s < splits && part_ml[(s * per_split + ph) * 2] != -INFINITY;
+            const unsigned int ballot = __ballot_sync(0xffffffffu, live);
+            if (live) live_s[n + __popc(ballot & ((1u << lane) - 1u))] = s;
+            n += __popc(ballot);
+        }
+        if (lane == 0) n_live = n;
+    }
+    __syncthreads();
+    const int live = n_live;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    for (int c = tid; c < dv; c += blockDim.x) {
         float a = 0.f;
-        for (int s = 0; s < splits; ++s) {
-            float ms = part_ml[(s * per_split + ph) * 2];
-            if (ms != -INFINITY) a += part_acc[(s * per_split + ph) * dv + c] * expf(ms - m);
+#pragma unroll 4
+        for (int j = 0; j < live; ++j) {
+            const int s = live_s[j];
+            a += part_acc[(s * per_split + ph) * dv + c] * scale_s[s];
         }
         out[oh * dv + c] = from_f<T>(a * inv);
     }
