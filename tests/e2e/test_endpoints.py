@@ -284,7 +284,7 @@ def test_metrics_exposition(server, client):
 def test_generation_config_supplies_sampling_defaults(spawn, client, tmp_path):
     # A model creator's recommendation of greedy decoding: requests that leave temperature out
     # decode greedily, and what a request sets still wins (vLLM's `--generation-config`).
-    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "top_k": 50}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "top_k": 50, "max_new_tokens": 5}))
     s = spawn("--generation-config", str(tmp_path))
     recommended = s.client()
     prompt = "the quick brown fox"
@@ -300,3 +300,11 @@ def test_generation_config_supplies_sampling_defaults(spawn, client, tmp_path):
         recommended.completions.create(**sampled).choices[0].text
         == client.completions.create(**sampled).choices[0].text
     )
+    # max_new_tokens is the default length of a chat reply; a request's max_tokens still wins,
+    # and completions keep their default of 16.
+    free = dict(model=NAME, messages=chat, extra_body={"ignore_eos": True})
+    assert recommended.chat.completions.create(**free).usage.completion_tokens == 5
+    assert recommended.chat.completions.create(**free, max_tokens=7).usage.completion_tokens == 7
+    assert client.chat.completions.create(**free, max_tokens=9).usage.completion_tokens == 9
+    completion = recommended.completions.create(model=NAME, prompt=prompt, extra_body={"ignore_eos": True})
+    assert completion.usage.completion_tokens == 16

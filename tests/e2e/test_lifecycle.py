@@ -1,16 +1,18 @@
 """The server under load and over its life: API keys, the queue bound, clients that vanish
-mid-stream, 64 concurrent streams, and shutdown on SIGTERM / SIGINT."""
+mid-stream, 64 concurrent streams, shutdown on SIGTERM / SIGINT, CORS and request-id headers."""
 
 import json
+import os
 import signal
 import socket
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 
-from conftest import NAME, open_stream, sse_events
+from conftest import MODEL, NAME, open_stream, sse_events
 
 
 def test_api_key_guards_v1_only(spawn):
@@ -172,3 +174,28 @@ def test_sigint_exits_zero_and_grace_is_bounded(spawn):
     assert time.time() - started < 10
     for conn, _ in streams:
         conn.close()
+
+
+def test_cors_and_request_id_headers(spawn, tmp_path):
+    s = spawn("--allowed-origins", '["http://app.example"]', "--enable-request-id-headers", "--api-key", "k")
+    key = {"Authorization": "Bearer k"}
+    # A browser's preflight needs no key; only the listed origin is allowed.
+    preflight = {"Origin": "http://app.example", "Access-Control-Request-Method": "POST"}
+    status, headers, _ = s.request("OPTIONS", "/v1/chat/completions", headers=preflight)
+    assert status == 200 and headers["access-control-allow-origin"] == "http://app.example"
+    status, headers, _ = s.request("OPTIONS", "/v1/chat/completions", headers={**preflight, "Origin": "http://x.example"})
+    assert "access-control-allow-origin" not in headers
+    body = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+    status, headers, data = s.request("POST", "/v1/chat/completions", body,
+                                      headers={**key, "Origin": "http://app.example", "X-Request-Id": "trace-7"})
+    assert status == 200 and b"data: [DONE]" in data
+    assert headers["x-request-id"] == "trace-7" and headers["access-control-allow-origin"] == "http://app.example"
+    fresh = [s.request("GET", "/health")[1]["x-request-id"] for _ in range(2)]
+    assert len(fresh[0]) == 32 and fresh[0] != fresh[1]
+
+
+def test_bad_cors_flags_fail_at_start_naming_the_flag(tmp_path):
+    for flag, value in [("--allowed-origins", "*"), ("--allowed-methods", '["GE T"]')]:
+        r = subprocess.run([os.environ["FERRITE_BIN"], "serve", "--model", str(MODEL), flag, value],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and flag in r.stderr, r.stderr

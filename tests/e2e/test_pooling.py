@@ -160,6 +160,10 @@ def test_embedding_errors(minilm, golden):
     assert status == 400
     status, body = minilm.request("POST", "/classify", {"input": "hi"})
     assert status == 400 and "does not support" in body["error"]["message"]
+    status, body = minilm.request("GET", "/v1/embeddings")
+    assert status == 405 and body["error"]["code"] == 405 and "GET" in body["error"]["message"]
+    status, body = minilm.request("GET", "/v1/nope")
+    assert status == 404 and body["error"]["code"] == 404
 
 
 def test_embedding_model_scores_by_cosine(minilm, golden):

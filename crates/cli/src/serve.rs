@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use ferrite_engine::{EngineConfig, LLM};
+use ferrite_server::cors::{Cors, CorsLayer};
 use ferrite_server::{AppState, SamplingDefaults, ServerConfig};
 use ferrite_tensor::{DType, Device};
 
@@ -126,14 +127,30 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_timeout: f64,
+    /// Origins browsers may call the API from (CORS), a JSON list; `*` is any.
+    #[arg(long, default_value = r#"["*"]"#)]
+    pub allowed_origins: String,
+    /// Allow credentialed cross-origin requests (cookies, HTTP authentication).
+    #[arg(long)]
+    pub allow_credentials: bool,
+    /// Methods cross-origin requests may use, a JSON list.
+    #[arg(long, default_value = r#"["*"]"#)]
+    pub allowed_methods: String,
+    /// Headers cross-origin requests may send, a JSON list.
+    #[arg(long, default_value = r#"["*"]"#)]
+    pub allowed_headers: String,
+    /// Put `X-Request-Id` on every response: the request's own, else a fresh id.
+    #[arg(long)]
+    pub enable_request_id_headers: bool,
     /// generate, or a pooling task (embed, classify, score); inferred from the architecture
     /// when omitted (encoders such as BertModel are pooling models).
     #[arg(long, value_enum)]
     pub task: Option<crate::serve_pooling::TaskArg>,
     /// Sampling defaults for the fields a request leaves out: `auto` takes the recommendations
     /// in the model's generation_config.json (temperature, top_p, top_k, min_p,
-    /// repetition_penalty), as vLLM does; `vllm` keeps the engine's own; anything else is a
-    /// directory holding a generation_config.json.
+    /// repetition_penalty, and max_new_tokens as the default max_tokens of chat requests), as
+    /// vLLM does; `vllm` keeps the engine's own; anything else is a directory holding a
+    /// generation_config.json.
     #[arg(long, default_value = "auto")]
     pub generation_config: String,
 }
@@ -189,12 +206,28 @@ fn parse_bytes(text: &str) -> std::result::Result<usize, String> {
     Ok(bytes as usize)
 }
 
+/// The CORS layer the `--allowed-*` and `--allow-credentials` flags ask for.
+pub(crate) fn cors_layer(args: &ServeArgs) -> Result<CorsLayer> {
+    let list = |flag: &str, text: &str| -> Result<Vec<String>> {
+        serde_json::from_str(text)
+            .map_err(|_| anyhow::anyhow!("--{flag} must be a JSON list of strings, such as '[\"*\"]'; got {text:?}"))
+    };
+    let cors = Cors {
+        allowed_origins: list("allowed-origins", &args.allowed_origins)?,
+        allow_credentials: args.allow_credentials,
+        allowed_methods: list("allowed-methods", &args.allowed_methods)?,
+        allowed_headers: list("allowed-headers", &args.allowed_headers)?,
+    };
+    cors.layer().map_err(anyhow::Error::msg)
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
     if !(args.shutdown_timeout.is_finite() && args.shutdown_timeout >= 0.0) {
         bail!("--shutdown-timeout must be a non-negative number of seconds");
     }
+    let cors = cors_layer(&args)?;
     if let Some(task) = crate::serve_pooling::pooling_task(&args)? {
-        return crate::serve_pooling::run(args, task);
+        return crate::serve_pooling::run(args, task, cors);
     }
     // Before the (slow) model load, so that a bad --generation-config fails at once.
     let sampling_defaults = sampling_defaults(&args)?;
@@ -220,6 +253,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_num_seqs: args.max_num_seqs,
         max_queue: args.max_queue,
         sampling_defaults,
+        cors,
+        request_id_headers: args.enable_request_id_headers,
     };
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;

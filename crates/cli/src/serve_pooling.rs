@@ -11,6 +11,7 @@ use clap::ValueEnum;
 use ferrite_models::config::RawConfig;
 use ferrite_models::pooling::{self, load_pooling_model};
 use ferrite_models::LoadOptions;
+use ferrite_server::cors::CorsLayer;
 use ferrite_server::pooling::{PoolingState, ServeTask};
 use ferrite_server::ServerConfig;
 use ferrite_tokenizer::Tokenizer;
@@ -50,7 +51,7 @@ pub fn pooling_task(args: &ServeArgs) -> Result<Option<Option<ServeTask>>> {
     })
 }
 
-pub fn run(args: ServeArgs, task: Option<ServeTask>) -> Result<()> {
+pub fn run(args: ServeArgs, task: Option<ServeTask>, cors: CorsLayer) -> Result<()> {
     let model_root = args.model.display().to_string();
     if !args.model.is_dir() {
         bail!("pooling models load from a checkpoint directory (config.json + safetensors), not {model_root}");
@@ -72,6 +73,8 @@ pub fn run(args: ServeArgs, task: Option<ServeTask>) -> Result<()> {
         max_num_seqs: args.max_num_seqs,
         max_queue: args.max_queue,
         sampling_defaults: Default::default(),
+        cors,
+        request_id_headers: args.enable_request_id_headers,
     };
     tracing::info!(
         task = task.as_str(),

@@ -125,6 +125,12 @@ async fn run(
         None => None,
     };
     generate::check_length(&state, prompt.ids.len(), max_tokens)?;
+    let max_tokens = params::chat_max_tokens(
+        max_tokens,
+        state.served.config.sampling_defaults.max_tokens,
+        prompt.ids.len(),
+        state.served.max_model_len,
+    );
     let top_logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (true, top) => Some(params::check_logprobs("top_logprobs", top.unwrap_or(0))?),
         (false, Some(top)) if top > 0 => {

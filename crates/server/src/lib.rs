@@ -11,6 +11,7 @@
 mod admission;
 mod chat;
 mod completions;
+pub mod cors;
 pub mod error;
 mod generate;
 mod logprobs;
@@ -27,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -35,6 +36,7 @@ use axum::{Json, Router};
 use ferrite_engine::EngineClient;
 use ferrite_tokenizer::Tokenizer;
 use tokio::net::TcpListener;
+use tower_http::cors::CorsLayer;
 
 use crate::admission::Admission;
 use crate::error::ApiError;
@@ -60,6 +62,11 @@ pub struct ServerConfig {
     pub max_queue: usize,
     /// Sampling values for the fields a request leaves out (the model's generation config).
     pub sampling_defaults: SamplingDefaults,
+    /// Cross-origin requests (browsers), as vLLM's `--allowed-origins` and related flags set them.
+    pub cors: CorsLayer,
+    /// Every response carries `X-Request-Id`: the request's own, else a fresh one (vLLM's
+    /// `--enable-request-id-headers`).
+    pub request_id_headers: bool,
 }
 
 /// What the generation and the pooling server share about the model they serve: the names it
@@ -165,27 +172,41 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat::handle))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize));
-    // A JSON 405 here only: the pooling server answers a wrong method with axum's empty 405.
-    let routes = with_common_routes(routes).method_not_allowed_fallback(method_not_allowed);
-    finish_router(routes, state)
+    finish_router(with_common_routes(routes), state)
 }
 
 /// Adds what both servers answer besides their own routes: `/health`, `/version`,
-/// `/v1/models`, and a JSON 404 for any other path.
+/// `/v1/models`, a JSON 404 for any other path and a JSON 405 for a wrong method.
 pub(crate) fn with_common_routes<S: Served>(routes: Router<Arc<S>>) -> Router<Arc<S>> {
     routes
         .route("/health", get(health))
         .route("/version", get(version))
         .route("/v1/models", get(models::<S>))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
 }
 
-/// Puts the API-key check and the body limit in front of every route, then the state.
+/// Puts the API-key check, the body limit and, when asked for, the request-id header in front
+/// of every route, CORS in front of them all (a browser's preflight carries no key), then the
+/// state.
 pub(crate) fn finish_router<S: Served>(routes: Router<Arc<S>>, state: Arc<S>) -> Router {
-    routes
+    let config = &state.served().config;
+    let routes = routes
         .layer(middleware::from_fn_with_state(state.clone(), authenticate::<S>))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+    let routes = if config.request_id_headers { routes.layer(middleware::from_fn(request_id_header)) } else { routes };
+    routes.layer(config.cors.clone()).with_state(state)
+}
+
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+async fn request_id_header(request: Request, next: Next) -> Response {
+    let given = request.headers().get(&X_REQUEST_ID).cloned();
+    let mut response = next.run(request).await;
+    if let Some(id) = given.or_else(|| HeaderValue::try_from(random_id()).ok()) {
+        response.headers_mut().insert(X_REQUEST_ID, id);
+    }
+    response
 }
 
 /// Serves until `shutdown` resolves, then stops accepting connections and gives in-flight
@@ -352,16 +373,22 @@ mod tests {
 
         /// One HTTP/1.1 request with an empty body: the status and the response body.
         async fn request(&self, method: &str, path: &str, auth: Option<&str>) -> (u16, String) {
-            let mut stream = tokio::net::TcpStream::connect(self.addr).await.unwrap();
             let auth = auth.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
+            let (status, _, body) = self.exchange(method, path, &auth).await;
+            (status, body)
+        }
+
+        /// A request with `extra` header lines: the status, the lowercased response head, the body.
+        async fn exchange(&self, method: &str, path: &str, extra: &str) -> (u16, String, String) {
+            let mut stream = tokio::net::TcpStream::connect(self.addr).await.unwrap();
             let head =
-                format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n{auth}\r\n");
+                format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n{extra}\r\n");
             stream.write_all(head.as_bytes()).await.unwrap();
             let mut raw = String::new();
             stream.read_to_string(&mut raw).await.unwrap();
             let status = raw[9..12].parse().unwrap();
-            let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-            (status, body)
+            let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+            (status, head.to_ascii_lowercase(), body.to_string())
         }
     }
 
@@ -374,6 +401,8 @@ mod tests {
             max_num_seqs: 1,
             max_queue: 0,
             sampling_defaults: Default::default(),
+            cors: cors::Cors::default().layer().unwrap(),
+            request_id_headers: true,
         };
         let state = Arc::new(Bare { served: ServedModel::new(config, 128, 1000) });
         let routes = Router::new().route("/v1/echo", post(|| async { "echo" }));
@@ -409,6 +438,58 @@ mod tests {
         assert_eq!(v["error"]["type"], "NotFoundError");
         assert_eq!(server.request("GET", "/v1/nope", None).await.0, 401);
         assert_eq!(server.request("GET", "/v1/nope", Some("Bearer k")).await.0, 404);
+
+        // Request ids: the client's is echoed, else each response gets a fresh one.
+        let (_, head, _) = server.exchange("GET", "/health", "X-Request-Id: abc-1\r\n").await;
+        assert!(head.contains("\r\nx-request-id: abc-1"), "{head}");
+        let id = |head: String| head.lines().find_map(|l| l.strip_prefix("x-request-id: ").map(str::to_string));
+        let (first, second) =
+            (id(server.exchange("GET", "/health", "").await.1), id(server.exchange("GET", "/health", "").await.1));
+        assert!(first.as_ref().is_some_and(|f| f.len() == 32) && first != second, "{first:?} {second:?}");
+
+        // A browser's preflight needs no key; the answers (errors included) carry CORS headers.
+        let preflight = "Origin: http://app.example\r\nAccess-Control-Request-Method: POST\r\n";
+        let (status, head, _) = server.exchange("OPTIONS", "/v1/chat/completions", preflight).await;
+        assert_eq!(status, 200, "{head}");
+        assert!(head.contains("access-control-allow-origin: *"), "{head}");
+        assert!(head.contains("access-control-allow-methods: *"), "{head}");
+        let (status, head, _) = server.exchange("GET", "/v1/models", "Origin: http://app.example\r\n").await;
+        assert_eq!(status, 401);
+        assert!(head.contains("access-control-allow-origin: *"), "{head}");
+    }
+
+    #[tokio::test]
+    async fn cors_lists_and_credentials_follow_the_flags() {
+        let cors = cors::Cors {
+            allowed_origins: vec!["http://good.example".into()],
+            allow_credentials: true,
+            allowed_methods: vec!["post".into()],
+            allowed_headers: vec!["*".into()],
+        };
+        let config = ServerConfig {
+            served_model_names: vec!["m".into()],
+            model_root: String::new(),
+            api_key: None,
+            max_num_seqs: 1,
+            max_queue: 0,
+            sampling_defaults: Default::default(),
+            cors: cors.layer().unwrap(),
+            request_id_headers: false,
+        };
+        let state = Arc::new(Bare { served: ServedModel::new(config, 128, 1000) });
+        let server = Server::start(finish_router(with_common_routes(Router::new()), state)).await;
+        let ask = |origin: &str| {
+            format!("Origin: {origin}\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: x-custom\r\n")
+        };
+        let (_, head, _) = server.exchange("OPTIONS", "/v1/models", &ask("http://good.example")).await;
+        assert!(head.contains("access-control-allow-origin: http://good.example"), "{head}");
+        assert!(head.contains("access-control-allow-credentials: true"), "{head}");
+        assert!(head.contains("access-control-allow-methods: post"), "{head}");
+        assert!(head.contains("access-control-allow-headers: x-custom"), "{head}");
+        let (_, head, _) = server.exchange("OPTIONS", "/v1/models", &ask("http://evil.example")).await;
+        assert!(!head.contains("access-control-allow-origin"), "{head}");
+        let (_, head, _) = server.exchange("GET", "/health", "X-Request-Id: abc\r\n").await;
+        assert!(!head.contains("x-request-id"), "{head}");
     }
 
     #[test]
@@ -420,6 +501,8 @@ mod tests {
             max_num_seqs: 1,
             max_queue: 0,
             sampling_defaults: Default::default(),
+            cors: cors::Cors::default().layer().unwrap(),
+            request_id_headers: false,
         };
         let served = ServedModel::new(config, 16, 10);
         assert_eq!(served.model_name(), "m");

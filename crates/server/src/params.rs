@@ -12,7 +12,9 @@ use crate::protocol::SamplingFields;
 /// fields a request leaves out, as vLLM does under `--generation-config auto`. Like vLLM, which
 /// reads the file through transformers' `GenerationConfig.to_diff_dict()`, a value equal to
 /// transformers' own default (temperature 1, top-p 1, top-k 50, repetition penalty 1) does not
-/// count as a recommendation.
+/// count as a recommendation. `max_new_tokens` becomes the default `max_tokens` of chat requests
+/// (completions keep the OpenAI default of 16, as in vLLM, whose completion requests always carry
+/// one).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SamplingDefaults {
     pub temperature: Option<f32>,
@@ -20,6 +22,7 @@ pub struct SamplingDefaults {
     pub top_k: Option<i32>,
     pub min_p: Option<f32>,
     pub repetition_penalty: Option<f32>,
+    pub max_tokens: Option<usize>,
 }
 
 impl SamplingDefaults {
@@ -43,12 +46,22 @@ impl SamplingDefaults {
                 }
             })
             .transpose()?;
+        let max_tokens = number("max_new_tokens", None)?
+            .map(|m| {
+                if m.fract() == 0.0 && m >= 1.0 && m <= u32::MAX as f64 {
+                    Ok(m as usize)
+                } else {
+                    Err(format!("{file}: `max_new_tokens` must be a positive integer, got {m}"))
+                }
+            })
+            .transpose()?;
         Ok(SamplingDefaults {
             temperature: number("temperature", Some(1.0))?.map(|v| v as f32),
             top_p: number("top_p", Some(1.0))?.map(|v| v as f32),
             top_k,
             min_p: number("min_p", None)?.map(|v| v as f32),
             repetition_penalty: number("repetition_penalty", Some(1.0))?.map(|v| v as f32),
+            max_tokens,
         })
     }
 
@@ -97,6 +110,18 @@ pub fn check_max_tokens(param: &str, value: i64) -> Result<usize, ApiError> {
         return Err(ApiError::invalid(param, format!("max_tokens must be at least 1, got {value}.")));
     }
     usize::try_from(value).map_err(|_| ApiError::invalid(param, format!("max_tokens is too large: {value}")))
+}
+
+/// A chat request's `max_tokens`, as vLLM resolves it: the request's own value (already checked
+/// against the context), else the model's recommended `max_new_tokens` cut to the room the prompt
+/// leaves, else `None` (up to the end of the context). `prompt_len` is below `max_model_len`.
+pub fn chat_max_tokens(
+    requested: Option<usize>,
+    recommended: Option<usize>,
+    prompt_len: usize,
+    max_model_len: usize,
+) -> Option<usize> {
+    requested.or_else(|| recommended.map(|m| m.min(max_model_len.saturating_sub(prompt_len)).max(1)))
 }
 
 /// The number of choices per prompt, checked.
@@ -200,7 +225,15 @@ mod tests {
             "do_sample": true, "eos_token_id": [1, 2], "max_new_tokens": 100
         });
         let d = SamplingDefaults::from_generation_config(&config, "generation_config.json").unwrap();
-        assert_eq!(d, SamplingDefaults { temperature: Some(0.6), top_p: Some(0.9), ..Default::default() });
+        assert_eq!(
+            d,
+            SamplingDefaults { temperature: Some(0.6), top_p: Some(0.9), max_tokens: Some(100), ..Default::default() }
+        );
+        for bad in [serde_json::json!(0), serde_json::json!(-3), serde_json::json!(2.5)] {
+            let err = SamplingDefaults::from_generation_config(&serde_json::json!({"max_new_tokens": bad}), "gen.json")
+                .unwrap_err();
+            assert!(err.contains("gen.json") && err.contains("max_new_tokens"), "{err}");
+        }
         let none = SamplingDefaults::from_generation_config(&serde_json::json!({"eos_token_id": 2}), "g").unwrap();
         assert!(none.is_empty());
         let k =
@@ -224,5 +257,13 @@ mod tests {
         assert_eq!((p.temperature, p.top_k), (0.0, -1));
         let p = build(&omitted, requested(), 1000, &SamplingDefaults::default()).unwrap();
         assert_eq!(p.temperature, SamplingParams::default().temperature);
+    }
+
+    #[test]
+    fn chat_max_tokens_prefers_the_request_then_the_model_cut_to_the_context() {
+        assert_eq!(chat_max_tokens(Some(7), Some(5), 10, 100), Some(7));
+        assert_eq!(chat_max_tokens(None, Some(5), 10, 100), Some(5));
+        assert_eq!(chat_max_tokens(None, Some(500), 10, 100), Some(90));
+        assert_eq!(chat_max_tokens(None, None, 10, 100), None);
     }
 }
