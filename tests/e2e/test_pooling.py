@@ -124,6 +124,31 @@ def test_openai_client_embeddings_match_sentence_transformers(minilm, golden):
     assert cosine(floats.data[0].embedding, cases[0]["embedding"]) >= 0.9999
 
 
+def test_metrics_count_pooling_requests_and_tokens(minilm, golden):
+    def samples():
+        conn = http.client.HTTPConnection("127.0.0.1", minilm.port, timeout=60)
+        try:
+            conn.request("GET", "/metrics")
+            r = conn.getresponse()
+            assert r.status == 200 and r.getheader("content-type").startswith("text/plain")
+            lines = r.read().decode().splitlines()
+        finally:
+            conn.close()
+        return {k: float(v) for k, v in (l.rsplit(" ", 1) for l in lines if l and not l.startswith("#"))}
+
+    stop = 'ferrite:request_success_total{finished_reason="stop",model_name="minilm"}'
+    tokens = 'ferrite:prompt_tokens_total{model_name="minilm"}'
+    latency = 'ferrite:e2e_request_latency_seconds_count{model_name="minilm"}'
+    before = samples()
+    case = golden["cases"][0]
+    resp = minilm.client().embeddings.create(model="minilm", input=[case["text"], case["text"]])
+    minilm.request("POST", "/v1/embeddings", {"input": []})  # refused: not a success
+    after = samples()
+    assert after[stop] == before[stop] + 1 and after[latency] == before[latency] + 1
+    assert after[tokens] == before[tokens] + resp.usage.prompt_tokens
+    assert after['ferrite:num_requests_waiting{model_name="minilm"}'] == 0
+
+
 def test_embeddings_take_token_ids_and_lists(minilm, golden):
     cases = golden["cases"][:3]
     client = minilm.client()

@@ -1,6 +1,6 @@
 //! Pooling models over HTTP, as vLLM serves them: `POST /v1/embeddings` (OpenAI), `/score` and
 //! `/v1/score`, `/rerank`, `/v1/rerank` and `/v2/rerank` (Jina / Cohere shape), `/classify` and
-//! `/v1/classify`, plus `/v1/models`, `/health` and `/version`.
+//! `/v1/classify`, plus `/v1/models`, `/health`, `/version` and Prometheus `/metrics`.
 //!
 //! An embedding model answers embeddings, and scores pairs by the cosine of their embeddings; a
 //! classifier answers classify, and (with one label: a cross-encoder) scores pairs read as one
@@ -10,17 +10,20 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
+use ferrite_engine::EngineStats;
 use ferrite_models::pooling::{
     classifier_activation, cosine, LoadedPoolingModel, PoolingInput, PoolingTask, ScoreActivation,
 };
@@ -30,6 +33,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use crate::error::{parse_json, ApiError};
+use crate::metrics::{Finish, Metrics};
 use crate::protocol::Usage;
 use crate::{finish_router, random_id, serve_router, unix_now, with_common_routes, Served, ServedModel, ServerConfig};
 
@@ -104,6 +108,16 @@ struct Batcher {
     tx: mpsc::Sender<Job>,
     queued: Arc<AtomicUsize>,
     limit: usize,
+    counters: Arc<BatchCounters>,
+}
+
+/// What the pooling thread reports to `/metrics`.
+#[derive(Default)]
+struct BatchCounters {
+    /// Sequences in the forward pass now running.
+    running: AtomicUsize,
+    /// Tokens of the sequences the model has run.
+    prompt_tokens: AtomicU64,
 }
 
 struct Job {
@@ -126,11 +140,13 @@ impl Drop for QueueSlot {
 impl Batcher {
     fn start(model: Arc<LoadedPoolingModel>, max_batch_tokens: usize, limit: usize) -> Batcher {
         let (tx, rx) = mpsc::channel::<Job>();
+        let counters = Arc::new(BatchCounters::default());
+        let worker_counters = counters.clone();
         std::thread::Builder::new()
             .name("ferrite-pooling".into())
-            .spawn(move || worker(&model, &rx, max_batch_tokens.max(1)))
+            .spawn(move || worker(&model, &rx, max_batch_tokens.max(1), &worker_counters))
             .expect("spawning the pooling thread");
-        Batcher { tx, queued: Arc::new(AtomicUsize::new(0)), limit: limit.max(1) }
+        Batcher { tx, queued: Arc::new(AtomicUsize::new(0)), limit: limit.max(1), counters }
     }
 
     /// Runs `inputs` (already validated) through the model: one output per input, in order.
@@ -162,7 +178,7 @@ impl Batcher {
 
 /// Takes every job waiting (up to the token budget), runs their sequences in forward passes of
 /// at most `max_batch_tokens` tokens each (a longer sequence runs alone), and answers each job.
-fn worker(model: &LoadedPoolingModel, rx: &mpsc::Receiver<Job>, max_batch_tokens: usize) {
+fn worker(model: &LoadedPoolingModel, rx: &mpsc::Receiver<Job>, max_batch_tokens: usize, counters: &BatchCounters) {
     let mut pending: VecDeque<Job> = VecDeque::new();
     loop {
         if pending.is_empty() {
@@ -188,7 +204,13 @@ fn worker(model: &LoadedPoolingModel, rx: &mpsc::Receiver<Job>, max_batch_tokens
         let jobs: Vec<Job> = jobs.into_iter().filter(|j| !j.reply.is_closed()).collect();
         let flat: Vec<PoolingInput> = jobs.iter().flat_map(|j| j.inputs.iter().cloned()).collect();
         let started = Instant::now();
+        counters.running.store(flat.len(), Ordering::Release);
         let result = run_chunks(model, &flat, max_batch_tokens);
+        counters.running.store(0, Ordering::Release);
+        if result.is_ok() {
+            let ran: usize = flat.iter().map(|s| s.ids.len()).sum();
+            counters.prompt_tokens.fetch_add(ran as u64, Ordering::Relaxed);
+        }
         tracing::debug!(
             requests = jobs.len(),
             sequences = flat.len(),
@@ -240,6 +262,7 @@ pub struct PoolingState {
     task: ServeTask,
     batcher: Batcher,
     score_activation: ScoreActivation,
+    metrics: Metrics,
 }
 
 impl PoolingState {
@@ -266,6 +289,7 @@ impl PoolingState {
             served: ServedModel::new(config, max_model_len, vocab_bound),
             task,
             batcher,
+            metrics: Metrics::default(),
         }))
     }
 
@@ -770,8 +794,36 @@ pub fn pooling_router(state: Arc<PoolingState>) -> Router {
         .route("/v1/rerank", post(rerank))
         .route("/v2/rerank", post(rerank))
         .route("/classify", post(classify))
-        .route("/v1/classify", post(classify));
+        .route("/v1/classify", post(classify))
+        .route_layer(middleware::from_fn_with_state(state.clone(), record_request))
+        .route("/metrics", get(metrics_text));
     finish_router(with_common_routes(routes), state)
+}
+
+/// A pooling request's latency and, when it succeeded, its success: a pooling request ends
+/// once, so its reason is `stop`, as in vLLM.
+async fn record_request(State(state): State<Arc<PoolingState>>, request: Request, next: Next) -> Response {
+    let arrival = Instant::now();
+    let response = next.run(request).await;
+    if response.status().is_success() {
+        state.metrics.record_finished(Finish::Stop, arrival, None, 0);
+    }
+    response
+}
+
+/// The generation server's exposition, from the pooling thread's counters: sequences running
+/// and queued, prompt tokens, request successes and latencies (no KV cache, no generated tokens).
+async fn metrics_text(State(state): State<Arc<PoolingState>>) -> Response {
+    let counters = &state.batcher.counters;
+    let running = counters.running.load(Ordering::Acquire);
+    let stats = EngineStats {
+        num_running: running,
+        num_waiting: state.batcher.queued.load(Ordering::Acquire).saturating_sub(running),
+        prompt_tokens_total: counters.prompt_tokens.load(Ordering::Relaxed),
+        ..Default::default()
+    };
+    let body = state.metrics.render(state.served.model_name(), &stats);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 
 /// Serves a pooling model until `shutdown` resolves, then gives in-flight requests up to
