@@ -27,50 +27,49 @@ impl Cors {
     /// Starlette does: browsers refuse a literal `*` on a credentialed response (and tower-http
     /// would refuse to build that layer).
     pub fn layer(&self) -> Result<CorsLayer, String> {
-        let any = |list: &[String]| list.iter().any(|v| v == "*");
-        let origin = if any(&self.allowed_origins) {
-            if self.allow_credentials {
-                AllowOrigin::mirror_request()
-            } else {
-                AllowOrigin::any()
-            }
-        } else {
-            let parsed = self.allowed_origins.iter().map(|o| {
+        let credentials = self.allow_credentials;
+        let origin = allowed(&self.allowed_origins, credentials, AllowOrigin::mirror_request, AllowOrigin::any, |o| {
+            let parsed = o.iter().map(|o| {
                 HeaderValue::from_str(o).map_err(|_| format!("--allowed-origins: {o:?} is not a valid origin"))
             });
-            AllowOrigin::list(parsed.collect::<Result<Vec<_>, _>>()?)
-        };
-        let methods = if any(&self.allowed_methods) {
-            if self.allow_credentials {
-                AllowMethods::mirror_request()
-            } else {
-                AllowMethods::any()
-            }
-        } else {
-            let parsed = self.allowed_methods.iter().map(|m| {
-                Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                    .map_err(|_| format!("--allowed-methods: {m:?} is not an HTTP method"))
-            });
-            AllowMethods::list(parsed.collect::<Result<Vec<_>, _>>()?)
-        };
-        let headers = if any(&self.allowed_headers) {
-            if self.allow_credentials {
-                AllowHeaders::mirror_request()
-            } else {
-                AllowHeaders::any()
-            }
-        } else {
-            let parsed = self.allowed_headers.iter().map(|h| {
-                HeaderName::from_bytes(h.as_bytes())
-                    .map_err(|_| format!("--allowed-headers: {h:?} is not a valid header name"))
-            });
-            AllowHeaders::list(parsed.collect::<Result<Vec<_>, _>>()?)
-        };
+            Ok(AllowOrigin::list(parsed.collect::<Result<Vec<_>, _>>()?))
+        })?;
+        let methods =
+            allowed(&self.allowed_methods, credentials, AllowMethods::mirror_request, AllowMethods::any, |m| {
+                let parsed = m.iter().map(|m| {
+                    Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                        .map_err(|_| format!("--allowed-methods: {m:?} is not an HTTP method"))
+                });
+                Ok(AllowMethods::list(parsed.collect::<Result<Vec<_>, _>>()?))
+            })?;
+        let headers =
+            allowed(&self.allowed_headers, credentials, AllowHeaders::mirror_request, AllowHeaders::any, |h| {
+                let parsed = h.iter().map(|h| {
+                    HeaderName::from_bytes(h.as_bytes())
+                        .map_err(|_| format!("--allowed-headers: {h:?} is not a valid header name"))
+                });
+                Ok(AllowHeaders::list(parsed.collect::<Result<Vec<_>, _>>()?))
+            })?;
         Ok(CorsLayer::new()
             .allow_origin(origin)
             .allow_methods(methods)
             .allow_headers(headers)
-            .allow_credentials(self.allow_credentials))
+            .allow_credentials(credentials))
+    }
+}
+
+/// One of the lists: `*` is any (mirrored under credentials), else the values parsed.
+fn allowed<T>(
+    list: &[String],
+    credentials: bool,
+    mirror: fn() -> T,
+    any: fn() -> T,
+    parse: impl FnOnce(&[String]) -> Result<T, String>,
+) -> Result<T, String> {
+    match (list.iter().any(|v| v == "*"), credentials) {
+        (true, true) => Ok(mirror()),
+        (true, false) => Ok(any()),
+        (false, _) => parse(list),
     }
 }
 

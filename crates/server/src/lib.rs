@@ -358,6 +358,20 @@ mod tests {
         }
     }
 
+    /// One model named `m`, no key, vLLM's CORS defaults, no request-id headers.
+    fn config() -> ServerConfig {
+        ServerConfig {
+            served_model_names: vec!["m".into()],
+            model_root: String::new(),
+            api_key: None,
+            max_num_seqs: 1,
+            max_queue: 0,
+            sampling_defaults: Default::default(),
+            cors: cors::Cors::default().layer().unwrap(),
+            request_id_headers: false,
+        }
+    }
+
     /// `app` served on a loopback port.
     struct Server {
         addr: std::net::SocketAddr,
@@ -398,11 +412,8 @@ mod tests {
             served_model_names: vec!["m".into(), "alias".into()],
             model_root: "/models/m".into(),
             api_key: Some("k".into()),
-            max_num_seqs: 1,
-            max_queue: 0,
-            sampling_defaults: Default::default(),
-            cors: cors::Cors::default().layer().unwrap(),
             request_id_headers: true,
+            ..config()
         };
         let state = Arc::new(Bare { served: ServedModel::new(config, 128, 1000) });
         let routes = Router::new().route("/v1/echo", post(|| async { "echo" }));
@@ -466,16 +477,7 @@ mod tests {
             allowed_methods: vec!["post".into()],
             allowed_headers: vec!["*".into()],
         };
-        let config = ServerConfig {
-            served_model_names: vec!["m".into()],
-            model_root: String::new(),
-            api_key: None,
-            max_num_seqs: 1,
-            max_queue: 0,
-            sampling_defaults: Default::default(),
-            cors: cors.layer().unwrap(),
-            request_id_headers: false,
-        };
+        let config = ServerConfig { cors: cors.layer().unwrap(), ..config() };
         let state = Arc::new(Bare { served: ServedModel::new(config, 128, 1000) });
         let server = Server::start(finish_router(with_common_routes(Router::new()), state)).await;
         let ask = |origin: &str| {
@@ -494,16 +496,7 @@ mod tests {
 
     #[test]
     fn served_model_checks_names_and_token_ids() {
-        let config = ServerConfig {
-            served_model_names: vec!["m".into()],
-            model_root: String::new(),
-            api_key: None,
-            max_num_seqs: 1,
-            max_queue: 0,
-            sampling_defaults: Default::default(),
-            cors: cors::Cors::default().layer().unwrap(),
-            request_id_headers: false,
-        };
+        let config = config();
         let served = ServedModel::new(config, 16, 10);
         assert_eq!(served.model_name(), "m");
         assert!(served.check_model(None).is_ok() && served.check_model(Some("m")).is_ok());
