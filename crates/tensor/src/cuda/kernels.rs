@@ -380,12 +380,23 @@ __device__ __forceinline__ void gemv_dots(const bf16_t* __restrict__ x, const ui
 #pragma unroll
         for (int i = 0; i < M; ++i) acc[r][i] = 0.f;
     int c = lane;
-    for (; c + 96 < chunks; c += 128) {
-        uint4 wv[R][4];
+    // The first group of weight loads is issued before waiting on the previous kernel (weights
+    // are no kernel's output), so that their latency overlaps its end.
+    uint4 wv[R][4];
+    if (c + 96 < chunks) {
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int u = 0; u < 4; ++u) wv[r][u] = ld_stream(wr[r] + c + 32 * u);
+    }
+    pdl_wait();
+    for (; c + 96 < chunks; c += 128) {
+        if (c != lane) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int u = 0; u < 4; ++u) wv[r][u] = ld_stream(wr[r] + c + 32 * u);
+        }
 #pragma unroll
         for (int u = 0; u < 4; ++u)
 #pragma unroll
@@ -437,7 +448,11 @@ template <int M>
 __device__ void gemv_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* __restrict__ y, int n,
                           int k, int accumulate) {
     const int col = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
-    if (col < n) gemv_column<M>(x, w, y, n, k, col, accumulate, threadIdx.x & 31);
+    if (col < n) {
+        gemv_column<M>(x, w, y, n, k, col, accumulate, threadIdx.x & 31);
+    } else {
+        pdl_wait();
+    }
 }
 
 // The grid covers n0 + n1 + n2 columns; a product with n = 0 is absent.
@@ -454,7 +469,10 @@ __device__ void gemv3_bf16(const bf16_t* __restrict__ x, int k, const bf16_t* w0
         if (col >= n1) {
             col -= n1;
             w = w2; y = y2; n = n2; a = a2;
-            if (col >= n2) return;
+            if (col >= n2) {
+                pdl_wait();
+                return;
+            }
         }
     }
     gemv_column<M>(x, w, y, n, k, col, a, threadIdx.x & 31);
@@ -465,7 +483,10 @@ __device__ void gemv_gated_bf16(const bf16_t* __restrict__ x, const bf16_t* __re
                                 const bf16_t* __restrict__ wu, bf16_t* __restrict__ y, int n, int k, int act) {
     const int col = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31;
-    if (col >= n) return;
+    if (col >= n) {
+        pdl_wait();
+        return;
+    }
     const uint4* wr[2] = {(const uint4*)(wg + (size_t)col * k), (const uint4*)(wu + (size_t)col * k)};
     float acc[2][M];
     gemv_dots<M, 2>(x, wr, k / 8, lane, acc);
@@ -478,16 +499,16 @@ __device__ void gemv_gated_bf16(const bf16_t* __restrict__ x, const bf16_t* __re
 }
 
 #define INST_GEMV(M)                                                                                               \
-    extern "C" __global__ void gemv_bf16_m##M(const bf16_t* x, const bf16_t* w, bf16_t* y, int n, int k, int acc) { pdl_wait(); \
+    extern "C" __global__ void gemv_bf16_m##M(const bf16_t* x, const bf16_t* w, bf16_t* y, int n, int k, int acc) { \
         gemv_bf16<M>(x, w, y, n, k, acc);                                                                          \
     }                                                                                                              \
     extern "C" __global__ void gemv3_bf16_m##M(const bf16_t* x, int k, const bf16_t* w0, bf16_t* y0, int n0, int a0, \
                                                const bf16_t* w1, bf16_t* y1, int n1, int a1, const bf16_t* w2,     \
-                                               bf16_t* y2, int n2, int a2) { pdl_wait();                                       \
+                                               bf16_t* y2, int n2, int a2) {                                       \
         gemv3_bf16<M>(x, k, w0, y0, n0, a0, w1, y1, n1, a1, w2, y2, n2, a2);                                       \
     }                                                                                                              \
     extern "C" __global__ void gemv_gated_bf16_m##M(const bf16_t* x, const bf16_t* wg, const bf16_t* wu, bf16_t* y, \
-                                                    int n, int k, int act) { pdl_wait();                                       \
+                                                    int n, int k, int act) {                                       \
         gemv_gated_bf16<M>(x, wg, wu, y, n, k, act);                                                               \
     }
 INST_GEMV(1) INST_GEMV(2) INST_GEMV(3) INST_GEMV(4)
