@@ -239,9 +239,9 @@ impl CudaDevice {
 
     /// Launches `f` with `args` in the order of the kernel's C parameters. On sm_90 and later
     /// the launch allows programmatic dependent launch: the kernel may be scheduled while the
-    /// previous one drains, and waits in its first instruction (`pdl_wait`) for its inputs, which
+    /// previous one drains, and waits (`pdl_wait`) for its inputs before it reads any, which
     /// hides most of the gap between the short kernels of a decode step. Every kernel here
-    /// begins with that wait.
+    /// begins with that wait, except that the GEMVs first issue loads of their weights.
     pub(crate) fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
         if self.compute_capability.0 >= 9 {
             return self.launch_programmatic(f, cfg, args);
