@@ -28,28 +28,27 @@ impl Cors {
     /// would refuse to build that layer).
     pub fn layer(&self) -> Result<CorsLayer, String> {
         let credentials = self.allow_credentials;
-        let origin = allowed(&self.allowed_origins, credentials, AllowOrigin::mirror_request, AllowOrigin::any, |o| {
-            let parsed = o.iter().map(|o| {
-                HeaderValue::from_str(o).map_err(|_| format!("--allowed-origins: {o:?} is not a valid origin"))
-            });
-            Ok(AllowOrigin::list(parsed.collect::<Result<Vec<_>, _>>()?))
-        })?;
-        let methods =
-            allowed(&self.allowed_methods, credentials, AllowMethods::mirror_request, AllowMethods::any, |m| {
-                let parsed = m.iter().map(|m| {
-                    Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                        .map_err(|_| format!("--allowed-methods: {m:?} is not an HTTP method"))
-                });
-                Ok(AllowMethods::list(parsed.collect::<Result<Vec<_>, _>>()?))
-            })?;
-        let headers =
-            allowed(&self.allowed_headers, credentials, AllowHeaders::mirror_request, AllowHeaders::any, |h| {
-                let parsed = h.iter().map(|h| {
-                    HeaderName::from_bytes(h.as_bytes())
-                        .map_err(|_| format!("--allowed-headers: {h:?} is not a valid header name"))
-                });
-                Ok(AllowHeaders::list(parsed.collect::<Result<Vec<_>, _>>()?))
-            })?;
+        let origin = allowed(
+            ("--allowed-origins", "a valid origin"),
+            &self.allowed_origins,
+            credentials,
+            (AllowOrigin::mirror_request, AllowOrigin::any, AllowOrigin::list),
+            |o| HeaderValue::from_str(o).ok(),
+        )?;
+        let methods = allowed(
+            ("--allowed-methods", "an HTTP method"),
+            &self.allowed_methods,
+            credentials,
+            (AllowMethods::mirror_request, AllowMethods::any, AllowMethods::list),
+            |m| Method::from_bytes(m.to_ascii_uppercase().as_bytes()).ok(),
+        )?;
+        let headers = allowed(
+            ("--allowed-headers", "a valid header name"),
+            &self.allowed_headers,
+            credentials,
+            (AllowHeaders::mirror_request, AllowHeaders::any, AllowHeaders::list),
+            |h| HeaderName::from_bytes(h.as_bytes()).ok(),
+        )?;
         Ok(CorsLayer::new()
             .allow_origin(origin)
             .allow_methods(methods)
@@ -58,18 +57,25 @@ impl Cors {
     }
 }
 
-/// One of the lists: `*` is any (mirrored under credentials), else the values parsed.
-fn allowed<T>(
+/// The mirroring, any-value and listing constructors of one of tower-http's `Allow*` types.
+type Constructors<T, V> = (fn() -> T, fn() -> T, fn(Vec<V>) -> T);
+
+/// One of the lists: `*` is any (mirrored under credentials), else each value parsed, or an
+/// error naming the `(flag, what a value must be)` and the value.
+fn allowed<T, V>(
+    (flag, what): (&str, &str),
     list: &[String],
     credentials: bool,
-    mirror: fn() -> T,
-    any: fn() -> T,
-    parse: impl FnOnce(&[String]) -> Result<T, String>,
+    (mirror, any, of): Constructors<T, V>,
+    parse: impl Fn(&str) -> Option<V>,
 ) -> Result<T, String> {
     match (list.iter().any(|v| v == "*"), credentials) {
         (true, true) => Ok(mirror()),
         (true, false) => Ok(any()),
-        (false, _) => parse(list),
+        (false, _) => {
+            let parsed = list.iter().map(|v| parse(v).ok_or_else(|| format!("{flag}: {v:?} is not {what}")));
+            Ok(of(parsed.collect::<Result<Vec<_>, _>>()?))
+        }
     }
 }
 
