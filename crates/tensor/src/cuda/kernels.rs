@@ -285,33 +285,36 @@ __device__ void argmax_parts(const T* __restrict__ x, float* __restrict__ part_v
 }
 
 #define INST_T(TN, T)                                                                                              \
-    extern "C" __global__ void unary_##TN(const T* x, T* y, size_t n, int op, float a, int act) { pdl_wait();                  \
+    extern "C" __global__ void unary_##TN(const T* x, T* y, size_t n, int op, float a, int act) { pdl_wait();      \
         unary<T>(x, y, n, op, a, act);                                                                             \
     }                                                                                                              \
-    extern "C" __global__ void binary_##TN(const T* a, const T* b, T* y, size_t n, int op, int act) { pdl_wait();              \
+    extern "C" __global__ void binary_##TN(const T* a, const T* b, T* y, size_t n, int op, int act) { pdl_wait();  \
         binary<T>(a, b, y, n, op, act);                                                                            \
     }                                                                                                              \
-    extern "C" __global__ void gather_rows_##TN(const T* s, const unsigned int* idx, T* d, int cols) { pdl_wait();             \
+    extern "C" __global__ void gather_rows_##TN(const T* s, const unsigned int* idx, T* d, int cols) { pdl_wait(); \
         gather_rows<T>(s, idx, d, cols);                                                                           \
     }                                                                                                              \
-    extern "C" __global__ void copy_cols_##TN(const T* s, int sc, int so, T* d, int dc, int dof, int rows, int len) { pdl_wait(); \
+    extern "C" __global__ void copy_cols_##TN(const T* s, int sc, int so, T* d, int dc, int dof, int rows, int len) {\
+        pdl_wait();                                                                                                \
         copy_cols<T>(s, sc, so, d, dc, dof, rows, len);                                                            \
     }                                                                                                              \
     extern "C" __global__ void write_kv_##TN(const T* k, const T* v, const unsigned int* slots, T* kc, T* vc, int kw, \
-                                             int vw) { pdl_wait();                                                             \
+                                             int vw) { pdl_wait();                                                 \
         write_kv<T>(k, v, slots, kc, vc, kw, vw);                                                                  \
     }                                                                                                              \
-    extern "C" __global__ void argmax_parts_##TN(const T* x, float* pv, unsigned int* pi, int cols, int per_part) { pdl_wait(); \
+    extern "C" __global__ void argmax_parts_##TN(const T* x, float* pv, unsigned int* pi, int cols, int per_part) {\
+        pdl_wait();                                                                                                \
         argmax_parts<T>(x, pv, pi, cols, per_part);                                                                \
     }                                                                                                              \
     extern "C" __global__ void combine_rows_##TN(const T* y, const unsigned int* rows, const float* w, T* out, int cols, \
-                                                 int per_row) { pdl_wait();                                                    \
+                                                 int per_row) { pdl_wait();                                        \
         combine_rows<T>(y, rows, w, out, cols, per_row);                                                           \
     }
 FOR_T(INST_T)
 
 // One block per row over that row's `parts` best (value, index) pairs from argmax_parts.
-extern "C" __global__ void argmax_merge(const float* part_v, const unsigned int* part_i, unsigned int* out, int parts) { pdl_wait();
+extern "C" __global__ void argmax_merge(const float* part_v, const unsigned int* part_i, unsigned int* out, int parts) {
+    pdl_wait();
     float bv = -INFINITY;
     unsigned int bi = 0xffffffffu;
     for (int p = threadIdx.x; p < parts; p += blockDim.x) {
@@ -322,21 +325,22 @@ extern "C" __global__ void argmax_merge(const float* part_v, const unsigned int*
 }
 
 #define INST_TW(TN, T, WN, W)                                                                                      \
-    extern "C" __global__ void cast_##WN##_##TN(const W* x, T* y, size_t n) { pdl_wait(); cast<W, T>(x, y, n); }               \
-    extern "C" __global__ void mul_row_##TN##_##WN(const T* x, const W* row, T* y, size_t n, int cols) { pdl_wait();           \
+    extern "C" __global__ void cast_##WN##_##TN(const W* x, T* y, size_t n) { pdl_wait(); cast<W, T>(x, y, n); }   \
+    extern "C" __global__ void mul_row_##TN##_##WN(const T* x, const W* row, T* y, size_t n, int cols) {           \
+        pdl_wait();                                                                                                \
         mul_row<T, W>(x, row, y, n, cols);                                                                         \
     }                                                                                                              \
-    extern "C" __global__ void broadcast_row_##TN##_##WN(const W* row, T* y, size_t n, int cols) { pdl_wait();                 \
+    extern "C" __global__ void broadcast_row_##TN##_##WN(const W* row, T* y, size_t n, int cols) { pdl_wait();     \
         broadcast_row<T, W>(row, y, n, cols);                                                                      \
     }                                                                                                              \
     extern "C" __global__ void rope_##TN##_##WN(const T* x, const W* c, const W* s, T* y, int rows, int cols, int hd, \
-                                                int half, int il) { pdl_wait();                                                \
+                                                int half, int il) { pdl_wait();                                    \
         rope<T, W>(x, c, s, y, rows, cols, hd, half, il);                                                          \
     }                                                                                                              \
     extern "C" __global__ void rope_write_kv_##TN##_##WN(const T* q, T* qo, int qcols, const T* k, const T* v,     \
                                                          const unsigned int* slots, T* kc, T* vc, int kcols,       \
                                                          int vcols, const W* c, const W* s, int rows, int hd,      \
-                                                         int half, int il) { pdl_wait();                                       \
+                                                         int half, int il) { pdl_wait();                           \
         rope_write_kv<T, W>(q, qo, qcols, k, v, slots, kc, vc, kcols, vcols, c, s, rows, hd, half, il);            \
     }
 FOR_TW(INST_TW)
@@ -629,21 +633,23 @@ __device__ void softmax(const T* __restrict__ x, T* __restrict__ y, int cols) {
 FOR_T(INST_T)
 
 #define INST_TW(TN, T, WN, W)                                                                                      \
-    extern "C" __global__ void rms_norm_##TN##_##WN(const T* x, const W* w, T* y, int cols, float eps, float off) { pdl_wait(); \
+    extern "C" __global__ void rms_norm_##TN##_##WN(const T* x, const W* w, T* y, int cols, float eps, float off) {\
+        pdl_wait();                                                                                                \
         rms_norm<T, W>(x, w, y, cols, eps, off);                                                                   \
     }                                                                                                              \
-    extern "C" __global__ void add_rms_norm_##TN##_##WN(const T* x, const T* r, const W* w, T* y, T* ro, int cols,  \
-                                                        float eps, float off) { pdl_wait();                                    \
+    extern "C" __global__ void add_rms_norm_##TN##_##WN(const T* x, const T* r, const W* w, T* y, T* ro, int cols, \
+                                                        float eps, float off) { pdl_wait();                        \
         add_rms_norm<T, W>(x, r, w, y, ro, cols, eps, off);                                                        \
     }                                                                                                              \
-    extern "C" __global__ void layer_norm_##TN##_##WN(const T* x, const W* w, const W* b, T* y, int cols, float eps) { pdl_wait(); \
+    extern "C" __global__ void layer_norm_##TN##_##WN(const T* x, const W* w, const W* b, T* y, int cols, float eps) {\
+        pdl_wait();                                                                                                \
         layer_norm<T, W>(x, w, b, y, cols, eps);                                                                   \
     }
 FOR_TW(INST_TW)
 
 #define INST_VEC8(WN, W)                                                                                           \
     extern "C" __global__ void rms_norm_vec8_bf16_##WN(const bf16_t* x, const bf16_t* r, const W* w, bf16_t* y,    \
-                                                       bf16_t* ro, int cols, float eps, float off) { pdl_wait();               \
+                                                       bf16_t* ro, int cols, float eps, float off) { pdl_wait();   \
         rms_norm_vec8<W>(x, r, w, y, ro, cols, eps, off);                                                          \
     }
 INST_VEC8(f32, float) INST_VEC8(bf16, bf16_t)
@@ -1216,7 +1222,7 @@ __device__ void paged_attn_mma(const bf16_t* __restrict__ q, const bf16_t* __res
     extern "C" __global__ void __launch_bounds__(NWARPS * 32) paged_attn_mma_bf16_d##D##_v##DV(                    \
         const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const unsigned int* tables, const AttnItem* items,    \
         bf16_t* out, float* part_acc, float* part_ml, int hq, int hkv, int k_dim, int v_dim, int block_size,       \
-        float scale, float softcap, int window, int causal, int splits, int n_rows) { pdl_wait();                              \
+        float scale, float softcap, int window, int causal, int splits, int n_rows) { pdl_wait();                  \
         paged_attn_mma<D, DV>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, k_dim, v_dim, block_size, \
                               scale, softcap, window, causal, splits, n_rows);                                     \
     }
@@ -1282,7 +1288,7 @@ __device__ void attn_combine(const float* __restrict__ part_acc, const float* __
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) paged_decode_##TN##_h##HM##_v##DVR(               \
         const T* q, const T* kc, const T* vc, const unsigned int* tables, const DecodeItem* items, T* out,         \
         float* part_acc, float* part_ml, int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size,     \
-        float scale, float softcap, int splits, int n_rows, int vec) { pdl_wait();                                             \
+        float scale, float softcap, int splits, int n_rows, int vec) { pdl_wait();                                 \
         paged_decode<T, HM, DVR>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim,   \
                                  block_size, scale, softcap, splits, n_rows, vec);                                 \
     }
@@ -1291,14 +1297,14 @@ __device__ void attn_combine(const float* __restrict__ part_acc, const float* __
         const T* q, const T* kc, const T* vc, const unsigned int* tables, const AttnItem* items, T* out,           \
         float* part_acc, float* part_ml, int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size,     \
         float scale, float softcap, int window, int causal, int splits, int n_rows, int kpitch, int vpitch,        \
-        int vec) { pdl_wait();                                                                                                 \
+        int vec) { pdl_wait();                                                                                     \
         paged_attn<T>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim, block_size,  \
                       scale, softcap, window, causal, splits, n_rows, kpitch, vpitch, vec);                        \
     }                                                                                                              \
     INST_DECODE(TN, T, 1, 4) INST_DECODE(TN, T, 2, 4) INST_DECODE(TN, T, 4, 4) INST_DECODE(TN, T, 8, 4)            \
     INST_DECODE(TN, T, 1, 8) INST_DECODE(TN, T, 2, 8) INST_DECODE(TN, T, 4, 8) INST_DECODE(TN, T, 8, 8)            \
     extern "C" __global__ void attn_combine_##TN(const float* pa, const float* pm, T* out, const unsigned int* rows, \
-                                                 int splits, int n_rows, int hq, int dv) { pdl_wait();                         \
+                                                 int splits, int n_rows, int hq, int dv) { pdl_wait();             \
         attn_combine<T>(pa, pm, out, rows, splits, n_rows, hq, dv);                                                \
     }
 FOR_T(INST_T)
@@ -1471,8 +1477,8 @@ __device__ void sample_rows(const T* __restrict__ logits, const SamplePlan* __re
 }
 
 #define INST_T(TN, T)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(1024) sample_rows_##TN(const T* x, const SamplePlan* plans,         \
-                                                                        unsigned int* out, int cols) { pdl_wait();             \
+    extern "C" __global__ void __launch_bounds__(1024) sample_rows_##TN(const T* x, const SamplePlan* plans,       \
+                                                                        unsigned int* out, int cols) { pdl_wait(); \
         sample_rows<T>(x, plans, out, cols);                                                                       \
     }
 FOR_T(INST_T)
