@@ -318,6 +318,10 @@ pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
     if let Some(&bad) = rows.iter().find(|&&r| r >= x.rows()) {
         return Err(shape_err("gather_rows", format!("row {bad} of {:?}", x.shape())));
     }
+    // Every row in order (the logit rows of a decode step) is the tensor itself.
+    if x.shape().len() == 2 && rows.len() == x.rows() && rows.iter().enumerate().all(|(i, &r)| i == r) {
+        return Ok(x.clone());
+    }
     match x.storage() {
         Storage::Cpu(_) => cpu::elementwise::gather_rows(x, rows),
         Storage::Cuda(_) => cuda::ops::gather_rows(x, rows),
@@ -548,5 +552,19 @@ mod tests {
         let bad_sin = t(&[1.0; 2], &[1, 2]);
         assert!(rope_write_kv(&q, &k, &v, &cos, &bad_sin, 2, RopeStyle::Neox, &mut fused, &meta).is_err());
         assert!(rope_write_kv(&q, &q, &v, &cos, &sin, 2, RopeStyle::Neox, &mut fused, &meta).is_err(), "keys too wide");
+    }
+
+    #[test]
+    fn gathering_every_row_in_order_shares_the_tensor() {
+        let x = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2]);
+        let all = gather_rows(&x, &[0, 1, 2]).unwrap();
+        assert!(std::ptr::eq(all.storage(), x.storage()), "no copy for the identity");
+        assert_eq!(all.shape(), [3, 2]);
+        let picked = gather_rows(&x, &[2, 0]).unwrap();
+        assert!(!std::ptr::eq(picked.storage(), x.storage()));
+        assert_eq!(picked.to_f32_vec(), [5.0, 6.0, 1.0, 2.0]);
+        assert_eq!(gather_rows(&x, &[1, 0, 2]).unwrap().to_f32_vec(), [3.0, 4.0, 1.0, 2.0, 5.0, 6.0]);
+        let wide = t(&[1.0; 8], &[2, 2, 2]);
+        assert_eq!(gather_rows(&wide, &[0, 1, 2, 3]).unwrap().shape(), [4, 2], "a 3-D input still comes back 2-D");
     }
 }

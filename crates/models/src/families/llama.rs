@@ -218,7 +218,7 @@ impl CausalLM for LlamaModel {
         let mut h = self.embed.forward(input.tokens)?;
         let (cos, sin) = self.rope.cos_sin(meta, h.device())?;
         // Each residual add is fused into the norm that follows it; the last block's output is
-        // added after the logit rows are gathered.
+        // added (in the final norm) after the logit rows are gathered.
         let mut pending: Option<Tensor> = None;
         for (block, cache) in self.layers.iter().zip(kv.iter_mut()) {
             let x = match pending.take() {
@@ -234,10 +234,10 @@ impl CausalLM for LlamaModel {
             h = sum;
             pending = Some(block.mlp.forward(&x)?);
         }
-        let mut h = ops::gather_rows(&h, input.logit_rows)?;
-        if let Some(out) = pending {
-            h = ops::add(&h, &ops::gather_rows(&out, input.logit_rows)?)?;
+        let h = ops::gather_rows(&h, input.logit_rows)?;
+        match pending {
+            Some(out) => Ok(self.norm.forward_add(&ops::gather_rows(&out, input.logit_rows)?, &h)?.0),
+            None => self.norm.forward(&h),
         }
-        self.norm.forward(&h)
     }
 }

@@ -26,9 +26,12 @@ const WARPS: usize = 4;
 const QPW: usize = 4;
 /// The kernels keep a value row in 8 registers per lane.
 const MAX_V_DIM: usize = 8 * 32;
-/// Keys a decode block scores per round (one per thread); mirrors DEC_SUB. A split of a decode
-/// row's key range is a whole number of rounds.
+/// Keys a decode block scores per round (one per thread); mirrors DEC_SUB.
 const DEC_SUB: usize = 128;
+/// Fewest keys a split of a decode row's key range is given. A decode block's time is mostly its
+/// chain of dependent loads (table, keys, values, partials), so at one token short splits over
+/// many blocks beat a few blocks walking whole rounds of 128 keys.
+const DEC_MIN_KEYS: usize = 64;
 /// Most query heads per decode block (the largest HM instantiated).
 const DEC_HMAX: usize = 8;
 /// Fewest keys a split of a prefill item's key range is given, so that staging q and merging pay off.
@@ -292,7 +295,7 @@ pub(crate) fn plan_meta(
         })
     };
     // Decode blocks are short-lived and memory-bound: aim for four waves of them.
-    let decode = launch(dec, 8, dec_rows_ids, 4 * sms, dec_keys, DEC_SUB);
+    let decode = launch(dec, 8, dec_rows_ids, 4 * sms, dec_keys, DEC_MIN_KEYS);
     let prefill = launch(pre, 9, pre_rows_ids, 2 * sms, pre_keys, MIN_KEYS_PER_SPLIT);
     if tables.is_empty() {
         tables.push(0);

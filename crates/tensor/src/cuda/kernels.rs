@@ -173,12 +173,23 @@ __device__ void broadcast_row(const W* __restrict__ row, T* __restrict__ y, size
     GRID_STRIDE(i, n) y[i] = from_f<T>(to_f(row[i % cols]));
 }
 
-// One block per output row.
+// One block per output row. The indices come from the host, so they are read before the wait;
+// rows of whole 16-byte chunks are copied a chunk a thread, unrolled so that a thread's loads are
+// in flight together (a decode step's embedding row is one block, bound by load latency).
 template <typename T>
 __device__ void gather_rows(const T* __restrict__ src, const unsigned int* __restrict__ idx, T* __restrict__ dst, int cols) {
-    const T* s = src + (size_t)idx[blockIdx.x] * cols;
+    const size_t row = idx[blockIdx.x];
+    pdl_wait();
+    const T* s = src + row * cols;
     T* d = dst + (size_t)blockIdx.x * cols;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
+    if ((cols * sizeof(T)) % 16 == 0 && (((size_t)s | (size_t)d) & 15) == 0) {
+        const int chunks = cols * sizeof(T) / 16;
+#pragma unroll 4
+        for (int c = threadIdx.x; c < chunks; c += blockDim.x) ((uint4*)d)[c] = __ldg((const uint4*)s + c);
+    } else {
+#pragma unroll 4
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
+    }
 }
 
 // dst[r, dst_off + c] = src[r, src_off + c] for c < len: narrow_cols and each part of concat_cols.
@@ -291,7 +302,7 @@ __device__ void argmax_parts(const T* __restrict__ x, float* __restrict__ part_v
     extern "C" __global__ void binary_##TN(const T* a, const T* b, T* y, size_t n, int op, int act) { pdl_wait();  \
         binary<T>(a, b, y, n, op, act);                                                                            \
     }                                                                                                              \
-    extern "C" __global__ void gather_rows_##TN(const T* s, const unsigned int* idx, T* d, int cols) { pdl_wait(); \
+    extern "C" __global__ void gather_rows_##TN(const T* s, const unsigned int* idx, T* d, int cols) {             \
         gather_rows<T>(s, idx, d, cols);                                                                           \
     }                                                                                                              \
     extern "C" __global__ void copy_cols_##TN(const T* s, int sc, int so, T* d, int dc, int dof, int rows, int len) {\
@@ -849,6 +860,10 @@ __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, co
     }
 }
 
+__device__ __forceinline__ int decode_slot(const unsigned int* __restrict__ tables, int bt_off, int kp, int block_size) {
+    return (int)(tables[bt_off + kp / block_size] * block_size + kp % block_size);
+}
+
 template <typename T, int HM, int DVR>
 __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
                              const unsigned int* __restrict__ tables, const DecodeItem* __restrict__ items,
@@ -870,9 +885,13 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
     const int H = it.nheads;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int len = it.k_hi - it.k_lo;
-    const int chunk = ((len + splits - 1) / splits + DEC_SUB - 1) / DEC_SUB * DEC_SUB;
+    const int chunk = (len + splits - 1) / splits;
     const int kbeg = it.k_lo + split * chunk;
     const int kend = min(kbeg + chunk, it.k_hi);
+    // The work item and the block tables come from the host, not from the kernel before: the
+    // first round's slots are looked up before the wait, off the critical path.
+    const int slot0 = kbeg + tid < kend ? decode_slot(tables, it.bt_off, kbeg + tid, block_size) : -1;
+    pdl_wait();
 
     for (int e = tid; e < H * d; e += blockDim.x) q_s[e] = to_f(q[((size_t)it.row * hq + it.h0) * d + e]);
     if (tid < HM) { m_s[tid] = -INFINITY; l_s[tid] = 0.f; }
@@ -895,7 +914,7 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
         for (int h = 0; h < HM; ++h) sc[h] = 0.f;
         int slot = -1;
         if (kp < kend) {
-            slot = (int)(tables[it.bt_off + kp / block_size] * block_size + kp % block_size);
+            slot = s0 == kbeg ? slot0 : decode_slot(tables, it.bt_off, kp, block_size);
             const T* kr = kbase + (size_t)slot * kstride;
             if (vec) {
                 constexpr int CH = 16 / sizeof(T);
@@ -1273,7 +1292,7 @@ __device__ void attn_combine(const float* __restrict__ part_acc, const float* __
     const float inv = l > 0.f ? 1.f / l : 0.f;
     for (int c = tid; c < dv; c += blockDim.x) {
         float a = 0.f;
-#pragma unroll 4
+#pragma unroll 8
         for (int j = 0; j < live; ++j) {
             const int s = live_s[j];
             a += part_acc[(s * per_split + ph) * dv + c] * scale_s[s];
@@ -1288,7 +1307,7 @@ __device__ void attn_combine(const float* __restrict__ part_acc, const float* __
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) paged_decode_##TN##_h##HM##_v##DVR(               \
         const T* q, const T* kc, const T* vc, const unsigned int* tables, const DecodeItem* items, T* out,         \
         float* part_acc, float* part_ml, int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size,     \
-        float scale, float softcap, int splits, int n_rows, int vec) { pdl_wait();                                 \
+        float scale, float softcap, int splits, int n_rows, int vec) {                                             \
         paged_decode<T, HM, DVR>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim,   \
                                  block_size, scale, softcap, splits, n_rows, vec);                                 \
     }
