@@ -228,6 +228,78 @@ fn fused_products_match_unfused() {
     assert!(ops::gated_matmul_t(&x, &w, &narrow, Activation::Silu).is_err(), "gate and up of other shapes");
 }
 
+/// The normed products (the RMSNorm computed inside the GEMV) give the bits of the norm op
+/// followed by the products, and the residual sum of `add_rms_norm`, in both dtypes; shapes
+/// cover rows that take several rounds of a block (k = 4096), rows that are not a whole number of
+/// warps of chunks, and shapes past the normed kernels (more rows, x too large for shared memory).
+#[test]
+fn normed_products_match_norm_then_products() {
+    require_gpu!();
+    let mut r = rng(13);
+    let shapes: [(usize, usize, &[usize]); 6] = [
+        (1, 4096, &[256, 128, 256]),
+        (2, 296, &[70, 9, 0]),
+        (3, 1024, &[33, 33]),
+        (4, 2048, &[64, 64]),
+        (4, 8192, &[16]),
+        (9, 256, &[40, 24]),
+    ];
+    for (m, k, widths) in shapes {
+        let x = random(&mut r, m * k, 2.0);
+        let res = random(&mut r, m * k, 2.0);
+        let norm_w = Tensor::from_f32(random(&mut r, k, 1.0), &[k]).unwrap();
+        let ws: Vec<Vec<f32>> = widths.iter().map(|&n| random(&mut r, n * k, 0.5)).collect();
+        let bias = random(&mut r, widths[0], 1.0);
+        for dtype in DTYPES {
+            let (xc, xg) = pair(&x, &[m, k], dtype);
+            let (rc, rg) = pair(&res, &[m, k], dtype);
+            let nwg = norm_w.to_device(GPU).unwrap();
+            let wpairs: Vec<(Tensor, Tensor)> = ws.iter().zip(widths).map(|(w, &n)| pair(w, &[n, k], dtype)).collect();
+            let (bc, bg) = pair(&bias, &[widths[0]], dtype);
+            for (with_res, offset) in [(false, 0.0), (true, 0.0), (true, 1.0)] {
+                let name = format!("normed m={m} k={k} residual={with_res} offset={offset} {dtype:?}");
+                let input =
+                    ops::RmsNormed { x: &xg, residual: with_res.then_some(&rg), weight: &nwg, eps: 1e-5, offset };
+                let cpu_input = ops::RmsNormed { x: &xc, residual: with_res.then_some(&rc), weight: &norm_w, ..input };
+                let (normed, sum) = input.apply().unwrap();
+                let (cpu_normed, _) = cpu_input.apply().unwrap();
+                let mut operands: Vec<(&Tensor, Option<&Tensor>)> = wpairs.iter().map(|w| (&w.1, None)).collect();
+                operands[0].1 = Some(&bg);
+                let mut cpu_operands: Vec<(&Tensor, Option<&Tensor>)> = wpairs.iter().map(|w| (&w.0, None)).collect();
+                cpu_operands[0].1 = Some(&bc);
+                let (got, got_sum) = ops::rms_norm_matmul_t_many(input, &operands).unwrap();
+                assert_eq!(got_sum.is_some(), with_res, "{name}: a sum exactly where there is a residual");
+                if let (Some(got_sum), Some(sum)) = (&got_sum, &sum) {
+                    check(&format!("{name} sum"), dtype, got_sum, sum, 0.0);
+                }
+                let unfused = ops::matmul_t_many(&normed, &operands).unwrap();
+                let cpu = ops::matmul_t_many(&cpu_normed, &cpu_operands).unwrap();
+                for (i, g) in got.iter().enumerate() {
+                    check(&format!("{name} part {i}"), dtype, g, &unfused[i], 0.0);
+                    check(&format!("{name} part {i}"), dtype, g, &cpu[i], 4.0 * tol(dtype));
+                }
+                let (gate, up) = (&wpairs[0], wpairs.last().unwrap());
+                if gate.1.shape() == up.1.shape() && wpairs.len() > 1 {
+                    let (got, got_sum) = ops::rms_norm_gated_matmul_t(input, &gate.1, &up.1, Activation::Silu).unwrap();
+                    if let (Some(got_sum), Some(sum)) = (&got_sum, &sum) {
+                        check(&format!("{name} gated sum"), dtype, got_sum, sum, 0.0);
+                    }
+                    let unfused = ops::gated_matmul_t(&normed, &gate.1, &up.1, Activation::Silu).unwrap();
+                    check(&format!("{name} gated"), dtype, &got, &unfused, 0.0);
+                    let cpu = ops::gated_matmul_t(&cpu_normed, &gate.0, &up.0, Activation::Silu).unwrap();
+                    check(&format!("{name} gated"), dtype, &got, &cpu, 4.0 * tol(dtype));
+                }
+            }
+        }
+    }
+    let x = Tensor::from_f32(vec![0.0; 8], &[1, 8]).unwrap().to_device(GPU).unwrap();
+    let w = Tensor::from_f32(vec![0.0; 16], &[2, 8]).unwrap().to_device(GPU).unwrap();
+    let short = Tensor::from_f32(vec![1.0; 4], &[4]).unwrap().to_device(GPU).unwrap();
+    let input = ops::RmsNormed { x: &x, residual: None, weight: &short, eps: 1e-5, offset: 0.0 };
+    assert!(ops::rms_norm_matmul_t_many(input, &[(&w, None)]).is_err(), "a norm weight of another width");
+    assert!(ops::rms_norm_gated_matmul_t(input, &w, &w, Activation::Silu).is_err(), "a norm weight of another width");
+}
+
 #[test]
 fn gathers_and_copies_are_exact() {
     require_gpu!();
