@@ -105,12 +105,6 @@ impl RmsNorm {
         Ok(ops::add_rms_norm(x, residual, &self.weight, self.eps, self.offset)?)
     }
 
-    /// This norm of `x` (of `residual + x` where a residual is given) as the input of the
-    /// products that follow it, which may compute it themselves ([`ops::RmsNormed`]).
-    pub fn input<'a>(&'a self, x: &'a Tensor, residual: Option<&'a Tensor>) -> ops::RmsNormed<'a> {
-        ops::RmsNormed { x, residual, weight: &self.weight, eps: self.eps, offset: self.offset }
-    }
-
     /// Normalises each head of `x [tokens, heads * head_dim]` separately (QK-norm).
     pub fn forward_heads(&self, x: &Tensor, head_dim: usize) -> Result<Tensor> {
         let rows = x.rows();
@@ -171,16 +165,6 @@ impl GatedMlp {
         };
         self.down.forward(&h)
     }
-
-    /// [`GatedMlp::forward`] of a normed input, and the residual sum where the input has one.
-    pub fn forward_normed(&self, input: ops::RmsNormed<'_>) -> Result<(Tensor, Option<Tensor>)> {
-        if self.gate.bias.is_some() || self.up.bias.is_some() {
-            let (x, sum) = input.apply()?;
-            return Ok((self.forward(&x)?, sum));
-        }
-        let (h, sum) = ops::rms_norm_gated_matmul_t(input, &self.gate.weight, &self.up.weight, self.act)?;
-        Ok((self.down.forward(&h)?, sum))
-    }
 }
 
 /// Self-attention over the paged cache: q/k/v projections, optional per-head QK-norm, rotary
@@ -209,28 +193,11 @@ impl Attention {
         self.attend(q, k, v, rope, meta, cache)
     }
 
-    /// [`Attention::forward`] of a normed input, and the residual sum where the input has one.
-    pub fn forward_normed(
-        &self,
-        input: ops::RmsNormed<'_>,
-        rope: Option<(&Rope, &Tensor, &Tensor)>,
-        meta: &AttnMetadata,
-        cache: &mut PagedKvLayer,
-    ) -> Result<(Tensor, Option<Tensor>)> {
-        let (qkv, sum) =
-            ops::rms_norm_matmul_t_many(input, &[self.q.operands(), self.k.operands(), self.v.operands()])?;
-        let (q, k, v) = self.qk_norm(qkv)?;
-        Ok((self.attend(q, k, v, rope, meta, cache)?, sum))
-    }
-
     /// The q/k/v projections and the RMS QK-norm. A norm spans its weight's width: one head
     /// (weight `[head_dim]`, Qwen3, Gemma 3) or all heads at once (weight `[heads * head_dim]`,
     /// OLMo-2).
     pub fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        self.qk_norm(ops::matmul_t_many(x, &[self.q.operands(), self.k.operands(), self.v.operands()])?)
-    }
-
-    fn qk_norm(&self, qkv: Vec<Tensor>) -> Result<(Tensor, Tensor, Tensor)> {
+        let qkv = ops::matmul_t_many(x, &[self.q.operands(), self.k.operands(), self.v.operands()])?;
         let [mut q, mut k, v]: [Tensor; 3] = qkv.try_into().expect("one product per weight");
         if let Some(n) = &self.q_norm {
             q = n.forward_heads(&q, n.weight.numel())?;

@@ -117,77 +117,6 @@ pub fn gated_matmul_t(x: &Tensor, gate: &Tensor, up: &Tensor, act: Activation) -
     }
 }
 
-/// The input of products that begin with an RMSNorm, as decoder layers feed their attention and
-/// MLP: `rms_norm(x + residual)` (the residual add of [`add_rms_norm`]) or `rms_norm(x)`.
-#[derive(Debug, Clone, Copy)]
-pub struct RmsNormed<'a> {
-    pub x: &'a Tensor,
-    pub residual: Option<&'a Tensor>,
-    pub weight: &'a Tensor,
-    pub eps: f32,
-    pub offset: f32,
-}
-
-impl RmsNormed<'_> {
-    /// The normed rows and, where there is a residual, the sum `x + residual` (by the norm ops).
-    pub fn apply(&self) -> Result<(Tensor, Option<Tensor>)> {
-        match self.residual {
-            Some(r) => add_rms_norm(self.x, r, self.weight, self.eps, self.offset).map(|(n, s)| (n, Some(s))),
-            None => rms_norm(self.x, self.weight, self.eps, self.offset).map(|n| (n, None)),
-        }
-    }
-
-    fn check(&self, op: &'static str) -> Result<()> {
-        if let Some(r) = self.residual {
-            same_rows(op, self.x, r)?;
-        }
-        if self.weight.numel() != self.x.last_dim() {
-            return Err(shape_err(op, format!("x {:?} norm weight {:?}", self.x.shape(), self.weight.shape())));
-        }
-        same_device(op, self.x, &[self.residual, Some(self.weight)])
-    }
-}
-
-/// [`matmul_t_many`] of the normed input, and the residual sum where there is one: the results of
-/// the norm op followed by the products, in one launch where the backend has a kernel for it.
-pub fn rms_norm_matmul_t_many(
-    input: RmsNormed<'_>,
-    weights: &[(&Tensor, Option<&Tensor>)],
-) -> Result<(Vec<Tensor>, Option<Tensor>)> {
-    input.check("rms_norm_matmul_t_many")?;
-    for &(w, b) in weights {
-        check_matmul("rms_norm_matmul_t_many", input.x, w, b)?;
-    }
-    match input.x.storage() {
-        Storage::Cpu(_) => {
-            let (normed, sum) = input.apply()?;
-            Ok((matmul_t_many(&normed, weights)?, sum))
-        }
-        Storage::Cuda(_) => cuda::matmul::rms_norm_matmul_t_many(input, weights),
-    }
-}
-
-/// [`gated_matmul_t`] of the normed input, and the residual sum where there is one, as
-/// [`rms_norm_matmul_t_many`] is to `matmul_t_many`.
-pub fn rms_norm_gated_matmul_t(
-    input: RmsNormed<'_>,
-    gate: &Tensor,
-    up: &Tensor,
-    act: Activation,
-) -> Result<(Tensor, Option<Tensor>)> {
-    input.check("rms_norm_gated_matmul_t")?;
-    check_matmul("rms_norm_gated_matmul_t", input.x, gate, None)?;
-    check_matmul("rms_norm_gated_matmul_t", input.x, up, None)?;
-    same_rows("rms_norm_gated_matmul_t", gate, up)?;
-    match input.x.storage() {
-        Storage::Cpu(_) => {
-            let (normed, sum) = input.apply()?;
-            Ok((gated_matmul_t(&normed, gate, up, act)?, sum))
-        }
-        Storage::Cuda(_) => cuda::matmul::rms_norm_gated_matmul_t(input, gate, up, act),
-    }
-}
-
 /// Rows of `table [vocab, hidden]` for each id.
 pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
     if table.rank() != 2 {
@@ -602,24 +531,6 @@ mod tests {
         assert_eq!(gated.to_f32_vec(), h.iter().map(|v| v.max(0.0) * v).collect::<Vec<_>>());
         assert!(matmul_t_many(&x, &[(&a, None), (&t(&[1.0; 4], &[2, 2]), None)]).is_err());
         assert!(gated_matmul_t(&x, &a, &b, Activation::Silu).is_err(), "gate and up of other shapes");
-
-        let (res, norm_w) = (t(&[0.5, 0.5, -0.5, 1.0, 2.0, 3.0], &[2, 3]), t(&[1.0, 0.5, 2.0], &[3]));
-        let input = RmsNormed { x: &x, residual: Some(&res), weight: &norm_w, eps: 1e-6, offset: 0.0 };
-        let (normed, sum) = add_rms_norm(&x, &res, &norm_w, 1e-6, 0.0).unwrap();
-        let (products, got_sum) = rms_norm_matmul_t_many(input, &[(&a, None), (&b, Some(&bias))]).unwrap();
-        assert_eq!(got_sum.unwrap().to_f32_vec(), sum.to_f32_vec());
-        assert_eq!(products[1].to_f32_vec(), matmul_t(&normed, &b, Some(&bias)).unwrap().to_f32_vec());
-        let (gated, _) = rms_norm_gated_matmul_t(input, &a, &a, Activation::Relu).unwrap();
-        assert_eq!(gated.to_f32_vec(), gated_matmul_t(&normed, &a, &a, Activation::Relu).unwrap().to_f32_vec());
-        let plain = RmsNormed { residual: None, ..input };
-        let (products, none) = rms_norm_matmul_t_many(plain, &[(&a, None)]).unwrap();
-        assert!(none.is_none(), "no residual, no sum");
-        let normed = rms_norm(&x, &norm_w, 1e-6, 0.0).unwrap();
-        assert_eq!(products[0].to_f32_vec(), matmul_t(&normed, &a, None).unwrap().to_f32_vec());
-        let short = RmsNormed { weight: &bias, ..input };
-        assert!(rms_norm_matmul_t_many(short, &[(&a, None)]).is_err(), "a norm weight of another width");
-        let skewed = RmsNormed { residual: Some(&b), ..input };
-        assert!(rms_norm_gated_matmul_t(skewed, &a, &a, Activation::Silu).is_err(), "a residual of another shape");
 
         let (q, k) = (t(&[1.0, 2.0, 3.0, 4.0], &[1, 4]), t(&[5.0, 6.0], &[1, 2]));
         let (cos, sin) = (t(&[0.0], &[1, 1]), t(&[1.0], &[1, 1]));

@@ -217,24 +217,22 @@ impl CausalLM for LlamaModel {
         let meta = input.meta;
         let mut h = self.embed.forward(input.tokens)?;
         let (cos, sin) = self.rope.cos_sin(meta, h.device())?;
-        // Each residual add is fused into the norm that follows it, and each norm into the
-        // products that follow it (RmsNormed); the last block's output is added (in the final
-        // norm) after the logit rows are gathered.
+        // Each residual add is fused into the norm that follows it; the last block's output is
+        // added (in the final norm) after the logit rows are gathered.
         let mut pending: Option<Tensor> = None;
         for (block, cache) in self.layers.iter().zip(kv.iter_mut()) {
-            let input = match &pending {
-                Some(out) => block.input_norm.input(out, Some(&h)),
-                None => block.input_norm.input(&h, None),
+            let x = match pending.take() {
+                Some(out) => {
+                    let (x, sum) = block.input_norm.forward_add(&out, &h)?;
+                    h = sum;
+                    x
+                }
+                None => block.input_norm.forward(&h)?,
             };
-            let (attn, sum) = block.attn.forward_normed(input, Some((&self.rope, &cos, &sin)), meta, cache)?;
-            if let Some(sum) = sum {
-                h = sum;
-            }
-            let (out, sum) = block.mlp.forward_normed(block.post_norm.input(&attn, Some(&h)))?;
-            if let Some(sum) = sum {
-                h = sum;
-            }
-            pending = Some(out);
+            let attn = block.attn.forward(&x, Some((&self.rope, &cos, &sin)), meta, cache)?;
+            let (x, sum) = block.post_norm.forward_add(&attn, &h)?;
+            h = sum;
+            pending = Some(block.mlp.forward(&x)?);
         }
         let h = ops::gather_rows(&h, input.logit_rows)?;
         match pending {

@@ -364,11 +364,8 @@ FOR_TW(INST_TW)
 /// Two fused forms save launches at decode, where a step is hundreds of short kernels:
 /// `gemv3` computes up to three products of the same x (q/k/v) in one grid, and `gemv_gated`
 /// computes `act(x wg^T) * (x wu^T)` with each warp streaming its gate and up rows together.
-/// Their `_norm` forms also compute x: the RMSNorm (after the residual add, where given) that a
-/// decoder layer puts before its q/k/v and gate/up products, in each block's prologue, which
-/// saves the norm kernel and its round trip through memory. Every output is summed in the same
-/// order as by `gemv_bf16` and the norm's, and rounded to bf16 where the unfused ops would round
-/// it, so the fused and unfused paths give the same bits.
+/// Every output is summed in the same order as by `gemv_bf16` and rounded to bf16 where the
+/// unfused ops would round it, so the fused and unfused paths give the same bits.
 pub const GEMV: &str = r#"
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
     uint4 r;
@@ -387,132 +384,12 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b) {
     return s;
 }
 
-// The x rows of a product as gemv_dots reads them. `start()` runs first, before waiting on the
-// previous kernel (so it may only read what no kernel writes); `wait()` runs once, after the
-// first weight loads and before the first x load, and covers that waiting.
-//
-// GlobalRows reads x from global memory (through L1, where every warp of the block reuses it).
-struct GlobalRows {
-    const uint4* x;
-    int chunks;
-    __device__ __forceinline__ void start() const {}
-    __device__ __forceinline__ void wait() const { pdl_wait(); }
-    __device__ __forceinline__ uint4 load(int i, int c) const { return __ldg(x + (size_t)i * chunks + c); }
-};
-
-// 16 bytes from global to shared memory without passing through registers (sm_80+).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const unsigned int s = (unsigned int)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// NormedRows computes x itself: the RMSNorm of the M rows of `x` (plus `res`, where given),
-// exactly as rms_norm_vec8 would have written them. That kernel's per-thread sums over one
-// chunk and its block_sum over a block of roundup(chunks, 32) threads are replayed in the same
-// order, whatever this block's size, so that the fused and unfused paths give the same bits.
-// Block 0 stores the residual sum.
-//
-// Dynamic shared memory, in 16-byte chunks: x [M][chunks] (normed in place), the norm weight
-// [chunks][2] (f32), then res [M][chunks] where given. The weight is copied before the wait, x
-// and res right after it, all with cp.async, so that the prologue costs one round of loads; a
-// thread copies the chunks it then works on, so the copies need no barrier.
-template <int M>
-struct NormedRows {
-    const bf16_t* x;
-    const bf16_t* res;
-    const float* w;
-    bf16_t* res_out;
-    int chunks;
-    float eps, offset;
-    uint4* xs;
-
-    __device__ __forceinline__ uint4* ws() const { return xs + (size_t)M * chunks; }
-    __device__ __forceinline__ uint4* rs() const { return xs + (size_t)(M + 2) * chunks; }
-
-    __device__ void start() const {
-        for (int t = threadIdx.x; t < chunks; t += blockDim.x) {
-            cp_async16(ws() + 2 * t, (const uint4*)w + 2 * t);
-            cp_async16(ws() + 2 * t + 1, (const uint4*)w + 2 * t + 1);
-        }
-    }
-
-    __device__ void wait() const {
-        __shared__ float part[M][32];
-        pdl_wait();
-        for (int t = threadIdx.x; t < chunks; t += blockDim.x)
-#pragma unroll
-            for (int i = 0; i < M; ++i) {
-                const size_t o = (size_t)i * chunks + t;
-                cp_async16(xs + o, (const uint4*)x + o);
-                if (res) cp_async16(rs() + o, (const uint4*)res + o);
-            }
-        cp_async_wait_all();
-        const int vthreads = (chunks + 31) & ~31;
-        const int lane = threadIdx.x & 31;
-        // Whole warps take each round (vthreads and blockDim.x are multiples of 32).
-        for (int t = threadIdx.x; t < vthreads; t += blockDim.x) {
-#pragma unroll
-            for (int i = 0; i < M; ++i) {
-                float s = 0.f;
-                if (t < chunks) {
-                    const size_t o = (size_t)i * chunks + t;
-                    float h[8];
-                    unpack(xs[o], h, bf16_t());
-                    if (res) {
-                        float r[8];
-                        unpack(rs()[o], r, bf16_t());
-                        unsigned short sum[8];
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) {
-                            bf16_t b = from_f<bf16_t>(h[e] + r[e]);
-                            sum[e] = b.bits;
-                            h[e] = to_f(b);
-                        }
-                        const uint4 hv = *(const uint4*)sum;
-                        xs[o] = hv;
-                        if (blockIdx.x == 0) ((uint4*)res_out)[o] = hv;
-                    }
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) s += h[e] * h[e];
-                }
-                s = warp_sum(s);
-                if (lane == 0) part[i][t >> 5] = s;
-            }
-        }
-        __syncthreads();
-        float inv[M];
-#pragma unroll
-        for (int i = 0; i < M; ++i) {
-            const float s = warp_sum(lane < (vthreads >> 5) ? part[i][lane] : 0.f);
-            inv[i] = 1.f / sqrtf(s / (chunks * 8) + eps);
-        }
-        for (int t = threadIdx.x; t < chunks; t += blockDim.x) {
-            float wf[8];
-            const float* wt = (const float*)(ws() + 2 * t);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) wf[e] = wt[e] + offset;
-#pragma unroll
-            for (int i = 0; i < M; ++i) {
-                const size_t o = (size_t)i * chunks + t;
-                float h[8];
-                unpack(xs[o], h, bf16_t());
-                unsigned short y[8];
-#pragma unroll
-                for (int e = 0; e < 8; ++e) y[e] = from_f<bf16_t>(h[e] * inv[i] * wf[e]).bits;
-                xs[o] = *(const uint4*)y;
-            }
-        }
-        __syncthreads();
-    }
-    __device__ __forceinline__ uint4 load(int i, int c) const { return xs[(size_t)i * chunks + c]; }
-};
-
 // acc[r][i] = this lane's part of x[i] . w_r for R weight rows of k = 8 * chunks elements; the
 // rows' loads are issued together and share each x load.
-template <int M, int R, typename Src>
-__device__ __forceinline__ void gemv_dots(const Src& src, const uint4* const* wr, int chunks, int lane,
+template <int M, int R>
+__device__ __forceinline__ void gemv_dots(const bf16_t* __restrict__ x, const uint4* const* wr, int chunks, int lane,
                                           float (&acc)[R][M]) {
+    const uint4* xr = (const uint4*)x;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -521,14 +398,13 @@ __device__ __forceinline__ void gemv_dots(const Src& src, const uint4* const* wr
     // The first group of weight loads is issued before waiting on the previous kernel (weights
     // are no kernel's output), so that their latency overlaps its end.
     uint4 wv[R][4];
-    src.start();
     if (c + 96 < chunks) {
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int u = 0; u < 4; ++u) wv[r][u] = ld_stream(wr[r] + c + 32 * u);
     }
-    src.wait();
+    pdl_wait();
     for (; c + 96 < chunks; c += 128) {
         if (c != lane) {
 #pragma unroll
@@ -540,7 +416,7 @@ __device__ __forceinline__ void gemv_dots(const Src& src, const uint4* const* wr
         for (int u = 0; u < 4; ++u)
 #pragma unroll
             for (int i = 0; i < M; ++i) {
-                uint4 xv = src.load(i, c + 32 * u);
+                uint4 xv = __ldg(xr + (size_t)i * chunks + c + 32 * u);
 #pragma unroll
                 for (int r = 0; r < R; ++r) acc[r][i] += dot8(wv[r][u], xv);
             }
@@ -551,7 +427,7 @@ __device__ __forceinline__ void gemv_dots(const Src& src, const uint4* const* wr
         for (int r = 0; r < R; ++r) wv[r] = ld_stream(wr[r] + c);
 #pragma unroll
         for (int i = 0; i < M; ++i) {
-            uint4 xv = src.load(i, c);
+            uint4 xv = __ldg(xr + (size_t)i * chunks + c);
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[r][i] += dot8(wv[r], xv);
         }
@@ -574,12 +450,12 @@ __device__ __forceinline__ void gemv_store(float (&acc)[M], bf16_t* __restrict__
 }
 
 // Column `col` of one product y[m, n] (+)= x w^T: this warp's whole share of the work.
-template <int M, typename Src>
-__device__ __forceinline__ void gemv_column(const Src& src, const bf16_t* __restrict__ w, bf16_t* __restrict__ y,
-                                            int n, int k, int col, int accumulate, int lane) {
+template <int M>
+__device__ __forceinline__ void gemv_column(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
+                                            bf16_t* __restrict__ y, int n, int k, int col, int accumulate, int lane) {
     const uint4* wr[1] = {(const uint4*)(w + (size_t)col * k)};
     float acc[1][M];
-    gemv_dots<M, 1>(src, wr, k / 8, lane, acc);
+    gemv_dots<M, 1>(x, wr, k / 8, lane, acc);
     gemv_store<M>(acc[0], y, n, col, accumulate, lane);
 }
 
@@ -588,17 +464,16 @@ __device__ void gemv_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict
                           int k, int accumulate) {
     const int col = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
     if (col < n) {
-        gemv_column<M>(GlobalRows{(const uint4*)x, k / 8}, w, y, n, k, col, accumulate, threadIdx.x & 31);
+        gemv_column<M>(x, w, y, n, k, col, accumulate, threadIdx.x & 31);
     } else {
         pdl_wait();
     }
 }
 
-// The grid covers n0 + n1 + n2 columns; a product with n = 0 is absent. Warps past the columns
-// still take part in the prologue (a NormedRows block synchronises).
-template <int M, typename Src>
-__device__ void gemv3_bf16(const Src& src, int k, const bf16_t* w0, bf16_t* y0, int n0, int a0, const bf16_t* w1,
-                           bf16_t* y1, int n1, int a1, const bf16_t* w2, bf16_t* y2, int n2, int a2) {
+// The grid covers n0 + n1 + n2 columns; a product with n = 0 is absent.
+template <int M>
+__device__ void gemv3_bf16(const bf16_t* __restrict__ x, int k, const bf16_t* w0, bf16_t* y0, int n0, int a0,
+                           const bf16_t* w1, bf16_t* y1, int n1, int a1, const bf16_t* w2, bf16_t* y2, int n2, int a2) {
     int col = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
     const bf16_t* w = w0;
     bf16_t* y = y0;
@@ -610,28 +485,26 @@ __device__ void gemv3_bf16(const Src& src, int k, const bf16_t* w0, bf16_t* y0, 
             col -= n1;
             w = w2; y = y2; n = n2; a = a2;
             if (col >= n2) {
-                src.start();
-                src.wait();
+                pdl_wait();
                 return;
             }
         }
     }
-    gemv_column<M>(src, w, y, n, k, col, a, threadIdx.x & 31);
+    gemv_column<M>(x, w, y, n, k, col, a, threadIdx.x & 31);
 }
 
-template <int M, typename Src>
-__device__ void gemv_gated_bf16(const Src& src, const bf16_t* __restrict__ wg, const bf16_t* __restrict__ wu,
-                                bf16_t* __restrict__ y, int n, int k, int act) {
+template <int M>
+__device__ void gemv_gated_bf16(const bf16_t* __restrict__ x, const bf16_t* __restrict__ wg,
+                                const bf16_t* __restrict__ wu, bf16_t* __restrict__ y, int n, int k, int act) {
     const int col = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31;
     if (col >= n) {
-        src.start();
-        src.wait();
+        pdl_wait();
         return;
     }
     const uint4* wr[2] = {(const uint4*)(wg + (size_t)col * k), (const uint4*)(wu + (size_t)col * k)};
     float acc[2][M];
-    gemv_dots<M, 2>(src, wr, k / 8, lane, acc);
+    gemv_dots<M, 2>(x, wr, k / 8, lane, acc);
 #pragma unroll
     for (int i = 0; i < M; ++i) {
         float g = to_f(from_f<bf16_t>(warp_sum(acc[0][i])));
@@ -640,8 +513,6 @@ __device__ void gemv_gated_bf16(const Src& src, const bf16_t* __restrict__ wg, c
     }
 }
 
-extern __shared__ uint4 gemv_normed_x[];
-
 #define INST_GEMV(M)                                                                                               \
     extern "C" __global__ void gemv_bf16_m##M(const bf16_t* x, const bf16_t* w, bf16_t* y, int n, int k, int acc) { \
         gemv_bf16<M>(x, w, y, n, k, acc);                                                                          \
@@ -649,24 +520,11 @@ extern __shared__ uint4 gemv_normed_x[];
     extern "C" __global__ void gemv3_bf16_m##M(const bf16_t* x, int k, const bf16_t* w0, bf16_t* y0, int n0, int a0, \
                                                const bf16_t* w1, bf16_t* y1, int n1, int a1, const bf16_t* w2,     \
                                                bf16_t* y2, int n2, int a2) {                                       \
-        gemv3_bf16<M>(GlobalRows{(const uint4*)x, k / 8}, k, w0, y0, n0, a0, w1, y1, n1, a1, w2, y2, n2, a2);      \
+        gemv3_bf16<M>(x, k, w0, y0, n0, a0, w1, y1, n1, a1, w2, y2, n2, a2);                                       \
     }                                                                                                              \
     extern "C" __global__ void gemv_gated_bf16_m##M(const bf16_t* x, const bf16_t* wg, const bf16_t* wu, bf16_t* y, \
                                                     int n, int k, int act) {                                       \
-        gemv_gated_bf16<M>(GlobalRows{(const uint4*)x, k / 8}, wg, wu, y, n, k, act);                              \
-    }                                                                                                              \
-    extern "C" __global__ void gemv3_norm_bf16_m##M(const bf16_t* x, const bf16_t* r, const float* nw, bf16_t* ro, \
-                                                    float eps, float off, int k, const bf16_t* w0, bf16_t* y0,     \
-                                                    int n0, int a0, const bf16_t* w1, bf16_t* y1, int n1, int a1,  \
-                                                    const bf16_t* w2, bf16_t* y2, int n2, int a2) {                \
-        const NormedRows<M> src{x, r, nw, ro, k / 8, eps, off, gemv_normed_x};                              \
-        gemv3_bf16<M>(src, k, w0, y0, n0, a0, w1, y1, n1, a1, w2, y2, n2, a2);                                     \
-    }                                                                                                              \
-    extern "C" __global__ void gemv_gated_norm_bf16_m##M(const bf16_t* x, const bf16_t* r, const float* nw,        \
-                                                         bf16_t* ro, float eps, float off, const bf16_t* wg,       \
-                                                         const bf16_t* wu, bf16_t* y, int n, int k, int act) {     \
-        const NormedRows<M> src{x, r, nw, ro, k / 8, eps, off, gemv_normed_x};                              \
-        gemv_gated_bf16<M>(src, wg, wu, y, n, k, act);                                                             \
+        gemv_gated_bf16<M>(x, wg, wu, y, n, k, act);                                                               \
     }
 INST_GEMV(1) INST_GEMV(2) INST_GEMV(3) INST_GEMV(4)
 "#;

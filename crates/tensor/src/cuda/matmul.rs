@@ -12,13 +12,11 @@ use super::device::{dev_err, CudaDevice, GEMV};
 use super::ops::{act_mul, activation_code, broadcast_row, cuda_of, wrap};
 use super::storage::{int, Arg, Converted, CudaStorage};
 use crate::error::Result;
-use crate::ops::RmsNormed;
 use crate::tensor::Tensor;
 use crate::{Activation, DType};
 
 /// The most rows `matmul_t` hands to the GEMV kernel (instantiated for 1 to 4).
 const GEMV_MAX_ROWS: usize = 4;
-const GEMV_WARPS_PER_BLOCK: usize = 8;
 
 /// The output of `x @ w^T (+ bias)`, shaped, with the bias (if any) already in it for the product
 /// to accumulate onto (beta = 1 in cuBLAS, `accumulate` in the GEMV): one rounding in bf16.
@@ -78,14 +76,14 @@ fn gemv_fits(dtype: DType, m: usize, k: usize) -> bool {
     dtype == DType::BF16 && (1..=GEMV_MAX_ROWS).contains(&m) && k > 0 && k.is_multiple_of(8)
 }
 
-/// One warp per output column over `columns` columns in all; `smem` bytes of dynamic shared
-/// memory per block (NormedRows' x).
-fn gemv_launch(dev: &CudaDevice, name: &str, columns: usize, smem: usize, args: &[Arg]) -> Result<()> {
+/// One warp per output column over `columns` columns in all.
+fn gemv_launch(dev: &CudaDevice, name: &str, columns: usize, args: &[Arg]) -> Result<()> {
     let f = dev.function(GEMV, name)?;
+    let warps_per_block = 8;
     let cfg = cudarc::driver::LaunchConfig {
-        grid_dim: (columns.div_ceil(GEMV_WARPS_PER_BLOCK) as u32, 1, 1),
-        block_dim: (32 * GEMV_WARPS_PER_BLOCK as u32, 1, 1),
-        shared_mem_bytes: smem as u32,
+        grid_dim: (columns.div_ceil(warps_per_block) as u32, 1, 1),
+        block_dim: (32 * warps_per_block as u32, 1, 1),
+        shared_mem_bytes: 0,
     };
     dev.launch(&f, cfg, args)
 }
@@ -96,7 +94,7 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
     let (m, k) = (rows_of(x), w.shape()[1]);
     if gemv_fits(xs.dtype(), m, k) && p.n > 0 {
         let args = [xs.ptr(), p.w.ptr(), p.out.ptr(), int(p.n)?, int(k)?, Arg::I32(p.has_bias as i32)];
-        gemv_launch(xs.device(), &format!("gemv_bf16_m{m}"), p.n, 0, &args)?;
+        gemv_launch(xs.device(), &format!("gemv_bf16_m{m}"), p.n, &args)?;
     } else {
         p.run_cublas(m, k)?;
     }
@@ -118,7 +116,7 @@ pub fn matmul_t_many(x: &Tensor, weights: &[(&Tensor, Option<&Tensor>)]) -> Resu
         }
         let columns = products.iter().map(|p| p.n).sum();
         if columns > 0 {
-            gemv_launch(xs.device(), &format!("gemv3_bf16_m{m}"), columns, 0, &args)?;
+            gemv_launch(xs.device(), &format!("gemv3_bf16_m{m}"), columns, &args)?;
         }
     } else {
         for p in &products {
@@ -140,103 +138,10 @@ pub fn gated_matmul_t(x: &Tensor, gate: &Tensor, up: &Tensor, act: Activation) -
     let (gs, us) = (cuda_of("gated_matmul_t", gate)?.as_dtype(dtype)?, cuda_of("gated_matmul_t", up)?.as_dtype(dtype)?);
     let out = CudaStorage::alloc(xs.device(), dtype, m * n)?;
     let args = [xs.ptr(), gs.ptr(), us.ptr(), out.ptr(), int(n)?, int(k)?, Arg::I32(activation_code(act))];
-    gemv_launch(xs.device(), &format!("gemv_gated_bf16_m{m}"), n, 0, &args)?;
+    gemv_launch(xs.device(), &format!("gemv_gated_bf16_m{m}"), n, &args)?;
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("rank >= 1") = n;
     wrap(out, shape)
-}
-
-/// Whether the normed GEMVs (kernels::GEMV, NormedRows) take the input: bf16 rows of up to 8192
-/// elements (the reach of `rms_norm_vec8`, whose sums they replay) with an f32 norm weight (the
-/// dtype the model loaders give norms), all within the shared memory a block gets without opting
-/// in to more.
-fn normed_gemv_fits(input: &RmsNormed<'_>, m: usize, k: usize) -> bool {
-    let bf16 = |t: &Tensor| t.dtype() == DType::BF16;
-    gemv_fits(input.x.dtype(), m, k)
-        && input.residual.is_none_or(bf16)
-        && input.weight.dtype() == DType::F32
-        && k / 8 <= 1024
-        && normed_smem_bytes(input, m, k) <= 48 * 1024
-}
-
-/// NormedRows' shared memory: x (and the residual, where given) in bf16 and the f32 norm weight.
-fn normed_smem_bytes(input: &RmsNormed<'_>, m: usize, k: usize) -> usize {
-    let rows = if input.residual.is_some() { 2 * m } else { m };
-    2 * k * rows + 4 * k
-}
-
-/// The norm's operands ahead of a normed GEMV's product arguments: x, residual, norm weight,
-/// residual-sum output, eps, offset. The sum buffer is returned for the caller to wrap.
-fn normed_args(input: &RmsNormed<'_>) -> Result<(Vec<Arg>, Option<CudaStorage>)> {
-    let xs = cuda_of("rms_norm_matmul_t", input.x)?;
-    let ws = cuda_of("rms_norm_matmul_t", input.weight)?;
-    let (res, sum) = match input.residual {
-        Some(r) => {
-            (cuda_of("rms_norm_matmul_t", r)?.ptr(), Some(CudaStorage::alloc(xs.device(), xs.dtype(), xs.len())?))
-        }
-        None => (Arg::U64(0), None),
-    };
-    let sum_ptr = sum.as_ref().map_or(Arg::U64(0), CudaStorage::ptr);
-    let args = vec![xs.ptr(), res, ws.ptr(), sum_ptr, Arg::F32(input.eps), Arg::F32(input.offset)];
-    Ok((args, sum))
-}
-
-fn wrap_sum(sum: Option<CudaStorage>, like: &Tensor) -> Result<Option<Tensor>> {
-    sum.map(|s| wrap(s, like.shape().to_vec())).transpose()
-}
-
-/// `matmul_t_many` of `rms_norm(x (+ residual))` in one normed `gemv3` launch where it fits,
-/// else the norm op and then the products.
-pub fn rms_norm_matmul_t_many(
-    input: RmsNormed<'_>,
-    weights: &[(&Tensor, Option<&Tensor>)],
-) -> Result<(Vec<Tensor>, Option<Tensor>)> {
-    let xs = cuda_of("rms_norm_matmul_t_many", input.x)?;
-    let (m, k) = (rows_of(input.x), input.x.last_dim());
-    let columns: usize = weights.iter().map(|(w, _)| w.shape()[0]).sum();
-    if !normed_gemv_fits(&input, m, k) || !(1..=3).contains(&weights.len()) || columns == 0 {
-        let (normed, sum) = input.apply()?;
-        return Ok((matmul_t_many(&normed, weights)?, sum));
-    }
-    let products = weights.iter().map(|&(w, b)| Product::new(xs, input.x, w, b)).collect::<Result<Vec<_>>>()?;
-    let (mut args, sum) = normed_args(&input)?;
-    args.push(int(k)?);
-    for i in 0..3 {
-        match products.get(i) {
-            Some(p) => args.extend([p.w.ptr(), p.out.ptr(), int(p.n)?, Arg::I32(p.has_bias as i32)]),
-            None => args.extend([Arg::U64(0), Arg::U64(0), Arg::I32(0), Arg::I32(0)]),
-        }
-    }
-    let smem = normed_smem_bytes(&input, m, k);
-    gemv_launch(xs.device(), &format!("gemv3_norm_bf16_m{m}"), columns, smem, &args)?;
-    let outs = products.into_iter().map(Product::finish).collect::<Result<Vec<_>>>()?;
-    Ok((outs, wrap_sum(sum, input.x)?))
-}
-
-/// `gated_matmul_t` of `rms_norm(x (+ residual))` in one normed launch where it fits, else the
-/// norm op and then the gated product.
-pub fn rms_norm_gated_matmul_t(
-    input: RmsNormed<'_>,
-    gate: &Tensor,
-    up: &Tensor,
-    act: Activation,
-) -> Result<(Tensor, Option<Tensor>)> {
-    let xs = cuda_of("rms_norm_gated_matmul_t", input.x)?;
-    let (m, k, n) = (rows_of(input.x), input.x.last_dim(), gate.shape()[0]);
-    if !normed_gemv_fits(&input, m, k) || n == 0 {
-        let (normed, sum) = input.apply()?;
-        return Ok((gated_matmul_t(&normed, gate, up, act)?, sum));
-    }
-    let dtype = xs.dtype();
-    let (gs, us) = (cuda_of("gated_matmul_t", gate)?.as_dtype(dtype)?, cuda_of("gated_matmul_t", up)?.as_dtype(dtype)?);
-    let out = CudaStorage::alloc(xs.device(), dtype, m * n)?;
-    let (mut args, sum) = normed_args(&input)?;
-    args.extend([gs.ptr(), us.ptr(), out.ptr(), int(n)?, int(k)?, Arg::I32(activation_code(act))]);
-    let smem = normed_smem_bytes(&input, m, k);
-    gemv_launch(xs.device(), &format!("gemv_gated_norm_bf16_m{m}"), n, smem, &args)?;
-    let mut shape = input.x.shape().to_vec();
-    *shape.last_mut().expect("rank >= 1") = n;
-    Ok((wrap(out, shape)?, wrap_sum(sum, input.x)?))
 }
 
 /// Grouped `x @ w[e]^T`: one cuBLAS GEMM per expert that has rows.
