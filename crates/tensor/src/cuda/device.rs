@@ -320,3 +320,26 @@ fn keep_pool_memory(ctx: &Arc<CudaContext>) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NVRTC needs no GPU: where only the library is present (CI installs its wheel), every
+    /// kernel module is still compiled for Hopper, so that a kernel that does not build fails
+    /// here rather than at a server's start on the device.
+    #[test]
+    fn every_kernel_module_compiles_for_sm90() {
+        // SAFETY: only probes whether the shared library can be loaded.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("skipped: libnvrtc not found (pip install nvidia-cuda-nvrtc-cu12, then LD_LIBRARY_PATH)");
+            return;
+        }
+        for source in [ELEMENTWISE, NORM, ATTENTION, GEMV, SAMPLING] {
+            let opts = CompileOptions { arch: Some("compute_90"), ..Default::default() };
+            let ptx = compile_ptx_with_opts(format!("{}{}", kernels::COMMON, source.src), opts);
+            let ptx = ptx.unwrap_or_else(|e| panic!("{} kernels: {e:?}", source.name)).to_src();
+            assert!(ptx.contains(".entry"), "{} kernels gave no entry points", source.name);
+        }
+    }
+}

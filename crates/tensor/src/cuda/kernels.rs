@@ -681,7 +681,8 @@ INST_VEC8(f32, float) INST_VEC8(bf16, bf16_t)
 /// a quarter of the V rows (lanes across the head dimension, coalesced).
 ///
 /// When a batch has too few work items to fill the GPU, both split the key range across blocks
-/// (flash-decoding) and `attn_combine` merges the partial results.
+/// (flash-decoding) and `attn_combine` merges the partial results, except where the decode
+/// kernel has a few splits: then the last block of each work item to finish merges them.
 pub const ATTENTION: &str = r#"
 #define QV_MAX 16
 #define TILE 32
@@ -726,7 +727,7 @@ __device__ __forceinline__ void load_tile(T* dst, int pitch, const T* __restrict
 }
 
 // Writes one query vector's result: directly when the keys were not split, else as a partial
-// (unnormalised accumulator, running max, sum) at index `ph` for attn_combine.
+// (unnormalised accumulator, running max, sum) at index `ph` for the merge of the splits.
 __device__ __forceinline__ void store_partial(float* part_acc, float* part_ml, size_t ph, int c, float a, int dv,
                                               float m, float l, bool write_ml) {
     if (c < dv) part_acc[ph * dv + c] = a;
@@ -869,7 +870,7 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
                              const unsigned int* __restrict__ tables, const DecodeItem* __restrict__ items,
                              T* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml, int hq,
                              int hkv, int d, int dv, int k_dim, int v_dim, int block_size, float scale, float softcap,
-                             int splits, int n_rows, int vec) {
+                             int splits, int n_rows, int vec, unsigned int* __restrict__ done) {
     extern __shared__ float smem[];
     float* q_s = smem;                             // [HM][d]
     float* s_s = q_s + HM * d;               // [HM][DEC_SUB]: scores, then probabilities
@@ -1029,6 +1030,64 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
         } else {
             store_partial(part_acc, part_ml, ((size_t)split * n_rows + it.local) * hq + it.h0 + h, c, a, dv, m_s[h],
                           l_s[h], c == 0);
+        }
+    }
+    if (splits == 1 || done == nullptr) return;  // merged by attn_combine when `done` is null
+
+    // The item's last block to finish merges the splits (the threadfence-reduction pattern): a
+    // separate merge kernel would wait for the whole grid to drain and pay its own launch, which
+    // at one sequence cost as much as the decode kernel's key reads.
+    __shared__ unsigned int ticket;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) ticket = atomicAdd(&done[blockIdx.x], 1u);
+    __syncthreads();
+    if (ticket != (unsigned int)splits - 1) return;
+    __threadfence();
+    if (tid == 0) done[blockIdx.x] = 0u;  // zero again for the next launch (graph replays reuse it)
+    // The first `live` splits hold keys; the rest (a capture-sized split count) are empty.
+    const int live = len > 0 ? (len + chunk - 1) / chunk : 0;
+    float* w_s = red_s + DEC_WARPS * HM * dv;  // [HM][splits] exp(m_s - m)
+    const size_t per_split = (size_t)n_rows * hq;
+    const size_t ph0 = (size_t)it.local * hq + it.h0;
+    for (int h = warp; h < H; h += DEC_WARPS) {
+        float m = -INFINITY;
+        for (int s = lane; s < live; s += 32) m = fmaxf(m, __ldcg(part_ml + (s * per_split + ph0 + h) * 2));
+        m = warp_max(m);
+        float l = 0.f;
+        for (int s = lane; s < live; s += 32) {
+            const float ms = __ldcg(part_ml + (s * per_split + ph0 + h) * 2);
+            const float e = expf(ms - m);
+            w_s[h * splits + s] = e;
+            l += __ldcg(part_ml + (s * per_split + ph0 + h) * 2 + 1) * e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) l_s[h] = l > 0.f ? 1.f / l : 0.f;
+    }
+    __syncthreads();
+    T* o = out + ((size_t)it.row * hq + it.h0) * dv;
+    if (dv % 4 == 0) {
+        // Four channels a thread in 16-byte loads, sixteen splits in flight.
+        for (int e = tid * 4; e < H * dv; e += blockDim.x * 4) {
+            const int h = e / dv;
+            const float* w = w_s + h * splits;
+            float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 16
+            for (int s = 0; s < live; ++s) {
+                const float4 v = __ldcg((const float4*)(part_acc + (s * per_split + ph0) * dv + e));
+                a.x += v.x * w[s]; a.y += v.y * w[s]; a.z += v.z * w[s]; a.w += v.w * w[s];
+            }
+            const float inv = l_s[h];
+            o[e] = from_f<T>(a.x * inv); o[e + 1] = from_f<T>(a.y * inv);
+            o[e + 2] = from_f<T>(a.z * inv); o[e + 3] = from_f<T>(a.w * inv);
+        }
+    } else {
+        for (int e = tid; e < H * dv; e += blockDim.x) {
+            const int h = e / dv;
+            float a = 0.f;
+#pragma unroll 8
+            for (int s = 0; s < live; ++s) a += __ldcg(part_acc + (s * per_split + ph0) * dv + e) * w_s[h * splits + s];
+            o[e] = from_f<T>(a * l_s[h]);
         }
     }
 }
@@ -1307,9 +1366,9 @@ __device__ void attn_combine(const float* __restrict__ part_acc, const float* __
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) paged_decode_##TN##_h##HM##_v##DVR(               \
         const T* q, const T* kc, const T* vc, const unsigned int* tables, const DecodeItem* items, T* out,         \
         float* part_acc, float* part_ml, int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size,     \
-        float scale, float softcap, int splits, int n_rows, int vec) {                                             \
+        float scale, float softcap, int splits, int n_rows, int vec, unsigned int* done) {                         \
         paged_decode<T, HM, DVR>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim,   \
-                                 block_size, scale, softcap, splits, n_rows, vec);                                 \
+                                 block_size, scale, softcap, splits, n_rows, vec, done);                           \
     }
 #define INST_T(TN, T)                                                                                              \
     extern "C" __global__ void __launch_bounds__(NWARPS * 32) paged_attn_##TN(                                     \
