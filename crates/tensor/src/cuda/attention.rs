@@ -335,8 +335,8 @@ fn upload_meta(stream: &Arc<CudaStream>, plan: &MetaPlan, key: Vec<u32>) -> Resu
 pub(crate) fn alloc_meta(stream: &Arc<CudaStream>, plan: &MetaPlan) -> Result<MetaCache> {
     // SAFETY (all three): every replay rewrites the whole buffer before the graph reads it.
     let alloc_u32 = |n: usize| unsafe { stream.alloc::<u32>(n) }.map_err(dev_err);
-    let launch = |l: &LaunchPlan, merged_in_kernel: bool| {
-        let done = (merged_in_kernel && l.splits > 1 && l.splits <= DEC_SELF_MERGE_MAX_SPLITS)
+    let launch = |l: &LaunchPlan, can_self_merge: bool| {
+        let done = (can_self_merge && l.splits > 1 && l.splits <= DEC_SELF_MERGE_MAX_SPLITS)
             .then(|| stream.alloc_zeros::<u32>(l.n_items).map_err(dev_err))
             .transpose()?;
         Ok::<_, TensorError>(Launch {
