@@ -335,10 +335,8 @@ fn upload_meta(stream: &Arc<CudaStream>, plan: &MetaPlan, key: Vec<u32>) -> Resu
 pub(crate) fn alloc_meta(stream: &Arc<CudaStream>, plan: &MetaPlan) -> Result<MetaCache> {
     // SAFETY (all three): every replay rewrites the whole buffer before the graph reads it.
     let alloc_u32 = |n: usize| unsafe { stream.alloc::<u32>(n) }.map_err(dev_err);
-    let launch = |l: &LaunchPlan, can_self_merge: bool| {
-        let done = (can_self_merge && l.splits > 1 && l.splits <= DEC_SELF_MERGE_MAX_SPLITS)
-            .then(|| stream.alloc_zeros::<u32>(l.n_items).map_err(dev_err))
-            .transpose()?;
+    let launch = |l: &LaunchPlan, self_merge: bool| {
+        let done = self_merge.then(|| stream.alloc_zeros::<u32>(l.n_items).map_err(dev_err)).transpose()?;
         Ok::<_, TensorError>(Launch {
             items: unsafe { stream.alloc::<i32>(l.items.len()) }.map_err(dev_err)?,
             n_items: l.n_items,
@@ -352,7 +350,11 @@ pub(crate) fn alloc_meta(stream: &Arc<CudaStream>, plan: &MetaPlan) -> Result<Me
         key: Vec::new(),
         tables: alloc_u32(plan.tables.len())?,
         prefill: plan.prefill.as_ref().map(|l| launch(l, false)).transpose()?,
-        decode: plan.decode.as_ref().map(|l| launch(l, true)).transpose()?,
+        decode: plan
+            .decode
+            .as_ref()
+            .map(|l| launch(l, (2..=DEC_SELF_MERGE_MAX_SPLITS).contains(&l.splits)))
+            .transpose()?,
     })
 }
 

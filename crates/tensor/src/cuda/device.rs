@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
 use cudarc::driver::{sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
 use super::kernels;
 use super::storage::Arg;
@@ -230,11 +230,7 @@ impl CudaDevice {
     fn compile(&self, source: KernelSource) -> Result<Arc<CudaModule>> {
         let (major, minor) = self.compute_capability;
         let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
-        let src = format!("{}{}", kernels::COMMON, source.src);
-        let opts = CompileOptions { arch: Some(arch), ..Default::default() };
-        let ptx = compile_ptx_with_opts(src, opts)
-            .map_err(|e| dev_err(format!("NVRTC failed on the {} kernels for {arch}: {e:?}", source.name)))?;
-        self.stream.context().load_module(ptx).map_err(dev_err)
+        self.stream.context().load_module(compile_ptx(source, arch)?).map_err(dev_err)
     }
 
     /// Launches `f` with `args` in the order of the kernel's C parameters. On sm_90 and later
@@ -299,6 +295,14 @@ impl CudaDevice {
     }
 }
 
+/// One kernel module (with the shared prelude) as PTX for virtual architecture `arch`.
+fn compile_ptx(source: KernelSource, arch: &'static str) -> Result<Ptx> {
+    let src = format!("{}{}", kernels::COMMON, source.src);
+    let opts = CompileOptions { arch: Some(arch), ..Default::default() };
+    compile_ptx_with_opts(src, opts)
+        .map_err(|e| dev_err(format!("NVRTC failed on the {} kernels for {arch}: {e:?}", source.name)))
+}
+
 /// Stream-ordered allocations return freed memory to the driver at every synchronisation by
 /// default; keeping it in the pool makes per-op output allocation cheap after the first step.
 fn keep_pool_memory(ctx: &Arc<CudaContext>) -> Result<()> {
@@ -336,9 +340,7 @@ mod tests {
             return;
         }
         for source in [ELEMENTWISE, NORM, ATTENTION, GEMV, SAMPLING] {
-            let opts = CompileOptions { arch: Some("compute_90"), ..Default::default() };
-            let ptx = compile_ptx_with_opts(format!("{}{}", kernels::COMMON, source.src), opts);
-            let ptx = ptx.unwrap_or_else(|e| panic!("{} kernels: {e:?}", source.name)).to_src();
+            let ptx = compile_ptx(source, "compute_90").unwrap_or_else(|e| panic!("{e}")).to_src();
             assert!(ptx.contains(".entry"), "{} kernels gave no entry points", source.name);
         }
     }

@@ -1032,7 +1032,7 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
                           l_s[h], c == 0);
         }
     }
-    if (splits == 1 || done == nullptr) return;  // merged by attn_combine when `done` is null
+    if (done == nullptr) return;  // not split, or merged by attn_combine
 
     // The item's last block to finish merges the splits (the threadfence-reduction pattern): a
     // separate merge kernel would wait for the whole grid to drain and pay its own launch, which
