@@ -43,6 +43,23 @@ impl RawConfig {
         serde_json::from_value(self.value.clone()).map_err(|e| self.error(e.to_string()))
     }
 
+    /// The config with keys renamed `(from, to)`, for families that spell the common keys their
+    /// own way (`n_embd` for `hidden_size`). The common key then means the family's key alone: a
+    /// stray one the family never reads is dropped (an OPT config's `intermediate_size` is not its
+    /// `ffn_dim`).
+    pub fn renamed(&self, names: &[(&str, &str)]) -> RawConfig {
+        let mut value = self.value.clone();
+        if let Some(obj) = value.as_object_mut() {
+            for (from, to) in names {
+                match obj.remove(*from) {
+                    Some(v) => obj.insert((*to).to_owned(), v),
+                    None => obj.remove(*to),
+                };
+            }
+        }
+        RawConfig { path: self.path.clone(), value }
+    }
+
     pub fn error(&self, message: impl Into<String>) -> ModelError {
         ModelError::Config { path: self.path.clone(), message: message.into() }
     }

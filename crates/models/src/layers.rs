@@ -8,7 +8,7 @@ use ferrite_tensor::{
 };
 
 use crate::rope::Rope;
-use crate::weights::Weights;
+use crate::weights::{Scope, Weights};
 use crate::Result;
 
 /// A `torch.nn.Linear`: weight `[out, in]`, optional bias `[out]`.
@@ -165,6 +165,10 @@ impl GatedMlp {
         };
         self.down.forward(&h)
     }
+
+    pub fn weight_bytes(&self) -> usize {
+        [&self.gate, &self.up, &self.down].iter().map(|l| l.weight.size_in_bytes()).sum()
+    }
 }
 
 /// Self-attention over the paged cache: q/k/v projections, optional per-head QK-norm, rotary
@@ -237,6 +241,26 @@ pub struct Embedding {
 impl Embedding {
     pub fn forward(&self, ids: &[u32]) -> Result<Tensor> {
         Ok(ops::embedding(&self.table, ids)?)
+    }
+}
+
+/// The layers a loader reads from a scope, each by the name of its checkpoint module.
+impl Scope<'_> {
+    pub fn linear(&self, leaf: &str, in_features: usize, out_features: usize, bias: bool) -> Result<Linear> {
+        Linear::load(self.weights(), &self.name(leaf), in_features, out_features, bias)
+    }
+
+    pub fn rms(&self, leaf: &str, size: usize, eps: f64) -> Result<RmsNorm> {
+        RmsNorm::load(self.weights(), &self.name(leaf), size, eps)
+    }
+
+    pub fn layer_norm(&self, leaf: &str, size: usize, eps: f64, bias: bool) -> Result<LayerNorm> {
+        LayerNorm::load(self.weights(), &self.name(leaf), size, eps, bias)
+    }
+
+    /// `{leaf}.{gate,up,down}_proj`.
+    pub fn gated_mlp(&self, leaf: &str, hidden: usize, width: usize, act: Activation, bias: bool) -> Result<GatedMlp> {
+        GatedMlp::load(self.weights(), &self.name(leaf), hidden, width, act, bias)
     }
 }
 
@@ -350,28 +374,6 @@ pub struct DenseMlp {
 impl DenseMlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.fc2.forward(&ops::activation(&self.fc1.forward(x)?, self.act)?)
-    }
-}
-
-#[derive(Debug, Clone)]
-pub enum Mlp {
-    Gated(GatedMlp),
-    Dense(DenseMlp),
-}
-
-impl Mlp {
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Mlp::Gated(m) => m.forward(x),
-            Mlp::Dense(m) => m.forward(x),
-        }
-    }
-
-    pub fn weight_bytes(&self) -> usize {
-        match self {
-            Mlp::Gated(m) => [&m.gate, &m.up, &m.down].iter().map(|l| l.weight.size_in_bytes()).sum(),
-            Mlp::Dense(m) => m.fc1.weight.size_in_bytes() + m.fc2.weight.size_in_bytes(),
-        }
     }
 }
 

@@ -406,34 +406,11 @@ impl SparseMoe {
     }
 
     pub fn weight_bytes(&self) -> usize {
-        let shared = self.shared.as_ref().map_or(0, |s| {
-            [&s.mlp.gate, &s.mlp.up, &s.mlp.down].iter().map(|l| l.weight.size_in_bytes()).sum::<usize>()
-                + s.gate.as_ref().map_or(0, |g| g.weight.size_in_bytes())
-        });
+        let shared = self
+            .shared
+            .as_ref()
+            .map_or(0, |s| s.mlp.weight_bytes() + s.gate.as_ref().map_or(0, |g| g.weight.size_in_bytes()));
         self.router.weight.size_in_bytes() + self.experts.weight_bytes() + shared
-    }
-}
-
-/// A decoder layer's feed-forward block: dense, or a mixture of experts.
-#[derive(Debug, Clone)]
-pub enum FeedForward {
-    Dense(GatedMlp),
-    Moe(Box<SparseMoe>),
-}
-
-impl FeedForward {
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            FeedForward::Dense(m) => m.forward(x),
-            FeedForward::Moe(m) => m.forward(x),
-        }
-    }
-
-    pub fn weight_bytes(&self) -> usize {
-        match self {
-            FeedForward::Dense(m) => [&m.gate, &m.up, &m.down].iter().map(|l| l.weight.size_in_bytes()).sum(),
-            FeedForward::Moe(m) => m.weight_bytes(),
-        }
     }
 }
 

@@ -20,7 +20,7 @@ use ferrite_tensor::{ops, AttnMetadata, AttnSeq, DType, PagedKvLayer, Tensor};
 use serde_json::Value;
 
 use crate::config::RawConfig;
-use crate::families::{bert, llama, qwen3, roberta};
+use crate::families::{bert, llama, roberta};
 use crate::loader::LoadOptions;
 use crate::model::{CausalLM, ForwardInput};
 use crate::weights::{SafetensorsWeights, WeightSource, Weights};
@@ -594,9 +594,9 @@ const ENTRIES: &[(&str, PoolingConstructor)] = &[
     ("XLMRobertaForSequenceClassification", |r, w| {
         Ok(Box::new(roberta::RobertaForSequenceClassification::load(r, w)?))
     }),
-    ("LlamaModel", |r, w| decoder(r, llama::LlamaModel::load(r, w, llama::Variant::default())?)),
-    ("LlamaForCausalLM", |r, w| decoder(r, llama::LlamaModel::load(r, w, llama::Variant::default())?)),
-    ("Qwen3ForCausalLM", |r, w| decoder(r, qwen3::load(r, w)?)),
+    ("LlamaModel", |r, w| decoder(r, llama::load(r, w, llama::Variant::default())?)),
+    ("LlamaForCausalLM", |r, w| decoder(r, llama::load(r, w, llama::Variant::default())?)),
+    ("Qwen3ForCausalLM", |r, w| decoder(r, llama::load(r, w, llama::Variant::QWEN3)?)),
 ];
 
 /// Every architecture with a pooling constructor, sorted.

@@ -2,9 +2,11 @@
 //! Hugging Face class really shares a family's computation is one line here.
 
 use crate::config::RawConfig;
-use crate::families::{cohere, falcon, gpt2, gpt_neox, granite, olmo2, opt, phi, phi3, stablelm, starcoder2};
-use crate::families::{deepseek_v2, deepseek_v3, mixtral, olmoe, qwen2_moe, qwen3_moe};
-use crate::families::{gemma, gemma2, gemma3, llama, qwen2, qwen3};
+use crate::families::deepseek_v2::{self, DeepseekVariant};
+use crate::families::llama::{self, Variant};
+use crate::families::mixtral::{self, MoeVariant};
+use crate::families::{cohere, falcon, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, olmo2, opt, phi, phi3};
+use crate::families::{stablelm, starcoder2};
 use crate::model::CausalLM;
 use crate::weights::Weights;
 use crate::{ModelError, Result};
@@ -12,19 +14,16 @@ use crate::{ModelError, Result};
 pub type Constructor = fn(&RawConfig, &Weights) -> Result<Box<dyn CausalLM>>;
 
 const ENTRIES: &[(&str, Constructor)] = &[
-    ("LlamaForCausalLM", |r, w| Ok(Box::new(llama::LlamaModel::load(r, w, llama::Variant::default())?))),
-    ("MistralForCausalLM", |r, w| {
-        let variant = llama::Variant { window: llama::WindowRule::AllLayers, ..Default::default() };
-        Ok(Box::new(llama::LlamaModel::load(r, w, variant)?))
-    }),
-    ("Qwen2ForCausalLM", |r, w| Ok(Box::new(qwen2::load(r, w)?))),
-    ("Qwen3ForCausalLM", |r, w| Ok(Box::new(qwen3::load(r, w)?))),
-    ("MixtralForCausalLM", |r, w| Ok(Box::new(mixtral::load(r, w)?))),
-    ("Qwen2MoeForCausalLM", |r, w| Ok(Box::new(qwen2_moe::load(r, w)?))),
-    ("Qwen3MoeForCausalLM", |r, w| Ok(Box::new(qwen3_moe::load(r, w)?))),
-    ("OlmoeForCausalLM", |r, w| Ok(Box::new(olmoe::load(r, w)?))),
-    ("DeepseekV2ForCausalLM", |r, w| Ok(Box::new(deepseek_v2::load(r, w)?))),
-    ("DeepseekV3ForCausalLM", |r, w| Ok(Box::new(deepseek_v3::load(r, w)?))),
+    ("LlamaForCausalLM", |r, w| Ok(Box::new(llama::load(r, w, Variant::default())?))),
+    ("MistralForCausalLM", |r, w| Ok(Box::new(llama::load(r, w, Variant::MISTRAL)?))),
+    ("Qwen2ForCausalLM", |r, w| Ok(Box::new(llama::load(r, w, Variant::QWEN2)?))),
+    ("Qwen3ForCausalLM", |r, w| Ok(Box::new(llama::load(r, w, Variant::QWEN3)?))),
+    ("MixtralForCausalLM", |r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::MIXTRAL)?))),
+    ("Qwen2MoeForCausalLM", |r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::QWEN2_MOE)?))),
+    ("Qwen3MoeForCausalLM", |r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::QWEN3_MOE)?))),
+    ("OlmoeForCausalLM", |r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::OLMOE)?))),
+    ("DeepseekV2ForCausalLM", |r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::V2)?))),
+    ("DeepseekV3ForCausalLM", |r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::V3)?))),
     ("GemmaForCausalLM", |r, w| Ok(Box::new(gemma::load(r, w)?))),
     ("Gemma2ForCausalLM", |r, w| Ok(Box::new(gemma2::load(r, w)?))),
     ("Gemma3ForCausalLM", |r, w| Ok(Box::new(gemma3::load(r, w)?))),

@@ -275,3 +275,53 @@ impl Weights {
         self.loaded.load(Ordering::Relaxed)
     }
 }
+
+impl Weights {
+    /// A view of the tensors under `prefix` (`model.layers.3.self_attn`), so that a loader names
+    /// each tensor by its last parts and a wrong prefix is a one-place bug.
+    pub fn at(&self, prefix: impl Into<String>) -> Scope<'_> {
+        Scope { weights: self, prefix: prefix.into() }
+    }
+}
+
+/// The tensors under one name prefix of a [`Weights`]; see [`Weights::at`].
+#[derive(Clone)]
+pub struct Scope<'w> {
+    weights: &'w Weights,
+    prefix: String,
+}
+
+impl<'w> Scope<'w> {
+    pub fn weights(&self) -> &'w Weights {
+        self.weights
+    }
+
+    /// The full checkpoint name of `leaf` under this prefix.
+    pub fn name(&self, leaf: &str) -> String {
+        match (self.prefix.is_empty(), leaf.is_empty()) {
+            (true, _) => leaf.to_owned(),
+            (_, true) => self.prefix.clone(),
+            _ => format!("{}.{leaf}", self.prefix),
+        }
+    }
+
+    pub fn at(&self, sub: &str) -> Scope<'w> {
+        Scope { weights: self.weights, prefix: self.name(sub) }
+    }
+
+    pub fn contains(&self, leaf: &str) -> bool {
+        self.weights.contains(&self.name(leaf))
+    }
+
+    pub fn get(&self, leaf: &str, shape: &[usize]) -> Result<Tensor> {
+        self.weights.get(&self.name(leaf), shape)
+    }
+
+    pub fn get_f32(&self, leaf: &str, shape: &[usize]) -> Result<Tensor> {
+        self.weights.get_f32(&self.name(leaf), shape)
+    }
+
+    pub fn get_f32_opt(&self, leaf: &str, shape: &[usize]) -> Result<Option<Tensor>> {
+        self.weights.get_f32_opt(&self.name(leaf), shape)
+    }
+}

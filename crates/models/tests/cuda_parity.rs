@@ -77,7 +77,7 @@ fn every_fixture_on_cuda() {
 /// into the query and output) on CUDA, f32, token-exact.
 #[test]
 fn deepseek_latent_mla_on_cuda() {
-    use ferrite_models::families::deepseek_v2::{DeepseekModel, DeepseekVariant};
+    use ferrite_models::families::deepseek_v2::{self, DeepseekVariant};
     use ferrite_models::mla::MlaCacheMode;
     if !ferrite_tensor::cuda::is_available() {
         println!("SKIP: no CUDA device");
@@ -86,7 +86,7 @@ fn deepseek_latent_mla_on_cuda() {
     for (name, variant) in [("deepseek-v2", DeepseekVariant::V2), ("deepseek-v3", DeepseekVariant::V3)] {
         let dir = fixtures_dir().join("models").join(name);
         let (_, reports) = run_fixture_with(&dir, DType::F32, Device::Cuda(0), |r, w| {
-            Ok(Box::new(DeepseekModel::load(r, w, variant, MlaCacheMode::Latent)?))
+            Ok(Box::new(deepseek_v2::load_with(r, w, variant, MlaCacheMode::Latent)?))
         })
         .unwrap_or_else(|e| panic!("{name}: {e}"));
         println!("{name} latent MLA cache cuda f32: {}", summarize(&reports));

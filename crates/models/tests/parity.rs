@@ -156,12 +156,12 @@ fn gate_catches_wave1_config_breaks() {
 /// The DeepSeek fixtures again with MLA's latent KV cache (compressed latent + rope key, one KV
 /// head, `kv_b_proj` absorbed into the query and output) instead of the default expanded cache.
 fn gate_latent_mla(name: &str, variant: ferrite_models::families::deepseek_v2::DeepseekVariant) {
-    use ferrite_models::families::deepseek_v2::DeepseekModel;
+    use ferrite_models::families::deepseek_v2;
     use ferrite_models::mla::MlaCacheMode;
     let dir = fixtures_dir().join("models").join(name);
     let (oracle, reports) =
         ferrite_models::gate::run_fixture_with(&dir, DType::F32, ferrite_tensor::Device::Cpu, |r, w| {
-            let model = DeepseekModel::load(r, w, variant, MlaCacheMode::Latent)?;
+            let model = deepseek_v2::load_with(r, w, variant, MlaCacheMode::Latent)?;
             let spec = ferrite_models::CausalLM::info(&model).kv_layers[0];
             assert_eq!(spec.num_kv_heads, 1, "latent cache has one KV head");
             Ok(Box::new(model))

@@ -14,53 +14,30 @@ use std::ops::Range;
 use serde::Deserialize;
 
 use crate::config::RawConfig;
-use crate::decoder::{load, Block, Decoder, LogitsPost, ParallelSum, SelfAttention, Wiring};
-use crate::layers::{Attention, DenseMlp, Embedding, Linear, Mlp, Norm};
-use crate::rope::{Rope, RopeParameters};
+use crate::decoder::load::{CommonConfig, Defaults, Names};
+use crate::decoder::{Block, ChannelMixer, Decoder, ParallelSum, SelfAttention, TokenMixer, Wiring};
+use crate::layers::{Attention, DenseMlp, Norm};
 use crate::weights::Weights;
 use crate::Result;
 
-fn default_eps() -> f64 {
-    1e-5
-}
 fn default_true() -> bool {
     true
 }
-fn default_act() -> String {
-    "gelu".into()
-}
-fn default_max_positions() -> usize {
-    2048
-}
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct FalconConfig {
-    #[serde(alias = "n_embed")]
-    pub hidden_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub num_kv_heads: Option<usize>,
-    pub num_ln_in_parallel_attn: Option<usize>,
-    #[serde(default = "default_eps")]
-    pub layer_norm_epsilon: f64,
+struct FalconConfig {
+    num_kv_heads: Option<usize>,
+    num_ln_in_parallel_attn: Option<usize>,
     #[serde(default)]
-    pub alibi: bool,
+    alibi: bool,
     #[serde(default)]
-    pub new_decoder_architecture: bool,
+    new_decoder_architecture: bool,
     #[serde(default = "default_true")]
-    pub multi_query: bool,
+    multi_query: bool,
     #[serde(default = "default_true")]
-    pub parallel_attn: bool,
+    parallel_attn: bool,
     #[serde(default)]
-    pub bias: bool,
-    #[serde(default = "default_max_positions")]
-    pub max_position_embeddings: usize,
-    pub vocab_size: usize,
-    pub ffn_hidden_size: Option<usize>,
-    #[serde(default = "default_act")]
-    pub activation: String,
-    #[serde(default = "default_true")]
-    pub tie_word_embeddings: bool,
+    bias: bool,
 }
 
 /// Row ranges of q, k and v inside the fused projection, and the number of KV heads.
@@ -90,38 +67,42 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     if cfg.new_decoder_architecture && !cfg.parallel_attn {
         return Err(raw.error("`new_decoder_architecture` without `parallel_attn` is not a layout transformers runs"));
     }
-    let h = cfg.hidden_size;
-    let heads = cfg.num_attention_heads;
-    let d = h / heads;
-    let ([q_rows, k_rows, v_rows], kv_heads) = qkv_layout(&cfg, heads, d);
-    load::check_heads(raw, heads, kv_heads)?;
-    let fused_rows = (heads + 2 * kv_heads) * d;
-    let ffn = cfg.ffn_hidden_size.unwrap_or(4 * h);
-    let act = load::activation(raw, "activation", &cfg.activation)?;
-    let rope = Rope::new(&RopeParameters::from_config(raw, 10000.0)?, d, cfg.max_position_embeddings, raw)?;
-    let eps = cfg.layer_norm_epsilon;
+    let mut names = vec![
+        ("layer_norm_epsilon", "layer_norm_eps"),
+        ("activation", "hidden_act"),
+        ("ffn_hidden_size", "intermediate_size"),
+    ];
+    // The legacy `n_embed`, where present, is the hidden size.
+    if raw.value.get("n_embed").is_some() {
+        names.push(("n_embed", "hidden_size"));
+    }
+    let mapped = raw.renamed(&names);
+    let common: CommonConfig = mapped.parse()?;
+    let heads = common.num_attention_heads;
+    let ([q_rows, k_rows, v_rows], kv_heads) = qkv_layout(&cfg, heads, common.hidden_size / heads.max(1));
+    let defaults =
+        Defaults { eps: 1e-5, layer_norm: true, act: "gelu", tie: true, kv_heads: Some(kv_heads), ..Defaults::LLAMA };
+    let mut d = CommonConfig { num_key_value_heads: None, head_dim: None, ..common }.resolve(&mapped, defaults)?;
+    d.head_dim = d.hidden / d.heads;
+    let (h, ffn, bias) = (d.hidden, d.intermediate.unwrap_or(4 * d.hidden), cfg.bias);
     let two_norms = cfg.new_decoder_architecture && cfg.num_ln_in_parallel_attn.unwrap_or(2) == 2;
-    let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
-    for i in 0..cfg.num_hidden_layers {
-        let p = format!("transformer.h.{i}");
-        let qkv = Linear::load(w, &format!("{p}.self_attention.query_key_value"), h, fused_rows, cfg.bias)?;
+    let blocks = d.blocks_at(w, "transformer.h", |_, l| {
+        let qkv = l.linear("self_attention.query_key_value", h, (heads + 2 * kv_heads) * d.head_dim, bias)?;
         let attn = Attention {
             q: qkv.select_rows(&q_rows)?,
             k: qkv.select_rows(&k_rows)?,
             v: qkv.select_rows(&v_rows)?,
-            o: Linear::load(w, &format!("{p}.self_attention.dense"), h, h, cfg.bias)?,
+            o: l.linear("self_attention.dense", h, h, bias)?,
             q_norm: None,
             k_norm: None,
-            params: load::attention_params(heads, kv_heads, d, 1.0 / (d as f64).sqrt(), None, None),
+            params: d.attention_params(1.0 / (d.head_dim as f64).sqrt()),
         };
         let mlp = DenseMlp {
-            fc1: Linear::load(w, &format!("{p}.mlp.dense_h_to_4h"), h, ffn, cfg.bias)?,
-            fc2: Linear::load(w, &format!("{p}.mlp.dense_4h_to_h"), ffn, h, cfg.bias)?,
-            act,
+            fc1: l.linear("mlp.dense_h_to_4h", h, ffn, bias)?,
+            fc2: l.linear("mlp.dense_4h_to_h", ffn, h, bias)?,
+            act: d.act,
         };
-        let norm = |n: &str| -> Result<Option<Norm>> {
-            Ok(Some(Norm::Layer(load::layer_norm(w, &format!("{p}.{n}"), h, eps, true)?)))
-        };
+        let norm = |leaf: &str| -> Result<Option<Norm>> { Ok(Some(Norm::Layer(d.layer_norm(l, leaf, true)?))) };
         let (attn_norm, mlp_norm, wiring) = if two_norms {
             (norm("ln_attn")?, norm("ln_mlp")?, Wiring::Parallel(ParallelSum::BranchesFirst))
         } else if cfg.parallel_attn {
@@ -129,38 +110,17 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         } else {
             (norm("input_layernorm")?, norm("post_attention_layernorm")?, Wiring::Sequential { residual_scale: None })
         };
-        blocks.push(Block {
+        Ok(Block {
             attn_norm,
-            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: Some(0) },
+            mixer: TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
             attn_out_norm: None,
             mlp_norm,
-            mlp: Mlp::Dense(mlp),
+            mlp: ChannelMixer::Dense(mlp),
             mlp_out_norm: None,
             wiring,
-        });
-    }
-    let embed = Embedding { table: w.get("transformer.word_embeddings.weight", &[cfg.vocab_size, h])? };
-    let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
-    let info = Decoder::info_for(
-        raw.architecture()?,
-        cfg.vocab_size,
-        cfg.max_position_embeddings,
-        &blocks,
-        &embed,
-        &lm_head,
-        &[],
-    );
-    Ok(Decoder {
-        info,
-        embed,
-        embed_scale: None,
-        project_in: None,
-        positions: None,
-        blocks,
-        final_norm: Some(Norm::Layer(load::layer_norm(w, "transformer.ln_f", h, eps, true)?)),
-        project_out: None,
-        lm_head,
-        logits: LogitsPost::default(),
-        ropes: vec![rope],
-    })
+        })
+    })?;
+    let names = Names { layers: "transformer.h", embed: "transformer.word_embeddings", ..Names::LLAMA };
+    let final_norm = Norm::Layer(d.layer_norm(&w.at("transformer"), "ln_f", true)?);
+    d.finish_at(raw, w, names, blocks, Some(final_norm), vec![d.rope(raw, 10000.0)?])
 }

@@ -9,58 +9,27 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::gemma::{gemma_norm, scaled_embedding};
+use super::gemma::{gemma_norm, no_encoder, scale_embedding, GEMMA};
 use crate::config::RawConfig;
-use crate::decoder::{load, Block, Decoder, LogitsPost, SelfAttention, Wiring};
-use crate::layers::{Attention, GatedMlp, Linear, Mlp, Norm};
+use crate::decoder::load::{CommonConfig, Defaults};
+use crate::decoder::{Block, ChannelMixer, Decoder, LogitsPost, SelfAttention, TokenMixer, Wiring};
+use crate::layers::Norm;
 use crate::rope::{Rope, RopeParameters};
 use crate::weights::Weights;
 use crate::Result;
 
-fn default_eps() -> f64 {
-    1e-6
-}
-fn default_true() -> bool {
-    true
-}
-fn default_act() -> String {
-    "gelu_pytorch_tanh".into()
-}
-
 /// The fields Gemma 2 and Gemma 3 text configs share. Keys whose transformers default is not
 /// "absent" (softcaps, sliding window) are read by [`Sandwich`] from the raw JSON.
 #[derive(Debug, Clone, Deserialize)]
-pub struct Gemma2Config {
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    #[serde(default = "default_kv_heads")]
-    pub num_key_value_heads: usize,
-    #[serde(default = "default_head_dim")]
-    pub head_dim: usize,
-    #[serde(default = "default_eps")]
-    pub rms_norm_eps: f64,
-    pub max_position_embeddings: Option<usize>,
-    pub vocab_size: usize,
-    #[serde(default = "default_true")]
-    pub tie_word_embeddings: bool,
-    #[serde(default = "default_act")]
-    pub hidden_activation: String,
-    #[serde(default)]
-    pub attention_bias: bool,
+pub(crate) struct Gemma2Config {
+    #[serde(flatten)]
+    common: CommonConfig,
+    hidden_activation: Option<String>,
     #[serde(default = "default_query_scalar")]
-    pub query_pre_attn_scalar: f64,
-    pub layer_types: Option<Vec<String>>,
-    pub use_bidirectional_attention: Option<bool>,
+    query_pre_attn_scalar: f64,
+    use_bidirectional_attention: Option<bool>,
 }
 
-fn default_kv_heads() -> usize {
-    4
-}
-fn default_head_dim() -> usize {
-    256
-}
 fn default_query_scalar() -> f64 {
     256.0
 }
@@ -77,8 +46,9 @@ pub(crate) fn f64_or(raw: &RawConfig, key: &str, default: Option<f64>) -> Option
 pub(crate) struct Sandwich {
     /// Per-head `(1 + w)` RMSNorm on queries and keys (Gemma 3).
     pub qk_norm: bool,
-    /// Rotary tables `[sliding, full]`; a single table serves both layer types when they agree.
-    pub ropes: Vec<Rope>,
+    /// Rotary tables `[sliding, full]` over `head_dim` (default 256) and the max positions; a
+    /// single table serves both layer types when they agree.
+    pub ropes: fn(raw: &RawConfig, head_dim: usize, max_positions: usize) -> Result<Vec<Rope>>,
     /// Index into `ropes` for sliding and for full layers.
     pub rope_of: fn(sliding: bool) -> usize,
     /// Gemma 2 passes `attn_logit_softcapping` to attention; Gemma 3 defines it but does not.
@@ -91,12 +61,11 @@ pub(crate) struct Sandwich {
 }
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
-    let cfg: Gemma2Config = raw.parse()?;
-    let max_pos = cfg.max_position_embeddings.unwrap_or(8192);
-    let rope = Rope::new(&RopeParameters::from_config(raw, 10000.0)?, cfg.head_dim, max_pos, raw)?;
     let opts = Sandwich {
         qk_norm: false,
-        ropes: vec![rope],
+        ropes: |raw, head_dim, max_pos| {
+            Ok(vec![Rope::new(&RopeParameters::from_config(raw, 10000.0)?, head_dim, max_pos, raw)?])
+        },
         rope_of: |_| 0,
         attn_softcap: f64_or(raw, "attn_logit_softcapping", Some(50.0)),
         final_softcap: f64_or(raw, "final_logit_softcapping", Some(30.0)),
@@ -104,78 +73,52 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         default_sliding: |i, _| (i + 1) % 2 != 0,
         default_max_positions: 8192,
     };
-    load_sandwich(raw, w, &cfg, opts)
+    load_sandwich(raw, w, opts)
 }
 
-pub(crate) fn load_sandwich(raw: &RawConfig, w: &Weights, cfg: &Gemma2Config, opts: Sandwich) -> Result<Decoder> {
-    if cfg.use_bidirectional_attention.unwrap_or(false) {
-        return Err(raw.error("`use_bidirectional_attention: true` (an encoder) is not a causal LM"));
-    }
-    let h = cfg.hidden_size;
-    let (heads, kv_heads, head_dim) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
-    load::check_heads(raw, heads, kv_heads)?;
-    let act = load::activation(raw, "hidden_activation", &cfg.hidden_activation)?;
-    if let Some(types) = &cfg.layer_types {
-        if types.len() != cfg.num_hidden_layers {
-            return Err(raw.error(format!(
-                "`layer_types` has {} entries for {} layers",
-                types.len(),
-                cfg.num_hidden_layers
-            )));
-        }
-    }
-    let eps = cfg.rms_norm_eps;
+pub(crate) fn load_sandwich(raw: &RawConfig, w: &Weights, opts: Sandwich) -> Result<Decoder> {
+    let cfg: Gemma2Config = raw.parse()?;
+    no_encoder(raw, cfg.use_bidirectional_attention)?;
+    let defaults = Defaults { kv_heads: Some(4), max_positions: opts.default_max_positions, ..GEMMA };
+    let mut d = cfg.common.resolve(raw, defaults)?;
+    d.act = crate::decoder::load::activation(
+        raw,
+        "hidden_activation",
+        cfg.hidden_activation.as_deref().unwrap_or(GEMMA.act),
+    )?;
+    let inter = d.intermediate(raw)?;
     let scale = cfg.query_pre_attn_scalar.powf(-0.5);
-    let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
-    for i in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{i}");
-        let sliding = match &cfg.layer_types {
-            Some(types) => load::is_sliding(raw, types, i)?,
-            None => (opts.default_sliding)(i, raw),
-        };
-        let window = if sliding { opts.sliding_window } else { None };
-        let bias = cfg.attention_bias;
-        let qk_norm = |n: &str| -> Result<_> {
-            opts.qk_norm.then(|| gemma_norm(w, &format!("{p}.self_attn.{n}"), head_dim, eps)).transpose()
-        };
-        let attn = Attention {
-            q: Linear::load(w, &format!("{p}.self_attn.q_proj"), h, heads * head_dim, bias)?,
-            k: Linear::load(w, &format!("{p}.self_attn.k_proj"), h, kv_heads * head_dim, bias)?,
-            v: Linear::load(w, &format!("{p}.self_attn.v_proj"), h, kv_heads * head_dim, bias)?,
-            o: Linear::load(w, &format!("{p}.self_attn.o_proj"), heads * head_dim, h, bias)?,
-            q_norm: qk_norm("q_norm")?,
-            k_norm: qk_norm("k_norm")?,
-            params: load::attention_params(heads, kv_heads, head_dim, scale, window, opts.attn_softcap),
-        };
-        let norm =
-            |n: &str| -> Result<Option<Norm>> { Ok(Some(Norm::Rms(gemma_norm(w, &format!("{p}.{n}"), h, eps)?))) };
-        blocks.push(Block {
+    let blocks = d.blocks(w, |i, l| {
+        let sliding = d.sliding(raw, i)?.unwrap_or_else(|| (opts.default_sliding)(i, raw));
+        let s = l.at("self_attn");
+        let mut attn = d.attention(&s, d.attention_bias, d.attention_bias)?;
+        if opts.qk_norm {
+            attn.q_norm = Some(gemma_norm(&s, "q_norm", d.head_dim, d.eps)?);
+            attn.k_norm = Some(gemma_norm(&s, "k_norm", d.head_dim, d.eps)?);
+        }
+        attn.params = crate::decoder::load::attention_params(
+            d.heads,
+            d.kv_heads,
+            d.head_dim,
+            scale,
+            if sliding { opts.sliding_window } else { None },
+            opts.attn_softcap,
+        );
+        let norm = |leaf: &str| -> Result<Option<Norm>> { Ok(Some(Norm::Rms(gemma_norm(l, leaf, d.hidden, d.eps)?))) };
+        Ok(Block {
             attn_norm: norm("input_layernorm")?,
-            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: Some((opts.rope_of)(sliding)) },
+            mixer: TokenMixer::Attention(SelfAttention::new(attn, Some((opts.rope_of)(sliding)))),
             attn_out_norm: norm("post_attention_layernorm")?,
             mlp_norm: norm("pre_feedforward_layernorm")?,
-            mlp: Mlp::Gated(GatedMlp::load(w, &format!("{p}.mlp"), h, cfg.intermediate_size, act, false)?),
+            mlp: ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, inter, d.act, false)?),
             mlp_out_norm: norm("post_feedforward_layernorm")?,
             wiring: Wiring::Sequential { residual_scale: None },
-        });
-    }
-    let (embed, embed_scale) = scaled_embedding(w, cfg.vocab_size, h)?;
-    let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
-    let max_pos = cfg.max_position_embeddings.unwrap_or(opts.default_max_positions);
-    let info = Decoder::info_for(raw.architecture()?, cfg.vocab_size, max_pos, &blocks, &embed, &lm_head, &[]);
-    Ok(Decoder {
-        info,
-        embed,
-        embed_scale: Some(embed_scale),
-        project_in: None,
-        positions: None,
-        blocks,
-        final_norm: Some(Norm::Rms(gemma_norm(w, "model.norm", h, eps)?)),
-        project_out: None,
-        lm_head,
-        logits: LogitsPost { scale: None, softcap: opts.final_softcap.map(|c| c as f32) },
-        ropes: opts.ropes,
-    })
+        })
+    })?;
+    let final_norm = Norm::Rms(gemma_norm(&w.at("model"), "norm", d.hidden, d.eps)?);
+    let ropes = (opts.ropes)(raw, d.head_dim, d.max_positions)?;
+    let logits = LogitsPost { scale: None, softcap: opts.final_softcap.map(|c| c as f32) };
+    Ok(scale_embedding(d.finish(raw, w, blocks, final_norm, ropes)?).with_logits(logits))
 }
 
 /// The Gemma 3 rope sections `[sliding_attention, full_attention]`: nested `rope_parameters`

@@ -8,7 +8,7 @@
 //!
 //! Checkpoint names: Gemma 2's plus `model.layers.{i}.self_attn.{q,k}_norm`.
 
-use super::gemma2::{f64_or, gemma3_rope_sections, load_sandwich, Gemma2Config, Sandwich};
+use super::gemma2::{f64_or, gemma3_rope_sections, load_sandwich, Sandwich};
 use crate::config::RawConfig;
 use crate::decoder::Decoder;
 use crate::rope::Rope;
@@ -16,13 +16,12 @@ use crate::weights::Weights;
 use crate::Result;
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
-    let cfg: Gemma2Config = raw.parse()?;
-    let max_pos = cfg.max_position_embeddings.unwrap_or(131_072);
-    let [local, global] = gemma3_rope_sections(raw)?;
-    let ropes = vec![Rope::new(&local, cfg.head_dim, max_pos, raw)?, Rope::new(&global, cfg.head_dim, max_pos, raw)?];
     let opts = Sandwich {
         qk_norm: true,
-        ropes,
+        ropes: |raw, head_dim, max_pos| {
+            let [local, global] = gemma3_rope_sections(raw)?;
+            Ok(vec![Rope::new(&local, head_dim, max_pos, raw)?, Rope::new(&global, head_dim, max_pos, raw)?])
+        },
         rope_of: |sliding| if sliding { 0 } else { 1 },
         attn_softcap: None,
         final_softcap: f64_or(raw, "final_logit_softcapping", None),
@@ -33,5 +32,5 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         },
         default_max_positions: 131_072,
     };
-    load_sandwich(raw, w, &cfg, opts)
+    load_sandwich(raw, w, opts)
 }

@@ -10,41 +10,24 @@
 use serde::Deserialize;
 
 use crate::config::RawConfig;
-use crate::decoder::{load, Block, Decoder, LearnedPositions, LogitsPost, SelfAttention, Wiring};
-use crate::layers::{Attention, DenseMlp, Embedding, Linear, Mlp, Norm};
+use crate::decoder::load::{CommonConfig, Defaults, Names};
+use crate::decoder::{Block, ChannelMixer, Decoder, LearnedPositions, SelfAttention, TokenMixer, Wiring};
+use crate::layers::{Attention, DenseMlp, Linear, Norm};
 use crate::weights::Weights;
 use crate::Result;
 
-fn default_eps() -> f64 {
-    1e-5
-}
-fn default_act() -> String {
-    "gelu_new".into()
-}
 fn default_true() -> bool {
     true
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct Gpt2Config {
-    pub n_embd: usize,
-    pub n_layer: usize,
-    pub n_head: usize,
-    pub n_positions: usize,
-    pub n_inner: Option<usize>,
-    pub vocab_size: usize,
-    #[serde(default = "default_eps")]
-    pub layer_norm_epsilon: f64,
-    #[serde(default = "default_act")]
-    pub activation_function: String,
+struct Gpt2Config {
     #[serde(default = "default_true")]
-    pub scale_attn_weights: bool,
+    scale_attn_weights: bool,
     #[serde(default)]
-    pub scale_attn_by_inverse_layer_idx: bool,
+    scale_attn_by_inverse_layer_idx: bool,
     #[serde(default)]
-    pub add_cross_attention: bool,
-    #[serde(default = "default_true")]
-    pub tie_word_embeddings: bool,
+    add_cross_attention: bool,
 }
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
@@ -52,70 +35,46 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     if cfg.add_cross_attention {
         return Err(raw.error("`add_cross_attention: true` (an encoder-decoder) is not supported"));
     }
-    let h = cfg.n_embd;
-    let heads = cfg.n_head;
-    load::check_heads(raw, heads, heads)?;
-    let head_dim = h / heads;
-    let inner = cfg.n_inner.unwrap_or(4 * h);
-    let act = load::activation(raw, "activation_function", &cfg.activation_function)?;
-    let root = if w.contains("transformer.wte.weight") { "transformer." } else { "" };
-    let eps = cfg.layer_norm_epsilon;
-    let mut blocks = Vec::with_capacity(cfg.n_layer);
-    for i in 0..cfg.n_layer {
-        let p = format!("{root}h.{i}");
-        let c_attn = Linear::load_conv1d(w, &format!("{p}.attn.c_attn"), h, 3 * h)?;
-        let [q, k, v]: [Linear; 3] = c_attn.split_rows(&[h, h, h])?.try_into().expect("three parts");
-        let mut scale = if cfg.scale_attn_weights { (head_dim as f64).powf(-0.5) } else { 1.0 };
+    let mapped = raw.renamed(&[
+        ("n_embd", "hidden_size"),
+        ("n_layer", "num_hidden_layers"),
+        ("n_head", "num_attention_heads"),
+        ("n_positions", "max_position_embeddings"),
+        ("n_inner", "intermediate_size"),
+        ("layer_norm_epsilon", "layer_norm_eps"),
+        ("activation_function", "hidden_act"),
+    ]);
+    let common = CommonConfig { num_key_value_heads: None, head_dim: None, ..mapped.parse::<CommonConfig>()? };
+    let defaults = Defaults { eps: 1e-5, layer_norm: true, act: "gelu_new", tie: true, ..Defaults::LLAMA };
+    let d = common.resolve(&mapped, defaults)?;
+    let (h, inner) = (d.hidden, d.intermediate.unwrap_or(4 * d.hidden));
+    let root = if w.contains("transformer.wte.weight") { "transformer" } else { "" };
+    let at = |leaf: &str| w.at(root).name(leaf);
+    let blocks = d.blocks_at(w, &at("h"), |i, l| {
+        // Every projection is a `Conv1D`, stored `[in, out]`.
+        let conv = |leaf: &str, n_in, n_out| Linear::load_conv1d(w, &l.name(leaf), n_in, n_out);
+        let [q, k, v]: [Linear; 3] =
+            conv("attn.c_attn", h, 3 * h)?.split_rows(&[h, h, h])?.try_into().expect("three parts");
+        let mut scale = if cfg.scale_attn_weights { (d.head_dim as f64).powf(-0.5) } else { 1.0 };
         if cfg.scale_attn_by_inverse_layer_idx {
             scale /= (i + 1) as f64;
         }
-        let attn = Attention {
-            q,
-            k,
-            v,
-            o: Linear::load_conv1d(w, &format!("{p}.attn.c_proj"), h, h)?,
-            q_norm: None,
-            k_norm: None,
-            params: load::attention_params(heads, heads, head_dim, scale, None, None),
-        };
-        let mlp = DenseMlp {
-            fc1: Linear::load_conv1d(w, &format!("{p}.mlp.c_fc"), h, inner)?,
-            fc2: Linear::load_conv1d(w, &format!("{p}.mlp.c_proj"), inner, h)?,
-            act,
-        };
-        blocks.push(Block {
-            attn_norm: Some(Norm::Layer(load::layer_norm(w, &format!("{p}.ln_1"), h, eps, true)?)),
-            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: None },
+        let o = conv("attn.c_proj", h, h)?;
+        let attn = Attention { q, k, v, o, q_norm: None, k_norm: None, params: d.attention_params(scale) };
+        let mlp = DenseMlp { fc1: conv("mlp.c_fc", h, inner)?, fc2: conv("mlp.c_proj", inner, h)?, act: d.act };
+        Ok(Block {
+            attn_norm: Some(Norm::Layer(d.layer_norm(l, "ln_1", true)?)),
+            mixer: TokenMixer::Attention(SelfAttention::new(attn, None)),
             attn_out_norm: None,
-            mlp_norm: Some(Norm::Layer(load::layer_norm(w, &format!("{p}.ln_2"), h, eps, true)?)),
-            mlp: Mlp::Dense(mlp),
+            mlp_norm: Some(Norm::Layer(d.layer_norm(l, "ln_2", true)?)),
+            mlp: ChannelMixer::Dense(mlp),
             mlp_out_norm: None,
             wiring: Wiring::Sequential { residual_scale: None },
-        });
-    }
-    let embed = Embedding { table: w.get(&format!("{root}wte.weight"), &[cfg.vocab_size, h])? };
-    let positions = LearnedPositions { table: w.get(&format!("{root}wpe.weight"), &[cfg.n_positions, h])?, offset: 0 };
-    let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
-    let info = Decoder::info_for(
-        raw.architecture()?,
-        cfg.vocab_size,
-        cfg.n_positions,
-        &blocks,
-        &embed,
-        &lm_head,
-        &[&positions.table],
-    );
-    Ok(Decoder {
-        info,
-        embed,
-        embed_scale: None,
-        project_in: None,
-        positions: Some(positions),
-        blocks,
-        final_norm: Some(Norm::Layer(load::layer_norm(w, &format!("{root}ln_f"), h, eps, true)?)),
-        project_out: None,
-        lm_head,
-        logits: LogitsPost::default(),
-        ropes: Vec::new(),
-    })
+        })
+    })?;
+    let positions = LearnedPositions { table: w.get(&at("wpe.weight"), &[d.max_positions, h])?, offset: 0 };
+    let final_norm = Norm::Layer(d.layer_norm(&w.at(root), "ln_f", true)?);
+    let (layers, embed) = (at("h"), at("wte"));
+    let names = Names { layers: &layers, embed: &embed, ..Names::LLAMA };
+    Ok(d.finish_at(raw, w, names, blocks, Some(final_norm), Vec::new())?.with_positions(positions))
 }

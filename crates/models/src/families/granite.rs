@@ -8,111 +8,48 @@
 use serde::Deserialize;
 
 use crate::config::RawConfig;
-use crate::decoder::{load, Block, Decoder, LogitsPost, SelfAttention, Wiring};
-use crate::layers::{Attention, Embedding, GatedMlp, Linear, Mlp, Norm};
-use crate::rope::{Rope, RopeParameters};
+use crate::decoder::load::{CommonConfig, Defaults};
+use crate::decoder::{Block, ChannelMixer, Decoder, LogitsPost, SelfAttention, TokenMixer, Wiring};
+use crate::layers::Norm;
 use crate::weights::Weights;
 use crate::Result;
 
-fn default_eps() -> f64 {
-    1e-6
-}
-fn default_max_positions() -> usize {
-    2048
-}
-fn default_act() -> String {
-    "silu".into()
-}
 fn one() -> f64 {
     1.0
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct GraniteConfig {
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub num_key_value_heads: Option<usize>,
-    pub head_dim: Option<usize>,
-    #[serde(default = "default_eps")]
-    pub rms_norm_eps: f64,
-    #[serde(default = "default_max_positions")]
-    pub max_position_embeddings: usize,
-    pub vocab_size: usize,
-    #[serde(default)]
-    pub tie_word_embeddings: bool,
-    #[serde(default = "default_act")]
-    pub hidden_act: String,
-    #[serde(default)]
-    pub attention_bias: bool,
-    #[serde(default)]
-    pub mlp_bias: bool,
+struct GraniteConfig {
+    #[serde(flatten)]
+    common: CommonConfig,
     #[serde(default = "one")]
-    pub embedding_multiplier: f64,
+    embedding_multiplier: f64,
     #[serde(default = "one")]
-    pub residual_multiplier: f64,
+    residual_multiplier: f64,
     #[serde(default = "one")]
-    pub attention_multiplier: f64,
+    attention_multiplier: f64,
     #[serde(default = "one")]
-    pub logits_scaling: f64,
+    logits_scaling: f64,
 }
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let cfg: GraniteConfig = raw.parse()?;
-    let h = cfg.hidden_size;
-    let heads = cfg.num_attention_heads;
-    let kv_heads = cfg.num_key_value_heads.unwrap_or(heads);
-    load::check_heads(raw, heads, kv_heads)?;
-    let d = cfg.head_dim.unwrap_or(h / heads);
-    let act = load::activation(raw, "hidden_act", &cfg.hidden_act)?;
-    let rope = Rope::new(&RopeParameters::from_config(raw, 10000.0)?, d, cfg.max_position_embeddings, raw)?;
-    let eps = cfg.rms_norm_eps;
-    let bias = cfg.attention_bias;
-    let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
-    for i in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{i}");
-        let attn = Attention {
-            q: Linear::load(w, &format!("{p}.self_attn.q_proj"), h, heads * d, bias)?,
-            k: Linear::load(w, &format!("{p}.self_attn.k_proj"), h, kv_heads * d, bias)?,
-            v: Linear::load(w, &format!("{p}.self_attn.v_proj"), h, kv_heads * d, bias)?,
-            o: Linear::load(w, &format!("{p}.self_attn.o_proj"), heads * d, h, bias)?,
-            q_norm: None,
-            k_norm: None,
-            params: load::attention_params(heads, kv_heads, d, cfg.attention_multiplier, None, None),
-        };
-        blocks.push(Block {
-            attn_norm: Some(Norm::Rms(load::rms(w, &format!("{p}.input_layernorm"), h, eps)?)),
-            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: Some(0) },
-            attn_out_norm: None,
-            mlp_norm: Some(Norm::Rms(load::rms(w, &format!("{p}.post_attention_layernorm"), h, eps)?)),
-            mlp: Mlp::Gated(GatedMlp::load(w, &format!("{p}.mlp"), h, cfg.intermediate_size, act, cfg.mlp_bias)?),
-            mlp_out_norm: None,
+    let d = cfg.common.resolve(raw, Defaults::LLAMA)?;
+    let inter = d.intermediate(raw)?;
+    let blocks = d.blocks(w, |_, l| {
+        let mut attn = d.attention(&l.at("self_attn"), d.attention_bias, d.attention_bias)?;
+        attn.params = d.attention_params(cfg.attention_multiplier);
+        Ok(Block {
             wiring: Wiring::Sequential { residual_scale: Some(cfg.residual_multiplier as f32) },
-        });
-    }
-    let embed = Embedding { table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])? };
-    let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
-    let info = Decoder::info_for(
-        raw.architecture()?,
-        cfg.vocab_size,
-        cfg.max_position_embeddings,
-        &blocks,
-        &embed,
-        &lm_head,
-        &[],
-    );
-    Ok(Decoder {
-        info,
-        embed,
-        embed_scale: Some(cfg.embedding_multiplier as f32),
-        project_in: None,
-        positions: None,
-        blocks,
-        final_norm: Some(Norm::Rms(load::rms(w, "model.norm", h, eps)?)),
-        project_out: None,
-        lm_head,
-        logits: LogitsPost { scale: Some((1.0 / cfg.logits_scaling) as f32), softcap: None },
-        ropes: vec![rope],
-    })
+            ..Block::pre_norm(
+                d.rms(l, "input_layernorm")?,
+                TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
+                d.rms(l, "post_attention_layernorm")?,
+                ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, inter, d.act, d.mlp_bias)?),
+            )
+        })
+    })?;
+    let decoder = d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![d.rope(raw, 10000.0)?])?;
+    let logits = LogitsPost { scale: Some((1.0 / cfg.logits_scaling) as f32), softcap: None };
+    Ok(decoder.with_embed_scale(cfg.embedding_multiplier as f32).with_logits(logits))
 }

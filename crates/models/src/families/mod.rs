@@ -1,12 +1,11 @@
-//! One module per model family. Families that differ from Llama only in details (biases,
-//! QK-norm, sliding windows) build the Llama decoder with a [`llama::Variant`]; families whose
-//! blocks are wired differently (norm placement, parallel branches, learned positions, logit
-//! scaling) map their checkpoints onto the shared [`crate::decoder::Decoder`].
+//! One module per model family: its config mapping onto [`crate::decoder::load::CommonConfig`],
+//! its checkpoint names and its quirks; the forward pass is [`crate::decoder::Decoder`]'s.
+//! Families that differ from another only in details (Mistral, Qwen2/3 from Llama; the MoE
+//! families from Mixtral; DeepSeek-V3 from V2) are a variant of it, named in the registry.
 
 pub mod bert;
 pub mod cohere;
 pub mod deepseek_v2;
-pub mod deepseek_v3;
 pub mod falcon;
 pub mod gemma;
 pub mod gemma2;
@@ -17,14 +16,9 @@ pub mod granite;
 pub mod llama;
 pub mod mixtral;
 pub mod olmo2;
-pub mod olmoe;
 pub mod opt;
 pub mod phi;
 pub mod phi3;
-pub mod qwen2;
-pub mod qwen2_moe;
-pub mod qwen3;
-pub mod qwen3_moe;
 pub mod roberta;
 pub mod stablelm;
 pub mod starcoder2;

@@ -11,9 +11,10 @@
 use serde::Deserialize;
 
 use crate::config::RawConfig;
-use crate::decoder::{load, Block, Decoder, LearnedPositions, LogitsPost, SelfAttention, Wiring};
-use crate::layers::{Attention, DenseMlp, Embedding, LayerNorm, Linear, Mlp, Norm};
-use crate::weights::Weights;
+use crate::decoder::load::{CommonConfig, Defaults, Names};
+use crate::decoder::{Block, ChannelMixer, Decoder, LearnedPositions, SelfAttention, TokenMixer, Wiring};
+use crate::layers::{DenseMlp, LayerNorm, Norm};
+use crate::weights::{Scope, Weights};
 use crate::Result;
 
 /// OPT's position ids start at this row of `embed_positions` (rows 0 and 1 are padding).
@@ -22,133 +23,75 @@ const POSITION_OFFSET: usize = 2;
 fn default_true() -> bool {
     true
 }
-fn default_act() -> String {
-    "relu".into()
-}
-fn default_max_positions() -> usize {
-    2048
-}
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct OptConfig {
-    pub hidden_size: usize,
-    pub ffn_dim: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    #[serde(default = "default_max_positions")]
-    pub max_position_embeddings: usize,
-    pub vocab_size: usize,
+struct OptConfig {
     #[serde(default = "default_true")]
-    pub do_layer_norm_before: bool,
+    do_layer_norm_before: bool,
     #[serde(default)]
-    pub _remove_final_layer_norm: bool,
-    pub word_embed_proj_dim: Option<usize>,
-    #[serde(default = "default_act")]
-    pub activation_function: String,
+    _remove_final_layer_norm: bool,
+    word_embed_proj_dim: Option<usize>,
     #[serde(default = "default_true")]
-    pub enable_bias: bool,
+    enable_bias: bool,
     #[serde(default = "default_true")]
-    pub layer_norm_elementwise_affine: bool,
-    #[serde(default = "default_true")]
-    pub tie_word_embeddings: bool,
+    layer_norm_elementwise_affine: bool,
 }
 
 /// `nn.LayerNorm(size)` (eps 1e-5), with or without its affine weight and bias.
-fn opt_norm(w: &Weights, name: &str, size: usize, affine: bool) -> Result<Norm> {
-    Ok(Norm::Layer(if affine {
-        LayerNorm::load(w, name, size, 1e-5, true)?
-    } else {
-        LayerNorm { weight: None, bias: None, eps: 1e-5 }
+fn opt_norm(s: &Scope, leaf: &str, size: usize, affine: bool) -> Result<Norm> {
+    Ok(Norm::Layer(match affine {
+        true => s.layer_norm(leaf, size, 1e-5, true)?,
+        false => LayerNorm { weight: None, bias: None, eps: 1e-5 },
     }))
 }
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let cfg: OptConfig = raw.parse()?;
-    let h = cfg.hidden_size;
-    let heads = cfg.num_attention_heads;
-    load::check_heads(raw, heads, heads)?;
-    let head_dim = h / heads;
-    let act = load::activation(raw, "activation_function", &cfg.activation_function)?;
-    let proj_dim = cfg.word_embed_proj_dim.unwrap_or(h);
-    let root = if w.contains("decoder.embed_tokens.weight") { "decoder" } else { "model.decoder" };
+    let mapped = raw.renamed(&[("ffn_dim", "intermediate_size"), ("activation_function", "hidden_act")]);
+    let common = CommonConfig { num_key_value_heads: None, head_dim: None, ..mapped.parse::<CommonConfig>()? };
+    let d = common.resolve(&mapped, Defaults { act: "relu", tie: true, ..Defaults::LLAMA })?;
+    let (h, inter, proj_dim) = (d.hidden, d.intermediate(raw)?, cfg.word_embed_proj_dim.unwrap_or(d.hidden));
+    let root = w.at(if w.contains("decoder.embed_tokens.weight") { "decoder" } else { "model.decoder" });
     let (bias, affine) = (cfg.enable_bias, cfg.layer_norm_elementwise_affine);
-    let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
-    for i in 0..cfg.num_hidden_layers {
-        let p = format!("{root}.layers.{i}");
-        let attn = Attention {
-            q: Linear::load(w, &format!("{p}.self_attn.q_proj"), h, h, bias)?,
-            k: Linear::load(w, &format!("{p}.self_attn.k_proj"), h, h, bias)?,
-            v: Linear::load(w, &format!("{p}.self_attn.v_proj"), h, h, bias)?,
-            o: Linear::load(w, &format!("{p}.self_attn.out_proj"), h, h, bias)?,
-            q_norm: None,
-            k_norm: None,
-            params: load::attention_params(heads, heads, head_dim, 1.0, None, None),
-        };
-        let mlp = DenseMlp {
-            fc1: Linear::load(w, &format!("{p}.fc1"), h, cfg.ffn_dim, bias)?,
-            fc2: Linear::load(w, &format!("{p}.fc2"), cfg.ffn_dim, h, bias)?,
-            act,
-        };
-        blocks.push(Block {
-            attn_norm: Some(opt_norm(w, &format!("{p}.self_attn_layer_norm"), h, affine)?),
-            attn: SelfAttention {
-                attn,
-                head_norms: None,
-                q_scale: Some((head_dim as f64).powf(-0.5) as f32),
-                rope: None,
-            },
+    let layers = root.name("layers");
+    let blocks = d.blocks_at(w, &layers, |_, l| {
+        let s = l.at("self_attn");
+        let mut attn = d.attention_named(&s, ["q_proj", "k_proj", "v_proj", "out_proj"], bias, bias)?;
+        // The queries are scaled right after `q_proj`; the product itself is unscaled.
+        attn.params.scale = 1.0;
+        let q_scale = Some((d.head_dim as f64).powf(-0.5) as f32);
+        let mlp = DenseMlp { fc1: l.linear("fc1", h, inter, bias)?, fc2: l.linear("fc2", inter, h, bias)?, act: d.act };
+        Ok(Block {
+            attn_norm: Some(opt_norm(l, "self_attn_layer_norm", h, affine)?),
+            mixer: TokenMixer::Attention(SelfAttention { q_scale, ..SelfAttention::new(attn, None) }),
             attn_out_norm: None,
-            mlp_norm: Some(opt_norm(w, &format!("{p}.final_layer_norm"), h, affine)?),
-            mlp: Mlp::Dense(mlp),
+            mlp_norm: Some(opt_norm(l, "final_layer_norm", h, affine)?),
+            mlp: ChannelMixer::Dense(mlp),
             mlp_out_norm: None,
             wiring: if cfg.do_layer_norm_before {
                 Wiring::Sequential { residual_scale: None }
             } else {
                 Wiring::PostNorm
             },
-        });
-    }
-    let embed = Embedding { table: w.get(&format!("{root}.embed_tokens.weight"), &[cfg.vocab_size, proj_dim])? };
+        })
+    })?;
     let positions = LearnedPositions {
-        table: w.get(&format!("{root}.embed_positions.weight"), &[cfg.max_position_embeddings + POSITION_OFFSET, h])?,
+        table: root.get("embed_positions.weight", &[d.max_positions + POSITION_OFFSET, h])?,
         offset: POSITION_OFFSET,
     };
-    let (project_in, project_out) = if proj_dim != h {
-        (
-            Some(Linear::load(w, &format!("{root}.project_in"), proj_dim, h, false)?),
-            Some(Linear::load(w, &format!("{root}.project_out"), h, proj_dim, false)?),
-        )
-    } else {
-        (None, None)
+    let (project_in, project_out) = match proj_dim != h {
+        true => (
+            Some(root.linear("project_in", proj_dim, h, false)?),
+            Some(root.linear("project_out", h, proj_dim, false)?),
+        ),
+        false => (None, None),
     };
-    let final_norm = if cfg.do_layer_norm_before && !cfg._remove_final_layer_norm {
-        Some(opt_norm(w, &format!("{root}.final_layer_norm"), h, affine)?)
-    } else {
-        None
+    let final_norm = match cfg.do_layer_norm_before && !cfg._remove_final_layer_norm {
+        true => Some(opt_norm(&root, "final_layer_norm", h, affine)?),
+        false => None,
     };
-    let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
-    let extra: Vec<&ferrite_tensor::Tensor> =
-        [&project_in, &project_out].into_iter().flatten().map(|l| &l.weight).chain([&positions.table]).collect();
-    let info = Decoder::info_for(
-        raw.architecture()?,
-        cfg.vocab_size,
-        cfg.max_position_embeddings,
-        &blocks,
-        &embed,
-        &lm_head,
-        &extra,
-    );
-    Ok(Decoder {
-        info,
-        embed,
-        embed_scale: None,
-        project_in,
-        positions: Some(positions),
-        blocks,
-        final_norm,
-        project_out,
-        lm_head,
-        logits: LogitsPost::default(),
-        ropes: Vec::new(),
-    })
+    let embed = root.name("embed_tokens");
+    let names = Names { layers: &layers, embed: &embed, embed_dim: Some(proj_dim), ..Names::LLAMA };
+    let decoder = d.finish_at(raw, w, names, blocks, final_norm, Vec::new())?;
+    Ok(decoder.with_positions(positions).with_projections(project_in, project_out))
 }

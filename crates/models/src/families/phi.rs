@@ -8,40 +8,19 @@
 use serde::Deserialize;
 
 use crate::config::RawConfig;
-use crate::decoder::{load, Block, Decoder, LogitsPost, ParallelSum, SelfAttention, Wiring};
-use crate::layers::{Attention, DenseMlp, Embedding, Linear, Mlp, Norm};
+use crate::decoder::load::{CommonConfig, Defaults, Names};
+use crate::decoder::{Block, ChannelMixer, Decoder, ParallelSum, SelfAttention, TokenMixer, Wiring};
+use crate::layers::{DenseMlp, Norm};
 use crate::rope::{Rope, RopeParameters};
 use crate::weights::Weights;
 use crate::Result;
 
-fn default_eps() -> f64 {
-    1e-5
-}
-fn default_max_positions() -> usize {
-    2048
-}
-fn default_act() -> String {
-    "gelu_new".into()
-}
-
 #[derive(Debug, Clone, Deserialize)]
-pub struct PhiConfig {
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub num_key_value_heads: Option<usize>,
-    #[serde(default = "default_eps")]
-    pub layer_norm_eps: f64,
-    #[serde(default = "default_max_positions")]
-    pub max_position_embeddings: usize,
-    pub vocab_size: usize,
+struct PhiConfig {
+    #[serde(flatten)]
+    common: CommonConfig,
     #[serde(default)]
-    pub tie_word_embeddings: bool,
-    #[serde(default = "default_act")]
-    pub hidden_act: String,
-    #[serde(default)]
-    pub qk_layernorm: bool,
+    qk_layernorm: bool,
 }
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
@@ -49,65 +28,31 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     if cfg.qk_layernorm {
         return Err(raw.error("`qk_layernorm: true` is not supported (no parity fixture covers it)"));
     }
-    let h = cfg.hidden_size;
-    let heads = cfg.num_attention_heads;
-    let kv_heads = cfg.num_key_value_heads.unwrap_or(heads);
-    load::check_heads(raw, heads, kv_heads)?;
-    let head_dim = h / heads;
-    let act = load::activation(raw, "hidden_act", &cfg.hidden_act)?;
-    let mut rope_params = RopeParameters::from_config(raw, 10000.0)?;
-    rope_params.partial_rotary_factor = rope_params.partial_rotary_factor.or(Some(0.5));
-    let rope = Rope::new(&rope_params, head_dim, cfg.max_position_embeddings, raw)?;
-    let eps = cfg.layer_norm_eps;
-    let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
-    for i in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{i}");
-        let attn = Attention {
-            q: Linear::load(w, &format!("{p}.self_attn.q_proj"), h, heads * head_dim, true)?,
-            k: Linear::load(w, &format!("{p}.self_attn.k_proj"), h, kv_heads * head_dim, true)?,
-            v: Linear::load(w, &format!("{p}.self_attn.v_proj"), h, kv_heads * head_dim, true)?,
-            o: Linear::load(w, &format!("{p}.self_attn.dense"), heads * head_dim, h, true)?,
-            q_norm: None,
-            k_norm: None,
-            params: load::attention_params(heads, kv_heads, head_dim, (head_dim as f64).powf(-0.5), None, None),
-        };
+    let defaults = Defaults { eps: 1e-5, layer_norm: true, act: "gelu_new", ..Defaults::LLAMA };
+    let mut d = CommonConfig { head_dim: None, ..cfg.common }.resolve(raw, defaults)?;
+    d.head_dim = d.hidden / d.heads;
+    let (h, inter) = (d.hidden, d.intermediate(raw)?);
+    let blocks = d.blocks(w, |_, l| {
+        let names = ["q_proj", "k_proj", "v_proj", "dense"];
+        let attn = d.attention_named(&l.at("self_attn"), names, true, true)?;
         let mlp = DenseMlp {
-            fc1: Linear::load(w, &format!("{p}.mlp.fc1"), h, cfg.intermediate_size, true)?,
-            fc2: Linear::load(w, &format!("{p}.mlp.fc2"), cfg.intermediate_size, h, true)?,
-            act,
+            fc1: l.linear("mlp.fc1", h, inter, true)?,
+            fc2: l.linear("mlp.fc2", inter, h, true)?,
+            act: d.act,
         };
-        blocks.push(Block {
-            attn_norm: Some(Norm::Layer(load::layer_norm(w, &format!("{p}.input_layernorm"), h, eps, true)?)),
-            attn: SelfAttention { attn, head_norms: None, q_scale: None, rope: Some(0) },
+        Ok(Block {
+            attn_norm: Some(Norm::Layer(d.layer_norm(l, "input_layernorm", true)?)),
+            mixer: TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
             attn_out_norm: None,
             mlp_norm: None,
-            mlp: Mlp::Dense(mlp),
+            mlp: ChannelMixer::Dense(mlp),
             mlp_out_norm: None,
             wiring: Wiring::Parallel(ParallelSum::BranchesFirst),
-        });
-    }
-    let embed = Embedding { table: w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])? };
-    let lm_head = load::lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, true)?;
-    let info = Decoder::info_for(
-        raw.architecture()?,
-        cfg.vocab_size,
-        cfg.max_position_embeddings,
-        &blocks,
-        &embed,
-        &lm_head,
-        &[],
-    );
-    Ok(Decoder {
-        info,
-        embed,
-        embed_scale: None,
-        project_in: None,
-        positions: None,
-        blocks,
-        final_norm: Some(Norm::Layer(load::layer_norm(w, "model.final_layernorm", h, eps, true)?)),
-        project_out: None,
-        lm_head,
-        logits: LogitsPost::default(),
-        ropes: vec![rope],
-    })
+        })
+    })?;
+    let mut rope_params = RopeParameters::from_config(raw, 10000.0)?;
+    rope_params.partial_rotary_factor = rope_params.partial_rotary_factor.or(Some(0.5));
+    let rope = Rope::new(&rope_params, d.head_dim, d.max_positions, raw)?;
+    let final_norm = Norm::Layer(d.layer_norm(&w.at("model"), "final_layernorm", true)?);
+    d.finish_at(raw, w, Names { lm_head_bias: true, ..Names::LLAMA }, blocks, Some(final_norm), vec![rope])
 }

@@ -1,0 +1,258 @@
+//! One decoder layer: a token mixer (how positions see each other) and a channel mixer (what each
+//! position computes alone), with the family's norms and residual wiring. The layer kinds are
+//! chosen per layer by the family's loader from its config, so dense, MoE, MLA and (later)
+//! recurrent layers share one forward loop.
+
+use ferrite_tensor::{ops, AttnMetadata, PagedKvLayer, Tensor};
+
+use crate::layers::{Attention, DenseMlp, GatedMlp, HeadLayerNorm, Norm, RmsNorm};
+use crate::mla::Mla;
+use crate::moe::SparseMoe;
+use crate::rope::Rope;
+use crate::Result;
+
+/// Self-attention with the per-family extras around the shared [`Attention`].
+#[derive(Debug, Clone)]
+pub struct SelfAttention {
+    /// Projections, RMS QK-norm (if any) and the attention parameters.
+    pub attn: Attention,
+    /// LayerNorm QK-norm over each head (StableLM, Cohere), applied after the projections.
+    pub head_norms: Option<(HeadLayerNorm, HeadLayerNorm)>,
+    /// Queries are multiplied by this before the product and the attention itself scales by 1 (OPT).
+    pub q_scale: Option<f32>,
+    /// Index into the decoder's rotary tables; `None` for models with learned absolute positions.
+    pub rope: Option<usize>,
+}
+
+impl SelfAttention {
+    /// Plain attention on rotary table `rope`: no LayerNorm QK-norm, no query scale.
+    pub fn new(attn: Attention, rope: Option<usize>) -> SelfAttention {
+        SelfAttention { attn, head_norms: None, q_scale: None, rope }
+    }
+}
+
+/// How positions exchange information. Each mixer owns the cache of its layer: paged KV for
+/// attention, a latent paged KV for MLA.
+#[derive(Debug, Clone)]
+pub enum TokenMixer {
+    Attention(SelfAttention),
+    /// Multi-head latent attention (DeepSeek-V2/V3), on rotary table `rope`.
+    Latent {
+        mla: Mla,
+        rope: usize,
+    },
+}
+
+/// A batch's rotary tables: the rope and its cos/sin for these positions, one entry per table.
+pub(crate) type RopeTables<'a> = [(&'a Rope, Tensor, Tensor)];
+
+impl TokenMixer {
+    fn forward(&self, x: &Tensor, ropes: &RopeTables, meta: &AttnMetadata, cache: &mut PagedKvLayer) -> Result<Tensor> {
+        let table = |i: usize| {
+            let (rope, cos, sin) = &ropes[i];
+            (*rope, cos, sin)
+        };
+        match self {
+            TokenMixer::Attention(a) => {
+                let (mut q, mut k, v) = a.attn.project(x)?;
+                if let Some((qn, kn)) = &a.head_norms {
+                    q = qn.forward(&q)?;
+                    k = kn.forward(&k)?;
+                }
+                if let Some(s) = a.q_scale {
+                    q = ops::scale(&q, s)?;
+                }
+                a.attn.attend(q, k, v, a.rope.map(table), meta, cache)
+            }
+            TokenMixer::Latent { mla, rope } => mla.forward(x, table(*rope), meta, cache),
+        }
+    }
+
+    pub fn kv_spec(&self) -> crate::model::KvLayerSpec {
+        match self {
+            TokenMixer::Attention(a) => {
+                let p = &a.attn.params;
+                crate::model::KvLayerSpec { num_kv_heads: p.num_kv_heads, k_dim: p.head_dim, v_dim: p.v_head_dim }
+            }
+            TokenMixer::Latent { mla, .. } => mla.kv_spec(),
+        }
+    }
+
+    fn weight_bytes(&self) -> usize {
+        match self {
+            TokenMixer::Attention(a) => {
+                let a = &a.attn;
+                [&a.q, &a.k, &a.v, &a.o].iter().map(|l| l.weight.size_in_bytes()).sum()
+            }
+            TokenMixer::Latent { mla, .. } => mla.weight_bytes(),
+        }
+    }
+}
+
+/// What each position computes on its own.
+#[derive(Debug, Clone)]
+pub enum ChannelMixer {
+    /// `down(act(gate(x)) * up(x))`.
+    Gated(GatedMlp),
+    /// `fc2(act(fc1(x)))`.
+    Dense(DenseMlp),
+    /// Routed experts, plus shared ones where the family has them.
+    Moe(Box<SparseMoe>),
+}
+
+impl ChannelMixer {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            ChannelMixer::Gated(m) => m.forward(x),
+            ChannelMixer::Dense(m) => m.forward(x),
+            ChannelMixer::Moe(m) => m.forward(x),
+        }
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        match self {
+            ChannelMixer::Gated(m) => m.weight_bytes(),
+            ChannelMixer::Dense(m) => m.fc1.weight.size_in_bytes() + m.fc2.weight.size_in_bytes(),
+            ChannelMixer::Moe(m) => m.weight_bytes(),
+        }
+    }
+}
+
+/// How a block combines its token and channel mixers with the residual stream.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Wiring {
+    /// `h = h + s * out(attn(in(h)))`, then the same for the MLP. The optional norms give pre-norm
+    /// (Llama, GPT-2), sandwich (Gemma 2/3: `in` and `out`) and post-branch norm (OLMo-2: `out` only);
+    /// `s` is Granite's `residual_multiplier`.
+    Sequential { residual_scale: Option<f32> },
+    /// `h = attn_norm(h + attn(h))`, `h = mlp_norm(h + mlp(h))` (OPT with `do_layer_norm_before: false`).
+    PostNorm,
+    /// Both branches read the block input: the MLP through `mlp_norm` if it has one, else through
+    /// the attention's input norm.
+    Parallel(ParallelSum),
+}
+
+/// The order a parallel block adds its three terms in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParallelSum {
+    /// `(attn + mlp) + h` (Phi, GPT-NeoX).
+    BranchesFirst,
+    /// `(h + attn) + mlp` (StableLM, Cohere).
+    ResidualFirst,
+}
+
+#[derive(Debug, Clone)]
+pub struct Block {
+    pub attn_norm: Option<Norm>,
+    pub mixer: TokenMixer,
+    /// Normalises the attention output before it joins the residual (Gemma 2/3, OLMo-2).
+    pub attn_out_norm: Option<Norm>,
+    pub mlp_norm: Option<Norm>,
+    pub mlp: ChannelMixer,
+    pub mlp_out_norm: Option<Norm>,
+    pub wiring: Wiring,
+}
+
+/// The residual stream between blocks: `h`, plus a branch output not yet added to it. The add is
+/// left to whoever reads the stream next, so that it runs fused into that reader's RMSNorm (one
+/// pass instead of two). `h + pending` and `pending + h` are the same bits (f32 addition
+/// commutes), so the deferred add keeps every family's sum order.
+pub(crate) struct Residual {
+    pub h: Tensor,
+    pub pending: Option<Tensor>,
+}
+
+impl Residual {
+    /// The stream with its pending add done.
+    pub fn settle(self) -> Result<Tensor> {
+        match self.pending {
+            Some(p) => Ok(ops::add(&self.h, &p)?),
+            None => Ok(self.h),
+        }
+    }
+
+    /// The stream settled and normalised by `norm` (fused where it is an RMSNorm): `(normed, h)`.
+    pub fn settle_norm(self, norm: Option<&Norm>) -> Result<(Tensor, Tensor)> {
+        match (norm, self.pending) {
+            (Some(Norm::Rms(n)), Some(p)) => n.forward_add(&p, &self.h),
+            (norm, pending) => {
+                let h = Residual { h: self.h, pending }.settle()?;
+                let x = match norm {
+                    Some(n) => n.forward(&h)?,
+                    None => h.clone(),
+                };
+                Ok((x, h))
+            }
+        }
+    }
+}
+
+fn norm_opt(n: &Option<Norm>, x: Tensor) -> Result<Tensor> {
+    match n {
+        Some(n) => n.forward(&x),
+        None => Ok(x),
+    }
+}
+
+impl Block {
+    /// A pre-norm block (Llama's): `h + attn(norm(h))`, then `h + mlp(norm(h))`.
+    pub fn pre_norm(attn_norm: RmsNorm, mixer: TokenMixer, mlp_norm: RmsNorm, mlp: ChannelMixer) -> Block {
+        Block {
+            attn_norm: Some(Norm::Rms(attn_norm)),
+            mixer,
+            attn_out_norm: None,
+            mlp_norm: Some(Norm::Rms(mlp_norm)),
+            mlp,
+            mlp_out_norm: None,
+            wiring: Wiring::Sequential { residual_scale: None },
+        }
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        self.mixer.weight_bytes() + self.mlp.weight_bytes()
+    }
+
+    pub(crate) fn forward(
+        &self,
+        stream: Residual,
+        ropes: &RopeTables,
+        meta: &AttnMetadata,
+        cache: &mut PagedKvLayer,
+    ) -> Result<Residual> {
+        match self.wiring {
+            Wiring::Sequential { residual_scale } => {
+                let branch = |out: Tensor, out_norm: &Option<Norm>| -> Result<Tensor> {
+                    let out = norm_opt(out_norm, out)?;
+                    Ok(match residual_scale {
+                        Some(s) => ops::scale(&out, s)?,
+                        None => out,
+                    })
+                };
+                let (x, h) = stream.settle_norm(self.attn_norm.as_ref())?;
+                let a = branch(self.mixer.forward(&x, ropes, meta, cache)?, &self.attn_out_norm)?;
+                let (x, h) = Residual { h, pending: Some(a) }.settle_norm(self.mlp_norm.as_ref())?;
+                let m = branch(self.mlp.forward(&x)?, &self.mlp_out_norm)?;
+                Ok(Residual { h, pending: Some(m) })
+            }
+            Wiring::PostNorm => {
+                let h = stream.settle()?;
+                let a = self.mixer.forward(&h, ropes, meta, cache)?;
+                let h = norm_opt(&self.attn_norm, ops::add(&h, &a)?)?;
+                let m = self.mlp.forward(&h)?;
+                Ok(Residual { h: norm_opt(&self.mlp_norm, ops::add(&h, &m)?)?, pending: None })
+            }
+            Wiring::Parallel(sum) => {
+                let (x, h) = stream.settle_norm(self.attn_norm.as_ref())?;
+                let a = self.mixer.forward(&x, ropes, meta, cache)?;
+                let m = match &self.mlp_norm {
+                    Some(n) => self.mlp.forward(&n.forward(&h)?)?,
+                    None => self.mlp.forward(&x)?,
+                };
+                Ok(match sum {
+                    ParallelSum::BranchesFirst => Residual { h, pending: Some(ops::add(&a, &m)?) },
+                    ParallelSum::ResidualFirst => Residual { h: ops::add(&h, &a)?, pending: Some(m) },
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! What family loaders share: the `config.json` keys most decoders spell Llama's way
+//! ([`CommonConfig`], flattened into each family's config), their resolution against the family's
+//! defaults ([`Dims`]), and the loading of Llama-named checkpoints (`model.embed_tokens`,
+//! `model.layers.{i}.self_attn.{q,k,v,o}_proj`, `model.norm`, `lm_head`).
+
+use ferrite_tensor::{Activation, AttentionParams};
+use serde::Deserialize;
+
+use super::{Block, Decoder};
+use crate::config::RawConfig;
+use crate::layers::{Attention, Embedding, LayerNorm, Linear, Norm, RmsNorm};
+use crate::rope::{Rope, RopeParameters};
+use crate::weights::{Scope, Weights};
+use crate::Result;
+
+/// The `config.json` keys most decoder families share, under Llama's names. Keys whose default
+/// differs between families are optional here and resolved by [`CommonConfig::resolve`].
+#[derive(Debug, Clone, Deserialize)]
+pub struct CommonConfig {
+    pub hidden_size: usize,
+    pub intermediate_size: Option<usize>,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub rms_norm_eps: Option<f64>,
+    pub layer_norm_eps: Option<f64>,
+    pub max_position_embeddings: Option<usize>,
+    pub vocab_size: usize,
+    pub tie_word_embeddings: Option<bool>,
+    pub hidden_act: Option<String>,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub mlp_bias: bool,
+    pub sliding_window: Option<usize>,
+    pub layer_types: Option<Vec<String>>,
+}
+
+/// A family's defaults for the keys its transformers config class fills in when absent.
+#[derive(Debug, Clone, Copy)]
+pub struct Defaults {
+    pub eps: f64,
+    /// The norms are LayerNorms and read `layer_norm_eps` (else RMSNorms, `rms_norm_eps`).
+    pub layer_norm: bool,
+    pub max_positions: usize,
+    pub act: &'static str,
+    pub tie: bool,
+    /// `None`: as many KV heads as query heads.
+    pub kv_heads: Option<usize>,
+    /// `None`: `hidden_size / num_attention_heads`.
+    pub head_dim: Option<usize>,
+}
+
+impl Defaults {
+    pub const LLAMA: Defaults = Defaults {
+        eps: 1e-6,
+        layer_norm: false,
+        max_positions: 2048,
+        act: "silu",
+        tie: false,
+        kv_heads: None,
+        head_dim: None,
+    };
+}
+
+/// A family's dimensions and options, resolved and checked.
+#[derive(Debug, Clone)]
+pub struct Dims {
+    pub hidden: usize,
+    pub intermediate: Option<usize>,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub eps: f64,
+    pub max_positions: usize,
+    pub vocab: usize,
+    pub tie: bool,
+    pub act: Activation,
+    pub attention_bias: bool,
+    pub mlp_bias: bool,
+    pub sliding_window: Option<usize>,
+    pub layer_types: Option<Vec<String>>,
+}
+
+impl CommonConfig {
+    pub fn resolve(&self, raw: &RawConfig, defaults: Defaults) -> Result<Dims> {
+        let heads = self.num_attention_heads;
+        let kv_heads = self.num_key_value_heads.or(defaults.kv_heads).unwrap_or(heads);
+        check_heads(raw, heads, kv_heads)?;
+        let act = activation(raw, "hidden_act", self.hidden_act.as_deref().unwrap_or(defaults.act))?;
+        if let Some(types) = &self.layer_types {
+            if types.len() != self.num_hidden_layers {
+                return Err(raw.error(format!(
+                    "`layer_types` has {} entries for {} layers",
+                    types.len(),
+                    self.num_hidden_layers
+                )));
+            }
+        }
+        let eps = if defaults.layer_norm { self.layer_norm_eps } else { self.rms_norm_eps };
+        Ok(Dims {
+            hidden: self.hidden_size,
+            intermediate: self.intermediate_size,
+            layers: self.num_hidden_layers,
+            heads,
+            kv_heads,
+            head_dim: self.head_dim.or(defaults.head_dim).unwrap_or(self.hidden_size / heads),
+            eps: eps.unwrap_or(defaults.eps),
+            max_positions: self.max_position_embeddings.unwrap_or(defaults.max_positions),
+            vocab: self.vocab_size,
+            tie: self.tie_word_embeddings.unwrap_or(defaults.tie),
+            act,
+            attention_bias: self.attention_bias,
+            mlp_bias: self.mlp_bias,
+            sliding_window: self.sliding_window,
+            layer_types: self.layer_types.clone(),
+        })
+    }
+}
+
+impl Dims {
+    /// `intermediate_size`, for families that require it.
+    pub fn intermediate(&self, raw: &RawConfig) -> Result<usize> {
+        self.intermediate.ok_or_else(|| raw.error("missing field `intermediate_size`"))
+    }
+
+    /// The rotary table from the config's rope section, over `head_dim`.
+    pub fn rope(&self, raw: &RawConfig, default_theta: f64) -> Result<Rope> {
+        Rope::new(&RopeParameters::from_config(raw, default_theta)?, self.head_dim, self.max_positions, raw)
+    }
+
+    /// Whether layer `i` slides, by `layer_types`; `None` when the config has none.
+    pub fn sliding(&self, raw: &RawConfig, i: usize) -> Result<Option<bool>> {
+        self.layer_types.as_deref().map(|types| is_sliding(raw, types, i)).transpose()
+    }
+
+    /// `{q,k,v,o}_proj` under `s` (a `self_attn` scope), scaled by `head_dim^-0.5`, no window.
+    pub fn attention(&self, s: &Scope, qkv_bias: bool, o_bias: bool) -> Result<Attention> {
+        self.attention_named(s, ["q_proj", "k_proj", "v_proj", "o_proj"], qkv_bias, o_bias)
+    }
+
+    /// As [`Dims::attention`], for checkpoints that name the projections otherwise.
+    pub fn attention_named(
+        &self,
+        s: &Scope,
+        [q, k, v, o]: [&str; 4],
+        qkv_bias: bool,
+        o_bias: bool,
+    ) -> Result<Attention> {
+        let (h, q_rows, kv_rows) = (self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        Ok(Attention {
+            q: s.linear(q, h, q_rows, qkv_bias)?,
+            k: s.linear(k, h, kv_rows, qkv_bias)?,
+            v: s.linear(v, h, kv_rows, qkv_bias)?,
+            o: s.linear(o, q_rows, h, o_bias)?,
+            q_norm: None,
+            k_norm: None,
+            params: self.attention_params((self.head_dim as f64).powf(-0.5)),
+        })
+    }
+
+    pub fn attention_params(&self, scale: f64) -> AttentionParams {
+        attention_params(self.heads, self.kv_heads, self.head_dim, scale, None, None)
+    }
+
+    /// An RMSNorm over the hidden size.
+    pub fn rms(&self, s: &Scope, leaf: &str) -> Result<RmsNorm> {
+        s.rms(leaf, self.hidden, self.eps)
+    }
+
+    /// A LayerNorm over the hidden size.
+    pub fn layer_norm(&self, s: &Scope, leaf: &str, bias: bool) -> Result<LayerNorm> {
+        s.layer_norm(leaf, self.hidden, self.eps, bias)
+    }
+
+    /// Builds each layer from its scope `model.layers.{i}`.
+    pub fn blocks(&self, w: &Weights, layer: impl FnMut(usize, &Scope) -> Result<Block>) -> Result<Vec<Block>> {
+        self.blocks_at(w, Names::LLAMA.layers, layer)
+    }
+
+    /// Builds each layer from its scope `{layers}.{i}`.
+    pub fn blocks_at(
+        &self,
+        w: &Weights,
+        layers: &str,
+        mut layer: impl FnMut(usize, &Scope) -> Result<Block>,
+    ) -> Result<Vec<Block>> {
+        (0..self.layers).map(|i| layer(i, &w.at(format!("{layers}.{i}")))).collect()
+    }
+
+    /// The decoder around `blocks` with Llama's names.
+    pub fn finish(
+        &self,
+        raw: &RawConfig,
+        w: &Weights,
+        blocks: Vec<Block>,
+        final_norm: Norm,
+        ropes: Vec<Rope>,
+    ) -> Result<Decoder> {
+        self.finish_at(raw, w, Names::LLAMA, blocks, Some(final_norm), ropes)
+    }
+
+    /// The decoder around `blocks`: the token embedding `[vocab, embed_dim]`, the final norm, and
+    /// the LM head (or the tied embedding).
+    pub fn finish_at(
+        &self,
+        raw: &RawConfig,
+        w: &Weights,
+        names: Names,
+        blocks: Vec<Block>,
+        final_norm: Option<Norm>,
+        ropes: Vec<Rope>,
+    ) -> Result<Decoder> {
+        let width = names.embed_dim.unwrap_or(self.hidden);
+        let embed = Embedding { table: w.get(&format!("{}.weight", names.embed), &[self.vocab, width])? };
+        let lm_head = lm_head(w, names.lm_head, &embed, self.tie, names.lm_head_bias)?;
+        Ok(Decoder::new(raw.architecture()?, self.max_positions, embed, blocks, final_norm, lm_head, ropes))
+    }
+}
+
+/// Where a checkpoint keeps the tensors around its layers.
+#[derive(Debug, Clone, Copy)]
+pub struct Names<'a> {
+    /// Layer `i` is under `{layers}.{i}`.
+    pub layers: &'a str,
+    pub embed: &'a str,
+    /// The embedding width when it is not the hidden size (OPT's `word_embed_proj_dim`).
+    pub embed_dim: Option<usize>,
+    pub lm_head: &'a str,
+    pub lm_head_bias: bool,
+}
+
+impl Names<'static> {
+    pub const LLAMA: Names<'static> = Names {
+        layers: "model.layers",
+        embed: "model.embed_tokens",
+        embed_dim: None,
+        lm_head: "lm_head",
+        lm_head_bias: false,
+    };
+}
+
+/// A Hugging Face activation name, or an error naming the config key.
+pub fn activation(raw: &RawConfig, key: &str, name: &str) -> Result<Activation> {
+    Activation::from_hf(name).ok_or_else(|| raw.error(format!("unsupported `{key}` `{name}`")))
+}
+
+pub fn check_heads(raw: &RawConfig, heads: usize, kv_heads: usize) -> Result<()> {
+    if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return Err(
+            raw.error(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"))
+        );
+    }
+    Ok(())
+}
+
+/// `scale` is computed in f64 and rounded once, as a Python float reaches a torch f32 op.
+pub fn attention_params(
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    scale: f64,
+    sliding_window: Option<usize>,
+    softcap: Option<f64>,
+) -> AttentionParams {
+    AttentionParams {
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim,
+        v_head_dim: head_dim,
+        scale: scale as f32,
+        sliding_window,
+        softcap: softcap.map(|c| c as f32),
+    }
+}
+
+/// The LM head: the input embedding when tied (or when the checkpoint has no head), else `name`.
+pub fn lm_head(w: &Weights, name: &str, embed: &Embedding, tied: bool, bias: bool) -> Result<Linear> {
+    let [vocab, hidden] = [embed.table.shape()[0], embed.table.shape()[1]];
+    if tied || !w.contains(&format!("{name}.weight")) {
+        let bias = if bias { Some(w.get_f32(&format!("{name}.bias"), &[vocab])?) } else { None };
+        return Ok(Linear { weight: embed.table.clone(), bias });
+    }
+    Linear::load(w, name, hidden, vocab, bias)
+}
+
+/// Whether layer `i` slides, from `layer_types` (`sliding_attention` / `full_attention`).
+pub fn is_sliding(raw: &RawConfig, layer_types: &[String], i: usize) -> Result<bool> {
+    match layer_types.get(i).map(String::as_str) {
+        Some("sliding_attention") => Ok(true),
+        Some("full_attention") => Ok(false),
+        Some(other) => Err(raw.error(format!("unsupported layer type `{other}` in `layer_types`"))),
+        None => Err(raw.error(format!("`layer_types` has no entry for layer {i}"))),
+    }
+}

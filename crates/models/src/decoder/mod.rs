@@ -1,0 +1,189 @@
+//! The decoder every causal-LM family runs: embeddings, a stack of [`Block`]s (each a token mixer
+//! plus a channel mixer, see [`block`]), the final norm and the LM head. A family file parses its
+//! `config.json` (through [`load::CommonConfig`] for the keys most share), names its checkpoint
+//! tensors and says which layer kinds and wiring its Hugging Face class uses; the forward pass
+//! lives here once.
+//!
+//! Every sum keeps the operand order of the Hugging Face forward it mirrors (f32 addition is not
+//! associative), so the CPU result matches the oracle to the last bits where it can. Residual adds
+//! run fused into the RMSNorm that reads them next ([`block::Residual`]).
+
+pub mod block;
+pub mod load;
+
+use ferrite_tensor::{ops, DType, PagedKvLayer, Tensor};
+
+use self::block::Residual;
+pub use self::block::{Block, ChannelMixer, ParallelSum, SelfAttention, TokenMixer, Wiring};
+use crate::layers::{Embedding, Linear, Norm};
+use crate::model::{CausalLM, ForwardInput, ModelInfo};
+use crate::rope::Rope;
+use crate::Result;
+
+/// Learned absolute position embeddings, looked up at `position + offset` (OPT's offset is 2).
+#[derive(Debug, Clone)]
+pub struct LearnedPositions {
+    pub table: Tensor,
+    pub offset: usize,
+}
+
+/// What the LM head's logits go through, in this order.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LogitsPost {
+    /// Multiplies the logits (Cohere's `logit_scale`, `1 / logits_scaling` for Granite).
+    pub scale: Option<f32>,
+    /// `cap * tanh(logits / cap)` (Gemma 2's `final_logit_softcapping`).
+    pub softcap: Option<f32>,
+}
+
+pub struct Decoder {
+    info: ModelInfo,
+    pub embed: Embedding,
+    /// Multiplies the token embeddings (Gemma's `sqrt(hidden)`, Granite's `embedding_multiplier`).
+    pub embed_scale: Option<f32>,
+    /// OPT's `project_in` from `word_embed_proj_dim` to the hidden size (before positions are added).
+    pub project_in: Option<Linear>,
+    pub positions: Option<LearnedPositions>,
+    pub blocks: Vec<Block>,
+    pub final_norm: Option<Norm>,
+    /// OPT's `project_out` back to `word_embed_proj_dim` (after the final norm).
+    pub project_out: Option<Linear>,
+    pub lm_head: Linear,
+    pub logits: LogitsPost,
+    /// Rotary tables the blocks index into (Gemma 3 has a local and a global one).
+    pub ropes: Vec<Rope>,
+}
+
+/// A multiplier as Hugging Face applies it to a tensor of `dtype`: Gemma casts its
+/// `sqrt(hidden)` normalizer to the weights' dtype (55.4256 becomes 55.5 in bf16).
+pub fn scalar_in_dtype(v: f64, dtype: DType) -> f32 {
+    Tensor::from_f32_as(vec![v as f32], &[1], dtype).map(|t| t.to_f32_vec()[0]).unwrap_or(v as f32)
+}
+
+impl Decoder {
+    /// A decoder with no embedding scale, projections, learned positions or logit processing;
+    /// the `with_*` methods add those.
+    pub fn new(
+        architecture: String,
+        max_position_embeddings: usize,
+        embed: Embedding,
+        blocks: Vec<Block>,
+        final_norm: Option<Norm>,
+        lm_head: Linear,
+        ropes: Vec<Rope>,
+    ) -> Decoder {
+        let info = ModelInfo {
+            architecture,
+            vocab_size: lm_head.out_features(),
+            max_position_embeddings,
+            kv_layers: blocks.iter().map(|b| b.mixer.kv_spec()).collect(),
+            weight_bytes: 0,
+        };
+        let mut d = Decoder {
+            info,
+            embed,
+            embed_scale: None,
+            project_in: None,
+            positions: None,
+            blocks,
+            final_norm,
+            project_out: None,
+            lm_head,
+            logits: LogitsPost::default(),
+            ropes,
+        };
+        d.count_weights();
+        d
+    }
+
+    pub fn with_embed_scale(mut self, scale: f32) -> Decoder {
+        self.embed_scale = Some(scale);
+        self
+    }
+
+    pub fn with_logits(mut self, logits: LogitsPost) -> Decoder {
+        self.logits = logits;
+        self
+    }
+
+    pub fn with_positions(mut self, positions: LearnedPositions) -> Decoder {
+        self.positions = Some(positions);
+        self.count_weights();
+        self
+    }
+
+    pub fn with_projections(mut self, project_in: Option<Linear>, project_out: Option<Linear>) -> Decoder {
+        (self.project_in, self.project_out) = (project_in, project_out);
+        self.count_weights();
+        self
+    }
+
+    fn count_weights(&mut self) {
+        let tied = std::ptr::eq(self.embed.table.storage(), self.lm_head.weight.storage());
+        let extra = [self.positions.as_ref().map(|p| &p.table)]
+            .into_iter()
+            .chain([&self.project_in, &self.project_out].map(|p| p.as_ref().map(|l| &l.weight)))
+            .flatten();
+        self.info.weight_bytes = self.embed.table.size_in_bytes()
+            + if tied { 0 } else { self.lm_head.weight.size_in_bytes() }
+            + self.blocks.iter().map(Block::weight_bytes).sum::<usize>()
+            + extra.map(Tensor::size_in_bytes).sum::<usize>();
+    }
+}
+
+impl CausalLM for Decoder {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn rotary_depends_on_length(&self) -> bool {
+        self.ropes.iter().any(Rope::depends_on_length)
+    }
+
+    fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
+        let mut logits = self.lm_head.forward(&self.hidden_states(input, kv)?)?;
+        if let Some(s) = self.logits.scale {
+            logits = ops::scale(&logits, s)?;
+        }
+        if let Some(cap) = self.logits.softcap {
+            logits = ops::softcap(&logits, cap)?;
+        }
+        Ok(logits)
+    }
+
+    /// The LM head's input: final norm (and OPT's `project_out`) of the `logit_rows`.
+    fn hidden_states(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
+        let meta = input.meta;
+        let mut h = self.embed.forward(input.tokens)?;
+        let tables = self
+            .ropes
+            .iter()
+            .map(|r| r.cos_sin(meta, h.device()).map(|(cos, sin)| (r, cos, sin)))
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(s) = self.embed_scale {
+            h = ops::scale(&h, s)?;
+        }
+        if let Some(p) = &self.project_in {
+            h = p.forward(&h)?;
+        }
+        if let Some(pos) = &self.positions {
+            let ids: Vec<u32> = meta.positions().into_iter().map(|p| (p + pos.offset) as u32).collect();
+            h = ops::add(&h, &ops::embedding(&pos.table, &ids)?)?;
+        }
+        let mut stream = Residual { h, pending: None };
+        for (block, cache) in self.blocks.iter().zip(kv.iter_mut()) {
+            stream = block.forward(stream, &tables, meta, cache)?;
+        }
+        // Only the logit rows go on: the last pending add is done after the gather.
+        let rows = input.logit_rows;
+        let last = Residual {
+            h: ops::gather_rows(&stream.h, rows)?,
+            pending: stream.pending.map(|p| ops::gather_rows(&p, rows)).transpose()?,
+        };
+        let mut h = last.settle_norm(self.final_norm.as_ref())?.0;
+        if let Some(p) = &self.project_out {
+            h = p.forward(&h)?;
+        }
+        Ok(h)
+    }
+}
