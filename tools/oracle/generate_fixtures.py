@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import shutil
 import sys
 import tempfile
@@ -102,6 +103,9 @@ class Spec:
     probe: Callable[[torch.nn.Module, list], dict] | None = None
     # Further features of the same fixture, each checked like the main ablation.
     extra_ablations: list["Ablate"] = field(default_factory=list)
+    # Keys deleted from the saved config.json, so that the oracle (which runs on what is on disk) and
+    # ferrite both fall back to the config class's defaults for them.
+    strip_config_keys: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -587,6 +591,18 @@ SPECS: list[Spec] = [
         probe=routing_probe,
     ),
     Spec(
+        name="mixtral-default-theta",
+        config_class="MixtralConfig",
+        architecture="MixtralForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=32, head_dim=16, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2),
+        strip_config_keys=["rope_parameters", "rope_theta"],
+        feature="config.json without rope_theta / rope_parameters: MixtralConfig's default rope_theta 1e6 applies "
+        "(not the 1e4 of most families)",
+        ablate_config=dict(rope_parameters=dict(DEFAULT_ROPE)),
+        ablation_desc="rope_theta 1e6 -> 1e4",
+    ),
+    Spec(
         name="qwen2-moe",
         config_class="Qwen2MoeConfig",
         architecture="Qwen2MoeForCausalLM",
@@ -778,6 +794,12 @@ def save_fixture(model: torch.nn.Module, spec: Spec, out_dir: Path) -> None:
     to_save = model.to(getattr(torch, spec.save_dtype))
     to_save.save_pretrained(str(out_dir), safe_serialization=True)
     model.to(torch.float32)
+    if spec.strip_config_keys:
+        cfg_path = out_dir / "config.json"
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        for k in spec.strip_config_keys:
+            cfg.pop(k, None)
+        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(TOKENIZER_DIR / f, out_dir / f)
     present = sorted(p.name for p in out_dir.iterdir())

@@ -66,6 +66,7 @@ parity! {
     falcon => "falcon",
     falcon_new_arch => "falcon-new-arch",
     mixtral => "mixtral",
+    mixtral_default_rope_theta => "mixtral-default-theta",
     qwen2_moe => "qwen2-moe",
     qwen3_moe => "qwen3-moe",
     olmoe => "olmoe",
