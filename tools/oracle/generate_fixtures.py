@@ -106,6 +106,9 @@ class Spec:
     # Keys deleted from the saved config.json, so that the oracle (which runs on what is on disk) and
     # ferrite both fall back to the config class's defaults for them.
     strip_config_keys: list[str] = field(default_factory=list)
+    # Cases of this fixture only, after the shared battery: (name, at most this many prompt tokens
+    # of the corpus's software history).
+    extra_prompt_tokens: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -402,6 +405,30 @@ SPECS: list[Spec] = [
             "original_max_position_embeddings (256; the top-level Phi-3 key wins over the rope section), else the short "
             "ones; cached keys keep the rotation they were written with. attention_factor is "
             "sqrt(1 + ln(max_position_embeddings/original) / ln(original)) when unset.",
+        ],
+    ),
+    Spec(
+        name="phi3-longrope-switch",
+        config_class="Phi3Config",
+        architecture="Phi3ForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(
+            hidden_size=48, intermediate_size=96, pad_token_id=None, max_position_embeddings=2048,
+            original_max_position_embeddings=256,
+            rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                 short_factor=[1.0, 1.02, 1.1, 1.25, 1.5, 2.0],
+                                 long_factor=[1.0, 1.6, 3.0, 5.0, 8.0, 12.0]),
+        ),
+        # Prompt + output cross 256: generate() recomputes the whole sequence there.
+        extra_prompt_tokens=[("cross_switch_250", 250)],
+        feature="LongRoPE switch during decode: a 250-token prompt whose output crosses original_max 256, where "
+        "Phi-3's generate drops its cache and recomputes the sequence with the long factors",
+        ablate_config=dict(rope_parameters=dict(DEFAULT_ROPE)),
+        ablation_desc="rope_parameters -> default",
+        notes=[
+            "HF 5.24 Phi3ForCausalLM.prepare_inputs_for_generation: the first time the sequence reaches "
+            "original_max_position_embeddings + 1 tokens with at most original_max cached, the cache is dropped and "
+            "the whole sequence runs again (long factors for every key); cross_switch_250 crosses it while decoding.",
         ],
     ),
     Spec(
@@ -896,8 +923,18 @@ def dir_size(p: Path) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
 
+def fixture_cases(spec: Spec, tok, cases) -> list[dict[str, Any]]:
+    history = corpus_from("A. HISTORY OF THE SOFTWARE")
+    extra = []
+    for name, n in spec.extra_prompt_tokens:
+        prompt = take_tokens(tok, history, n)
+        extra.append({"name": name, "prompt": prompt, "chat": False, "prompt_ids": tok(prompt)["input_ids"]})
+    return cases + extra
+
+
 def generate_one(spec: Spec, tok, cases, min_gap_req: float) -> dict[str, Any]:
     t0 = time.time()
+    cases = fixture_cases(spec, tok, cases)
     vocab = len(tok)
     out_dir = MODELS_DIR / spec.name
     best = None

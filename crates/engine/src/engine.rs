@@ -114,6 +114,7 @@ impl Engine {
             ..config
         };
         let (cache, max_model_len) = config.resolve(&info)?;
+        let recompute_at = model.rotary_recompute_at();
         let runner = ModelRunner::new(model, &cache, &config)?;
         let sched_config = SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
@@ -122,6 +123,7 @@ impl Engine {
             block_size: cache.block_size,
             num_blocks: cache.num_blocks,
             enable_prefix_caching: config.enable_prefix_caching,
+            recompute_at,
         };
         tracing::info!(
             blocks = cache.num_blocks,

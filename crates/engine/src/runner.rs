@@ -46,6 +46,10 @@ struct CachedRequestState {
     /// Prompt and every token sampled so far.
     token_ids: Vec<u32>,
     num_prompt_tokens: usize,
+    /// Tokens of the prefill under way: the prompt, or prompt + output when the sequence is
+    /// computed again (after preemption). Length-dependent rotary schedules read it for every
+    /// chunk, as one forward over the whole sequence would.
+    prefill_len: usize,
     block_ids: Vec<BlockId>,
     num_computed_tokens: usize,
     sampling: Arc<RequestSampling>,
@@ -120,6 +124,7 @@ impl ModelRunner {
                 CachedRequestState {
                     token_ids: new.prompt_token_ids.clone(),
                     num_prompt_tokens: new.prompt_token_ids.len(),
+                    prefill_len: new.prompt_token_ids.len(),
                     block_ids: new.block_ids.clone(),
                     num_computed_tokens: new.num_computed_tokens,
                     sampling: new.sampling.clone(),
@@ -134,6 +139,7 @@ impl ModelRunner {
             };
             if cached.resumed_from_preemption {
                 state.block_ids.clone_from(&cached.new_block_ids);
+                state.prefill_len = state.token_ids.len();
             } else {
                 state.block_ids.extend_from_slice(&cached.new_block_ids);
             }
@@ -168,7 +174,7 @@ impl ModelRunner {
             let q_start = tokens.len();
             tokens.extend_from_slice(chunk);
             seqs.push(AttnSeq { q_start, q_len: n, ctx_len: end, block_table: state.block_ids.clone() });
-            prompt_lens.push(state.num_prompt_tokens);
+            prompt_lens.push(state.prefill_len);
             if state.sampling.params.prompt_logprobs.is_some() {
                 let first = start.max(state.num_prompt_logprobs_done);
                 for pos in first..end.min(state.num_prompt_tokens - 1) {

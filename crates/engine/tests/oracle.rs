@@ -65,6 +65,17 @@ fn llama_tied_llama3_rope() {
     battery_matches_oracle("llama-tied-llama3rope");
 }
 
+/// Phi-3's generate drops its cache the first time a sequence outgrows LongRoPE's switch (256
+/// here) during decode and runs the whole sequence again with the long factors; the engine
+/// recomputes such a sequence too, in one step or (budget 96) in chunks that all use the long
+/// factors.
+#[test]
+fn phi3_longrope_recomputes_a_sequence_that_decodes_past_the_switch() {
+    battery_matches_oracle("phi3-longrope-switch");
+    let chunked = ferrite_engine::EngineConfig { max_num_batched_tokens: 96, ..config() };
+    battery_matches_oracle_with("phi3-longrope-switch", chunked);
+}
+
 /// LongRoPE picks its factors by sequence length (long past 256 positions in this fixture). With
 /// prompts split into 96-token chunks, the first chunks of a 648-token prompt must still use the
 /// factors of the whole prompt, as transformers (one forward per prompt) does; and a prompt that

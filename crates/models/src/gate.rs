@@ -96,7 +96,16 @@ pub fn greedy_on(
     let mut logprobs = Vec::with_capacity(new_tokens);
     let mut step_tokens = prompt.to_vec();
     let mut ctx = 0;
+    let recompute_at = model.rotary_recompute_at();
     while tokens.len() < new_tokens {
+        // transformers' Phi-3 generate drops its cache the first time the sequence outgrows the
+        // rotary switch with no more than the switch cached, and runs the whole sequence again.
+        if let Some(switch) = recompute_at {
+            if ctx > 0 && ctx <= switch && ctx + step_tokens.len() > switch {
+                step_tokens = prompt.iter().chain(&tokens).copied().collect();
+                ctx = 0;
+            }
+        }
         ctx += step_tokens.len();
         let seq = AttnSeq { q_start: 0, q_len: step_tokens.len(), ctx_len: ctx, block_table: block_table.clone() };
         let meta = AttnMetadata::new(vec![seq], block_size)?;

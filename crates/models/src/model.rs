@@ -44,6 +44,14 @@ pub trait CausalLM: Send + Sync {
         false
     }
 
+    /// A sequence length at which transformers recomputes a sequence's whole cache: the first time
+    /// a sequence grows past it while at most that many tokens are cached (Phi-3's generate, where
+    /// LongRoPE switches to its long factors past `original_max_position_embeddings`), so that
+    /// every key is rotated with the factors of the longer sequence. `None` for most models.
+    fn rotary_recompute_at(&self) -> Option<usize> {
+        None
+    }
+
     /// As [`CausalLM::forward`], but returns the final-norm hidden states of `logit_rows`
     /// (`[logit_rows.len(), hidden]`, the LM head's input) instead of logits: a decoder used as an
     /// embedding model pools these. Families that do not expose them say so.

@@ -254,6 +254,14 @@ impl Rope {
         !matches!(self.schedule, Schedule::Fixed(_))
     }
 
+    /// LongRoPE's switch: sequences longer than this use the long factors.
+    pub fn long_factors_past(&self) -> Option<usize> {
+        match &self.schedule {
+            Schedule::LongRope { original_max, .. } => Some(*original_max),
+            _ => None,
+        }
+    }
+
     pub fn rotary_dim(&self) -> usize {
         self.rotary_dim
     }

@@ -52,6 +52,7 @@ parity! {
     gemma3 => "gemma3",
     phi3 => "phi3",
     phi3_longrope => "phi3-longrope",
+    phi3_longrope_switch_during_decode => "phi3-longrope-switch",
     phi => "phi",
     opt => "opt",
     opt_postnorm => "opt-postnorm",

@@ -27,6 +27,9 @@ pub struct Request {
     pub stop_reason: Option<StopReason>,
     /// Prompt tokens the prefix cache served at first scheduling.
     pub num_cached_tokens: Option<usize>,
+    /// The sequence was prefilled (or recomputed) longer than the model's rotary switch, so its
+    /// cached keys carry the long-sequence rotation (see `SchedulerConfig::recompute_at`).
+    pub recomputed_past_switch: bool,
 }
 
 impl Request {
@@ -40,6 +43,7 @@ impl Request {
             status: RequestStatus::Waiting,
             stop_reason: None,
             num_cached_tokens: None,
+            recomputed_past_switch: false,
         }
     }
 

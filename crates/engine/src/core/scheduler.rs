@@ -20,6 +20,9 @@ pub struct SchedulerConfig {
     pub block_size: usize,
     pub num_blocks: usize,
     pub enable_prefix_caching: bool,
+    /// [`ferrite_models::CausalLM::rotary_recompute_at`]: a running sequence that grows past this
+    /// length is computed again from its first token, as transformers does.
+    pub recompute_at: Option<usize>,
 }
 
 /// A request the runner has not seen: everything it needs to run and sample it.
@@ -150,7 +153,18 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
-            let req = &self.requests[&id];
+            let recompute = self.needs_recompute(id);
+            if recompute {
+                self.kv.free(id);
+            }
+            let Some(req) = self.requests.get_mut(&id) else {
+                i += 1;
+                continue;
+            };
+            if recompute {
+                req.num_computed_tokens = 0;
+                req.recomputed_past_switch = true;
+            }
             let num_new = (req.num_tokens() - req.num_computed_tokens).min(budget);
             if num_new == 0 {
                 i += 1;
@@ -178,7 +192,8 @@ impl Scheduler {
             };
             out.scheduled_cached_reqs.push(CachedRequestData {
                 req_id: id,
-                resumed_from_preemption: false,
+                // A recomputed sequence starts over in fresh blocks, as one back from preemption.
+                resumed_from_preemption: recompute,
                 new_block_ids,
                 num_computed_tokens: self.requests[&id].num_computed_tokens,
             });
@@ -219,6 +234,8 @@ impl Scheduler {
                     num_computed_tokens: num_hit_tokens,
                 });
             }
+            // Its prefill (or recompute) already covers the whole sequence: no recompute later.
+            req.recomputed_past_switch |= self.config.recompute_at.is_some_and(|s| req.num_tokens() > s);
             req.num_cached_tokens.get_or_insert(num_hit_tokens);
             req.num_computed_tokens = num_hit_tokens;
             req.status = RequestStatus::Running;
@@ -235,6 +252,15 @@ impl Scheduler {
         }
         out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget;
         out
+    }
+
+    /// Whether a running sequence has just grown past the rotary switch with its cache computed
+    /// below it (see [`SchedulerConfig::recompute_at`]).
+    fn needs_recompute(&self, id: ReqId) -> bool {
+        match (self.config.recompute_at, self.requests.get(&id)) {
+            (Some(switch), Some(req)) => !req.recomputed_past_switch && req.num_tokens() > switch,
+            _ => false,
+        }
     }
 
     fn preempt(&mut self, id: ReqId) {

@@ -140,6 +140,10 @@ impl CausalLM for Decoder {
         self.ropes.iter().any(Rope::depends_on_length)
     }
 
+    fn rotary_recompute_at(&self) -> Option<usize> {
+        self.ropes.iter().filter_map(Rope::long_factors_past).min()
+    }
+
     fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
         let mut logits = self.lm_head.forward(&self.hidden_states(input, kv)?)?;
         if let Some(s) = self.logits.scale {
