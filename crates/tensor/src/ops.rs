@@ -139,7 +139,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<Tensor>
     same_device("rms_norm", x, &[Some(w)])?;
     match x.storage() {
         Storage::Cpu(_) => cpu::norm::rms_norm(x, w, eps, offset),
-        Storage::Cuda(_) => cuda::ops::rms_norm(x, w, eps, offset),
+        Storage::Cuda(_) => cuda::norm::rms_norm(x, w, eps, offset),
     }
 }
 
@@ -153,7 +153,7 @@ pub fn add_rms_norm(x: &Tensor, residual: &Tensor, w: &Tensor, eps: f32, offset:
     same_device("add_rms_norm", x, &[Some(residual), Some(w)])?;
     match x.storage() {
         Storage::Cpu(_) => cpu::norm::add_rms_norm(x, residual, w, eps, offset),
-        Storage::Cuda(_) => cuda::ops::add_rms_norm(x, residual, w, eps, offset),
+        Storage::Cuda(_) => cuda::norm::add_rms_norm(x, residual, w, eps, offset),
     }
 }
 
@@ -166,7 +166,7 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) 
     same_device("layer_norm", x, &[w, b])?;
     match x.storage() {
         Storage::Cpu(_) => cpu::norm::layer_norm(x, w, b, eps),
-        Storage::Cuda(_) => cuda::ops::layer_norm(x, w, b, eps),
+        Storage::Cuda(_) => cuda::norm::layer_norm(x, w, b, eps),
     }
 }
 
@@ -236,7 +236,7 @@ pub fn act_mul(gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
     match x.storage() {
         Storage::Cpu(_) => cpu::elementwise::softmax(x),
-        Storage::Cuda(_) => cuda::ops::softmax(x),
+        Storage::Cuda(_) => cuda::norm::softmax(x),
     }
 }
 
@@ -334,7 +334,7 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, head_dim: usize, style: Rope
     check_rope("rope", x, cos, sin, head_dim)?;
     match x.storage() {
         Storage::Cpu(_) => cpu::rope::rope(x, cos, sin, head_dim, style),
-        Storage::Cuda(_) => cuda::ops::rope(x, cos, sin, head_dim, style),
+        Storage::Cuda(_) => cuda::rope_kv::rope(x, cos, sin, head_dim, style),
     }
 }
 
@@ -371,7 +371,7 @@ pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMet
     check_write_kv("write_kv", cache, k, v, meta)?;
     match k.storage() {
         Storage::Cpu(_) => cpu::attention::write_kv(cache, k, v, meta),
-        Storage::Cuda(_) => cuda::attention::write_kv(cache, k, v, meta),
+        Storage::Cuda(_) => cuda::rope_kv::write_kv(cache, k, v, meta),
     }
 }
 
@@ -398,7 +398,7 @@ pub fn rope_write_kv(
             cpu::attention::write_kv(cache, &cpu::rope::rope(k, cos, sin, head_dim, style)?, v, meta)?;
             cpu::rope::rope(q, cos, sin, head_dim, style)
         }
-        Storage::Cuda(_) => cuda::attention::rope_write_kv(q, k, v, cos, sin, head_dim, style, cache, meta),
+        Storage::Cuda(_) => cuda::rope_kv::rope_write_kv(q, k, v, cos, sin, head_dim, style, cache, meta),
     }
 }
 

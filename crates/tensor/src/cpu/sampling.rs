@@ -1,5 +1,5 @@
-//! Sampling rows of logits on the host: the reference that the CUDA kernel (`SAMPLING` in
-//! `cuda/kernels.rs`) follows step for step.
+//! Sampling rows of logits on the host: the reference that the CUDA kernel
+//! (`cuda/kernels/sampling.cu`) follows step for step.
 //!
 //! A sampled row, in vLLM V1's order, with every filter expressed as a threshold on the scaled
 //! logit so that the GPU can find it by selection over the row instead of sorting it:

@@ -1,33 +1,42 @@
-//! The paged KV cache on CUDA: slot writes and attention over block tables.
+//! The paged KV cache on CUDA: attention over block tables (kernels/attention_*.cu).
 //!
-//! Every layer of a step sees the same metadata, so the device copies of it (slot mapping, work
-//! items, block tables) are kept from one call to the next and re-uploaded only when it changes.
+//! Every layer of a step sees the same metadata, so the device copies of it (work items, block
+//! tables) are kept from one call to the next and re-uploaded only when it changes.
 
 use std::sync::Arc;
 
-use cudarc::driver::{sys as drv_sys, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
+use cudarc::driver::{sys as drv_sys, CudaSlice, CudaStream, DeviceRepr, LaunchConfig};
 
-use super::device::{dev_err, CudaDevice, ATTENTION, ELEMENTWISE};
-use super::graph::{self, u32_slots, StepIndex};
-use super::ops::{cuda_of, interleaved, wrap};
-use super::storage::{dtype_suffix, flat_cfg, int, Arg, CudaStorage};
+use super::device::{dev_err, dptr, int, kernel_params, CudaDevice, PerDevice};
+use super::graph;
+use super::kernels::ATTENTION;
+use super::ops::{cuda_of, wrap};
+use super::storage::{dtype_suffix, CudaStorage};
 use crate::error::{Result, TensorError};
 use crate::kv::{AttnMetadata, AttnSeq, KvStorage, PagedKvLayer};
-use crate::ops::{AttentionParams, RopeStyle};
+use crate::ops::AttentionParams;
 use crate::tensor::Tensor;
 use crate::DType;
 
-/// Query vectors (rows x heads) one prefill block serves; mirrors QV_MAX in the kernel.
-const QV_MAX: usize = 16;
-/// Keys per shared-memory tile of the prefill kernel; mirrors TILE.
-const TILE: usize = 32;
-const WARPS: usize = 4;
-/// Query vectors per warp; mirrors QPW.
-const QPW: usize = 4;
-/// The kernels keep a value row in 8 registers per lane.
-const MAX_V_DIM: usize = 8 * 32;
-/// Keys a decode block scores per round (one per thread); mirrors DEC_SUB.
-const DEC_SUB: usize = 128;
+// The kernels are compiled with these (kernels.rs passes them as defines).
+/// Query vectors (rows x heads) one prefill block serves.
+pub(crate) const QV_MAX: usize = 16;
+/// Keys per shared-memory tile of the CUDA-core prefill kernel.
+pub(crate) const TILE: usize = 32;
+/// Warps of a prefill block (either kernel).
+pub(crate) const NWARPS: usize = 4;
+/// Query vectors per warp of the CUDA-core prefill kernel.
+pub(crate) const QPW: usize = 4;
+/// The prefill kernel keeps a value row in DV_REGS registers per lane.
+pub(crate) const DV_REGS: usize = 8;
+/// Keys a decode block scores per round (one per thread).
+pub(crate) const DEC_SUB: usize = 128;
+/// Warps of a decode block: DEC_SUB threads.
+pub(crate) const DEC_WARPS: usize = DEC_SUB / 32;
+/// Keys per tile of the tensor-core prefill kernel.
+pub(crate) const MMA_TK: usize = 64;
+
+const MAX_V_DIM: usize = 32 * DV_REGS;
 /// Fewest keys a split of a decode row's key range is given. A decode block's time is mostly its
 /// chain of dependent loads (table, keys, values, partials), so at one token short splits over
 /// many blocks beat a few blocks walking whole rounds of 128 keys.
@@ -37,29 +46,62 @@ const DEC_MIN_KEYS: usize = 64;
 /// output throughput) and lost at 9 and 64 (8 and 1 sequences: -3 % and -1 %), where one block
 /// reads every split's partials that the combine launch spreads over many.
 const DEC_SELF_MERGE_MAX_SPLITS: usize = 4;
-/// Most query heads per decode block (the largest HM instantiated).
+/// Most query heads per decode block (the largest HM instantiated, attention_decode.cu).
 const DEC_HMAX: usize = 8;
 /// Fewest keys a split of a prefill item's key range is given, so that staging q and merging pay off.
 const MIN_KEYS_PER_SPLIT: usize = 64;
-/// Keys per tile and head dims of the tensor-core prefill kernel (kernels::ATTENTION, INST_MMA).
-const MMA_TILE: usize = 64;
+/// Head dims of the tensor-core prefill kernel (INST_MMA in attention_mma.cu).
 const MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Attention metadata variants kept per device: layers of one step differ only by their
 /// attention parameters (sliding-window layers interleaved with global ones, say).
 const META_CACHE_ENTRIES: usize = 4;
 
-pub(crate) struct SlotCache {
-    key: Vec<usize>,
-    slots: CudaSlice<u32>,
+static META_CACHE: PerDevice<Vec<MetaCache>> = PerDevice::new();
+
+/// A prefill work item as `paged_attn` and `paged_attn_mma` read it (`AttnItem` in
+/// attention_common.cuh): `nrows` rows from `row0` (at positions from `pos0`) times `nheads` query
+/// heads from `h0`, over keys `[k_lo, k_hi)` of the block table at `bt_off`; `local0` numbers the
+/// first row among the kernel's rows, for its partial results.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct AttnItem {
+    pub(crate) row0: i32,
+    pub(crate) nrows: i32,
+    pub(crate) pos0: i32,
+    pub(crate) h0: i32,
+    pub(crate) nheads: i32,
+    pub(crate) bt_off: i32,
+    pub(crate) k_lo: i32,
+    pub(crate) k_hi: i32,
+    pub(crate) local0: i32,
 }
 
-/// Work items of one kernel (`AttnItem`s or `DecodeItem`s), how many ways each item's key range
-/// is split, and the output row of each row the kernel serves, in the order of its partials.
-/// A decode launch of 2 to `DEC_SELF_MERGE_MAX_SPLITS` splits also has a counter per item of its
-/// blocks done, which the last one to finish sets back to zero as it merges the item's splits.
-struct Launch {
-    items: CudaSlice<i32>,
-    n_items: usize,
+/// A decode work item as `paged_decode` reads it (`DecodeItem` in attention_common.cuh): row
+/// `row` (the kernel's row `local`) times `nheads` query heads from `h0`, over keys
+/// `[k_lo, k_hi)` of the block table at `bt_off`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct DecodeItem {
+    pub(crate) row: i32,
+    pub(crate) local: i32,
+    pub(crate) h0: i32,
+    pub(crate) nheads: i32,
+    pub(crate) bt_off: i32,
+    pub(crate) k_lo: i32,
+    pub(crate) k_hi: i32,
+    pub(crate) pad: i32,
+}
+
+// SAFETY: plain `int`s laid out as the kernels' structs, which the NVRTC unit test checks.
+unsafe impl DeviceRepr for AttnItem {}
+unsafe impl DeviceRepr for DecodeItem {}
+
+/// Work items of one kernel, how many ways each item's key range is split, and the output row
+/// of each row the kernel serves, in the order of its partials. A decode launch of 2 to
+/// `DEC_SELF_MERGE_MAX_SPLITS` splits also has a counter per item of its blocks done, which the
+/// last one to finish sets back to zero as it merges the item's splits.
+struct Launch<I> {
+    items: CudaSlice<I>,
     splits: usize,
     rows: usize,
     row_ids: CudaSlice<u32>,
@@ -69,19 +111,15 @@ struct Launch {
 pub(crate) struct MetaCache {
     key: Vec<u32>,
     tables: CudaSlice<u32>,
-    prefill: Option<Launch>,
-    decode: Option<Launch>,
-}
-
-pub(crate) fn dptr<T>(s: &CudaSlice<T>, dev: &CudaDevice) -> Arg {
-    Arg::Ptr(s.device_ptr(dev.stream()).0)
+    prefill: Option<Launch<AttnItem>>,
+    decode: Option<Launch<DecodeItem>>,
 }
 
 pub fn new_cache(dev: &Arc<CudaDevice>, dtype: DType, k_len: usize, v_len: usize) -> Result<KvStorage> {
     Ok(KvStorage::Cuda { k: CudaStorage::zeros(dev, dtype, k_len)?, v: CudaStorage::zeros(dev, dtype, v_len)? })
 }
 
-fn cache_buffers<'a>(
+pub(crate) fn cache_buffers<'a>(
     op: &'static str,
     cache: &'a PagedKvLayer,
     dtype: DType,
@@ -96,90 +134,6 @@ fn cache_buffers<'a>(
         });
     }
     Ok((k, v))
-}
-
-pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMetadata) -> Result<()> {
-    let (ks, vs) = (cuda_of("write_kv", k)?, cuda_of("write_kv", v)?);
-    if ks.dtype() != vs.dtype() {
-        return Err(TensorError::Unsupported { op: "write_kv", detail: "keys and values of different dtypes".into() });
-    }
-    let (kc, vc) = cache_buffers("write_kv", cache, ks.dtype())?;
-    let dev = ks.device();
-    let tokens = meta.num_tokens();
-    if tokens == 0 {
-        return Ok(());
-    }
-    let f = dev.function(ELEMENTWISE, &format!("write_kv_{}", dtype_suffix(ks.dtype())?))?;
-    let (kw, vw) = (cache.num_kv_heads * cache.k_dim, cache.num_kv_heads * cache.v_dim);
-    let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-    with_slots(dev, meta, |slots| {
-        dev.launch(&f, cfg, &[ks.ptr(), vs.ptr(), slots, kc.ptr(), vc.ptr(), int(kw)?, int(vw)?])
-    })
-}
-
-/// Rotated queries out; rotated keys and the values into their cache slots; one launch.
-#[allow(clippy::too_many_arguments)]
-pub fn rope_write_kv(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-    head_dim: usize,
-    style: RopeStyle,
-    cache: &mut PagedKvLayer,
-    meta: &AttnMetadata,
-) -> Result<Tensor> {
-    let op = "rope_write_kv";
-    let (qs, cs, ss) = (cuda_of(op, q)?, cuda_of(op, cos)?, cuda_of(op, sin)?);
-    let (ks, vs) = (cuda_of(op, k)?.as_dtype(qs.dtype())?, cuda_of(op, v)?.as_dtype(qs.dtype())?);
-    let ss = ss.as_dtype(cs.dtype())?;
-    let (kc, vc) = cache_buffers(op, cache, qs.dtype())?;
-    let dev = qs.device();
-    let rows = meta.num_tokens();
-    let (qcols, kcols, vcols) = (q.last_dim(), k.last_dim(), v.last_dim());
-    let out = CudaStorage::alloc(dev, qs.dtype(), qs.len())?;
-    if rows > 0 {
-        let name = format!("rope_write_kv_{}_{}", dtype_suffix(qs.dtype())?, dtype_suffix(cs.dtype())?);
-        let f = dev.function(ELEMENTWISE, &name)?;
-        let cfg = flat_cfg(dev, rows * (qcols + kcols + vcols));
-        with_slots(dev, meta, |slots| {
-            let args = [
-                qs.ptr(),
-                out.ptr(),
-                int(qcols)?,
-                ks.ptr(),
-                vs.ptr(),
-                slots,
-                kc.ptr(),
-                vc.ptr(),
-                int(kcols)?,
-                int(vcols)?,
-                cs.ptr(),
-                ss.ptr(),
-                int(rows)?,
-                int(head_dim)?,
-                int(cos.last_dim())?,
-                Arg::I32(interleaved(style)),
-            ];
-            dev.launch(&f, cfg, &args)
-        })?;
-    }
-    wrap(out, q.shape().to_vec())
-}
-
-/// Runs `launch` with the device address of this step's slot mapping: the graph's input while
-/// a capture runs, else a copy kept for the other layers of the step.
-fn with_slots(dev: &CudaDevice, meta: &AttnMetadata, launch: impl FnOnce(Arg) -> Result<()>) -> Result<()> {
-    if let Some(p) = dev.step_index(&StepIndex::Slots(meta))? {
-        return launch(Arg::Ptr(p));
-    }
-    let mut slot_cache = dev.slot_meta.lock().map_err(|_| dev_err("slot cache poisoned"))?;
-    if slot_cache.as_ref().is_none_or(|c| c.key != meta.slot_mapping) {
-        let slots = dev.stream().clone_htod(&u32_slots(meta)?).map_err(dev_err)?;
-        *slot_cache = Some(SlotCache { key: meta.slot_mapping.clone(), slots });
-    }
-    launch(dptr(&slot_cache.as_ref().expect("filled above").slots, dev))
 }
 
 /// Everything the work items depend on, in a form cheap to compare against the cached copy.
@@ -209,13 +163,11 @@ fn split_count(items: usize, target: usize, max_keys: usize, min_keys: usize) ->
     }
 }
 
-/// Builds the work items: single-token rows go to the decode kernel (mirrors `DecodeItem`: row,
-/// local, h0, nheads, bt_off, k_lo, k_hi, pad), multi-token chunks to the prefill kernel (mirrors
-/// `AttnItem`: row0, nrows, pos0, h0, nheads, bt_off, k_lo, k_hi, local0). `local` numbers a
-/// kernel's rows for its partial results. Without `causal` every row sees its sequence's whole
-/// context (encoders). With `fixed_shape` (graph capture and replay) the block tables are laid
-/// out at their full length and the split counts follow that capacity rather than the keys in
-/// use, so that every step of one padded shape gets work of the same shape.
+/// Builds the work items: single-token rows go to the decode kernel, multi-token chunks to the
+/// prefill kernel. Without `causal` every row sees its sequence's whole context (encoders). With
+/// `fixed_shape` (graph capture and replay) the block tables are laid out at their full length
+/// and the split counts follow that capacity rather than the keys in use, so that every step of
+/// one padded shape gets work of the same shape.
 pub(crate) fn plan_meta(
     dev: &CudaDevice,
     meta: &AttnMetadata,
@@ -254,16 +206,16 @@ pub(crate) fn plan_meta(
                 for hc in (0..group).step_by(dec_heads) {
                     let h0 = g * group + hc;
                     let nheads = dec_heads.min(group - hc);
-                    dec.extend([
-                        i(s.q_start)?,
-                        i(dec_rows_ids.len())?,
-                        i(h0)?,
-                        i(nheads)?,
-                        i(bt_off)?,
-                        i(lo)?,
-                        i(hi)?,
-                        0,
-                    ]);
+                    dec.push(DecodeItem {
+                        row: i(s.q_start)?,
+                        local: i(dec_rows_ids.len())?,
+                        h0: i(h0)?,
+                        nheads: i(nheads)?,
+                        bt_off: i(bt_off)?,
+                        k_lo: i(lo)?,
+                        k_hi: i(hi)?,
+                        pad: 0,
+                    });
                 }
             }
             dec_rows_ids.push(s.q_start as u32);
@@ -280,47 +232,54 @@ pub(crate) fn plan_meta(
                 for hc in (0..group).step_by(pre_heads) {
                     let h0 = g * group + hc;
                     let nheads = pre_heads.min(group - hc);
-                    pre.extend([
-                        i(s.q_start + r0)?,
-                        i(nrows)?,
-                        i(pos0)?,
-                        i(h0)?,
-                        i(nheads)?,
-                        i(bt_off)?,
-                        i(lo)?,
-                        i(hi)?,
-                        i(local0 + r0)?,
-                    ]);
+                    pre.push(AttnItem {
+                        row0: i(s.q_start + r0)?,
+                        nrows: i(nrows)?,
+                        pos0: i(pos0)?,
+                        h0: i(h0)?,
+                        nheads: i(nheads)?,
+                        bt_off: i(bt_off)?,
+                        k_lo: i(lo)?,
+                        k_hi: i(hi)?,
+                        local0: i(local0 + r0)?,
+                    });
                 }
             }
         }
     }
     let sms = dev.multiprocessors();
-    let launch = |items: Vec<i32>, ints: usize, row_ids: Vec<u32>, target: usize, max_keys: usize, min_keys: usize| {
-        (!items.is_empty()).then(|| {
-            let n_items = items.len() / ints;
-            LaunchPlan { splits: split_count(n_items, target, max_keys, min_keys), n_items, items, row_ids }
-        })
-    };
     // Decode blocks are short-lived and memory-bound: aim for four waves of them.
-    let decode = launch(dec, 8, dec_rows_ids, 4 * sms, dec_keys, DEC_MIN_KEYS);
-    let prefill = launch(pre, 9, pre_rows_ids, 2 * sms, pre_keys, MIN_KEYS_PER_SPLIT);
+    let decode = launch_plan(dec, dec_rows_ids, 4 * sms, dec_keys, DEC_MIN_KEYS);
+    let prefill = launch_plan(pre, pre_rows_ids, 2 * sms, pre_keys, MIN_KEYS_PER_SPLIT);
     if tables.is_empty() {
         tables.push(0);
     }
     Ok(MetaPlan { tables, prefill, decode })
 }
 
+fn launch_plan<I>(
+    items: Vec<I>,
+    row_ids: Vec<u32>,
+    target: usize,
+    max_keys: usize,
+    min_keys: usize,
+) -> Option<LaunchPlan<I>> {
+    (!items.is_empty()).then(|| LaunchPlan {
+        splits: split_count(items.len(), target, max_keys, min_keys),
+        items,
+        row_ids,
+    })
+}
+
 /// The host side of a [`MetaCache`].
 pub(crate) struct MetaPlan {
     tables: Vec<u32>,
-    prefill: Option<LaunchPlan>,
-    decode: Option<LaunchPlan>,
+    prefill: Option<LaunchPlan<AttnItem>>,
+    decode: Option<LaunchPlan<DecodeItem>>,
 }
 
-struct LaunchPlan {
-    items: Vec<i32>,
-    n_items: usize,
+struct LaunchPlan<I> {
+    items: Vec<I>,
     splits: usize,
     row_ids: Vec<u32>,
 }
@@ -333,28 +292,28 @@ fn upload_meta(stream: &Arc<CudaStream>, plan: &MetaPlan, key: Vec<u32>) -> Resu
 
 /// Device buffers shaped for `plan`, left for [`refill_meta`] to fill.
 pub(crate) fn alloc_meta(stream: &Arc<CudaStream>, plan: &MetaPlan) -> Result<MetaCache> {
-    // SAFETY (all three): every replay rewrites the whole buffer before the graph reads it.
-    let alloc_u32 = |n: usize| unsafe { stream.alloc::<u32>(n) }.map_err(dev_err);
-    let launch = |l: &LaunchPlan, self_merge: bool| {
-        let done = self_merge.then(|| stream.alloc_zeros::<u32>(l.n_items).map_err(dev_err)).transpose()?;
-        Ok::<_, TensorError>(Launch {
-            items: unsafe { stream.alloc::<i32>(l.items.len()) }.map_err(dev_err)?,
-            n_items: l.n_items,
-            splits: l.splits,
-            rows: l.row_ids.len(),
-            row_ids: alloc_u32(l.row_ids.len())?,
-            done,
-        })
-    };
     Ok(MetaCache {
         key: Vec::new(),
-        tables: alloc_u32(plan.tables.len())?,
-        prefill: plan.prefill.as_ref().map(|l| launch(l, false)).transpose()?,
+        // SAFETY: every replay rewrites the whole buffer before the graph reads it.
+        tables: unsafe { stream.alloc::<u32>(plan.tables.len()) }.map_err(dev_err)?,
+        prefill: plan.prefill.as_ref().map(|l| alloc_launch(stream, l, false)).transpose()?,
         decode: plan
             .decode
             .as_ref()
-            .map(|l| launch(l, (2..=DEC_SELF_MERGE_MAX_SPLITS).contains(&l.splits)))
+            .map(|l| alloc_launch(stream, l, (2..=DEC_SELF_MERGE_MAX_SPLITS).contains(&l.splits)))
             .transpose()?,
+    })
+}
+
+fn alloc_launch<I: DeviceRepr>(stream: &Arc<CudaStream>, l: &LaunchPlan<I>, self_merge: bool) -> Result<Launch<I>> {
+    let done = self_merge.then(|| stream.alloc_zeros::<u32>(l.items.len()).map_err(dev_err)).transpose()?;
+    // SAFETY (both): every replay rewrites the whole buffer before the graph reads it.
+    Ok(Launch {
+        items: unsafe { stream.alloc::<I>(l.items.len()) }.map_err(dev_err)?,
+        splits: l.splits,
+        rows: l.row_ids.len(),
+        row_ids: unsafe { stream.alloc::<u32>(l.row_ids.len()) }.map_err(dev_err)?,
+        done,
     })
 }
 
@@ -362,17 +321,23 @@ pub(crate) fn alloc_meta(stream: &Arc<CudaStream>, plan: &MetaPlan) -> Result<Me
 /// shape reads.
 pub(crate) fn refill_meta(stream: &Arc<CudaStream>, cache: &MetaCache, plan: &MetaPlan) -> Result<()> {
     graph::write(stream, &cache.tables, &plan.tables)?;
-    for (launch, plan) in [(&cache.prefill, &plan.prefill), (&cache.decode, &plan.decode)] {
-        match (launch, plan) {
-            (None, None) => {}
-            (Some(l), Some(p)) if l.n_items == p.n_items && l.splits == p.splits => {
-                graph::write(stream, &l.items, &p.items)?;
-                graph::write(stream, &l.row_ids, &p.row_ids)?;
-            }
-            _ => return Err(dev_err("graph replay: attention work of another shape than the captured step's")),
+    refill_launch(stream, &cache.prefill, &plan.prefill)?;
+    refill_launch(stream, &cache.decode, &plan.decode)
+}
+
+fn refill_launch<I: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    launch: &Option<Launch<I>>,
+    plan: &Option<LaunchPlan<I>>,
+) -> Result<()> {
+    match (launch, plan) {
+        (None, None) => Ok(()),
+        (Some(l), Some(p)) if l.items.len() == p.items.len() && l.splits == p.splits => {
+            graph::write(stream, &l.items, &p.items)?;
+            graph::write(stream, &l.row_ids, &p.row_ids)
         }
+        _ => Err(dev_err("graph replay: attention work of another shape than the captured step's")),
     }
-    Ok(())
 }
 
 /// Row pitch (in elements) of a shared-memory tile: an odd number of 4-byte words, so that the
@@ -465,7 +430,7 @@ fn attend(
     let run = |mc: &MetaCache| launch_attention(op, qs, kv, meta, p, causal, mc, &out);
     if dev.with_step_attention(meta, p, causal, run)?.is_none() {
         let key = meta_key(meta, p, causal);
-        let mut meta_cache = dev.attn_meta.lock().map_err(|_| dev_err("attention metadata cache poisoned"))?;
+        let mut meta_cache = META_CACHE.of(dev).lock().map_err(|_| dev_err("attention metadata cache poisoned"))?;
         let mc = match meta_cache.iter().position(|c| c.key == key) {
             Some(i) => &meta_cache[i],
             None => {
@@ -480,6 +445,143 @@ fn attend(
         run(mc)?;
     }
     wrap(out, vec![tokens, p.num_heads * dv])
+}
+
+kernel_params! {
+    /// `paged_attn_<t>` (attention_prefill.cu): prefill on CUDA cores, any dtype and head dims.
+    struct PagedAttn {
+        q: u64,
+        k_cache: u64,
+        v_cache: u64,
+        tables: u64,
+        items: u64,
+        out: u64,
+        part_acc: u64,
+        part_ml: u64,
+        hq: i32,
+        hkv: i32,
+        d: i32,
+        dv: i32,
+        k_dim: i32,
+        v_dim: i32,
+        block_size: i32,
+        scale: f32,
+        softcap: f32,
+        window: i32,
+        causal: i32,
+        splits: i32,
+        n_rows: i32,
+        kpitch: i32,
+        vpitch: i32,
+        vec: i32,
+    }
+}
+
+impl PagedAttn {
+    fn launch(&self, dev: &CudaDevice, op: &'static str, t: DType, n_items: usize) -> Result<()> {
+        let (d, kpitch, vpitch) = (self.d as usize, self.kpitch as usize, self.vpitch as usize);
+        // `paged_attn`'s layout: q_s, p_s, slot_s (4-byte words), then the key and value tiles.
+        let smem = 4 * (QV_MAX * d + NWARPS * QPW * TILE + TILE) + t.size_in_bytes() * TILE * (kpitch + vpitch);
+        let f = kernel(dev, &format!("paged_attn_{}", dtype_suffix(t)?), smem, op)?;
+        self.launch_with(dev, &f, grid(n_items, self.splits, NWARPS, smem))
+    }
+}
+
+kernel_params! {
+    /// `paged_attn_mma_bf16_d<D>_v<DV>` (attention_mma.cu): bf16 prefill on tensor cores, for
+    /// equal head dims of `MMA_HEAD_DIMS`.
+    struct PagedAttnMma {
+        q: u64,
+        k_cache: u64,
+        v_cache: u64,
+        tables: u64,
+        items: u64,
+        out: u64,
+        part_acc: u64,
+        part_ml: u64,
+        hq: i32,
+        hkv: i32,
+        k_dim: i32,
+        v_dim: i32,
+        block_size: i32,
+        scale: f32,
+        softcap: f32,
+        window: i32,
+        causal: i32,
+        splits: i32,
+        n_rows: i32,
+    }
+}
+
+impl PagedAttnMma {
+    fn launch(&self, dev: &CudaDevice, op: &'static str, n_items: usize, d: usize, dv: usize) -> Result<()> {
+        // `paged_attn_mma`'s layout: k_s and v_s (bf16, rows padded by 8), slot_s, m_s, l_s, o_s.
+        let smem = 2 * MMA_TK * (2 * d + 16) + 4 * MMA_TK + 4 * (NWARPS * 16 + 16 + 16 * dv);
+        let f = kernel(dev, &format!("paged_attn_mma_bf16_d{d}_v{dv}"), smem, op)?;
+        self.launch_with(dev, &f, grid(n_items, self.splits, NWARPS, smem))
+    }
+}
+
+kernel_params! {
+    /// `paged_decode_<t>_h<HM>_v<DVR>` (attention_decode.cu): single-token rows. A non-null
+    /// `done` has the kernel merge the splits itself.
+    struct PagedDecode {
+        q: u64,
+        k_cache: u64,
+        v_cache: u64,
+        tables: u64,
+        items: u64,
+        out: u64,
+        part_acc: u64,
+        part_ml: u64,
+        hq: i32,
+        hkv: i32,
+        d: i32,
+        dv: i32,
+        k_dim: i32,
+        v_dim: i32,
+        block_size: i32,
+        scale: f32,
+        softcap: f32,
+        splits: i32,
+        n_rows: i32,
+        vec: i32,
+        done: u64,
+    }
+}
+
+impl PagedDecode {
+    fn launch(&self, dev: &CudaDevice, op: &'static str, t: DType, n_items: usize) -> Result<()> {
+        let (d, dv, splits) = (self.d as usize, self.dv as usize, self.splits as usize);
+        // The instantiation for this group size and value width (INST_DECODE).
+        let hm = (self.hq as usize / self.hkv as usize).min(DEC_HMAX).next_power_of_two();
+        let dvr = if dv <= 128 { 4 } else { 8 };
+        // `paged_decode`'s layout: q_s, s_s, m_s, l_s, corr_s, slot_s, red_s, and the merge's
+        // weights w_s where the kernel merges.
+        let merge_weights = if self.done != 0 { hm * splits } else { 0 };
+        let smem = 4 * (hm * d + hm * DEC_SUB + 3 * hm + DEC_SUB + DEC_WARPS * hm * dv + merge_weights);
+        let f = kernel(dev, &format!("paged_decode_{}_h{hm}_v{dvr}", dtype_suffix(t)?), smem, op)?;
+        self.launch_with(dev, &f, grid(n_items, self.splits, DEC_WARPS, smem))
+    }
+}
+
+kernel_params! {
+    /// `attn_combine_<t>` (attention_combine.cu): merges the splits' partials of `n_rows` rows,
+    /// partial row `i` into output row `rows[i]`.
+    struct AttnCombine { part_acc: u64, part_ml: u64, out: u64, rows: u64, splits: i32, n_rows: i32, hq: i32, dv: i32 }
+}
+
+impl AttnCombine {
+    fn launch(&self, dev: &CudaDevice, t: DType) -> Result<()> {
+        let f = dev.function(ATTENTION, &format!("attn_combine_{}", dtype_suffix(t)?))?;
+        let cfg = LaunchConfig {
+            grid_dim: ((self.n_rows as usize * self.hq as usize) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            // scale_s and live_s: a float and an int per split.
+            shared_mem_bytes: (self.splits as usize * 8) as u32,
+        };
+        self.launch_with(dev, &f, cfg)
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -499,76 +601,103 @@ fn launch_attention(
     let elem = dtype.size_in_bytes();
     let chunk = 16 / elem;
     let vec = [d, dv, kv.k_dim, kv.v_dim].iter().all(|x| x % chunk == 0) as i32;
-    let sfx = dtype_suffix(dtype)?;
-    let common = || -> Result<[Arg; 7]> {
-        Ok([
-            int(p.num_heads)?,
-            int(p.num_kv_heads)?,
-            int(d)?,
-            int(dv)?,
-            int(kv.k_dim)?,
-            int(kv.v_dim)?,
-            int(meta.block_size)?,
-        ])
-    };
+    let (q, k_cache, v_cache, tables) = (qs.ptr(), kv.k.ptr(), kv.v.ptr(), dptr(&mc.tables, dev));
+    let (hq, hkv, block_size) = (int(p.num_heads)?, int(p.num_kv_heads)?, int(meta.block_size)?);
+    let (k_dim, v_dim) = (int(kv.k_dim)?, int(kv.v_dim)?);
+    let (scale, softcap) = (p.scale, p.softcap.unwrap_or(0.0));
 
-    // Every attention kernel takes q, the caches, the block tables, its work items, the output and
-    // the split partials first; `tail` is the rest of its parameters, in the kernel's order. The
-    // decode kernel merges a few splits itself (`Launch::done`); other merges are a launch.
-    let run = |l: &Launch, name: String, smem: usize, tail: Vec<Arg>| -> Result<()> {
-        let f = kernel(dev, &name, smem, op)?;
-        let parts = Partials::new(dev, l, p.num_heads, dv)?;
-        let mut args = vec![qs.ptr(), kv.k.ptr(), kv.v.ptr(), dptr(&mc.tables, dev), dptr(&l.items, dev), out.ptr()];
-        args.extend(parts.ptrs(dev));
-        args.extend(tail);
-        dev.launch(&f, grid(l, smem), &args)?;
-        match l.done {
-            Some(_) => Ok(()),
-            None => parts.combine(dev, out, &l.row_ids, p.num_heads, dv, sfx),
-        }
-    };
-
+    // A launch's splits write partials, which `attn_combine` merges, except where the decode
+    // kernel merges them itself (`Launch::done`).
     if let Some(l) = &mc.prefill {
-        let masking = [
-            Arg::F32(p.scale),
-            Arg::F32(p.softcap.unwrap_or(0.0)),
-            int(p.sliding_window.unwrap_or(0))?,
-            Arg::I32(causal as i32),
-            int(l.splits)?,
-            int(l.rows)?,
-        ];
+        let parts = Partials::new(dev, l.splits, l.rows, p.num_heads, dv)?;
+        let [part_acc, part_ml] = parts.ptrs(dev);
+        let (items, out) = (dptr(&l.items, dev), out.ptr());
+        let (window, causal) = (int(p.sliding_window.unwrap_or(0))?, causal as i32);
+        let (splits, n_rows) = (int(l.splits)?, int(l.rows)?);
         if dtype == DType::BF16 && vec == 1 && d == dv && MMA_HEAD_DIMS.contains(&d) {
-            // Tensor cores (kernels::ATTENTION, INST_MMA): smem mirrors `paged_attn_mma`'s layout.
-            let smem = 2 * MMA_TILE * (2 * d + 16) + 4 * MMA_TILE + 4 * (WARPS * 16 + 16 + 16 * dv);
-            let mut tail =
-                vec![int(p.num_heads)?, int(p.num_kv_heads)?, int(kv.k_dim)?, int(kv.v_dim)?, int(meta.block_size)?];
-            tail.extend(masking);
-            run(l, format!("paged_attn_mma_bf16_d{d}_v{dv}"), smem, tail)?;
+            let launch = PagedAttnMma {
+                q,
+                k_cache,
+                v_cache,
+                tables,
+                items,
+                out,
+                part_acc,
+                part_ml,
+                hq,
+                hkv,
+                k_dim,
+                v_dim,
+                block_size,
+                scale,
+                softcap,
+                window,
+                causal,
+                splits,
+                n_rows,
+            };
+            launch.launch(dev, op, l.items.len(), d, dv)?;
         } else {
-            let (kpitch, vpitch) = (pitch(d, elem), pitch(dv, elem));
-            let smem = 4 * (QV_MAX * d + WARPS * QPW * TILE + TILE) + elem * TILE * (kpitch + vpitch);
-            let mut tail = common()?.to_vec();
-            tail.extend(masking);
-            tail.extend([int(kpitch)?, int(vpitch)?, Arg::I32(vec)]);
-            run(l, format!("paged_attn_{sfx}"), smem, tail)?;
+            let launch = PagedAttn {
+                q,
+                k_cache,
+                v_cache,
+                tables,
+                items,
+                out,
+                part_acc,
+                part_ml,
+                hq,
+                hkv,
+                d: int(d)?,
+                dv: int(dv)?,
+                k_dim,
+                v_dim,
+                block_size,
+                scale,
+                softcap,
+                window,
+                causal,
+                splits,
+                n_rows,
+                kpitch: int(pitch(d, elem))?,
+                vpitch: int(pitch(dv, elem))?,
+                vec,
+            };
+            launch.launch(dev, op, dtype, l.items.len())?;
         }
+        parts.combine(dev, out, &l.row_ids, p.num_heads, dv, dtype)?;
     }
     if let Some(l) = &mc.decode {
-        // The instantiation for this group size and value width (kernels::ATTENTION, INST_DECODE).
-        let hm = (p.num_heads / p.num_kv_heads).min(DEC_HMAX).next_power_of_two();
-        let dvr = if dv <= 128 { 4 } else { 8 };
-        let merge_weights = if l.done.is_some() { hm * l.splits } else { 0 };
-        let smem = 4 * (hm * d + hm * DEC_SUB + 3 * hm + DEC_SUB + WARPS * hm * dv + merge_weights);
-        let mut tail = common()?.to_vec();
-        tail.extend([
-            Arg::F32(p.scale),
-            Arg::F32(p.softcap.unwrap_or(0.0)),
-            int(l.splits)?,
-            int(l.rows)?,
-            Arg::I32(vec),
-            l.done.as_ref().map_or(Arg::Ptr(0), |d| dptr(d, dev)),
-        ]);
-        run(l, format!("paged_decode_{sfx}_h{hm}_v{dvr}"), smem, tail)?;
+        let parts = Partials::new(dev, l.splits, l.rows, p.num_heads, dv)?;
+        let [part_acc, part_ml] = parts.ptrs(dev);
+        let launch = PagedDecode {
+            q,
+            k_cache,
+            v_cache,
+            tables,
+            items: dptr(&l.items, dev),
+            out: out.ptr(),
+            part_acc,
+            part_ml,
+            hq,
+            hkv,
+            d: int(d)?,
+            dv: int(dv)?,
+            k_dim,
+            v_dim,
+            block_size,
+            scale,
+            softcap,
+            splits: int(l.splits)?,
+            n_rows: int(l.rows)?,
+            vec,
+            done: l.done.as_ref().map_or(0, |d| dptr(d, dev)),
+        };
+        launch.launch(dev, op, dtype, l.items.len())?;
+        if l.done.is_none() {
+            parts.combine(dev, out.ptr(), &l.row_ids, p.num_heads, dv, dtype)?;
+        }
     }
     Ok(())
 }
@@ -589,10 +718,11 @@ fn kernel(dev: &CudaDevice, name: &str, smem: usize, op: &'static str) -> Result
     Ok(f)
 }
 
-fn grid(l: &Launch, smem: usize) -> LaunchConfig {
+/// A block per work item and split.
+fn grid(n_items: usize, splits: i32, warps: usize, smem: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (l.n_items as u32, l.splits as u32, 1),
-        block_dim: (WARPS as u32 * 32, 1, 1),
+        grid_dim: (n_items as u32, splits as u32, 1),
+        block_dim: (warps as u32 * 32, 1, 1),
         shared_mem_bytes: smem as u32,
     }
 }
@@ -605,9 +735,9 @@ struct Partials {
 }
 
 impl Partials {
-    fn new(dev: &CudaDevice, l: &Launch, heads: usize, dv: usize) -> Result<Partials> {
-        let bufs = if l.splits > 1 {
-            let per = l.splits * l.rows * heads;
+    fn new(dev: &CudaDevice, splits: usize, rows: usize, heads: usize, dv: usize) -> Result<Partials> {
+        let bufs = if splits > 1 {
+            let per = splits * rows * heads;
             // SAFETY: every (split, row, head) partial is written by its block before the merge.
             let acc = unsafe { dev.stream().alloc::<f32>(per * dv) }.map_err(dev_err)?;
             let ml = unsafe { dev.stream().alloc::<f32>(per * 2) }.map_err(dev_err)?;
@@ -615,36 +745,39 @@ impl Partials {
         } else {
             None
         };
-        Ok(Partials { bufs, splits: l.splits, rows: l.rows })
+        Ok(Partials { bufs, splits, rows })
     }
 
-    fn ptrs(&self, dev: &CudaDevice) -> [Arg; 2] {
+    fn ptrs(&self, dev: &CudaDevice) -> [u64; 2] {
         match &self.bufs {
             Some((acc, ml)) => [dptr(acc, dev), dptr(ml, dev)],
-            None => [Arg::Ptr(0), Arg::Ptr(0)],
+            None => [0, 0],
         }
     }
 
     fn combine(
         &self,
         dev: &CudaDevice,
-        out: &CudaStorage,
+        out: u64,
         rows: &CudaSlice<u32>,
         heads: usize,
         dv: usize,
-        sfx: &str,
+        t: DType,
     ) -> Result<()> {
         if self.bufs.is_none() {
             return Ok(());
         }
-        let f = dev.function(ATTENTION, &format!("attn_combine_{sfx}"))?;
-        let cfg = LaunchConfig {
-            grid_dim: ((self.rows * heads) as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: (self.splits * 8) as u32,
+        let [part_acc, part_ml] = self.ptrs(dev);
+        let launch = AttnCombine {
+            part_acc,
+            part_ml,
+            out,
+            rows: dptr(rows, dev),
+            splits: int(self.splits)?,
+            n_rows: int(self.rows)?,
+            hq: int(heads)?,
+            dv: int(dv)?,
         };
-        let [acc, ml] = self.ptrs(dev);
-        let rows = dptr(rows, dev);
-        dev.launch(&f, cfg, &[acc, ml, out.ptr(), rows, int(self.splits)?, int(self.rows)?, int(heads)?, int(dv)?])
+        launch.launch(dev, t)
     }
 }

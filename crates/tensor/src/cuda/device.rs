@@ -4,29 +4,94 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
-use cudarc::driver::{sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    sys as drv_sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg,
+};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
-use super::kernels;
-use super::storage::Arg;
+use super::kernels::{self, KernelSource};
 use crate::error::{Result, TensorError};
 
 pub(crate) fn dev_err(what: impl std::fmt::Display) -> TensorError {
     TensorError::Device(what.to_string())
 }
 
-/// The kernel groups, each compiled on first use. The name keys the module cache.
+/// A kernel argument as `launch` passes it: device addresses and `size_t`s are `u64`.
 #[derive(Clone, Copy)]
-pub(crate) struct KernelSource {
-    pub name: &'static str,
-    pub src: &'static str,
+pub(crate) enum Arg {
+    U64(u64),
+    I32(i32),
+    F32(f32),
 }
 
-pub(crate) const ELEMENTWISE: KernelSource = KernelSource { name: "elementwise", src: kernels::ELEMENTWISE };
-pub(crate) const NORM: KernelSource = KernelSource { name: "norm", src: kernels::NORM };
-pub(crate) const ATTENTION: KernelSource = KernelSource { name: "attention", src: kernels::ATTENTION };
-pub(crate) const GEMV: KernelSource = KernelSource { name: "gemv", src: kernels::GEMV };
-pub(crate) const SAMPLING: KernelSource = KernelSource { name: "sampling", src: kernels::SAMPLING };
+impl From<u64> for Arg {
+    fn from(v: u64) -> Arg {
+        Arg::U64(v)
+    }
+}
+
+impl From<i32> for Arg {
+    fn from(v: i32) -> Arg {
+        Arg::I32(v)
+    }
+}
+
+impl From<f32> for Arg {
+    fn from(v: f32) -> Arg {
+        Arg::F32(v)
+    }
+}
+
+/// Declares a kernel's parameters as a struct whose fields are in the order of its C signature
+/// (device addresses and `size_t` as `u64`, `int` as `i32`, `float` as `f32`), with
+/// `launch_with`: the one place where that order becomes the argument list, so that a launcher
+/// names every argument instead of counting positions.
+macro_rules! kernel_params {
+    ($(#[$doc:meta])* $vis:vis struct $name:ident { $($field:ident: $ty:ty),+ $(,)? }) => {
+        $(#[$doc])*
+        $vis struct $name {
+            $($vis $field: $ty),+
+        }
+
+        impl $name {
+            fn launch_with(
+                &self,
+                dev: &$crate::cuda::device::CudaDevice,
+                f: &cudarc::driver::CudaFunction,
+                cfg: cudarc::driver::LaunchConfig,
+            ) -> $crate::error::Result<()> {
+                dev.launch(f, cfg, &[$($crate::cuda::device::Arg::from(self.$field)),+])
+            }
+        }
+    };
+}
+pub(crate) use kernel_params;
+
+/// A dimension or count as a C `int`, refusing what would wrap.
+pub(crate) fn int(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| dev_err(format!("size {v} does not fit a 32-bit kernel argument")))
+}
+
+/// The device address of `s`.
+pub(crate) fn dptr<T>(s: &CudaSlice<T>, dev: &CudaDevice) -> u64 {
+    s.device_ptr(dev.stream()).0
+}
+
+/// State an op module keeps for each device (its caches, a graph capture in progress), declared
+/// by that module rather than as a field of [`CudaDevice`]: one lock per device all the same.
+pub(crate) struct PerDevice<T>(OnceLock<Box<[Mutex<T>]>>);
+
+impl<T: Default> PerDevice<T> {
+    pub(crate) const fn new() -> PerDevice<T> {
+        PerDevice(OnceLock::new())
+    }
+
+    pub(crate) fn of(&self, dev: &CudaDevice) -> &Mutex<T> {
+        // Every device that exists has an ordinal below the count, which is fixed for the process.
+        &self.0.get_or_init(|| (0..device_count()).map(|_| Mutex::default()).collect())[dev.ordinal]
+    }
+}
 
 /// A GPU as the op set sees it. Everything is issued on one stream, so the order of ops is
 /// the order of calls, and memory freed by a dropped tensor is reused only after the kernels
@@ -41,10 +106,6 @@ pub struct CudaDevice {
     blas: Mutex<blas_sys::cublasHandle_t>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
-    pub(crate) attn_meta: Mutex<Vec<super::attention::MetaCache>>,
-    pub(crate) slot_meta: Mutex<Option<super::attention::SlotCache>>,
-    /// The graph capture in progress, if any (see `graph`).
-    pub(crate) recording: Mutex<Option<super::graph::Recording>>,
     /// Allocates the buffers a captured graph keeps, which must not come from the capture.
     side: Arc<CudaStream>,
     /// cuBLAS's scratch memory, ours so that captured GEMMs never allocate their own.
@@ -150,9 +211,6 @@ impl CudaDevice {
             blas: Mutex::new(blas),
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
-            attn_meta: Mutex::new(Vec::new()),
-            slot_meta: Mutex::new(None),
-            recording: Mutex::new(None),
             side,
             _blas_workspace: blas_workspace,
         })
@@ -245,7 +303,7 @@ impl CudaDevice {
         let mut builder = self.stream.launch_builder(f);
         for a in args {
             match a {
-                Arg::Ptr(v) | Arg::U64(v) => builder.arg(v),
+                Arg::U64(v) => builder.arg(v),
                 Arg::I32(v) => builder.arg(v),
                 Arg::F32(v) => builder.arg(v),
             };
@@ -261,7 +319,7 @@ impl CudaDevice {
         let mut values: Vec<u64> = args
             .iter()
             .map(|a| match *a {
-                Arg::Ptr(v) | Arg::U64(v) => v,
+                Arg::U64(v) => v,
                 Arg::I32(v) => v as u32 as u64,
                 Arg::F32(v) => v.to_bits() as u64,
             })
@@ -295,11 +353,11 @@ impl CudaDevice {
     }
 }
 
-/// One kernel module (with the shared prelude) as PTX for virtual architecture `arch`.
+/// One kernel module as PTX for virtual architecture `arch`, with the constants it shares with
+/// Rust defined.
 fn compile_ptx(source: KernelSource, arch: &'static str) -> Result<Ptx> {
-    let src = format!("{}{}", kernels::COMMON, source.src);
-    let opts = CompileOptions { arch: Some(arch), ..Default::default() };
-    compile_ptx_with_opts(src, opts)
+    let opts = CompileOptions { arch: Some(arch), options: kernels::defines(), ..Default::default() };
+    compile_ptx_with_opts(source.src, opts)
         .map_err(|e| dev_err(format!("NVRTC failed on the {} kernels for {arch}: {e:?}", source.name)))
 }
 
@@ -328,6 +386,24 @@ fn keep_pool_memory(ctx: &Arc<CudaContext>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cuda::attention::{AttnItem, DecodeItem};
+    use crate::cuda::sampling::SamplePlan;
+
+    /// `static_assert`s that the C struct of the same name has the size and field offsets of
+    /// the Rust one. NVRTC has no `<cstddef>`; `__INTADDR__` is how its front end defines
+    /// `offsetof`.
+    macro_rules! layout {
+        ($ty:ident { $($field:ident),+ $(,)? }) => {{
+            let name = stringify!($ty);
+            let mut asserts = format!("static_assert(sizeof({name}) == {});\n", std::mem::size_of::<$ty>());
+            $(asserts += &format!(
+                "static_assert(__INTADDR__(&(({name}*)0)->{}) == {});\n",
+                stringify!($field),
+                std::mem::offset_of!($ty, $field),
+            );)+
+            asserts
+        }};
+    }
 
     /// NVRTC needs no GPU: where only the library is present (CI installs its wheel), every
     /// kernel module is still compiled for Hopper, so that a kernel that does not build fails
@@ -339,9 +415,29 @@ mod tests {
             eprintln!("skipped: libnvrtc not found (pip install nvidia-cuda-nvrtc-cu12, then LD_LIBRARY_PATH)");
             return;
         }
-        for source in [ELEMENTWISE, NORM, ATTENTION, GEMV, SAMPLING] {
+        for source in kernels::MODULES {
             let ptx = compile_ptx(source, "compute_90").unwrap_or_else(|e| panic!("{e}")).to_src();
             assert!(ptx.contains(".entry"), "{} kernels gave no entry points", source.name);
+        }
+        // The structs the kernels read from buffers that Rust fills: NVRTC checks that the C
+        // declarations have the Rust size and field offsets.
+        let attention = concat!(include_str!("kernels/common.cuh"), include_str!("kernels/attention_common.cuh"));
+        let probes = [
+            (
+                "attention items",
+                attention,
+                layout!(AttnItem { row0, nrows, pos0, h0, nheads, bt_off, k_lo, k_hi, local0 })
+                    + &layout!(DecodeItem { row, local, h0, nheads, bt_off, k_lo, k_hi, pad }),
+            ),
+            (
+                "sample plan",
+                kernels::SAMPLING.src,
+                layout!(SamplePlan { greedy, inv_t, log_min_p, top_p, top_k, seed_lo, seed_hi, step_lo, step_hi }),
+            ),
+        ];
+        for (name, src, asserts) in probes {
+            let src: &'static str = Box::leak(format!("{src}\n{asserts}").into_boxed_str());
+            compile_ptx(KernelSource { name, src }, "compute_90").unwrap_or_else(|e| panic!("{e}"));
         }
     }
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use cudarc::driver::{result as drv_result, sys as drv_sys, CudaGraph, CudaSlice, CudaStream, DevicePtr};
 
 use super::attention::{self, MetaCache};
-use super::device::{dev_err, CudaDevice};
+use super::device::{dev_err, CudaDevice, PerDevice};
 use super::storage::CudaStorage;
 use crate::error::{Result, TensorError};
 use crate::kv::AttnMetadata;
@@ -69,9 +69,12 @@ enum Input {
     Host { fill: HostFill, tensor: Tensor },
 }
 
+/// The capture in progress on each device, if any.
+static RECORDING: PerDevice<Option<Recording>> = PerDevice::new();
+
 /// The capture in progress on a device: the addresses of the step's inputs and the buffers
 /// handed out for them so far.
-pub(crate) struct Recording {
+struct Recording {
     tokens: (usize, usize),
     logit_rows: (usize, usize),
     meta: usize,
@@ -137,13 +140,13 @@ impl CudaDevice {
     /// The device address of `index` during a capture (a graph input), or `None` outside one,
     /// where the caller uploads it as usual.
     pub(crate) fn step_index(&self, index: &StepIndex<'_>) -> Result<Option<u64>> {
-        let mut rec = self.recording.lock().map_err(|_| dev_err("graph recording poisoned"))?;
+        let mut rec = RECORDING.of(self).lock().map_err(|_| dev_err("graph recording poisoned"))?;
         rec.as_mut().map(|r| r.buffer(index)).transpose()
     }
 
     /// Refuses what a graph cannot replay: data moved between host and device mid-forward.
     pub(crate) fn check_not_capturing(&self, what: &str) -> Result<()> {
-        if self.recording.lock().map_err(|_| dev_err("graph recording poisoned"))?.is_some() {
+        if RECORDING.of(self).lock().map_err(|_| dev_err("graph recording poisoned"))?.is_some() {
             return Err(not_capturable(what));
         }
         Ok(())
@@ -158,7 +161,7 @@ impl CudaDevice {
         causal: bool,
         f: impl FnOnce(&MetaCache) -> Result<R>,
     ) -> Result<Option<R>> {
-        let mut guard = self.recording.lock().map_err(|_| dev_err("graph recording poisoned"))?;
+        let mut guard = RECORDING.of(self).lock().map_err(|_| dev_err("graph recording poisoned"))?;
         let Some(rec) = guard.as_mut() else {
             return Ok(None);
         };
@@ -191,7 +194,7 @@ impl CudaDevice {
         fill: &HostFill,
     ) -> Result<Option<Tensor>> {
         let rows = meta.num_tokens();
-        let mut guard = self.recording.lock().map_err(|_| dev_err("graph recording poisoned"))?;
+        let mut guard = RECORDING.of(self).lock().map_err(|_| dev_err("graph recording poisoned"))?;
         let Some(rec) = guard.as_mut() else { return Ok(None) };
         if !std::ptr::eq(meta, rec.meta as *const AttnMetadata) {
             return Err(not_capturable("a host table of metadata other than the step's"));
@@ -237,7 +240,7 @@ impl StepGraph {
     ) -> Result<StepGraph> {
         let side = dev.side_stream().clone();
         {
-            let mut rec = dev.recording.lock().map_err(|_| dev_err("graph recording poisoned"))?;
+            let mut rec = RECORDING.of(dev).lock().map_err(|_| dev_err("graph recording poisoned"))?;
             *rec = Some(Recording {
                 tokens: slice_id(step.tokens),
                 logit_rows: slice_id(step.logit_rows),
@@ -260,8 +263,8 @@ impl StepGraph {
             // SAFETY: both buffers hold `len` elements of the same dtype; the copy is captured.
             unsafe {
                 drv_result::memcpy_dtod_async(
-                    output.raw_ptr(),
-                    src.raw_ptr(),
+                    output.ptr(),
+                    src.ptr(),
                     src.len() * src.dtype().size_in_bytes(),
                     stream.cu_stream(),
                 )
@@ -269,8 +272,8 @@ impl StepGraph {
             .map_err(dev_err)?;
             Tensor::from_storage(Storage::Cuda(output), logits.shape().to_vec())
         });
-        let inputs = dev
-            .recording
+        let inputs = RECORDING
+            .of(dev)
             .lock()
             .map_err(|_| dev_err("graph recording poisoned"))?
             .take()
@@ -319,7 +322,7 @@ impl StepGraph {
                         return Err(shape_change("a host table", storage.len(), data.len()));
                     }
                     // SAFETY: the buffer holds `len` f32s; the copy is ordered before the launch.
-                    unsafe { drv_result::memcpy_htod_async(storage.raw_ptr(), &data, stream.cu_stream()) }
+                    unsafe { drv_result::memcpy_htod_async(storage.ptr(), &data, stream.cu_stream()) }
                         .map_err(dev_err)?;
                 }
             }

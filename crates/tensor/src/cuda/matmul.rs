@@ -2,15 +2,16 @@
 //! (no TF32) for f32 activations.
 //!
 //! bf16 products of up to `GEMV_MAX_ROWS` rows (decode) go to the GEMV kernel instead
-//! (kernels::GEMV): profiled inside a Llama-3.1-8B decode step on the H200, cuBLAS's kernels for
+//! (kernels/gemv.cu): profiled inside a Llama-3.1-8B decode step on the H200, cuBLAS's kernels for
 //! those shapes (split-K plus a reduction kernel each) streamed the weights at about 70 % of the
 //! copy bandwidth.
 
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
 
-use super::device::{dev_err, CudaDevice, GEMV};
+use super::device::{dev_err, int, kernel_params, CudaDevice};
+use super::kernels::GEMV;
 use super::ops::{act_mul, activation_code, broadcast_row, cuda_of, wrap};
-use super::storage::{int, Arg, Converted, CudaStorage};
+use super::storage::{Converted, CudaStorage};
 use crate::error::Result;
 use crate::tensor::Tensor;
 use crate::{Activation, DType};
@@ -58,7 +59,7 @@ impl<'a> Product<'a> {
             return Ok(());
         }
         let beta = if self.has_bias { 1.0 } else { 0.0 };
-        gemm(&self.out, self.w.raw_ptr(), self.x.raw_ptr(), self.out.raw_ptr(), m, self.n, k, beta)
+        gemm(&self.out, self.w.ptr(), self.x.ptr(), self.out.ptr(), m, self.n, k, beta)
     }
 
     fn finish(self) -> Result<Tensor> {
@@ -77,15 +78,65 @@ fn gemv_fits(dtype: DType, m: usize, k: usize) -> bool {
 }
 
 /// One warp per output column over `columns` columns in all.
-fn gemv_launch(dev: &CudaDevice, name: &str, columns: usize, args: &[Arg]) -> Result<()> {
-    let f = dev.function(GEMV, name)?;
+fn gemv_cfg(columns: usize) -> cudarc::driver::LaunchConfig {
     let warps_per_block = 8;
-    let cfg = cudarc::driver::LaunchConfig {
+    cudarc::driver::LaunchConfig {
         grid_dim: (columns.div_ceil(warps_per_block) as u32, 1, 1),
         block_dim: (32 * warps_per_block as u32, 1, 1),
         shared_mem_bytes: 0,
-    };
-    dev.launch(&f, cfg, args)
+    }
+}
+
+kernel_params! {
+    /// `gemv_bf16_m<M>`: `y[m, n] (+)= x[m, k] w[n, k]^T`, adding onto `y` where `accumulate`.
+    struct Gemv { x: u64, w: u64, y: u64, n: i32, k: i32, accumulate: i32 }
+}
+
+impl Gemv {
+    fn launch(&self, dev: &CudaDevice, m: usize) -> Result<()> {
+        let f = dev.function(GEMV, &format!("gemv_bf16_m{m}"))?;
+        self.launch_with(dev, &f, gemv_cfg(self.n as usize))
+    }
+}
+
+kernel_params! {
+    /// `gemv3_bf16_m<M>`: up to three products of one `x`, each as in [`Gemv`]; a product with
+    /// `n = 0` (and null pointers) is absent.
+    struct Gemv3 {
+        x: u64,
+        k: i32,
+        w0: u64,
+        y0: u64,
+        n0: i32,
+        a0: i32,
+        w1: u64,
+        y1: u64,
+        n1: i32,
+        a1: i32,
+        w2: u64,
+        y2: u64,
+        n2: i32,
+        a2: i32,
+    }
+}
+
+impl Gemv3 {
+    fn launch(&self, dev: &CudaDevice, m: usize) -> Result<()> {
+        let f = dev.function(GEMV, &format!("gemv3_bf16_m{m}"))?;
+        self.launch_with(dev, &f, gemv_cfg(self.n0 as usize + self.n1 as usize + self.n2 as usize))
+    }
+}
+
+kernel_params! {
+    /// `gemv_gated_bf16_m<M>`: `y = act(x wg^T) * (x wu^T)`, `act` an activation code.
+    struct GemvGated { x: u64, wg: u64, wu: u64, y: u64, n: i32, k: i32, act: i32 }
+}
+
+impl GemvGated {
+    fn launch(&self, dev: &CudaDevice, m: usize) -> Result<()> {
+        let f = dev.function(GEMV, &format!("gemv_gated_bf16_m{m}"))?;
+        self.launch_with(dev, &f, gemv_cfg(self.n as usize))
+    }
 }
 
 pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
@@ -93,8 +144,9 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
     let p = Product::new(xs, x, w, bias)?;
     let (m, k) = (rows_of(x), w.shape()[1]);
     if gemv_fits(xs.dtype(), m, k) && p.n > 0 {
-        let args = [xs.ptr(), p.w.ptr(), p.out.ptr(), int(p.n)?, int(k)?, Arg::I32(p.has_bias as i32)];
-        gemv_launch(xs.device(), &format!("gemv_bf16_m{m}"), p.n, &args)?;
+        let launch =
+            Gemv { x: xs.ptr(), w: p.w.ptr(), y: p.out.ptr(), n: int(p.n)?, k: int(k)?, accumulate: p.has_bias as i32 };
+        launch.launch(xs.device(), m)?;
     } else {
         p.run_cublas(m, k)?;
     }
@@ -107,16 +159,16 @@ pub fn matmul_t_many(x: &Tensor, weights: &[(&Tensor, Option<&Tensor>)]) -> Resu
     let (m, k) = (rows_of(x), x.last_dim());
     let products = weights.iter().map(|&(w, b)| Product::new(xs, x, w, b)).collect::<Result<Vec<_>>>()?;
     if gemv_fits(xs.dtype(), m, k) && (1..=3).contains(&products.len()) {
-        let mut args = vec![xs.ptr(), int(k)?];
-        for i in 0..3 {
-            match products.get(i) {
-                Some(p) => args.extend([p.w.ptr(), p.out.ptr(), int(p.n)?, Arg::I32(p.has_bias as i32)]),
-                None => args.extend([Arg::U64(0), Arg::U64(0), Arg::I32(0), Arg::I32(0)]),
-            }
-        }
-        let columns = products.iter().map(|p| p.n).sum();
+        let k = int(k)?;
+        let product = |i: usize| match products.get(i) {
+            Some(p) => Ok::<_, crate::error::TensorError>((p.w.ptr(), p.out.ptr(), int(p.n)?, p.has_bias as i32)),
+            None => Ok((0, 0, 0, 0)),
+        };
+        let ((w0, y0, n0, a0), (w1, y1, n1, a1), (w2, y2, n2, a2)) = (product(0)?, product(1)?, product(2)?);
+        let columns: usize = products.iter().map(|p| p.n).sum();
         if columns > 0 {
-            gemv_launch(xs.device(), &format!("gemv3_bf16_m{m}"), columns, &args)?;
+            let launch = Gemv3 { x: xs.ptr(), k, w0, y0, n0, a0, w1, y1, n1, a1, w2, y2, n2, a2 };
+            launch.launch(xs.device(), m)?;
         }
     } else {
         for p in &products {
@@ -137,8 +189,16 @@ pub fn gated_matmul_t(x: &Tensor, gate: &Tensor, up: &Tensor, act: Activation) -
     }
     let (gs, us) = (cuda_of("gated_matmul_t", gate)?.as_dtype(dtype)?, cuda_of("gated_matmul_t", up)?.as_dtype(dtype)?);
     let out = CudaStorage::alloc(xs.device(), dtype, m * n)?;
-    let args = [xs.ptr(), gs.ptr(), us.ptr(), out.ptr(), int(n)?, int(k)?, Arg::I32(activation_code(act))];
-    gemv_launch(xs.device(), &format!("gemv_gated_bf16_m{m}"), n, &args)?;
+    let launch = GemvGated {
+        x: xs.ptr(),
+        wg: gs.ptr(),
+        wu: us.ptr(),
+        y: out.ptr(),
+        n: int(n)?,
+        k: int(k)?,
+        act: activation_code(act),
+    };
+    launch.launch(xs.device(), m)?;
     let mut shape = x.shape().to_vec();
     *shape.last_mut().expect("rank >= 1") = n;
     wrap(out, shape)
@@ -165,9 +225,9 @@ pub fn grouped_matmul_t(x: &Tensor, w: &Tensor, offsets: &[usize]) -> Result<Ten
                 let r0 = pair[0];
                 (
                     pair[1] - r0,
-                    ws.raw_ptr() + (e * n * k) as u64 * elem,
-                    xs.raw_ptr() + (r0 * k) as u64 * elem,
-                    out.raw_ptr() + (r0 * n) as u64 * elem,
+                    ws.ptr() + (e * n * k) as u64 * elem,
+                    xs.ptr() + (r0 * k) as u64 * elem,
+                    out.ptr() + (r0 * n) as u64 * elem,
                 )
             })
             .collect();

@@ -15,7 +15,9 @@ mod device;
 pub(crate) mod graph;
 mod kernels;
 pub(crate) mod matmul;
+pub(crate) mod norm;
 pub(crate) mod ops;
+pub(crate) mod rope_kv;
 pub(crate) mod sampling;
 mod storage;
 

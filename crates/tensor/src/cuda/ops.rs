@@ -1,14 +1,14 @@
-//! The elementwise, normalisation and data-movement ops on CUDA. `crate::ops` has validated
-//! shapes and checked that every operand lives on the same device before calling these.
+//! The elementwise and data-movement ops on CUDA (kernels/elementwise.cu). `crate::ops` has
+//! validated shapes and checked that every operand lives on the same device before calling these.
 
 use cudarc::driver::LaunchConfig;
 
-use super::attention::dptr;
-use super::device::{dev_err, ELEMENTWISE, NORM};
+use super::device::{dev_err, dptr, int, kernel_params, CudaDevice};
 use super::graph::StepIndex;
-use super::storage::{dtype_suffix, flat_cfg, int, row_cfg, Arg, CudaStorage};
+use super::kernels::ELEMENTWISE;
+use super::storage::{dtype_suffix, flat_cfg, row_cfg, CudaStorage};
 use crate::error::{Result, TensorError};
-use crate::ops::{Activation, RopeStyle};
+use crate::ops::Activation;
 use crate::tensor::{Storage, Tensor};
 use crate::DType;
 
@@ -20,19 +20,37 @@ pub(crate) fn wrap(storage: CudaStorage, shape: Vec<usize>) -> Result<Tensor> {
     Tensor::from_storage(Storage::Cuda(storage), shape)
 }
 
-fn same_dtype(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
+pub(crate) fn same_dtype(op: &'static str, a: &CudaStorage, b: &CudaStorage) -> Result<()> {
     if a.dtype() != b.dtype() {
         return Err(TensorError::Unsupported { op, detail: format!("mixed dtypes {} and {}", a.dtype(), b.dtype()) });
     }
     Ok(())
 }
 
+/// The codes of [`Activation`] that the kernels' `activate` switches on.
+pub(crate) const ACT_SILU: i32 = 0;
+pub(crate) const ACT_GELU: i32 = 1;
+pub(crate) const ACT_GELU_TANH: i32 = 2;
+pub(crate) const ACT_RELU: i32 = 3;
+
 pub(crate) fn activation_code(act: Activation) -> i32 {
     match act {
-        Activation::Silu => 0,
-        Activation::Gelu => 1,
-        Activation::GeluTanh => 2,
-        Activation::Relu => 3,
+        Activation::Silu => ACT_SILU,
+        Activation::Gelu => ACT_GELU,
+        Activation::GeluTanh => ACT_GELU_TANH,
+        Activation::Relu => ACT_RELU,
+    }
+}
+
+kernel_params! {
+    /// `cast_<from>_<to>`: `n` elements converted.
+    pub(crate) struct Cast { x: u64, y: u64, n: u64 }
+}
+
+impl Cast {
+    pub(crate) fn launch(&self, dev: &CudaDevice, from: DType, to: DType) -> Result<()> {
+        let f = dev.function(ELEMENTWISE, &format!("cast_{}_{}", dtype_suffix(from)?, dtype_suffix(to)?))?;
+        self.launch_with(dev, &f, flat_cfg(dev, self.n as usize))
     }
 }
 
@@ -40,18 +58,28 @@ pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
     wrap(cuda_of("to_dtype", x)?.cast(dtype)?, x.shape().to_vec())
 }
 
-const UNARY_SCALE: i32 = 0;
-const UNARY_SOFTCAP: i32 = 1;
-const UNARY_ACTIVATION: i32 = 2;
+pub(crate) const UNARY_SCALE: i32 = 0;
+pub(crate) const UNARY_SOFTCAP: i32 = 1;
+pub(crate) const UNARY_ACTIVATION: i32 = 2;
+
+kernel_params! {
+    /// `unary_<t>`: `op` is one of the `UNARY_*` codes, `act` an activation code.
+    struct Unary { x: u64, y: u64, n: u64, op: i32, a: f32, act: i32 }
+}
+
+impl Unary {
+    fn launch(&self, dev: &CudaDevice, t: DType) -> Result<()> {
+        let f = dev.function(ELEMENTWISE, &format!("unary_{}", dtype_suffix(t)?))?;
+        self.launch_with(dev, &f, flat_cfg(dev, self.n as usize))
+    }
+}
 
 fn unary(x: &Tensor, op: i32, a: f32, act: i32) -> Result<Tensor> {
     let xs = cuda_of("unary", x)?;
     let dev = xs.device();
     let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
     if !xs.is_empty() {
-        let f = dev.function(ELEMENTWISE, &format!("unary_{}", dtype_suffix(xs.dtype())?))?;
-        let args = [xs.ptr(), out.ptr(), Arg::U64(xs.len() as u64), Arg::I32(op), Arg::F32(a), Arg::I32(act)];
-        dev.launch(&f, flat_cfg(dev, xs.len()), &args)?;
+        Unary { x: xs.ptr(), y: out.ptr(), n: xs.len() as u64, op, a, act }.launch(dev, xs.dtype())?;
     }
     wrap(out, x.shape().to_vec())
 }
@@ -68,9 +96,21 @@ pub fn activation(x: &Tensor, act: Activation) -> Result<Tensor> {
     unary(x, UNARY_ACTIVATION, 0.0, activation_code(act))
 }
 
-const BINARY_ADD: i32 = 0;
-const BINARY_MUL: i32 = 1;
-const BINARY_ACT_MUL: i32 = 2;
+pub(crate) const BINARY_ADD: i32 = 0;
+pub(crate) const BINARY_MUL: i32 = 1;
+pub(crate) const BINARY_ACT_MUL: i32 = 2;
+
+kernel_params! {
+    /// `binary_<t>`: `op` is one of the `BINARY_*` codes, `act` an activation code.
+    struct Binary { a: u64, b: u64, y: u64, n: u64, op: i32, act: i32 }
+}
+
+impl Binary {
+    fn launch(&self, dev: &CudaDevice, t: DType) -> Result<()> {
+        let f = dev.function(ELEMENTWISE, &format!("binary_{}", dtype_suffix(t)?))?;
+        self.launch_with(dev, &f, flat_cfg(dev, self.n as usize))
+    }
+}
 
 fn binary(op_name: &'static str, a: &Tensor, b: &Tensor, op: i32, act: i32) -> Result<Tensor> {
     let (sa, sb) = (cuda_of(op_name, a)?, cuda_of(op_name, b)?);
@@ -78,9 +118,7 @@ fn binary(op_name: &'static str, a: &Tensor, b: &Tensor, op: i32, act: i32) -> R
     let dev = sa.device();
     let out = CudaStorage::alloc(dev, sa.dtype(), sa.len())?;
     if !sa.is_empty() {
-        let f = dev.function(ELEMENTWISE, &format!("binary_{}", dtype_suffix(sa.dtype())?))?;
-        let args = [sa.ptr(), sb.ptr(), out.ptr(), Arg::U64(sa.len() as u64), Arg::I32(op), Arg::I32(act)];
-        dev.launch(&f, flat_cfg(dev, sa.len()), &args)?;
+        Binary { a: sa.ptr(), b: sb.ptr(), y: out.ptr(), n: sa.len() as u64, op, act }.launch(dev, sa.dtype())?;
     }
     wrap(out, a.shape().to_vec())
 }
@@ -97,30 +135,62 @@ pub fn act_mul(gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
     binary("act_mul", gate, up, BINARY_ACT_MUL, activation_code(act))
 }
 
+kernel_params! {
+    /// `mul_row_<t>_<w>`: every row of `x` times `row` (`cols` elements).
+    struct MulRow { x: u64, row: u64, y: u64, n: u64, cols: i32 }
+}
+
+impl MulRow {
+    fn launch(&self, dev: &CudaDevice, t: DType, w: DType) -> Result<()> {
+        let f = dev.function(ELEMENTWISE, &format!("mul_row_{}_{}", dtype_suffix(t)?, dtype_suffix(w)?))?;
+        self.launch_with(dev, &f, flat_cfg(dev, self.n as usize))
+    }
+}
+
 pub fn mul_row(x: &Tensor, row: &Tensor) -> Result<Tensor> {
     let (xs, rs) = (cuda_of("mul_row", x)?, cuda_of("mul_row", row)?);
     let dev = xs.device();
     let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
     if !xs.is_empty() {
-        let name = format!("mul_row_{}_{}", dtype_suffix(xs.dtype())?, dtype_suffix(rs.dtype())?);
-        let f = dev.function(ELEMENTWISE, &name)?;
-        let args = [xs.ptr(), rs.ptr(), out.ptr(), Arg::U64(xs.len() as u64), int(x.last_dim())?];
-        dev.launch(&f, flat_cfg(dev, xs.len()), &args)?;
+        let launch = MulRow { x: xs.ptr(), row: rs.ptr(), y: out.ptr(), n: xs.len() as u64, cols: int(x.last_dim())? };
+        launch.launch(dev, xs.dtype(), rs.dtype())?;
     }
     wrap(out, x.shape().to_vec())
 }
 
+kernel_params! {
+    /// `broadcast_row_<t>_<w>`: `y` filled with copies of `row` (`cols` elements).
+    struct BroadcastRow { row: u64, y: u64, n: u64, cols: i32 }
+}
+
+impl BroadcastRow {
+    fn launch(&self, dev: &CudaDevice, t: DType, w: DType) -> Result<()> {
+        let f = dev.function(ELEMENTWISE, &format!("broadcast_row_{}_{}", dtype_suffix(t)?, dtype_suffix(w)?))?;
+        self.launch_with(dev, &f, flat_cfg(dev, self.n as usize))
+    }
+}
+
 /// Fills `out [rows, row.len()]` with copies of `row` (converted to `out`'s dtype).
 pub(crate) fn broadcast_row(row: &CudaStorage, out: &CudaStorage) -> Result<()> {
-    let dev = out.device();
-    let name = format!("broadcast_row_{}_{}", dtype_suffix(out.dtype())?, dtype_suffix(row.dtype())?);
-    let f = dev.function(ELEMENTWISE, &name)?;
-    dev.launch(&f, flat_cfg(dev, out.len()), &[row.ptr(), out.ptr(), Arg::U64(out.len() as u64), int(row.len())?])
+    let launch = BroadcastRow { row: row.ptr(), y: out.ptr(), n: out.len() as u64, cols: int(row.len())? };
+    launch.launch(out.device(), out.dtype(), row.dtype())
 }
 
 fn upload_u32(dev: &std::sync::Arc<super::CudaDevice>, v: &[u32]) -> Result<cudarc::driver::CudaSlice<u32>> {
     dev.check_not_capturing("an index upload")?;
     dev.stream().clone_htod(v).map_err(dev_err)
+}
+
+kernel_params! {
+    /// `gather_rows_<t>`: row `i` of `dst` is row `idx[i]` of `src`; one block per row.
+    struct GatherRows { src: u64, idx: u64, dst: u64, cols: i32 }
+}
+
+impl GatherRows {
+    fn launch(&self, dev: &CudaDevice, t: DType, rows: usize) -> Result<()> {
+        let f = dev.function(ELEMENTWISE, &format!("gather_rows_{}", dtype_suffix(t)?))?;
+        self.launch_with(dev, &f, row_cfg(rows, self.cols as usize))
+    }
 }
 
 /// Gathers rows of `src` by `index`: the step's own indices come from the graph's buffer while
@@ -135,11 +205,11 @@ fn gather(op: &'static str, src: &CudaStorage, cols: usize, index: StepIndex<'_>
             Some(p) => p,
             None => {
                 uploaded = upload_u32(dev, &index.host()?)?;
-                cudarc::driver::DevicePtr::device_ptr(&uploaded, dev.stream()).0
+                dptr(&uploaded, dev)
             }
         };
-        let f = dev.function(ELEMENTWISE, &format!("gather_rows_{}", dtype_suffix(src.dtype())?))?;
-        dev.launch(&f, row_cfg(n, cols), &[src.ptr(), Arg::Ptr(p), out.ptr(), int(cols)?])
+        GatherRows { src: src.ptr(), idx: p, dst: out.ptr(), cols: int(cols)? }
+            .launch(dev, src.dtype(), n)
             .map_err(|e| dev_err(format!("{op}: {e}")))?;
     }
     Ok(out)
@@ -157,6 +227,19 @@ pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
     wrap(out, vec![rows.len(), cols])
 }
 
+kernel_params! {
+    /// `copy_cols_<t>`: `len` columns of `rows` rows from `src` (from column `src_off`) into
+    /// `dst` (from column `dst_off`).
+    struct CopyCols { src: u64, src_cols: i32, src_off: i32, dst: u64, dst_cols: i32, dst_off: i32, rows: i32, len: i32 }
+}
+
+impl CopyCols {
+    fn launch(&self, dev: &CudaDevice, t: DType) -> Result<()> {
+        let f = dev.function(ELEMENTWISE, &format!("copy_cols_{}", dtype_suffix(t)?))?;
+        self.launch_with(dev, &f, flat_cfg(dev, self.rows as usize * self.len as usize))
+    }
+}
+
 /// Copies `len` columns from `src` (starting at `src_off`) into `dst` (starting at `dst_off`).
 #[allow(clippy::too_many_arguments)]
 fn copy_cols(
@@ -172,11 +255,17 @@ fn copy_cols(
     if rows == 0 || len == 0 {
         return Ok(());
     }
-    let dev = src.device();
-    let f = dev.function(ELEMENTWISE, &format!("copy_cols_{}", dtype_suffix(src.dtype())?))?;
-    let args =
-        [src.ptr(), int(src_cols)?, int(src_off)?, dst.ptr(), int(dst_cols)?, int(dst_off)?, int(rows)?, int(len)?];
-    dev.launch(&f, flat_cfg(dev, rows * len), &args)
+    let launch = CopyCols {
+        src: src.ptr(),
+        src_cols: int(src_cols)?,
+        src_off: int(src_off)?,
+        dst: dst.ptr(),
+        dst_cols: int(dst_cols)?,
+        dst_off: int(dst_off)?,
+        rows: int(rows)?,
+        len: int(len)?,
+    };
+    launch.launch(src.device(), src.dtype())
 }
 
 pub fn narrow_cols(x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
@@ -204,121 +293,17 @@ pub fn concat_cols(parts: &[&Tensor]) -> Result<Tensor> {
     wrap(out, vec![rows, total])
 }
 
-/// The launch of `rms_norm_vec8` (a thread per 8 elements, the row in registers) where it takes
-/// the shape: bf16 rows of a multiple of 8 up to 8192 elements. A decode step's norms are one
-/// row each, bound by latency: one round of loads instead of a strided loop read twice.
-fn vec8_norm(dtype: DType, rows: usize, cols: usize) -> Option<LaunchConfig> {
-    let fits = dtype == DType::BF16 && rows > 0 && cols > 0 && cols.is_multiple_of(8) && cols / 8 <= 1024;
-    fits.then(|| LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
-        block_dim: ((cols / 8).next_multiple_of(32) as u32, 1, 1),
-        shared_mem_bytes: 0,
-    })
+kernel_params! {
+    /// `combine_rows_<t>`: output row `i` is the `weights`-weighted sum of the `per_row` rows of
+    /// `y` listed at `rows[i * per_row..]`; one block per output row.
+    struct CombineRows { y: u64, rows: u64, weights: u64, out: u64, cols: i32, per_row: i32 }
 }
 
-pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<Tensor> {
-    let (xs, ws) = (cuda_of("rms_norm", x)?, cuda_of("rms_norm", w)?);
-    let dev = xs.device();
-    let (rows, cols) = (x.rows(), x.last_dim());
-    let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
-    if let Some(cfg) = vec8_norm(xs.dtype(), rows, cols) {
-        let f = dev.function(NORM, &format!("rms_norm_vec8_bf16_{}", dtype_suffix(ws.dtype())?))?;
-        let none = Arg::U64(0);
-        dev.launch(&f, cfg, &[xs.ptr(), none, ws.ptr(), out.ptr(), none, int(cols)?, Arg::F32(eps), Arg::F32(offset)])?;
-    } else if rows > 0 && cols > 0 {
-        let name = format!("rms_norm_{}_{}", dtype_suffix(xs.dtype())?, dtype_suffix(ws.dtype())?);
-        let f = dev.function(NORM, &name)?;
-        let args = [xs.ptr(), ws.ptr(), out.ptr(), int(cols)?, Arg::F32(eps), Arg::F32(offset)];
-        dev.launch(&f, row_cfg(rows, cols), &args)?;
+impl CombineRows {
+    fn launch(&self, dev: &CudaDevice, t: DType, out_rows: usize) -> Result<()> {
+        let f = dev.function(ELEMENTWISE, &format!("combine_rows_{}", dtype_suffix(t)?))?;
+        self.launch_with(dev, &f, row_cfg(out_rows, self.cols as usize))
     }
-    wrap(out, x.shape().to_vec())
-}
-
-pub fn add_rms_norm(x: &Tensor, residual: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<(Tensor, Tensor)> {
-    let (xs, rs, ws) = (cuda_of("add_rms_norm", x)?, cuda_of("add_rms_norm", residual)?, cuda_of("add_rms_norm", w)?);
-    same_dtype("add_rms_norm", xs, rs)?;
-    let dev = xs.device();
-    let (rows, cols) = (x.rows(), x.last_dim());
-    let normed = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
-    let sum = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
-    let args = [xs.ptr(), rs.ptr(), ws.ptr(), normed.ptr(), sum.ptr(), int(cols)?, Arg::F32(eps), Arg::F32(offset)];
-    if let Some(cfg) = vec8_norm(xs.dtype(), rows, cols) {
-        let f = dev.function(NORM, &format!("rms_norm_vec8_bf16_{}", dtype_suffix(ws.dtype())?))?;
-        dev.launch(&f, cfg, &args)?;
-    } else if rows > 0 && cols > 0 {
-        let name = format!("add_rms_norm_{}_{}", dtype_suffix(xs.dtype())?, dtype_suffix(ws.dtype())?);
-        let f = dev.function(NORM, &name)?;
-        dev.launch(&f, row_cfg(rows, cols), &args)?;
-    }
-    Ok((wrap(normed, x.shape().to_vec())?, wrap(sum, x.shape().to_vec())?))
-}
-
-pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) -> Result<Tensor> {
-    let xs = cuda_of("layer_norm", x)?;
-    let dev = xs.device();
-    let ws = w.map(|t| cuda_of("layer_norm", t)).transpose()?;
-    let bs = b.map(|t| cuda_of("layer_norm", t)).transpose()?;
-    // One parameter dtype per kernel: the bias follows the weight where both are given.
-    let wdtype = ws.or(bs).map(|s| s.dtype()).unwrap_or(xs.dtype());
-    let bs = bs.map(|s| s.as_dtype(wdtype)).transpose()?;
-    let (rows, cols) = (x.rows(), x.last_dim());
-    let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
-    if rows > 0 && cols > 0 {
-        let name = format!("layer_norm_{}_{}", dtype_suffix(xs.dtype())?, dtype_suffix(wdtype)?);
-        let f = dev.function(NORM, &name)?;
-        let null = Arg::Ptr(0);
-        let args = [
-            xs.ptr(),
-            ws.map(|s| s.ptr()).unwrap_or(null),
-            bs.as_ref().map(|s| s.ptr()).unwrap_or(null),
-            out.ptr(),
-            int(cols)?,
-            Arg::F32(eps),
-        ];
-        dev.launch(&f, row_cfg(rows, cols), &args)?;
-    }
-    wrap(out, x.shape().to_vec())
-}
-
-pub fn softmax(x: &Tensor) -> Result<Tensor> {
-    let xs = cuda_of("softmax", x)?;
-    let dev = xs.device();
-    let (rows, cols) = (x.rows(), x.last_dim());
-    let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
-    if rows > 0 && cols > 0 {
-        let f = dev.function(NORM, &format!("softmax_{}", dtype_suffix(xs.dtype())?))?;
-        dev.launch(&f, row_cfg(rows, cols), &[xs.ptr(), out.ptr(), int(cols)?])?;
-    }
-    wrap(out, x.shape().to_vec())
-}
-
-pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, head_dim: usize, style: RopeStyle) -> Result<Tensor> {
-    let (xs, cs, ss) = (cuda_of("rope", x)?, cuda_of("rope", cos)?, cuda_of("rope", sin)?);
-    let ss = ss.as_dtype(cs.dtype())?;
-    let dev = xs.device();
-    let (rows, cols) = (x.rows(), x.last_dim());
-    let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
-    if rows > 0 && cols > 0 {
-        let name = format!("rope_{}_{}", dtype_suffix(xs.dtype())?, dtype_suffix(cs.dtype())?);
-        let f = dev.function(ELEMENTWISE, &name)?;
-        let args = [
-            xs.ptr(),
-            cs.ptr(),
-            ss.ptr(),
-            out.ptr(),
-            int(rows)?,
-            int(cols)?,
-            int(head_dim)?,
-            int(cos.last_dim())?,
-            Arg::I32(interleaved(style)),
-        ];
-        dev.launch(&f, flat_cfg(dev, rows * cols), &args)?;
-    }
-    wrap(out, x.shape().to_vec())
-}
-
-pub(crate) fn interleaved(style: RopeStyle) -> i32 {
-    matches!(style, RopeStyle::Interleaved) as i32
 }
 
 pub fn combine_rows(y: &Tensor, rows: &[usize], weights: &[f32], per_row: usize) -> Result<Tensor> {
@@ -335,19 +320,45 @@ pub fn combine_rows(y: &Tensor, rows: &[usize], weights: &[f32], per_row: usize)
         let idx = upload_u32(dev, &idx)?;
         dev.check_not_capturing("routing weights")?;
         let w = dev.stream().clone_htod(weights).map_err(dev_err)?;
-        let f = dev.function(ELEMENTWISE, &format!("combine_rows_{}", dtype_suffix(ys.dtype())?))?;
-        let s = dev.stream();
-        let args = [
-            ys.ptr(),
-            Arg::Ptr(cudarc::driver::DevicePtr::device_ptr(&idx, s).0),
-            Arg::Ptr(cudarc::driver::DevicePtr::device_ptr(&w, s).0),
-            out.ptr(),
-            int(cols)?,
-            int(per_row)?,
-        ];
-        dev.launch(&f, row_cfg(out_rows, cols), &args)?;
+        let launch = CombineRows {
+            y: ys.ptr(),
+            rows: dptr(&idx, dev),
+            weights: dptr(&w, dev),
+            out: out.ptr(),
+            cols: int(cols)?,
+            per_row: int(per_row)?,
+        };
+        launch.launch(dev, ys.dtype(), out_rows)?;
     }
     wrap(out, vec![out_rows, cols])
+}
+
+kernel_params! {
+    /// `argmax_parts_<t>`: block (part, row) writes the best (value, index) of columns
+    /// `[part * per_part, (part + 1) * per_part)` of its row.
+    struct ArgmaxParts { x: u64, part_v: u64, part_i: u64, cols: i32, per_part: i32 }
+}
+
+impl ArgmaxParts {
+    fn launch(&self, dev: &CudaDevice, t: DType, parts: usize, rows: usize) -> Result<()> {
+        let f = dev.function(ELEMENTWISE, &format!("argmax_parts_{}", dtype_suffix(t)?))?;
+        let cfg =
+            LaunchConfig { grid_dim: (parts as u32, rows as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        self.launch_with(dev, &f, cfg)
+    }
+}
+
+kernel_params! {
+    /// `argmax_merge`: one block per row over its `parts` pairs from `argmax_parts`.
+    struct ArgmaxMerge { part_v: u64, part_i: u64, out: u64, parts: i32 }
+}
+
+impl ArgmaxMerge {
+    fn launch(&self, dev: &CudaDevice, rows: usize) -> Result<()> {
+        let f = dev.function(ELEMENTWISE, "argmax_merge")?;
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+        self.launch_with(dev, &f, cfg)
+    }
 }
 
 pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
@@ -370,11 +381,8 @@ pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
     };
     let (part_v, part_i, out) = (part_v.map_err(dev_err)?, part_i.map_err(dev_err)?, out.map_err(dev_err)?);
     let (pv, pi, po) = (dptr(&part_v, dev), dptr(&part_i, dev), dptr(&out, dev));
-    let f = dev.function(ELEMENTWISE, &format!("argmax_parts_{}", dtype_suffix(xs.dtype())?))?;
-    let cfg = LaunchConfig { grid_dim: (parts as u32, rows as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    dev.launch(&f, cfg, &[xs.ptr(), pv, pi, int(cols)?, int(per_part)?])?;
-    let merge = dev.function(ELEMENTWISE, "argmax_merge")?;
-    let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
-    dev.launch(&merge, cfg, &[pv, pi, po, int(parts)?])?;
+    let launch = ArgmaxParts { x: xs.ptr(), part_v: pv, part_i: pi, cols: int(cols)?, per_part: int(per_part)? };
+    launch.launch(dev, xs.dtype(), parts, rows)?;
+    ArgmaxMerge { part_v: pv, part_i: pi, out: po, parts: int(parts)? }.launch(dev, rows)?;
     dev.stream().clone_dtoh(&out).map_err(dev_err)
 }

@@ -3,7 +3,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use half::bf16;
 
-use super::device::{dev_err, CudaDevice, ELEMENTWISE};
+use super::device::{dev_err, CudaDevice};
+use super::ops::Cast;
 use crate::error::{Result, TensorError};
 use crate::tensor::CpuStorage;
 use crate::DType;
@@ -21,20 +22,6 @@ pub struct CudaStorage {
     buf: CudaBuf,
     /// Elements in use; the buffer holds at least one so that empty tensors need no special case.
     len: usize,
-}
-
-/// A kernel argument: `launch` pushes these in order.
-#[derive(Clone, Copy)]
-pub(crate) enum Arg {
-    Ptr(u64),
-    I32(i32),
-    U64(u64),
-    F32(f32),
-}
-
-/// A dimension or count as a C `int`, refusing what would wrap.
-pub(crate) fn int(v: usize) -> Result<Arg> {
-    i32::try_from(v).map(Arg::I32).map_err(|_| dev_err(format!("size {v} does not fit a 32-bit kernel argument")))
 }
 
 pub(crate) fn dtype_suffix(dtype: DType) -> Result<&'static str> {
@@ -138,11 +125,8 @@ impl CudaStorage {
         &self.dev
     }
 
-    pub(crate) fn ptr(&self) -> Arg {
-        Arg::Ptr(self.raw_ptr())
-    }
-
-    pub(crate) fn raw_ptr(&self) -> u64 {
+    /// The device address of the first element.
+    pub(crate) fn ptr(&self) -> u64 {
         let s = self.dev.stream();
         // Event tracking is off, so the returned guards record nothing.
         match &self.buf {
@@ -155,9 +139,7 @@ impl CudaStorage {
     pub(crate) fn cast(&self, dtype: DType) -> Result<CudaStorage> {
         let out = CudaStorage::alloc(&self.dev, dtype, self.len)?;
         if self.len > 0 {
-            let name = format!("cast_{}_{}", dtype_suffix(self.dtype())?, dtype_suffix(dtype)?);
-            let f = self.dev.function(ELEMENTWISE, &name)?;
-            self.dev.launch(&f, flat_cfg(&self.dev, self.len), &[self.ptr(), out.ptr(), Arg::U64(self.len as u64)])?;
+            Cast { x: self.ptr(), y: out.ptr(), n: self.len as u64 }.launch(&self.dev, self.dtype(), dtype)?;
         }
         Ok(out)
     }

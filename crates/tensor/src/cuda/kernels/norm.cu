@@ -1,0 +1,135 @@
+// Row-wise reductions: RMSNorm (plain and fused with the residual add), LayerNorm, softmax.
+// One block per row. The RMSNorm loops are unrolled so that a thread's loads are in flight
+// together: at decode a norm is one or a few blocks, bound by memory latency, not bandwidth.
+
+template <typename T, typename W>
+__device__ void rms_norm(const T* __restrict__ x, const W* __restrict__ w, T* __restrict__ y, int cols, float eps,
+                         float offset) {
+    const T* xr = x + (size_t)blockIdx.x * cols;
+    T* yr = y + (size_t)blockIdx.x * cols;
+    float s = 0.f;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) { float v = to_f(xr[c]); s += v * v; }
+    s = block_sum(s);
+    float inv = 1.f / sqrtf(s / cols + eps);
+#pragma unroll 4
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = from_f<T>(to_f(xr[c]) * inv * (to_f(w[c]) + offset));
+}
+
+// The residual stream is rounded to T before it is normalised, as a model running in T would
+// store it; each thread re-reads only the elements it wrote itself.
+template <typename T, typename W>
+__device__ void add_rms_norm(const T* __restrict__ x, const T* __restrict__ res, const W* __restrict__ w,
+                             T* __restrict__ y, T* __restrict__ res_out, int cols, float eps, float offset) {
+    size_t base = (size_t)blockIdx.x * cols;
+    float s = 0.f;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        T h = from_f<T>(to_f(x[base + c]) + to_f(res[base + c]));
+        res_out[base + c] = h;
+        float v = to_f(h);
+        s += v * v;
+    }
+    s = block_sum(s);
+    float inv = 1.f / sqrtf(s / cols + eps);
+#pragma unroll 4
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        y[base + c] = from_f<T>(to_f(res_out[base + c]) * inv * (to_f(w[c]) + offset));
+}
+
+// bf16 rows of up to 8 * blockDim.x elements, cols a multiple of 8: each thread holds one
+// 16-byte chunk in registers, so the row is read once, in one round of loads, and the weights
+// load while the block reduces. With `res` the residual add of add_rms_norm comes first.
+template <typename W>
+__device__ void rms_norm_vec8(const bf16_t* __restrict__ x, const bf16_t* __restrict__ res, const W* __restrict__ w,
+                              bf16_t* __restrict__ y, bf16_t* __restrict__ res_out, int cols, float eps, float offset) {
+    const size_t base = (size_t)blockIdx.x * cols;
+    const int c0 = threadIdx.x * 8;
+    const bool mine = c0 < cols;
+    float h[8], wf[8];
+    float s = 0.f;
+    if (mine) {
+        unpack(*(const uint4*)(x + base + c0), h, bf16_t());
+        if (res) {
+            float r[8];
+            unpack(*(const uint4*)(res + base + c0), r, bf16_t());
+            unsigned short out[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                bf16_t b = from_f<bf16_t>(h[e] + r[e]);
+                out[e] = b.bits;
+                h[e] = to_f(b);
+            }
+            *(uint4*)(res_out + base + c0) = *(const uint4*)out;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) { wf[e] = to_f(w[c0 + e]) + offset; s += h[e] * h[e]; }
+    }
+    s = block_sum(s);
+    const float inv = 1.f / sqrtf(s / cols + eps);
+    if (mine) {
+        unsigned short out[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[e] = from_f<bf16_t>(h[e] * inv * wf[e]).bits;
+        *(uint4*)(y + base + c0) = *(const uint4*)out;
+    }
+}
+
+// w and b may be null.
+template <typename T, typename W>
+__device__ void layer_norm(const T* __restrict__ x, const W* __restrict__ w, const W* __restrict__ b, T* __restrict__ y,
+                           int cols, float eps) {
+    const T* xr = x + (size_t)blockIdx.x * cols;
+    T* yr = y + (size_t)blockIdx.x * cols;
+    float s = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += to_f(xr[c]);
+    float mean = block_sum(s) / cols;
+    float q = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) { float d = to_f(xr[c]) - mean; q += d * d; }
+    float inv = 1.f / sqrtf(block_sum(q) / cols + eps);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = (to_f(xr[c]) - mean) * inv;
+        if (w) v *= to_f(w[c]);
+        if (b) v += to_f(b[c]);
+        yr[c] = from_f<T>(v);
+    }
+}
+
+template <typename T>
+__device__ void softmax(const T* __restrict__ x, T* __restrict__ y, int cols) {
+    const T* xr = x + (size_t)blockIdx.x * cols;
+    T* yr = y + (size_t)blockIdx.x * cols;
+    float m = -INFINITY;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, to_f(xr[c]));
+    m = block_max(m);
+    float s = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += expf(to_f(xr[c]) - m);
+    float inv = 1.f / block_sum(s);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = from_f<T>(expf(to_f(xr[c]) - m) * inv);
+}
+
+#define INST_T(TN, T) \
+    extern "C" __global__ void softmax_##TN(const T* x, T* y, int cols) { pdl_wait(); softmax<T>(x, y, cols); }
+FOR_T(INST_T)
+
+#define INST_TW(TN, T, WN, W)                                                                                      \
+    extern "C" __global__ void rms_norm_##TN##_##WN(const T* x, const W* w, T* y, int cols, float eps, float off) {\
+        pdl_wait();                                                                                                \
+        rms_norm<T, W>(x, w, y, cols, eps, off);                                                                   \
+    }                                                                                                              \
+    extern "C" __global__ void add_rms_norm_##TN##_##WN(const T* x, const T* r, const W* w, T* y, T* ro, int cols, \
+                                                        float eps, float off) { pdl_wait();                        \
+        add_rms_norm<T, W>(x, r, w, y, ro, cols, eps, off);                                                        \
+    }                                                                                                              \
+    extern "C" __global__ void layer_norm_##TN##_##WN(const T* x, const W* w, const W* b, T* y, int cols, float eps) {\
+        pdl_wait();                                                                                                \
+        layer_norm<T, W>(x, w, b, y, cols, eps);                                                                   \
+    }
+FOR_TW(INST_TW)
+
+#define INST_VEC8(WN, W)                                                                                           \
+    extern "C" __global__ void rms_norm_vec8_bf16_##WN(const bf16_t* x, const bf16_t* r, const W* w, bf16_t* y,    \
+                                                       bf16_t* ro, int cols, float eps, float off) { pdl_wait();   \
+        rms_norm_vec8<W>(x, r, w, y, ro, cols, eps, off);                                                          \
+    }
+INST_VEC8(f32, float) INST_VEC8(bf16, bf16_t)
