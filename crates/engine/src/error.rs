@@ -24,8 +24,16 @@ pub enum EngineError {
          tokens) but the whole cache holds {capacity_tokens}; lower max_tokens or raise kv_cache_memory"
     )]
     CacheTooSmall { prompt_tokens: usize, max_tokens: usize, needed_tokens: usize, capacity_tokens: usize },
+    #[error("This request has {inputs} inputs; the server accepts at most {limit} at once.")]
+    TooManyInputs { inputs: usize, limit: usize },
+    /// Admission refused: more sequences are queued than the engine takes (HTTP 503).
+    #[error("The server is overloaded ({queued} sequences queued, limit {limit}); retry later.")]
+    Overloaded { queued: usize, limit: usize },
     #[error("engine configuration: {0}")]
     Config(String),
+    /// A pooling forward pass failed; every request in its batch gets the model's message.
+    #[error("{0}")]
+    BatchFailed(String),
     /// A broken invariant between the engine's parts or with the model; fails the step's requests.
     #[error("engine internal error: {0}")]
     Internal(String),
@@ -49,6 +57,7 @@ impl EngineError {
                 | EngineError::ContextLengthExceeded { .. }
                 | EngineError::PromptTooLong { .. }
                 | EngineError::CacheTooSmall { .. }
+                | EngineError::TooManyInputs { .. }
         )
     }
 

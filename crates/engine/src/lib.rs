@@ -3,6 +3,7 @@
 //! device-agnostic model runner, a batched sampler with vLLM's `SamplingParams` semantics, and
 //! incremental detokenization with stop strings. [`Engine`] runs the loop on its own thread and
 //! serves [`EngineClient`]s (the server, the CLI); [`LLM`] is the offline batch API.
+//! [`PoolingEngine`] serves embedding, classification and scoring models to [`PoolingClient`]s.
 
 pub mod config;
 pub mod core;
@@ -14,6 +15,7 @@ pub mod llm;
 pub mod memory;
 pub mod output;
 pub mod params;
+pub mod pooling;
 pub mod runner;
 pub mod sampler;
 
@@ -24,3 +26,6 @@ pub use graphs::GraphCounts;
 pub use llm::LLM;
 pub use output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
 pub use params::SamplingParams;
+pub use pooling::{PoolingClient, PoolingConfig, PoolingEngine};
+// Value types the server and the CLI name without depending on the tensor crate.
+pub use ferrite_tensor::{DType, Device};

@@ -18,5 +18,5 @@ pub mod rope;
 pub mod weights;
 
 pub use error::{ModelError, Result};
-pub use loader::{load_model, LoadOptions, LoadedModel};
+pub use loader::{load_model, load_pooling_model, LoadOptions, LoadedModel};
 pub use model::{CausalLM, ForwardInput, KvLayerSpec, ModelInfo};

@@ -200,11 +200,11 @@ pub fn build(
 }
 
 /// Engine errors as HTTP errors: what the request caused is the client's fault (400), a stopped
-/// engine is a 503, anything else a 500.
+/// or overloaded engine is a 503, anything else a 500.
 pub fn engine_error(e: EngineError) -> ApiError {
     match e {
         EngineError::InvalidParameter { param, message } => ApiError::invalid(param, format!("{param} {message}")),
-        EngineError::EngineStopped => ApiError::unavailable(e.to_string()),
+        EngineError::EngineStopped | EngineError::Overloaded { .. } => ApiError::unavailable(e.to_string()),
         e if e.is_request_error() => ApiError::bad_request(e.to_string()),
         e => ApiError::internal(e.to_string()),
     }
