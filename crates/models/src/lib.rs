@@ -5,7 +5,6 @@ pub mod config;
 pub mod decoder;
 pub mod error;
 pub mod families;
-pub mod gate;
 pub mod gguf;
 pub mod layers;
 pub mod loader;
