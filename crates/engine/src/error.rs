@@ -10,14 +10,18 @@ pub enum EngineError {
     InvalidParameter { param: &'static str, message: String },
     #[error("invalid prompt: {0}")]
     InvalidPrompt(String),
+    /// The length errors use vLLM's OpenAI front-end wording, which is what clients see.
     #[error(
         "This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens \
-         ({prompt_tokens} in the prompt, {max_tokens} in the completion). Please reduce the length of the \
-         prompt or completion.",
+         ({prompt_tokens} in the messages, {max_tokens} in the completion). Please reduce the length of the \
+         messages or completion.",
         prompt_tokens + max_tokens
     )]
     ContextLengthExceeded { prompt_tokens: usize, max_tokens: usize, max_model_len: usize },
-    #[error("The prompt (length {prompt_tokens}) is longer than the maximum model length of {max_model_len}.")]
+    #[error(
+        "This model's maximum context length is {max_model_len} tokens. However, you requested {prompt_tokens} \
+         tokens in the messages, Please reduce the length of the messages."
+    )]
     PromptTooLong { prompt_tokens: usize, max_model_len: usize },
     #[error(
         "the request needs {needed_tokens} KV cache slots ({prompt_tokens} prompt + {max_tokens} completion \
