@@ -267,3 +267,27 @@ def test_classify_gives_softmax_and_labels(classifier):
     # Three labels: not a cross-encoder, so no pair scores.
     status, body = classifier.request("POST", "/score", {"text_1": "a", "text_2": "b"})
     assert status == 400
+
+
+@pytest.fixture(scope="module")
+def llama_embed(tmp_path_factory):
+    server = PoolingServer(tmp_path_factory.mktemp("llama-embed"), REPO / "fixtures" / "models" / "llama",
+                           "llama-embed", "--task", "embed")
+    yield server
+    server.stop()
+
+
+def test_decoder_served_with_task_embed(llama_embed):
+    # The causal Llama fixture as an embedding model: last-token pooling, normalised, as
+    # transformers' final hidden state of the last token gives it.
+    golden = json.loads((POOLING / "llama-causal-embed.json").read_text())
+    cases = golden["cases"]
+    resp = llama_embed.client().embeddings.create(model="llama-embed", input=[c["ids"] for c in cases],
+                                                  encoding_format="float")
+    assert resp.usage.prompt_tokens == sum(len(c["ids"]) for c in cases)
+    for item, case in zip(resp.data, cases):
+        assert len(item.embedding) == len(case["last"])
+        assert abs(math.sqrt(sum(x * x for x in item.embedding)) - 1) < 1e-5
+        assert cosine(item.embedding, case["last"]) >= 0.99999, case["name"]
+    status, body = llama_embed.request("POST", "/v1/completions", {"prompt": "hi"})
+    assert status == 404

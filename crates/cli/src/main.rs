@@ -6,7 +6,6 @@ mod default_model;
 mod generate;
 mod matrix;
 mod serve;
-mod serve_pooling;
 
 use clap::{Parser, Subcommand};
 

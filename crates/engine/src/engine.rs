@@ -1,7 +1,7 @@
 //! The engine loop on its own thread, and the handles requests come in through.
 //!
-//! [`EngineClient::add_request`] validates and tokenizes on the caller's thread, then hands the
-//! request to the loop over a channel and returns a [`RequestStream`] of deltas. The loop repeats
+//! [`EngineClient::add_request`] validates and tokenizes on the caller's thread
+//! ([`EngineClient::process`]), then hands the request to the loop over a channel and returns a [`RequestStream`] of deltas. The loop repeats
 //! schedule -> execute -> update -> detokenize, and blocks on the channel when idle.
 
 use std::collections::HashMap;
@@ -50,6 +50,25 @@ pub struct EngineStats {
     pub finished_requests: u64,
     /// Decode steps captured and replayed as CUDA graphs.
     pub cuda_graphs: crate::GraphCounts,
+}
+
+/// A request the engine has tokenized and validated, not yet queued.
+pub struct ProcessedRequest {
+    prompt: Vec<u32>,
+    /// Normalized.
+    params: SamplingParams,
+    children: Vec<Arc<RequestSampling>>,
+    arrival: Instant,
+}
+
+impl ProcessedRequest {
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
 }
 
 struct NewRequest {
@@ -185,14 +204,21 @@ impl Drop for Engine {
 }
 
 impl EngineClient {
-    /// Validates and queues a request. Errors here are the request's fault (HTTP 400) except
-    /// [`EngineError::EngineStopped`].
+    /// Validates and queues a request: [`EngineClient::process`] then
+    /// [`EngineClient::add_processed`].
     pub fn add_request(
         &self,
         request_id: String,
         prompt: PromptInput,
         params: SamplingParams,
     ) -> Result<RequestStream> {
+        self.add_processed(request_id, self.process(prompt, params)?)
+    }
+
+    /// Tokenizes and validates a request, the one place a request is checked (as vLLM's input
+    /// processor): the sampling parameters, the prompt and stop tokens against the vocabulary,
+    /// the context length and the KV cache. Errors here are the request's fault (HTTP 400).
+    pub fn process(&self, prompt: PromptInput, params: SamplingParams) -> Result<ProcessedRequest> {
         let arrival = Instant::now();
         let s = &self.shared;
         params.validate()?;
@@ -207,10 +233,12 @@ impl EngineClient {
         if let Some(bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(EngineError::InvalidPrompt(format!("token id {bad} is out of vocabulary (size {vocab})")));
         }
-        if let Some(bad) = params.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
+        // A stop token either vocabulary cannot map could never be produced and detokenized.
+        let stop_bound = vocab.min(s.tokenizer.vocab_size());
+        if let Some(bad) = params.stop_token_ids.iter().find(|&&t| t as usize >= stop_bound) {
             return Err(EngineError::invalid(
                 "stop_token_ids",
-                format!("token id {bad} is out of vocabulary (size {vocab})"),
+                format!("token id {bad} is out of vocabulary (size {stop_bound})"),
             ));
         }
         let max_model_len = s.max_model_len;
@@ -255,6 +283,14 @@ impl EngineClient {
                 })
             })
             .collect();
+        Ok(ProcessedRequest { prompt, params, children, arrival })
+    }
+
+    /// Queues a request [`EngineClient::process`] accepted; fails only with
+    /// [`EngineError::EngineStopped`].
+    pub fn add_processed(&self, request_id: String, request: ProcessedRequest) -> Result<RequestStream> {
+        let s = &self.shared;
+        let ProcessedRequest { prompt, params, children, arrival } = request;
         let parent = s.next_parent.fetch_add(1, Ordering::Relaxed);
         let (sender, receiver) = tokio_mpsc::unbounded_channel();
         let request = NewRequest {

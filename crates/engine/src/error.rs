@@ -10,22 +10,34 @@ pub enum EngineError {
     InvalidParameter { param: &'static str, message: String },
     #[error("invalid prompt: {0}")]
     InvalidPrompt(String),
+    /// The length errors use vLLM's OpenAI front-end wording, which is what clients see.
     #[error(
         "This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens \
-         ({prompt_tokens} in the prompt, {max_tokens} in the completion). Please reduce the length of the \
-         prompt or completion.",
+         ({prompt_tokens} in the messages, {max_tokens} in the completion). Please reduce the length of the \
+         messages or completion.",
         prompt_tokens + max_tokens
     )]
     ContextLengthExceeded { prompt_tokens: usize, max_tokens: usize, max_model_len: usize },
-    #[error("The prompt (length {prompt_tokens}) is longer than the maximum model length of {max_model_len}.")]
+    #[error(
+        "This model's maximum context length is {max_model_len} tokens. However, you requested {prompt_tokens} \
+         tokens in the messages, Please reduce the length of the messages."
+    )]
     PromptTooLong { prompt_tokens: usize, max_model_len: usize },
     #[error(
         "the request needs {needed_tokens} KV cache slots ({prompt_tokens} prompt + {max_tokens} completion \
          tokens) but the whole cache holds {capacity_tokens}; lower max_tokens or raise kv_cache_memory"
     )]
     CacheTooSmall { prompt_tokens: usize, max_tokens: usize, needed_tokens: usize, capacity_tokens: usize },
+    #[error("This request has {inputs} inputs; the server accepts at most {limit} at once.")]
+    TooManyInputs { inputs: usize, limit: usize },
+    /// Admission refused: more sequences are queued than the engine takes (HTTP 503).
+    #[error("The server is overloaded ({queued} sequences queued, limit {limit}); retry later.")]
+    Overloaded { queued: usize, limit: usize },
     #[error("engine configuration: {0}")]
     Config(String),
+    /// A pooling forward pass failed; every request in its batch gets the model's message.
+    #[error("{0}")]
+    BatchFailed(String),
     /// A broken invariant between the engine's parts or with the model; fails the step's requests.
     #[error("engine internal error: {0}")]
     Internal(String),
@@ -49,6 +61,7 @@ impl EngineError {
                 | EngineError::ContextLengthExceeded { .. }
                 | EngineError::PromptTooLong { .. }
                 | EngineError::CacheTooSmall { .. }
+                | EngineError::TooManyInputs { .. }
         )
     }
 

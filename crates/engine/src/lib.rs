@@ -3,6 +3,7 @@
 //! device-agnostic model runner, a batched sampler with vLLM's `SamplingParams` semantics, and
 //! incremental detokenization with stop strings. [`Engine`] runs the loop on its own thread and
 //! serves [`EngineClient`]s (the server, the CLI); [`LLM`] is the offline batch API.
+//! [`PoolingEngine`] serves embedding, classification and scoring models to [`PoolingClient`]s.
 
 pub mod config;
 pub mod core;
@@ -14,13 +15,17 @@ pub mod llm;
 pub mod memory;
 pub mod output;
 pub mod params;
+pub mod pooling;
 pub mod runner;
 pub mod sampler;
 
 pub use config::{CacheConfig, EngineConfig};
-pub use engine::{Engine, EngineClient, EngineStats, PromptInput, RequestStream};
+pub use engine::{Engine, EngineClient, EngineStats, ProcessedRequest, PromptInput, RequestStream};
 pub use error::{EngineError, Result};
 pub use graphs::GraphCounts;
 pub use llm::LLM;
 pub use output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
 pub use params::SamplingParams;
+pub use pooling::{PoolingClient, PoolingConfig, PoolingEngine};
+// Value types the server and the CLI name without depending on the tensor crate.
+pub use ferrite_tensor::{DType, Device};

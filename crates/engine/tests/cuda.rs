@@ -139,7 +139,7 @@ fn every_family_decodes_token_exact_with_graphs_on() {
         println!("SKIP: no CUDA device");
         return;
     }
-    let mut dirs: Vec<String> = std::fs::read_dir(ferrite_models::gate::fixtures_dir().join("models"))
+    let mut dirs: Vec<String> = std::fs::read_dir(ferrite_testing::gate::fixtures_dir().join("models"))
         .unwrap()
         .filter_map(|e| e.ok())
         .filter(|e| e.path().join("oracle.json").exists())

@@ -10,8 +10,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ferrite_models::pooling::{load_pooling_model, EmbeddingModel};
-use ferrite_models::LoadOptions;
+use ferrite_models::pooling::EmbeddingModel;
+use ferrite_models::{load_pooling_model, LoadOptions};
 use ferrite_tokenizer::Tokenizer;
 
 fn main() {

@@ -5,7 +5,6 @@ pub mod config;
 pub mod decoder;
 pub mod error;
 pub mod families;
-pub mod gate;
 pub mod gguf;
 pub mod layers;
 pub mod loader;
@@ -18,5 +17,5 @@ pub mod rope;
 pub mod weights;
 
 pub use error::{ModelError, Result};
-pub use loader::{load_model, LoadOptions, LoadedModel};
+pub use loader::{load_model, load_pooling_model, LoadOptions, LoadedModel};
 pub use model::{CausalLM, ForwardInput, KvLayerSpec, ModelInfo};

@@ -3,11 +3,12 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
-use ferrite_tensor::{DType, Device};
+use ferrite_tensor::{DType, Device, Tensor};
 
 use crate::config::RawConfig;
 use crate::gguf::{self, GgufFile};
 use crate::model::CausalLM;
+use crate::pooling::{LoadedPoolingModel, PoolerConfig, MAX_FORWARD_TOKENS};
 use crate::registry;
 use crate::weights::{GgufWeights, SafetensorsWeights, WeightSource, Weights};
 use crate::{ModelError, Result};
@@ -98,4 +99,65 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     }
     tracing::info!(tensors = weights.loaded_count(), weight_bytes = model.info().weight_bytes, "model loaded");
     Ok(LoadedModel { model, config, kind, gguf_tokenizer })
+}
+
+/// Loads a pooling model from a Hugging Face checkpoint directory (config.json, safetensors and,
+/// optionally, a sentence-transformers config).
+pub fn load_pooling_model(dir: &Path, opts: &LoadOptions) -> Result<LoadedPoolingModel> {
+    let config = RawConfig::from_file(&dir.join("config.json"))?;
+    let arch = config.architecture()?;
+    let constructor = registry::pooling_constructor(&arch)?;
+    let mut source: Box<dyn WeightSource> = Box::new(SafetensorsWeights::open(dir)?);
+    if !source.contains("model.embed_tokens.weight") && source.contains("embed_tokens.weight") {
+        source = Box::new(BaseModelNames(source));
+    }
+    let weights = Weights::new(source, opts.dtype, None);
+    let span = tracing::info_span!("load_pooling", arch = %arch, path = %dir.display());
+    let _guard = span.enter();
+    let model = constructor(&config, &weights)?;
+    let pooler = PoolerConfig::from_dir(dir, &config, model.info().default_pooling)?;
+    let max_model_len = pooler.max_seq_length.map_or(model.info().max_tokens, |m| m.min(model.info().max_tokens));
+    tracing::info!(
+        tensors = weights.loaded_count(),
+        pooling = pooler.pooling.as_str(),
+        normalize = pooler.normalize,
+        max_model_len,
+        "pooling model loaded"
+    );
+    Ok(LoadedPoolingModel {
+        model,
+        pooler,
+        config,
+        dir: dir.to_path_buf(),
+        max_model_len,
+        max_forward_tokens: MAX_FORWARD_TOKENS,
+    })
+}
+
+/// Serves `model.X` for a checkpoint saved from a decoder's base class (`LlamaModel`, whose
+/// tensors are `embed_tokens.weight`, `layers.0...`), so the causal loaders read it unchanged.
+struct BaseModelNames(Box<dyn WeightSource>);
+
+impl BaseModelNames {
+    fn inner_name<'a>(&self, name: &'a str) -> &'a str {
+        match name.strip_prefix("model.") {
+            Some(rest) if !self.0.contains(name) => rest,
+            _ => name,
+        }
+    }
+}
+
+impl WeightSource for BaseModelNames {
+    fn contains(&self, name: &str) -> bool {
+        self.0.contains(self.inner_name(name))
+    }
+    fn load(&self, name: &str, dtype: DType) -> Result<Option<Tensor>> {
+        self.0.load(self.inner_name(name), dtype)
+    }
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn tensor_count(&self) -> usize {
+        self.0.tensor_count()
+    }
 }

@@ -16,14 +16,11 @@
 
 use std::path::{Path, PathBuf};
 
-use ferrite_tensor::{ops, AttnMetadata, AttnSeq, DType, PagedKvLayer, Tensor};
+use ferrite_tensor::{ops, AttnMetadata, AttnSeq, PagedKvLayer, Tensor};
 use serde_json::Value;
 
 use crate::config::RawConfig;
-use crate::families::{bert, llama, roberta};
-use crate::loader::LoadOptions;
 use crate::model::{CausalLM, ForwardInput};
-use crate::weights::{SafetensorsWeights, WeightSource, Weights};
 use crate::{ModelError, Result};
 
 /// How the hidden states of a sequence become one vector.
@@ -547,108 +544,6 @@ impl PoolingModel for DecoderEmbedding {
         let all: Vec<usize> = (0..tokens.len()).collect();
         self.model.hidden_states(&ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &all }, &mut kv)
     }
-}
-
-/// Serves `model.X` for a checkpoint saved from a decoder's base class (`LlamaModel`, whose
-/// tensors are `embed_tokens.weight`, `layers.0...`), so the causal loaders read it unchanged.
-struct BaseModelNames(Box<dyn WeightSource>);
-
-impl BaseModelNames {
-    fn inner_name<'a>(&self, name: &'a str) -> &'a str {
-        match name.strip_prefix("model.") {
-            Some(rest) if !self.0.contains(name) => rest,
-            _ => name,
-        }
-    }
-}
-
-impl WeightSource for BaseModelNames {
-    fn contains(&self, name: &str) -> bool {
-        self.0.contains(self.inner_name(name))
-    }
-    fn load(&self, name: &str, dtype: DType) -> Result<Option<Tensor>> {
-        self.0.load(self.inner_name(name), dtype)
-    }
-    fn describe(&self) -> String {
-        self.0.describe()
-    }
-    fn tensor_count(&self) -> usize {
-        self.0.tensor_count()
-    }
-}
-
-pub type PoolingConstructor = fn(&RawConfig, &Weights) -> Result<Box<dyn PoolingModel>>;
-
-fn decoder(raw: &RawConfig, model: impl CausalLM + 'static) -> Result<Box<dyn PoolingModel>> {
-    Ok(Box::new(DecoderEmbedding::new(raw, Box::new(model))?))
-}
-
-/// Architecture name -> pooling constructor. Decoders listed here are also causal LMs in
-/// [`crate::registry`]; as pooling models they embed with last-token pooling.
-const ENTRIES: &[(&str, PoolingConstructor)] = &[
-    ("BertModel", |r, w| Ok(Box::new(bert::BertModel::load(r, w, "bert", bert::Positions::Absolute)?))),
-    ("BertForSequenceClassification", |r, w| Ok(Box::new(bert::BertForSequenceClassification::load(r, w)?))),
-    ("RobertaModel", |r, w| Ok(Box::new(roberta::load_model(r, w)?))),
-    ("XLMRobertaModel", |r, w| Ok(Box::new(roberta::load_model(r, w)?))),
-    ("RobertaForSequenceClassification", |r, w| Ok(Box::new(roberta::RobertaForSequenceClassification::load(r, w)?))),
-    ("XLMRobertaForSequenceClassification", |r, w| {
-        Ok(Box::new(roberta::RobertaForSequenceClassification::load(r, w)?))
-    }),
-    ("LlamaModel", |r, w| decoder(r, llama::load(r, w, llama::Variant::default())?)),
-    ("LlamaForCausalLM", |r, w| decoder(r, llama::load(r, w, llama::Variant::default())?)),
-    ("Qwen3ForCausalLM", |r, w| decoder(r, llama::load(r, w, llama::Variant::QWEN3)?)),
-];
-
-/// Every architecture with a pooling constructor, sorted.
-pub fn architectures() -> Vec<&'static str> {
-    let mut names: Vec<&'static str> = ENTRIES.iter().map(|(n, _)| *n).collect();
-    names.sort_unstable();
-    names
-}
-
-pub fn constructor(arch: &str) -> Result<PoolingConstructor> {
-    ENTRIES.iter().find(|(n, _)| *n == arch).map(|(_, c)| *c).ok_or_else(|| ModelError::UnsupportedArchitecture {
-        arch: arch.to_owned(),
-        supported: format!("{} (as pooling models)", architectures().join(", ")),
-    })
-}
-
-/// Whether `arch` is served as a pooling model by default (it has no causal-LM constructor).
-pub fn is_pooling_only(arch: &str) -> bool {
-    constructor(arch).is_ok() && crate::registry::constructor(arch).is_err()
-}
-
-/// Loads a pooling model from a Hugging Face checkpoint directory (config.json, safetensors and,
-/// optionally, a sentence-transformers config).
-pub fn load_pooling_model(dir: &Path, opts: &LoadOptions) -> Result<LoadedPoolingModel> {
-    let config = RawConfig::from_file(&dir.join("config.json"))?;
-    let arch = config.architecture()?;
-    let constructor = constructor(&arch)?;
-    let mut source: Box<dyn WeightSource> = Box::new(SafetensorsWeights::open(dir)?);
-    if !source.contains("model.embed_tokens.weight") && source.contains("embed_tokens.weight") {
-        source = Box::new(BaseModelNames(source));
-    }
-    let weights = Weights::new(source, opts.dtype, None);
-    let span = tracing::info_span!("load_pooling", arch = %arch, path = %dir.display());
-    let _guard = span.enter();
-    let model = constructor(&config, &weights)?;
-    let pooler = PoolerConfig::from_dir(dir, &config, model.info().default_pooling)?;
-    let max_model_len = pooler.max_seq_length.map_or(model.info().max_tokens, |m| m.min(model.info().max_tokens));
-    tracing::info!(
-        tensors = weights.loaded_count(),
-        pooling = pooler.pooling.as_str(),
-        normalize = pooler.normalize,
-        max_model_len,
-        "pooling model loaded"
-    );
-    Ok(LoadedPoolingModel {
-        model,
-        pooler,
-        config,
-        dir: dir.to_path_buf(),
-        max_model_len,
-        max_forward_tokens: MAX_FORWARD_TOKENS,
-    })
 }
 
 #[cfg(test)]

@@ -3,8 +3,8 @@
 //! STRICT, or diverges only where the oracle's top two were within `NEAR_TIE_NATS`; at most one
 //! case in a hundred may miss). Without a GPU (CI) the test prints SKIP and passes.
 
-use ferrite_models::gate::{fixtures_dir, run_fixture_on, run_fixture_with, summarize, NEAR_TIE_NATS};
 use ferrite_tensor::{DType, Device};
+use ferrite_testing::gate::{fixtures_dir, run_fixture_on, run_fixture_with, summarize, NEAR_TIE_NATS};
 
 const LOGPROB_TOLERANCE: f32 = 2e-3;
 

@@ -8,8 +8,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use ferrite_models::pooling::{self, cosine, load_pooling_model, LoadedPoolingModel, PoolingInput, PoolingType};
-use ferrite_models::LoadOptions;
+use ferrite_models::pooling::{self, cosine, LoadedPoolingModel, PoolingInput, PoolingType};
+use ferrite_models::{load_pooling_model, LoadOptions};
 use ferrite_tokenizer::Tokenizer;
 use serde_json::Value;
 

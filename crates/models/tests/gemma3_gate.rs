@@ -6,9 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
-use ferrite_models::gate::{greedy, judge, summarize, Oracle};
 use ferrite_models::{load_model, LoadOptions};
 use ferrite_tensor::DType;
+use ferrite_testing::gate::{greedy, judge, summarize, Oracle};
 use ferrite_tokenizer::Tokenizer;
 
 fn golden_path() -> PathBuf {

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use ferrite_models::gate::{fixtures_dir, run_fixture, summarize};
 use ferrite_tensor::DType;
+use ferrite_testing::gate::{fixtures_dir, run_fixture, summarize};
 
 /// Logprobs of the oracle's top-5 tokens agree to this many nats (f32 on both sides; the
 /// difference is accumulation order only).
@@ -162,7 +162,7 @@ fn gate_latent_mla(name: &str, variant: ferrite_models::families::deepseek_v2::D
     use ferrite_models::mla::MlaCacheMode;
     let dir = fixtures_dir().join("models").join(name);
     let (oracle, reports) =
-        ferrite_models::gate::run_fixture_with(&dir, DType::F32, ferrite_tensor::Device::Cpu, |r, w| {
+        ferrite_testing::gate::run_fixture_with(&dir, DType::F32, ferrite_tensor::Device::Cpu, |r, w| {
             let model = deepseek_v2::load_with(r, w, variant, MlaCacheMode::Latent)?;
             let spec = ferrite_models::CausalLM::info(&model).kv_layers[0];
             assert_eq!(spec.num_kv_heads, 1, "latent cache has one KV head");

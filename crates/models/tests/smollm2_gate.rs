@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use ferrite_models::gate::{greedy, judge, summarize, Oracle};
 use ferrite_models::{load_model, LoadOptions};
 use ferrite_tensor::DType;
+use ferrite_testing::gate::{greedy, judge, summarize, Oracle};
 use ferrite_tokenizer::{ChatMessage, Tokenizer};
 use serde_json::Value;
 

@@ -124,7 +124,6 @@ async fn run(
         )?),
         None => None,
     };
-    generate::check_length(&state, prompt.ids.len(), max_tokens)?;
     let max_tokens = params::chat_max_tokens(
         max_tokens,
         state.served.config.sampling_defaults.max_tokens,
@@ -141,9 +140,9 @@ async fn run(
     let sampling = params::build(
         &req.sampling,
         Requested { max_tokens, logprobs: top_logprobs, prompt_logprobs: None },
-        state.served.vocab_bound,
         &state.served.config.sampling_defaults,
     )?;
+    let requests = generate::process(&state, std::slice::from_ref(&prompt), &sampling)?;
     let permit = Admission::acquire(&state, sampling.n)?;
     let ctx = Context {
         id: format!("chatcmpl-{}", random_id()),
@@ -154,7 +153,7 @@ async fn run(
         prompt_tokens: prompt.ids.len(),
         state: state.clone(),
     };
-    let streams = generate::submit(&state, &ctx.id, std::slice::from_ref(&prompt), &sampling, arrival)?;
+    let streams = generate::submit(&state, &ctx.id, requests, arrival)?;
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
         Ok(stream_response(ctx, streams, permit, include_usage))

@@ -61,17 +61,14 @@ async fn run(
     }
     let prompts = parse_prompts(&state, &req.prompt, req.add_special_tokens.unwrap_or(true))?;
     let max_tokens = params::check_max_tokens("max_tokens", req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS))?;
-    for p in &prompts {
-        generate::check_length(&state, p.ids.len(), Some(max_tokens))?;
-    }
     let logprobs = req.logprobs.map(|v| params::check_logprobs("logprobs", v)).transpose()?;
     let echo = req.echo.unwrap_or(false);
     let sampling = params::build(
         &req.sampling,
         Requested { max_tokens: Some(max_tokens), logprobs, prompt_logprobs: logprobs.filter(|_| echo) },
-        state.served.vocab_bound,
         &state.served.config.sampling_defaults,
     )?;
+    let requests = generate::process(&state, &prompts, &sampling)?;
     let permit = Admission::acquire(&state, prompts.len() * sampling.n)?;
     let ctx = Context {
         id: format!("cmpl-{}", random_id()),
@@ -83,7 +80,7 @@ async fn run(
         prompts,
         state: state.clone(),
     };
-    let streams = generate::submit(&state, &ctx.id, &ctx.prompts, &sampling, arrival)?;
+    let streams = generate::submit(&state, &ctx.id, requests, arrival)?;
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
         Ok(stream_response(ctx, streams, permit, include_usage))

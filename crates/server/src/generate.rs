@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use ferrite_engine::{CompletionOutput, PromptInput, RequestOutput, RequestStream, SamplingParams};
+use ferrite_engine::{CompletionOutput, ProcessedRequest, PromptInput, RequestOutput, RequestStream, SamplingParams};
 use futures::stream::{SelectAll, Stream, StreamExt};
 
 use crate::error::ApiError;
@@ -147,53 +147,52 @@ impl Tracked {
     }
 }
 
-/// Starts one engine request per prompt. An error part-way drops (and so aborts) the requests
-/// already started.
+/// Has the engine validate one request per prompt, before any is started (and before
+/// admission), so a bad request starts nothing.
+pub fn process(
+    state: &AppState,
+    prompts: &[Prompt],
+    params: &SamplingParams,
+) -> Result<Vec<ProcessedRequest>, ApiError> {
+    prompts
+        .iter()
+        .map(|prompt| {
+            state.client.process(PromptInput::Tokens(prompt.ids.clone()), params.clone()).map_err(engine_error)
+        })
+        .collect()
+}
+
+/// Starts the engine requests [`process`] accepted, one per prompt. An error part-way drops
+/// (and so aborts) the requests already started.
 pub fn submit(
     state: &Arc<AppState>,
     request_id: &str,
-    prompts: &[Prompt],
-    params: &SamplingParams,
+    requests: Vec<ProcessedRequest>,
     arrival: Instant,
 ) -> Result<SelectAll<Tracked>, ApiError> {
-    let mut streams = Vec::with_capacity(prompts.len());
-    for (i, prompt) in prompts.iter().enumerate() {
+    let prompts = requests.len();
+    let prompt_tokens: usize = requests.iter().map(|r| r.prompt().len()).sum();
+    let Some(params) = requests.first().map(|r| r.params().clone()) else {
+        return Ok(futures::stream::select_all(Vec::new()));
+    };
+    let mut streams = Vec::with_capacity(requests.len());
+    for (i, request) in requests.into_iter().enumerate() {
         let id = format!("{request_id}-{i}");
-        let inner = state
-            .client
-            .add_request(id.clone(), PromptInput::Tokens(prompt.ids.clone()), params.clone())
-            .map_err(engine_error)?;
+        let inner = state.client.add_processed(id.clone(), request).map_err(engine_error)?;
         let choices = (0..params.n).map(|_| ChoiceTiming { first_token: None, tokens: 0, finished: false }).collect();
         let tracker = Tracker { state: state.clone(), id, arrival, first_token_seen: false, choices };
         streams.push(Tracked { prompt: i, inner, tracker });
     }
     tracing::info!(
         request_id,
-        prompts = prompts.len(),
-        prompt_tokens = prompts.iter().map(|p| p.ids.len()).sum::<usize>(),
+        prompts,
+        prompt_tokens,
         n = params.n,
         max_tokens = params.max_tokens,
         temperature = params.temperature,
         "request submitted"
     );
     Ok(futures::stream::select_all(streams))
-}
-
-/// vLLM's check: the prompt plus the tokens asked for must fit the context.
-pub fn check_length(state: &AppState, prompt_len: usize, max_tokens: Option<usize>) -> Result<(), ApiError> {
-    let limit = state.served.max_model_len;
-    match max_tokens {
-        None if prompt_len >= limit => Err(ApiError::bad_request(format!(
-            "This model's maximum context length is {limit} tokens. However, you requested {prompt_len} tokens in the \
-             messages, Please reduce the length of the messages."
-        ))),
-        Some(m) if prompt_len + m > limit => Err(ApiError::bad_request(format!(
-            "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({prompt_len} in \
-             the messages, {m} in the completion). Please reduce the length of the messages or completion.",
-            prompt_len + m
-        ))),
-        _ => Ok(()),
-    }
 }
 
 fn finish_of(o: &CompletionOutput) -> (Option<&'static str>, Option<Finish>) {

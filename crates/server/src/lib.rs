@@ -2,8 +2,9 @@
 //! `/v1/completions`, `/v1/chat/completions` (JSON or SSE), `/tokenize`, `/detokenize`,
 //! `/health`, `/version` and Prometheus `/metrics`.
 //!
-//! A request is parsed and validated here, tokenized (chat messages through the model's chat
-//! template), and handed to the engine as one engine request per prompt. The engine's delta
+//! A request is parsed here (wire-format checks only), tokenized (chat messages through the
+//! model's chat template), validated once by the engine, and handed to it as one engine request
+//! per prompt. The engine's delta
 //! stream is turned into OpenAI JSON or SSE chunks. Dropping that stream (the client went away,
 //! or the handler future was cancelled) aborts the engine request and frees its KV blocks, so
 //! no request outlives its connection.

@@ -1,6 +1,6 @@
 //! Request fields -> engine `SamplingParams`, with vLLM's checks and messages for the integer
-//! fields (which must be caught before they become unsigned) and the engine's own `validate`
-//! for the rest.
+//! fields (which must be caught before they become unsigned). Everything else is the engine's
+//! to validate, once, when the request is processed; [`engine_error`] maps its errors to HTTP.
 
 use ferrite_engine::params::MAX_LOGPROBS;
 use ferrite_engine::{EngineError, SamplingParams};
@@ -114,7 +114,8 @@ pub fn check_max_tokens(param: &str, value: i64) -> Result<usize, ApiError> {
 
 /// A chat request's `max_tokens`, as vLLM resolves it: the request's own value (already checked
 /// against the context), else the model's recommended `max_new_tokens` cut to the room the prompt
-/// leaves, else `None` (up to the end of the context). `prompt_len` is below `max_model_len`.
+/// leaves, else `None` (up to the end of the context). A prompt that leaves no room gets 1, for
+/// the engine to refuse with vLLM's message.
 pub fn chat_max_tokens(
     requested: Option<usize>,
     recommended: Option<usize>,
@@ -139,7 +140,6 @@ pub fn choices(fields: &SamplingFields) -> Result<usize, ApiError> {
 pub fn build(
     fields: &SamplingFields,
     requested: Requested,
-    vocab_bound: usize,
     model_defaults: &SamplingDefaults,
 ) -> Result<SamplingParams, ApiError> {
     let n = choices(fields)?;
@@ -165,13 +165,13 @@ pub fn build(
         .as_deref()
         .unwrap_or_default()
         .iter()
-        .map(|&id| match u32::try_from(id) {
-            Ok(v) if (v as usize) < vocab_bound => Ok(v),
-            _ => Err(ApiError::invalid("stop_token_ids", format!("Token id {id} is out of vocabulary"))),
+        .map(|&id| {
+            u32::try_from(id)
+                .map_err(|_| ApiError::invalid("stop_token_ids", format!("Token id {id} is out of vocabulary")))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let defaults = model_defaults.params();
-    let params = SamplingParams {
+    Ok(SamplingParams {
         n,
         temperature: fields.temperature.map_or(defaults.temperature, |v| v as f32),
         top_p: fields.top_p.map_or(defaults.top_p, |v| v as f32),
@@ -192,19 +192,15 @@ pub fn build(
         prompt_logprobs: requested.prompt_logprobs,
         skip_special_tokens: fields.skip_special_tokens.unwrap_or(true),
         include_stop_str_in_output: fields.include_stop_str_in_output.unwrap_or(false),
-    };
-    // Temperatures, probabilities, penalties and the cross-field rules are checked where they
-    // are defined.
-    params.validate().map_err(engine_error)?;
-    Ok(params)
+    })
 }
 
 /// Engine errors as HTTP errors: what the request caused is the client's fault (400), a stopped
-/// engine is a 503, anything else a 500.
+/// or overloaded engine is a 503, anything else a 500.
 pub fn engine_error(e: EngineError) -> ApiError {
     match e {
         EngineError::InvalidParameter { param, message } => ApiError::invalid(param, format!("{param} {message}")),
-        EngineError::EngineStopped => ApiError::unavailable(e.to_string()),
+        EngineError::EngineStopped | EngineError::Overloaded { .. } => ApiError::unavailable(e.to_string()),
         e if e.is_request_error() => ApiError::bad_request(e.to_string()),
         e => ApiError::internal(e.to_string()),
     }
@@ -250,12 +246,12 @@ mod tests {
     fn model_defaults_fill_only_the_fields_a_request_leaves_out() {
         let defaults = SamplingDefaults { temperature: Some(0.6), top_k: Some(20), ..Default::default() };
         let omitted = SamplingFields::default();
-        let p = build(&omitted, requested(), 1000, &defaults).unwrap();
+        let p = build(&omitted, requested(), &defaults).unwrap();
         assert_eq!((p.temperature, p.top_k, p.top_p), (0.6, 20, 1.0));
         let explicit = SamplingFields { temperature: Some(0.0), top_k: Some(-1), ..Default::default() };
-        let p = build(&explicit, requested(), 1000, &defaults).unwrap();
+        let p = build(&explicit, requested(), &defaults).unwrap();
         assert_eq!((p.temperature, p.top_k), (0.0, -1));
-        let p = build(&omitted, requested(), 1000, &SamplingDefaults::default()).unwrap();
+        let p = build(&omitted, requested(), &SamplingDefaults::default()).unwrap();
         assert_eq!(p.temperature, SamplingParams::default().temperature);
     }
 

@@ -5,13 +5,10 @@
 //! An embedding model answers embeddings, and scores pairs by the cosine of their embeddings; a
 //! classifier answers classify, and (with one label: a cross-encoder) scores pairs read as one
 //! sequence, `[CLS] a [SEP] b [SEP]`. Requests are tokenized and validated in the handler, then
-//! queued to one batching thread that runs the model over as many queued sequences as fit in its
-//! token budget per forward pass.
+//! handed to the engine's [`PoolingClient`], which batches them.
 
-use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -23,278 +20,46 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
-use ferrite_engine::EngineStats;
-use ferrite_models::pooling::{
-    classifier_activation, cosine, LoadedPoolingModel, PoolingInput, PoolingTask, ScoreActivation,
-};
+use ferrite_engine::pooling::{classifier_activation, cosine, kind_name, PoolingInput, PoolingTask, ServeTask};
+use ferrite_engine::PoolingClient;
 use ferrite_tokenizer::Tokenizer;
-use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 
 use crate::error::{parse_json, ApiError};
 use crate::metrics::{Finish, Metrics};
-use crate::protocol::Usage;
+use crate::params::engine_error;
+use crate::protocol::{
+    ClassificationData, ClassificationRequest, Embedding, EmbeddingData, EmbeddingRequest, Input, ListResponse,
+    RerankDocument, RerankRequest, RerankResponse, RerankResult, RerankUsage, ScoreData, ScoreRequest, Usage,
+};
 use crate::{finish_router, random_id, serve_router, unix_now, with_common_routes, Served, ServedModel, ServerConfig};
 
-/// What `ferrite serve --task` asks of a pooling model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ServeTask {
-    /// Sentence embeddings (`/v1/embeddings`; `/score`, `/rerank` by cosine).
-    Embed,
-    /// Class probabilities (`/classify`).
-    Classify,
-    /// Pair relevance (`/score`, `/rerank`) from a one-label cross-encoder.
-    Score,
-}
-
-impl ServeTask {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ServeTask::Embed => "embed",
-            ServeTask::Classify => "classify",
-            ServeTask::Score => "score",
-        }
-    }
-
-    /// The task a model serves when `--task` is not given: embed for embedding models, score
-    /// for one-label classifiers (cross-encoders), classify for the rest.
-    pub fn infer(model: &LoadedPoolingModel) -> ServeTask {
-        match model.info().task {
-            PoolingTask::Embed => ServeTask::Embed,
-            PoolingTask::Classify if model.info().labels.len() == 1 => ServeTask::Score,
-            PoolingTask::Classify => ServeTask::Classify,
-        }
-    }
-
-    /// Whether `model` can serve this task (embed needs an embedding model, classify and score
-    /// need a classifier; score also accepts an embedding model, by cosine).
-    pub fn check(self, model: &LoadedPoolingModel) -> Result<(), String> {
-        let arch = &model.info().architecture;
-        match (self, model.info().task) {
-            (ServeTask::Embed, PoolingTask::Embed) | (ServeTask::Classify, PoolingTask::Classify) => Ok(()),
-            (ServeTask::Score, PoolingTask::Embed) => Ok(()),
-            (ServeTask::Score, PoolingTask::Classify) if model.info().labels.len() == 1 => Ok(()),
-            (ServeTask::Score, PoolingTask::Classify) => Err(format!(
-                "--task score needs a cross-encoder with one output label; {arch} has {}",
-                model.info().labels.len()
-            )),
-            (task, kind) => Err(format!(
-                "--task {} needs {} model; {arch} is {} model",
-                task.as_str(),
-                kind_name(task.needs()),
-                kind_name(kind)
-            )),
-        }
-    }
-
-    fn needs(self) -> PoolingTask {
-        match self {
-            ServeTask::Embed => PoolingTask::Embed,
-            ServeTask::Classify | ServeTask::Score => PoolingTask::Classify,
-        }
-    }
-}
-
-fn kind_name(kind: PoolingTask) -> &'static str {
-    match kind {
-        PoolingTask::Embed => "an embedding",
-        PoolingTask::Classify => "a classification",
-    }
-}
-
-/// Sequences queued for the model, and the thread that runs them in batches.
-struct Batcher {
-    tx: mpsc::Sender<Job>,
-    queued: Arc<AtomicUsize>,
-    limit: usize,
-    counters: Arc<BatchCounters>,
-}
-
-/// What the pooling thread reports to `/metrics`.
-#[derive(Default)]
-struct BatchCounters {
-    /// Sequences in the forward pass now running.
-    running: AtomicUsize,
-    /// Tokens of the sequences the model has run.
-    prompt_tokens: AtomicU64,
-}
-
-struct Job {
-    inputs: Vec<PoolingInput>,
-    reply: oneshot::Sender<Result<Vec<Vec<f32>>, String>>,
-}
-
-/// Keeps a request's sequences in the queue count until it is answered or dropped.
-struct QueueSlot {
-    queued: Arc<AtomicUsize>,
-    n: usize,
-}
-
-impl Drop for QueueSlot {
-    fn drop(&mut self) {
-        self.queued.fetch_sub(self.n, Ordering::AcqRel);
-    }
-}
-
-impl Batcher {
-    fn start(model: Arc<LoadedPoolingModel>, max_batch_tokens: usize, limit: usize) -> Batcher {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let counters = Arc::new(BatchCounters::default());
-        let worker_counters = counters.clone();
-        std::thread::Builder::new()
-            .name("ferrite-pooling".into())
-            .spawn(move || worker(&model, &rx, max_batch_tokens.max(1), &worker_counters))
-            .expect("spawning the pooling thread");
-        Batcher { tx, queued: Arc::new(AtomicUsize::new(0)), limit: limit.max(1), counters }
-    }
-
-    /// Runs `inputs` (already validated) through the model: one output per input, in order.
-    async fn run(&self, inputs: Vec<PoolingInput>) -> Result<Vec<Vec<f32>>, ApiError> {
-        let n = inputs.len();
-        if n > self.limit {
-            return Err(ApiError::bad_request(format!(
-                "This request has {n} inputs; the server accepts at most {} at once.",
-                self.limit
-            )));
-        }
-        let before = self.queued.fetch_add(n, Ordering::AcqRel);
-        let _slot = QueueSlot { queued: self.queued.clone(), n };
-        if before + n > self.limit {
-            return Err(ApiError::unavailable(format!(
-                "The server is overloaded ({before} sequences queued, limit {}); retry later.",
-                self.limit
-            )));
-        }
-        let (reply, answer) = oneshot::channel();
-        self.tx.send(Job { inputs, reply }).map_err(|_| ApiError::internal("the pooling thread has stopped"))?;
-        match answer.await {
-            Ok(Ok(out)) => Ok(out),
-            Ok(Err(e)) => Err(ApiError::internal(e)),
-            Err(_) => Err(ApiError::internal("the pooling thread dropped the request")),
-        }
-    }
-}
-
-/// Takes every job waiting (up to the token budget), runs their sequences in forward passes of
-/// at most `max_batch_tokens` tokens each (a longer sequence runs alone), and answers each job.
-fn worker(model: &LoadedPoolingModel, rx: &mpsc::Receiver<Job>, max_batch_tokens: usize, counters: &BatchCounters) {
-    let mut pending: VecDeque<Job> = VecDeque::new();
-    loop {
-        if pending.is_empty() {
-            match rx.recv() {
-                Ok(job) => pending.push_back(job),
-                Err(_) => return,
-            }
-        }
-        while let Ok(job) = rx.try_recv() {
-            pending.push_back(job);
-        }
-        // Jobs whose sequences fit the budget together (at least one).
-        let mut jobs = Vec::new();
-        let mut tokens = 0;
-        while let Some(job) = pending.front() {
-            let t: usize = job.inputs.iter().map(|s| s.ids.len()).sum();
-            if !jobs.is_empty() && tokens + t > max_batch_tokens {
-                break;
-            }
-            tokens += t;
-            jobs.push(pending.pop_front().expect("front exists"));
-        }
-        let jobs: Vec<Job> = jobs.into_iter().filter(|j| !j.reply.is_closed()).collect();
-        let flat: Vec<PoolingInput> = jobs.iter().flat_map(|j| j.inputs.iter().cloned()).collect();
-        let started = Instant::now();
-        counters.running.store(flat.len(), Ordering::Release);
-        let result = run_chunks(model, &flat, max_batch_tokens);
-        counters.running.store(0, Ordering::Release);
-        if result.is_ok() {
-            let ran: usize = flat.iter().map(|s| s.ids.len()).sum();
-            counters.prompt_tokens.fetch_add(ran as u64, Ordering::Relaxed);
-        }
-        tracing::debug!(
-            requests = jobs.len(),
-            sequences = flat.len(),
-            tokens,
-            ms = started.elapsed().as_millis() as u64,
-            "pooling batch"
-        );
-        match result {
-            Ok(outputs) => {
-                let mut outputs = outputs.into_iter();
-                for job in jobs {
-                    let mine: Vec<Vec<f32>> = outputs.by_ref().take(job.inputs.len()).collect();
-                    let _ = job.reply.send(Ok(mine));
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "pooling batch failed");
-                for job in jobs {
-                    let _ = job.reply.send(Err(e.clone()));
-                }
-            }
-        }
-    }
-}
-
-fn run_chunks(
-    model: &LoadedPoolingModel,
-    flat: &[PoolingInput],
-    max_batch_tokens: usize,
-) -> Result<Vec<Vec<f32>>, String> {
-    let mut out = Vec::with_capacity(flat.len());
-    let mut start = 0;
-    while start < flat.len() {
-        let (mut end, mut tokens) = (start, 0);
-        while end < flat.len() && (end == start || tokens + flat[end].ids.len() <= max_batch_tokens) {
-            tokens += flat[end].ids.len();
-            end += 1;
-        }
-        out.extend(model.forward(&flat[start..end]).map_err(|e| e.to_string())?);
-        start = end;
-    }
-    Ok(out)
-}
-
 pub struct PoolingState {
-    model: Arc<LoadedPoolingModel>,
+    client: PoolingClient,
     tokenizer: Arc<Tokenizer>,
     served: ServedModel,
-    task: ServeTask,
-    batcher: Batcher,
-    score_activation: ScoreActivation,
     metrics: Metrics,
 }
 
 impl PoolingState {
-    /// `max_model_len` caps the tokens of one input (the model's own limit when larger);
-    /// `max_batch_tokens` is the token budget of one forward pass.
-    pub fn new(
-        model: LoadedPoolingModel,
-        tokenizer: Tokenizer,
-        config: ServerConfig,
-        task: ServeTask,
-        max_model_len: Option<usize>,
-        max_batch_tokens: usize,
-    ) -> Result<Arc<PoolingState>, String> {
-        task.check(&model)?;
-        let model = Arc::new(model);
-        let max_model_len = max_model_len.map_or(model.max_model_len, |m| m.min(model.max_model_len));
-        let vocab_bound = tokenizer.vocab_size().min(model.info().vocab_size);
-        let batcher =
-            Batcher::start(model.clone(), max_batch_tokens.max(max_model_len), config.max_num_seqs + config.max_queue);
-        Ok(Arc::new(PoolingState {
-            score_activation: ScoreActivation::from_config(&model.config),
-            model,
-            tokenizer: Arc::new(tokenizer),
-            served: ServedModel::new(config, max_model_len, vocab_bound),
-            task,
-            batcher,
+    pub fn new(client: PoolingClient, config: ServerConfig) -> Arc<PoolingState> {
+        let tokenizer = client.tokenizer();
+        let vocab_bound = tokenizer.vocab_size().min(client.info().vocab_size);
+        Arc::new(PoolingState {
+            served: ServedModel::new(config, client.max_model_len(), vocab_bound),
+            tokenizer,
+            client,
             metrics: Metrics::default(),
-        }))
+        })
     }
 
     fn is_embedding(&self) -> bool {
-        self.model.info().task == PoolingTask::Embed
+        self.client.info().task == PoolingTask::Embed
+    }
+
+    /// Runs tokenized inputs through the engine.
+    async fn run(&self, inputs: Vec<PoolingInput>) -> Result<Vec<Vec<f32>>, ApiError> {
+        self.client.run(inputs).await.map_err(engine_error)
     }
 
     /// vLLM's `truncate_prompt_tokens`: -1 means the model's length, larger than it is an error.
@@ -407,174 +172,22 @@ impl PoolingState {
                 inputs.push(self.encode_text(b, truncate, true, "text_2")?);
             }
             let tokens = inputs.iter().map(|s| s.ids.len()).sum();
-            let out = self.batcher.run(inputs).await?;
+            let out = self.run(inputs).await?;
             let scores = out.chunks(2).map(|p| cosine(&p[0], &p[1]) as f32).collect();
             return Ok((scores, tokens));
         }
-        if self.model.info().labels.len() != 1 {
+        if self.client.info().labels.len() != 1 {
             return Err(ApiError::bad_request(format!(
                 "Scoring needs a cross-encoder with one output label; this model has {}.",
-                self.model.info().labels.len()
+                self.client.info().labels.len()
             )));
         }
         let inputs: Vec<PoolingInput> =
             pairs.iter().map(|(a, b)| self.encode_pair(a, b, truncate)).collect::<Result<_, _>>()?;
         let tokens = inputs.iter().map(|s| s.ids.len()).sum();
-        let out = self.batcher.run(inputs).await?;
-        Ok((out.iter().map(|l| self.score_activation.apply(l[0])).collect(), tokens))
+        let out = self.run(inputs).await?;
+        Ok((out.iter().map(|l| self.client.score_activation().apply(l[0])).collect(), tokens))
     }
-}
-
-/// `input`: a string, a list of strings, a list of token ids, or a list of token-id lists.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum Input {
-    Text(String),
-    Texts(Vec<String>),
-    Ids(Vec<i64>),
-    IdLists(Vec<Vec<i64>>),
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct EmbeddingRequest {
-    pub model: Option<String>,
-    pub input: Input,
-    pub encoding_format: Option<String>,
-    pub dimensions: Option<i64>,
-    pub user: Option<String>,
-    pub truncate_prompt_tokens: Option<i64>,
-    pub add_special_tokens: Option<bool>,
-    /// vLLM's override of the pooler's normalisation.
-    pub normalize: Option<bool>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[serde(untagged)]
-pub enum EmbeddingData {
-    Float(Vec<f32>),
-    /// Little-endian f32 bytes, base64 (what the `openai` client asks for by default).
-    Base64(String),
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Embedding {
-    pub index: usize,
-    pub object: &'static str,
-    pub embedding: EmbeddingData,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct EmbeddingResponse {
-    pub id: String,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: String,
-    pub data: Vec<Embedding>,
-    pub usage: Usage,
-}
-
-/// `text_1` / `text_2`: one text or a list.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum Texts {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl Texts {
-    fn into_vec(self) -> Vec<String> {
-        match self {
-            Texts::One(s) => vec![s],
-            Texts::Many(v) => v,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct ScoreRequest {
-    pub model: Option<String>,
-    pub text_1: Texts,
-    pub text_2: Texts,
-    pub truncate_prompt_tokens: Option<i64>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ScoreData {
-    pub index: usize,
-    pub object: &'static str,
-    pub score: f32,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ScoreResponse {
-    pub id: String,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: String,
-    pub data: Vec<ScoreData>,
-    pub usage: Usage,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct RerankRequest {
-    pub model: Option<String>,
-    pub query: String,
-    pub documents: Vec<String>,
-    /// Keep the best `top_n` (0 or absent: all).
-    pub top_n: Option<i64>,
-    pub return_documents: Option<bool>,
-    pub truncate_prompt_tokens: Option<i64>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct RerankDocument {
-    pub text: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct RerankResult {
-    pub index: usize,
-    pub document: Option<RerankDocument>,
-    pub relevance_score: f32,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct RerankUsage {
-    pub total_tokens: usize,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct RerankResponse {
-    pub id: String,
-    pub model: String,
-    pub usage: RerankUsage,
-    pub results: Vec<RerankResult>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct ClassificationRequest {
-    pub model: Option<String>,
-    pub input: Input,
-    pub truncate_prompt_tokens: Option<i64>,
-    pub add_special_tokens: Option<bool>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ClassificationData {
-    pub index: usize,
-    pub label: Option<String>,
-    pub probs: Vec<f32>,
-    pub num_classes: usize,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ClassificationResponse {
-    pub id: String,
-    pub object: &'static str,
-    pub created: u64,
-    pub model: String,
-    pub data: Vec<ClassificationData>,
-    pub usage: Usage,
 }
 
 fn prompt_tokens(inputs: &[PoolingInput]) -> usize {
@@ -584,9 +197,9 @@ fn prompt_tokens(inputs: &[PoolingInput]) -> usize {
 fn unsupported(state: &PoolingState, api: &str) -> ApiError {
     ApiError::bad_request(format!(
         "The model does not support {api} API (served with --task {}; {} is {} model)",
-        state.task.as_str(),
-        state.model.info().architecture,
-        kind_name(state.model.info().task)
+        state.client.task().as_str(),
+        state.client.info().architecture,
+        kind_name(state.client.info().task)
     ))
 }
 
@@ -612,12 +225,10 @@ async fn embeddings(
     let dimensions = match req.dimensions {
         None => None,
         Some(d) => {
-            let hidden = state.model.info().hidden_size;
             let d = usize::try_from(d).unwrap_or(0);
             state
-                .model
-                .pooler
-                .check_dimensions(state.served.model_name(), d, hidden)
+                .client
+                .check_dimensions(state.served.model_name(), d)
                 .map_err(|m| ApiError::invalid("dimensions", m))?;
             Some(d)
         }
@@ -625,12 +236,12 @@ async fn embeddings(
     let truncate = state.truncation(req.truncate_prompt_tokens)?;
     let inputs = state.encode_input(req.input, truncate, req.add_special_tokens.unwrap_or(true))?;
     let tokens = prompt_tokens(&inputs);
-    let outputs = state.batcher.run(inputs).await?;
+    let outputs = state.run(inputs).await?;
     let data = outputs
         .into_iter()
         .enumerate()
         .map(|(index, mut v)| {
-            state.model.finish_embedding(&mut v, dimensions, req.normalize);
+            state.client.finish_embedding(&mut v, dimensions, req.normalize);
             let embedding = if base64 {
                 let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                 EmbeddingData::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
@@ -640,7 +251,7 @@ async fn embeddings(
             Embedding { index, object: "embedding", embedding }
         })
         .collect();
-    let response = EmbeddingResponse {
+    let response = ListResponse {
         id: format!("embd-{}", random_id()),
         object: "list",
         created: unix_now(),
@@ -675,7 +286,7 @@ async fn score(
 ) -> Result<Response, ApiError> {
     let req: ScoreRequest = parse_json(&body?)?;
     state.served.check_model(req.model.as_deref())?;
-    if state.task == ServeTask::Classify {
+    if state.client.task() == ServeTask::Classify {
         return Err(unsupported(&state, "Score"));
     }
     let truncate = state.truncation(req.truncate_prompt_tokens)?;
@@ -684,7 +295,7 @@ async fn score(
     let (scores, tokens) = state.score_pairs(&pairs, truncate).await?;
     let data =
         scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
-    Ok(Json(ScoreResponse {
+    Ok(Json(ListResponse {
         id: format!("score-{}", random_id()),
         object: "list",
         created: unix_now(),
@@ -701,7 +312,7 @@ async fn rerank(
 ) -> Result<Response, ApiError> {
     let req: RerankRequest = parse_json(&body?)?;
     state.served.check_model(req.model.as_deref())?;
-    if state.task == ServeTask::Classify {
+    if state.client.task() == ServeTask::Classify {
         return Err(unsupported(&state, "Rerank"));
     }
     if req.documents.is_empty() {
@@ -749,9 +360,8 @@ async fn classify(
     let truncate = state.truncation(req.truncate_prompt_tokens)?;
     let inputs = state.encode_input(req.input, truncate, req.add_special_tokens.unwrap_or(true))?;
     let tokens = prompt_tokens(&inputs);
-    let labels = &state.model.info().labels;
+    let labels = &state.client.info().labels;
     let data = state
-        .batcher
         .run(inputs)
         .await?
         .into_iter()
@@ -762,7 +372,7 @@ async fn classify(
             ClassificationData { index, label: labels.get(best).cloned(), num_classes: probs.len(), probs }
         })
         .collect();
-    Ok(Json(ClassificationResponse {
+    Ok(Json(ListResponse {
         id: format!("classify-{}", random_id()),
         object: "list",
         created: unix_now(),
@@ -781,7 +391,7 @@ impl Served for PoolingState {
     }
 
     fn in_flight(&self) -> usize {
-        self.batcher.queued.load(Ordering::Acquire)
+        self.client.in_flight()
     }
 }
 
@@ -811,18 +421,10 @@ async fn record_request(State(state): State<Arc<PoolingState>>, request: Request
     response
 }
 
-/// The generation server's exposition, from the pooling thread's counters: sequences running
+/// The generation server's exposition, from the pooling engine's counters: sequences running
 /// and queued, prompt tokens, request successes and latencies (no KV cache, no generated tokens).
 async fn metrics_text(State(state): State<Arc<PoolingState>>) -> Response {
-    let counters = &state.batcher.counters;
-    let running = counters.running.load(Ordering::Acquire);
-    let stats = EngineStats {
-        num_running: running,
-        num_waiting: state.batcher.queued.load(Ordering::Acquire).saturating_sub(running),
-        prompt_tokens_total: counters.prompt_tokens.load(Ordering::Relaxed),
-        ..Default::default()
-    };
-    let body = state.metrics.render(state.served.model_name(), &stats);
+    let body = state.metrics.render(state.served.model_name(), &state.client.stats());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 

@@ -1,17 +1,15 @@
 //! Text in and out of a model: the Hugging Face tokenizer (`tokenizer.json` through the
 //! `tokenizers` crate), the chat template (`tokenizer_config.json` / `chat_template.jinja`,
 //! rendered with minijinja as transformers renders it), special tokens from
-//! `generation_config.json`, and incremental detokenization.
+//! `generation_config.json`. Incremental detokenization lives in the engine's detokenizer.
 
 mod chat;
-mod detok;
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 pub use chat::{ChatMessage, ChatTemplate};
-pub use detok::IncrementalDecoder;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
@@ -234,9 +232,5 @@ impl Tokenizer {
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
-    }
-
-    pub fn incremental_decoder(&self, skip_special_tokens: bool) -> IncrementalDecoder<'_> {
-        IncrementalDecoder::new(self, skip_special_tokens)
     }
 }

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ferrite_engine::{EngineClient, EngineConfig, PromptInput, RequestOutput, SamplingParams, LLM};
-use ferrite_models::gate::{fixtures_dir, Oracle};
 use ferrite_tensor::DType;
+use ferrite_testing::gate::{fixtures_dir, Oracle};
 
 pub fn fixture(name: &str) -> PathBuf {
     let dir = fixtures_dir().join("models").join(name);

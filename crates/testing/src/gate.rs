@@ -12,8 +12,7 @@ use std::path::{Path, PathBuf};
 use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device, PagedKvLayer};
 use serde::Deserialize;
 
-use crate::model::CausalLM;
-use crate::{ModelError, Result};
+use ferrite_models::{CausalLM, ModelError, Result};
 
 pub const NEAR_TIE_NATS: f32 = 0.5;
 
@@ -110,7 +109,7 @@ pub fn greedy_on(
         let seq = AttnSeq { q_start: 0, q_len: step_tokens.len(), ctx_len: ctx, block_table: block_table.clone() };
         let meta = AttnMetadata::new(vec![seq], block_size)?;
         let logits = model.forward(
-            &crate::ForwardInput { tokens: &step_tokens, meta: &meta, logit_rows: &[step_tokens.len() - 1] },
+            &ferrite_models::ForwardInput { tokens: &step_tokens, meta: &meta, logit_rows: &[step_tokens.len() - 1] },
             &mut kv,
         )?;
         let row = logits.to_f32_vec();
@@ -187,7 +186,7 @@ pub fn run_fixture(dir: &Path, dtype: DType) -> Result<(Oracle, Vec<CaseReport>)
 /// [`run_fixture`] with the weights and the KV cache on `device`.
 pub fn run_fixture_on(dir: &Path, dtype: DType, device: Device) -> Result<(Oracle, Vec<CaseReport>)> {
     let oracle = Oracle::load(&dir.join("oracle.json"))?;
-    let loaded = crate::load_model(dir, &crate::LoadOptions { dtype, device, progress: false })?;
+    let loaded = ferrite_models::load_model(dir, &ferrite_models::LoadOptions { dtype, device, progress: false })?;
     let reports = run_battery(&oracle, loaded.model.as_ref(), dtype, device)?;
     Ok((oracle, reports))
 }
@@ -211,12 +210,16 @@ pub fn run_fixture_with(
     dir: &Path,
     dtype: DType,
     device: Device,
-    build: impl Fn(&crate::config::RawConfig, &crate::weights::Weights) -> Result<Box<dyn CausalLM>>,
+    build: impl Fn(&ferrite_models::config::RawConfig, &ferrite_models::weights::Weights) -> Result<Box<dyn CausalLM>>,
 ) -> Result<(Oracle, Vec<CaseReport>)> {
     let oracle = Oracle::load(&dir.join("oracle.json"))?;
-    let raw = crate::config::RawConfig::from_file(&dir.join("config.json"))?;
-    let weights = crate::weights::Weights::new(Box::new(crate::weights::SafetensorsWeights::open(dir)?), dtype, None)
-        .on_device(device);
+    let raw = ferrite_models::config::RawConfig::from_file(&dir.join("config.json"))?;
+    let weights = ferrite_models::weights::Weights::new(
+        Box::new(ferrite_models::weights::SafetensorsWeights::open(dir)?),
+        dtype,
+        None,
+    )
+    .on_device(device);
     let model = build(&raw, &weights)?;
     let reports = run_battery(&oracle, model.as_ref(), dtype, device)?;
     Ok((oracle, reports))

@@ -5,8 +5,12 @@
 //! signed types and checked later, so the client gets vLLM's message instead of a serde type
 //! error.
 
+mod pooling;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+pub use pooling::*;
 
 /// `stop`: one string or a list of them.
 #[derive(Debug, Clone, Deserialize)]

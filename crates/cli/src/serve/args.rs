@@ -1,16 +1,12 @@
-//! `ferrite serve`: load a checkpoint, start the engine, and serve the OpenAI-compatible API
-//! until SIGINT or SIGTERM, then drain in-flight requests (bounded) and exit 0.
+//! The flags `ferrite serve` takes (and `ferrite generate` shares: device and dtype), and what
+//! both servers build from them alike: the CORS layer and the shutdown signal.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use clap::{Args, ValueEnum};
-use ferrite_engine::{EngineConfig, LLM};
+use ferrite_engine::{DType, Device, EngineConfig};
 use ferrite_server::cors::{Cors, CorsLayer};
-use ferrite_server::{AppState, SamplingDefaults, ServerConfig};
-use ferrite_tensor::{DType, Device};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum DTypeArg {
@@ -83,6 +79,19 @@ impl DeviceArgs {
     }
 }
 
+/// What `ferrite serve` runs the model for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TaskArg {
+    /// Text generation (/v1/completions, /v1/chat/completions).
+    Generate,
+    /// Sentence embeddings (/v1/embeddings; /score and /rerank by cosine).
+    Embed,
+    /// Class probabilities (/classify).
+    Classify,
+    /// Pair relevance from a cross-encoder (/score, /rerank).
+    Score,
+}
+
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Checkpoint directory (config.json, safetensors, tokenizer.json) or a .gguf file.
@@ -145,7 +154,7 @@ pub struct ServeArgs {
     /// generate, or a pooling task (embed, classify, score); inferred from the architecture
     /// when omitted (encoders such as BertModel are pooling models).
     #[arg(long, value_enum)]
-    pub task: Option<crate::serve_pooling::TaskArg>,
+    pub task: Option<TaskArg>,
     /// Sampling defaults for the fields a request leaves out: `auto` takes the recommendations
     /// in the model's generation_config.json (temperature, top_p, top_k, min_p,
     /// repetition_penalty, and max_new_tokens as the default max_tokens of chat requests), as
@@ -153,35 +162,6 @@ pub struct ServeArgs {
     /// generation_config.json.
     #[arg(long, default_value = "auto")]
     pub generation_config: String,
-}
-
-/// The sampling defaults `--generation-config` asks for.
-fn sampling_defaults(args: &ServeArgs) -> Result<SamplingDefaults> {
-    let dir = match args.generation_config.as_str() {
-        "vllm" => return Ok(SamplingDefaults::default()),
-        // A GGUF file carries no generation config.
-        "auto" if !args.model.is_dir() => return Ok(SamplingDefaults::default()),
-        "auto" => args.model.clone(),
-        other => PathBuf::from(other),
-    };
-    let file = dir.join("generation_config.json");
-    if !file.exists() {
-        if args.generation_config != "auto" {
-            bail!("--generation-config {}: no generation_config.json there", args.generation_config);
-        }
-        return Ok(SamplingDefaults::default());
-    }
-    let name = file.display().to_string();
-    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {name}"))?;
-    let value: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {name}"))?;
-    let defaults = SamplingDefaults::from_generation_config(&value, &name).map_err(anyhow::Error::msg)?;
-    if !defaults.is_empty() {
-        tracing::warn!(
-            ?defaults,
-            "sampling defaults overridden by the model's generation config; --generation-config vllm keeps the engine's"
-        );
-    }
-    Ok(defaults)
 }
 
 /// Sizes like `4GiB`, `512MiB`, `2G` (binary and decimal units are both powers of 1024, as
@@ -219,64 +199,6 @@ pub(crate) fn cors_layer(args: &ServeArgs) -> Result<CorsLayer> {
         allowed_headers: list("allowed-headers", &args.allowed_headers)?,
     };
     cors.layer().map_err(anyhow::Error::msg)
-}
-
-pub fn run(args: ServeArgs) -> Result<()> {
-    if !(args.shutdown_timeout.is_finite() && args.shutdown_timeout >= 0.0) {
-        bail!("--shutdown-timeout must be a non-negative number of seconds");
-    }
-    let cors = cors_layer(&args)?;
-    if let Some(task) = crate::serve_pooling::pooling_task(&args)? {
-        return crate::serve_pooling::run(args, task, cors);
-    }
-    // Before the (slow) model load, so that a bad --generation-config fails at once.
-    let sampling_defaults = sampling_defaults(&args)?;
-    let dtype = args.dtype.dtype_on(args.device.device);
-    let config = EngineConfig {
-        block_size: args.block_size,
-        kv_cache_memory: args.kv_cache_memory.unwrap_or(EngineConfig::default().kv_cache_memory),
-        max_num_batched_tokens: args.max_num_batched_tokens,
-        max_num_seqs: args.max_num_seqs,
-        max_model_len: args.max_model_len,
-        enable_prefix_caching: !args.no_enable_prefix_caching,
-        ..EngineConfig::default()
-    };
-    let config = args.device.apply(dtype, args.kv_cache_memory.is_some(), config);
-    let model_root = args.model.display().to_string();
-    let llm = LLM::new(&args.model, dtype, config).with_context(|| format!("loading {model_root}"))?;
-    let served_model_names =
-        if args.served_model_name.is_empty() { vec![model_root.clone()] } else { args.served_model_name.clone() };
-    let server_config = ServerConfig {
-        served_model_names,
-        model_root,
-        api_key: args.api_key.clone(),
-        max_num_seqs: args.max_num_seqs,
-        max_queue: args.max_queue,
-        sampling_defaults,
-        cors,
-        request_id_headers: args.enable_request_id_headers,
-    };
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
-    let grace = Duration::from_secs_f64(args.shutdown_timeout);
-    runtime.block_on(async {
-        let addr: SocketAddr = tokio::net::lookup_host((args.host.as_str(), args.port))
-            .await
-            .with_context(|| format!("resolving --host {}", args.host))?
-            .next()
-            .with_context(|| format!("--host {} resolves to no address", args.host))?;
-        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
-        let local = listener.local_addr().context("reading the bound address")?;
-        let state = AppState::new(llm.client(), server_config);
-        tracing::info!(model = %args.model.display(), "listening on http://{local}");
-        ferrite_server::serve(listener, state, shutdown_signal(), grace).await.context("serving")
-    })?;
-    // Connections still open past the grace period are cut here; their engine requests abort
-    // when their streams drop, before the engine itself stops with `llm`.
-    runtime.shutdown_timeout(Duration::from_secs(1));
-    drop(llm);
-    tracing::info!("server stopped");
-    Ok(())
 }
 
 pub(crate) async fn shutdown_signal() {

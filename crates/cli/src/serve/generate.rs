@@ -1,0 +1,65 @@
+//! `ferrite serve` for text generation: `/v1/completions` and `/v1/chat/completions` over the
+//! generation engine.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use ferrite_engine::{EngineConfig, LLM};
+use ferrite_server::cors::CorsLayer;
+use ferrite_server::{AppState, SamplingDefaults};
+
+use super::ServeArgs;
+
+pub fn run(args: ServeArgs, cors: CorsLayer) -> Result<()> {
+    // Before the (slow) model load, so that a bad --generation-config fails at once.
+    let sampling_defaults = sampling_defaults(&args)?;
+    let dtype = args.dtype.dtype_on(args.device.device);
+    let config = EngineConfig {
+        block_size: args.block_size,
+        kv_cache_memory: args.kv_cache_memory.unwrap_or(EngineConfig::default().kv_cache_memory),
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_num_seqs: args.max_num_seqs,
+        max_model_len: args.max_model_len,
+        enable_prefix_caching: !args.no_enable_prefix_caching,
+        ..EngineConfig::default()
+    };
+    let config = args.device.apply(dtype, args.kv_cache_memory.is_some(), config);
+    let llm = LLM::new(&args.model, dtype, config).with_context(|| format!("loading {}", args.model.display()))?;
+    let state = AppState::new(llm.client(), super::server_config(&args, cors, sampling_defaults));
+    super::serve_on(&args, |listener, grace| {
+        ferrite_server::serve(listener, state, super::args::shutdown_signal(), grace)
+    })?;
+    // The engine stops only after the server's connections are gone.
+    drop(llm);
+    tracing::info!("server stopped");
+    Ok(())
+}
+
+/// The sampling defaults `--generation-config` asks for.
+fn sampling_defaults(args: &ServeArgs) -> Result<SamplingDefaults> {
+    let dir = match args.generation_config.as_str() {
+        "vllm" => return Ok(SamplingDefaults::default()),
+        // A GGUF file carries no generation config.
+        "auto" if !args.model.is_dir() => return Ok(SamplingDefaults::default()),
+        "auto" => args.model.clone(),
+        other => PathBuf::from(other),
+    };
+    let file = dir.join("generation_config.json");
+    if !file.exists() {
+        if args.generation_config != "auto" {
+            bail!("--generation-config {}: no generation_config.json there", args.generation_config);
+        }
+        return Ok(SamplingDefaults::default());
+    }
+    let name = file.display().to_string();
+    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {name}"))?;
+    let value: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {name}"))?;
+    let defaults = SamplingDefaults::from_generation_config(&value, &name).map_err(anyhow::Error::msg)?;
+    if !defaults.is_empty() {
+        tracing::warn!(
+            ?defaults,
+            "sampling defaults overridden by the model's generation config; --generation-config vllm keeps the engine's"
+        );
+    }
+    Ok(defaults)
+}

@@ -1,0 +1,72 @@
+//! `ferrite serve`: load a checkpoint, start the engine (generation, or pooling for embedding,
+//! classification and scoring models), and serve the OpenAI-compatible API until SIGINT or
+//! SIGTERM, then drain in-flight requests (bounded) and exit 0.
+
+mod args;
+mod generate;
+mod pooling;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use ferrite_server::cors::CorsLayer;
+use ferrite_server::{SamplingDefaults, ServerConfig};
+use tokio::net::TcpListener;
+
+pub use args::{DTypeArg, DeviceArgs, ServeArgs};
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    if !(args.shutdown_timeout.is_finite() && args.shutdown_timeout >= 0.0) {
+        bail!("--shutdown-timeout must be a non-negative number of seconds");
+    }
+    let cors = args::cors_layer(&args)?;
+    match pooling::task(&args)? {
+        Some(task) => pooling::run(args, task, cors),
+        None => generate::run(args, cors),
+    }
+}
+
+/// What the flags say about the server, apart from the engine.
+fn server_config(args: &ServeArgs, cors: CorsLayer, sampling_defaults: SamplingDefaults) -> ServerConfig {
+    let model_root = args.model.display().to_string();
+    let served_model_names =
+        if args.served_model_name.is_empty() { vec![model_root.clone()] } else { args.served_model_name.clone() };
+    ServerConfig {
+        served_model_names,
+        model_root,
+        api_key: args.api_key.clone(),
+        max_num_seqs: args.max_num_seqs,
+        max_queue: args.max_queue,
+        sampling_defaults,
+        cors,
+        request_id_headers: args.enable_request_id_headers,
+    }
+}
+
+/// Starts the async runtime, binds `--host`/`--port` and runs `serve` on the listener with the
+/// shutdown signal and grace period. Connections still open past the grace period are cut when
+/// the runtime shuts down; their engine requests abort as their streams drop.
+fn serve_on<F, Fut>(args: &ServeArgs, serve: F) -> Result<()>
+where
+    F: FnOnce(TcpListener, Duration) -> Fut,
+    Fut: Future<Output = std::io::Result<()>>,
+{
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    let grace = Duration::from_secs_f64(args.shutdown_timeout);
+    runtime.block_on(async {
+        let addr: SocketAddr = tokio::net::lookup_host((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("resolving --host {}", args.host))?
+            .next()
+            .with_context(|| format!("--host {} resolves to no address", args.host))?;
+        let listener = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr().context("reading the bound address")?;
+        tracing::info!(model = %args.model.display(), "listening on http://{local}");
+        serve(listener, grace).await.context("serving")
+    })?;
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
