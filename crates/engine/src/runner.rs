@@ -1,4 +1,4 @@
-//! The model runner: keeps each request's tokens, block table and generator, flattens a
+//! The model runner: keeps each request's tokens and block table, flattens a
 //! [`SchedulerOutput`] into one forward batch, and samples the rows that need it. It only talks
 //! to the model through [`CausalLM::forward`], so any backend runs under it.
 
@@ -6,41 +6,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ferrite_models::{CausalLM, ForwardInput};
-use ferrite_tensor::ops::{self, RowSampling};
-use ferrite_tensor::{AttnMetadata, AttnSeq, Device, PagedKvLayer, Tensor};
-use rand::SeedableRng;
-use rand_chacha::ChaCha20Rng;
+use ferrite_tensor::ops;
+use ferrite_tensor::{AttnMetadata, AttnSeq, PagedKvLayer, Tensor};
 use rayon::prelude::*;
 
 use crate::config::{CacheConfig, EngineConfig};
-use crate::core::scheduler::{ModelRunnerOutput, SampledToken, SchedulerOutput};
+use crate::core::scheduler::{ModelRunnerOutput, SchedulerOutput};
 use crate::core::{BlockId, ReqId};
 use crate::error::{EngineError, Result};
 use crate::graphs::{DecodeGraphs, GraphCounts};
 use crate::output::TokenLogprob;
 use crate::params::RequestSampling;
 use crate::sampler::{self, SampleRow};
-
-/// Whether a request's next token can be chosen on the device from the logits alone.
-fn samples_on_device(sampling: &RequestSampling, output_len: usize) -> bool {
-    let p = &sampling.params;
-    p.logprobs.is_none() && !p.has_penalties() && (output_len >= p.min_tokens || sampling.min_tokens_mask.is_empty())
-}
-
-/// The device sampler's view of a request's parameters. Its draws are named by the request's
-/// seed and the index of the token being drawn, so a request samples the same tokens whatever
-/// it is batched with, and again after a preemption.
-fn row_sampling(sampling: &RequestSampling, output_len: usize) -> RowSampling {
-    let p = &sampling.params;
-    RowSampling {
-        temperature: if p.is_greedy() { 0.0 } else { p.temperature },
-        top_k: u32::try_from(p.top_k).unwrap_or(0),
-        top_p: p.top_p,
-        min_p: p.min_p,
-        seed: sampling.seed,
-        step: output_len as u64,
-    }
-}
 
 struct CachedRequestState {
     /// Prompt and every token sampled so far.
@@ -53,7 +30,6 @@ struct CachedRequestState {
     block_ids: Vec<BlockId>,
     num_computed_tokens: usize,
     sampling: Arc<RequestSampling>,
-    generator: ChaCha20Rng,
     /// Prompt positions whose logprobs were already returned (they survive preemption).
     num_prompt_logprobs_done: usize,
 }
@@ -72,12 +48,6 @@ enum RowUse {
     Sample(ReqId),
     /// Logits at prompt position `pos` score the prompt token at `pos + 1`.
     PromptLogprob(ReqId, usize),
-}
-
-impl CachedRequestState {
-    fn output_len(&self) -> usize {
-        self.token_ids.len() - self.num_prompt_tokens
-    }
 }
 
 impl ModelRunner {
@@ -128,7 +98,6 @@ impl ModelRunner {
                     block_ids: new.block_ids.clone(),
                     num_computed_tokens: new.num_computed_tokens,
                     sampling: new.sampling.clone(),
-                    generator: ChaCha20Rng::seed_from_u64(new.sampling.seed),
                     num_prompt_logprobs_done: 0,
                 },
             );
@@ -226,29 +195,23 @@ impl ModelRunner {
             }
         }
         let _span = tracing::debug_span!("sample", rows = logit_rows.len()).entered();
-        // On a GPU, rows whose sampler needs nothing but the logits are sampled there, so only
-        // their token ids cross to the host; the rest (logprobs, penalties, min-tokens masks)
-        // copy their rows back.
-        let on_device: Vec<bool> = row_uses
-            .iter()
-            .map(|u| match *u {
-                RowUse::Sample(id) if logits.device() != Device::Cpu => {
-                    self.requests.get(&id).is_some_and(|s| samples_on_device(&s.sampling, s.output_len()))
+        let (mut sample_rows, mut sample_ids, mut prompt_rows) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, u) in row_uses.iter().enumerate() {
+            match *u {
+                RowUse::Sample(id) => {
+                    sample_rows.push(i);
+                    sample_ids.push(id);
                 }
-                _ => false,
-            })
-            .collect();
-        let (device_rows, host_rows): (Vec<usize>, Vec<usize>) = (0..row_uses.len()).partition(|&i| on_device[i]);
-        if !device_rows.is_empty() {
-            self.sample_on_device(&logits, &row_uses, &device_rows, &mut out)?;
+                RowUse::PromptLogprob(..) => prompt_rows.push(i),
+            }
         }
-        if !host_rows.is_empty() {
-            let all_rows = device_rows.is_empty() && logits.rows() == row_uses.len();
-            let host = if all_rows { logits } else { ops::gather_rows(&logits, &host_rows)? };
-            let mut data = host.to_f32_vec();
-            let host_uses: Vec<&RowUse> = host_rows.iter().map(|&i| &row_uses[i]).collect();
-            self.prompt_logprobs(&host_uses, &data, vocab, &mut out);
-            self.sample(&host_uses, &mut data, vocab, &mut out);
+        if !prompt_rows.is_empty() {
+            let data = ops::gather_rows(&logits, &prompt_rows)?.to_f32_vec();
+            let uses: Vec<&RowUse> = prompt_rows.iter().map(|&i| &row_uses[i]).collect();
+            self.prompt_logprobs(&uses, &data, vocab, &mut out);
+        }
+        if !sample_rows.is_empty() {
+            self.sample(&ops::gather_rows(&logits, &sample_rows)?, &sample_ids, &mut out)?;
         }
         tracing::debug!(
             tokens = tokens.len(),
@@ -258,41 +221,6 @@ impl ModelRunner {
             "step timing"
         );
         Ok(out)
-    }
-
-    /// Rows sampled by the device; the sampled token has no logprob (none was asked).
-    fn sample_on_device(
-        &mut self,
-        logits: &Tensor,
-        row_uses: &[RowUse],
-        rows: &[usize],
-        out: &mut ModelRunnerOutput,
-    ) -> Result<()> {
-        let all_rows = rows.len() == row_uses.len() && logits.rows() == rows.len();
-        let picked = if all_rows { logits.clone() } else { ops::gather_rows(logits, rows)? };
-        let params: Vec<RowSampling> = rows
-            .iter()
-            .map(|&row| match row_uses[row] {
-                RowUse::Sample(id) => self.requests.get(&id).map(|s| row_sampling(&s.sampling, s.output_len())),
-                RowUse::PromptLogprob(..) => None,
-            })
-            .collect::<Option<_>>()
-            .ok_or_else(|| EngineError::Internal("a device-sampled row lost its request".into()))?;
-        let ids = if params.iter().all(|p| p.temperature == 0.0) {
-            ops::argmax_rows(&picked)?
-        } else {
-            ops::sample_rows(&picked, &params)?
-        };
-        for (&row, token_id) in rows.iter().zip(ids) {
-            let RowUse::Sample(id) = row_uses[row] else {
-                continue;
-            };
-            if let Some(state) = self.requests.get_mut(&id) {
-                state.token_ids.push(token_id);
-            }
-            out.sampled.insert(id, SampledToken { token_id, logprob: None });
-        }
-        Ok(())
     }
 
     fn prompt_logprobs(&mut self, row_uses: &[&RowUse], data: &[f32], vocab: usize, out: &mut ModelRunnerOutput) {
@@ -320,26 +248,24 @@ impl ModelRunner {
         }
     }
 
-    fn sample(&mut self, row_uses: &[&RowUse], data: &mut [f32], vocab: usize, out: &mut ModelRunnerOutput) {
-        let mut states: HashMap<ReqId, &mut CachedRequestState> =
-            self.requests.iter_mut().map(|(k, v)| (*k, v)).collect();
-        let mut ids = Vec::new();
-        let mut rows = Vec::new();
-        for (u, row) in row_uses.iter().zip(data.chunks_mut(vocab)) {
-            let RowUse::Sample(id) = **u else { continue };
-            let Some(state) = states.remove(&id) else {
-                continue;
-            };
-            let (prompt, output) = state.token_ids.split_at(state.num_prompt_tokens);
-            ids.push(id);
-            rows.push(SampleRow { logits: row, sampling: &state.sampling, prompt, output, rng: &mut state.generator });
-        }
-        let sampled = sampler::sample(rows);
-        for (id, s) in ids.into_iter().zip(sampled) {
+    /// Samples the rows of `logits`, one per request of `ids`, and appends the tokens.
+    fn sample(&mut self, logits: &Tensor, ids: &[ReqId], out: &mut ModelRunnerOutput) -> Result<()> {
+        let rows: Vec<SampleRow> = ids
+            .iter()
+            .map(|id| {
+                let state = self.requests.get(id)?;
+                let (prompt, output) = state.token_ids.split_at(state.num_prompt_tokens);
+                Some(SampleRow { sampling: &state.sampling, prompt, output })
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(|| EngineError::Internal("a sampled row lost its request".into()))?;
+        let sampled = sampler::sample(logits, &rows)?;
+        for (&id, s) in ids.iter().zip(sampled) {
             if let Some(state) = self.requests.get_mut(&id) {
                 state.token_ids.push(s.token_id);
             }
             out.sampled.insert(id, s);
         }
+        Ok(())
     }
 }

@@ -1,82 +1,141 @@
-//! Turning a row of logits into the next token with vLLM V1's `Sampler` order: raw logprobs
-//! first, then min-tokens masking and penalties, then greedy argmax, or temperature -> min-p ->
-//! top-k -> top-p and an exponential race (`argmax(p / Exp(1))`) driven by the request's own
-//! generator, so a seeded request draws the same stream whatever it is batched with.
+//! Turning rows of logits into next tokens in vLLM V1's `Sampler` order: raw logprobs first, then
+//! the logits processors (min-tokens masks, penalties), then one draw per row by
+//! [`ops::sample_rows`]: greedy argmax, or temperature -> min-p -> top-k -> top-p and an
+//! exponential race whose uniforms are a Philox stream keyed by the request's seed at counter
+//! (output tokens so far, token id). Nothing else feeds the draw, so a seeded request draws the
+//! same tokens on either backend, whatever it is batched with, whether or not it asks for
+//! logprobs, and again when it is computed anew after a preemption.
 
-use rand::Rng;
-use rand_chacha::ChaCha20Rng;
+use ferrite_tensor::ops::{self, RowSampling};
+use ferrite_tensor::Tensor;
 use rayon::prelude::*;
 
 use crate::core::scheduler::SampledToken;
+use crate::error::Result;
 use crate::output::TokenLogprob;
 use crate::params::RequestSampling;
 
 /// One row of the batch to sample from, with the request state its processors read.
 pub struct SampleRow<'a> {
-    pub logits: &'a mut [f32],
     pub sampling: &'a RequestSampling,
     pub prompt: &'a [u32],
     pub output: &'a [u32],
-    pub rng: &'a mut ChaCha20Rng,
 }
 
-/// Samples every row (rows are independent, so they run in parallel).
-pub fn sample(rows: Vec<SampleRow<'_>>) -> Vec<SampledToken> {
-    rows.into_par_iter().map(sample_row).collect()
-}
+impl SampleRow<'_> {
+    /// Whether a logits processor may change the row before the draw.
+    fn is_processed(&self) -> bool {
+        self.masks_min_tokens() || self.sampling.params.has_penalties()
+    }
 
-fn sample_row(row: SampleRow<'_>) -> SampledToken {
-    let SampleRow { logits, sampling, prompt, output, rng } = row;
-    let params = &sampling.params;
-    let raw_logprobs = params.logprobs.map(|_| log_softmax(logits));
+    fn masks_min_tokens(&self) -> bool {
+        self.output.len() < self.sampling.params.min_tokens && !self.sampling.min_tokens_mask.is_empty()
+    }
 
-    if output.len() < params.min_tokens {
-        for &id in &sampling.min_tokens_mask {
-            if let Some(l) = logits.get_mut(id as usize) {
-                *l = f32::NEG_INFINITY;
+    /// vLLM's `MinTokensLogitsProcessor` and `apply_penalties`, in its order.
+    fn process(&self, logits: &mut [f32]) {
+        let p = &self.sampling.params;
+        if self.masks_min_tokens() {
+            for &id in &self.sampling.min_tokens_mask {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
             }
         }
-    }
-    if params.has_penalties() {
-        apply_penalties(
-            logits,
-            prompt,
-            output,
-            params.repetition_penalty,
-            params.presence_penalty,
-            params.frequency_penalty,
-        );
+        if p.has_penalties() {
+            apply_penalties(
+                logits,
+                self.prompt,
+                self.output,
+                p.repetition_penalty,
+                p.presence_penalty,
+                p.frequency_penalty,
+            );
+        }
     }
 
-    let token_id = if params.is_greedy() {
-        argmax(logits)
-    } else {
-        let inv_t = 1.0 / params.temperature;
-        logits.iter_mut().for_each(|l| *l *= inv_t);
-        if params.min_p > 0.0 {
-            apply_min_p(logits, params.min_p);
+    /// The draw's parameters. The step is the number of output tokens so far: it names the
+    /// token being drawn, not the engine step or the row's place in the batch, and it survives
+    /// a preemption (the runner keeps the output tokens).
+    fn plan(&self) -> RowSampling {
+        let p = &self.sampling.params;
+        RowSampling {
+            temperature: if p.is_greedy() { 0.0 } else { p.temperature },
+            top_k: u32::try_from(p.top_k).unwrap_or(0),
+            top_p: p.top_p,
+            min_p: p.min_p,
+            seed: self.sampling.seed,
+            step: self.output.len() as u64,
         }
-        if params.top_k > 0 && (params.top_k as usize) < logits.len() {
-            apply_top_k(logits, params.top_k as usize);
-        }
-        if params.top_p < 1.0 {
-            apply_top_p(logits, params.top_p);
-        }
-        exponential_race(logits, rng)
-    };
-    let logprob = raw_logprobs.map(|lp| token_logprob(&lp, token_id, params.logprobs.unwrap_or(0)));
-    SampledToken { token_id, logprob }
+    }
 }
 
-/// Lowest index among the maxima, as `torch.argmax` breaks ties.
-pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
+/// One token per row of `logits [rows.len(), vocab]`, on whatever device holds them. Only rows
+/// asking for logprobs or changed by a processor cross to the host; the changed ones go back to
+/// the logits' device, so that every token comes from the same `sample_rows`.
+pub fn sample(logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<SampledToken>> {
+    let vocab = logits.last_dim();
+    let processed: Vec<bool> = rows.iter().map(SampleRow::is_processed).collect();
+    let host_rows: Vec<usize> =
+        (0..rows.len()).filter(|&i| processed[i] || rows[i].sampling.params.logprobs.is_some()).collect();
+    let mut host = if host_rows.is_empty() { Vec::new() } else { ops::gather_rows(logits, &host_rows)?.to_f32_vec() };
+    let mut raw_logprobs: Vec<Option<Vec<f32>>> = vec![None; rows.len()];
+    let computed: Vec<Option<Vec<f32>>> = host
+        .par_chunks_mut(vocab)
+        .zip(host_rows.par_iter())
+        .map(|(row, &i)| {
+            let raw = rows[i].sampling.params.logprobs.map(|_| log_softmax(row));
+            if processed[i] {
+                rows[i].process(row);
+            }
+            raw
+        })
+        .collect();
+    for (&i, raw) in host_rows.iter().zip(computed) {
+        raw_logprobs[i] = raw;
     }
-    best as u32
+
+    let mut tokens = vec![0u32; rows.len()];
+    let plain: Vec<usize> = (0..rows.len()).filter(|&i| !processed[i]).collect();
+    if !plain.is_empty() {
+        draw(&ops::gather_rows(logits, &plain)?, rows, &plain, &mut tokens)?;
+    }
+    let changed: Vec<usize> = host_rows.iter().copied().filter(|&i| processed[i]).collect();
+    if !changed.is_empty() {
+        let data: Vec<f32> = host
+            .chunks(vocab)
+            .zip(&host_rows)
+            .filter(|&(_, &i)| processed[i])
+            .flat_map(|(row, _)| row.iter().copied())
+            .collect();
+        let on_device = Tensor::from_f32(data, &[changed.len(), vocab])?.to_device(logits.device())?;
+        draw(&on_device, rows, &changed, &mut tokens)?;
+    }
+
+    Ok(tokens
+        .into_iter()
+        .zip(raw_logprobs)
+        .zip(rows)
+        .map(|((token_id, raw), row)| SampledToken {
+            token_id,
+            logprob: raw.map(|lp| token_logprob(&lp, token_id, row.sampling.params.logprobs.unwrap_or(0))),
+        })
+        .collect())
+}
+
+/// Samples `logits` (the rows `which` of the batch, in order) into `tokens`.
+fn draw(logits: &Tensor, rows: &[SampleRow<'_>], which: &[usize], tokens: &mut [u32]) -> Result<()> {
+    let plans: Vec<RowSampling> = which.iter().map(|&i| rows[i].plan()).collect();
+    // `sample_rows` takes a greedy row's argmax too; a batch of them skips its filters.
+    let ids = if plans.iter().all(|p| p.temperature == 0.0) {
+        ops::argmax_rows(logits)?
+    } else {
+        ops::sample_rows(logits, &plans)?
+    };
+    for (&i, id) in which.iter().zip(ids) {
+        tokens[i] = id;
+    }
+    Ok(())
 }
 
 pub fn log_softmax(row: &[f32]) -> Vec<f32> {
@@ -84,14 +143,6 @@ pub fn log_softmax(row: &[f32]) -> Vec<f32> {
     let sum: f64 = row.iter().map(|&v| f64::from((v - max).exp())).sum();
     let lse = sum.ln() as f32 + max;
     row.iter().map(|&v| v - lse).collect()
-}
-
-fn softmax(row: &[f32]) -> Vec<f32> {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut out: Vec<f32> = row.iter().map(|&v| (v - max).exp()).collect();
-    let sum: f32 = out.iter().sum();
-    out.iter_mut().for_each(|p| *p /= sum);
-    out
 }
 
 /// `token`'s logprob and rank in `logprobs`, and the `top_n` best entries (ties: lower id first).
@@ -143,86 +194,41 @@ fn apply_penalties(logits: &mut [f32], prompt: &[u32], output: &[u32], repetitio
     }
 }
 
-fn apply_min_p(logits: &mut [f32], min_p: f32) {
-    let probs = softmax(logits);
-    let threshold = probs.iter().copied().fold(0.0f32, f32::max) * min_p;
-    for (l, p) in logits.iter_mut().zip(probs) {
-        if p < threshold {
-            *l = f32::NEG_INFINITY;
-        }
-    }
-}
-
-/// Keeps logits at least the k-th largest (ties at the boundary all stay, as in vLLM).
-fn apply_top_k(logits: &mut [f32], k: usize) {
-    let mut sorted = logits.to_vec();
-    let idx = sorted.len() - k;
-    let (_, kth, _) = sorted.select_nth_unstable_by(idx, f32::total_cmp);
-    let kth = *kth;
-    logits.iter_mut().filter(|l| **l < kth).for_each(|l| *l = f32::NEG_INFINITY);
-}
-
-/// Drops the least likely tokens whose cumulative probability stays within `1 - p`; the most
-/// likely token always survives.
-fn apply_top_p(logits: &mut [f32], p: f32) {
-    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-    order.sort_unstable_by(|&a, &b| logits[a as usize].total_cmp(&logits[b as usize]));
-    let sorted: Vec<f32> = order.iter().map(|&i| logits[i as usize]).collect();
-    let probs = softmax(&sorted);
-    let mut cum = 0.0f32;
-    let last = order.len() - 1;
-    for (rank, (&i, prob)) in order.iter().zip(probs).enumerate() {
-        cum += prob;
-        if rank < last && cum <= 1.0 - p {
-            logits[i as usize] = f32::NEG_INFINITY;
-        } else if cum > 1.0 - p {
-            break;
-        }
-    }
-}
-
-/// `argmax(softmax(logits) / q)` with `q ~ Exp(1)` per vocabulary entry: a draw from the
-/// distribution. Every entry consumes one draw, so the generator advances by the same amount
-/// each step whatever the truncation.
-fn exponential_race(logits: &[f32], rng: &mut ChaCha20Rng) -> u32 {
-    let probs = softmax(logits);
-    let mut best = (0u32, f32::NEG_INFINITY);
-    for (i, p) in probs.into_iter().enumerate() {
-        let u: f32 = rng.random();
-        let q = -(1.0 - u).ln();
-        if p > 0.0 {
-            let score = if q > 0.0 { p / q } else { f32::INFINITY };
-            if score > best.1 {
-                best = (i as u32, score);
-            }
-        }
-    }
-    best.0
-}
-
 #[cfg(test)]
 mod tests {
-    use rand::SeedableRng;
+    use std::collections::HashSet;
+
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
 
     use super::*;
     use crate::params::SamplingParams;
 
-    fn sampling(params: SamplingParams) -> RequestSampling {
+    fn sampling(params: SamplingParams, seed: u64) -> RequestSampling {
         RequestSampling {
             max_tokens: 16,
             eos_token_id: Some(0),
             stop_token_ids: vec![],
             min_tokens_mask: vec![0],
-            seed: 0,
+            seed,
             params: params.normalized(),
         }
     }
 
     fn draw(logits: &[f32], params: SamplingParams, output: &[u32], seed: u64) -> SampledToken {
-        let s = sampling(params);
-        let mut rng = ChaCha20Rng::seed_from_u64(seed);
-        let mut row = logits.to_vec();
-        sample_row(SampleRow { logits: &mut row, sampling: &s, prompt: &[], output, rng: &mut rng })
+        let s = sampling(params, seed);
+        let t = Tensor::from_f32(logits.to_vec(), &[1, logits.len()]).unwrap();
+        sample(&t, &[SampleRow { sampling: &s, prompt: &[], output }]).unwrap().remove(0)
+    }
+
+    /// The tokens drawn at steps `0..steps` (an output of that many placeholder tokens each).
+    fn draws(logits: &[f32], params: SamplingParams, steps: usize) -> Vec<u32> {
+        let output = vec![1u32; steps];
+        (0..steps).map(|n| draw(logits, params.clone(), &output[..n], 5).token_id).collect()
+    }
+
+    fn temperature(t: f32) -> SamplingParams {
+        SamplingParams { temperature: t, ..Default::default() }
     }
 
     #[test]
@@ -232,23 +238,23 @@ mod tests {
 
     #[test]
     fn top_k_keeps_boundary_ties_and_top_p_keeps_the_best() {
-        let mut l = vec![1.0, 4.0, 3.0, 3.0, 0.0];
-        apply_top_k(&mut l, 2);
-        assert_eq!(l, vec![f32::NEG_INFINITY, 4.0, 3.0, 3.0, f32::NEG_INFINITY]);
+        let set = |logits: &[f32], params| draws(logits, params, 300).into_iter().collect::<HashSet<u32>>();
+        let top_k = SamplingParams { top_k: 2, ..temperature(1.0) };
+        assert_eq!(set(&[1.0, 4.0, 3.0, 3.0, 0.0], top_k), HashSet::from([1, 2, 3]));
         // probs ~ [0.64, 0.24, 0.09, 0.03]: top_p 0.7 keeps the two best.
-        let mut l = vec![3.0, 2.0, 1.0, 0.0];
-        apply_top_p(&mut l, 0.7);
-        assert_eq!(l, vec![3.0, 2.0, f32::NEG_INFINITY, f32::NEG_INFINITY]);
-        let mut l = vec![3.0, 2.0, 1.0, 0.0];
-        apply_top_p(&mut l, 0.01);
-        assert_eq!(l, vec![3.0, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY]);
+        assert_eq!(
+            set(&[3.0, 2.0, 1.0, 0.0], SamplingParams { top_p: 0.7, ..temperature(1.0) }),
+            HashSet::from([0, 1])
+        );
+        assert_eq!(set(&[3.0, 2.0, 1.0, 0.0], SamplingParams { top_p: 0.01, ..temperature(1.0) }), HashSet::from([0]));
     }
 
     #[test]
     fn min_p_drops_tokens_below_the_scaled_best() {
-        let mut l = vec![0.0, (0.5f32).ln(), (0.05f32).ln()];
-        apply_min_p(&mut l, 0.1);
-        assert!(l[0].is_finite() && l[1].is_finite() && l[2] == f32::NEG_INFINITY);
+        let logits = [0.0, (0.5f32).ln(), (0.05f32).ln()];
+        let seen: HashSet<u32> =
+            draws(&logits, SamplingParams { min_p: 0.1, ..temperature(1.0) }, 300).into_iter().collect();
+        assert_eq!(seen, HashSet::from([0, 1]));
     }
 
     #[test]
@@ -272,14 +278,9 @@ mod tests {
     #[test]
     fn seeded_draws_follow_the_distribution() {
         let logits = [0.0, (3.0f32).ln(), f32::NEG_INFINITY];
-        let params = SamplingParams { temperature: 1.0, ..Default::default() };
-        let s = sampling(params);
-        let mut rng = ChaCha20Rng::seed_from_u64(7);
         let mut counts = [0usize; 3];
-        for _ in 0..4000 {
-            let mut row = logits.to_vec();
-            let t = sample_row(SampleRow { logits: &mut row, sampling: &s, prompt: &[], output: &[], rng: &mut rng });
-            counts[t.token_id as usize] += 1;
+        for t in draws(&logits, temperature(1.0), 4000) {
+            counts[t as usize] += 1;
         }
         assert_eq!(counts[2], 0);
         let frac = counts[1] as f32 / 4000.0;
@@ -301,5 +302,71 @@ mod tests {
         assert_eq!(lp.logprob, want[1]);
         assert_eq!(lp.rank, 2, "ties count toward the rank");
         assert_eq!(lp.top, vec![(1, want[1]), (3, want[3])]);
+    }
+
+    struct Case {
+        logits: Vec<f32>,
+        sampling: RequestSampling,
+        prompt: Vec<u32>,
+        output: Vec<u32>,
+    }
+
+    /// The host path (logprobs, masks, penalties, mixed batches) draws what `sample_rows` draws
+    /// for the processed logits at step = output length: the CUDA kernel's definition, which
+    /// `sample_rows_matches_cpu` in the tensor crate holds the device to.
+    #[test]
+    fn every_row_draws_what_sample_rows_draws() {
+        let mut r = StdRng::seed_from_u64(3);
+        for vocab in [7usize, 64, 1000] {
+            let cases: Vec<Case> = (0..48)
+                .map(|_| {
+                    let params = SamplingParams {
+                        temperature: [0.0, 0.005, 0.3, 0.9, 1.7][r.random_range(0..5)],
+                        top_k: [-1, 0, 1, 3, 50][r.random_range(0..5)],
+                        top_p: [1.0, 0.95, 0.5][r.random_range(0..3)],
+                        min_p: [0.0, 0.0, 0.05][r.random_range(0..3)],
+                        repetition_penalty: [1.0, 1.0, 1.3][r.random_range(0..3)],
+                        presence_penalty: [0.0, 0.0, 0.5][r.random_range(0..3)],
+                        min_tokens: [0, 0, 4][r.random_range(0..3)],
+                        logprobs: [None, Some(0), Some(3)][r.random_range(0..3)],
+                        ..Default::default()
+                    };
+                    let sampling = RequestSampling { min_tokens_mask: vec![0, 2], ..sampling(params, r.random()) };
+                    let scale = [0.5f32, 4.0, 20.0][r.random_range(0..3)];
+                    let logits = (0..vocab).map(|_| r.random_range(-scale..scale)).collect();
+                    let prompt = (0..r.random_range(1..10)).map(|_| r.random_range(0..vocab as u32)).collect();
+                    let output = (0..r.random_range(0..8)).map(|_| r.random_range(0..vocab as u32)).collect();
+                    Case { logits, sampling, prompt, output }
+                })
+                .collect();
+            let rows: Vec<SampleRow> = cases
+                .iter()
+                .map(|c| SampleRow { sampling: &c.sampling, prompt: &c.prompt, output: &c.output })
+                .collect();
+            let all: Vec<f32> = cases.iter().flat_map(|c| c.logits.iter().copied()).collect();
+            let got = sample(&Tensor::from_f32(all, &[rows.len(), vocab]).unwrap(), &rows).unwrap();
+            for (Case { logits, sampling: s, prompt, output }, got) in cases.iter().zip(got) {
+                let p = &s.params;
+                let mut want_logits = logits.clone();
+                if output.len() < p.min_tokens {
+                    want_logits[0] = f32::NEG_INFINITY;
+                    want_logits[2] = f32::NEG_INFINITY;
+                }
+                let (rep, pres) = (p.repetition_penalty, p.presence_penalty);
+                apply_penalties(&mut want_logits, prompt, output, rep, pres, 0.0);
+                let plan = RowSampling {
+                    temperature: p.temperature,
+                    top_k: p.top_k.max(0) as u32,
+                    top_p: p.top_p,
+                    min_p: p.min_p,
+                    seed: s.seed,
+                    step: output.len() as u64,
+                };
+                let t = Tensor::from_f32(want_logits, &[1, vocab]).unwrap();
+                let want = ops::sample_rows(&t, &[plan]).unwrap()[0];
+                assert_eq!(got.token_id, want, "vocab {vocab}, {p:?}, output {output:?}");
+                assert_eq!(got.logprob.map(|lp| lp.token_id), p.logprobs.map(|_| want));
+            }
+        }
     }
 }

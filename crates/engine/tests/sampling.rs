@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use ferrite_engine::{FinishReason, PromptInput, RequestOutput, SamplingParams, StopReason};
+use ferrite_engine::{EngineConfig, FinishReason, PromptInput, RequestOutput, SamplingParams, StopReason};
 
 fn prompt(i: usize) -> PromptInput {
     battery("llama")[i].clone()
@@ -13,6 +13,86 @@ fn prompt(i: usize) -> PromptInput {
 #[test]
 fn seeded_sampling_is_reproducible_whatever_the_batch() {
     assert_seeded_sampling_is_batch_independent(&llm("llama", config()));
+}
+
+/// Asking for logprobs, or sending the row through the host processors, does not move a seeded
+/// draw: every row takes its token from the same stream. A presence penalty of 1e-30 rounds
+/// away against these logits (the row is processed but unchanged), and masking EOS changes no
+/// draw that EOS did not win (each token's race score is its own).
+#[test]
+fn seeded_tokens_do_not_depend_on_logprobs_or_processing() {
+    let llm = llm("llama", config());
+    let eos = llm.tokenizer().eos_token_ids().to_vec();
+    let base = SamplingParams { temperature: 1.0, ..random(Some(42), 24) };
+    let run = |params: SamplingParams| llm.generate(vec![prompt(2)], &params).unwrap().remove(0).outputs.remove(0);
+    let plain = run(base.clone()).token_ids;
+    assert!(!plain.iter().any(|t| eos.contains(t)), "the masking case needs a draw free of EOS: {plain:?}");
+    for (what, params) in [
+        ("logprobs 0", SamplingParams { logprobs: Some(0), ..base.clone() }),
+        ("logprobs 5", SamplingParams { logprobs: Some(5), ..base.clone() }),
+        ("prompt logprobs", SamplingParams { prompt_logprobs: Some(2), ..base.clone() }),
+        ("a no-op penalty", SamplingParams { presence_penalty: 1e-30, logprobs: Some(1), ..base.clone() }),
+        ("EOS masked throughout", SamplingParams { min_tokens: 24, ..base.clone() }),
+    ] {
+        let out = run(params);
+        assert_eq!(out.token_ids, plain, "{what}");
+        if let Some(lps) = &out.logprobs {
+            assert!(lps.iter().map(|lp| lp.token_id).eq(plain.iter().copied()), "{what}");
+        }
+    }
+}
+
+/// A seeded request draws the same tokens alone, among requests whose rows take other paths
+/// (logprobs, penalties, min-tokens masks, greedy), and under chunked prefill with preemption
+/// by recompute: the draw is named by the seed and the output length, nothing else.
+#[test]
+fn seeded_tokens_do_not_depend_on_the_batch_chunking_or_preemption() {
+    let requests: Vec<(PromptInput, SamplingParams)> = (0..6)
+        .map(|i| {
+            let seeded = random(Some(100 + i as u64), 32);
+            let params = match i {
+                0 => seeded,
+                1 => SamplingParams { logprobs: Some(2), ..seeded },
+                2 => SamplingParams { repetition_penalty: 1.3, frequency_penalty: 0.4, ..seeded },
+                3 => SamplingParams { min_tokens: 10, ignore_eos: false, ..seeded },
+                4 => SamplingParams { presence_penalty: 0.5, logprobs: Some(0), ..seeded },
+                _ => greedy(32),
+            };
+            (prompt(i), params)
+        })
+        .collect();
+    let reference = llm("llama", config());
+    let alone: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|(p, params)| token_ids(&reference.generate(vec![p.clone()], params).unwrap()).remove(0))
+        .collect();
+    assert_eq!(together(&reference, &requests), alone, "batched");
+    // 10 blocks of 16 slots hold any one request but not all six; 7 tokens a step chunks prompts.
+    let tiny =
+        llm("llama", EngineConfig { kv_cache_memory: kv_memory("llama", 10), max_num_batched_tokens: 7, ..config() });
+    assert_eq!(together(&tiny, &requests), alone, "chunked and preempted");
+    let stats = tiny.client().stats();
+    assert!(stats.num_preemptions > 0, "the tiny cache should have forced preemption: {stats:?}");
+}
+
+/// Runs the requests concurrently, each with its own parameters; their tokens in order.
+fn together(llm: &ferrite_engine::LLM, requests: &[(PromptInput, SamplingParams)]) -> Vec<Vec<u32>> {
+    let client = llm.client();
+    let mut streams: Vec<_> = requests
+        .iter()
+        .enumerate()
+        .map(|(i, (p, params))| client.add_request(format!("mix-{i}"), p.clone(), params.clone()).unwrap())
+        .collect();
+    streams
+        .iter_mut()
+        .map(|s| {
+            let mut ids = Vec::new();
+            while let Some(delta) = s.blocking_next() {
+                ids.extend(delta.outputs.iter().flat_map(|o| o.token_ids.iter().copied()));
+            }
+            ids
+        })
+        .collect()
 }
 
 #[test]
