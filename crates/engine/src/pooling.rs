@@ -99,7 +99,7 @@ pub fn is_pooling_only(dir: &Path) -> Result<bool> {
     if !(dir.is_dir() && config.exists()) {
         return Ok(false);
     }
-    let arch = ferrite_models::config::RawConfig::from_file(&config)?.architecture()?;
+    let arch = ferrite_models::loading::config::RawConfig::from_file(&config)?.architecture()?;
     Ok(ferrite_models::registry::is_pooling_only(&arch))
 }
 

@@ -20,7 +20,7 @@ pub enum ModelError {
     #[error(transparent)]
     Tensor(#[from] ferrite_tensor::TensorError),
     #[error(transparent)]
-    Gguf(#[from] crate::gguf::GgufError),
+    Gguf(#[from] crate::loading::gguf::GgufError),
 }
 
 pub type Result<T> = std::result::Result<T, ModelError>;

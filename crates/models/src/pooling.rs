@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use ferrite_tensor::{ops, AttnMetadata, AttnSeq, PagedKvLayer, Tensor};
 use serde_json::Value;
 
-use crate::config::RawConfig;
+use crate::loading::config::RawConfig;
 use crate::model::{CausalLM, ForwardInput};
 use crate::{ModelError, Result};
 

@@ -78,7 +78,7 @@ fn every_fixture_on_cuda() {
 #[test]
 fn deepseek_latent_mla_on_cuda() {
     use ferrite_models::families::deepseek_v2::{self, DeepseekVariant};
-    use ferrite_models::mla::MlaCacheMode;
+    use ferrite_models::layers::mla::MlaCacheMode;
     if !ferrite_tensor::cuda::is_available() {
         println!("SKIP: no CUDA device");
         return;

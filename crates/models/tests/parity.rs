@@ -159,7 +159,7 @@ fn gate_catches_wave1_config_breaks() {
 /// head, `kv_b_proj` absorbed into the query and output) instead of the default expanded cache.
 fn gate_latent_mla(name: &str, variant: ferrite_models::families::deepseek_v2::DeepseekVariant) {
     use ferrite_models::families::deepseek_v2;
-    use ferrite_models::mla::MlaCacheMode;
+    use ferrite_models::layers::mla::MlaCacheMode;
     let dir = fixtures_dir().join("models").join(name);
     let (oracle, reports) =
         ferrite_testing::gate::run_fixture_with(&dir, DType::F32, ferrite_tensor::Device::Cpu, |r, w| {

@@ -210,12 +210,15 @@ pub fn run_fixture_with(
     dir: &Path,
     dtype: DType,
     device: Device,
-    build: impl Fn(&ferrite_models::config::RawConfig, &ferrite_models::weights::Weights) -> Result<Box<dyn CausalLM>>,
+    build: impl Fn(
+        &ferrite_models::loading::config::RawConfig,
+        &ferrite_models::loading::weights::Weights,
+    ) -> Result<Box<dyn CausalLM>>,
 ) -> Result<(Oracle, Vec<CaseReport>)> {
     let oracle = Oracle::load(&dir.join("oracle.json"))?;
-    let raw = ferrite_models::config::RawConfig::from_file(&dir.join("config.json"))?;
-    let weights = ferrite_models::weights::Weights::new(
-        Box::new(ferrite_models::weights::SafetensorsWeights::open(dir)?),
+    let raw = ferrite_models::loading::config::RawConfig::from_file(&dir.join("config.json"))?;
+    let weights = ferrite_models::loading::weights::Weights::new(
+        Box::new(ferrite_models::loading::weights::SafetensorsWeights::open(dir)?),
         dtype,
         None,
     )

@@ -5,10 +5,10 @@
 
 use ferrite_tensor::{ops, AttnMetadata, PagedKvLayer, Tensor};
 
+use crate::layers::mla::Mla;
+use crate::layers::moe::SparseMoe;
+use crate::layers::rope::Rope;
 use crate::layers::{Attention, DenseMlp, GatedMlp, HeadLayerNorm, Norm, RmsNorm};
-use crate::mla::Mla;
-use crate::moe::SparseMoe;
-use crate::rope::Rope;
 use crate::Result;
 
 /// Self-attention with the per-family extras around the shared [`Attention`].

@@ -7,10 +7,10 @@ use ferrite_tensor::{Activation, AttentionParams};
 use serde::Deserialize;
 
 use super::{Block, Decoder};
-use crate::config::RawConfig;
+use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::{Attention, Embedding, LayerNorm, Linear, Norm, RmsNorm};
-use crate::rope::{Rope, RopeParameters};
-use crate::weights::{Scope, Weights};
+use crate::loading::config::RawConfig;
+use crate::loading::weights::{Scope, Weights};
 use crate::Result;
 
 /// The `config.json` keys most decoder families share, under Llama's names. Keys whose default

@@ -15,9 +15,9 @@ use ferrite_tensor::{ops, DType, PagedKvLayer, Tensor};
 
 use self::block::Residual;
 pub use self::block::{Block, ChannelMixer, ParallelSum, SelfAttention, TokenMixer, Wiring};
+use crate::layers::rope::Rope;
 use crate::layers::{Embedding, Linear, Norm};
 use crate::model::{CausalLM, ForwardInput, ModelInfo};
-use crate::rope::Rope;
 use crate::Result;
 
 /// Learned absolute position embeddings, looked up at `position + offset` (OPT's offset is 2).

@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use ferrite_tensor::{ops, Activation, AttentionParams, Tensor};
 use serde::Deserialize;
 
-use crate::config::RawConfig;
 use crate::layers::{Embedding, LayerNorm, Linear};
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
 use crate::pooling::{PoolingInfo, PoolingInput, PoolingModel, PoolingTask, PoolingType};
-use crate::weights::Weights;
 use crate::Result;
 
 fn default_eps() -> f64 {

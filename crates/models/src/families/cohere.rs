@@ -9,11 +9,11 @@
 use ferrite_tensor::RopeStyle;
 use serde::Deserialize;
 
-use crate::config::RawConfig;
 use crate::decoder::load::{CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, LogitsPost, ParallelSum, SelfAttention, TokenMixer, Wiring};
 use crate::layers::{HeadLayerNorm, Norm};
-use crate::weights::Weights;
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
 use crate::Result;
 
 fn default_logit_scale() -> f64 {

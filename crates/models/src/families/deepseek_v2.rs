@@ -1,21 +1,21 @@
 //! DeepSeek-V2 (`DeepseekV2ForCausalLM`) and the decoders that share its shape: multi-head
-//! latent attention ([`crate::mla`]) with interleaved rotary embeddings on the rope part, and a
-//! mixture of routed + shared experts ([`crate::moe`]) from layer `first_k_dense_replace` on
+//! latent attention ([`crate::layers::mla`]) with interleaved rotary embeddings on the rope part, and a
+//! mixture of routed + shared experts ([`crate::layers::moe`]) from layer `first_k_dense_replace` on
 //! (dense MLPs before). DeepSeek-V3 is its [`DeepseekVariant::V3`] (a registry line).
 
 use ferrite_tensor::RopeStyle;
 use serde::Deserialize;
 
-use crate::config::RawConfig;
 use crate::decoder::load::{CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, TokenMixer};
-use crate::layers::Norm;
-use crate::mla::{Mla, MlaCacheMode, MlaDims};
-use crate::moe::{
+use crate::layers::mla::{Mla, MlaCacheMode, MlaDims};
+use crate::layers::moe::{
     ExpertNames, Experts, GroupLimit, GroupScore, Router, RouterConfig, Scoring, SharedExpert, SparseMoe,
 };
-use crate::rope::{Rope, RopeParameters};
-use crate::weights::Weights;
+use crate::layers::rope::{Rope, RopeParameters};
+use crate::layers::Norm;
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
 use crate::Result;
 
 fn default_scaling() -> f64 {

@@ -7,12 +7,12 @@
 use ferrite_tensor::Activation;
 use serde::Deserialize;
 
-use crate::config::RawConfig;
 use crate::decoder::load::{CommonConfig, Defaults};
 use crate::decoder::{scalar_in_dtype, Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
 use crate::layers::{Norm, RmsNorm};
-use crate::weights::Scope;
-use crate::weights::Weights;
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Scope;
+use crate::loading::weights::Weights;
 use crate::Result;
 
 /// transformers' GemmaConfig defaults (16 KV heads, head_dim 256) when the keys are absent.

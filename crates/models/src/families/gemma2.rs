@@ -10,12 +10,12 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::gemma::{gemma_norm, no_encoder, scale_embedding, GEMMA};
-use crate::config::RawConfig;
 use crate::decoder::load::{CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, LogitsPost, SelfAttention, TokenMixer, Wiring};
+use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::Norm;
-use crate::rope::{Rope, RopeParameters};
-use crate::weights::Weights;
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
 use crate::Result;
 
 /// The fields Gemma 2 and Gemma 3 text configs share. Keys whose transformers default is not

@@ -9,10 +9,10 @@
 //! Checkpoint names: Gemma 2's plus `model.layers.{i}.self_attn.{q,k}_norm`.
 
 use super::gemma2::{f64_or, gemma3_rope_sections, load_sandwich, Sandwich};
-use crate::config::RawConfig;
 use crate::decoder::Decoder;
-use crate::rope::Rope;
-use crate::weights::Weights;
+use crate::layers::rope::Rope;
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
 use crate::Result;
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {

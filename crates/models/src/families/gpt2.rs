@@ -9,11 +9,11 @@
 
 use serde::Deserialize;
 
-use crate::config::RawConfig;
 use crate::decoder::load::{CommonConfig, Defaults, Names};
 use crate::decoder::{Block, ChannelMixer, Decoder, LearnedPositions, SelfAttention, TokenMixer, Wiring};
 use crate::layers::{Attention, DenseMlp, Linear, Norm};
-use crate::weights::Weights;
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
 use crate::Result;
 
 fn default_true() -> bool {

@@ -11,12 +11,12 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::RawConfig;
 use crate::decoder::load::{CommonConfig, Defaults, Names};
 use crate::decoder::{Block, ChannelMixer, Decoder, ParallelSum, SelfAttention, TokenMixer, Wiring};
+use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::{Attention, DenseMlp, Norm};
-use crate::rope::{Rope, RopeParameters};
-use crate::weights::Weights;
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
 use crate::Result;
 
 fn default_true() -> bool {

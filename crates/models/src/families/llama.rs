@@ -4,11 +4,11 @@
 
 use serde::Deserialize;
 
-use crate::config::RawConfig;
 use crate::decoder::load::{CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
 use crate::layers::Norm;
-use crate::weights::Weights;
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
 use crate::Result;
 
 #[derive(Debug, Clone, Deserialize)]

@@ -1,16 +1,16 @@
 //! Mixtral (`MixtralForCausalLM`) and the decoders that share its shape: Llama-style GQA
 //! self-attention with rotary embeddings, and a sparse mixture-of-experts channel mixer
-//! ([`crate::moe`]) in place of the dense MLP (dense where `mlp_only_layers` /
+//! ([`crate::layers::moe`]) in place of the dense MLP (dense where `mlp_only_layers` /
 //! `decoder_sparse_step` say). Qwen2-MoE, Qwen3-MoE and OLMoE are [`MoeVariant`]s of it.
 
 use serde::Deserialize;
 
-use crate::config::RawConfig;
 use crate::decoder::load::{CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
+use crate::layers::moe::{ExpertNames, Experts, Router, RouterConfig, Scoring, SharedExpert, SparseMoe};
 use crate::layers::Norm;
-use crate::moe::{ExpertNames, Experts, Router, RouterConfig, Scoring, SharedExpert, SparseMoe};
-use crate::weights::Weights;
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
 use crate::Result;
 
 fn one() -> usize {

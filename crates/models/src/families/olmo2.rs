@@ -5,11 +5,11 @@
 //! Checkpoint names: Llama's without `input_layernorm`, plus
 //! `model.layers.{i}.{self_attn.{q,k}_norm, post_feedforward_layernorm}`.
 
-use crate::config::RawConfig;
 use crate::decoder::load::{CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer, Wiring};
 use crate::layers::Norm;
-use crate::weights::Weights;
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
 use crate::Result;
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {

@@ -10,11 +10,11 @@
 
 use serde::Deserialize;
 
-use crate::config::RawConfig;
 use crate::decoder::load::{CommonConfig, Defaults, Names};
 use crate::decoder::{Block, ChannelMixer, Decoder, LearnedPositions, SelfAttention, TokenMixer, Wiring};
 use crate::layers::{DenseMlp, LayerNorm, Norm};
-use crate::weights::{Scope, Weights};
+use crate::loading::config::RawConfig;
+use crate::loading::weights::{Scope, Weights};
 use crate::Result;
 
 /// OPT's position ids start at this row of `embed_positions` (rows 0 and 1 are padding).

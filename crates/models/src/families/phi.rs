@@ -7,12 +7,12 @@
 
 use serde::Deserialize;
 
-use crate::config::RawConfig;
 use crate::decoder::load::{CommonConfig, Defaults, Names};
 use crate::decoder::{Block, ChannelMixer, Decoder, ParallelSum, SelfAttention, TokenMixer, Wiring};
+use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::{DenseMlp, Norm};
-use crate::rope::{Rope, RopeParameters};
-use crate::weights::Weights;
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
 use crate::Result;
 
 #[derive(Debug, Clone, Deserialize)]

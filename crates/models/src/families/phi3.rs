@@ -10,12 +10,12 @@
 
 use serde::Deserialize;
 
-use crate::config::RawConfig;
 use crate::decoder::load::{CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
+use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::{Attention, GatedMlp, Linear, Norm};
-use crate::rope::{Rope, RopeParameters};
-use crate::weights::Weights;
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
 use crate::Result;
 
 #[derive(Debug, Clone, Deserialize)]

@@ -7,10 +7,10 @@
 use ferrite_tensor::{ops, Tensor};
 
 use super::bert::{base_prefix, BertEncoder, BertModel, Positions};
-use crate::config::RawConfig;
 use crate::layers::Linear;
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
 use crate::pooling::{PoolingInfo, PoolingInput, PoolingModel, PoolingTask, PoolingType};
-use crate::weights::Weights;
 use crate::Result;
 
 fn positions(raw: &RawConfig) -> Result<Positions> {

@@ -10,11 +10,11 @@
 use ferrite_tensor::{ops, Tensor};
 use serde::Deserialize;
 
-use crate::config::RawConfig;
 use crate::decoder::load::{CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, ParallelSum, SelfAttention, TokenMixer, Wiring};
 use crate::layers::{HeadLayerNorm, Norm};
-use crate::weights::{Scope, Weights};
+use crate::loading::config::RawConfig;
+use crate::loading::weights::{Scope, Weights};
 use crate::Result;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -70,8 +70,8 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             wiring,
         })
     })?;
-    let mut rope_params = crate::rope::RopeParameters::from_config(raw, 10000.0)?;
+    let mut rope_params = crate::layers::rope::RopeParameters::from_config(raw, 10000.0)?;
     rope_params.partial_rotary_factor = rope_params.partial_rotary_factor.or(Some(0.25));
-    let rope = crate::rope::Rope::new(&rope_params, d.head_dim, d.max_positions, raw)?;
+    let rope = crate::layers::rope::Rope::new(&rope_params, d.head_dim, d.max_positions, raw)?;
     d.finish(raw, w, blocks, Norm::Layer(d.layer_norm(&w.at("model"), "norm", true)?), vec![rope])
 }

@@ -7,11 +7,11 @@
 
 use serde::Deserialize;
 
-use crate::config::RawConfig;
 use crate::decoder::load::{CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer, Wiring};
 use crate::layers::{DenseMlp, Norm};
-use crate::weights::Weights;
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
 use crate::Result;
 
 fn default_true() -> bool {

@@ -9,7 +9,7 @@ use ferrite_tensor::{ops, AttnMetadata, Device, PagedKvLayer, RopeStyle, Tensor}
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::RawConfig;
+use crate::loading::config::RawConfig;
 use crate::Result;
 
 /// The union of the keys transformers reads from `rope_parameters` / `rope_scaling`.

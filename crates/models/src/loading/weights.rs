@@ -11,7 +11,7 @@ use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::{Dtype as StDtype, SafeTensors};
 
-use crate::gguf::GgufFile;
+use crate::loading::gguf::GgufFile;
 use crate::{ModelError, Result};
 
 pub trait WeightSource: Send + Sync {

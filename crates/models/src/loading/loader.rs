@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 
 use ferrite_tensor::{DType, Device, Tensor};
 
-use crate::config::RawConfig;
-use crate::gguf::{self, GgufFile};
+use crate::loading::config::RawConfig;
+use crate::loading::gguf::{self, GgufFile};
+use crate::loading::weights::{GgufWeights, SafetensorsWeights, WeightSource, Weights};
 use crate::model::CausalLM;
 use crate::pooling::{LoadedPoolingModel, PoolerConfig, MAX_FORWARD_TOKENS};
 use crate::registry;
-use crate::weights::{GgufWeights, SafetensorsWeights, WeightSource, Weights};
 use crate::{ModelError, Result};
 
 #[derive(Debug, Clone)]

@@ -1,5 +1,10 @@
 //! Layers shared by the model families. Each layer owns its weights and a `forward` over the
-//! flattened `[tokens, features]` batch.
+//! flattened `[tokens, features]` batch: linear, norms, MLPs and attention here, rotary
+//! embeddings in [`rope`], multi-head latent attention in [`mla`], mixtures of experts in [`moe`].
+
+pub mod mla;
+pub mod moe;
+pub mod rope;
 
 use std::ops::Range;
 
@@ -7,8 +12,8 @@ use ferrite_tensor::{
     ops, Activation, AttentionParams, AttnMetadata, CpuStorage, Device, PagedKvLayer, Storage, Tensor, TensorError,
 };
 
-use crate::rope::Rope;
-use crate::weights::{Scope, Weights};
+use crate::layers::rope::Rope;
+use crate::loading::weights::{Scope, Weights};
 use crate::Result;
 
 /// A `torch.nn.Linear`: weight `[out, in]`, optional bias `[out]`.

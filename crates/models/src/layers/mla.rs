@@ -20,10 +20,10 @@
 
 use ferrite_tensor::{ops, AttentionParams, AttnMetadata, PagedKvLayer, Tensor};
 
+use crate::layers::rope::Rope;
 use crate::layers::{Linear, RmsNorm};
+use crate::loading::weights::Weights;
 use crate::model::KvLayerSpec;
-use crate::rope::Rope;
-use crate::weights::Weights;
 use crate::Result;
 
 /// The `eps` of `q_a_layernorm` and `kv_a_layernorm`: transformers builds both with the

@@ -22,7 +22,7 @@
 use ferrite_tensor::{ops, Activation, CpuStorage, Device, Storage, Tensor};
 
 use crate::layers::{GatedMlp, Linear};
-use crate::weights::Weights;
+use crate::loading::weights::Weights;
 use crate::{ModelError, Result};
 
 /// How router logits become expert scores.
@@ -495,7 +495,7 @@ mod tests {
     /// An in-memory weight source for layer tests.
     struct MapSource(std::collections::HashMap<String, Tensor>);
 
-    impl crate::weights::WeightSource for MapSource {
+    impl crate::loading::weights::WeightSource for MapSource {
         fn contains(&self, name: &str) -> bool {
             self.0.contains_key(name)
         }
