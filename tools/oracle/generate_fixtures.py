@@ -603,7 +603,7 @@ SPECS: list[Spec] = [
         "1 key, 1 value), separate ln_attn / ln_mlp feeding the parallel branches, biases",
         notes=["No ablation: the features are layouts (a wrong split or wiring fails every case)."],
     ),
-    # ---- mixture of experts (crates/models/src/moe.rs, mla.rs) --------------------------------------
+    # ---- mixture of experts (crates/models/src/layers/moe.rs, mla.rs) --------------------------------------
     Spec(
         name="mixtral",
         config_class="MixtralConfig",

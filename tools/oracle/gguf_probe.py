@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference data for ferrite's GGUF reader (crates/models/src/gguf.rs), from transformers + gguf-py.
+"""Reference data for ferrite's GGUF reader (crates/models/src/loading/gguf.rs), from transformers + gguf-py.
 
     gguf_probe.py blocks OUT.json
         Random blocks of every quant type ferrite dequantizes, with gguf-py's dequantization.
