@@ -7,7 +7,6 @@
 //! Checkpoint names: Gemma's plus `model.layers.{i}.{pre,post}_feedforward_layernorm`.
 
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::gemma::{gemma_norm, no_encoder, scale_embedding, GEMMA};
 use crate::decoder::load::{CommonConfig, Defaults};
@@ -32,14 +31,6 @@ pub(crate) struct Gemma2Config {
 
 fn default_query_scalar() -> f64 {
     256.0
-}
-
-/// A key whose transformers default applies only when it is absent (`null` means "off").
-pub(crate) fn f64_or(raw: &RawConfig, key: &str, default: Option<f64>) -> Option<f64> {
-    match raw.value.get(key) {
-        None => default,
-        Some(v) => v.as_f64(),
-    }
 }
 
 /// What Gemma 3 changes in the Gemma 2 block.
@@ -67,9 +58,9 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             Ok(vec![Rope::new(&RopeParameters::from_config(raw, 10000.0)?, head_dim, max_pos, raw)?])
         },
         rope_of: |_| 0,
-        attn_softcap: f64_or(raw, "attn_logit_softcapping", Some(50.0)),
-        final_softcap: f64_or(raw, "final_logit_softcapping", Some(30.0)),
-        sliding_window: f64_or(raw, "sliding_window", Some(4096.0)).map(|v| v as usize),
+        attn_softcap: raw.f64_or("attn_logit_softcapping", Some(50.0)),
+        final_softcap: raw.f64_or("final_logit_softcapping", Some(30.0)),
+        sliding_window: raw.f64_or("sliding_window", Some(4096.0)).map(|v| v as usize),
         default_sliding: |i, _| (i + 1) % 2 != 0,
         default_max_positions: 8192,
     };
@@ -119,30 +110,4 @@ pub(crate) fn load_sandwich(raw: &RawConfig, w: &Weights, opts: Sandwich) -> Res
     let ropes = (opts.ropes)(raw, d.head_dim, d.max_positions)?;
     let logits = LogitsPost { scale: None, softcap: opts.final_softcap.map(|c| c as f32) };
     Ok(scale_embedding(d.finish(raw, w, blocks, final_norm, ropes)?).with_logits(logits))
-}
-
-/// The Gemma 3 rope sections `[sliding_attention, full_attention]`: nested `rope_parameters`
-/// (transformers 5), else the legacy `rope_local_base_freq` / `rope_theta` / `rope_scaling` keys
-/// (the scaling applies to global layers only).
-pub(crate) fn gemma3_rope_sections(raw: &RawConfig) -> Result<[RopeParameters; 2]> {
-    let obj = &raw.value;
-    let nested = obj
-        .get("rope_parameters")
-        .filter(|v| v.get("sliding_attention").is_some() || v.get("full_attention").is_some());
-    let local_theta = obj.get("rope_local_base_freq").and_then(Value::as_f64).unwrap_or(10_000.0);
-    let global_theta = obj.get("rope_theta").and_then(Value::as_f64).unwrap_or(1_000_000.0);
-    let empty = Value::Object(Default::default());
-    match nested {
-        Some(n) => Ok([
-            RopeParameters::from_section(raw, n.get("sliding_attention").unwrap_or(&empty), local_theta)?,
-            RopeParameters::from_section(raw, n.get("full_attention").unwrap_or(&empty), global_theta)?,
-        ]),
-        None => {
-            let scaling = obj.get("rope_scaling").filter(|v| v.is_object()).unwrap_or(&empty);
-            Ok([
-                RopeParameters::from_section(raw, &empty, local_theta)?,
-                RopeParameters::from_section(raw, scaling, global_theta)?,
-            ])
-        }
-    }
 }

@@ -8,9 +8,9 @@
 //!
 //! Checkpoint names: Gemma 2's plus `model.layers.{i}.self_attn.{q,k}_norm`.
 
-use super::gemma2::{f64_or, gemma3_rope_sections, load_sandwich, Sandwich};
+use super::gemma2::{load_sandwich, Sandwich};
 use crate::decoder::Decoder;
-use crate::layers::rope::Rope;
+use crate::layers::rope::{Rope, RopeParameters};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
 use crate::Result;
@@ -19,13 +19,13 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let opts = Sandwich {
         qk_norm: true,
         ropes: |raw, head_dim, max_pos| {
-            let [local, global] = gemma3_rope_sections(raw)?;
+            let [local, global] = RopeParameters::sliding_and_full(raw, 10_000.0, 1_000_000.0)?;
             Ok(vec![Rope::new(&local, head_dim, max_pos, raw)?, Rope::new(&global, head_dim, max_pos, raw)?])
         },
         rope_of: |sliding| if sliding { 0 } else { 1 },
         attn_softcap: None,
-        final_softcap: f64_or(raw, "final_logit_softcapping", None),
-        sliding_window: f64_or(raw, "sliding_window", Some(4096.0)).map(|v| v as usize),
+        final_softcap: raw.f64_or("final_logit_softcapping", None),
+        sliding_window: raw.f64_or("sliding_window", Some(4096.0)).map(|v| v as usize),
         default_sliding: |i, raw| {
             let pattern = raw.value.get("sliding_window_pattern").and_then(|v| v.as_u64()).unwrap_or(6) as usize;
             (i + 1) % pattern.max(1) != 0

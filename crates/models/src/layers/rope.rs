@@ -70,6 +70,25 @@ impl RopeParameters {
         Ok(params)
     }
 
+    /// The sections `[sliding_attention, full_attention]` of a model whose layer types rotate
+    /// differently (Gemma 3): transformers 5's nested `rope_parameters.{sliding_attention,
+    /// full_attention}`, else the legacy keys, `rope_local_base_freq` for sliding layers and
+    /// `rope_theta` + `rope_scaling` for full ones (the scaling applies to full layers only).
+    pub fn sliding_and_full(raw: &RawConfig, local_theta: f64, global_theta: f64) -> Result<[RopeParameters; 2]> {
+        let obj = &raw.value;
+        let nested = obj
+            .get("rope_parameters")
+            .filter(|v| v.get("sliding_attention").is_some() || v.get("full_attention").is_some());
+        let local_theta = obj.get("rope_local_base_freq").and_then(Value::as_f64).unwrap_or(local_theta);
+        let global_theta = obj.get("rope_theta").and_then(Value::as_f64).unwrap_or(global_theta);
+        let empty = Value::Object(Default::default());
+        let (local, global) = match nested {
+            Some(n) => (n.get("sliding_attention").unwrap_or(&empty), n.get("full_attention").unwrap_or(&empty)),
+            None => (&empty, obj.get("rope_scaling").filter(|v| v.is_object()).unwrap_or(&empty)),
+        };
+        Ok([Self::from_section(raw, local, local_theta)?, Self::from_section(raw, global, global_theta)?])
+    }
+
     pub fn kind(&self) -> &str {
         self.rope_type.as_deref().unwrap_or("default")
     }

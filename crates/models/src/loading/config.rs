@@ -60,6 +60,15 @@ impl RawConfig {
         RawConfig { path: self.path.clone(), value }
     }
 
+    /// A number whose transformers default applies only when the key is absent (`null` turns the
+    /// feature off, e.g. Gemma 2's soft-caps).
+    pub fn f64_or(&self, key: &str, default: Option<f64>) -> Option<f64> {
+        match self.value.get(key) {
+            None => default,
+            Some(v) => v.as_f64(),
+        }
+    }
+
     pub fn error(&self, message: impl Into<String>) -> ModelError {
         ModelError::Config { path: self.path.clone(), message: message.into() }
     }
