@@ -33,7 +33,7 @@ def free_port():
 class Server:
     """One `ferrite serve` process; its stderr goes to a log file shown when a test fails."""
 
-    def __init__(self, tmp_path, *extra, max_model_len=MAX_MODEL_LEN):
+    def __init__(self, tmp_path, *extra, max_model_len=MAX_MODEL_LEN, model_args=None, env=None):
         binary = os.environ.get("FERRITE_BIN")
         if not binary:
             pytest.fail("FERRITE_BIN must point at the ferrite binary")
@@ -41,12 +41,13 @@ class Server:
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp_path / f"server-{self.port}.log"
         self.log = open(self.log_path, "wb")
+        model_args = ["--model", str(MODEL)] if model_args is None else model_args
         args = [
-            binary, "serve", "--model", str(MODEL), "--port", str(self.port),
+            binary, "serve", *model_args, "--port", str(self.port),
             "--served-model-name", NAME, "--max-model-len", str(max_model_len),
             "--kv-cache-memory", "64MiB", *extra,
         ]
-        env = dict(os.environ, FERRITE_LOG=os.environ.get("FERRITE_LOG", "info"))
+        env = dict(os.environ, FERRITE_LOG=os.environ.get("FERRITE_LOG", "info"), **(env or {}))
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 120
         while time.time() < deadline:

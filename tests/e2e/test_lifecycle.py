@@ -199,3 +199,40 @@ def test_bad_cors_flags_fail_at_start_naming_the_flag(tmp_path):
         r = subprocess.run([os.environ["FERRITE_BIN"], "serve", "--model", str(MODEL), flag, value],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and flag in r.stderr, r.stderr
+
+
+def test_a_vllm_command_line_serves_unchanged(spawn):
+    # `vllm serve MODEL` with flags whose meaning ferrite has, and the key from VLLM_API_KEY.
+    flags = ["--enable-prefix-caching", "--enable-chunked-prefill", "--trust-remote-code",
+             "--disable-log-requests", "--disable-log-stats", "-tp", "1", "--load-format", "safetensors"]
+    s = spawn(*flags, "--seed", "7", model_args=[str(MODEL)], env={"VLLM_API_KEY": "vk", "FERRITE_API_KEY": "fk"})
+    assert s.json("GET", "/v1/models")[0] == 401
+    assert s.json("GET", "/v1/models", headers={"Authorization": "Bearer fk"})[0] == 401
+    good = s.client(api_key="vk")
+    assert [m.id for m in good.models.list().data] == [NAME]
+    assert good.completions.create(model=NAME, prompt="hi", max_tokens=2).usage.completion_tokens <= 2
+
+
+def test_ferrite_api_key_when_vllm_api_key_is_unset(spawn):
+    # An empty VLLM_API_KEY is no key, as an unset one.
+    s = spawn(env={"VLLM_API_KEY": "", "FERRITE_API_KEY": "fk"})
+    assert s.json("GET", "/v1/models")[0] == 401
+    assert s.json("GET", "/v1/models", headers={"Authorization": "Bearer fk"})[0] == 200
+
+
+@pytest.mark.parametrize("flags,feature", [
+    (["-tp", "2"], "tensor parallelism"),
+    (["--pipeline-parallel-size", "2"], "pipeline parallelism"),
+    (["--speculative-config", '{"method": "ngram"}'], "speculative decoding"),
+    (["--enable-lora"], "LoRA"),
+    (["--quantization", "fp8"], "quantization"),
+    (["--kv-cache-dtype", "fp8"], "KV cache"),
+    (["--no-enable-chunked-prefill"], "prefill without chunking"),
+    (["--revision", "main"], "Hugging Face Hub"),
+    (["--ssl-keyfile", "k.pem", "--ssl-certfile", "c.pem"], "TLS"),
+    (["--load-format", "gguf"], "does not match"),
+])
+def test_vllm_flags_for_features_not_built_fail_at_start_naming_them(flags, feature):
+    r = subprocess.run([os.environ["FERRITE_BIN"], "serve", str(MODEL), *flags],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and feature in r.stderr, r.stderr

@@ -21,7 +21,7 @@ enum Command {
     /// Generate text for one prompt, streamed to stdout.
     Generate(generate::GenerateArgs),
     /// Serve a model over the OpenAI-compatible HTTP API.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Benchmark an OpenAI-compatible server (ours or another) and print JSON.
     Bench(bench::BenchArgs),
     /// Print the model matrix (docs/model-matrix.md is generated from it).
@@ -37,9 +37,9 @@ fn main() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let result = match Cli::parse().command {
+    let result = match Cli::parse_from(serve::expand_short_aliases(std::env::args())).command {
         Command::Generate(args) => generate::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Matrix(args) => matrix::run(args),
         Command::Bench(args) => bench::run(args),
         Command::DefaultModel => default_model::resolve().map(|p| println!("{}", p.display())),

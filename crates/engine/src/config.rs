@@ -26,6 +26,8 @@ pub struct EngineConfig {
     pub gpu_memory_utilization: Option<f32>,
     /// On a GPU, run decode steps kernel by kernel instead of replaying CUDA graphs.
     pub enforce_eager: bool,
+    /// Seeds the seeds given to requests that bring none (vLLM's `--seed`); `None`: from the OS.
+    pub seed: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +44,7 @@ impl Default for EngineConfig {
             kv_cache_dtype: DType::F32,
             gpu_memory_utilization: None,
             enforce_eager: false,
+            seed: None,
         }
     }
 }

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use ferrite_models::{CausalLM, ModelInfo};
 use ferrite_tokenizer::Tokenizer;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc as tokio_mpsc;
 
 use crate::config::{CacheConfig, EngineConfig};
@@ -100,6 +100,9 @@ struct Shared {
     /// The tokenizer's EOS, then the generation config's other end-of-sequence ids.
     eos_token_id: Option<u32>,
     extra_eos_token_ids: Vec<u32>,
+    /// Draws the seeds of requests that bring none: from `EngineConfig::seed` when set, so a
+    /// restarted engine gives its requests the same seeds in the same order.
+    request_seeds: Mutex<rand::rngs::StdRng>,
 }
 
 /// A cheap, thread-safe handle to a running engine.
@@ -183,6 +186,10 @@ impl Engine {
             next_parent: AtomicU64::new(0),
             eos_token_id,
             extra_eos_token_ids,
+            request_seeds: Mutex::new(match config.seed {
+                Some(seed) => rand::rngs::StdRng::seed_from_u64(seed),
+                None => rand::rngs::StdRng::from_rng(&mut rand::rng()),
+            }),
         };
         Ok(Engine { client: EngineClient { shared: Arc::new(shared) }, thread: Some(thread) })
     }
@@ -270,7 +277,10 @@ impl EngineClient {
         min_tokens_mask
             .extend(params.stop_token_ids.iter().filter(|id| !min_tokens_mask.contains(id)).collect::<Vec<_>>());
         // vLLM gives sequence i of a seeded request the seed `seed + i`.
-        let base_seed = params.seed.unwrap_or_else(|| rand::rng().random());
+        let base_seed = params.seed.unwrap_or_else(|| {
+            let mut seeds = s.request_seeds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            seeds.random()
+        });
         let children = (0..params.n)
             .map(|i| {
                 Arc::new(RequestSampling {

@@ -284,3 +284,20 @@ fn penalties_change_greedy_choices() {
         .clone();
     assert!(count(&penalized) > count(&plain), "{plain:?} vs {penalized:?}");
 }
+
+/// vLLM's `--seed`: requests that bring no seed get theirs from a stream the engine's seed
+/// starts, so a restarted engine samples the same requests alike; another seed, other tokens.
+#[test]
+fn engine_seed_makes_unseeded_requests_reproducible() {
+    let run = |seed: Option<u64>| {
+        let llm = llm("llama", EngineConfig { seed, ..config() });
+        let params = SamplingParams { temperature: 1.0, ..random(None, 16) };
+        (0..3)
+            .map(|i| llm.generate(vec![prompt(i)], &params).unwrap().remove(0).outputs.remove(0).token_ids)
+            .collect::<Vec<_>>()
+    };
+    let first = run(Some(7));
+    assert_eq!(run(Some(7)), first);
+    assert_ne!(run(Some(8)), first);
+    assert_ne!(run(None), first);
+}

@@ -53,14 +53,14 @@ pub(crate) fn parse_device(text: &str) -> std::result::Result<Device, String> {
 #[derive(Args, Debug, Clone)]
 pub struct DeviceArgs {
     /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    #[arg(long, default_value = "cpu", value_parser = parse_device, help_heading = "DeviceConfig")]
     pub device: Device,
     /// On a GPU: the share of its memory for weights, activations and the KV cache (the KV
     /// cache gets what the weights and a profiled largest step leave).
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value_t = 0.9, help_heading = "CacheConfig")]
     pub gpu_memory_utilization: f32,
     /// On a GPU: run decode steps kernel by kernel instead of replaying CUDA graphs.
-    #[arg(long)]
+    #[arg(long, help_heading = "ModelConfig")]
     pub enforce_eager: bool,
 }
 
@@ -94,74 +94,107 @@ pub enum TaskArg {
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Checkpoint directory (config.json, safetensors, tokenizer.json) or a .gguf file.
-    #[arg(long)]
+    /// Checkpoint directory (config.json, safetensors, tokenizer.json) or a .gguf file; without
+    /// one, SmolLM2-135M-Instruct (downloaded on first use).
+    #[arg(value_name = "MODEL", help_heading = "ModelConfig")]
+    pub model_tag: Option<PathBuf>,
+    /// The same as MODEL.
+    #[arg(long = "model", value_name = "MODEL", conflicts_with = "model_tag", help_heading = "ModelConfig")]
+    pub model_flag: Option<PathBuf>,
+    /// MODEL resolved (see [`ServeArgs::resolve_model`]).
+    #[arg(skip)]
     pub model: PathBuf,
-    /// Address to listen on (0.0.0.0 for every interface).
-    #[arg(long, default_value = "127.0.0.1")]
+    /// Address to listen on; every interface by default, as vLLM.
+    #[arg(long, default_value = "0.0.0.0", help_heading = "Frontend")]
     pub host: String,
-    #[arg(long, default_value_t = 8000)]
+    #[arg(long, default_value_t = 8000, help_heading = "Frontend")]
     pub port: u16,
-    /// Names clients may use in `model` (the first is reported); defaults to the --model value.
-    #[arg(long, num_args = 1..)]
+    /// Names clients may use in `model` (the first is reported); defaults to MODEL.
+    #[arg(long, num_args = 1.., help_heading = "ModelConfig")]
     pub served_model_name: Vec<String>,
     /// Longest prompt + completion in tokens; defaults to the model's max_position_embeddings.
-    #[arg(long)]
+    #[arg(long, help_heading = "ModelConfig")]
     pub max_model_len: Option<usize>,
-    /// Require `Authorization: Bearer KEY` on /v1/* routes.
-    #[arg(long, env = "FERRITE_API_KEY", hide_env_values = true)]
+    /// Require `Authorization: Bearer KEY` on /v1/* routes (also from VLLM_API_KEY or
+    /// FERRITE_API_KEY).
+    #[arg(long, env = "VLLM_API_KEY", hide_env_values = true, help_heading = "Frontend")]
     pub api_key: Option<String>,
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value = "auto", help_heading = "ModelConfig")]
     pub dtype: DTypeArg,
     #[command(flatten)]
     pub device: DeviceArgs,
     /// Sequences the engine runs at once.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, help_heading = "SchedulerConfig")]
     pub max_num_seqs: usize,
     /// Tokens one engine step may compute (decodes plus prefill chunks).
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = 2048, help_heading = "SchedulerConfig")]
     pub max_num_batched_tokens: usize,
     /// KV-cache size, in bytes or with a unit: 512MiB, 4GiB, 2G.
     /// KV cache size; default 4GiB on the CPU, and on a GPU what --gpu-memory-utilization leaves.
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = parse_bytes, help_heading = "CacheConfig")]
     pub kv_cache_memory: Option<usize>,
     /// Tokens per KV-cache block.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, help_heading = "CacheConfig")]
     pub block_size: usize,
-    #[arg(long)]
+    /// Reuse the KV cache of shared prompt prefixes (on by default).
+    #[arg(long, overrides_with = "no_enable_prefix_caching", help_heading = "CacheConfig")]
+    pub enable_prefix_caching: bool,
+    #[arg(long, overrides_with = "enable_prefix_caching", help_heading = "CacheConfig")]
     pub no_enable_prefix_caching: bool,
     /// Sequences that may wait beyond --max-num-seqs before new requests get 503.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, help_heading = "Frontend")]
     pub max_queue: usize,
     /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, help_heading = "Frontend")]
     pub shutdown_timeout: f64,
     /// Origins browsers may call the API from (CORS), a JSON list; `*` is any.
-    #[arg(long, default_value = r#"["*"]"#)]
+    #[arg(long, default_value = r#"["*"]"#, help_heading = "Frontend")]
     pub allowed_origins: String,
     /// Allow credentialed cross-origin requests (cookies, HTTP authentication).
-    #[arg(long)]
+    #[arg(long, help_heading = "Frontend")]
     pub allow_credentials: bool,
     /// Methods cross-origin requests may use, a JSON list.
-    #[arg(long, default_value = r#"["*"]"#)]
+    #[arg(long, default_value = r#"["*"]"#, help_heading = "Frontend")]
     pub allowed_methods: String,
     /// Headers cross-origin requests may send, a JSON list.
-    #[arg(long, default_value = r#"["*"]"#)]
+    #[arg(long, default_value = r#"["*"]"#, help_heading = "Frontend")]
     pub allowed_headers: String,
     /// Put `X-Request-Id` on every response: the request's own, else a fresh id.
-    #[arg(long)]
+    #[arg(long, help_heading = "Frontend")]
     pub enable_request_id_headers: bool,
     /// generate, or a pooling task (embed, classify, score); inferred from the architecture
     /// when omitted (encoders such as BertModel are pooling models).
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, help_heading = "ModelConfig")]
     pub task: Option<TaskArg>,
     /// Sampling defaults for the fields a request leaves out: `auto` takes the recommendations
     /// in the model's generation_config.json (temperature, top_p, top_k, min_p,
     /// repetition_penalty, and max_new_tokens as the default max_tokens of chat requests), as
     /// vLLM does; `vllm` keeps the engine's own; anything else is a directory holding a
     /// generation_config.json.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", help_heading = "ModelConfig")]
     pub generation_config: String,
+    /// Seeds the seeds of requests that bring none, so that a restarted server samples them alike.
+    #[arg(long, help_heading = "ModelConfig")]
+    pub seed: Option<u64>,
+    #[command(flatten)]
+    pub vllm: super::compat::VllmFlags,
+}
+
+impl ServeArgs {
+    /// MODEL or `--model`, else the default model (downloaded on first use).
+    pub(crate) fn resolve_model(&mut self) -> Result<()> {
+        self.model = match self.model_flag.take().or(self.model_tag.take()) {
+            Some(model) => model,
+            None => crate::default_model::resolve()?,
+        };
+        Ok(())
+    }
+
+    /// `--api-key`, else VLLM_API_KEY, else FERRITE_API_KEY; an empty key is none.
+    pub(crate) fn api_key(&self) -> Option<String> {
+        let env = || std::env::var("FERRITE_API_KEY").ok();
+        self.api_key.clone().filter(|k| !k.is_empty()).or_else(env).filter(|k| !k.is_empty())
+    }
 }
 
 /// Sizes like `4GiB`, `512MiB`, `2G` (binary and decimal units are both powers of 1024, as
@@ -221,7 +254,44 @@ pub(crate) async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use clap::Parser;
+
+    use super::{parse_bytes, ServeArgs};
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ServeArgs, clap::Error> {
+        Cmd::try_parse_from(std::iter::once("serve").chain(args.iter().copied())).map(|c| c.serve)
+    }
+
+    #[test]
+    fn model_is_positional_or_a_flag_not_both() {
+        assert_eq!(parse(&["m"]).unwrap().model_tag.unwrap().to_str(), Some("m"));
+        assert_eq!(parse(&["--model", "m"]).unwrap().model_flag.unwrap().to_str(), Some("m"));
+        assert!(parse(&["a", "--model", "b"]).is_err());
+        let none = parse(&[]).unwrap();
+        assert!(none.model_tag.is_none() && none.model_flag.is_none());
+    }
+
+    #[test]
+    fn prefix_caching_flags_take_the_last_word() {
+        assert!(!parse(&["m"]).unwrap().no_enable_prefix_caching);
+        assert!(
+            parse(&["m", "--enable-prefix-caching", "--no-enable-prefix-caching"]).unwrap().no_enable_prefix_caching
+        );
+        assert!(
+            !parse(&["m", "--no-enable-prefix-caching", "--enable-prefix-caching"]).unwrap().no_enable_prefix_caching
+        );
+    }
+
+    #[test]
+    fn host_defaults_to_every_interface_as_vllm() {
+        assert_eq!(parse(&["m"]).unwrap().host, "0.0.0.0");
+    }
 
     #[test]
     fn sizes_take_binary_units_or_plain_bytes() {

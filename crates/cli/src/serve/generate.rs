@@ -21,6 +21,7 @@ pub fn run(args: ServeArgs, cors: CorsLayer) -> Result<()> {
         max_num_seqs: args.max_num_seqs,
         max_model_len: args.max_model_len,
         enable_prefix_caching: !args.no_enable_prefix_caching,
+        seed: args.seed,
         ..EngineConfig::default()
     };
     let config = args.device.apply(dtype, args.kv_cache_memory.is_some(), config);

@@ -3,6 +3,7 @@
 //! SIGTERM, then drain in-flight requests (bounded) and exit 0.
 
 mod args;
+mod compat;
 mod generate;
 mod pooling;
 
@@ -17,7 +18,11 @@ use tokio::net::TcpListener;
 
 pub use args::{DTypeArg, DeviceArgs, ServeArgs};
 
-pub fn run(args: ServeArgs) -> Result<()> {
+pub use compat::expand_short_aliases;
+
+pub fn run(mut args: ServeArgs) -> Result<()> {
+    args.resolve_model()?;
+    args.vllm.check(&args.model)?;
     if !(args.shutdown_timeout.is_finite() && args.shutdown_timeout >= 0.0) {
         bail!("--shutdown-timeout must be a non-negative number of seconds");
     }
@@ -36,7 +41,7 @@ fn server_config(args: &ServeArgs, cors: CorsLayer, sampling_defaults: SamplingD
     ServerConfig {
         served_model_names,
         model_root,
-        api_key: args.api_key.clone(),
+        api_key: args.api_key(),
         max_num_seqs: args.max_num_seqs,
         max_queue: args.max_queue,
         sampling_defaults,

@@ -1,0 +1,209 @@
+//! `vllm serve` flags that ferrite accepts so that a vLLM command line runs unchanged: those whose
+//! meaning ferrite already has (chunked prefill is always on; remote code never runs), and those
+//! for features not built yet, which fail at start naming the feature instead of being ignored.
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+#[derive(Args, Debug, Default)]
+pub struct VllmFlags {
+    /// GPUs to shard each layer over (tensor parallelism); only 1 is built yet.
+    #[arg(long, default_value_t = 1, help_heading = "ParallelConfig")]
+    pub tensor_parallel_size: usize,
+    /// Pipeline stages; only 1 is built yet.
+    #[arg(long, default_value_t = 1, help_heading = "ParallelConfig")]
+    pub pipeline_parallel_size: usize,
+    /// Data-parallel replicas; only 1 is built yet.
+    #[arg(long, default_value_t = 1, help_heading = "ParallelConfig")]
+    pub data_parallel_size: usize,
+    /// Expert parallelism for MoE models (not built yet).
+    #[arg(long, help_heading = "ParallelConfig")]
+    pub enable_expert_parallel: bool,
+    /// Quantization method (not built yet: checkpoints load in --dtype).
+    #[arg(long, short = 'q', help_heading = "ModelConfig")]
+    pub quantization: Option<String>,
+    /// A tokenizer other than the model's (not built yet).
+    #[arg(long, help_heading = "ModelConfig")]
+    pub tokenizer: Option<String>,
+    /// Hub revision of a model id (loading from the Hub is not built yet).
+    #[arg(long, help_heading = "ModelConfig")]
+    pub revision: Option<String>,
+    /// Accepted for compatibility: ferrite never runs code from a checkpoint.
+    #[arg(long, help_heading = "ModelConfig")]
+    pub trust_remote_code: bool,
+    /// Most logprobs a request may ask for; ferrite's limit is vLLM's default, 20.
+    #[arg(long, default_value_t = 20, help_heading = "ModelConfig")]
+    pub max_logprobs: usize,
+    /// Where Hub downloads go (loading from the Hub is not built yet).
+    #[arg(long, help_heading = "LoadConfig")]
+    pub download_dir: Option<String>,
+    /// auto, safetensors (a checkpoint directory) or gguf (a .gguf file).
+    #[arg(long, default_value = "auto", help_heading = "LoadConfig")]
+    pub load_format: String,
+    /// KV-cache element type; auto (the model's --dtype) is the one built.
+    #[arg(long, default_value = "auto", help_heading = "CacheConfig")]
+    pub kv_cache_dtype: String,
+    /// Chunked prefill is always on in ferrite; the flag is accepted.
+    #[arg(long, overrides_with = "no_enable_chunked_prefill", help_heading = "SchedulerConfig")]
+    pub enable_chunked_prefill: bool,
+    /// Turning chunked prefill off is not built.
+    #[arg(long, overrides_with = "enable_chunked_prefill", help_heading = "SchedulerConfig")]
+    pub no_enable_chunked_prefill: bool,
+    /// Speculative decoding (not built yet).
+    #[arg(long, help_heading = "SpeculativeConfig")]
+    pub speculative_config: Option<String>,
+    /// LoRA adapters (not built yet).
+    #[arg(long, help_heading = "LoRAConfig")]
+    pub enable_lora: bool,
+    #[arg(long, num_args = 1.., help_heading = "LoRAConfig")]
+    pub lora_modules: Vec<String>,
+    /// Structured outputs (not built yet).
+    #[arg(long, help_heading = "StructuredOutputsConfig")]
+    pub structured_outputs_config: Option<String>,
+    /// Tool calling (not built yet).
+    #[arg(long, help_heading = "Frontend")]
+    pub enable_auto_tool_choice: bool,
+    #[arg(long, help_heading = "Frontend")]
+    pub tool_call_parser: Option<String>,
+    /// Reasoning parsers (not built yet).
+    #[arg(long, help_heading = "Frontend")]
+    pub reasoning_parser: Option<String>,
+    /// A chat template other than the checkpoint's (not built yet).
+    #[arg(long, help_heading = "Frontend")]
+    pub chat_template: Option<String>,
+    /// TLS (not built yet: terminate TLS in a proxy in front of ferrite).
+    #[arg(long, help_heading = "Frontend")]
+    pub ssl_keyfile: Option<String>,
+    #[arg(long, help_heading = "Frontend")]
+    pub ssl_certfile: Option<String>,
+    /// Images, audio and video per prompt (multimodal models are not built yet).
+    #[arg(long, help_heading = "MultiModalConfig")]
+    pub limit_mm_per_prompt: Option<String>,
+    /// Accepted: ferrite logs no line per request.
+    #[arg(long, help_heading = "Frontend")]
+    pub disable_log_requests: bool,
+    /// Accepted: ferrite logs no periodic statistics (they are on /metrics).
+    #[arg(long, help_heading = "Frontend")]
+    pub disable_log_stats: bool,
+}
+
+/// vLLM's two-letter single-dash spellings (`-tp 2`), which clap's short options (one letter)
+/// cannot express, as their long names.
+pub fn expand_short_aliases(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    args.into_iter()
+        .map(|a| match a.as_str() {
+            "-tp" => "--tensor-parallel-size".to_owned(),
+            "-pp" => "--pipeline-parallel-size".to_owned(),
+            "-dp" => "--data-parallel-size".to_owned(),
+            _ => a,
+        })
+        .collect()
+}
+
+impl VllmFlags {
+    /// The first flag that asks for something ferrite has not built, as an error naming it.
+    pub fn check(&self, model: &std::path::Path) -> Result<()> {
+        let not_built = |flag: &str, feature: &str| -> Result<()> {
+            bail!("{flag}: {feature} is not built in ferrite yet; remove the flag")
+        };
+        for (flag, n, feature) in [
+            ("--tensor-parallel-size", self.tensor_parallel_size, "tensor parallelism"),
+            ("--pipeline-parallel-size", self.pipeline_parallel_size, "pipeline parallelism"),
+            ("--data-parallel-size", self.data_parallel_size, "data parallelism"),
+        ] {
+            if n != 1 {
+                return not_built(flag, &format!("{feature} ({n} GPUs; ferrite serves on one)"));
+            }
+        }
+        let set = |on: bool, flag: &'static str, feature: &'static str| on.then_some((flag, feature));
+        let first = [
+            set(self.enable_expert_parallel, "--enable-expert-parallel", "expert parallelism"),
+            set(self.quantization.is_some(), "--quantization", "quantization"),
+            set(self.tokenizer.is_some(), "--tokenizer", "a separate tokenizer"),
+            set(self.revision.is_some(), "--revision", "loading model ids from the Hugging Face Hub"),
+            set(self.download_dir.is_some(), "--download-dir", "loading model ids from the Hugging Face Hub"),
+            set(self.kv_cache_dtype != "auto", "--kv-cache-dtype", "a KV cache in another dtype than the model's"),
+            set(self.no_enable_chunked_prefill, "--no-enable-chunked-prefill", "prefill without chunking"),
+            set(self.speculative_config.is_some(), "--speculative-config", "speculative decoding"),
+            set(self.enable_lora || !self.lora_modules.is_empty(), "--enable-lora/--lora-modules", "LoRA"),
+            set(self.structured_outputs_config.is_some(), "--structured-outputs-config", "structured outputs"),
+            set(self.enable_auto_tool_choice, "--enable-auto-tool-choice", "tool calling"),
+            set(self.tool_call_parser.is_some(), "--tool-call-parser", "tool calling"),
+            set(self.reasoning_parser.is_some(), "--reasoning-parser", "reasoning parsers"),
+            set(self.chat_template.is_some(), "--chat-template", "a chat template other than the checkpoint's"),
+            set(self.ssl_keyfile.is_some() || self.ssl_certfile.is_some(), "--ssl-keyfile/--ssl-certfile", "TLS"),
+            set(self.limit_mm_per_prompt.is_some(), "--limit-mm-per-prompt", "multimodal input"),
+            set(self.max_logprobs != 20, "--max-logprobs", "a max_logprobs other than 20"),
+        ]
+        .into_iter()
+        .flatten()
+        .next();
+        if let Some((flag, feature)) = first {
+            return not_built(flag, feature);
+        }
+        let gguf = model.extension().is_some_and(|e| e == "gguf");
+        match self.load_format.as_str() {
+            "auto" => {}
+            "safetensors" if !gguf => {}
+            "gguf" if gguf => {}
+            "safetensors" | "gguf" => {
+                bail!("--load-format {} does not match {}", self.load_format, model.display())
+            }
+            other => not_built("--load-format", &format!("the {other:?} load format"))?,
+        }
+        if self.trust_remote_code {
+            tracing::info!("--trust-remote-code: accepted; ferrite never runs code from a checkpoint");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        flags: VllmFlags,
+    }
+
+    fn check(args: &[&str], model: &str) -> std::result::Result<(), String> {
+        let argv = expand_short_aliases(std::iter::once("serve").chain(args.iter().copied()).map(String::from));
+        let cmd = Cmd::try_parse_from(argv).map_err(|e| e.to_string())?;
+        cmd.flags.check(Path::new(model)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn flags_ferrite_has_are_accepted() {
+        let ok = ["-tp", "1", "--enable-chunked-prefill", "--trust-remote-code", "--disable-log-stats"];
+        assert_eq!(check(&ok, "dir"), Ok(()));
+        assert_eq!(check(&["--load-format", "gguf"], "m.gguf"), Ok(()));
+        assert_eq!(check(&["--max-logprobs", "20", "--kv-cache-dtype", "auto"], "dir"), Ok(()));
+    }
+
+    #[test]
+    fn flags_for_unbuilt_features_name_the_feature() {
+        for (args, feature) in [
+            (&["-tp", "2"][..], "tensor parallelism"),
+            (&["--tensor-parallel-size=4"], "tensor parallelism"),
+            (&["-dp", "2"], "data parallelism"),
+            (&["--enable-expert-parallel"], "expert parallelism"),
+            (&["-q", "awq"], "quantization"),
+            (&["--lora-modules", "a=/x"], "LoRA"),
+            (&["--enable-chunked-prefill", "--no-enable-chunked-prefill"], "prefill without chunking"),
+            (&["--max-logprobs", "5"], "max_logprobs"),
+            (&["--load-format", "pt"], "load format"),
+            (&["--chat-template", "t.jinja"], "chat template"),
+        ] {
+            let err = check(args, "dir").expect_err("must be refused");
+            assert!(err.contains(feature) && err.contains("not built"), "{args:?}: {err}");
+        }
+        let err = check(&["--load-format", "safetensors"], "m.gguf").unwrap_err();
+        assert!(err.contains("does not match"), "{err}");
+    }
+}
