@@ -100,7 +100,7 @@ class Server:
             key, value = line.rsplit(" ", 1)
             out[key] = float(value)
             name, _, labels = key.partition("{")
-            if labels == f'model_name="{NAME}"}}':
+            if labels == f'model_name="{NAME}",engine="0"}}':
                 out[name] = float(value)
         return out
 

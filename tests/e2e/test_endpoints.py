@@ -256,29 +256,39 @@ def test_metrics_exposition(server, client):
     greedy(client, PROMPT)
     # The engine publishes its counters after the step that sent the last token.
     after = server.wait_metrics(
-        lambda m: m["ferrite:generation_tokens_total"] >= before["ferrite:generation_tokens_total"] + 12
+        lambda m: m["vllm:generation_tokens_total"] >= before["vllm:generation_tokens_total"] + 12
     )
     for name in [
-        "ferrite:num_requests_running", "ferrite:num_requests_waiting", "ferrite:kv_cache_usage_perc",
-        "ferrite:prefix_cache_queries_total", "ferrite:prefix_cache_hits_total", "ferrite:num_preemptions_total",
-        "ferrite:prompt_tokens_total", "ferrite:generation_tokens_total",
-        "ferrite:time_to_first_token_seconds_count", "ferrite:time_to_first_token_seconds_sum",
-        "ferrite:time_per_output_token_seconds_count", "ferrite:e2e_request_latency_seconds_count",
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_count", "vllm:time_to_first_token_seconds_sum",
+        "vllm:request_time_per_output_token_seconds_count", "vllm:inter_token_latency_seconds_count",
+        "vllm:request_queue_time_seconds_count", "vllm:request_prefill_time_seconds_count",
+        "vllm:request_decode_time_seconds_count", "vllm:request_prompt_tokens_count",
+        "vllm:request_generation_tokens_count", "vllm:e2e_request_latency_seconds_count",
     ]:
         assert name in after, name
-    assert after["ferrite:generation_tokens_total"] >= before["ferrite:generation_tokens_total"] + 12
-    assert after["ferrite:prompt_tokens_total"] > before["ferrite:prompt_tokens_total"]
-    assert after["ferrite:prefix_cache_queries_total"] > before["ferrite:prefix_cache_queries_total"]
-    assert after["ferrite:time_to_first_token_seconds_count"] == before["ferrite:time_to_first_token_seconds_count"] + 1
-    assert after["ferrite:e2e_request_latency_seconds_count"] == before["ferrite:e2e_request_latency_seconds_count"] + 1
-    key = f'ferrite:request_success_total{{finished_reason="length",model_name="{NAME}"}}'
+    assert after["vllm:generation_tokens_total"] >= before["vllm:generation_tokens_total"] + 12
+    assert after["vllm:prompt_tokens_total"] > before["vllm:prompt_tokens_total"]
+    assert after["vllm:prefix_cache_queries_total"] > before["vllm:prefix_cache_queries_total"]
+    assert after["vllm:time_to_first_token_seconds_count"] == before["vllm:time_to_first_token_seconds_count"] + 1
+    assert after["vllm:e2e_request_latency_seconds_count"] == before["vllm:e2e_request_latency_seconds_count"] + 1
+    # One request of 12 tokens: up to 11 gaps between their arrivals, each phase observed once.
+    gaps = after["vllm:inter_token_latency_seconds_count"] - before["vllm:inter_token_latency_seconds_count"]
+    assert 1 <= gaps <= 11, gaps
+    for phase in ["queue_time", "prefill_time", "decode_time", "prompt_tokens", "generation_tokens"]:
+        name = f"vllm:request_{phase}_count" if "tokens" in phase else f"vllm:request_{phase}_seconds_count"
+        assert after[name] == before[name] + 1, name
+    assert after["vllm:request_generation_tokens_sum"] == before["vllm:request_generation_tokens_sum"] + 12
+    key = f'vllm:request_success_total{{model_name="{NAME}",engine="0",finished_reason="length"}}'
     assert after[key] == before[key] + 1
-    inf = f'ferrite:e2e_request_latency_seconds_bucket{{le="+Inf",model_name="{NAME}"}}'
-    assert after[inf] == after["ferrite:e2e_request_latency_seconds_count"]
-    assert 0.0 <= after["ferrite:kv_cache_usage_perc"] <= 1.0
+    inf = f'vllm:e2e_request_latency_seconds_bucket{{model_name="{NAME}",engine="0",le="+Inf"}}'
+    assert after[inf] == after["vllm:e2e_request_latency_seconds_count"]
+    assert 0.0 <= after["vllm:kv_cache_usage_perc"] <= 1.0
     _, headers, text = server.request("GET", "/metrics")
     assert headers["content-type"].startswith("text/plain")
-    assert "# TYPE ferrite:time_to_first_token_seconds histogram" in text.decode()
+    assert "# TYPE vllm:time_to_first_token_seconds histogram" in text.decode()
 
 
 def test_generation_config_supplies_sampling_defaults(spawn, client, tmp_path):

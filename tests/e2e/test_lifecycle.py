@@ -59,8 +59,8 @@ def test_queue_bound_gives_503_then_recovers(spawn):
 
 
 def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
-    before = server.wait_metrics(lambda m: m["ferrite:num_requests_running"] == 0)
-    abort = f'ferrite:request_success_total{{finished_reason="abort",model_name="{NAME}"}}'
+    before = server.wait_metrics(lambda m: m["vllm:num_requests_running"] == 0)
+    abort = f'vllm:request_success_total{{model_name="{NAME}",engine="0",finished_reason="abort"}}'
     max_tokens = 1000
     body = {"model": NAME, "prompt": "a long story", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
     conn, r = open_stream(server, "/v1/completions", body)
@@ -70,13 +70,13 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
     after = server.wait_metrics(
-        lambda m: m["ferrite:num_requests_running"] == 0 and m["ferrite:kv_cache_usage_perc"] == 0.0 and m[abort] > before[abort]
+        lambda m: m["vllm:num_requests_running"] == 0 and m["vllm:kv_cache_usage_perc"] == 0.0 and m[abort] > before[abort]
     )
-    assert after["ferrite:num_requests_running"] == 0
-    assert after["ferrite:num_requests_waiting"] == 0
-    assert after["ferrite:kv_cache_usage_perc"] == 0.0
+    assert after["vllm:num_requests_running"] == 0
+    assert after["vllm:num_requests_waiting"] == 0
+    assert after["vllm:kv_cache_usage_perc"] == 0.0
     assert after[abort] == before[abort] + 1
-    generated = after["ferrite:generation_tokens_total"] - before["ferrite:generation_tokens_total"]
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert generated < max_tokens, "the request ran to the end after its client left"
     # Non-streaming requests keep working.
     c = server.client().completions.create(model=NAME, prompt="hi", max_tokens=3)
@@ -84,19 +84,19 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
 
 
 def test_disconnect_while_waiting_for_a_non_streamed_answer_aborts(server):
-    before = server.wait_metrics(lambda m: m["ferrite:num_requests_running"] == 0)
-    abort = f'ferrite:request_success_total{{finished_reason="abort",model_name="{NAME}"}}'
+    before = server.wait_metrics(lambda m: m["vllm:num_requests_running"] == 0)
+    abort = f'vllm:request_success_total{{model_name="{NAME}",engine="0",finished_reason="abort"}}'
     max_tokens = 1000
     conn = server.connect()
     body = {"model": NAME, "prompt": "patience", "max_tokens": max_tokens, "ignore_eos": True}
     conn.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    server.wait_metrics(lambda m: m["ferrite:num_requests_running"] >= 1, timeout=5)
+    server.wait_metrics(lambda m: m["vllm:num_requests_running"] >= 1, timeout=5)
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
-    after = server.wait_metrics(lambda m: m["ferrite:num_requests_running"] == 0 and m[abort] > before[abort])
+    after = server.wait_metrics(lambda m: m["vllm:num_requests_running"] == 0 and m[abort] > before[abort])
     assert after[abort] == before[abort] + 1
-    assert after["ferrite:generation_tokens_total"] - before["ferrite:generation_tokens_total"] < max_tokens
-    assert after["ferrite:kv_cache_usage_perc"] == 0.0
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < max_tokens
+    assert after["vllm:kv_cache_usage_perc"] == 0.0
 
 
 def test_64_concurrent_streams_match_sequential_greedy(server, client):
@@ -127,8 +127,8 @@ def test_64_concurrent_streams_match_sequential_greedy(server, client):
         completions, chats = list(completions), list(chats)
     assert completions == sequential
     assert chats == chat_sequential
-    m = server.wait_metrics(lambda m: m["ferrite:num_requests_running"] == 0)
-    assert m["ferrite:num_requests_running"] == 0 and m["ferrite:kv_cache_usage_perc"] == 0.0
+    m = server.wait_metrics(lambda m: m["vllm:num_requests_running"] == 0)
+    assert m["vllm:num_requests_running"] == 0 and m["vllm:kv_cache_usage_perc"] == 0.0
 
 
 def test_sigterm_drains_in_flight_then_exits_zero(spawn):

@@ -136,9 +136,9 @@ def test_metrics_count_pooling_requests_and_tokens(minilm, golden):
             conn.close()
         return {k: float(v) for k, v in (l.rsplit(" ", 1) for l in lines if l and not l.startswith("#"))}
 
-    stop = 'ferrite:request_success_total{finished_reason="stop",model_name="minilm"}'
-    tokens = 'ferrite:prompt_tokens_total{model_name="minilm"}'
-    latency = 'ferrite:e2e_request_latency_seconds_count{model_name="minilm"}'
+    stop = 'vllm:request_success_total{model_name="minilm",engine="0",finished_reason="stop"}'
+    tokens = 'vllm:prompt_tokens_total{model_name="minilm",engine="0"}'
+    latency = 'vllm:e2e_request_latency_seconds_count{model_name="minilm",engine="0"}'
     before = samples()
     case = golden["cases"][0]
     resp = minilm.client().embeddings.create(model="minilm", input=[case["text"], case["text"]])
@@ -146,7 +146,7 @@ def test_metrics_count_pooling_requests_and_tokens(minilm, golden):
     after = samples()
     assert after[stop] == before[stop] + 1 and after[latency] == before[latency] + 1
     assert after[tokens] == before[tokens] + resp.usage.prompt_tokens
-    assert after['ferrite:num_requests_waiting{model_name="minilm"}'] == 0
+    assert after['vllm:num_requests_waiting{model_name="minilm",engine="0"}'] == 0
 
 
 def test_embeddings_take_token_ids_and_lists(minilm, golden):

@@ -15,7 +15,7 @@ use futures::stream::{SelectAll, Stream, StreamExt};
 
 use crate::error::ApiError;
 use crate::logprobs::Position;
-use crate::metrics::Finish;
+use crate::metrics::{Finish, FinishedChoice};
 use crate::params::engine_error;
 use crate::protocol::StopReason;
 use crate::AppState;
@@ -50,8 +50,10 @@ pub struct Step {
     pub error: Option<String>,
 }
 
+#[derive(Default)]
 struct ChoiceTiming {
     first_token: Option<Instant>,
+    last_token: Option<Instant>,
     tokens: usize,
     finished: bool,
 }
@@ -61,6 +63,9 @@ struct Tracker {
     /// The engine request's id, for logs.
     id: String,
     arrival: Instant,
+    /// When the engine first scheduled the request, once an output says so.
+    scheduled: Option<Instant>,
+    prompt_tokens: usize,
     first_token_seen: bool,
     choices: Vec<ChoiceTiming>,
 }
@@ -76,12 +81,29 @@ impl Tracker {
                 self.first_token_seen = true;
                 self.state.metrics.record_first_token(now.duration_since(self.arrival));
             }
+            if let Some(previous) = choice.last_token {
+                self.state.metrics.record_inter_token(now.duration_since(previous));
+            }
             choice.first_token.get_or_insert(now);
+            choice.last_token = Some(now);
             choice.tokens += out.token_ids.len();
         }
         if let (Some(finish), false) = (finish, choice.finished) {
             choice.finished = true;
-            self.state.metrics.record_finished(finish, self.arrival, choice.first_token, choice.tokens);
+            let finished = self.finished(finish, &self.choices[out.index]);
+            self.state.metrics.record_finished(finished);
+        }
+    }
+
+    fn finished(&self, finish: Finish, choice: &ChoiceTiming) -> FinishedChoice {
+        FinishedChoice {
+            finish,
+            arrival: self.arrival,
+            scheduled: self.scheduled,
+            first_token: choice.first_token,
+            last_token: choice.last_token,
+            prompt_tokens: self.prompt_tokens,
+            generation_tokens: choice.tokens,
         }
     }
 }
@@ -93,7 +115,7 @@ impl Drop for Tracker {
             tracing::info!(request_id = %self.id, unfinished, "dropped unfinished (client gone or shutdown): aborted");
         }
         for c in self.choices.iter().filter(|c| !c.finished) {
-            self.state.metrics.record_finished(Finish::Abort, self.arrival, c.first_token, c.tokens);
+            self.state.metrics.record_finished(self.finished(Finish::Abort, c));
         }
     }
 }
@@ -120,6 +142,7 @@ impl Stream for Tracked {
 
 impl Tracked {
     fn step(&mut self, out: RequestOutput) -> Step {
+        self.tracker.scheduled = self.tracker.scheduled.or(out.metrics.first_scheduled_time);
         let deltas = out
             .outputs
             .into_iter()
@@ -178,20 +201,31 @@ pub fn submit(
     let mut streams = Vec::with_capacity(requests.len());
     for (i, request) in requests.into_iter().enumerate() {
         let id = format!("{request_id}-{i}");
+        let prompt_tokens = request.prompt().len();
         let inner = state.client.add_processed(id.clone(), request).map_err(engine_error)?;
-        let choices = (0..params.n).map(|_| ChoiceTiming { first_token: None, tokens: 0, finished: false }).collect();
-        let tracker = Tracker { state: state.clone(), id, arrival, first_token_seen: false, choices };
+        let choices = (0..params.n).map(|_| ChoiceTiming::default()).collect();
+        let tracker = Tracker {
+            state: state.clone(),
+            id,
+            arrival,
+            scheduled: None,
+            prompt_tokens,
+            first_token_seen: false,
+            choices,
+        };
         streams.push(Tracked { prompt: i, inner, tracker });
     }
-    tracing::info!(
-        request_id,
-        prompts,
-        prompt_tokens,
-        n = params.n,
-        max_tokens = params.max_tokens,
-        temperature = params.temperature,
-        "request submitted"
-    );
+    if state.served.config.log_requests {
+        tracing::info!(
+            request_id,
+            prompts,
+            prompt_tokens,
+            n = params.n,
+            max_tokens = params.max_tokens,
+            temperature = params.temperature,
+            "request submitted"
+        );
+    }
     Ok(futures::stream::select_all(streams))
 }
 

@@ -68,6 +68,8 @@ pub struct ServerConfig {
     /// Every response carries `X-Request-Id`: the request's own, else a fresh one (vLLM's
     /// `--enable-request-id-headers`).
     pub request_id_headers: bool,
+    /// One log line per request (off with vLLM's `--disable-log-requests`).
+    pub log_requests: bool,
 }
 
 /// What the generation and the pooling server share about the model they serve: the names it
@@ -140,7 +142,7 @@ impl AppState {
             client,
             tokenizer,
             served: ServedModel::new(config, max_model_len, vocab_bound),
-            metrics: Metrics::default(),
+            metrics: Metrics::new(max_model_len),
             admission,
         })
     }
@@ -370,6 +372,7 @@ mod tests {
             sampling_defaults: Default::default(),
             cors: cors::Cors::default().layer().unwrap(),
             request_id_headers: false,
+            log_requests: true,
         }
     }
 

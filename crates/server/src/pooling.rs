@@ -26,7 +26,7 @@ use ferrite_tokenizer::Tokenizer;
 use tokio::net::TcpListener;
 
 use crate::error::{parse_json, ApiError};
-use crate::metrics::{Finish, Metrics};
+use crate::metrics::{Finish, FinishedChoice, Metrics};
 use crate::params::engine_error;
 use crate::protocol::{
     ClassificationData, ClassificationRequest, Embedding, EmbeddingData, EmbeddingRequest, Input, ListResponse,
@@ -45,11 +45,12 @@ impl PoolingState {
     pub fn new(client: PoolingClient, config: ServerConfig) -> Arc<PoolingState> {
         let tokenizer = client.tokenizer();
         let vocab_bound = tokenizer.vocab_size().min(client.info().vocab_size);
+        let max_model_len = client.max_model_len();
         Arc::new(PoolingState {
-            served: ServedModel::new(config, client.max_model_len(), vocab_bound),
+            served: ServedModel::new(config, max_model_len, vocab_bound),
             tokenizer,
             client,
-            metrics: Metrics::default(),
+            metrics: Metrics::new(max_model_len),
         })
     }
 
@@ -416,7 +417,16 @@ async fn record_request(State(state): State<Arc<PoolingState>>, request: Request
     let arrival = Instant::now();
     let response = next.run(request).await;
     if response.status().is_success() {
-        state.metrics.record_finished(Finish::Stop, arrival, None, 0);
+        let finished = FinishedChoice {
+            finish: Finish::Stop,
+            arrival,
+            scheduled: None,
+            first_token: None,
+            last_token: None,
+            prompt_tokens: 0,
+            generation_tokens: 0,
+        };
+        state.metrics.record_finished(finished);
     }
     response
 }

@@ -79,7 +79,7 @@ pub struct VllmFlags {
     /// Images, audio and video per prompt (multimodal models are not built yet).
     #[arg(long, help_heading = "MultiModalConfig")]
     pub limit_mm_per_prompt: Option<String>,
-    /// Accepted: ferrite logs no line per request.
+    /// No log line per request.
     #[arg(long, help_heading = "Frontend")]
     pub disable_log_requests: bool,
     /// Accepted: ferrite logs no periodic statistics (they are on /metrics).

@@ -47,6 +47,7 @@ fn server_config(args: &ServeArgs, cors: CorsLayer, sampling_defaults: SamplingD
         sampling_defaults,
         cors,
         request_id_headers: args.enable_request_id_headers,
+        log_requests: !args.vllm.disable_log_requests,
     }
 }
 
