@@ -2,6 +2,8 @@
 
 import json
 import math
+import threading
+import time
 
 from conftest import MAX_MODEL_LEN, NAME, open_stream, sse_events
 
@@ -318,3 +320,38 @@ def test_generation_config_supplies_sampling_defaults(spawn, client, tmp_path):
     assert client.chat.completions.create(**free, max_tokens=9).usage.completion_tokens == 9
     completion = recommended.completions.create(model=NAME, prompt=prompt, extra_body={"ignore_eos": True})
     assert completion.usage.completion_tokens == 16
+
+
+def test_ping_and_load(server):
+    assert server.request("GET", "/ping")[0] == 200
+    assert server.request("POST", "/ping")[0] == 200
+    status, body = server.json("GET", "/load")
+    assert status == 200 and body["server_load"] >= 0
+
+
+def test_long_prompts_do_not_stall_other_connections(server):
+    # Two 10 MB prompts tokenize (then fail the context check) while /health is polled: the
+    # tokenization runs beside the async runtime, so /health keeps answering at once.
+    big = {"model": NAME, "prompt": "the quick brown fox " * 500_000, "max_tokens": 1}
+    done = []
+
+    def send():
+        start = time.time()
+        status = server.request("POST", "/v1/completions", big)[0]
+        done.append((status, time.time() - start))
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    for t in threads:
+        t.start()
+    worst = 0.0
+    while any(t.is_alive() for t in threads):
+        start = time.time()
+        assert server.request("GET", "/health")[0] == 200
+        worst = max(worst, time.time() - start)
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    assert [s for s, _ in done] == [400, 400], done
+    busy = min(d for _, d in done)
+    assert busy > 1.0, f"the prompts took only {busy:.2f} s: too short to show a stall"
+    assert worst < 0.5, f"/health took {worst:.2f} s while long prompts were tokenized ({busy:.2f} s)"

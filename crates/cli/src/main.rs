@@ -36,6 +36,8 @@ fn main() -> std::process::ExitCode {
             tracing_subscriber::EnvFilter::try_from_env("FERRITE_LOG").unwrap_or_else(|_| "warn,ferrite=info".into()),
         )
         .with_writer(std::io::stderr)
+        // Escape codes only where a terminal reads them, not in files and log collectors.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match Cli::parse_from(serve::expand_short_aliases(std::env::args())).command {
         Command::Generate(args) => generate::run(args),

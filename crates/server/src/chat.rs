@@ -25,7 +25,7 @@ use crate::protocol::{
     ChatMessageOut, ChatStreamChoice, MessageContent, RequestMessage, StopReason, Usage,
 };
 use crate::sse::{done_event, json_event, json_event_raw};
-use crate::{random_id, unix_now, AppState};
+use crate::{off_runtime, random_id, unix_now, AppState};
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrival = Instant::now();
@@ -98,25 +98,36 @@ async fn run(
     arrival: Instant,
 ) -> Result<Response, ApiError> {
     let body = body?;
-    let req: ChatCompletionRequest = parse_json(&body)?;
-    state.served.check_model(req.model.as_deref())?;
-    if let Some(format) =
-        req.response_format.as_ref().filter(|f| f.get("type").and_then(|t| t.as_str()) != Some("text"))
-    {
-        return Err(ApiError::invalid(
-            "response_format",
-            format!("response_format {format} is not supported yet (structured output is not implemented); omit it"),
-        ));
-    }
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid("tools", "tool calling is not supported yet; omit `tools`"));
-    }
-    let prompt = chat_prompt(
-        &state,
-        &req.messages,
-        req.add_generation_prompt.unwrap_or(true),
-        req.add_special_tokens.unwrap_or(false),
-    )?;
+    // Parsing, the chat template and tokenization of a long conversation take CPU time that
+    // must not stall the other connections (and /health) on the async runtime.
+    let (req, prompt) = off_runtime({
+        let state = state.clone();
+        move || {
+            let req: ChatCompletionRequest = parse_json(&body)?;
+            state.served.check_model(req.model.as_deref())?;
+            if let Some(format) =
+                req.response_format.as_ref().filter(|f| f.get("type").and_then(|t| t.as_str()) != Some("text"))
+            {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    format!(
+                        "response_format {format} is not supported yet (structured output is not implemented); omit it"
+                    ),
+                ));
+            }
+            if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+                return Err(ApiError::invalid("tools", "tool calling is not supported yet; omit `tools`"));
+            }
+            let prompt = chat_prompt(
+                &state,
+                &req.messages,
+                req.add_generation_prompt.unwrap_or(true),
+                req.add_special_tokens.unwrap_or(false),
+            )?;
+            Ok((req, prompt))
+        }
+    })
+    .await?;
     let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
         Some(v) => Some(params::check_max_tokens(
             if req.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" },

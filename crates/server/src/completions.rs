@@ -23,7 +23,7 @@ use crate::logprobs::{self, Position};
 use crate::params::{self, Requested};
 use crate::protocol::{CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, StopReason, Usage};
 use crate::sse::{done_event, json_event, json_event_raw};
-use crate::{random_id, unix_now, AppState};
+use crate::{off_runtime, random_id, unix_now, AppState};
 
 /// OpenAI's default for `/v1/completions` (chat's default is "the rest of the context").
 const DEFAULT_MAX_TOKENS: i64 = 16;
@@ -54,12 +54,21 @@ async fn run(
     arrival: Instant,
 ) -> Result<Response, ApiError> {
     let body = body?;
-    let req: CompletionRequest = parse_json(&body)?;
-    state.served.check_model(req.model.as_deref())?;
-    if req.suffix.is_some() {
-        return Err(ApiError::invalid("suffix", "suffix is not currently supported"));
-    }
-    let prompts = parse_prompts(&state, &req.prompt, req.add_special_tokens.unwrap_or(true))?;
+    // Parsing and tokenizing long prompts take CPU time that must not stall the other
+    // connections (and /health) on the async runtime.
+    let (req, prompts) = off_runtime({
+        let state = state.clone();
+        move || {
+            let req: CompletionRequest = parse_json(&body)?;
+            state.served.check_model(req.model.as_deref())?;
+            if req.suffix.is_some() {
+                return Err(ApiError::invalid("suffix", "suffix is not currently supported"));
+            }
+            let prompts = parse_prompts(&state, &req.prompt, req.add_special_tokens.unwrap_or(true))?;
+            Ok((req, prompts))
+        }
+    })
+    .await?;
     let max_tokens = params::check_max_tokens("max_tokens", req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS))?;
     let logprobs = req.logprobs.map(|v| params::check_logprobs("logprobs", v)).transpose()?;
     let echo = req.echo.unwrap_or(false);

@@ -183,6 +183,9 @@ pub fn router(state: Arc<AppState>) -> Router {
 pub(crate) fn with_common_routes<S: Served>(routes: Router<Arc<S>>) -> Router<Arc<S>> {
     routes
         .route("/health", get(health))
+        // vLLM's SageMaker-style liveness route, as /health.
+        .route("/ping", get(health).post(health))
+        .route("/load", get(load::<S>))
         .route("/version", get(version))
         .route("/v1/models", get(models::<S>))
         .fallback(not_found)
@@ -284,6 +287,19 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 async fn health() -> StatusCode {
     StatusCode::OK
+}
+
+/// vLLM's `/load`: the requests the server is working on.
+async fn load<S: Served>(State(state): State<Arc<S>>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "server_load": state.in_flight() }))
+}
+
+/// Runs CPU-heavy request work (JSON parsing, chat templates, tokenization of long prompts) on
+/// the blocking pool: on the async runtime, two 10 MB prompts froze `/health` for seconds.
+pub(crate) async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| ApiError::internal(format!("request worker failed: {e}")))?
 }
 
 async fn version() -> Json<serde_json::Value> {

@@ -10,35 +10,44 @@ use axum::Json;
 use crate::chat::chat_prompt;
 use crate::error::{parse_json, ApiError};
 use crate::protocol::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
-use crate::AppState;
+use crate::{off_runtime, AppState};
 
 pub async fn tokenize(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<TokenizeResponse>, ApiError> {
-    let req: TokenizeRequest = parse_json(&body?)?;
-    state.served.check_model(req.model.as_deref())?;
-    let tokens = match (&req.prompt, &req.messages) {
-        (Some(prompt), None) => state
-            .tokenizer
-            .encode(prompt, req.add_special_tokens.unwrap_or(true))
-            .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
-        // As in vLLM, the chat form adds no special tokens by default: the template has them.
-        (None, Some(messages)) => {
-            chat_prompt(
-                &state,
-                messages,
-                req.add_generation_prompt.unwrap_or(true),
-                req.add_special_tokens.unwrap_or(false),
-            )?
-            .ids
+    let body = body?;
+    // A long prompt's tokenization must not stall the async runtime.
+    let (tokens, token_strs) = off_runtime({
+        let state = state.clone();
+        move || {
+            let req: TokenizeRequest = parse_json(&body)?;
+            state.served.check_model(req.model.as_deref())?;
+            let tokens = match (&req.prompt, &req.messages) {
+                (Some(prompt), None) => state
+                    .tokenizer
+                    .encode(prompt, req.add_special_tokens.unwrap_or(true))
+                    .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
+                // As in vLLM, the chat form adds no special tokens by default: the template has them.
+                (None, Some(messages)) => {
+                    chat_prompt(
+                        &state,
+                        messages,
+                        req.add_generation_prompt.unwrap_or(true),
+                        req.add_special_tokens.unwrap_or(false),
+                    )?
+                    .ids
+                }
+                _ => return Err(ApiError::bad_request("Either `prompt` or `messages` must be given, not both")),
+            };
+            let token_strs = req
+                .return_token_strs
+                .unwrap_or(false)
+                .then(|| tokens.iter().map(|&id| state.tokenizer.id_to_token(id).unwrap_or_default()).collect());
+            Ok((tokens, token_strs))
         }
-        _ => return Err(ApiError::bad_request("Either `prompt` or `messages` must be given, not both")),
-    };
-    let token_strs = req
-        .return_token_strs
-        .unwrap_or(false)
-        .then(|| tokens.iter().map(|&id| state.tokenizer.id_to_token(id).unwrap_or_default()).collect());
+    })
+    .await?;
     Ok(Json(TokenizeResponse { count: tokens.len(), max_model_len: state.served.max_model_len, tokens, token_strs }))
 }
 
