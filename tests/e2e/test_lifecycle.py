@@ -170,10 +170,15 @@ def test_sigint_exits_zero_and_grace_is_bounded(spawn):
         r.readline()
     started = time.time()
     s.proc.send_signal(signal.SIGTERM)
+    # Each stream cut at the timeout ends with an error event and [DONE], not a dropped connection.
+    for conn, r in streams:
+        events = sse_events(r)
+        conn.close()
+        assert events[-1] == "[DONE]", events[-3:]
+        error = json.loads(events[-2])["error"]
+        assert "shutdown-timeout" in error["message"], error
     assert s.proc.wait(30) == 0, s.logs()
     assert time.time() - started < 10
-    for conn, _ in streams:
-        conn.close()
 
 
 def test_cors_and_request_id_headers(spawn, tmp_path):

@@ -5,6 +5,7 @@
 //! latency histograms and, when dropped before its choices finish, counts them as aborted.
 //! Dropping the merged stream drops the engine streams, which aborts the engine requests.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -125,13 +126,28 @@ pub struct Tracked {
     prompt: usize,
     inner: RequestStream,
     tracker: Tracker,
+    /// Resolves when the server's shutdown timeout expires with the request still open.
+    cut: Pin<Box<dyn Future<Output = ()> + Send>>,
+    was_cut: bool,
 }
+
+/// The error a request gets when the shutdown timeout cuts it: a stream ends with it and
+/// `[DONE]` instead of a dropped connection.
+const CUT_AT_SHUTDOWN: &str = "the server shut down before this request finished (--shutdown-timeout expired)";
 
 impl Stream for Tracked {
     type Item = Step;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Step>> {
         let this = self.get_mut();
+        if this.was_cut {
+            return Poll::Ready(None);
+        }
+        if this.cut.as_mut().poll(cx).is_ready() {
+            this.was_cut = true;
+            let error = Some(CUT_AT_SHUTDOWN.to_string());
+            return Poll::Ready(Some(Step { prompt: this.prompt, prompt_logprobs: None, deltas: Vec::new(), error }));
+        }
         match this.inner.poll_next_unpin(cx) {
             Poll::Ready(Some(out)) => Poll::Ready(Some(this.step(out))),
             Poll::Ready(None) => Poll::Ready(None),
@@ -213,7 +229,14 @@ pub fn submit(
             first_token_seen: false,
             choices,
         };
-        streams.push(Tracked { prompt: i, inner, tracker });
+        let mut closing = state.closing.subscribe();
+        let cut = Box::pin(async move {
+            // A dropped sender (the server gone) cuts nothing: the connection is gone too.
+            if closing.wait_for(|&closing| closing).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        });
+        streams.push(Tracked { prompt: i, inner, tracker, cut, was_cut: false });
     }
     if state.served.config.log_requests {
         tracing::info!(

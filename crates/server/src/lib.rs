@@ -47,6 +47,8 @@ use crate::protocol::{ModelCard, ModelList, ModelPermission};
 /// Bodies above this are refused with 413 before they are parsed (a token-id prompt for a
 /// 128k-token context is about 1 MiB of JSON).
 const MAX_BODY_BYTES: usize = 64 << 20;
+/// How long requests cut at the shutdown timeout get to send their error to their clients.
+const CUT_FLUSH: Duration = Duration::from_secs(1);
 
 /// What `ferrite serve` decides about the server, apart from the engine.
 #[derive(Debug, Clone)]
@@ -122,6 +124,10 @@ pub(crate) trait Served: Send + Sync + 'static {
 
     /// Sequences admitted and not yet answered, logged when shutdown starts draining.
     fn in_flight(&self) -> usize;
+
+    /// Ends the requests still open when the shutdown timeout expires, each with an error its
+    /// client can read (a stream's error event and `[DONE]`).
+    fn cut_open_requests(&self) {}
 }
 
 pub struct AppState {
@@ -130,6 +136,8 @@ pub struct AppState {
     served: ServedModel,
     metrics: Metrics,
     admission: Admission,
+    /// Set when the shutdown timeout expires: open requests end with an error.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl AppState {
@@ -144,6 +152,7 @@ impl AppState {
             served: ServedModel::new(config, max_model_len, vocab_bound),
             metrics: Metrics::new(max_model_len),
             admission,
+            closing: tokio::sync::watch::Sender::new(false),
         })
     }
 }
@@ -157,6 +166,10 @@ impl Served for AppState {
 
     fn in_flight(&self) -> usize {
         self.admission.in_flight()
+    }
+
+    fn cut_open_requests(&self) {
+        self.closing.send_replace(true);
     }
 }
 
@@ -243,9 +256,10 @@ pub(crate) async fn serve_router<S: Served>(
             tracing::warn!(error = %e, "cannot set TCP_NODELAY on a connection");
         }
     });
+    let drained = state.clone();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
-        tracing::info!(in_flight = state.in_flight(), "shutting down: draining in-flight requests");
+        tracing::info!(in_flight = drained.in_flight(), "shutting down: draining in-flight requests");
         let _ = stopping_tx.send(());
     });
     let deadline = async move {
@@ -255,13 +269,17 @@ pub(crate) async fn serve_router<S: Served>(
             std::future::pending::<()>().await;
         }
     };
+    let server = server.into_future();
+    tokio::pin!(server);
     tokio::select! {
-        result = server.into_future() => result,
-        () = deadline => {
-            tracing::warn!(grace_s = grace.as_secs_f64(), "in-flight requests did not finish in time; closing them");
-            Ok(())
-        }
+        result = &mut server => return result,
+        () = deadline => {}
     }
+    tracing::warn!(grace_s = grace.as_secs_f64(), "in-flight requests did not finish in time; closing them");
+    state.cut_open_requests();
+    // The cut requests send their last events; connections still open after that are closed.
+    let _ = tokio::time::timeout(CUT_FLUSH, &mut server).await;
+    Ok(())
 }
 
 /// `--api-key` guards the OpenAI routes only (`/v1/...`), as vLLM does: health checks and
