@@ -283,6 +283,11 @@ def test_metrics_exposition(server, client):
         name = f"vllm:request_{phase}_count" if "tokens" in phase else f"vllm:request_{phase}_seconds_count"
         assert after[name] == before[name] + 1, name
     assert after["vllm:request_generation_tokens_sum"] == before["vllm:request_generation_tokens_sum"] + 12
+    # Engine steps: the prompt's (at least its last token: the rest may be a prefix-cache hit),
+    # then one per further token.
+    steps = after["vllm:iteration_tokens_total_count"] - before["vllm:iteration_tokens_total_count"]
+    computed = after["vllm:iteration_tokens_total_sum"] - before["vllm:iteration_tokens_total_sum"]
+    assert steps >= 12 and computed >= 12, (steps, computed)
     key = f'vllm:request_success_total{{model_name="{NAME}",engine="0",finished_reason="length"}}'
     assert after[key] == before[key] + 1
     inf = f'vllm:e2e_request_latency_seconds_bucket{{model_name="{NAME}",engine="0",le="+Inf"}}'

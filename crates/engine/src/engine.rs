@@ -50,6 +50,27 @@ pub struct EngineStats {
     pub finished_requests: u64,
     /// Decode steps captured and replayed as CUDA graphs.
     pub cuda_graphs: crate::GraphCounts,
+    /// Tokens each step computed (vLLM's `iteration_tokens_total` histogram).
+    pub iteration_tokens: IterationTokens,
+}
+
+/// A histogram of the tokens per engine step, in vLLM's buckets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IterationTokens {
+    /// Steps per bucket of [`IterationTokens::BOUNDS`] (not cumulative); the last is past them all.
+    pub counts: [u64; IterationTokens::BOUNDS.len() + 1],
+    pub sum: u64,
+}
+
+impl IterationTokens {
+    pub const BOUNDS: [u64; 13] = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384];
+
+    fn observe(&mut self, tokens: usize) {
+        let tokens = tokens as u64;
+        let slot = Self::BOUNDS.iter().position(|&b| tokens <= b).unwrap_or(Self::BOUNDS.len());
+        self.counts[slot] += 1;
+        self.sum += tokens;
+    }
 }
 
 /// A request the engine has tokenized and validated, not yet queued.
@@ -171,6 +192,7 @@ impl Engine {
             stats: stats.clone(),
             next_req: 0,
             step_index: 0,
+            iteration_tokens: IterationTokens::default(),
         };
         let thread = std::thread::Builder::new()
             .name("ferrite-engine".into())
@@ -634,6 +656,7 @@ struct EngineCore {
     stats: Arc<Mutex<EngineStats>>,
     next_req: ReqId,
     step_index: u64,
+    iteration_tokens: IterationTokens,
 }
 
 impl EngineCore {
@@ -714,6 +737,9 @@ impl EngineCore {
             let _s = tracing::debug_span!("schedule").entered();
             self.scheduler.schedule()
         };
+        if so.total_num_scheduled_tokens > 0 {
+            self.iteration_tokens.observe(so.total_num_scheduled_tokens);
+        }
         let now = Instant::now();
         for new in &so.scheduled_new_reqs {
             self.processor.mark_scheduled(new.req_id, now);
@@ -782,6 +808,7 @@ impl EngineCore {
             num_preemptions: self.scheduler.num_preemptions(),
             finished_requests: self.processor.finished_requests,
             cuda_graphs: self.runner.graph_counts(),
+            iteration_tokens: self.iteration_tokens,
         };
         *self.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = stats;
     }

@@ -20,7 +20,7 @@ pub mod runner;
 pub mod sampler;
 
 pub use config::{CacheConfig, EngineConfig};
-pub use engine::{Engine, EngineClient, EngineStats, ProcessedRequest, PromptInput, RequestStream};
+pub use engine::{Engine, EngineClient, EngineStats, IterationTokens, ProcessedRequest, PromptInput, RequestStream};
 pub use error::{EngineError, Result};
 pub use graphs::GraphCounts;
 pub use llm::LLM;

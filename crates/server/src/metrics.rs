@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ferrite_engine::EngineStats;
+use ferrite_engine::{EngineStats, IterationTokens};
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
@@ -311,6 +311,7 @@ impl Metrics {
                 self.success[finish as usize].load(Ordering::Relaxed)
             );
         }
+        render_iteration_tokens(&mut out, &labels, &g.iteration_tokens);
         for h in [
             &self.ttft,
             &self.itl,
@@ -327,6 +328,20 @@ impl Metrics {
         }
         out
     }
+}
+
+/// The engine's tokens-per-step counts as vLLM's `iteration_tokens_total` histogram.
+fn render_iteration_tokens(out: &mut String, labels: &str, h: &IterationTokens) {
+    let name = "vllm:iteration_tokens_total";
+    let _ = writeln!(out, "# HELP {name} Histogram of number of tokens per engine_step.\n# TYPE {name} histogram");
+    let mut cumulative = 0;
+    for (i, count) in h.counts.iter().enumerate() {
+        cumulative += count;
+        let le = IterationTokens::BOUNDS.get(i).map_or_else(|| "+Inf".to_string(), |&b| format!("{:?}", b as f64));
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {:?}", h.sum as f64);
 }
 
 #[cfg(test)]
@@ -355,6 +370,7 @@ mod tests {
         ("vllm:request_decode_time_seconds", "histogram"),
         ("vllm:request_prompt_tokens", "histogram"),
         ("vllm:request_generation_tokens", "histogram"),
+        ("vllm:iteration_tokens_total", "histogram"),
     ];
 
     #[test]
@@ -391,7 +407,16 @@ mod tests {
             prompt_tokens: 3,
             generation_tokens: 0,
         });
-        let g = EngineStats { kv_blocks_total: 8, kv_blocks_used: 2, prompt_tokens_total: 7, ..Default::default() };
+        let mut iteration_tokens = IterationTokens::default();
+        // Two steps: a 10-token prefill (bucket 16) and a single decode (bucket 1).
+        (iteration_tokens.counts[2], iteration_tokens.counts[0], iteration_tokens.sum) = (1, 1, 11);
+        let g = EngineStats {
+            kv_blocks_total: 8,
+            kv_blocks_used: 2,
+            prompt_tokens_total: 7,
+            iteration_tokens,
+            ..Default::default()
+        };
         let text = m.render("my \"model\"", &g);
         let l = r#"model_name="my \"model\"",engine="0""#;
         for (name, kind) in VLLM_SERIES {
@@ -421,6 +446,11 @@ mod tests {
             format!("vllm:request_generation_tokens_count{{{l}}} 2"),
             format!("vllm:e2e_request_latency_seconds_count{{{l}}} 2"),
             format!("ferrite:cuda_graph_replays_total{{{l}}} 0"),
+            format!("vllm:iteration_tokens_total_bucket{{{l},le=\"1.0\"}} 1"),
+            format!("vllm:iteration_tokens_total_bucket{{{l},le=\"8.0\"}} 1"),
+            format!("vllm:iteration_tokens_total_bucket{{{l},le=\"16.0\"}} 2"),
+            format!("vllm:iteration_tokens_total_count{{{l}}} 2"),
+            format!("vllm:iteration_tokens_total_sum{{{l}}} 11.0"),
         ] {
             assert!(text.lines().any(|x| x == line), "missing {line:?} in\n{text}");
         }
