@@ -233,7 +233,7 @@ def test_ferrite_api_key_when_vllm_api_key_is_unset(spawn):
     (["--quantization", "fp8"], "quantization"),
     (["--kv-cache-dtype", "fp8"], "KV cache"),
     (["--no-enable-chunked-prefill"], "prefill without chunking"),
-    (["--revision", "main"], "Hugging Face Hub"),
+    (["--revision", "main"], "not a model id"),
     (["--ssl-keyfile", "k.pem", "--ssl-certfile", "c.pem"], "TLS"),
     (["--load-format", "gguf"], "does not match"),
 ])
@@ -241,3 +241,18 @@ def test_vllm_flags_for_features_not_built_fail_at_start_naming_them(flags, feat
     r = subprocess.run([os.environ["FERRITE_BIN"], "serve", str(MODEL), *flags],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and feature in r.stderr, r.stderr
+
+
+def test_model_ids_resolve_through_the_hugging_face_cache(spawn, tmp_path):
+    # `ferrite serve org/name` serves the snapshot `refs/main` names in HF_HUB_CACHE, under the id.
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--tiny--llama"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots").mkdir()
+    os.symlink(MODEL.resolve(), repo / "snapshots" / commit)
+    s = spawn(model_args=["tiny/llama"], env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert s.json("GET", "/v1/models")[1]["data"][0]["root"] == "tiny/llama"
+    r = subprocess.run([os.environ["FERRITE_BIN"], "serve", "tiny/absent", "--download-dir", str(tmp_path / "hub")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "tiny/absent" in r.stderr and "not built yet" in r.stderr, r.stderr

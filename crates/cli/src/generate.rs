@@ -48,7 +48,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let dtype = args.dtype.dtype_on(args.device.device);
     let config = args.device.apply(dtype, true, EngineConfig { kv_cache_memory: 1 << 30, ..EngineConfig::default() });
     let model = match &args.model {
-        Some(path) => path.clone(),
+        Some(model) => crate::hub::resolve(model, None, None)?,
         None => crate::default_model::resolve()?,
     };
     let llm = LLM::new(&model, dtype, config).with_context(|| format!("loading {}", model.display()))?;

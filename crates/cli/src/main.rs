@@ -4,6 +4,7 @@
 mod bench;
 mod default_model;
 mod generate;
+mod hub;
 mod matrix;
 mod serve;
 

@@ -101,7 +101,17 @@ pub struct ServeArgs {
     /// The same as MODEL.
     #[arg(long = "model", value_name = "MODEL", conflicts_with = "model_tag", help_heading = "ModelConfig")]
     pub model_flag: Option<PathBuf>,
-    /// MODEL resolved (see [`ServeArgs::resolve_model`]).
+    /// The snapshot of a model id to serve: a branch, tag or commit in the Hugging Face cache.
+    #[arg(long, help_heading = "ModelConfig")]
+    pub revision: Option<String>,
+    /// The Hugging Face cache to find model ids in (default: HF_HUB_CACHE, HF_HOME/hub or
+    /// ~/.cache/huggingface/hub).
+    #[arg(long, help_heading = "LoadConfig")]
+    pub download_dir: Option<PathBuf>,
+    /// MODEL as given (a path or a model id): the default served name.
+    #[arg(skip)]
+    pub model_id: String,
+    /// MODEL resolved to files (see [`ServeArgs::resolve_model`]).
     #[arg(skip)]
     pub model: PathBuf,
     /// Address to listen on; every interface by default, as vLLM.
@@ -181,12 +191,15 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// MODEL or `--model`, else the default model (downloaded on first use).
+    /// MODEL or `--model` (a path, or a model id in the Hugging Face cache), else the default
+    /// model (downloaded on first use).
     pub(crate) fn resolve_model(&mut self) -> Result<()> {
-        self.model = match self.model_flag.take().or(self.model_tag.take()) {
+        let given = match self.model_flag.take().or(self.model_tag.take()) {
             Some(model) => model,
             None => crate::default_model::resolve()?,
         };
+        self.model = crate::hub::resolve(&given, self.revision.as_deref(), self.download_dir.as_deref())?;
+        self.model_id = given.display().to_string();
         Ok(())
     }
 

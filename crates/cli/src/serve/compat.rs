@@ -25,18 +25,12 @@ pub struct VllmFlags {
     /// A tokenizer other than the model's (not built yet).
     #[arg(long, help_heading = "ModelConfig")]
     pub tokenizer: Option<String>,
-    /// Hub revision of a model id (loading from the Hub is not built yet).
-    #[arg(long, help_heading = "ModelConfig")]
-    pub revision: Option<String>,
     /// Accepted for compatibility: ferrite never runs code from a checkpoint.
     #[arg(long, help_heading = "ModelConfig")]
     pub trust_remote_code: bool,
     /// Most logprobs a request may ask for; ferrite's limit is vLLM's default, 20.
     #[arg(long, default_value_t = 20, help_heading = "ModelConfig")]
     pub max_logprobs: usize,
-    /// Where Hub downloads go (loading from the Hub is not built yet).
-    #[arg(long, help_heading = "LoadConfig")]
-    pub download_dir: Option<String>,
     /// auto, safetensors (a checkpoint directory) or gguf (a .gguf file).
     #[arg(long, default_value = "auto", help_heading = "LoadConfig")]
     pub load_format: String,
@@ -120,8 +114,6 @@ impl VllmFlags {
             set(self.enable_expert_parallel, "--enable-expert-parallel", "expert parallelism"),
             set(self.quantization.is_some(), "--quantization", "quantization"),
             set(self.tokenizer.is_some(), "--tokenizer", "a separate tokenizer"),
-            set(self.revision.is_some(), "--revision", "loading model ids from the Hugging Face Hub"),
-            set(self.download_dir.is_some(), "--download-dir", "loading model ids from the Hugging Face Hub"),
             set(self.kv_cache_dtype != "auto", "--kv-cache-dtype", "a KV cache in another dtype than the model's"),
             set(self.no_enable_chunked_prefill, "--no-enable-chunked-prefill", "prefill without chunking"),
             set(self.speculative_config.is_some(), "--speculative-config", "speculative decoding"),

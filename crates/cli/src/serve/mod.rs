@@ -35,7 +35,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
 
 /// What the flags say about the server, apart from the engine.
 fn server_config(args: &ServeArgs, cors: CorsLayer, sampling_defaults: SamplingDefaults) -> ServerConfig {
-    let model_root = args.model.display().to_string();
+    let model_root = args.model_id.clone();
     let served_model_names =
         if args.served_model_name.is_empty() { vec![model_root.clone()] } else { args.served_model_name.clone() };
     ServerConfig {
