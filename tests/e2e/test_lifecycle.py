@@ -256,3 +256,20 @@ def test_model_ids_resolve_through_the_hugging_face_cache(spawn, tmp_path):
     r = subprocess.run([os.environ["FERRITE_BIN"], "serve", "tiny/absent", "--download-dir", str(tmp_path / "hub")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "tiny/absent" in r.stderr and "not built yet" in r.stderr, r.stderr
+
+
+def test_chat_template_max_logprobs_and_tokenizer_flags(spawn):
+    template = '{{ "<<" }}{% for m in messages %}{{ m["content"] }}|{% endfor %}'
+    s = spawn("--chat-template", template, "--max-logprobs", "3", "--tokenizer", str(MODEL))
+    chat = s.json("POST", "/tokenize", {"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "yo"}]})
+    plain = s.json("POST", "/tokenize", {"prompt": "<<hi|yo|", "add_special_tokens": False})
+    assert chat[0] == plain[0] == 200 and chat[1]["tokens"] == plain[1]["tokens"]
+    ok = {"model": NAME, "prompt": "hi", "max_tokens": 2, "logprobs": 3}
+    assert s.json("POST", "/v1/completions", ok)[0] == 200
+    status, body = s.json("POST", "/v1/completions", dict(ok, logprobs=4))
+    assert status == 400 and body["error"]["param"] == "logprobs" and "at most 3" in body["error"]["message"]
+    unlimited = spawn("--max-logprobs", "-1")
+    assert unlimited.json("POST", "/v1/completions", dict(ok, logprobs=25))[0] == 200
+    r = subprocess.run([os.environ["FERRITE_BIN"], "serve", str(MODEL), "--tokenizer", "no/such-tokenizer"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "no/such-tokenizer" in r.stderr, r.stderr

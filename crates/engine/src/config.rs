@@ -28,6 +28,8 @@ pub struct EngineConfig {
     pub enforce_eager: bool,
     /// Seeds the seeds given to requests that bring none (vLLM's `--seed`); `None`: from the OS.
     pub seed: Option<u64>,
+    /// Most logprobs a request may ask for per token (vLLM's `--max-logprobs`).
+    pub max_logprobs: usize,
 }
 
 impl Default for EngineConfig {
@@ -45,6 +47,7 @@ impl Default for EngineConfig {
             gpu_memory_utilization: None,
             enforce_eager: false,
             seed: None,
+            max_logprobs: crate::params::MAX_LOGPROBS,
         }
     }
 }

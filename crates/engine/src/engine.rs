@@ -124,6 +124,7 @@ struct Shared {
     /// Draws the seeds of requests that bring none: from `EngineConfig::seed` when set, so a
     /// restarted engine gives its requests the same seeds in the same order.
     request_seeds: Mutex<rand::rngs::StdRng>,
+    max_logprobs: usize,
 }
 
 /// A cheap, thread-safe handle to a running engine.
@@ -208,6 +209,7 @@ impl Engine {
             next_parent: AtomicU64::new(0),
             eos_token_id,
             extra_eos_token_ids,
+            max_logprobs: config.max_logprobs,
             request_seeds: Mutex::new(match config.seed {
                 Some(seed) => rand::rngs::StdRng::seed_from_u64(seed),
                 None => rand::rngs::StdRng::from_rng(&mut rand::rng()),
@@ -250,7 +252,7 @@ impl EngineClient {
     pub fn process(&self, prompt: PromptInput, params: SamplingParams) -> Result<ProcessedRequest> {
         let arrival = Instant::now();
         let s = &self.shared;
-        params.validate()?;
+        params.validate(s.max_logprobs)?;
         let prompt: Vec<u32> = match prompt {
             PromptInput::Text(text) => s.tokenizer.encode(&text, true)?,
             PromptInput::Tokens(ids) => ids,
@@ -357,6 +359,11 @@ impl EngineClient {
 
     pub fn max_model_len(&self) -> usize {
         self.shared.max_model_len
+    }
+
+    /// Most logprobs a request may ask for per token.
+    pub fn max_logprobs(&self) -> usize {
+        self.shared.max_logprobs
     }
 
     pub fn cache_config(&self) -> CacheConfig {

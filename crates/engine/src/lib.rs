@@ -23,7 +23,7 @@ pub use config::{CacheConfig, EngineConfig};
 pub use engine::{Engine, EngineClient, EngineStats, IterationTokens, ProcessedRequest, PromptInput, RequestStream};
 pub use error::{EngineError, Result};
 pub use graphs::GraphCounts;
-pub use llm::LLM;
+pub use llm::{TokenizerOverrides, LLM};
 pub use output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
 pub use params::SamplingParams;
 pub use pooling::{PoolingClient, PoolingConfig, PoolingEngine};

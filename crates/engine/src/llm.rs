@@ -1,6 +1,6 @@
 //! The offline API: load a checkpoint, run a batch of prompts to completion.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferrite_models::{load_model, LoadOptions};
@@ -17,16 +17,40 @@ pub struct LLM {
     engine: Engine,
 }
 
+/// What to use instead of the checkpoint's own tokenizer files (vLLM's `--tokenizer` and
+/// `--chat-template`).
+#[derive(Debug, Clone, Default)]
+pub struct TokenizerOverrides {
+    /// A directory with `tokenizer.json` (and `tokenizer_config.json`, ...).
+    pub tokenizer_dir: Option<PathBuf>,
+    /// A Jinja chat template.
+    pub chat_template: Option<String>,
+}
+
 impl LLM {
     /// Loads a checkpoint directory (config.json, safetensors, tokenizer.json) or a GGUF file
     /// (which carries its own tokenizer) and starts an engine on it.
     pub fn new(model_path: impl AsRef<Path>, dtype: DType, config: EngineConfig) -> Result<LLM> {
+        LLM::with_tokenizer(model_path, dtype, config, &TokenizerOverrides::default())
+    }
+
+    /// [`LLM::new`] with another tokenizer or chat template than the checkpoint's.
+    pub fn with_tokenizer(
+        model_path: impl AsRef<Path>,
+        dtype: DType,
+        config: EngineConfig,
+        overrides: &TokenizerOverrides,
+    ) -> Result<LLM> {
         let path = model_path.as_ref();
         let loaded = load_model(path, &LoadOptions { dtype, device: config.device, progress: true })?;
-        let tokenizer = match &loaded.gguf_tokenizer {
-            Some((json, tokenizer_config)) => Tokenizer::from_parts(json, tokenizer_config, None, None)?,
-            None => Tokenizer::from_dir(path)?,
+        let mut tokenizer = match (&overrides.tokenizer_dir, &loaded.gguf_tokenizer) {
+            (Some(dir), _) => Tokenizer::from_dir(dir)?,
+            (None, Some((json, tokenizer_config))) => Tokenizer::from_parts(json, tokenizer_config, None, None)?,
+            (None, None) => Tokenizer::from_dir(path)?,
         };
+        if let Some(template) = &overrides.chat_template {
+            tokenizer = tokenizer.with_chat_template(template.clone())?;
+        }
         let engine = Engine::new(loaded.model, Arc::new(tokenizer), config)?;
         Ok(LLM { engine })
     }

@@ -6,7 +6,8 @@ use crate::error::{EngineError, Result};
 pub const SAMPLING_EPS: f32 = 1e-5;
 /// Positive temperatures are raised to this to keep `logits / t` finite (vLLM's `_MAX_TEMP`).
 pub const MIN_TEMPERATURE: f32 = 1e-2;
-/// Most logprobs a request may ask for per token (vLLM's default `max_logprobs`).
+/// Most logprobs a request may ask for per token, unless the engine is configured otherwise
+/// (vLLM's default `max_logprobs`).
 pub const MAX_LOGPROBS: usize = 20;
 /// Most sequences one request may ask for (vLLM's `VLLM_MAX_N_SEQUENCES`).
 pub const MAX_N: usize = 16384;
@@ -92,7 +93,7 @@ impl SamplingParams {
     }
 
     /// The checks of vLLM's `SamplingParams._verify_args`, with its messages.
-    pub fn validate(&self) -> Result<()> {
+    pub fn validate(&self, max_logprobs: usize) -> Result<()> {
         if self.n == 0 || self.n > MAX_N {
             return Err(EngineError::invalid("n", format!("must be in [1, {MAX_N}], got {}", self.n)));
         }
@@ -151,10 +152,10 @@ impl SamplingParams {
             }
         }
         for (param, v) in [("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)] {
-            if let Some(v) = v.filter(|&v| v > MAX_LOGPROBS) {
+            if let Some(v) = v.filter(|&v| v > max_logprobs) {
                 return Err(EngineError::invalid(
                     param,
-                    format!("requested {v}, more than the maximum of {MAX_LOGPROBS}"),
+                    format!("requested {v}, more than the maximum of {max_logprobs}"),
                 ));
             }
         }
@@ -230,15 +231,16 @@ mod tests {
             (SamplingParams { n: 2, temperature: 0.0, ..Default::default() }, "n"),
         ];
         for (p, name) in cases {
-            match p.validate() {
+            match p.validate(MAX_LOGPROBS) {
                 Err(EngineError::InvalidParameter { param, .. }) => {
                     assert_eq!(param, name, "{p:?}")
                 }
                 other => panic!("{p:?}: expected InvalidParameter({name}), got {other:?}"),
             }
         }
-        assert!(SamplingParams::default().validate().is_ok());
-        assert!(SamplingParams { top_k: -1, ..Default::default() }.validate().is_ok());
+        assert!(SamplingParams::default().validate(MAX_LOGPROBS).is_ok());
+        assert!(SamplingParams { logprobs: Some(21), ..Default::default() }.validate(21).is_ok());
+        assert!(SamplingParams { top_k: -1, ..Default::default() }.validate(MAX_LOGPROBS).is_ok());
     }
 
     #[test]

@@ -142,7 +142,7 @@ async fn run(
         state.served.max_model_len,
     );
     let top_logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
-        (true, top) => Some(params::check_logprobs("top_logprobs", top.unwrap_or(0))?),
+        (true, top) => Some(params::check_logprobs("top_logprobs", top.unwrap_or(0), state.client.max_logprobs())?),
         (false, Some(top)) if top > 0 => {
             return Err(ApiError::invalid("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true."))
         }

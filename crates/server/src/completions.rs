@@ -70,7 +70,8 @@ async fn run(
     })
     .await?;
     let max_tokens = params::check_max_tokens("max_tokens", req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS))?;
-    let logprobs = req.logprobs.map(|v| params::check_logprobs("logprobs", v)).transpose()?;
+    let logprobs =
+        req.logprobs.map(|v| params::check_logprobs("logprobs", v, state.client.max_logprobs())).transpose()?;
     let echo = req.echo.unwrap_or(false);
     let sampling = params::build(
         &req.sampling,

@@ -2,7 +2,6 @@
 //! fields (which must be caught before they become unsigned). Everything else is the engine's
 //! to validate, once, when the request is processed; [`engine_error`] maps its errors to HTTP.
 
-use ferrite_engine::params::MAX_LOGPROBS;
 use ferrite_engine::{EngineError, SamplingParams};
 
 use crate::error::ApiError;
@@ -95,12 +94,12 @@ pub struct Requested {
     pub prompt_logprobs: Option<usize>,
 }
 
-pub fn check_logprobs(param: &str, value: i64) -> Result<usize, ApiError> {
+pub fn check_logprobs(param: &str, value: i64, max: usize) -> Result<usize, ApiError> {
     if value < 0 {
         return Err(ApiError::invalid(param, format!("{param} must be non-negative, got {value}.")));
     }
-    if value > MAX_LOGPROBS as i64 {
-        return Err(ApiError::invalid(param, format!("{param} must be at most {MAX_LOGPROBS}, got {value}.")));
+    if value as u64 > max as u64 {
+        return Err(ApiError::invalid(param, format!("{param} must be at most {max}, got {value}.")));
     }
     Ok(value as usize)
 }

@@ -126,6 +126,13 @@ impl Tokenizer {
         Ok(Tokenizer { inner, chat_template, bos_token, eos_token, eos_token_ids, bos_token_id })
     }
 
+    /// This tokenizer with another chat template (vLLM's `--chat-template`).
+    pub fn with_chat_template(mut self, source: String) -> Result<Tokenizer> {
+        let (bos, eos) = (self.bos_token.clone().unwrap_or_default(), self.eos_token.clone().unwrap_or_default());
+        self.chat_template = Some(ChatTemplate::new(source, bos, eos)?);
+        Ok(self)
+    }
+
     /// Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (BOS and
     /// the like), as `tokenizer(text)` does in transformers.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {

@@ -108,6 +108,16 @@ pub struct ServeArgs {
     /// ~/.cache/huggingface/hub).
     #[arg(long, help_heading = "LoadConfig")]
     pub download_dir: Option<PathBuf>,
+    /// A tokenizer other than the model's: a directory with tokenizer.json, or a model id in the
+    /// Hugging Face cache.
+    #[arg(long, help_heading = "ModelConfig")]
+    pub tokenizer: Option<PathBuf>,
+    /// A chat template other than the checkpoint's: a file, or the Jinja template itself.
+    #[arg(long, help_heading = "Frontend")]
+    pub chat_template: Option<String>,
+    /// Most logprobs a request may ask for per token; -1 is no limit.
+    #[arg(long, default_value_t = 20, allow_negative_numbers = true, help_heading = "ModelConfig")]
+    pub max_logprobs: i64,
     /// MODEL as given (a path or a model id): the default served name.
     #[arg(skip)]
     pub model_id: String,
@@ -201,6 +211,33 @@ impl ServeArgs {
         self.model = crate::hub::resolve(&given, self.revision.as_deref(), self.download_dir.as_deref())?;
         self.model_id = given.display().to_string();
         Ok(())
+    }
+
+    /// The tokenizer and chat template `--tokenizer` and `--chat-template` ask for.
+    pub(crate) fn tokenizer_overrides(&self) -> Result<ferrite_engine::TokenizerOverrides> {
+        let tokenizer_dir = self
+            .tokenizer
+            .as_deref()
+            .map(|t| crate::hub::resolve(t, None, self.download_dir.as_deref()))
+            .transpose()?;
+        let chat_template = match self.chat_template.as_deref() {
+            None => None,
+            Some(t) if std::path::Path::new(t).is_file() => {
+                Some(std::fs::read_to_string(t).map_err(|e| anyhow::anyhow!("--chat-template {t}: {e}"))?)
+            }
+            // Not a file: the template itself, as vLLM takes it.
+            Some(t) => Some(t.to_owned()),
+        };
+        Ok(ferrite_engine::TokenizerOverrides { tokenizer_dir, chat_template })
+    }
+
+    /// `--max-logprobs`, -1 meaning no limit.
+    pub(crate) fn max_logprobs(&self) -> Result<usize> {
+        match self.max_logprobs {
+            -1 => Ok(usize::MAX),
+            n if n >= 0 => Ok(n as usize),
+            n => anyhow::bail!("--max-logprobs must be -1 (no limit) or at least 0, got {n}"),
+        }
     }
 
     /// `--api-key`, else VLLM_API_KEY, else FERRITE_API_KEY; an empty key is none.

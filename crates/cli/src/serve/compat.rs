@@ -22,15 +22,9 @@ pub struct VllmFlags {
     /// Quantization method (not built yet: checkpoints load in --dtype).
     #[arg(long, short = 'q', help_heading = "ModelConfig")]
     pub quantization: Option<String>,
-    /// A tokenizer other than the model's (not built yet).
-    #[arg(long, help_heading = "ModelConfig")]
-    pub tokenizer: Option<String>,
     /// Accepted for compatibility: ferrite never runs code from a checkpoint.
     #[arg(long, help_heading = "ModelConfig")]
     pub trust_remote_code: bool,
-    /// Most logprobs a request may ask for; ferrite's limit is vLLM's default, 20.
-    #[arg(long, default_value_t = 20, help_heading = "ModelConfig")]
-    pub max_logprobs: usize,
     /// auto, safetensors (a checkpoint directory) or gguf (a .gguf file).
     #[arg(long, default_value = "auto", help_heading = "LoadConfig")]
     pub load_format: String,
@@ -62,9 +56,6 @@ pub struct VllmFlags {
     /// Reasoning parsers (not built yet).
     #[arg(long, help_heading = "Frontend")]
     pub reasoning_parser: Option<String>,
-    /// A chat template other than the checkpoint's (not built yet).
-    #[arg(long, help_heading = "Frontend")]
-    pub chat_template: Option<String>,
     /// TLS (not built yet: terminate TLS in a proxy in front of ferrite).
     #[arg(long, help_heading = "Frontend")]
     pub ssl_keyfile: Option<String>,
@@ -113,7 +104,6 @@ impl VllmFlags {
         let first = [
             set(self.enable_expert_parallel, "--enable-expert-parallel", "expert parallelism"),
             set(self.quantization.is_some(), "--quantization", "quantization"),
-            set(self.tokenizer.is_some(), "--tokenizer", "a separate tokenizer"),
             set(self.kv_cache_dtype != "auto", "--kv-cache-dtype", "a KV cache in another dtype than the model's"),
             set(self.no_enable_chunked_prefill, "--no-enable-chunked-prefill", "prefill without chunking"),
             set(self.speculative_config.is_some(), "--speculative-config", "speculative decoding"),
@@ -122,10 +112,8 @@ impl VllmFlags {
             set(self.enable_auto_tool_choice, "--enable-auto-tool-choice", "tool calling"),
             set(self.tool_call_parser.is_some(), "--tool-call-parser", "tool calling"),
             set(self.reasoning_parser.is_some(), "--reasoning-parser", "reasoning parsers"),
-            set(self.chat_template.is_some(), "--chat-template", "a chat template other than the checkpoint's"),
             set(self.ssl_keyfile.is_some() || self.ssl_certfile.is_some(), "--ssl-keyfile/--ssl-certfile", "TLS"),
             set(self.limit_mm_per_prompt.is_some(), "--limit-mm-per-prompt", "multimodal input"),
-            set(self.max_logprobs != 20, "--max-logprobs", "a max_logprobs other than 20"),
         ]
         .into_iter()
         .flatten()
@@ -175,7 +163,7 @@ mod tests {
         let ok = ["-tp", "1", "--enable-chunked-prefill", "--trust-remote-code", "--disable-log-stats"];
         assert_eq!(check(&ok, "dir"), Ok(()));
         assert_eq!(check(&["--load-format", "gguf"], "m.gguf"), Ok(()));
-        assert_eq!(check(&["--max-logprobs", "20", "--kv-cache-dtype", "auto"], "dir"), Ok(()));
+        assert_eq!(check(&["--kv-cache-dtype", "auto"], "dir"), Ok(()));
     }
 
     #[test]
@@ -188,9 +176,7 @@ mod tests {
             (&["-q", "awq"], "quantization"),
             (&["--lora-modules", "a=/x"], "LoRA"),
             (&["--enable-chunked-prefill", "--no-enable-chunked-prefill"], "prefill without chunking"),
-            (&["--max-logprobs", "5"], "max_logprobs"),
             (&["--load-format", "pt"], "load format"),
-            (&["--chat-template", "t.jinja"], "chat template"),
         ] {
             let err = check(args, "dir").expect_err("must be refused");
             assert!(err.contains(feature) && err.contains("not built"), "{args:?}: {err}");

@@ -22,10 +22,13 @@ pub fn run(args: ServeArgs, cors: CorsLayer) -> Result<()> {
         max_model_len: args.max_model_len,
         enable_prefix_caching: !args.no_enable_prefix_caching,
         seed: args.seed,
+        max_logprobs: args.max_logprobs()?,
         ..EngineConfig::default()
     };
     let config = args.device.apply(dtype, args.kv_cache_memory.is_some(), config);
-    let llm = LLM::new(&args.model, dtype, config).with_context(|| format!("loading {}", args.model.display()))?;
+    let overrides = args.tokenizer_overrides()?;
+    let llm = LLM::with_tokenizer(&args.model, dtype, config, &overrides)
+        .with_context(|| format!("loading {}", args.model.display()))?;
     let state = AppState::new(llm.client(), super::server_config(&args, cors, sampling_defaults));
     super::serve_on(&args, |listener, grace| {
         ferrite_server::serve(listener, state, super::args::shutdown_signal(), grace)

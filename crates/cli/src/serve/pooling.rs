@@ -27,6 +27,9 @@ pub fn run(args: ServeArgs, task: Option<ServeTask>, cors: CorsLayer) -> Result<
     if !args.model.is_dir() {
         bail!("pooling models load from a checkpoint directory (config.json + safetensors), not {model_root}");
     }
+    if args.tokenizer.is_some() || args.chat_template.is_some() {
+        bail!("--tokenizer and --chat-template are for generative models; pooling models use their own tokenizer");
+    }
     if args.device.device != Device::Cpu {
         bail!("pooling models run on the CPU only (--device {:?} is for generative models)", args.device.device);
     }
