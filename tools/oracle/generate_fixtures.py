@@ -167,6 +167,15 @@ def _unit_embed_scale(model: torch.nn.Module) -> None:
 
 DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
+# Phi-3 with LongRoPE: short factors up to 256 positions, long factors beyond.
+PHI3_LONGROPE: dict[str, Any] = dict(
+    hidden_size=48, intermediate_size=96, pad_token_id=None, max_position_embeddings=2048,
+    original_max_position_embeddings=256,
+    rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                         short_factor=[1.0, 1.02, 1.1, 1.25, 1.5, 2.0],
+                         long_factor=[1.0, 1.6, 3.0, 5.0, 8.0, 12.0]),
+)
+
 SPECS: list[Spec] = [
     Spec(
         name="llama",
@@ -384,13 +393,7 @@ SPECS: list[Spec] = [
         config_class="Phi3Config",
         architecture="Phi3ForCausalLM",
         save_dtype="bfloat16",
-        kwargs=dict(
-            hidden_size=48, intermediate_size=96, pad_token_id=None, max_position_embeddings=2048,
-            original_max_position_embeddings=256,
-            rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
-                                 short_factor=[1.0, 1.02, 1.1, 1.25, 1.5, 2.0],
-                                 long_factor=[1.0, 1.6, 3.0, 5.0, 8.0, 12.0]),
-        ),
+        kwargs=PHI3_LONGROPE,
         feature="LongRoPE: short factors up to original_max_position_embeddings 256, long factors beyond (prompts of "
         "297+ tokens), cos/sin scaled by sqrt(1 + ln(2048/256)/ln(256)) = 1.1726",
         ablate_config=dict(rope_parameters=dict(DEFAULT_ROPE)),
@@ -412,13 +415,7 @@ SPECS: list[Spec] = [
         config_class="Phi3Config",
         architecture="Phi3ForCausalLM",
         save_dtype="bfloat16",
-        kwargs=dict(
-            hidden_size=48, intermediate_size=96, pad_token_id=None, max_position_embeddings=2048,
-            original_max_position_embeddings=256,
-            rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
-                                 short_factor=[1.0, 1.02, 1.1, 1.25, 1.5, 2.0],
-                                 long_factor=[1.0, 1.6, 3.0, 5.0, 8.0, 12.0]),
-        ),
+        kwargs=PHI3_LONGROPE,
         # Prompt + output cross 256: generate() recomputes the whole sequence there.
         extra_prompt_tokens=[("cross_switch_250", 250)],
         feature="LongRoPE switch during decode: a 250-token prompt whose output crosses original_max 256, where "

@@ -94,18 +94,24 @@ impl Histogram {
     }
 
     fn render(&self, out: &mut String, labels: &str) {
-        let (name, s) = (self.name, self.state.lock().unwrap_or_else(|e| e.into_inner()));
-        let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} histogram", self.help);
-        let mut cumulative = 0;
-        for (i, count) in s.counts.iter().enumerate() {
-            cumulative += count;
-            // `{:?}` prints 1.0 as "1.0", as Python's prometheus_client does.
-            let le = self.bounds.get(i).map_or_else(|| "+Inf".to_string(), |b| format!("{b:?}"));
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-        }
-        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {:?}", s.sum);
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        write_histogram(out, self.name, self.help, labels, &self.bounds, &s.counts, s.sum);
     }
+}
+
+/// One histogram in the exposition format from its per-bucket (not cumulative) counts, the last
+/// of them past every bound.
+fn write_histogram(out: &mut String, name: &str, help: &str, labels: &str, bounds: &[f64], counts: &[u64], sum: f64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+    let mut cumulative = 0;
+    for (i, count) in counts.iter().enumerate() {
+        cumulative += count;
+        // `{:?}` prints 1.0 as "1.0", as Python's prometheus_client does.
+        let le = bounds.get(i).map_or_else(|| "+Inf".to_string(), |b| format!("{b:?}"));
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {sum:?}");
 }
 
 /// One finished choice, as the request tracker saw it.
@@ -332,16 +338,9 @@ impl Metrics {
 
 /// The engine's tokens-per-step counts as vLLM's `iteration_tokens_total` histogram.
 fn render_iteration_tokens(out: &mut String, labels: &str, h: &IterationTokens) {
-    let name = "vllm:iteration_tokens_total";
-    let _ = writeln!(out, "# HELP {name} Histogram of number of tokens per engine_step.\n# TYPE {name} histogram");
-    let mut cumulative = 0;
-    for (i, count) in h.counts.iter().enumerate() {
-        cumulative += count;
-        let le = IterationTokens::BOUNDS.get(i).map_or_else(|| "+Inf".to_string(), |&b| format!("{:?}", b as f64));
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-    }
-    let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
-    let _ = writeln!(out, "{name}_sum{{{labels}}} {:?}", h.sum as f64);
+    let bounds = IterationTokens::BOUNDS.map(|b| b as f64);
+    let help = "Histogram of number of tokens per engine_step.";
+    write_histogram(out, "vllm:iteration_tokens_total", help, labels, &bounds, &h.counts, h.sum as f64);
 }
 
 #[cfg(test)]
