@@ -2,8 +2,12 @@
 
 import json
 import math
+import os
+import subprocess
 import threading
 import time
+
+import pytest
 
 from conftest import MAX_MODEL_LEN, NAME, open_stream, sse_events
 
@@ -360,3 +364,30 @@ def test_long_prompts_do_not_stall_other_connections(server):
     busy = min(d for _, d in done)
     assert busy > 1.0, f"the prompts took only {busy:.2f} s: too short to show a stall"
     assert worst < 0.5, f"/health took {worst:.2f} s while long prompts were tokenized ({busy:.2f} s)"
+
+
+def test_bench_with_vllm_bench_serve_flags(server, tmp_path):
+    # `vllm bench serve`'s command line against the server: vLLM's table and result fields.
+    r = subprocess.run(
+        [os.environ["FERRITE_BIN"], "bench", "--base-url", server.base, "--backend", "vllm", "--dataset-name", "random",
+         "--random-input-len", "16", "--random-output-len", "8", "--num-prompts", "6", "--max-concurrency", "2",
+         "--request-rate", "50", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+         "--goodput", "ttft:60000", "--ignore-eos", "--save-result", "--result-dir", str(tmp_path),
+         "--result-filename", "r.json"],
+        capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "============ Serving Benchmark Result ============" in r.stdout
+    for line in ["Successful requests:", "Maximum request concurrency:", "Output token throughput (tok/s):",
+                 "Mean TTFT (ms):", "P99 TPOT (ms):", "Median ITL (ms):", "P50 E2EL (ms):"]:
+        assert line in r.stdout, (line, r.stdout)
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["completed"] == 6 and result["failed"] == 0
+    assert result["total_input_tokens"] == 6 * 16 and result["total_output_tokens"] == 6 * 8
+    assert result["request_goodput"] == pytest.approx(result["request_throughput"])
+    for key in ["duration", "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_tpot_ms",
+                "p99_itl_ms", "p50_e2el_ms", "std_ttft_ms"]:
+        assert key in result, key
+    assert result["output_lens"] == [8] * 6 and len(result["ttfts"]) == 6
+    bad = subprocess.run([os.environ["FERRITE_BIN"], "bench", "--base-url", server.base, "--dataset-name", "sharegpt"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "only the random dataset" in bad.stderr, bad.stderr

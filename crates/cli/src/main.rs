@@ -24,7 +24,7 @@ enum Command {
     /// Serve a model over the OpenAI-compatible HTTP API.
     Serve(Box<serve::ServeArgs>),
     /// Benchmark an OpenAI-compatible server (ours or another) and print JSON.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Print the model matrix (docs/model-matrix.md is generated from it).
     Matrix(matrix::MatrixArgs),
     /// Print the path of the default model (SmolLM2-135M-Instruct), downloading it on first use.
@@ -44,7 +44,7 @@ fn main() -> std::process::ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::Serve(args) => serve::run(*args),
         Command::Matrix(args) => matrix::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => bench::run(*args),
         Command::DefaultModel => default_model::resolve().map(|p| println!("{}", p.display())),
     };
     match result {

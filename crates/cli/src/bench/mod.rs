@@ -15,7 +15,7 @@ use hyper_util::rt::TokioExecutor;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Server base URL (no trailing slash).
     #[arg(long, default_value = "http://127.0.0.1:8000")]
@@ -46,6 +46,68 @@ pub struct BenchArgs {
     /// A label for the server under test, copied into the JSON.
     #[arg(long, default_value = "ferrite")]
     pub label: String,
+    #[command(flatten)]
+    pub vllm: VllmBenchArgs,
+}
+
+/// `vllm bench serve`'s flags. Any of the run-shaping ones switches to its mode: one run of
+/// `--num-prompts` requests, arriving at `--request-rate` (Poisson, or gamma with
+/// `--burstiness`), at most `--max-concurrency` at once, reported as vLLM's result table and
+/// (`--save-result`) JSON, so the two tools' results compare line by line.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct VllmBenchArgs {
+    /// Requests in flight at once (vLLM mode); default: no limit.
+    #[arg(long)]
+    pub max_concurrency: Option<usize>,
+    /// Requests per second; `inf` sends them all at once.
+    #[arg(long)]
+    pub request_rate: Option<f64>,
+    /// Gamma shape of the arrival times (1 is Poisson).
+    #[arg(long, default_value_t = 1.0)]
+    pub burstiness: f64,
+    /// Only `random` is built.
+    #[arg(long)]
+    pub dataset_name: Option<String>,
+    /// Prompt length (vLLM's name for --input-len).
+    #[arg(long)]
+    pub random_input_len: Option<usize>,
+    /// Output length (vLLM's name for --output-len).
+    #[arg(long)]
+    pub random_output_len: Option<usize>,
+    /// Lengths are drawn from [len * (1 - r), len * (1 + r)].
+    #[arg(long, default_value_t = 0.0)]
+    pub random_range_ratio: f64,
+    /// Metrics to report percentiles of: ttft, tpot, itl, e2el.
+    #[arg(long, default_value = "ttft,tpot,itl")]
+    pub percentile_metrics: String,
+    #[arg(long, default_value = "99")]
+    pub metric_percentiles: String,
+    /// SLOs (`ttft:500 tpot:50`, milliseconds) for the goodput: requests per second that meet all.
+    #[arg(long, num_args = 1..)]
+    pub goodput: Vec<String>,
+    #[arg(long)]
+    pub save_result: bool,
+    #[arg(long, default_value = ".")]
+    pub result_dir: std::path::PathBuf,
+    #[arg(long)]
+    pub result_filename: Option<String>,
+    /// Accepted: ferrite always talks to an OpenAI-compatible completions endpoint.
+    #[arg(long, default_value = "vllm")]
+    pub backend: String,
+    /// Accepted: EOS is always ignored, so every request generates its full length.
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+impl VllmBenchArgs {
+    fn is_set(&self) -> bool {
+        self.max_concurrency.is_some()
+            || self.request_rate.is_some()
+            || self.dataset_name.is_some()
+            || self.random_input_len.is_some()
+            || self.random_output_len.is_some()
+            || self.save_result
+    }
 }
 
 struct RequestTiming {
@@ -98,9 +160,15 @@ fn metric_sum(text: &str, suffix: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
-async fn one_request(client: &HttpClient, args: &BenchArgs, model: &str, prompt: Vec<u32>) -> Result<RequestTiming> {
+async fn one_request(
+    client: &HttpClient,
+    args: &BenchArgs,
+    model: &str,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+) -> Result<RequestTiming> {
     let body = json!({
-        "model": model, "prompt": prompt, "max_tokens": args.output_len, "temperature": 0.0,
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
         "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true},
     });
     let mut req =
@@ -183,7 +251,7 @@ async fn run_level(
         loop {
             let next = queue.lock().expect("queue lock").next();
             let Some(prompt) = next else { break };
-            timings.push(one_request(client, args, model, prompt).await?);
+            timings.push(one_request(client, args, model, prompt, args.output_len).await?);
         }
         Ok::<_, anyhow::Error>(timings)
     });
@@ -236,6 +304,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 models["data"][0]["id"].as_str().context("/v1/models lists no model")?.to_owned()
             }
         };
+        if args.vllm.is_set() {
+            return vllm_mode::run(&client, &args, &model).await;
+        }
         let metrics_url = format!("{}/metrics", args.base_url);
         let mut results = Vec::new();
         for &c in &levels {
@@ -280,6 +351,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Ok(())
     })
 }
+
+mod vllm_mode;
 
 #[cfg(test)]
 mod tests {
