@@ -336,6 +336,9 @@ def test_ping_and_load(server):
     assert server.request("POST", "/ping")[0] == 200
     status, body = server.json("GET", "/load")
     assert status == 200 and body["server_load"] >= 0
+    status, info = server.json("GET", "/server_info")
+    assert status == 200 and info["served_model_names"] == [NAME] and info["max_model_len"] == MAX_MODEL_LEN
+    assert info["generates"] is True and info["api_key_required"] is False
 
 
 def test_long_prompts_do_not_stall_other_connections(server):

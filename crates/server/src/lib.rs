@@ -199,6 +199,7 @@ pub(crate) fn with_common_routes<S: Served>(routes: Router<Arc<S>>) -> Router<Ar
         // vLLM's SageMaker-style liveness route, as /health.
         .route("/ping", get(health).post(health))
         .route("/load", get(load::<S>))
+        .route("/server_info", get(server_info::<S>))
         .route("/version", get(version))
         .route("/v1/models", get(models::<S>))
         .fallback(not_found)
@@ -305,6 +306,22 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 async fn health() -> StatusCode {
     StatusCode::OK
+}
+
+/// vLLM's `/server_info`: what the server was started with (the settings a client can act on).
+async fn server_info<S: Served>(State(state): State<Arc<S>>) -> Json<serde_json::Value> {
+    let served = state.served();
+    let c = &served.config;
+    Json(serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "model": c.model_root,
+        "served_model_names": c.served_model_names,
+        "max_model_len": served.max_model_len,
+        "max_num_seqs": c.max_num_seqs,
+        "max_queue": c.max_queue,
+        "generates": S::GENERATES,
+        "api_key_required": c.api_key.is_some(),
+    }))
 }
 
 /// vLLM's `/load`: the requests the server is working on.
