@@ -1,10 +1,12 @@
 """The server under load and over its life: API keys, the queue bound, clients that vanish
 mid-stream, 64 concurrent streams, shutdown on SIGTERM / SIGINT, CORS and request-id headers."""
 
+import http.client
 import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from conftest import MODEL, NAME, open_stream, sse_events
+from conftest import MODEL, NAME, free_port, open_stream, sse_events
 
 
 def test_api_key_guards_v1_only(spawn):
@@ -234,7 +236,6 @@ def test_ferrite_api_key_when_vllm_api_key_is_unset(spawn):
     (["--kv-cache-dtype", "fp8"], "KV cache"),
     (["--no-enable-chunked-prefill"], "prefill without chunking"),
     (["--revision", "main"], "not a model id"),
-    (["--ssl-keyfile", "k.pem", "--ssl-certfile", "c.pem"], "TLS"),
     (["--load-format", "gguf"], "does not match"),
 ])
 def test_vllm_flags_for_features_not_built_fail_at_start_naming_them(flags, feature):
@@ -273,3 +274,48 @@ def test_chat_template_max_logprobs_and_tokenizer_flags(spawn):
     r = subprocess.run([os.environ["FERRITE_BIN"], "serve", str(MODEL), "--tokenizer", "no/such-tokenizer"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "no/such-tokenizer" in r.stderr, r.stderr
+
+
+def test_https_with_vllms_ssl_flags(tmp_path):
+    tls = MODEL.parents[1] / "tls"
+    port = free_port()
+    context = ssl.create_default_context(cafile=str(tls / "cert.pem"))
+
+    def health(secure=True):
+        conn = (http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=context) if secure
+                else http.client.HTTPConnection("127.0.0.1", port, timeout=5))
+        try:
+            conn.request("GET", "/health")
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    log = open(tmp_path / "https.log", "wb")
+    proc = subprocess.Popen([os.environ["FERRITE_BIN"], "serve", str(MODEL), "--port", str(port), "--served-model-name", NAME,
+                             "--kv-cache-memory", "64MiB", "--ssl-certfile", str(tls / "cert.pem"),
+                             "--ssl-keyfile", str(tls / "key.pem")], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                if health() == 200:
+                    break
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.1)
+        http_client = openai.DefaultHttpxClient(verify=context)
+        client = openai.OpenAI(base_url=f"https://127.0.0.1:{port}/v1", api_key="unused", http_client=http_client,
+                               max_retries=0)
+        assert client.completions.create(model=NAME, prompt="hi", max_tokens=3).usage.completion_tokens <= 3
+        # Plain HTTP on the TLS port gets no answer, and the server keeps serving.
+        with pytest.raises((OSError, http.client.HTTPException)):
+            health(secure=False)
+        assert health() == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        log.close()
+    bad = subprocess.run([os.environ["FERRITE_BIN"], "serve", str(MODEL), "--ssl-certfile", str(tls / "key.pem"),
+                          "--ssl-keyfile", str(tls / "key.pem")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "key.pem" in bad.stderr and "certificate" in bad.stderr, bad.stderr

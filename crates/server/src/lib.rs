@@ -22,6 +22,7 @@ pub use params::SamplingDefaults;
 pub mod pooling;
 pub mod protocol;
 mod sse;
+pub mod tls;
 mod tokenize;
 
 use std::future::{Future, IntoFuture};
@@ -72,6 +73,8 @@ pub struct ServerConfig {
     pub request_id_headers: bool,
     /// One log line per request (off with vLLM's `--disable-log-requests`).
     pub log_requests: bool,
+    /// HTTPS instead of HTTP (vLLM's `--ssl-certfile` and `--ssl-keyfile`).
+    pub tls: Option<tls::Tls>,
 }
 
 /// What the generation and the pooling server share about the model they serve: the names it
@@ -240,8 +243,8 @@ pub async fn serve(
     serve_router(listener, router(state.clone()), state, shutdown, grace).await
 }
 
-/// `serve` and `pooling::serve_pooling` alike: serves `app` until `shutdown` resolves, then
-/// drains in-flight requests for up to `grace`.
+/// `serve` and `pooling::serve_pooling` alike: serves `app` (over TLS when the config has it)
+/// until `shutdown` resolves, then drains in-flight requests for up to `grace`.
 pub(crate) async fn serve_router<S: Served>(
     listener: TcpListener,
     app: Router,
@@ -249,14 +252,33 @@ pub(crate) async fn serve_router<S: Served>(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> std::io::Result<()> {
-    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-    // Without TCP_NODELAY the first streamed chunk after the response headers waits for the
-    // client's delayed ACK (40 ms on Linux): that was the whole TTFT of a short prompt.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!(error = %e, "cannot set TCP_NODELAY on a connection");
+    match state.served().config.tls.clone() {
+        Some(tls) => serve_on(tls.listen(listener)?, app, state, shutdown, grace).await,
+        None => {
+            // Without TCP_NODELAY the first streamed chunk after the response headers waits for
+            // the client's delayed ACK (40 ms on Linux): that was the whole TTFT of a short prompt.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::warn!(error = %e, "cannot set TCP_NODELAY on a connection");
+                }
+            });
+            serve_on(listener, app, state, shutdown, grace).await
         }
-    });
+    }
+}
+
+async fn serve_on<S: Served, L>(
+    listener: L,
+    app: Router,
+    state: Arc<S>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let drained = state.clone();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
@@ -424,6 +446,7 @@ mod tests {
             cors: cors::Cors::default().layer().unwrap(),
             request_id_headers: false,
             log_requests: true,
+            tls: None,
         }
     }
 

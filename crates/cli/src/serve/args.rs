@@ -179,6 +179,12 @@ pub struct ServeArgs {
     /// Headers cross-origin requests may send, a JSON list.
     #[arg(long, default_value = r#"["*"]"#, help_heading = "Frontend")]
     pub allowed_headers: String,
+    /// Serve HTTPS with this PEM certificate chain (and --ssl-keyfile).
+    #[arg(long, requires = "ssl_keyfile", help_heading = "Frontend")]
+    pub ssl_certfile: Option<PathBuf>,
+    /// The PEM private key of --ssl-certfile.
+    #[arg(long, requires = "ssl_certfile", help_heading = "Frontend")]
+    pub ssl_keyfile: Option<PathBuf>,
     /// Put `X-Request-Id` on every response: the request's own, else a fresh id.
     #[arg(long, help_heading = "Frontend")]
     pub enable_request_id_headers: bool,

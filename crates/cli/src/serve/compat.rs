@@ -56,11 +56,6 @@ pub struct VllmFlags {
     /// Reasoning parsers (not built yet).
     #[arg(long, help_heading = "Frontend")]
     pub reasoning_parser: Option<String>,
-    /// TLS (not built yet: terminate TLS in a proxy in front of ferrite).
-    #[arg(long, help_heading = "Frontend")]
-    pub ssl_keyfile: Option<String>,
-    #[arg(long, help_heading = "Frontend")]
-    pub ssl_certfile: Option<String>,
     /// Images, audio and video per prompt (multimodal models are not built yet).
     #[arg(long, help_heading = "MultiModalConfig")]
     pub limit_mm_per_prompt: Option<String>,
@@ -112,7 +107,6 @@ impl VllmFlags {
             set(self.enable_auto_tool_choice, "--enable-auto-tool-choice", "tool calling"),
             set(self.tool_call_parser.is_some(), "--tool-call-parser", "tool calling"),
             set(self.reasoning_parser.is_some(), "--reasoning-parser", "reasoning parsers"),
-            set(self.ssl_keyfile.is_some() || self.ssl_certfile.is_some(), "--ssl-keyfile/--ssl-certfile", "TLS"),
             set(self.limit_mm_per_prompt.is_some(), "--limit-mm-per-prompt", "multimodal input"),
         ]
         .into_iter()

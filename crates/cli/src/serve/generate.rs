@@ -5,12 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use ferrite_engine::{EngineConfig, LLM};
-use ferrite_server::cors::CorsLayer;
 use ferrite_server::{AppState, SamplingDefaults};
 
 use super::ServeArgs;
 
-pub fn run(args: ServeArgs, cors: CorsLayer) -> Result<()> {
+pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
     // Before the (slow) model load, so that a bad --generation-config fails at once.
     let sampling_defaults = sampling_defaults(&args)?;
     let dtype = args.dtype.dtype_on(args.device.device);
@@ -29,7 +28,7 @@ pub fn run(args: ServeArgs, cors: CorsLayer) -> Result<()> {
     let overrides = args.tokenizer_overrides()?;
     let llm = LLM::with_tokenizer(&args.model, dtype, config, &overrides)
         .with_context(|| format!("loading {}", args.model.display()))?;
-    let state = AppState::new(llm.client(), super::server_config(&args, cors, sampling_defaults));
+    let state = AppState::new(llm.client(), super::server_config(&args, frontend, sampling_defaults));
     super::serve_on(&args, |listener, grace| {
         ferrite_server::serve(listener, state, super::args::shutdown_signal(), grace)
     })?;

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use ferrite_server::cors::CorsLayer;
+use ferrite_server::tls::Tls;
 use ferrite_server::{SamplingDefaults, ServerConfig};
 use tokio::net::TcpListener;
 
@@ -27,14 +28,27 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         bail!("--shutdown-timeout must be a non-negative number of seconds");
     }
     let cors = args::cors_layer(&args)?;
+    // Checked before the (slow) model load, so that a bad certificate fails at once.
+    let tls = match (&args.ssl_certfile, &args.ssl_keyfile) {
+        (Some(cert), Some(key)) => {
+            Some(Tls::load(cert, key).map_err(anyhow::Error::msg).context("--ssl-certfile/--ssl-keyfile")?)
+        }
+        _ => None,
+    };
     match pooling::task(&args)? {
-        Some(task) => pooling::run(args, task, cors),
-        None => generate::run(args, cors),
+        Some(task) => pooling::run(args, task, Frontend { cors, tls }),
+        None => generate::run(args, Frontend { cors, tls }),
     }
 }
 
+/// The HTTP side the flags ask for, checked before the model loads.
+pub struct Frontend {
+    cors: CorsLayer,
+    tls: Option<Tls>,
+}
+
 /// What the flags say about the server, apart from the engine.
-fn server_config(args: &ServeArgs, cors: CorsLayer, sampling_defaults: SamplingDefaults) -> ServerConfig {
+fn server_config(args: &ServeArgs, frontend: Frontend, sampling_defaults: SamplingDefaults) -> ServerConfig {
     let model_root = args.model_id.clone();
     let served_model_names =
         if args.served_model_name.is_empty() { vec![model_root.clone()] } else { args.served_model_name.clone() };
@@ -45,7 +59,8 @@ fn server_config(args: &ServeArgs, cors: CorsLayer, sampling_defaults: SamplingD
         max_num_seqs: args.max_num_seqs,
         max_queue: args.max_queue,
         sampling_defaults,
-        cors,
+        cors: frontend.cors,
+        tls: frontend.tls,
         request_id_headers: args.enable_request_id_headers,
         log_requests: !args.vllm.disable_log_requests,
     }

@@ -5,7 +5,6 @@
 use anyhow::{bail, Context, Result};
 use ferrite_engine::pooling::{is_pooling_only, ServeTask};
 use ferrite_engine::{Device, PoolingConfig, PoolingEngine};
-use ferrite_server::cors::CorsLayer;
 use ferrite_server::pooling::PoolingState;
 
 use super::args::{ServeArgs, TaskArg};
@@ -22,7 +21,7 @@ pub fn task(args: &ServeArgs) -> Result<Option<Option<ServeTask>>> {
     })
 }
 
-pub fn run(args: ServeArgs, task: Option<ServeTask>, cors: CorsLayer) -> Result<()> {
+pub fn run(args: ServeArgs, task: Option<ServeTask>, frontend: super::Frontend) -> Result<()> {
     let model_root = args.model.display().to_string();
     if !args.model.is_dir() {
         bail!("pooling models load from a checkpoint directory (config.json + safetensors), not {model_root}");
@@ -41,7 +40,7 @@ pub fn run(args: ServeArgs, task: Option<ServeTask>, cors: CorsLayer) -> Result<
     };
     let engine = PoolingEngine::load(&args.model, args.dtype.dtype(), task, config)
         .with_context(|| format!("loading {model_root}"))?;
-    let state = PoolingState::new(engine.client(), super::server_config(&args, cors, Default::default()));
+    let state = PoolingState::new(engine.client(), super::server_config(&args, frontend, Default::default()));
     super::serve_on(&args, |listener, grace| {
         ferrite_server::pooling::serve_pooling(listener, state, super::args::shutdown_signal(), grace)
     })?;
