@@ -2,8 +2,9 @@
 //! `huggingface_hub`) finds them: `<cache>/models--Qwen--Qwen3-8B/snapshots/<commit>/`, the commit
 //! named by `refs/<revision>` (default `main`) or given as a 40-hex revision. The cache is
 //! `--download-dir`, else `HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`.
-//! Downloading a model that is not in the cache is not built yet: the error says where the id
-//! was looked for, so it can be fetched there (`huggingface-cli download`).
+//! An id not in the cache is downloaded there with the `hf-hub` crate (the configs, tokenizer
+//! files and safetensors weights; `HF_ENDPOINT`, `HF_TOKEN`, resumed after a cut), unless
+//! `HF_HUB_OFFLINE=1`.
 
 use std::path::{Path, PathBuf};
 
@@ -49,24 +50,69 @@ pub fn resolve(model: &Path, revision: Option<&str>, download_dir: Option<&Path>
     let repo = cache.join(format!("models--{}", id.replace('/', "--")));
     let revision = revision.unwrap_or("main");
     let commit = if revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit()) {
-        revision.to_string()
+        Some(revision.to_string())
     } else {
-        let refs = repo.join("refs").join(revision);
-        match std::fs::read_to_string(&refs) {
-            Ok(text) => text.trim().to_string(),
-            Err(_) => bail!(
-                "{id}: not a local path, and revision {revision:?} is not in the Hugging Face cache ({} has no {}); \
-                 downloading from the Hub is not built yet: fetch it there first (huggingface-cli download {id})",
-                cache.display(),
-                refs.strip_prefix(&cache).unwrap_or(&refs).display()
-            ),
-        }
+        std::fs::read_to_string(repo.join("refs").join(revision)).ok().map(|text| text.trim().to_string())
     };
-    let snapshot = repo.join("snapshots").join(&commit);
-    if !snapshot.join("config.json").exists() {
-        bail!("{id}: the cached snapshot {} has no config.json (an incomplete download?)", snapshot.display());
-    }
+    let snapshot = match commit.map(|c| repo.join("snapshots").join(c)).filter(|s| s.join("config.json").exists()) {
+        Some(snapshot) => snapshot,
+        None if std::env::var_os("HF_HUB_OFFLINE").is_some_and(|v| v == "1") => bail!(
+            "{id}: revision {revision:?} is not in the Hugging Face cache ({}) and HF_HUB_OFFLINE=1 forbids \
+             downloading it",
+            cache.display()
+        ),
+        None => download(id, revision, &cache)?,
+    };
     Ok(snapshot)
+}
+
+/// The files a checkpoint directory needs: configs, tokenizer files, chat templates and
+/// safetensors weights (not the PyTorch, TensorFlow or ONNX copies a repository may also hold).
+fn needed(file: &str) -> bool {
+    [".json", ".safetensors", ".jinja", ".model", ".txt"].iter().any(|ext| file.ends_with(ext))
+}
+
+/// Downloads what `id` at `revision` needs into `cache` and returns its snapshot directory.
+fn download(id: &str, revision: &str, cache: &Path) -> Result<PathBuf> {
+    use hf_hub::api::sync::ApiBuilder;
+    use hf_hub::{Cache, Repo, RepoType};
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let mut builder = ApiBuilder::from_cache(Cache::new(cache.to_path_buf()))
+        .with_progress(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_retries(3);
+    if let Some(endpoint) = env("HF_ENDPOINT") {
+        builder = builder.with_endpoint(endpoint);
+    }
+    if let Some(token) = env("HF_TOKEN") {
+        builder = builder.with_token(Some(token));
+    }
+    let hub_error = |e: hf_hub::api::sync::ApiError| {
+        let text = e.to_string();
+        let hint = if text.contains("401") || text.contains("403") {
+            " (a gated or private model: set HF_TOKEN to a token that may read it)"
+        } else if text.contains("404") {
+            " (no such model or revision on the Hub)"
+        } else {
+            ""
+        };
+        anyhow::anyhow!("{id}: downloading from the Hub: {text}{hint}")
+    };
+    let api = builder.build().map_err(hub_error)?;
+    let repo = api.repo(Repo::with_revision(id.to_owned(), RepoType::Model, revision.to_owned()));
+    let info = repo.info().map_err(hub_error)?;
+    let files: Vec<&str> = info.siblings.iter().map(|s| s.rfilename.as_str()).filter(|f| needed(f)).collect();
+    if !files.contains(&"config.json") {
+        bail!("{id}: the repository has no config.json at revision {revision:?}: not a checkpoint ferrite loads");
+    }
+    eprintln!("ferrite: downloading {id} ({} files) into {}", files.len(), cache.display());
+    let mut snapshot = None;
+    for file in files {
+        let path = repo.get(file).map_err(hub_error)?;
+        if file == "config.json" {
+            snapshot = path.parent().map(Path::to_path_buf);
+        }
+    }
+    snapshot.ok_or_else(|| anyhow::anyhow!("{id}: config.json was downloaded outside a snapshot directory"))
 }
 
 #[cfg(test)]
@@ -116,14 +162,10 @@ mod tests {
     }
 
     #[test]
-    fn missing_ids_and_revisions_say_where_they_were_looked_for() {
-        let cache = cache_with("Org/Model-1", COMMIT);
-        let err = resolve(Path::new("Org/Other"), None, Some(&cache.path)).unwrap_err().to_string();
-        assert!(err.contains("Org/Other") && err.contains("not built yet") && err.contains("huggingface-cli"), "{err}");
-        let err = resolve(Path::new("Org/Model-1"), Some("v2"), Some(&cache.path)).unwrap_err().to_string();
-        assert!(err.contains("\"v2\"") && err.contains("refs/v2"), "{err}");
-        let err = resolve(Path::new("./nope/model"), None, Some(&cache.path)).unwrap_err().to_string();
+    fn paths_that_are_not_ids_are_missing_files() {
+        let err = resolve(Path::new("./nope/model"), None, None).unwrap_err().to_string();
         assert!(err.contains("no such file"), "{err}");
+        assert!(!looks_like_id("a/b/c") && !looks_like_id("m.gguf") && looks_like_id("Org/Model-1"));
     }
 
     #[test]
