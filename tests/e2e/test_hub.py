@@ -118,3 +118,18 @@ def test_private_and_broken_repositories_fail_naming_the_cause(hub, tmp_path):
     assert r.returncode != 0 and "404" in r.stderr, r.stderr
     r = start("tiny/llama", dict(env, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty")))
     assert r.returncode != 0 and "HF_HUB_OFFLINE" in r.stderr, r.stderr
+
+
+def test_a_gguf_file_of_a_repository(hub, tmp_path):
+    gguf = os.environ.get("FERRITE_SMOLLM2_GGUF")
+    if not gguf:
+        pytest.skip("SKIP: FERRITE_SMOLLM2_GGUF (the default model's GGUF, which scripts/test.sh fetches) is not set")
+    Hub.repos["tiny/gguf"] = {"smol.Q4_1.gguf": open(gguf, "rb").read(), "README.json": b"{}"}
+    env = dict(os.environ, HF_ENDPOINT=hub, HF_HUB_CACHE=str(tmp_path / "hub"))
+    r = start("tiny/gguf:smol.Q4_1.gguf", env)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "hub" / "models--tiny--gguf" / "snapshots" / COMMIT / "smol.Q4_1.gguf").exists()
+    # Only the named file is fetched.
+    assert not (tmp_path / "hub" / "models--tiny--gguf" / "snapshots" / COMMIT / "README.json").exists()
+    r = start("tiny/gguf:other.gguf", env)
+    assert r.returncode != 0 and "404" in r.stderr, r.stderr

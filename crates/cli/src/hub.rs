@@ -4,7 +4,7 @@
 //! `--download-dir`, else `HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`.
 //! An id not in the cache is downloaded there with the `hf-hub` crate (the configs, tokenizer
 //! files and safetensors weights; `HF_ENDPOINT`, `HF_TOKEN`, resumed after a cut), unless
-//! `HF_HUB_OFFLINE=1`.
+//! `HF_HUB_OFFLINE=1`. `org/name:file.gguf` names one GGUF file of a repository, fetched alone.
 
 use std::path::{Path, PathBuf};
 
@@ -42,6 +42,11 @@ pub fn resolve(model: &Path, revision: Option<&str>, download_dir: Option<&Path>
         }
         return Ok(model.to_path_buf());
     }
+    let gguf =
+        model.to_str().and_then(|m| m.split_once(':')).filter(|(id, f)| looks_like_id(id) && f.ends_with(".gguf"));
+    if let Some((id, file)) = gguf {
+        return resolve_file(id, file, revision.unwrap_or("main"), &cache_dir(download_dir));
+    }
     let id = model.to_str().filter(|m| looks_like_id(m));
     let Some(id) = id else {
         bail!("{}: no such file or directory", model.display());
@@ -56,7 +61,7 @@ pub fn resolve(model: &Path, revision: Option<&str>, download_dir: Option<&Path>
     };
     let snapshot = match commit.map(|c| repo.join("snapshots").join(c)).filter(|s| s.join("config.json").exists()) {
         Some(snapshot) => snapshot,
-        None if std::env::var_os("HF_HUB_OFFLINE").is_some_and(|v| v == "1") => bail!(
+        None if offline() => bail!(
             "{id}: revision {revision:?} is not in the Hugging Face cache ({}) and HF_HUB_OFFLINE=1 forbids \
              downloading it",
             cache.display()
@@ -66,14 +71,45 @@ pub fn resolve(model: &Path, revision: Option<&str>, download_dir: Option<&Path>
     Ok(snapshot)
 }
 
-/// The files a checkpoint directory needs: configs, tokenizer files, chat templates and
-/// safetensors weights (not the PyTorch, TensorFlow or ONNX copies a repository may also hold).
-fn needed(file: &str) -> bool {
-    [".json", ".safetensors", ".jinja", ".model", ".txt"].iter().any(|ext| file.ends_with(ext))
+/// One file of a repository (a GGUF checkpoint), from the cache or downloaded alone.
+fn resolve_file(id: &str, file: &str, revision: &str, cache: &Path) -> Result<PathBuf> {
+    let repo = cache.join(format!("models--{}", id.replace('/', "--")));
+    let cached = std::fs::read_to_string(repo.join("refs").join(revision))
+        .ok()
+        .map(|commit| repo.join("snapshots").join(commit.trim()).join(file))
+        .filter(|path| path.exists());
+    match cached {
+        Some(path) => Ok(path),
+        None if offline() => {
+            bail!("{id}:{file} is not in the Hugging Face cache ({}) and HF_HUB_OFFLINE=1", cache.display())
+        }
+        None => {
+            eprintln!("ferrite: downloading {file} of {id} into {}", cache.display());
+            let repo = hub_repo(id, revision, cache)?;
+            repo.get(file).map_err(|e| hub_error(id, e))
+        }
+    }
 }
 
-/// Downloads what `id` at `revision` needs into `cache` and returns its snapshot directory.
-fn download(id: &str, revision: &str, cache: &Path) -> Result<PathBuf> {
+fn offline() -> bool {
+    std::env::var_os("HF_HUB_OFFLINE").is_some_and(|v| v == "1")
+}
+
+/// A Hub error with the id and, for the usual causes, what to do.
+fn hub_error(id: &str, e: hf_hub::api::sync::ApiError) -> anyhow::Error {
+    let text = e.to_string();
+    let hint = if text.contains("401") || text.contains("403") {
+        " (a gated or private model: set HF_TOKEN to a token that may read it)"
+    } else if text.contains("404") {
+        " (no such model, file or revision on the Hub)"
+    } else {
+        ""
+    };
+    anyhow::anyhow!("{id}: downloading from the Hub: {text}{hint}")
+}
+
+/// The Hub client for `id` at `revision`, caching into `cache`.
+fn hub_repo(id: &str, revision: &str, cache: &Path) -> Result<hf_hub::api::sync::ApiRepo> {
     use hf_hub::api::sync::ApiBuilder;
     use hf_hub::{Cache, Repo, RepoType};
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
@@ -86,20 +122,20 @@ fn download(id: &str, revision: &str, cache: &Path) -> Result<PathBuf> {
     if let Some(token) = env("HF_TOKEN") {
         builder = builder.with_token(Some(token));
     }
-    let hub_error = |e: hf_hub::api::sync::ApiError| {
-        let text = e.to_string();
-        let hint = if text.contains("401") || text.contains("403") {
-            " (a gated or private model: set HF_TOKEN to a token that may read it)"
-        } else if text.contains("404") {
-            " (no such model or revision on the Hub)"
-        } else {
-            ""
-        };
-        anyhow::anyhow!("{id}: downloading from the Hub: {text}{hint}")
-    };
-    let api = builder.build().map_err(hub_error)?;
-    let repo = api.repo(Repo::with_revision(id.to_owned(), RepoType::Model, revision.to_owned()));
-    let info = repo.info().map_err(hub_error)?;
+    let api = builder.build().map_err(|e| hub_error(id, e))?;
+    Ok(api.repo(Repo::with_revision(id.to_owned(), RepoType::Model, revision.to_owned())))
+}
+
+/// The files a checkpoint directory needs: configs, tokenizer files, chat templates and
+/// safetensors weights (not the PyTorch, TensorFlow or ONNX copies a repository may also hold).
+fn needed(file: &str) -> bool {
+    [".json", ".safetensors", ".jinja", ".model", ".txt"].iter().any(|ext| file.ends_with(ext))
+}
+
+/// Downloads what `id` at `revision` needs into `cache` and returns its snapshot directory.
+fn download(id: &str, revision: &str, cache: &Path) -> Result<PathBuf> {
+    let repo = hub_repo(id, revision, cache)?;
+    let info = repo.info().map_err(|e| hub_error(id, e))?;
     let files: Vec<&str> = info.siblings.iter().map(|s| s.rfilename.as_str()).filter(|f| needed(f)).collect();
     if !files.contains(&"config.json") {
         bail!("{id}: the repository has no config.json at revision {revision:?}: not a checkpoint ferrite loads");
@@ -107,7 +143,7 @@ fn download(id: &str, revision: &str, cache: &Path) -> Result<PathBuf> {
     eprintln!("ferrite: downloading {id} ({} files) into {}", files.len(), cache.display());
     let mut snapshot = None;
     for file in files {
-        let path = repo.get(file).map_err(hub_error)?;
+        let path = repo.get(file).map_err(|e| hub_error(id, e))?;
         if file == "config.json" {
             snapshot = path.parent().map(Path::to_path_buf);
         }
