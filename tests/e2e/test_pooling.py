@@ -14,6 +14,7 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -291,3 +292,32 @@ def test_decoder_served_with_task_embed(llama_embed):
         assert cosine(item.embedding, case["last"]) >= 0.99999, case["name"]
     status, body = llama_embed.request("POST", "/v1/completions", {"prompt": "hi"})
     assert status == 404
+
+
+def test_long_inputs_do_not_stall_other_connections(minilm, reranker):
+    # Two 10 MB inputs tokenize (then fail the length check) while /health is polled on both
+    # servers' kinds of request: the tokenization runs beside the async runtime.
+    big = "the quick brown fox " * 500_000
+    for server, path, body in [(minilm, "/v1/embeddings", {"input": big}),
+                               (reranker, "/rerank", {"query": big, "documents": ["a"]})]:
+        done = []
+
+        def send():
+            start = time.time()
+            done.append((server.request("POST", path, body)[0], time.time() - start))
+
+        threads = [threading.Thread(target=send) for _ in range(2)]
+        for t in threads:
+            t.start()
+        worst = 0.0
+        while any(t.is_alive() for t in threads):
+            start = time.time()
+            assert server.request("GET", "/health")[0] == 200
+            worst = max(worst, time.time() - start)
+            time.sleep(0.02)
+        for t in threads:
+            t.join()
+        assert [s for s, _ in done] == [400, 400], (path, done)
+        busy = min(d for _, d in done)
+        assert busy > 0.5, f"{path}: the inputs took only {busy:.2f} s: too short to show a stall"
+        assert worst < 0.5, f"{path}: /health took {worst:.2f} s while long inputs were tokenized ({busy:.2f} s)"

@@ -32,7 +32,10 @@ use crate::protocol::{
     ClassificationData, ClassificationRequest, Embedding, EmbeddingData, EmbeddingRequest, Input, ListResponse,
     RerankDocument, RerankRequest, RerankResponse, RerankResult, RerankUsage, ScoreData, ScoreRequest, Usage,
 };
-use crate::{finish_router, random_id, serve_router, unix_now, with_common_routes, Served, ServedModel, ServerConfig};
+use crate::{
+    finish_router, off_runtime, random_id, serve_router, unix_now, with_common_routes, Served, ServedModel,
+    ServerConfig,
+};
 
 pub struct PoolingState {
     client: PoolingClient,
@@ -162,32 +165,51 @@ impl PoolingState {
     /// Relevance of each `(a, b)` pair and the prompt tokens used: a cross-encoder's activated
     /// logit, or the cosine of an embedding model's embeddings.
     async fn score_pairs(
-        &self,
-        pairs: &[(&str, &str)],
+        self: &Arc<Self>,
+        pairs: Vec<(String, String)>,
         truncate: Option<usize>,
     ) -> Result<(Vec<f32>, usize), ApiError> {
-        if self.is_embedding() {
-            let mut inputs = Vec::with_capacity(pairs.len() * 2);
-            for (a, b) in pairs {
-                inputs.push(self.encode_text(a, truncate, true, "text_1")?);
-                inputs.push(self.encode_text(b, truncate, true, "text_2")?);
-            }
-            let tokens = inputs.iter().map(|s| s.ids.len()).sum();
-            let out = self.run(inputs).await?;
-            let scores = out.chunks(2).map(|p| cosine(&p[0], &p[1]) as f32).collect();
-            return Ok((scores, tokens));
-        }
-        if self.client.info().labels.len() != 1 {
+        let embedding = self.is_embedding();
+        if !embedding && self.client.info().labels.len() != 1 {
             return Err(ApiError::bad_request(format!(
                 "Scoring needs a cross-encoder with one output label; this model has {}.",
                 self.client.info().labels.len()
             )));
         }
-        let inputs: Vec<PoolingInput> =
-            pairs.iter().map(|(a, b)| self.encode_pair(a, b, truncate)).collect::<Result<_, _>>()?;
-        let tokens = inputs.iter().map(|s| s.ids.len()).sum();
+        // Tokenizing long texts must not stall the async runtime.
+        let inputs = off_runtime({
+            let state = self.clone();
+            move || {
+                let mut inputs: Vec<PoolingInput> = Vec::with_capacity(pairs.len() * 2);
+                for (a, b) in &pairs {
+                    if embedding {
+                        inputs.push(state.encode_text(a, truncate, true, "text_1")?);
+                        inputs.push(state.encode_text(b, truncate, true, "text_2")?);
+                    } else {
+                        inputs.push(state.encode_pair(a, b, truncate)?);
+                    }
+                }
+                Ok(inputs)
+            }
+        })
+        .await?;
+        let tokens = prompt_tokens(&inputs);
         let out = self.run(inputs).await?;
+        if embedding {
+            return Ok((out.chunks(2).map(|p| cosine(&p[0], &p[1]) as f32).collect(), tokens));
+        }
         Ok((out.iter().map(|l| self.client.score_activation().apply(l[0])).collect(), tokens))
+    }
+
+    /// [`PoolingState::encode_input`] off the async runtime (long texts take CPU time).
+    async fn encode_input_off(
+        self: &Arc<Self>,
+        input: Input,
+        truncate: Option<usize>,
+        add_special: bool,
+    ) -> Result<Vec<PoolingInput>, ApiError> {
+        let state = self.clone();
+        off_runtime(move || state.encode_input(input, truncate, add_special)).await
     }
 }
 
@@ -235,7 +257,7 @@ async fn embeddings(
         }
     };
     let truncate = state.truncation(req.truncate_prompt_tokens)?;
-    let inputs = state.encode_input(req.input, truncate, req.add_special_tokens.unwrap_or(true))?;
+    let inputs = state.encode_input_off(req.input, truncate, req.add_special_tokens.unwrap_or(true)).await?;
     let tokens = prompt_tokens(&inputs);
     let outputs = state.run(inputs).await?;
     let data = outputs
@@ -292,8 +314,8 @@ async fn score(
     }
     let truncate = state.truncation(req.truncate_prompt_tokens)?;
     let (t1, t2) = (req.text_1.into_vec(), req.text_2.into_vec());
-    let pairs = pairs(&t1, &t2)?;
-    let (scores, tokens) = state.score_pairs(&pairs, truncate).await?;
+    let pairs = pairs(&t1, &t2)?.into_iter().map(|(a, b)| (a.to_owned(), b.to_owned())).collect();
+    let (scores, tokens) = state.score_pairs(pairs, truncate).await?;
     let data =
         scores.into_iter().enumerate().map(|(index, score)| ScoreData { index, object: "score", score }).collect();
     Ok(Json(ListResponse {
@@ -325,8 +347,8 @@ async fn rerank(
         Some(n) => (n as usize).min(req.documents.len()),
     };
     let truncate = state.truncation(req.truncate_prompt_tokens)?;
-    let pairs: Vec<(&str, &str)> = req.documents.iter().map(|d| (req.query.as_str(), d.as_str())).collect();
-    let (scores, tokens) = state.score_pairs(&pairs, truncate).await?;
+    let pairs = req.documents.iter().map(|d| (req.query.clone(), d.clone())).collect();
+    let (scores, tokens) = state.score_pairs(pairs, truncate).await?;
     let mut order: Vec<usize> = (0..scores.len()).collect();
     // Best first; equal scores keep document order.
     order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
@@ -359,7 +381,7 @@ async fn classify(
         return Err(unsupported(&state, "Classification"));
     }
     let truncate = state.truncation(req.truncate_prompt_tokens)?;
-    let inputs = state.encode_input(req.input, truncate, req.add_special_tokens.unwrap_or(true))?;
+    let inputs = state.encode_input_off(req.input, truncate, req.add_special_tokens.unwrap_or(true)).await?;
     let tokens = prompt_tokens(&inputs);
     let labels = &state.client.info().labels;
     let data = state
