@@ -237,6 +237,7 @@ def test_ferrite_api_key_when_vllm_api_key_is_unset(spawn):
     (["--no-enable-chunked-prefill"], "prefill without chunking"),
     (["--revision", "main"], "not a model id"),
     (["--load-format", "gguf"], "does not match"),
+    (["--middleware", "app.Middleware"], "ASGI middleware"),
 ])
 def test_vllm_flags_for_features_not_built_fail_at_start_naming_them(flags, feature):
     r = subprocess.run([os.environ["FERRITE_BIN"], "serve", str(MODEL), *flags],
@@ -319,3 +320,31 @@ def test_https_with_vllms_ssl_flags(tmp_path):
     bad = subprocess.run([os.environ["FERRITE_BIN"], "serve", str(MODEL), "--ssl-certfile", str(tls / "key.pem"),
                           "--ssl-keyfile", str(tls / "key.pem")], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "key.pem" in bad.stderr and "certificate" in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("level,logged", [("info", True), ("warning", False)])
+def test_log_level_decides_the_request_lines(tmp_path, level, logged):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "FERRITE_LOG"}
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([os.environ["FERRITE_BIN"], "serve", str(MODEL), "--port", str(port), "--kv-cache-memory",
+                                 "64MiB", "--uvicorn-log-level", level, "--root-path", "/api"],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.time() + 60
+            while True:
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "hi", "max_tokens": 2}),
+                                 headers={"Content-Type": "application/json"})
+                    assert conn.getresponse().status == 200
+                    break
+                except OSError:
+                    if time.time() > deadline or proc.poll() is not None:
+                        raise
+                    time.sleep(0.1)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0
+    assert ("request submitted" in log_path.read_text()) == logged

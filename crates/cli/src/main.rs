@@ -32,15 +32,21 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse_from(serve::expand_short_aliases(std::env::args()));
+    // FERRITE_LOG (a tracing filter) wins over `serve --log-level`.
+    let default_filter = match &cli.command {
+        Command::Serve(args) => args.log_filter(),
+        _ => "warn,ferrite=info".to_owned(),
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FERRITE_LOG").unwrap_or_else(|_| "warn,ferrite=info".into()),
+            tracing_subscriber::EnvFilter::try_from_env("FERRITE_LOG").unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         // Escape codes only where a terminal reads them, not in files and log collectors.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let result = match Cli::parse_from(serve::expand_short_aliases(std::env::args())).command {
+    let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Serve(args) => serve::run(*args),
         Command::Matrix(args) => matrix::run(args),

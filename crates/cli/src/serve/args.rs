@@ -185,6 +185,13 @@ pub struct ServeArgs {
     /// The PEM private key of --ssl-certfile.
     #[arg(long, requires = "ssl_certfile", help_heading = "Frontend")]
     pub ssl_keyfile: Option<PathBuf>,
+    /// Log level (vLLM's uvicorn log level): critical, error, warning, info, debug or trace.
+    #[arg(long, visible_alias = "uvicorn-log-level", value_parser = ["critical", "error", "warning", "info", "debug", "trace"], default_value = "info", help_heading = "Frontend")]
+    pub log_level: String,
+    /// The path prefix a proxy in front of the server strips (FastAPI's root_path): the routes
+    /// stay where they are, as in vLLM.
+    #[arg(long, help_heading = "Frontend")]
+    pub root_path: Option<String>,
     /// Put `X-Request-Id` on every response: the request's own, else a fresh id.
     #[arg(long, help_heading = "Frontend")]
     pub enable_request_id_headers: bool,
@@ -235,6 +242,17 @@ impl ServeArgs {
             Some(t) => Some(t.to_owned()),
         };
         Ok(ferrite_engine::TokenizerOverrides { tokenizer_dir, chat_template })
+    }
+
+    /// The tracing filter `--log-level` asks for.
+    pub(crate) fn log_filter(&self) -> String {
+        let level = match self.log_level.as_str() {
+            "critical" | "error" => "error",
+            "warning" => "warn",
+            other => other,
+        };
+        // A target matches every module path it begins: ferrite_server, ferrite_engine, ...
+        format!("warn,ferrite={level}")
     }
 
     /// `--max-logprobs`, -1 meaning no limit.
@@ -342,6 +360,14 @@ mod tests {
         assert!(
             !parse(&["m", "--no-enable-prefix-caching", "--enable-prefix-caching"]).unwrap().no_enable_prefix_caching
         );
+    }
+
+    #[test]
+    fn log_levels_map_onto_tracing() {
+        assert_eq!(parse(&["m"]).unwrap().log_filter(), "warn,ferrite=info");
+        assert_eq!(parse(&["m", "--uvicorn-log-level", "warning"]).unwrap().log_filter(), "warn,ferrite=warn");
+        assert_eq!(parse(&["m", "--log-level", "critical"]).unwrap().log_filter(), "warn,ferrite=error");
+        assert!(parse(&["m", "--log-level", "loud"]).is_err());
     }
 
     #[test]

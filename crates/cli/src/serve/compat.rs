@@ -59,6 +59,9 @@ pub struct VllmFlags {
     /// Images, audio and video per prompt (multimodal models are not built yet).
     #[arg(long, help_heading = "MultiModalConfig")]
     pub limit_mm_per_prompt: Option<String>,
+    /// Python ASGI middleware (it cannot run in ferrite).
+    #[arg(long, num_args = 1.., help_heading = "Frontend")]
+    pub middleware: Vec<String>,
     /// No log line per request.
     #[arg(long, help_heading = "Frontend")]
     pub disable_log_requests: bool,
@@ -108,6 +111,7 @@ impl VllmFlags {
             set(self.tool_call_parser.is_some(), "--tool-call-parser", "tool calling"),
             set(self.reasoning_parser.is_some(), "--reasoning-parser", "reasoning parsers"),
             set(self.limit_mm_per_prompt.is_some(), "--limit-mm-per-prompt", "multimodal input"),
+            set(!self.middleware.is_empty(), "--middleware", "Python ASGI middleware"),
         ]
         .into_iter()
         .flatten()
