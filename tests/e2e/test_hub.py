@@ -133,3 +133,8 @@ def test_a_gguf_file_of_a_repository(hub, tmp_path):
     assert not (tmp_path / "hub" / "models--tiny--gguf" / "snapshots" / COMMIT / "README.json").exists()
     r = start("tiny/gguf:other.gguf", env)
     assert r.returncode != 0 and "404" in r.stderr, r.stderr
+    # vLLM's form names the quantization; from the cache when offline.
+    assert start("tiny/gguf:Q4_1", env).returncode == 0
+    assert start("tiny/gguf:q4_1", dict(env, HF_HUB_OFFLINE="1")).returncode == 0
+    r = start("tiny/gguf:Q8_0", env)
+    assert r.returncode != 0 and "Q8_0" in r.stderr, r.stderr

@@ -4,7 +4,8 @@
 //! `--download-dir`, else `HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`.
 //! An id not in the cache is downloaded there with the `hf-hub` crate (the configs, tokenizer
 //! files and safetensors weights; `HF_ENDPOINT`, `HF_TOKEN`, resumed after a cut), unless
-//! `HF_HUB_OFFLINE=1`. `org/name:file.gguf` names one GGUF file of a repository, fetched alone.
+//! `HF_HUB_OFFLINE=1`. `org/name:file.gguf` names one GGUF file of a repository, fetched alone;
+//! `org/name:Q4_K_M` (vLLM's form) the repository's one GGUF file of that quantization.
 
 use std::path::{Path, PathBuf};
 
@@ -46,6 +47,12 @@ pub fn resolve(model: &Path, revision: Option<&str>, download_dir: Option<&Path>
         model.to_str().and_then(|m| m.split_once(':')).filter(|(id, f)| looks_like_id(id) && f.ends_with(".gguf"));
     if let Some((id, file)) = gguf {
         return resolve_file(id, file, revision.unwrap_or("main"), &cache_dir(download_dir));
+    }
+    let quant = model.to_str().and_then(|m| m.split_once(':')).filter(|(id, tag)| {
+        looks_like_id(id) && !tag.is_empty() && tag.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    });
+    if let Some((id, tag)) = quant {
+        return resolve_quant(id, tag, revision.unwrap_or("main"), &cache_dir(download_dir));
     }
     let id = model.to_str().filter(|m| looks_like_id(m));
     let Some(id) = id else {
@@ -89,6 +96,34 @@ fn resolve_file(id: &str, file: &str, revision: &str, cache: &Path) -> Result<Pa
             repo.get(file).map_err(|e| hub_error(id, e))
         }
     }
+}
+
+/// The one GGUF file of `id` whose name carries the quantization `tag` (`Q4_K_M`).
+fn resolve_quant(id: &str, tag: &str, revision: &str, cache: &Path) -> Result<PathBuf> {
+    let matches = |file: &str| {
+        let lower = file.to_ascii_lowercase();
+        lower.ends_with(".gguf") && lower.contains(&tag.to_ascii_lowercase())
+    };
+    let pick = |files: Vec<String>| -> Result<String> {
+        let found: Vec<String> = files.into_iter().filter(|f| matches(f)).collect();
+        match found.as_slice() {
+            [one] => Ok(one.clone()),
+            [] => bail!("{id}: no GGUF file of quantization {tag:?} at revision {revision:?}"),
+            many => bail!("{id}: several GGUF files match {tag:?} ({}); name one as {id}:FILE.gguf", many.join(", ")),
+        }
+    };
+    if offline() {
+        let repo = cache.join(format!("models--{}", id.replace('/', "--")));
+        let commit = std::fs::read_to_string(repo.join("refs").join(revision)).unwrap_or_default();
+        let snapshot = repo.join("snapshots").join(commit.trim());
+        let files = std::fs::read_dir(&snapshot)
+            .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+            .unwrap_or_default();
+        return Ok(snapshot.join(pick(files)?));
+    }
+    let info = hub_repo(id, revision, cache)?.info().map_err(|e| hub_error(id, e))?;
+    let file = pick(info.siblings.into_iter().map(|s| s.rfilename).collect())?;
+    resolve_file(id, &file, revision, cache)
 }
 
 fn offline() -> bool {
