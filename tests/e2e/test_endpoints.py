@@ -391,6 +391,27 @@ def test_bench_with_vllm_bench_serve_flags(server, tmp_path):
                 "p99_itl_ms", "p50_e2el_ms", "std_ttft_ms"]:
         assert key in result, key
     assert result["output_lens"] == [8] * 6 and len(result["ttfts"]) == 6
-    bad = subprocess.run([os.environ["FERRITE_BIN"], "bench", "--base-url", server.base, "--dataset-name", "sharegpt"],
+    bad = subprocess.run([os.environ["FERRITE_BIN"], "bench", "--base-url", server.base, "--dataset-name", "bogus"],
                          capture_output=True, text=True, timeout=60)
-    assert bad.returncode != 0 and "only the random dataset" in bad.stderr, bad.stderr
+    assert bad.returncode != 0 and "random and sharegpt" in bad.stderr, bad.stderr
+
+
+def test_bench_with_a_sharegpt_dataset(server, tmp_path):
+    text = "Beautiful is better than ugly. Explicit is better than implicit. Simple is better than complex."
+    conversations = [{"conversations": [{"from": "human", "value": f"{i}: {text}"},
+                                        {"from": "gpt", "value": text[: 20 + 10 * i]}]} for i in range(5)]
+    conversations.append({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": text}]})
+    data = tmp_path / "sharegpt.json"
+    data.write_text(json.dumps(conversations))
+    r = subprocess.run(
+        [os.environ["FERRITE_BIN"], "bench", "--base-url", server.base, "--dataset-name", "sharegpt", "--dataset-path",
+         str(data), "--num-prompts", "10", "--max-concurrency", "2", "--save-result", "--result-dir", str(tmp_path),
+         "--result-filename", "s.json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    result = json.loads((tmp_path / "s.json").read_text())
+    # The "hi" conversation is under 4 tokens: skipped, as vLLM does.
+    assert result["completed"] == 5 and result["failed"] == 0
+    counted = [server.json("POST", "/tokenize", {"prompt": c["conversations"][0]["value"]})[1]["count"]
+               for c in conversations[:5]]
+    assert sorted(result["input_lens"]) == sorted(counted)
+    assert result["total_output_tokens"] == sum(result["output_lens"])

@@ -65,9 +65,16 @@ pub struct VllmBenchArgs {
     /// Gamma shape of the arrival times (1 is Poisson).
     #[arg(long, default_value_t = 1.0)]
     pub burstiness: f64,
-    /// Only `random` is built.
+    /// `random` (token ids) or `sharegpt` (the first two turns of conversations from
+    /// --dataset-path, as vLLM samples them).
     #[arg(long)]
     pub dataset_name: Option<String>,
+    /// A ShareGPT JSON file (a list of `{"conversations": [{"from", "value"}, ...]}`).
+    #[arg(long)]
+    pub dataset_path: Option<std::path::PathBuf>,
+    /// The output length of every ShareGPT request, instead of its reply's length.
+    #[arg(long)]
+    pub sharegpt_output_len: Option<usize>,
     /// Prompt length (vLLM's name for --input-len).
     #[arg(long)]
     pub random_input_len: Option<usize>,
@@ -104,6 +111,7 @@ impl VllmBenchArgs {
         self.max_concurrency.is_some()
             || self.request_rate.is_some()
             || self.dataset_name.is_some()
+            || self.dataset_path.is_some()
             || self.random_input_len.is_some()
             || self.random_output_len.is_some()
             || self.save_result
@@ -160,11 +168,12 @@ fn metric_sum(text: &str, suffix: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
+/// One streamed completion; `prompt` is token ids or text.
 async fn one_request(
     client: &HttpClient,
     args: &BenchArgs,
     model: &str,
-    prompt: Vec<u32>,
+    prompt: Value,
     max_tokens: usize,
 ) -> Result<RequestTiming> {
     let body = json!({
@@ -251,7 +260,7 @@ async fn run_level(
         loop {
             let next = queue.lock().expect("queue lock").next();
             let Some(prompt) = next else { break };
-            timings.push(one_request(client, args, model, prompt, args.output_len).await?);
+            timings.push(one_request(client, args, model, json!(prompt), args.output_len).await?);
         }
         Ok::<_, anyhow::Error>(timings)
     });

@@ -14,6 +14,69 @@ use tokio::sync::Semaphore;
 
 use super::{one_request, BenchArgs, HttpClient, RequestTiming};
 
+/// vLLM's ShareGPT sampling: conversations shuffled by the seed, the first turn as the prompt
+/// and the second's length (or `--sharegpt-output-len`) as the output, both counted by the
+/// server's `/tokenize`; pairs under 4 tokens, prompts over 1024 and totals over 2048 are skipped.
+async fn sharegpt(
+    client: &HttpClient,
+    args: &BenchArgs,
+    model: &str,
+    n: usize,
+    rng: &mut rand_chacha::ChaCha8Rng,
+) -> Result<Vec<(Value, usize, usize)>> {
+    use rand::seq::SliceRandom;
+    let path = args.vllm.dataset_path.as_ref().context("--dataset-name sharegpt needs --dataset-path")?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let data: Vec<Value> =
+        serde_json::from_str(&text).with_context(|| format!("{}: not a JSON list", path.display()))?;
+    let mut pairs: Vec<(String, String)> = data
+        .iter()
+        .filter_map(|entry| {
+            let turns = entry["conversations"].as_array()?;
+            Some((turns.first()?["value"].as_str()?.to_owned(), turns.get(1)?["value"].as_str()?.to_owned()))
+        })
+        .collect();
+    pairs.shuffle(rng);
+    let mut out = Vec::with_capacity(n);
+    for (prompt, reply) in pairs {
+        if out.len() == n {
+            break;
+        }
+        let prompt_len = count_tokens(client, args, model, &prompt).await?;
+        let output_len = match args.vllm.sharegpt_output_len {
+            Some(len) => len,
+            None => count_tokens(client, args, model, &reply).await?,
+        };
+        let fixed = args.vllm.sharegpt_output_len.is_some();
+        if prompt_len < 4 || (!fixed && output_len < 4) || prompt_len > 1024 || prompt_len + output_len > 2048 {
+            continue;
+        }
+        out.push((json!(prompt), prompt_len, output_len));
+    }
+    if out.is_empty() {
+        bail!("{}: no conversation fits vLLM's ShareGPT limits", path.display());
+    }
+    Ok(out)
+}
+
+/// Tokens of `text` as the server counts them (`/tokenize`, which vLLM serves too).
+async fn count_tokens(client: &HttpClient, args: &BenchArgs, model: &str, text: &str) -> Result<usize> {
+    let body = json!({"model": model, "prompt": text, "add_special_tokens": true});
+    let mut req =
+        hyper::Request::post(format!("{}/tokenize", args.base_url)).header("content-type", "application/json");
+    if let Some(key) = &args.api_key {
+        req = req.header("authorization", format!("Bearer {key}"));
+    }
+    let resp = client.request(req.body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))?).await?;
+    let status = resp.status();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body()).await?.to_bytes();
+    if !status.is_success() {
+        bail!("POST /tokenize: {status}: {}", String::from_utf8_lossy(&bytes));
+    }
+    let value: Value = serde_json::from_slice(&bytes).context("/tokenize answered no JSON")?;
+    value["count"].as_u64().map(|c| c as usize).context("/tokenize gave no count")
+}
+
 /// numpy's default percentile: linear interpolation between the closest ranks.
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -77,8 +140,9 @@ fn metric_of(t: &RequestTiming, metric: &str) -> Vec<f64> {
 
 pub async fn run(client: &HttpClient, args: &BenchArgs, model: &str) -> Result<()> {
     let v = &args.vllm;
-    if let Some(name) = v.dataset_name.as_deref().filter(|n| *n != "random") {
-        bail!("--dataset-name {name}: only the random dataset is built");
+    let dataset = v.dataset_name.as_deref().unwrap_or(if v.dataset_path.is_some() { "sharegpt" } else { "random" });
+    if !["random", "sharegpt"].contains(&dataset) {
+        bail!("--dataset-name {dataset}: the random and sharegpt datasets are built");
     }
     let metrics: Vec<&str> = v.percentile_metrics.split(',').map(str::trim).collect();
     if let Some(bad) = metrics.iter().find(|m| !["ttft", "tpot", "itl", "e2el"].contains(m)) {
@@ -100,20 +164,25 @@ pub async fn run(client: &HttpClient, args: &BenchArgs, model: &str) -> Result<(
     let (input_len, output_len) =
         (v.random_input_len.unwrap_or(args.input_len), v.random_output_len.unwrap_or(args.output_len));
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(args.seed);
-    let requests: Vec<(Vec<u32>, usize)> = (0..n)
-        .map(|_| {
-            let prompt_len = length(&mut rng, input_len, v.random_range_ratio);
-            let prompt = (0..prompt_len).map(|_| rng.random_range(0..args.vocab_size)).collect();
-            (prompt, length(&mut rng, output_len, v.random_range_ratio))
-        })
-        .collect();
+    // (prompt: token ids or text, its length in tokens, the tokens to generate)
+    let requests: Vec<(Value, usize, usize)> = match dataset {
+        "sharegpt" => sharegpt(client, args, model, n, &mut rng).await?,
+        _ => (0..n)
+            .map(|_| {
+                let prompt_len = length(&mut rng, input_len, v.random_range_ratio);
+                let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.random_range(0..args.vocab_size)).collect();
+                (json!(prompt), prompt_len, length(&mut rng, output_len, v.random_range_ratio))
+            })
+            .collect(),
+    };
+    let n = requests.len();
     let arrivals = Gamma::new(v.burstiness, 1.0 / (rate * v.burstiness)).ok();
     let slots = Arc::new(Semaphore::new(v.max_concurrency.unwrap_or(Semaphore::MAX_PERMITS)));
 
     let shared = Arc::new(args.clone());
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(n);
-    for (prompt, max_tokens) in requests.iter().cloned() {
+    for (prompt, _, max_tokens) in requests.iter().cloned() {
         if let (Some(gamma), true) = (&arrivals, rate.is_finite()) {
             tokio::time::sleep(Duration::from_secs_f64(gamma.sample(&mut rng))).await;
         }
@@ -128,10 +197,10 @@ pub async fn run(client: &HttpClient, args: &BenchArgs, model: &str) -> Result<(
     let mut timings = Vec::with_capacity(n);
     let mut errors = Vec::new();
     let mut input_lens = Vec::new();
-    for (task, (prompt, _)) in tasks.into_iter().zip(&requests) {
+    for (task, (_, prompt_len, _)) in tasks.into_iter().zip(&requests) {
         match task.await.context("a request task panicked")? {
             Ok(t) => {
-                input_lens.push(prompt.len());
+                input_lens.push(*prompt_len);
                 timings.push(t);
             }
             Err(e) => errors.push(e.to_string()),
