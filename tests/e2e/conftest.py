@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -151,6 +152,29 @@ def spawn(tmp_path):
     yield start
     for s in started:
         s.stop()
+
+
+def health_during(server, path, body, clients=2):
+    """Sends `body` to `path` from `clients` threads at once and polls /health until they are
+    answered. Returns their (status, seconds) and the slowest /health answer in seconds."""
+    done = []
+
+    def send():
+        start = time.time()
+        done.append((server.request("POST", path, body)[0], time.time() - start))
+
+    threads = [threading.Thread(target=send) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    worst = 0.0
+    while any(t.is_alive() for t in threads):
+        start = time.time()
+        assert server.request("GET", "/health")[0] == 200
+        worst = max(worst, time.time() - start)
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    return done, worst
 
 
 def sse_events(response):

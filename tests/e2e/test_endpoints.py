@@ -4,12 +4,11 @@ import json
 import math
 import os
 import subprocess
-import threading
 import time
 
 import pytest
 
-from conftest import MAX_MODEL_LEN, NAME, open_stream, sse_events
+from conftest import MAX_MODEL_LEN, NAME, health_during, open_stream, sse_events
 
 PROMPT = "The quick brown fox jumps over"
 LONG = {"max_tokens": 12, "temperature": 0, "extra_body": {"ignore_eos": True}}
@@ -345,24 +344,7 @@ def test_long_prompts_do_not_stall_other_connections(server):
     # Two 10 MB prompts tokenize (then fail the context check) while /health is polled: the
     # tokenization runs beside the async runtime, so /health keeps answering at once.
     big = {"model": NAME, "prompt": "the quick brown fox " * 500_000, "max_tokens": 1}
-    done = []
-
-    def send():
-        start = time.time()
-        status = server.request("POST", "/v1/completions", big)[0]
-        done.append((status, time.time() - start))
-
-    threads = [threading.Thread(target=send) for _ in range(2)]
-    for t in threads:
-        t.start()
-    worst = 0.0
-    while any(t.is_alive() for t in threads):
-        start = time.time()
-        assert server.request("GET", "/health")[0] == 200
-        worst = max(worst, time.time() - start)
-        time.sleep(0.02)
-    for t in threads:
-        t.join()
+    done, worst = health_during(server, "/v1/completions", big)
     assert [s for s, _ in done] == [400, 400], done
     busy = min(d for _, d in done)
     assert busy > 1.0, f"the prompts took only {busy:.2f} s: too short to show a stall"

@@ -14,12 +14,13 @@ import signal
 import socket
 import struct
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import openai
 import pytest
+
+from conftest import health_during
 
 REPO = Path(__file__).resolve().parents[2]
 POOLING = REPO / "fixtures" / "pooling"
@@ -300,23 +301,7 @@ def test_long_inputs_do_not_stall_other_connections(minilm, reranker):
     big = "the quick brown fox " * 500_000
     for server, path, body in [(minilm, "/v1/embeddings", {"input": big}),
                                (reranker, "/rerank", {"query": big, "documents": ["a"]})]:
-        done = []
-
-        def send():
-            start = time.time()
-            done.append((server.request("POST", path, body)[0], time.time() - start))
-
-        threads = [threading.Thread(target=send) for _ in range(2)]
-        for t in threads:
-            t.start()
-        worst = 0.0
-        while any(t.is_alive() for t in threads):
-            start = time.time()
-            assert server.request("GET", "/health")[0] == 200
-            worst = max(worst, time.time() - start)
-            time.sleep(0.02)
-        for t in threads:
-            t.join()
+        done, worst = health_during(server, path, body)
         assert [s for s, _ in done] == [400, 400], (path, done)
         busy = min(d for _, d in done)
         assert busy > 0.5, f"{path}: the inputs took only {busy:.2f} s: too short to show a stall"

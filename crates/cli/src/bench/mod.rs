@@ -125,6 +125,13 @@ struct RequestTiming {
     output_tokens: usize,
 }
 
+impl RequestTiming {
+    /// Seconds per output token after the first; none for a single token.
+    fn tpot(&self) -> Option<f64> {
+        (self.output_tokens > 1).then(|| (self.e2e - self.ttft) / (self.output_tokens - 1) as f64)
+    }
+}
+
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 fn median(values: &mut [f64]) -> f64 {
@@ -271,11 +278,7 @@ async fn run_level(
     let wall = start.elapsed().as_secs_f64();
     let output_tokens: usize = timings.iter().map(|t| t.output_tokens).sum();
     let mut ttft: Vec<f64> = timings.iter().map(|t| t.ttft).collect();
-    let mut tpot: Vec<f64> = timings
-        .iter()
-        .filter(|t| t.output_tokens > 1)
-        .map(|t| (t.e2e - t.ttft) / (t.output_tokens - 1) as f64)
-        .collect();
+    let mut tpot: Vec<f64> = timings.iter().filter_map(RequestTiming::tpot).collect();
     let mut itl: Vec<f64> = timings.iter().flat_map(|t| t.itls.iter().copied()).collect();
     Ok(json!({
         "requests": timings.len(),

@@ -127,11 +127,11 @@ fn parse_goodput(specs: &[String]) -> Result<Vec<(String, f64)>> {
         .collect()
 }
 
-/// A request's value of `metric`, in seconds (`None`: it has none, as TPOT of one token).
+/// A request's values of `metric`, in seconds (none for the TPOT of a single token).
 fn metric_of(t: &RequestTiming, metric: &str) -> Vec<f64> {
     match metric {
         "ttft" => vec![t.ttft],
-        "tpot" if t.output_tokens > 1 => vec![(t.e2e - t.ttft) / (t.output_tokens - 1) as f64],
+        "tpot" => t.tpot().into_iter().collect(),
         "itl" => t.itls.clone(),
         "e2el" => vec![t.e2e],
         _ => Vec::new(),
