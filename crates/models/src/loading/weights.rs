@@ -309,19 +309,11 @@ impl<'w> Scope<'w> {
         Scope { weights: self.weights, prefix: self.name(sub) }
     }
 
-    pub fn contains(&self, leaf: &str) -> bool {
-        self.weights.contains(&self.name(leaf))
-    }
-
     pub fn get(&self, leaf: &str, shape: &[usize]) -> Result<Tensor> {
         self.weights.get(&self.name(leaf), shape)
     }
 
     pub fn get_f32(&self, leaf: &str, shape: &[usize]) -> Result<Tensor> {
         self.weights.get_f32(&self.name(leaf), shape)
-    }
-
-    pub fn get_f32_opt(&self, leaf: &str, shape: &[usize]) -> Result<Option<Tensor>> {
-        self.weights.get_f32_opt(&self.name(leaf), shape)
     }
 }
