@@ -8,7 +8,8 @@
 # Knobs (environment): SHAPE (llama-3.1-8b | qwen3-30b-a3b), LAYERS (cut the depth),
 # CONCURRENCY (levels = baseline batch sizes), INPUT_LEN, OUTPUT_LEN, SKIP_FERRITE=1,
 # SKIP_BASELINE=1 (a skipped part's last results in $WORK, if any, are merged again),
-# FERRITE (binary), FERRITE_DEVICE (cuda | cpu), FERRITE_SERVE_ARGS (extra `serve` flags),
+# FERRITE (binary), BENCH_CLIENT (binary running `bench`; FERRITE by default, so an A/B of two
+# servers can share one client), FERRITE_DEVICE (cuda | cpu), FERRITE_SERVE_ARGS (extra `serve` flags),
 # BASELINE_ARGS (extra torch_baseline.py flags, e.g. "--no-compile --time-budget 300"),
 # LEVEL_TIMEOUT (seconds per bench level), PYTHON, PORT, TAG (output names), TINY=1 (shrunk
 # widths: smoke tests only), CKPT (checkpoint directory).
@@ -24,6 +25,7 @@ INPUT_LEN=${INPUT_LEN:-512}
 OUTPUT_LEN=${OUTPUT_LEN:-256}
 PYTHON=${PYTHON:-python3}
 FERRITE=${FERRITE:-.probe/ferrite}
+BENCH_CLIENT=${BENCH_CLIENT:-$FERRITE}
 FERRITE_DEVICE=${FERRITE_DEVICE:-cuda}
 FERRITE_SERVE_ARGS=${FERRITE_SERVE_ARGS---gpu-memory-utilization 0.9}  # set but empty: no extra flags
 BASELINE_ARGS=${BASELINE_ARGS:-}
@@ -78,7 +80,7 @@ trap stop_server EXIT
 
 SERVE_CMD=("$FERRITE" serve --model "$CKPT" --device "$FERRITE_DEVICE" --dtype bf16 --port "$PORT"
     --max-num-seqs 256 --max-model-len 4096 "${SERVE_EXTRA[@]}")
-BENCH_CMD=("$FERRITE" bench --base-url "$URL" --input-len "$INPUT_LEN" --vocab-size 1000 --runs 1)
+BENCH_CMD=("$BENCH_CLIENT" bench --base-url "$URL" --input-len "$INPUT_LEN" --vocab-size 1000 --runs 1)
 
 run_ferrite() {
     rm -f "$WORK"/ferrite-c*.json

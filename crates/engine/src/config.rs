@@ -1,4 +1,5 @@
 use ferrite_models::ModelInfo;
+use ferrite_structured::JsonOptions;
 use ferrite_tensor::{DType, Device, PagedKvLayer};
 
 use crate::error::{EngineError, Result};
@@ -30,6 +31,8 @@ pub struct EngineConfig {
     pub seed: Option<u64>,
     /// Most logprobs a request may ask for per token (vLLM's `--max-logprobs`).
     pub max_logprobs: usize,
+    /// The JSON schema compiler's defaults (vLLM's `--structured-outputs-config`).
+    pub structured_outputs: JsonOptions,
 }
 
 impl Default for EngineConfig {
@@ -48,6 +51,7 @@ impl Default for EngineConfig {
             enforce_eager: false,
             seed: None,
             max_logprobs: crate::params::MAX_LOGPROBS,
+            structured_outputs: JsonOptions::default(),
         }
     }
 }

@@ -8,12 +8,13 @@ use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use ferrite_models::{CausalLM, ModelInfo};
+use ferrite_structured::{Grammar, GrammarCompiler, JsonOptions, StructuredError, StructuredOutputs};
 use ferrite_tokenizer::Tokenizer;
 use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc as tokio_mpsc;
@@ -125,6 +126,9 @@ struct Shared {
     /// restarted engine gives its requests the same seeds in the same order.
     request_seeds: Mutex<rand::rngs::StdRng>,
     max_logprobs: usize,
+    structured_defaults: JsonOptions,
+    /// Built on the first structured request: it indexes the whole vocabulary.
+    grammar_compiler: OnceLock<std::result::Result<GrammarCompiler, String>>,
 }
 
 /// A cheap, thread-safe handle to a running engine.
@@ -210,6 +214,8 @@ impl Engine {
             eos_token_id,
             extra_eos_token_ids,
             max_logprobs: config.max_logprobs,
+            structured_defaults: config.structured_outputs.clone(),
+            grammar_compiler: OnceLock::new(),
             request_seeds: Mutex::new(match config.seed {
                 Some(seed) => rand::rngs::StdRng::seed_from_u64(seed),
                 None => rand::rngs::StdRng::from_rng(&mut rand::rng()),
@@ -291,6 +297,7 @@ impl EngineClient {
             });
         }
 
+        let grammar = params.structured_outputs.as_ref().map(|spec| self.compile(spec)).transpose()?;
         let params = params.normalized();
         let mut stop_token_ids = params.stop_token_ids.clone();
         if !params.ignore_eos {
@@ -314,10 +321,26 @@ impl EngineClient {
                     stop_token_ids: stop_token_ids.clone(),
                     min_tokens_mask: min_tokens_mask.clone(),
                     seed: base_seed.wrapping_add(i as u64),
+                    grammar: grammar.clone(),
                 })
             })
             .collect();
         Ok(ProcessedRequest { prompt, params, children, arrival })
+    }
+
+    fn compile(&self, spec: &StructuredOutputs) -> Result<Arc<Grammar>> {
+        let s = &self.shared;
+        let compiler = s.grammar_compiler.get_or_init(|| {
+            let eos: Vec<u32> = s.eos_token_id.into_iter().chain(s.extra_eos_token_ids.iter().copied()).collect();
+            GrammarCompiler::new(&s.tokenizer, s.model_info.vocab_size, &eos, s.structured_defaults.clone())
+                .map_err(|e| e.to_string())
+        });
+        let compiler = compiler.as_ref().map_err(|e| EngineError::invalid("structured_outputs", e.clone()))?;
+        match compiler.compile(spec) {
+            Ok(grammar) => Ok(Arc::new(grammar)),
+            Err(StructuredError::Invalid(m)) => Err(EngineError::Grammar(m)),
+            Err(e) => Err(EngineError::invalid("structured_outputs", e.to_string())),
+        }
     }
 
     /// Queues a request [`EngineClient::process`] accepted; fails only with

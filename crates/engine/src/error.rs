@@ -10,6 +10,9 @@ pub enum EngineError {
     InvalidParameter { param: &'static str, message: String },
     #[error("invalid prompt: {0}")]
     InvalidPrompt(String),
+    /// A structured-output constraint that does not compile (vLLM's wording).
+    #[error("Grammar error: {0}")]
+    Grammar(String),
     /// The length errors use vLLM's OpenAI front-end wording, which is what clients see.
     #[error(
         "This model's maximum context length is {max_model_len} tokens. However, you requested {} tokens \
@@ -58,6 +61,7 @@ impl EngineError {
             self,
             EngineError::InvalidParameter { .. }
                 | EngineError::InvalidPrompt(_)
+                | EngineError::Grammar(_)
                 | EngineError::ContextLengthExceeded { .. }
                 | EngineError::PromptTooLong { .. }
                 | EngineError::CacheTooSmall { .. }

@@ -27,5 +27,6 @@ pub use llm::{TokenizerOverrides, LLM};
 pub use output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
 pub use params::SamplingParams;
 pub use pooling::{PoolingClient, PoolingConfig, PoolingEngine};
-// Value types the server and the CLI name without depending on the tensor crate.
+// Value types the server and the CLI name without depending on the tensor or structured crates.
+pub use ferrite_structured::{Constraint, JsonOptions, StructuredOutputs};
 pub use ferrite_tensor::{DType, Device};

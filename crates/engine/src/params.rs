@@ -1,5 +1,9 @@
 //! Per-request sampling parameters with vLLM's `SamplingParams` meaning and limits.
 
+use std::sync::Arc;
+
+use ferrite_structured::{Grammar, StructuredOutputs};
+
 use crate::error::{EngineError, Result};
 
 /// Below this temperature sampling is greedy (vLLM's `_SAMPLING_EPS`).
@@ -47,6 +51,9 @@ pub struct SamplingParams {
     pub prompt_logprobs: Option<usize>,
     pub skip_special_tokens: bool,
     pub include_stop_str_in_output: bool,
+    /// Constrains the output to a JSON schema, regex, choice or grammar (vLLM's
+    /// `structured_outputs`).
+    pub structured_outputs: Option<StructuredOutputs>,
 }
 
 impl Default for SamplingParams {
@@ -70,6 +77,7 @@ impl Default for SamplingParams {
             prompt_logprobs: None,
             skip_special_tokens: true,
             include_stop_str_in_output: false,
+            structured_outputs: None,
         }
     }
 }
@@ -207,6 +215,8 @@ pub struct RequestSampling {
     pub min_tokens_mask: Vec<u32>,
     /// Seed of this sequence's generator (drawn at random when the request has none).
     pub seed: u64,
+    /// The request's compiled structured-output constraint; each sequence walks its own copy.
+    pub grammar: Option<Arc<Grammar>>,
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ferrite_models::{CausalLM, ForwardInput};
+use ferrite_structured::{mask_words, TokenConstraint};
 use ferrite_tensor::ops;
 use ferrite_tensor::{AttnMetadata, AttnSeq, PagedKvLayer, Tensor};
 use rayon::prelude::*;
@@ -41,6 +42,8 @@ pub struct ModelRunner {
     requests: HashMap<ReqId, CachedRequestState>,
     /// Decode steps as CUDA graphs (none on the CPU or with `enforce_eager`).
     graphs: Option<DecodeGraphs>,
+    /// Where each structured-output request is in its grammar.
+    constraints: HashMap<ReqId, TokenConstraint>,
 }
 
 /// Which logit rows belong to which request.
@@ -71,7 +74,14 @@ impl ModelRunner {
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let graphs = DecodeGraphs::new(config.device, config.enforce_eager)?;
-        Ok(ModelRunner { model, kv_caches, block_size: cache.block_size, requests: HashMap::new(), graphs })
+        Ok(ModelRunner {
+            model,
+            kv_caches,
+            block_size: cache.block_size,
+            requests: HashMap::new(),
+            graphs,
+            constraints: HashMap::new(),
+        })
     }
 
     /// Decode steps captured and replayed as CUDA graphs so far.
@@ -82,13 +92,18 @@ impl ModelRunner {
     /// Forgets every request (after a failure left the bookkeeping in doubt).
     pub fn reset(&mut self) {
         self.requests.clear();
+        self.constraints.clear();
     }
 
     fn update_states(&mut self, so: &SchedulerOutput) {
         for id in &so.finished_req_ids {
             self.requests.remove(id);
+            self.constraints.remove(id);
         }
         for new in &so.scheduled_new_reqs {
+            if let Some(grammar) = &new.sampling.grammar {
+                self.constraints.insert(new.req_id, grammar.start());
+            }
             self.requests.insert(
                 new.req_id,
                 CachedRequestState {
@@ -162,25 +177,43 @@ impl ModelRunner {
             logit_rows.push(tokens.len() - 1);
         }
         let meta = AttnMetadata::new(seqs, self.block_size)?.with_prompt_lens(prompt_lens)?;
+        let sample_ids: Vec<ReqId> = row_uses
+            .iter()
+            .filter_map(|u| match *u {
+                RowUse::Sample(id) => Some(id),
+                RowUse::PromptLogprob(..) => None,
+            })
+            .collect();
         let started = std::time::Instant::now();
-        let logits = {
+        let vocab = self.model.info().vocab_size;
+        let constrained = sample_ids.iter().any(|id| self.constraints.contains_key(id));
+        // The grammar masks depend only on tokens already sampled, so CPU threads fill them while
+        // the forward runs (on a GPU, while its kernels are queued and executed).
+        let (logits, token_masks) = std::thread::scope(|scope| {
+            let masks =
+                constrained.then(|| scope.spawn(|| fill_token_masks(&mut self.constraints, &sample_ids, vocab)));
             let _span = tracing::debug_span!("forward", tokens = tokens.len(), rows = logit_rows.len()).entered();
-            let replayed = match &mut self.graphs {
-                Some(g) => g.forward(self.model.as_ref(), &mut self.kv_caches, &tokens, &meta, &logit_rows)?,
-                None => None,
-            };
-            match replayed {
-                Some(logits) => logits,
-                None => self.model.forward(
-                    &ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &logit_rows },
-                    &mut self.kv_caches,
-                )?,
-            }
-        };
+            let logits = (|| -> Result<Tensor> {
+                let replayed = match &mut self.graphs {
+                    Some(g) => g.forward(self.model.as_ref(), &mut self.kv_caches, &tokens, &meta, &logit_rows)?,
+                    None => None,
+                };
+                match replayed {
+                    Some(logits) => Ok(logits),
+                    None => Ok(self.model.forward(
+                        &ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &logit_rows },
+                        &mut self.kv_caches,
+                    )?),
+                }
+            })();
+            let masks =
+                masks.map(|h| h.join().map_err(|_| EngineError::Internal("a token-mask thread panicked".into())));
+            (logits, masks.transpose())
+        });
+        let (logits, token_masks) = (logits?, token_masks?);
         // On a GPU `forward` returns once its kernels are queued: the gap between the two times
         // says whether a step is bound by the host issuing work or by the device running it.
         let issued = started.elapsed();
-        let vocab = logits.last_dim();
         // A graph's logits carry a row for each padding sequence after the batch's own rows.
         if logits.rows() < logit_rows.len() {
             return Err(EngineError::Internal(format!(
@@ -195,23 +228,20 @@ impl ModelRunner {
             }
         }
         let _span = tracing::debug_span!("sample", rows = logit_rows.len()).entered();
-        let (mut sample_rows, mut sample_ids, mut prompt_rows) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut sample_rows, mut prompt_rows) = (Vec::new(), Vec::new());
         for (i, u) in row_uses.iter().enumerate() {
             match *u {
-                RowUse::Sample(id) => {
-                    sample_rows.push(i);
-                    sample_ids.push(id);
-                }
+                RowUse::Sample(_) => sample_rows.push(i),
                 RowUse::PromptLogprob(..) => prompt_rows.push(i),
             }
         }
         if !prompt_rows.is_empty() {
             let data = ops::gather_rows(&logits, &prompt_rows)?.to_f32_vec();
             let uses: Vec<&RowUse> = prompt_rows.iter().map(|&i| &row_uses[i]).collect();
-            self.prompt_logprobs(&uses, &data, vocab, &mut out);
+            self.prompt_logprobs(&uses, &data, logits.last_dim(), &mut out);
         }
         if !sample_rows.is_empty() {
-            self.sample(&ops::gather_rows(&logits, &sample_rows)?, &sample_ids, &mut out)?;
+            self.sample(&ops::gather_rows(&logits, &sample_rows)?, &sample_ids, token_masks.as_deref(), &mut out)?;
         }
         tracing::debug!(
             tokens = tokens.len(),
@@ -249,7 +279,13 @@ impl ModelRunner {
     }
 
     /// Samples the rows of `logits`, one per request of `ids`, and appends the tokens.
-    fn sample(&mut self, logits: &Tensor, ids: &[ReqId], out: &mut ModelRunnerOutput) -> Result<()> {
+    fn sample(
+        &mut self,
+        logits: &Tensor,
+        ids: &[ReqId],
+        token_masks: Option<&[u32]>,
+        out: &mut ModelRunnerOutput,
+    ) -> Result<()> {
         let rows: Vec<SampleRow> = ids
             .iter()
             .map(|id| {
@@ -259,13 +295,36 @@ impl ModelRunner {
             })
             .collect::<Option<_>>()
             .ok_or_else(|| EngineError::Internal("a sampled row lost its request".into()))?;
-        let sampled = sampler::sample(logits, &rows)?;
+        let sampled = sampler::sample(logits, &rows, token_masks)?;
         for (&id, s) in ids.iter().zip(sampled) {
             if let Some(state) = self.requests.get_mut(&id) {
                 state.token_ids.push(s.token_id);
+            }
+            if let Some(c) = self.constraints.get_mut(&id) {
+                c.accept(s.token_id);
             }
             out.sampled.insert(id, s);
         }
         Ok(())
     }
+}
+
+/// The token bitmask of a step's sampled rows, in `sample_ids` order: each constrained row from
+/// its grammar, every other row all ones.
+fn fill_token_masks(constraints: &mut HashMap<ReqId, TokenConstraint>, sample_ids: &[ReqId], vocab: usize) -> Vec<u32> {
+    let words = mask_words(vocab);
+    let row_of: HashMap<ReqId, usize> = sample_ids.iter().enumerate().map(|(row, &id)| (id, row)).collect();
+    let mut by_row: Vec<Option<&mut TokenConstraint>> = sample_ids.iter().map(|_| None).collect();
+    for (id, c) in constraints.iter_mut() {
+        if let Some(&row) = row_of.get(id) {
+            by_row[row] = Some(c);
+        }
+    }
+    let mut bitmask = vec![u32::MAX; sample_ids.len() * words];
+    bitmask.par_chunks_mut(words).zip(by_row.into_par_iter()).for_each(|(row, c)| {
+        if let Some(c) = c {
+            c.fill_mask(row);
+        }
+    });
+    bitmask
 }

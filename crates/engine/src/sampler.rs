@@ -73,7 +73,19 @@ impl SampleRow<'_> {
 /// One token per row of `logits [rows.len(), vocab]`, on whatever device holds them. Only rows
 /// asking for logprobs or changed by a processor cross to the host; the changed ones go back to
 /// the logits' device, so that every token comes from the same `sample_rows`.
-pub fn sample(logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<SampledToken>> {
+///
+/// `token_masks` (structured outputs; `ceil(vocab / 32)` words a row) apply first, on the
+/// logits' device, as vLLM applies its grammar bitmask before its sampler: logprobs are those of
+/// the masked logits.
+pub fn sample(logits: &Tensor, rows: &[SampleRow<'_>], token_masks: Option<&[u32]>) -> Result<Vec<SampledToken>> {
+    let masked;
+    let logits = match token_masks {
+        Some(bitmask) => {
+            masked = ops::mask_tokens(logits, bitmask)?;
+            &masked
+        }
+        None => logits,
+    };
     let vocab = logits.last_dim();
     let processed: Vec<bool> = rows.iter().map(SampleRow::is_processed).collect();
     let host_rows: Vec<usize> =
@@ -212,13 +224,14 @@ mod tests {
             min_tokens_mask: vec![0],
             seed,
             params: params.normalized(),
+            grammar: None,
         }
     }
 
     fn draw(logits: &[f32], params: SamplingParams, output: &[u32], seed: u64) -> SampledToken {
         let s = sampling(params, seed);
         let t = Tensor::from_f32(logits.to_vec(), &[1, logits.len()]).unwrap();
-        sample(&t, &[SampleRow { sampling: &s, prompt: &[], output }]).unwrap().remove(0)
+        sample(&t, &[SampleRow { sampling: &s, prompt: &[], output }], None).unwrap().remove(0)
     }
 
     /// The tokens drawn at steps `0..steps` (an output of that many placeholder tokens each).
@@ -344,7 +357,7 @@ mod tests {
                 .map(|c| SampleRow { sampling: &c.sampling, prompt: &c.prompt, output: &c.output })
                 .collect();
             let all: Vec<f32> = cases.iter().flat_map(|c| c.logits.iter().copied()).collect();
-            let got = sample(&Tensor::from_f32(all, &[rows.len(), vocab]).unwrap(), &rows).unwrap();
+            let got = sample(&Tensor::from_f32(all, &[rows.len(), vocab]).unwrap(), &rows, None).unwrap();
             for (Case { logits, sampling: s, prompt, output }, got) in cases.iter().zip(got) {
                 let p = &s.params;
                 let mut want_logits = logits.clone();

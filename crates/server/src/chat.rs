@@ -105,16 +105,6 @@ async fn run(
         move || {
             let req: ChatCompletionRequest = parse_json(&body)?;
             state.served.check_model(req.model.as_deref())?;
-            if let Some(format) =
-                req.response_format.as_ref().filter(|f| f.get("type").and_then(|t| t.as_str()) != Some("text"))
-            {
-                return Err(ApiError::invalid(
-                    "response_format",
-                    format!(
-                        "response_format {format} is not supported yet (structured output is not implemented); omit it"
-                    ),
-                ));
-            }
             if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
                 return Err(ApiError::invalid("tools", "tool calling is not supported yet; omit `tools`"));
             }

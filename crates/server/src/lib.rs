@@ -22,6 +22,7 @@ pub use params::SamplingDefaults;
 pub mod pooling;
 pub mod protocol;
 mod sse;
+mod structured;
 pub mod tls;
 mod tokenize;
 

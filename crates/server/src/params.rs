@@ -191,6 +191,7 @@ pub fn build(
         prompt_logprobs: requested.prompt_logprobs,
         skip_special_tokens: fields.skip_special_tokens.unwrap_or(true),
         include_stop_str_in_output: fields.include_stop_str_in_output.unwrap_or(false),
+        structured_outputs: crate::structured::from_request(fields)?,
     })
 }
 

@@ -289,6 +289,23 @@ pub fn sample_rows(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
     }
 }
 
+/// Structured outputs' token masks: `logits [rows, vocab]` with every token whose bit is clear
+/// set to -inf. `bitmask` holds `ceil(vocab / 32)` words a row, bit `c % 32` of word `c / 32`
+/// for token `c`; on CUDA it is uploaded once for the whole batch.
+pub fn mask_tokens(logits: &Tensor, bitmask: &[u32]) -> Result<Tensor> {
+    let words = logits.last_dim().div_ceil(32);
+    if bitmask.len() != logits.rows() * words {
+        return Err(shape_err(
+            "mask_tokens",
+            format!("{} mask words for logits {:?} ({words} a row)", bitmask.len(), logits.shape()),
+        ));
+    }
+    match logits.storage() {
+        Storage::Cpu(_) => cpu::sampling::mask_tokens(logits, bitmask),
+        Storage::Cuda(_) => cuda::sampling::mask_tokens(logits, bitmask),
+    }
+}
+
 /// Columns `[start, start + len)` of every row.
 pub fn narrow_cols(x: &Tensor, start: usize, len: usize) -> Result<Tensor> {
     if start + len > x.last_dim() {

@@ -803,6 +803,36 @@ fn sample_rows_matches_cpu() {
     }
 }
 
+/// Token masks are data movement: the masked logits must equal the CPU's bit for bit, with a
+/// vocab that is not a multiple of 32 (the last word's high bits past it are set and ignored).
+#[test]
+fn mask_tokens_matches_cpu_exactly() {
+    require_gpu!();
+    let mut r = rng(5);
+    for (rows, vocab) in [(1, 49152), (7, 151_665), (33, 1000)] {
+        let x = sampling_logits(&mut r, rows, vocab);
+        let words = vocab.div_ceil(32);
+        let bitmask: Vec<u32> = (0..rows * words)
+            .map(|i| match i % 3 {
+                0 => r.random(),
+                1 => 0,
+                _ => u32::MAX,
+            })
+            .collect();
+        for dtype in DTYPES {
+            let (xc, xg) = pair(&x, &[rows, vocab], dtype);
+            let want = ops::mask_tokens(&xc, &bitmask).unwrap();
+            let got = ops::mask_tokens(&xg, &bitmask).unwrap();
+            assert_eq!(got.device(), GPU);
+            let (g, w) = (got.to_f32_vec(), want.to_f32_vec());
+            let masked = w.iter().filter(|v| **v == f32::NEG_INFINITY).count();
+            println!("CHECK mask_tokens rows={rows} vocab={vocab} {dtype}: {masked} masked");
+            assert!(masked > 0 && masked < w.len());
+            assert!(g.iter().zip(&w).all(|(a, b)| a.to_bits() == b.to_bits()), "mask_tokens {dtype} differs");
+        }
+    }
+}
+
 #[test]
 fn sample_rows_handles_batch_sizes_and_edge_rows() {
     require_gpu!();

@@ -4,6 +4,7 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
+use ferrite_engine::JsonOptions;
 
 #[derive(Args, Debug, Default)]
 pub struct VllmFlags {
@@ -45,7 +46,8 @@ pub struct VllmFlags {
     pub enable_lora: bool,
     #[arg(long, num_args = 1.., help_heading = "LoRAConfig")]
     pub lora_modules: Vec<String>,
-    /// Structured outputs (not built yet).
+    /// Structured outputs' defaults as JSON, e.g. '{"backend": "guidance",
+    /// "disable_any_whitespace": true}'; the backend is always guidance (llguidance).
     #[arg(long, help_heading = "StructuredOutputsConfig")]
     pub structured_outputs_config: Option<String>,
     /// Tool calling (not built yet).
@@ -84,6 +86,35 @@ pub fn expand_short_aliases(args: impl IntoIterator<Item = String>) -> Vec<Strin
 }
 
 impl VllmFlags {
+    /// The JSON schema compiler's defaults from `--structured-outputs-config`.
+    pub fn structured_outputs(&self) -> Result<JsonOptions> {
+        const FLAG: &str = "--structured-outputs-config";
+        let Some(text) = &self.structured_outputs_config else {
+            return Ok(JsonOptions::default());
+        };
+        let config: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| anyhow::anyhow!("{FLAG}: not a JSON object: {e}"))?;
+        let Some(config) = config.as_object() else { bail!("{FLAG}: not a JSON object: {text}") };
+        let mut options = JsonOptions::default();
+        for (key, value) in config {
+            let flag = || value.as_bool().ok_or_else(|| anyhow::anyhow!("{FLAG}: `{key}` must be true or false"));
+            match key.as_str() {
+                "backend" => match value.as_str() {
+                    Some("auto" | "guidance") => {}
+                    _ => bail!("{FLAG}: backend {value} is not built; ferrite's backend is guidance (llguidance)"),
+                },
+                "disable_any_whitespace" => options.disable_any_whitespace = flag()?,
+                "disable_additional_properties" => options.disable_additional_properties = flag()?,
+                // With one backend there is nothing to fall back to.
+                "disable_fallback" => {
+                    flag()?;
+                }
+                other => bail!("{FLAG}: `{other}` is not supported (supported: backend, disable_any_whitespace, disable_additional_properties, disable_fallback)"),
+            }
+        }
+        Ok(options)
+    }
+
     /// The first flag that asks for something ferrite has not built, as an error naming it.
     pub fn check(&self, model: &std::path::Path) -> Result<()> {
         let not_built = |flag: &str, feature: &str| -> Result<()> {
@@ -106,7 +137,6 @@ impl VllmFlags {
             set(self.no_enable_chunked_prefill, "--no-enable-chunked-prefill", "prefill without chunking"),
             set(self.speculative_config.is_some(), "--speculative-config", "speculative decoding"),
             set(self.enable_lora || !self.lora_modules.is_empty(), "--enable-lora/--lora-modules", "LoRA"),
-            set(self.structured_outputs_config.is_some(), "--structured-outputs-config", "structured outputs"),
             set(self.enable_auto_tool_choice, "--enable-auto-tool-choice", "tool calling"),
             set(self.tool_call_parser.is_some(), "--tool-call-parser", "tool calling"),
             set(self.reasoning_parser.is_some(), "--reasoning-parser", "reasoning parsers"),
@@ -181,5 +211,21 @@ mod tests {
         }
         let err = check(&["--load-format", "safetensors"], "m.gguf").unwrap_err();
         assert!(err.contains("does not match"), "{err}");
+    }
+
+    #[test]
+    fn structured_outputs_config_sets_the_schema_defaults() {
+        let flags = |json: &str| Cmd::try_parse_from(["serve", "--structured-outputs-config", json]).unwrap().flags;
+        let options = flags(r#"{"backend": "guidance", "disable_any_whitespace": true}"#).structured_outputs().unwrap();
+        assert!(options.disable_any_whitespace && !options.disable_additional_properties);
+        for (bad, needle) in [
+            (r#"{"backend": "xgrammar"}"#, "xgrammar"),
+            (r#"{"disable_any_whitespace": "yes"}"#, "disable_any_whitespace"),
+            (r#"{"reasoning_parser": "qwen3"}"#, "reasoning_parser"),
+            ("[1]", "not a JSON object"),
+        ] {
+            let err = flags(bad).structured_outputs().unwrap_err().to_string();
+            assert!(err.contains(needle) && err.contains("--structured-outputs-config"), "{bad}: {err}");
+        }
     }
 }

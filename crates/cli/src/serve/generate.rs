@@ -22,6 +22,7 @@ pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
         enable_prefix_caching: !args.no_enable_prefix_caching,
         seed: args.seed,
         max_logprobs: args.max_logprobs()?,
+        structured_outputs: args.vllm.structured_outputs()?,
         ..EngineConfig::default()
     };
     let config = args.device.apply(dtype, args.kv_cache_memory.is_some(), config);

@@ -56,6 +56,18 @@ pub struct SamplingFields {
     pub include_stop_str_in_output: Option<bool>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     pub best_of: Option<i64>,
+    /// OpenAI's `response_format` (`text`, `json_object`, `json_schema`) and vLLM's
+    /// `structural_tag` format.
+    pub response_format: Option<Value>,
+    /// vLLM's `structured_outputs` object (one of `json`, `regex`, `choice`, `grammar`,
+    /// `json_object`, `structural_tag`, plus the JSON options).
+    pub structured_outputs: Option<Value>,
+    /// vLLM's older spellings of the same constraints.
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<Value>,
+    pub guided_choice: Option<Value>,
+    pub guided_grammar: Option<Value>,
+    pub guided_whitespace_pattern: Option<Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -107,7 +119,6 @@ pub struct ChatCompletionRequest {
     pub top_logprobs: Option<i64>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
-    pub response_format: Option<Value>,
     pub tools: Option<Vec<Value>>,
     pub add_generation_prompt: Option<bool>,
     pub add_special_tokens: Option<bool>,

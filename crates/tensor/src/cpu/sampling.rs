@@ -171,6 +171,21 @@ pub fn sample_rows(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
     Ok(data.par_chunks(vocab).zip(rows.par_iter()).map(|(row, r)| sample_row(row, &RowPlan::new(r, vocab))).collect())
 }
 
+/// `ops::mask_tokens` on the host.
+pub fn mask_tokens(logits: &Tensor, bitmask: &[u32]) -> Result<Tensor> {
+    let cols = logits.last_dim();
+    let words = bitmask.len() / logits.rows().max(1);
+    let mut out = logits.to_f32_vec();
+    out.par_chunks_mut(cols.max(1)).zip(bitmask.par_chunks(words.max(1))).for_each(|(row, mask)| {
+        for (c, v) in row.iter_mut().enumerate() {
+            if mask[c / 32] >> (c % 32) & 1 == 0 {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+    });
+    Ok(super::f32_tensor(out, logits.shape().to_vec()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,5 +354,16 @@ mod tests {
         assert_eq!(ops::sample_rows(&bf, &[p]).unwrap()[0], sample(&f32s, p));
         assert!(ops::sample_rows(&bf, &[p, p]).is_err(), "one plan per row");
         assert!(ops::sample_rows(&Tensor::from_f32(vec![], &[2, 0]).unwrap(), &[p, p]).is_err(), "empty vocab");
+    }
+
+    #[test]
+    fn mask_tokens_sets_cleared_bits_to_minus_infinity() {
+        let logits = Tensor::from_f32((0..70).map(|v| v as f32).collect(), &[2, 35]).unwrap();
+        // Row 0 allows tokens 1 and 33; row 1 allows everything.
+        let mask = [0b10, 0b10, u32::MAX, u32::MAX];
+        let out = mask_tokens(&logits, &mask).unwrap().to_f32_vec();
+        let allowed: Vec<usize> = (0..35).filter(|&c| out[c].is_finite()).collect();
+        assert_eq!(allowed, vec![1, 33]);
+        assert_eq!(&out[35..], &logits.to_f32_vec()[35..]);
     }
 }

@@ -1,12 +1,14 @@
-//! `ops::sample_rows` on CUDA (kernels/sampling.cu): the row plans go up in one small buffer,
-//! one token id per row comes back, and the logits never leave the device.
+//! `ops::sample_rows` and `ops::mask_tokens` on CUDA (kernels/sampling.cu): the row plans (or
+//! the token bitmask) go up in one small buffer, one token id per row comes back, and the logits
+//! never leave the device.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 use super::device::{dev_err, dptr, int, kernel_params, CudaDevice};
 use super::kernels::SAMPLING;
-use super::ops::cuda_of;
+use super::ops::{cuda_of, wrap};
 use super::storage::dtype_suffix;
+use super::storage::CudaStorage;
 use crate::cpu::sampling::RowPlan;
 use crate::error::{Result, TensorError};
 use crate::ops::RowSampling;
@@ -84,4 +86,43 @@ pub fn sample_rows(logits: &Tensor, rows: &[RowSampling]) -> Result<Vec<u32>> {
     let launch = SampleRows { logits: xs.ptr(), plans: dptr(&plans, dev), out: dptr(&out, dev), cols: int(vocab)? };
     launch.launch(dev, xs.dtype(), grid)?;
     s.clone_dtoh(&out).map_err(dev_err)
+}
+
+/// Threads a block of `mask_tokens_<t>`, one column each.
+const MASK_THREADS: u32 = 256;
+
+kernel_params! {
+    /// `mask_tokens_<t>`: `logits` into `out` with the columns whose bit is clear set to -inf.
+    struct MaskTokens { logits: u64, bitmask: u64, out: u64, cols: i32, words: i32 }
+}
+
+impl MaskTokens {
+    fn launch(&self, dev: &CudaDevice, t: DType, rows: u32) -> Result<()> {
+        let f = dev.function(SAMPLING, &format!("mask_tokens_{}", dtype_suffix(t)?))?;
+        let blocks = (self.cols as u32).div_ceil(MASK_THREADS);
+        let cfg = LaunchConfig { grid_dim: (blocks, rows, 1), block_dim: (MASK_THREADS, 1, 1), shared_mem_bytes: 0 };
+        self.launch_with(dev, &f, cfg)
+    }
+}
+
+pub fn mask_tokens(logits: &Tensor, bitmask: &[u32]) -> Result<Tensor> {
+    let xs = cuda_of("mask_tokens", logits)?;
+    let dev = xs.device();
+    let (rows, cols) = (logits.rows(), logits.last_dim());
+    let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
+    if rows > 0 && cols > 0 {
+        let grid = u32::try_from(rows).map_err(|_| dev_err(format!("mask_tokens: {rows} rows")))?;
+        dev.check_not_capturing("token masks")?;
+        let words = bitmask.len() / rows;
+        let bitmask = dev.stream().clone_htod(bitmask).map_err(dev_err)?;
+        MaskTokens {
+            logits: xs.ptr(),
+            bitmask: dptr(&bitmask, dev),
+            out: out.ptr(),
+            cols: int(cols)?,
+            words: int(words)?,
+        }
+        .launch(dev, xs.dtype(), grid)?;
+    }
+    wrap(out, logits.shape().to_vec())
 }

@@ -170,3 +170,21 @@ __device__ void sample_rows(const T* __restrict__ logits, const SamplePlan* __re
         sample_rows<T>(x, plans, out, cols);                                                                       \
     }
 FOR_T(INST_T)
+
+// Structured outputs: every logit whose token's bit is clear in its row of `bitmask` (`words`
+// 32-bit words a row, bit c % 32 of word c / 32 for column c) becomes -inf in `out`.
+template <typename T>
+__device__ void mask_tokens(const T* x, const unsigned int* bitmask, T* out, int cols, int words) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    const size_t i = (size_t)blockIdx.y * cols + c;
+    const bool allowed = (bitmask[(size_t)blockIdx.y * words + (c >> 5)] >> (c & 31)) & 1u;
+    out[i] = allowed ? x[i] : from_f<T>(-INFINITY);
+}
+
+#define INST_MASK(TN, T)                                                                                           \
+    extern "C" __global__ void mask_tokens_##TN(const T* x, const unsigned int* bitmask, T* out, int cols,         \
+                                                int words) { pdl_wait();                                           \
+        mask_tokens<T>(x, bitmask, out, cols, words);                                                              \
+    }
+FOR_T(INST_MASK)

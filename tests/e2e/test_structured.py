@@ -1,0 +1,144 @@
+"""Structured outputs end to end on the real default model (SmolLM2-135M-Instruct, GGUF): the
+official `openai` client sends OpenAI's `response_format` and vLLM's `structured_outputs` /
+`guided_*` fields, and every sampled output must lie in the constraint's language."""
+
+import json
+import os
+import re
+
+import jsonschema
+import openai
+import pytest
+
+from conftest import Server, open_stream, sse_events
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "pets"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory):
+    gguf = os.environ.get("FERRITE_SMOLLM2_GGUF")
+    if not gguf:
+        pytest.skip("SKIP: FERRITE_SMOLLM2_GGUF (the default model's GGUF, which scripts/test.sh fetches) is not set")
+    # No whitespace between JSON tokens: a 135M model otherwise likes to pad documents with it.
+    s = Server(
+        tmp_path_factory.mktemp("structured"),
+        "--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true}',
+        model_args=["--model", gguf],
+        max_model_len=2048,
+    )
+    yield s
+    assert s.stop() == 0, s.logs()
+
+
+def chat(smol, **kw):
+    return smol.client().chat.completions.create(
+        model="tiny-llama",
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        **kw,
+    )
+
+
+def test_json_schema_outputs_validate(smol):
+    r = chat(
+        smol,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+        temperature=0.8,
+        seed=3,
+        n=3,
+        max_tokens=120,
+    )
+    for choice in r.choices:
+        assert choice.finish_reason == "stop", choice
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+
+
+def test_json_object_streams_and_reports_masked_logprobs(smol):
+    conn, resp = open_stream(smol, "/v1/chat/completions", {
+        "model": "tiny-llama",
+        "messages": [{"role": "user", "content": "Give me a JSON object."}],
+        "response_format": {"type": "json_object"},
+        "stream": True, "max_tokens": 80, "temperature": 0.0, "logprobs": True, "top_logprobs": 3,
+    })
+    assert resp.status == 200
+    chunks = [json.loads(e) for e in sse_events(resp) if e != "[DONE]"]
+    conn.close()
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    if finish == ["stop"]:
+        assert isinstance(json.loads(text), dict), text
+    else:
+        assert text.startswith("{"), text
+    for c in chunks:
+        for lp in (c["choices"][0].get("logprobs") or {}).get("content") or []:
+            # The sampled token was allowed, so its logprob is finite; the masked ones are not listed.
+            assert lp["logprob"] > -1e30, lp
+            assert all(t["logprob"] > -1e30 for t in lp["top_logprobs"]), lp
+
+
+def test_regex_and_choice_hold_on_twenty_samples_at_temperature_one(smol):
+    client = smol.client()
+    r = client.completions.create(
+        model="tiny-llama", prompt="A code:", n=20, temperature=1.0, max_tokens=20, seed=11,
+        extra_body={"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2,5}"}},
+    )
+    assert len(r.choices) == 20
+    for c in r.choices:
+        assert re.fullmatch(r"[0-9]{3}-[a-z]{2,5}", c.text), c.text
+    options = ["yes", "no", "it depends"]
+    r = client.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "Is the sky blue?"}],
+        n=20, temperature=1.0, max_tokens=10, extra_body={"guided_choice": options},
+    )
+    seen = {c.message.content for c in r.choices}
+    assert seen <= set(options), seen
+
+
+def test_gbnf_and_lark_grammars_constrain_completions(smol):
+    gbnf = r'''
+root ::= select " FROM " table
+select ::= "SELECT " column ("," column){0,2}
+column ::= "id" | "name" | "age"
+table ::= "users" | "orders"
+'''
+    lark = 'start: "ok" | "fine"'
+    client = smol.client()
+    r = client.completions.create(
+        model="tiny-llama", prompt="SQL:", n=5, temperature=1.0, max_tokens=40, seed=5,
+        extra_body={"structured_outputs": {"grammar": gbnf}},
+    )
+    for c in r.choices:
+        assert c.finish_reason == "stop", c
+        assert re.fullmatch(r"SELECT (id|name|age)(,(id|name|age)){0,2} FROM (users|orders)", c.text), c.text
+    r = client.completions.create(
+        model="tiny-llama", prompt="Status:", max_tokens=5, temperature=0.0, extra_body={"guided_grammar": lark},
+    )
+    assert r.choices[0].text in ("ok", "fine")
+
+
+def test_bad_constraints_are_openai_400s(smol):
+    client = smol.client()
+    cases = [
+        ({"structured_outputs": {"regex": "[0-9"}}, "Grammar error"),
+        ({"guided_json": {"type": "no-such-type"}}, "Grammar error"),
+        ({"structured_outputs": {"grammar": "root ::= missing"}}, "missing"),
+        ({"guided_regex": "a", "guided_choice": ["a"]}, "multiple are specified"),
+        ({"structured_outputs": {"choice": []}}, "non-empty list"),
+        ({"response_format": {"type": "json_schema"}}, "json_schema.schema"),
+    ]
+    for body, needle in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="tiny-llama", prompt="x", max_tokens=5, extra_body=body)
+        assert e.value.status_code == 400
+        assert needle in e.value.message, (body, e.value.message)
+    # The server still serves after the refusals.
+    assert client.completions.create(model="tiny-llama", prompt="x", max_tokens=2).choices
