@@ -189,9 +189,15 @@ impl ModelRunner {
         let constrained = sample_ids.iter().any(|id| self.constraints.contains_key(id));
         // The grammar masks depend only on tokens already sampled, so CPU threads fill them while
         // the forward runs (on a GPU, while its kernels are queued and executed).
+        let mut mask_timing = (std::time::Duration::ZERO, std::time::Duration::ZERO);
         let (logits, token_masks) = std::thread::scope(|scope| {
-            let masks =
-                constrained.then(|| scope.spawn(|| fill_token_masks(&mut self.constraints, &sample_ids, vocab)));
+            let masks = constrained.then(|| {
+                scope.spawn(|| {
+                    let start = std::time::Instant::now();
+                    let masks = fill_token_masks(&mut self.constraints, &sample_ids, vocab);
+                    (masks, start.elapsed())
+                })
+            });
             let _span = tracing::debug_span!("forward", tokens = tokens.len(), rows = logit_rows.len()).entered();
             let logits = (|| -> Result<Tensor> {
                 let replayed = match &mut self.graphs {
@@ -206,8 +212,14 @@ impl ModelRunner {
                     )?),
                 }
             })();
-            let masks =
-                masks.map(|h| h.join().map_err(|_| EngineError::Internal("a token-mask thread panicked".into())));
+            let waited = std::time::Instant::now();
+            let masks = masks.map(|h| match h.join() {
+                Ok((masks, filled)) => {
+                    mask_timing = (filled, waited.elapsed());
+                    Ok(masks)
+                }
+                Err(_) => Err(EngineError::Internal("a token-mask thread panicked".into())),
+            });
             (logits, masks.transpose())
         });
         let (logits, token_masks) = (logits?, token_masks?);
@@ -247,6 +259,9 @@ impl ModelRunner {
             tokens = tokens.len(),
             seqs = so.num_scheduled_tokens.len(),
             issue_ms = issued.as_secs_f64() * 1e3,
+            // Filling the grammar masks, and the part of it the forward did not hide.
+            mask_ms = mask_timing.0.as_secs_f64() * 1e3,
+            mask_wait_ms = mask_timing.1.as_secs_f64() * 1e3,
             step_ms = started.elapsed().as_secs_f64() * 1e3,
             "step timing"
         );

@@ -46,6 +46,10 @@ pub struct BenchArgs {
     /// A label for the server under test, copied into the JSON.
     #[arg(long, default_value = "ferrite")]
     pub label: String,
+    /// A JSON object merged into every request body (vLLM's `--extra-body`), e.g. a
+    /// `response_format` to measure structured outputs.
+    #[arg(long, value_parser = parse_extra_body)]
+    pub extra_body: Option<serde_json::Map<String, Value>>,
     #[command(flatten)]
     pub vllm: VllmBenchArgs,
 }
@@ -175,6 +179,14 @@ fn metric_sum(text: &str, suffix: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
+fn parse_extra_body(text: &str) -> std::result::Result<serde_json::Map<String, Value>, String> {
+    match serde_json::from_str(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(other) => Err(format!("must be a JSON object, got {other}")),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
+}
+
 /// One streamed completion; `prompt` is token ids or text.
 async fn one_request(
     client: &HttpClient,
@@ -183,10 +195,13 @@ async fn one_request(
     prompt: Value,
     max_tokens: usize,
 ) -> Result<RequestTiming> {
-    let body = json!({
+    let mut body = json!({
         "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
         "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true},
     });
+    if let (Some(extra), Some(body)) = (&args.extra_body, body.as_object_mut()) {
+        body.extend(extra.clone());
+    }
     let mut req =
         hyper::Request::post(format!("{}/v1/completions", args.base_url)).header("content-type", "application/json");
     if let Some(key) = &args.api_key {
@@ -357,6 +372,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "input_len": args.input_len,
             "output_len": args.output_len,
             "runs": args.runs,
+            "extra_body": args.extra_body,
             "results": results,
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
