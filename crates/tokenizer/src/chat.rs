@@ -1,5 +1,6 @@
 use minijinja::{Environment, ErrorKind, Value as JValue};
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use crate::{Result, TokenizerError};
 
@@ -33,6 +34,86 @@ fn strftime_now(format: String) -> String {
     chrono::Local::now().format(&format).to_string()
 }
 
+/// transformers' `tojson` filter, which is Python's `json.dumps(x, ensure_ascii=False,
+/// indent=indent, separators=separators, sort_keys=sort_keys)`: `", "` and `": "` between items
+/// unless indented, keys in insertion order, non-ASCII text as is. Templates print tool schemas
+/// with it, so its spacing is part of the prompt.
+fn tojson(value: JValue, kwargs: minijinja::value::Kwargs) -> std::result::Result<String, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    // ensure_ascii=True would escape non-ASCII text; templates do not ask for it.
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let (item, key) = match separators.as_deref() {
+        Some([item, key]) => (item.clone(), key.clone()),
+        Some(_) => return Err(minijinja::Error::new(ErrorKind::InvalidOperation, "separators must be a pair")),
+        None if indent.is_some() => (",".to_string(), ": ".to_string()),
+        None => (", ".to_string(), ": ".to_string()),
+    };
+    let json =
+        serde_json::to_value(&value).map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = String::new();
+    write_py_json(
+        &mut out,
+        &json,
+        &PyJson { indent, item: &item, key: &key, sort_keys: sort_keys.unwrap_or(false) },
+        0,
+    );
+    Ok(out)
+}
+
+struct PyJson<'a> {
+    indent: Option<usize>,
+    item: &'a str,
+    key: &'a str,
+    sort_keys: bool,
+}
+
+fn write_py_json(out: &mut String, v: &Value, f: &PyJson<'_>, depth: usize) {
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = f.indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    match v {
+        Value::Array(items) if !items.is_empty() => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(f.item);
+                }
+                newline(out, depth + 1);
+                write_py_json(out, item, f, depth + 1);
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        Value::Object(map) if !map.is_empty() => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            if f.sort_keys {
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+            }
+            out.push('{');
+            for (i, (k, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push_str(f.item);
+                }
+                newline(out, depth + 1);
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push_str(f.key);
+                write_py_json(out, item, f, depth + 1);
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        // Scalars and empty containers print as serde_json prints them, which is Python's
+        // spelling too (`[]`, `{}`, `1.5`, escapes in lower-case hex).
+        other => out.push_str(&other.to_string()),
+    }
+}
+
 impl ChatTemplate {
     pub fn new(source: String, bos_token: String, eos_token: String) -> Result<ChatTemplate> {
         let mut env = Environment::new();
@@ -42,6 +123,7 @@ impl ChatTemplate {
         minijinja_contrib::add_to_environment(&mut env);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
         env.add_template_owned("chat", source.clone()).map_err(|e| TokenizerError::Template(e.to_string()))?;
         Ok(ChatTemplate { env, source, bos_token, eos_token })
     }
@@ -51,16 +133,72 @@ impl ChatTemplate {
     }
 
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let template = self.env.get_template("chat").map_err(|e| TokenizerError::Template(e.to_string()))?;
-        template
-            .render(minijinja::context! {
-                messages => JValue::from_serialize(messages),
-                add_generation_prompt => add_generation_prompt,
-                bos_token => self.bos_token.clone(),
-                eos_token => self.eos_token.clone(),
-            })
-            .map_err(|e| TokenizerError::Template(e.to_string()))
+        let messages: Vec<Value> = messages.iter().map(|m| serde_json::json!(m)).collect();
+        self.render_chat(&ChatRender { messages: &messages, add_generation_prompt, ..Default::default() })
     }
+
+    /// Renders as transformers' `apply_chat_template(messages, tools=..., add_generation_prompt=...,
+    /// continue_final_message=..., **kwargs)`: the kwargs join the special tokens in the template's
+    /// variables, and a continued final message is cut where its content ends.
+    pub fn render_chat(&self, r: &ChatRender<'_>) -> Result<String> {
+        let template = self.env.get_template("chat").map_err(|e| TokenizerError::Template(e.to_string()))?;
+        let mut vars = Map::new();
+        vars.insert("bos_token".into(), self.bos_token.clone().into());
+        vars.insert("eos_token".into(), self.eos_token.clone().into());
+        if let Some(kwargs) = r.kwargs {
+            vars.extend(kwargs.clone());
+        }
+        vars.insert("messages".into(), Value::Array(r.messages.to_vec()));
+        vars.insert("tools".into(), r.tools.map_or(Value::Null, |t| Value::Array(t.to_vec())));
+        vars.insert("documents".into(), Value::Null);
+        vars.insert("add_generation_prompt".into(), r.add_generation_prompt.into());
+        let rendered =
+            template.render(JValue::from_serialize(&vars)).map_err(|e| TokenizerError::Template(e.to_string()))?;
+        if r.continue_final_message {
+            continue_final_message(rendered, r.messages.last())
+        } else {
+            Ok(rendered)
+        }
+    }
+}
+
+/// What a chat template renders: transformers' `apply_chat_template` arguments.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChatRender<'a> {
+    /// OpenAI-style message objects (role, content, tool_calls, tool_call_id, ...).
+    pub messages: &'a [Value],
+    /// `tools` as the request lists them (`{"type": "function", "function": {...}}`).
+    pub tools: Option<&'a [Value]>,
+    pub add_generation_prompt: bool,
+    /// Leave the last message open for the model to continue.
+    pub continue_final_message: bool,
+    /// Extra template variables (`chat_template_kwargs`, e.g. `enable_thinking`).
+    pub kwargs: Option<&'a Map<String, Value>>,
+}
+
+/// transformers' cut for `continue_final_message`: the rendering up to the end of the final
+/// message's content (its text part for a list of parts), wherever the template put it last.
+fn continue_final_message(rendered: String, last: Option<&Value>) -> Result<String> {
+    let content = last.and_then(|m| m.get("content"));
+    let text = match content {
+        Some(Value::String(s)) => s.as_str(),
+        Some(Value::Array(parts)) => {
+            parts.iter().rev().find_map(|p| p.get("text").and_then(Value::as_str)).ok_or_else(|| {
+                TokenizerError::Template("continue_final_message: the final message has no text".into())
+            })?
+        }
+        _ => return Err(TokenizerError::Template("continue_final_message: the final message has no content".into())),
+    };
+    let Some(at) = rendered.rfind(text.trim()) else {
+        return Err(TokenizerError::Template(
+            "continue_final_message is set but the final message does not appear in the chat after applying the \
+             chat template"
+                .into(),
+        ));
+    };
+    let kept = text.trim_start();
+    let end = if rendered[at..].starts_with(kept) { at + kept.len() } else { at + text.trim().len() };
+    Ok(rendered[..end].to_string())
 }
 
 #[cfg(test)]
@@ -80,6 +218,39 @@ mod tests {
         let py = ChatTemplate::new("{{ messages[0].content.strip().upper() }}".into(), String::new(), String::new())
             .unwrap();
         assert_eq!(py.render(&[ChatMessage::new("user", " x ")], false).unwrap(), "X");
+    }
+
+    /// Real templates (Qwen3, Qwen2.5, Llama-3.2, Mistral-Nemo, DeepSeek-V3) against what
+    /// transformers renders for tools, tool calls and results, continued messages and kwargs
+    /// (fixtures/chat_templates, from tools/oracle/generate_chat_template_goldens.py).
+    #[test]
+    fn real_templates_render_as_transformers_does() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/chat_templates");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let spec: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let text = |k: &str| spec[k].as_str().unwrap().to_string();
+            let t = ChatTemplate::new(text("chat_template"), text("bos_token"), text("eos_token")).unwrap();
+            for case in spec["cases"].as_array().unwrap() {
+                let messages = case["messages"].as_array().unwrap();
+                let tools = case["tools"].as_array().map(Vec::as_slice);
+                let r = ChatRender {
+                    messages,
+                    tools,
+                    add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+                    continue_final_message: case["continue_final_message"].as_bool().unwrap(),
+                    kwargs: case["kwargs"].as_object(),
+                };
+                let got = t.render_chat(&r);
+                match case.get("rendered").and_then(Value::as_str) {
+                    Some(want) => assert_eq!(got.unwrap(), want, "{} / {}", path.display(), case["name"]),
+                    None => assert!(got.is_err(), "{} / {}: transformers refused it", path.display(), case["name"]),
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked >= 30, "{checked} cases");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatRender, ChatTemplate};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
