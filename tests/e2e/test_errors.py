@@ -70,8 +70,15 @@ CHAT_400 = [
     ({}, "missing field `messages`", None),
     ({"messages": [{"content": "hi"}]}, "missing field `role`", None),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "image_url", "messages"),
-    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, "response_format", "response_format"),
-    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool", "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}}, "yaml", "response_format"),
+    # Tools default to tool_choice "auto", which needs the server's parser flags (as in vLLM).
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]}, "--enable-auto-tool-choice", "tool_choice"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"function": {"name": "f"}}]}, "tools[0]", "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, "has not been passed", "tool_choice"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, "at least one tool", "tool_choice"),
+    ({"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ messages }}"}, "--trust-request-chat-template", "chat_template"),
+    ({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True, "add_generation_prompt": True}, "Cannot set both", "continue_final_message"),
     ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "logprobs", "top_logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 50}, "logprobs", "top_logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -3}, "max_tokens must be at least 1", "max_completion_tokens"),
@@ -115,7 +122,7 @@ def test_openai_client_raises_bad_request(client):
     assert "max_tokens" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}],
-                                       response_format={"type": "json_object"})
+                                       response_format={"type": "yaml"})
 
 
 def test_unknown_routes_and_methods_are_json(server):

@@ -29,10 +29,11 @@ def smol(tmp_path_factory):
     gguf = os.environ.get("FERRITE_SMOLLM2_GGUF")
     if not gguf:
         pytest.skip("SKIP: FERRITE_SMOLLM2_GGUF (the default model's GGUF, which scripts/test.sh fetches) is not set")
-    # No whitespace between JSON tokens: a 135M model otherwise likes to pad documents with it.
+    # No whitespace between JSON tokens and no keys beyond the schema's: a 135M model otherwise pads
+    # documents with both.
     s = Server(
         tmp_path_factory.mktemp("structured"),
-        "--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true}',
+        "--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true, "disable_additional_properties": true}',
         model_args=["--model", gguf],
         max_model_len=2048,
     )
@@ -142,3 +143,77 @@ def test_bad_constraints_are_openai_400s(smol):
         assert needle in e.value.message, (body, e.value.message)
     # The server still serves after the refusals.
     assert client.completions.create(model="tiny-llama", prompt="x", max_tokens=2).choices
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                       "required": ["a", "b"], "additionalProperties": False},
+    },
+}
+
+
+def schema_of(name):
+    return next(t["function"]["parameters"] for t in (WEATHER, ADD) if t["function"]["name"] == name)
+
+
+def test_tool_choice_required_returns_calls_whose_arguments_match_the_schema(smol):
+    # One call per message (maxItems 1): a 135M model would otherwise go on listing calls.
+    r = chat(smol, tools=[WEATHER, ADD], tool_choice="required", parallel_tool_calls=False,
+             temperature=0.8, seed=2, n=3, max_tokens=150)
+    for choice in r.choices:
+        assert choice.finish_reason == "tool_calls", choice
+        calls = choice.message.tool_calls
+        assert calls, choice
+        for call in calls:
+            assert call.type == "function" and call.id.startswith("chatcmpl-tool-")
+            jsonschema.validate(json.loads(call.function.arguments), schema_of(call.function.name))
+
+
+def test_named_tool_choice_returns_that_call_whole_and_streamed(smol):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = chat(smol, tools=[WEATHER, ADD], tool_choice=named, temperature=0.0, max_tokens=80)
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and r.choices[0].finish_reason == "stop"
+    whole = json.loads(call.function.arguments)
+    jsonschema.validate(whole, schema_of("get_weather"))
+    conn, resp = open_stream(smol, "/v1/chat/completions", {
+        "model": "tiny-llama", "messages": [{"role": "user", "content": "Describe a person as JSON."}],
+        "tools": [WEATHER, ADD], "tool_choice": named, "temperature": 0.0, "max_tokens": 80, "stream": True,
+    })
+    deltas = [json.loads(e)["choices"][0]["delta"] for e in sse_events(resp) if e != "[DONE]"]
+    conn.close()
+    pieces = [tc for d in deltas for tc in d.get("tool_calls", [])]
+    assert pieces[0]["function"]["name"] == "get_weather" and pieces[0]["id"].startswith("chatcmpl-tool-")
+    assert json.loads("".join(p["function"].get("arguments", "") for p in pieces)) == whole
+
+
+def test_tool_choice_none_and_tool_history_render(smol):
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call1", "content": "21 C"},
+    ]
+    r = smol.client().chat.completions.create(
+        model="tiny-llama", messages=messages, tools=[WEATHER], tool_choice="none", max_tokens=5, temperature=0.0)
+    assert r.choices[0].message.tool_calls in (None, [])
+    with pytest.raises(openai.BadRequestError) as e:
+        bad = [dict(messages[1], tool_calls=[{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}])]
+        smol.client().chat.completions.create(model="tiny-llama", messages=[messages[0], *bad], max_tokens=2)
+    assert "not JSON" in e.value.message

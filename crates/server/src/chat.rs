@@ -12,10 +12,12 @@ use axum::extract::State;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ferrite_tokenizer::ChatMessage;
+use ferrite_tokenizer::{ChatRender, ChatTemplate};
 use futures::stream::{self, SelectAll, StreamExt};
+use serde_json::Value;
 
 use crate::admission::{Admission, Permit};
+use crate::chat_output::{Parts, Shape, Shaper, ToolMode};
 use crate::error::{parse_json, ApiError};
 use crate::generate::{self, Prompt, Step, Tracked};
 use crate::logprobs;
@@ -25,7 +27,10 @@ use crate::protocol::{
     ChatMessageOut, ChatStreamChoice, MessageContent, RequestMessage, StopReason, Usage,
 };
 use crate::sse::{done_event, json_event, json_event_raw};
-use crate::{off_runtime, random_id, unix_now, AppState};
+use crate::{off_runtime, random_id, unix_now, AppState, ChatOptions};
+use ferrite_engine::{Constraint, StructuredOutputs};
+use ferrite_parsers::tool::FunctionSpec;
+use serde_json::json;
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrival = Instant::now();
@@ -35,8 +40,10 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
     }
 }
 
-/// Messages as the chat template sees them: text parts are joined with newlines, as vLLM does.
-pub fn template_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, ApiError> {
+/// Messages as the chat template sees them, as vLLM hands them over: text parts joined with
+/// newlines, every other field kept, and assistant tool-call arguments parsed from their JSON text
+/// into objects (templates print them with `tojson`).
+pub fn template_messages(messages: &[RequestMessage]) -> Result<Vec<Value>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must contain at least one message"));
     }
@@ -59,26 +66,74 @@ pub fn template_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>
                     .collect::<Result<Vec<_>, _>>()?
                     .join("\n"),
             };
-            Ok(ChatMessage::new(m.role.clone(), content))
+            let mut message = m.rest.clone();
+            message.insert("role".into(), m.role.clone().into());
+            message.insert("content".into(), content.into());
+            if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
+                for call in calls.iter_mut() {
+                    let Some(function) = call.get_mut("function").and_then(Value::as_object_mut) else {
+                        return Err(ApiError::invalid("messages", "a tool call needs a `function` object"));
+                    };
+                    let arguments = match function.get("arguments") {
+                        Some(Value::String(text)) if !text.is_empty() => serde_json::from_str(text).map_err(|e| {
+                            ApiError::invalid("messages", format!("tool call arguments are not JSON: {e}"))
+                        })?,
+                        Some(v @ Value::Object(_)) => v.clone(),
+                        _ => Value::Object(Default::default()),
+                    };
+                    function.insert("arguments".into(), arguments);
+                }
+            }
+            Ok(Value::Object(message))
         })
         .collect()
 }
 
+/// How a conversation is rendered, beyond its messages.
+#[derive(Default)]
+pub struct PromptOptions<'a> {
+    pub add_generation_prompt: bool,
+    pub add_special_tokens: bool,
+    pub continue_final_message: bool,
+    pub tools: Option<&'a [Value]>,
+    pub kwargs: Option<&'a serde_json::Map<String, Value>>,
+    /// The request's own template (already allowed by the server's flags).
+    pub chat_template: Option<&'a str>,
+}
+
 /// Renders and tokenizes a conversation; a template that refuses it (`raise_exception`) is the
 /// client's error.
-pub fn chat_prompt(
-    state: &AppState,
-    messages: &[RequestMessage],
-    add_generation_prompt: bool,
-    add_special_tokens: bool,
-) -> Result<Prompt, ApiError> {
+pub fn chat_prompt(state: &AppState, messages: &[RequestMessage], o: &PromptOptions<'_>) -> Result<Prompt, ApiError> {
+    if o.continue_final_message && o.add_generation_prompt {
+        return Err(ApiError::invalid(
+            "continue_final_message",
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+        ));
+    }
     let messages = template_messages(messages)?;
-    let text = state
-        .tokenizer
-        .apply_chat_template(&messages, add_generation_prompt)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    let ids =
-        state.tokenizer.encode(&text, add_special_tokens).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let render = ChatRender {
+        messages: &messages,
+        tools: o.tools,
+        add_generation_prompt: o.add_generation_prompt,
+        continue_final_message: o.continue_final_message,
+        kwargs: o.kwargs,
+    };
+    let tok = &state.tokenizer;
+    let rendered = match o.chat_template {
+        Some(source) => ChatTemplate::new(
+            source.to_string(),
+            tok.bos_token().unwrap_or_default().to_string(),
+            tok.eos_token().unwrap_or_default().to_string(),
+        )
+        .map_err(|e| ApiError::invalid("chat_template", e.to_string()))?
+        .render_chat(&render),
+        None => match tok.chat_template() {
+            Some(t) => t.render_chat(&render),
+            None => return Err(ApiError::invalid("messages", "this model has no chat template")),
+        },
+    };
+    let text = rendered.map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let ids = tok.encode(&text, o.add_special_tokens).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     Ok(Prompt { ids, text: Some(text) })
 }
 
@@ -90,6 +145,110 @@ struct Context {
     n: usize,
     top_logprobs: Option<usize>,
     prompt_tokens: usize,
+    shape: Shape,
+}
+
+/// What a request's `tools` and `tool_choice` mean for its prompt, its output constraint and the
+/// shape of its message, with vLLM's checks.
+struct ToolPlan {
+    template_tools: Option<Vec<Value>>,
+    constraint: Option<Constraint>,
+    shape: Shape,
+}
+
+fn tool_plan(options: &ChatOptions, req: &ChatCompletionRequest) -> Result<ToolPlan, ApiError> {
+    let tools = req.tools.clone().unwrap_or_default();
+    let mut functions = Vec::with_capacity(tools.len());
+    for (i, t) in tools.iter().enumerate() {
+        let function = t.get("function").filter(|_| t.get("type").and_then(Value::as_str) == Some("function"));
+        let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
+        let (Some(function), Some(name)) = (function, name) else {
+            return Err(ApiError::invalid(
+                "tools",
+                format!("tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"),
+            ));
+        };
+        let parameters =
+            function.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+        functions.push(FunctionSpec { name: name.to_string(), parameters });
+    }
+    let choice = match &req.tool_choice {
+        None if tools.is_empty() => "none".to_string(),
+        None => "auto".to_string(),
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => match v.get("function").and_then(|f| f.get("name")).and_then(Value::as_str) {
+            Some(name) if v.get("type").and_then(Value::as_str) == Some("function") => format!("function:{name}"),
+            _ => return Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+            )),
+        },
+    };
+    let mut plan = ToolPlan {
+        template_tools: (!tools.is_empty()).then(|| tools.clone()),
+        constraint: None,
+        shape: Shape::plain(),
+    };
+    plan.shape.reasoning_parser = options.reasoning_parser.clone();
+    let one_call = req.parallel_tool_calls == Some(false);
+    match choice.as_str() {
+        "none" => {
+            if options.exclude_tools_when_tool_choice_none {
+                plan.template_tools = None;
+            }
+        }
+        "auto" => {
+            if !tools.is_empty() {
+                match (&options.tool_call_parser, options.enable_auto_tool_choice) {
+                    (Some(parser), true) => plan.shape.tools = ToolMode::Auto(parser.clone()),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            "tool_choice",
+                            "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set",
+                        ))
+                    }
+                }
+            }
+        }
+        "required" => {
+            if tools.is_empty() {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "tool_choice \"required\" needs at least one tool in `tools`",
+                ));
+            }
+            let options: Vec<Value> = functions
+                .iter()
+                .map(|f| {
+                    json!({
+                        "properties": {"name": {"type": "string", "enum": [f.name]}, "parameters": f.parameters},
+                        "required": ["name", "parameters"]
+                    })
+                })
+                .collect();
+            let mut schema = json!({"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": options}});
+            if one_call {
+                schema["maxItems"] = json!(1);
+            }
+            plan.constraint = Some(Constraint::Json(schema));
+            plan.shape.tools = ToolMode::Required;
+        }
+        named => {
+            let Some(name) = named.strip_prefix("function:") else {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("tool_choice {named:?} is not one of none, auto, required or a named function"),
+                ));
+            };
+            let Some(f) = functions.iter().find(|f| f.name == name) else {
+                return Err(ApiError::invalid("tool_choice", format!("Tool '{name}' has not been passed in `tools`.")));
+            };
+            plan.constraint = Some(Constraint::Json(f.parameters.clone()));
+            plan.shape.tools = ToolMode::Named(name.to_string());
+        }
+    }
+    plan.shape.functions = functions.into();
+    Ok(plan)
 }
 
 async fn run(
@@ -100,21 +259,31 @@ async fn run(
     let body = body?;
     // Parsing, the chat template and tokenization of a long conversation take CPU time that
     // must not stall the other connections (and /health) on the async runtime.
-    let (req, prompt) = off_runtime({
+    let (req, prompt, plan) = off_runtime({
         let state = state.clone();
         move || {
             let req: ChatCompletionRequest = parse_json(&body)?;
             state.served.check_model(req.model.as_deref())?;
-            if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-                return Err(ApiError::invalid("tools", "tool calling is not supported yet; omit `tools`"));
+            let plan = tool_plan(&state.served.config.chat, &req)?;
+            if req.chat_template.is_some() && !state.served.config.chat.trust_request_chat_template {
+                return Err(ApiError::invalid(
+                    "chat_template",
+                    "Chat template is passed with request, but --trust-request-chat-template is not set. Refused \
+                     request with untrusted chat template.",
+                ));
             }
-            let prompt = chat_prompt(
-                &state,
-                &req.messages,
-                req.add_generation_prompt.unwrap_or(true),
-                req.add_special_tokens.unwrap_or(false),
-            )?;
-            Ok((req, prompt))
+            let options = PromptOptions {
+                add_generation_prompt: req
+                    .add_generation_prompt
+                    .unwrap_or(!req.continue_final_message.unwrap_or(false)),
+                add_special_tokens: req.add_special_tokens.unwrap_or(false),
+                continue_final_message: req.continue_final_message.unwrap_or(false),
+                tools: plan.template_tools.as_deref(),
+                kwargs: req.chat_template_kwargs.as_ref(),
+                chat_template: req.chat_template.as_deref(),
+            };
+            let prompt = chat_prompt(&state, &req.messages, &options)?;
+            Ok((req, prompt, plan))
         }
     })
     .await?;
@@ -138,11 +307,24 @@ async fn run(
         }
         (false, _) => None,
     };
-    let sampling = params::build(
+    let mut sampling = params::build(
         &req.sampling,
         Requested { max_tokens, logprobs: top_logprobs, prompt_logprobs: None },
         &state.served.config.sampling_defaults,
     )?;
+    if let Some(constraint) = plan.constraint {
+        if sampling.structured_outputs.is_some() {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "a `required` or named tool_choice sets the output's structure; it cannot be combined with \
+                 response_format or structured_outputs",
+            ));
+        }
+        sampling.structured_outputs = Some(StructuredOutputs::new(constraint));
+    }
+    if plan.shape.needs_special_tokens() {
+        sampling.skip_special_tokens = false;
+    }
     let requests = generate::process(&state, std::slice::from_ref(&prompt), &sampling)?;
     let permit = Admission::acquire(&state, sampling.n)?;
     let ctx = Context {
@@ -153,6 +335,7 @@ async fn run(
         top_logprobs,
         prompt_tokens: prompt.ids.len(),
         state: state.clone(),
+        shape: plan.shape,
     };
     let streams = generate::submit(&state, &ctx.id, requests, arrival)?;
     if req.stream.unwrap_or(false) {
@@ -163,13 +346,40 @@ async fn run(
     }
 }
 
-#[derive(Default)]
 struct Choice {
     text: String,
     logprobs: Option<ChatLogprobs>,
     tokens: usize,
     finish_reason: Option<&'static str>,
     stop_reason: Option<StopReason>,
+    shaper: Shaper,
+}
+
+impl Choice {
+    fn new(shape: &Shape) -> Choice {
+        Choice {
+            text: String::new(),
+            logprobs: None,
+            tokens: 0,
+            finish_reason: None,
+            stop_reason: None,
+            shaper: Shaper::new(shape),
+        }
+    }
+
+    /// vLLM reports a choice that ended in tool calls as `tool_calls` rather than `stop`.
+    fn finish_reason(&self, reason: Option<&'static str>) -> Option<&'static str> {
+        match reason {
+            Some("stop") if self.shaper.tools_called() && !matches!(self.shaper_mode(), ToolMode::Named(_)) => {
+                Some("tool_calls")
+            }
+            other => other,
+        }
+    }
+
+    fn shaper_mode(&self) -> &ToolMode {
+        &self.shaper.shape().tools
+    }
 }
 
 impl Context {
@@ -193,15 +403,28 @@ impl Context {
                     .content
                     .extend(new.content.iter().cloned());
             }
+            let mut parts = c.shaper.push(&d.text);
             if d.finish_reason.is_some() {
+                parts.tool_calls.extend(c.shaper.finish().tool_calls);
                 c.finish_reason = d.finish_reason;
                 c.stop_reason = d.stop_reason.clone();
             }
+            let finish_reason = c.finish_reason(d.finish_reason);
+            if parts == Parts::default() && lp.is_none() && finish_reason.is_none() {
+                // A parser is holding text back (a marker may be starting).
+                continue;
+            }
             out.push(ChatStreamChoice {
                 index: d.index,
-                delta: ChatDelta { role: None, content: Some(d.text) },
+                delta: ChatDelta {
+                    role: None,
+                    content: parts.content,
+                    reasoning_content: parts.reasoning.clone(),
+                    reasoning: parts.reasoning,
+                    tool_calls: parts.tool_calls,
+                },
                 logprobs: lp,
-                finish_reason: d.finish_reason,
+                finish_reason,
                 stop_reason: d.stop_reason,
             });
         }
@@ -226,7 +449,7 @@ impl Context {
 }
 
 async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Result<ChatCompletionResponse, ApiError> {
-    let mut choices: Vec<Choice> = (0..ctx.n).map(|_| Choice::default()).collect();
+    let mut choices: Vec<Choice> = (0..ctx.n).map(|_| Choice::new(&ctx.shape)).collect();
     while let Some(step) = streams.next().await {
         if let Some(message) = &step.error {
             return Err(ApiError::internal(message.clone()));
@@ -237,12 +460,22 @@ async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Result<ChatCo
     let out = choices
         .into_iter()
         .enumerate()
-        .map(|(index, c)| ChatChoice {
-            index,
-            message: ChatMessageOut { role: "assistant", content: c.text, tool_calls: Vec::new() },
-            logprobs: c.logprobs,
-            finish_reason: c.finish_reason,
-            stop_reason: c.stop_reason,
+        .map(|(index, mut c)| {
+            let text = std::mem::take(&mut c.text);
+            let parts = c.shaper.message(&text);
+            ChatChoice {
+                index,
+                finish_reason: c.finish_reason(c.finish_reason),
+                message: ChatMessageOut {
+                    role: "assistant",
+                    content: parts.content,
+                    reasoning_content: parts.reasoning.clone(),
+                    reasoning: parts.reasoning,
+                    tool_calls: parts.tool_calls,
+                },
+                logprobs: c.logprobs,
+                stop_reason: c.stop_reason,
+            }
         })
         .collect();
     Ok(ChatCompletionResponse {
@@ -262,7 +495,7 @@ fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, in
             json_event(&ctx.chunk(
                 vec![ChatStreamChoice {
                     index,
-                    delta: ChatDelta { role: Some("assistant"), content: Some(String::new()) },
+                    delta: ChatDelta { role: Some("assistant"), content: Some(String::new()), ..Default::default() },
                     logprobs: None,
                     finish_reason: None,
                     stop_reason: None,
@@ -271,7 +504,7 @@ fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, in
             ))
         })
         .collect();
-    let choices: Vec<Choice> = (0..ctx.n).map(|_| Choice::default()).collect();
+    let choices: Vec<Choice> = (0..ctx.n).map(|_| Choice::new(&ctx.shape)).collect();
     // The permit lives in the stream state: the request counts against the bound until its
     // last chunk is sent or the client goes away.
     let state = Some((ctx, streams, choices, permit));

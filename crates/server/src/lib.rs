@@ -11,6 +11,7 @@
 
 mod admission;
 mod chat;
+mod chat_output;
 mod completions;
 pub mod cors;
 pub mod error;
@@ -76,6 +77,23 @@ pub struct ServerConfig {
     pub log_requests: bool,
     /// HTTPS instead of HTTP (vLLM's `--ssl-certfile` and `--ssl-keyfile`).
     pub tls: Option<tls::Tls>,
+    /// Tool calling, reasoning and chat templates from requests.
+    pub chat: ChatOptions,
+}
+
+/// vLLM's chat front-end switches.
+#[derive(Debug, Clone, Default)]
+pub struct ChatOptions {
+    /// `tool_choice: "auto"` (the default with `tools`) is served (`--enable-auto-tool-choice`).
+    pub enable_auto_tool_choice: bool,
+    /// `--tool-call-parser`: one of `ferrite_parsers::tool::PARSERS`.
+    pub tool_call_parser: Option<String>,
+    /// `--reasoning-parser`: one of `ferrite_parsers::reasoning::PARSERS`.
+    pub reasoning_parser: Option<String>,
+    /// A request's own `chat_template` is used (`--trust-request-chat-template`).
+    pub trust_request_chat_template: bool,
+    /// `tool_choice: "none"` leaves the tools out of the prompt (`--exclude-tools-when-tool-choice-none`).
+    pub exclude_tools_when_tool_choice_none: bool,
 }
 
 /// What the generation and the pooling server share about the model they serve: the names it
@@ -448,6 +466,7 @@ mod tests {
             request_id_headers: false,
             log_requests: true,
             tls: None,
+            chat: ChatOptions::default(),
         }
     }
 

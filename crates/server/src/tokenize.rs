@@ -7,7 +7,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::Json;
 
-use crate::chat::chat_prompt;
+use crate::chat::{chat_prompt, PromptOptions};
 use crate::error::{parse_json, ApiError};
 use crate::protocol::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
 use crate::{off_runtime, AppState};
@@ -30,13 +30,12 @@ pub async fn tokenize(
                     .map_err(|e| ApiError::invalid("prompt", e.to_string()))?,
                 // As in vLLM, the chat form adds no special tokens by default: the template has them.
                 (None, Some(messages)) => {
-                    chat_prompt(
-                        &state,
-                        messages,
-                        req.add_generation_prompt.unwrap_or(true),
-                        req.add_special_tokens.unwrap_or(false),
-                    )?
-                    .ids
+                    let options = PromptOptions {
+                        add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+                        add_special_tokens: req.add_special_tokens.unwrap_or(false),
+                        ..Default::default()
+                    };
+                    chat_prompt(&state, messages, &options)?.ids
                 }
                 _ => return Err(ApiError::bad_request("Either `prompt` or `messages` must be given, not both")),
             };

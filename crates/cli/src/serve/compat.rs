@@ -5,6 +5,8 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use ferrite_engine::JsonOptions;
+use ferrite_parsers::{reasoning, tool};
+use ferrite_server::ChatOptions;
 
 #[derive(Args, Debug, Default)]
 pub struct VllmFlags {
@@ -50,14 +52,21 @@ pub struct VllmFlags {
     /// "disable_any_whitespace": true}'; the backend is always guidance (llguidance).
     #[arg(long, help_heading = "StructuredOutputsConfig")]
     pub structured_outputs_config: Option<String>,
-    /// Tool calling (not built yet).
+    /// Serve `tool_choice: "auto"`: tool calls are parsed out of the output by --tool-call-parser.
     #[arg(long, help_heading = "Frontend")]
     pub enable_auto_tool_choice: bool,
+    /// The model's tool-call format: hermes, llama3_json, mistral, qwen3_coder, deepseek_v3, pythonic.
     #[arg(long, help_heading = "Frontend")]
     pub tool_call_parser: Option<String>,
-    /// Reasoning parsers (not built yet).
+    /// Split the output into `reasoning_content` and `content`: deepseek_r1, qwen3, granite, gpt_oss.
     #[arg(long, help_heading = "Frontend")]
     pub reasoning_parser: Option<String>,
+    /// Render a request's own `chat_template` (off: such a request is refused).
+    #[arg(long, help_heading = "Frontend")]
+    pub trust_request_chat_template: bool,
+    /// With `tool_choice: "none"`, leave the tools out of the prompt.
+    #[arg(long, help_heading = "Frontend")]
+    pub exclude_tools_when_tool_choice_none: bool,
     /// Images, audio and video per prompt (multimodal models are not built yet).
     #[arg(long, help_heading = "MultiModalConfig")]
     pub limit_mm_per_prompt: Option<String>,
@@ -86,6 +95,16 @@ pub fn expand_short_aliases(args: impl IntoIterator<Item = String>) -> Vec<Strin
 }
 
 impl VllmFlags {
+    pub fn chat_options(&self) -> ChatOptions {
+        ChatOptions {
+            enable_auto_tool_choice: self.enable_auto_tool_choice,
+            tool_call_parser: self.tool_call_parser.clone(),
+            reasoning_parser: self.reasoning_parser.clone(),
+            trust_request_chat_template: self.trust_request_chat_template,
+            exclude_tools_when_tool_choice_none: self.exclude_tools_when_tool_choice_none,
+        }
+    }
+
     /// The JSON schema compiler's defaults from `--structured-outputs-config`.
     pub fn structured_outputs(&self) -> Result<JsonOptions> {
         const FLAG: &str = "--structured-outputs-config";
@@ -137,9 +156,6 @@ impl VllmFlags {
             set(self.no_enable_chunked_prefill, "--no-enable-chunked-prefill", "prefill without chunking"),
             set(self.speculative_config.is_some(), "--speculative-config", "speculative decoding"),
             set(self.enable_lora || !self.lora_modules.is_empty(), "--enable-lora/--lora-modules", "LoRA"),
-            set(self.enable_auto_tool_choice, "--enable-auto-tool-choice", "tool calling"),
-            set(self.tool_call_parser.is_some(), "--tool-call-parser", "tool calling"),
-            set(self.reasoning_parser.is_some(), "--reasoning-parser", "reasoning parsers"),
             set(self.limit_mm_per_prompt.is_some(), "--limit-mm-per-prompt", "multimodal input"),
             set(!self.middleware.is_empty(), "--middleware", "Python ASGI middleware"),
         ]
@@ -148,6 +164,17 @@ impl VllmFlags {
         .next();
         if let Some((flag, feature)) = first {
             return not_built(flag, feature);
+        }
+        if self.enable_auto_tool_choice && self.tool_call_parser.is_none() {
+            bail!("--enable-auto-tool-choice needs --tool-call-parser (one of {})", tool::PARSERS.join(", "));
+        }
+        for (flag, name, known) in [
+            ("--tool-call-parser", &self.tool_call_parser, tool::PARSERS),
+            ("--reasoning-parser", &self.reasoning_parser, reasoning::PARSERS),
+        ] {
+            if let Some(name) = name.as_deref().filter(|n| !known.contains(n)) {
+                bail!("{flag} {name}: no such parser; the parsers are {}", known.join(", "));
+            }
         }
         let gguf = model.extension().is_some_and(|e| e == "gguf");
         match self.load_format.as_str() {

@@ -63,6 +63,7 @@ fn server_config(args: &ServeArgs, frontend: Frontend, sampling_defaults: Sampli
         tls: frontend.tls,
         request_id_headers: args.enable_request_id_headers,
         log_requests: !args.vllm.disable_log_requests,
+        chat: args.vllm.chat_options(),
     }
 }
 

@@ -107,6 +107,10 @@ pub struct RequestMessage {
     pub role: String,
     /// Null is allowed (an assistant turn that only called tools).
     pub content: Option<MessageContent>,
+    /// Everything else the message carries (`tool_calls`, `tool_call_id`, `name`, ...), handed
+    /// to the chat template as is.
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -120,6 +124,15 @@ pub struct ChatCompletionRequest {
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     pub tools: Option<Vec<Value>>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": ...}}`.
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    /// A Jinja template for this request (needs `--trust-request-chat-template`).
+    pub chat_template: Option<String>,
+    /// Extra variables for the chat template (e.g. `enable_thinking`).
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Leave the last (assistant) message open for the model to continue.
+    pub continue_final_message: Option<bool>,
     pub add_generation_prompt: Option<bool>,
     pub add_special_tokens: Option<bool>,
     #[serde(flatten)]
@@ -230,11 +243,36 @@ pub struct ChatLogprobs {
     pub content: Vec<ChatTokenLogprob>,
 }
 
+/// A tool call in a response message, or (with `index`, fields optional) a piece of one in a
+/// stream chunk.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ToolCallOut {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionCallOut,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FunctionCallOut {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatMessageOut {
     pub role: &'static str,
-    pub content: String,
-    pub tool_calls: Vec<Value>,
+    /// Null when the message is only tool calls.
+    pub content: Option<String>,
+    /// The reasoning section (`--reasoning-parser`), under vLLM's two names.
+    pub reasoning_content: Option<String>,
+    pub reasoning: Option<String>,
+    pub tool_calls: Vec<ToolCallOut>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -263,6 +301,12 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -359,7 +403,7 @@ mod tests {
             model: "m".into(),
             choices: vec![ChatStreamChoice {
                 index: 0,
-                delta: ChatDelta { role: Some("assistant"), content: Some(String::new()) },
+                delta: ChatDelta { role: Some("assistant"), content: Some(String::new()), ..Default::default() },
                 logprobs: None,
                 finish_reason: None,
                 stop_reason: None,
