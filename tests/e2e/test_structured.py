@@ -217,3 +217,35 @@ def test_tool_choice_none_and_tool_history_render(smol):
         bad = [dict(messages[1], tool_calls=[{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{oops"}}])]
         smol.client().chat.completions.create(model="tiny-llama", messages=[messages[0], *bad], max_tokens=2)
     assert "not JSON" in e.value.message
+
+
+@pytest.fixture(scope="module")
+def reasoning_server(tmp_path_factory):
+    gguf = os.environ.get("FERRITE_SMOLLM2_GGUF")
+    if not gguf:
+        pytest.skip("SKIP: FERRITE_SMOLLM2_GGUF is not set")
+    s = Server(tmp_path_factory.mktemp("reasoning"), "--reasoning-parser", "deepseek_r1",
+               model_args=["--model", gguf], max_model_len=2048)
+    yield s
+    assert s.stop() == 0, s.logs()
+
+
+def test_reasoning_parser_splits_and_structured_outputs_wait_for_the_section_end(reasoning_server):
+    client = reasoning_server.client()
+    # DeepSeek-R1's format: everything before </think> is reasoning. SmolLM2 never writes the
+    # tag, so the whole output is reasoning, and a choice constraint (which applies only after
+    # the section ends, as in vLLM) leaves it free.
+    r = client.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "Is the sky blue?"}],
+        max_tokens=12, temperature=0.0, extra_body={"guided_choice": ["yes", "no"]})
+    m = r.choices[0].message
+    assert m.reasoning_content and m.reasoning_content not in ("yes", "no"), m
+    assert m.reasoning == m.reasoning_content and not m.content
+    # Streaming gives the same split.
+    conn, resp = open_stream(reasoning_server, "/v1/chat/completions", {
+        "model": "tiny-llama", "messages": [{"role": "user", "content": "Is the sky blue?"}],
+        "max_tokens": 12, "temperature": 0.0, "stream": True, "guided_choice": ["yes", "no"]})
+    deltas = [json.loads(e)["choices"][0]["delta"] for e in sse_events(resp) if e != "[DONE]"]
+    conn.close()
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == m.reasoning_content
+    assert not "".join(d.get("content") or "" for d in deltas)

@@ -54,6 +54,9 @@ pub struct SamplingParams {
     /// Constrains the output to a JSON schema, regex, choice or grammar (vLLM's
     /// `structured_outputs`).
     pub structured_outputs: Option<StructuredOutputs>,
+    /// The constraint starts after these tokens appear in the output (the end of a reasoning
+    /// section, as vLLM's reasoning parsers mark it); before them the output is free.
+    pub structured_outputs_after: Option<Vec<u32>>,
 }
 
 impl Default for SamplingParams {
@@ -78,6 +81,7 @@ impl Default for SamplingParams {
             skip_special_tokens: true,
             include_stop_str_in_output: false,
             structured_outputs: None,
+            structured_outputs_after: None,
         }
     }
 }

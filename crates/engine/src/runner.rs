@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ferrite_models::{CausalLM, ForwardInput};
-use ferrite_structured::{mask_words, TokenConstraint};
+use ferrite_structured::{mask_words, Grammar, TokenConstraint};
 use ferrite_tensor::ops;
 use ferrite_tensor::{AttnMetadata, AttnSeq, PagedKvLayer, Tensor};
 use rayon::prelude::*;
@@ -44,6 +44,9 @@ pub struct ModelRunner {
     graphs: Option<DecodeGraphs>,
     /// Where each structured-output request is in its grammar.
     constraints: HashMap<ReqId, TokenConstraint>,
+    /// Structured-output requests still in their reasoning section: the grammar starts once
+    /// the output ends with the marker.
+    reasoning: HashMap<ReqId, (Vec<u32>, Arc<Grammar>)>,
 }
 
 /// Which logit rows belong to which request.
@@ -81,6 +84,7 @@ impl ModelRunner {
             requests: HashMap::new(),
             graphs,
             constraints: HashMap::new(),
+            reasoning: HashMap::new(),
         })
     }
 
@@ -93,16 +97,25 @@ impl ModelRunner {
     pub fn reset(&mut self) {
         self.requests.clear();
         self.constraints.clear();
+        self.reasoning.clear();
     }
 
     fn update_states(&mut self, so: &SchedulerOutput) {
         for id in &so.finished_req_ids {
             self.requests.remove(id);
             self.constraints.remove(id);
+            self.reasoning.remove(id);
         }
         for new in &so.scheduled_new_reqs {
             if let Some(grammar) = &new.sampling.grammar {
-                self.constraints.insert(new.req_id, grammar.start());
+                match &new.sampling.params.structured_outputs_after {
+                    Some(marker) if !marker.is_empty() => {
+                        self.reasoning.insert(new.req_id, (marker.clone(), grammar.clone()));
+                    }
+                    _ => {
+                        self.constraints.insert(new.req_id, grammar.start());
+                    }
+                }
             }
             self.requests.insert(
                 new.req_id,
@@ -312,10 +325,18 @@ impl ModelRunner {
             .ok_or_else(|| EngineError::Internal("a sampled row lost its request".into()))?;
         let sampled = sampler::sample(logits, &rows, token_masks)?;
         for (&id, s) in ids.iter().zip(sampled) {
+            let mut reasoning_ended = false;
             if let Some(state) = self.requests.get_mut(&id) {
                 state.token_ids.push(s.token_id);
+                let output = &state.token_ids[state.num_prompt_tokens..];
+                reasoning_ended = self.reasoning.get(&id).is_some_and(|(marker, _)| output.ends_with(marker));
             }
-            if let Some(c) = self.constraints.get_mut(&id) {
+            if reasoning_ended {
+                // The marker is the reasoning's; the grammar governs what follows it.
+                if let Some((_, grammar)) = self.reasoning.remove(&id) {
+                    self.constraints.insert(id, grammar.start());
+                }
+            } else if let Some(c) = self.constraints.get_mut(&id) {
                 c.accept(s.token_id);
             }
             out.sampled.insert(id, s);

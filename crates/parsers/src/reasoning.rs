@@ -54,7 +54,8 @@ pub trait ReasoningParser: Send {
 }
 
 /// The names `--reasoning-parser` accepts.
-pub const PARSERS: &[&str] = &["deepseek_r1", "deepseek_v3", "granite", "holo2", "mimo", "openai_gptoss", "qwen3"];
+pub const PARSERS: &[&str] =
+    &["deepseek_r1", "deepseek_v3", "granite", "holo2", "mimo", "openai_gptoss", "gpt_oss", "qwen3"];
 
 /// A fresh parser for `name`, or `None` for a name not in [`PARSERS`]. `chat_template_kwargs` is
 /// what the request's template was rendered with: vLLM hands it to the parser, and the Qwen3 and
@@ -66,7 +67,7 @@ pub fn parser(name: &str, chat_template_kwargs: &Map<String, Value>) -> Option<B
         "deepseek_v3" => deepseek_v3::new(chat_template_kwargs, false),
         "holo2" => deepseek_v3::new(chat_template_kwargs, true),
         "granite" => Box::new(granite::Granite::new()),
-        "openai_gptoss" => Box::new(gpt_oss::GptOss::new()),
+        "openai_gptoss" | "gpt_oss" => Box::new(gpt_oss::GptOss::new()),
         // vLLM registers one Qwen3 parser under both names.
         "qwen3" | "mimo" => qwen3::new(chat_template_kwargs),
         _ => return None,

@@ -29,6 +29,7 @@ use crate::protocol::{
 use crate::sse::{done_event, json_event, json_event_raw};
 use crate::{off_runtime, random_id, unix_now, AppState, ChatOptions};
 use ferrite_engine::{Constraint, StructuredOutputs};
+use ferrite_parsers::reasoning;
 use ferrite_parsers::tool::FunctionSpec;
 use serde_json::json;
 
@@ -148,6 +149,22 @@ struct Context {
     shape: Shape,
 }
 
+/// The tokens that end a reasoning section the output will open, after which structured outputs
+/// apply (as vLLM starts the grammar once its reasoning parser sees the section end); `None`
+/// when no reasoning section is coming.
+fn reasoning_end_tokens(state: &AppState, shape: &Shape) -> Result<Option<Vec<u32>>, ApiError> {
+    let Some(parser) = shape.reasoning_parser.as_deref().and_then(|n| reasoning::parser(n, &shape.template_kwargs))
+    else {
+        return Ok(None);
+    };
+    if parser.is_reasoning_end("") {
+        return Ok(None);
+    }
+    let Some(marker) = parser.end_marker() else { return Ok(None) };
+    let ids = state.tokenizer.encode(marker, false).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(Some(ids))
+}
+
 /// What a request's `tools` and `tool_choice` mean for its prompt, its output constraint and the
 /// shape of its message, with vLLM's checks.
 struct ToolPlan {
@@ -190,6 +207,7 @@ fn tool_plan(options: &ChatOptions, req: &ChatCompletionRequest) -> Result<ToolP
         shape: Shape::plain(),
     };
     plan.shape.reasoning_parser = options.reasoning_parser.clone();
+    plan.shape.template_kwargs = Arc::new(req.chat_template_kwargs.clone().unwrap_or_default());
     let one_call = req.parallel_tool_calls == Some(false);
     match choice.as_str() {
         "none" => {
@@ -325,6 +343,9 @@ async fn run(
     if plan.shape.needs_special_tokens() {
         sampling.skip_special_tokens = false;
     }
+    if sampling.structured_outputs.is_some() {
+        sampling.structured_outputs_after = reasoning_end_tokens(&state, &plan.shape)?;
+    }
     let requests = generate::process(&state, std::slice::from_ref(&prompt), &sampling)?;
     let permit = Admission::acquire(&state, sampling.n)?;
     let ctx = Context {
@@ -405,7 +426,10 @@ impl Context {
             }
             let mut parts = c.shaper.push(&d.text);
             if d.finish_reason.is_some() {
-                parts.tool_calls.extend(c.shaper.finish().tool_calls);
+                let rest = c.shaper.finish();
+                parts.content = [parts.content.take(), rest.content].into_iter().flatten().reduce(|a, b| a + &b);
+                parts.reasoning = [parts.reasoning.take(), rest.reasoning].into_iter().flatten().reduce(|a, b| a + &b);
+                parts.tool_calls.extend(rest.tool_calls);
                 c.finish_reason = d.finish_reason;
                 c.stop_reason = d.stop_reason.clone();
             }

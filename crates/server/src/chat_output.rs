@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use ferrite_parsers::reasoning::{self, ReasoningParser};
+use ferrite_parsers::reasoning::{self, ReasoningDelta, ReasoningParser};
 use ferrite_parsers::tool::{self, random_tool_call_id, FunctionSpec, ToolCall, ToolParser};
 use serde_json::Value;
 
@@ -28,13 +28,20 @@ pub enum ToolMode {
 #[derive(Debug, Clone)]
 pub struct Shape {
     pub reasoning_parser: Option<String>,
+    /// The request's `chat_template_kwargs`: reasoning parsers read `enable_thinking` from them.
+    pub template_kwargs: Arc<serde_json::Map<String, Value>>,
     pub tools: ToolMode,
     pub functions: Arc<[FunctionSpec]>,
 }
 
 impl Shape {
     pub fn plain() -> Shape {
-        Shape { reasoning_parser: None, tools: ToolMode::Off, functions: Arc::from([]) }
+        Shape {
+            reasoning_parser: None,
+            template_kwargs: Arc::default(),
+            tools: ToolMode::Off,
+            functions: Arc::from([]),
+        }
     }
 
     /// Whether output text must keep its special tokens (tool-call and reasoning markers often
@@ -91,7 +98,8 @@ pub struct Shaper {
 impl Shaper {
     /// `None` names a parser that does not exist (the server checked the names at start).
     pub fn new(shape: &Shape) -> Shaper {
-        let reasoning = shape.reasoning_parser.as_deref().and_then(reasoning::parser);
+        let reasoning =
+            shape.reasoning_parser.as_deref().and_then(|name| reasoning::parser(name, &shape.template_kwargs));
         let tool_parser = match &shape.tools {
             ToolMode::Auto(name) => tool::parser(name),
             _ => None,
@@ -118,19 +126,21 @@ impl Shaper {
 
     /// What `text` (the newest output) adds to the streamed message.
     pub fn push(&mut self, text: &str) -> Parts {
-        let mut parts = Parts::default();
-        let content = match &mut self.reasoning {
-            Some(r) => match r.extract_streaming(&self.text, text) {
-                Some(d) => {
-                    parts.reasoning = d.reasoning.filter(|s| !s.is_empty());
-                    d.content
-                }
-                None => None,
-            },
-            None => Some(text.to_string()),
+        let split = match &mut self.reasoning {
+            Some(r) => r.extract_streaming(&self.text, text),
+            None => Some(ReasoningDelta { reasoning: None, content: Some(text.to_string()) }),
         };
         self.text.push_str(text);
-        let Some(content) = content.filter(|c| !c.is_empty()) else {
+        self.take(split)
+    }
+
+    /// Routes the reasoning part of a step to the message and its content part through the tool
+    /// handling.
+    fn take(&mut self, split: Option<ReasoningDelta>) -> Parts {
+        let mut parts = Parts::default();
+        let Some(split) = split else { return parts };
+        parts.reasoning = split.reasoning.filter(|s| !s.is_empty());
+        let Some(content) = split.content.filter(|c| !c.is_empty()) else {
             return parts;
         };
         match &self.shape.tools {
@@ -173,17 +183,17 @@ impl Shaper {
         parts
     }
 
-    /// What is left to stream when the output ends: the calls of a `required` output.
+    /// What is left to stream when the output ends: text a reasoning parser held back (a tag
+    /// that never completed), and the calls of a `required` output.
     pub fn finish(&mut self) -> Parts {
-        if self.shape.tools != ToolMode::Required {
-            return Parts::default();
+        let held = self.reasoning.as_mut().and_then(|r| r.finish());
+        let mut parts = self.take(held);
+        if self.shape.tools == ToolMode::Required {
+            let calls = required_calls(&self.content);
+            self.tools_called = !calls.is_empty();
+            parts.tool_calls.extend(calls.into_iter().enumerate().map(|(i, c)| full_call(c, Some(i))));
         }
-        let calls = required_calls(&self.content);
-        self.tools_called = !calls.is_empty();
-        Parts {
-            tool_calls: calls.into_iter().enumerate().map(|(i, c)| full_call(c, Some(i))).collect(),
-            ..Default::default()
-        }
+        parts
     }
 
     /// The whole message of a finished, unstreamed output.
@@ -230,7 +240,7 @@ mod tests {
     use super::*;
 
     fn shape(tools: ToolMode) -> Shape {
-        Shape { reasoning_parser: None, tools, functions: Arc::from([]) }
+        Shape { tools, ..Shape::plain() }
     }
 
     #[test]

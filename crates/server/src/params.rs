@@ -192,6 +192,7 @@ pub fn build(
         skip_special_tokens: fields.skip_special_tokens.unwrap_or(true),
         include_stop_str_in_output: fields.include_stop_str_in_output.unwrap_or(false),
         structured_outputs: crate::structured::from_request(fields)?,
+        structured_outputs_after: None,
     })
 }
 
