@@ -249,3 +249,47 @@ def test_reasoning_parser_splits_and_structured_outputs_wait_for_the_section_end
     conn.close()
     assert "".join(d.get("reasoning_content") or "" for d in deltas) == m.reasoning_content
     assert not "".join(d.get("content") or "" for d in deltas)
+
+
+@pytest.fixture(scope="module")
+def hermes_server(tmp_path_factory):
+    gguf = os.environ.get("FERRITE_SMOLLM2_GGUF")
+    if not gguf:
+        pytest.skip("SKIP: FERRITE_SMOLLM2_GGUF is not set")
+    s = Server(tmp_path_factory.mktemp("hermes"), "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+               model_args=["--model", gguf], max_model_len=2048)
+    yield s
+    assert s.stop() == 0, s.logs()
+
+
+# SmolLM2 does not call tools by itself: a regex makes it write a Hermes tool call, which the
+# parser must then find (structured outputs and auto tool choice compose, as in vLLM).
+HERMES_CALL = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,8}", "unit": "celsius"\}\}\n</tool_call>'
+
+
+def test_auto_tool_choice_parses_hermes_calls_whole_and_streamed(hermes_server):
+    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": [WEATHER], "max_tokens": 60, "temperature": 0.0,
+            "structured_outputs": {"regex": HERMES_CALL}}
+    r = hermes_server.client().chat.completions.create(**{k: v for k, v in body.items() if k != "structured_outputs"},
+                                                       extra_body={"structured_outputs": body["structured_outputs"]})
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("chatcmpl-tool-")
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, schema_of("get_weather"))
+    assert not choice.message.content
+    conn, resp = open_stream(hermes_server, "/v1/chat/completions", {**body, "stream": True})
+    chunks = [json.loads(e) for e in sse_events(resp) if e != "[DONE]"]
+    conn.close()
+    pieces = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert pieces[0]["function"]["name"] == "get_weather" and pieces[0]["id"].startswith("chatcmpl-tool-")
+    assert json.loads("".join(p["function"].get("arguments") or "" for p in pieces)) == args
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # Text without a call stays content.
+    r = hermes_server.client().chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "Say hi."}], tools=[WEATHER], max_tokens=8,
+        temperature=0.0, extra_body={"structured_outputs": {"regex": "[a-z]{2,6} there"}})
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.tool_calls in (None, [])
+    assert r.choices[0].message.content.endswith(" there")

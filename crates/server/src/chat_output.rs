@@ -146,24 +146,11 @@ impl Shaper {
         match &self.shape.tools {
             ToolMode::Off => parts.content = Some(content.clone()),
             ToolMode::Auto(_) => {
-                if let Some(d) = self
+                let delta = self
                     .tool_parser
                     .as_mut()
-                    .and_then(|p| p.extract_streaming(&self.content, &content, &self.shape.functions))
-                {
-                    parts.content = d.content.filter(|s| !s.is_empty());
-                    self.tools_called |= !d.tool_calls.is_empty();
-                    parts.tool_calls = d
-                        .tool_calls
-                        .into_iter()
-                        .map(|c| ToolCallOut {
-                            index: Some(c.index),
-                            kind: c.id.as_ref().map(|_| "function"),
-                            id: c.id,
-                            function: FunctionCallOut { name: c.name, arguments: c.arguments },
-                        })
-                        .collect();
-                }
+                    .and_then(|p| p.extract_streaming(&self.content, &content, &self.shape.functions));
+                self.add_tool_delta(&mut parts, delta);
             }
             ToolMode::Named(name) => {
                 let first = self.named_id.is_none();
@@ -183,11 +170,30 @@ impl Shaper {
         parts
     }
 
+    fn add_tool_delta(&mut self, parts: &mut Parts, delta: Option<tool::ToolDelta>) {
+        let Some(d) = delta else { return };
+        if let Some(text) = d.content.filter(|s| !s.is_empty()) {
+            parts.content.get_or_insert_with(String::new).push_str(&text);
+        }
+        self.tools_called |= !d.tool_calls.is_empty();
+        parts.tool_calls.extend(d.tool_calls.into_iter().map(|c| ToolCallOut {
+            index: Some(c.index),
+            kind: c.id.as_ref().map(|_| "function"),
+            id: c.id,
+            function: FunctionCallOut { name: c.name, arguments: c.arguments },
+        }));
+    }
+
     /// What is left to stream when the output ends: text a reasoning parser held back (a tag
-    /// that never completed), and the calls of a `required` output.
+    /// that never completed), what the tool parser still owes (an unclosed call, text it held
+    /// back as a possible marker), and the calls of a `required` output.
     pub fn finish(&mut self) -> Parts {
         let held = self.reasoning.as_mut().and_then(|r| r.finish());
         let mut parts = self.take(held);
+        if let ToolMode::Auto(_) = self.shape.tools {
+            let owed = self.tool_parser.as_mut().and_then(|p| p.finish(&self.shape.functions));
+            self.add_tool_delta(&mut parts, owed);
+        }
         if self.shape.tools == ToolMode::Required {
             let calls = required_calls(&self.content);
             self.tools_called = !calls.is_empty();
