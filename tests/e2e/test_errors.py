@@ -52,7 +52,7 @@ COMPLETION_400 = [
     ({"prompt": [5] * (MAX_MODEL_LEN + 10)}, "maximum context length", None),
     ({"prompt": [5] * (MAX_MODEL_LEN - 4), "max_tokens": 16}, "maximum context length", None),
     ({"prompt": "hi", "suffix": "x"}, "suffix", "suffix"),
-    ({"prompt": "hi", "logit_bias": {"5": 1}}, "logit_bias", "logit_bias"),
+    ({"prompt": "hi", "logit_bias": {"five": 1}}, "logit_bias", "logit_bias"),
     ({}, "missing field `prompt`", None),
     ({"prompt": "hi", "stream": "yes"}, "Invalid request body", None),
 ]
@@ -150,3 +150,18 @@ def test_tokenize_errors(server):
 def test_server_survives_bad_input(server):
     assert server.proc.poll() is None
     assert server.request("GET", "/health")[0] == 200
+
+
+def test_vllm_fields_not_built_are_refused_by_name_and_unknown_ones_ignored(server):
+    for body, field in [({"use_beam_search": True}, "use_beam_search"), ({"prompt_logprobs": 1}, "prompt_logprobs"),
+                        ({"truncate_prompt_tokens": 5}, "truncate_prompt_tokens"), ({"return_token_ids": True}, "return_token_ids"),
+                        ({"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend")]:
+        status, resp = server.json("POST", "/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": 1, **body})
+        err = assert_error(status, resp, 400, field, field)
+        assert err["type"] == "BadRequestError"
+    # Their "off" values, and fields vLLM does not know either, pass.
+    for body in [{"use_beam_search": False, "priority": 0, "spaces_between_special_tokens": True},
+                 {"no_such_field": 1}, {"user": "me"}]:
+        status, resp = server.json("POST", "/v1/chat/completions",
+                                   {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, **body})
+        assert status == 200, resp

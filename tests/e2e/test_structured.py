@@ -249,6 +249,11 @@ def test_reasoning_parser_splits_and_structured_outputs_wait_for_the_section_end
     conn.close()
     assert "".join(d.get("reasoning_content") or "" for d in deltas) == m.reasoning_content
     assert not "".join(d.get("content") or "" for d in deltas)
+    # include_reasoning false leaves the section out.
+    r = client.chat.completions.create(
+        model="tiny-llama", messages=[{"role": "user", "content": "Is the sky blue?"}], max_tokens=12,
+        temperature=0.0, extra_body={"include_reasoning": False})
+    assert r.choices[0].message.reasoning_content is None and not r.choices[0].message.content
 
 
 @pytest.fixture(scope="module")
@@ -293,3 +298,33 @@ def test_auto_tool_choice_parses_hermes_calls_whole_and_streamed(hermes_server):
         temperature=0.0, extra_body={"structured_outputs": {"regex": "[a-z]{2,6} there"}})
     assert r.choices[0].finish_reason == "stop" and r.choices[0].message.tool_calls in (None, [])
     assert r.choices[0].message.content.endswith(" there")
+
+
+def token_ids(server, text):
+    status, body = server.json("POST", "/tokenize", {"model": "tiny-llama", "prompt": text, "add_special_tokens": False})
+    assert status == 200, body
+    return body["tokens"]
+
+
+def test_logit_bias_allowed_token_ids_and_bad_words_act(smol):
+    client = smol.client()
+    prompt = "The capital of France is Paris. The capital of Italy is"
+    (yes,), (no,) = token_ids(smol, " yes"), token_ids(smol, " no")
+    r = client.completions.create(model="tiny-llama", prompt=prompt, n=10, temperature=1.0, max_tokens=6, seed=4,
+                                  extra_body={"allowed_token_ids": [yes, no]})
+    for c in r.choices:
+        assert re.fullmatch(r"( yes| no)+", c.text), c.text
+    (banana,) = token_ids(smol, " banana")
+    r = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=3, temperature=0.0,
+                                  logit_bias={str(banana): 100})
+    assert r.choices[0].text == " banana banana banana", r.choices[0].text
+    plain = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=30, temperature=0.0).choices[0].text
+    assert " the " in plain.lower() or plain.lower().startswith("the ") or " the" in plain, plain
+    banned = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=30, temperature=0.0,
+                                       extra_body={"bad_words": ["the", "The"]}).choices[0].text
+    assert not re.search(r"(^|\s)[Tt]he\b", banned), banned
+    for body, needle in [({"logit_bias": {"x": 1}}, "token ids"), ({"allowed_token_ids": []}, "at least one"),
+                         ({"allowed_token_ids": [10**9]}, "out of vocabulary")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="tiny-llama", prompt="x", max_tokens=2, extra_body=body)
+        assert needle in e.value.message, (body, e.value.message)

@@ -131,6 +131,25 @@ struct Shared {
     grammar_compiler: OnceLock<std::result::Result<GrammarCompiler, String>>,
 }
 
+/// vLLM's tokenization of `bad_words`: each word as is (leading spaces stripped) and with one
+/// leading space, the second kept only when it is a different token sequence of the same
+/// length (so that " word" is banned too where the tokenizer merges the space into the word).
+fn bad_words_token_ids(tokenizer: &Tokenizer, words: &[String]) -> Result<Vec<Vec<u32>>> {
+    let mut out: Vec<Vec<u32>> = Vec::new();
+    for word in words {
+        let bare = tokenizer.encode(word.trim_start(), false)?;
+        let spaced = tokenizer.encode(&format!(" {}", word.trim_start()), false)?;
+        let distinct = spaced.first() != bare.first() && spaced.len() == bare.len();
+        if !bare.is_empty() {
+            out.push(bare);
+        }
+        if distinct && !spaced.is_empty() {
+            out.push(spaced);
+        }
+    }
+    Ok(out)
+}
+
 /// A cheap, thread-safe handle to a running engine.
 #[derive(Clone)]
 pub struct EngineClient {
@@ -297,6 +316,19 @@ impl EngineClient {
             });
         }
 
+        for (param, ids) in [
+            ("logit_bias", params.logit_bias.iter().map(|(id, _)| *id).collect::<Vec<_>>()),
+            ("allowed_token_ids", params.allowed_token_ids.clone().unwrap_or_default()),
+        ] {
+            let bad: Vec<u32> = ids.into_iter().filter(|&id| id as usize >= vocab).collect();
+            if !bad.is_empty() {
+                return Err(EngineError::invalid(
+                    param,
+                    format!("token id(s) {bad:?} are out of vocabulary (size {vocab})"),
+                ));
+            }
+        }
+        let bad_words_token_ids = bad_words_token_ids(&s.tokenizer, &params.bad_words)?;
         let grammar = params.structured_outputs.as_ref().map(|spec| self.compile(spec)).transpose()?;
         let params = params.normalized();
         let mut stop_token_ids = params.stop_token_ids.clone();
@@ -322,6 +354,7 @@ impl EngineClient {
                     min_tokens_mask: min_tokens_mask.clone(),
                     seed: base_seed.wrapping_add(i as u64),
                     grammar: grammar.clone(),
+                    bad_words_token_ids: bad_words_token_ids.clone(),
                 })
             })
             .collect();

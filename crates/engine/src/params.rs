@@ -51,6 +51,13 @@ pub struct SamplingParams {
     pub prompt_logprobs: Option<usize>,
     pub skip_special_tokens: bool,
     pub include_stop_str_in_output: bool,
+    /// Added to the logits of these token ids (OpenAI's `logit_bias`, clamped to [-100, 100]).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Only these tokens may be sampled.
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// Words the output may not contain: the last token of each word's tokenization is banned
+    /// where it would complete the word.
+    pub bad_words: Vec<String>,
     /// Constrains the output to a JSON schema, regex, choice or grammar (vLLM's
     /// `structured_outputs`).
     pub structured_outputs: Option<StructuredOutputs>,
@@ -80,6 +87,9 @@ impl Default for SamplingParams {
             prompt_logprobs: None,
             skip_special_tokens: true,
             include_stop_str_in_output: false,
+            logit_bias: Vec::new(),
+            allowed_token_ids: None,
+            bad_words: Vec::new(),
             structured_outputs: None,
             structured_outputs_after: None,
         }
@@ -174,6 +184,12 @@ impl SamplingParams {
         if self.stop.iter().any(String::is_empty) {
             return Err(EngineError::invalid("stop", "cannot contain an empty string"));
         }
+        if self.allowed_token_ids.as_ref().is_some_and(Vec::is_empty) {
+            return Err(EngineError::invalid("allowed_token_ids", "must contain at least one token id"));
+        }
+        if self.logit_bias.iter().any(|(_, b)| !b.is_finite()) {
+            return Err(EngineError::invalid("logit_bias", "biases must be finite numbers"));
+        }
         if self.is_greedy() && self.n > 1 {
             return Err(EngineError::invalid("n", format!("must be 1 when using greedy sampling, got {}", self.n)));
         }
@@ -200,6 +216,10 @@ impl SamplingParams {
         p
     }
 
+    pub(crate) fn has_token_filters(&self) -> bool {
+        !self.logit_bias.is_empty() || self.allowed_token_ids.is_some()
+    }
+
     pub(crate) fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
@@ -219,6 +239,9 @@ pub struct RequestSampling {
     pub min_tokens_mask: Vec<u32>,
     /// Seed of this sequence's generator (drawn at random when the request has none).
     pub seed: u64,
+    /// `params.bad_words` as token sequences, as vLLM tokenizes them (with and without a
+    /// leading space).
+    pub bad_words_token_ids: Vec<Vec<u32>>,
     /// The request's compiled structured-output constraint; each sequence walks its own copy.
     pub grammar: Option<Arc<Grammar>>,
 }

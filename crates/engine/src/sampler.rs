@@ -25,21 +25,49 @@ pub struct SampleRow<'a> {
 impl SampleRow<'_> {
     /// Whether a logits processor may change the row before the draw.
     fn is_processed(&self) -> bool {
-        self.masks_min_tokens() || self.sampling.params.has_penalties()
+        self.masks_min_tokens()
+            || self.sampling.params.has_penalties()
+            || self.sampling.params.has_token_filters()
+            || !self.sampling.bad_words_token_ids.is_empty()
     }
 
     fn masks_min_tokens(&self) -> bool {
         self.output.len() < self.sampling.params.min_tokens && !self.sampling.min_tokens_mask.is_empty()
     }
 
-    /// vLLM's `MinTokensLogitsProcessor` and `apply_penalties`, in its order.
+    /// vLLM V1's processors in its order: allowed token ids, bad words, min tokens, logit bias,
+    /// penalties.
     fn process(&self, logits: &mut [f32]) {
         let p = &self.sampling.params;
+        if let Some(allowed) = &p.allowed_token_ids {
+            let mut keep = vec![false; logits.len()];
+            for &id in allowed {
+                if let Some(k) = keep.get_mut(id as usize) {
+                    *k = true;
+                }
+            }
+            for (l, _) in logits.iter_mut().zip(&keep).filter(|(_, &k)| !k) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        for word in &self.sampling.bad_words_token_ids {
+            let Some((&last, prefix)) = word.split_last() else { continue };
+            if self.output.ends_with(prefix) {
+                if let Some(l) = logits.get_mut(last as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
         if self.masks_min_tokens() {
             for &id in &self.sampling.min_tokens_mask {
                 if let Some(l) = logits.get_mut(id as usize) {
                     *l = f32::NEG_INFINITY;
                 }
+            }
+        }
+        for &(id, bias) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
             }
         }
         if p.has_penalties() {
@@ -225,6 +253,7 @@ mod tests {
             seed,
             params: params.normalized(),
             grammar: None,
+            bad_words_token_ids: Vec::new(),
         }
     }
 
@@ -286,6 +315,24 @@ mod tests {
             draw(&logits, SamplingParams { min_tokens: 2, ..SamplingParams::greedy(4) }, &[2, 2], 0).token_id,
             0
         );
+    }
+
+    #[test]
+    fn allowed_ids_bad_words_and_logit_bias_act_in_vllm_order() {
+        let logits = [5.0, 4.0, 3.0, 2.0];
+        let greedy = |params: SamplingParams, bad: Vec<Vec<u32>>, output: &[u32]| {
+            let s = RequestSampling { bad_words_token_ids: bad, ..sampling(params, 0) };
+            let t = Tensor::from_f32(logits.to_vec(), &[1, 4]).unwrap();
+            sample(&t, &[SampleRow { sampling: &s, prompt: &[], output }], None).unwrap()[0].token_id
+        };
+        let allowed = SamplingParams { allowed_token_ids: Some(vec![2, 3]), ..SamplingParams::greedy(4) };
+        assert_eq!(greedy(allowed, vec![], &[]), 2);
+        let biased = SamplingParams { logit_bias: vec![(3, 10.0), (0, -100.0)], ..SamplingParams::greedy(4) };
+        assert_eq!(greedy(biased, vec![], &[]), 3);
+        // A one-token bad word is always banned; a longer one only where its prefix ends the output.
+        assert_eq!(greedy(SamplingParams::greedy(4), vec![vec![0]], &[]), 1);
+        assert_eq!(greedy(SamplingParams::greedy(4), vec![vec![2, 0]], &[1]), 0);
+        assert_eq!(greedy(SamplingParams::greedy(4), vec![vec![2, 0]], &[1, 2]), 1);
     }
 
     #[test]

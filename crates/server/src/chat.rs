@@ -208,6 +208,7 @@ fn tool_plan(options: &ChatOptions, req: &ChatCompletionRequest) -> Result<ToolP
     };
     plan.shape.reasoning_parser = options.reasoning_parser.clone();
     plan.shape.template_kwargs = Arc::new(req.chat_template_kwargs.clone().unwrap_or_default());
+    plan.shape.include_reasoning = req.include_reasoning.unwrap_or(true);
     let one_call = req.parallel_tool_calls == Some(false);
     match choice.as_str() {
         "none" => {
@@ -290,6 +291,11 @@ async fn run(
                      request with untrusted chat template.",
                 ));
             }
+            // vLLM hands gpt-oss's reasoning_effort to the template with the request's kwargs.
+            let mut kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+            if let Some(effort) = &req.reasoning_effort {
+                kwargs.insert("reasoning_effort".into(), effort.clone().into());
+            }
             let options = PromptOptions {
                 add_generation_prompt: req
                     .add_generation_prompt
@@ -297,7 +303,7 @@ async fn run(
                 add_special_tokens: req.add_special_tokens.unwrap_or(false),
                 continue_final_message: req.continue_final_message.unwrap_or(false),
                 tools: plan.template_tools.as_deref(),
-                kwargs: req.chat_template_kwargs.as_ref(),
+                kwargs: Some(&kwargs),
                 chat_template: req.chat_template.as_deref(),
             };
             let prompt = chat_prompt(&state, &req.messages, &options)?;

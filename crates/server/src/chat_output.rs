@@ -32,6 +32,8 @@ pub struct Shape {
     pub template_kwargs: Arc<serde_json::Map<String, Value>>,
     pub tools: ToolMode,
     pub functions: Arc<[FunctionSpec]>,
+    /// `include_reasoning: false` drops the reasoning section from the message.
+    pub include_reasoning: bool,
 }
 
 impl Shape {
@@ -41,6 +43,7 @@ impl Shape {
             template_kwargs: Arc::default(),
             tools: ToolMode::Off,
             functions: Arc::from([]),
+            include_reasoning: true,
         }
     }
 
@@ -139,7 +142,7 @@ impl Shaper {
     fn take(&mut self, split: Option<ReasoningDelta>) -> Parts {
         let mut parts = Parts::default();
         let Some(split) = split else { return parts };
-        parts.reasoning = split.reasoning.filter(|s| !s.is_empty());
+        parts.reasoning = split.reasoning.filter(|s| !s.is_empty() && self.shape.include_reasoning);
         let Some(content) = split.content.filter(|c| !c.is_empty()) else {
             return parts;
         };
@@ -211,7 +214,7 @@ impl Shaper {
             }
             None => (None, Some(output.to_string())),
         };
-        let mut parts = Parts { reasoning, ..Default::default() };
+        let mut parts = Parts { reasoning: reasoning.filter(|_| self.shape.include_reasoning), ..Default::default() };
         let content = content.unwrap_or_default();
         match &self.shape.tools {
             ToolMode::Off => parts.content = Some(content),

@@ -3,6 +3,7 @@
 //! to validate, once, when the request is processed; [`engine_error`] maps its errors to HTTP.
 
 use ferrite_engine::{EngineError, SamplingParams};
+use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::protocol::SamplingFields;
@@ -136,20 +137,115 @@ pub fn choices(fields: &SamplingFields) -> Result<usize, ApiError> {
     Ok(n as usize)
 }
 
+/// vLLM request fields ferrite has not built, with the value that means "off" (a request may
+/// send that, or null): any other value is refused naming the field, never silently ignored.
+fn unsupported_field(key: &str) -> Option<Value> {
+    Some(match key {
+        "use_beam_search"
+        | "return_token_ids"
+        | "return_tokens_as_token_ids"
+        | "return_token_offsets"
+        | "return_prompt_text"
+        | "return_mm_kwargs"
+        | "echo" => json!(false),
+        "spaces_between_special_tokens" => json!(true),
+        "length_penalty" => json!(1.0),
+        "priority" => json!(0),
+        "prompt_logprobs"
+        | "prompt_embeds"
+        | "truncate_prompt_tokens"
+        | "truncation_side"
+        | "logits_processors"
+        | "logprob_token_ids"
+        | "documents"
+        | "mm_processor_kwargs"
+        | "media_io_kwargs"
+        | "cache_salt"
+        | "kv_transfer_params"
+        | "ec_transfer_params"
+        | "vllm_xargs"
+        | "thinking_token_budget"
+        | "repetition_detection"
+        | "stream_interval"
+        | "watermarking"
+        | "routed_experts_prompt_start"
+        | "structural_tag"
+        | "request_id"
+        | "session_id" => Value::Null,
+        _ => return None,
+    })
+}
+
+/// Refuses a vLLM field ferrite has not built (unless it carries its "off" value); fields vLLM
+/// does not know either are ignored with a debug line, as vLLM does.
+pub fn check_unsupported(other: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    for (key, value) in other {
+        match unsupported_field(key) {
+            Some(off)
+                if value.is_null() || value == &off || value.as_f64().is_some_and(|v| off.as_f64() == Some(v)) => {}
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    key,
+                    format!("`{key}` is not supported by this server (ferrite has not built it); omit the field"),
+                ))
+            }
+            None => tracing::debug!(field = %key, "request field ignored"),
+        }
+    }
+    Ok(())
+}
+
 pub fn build(
     fields: &SamplingFields,
     requested: Requested,
     model_defaults: &SamplingDefaults,
 ) -> Result<SamplingParams, ApiError> {
+    check_unsupported(&fields.other)?;
+    if fields
+        .other
+        .get("guided_decoding_backend")
+        .and_then(Value::as_str)
+        .is_some_and(|b| !matches!(b, "auto" | "guidance"))
+    {
+        return Err(ApiError::invalid(
+            "guided_decoding_backend",
+            "guided_decoding_backend: ferrite's structured-output backend is guidance (llguidance)",
+        ));
+    }
     let n = choices(fields)?;
     if let Some(best_of) = fields.best_of {
         if best_of != n as i64 {
             return Err(ApiError::invalid("best_of", "best_of is not supported; leave it unset or equal to n."));
         }
     }
-    if fields.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-        return Err(ApiError::invalid("logit_bias", "logit_bias is not supported yet."));
-    }
+    let logit_bias = fields
+        .logit_bias
+        .iter()
+        .flatten()
+        .map(|(id, bias)| {
+            let id = id.trim().parse::<u32>().map_err(|_| {
+                ApiError::invalid("logit_bias", format!("logit_bias keys must be token ids, got {id:?}"))
+            })?;
+            let bias = bias.as_f64().ok_or_else(|| {
+                ApiError::invalid("logit_bias", format!("logit_bias values must be numbers, got {bias}"))
+            })?;
+            // OpenAI's range; vLLM clamps to it.
+            Ok((id, bias.clamp(-100.0, 100.0) as f32))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let allowed_token_ids = fields
+        .allowed_token_ids
+        .as_ref()
+        .map(|ids| {
+            ids.iter()
+                .map(|&id| {
+                    u32::try_from(id).map_err(|_| {
+                        ApiError::invalid("allowed_token_ids", format!("Token id {id} is out of vocabulary"))
+                    })
+                })
+                .collect::<Result<Vec<u32>, _>>()
+        })
+        .transpose()?;
     let min_tokens = match fields.min_tokens.unwrap_or(0) {
         m if m < 0 => {
             return Err(ApiError::invalid(
@@ -191,6 +287,9 @@ pub fn build(
         prompt_logprobs: requested.prompt_logprobs,
         skip_special_tokens: fields.skip_special_tokens.unwrap_or(true),
         include_stop_str_in_output: fields.include_stop_str_in_output.unwrap_or(false),
+        logit_bias,
+        allowed_token_ids,
+        bad_words: fields.bad_words.clone().unwrap_or_default(),
         structured_outputs: crate::structured::from_request(fields)?,
         structured_outputs_after: None,
     })

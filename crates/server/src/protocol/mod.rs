@@ -55,6 +55,8 @@ pub struct SamplingFields {
     pub skip_special_tokens: Option<bool>,
     pub include_stop_str_in_output: Option<bool>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
+    pub allowed_token_ids: Option<Vec<i64>>,
+    pub bad_words: Option<Vec<String>>,
     pub best_of: Option<i64>,
     /// OpenAI's `response_format` (`text`, `json_object`, `json_schema`) and vLLM's
     /// `structural_tag` format.
@@ -68,6 +70,10 @@ pub struct SamplingFields {
     pub guided_choice: Option<Value>,
     pub guided_grammar: Option<Value>,
     pub guided_whitespace_pattern: Option<Value>,
+    /// Every other field: vLLM's that ferrite has not built are refused by name
+    /// ([`crate::params::check_unsupported`]); fields vLLM does not know are ignored, as there.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -133,6 +139,10 @@ pub struct ChatCompletionRequest {
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// Leave the last (assistant) message open for the model to continue.
     pub continue_final_message: Option<bool>,
+    /// `false` drops the reasoning section from the message (`--reasoning-parser`).
+    pub include_reasoning: Option<bool>,
+    /// gpt-oss's `reasoning_effort`, handed to the chat template as vLLM does.
+    pub reasoning_effort: Option<String>,
     pub add_generation_prompt: Option<bool>,
     pub add_special_tokens: Option<bool>,
     #[serde(flatten)]
