@@ -397,3 +397,39 @@ def test_bench_with_a_sharegpt_dataset(server, tmp_path):
                for c in conversations[:5]]
     assert sorted(result["input_lens"]) == sorted(counted)
     assert result["total_output_tokens"] == sum(result["output_lens"])
+
+
+def test_truncate_prompt_tokens_keeps_the_end_of_a_long_prompt(server):
+    long = "hello " * 2000
+    status, body = server.json("POST", "/v1/completions", {"model": NAME, "prompt": long, "max_tokens": 2})
+    assert status == 400 and "maximum context length" in body["error"]["message"]
+    status, body = server.json("POST", "/v1/completions", {"model": NAME, "prompt": long + "end", "max_tokens": 2,
+                                                           "truncate_prompt_tokens": 10, "echo": True})
+    assert status == 200, body
+    assert body["usage"]["prompt_tokens"] == 10
+    assert body["choices"][0]["text"].startswith(" hello") and "end" in body["choices"][0]["text"]
+    status, body = server.json("POST", "/v1/chat/completions", {
+        "model": NAME, "messages": [{"role": "user", "content": long}], "max_tokens": 2, "truncate_prompt_tokens": -1})
+    # -1 keeps as many tokens as the context holds: none are left to generate, as in vLLM.
+    assert status == 400 and f"{MAX_MODEL_LEN} tokens in the messages" in body["error"]["message"], body
+    status, body = server.json("POST", "/v1/completions", {"model": NAME, "prompt": "hi", "truncate_prompt_tokens": 0})
+    assert status == 400 and body["error"]["param"] == "truncate_prompt_tokens"
+
+
+def test_continuous_usage_stats_count_each_choice_as_it_streams(server):
+    for path, body in [("/v1/completions", {"prompt": "hello there"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}]})]:
+        conn, resp = open_stream(server, path, {
+            "model": NAME, **body, "max_tokens": 6, "n": 2, "temperature": 1.0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+        chunks = [json.loads(e) for e in sse_events(resp) if e != "[DONE]"]
+        conn.close()
+        counted = {}
+        for c in chunks:
+            if c["choices"] and c["choices"][0].get("delta", {}).get("role") is None:
+                assert c["usage"] is not None, c
+                i = c["choices"][0]["index"]
+                assert c["usage"]["completion_tokens"] >= counted.get(i, 0)
+                counted[i] = c["usage"]["completion_tokens"]
+        assert counted == {0: 6, 1: 6}, counted
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12

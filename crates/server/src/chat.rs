@@ -24,7 +24,7 @@ use crate::logprobs;
 use crate::params::{self, Requested};
 use crate::protocol::{
     ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatLogprobs,
-    ChatMessageOut, ChatStreamChoice, MessageContent, RequestMessage, StopReason, Usage,
+    ChatMessageOut, ChatStreamChoice, MessageContent, RequestMessage, StopReason, Usage, UsageReport,
 };
 use crate::sse::{done_event, json_event, json_event_raw};
 use crate::{off_runtime, random_id, unix_now, AppState, ChatOptions};
@@ -306,7 +306,8 @@ async fn run(
                 kwargs: Some(&kwargs),
                 chat_template: req.chat_template.as_deref(),
             };
-            let prompt = chat_prompt(&state, &req.messages, &options)?;
+            let mut prompt = chat_prompt(&state, &req.messages, &options)?;
+            params::truncate_prompt(&mut prompt, &req.sampling, state.served.max_model_len, &state.tokenizer)?;
             Ok((req, prompt, plan))
         }
     })
@@ -366,8 +367,7 @@ async fn run(
     };
     let streams = generate::submit(&state, &ctx.id, requests, arrival)?;
     if req.stream.unwrap_or(false) {
-        let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-        Ok(stream_response(ctx, streams, permit, include_usage))
+        Ok(stream_response(ctx, streams, permit, UsageReport::of(req.stream_options.as_ref())))
     } else {
         Ok(Json(collect(ctx, streams).await?).into_response())
     }
@@ -519,7 +519,7 @@ async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Result<ChatCo
     })
 }
 
-fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, include_usage: bool) -> Response {
+fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, usage: UsageReport) -> Response {
     let roles: Vec<Event> = (0..ctx.n)
         .map(|index| {
             json_event(&ctx.chunk(
@@ -545,13 +545,21 @@ fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, in
                 Some((vec![json_event_raw(ApiError::internal(message).to_json()), done_event()], None))
             }
             Some(step) => {
-                let events: Vec<Event> =
-                    ctx.apply(&mut choices, step).into_iter().map(|c| json_event(&ctx.chunk(vec![c], None))).collect();
+                let events: Vec<Event> = ctx
+                    .apply(&mut choices, step)
+                    .into_iter()
+                    .map(|c| {
+                        let so_far = usage
+                            .continuous
+                            .then(|| Usage::new(ctx.prompt_tokens, choices.get(c.index).map_or(0, |ch| ch.tokens)));
+                        json_event(&ctx.chunk(vec![c], so_far))
+                    })
+                    .collect();
                 Some((events, Some((ctx, streams, choices, permit))))
             }
             None => {
                 let mut events = Vec::new();
-                if include_usage {
+                if usage.at_end {
                     events.push(json_event(&ctx.chunk(Vec::new(), Some(ctx.usage(&choices)))));
                 }
                 events.push(done_event());

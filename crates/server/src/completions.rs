@@ -21,7 +21,9 @@ use crate::error::{parse_json, ApiError};
 use crate::generate::{self, Prompt, Step, Tracked};
 use crate::logprobs::{self, Position};
 use crate::params::{self, Requested};
-use crate::protocol::{CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, StopReason, Usage};
+use crate::protocol::{
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, StopReason, Usage, UsageReport,
+};
 use crate::sse::{done_event, json_event, json_event_raw};
 use crate::{off_runtime, random_id, unix_now, AppState};
 
@@ -64,7 +66,10 @@ async fn run(
             if req.suffix.is_some() {
                 return Err(ApiError::invalid("suffix", "suffix is not currently supported"));
             }
-            let prompts = parse_prompts(&state, &req.prompt, req.add_special_tokens.unwrap_or(true))?;
+            let mut prompts = parse_prompts(&state, &req.prompt, req.add_special_tokens.unwrap_or(true))?;
+            for p in &mut prompts {
+                params::truncate_prompt(p, &req.sampling, state.served.max_model_len, &state.tokenizer)?;
+            }
             Ok((req, prompts))
         }
     })
@@ -92,8 +97,7 @@ async fn run(
     };
     let streams = generate::submit(&state, &ctx.id, requests, arrival)?;
     if req.stream.unwrap_or(false) {
-        let include_usage = req.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-        Ok(stream_response(ctx, streams, permit, include_usage))
+        Ok(stream_response(ctx, streams, permit, UsageReport::of(req.stream_options.as_ref())))
     } else {
         Ok(Json(collect(ctx, streams).await?).into_response())
     }
@@ -217,6 +221,12 @@ impl Context {
         }
     }
 
+    /// One choice's usage so far: its prompt and the tokens it generated.
+    fn choice_usage(&self, choices: &[Choice], index: usize) -> Usage {
+        let prompt = self.prompts.get(index / self.n.max(1)).map_or(0, |p| p.ids.len());
+        Usage::new(prompt, choices.get(index).map_or(0, |c| c.tokens))
+    }
+
     fn usage(&self, choices: &[Choice]) -> Usage {
         let prompt_tokens = self.prompts.iter().map(|p| p.ids.len()).sum();
         Usage::new(prompt_tokens, choices.iter().map(|c| c.tokens).sum())
@@ -253,7 +263,7 @@ async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Result<Comple
     Ok(ctx.response(out, Some(usage)))
 }
 
-fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, include_usage: bool) -> Response {
+fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, usage: UsageReport) -> Response {
     let choices: Vec<Choice> = (0..ctx.prompts.len() * ctx.n).map(|_| Choice::default()).collect();
     // The permit lives in the stream state, so the request counts against the bound until the
     // last chunk is sent or the client goes away.
@@ -268,13 +278,16 @@ fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, in
                 let events: Vec<Event> = ctx
                     .apply(&mut choices, step)
                     .into_iter()
-                    .map(|c| json_event(&ctx.response(vec![c], None)))
+                    .map(|c| {
+                        let so_far = usage.continuous.then(|| ctx.choice_usage(&choices, c.index));
+                        json_event(&ctx.response(vec![c], so_far))
+                    })
                     .collect();
                 Some((events, Some((ctx, streams, choices, permit))))
             }
             None => {
                 let mut events = Vec::new();
-                if include_usage {
+                if usage.at_end {
                     events.push(json_event(&ctx.response(Vec::new(), Some(ctx.usage(&choices)))));
                 }
                 events.push(done_event());

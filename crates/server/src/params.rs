@@ -153,8 +153,6 @@ fn unsupported_field(key: &str) -> Option<Value> {
         "priority" => json!(0),
         "prompt_logprobs"
         | "prompt_embeds"
-        | "truncate_prompt_tokens"
-        | "truncation_side"
         | "logits_processors"
         | "logprob_token_ids"
         | "documents"
@@ -174,6 +172,45 @@ fn unsupported_field(key: &str) -> Option<Value> {
         | "session_id" => Value::Null,
         _ => return None,
     })
+}
+
+/// vLLM's `truncate_prompt_tokens`: a prompt cut to its last (or first) k tokens before it is
+/// checked against the context; the text of a cut prompt is its kept tokens' text.
+pub fn truncate_prompt(
+    prompt: &mut crate::generate::Prompt,
+    fields: &SamplingFields,
+    max_model_len: usize,
+    tokenizer: &ferrite_tokenizer::Tokenizer,
+) -> Result<(), ApiError> {
+    let Some(k) = fields.truncate_prompt_tokens else { return Ok(()) };
+    let keep = match k {
+        -1 => max_model_len,
+        k if k >= 1 => usize::try_from(k).unwrap_or(usize::MAX),
+        k => {
+            return Err(ApiError::invalid(
+                "truncate_prompt_tokens",
+                format!("truncate_prompt_tokens must be -1 or at least 1, got {k}"),
+            ))
+        }
+    };
+    let left = match fields.truncation_side.as_deref() {
+        None | Some("left") => true,
+        Some("right") => false,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "truncation_side",
+                format!("truncation_side must be left or right, got {other:?}"),
+            ))
+        }
+    };
+    if prompt.ids.len() > keep {
+        let cut = prompt.ids.len() - keep;
+        prompt.ids = if left { prompt.ids.split_off(cut) } else { prompt.ids[..keep].to_vec() };
+        if prompt.text.is_some() {
+            prompt.text = Some(tokenizer.decode(&prompt.ids, false).map_err(|e| ApiError::internal(e.to_string()))?);
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a vLLM field ferrite has not built (unless it carries its "off" value); fields vLLM

@@ -33,6 +33,25 @@ impl StopSpec {
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: Option<bool>,
+    /// With `include_usage`, every chunk carries its choice's usage so far (vLLM's extension).
+    #[serde(default)]
+    pub continuous_usage_stats: Option<bool>,
+}
+
+/// What a stream reports of token usage.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UsageReport {
+    /// One final chunk with the request's usage.
+    pub at_end: bool,
+    /// Every chunk with its choice's usage so far.
+    pub continuous: bool,
+}
+
+impl UsageReport {
+    pub fn of(options: Option<&StreamOptions>) -> UsageReport {
+        let at_end = options.and_then(|o| o.include_usage).unwrap_or(false);
+        UsageReport { at_end, continuous: at_end && options.and_then(|o| o.continuous_usage_stats).unwrap_or(false) }
+    }
 }
 
 /// Sampling fields `/v1/completions` and `/v1/chat/completions` share, including vLLM's
@@ -56,6 +75,10 @@ pub struct SamplingFields {
     pub include_stop_str_in_output: Option<bool>,
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     pub allowed_token_ids: Option<Vec<i64>>,
+    /// Keep only the last (or, with `truncation_side: "right"`, the first) k prompt tokens; -1
+    /// keeps as many as the context holds.
+    pub truncate_prompt_tokens: Option<i64>,
+    pub truncation_side: Option<String>,
     pub bad_words: Option<Vec<String>>,
     pub best_of: Option<i64>,
     /// OpenAI's `response_format` (`text`, `json_object`, `json_schema`) and vLLM's
