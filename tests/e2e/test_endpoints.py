@@ -433,3 +433,31 @@ def test_continuous_usage_stats_count_each_choice_as_it_streams(server):
                 counted[i] = c["usage"]["completion_tokens"]
         assert counted == {0: 6, 1: 6}, counted
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_return_token_ids_gives_prompt_and_output_ids_whole_and_streamed(server):
+    status, tok = server.json("POST", "/tokenize", {"model": NAME, "prompt": "hello there"})
+    prompt_ids = tok["tokens"]
+    status, body = server.json("POST", "/v1/completions", {"model": NAME, "prompt": "hello there", "max_tokens": 4,
+                                                           "temperature": 0.0, "ignore_eos": True, "return_token_ids": True})
+    assert status == 200, body
+    c = body["choices"][0]
+    assert c["prompt_token_ids"] == prompt_ids and len(c["token_ids"]) == 4
+    status, detok = server.json("POST", "/detokenize", {"model": NAME, "tokens": c["token_ids"]})
+    assert detok["prompt"] == c["text"]
+    conn, resp = open_stream(server, "/v1/completions", {"model": NAME, "prompt": "hello there", "max_tokens": 4,
+                                                        "temperature": 0.0, "ignore_eos": True, "return_token_ids": True,
+                                                        "stream": True})
+    chunks = [json.loads(e) for e in sse_events(resp) if e != "[DONE]"]
+    conn.close()
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == prompt_ids
+    assert [t for ch in chunks for t in ch["choices"][0]["token_ids"]] == c["token_ids"]
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True}
+    status, body = server.json("POST", "/v1/chat/completions", chat)
+    assert len(body["prompt_token_ids"]) == body["usage"]["prompt_tokens"] and len(body["choices"][0]["token_ids"]) == 3
+    conn, resp = open_stream(server, "/v1/chat/completions", {**chat, "stream": True})
+    chunks = [json.loads(e) for e in sse_events(resp) if e != "[DONE]"]
+    conn.close()
+    assert chunks[0]["prompt_token_ids"] == body["prompt_token_ids"]
+    assert [t for ch in chunks[1:] for t in ch["choices"][0]["token_ids"]] == body["choices"][0]["token_ids"]

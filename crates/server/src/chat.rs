@@ -147,6 +147,8 @@ struct Context {
     top_logprobs: Option<usize>,
     prompt_tokens: usize,
     shape: Shape,
+    /// The prompt's ids, when the request asked for `return_token_ids`.
+    prompt_token_ids: Option<Vec<u32>>,
 }
 
 /// The tokens that end a reasoning section the output will open, after which structured outputs
@@ -362,6 +364,7 @@ async fn run(
         n: sampling.n,
         top_logprobs,
         prompt_tokens: prompt.ids.len(),
+        prompt_token_ids: req.sampling.return_token_ids.unwrap_or(false).then(|| prompt.ids.clone()),
         state: state.clone(),
         shape: plan.shape,
     };
@@ -380,6 +383,7 @@ struct Choice {
     finish_reason: Option<&'static str>,
     stop_reason: Option<StopReason>,
     shaper: Shaper,
+    token_ids: Vec<u32>,
 }
 
 impl Choice {
@@ -391,6 +395,7 @@ impl Choice {
             finish_reason: None,
             stop_reason: None,
             shaper: Shaper::new(shape),
+            token_ids: Vec::new(),
         }
     }
 
@@ -417,6 +422,9 @@ impl Context {
                 continue;
             };
             c.tokens += d.token_ids.len();
+            if self.prompt_token_ids.is_some() {
+                c.token_ids.extend_from_slice(&d.token_ids);
+            }
             if d.text.is_empty() && d.token_ids.is_empty() && d.finish_reason.is_none() {
                 continue;
             }
@@ -456,6 +464,7 @@ impl Context {
                 logprobs: lp,
                 finish_reason,
                 stop_reason: d.stop_reason,
+                token_ids: self.prompt_token_ids.is_some().then_some(d.token_ids),
             });
         }
         out
@@ -470,6 +479,7 @@ impl Context {
             choices,
             usage,
             system_fingerprint: None,
+            prompt_token_ids: None,
         }
     }
 
@@ -505,6 +515,7 @@ async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Result<ChatCo
                 },
                 logprobs: c.logprobs,
                 stop_reason: c.stop_reason,
+                token_ids: ctx.prompt_token_ids.is_some().then_some(std::mem::take(&mut c.token_ids)),
             }
         })
         .collect();
@@ -516,22 +527,26 @@ async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Result<ChatCo
         choices: out,
         usage,
         system_fingerprint: None,
+        prompt_token_ids: ctx.prompt_token_ids,
     })
 }
 
 fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, usage: UsageReport) -> Response {
     let roles: Vec<Event> = (0..ctx.n)
         .map(|index| {
-            json_event(&ctx.chunk(
+            let mut chunk = ctx.chunk(
                 vec![ChatStreamChoice {
                     index,
                     delta: ChatDelta { role: Some("assistant"), content: Some(String::new()), ..Default::default() },
                     logprobs: None,
                     finish_reason: None,
                     stop_reason: None,
+                    token_ids: None,
                 }],
                 None,
-            ))
+            );
+            chunk.prompt_token_ids = ctx.prompt_token_ids.clone();
+            json_event(&chunk)
         })
         .collect();
     let choices: Vec<Choice> = (0..ctx.n).map(|_| Choice::new(&ctx.shape)).collect();

@@ -47,6 +47,7 @@ struct Context {
     n: usize,
     echo: bool,
     logprobs: bool,
+    return_token_ids: bool,
     prompts: Vec<Prompt>,
 }
 
@@ -92,6 +93,7 @@ async fn run(
         n: sampling.n,
         echo,
         logprobs: logprobs.is_some(),
+        return_token_ids: req.sampling.return_token_ids.unwrap_or(false),
         prompts,
         state: state.clone(),
     };
@@ -148,6 +150,7 @@ struct Choice {
     started: bool,
     finish_reason: Option<&'static str>,
     stop_reason: Option<StopReason>,
+    token_ids: Vec<u32>,
 }
 
 impl Context {
@@ -165,6 +168,7 @@ impl Context {
             };
             let mut text = String::new();
             let mut lp = self.logprobs.then(CompletionLogprobs::default);
+            let first = !c.started;
             if !c.started {
                 c.started = true;
                 if self.echo {
@@ -188,6 +192,9 @@ impl Context {
                 continue;
             }
             c.text.push_str(&text);
+            if self.return_token_ids {
+                c.token_ids.extend_from_slice(&d.token_ids);
+            }
             if let Some(new) = &lp {
                 match c.logprobs.as_mut() {
                     Some(all) => append_logprobs(all, new),
@@ -204,6 +211,8 @@ impl Context {
                 logprobs: lp,
                 finish_reason: d.finish_reason,
                 stop_reason: d.stop_reason,
+                prompt_token_ids: (self.return_token_ids && first).then(|| prompt.ids.clone()),
+                token_ids: self.return_token_ids.then_some(d.token_ids),
             });
         }
         out
@@ -258,6 +267,8 @@ async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Result<Comple
             logprobs: c.logprobs,
             finish_reason: c.finish_reason,
             stop_reason: c.stop_reason,
+            prompt_token_ids: ctx.return_token_ids.then(|| ctx.prompts[index / ctx.n.max(1)].ids.clone()),
+            token_ids: ctx.return_token_ids.then_some(c.token_ids),
         })
         .collect();
     Ok(ctx.response(out, Some(usage)))

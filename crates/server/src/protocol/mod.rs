@@ -78,6 +78,8 @@ pub struct SamplingFields {
     /// Keep only the last (or, with `truncation_side: "right"`, the first) k prompt tokens; -1
     /// keeps as many as the context holds.
     pub truncate_prompt_tokens: Option<i64>,
+    /// Responses carry the prompt's and each choice's token ids (vLLM's `return_token_ids`).
+    pub return_token_ids: Option<bool>,
     pub truncation_side: Option<String>,
     pub bad_words: Option<Vec<String>>,
     pub best_of: Option<i64>,
@@ -240,6 +242,12 @@ pub struct CompletionChoice {
     pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
     pub stop_reason: Option<StopReason>,
+    /// With `return_token_ids`: the prompt's ids (once per choice in a stream) and the
+    /// generated ids (a stream chunk's own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// A `/v1/completions` response body or (with `object` "text_completion" too, as OpenAI sends
@@ -315,6 +323,9 @@ pub struct ChatChoice {
     pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
     pub stop_reason: Option<StopReason>,
+    /// With `return_token_ids`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -326,6 +337,9 @@ pub struct ChatCompletionResponse {
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
     pub system_fingerprint: Option<String>,
+    /// With `return_token_ids`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -350,6 +364,8 @@ pub struct ChatStreamChoice {
     pub finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<StopReason>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -362,6 +378,9 @@ pub struct ChatCompletionChunk {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
     pub system_fingerprint: Option<String>,
+    /// With `return_token_ids`, on each choice's first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
