@@ -459,9 +459,11 @@ mod tests {
                 logprobs: None,
                 finish_reason: None,
                 stop_reason: None,
+                token_ids: None,
             }],
             usage: None,
             system_fingerprint: None,
+            prompt_token_ids: None,
         };
         let v = serde_json::to_value(&chunk).unwrap();
         assert!(v.get("usage").is_none());
