@@ -328,3 +328,44 @@ def test_logit_bias_allowed_token_ids_and_bad_words_act(smol):
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(model="tiny-llama", prompt="x", max_tokens=2, extra_body=body)
         assert needle in e.value.message, (body, e.value.message)
+
+
+def test_responses_api_text_stream_structure_tools_and_continuation(smol):
+    client = smol.client()
+    r = client.responses.create(model="tiny-llama", instructions="Answer briefly.", input="Name a colour.",
+                                max_output_tokens=12, temperature=0.0)
+    assert r.object == "response" and r.id.startswith("resp_") and r.status in ("completed", "incomplete")
+    assert r.output_text and r.usage.output_tokens > 0
+    # Streaming: typed events whose text deltas add up to the final text.
+    events = list(client.responses.create(model="tiny-llama", instructions="Answer briefly.", input="Name a colour.",
+                                          max_output_tokens=12, temperature=0.0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == events[-1].response.output_text == r.output_text
+    # A continuation carries the earlier turns: its prompt is longer than the same input alone.
+    follow = client.responses.create(model="tiny-llama", input="And another?", previous_response_id=r.id,
+                                     max_output_tokens=5, temperature=0.0)
+    alone = client.responses.create(model="tiny-llama", input="And another?", max_output_tokens=5, temperature=0.0)
+    assert follow.usage.input_tokens > alone.usage.input_tokens
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="tiny-llama", input="x", previous_response_id="resp_nope", max_output_tokens=2)
+    # text.format: a JSON schema holds.
+    r = client.responses.create(model="tiny-llama", input="Describe a person as JSON.", max_output_tokens=120,
+                                temperature=0.7, text={"format": {"type": "json_schema", "name": "person", "schema": PERSON}})
+    jsonschema.validate(json.loads(r.output_text), PERSON)
+    # Function tools with tool_choice required come back as function_call items.
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
+    r = client.responses.create(model="tiny-llama", input="Weather in Paris?", tools=[tool], tool_choice="required",
+                                parallel_tool_calls=False, max_output_tokens=80, temperature=0.0)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id
+    jsonschema.validate(json.loads(calls[0].arguments), schema_of("get_weather"))
+    # The call's output continues the conversation.
+    r2 = client.responses.create(model="tiny-llama", previous_response_id=r.id, max_output_tokens=5,
+                                 input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "21 C"}])
+    assert r2.usage.input_tokens > r.usage.input_tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="tiny-llama", input="x", background=True)
+    assert "background" in e.value.message

@@ -138,7 +138,7 @@ pub fn chat_prompt(state: &AppState, messages: &[RequestMessage], o: &PromptOpti
     Ok(Prompt { ids, text: Some(text) })
 }
 
-struct Context {
+pub(crate) struct Context {
     state: Arc<AppState>,
     id: String,
     created: u64,
@@ -149,6 +149,12 @@ struct Context {
     shape: Shape,
     /// The prompt's ids, when the request asked for `return_token_ids`.
     prompt_token_ids: Option<Vec<u32>>,
+}
+
+impl Context {
+    pub(crate) fn shape(&self) -> &Shape {
+        &self.shape
+    }
 }
 
 /// The tokens that end a reasoning section the output will open, after which structured outputs
@@ -278,12 +284,37 @@ async fn run(
     arrival: Instant,
 ) -> Result<Response, ApiError> {
     let body = body?;
-    // Parsing, the chat template and tokenization of a long conversation take CPU time that
-    // must not stall the other connections (and /health) on the async runtime.
+    let req: ChatCompletionRequest = off_runtime(move || parse_json(&body)).await?;
+    let stream = req.stream.unwrap_or(false);
+    let usage = UsageReport::of(req.stream_options.as_ref());
+    let started = start(state, req, arrival).await?;
+    if stream {
+        Ok(stream_response(started.ctx, started.streams, started.permit, usage))
+    } else {
+        let response = collect(started.ctx, started.streams).await?;
+        drop(started.permit);
+        Ok(Json(response).into_response())
+    }
+}
+
+/// A chat request rendered, admitted and submitted to the engine.
+pub(crate) struct Started {
+    pub(crate) ctx: Context,
+    pub(crate) streams: SelectAll<Tracked>,
+    pub(crate) permit: Permit,
+}
+
+/// Renders, checks, admits and submits a chat request (the Responses API goes through it too).
+pub(crate) async fn start(
+    state: Arc<AppState>,
+    req: ChatCompletionRequest,
+    arrival: Instant,
+) -> Result<Started, ApiError> {
+    // The chat template and tokenization of a long conversation take CPU time that must not
+    // stall the other connections (and /health) on the async runtime.
     let (req, prompt, plan) = off_runtime({
         let state = state.clone();
         move || {
-            let req: ChatCompletionRequest = parse_json(&body)?;
             state.served.check_model(req.model.as_deref())?;
             let plan = tool_plan(&state.served.config.chat, &req)?;
             if req.chat_template.is_some() && !state.served.config.chat.trust_request_chat_template {
@@ -369,14 +400,10 @@ async fn run(
         shape: plan.shape,
     };
     let streams = generate::submit(&state, &ctx.id, requests, arrival)?;
-    if req.stream.unwrap_or(false) {
-        Ok(stream_response(ctx, streams, permit, UsageReport::of(req.stream_options.as_ref())))
-    } else {
-        Ok(Json(collect(ctx, streams).await?).into_response())
-    }
+    Ok(Started { ctx, streams, permit })
 }
 
-struct Choice {
+pub(crate) struct Choice {
     text: String,
     logprobs: Option<ChatLogprobs>,
     tokens: usize,
@@ -387,7 +414,7 @@ struct Choice {
 }
 
 impl Choice {
-    fn new(shape: &Shape) -> Choice {
+    pub(crate) fn new(shape: &Shape) -> Choice {
         Choice {
             text: String::new(),
             logprobs: None,
@@ -415,7 +442,7 @@ impl Choice {
 }
 
 impl Context {
-    fn apply(&self, choices: &mut [Choice], step: Step) -> Vec<ChatStreamChoice> {
+    pub(crate) fn apply(&self, choices: &mut [Choice], step: Step) -> Vec<ChatStreamChoice> {
         let mut out = Vec::new();
         for d in step.deltas {
             let Some(c) = choices.get_mut(d.index) else {
@@ -483,12 +510,12 @@ impl Context {
         }
     }
 
-    fn usage(&self, choices: &[Choice]) -> Usage {
+    pub(crate) fn usage(&self, choices: &[Choice]) -> Usage {
         Usage::new(self.prompt_tokens, choices.iter().map(|c| c.tokens).sum())
     }
 }
 
-async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Result<ChatCompletionResponse, ApiError> {
+pub(crate) async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Result<ChatCompletionResponse, ApiError> {
     let mut choices: Vec<Choice> = (0..ctx.n).map(|_| Choice::new(&ctx.shape)).collect();
     while let Some(step) = streams.next().await {
         if let Some(message) = &step.error {

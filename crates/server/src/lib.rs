@@ -19,6 +19,7 @@ mod generate;
 mod logprobs;
 pub mod metrics;
 mod params;
+mod responses;
 pub use params::SamplingDefaults;
 pub mod pooling;
 pub mod protocol;
@@ -160,6 +161,8 @@ pub struct AppState {
     admission: Admission,
     /// Set when the shutdown timeout expires: open requests end with an error.
     closing: tokio::sync::watch::Sender<bool>,
+    /// `/v1/responses` kept for `previous_response_id`.
+    responses: responses::Store,
 }
 
 impl AppState {
@@ -175,6 +178,7 @@ impl AppState {
             metrics: Metrics::new(max_model_len),
             admission,
             closing: tokio::sync::watch::Sender::new(false),
+            responses: responses::Store::default(),
         })
     }
 }
@@ -208,6 +212,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics_text))
         .route("/v1/completions", post(completions::handle))
         .route("/v1/chat/completions", post(chat::handle))
+        .route("/v1/responses", post(responses::handle))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize));
     finish_router(with_common_routes(routes), state)
