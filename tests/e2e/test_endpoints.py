@@ -461,3 +461,45 @@ def test_return_token_ids_gives_prompt_and_output_ids_whole_and_streamed(server)
     conn.close()
     assert chunks[0]["prompt_token_ids"] == body["prompt_token_ids"]
     assert [t for ch in chunks[1:] for t in ch["choices"][0]["token_ids"]] == body["choices"][0]["token_ids"]
+
+
+def test_prompt_logprobs_and_tokens_as_ids(server):
+    status, tok = server.json("POST", "/tokenize", {"model": NAME, "prompt": "hello there friend"})
+    ids = tok["tokens"]
+    status, body = server.json("POST", "/v1/completions", {"model": NAME, "prompt": "hello there friend", "max_tokens": 2,
+                                                           "prompt_logprobs": 2, "temperature": 0.0})
+    assert status == 200, body
+    plp = body["choices"][0]["prompt_logprobs"]
+    assert len(plp) == len(ids) and plp[0] is None
+    for i, entry in enumerate(plp[1:], start=1):
+        assert str(ids[i]) in entry and 1 <= len(entry) <= 3, entry
+        own = entry[str(ids[i])]
+        assert own["logprob"] <= 0 and own["rank"] >= 1 and isinstance(own["decoded_token"], str)
+        assert sorted(e["rank"] for k, e in entry.items() if k != str(ids[i]))[:2] in ([1, 2], [1], [2], [])
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "prompt_logprobs": 1}
+    status, body = server.json("POST", "/v1/chat/completions", chat)
+    assert len(body["prompt_logprobs"]) == body["usage"]["prompt_tokens"] and body["prompt_logprobs"][0] is None
+    conn, resp = open_stream(server, "/v1/chat/completions", {**chat, "stream": True})
+    chunks = [json.loads(e) for e in sse_events(resp) if e != "[DONE]"]
+    conn.close()
+    assert sum(1 for c in chunks if c.get("prompt_logprobs")) == 1
+    status, body = server.json("POST", "/v1/completions", {"model": NAME, "prompt": "hello", "max_tokens": 3, "logprobs": 1,
+                                                           "return_tokens_as_token_ids": True, "temperature": 0.0})
+    tokens = body["choices"][0]["logprobs"]["tokens"]
+    assert tokens and all(t.startswith("token_id:") and t[9:].isdigit() for t in tokens), tokens
+    status, body = server.json("POST", "/v1/completions", {"model": NAME, "prompt": "hi", "prompt_logprobs": 99})
+    assert status == 400 and body["error"]["param"] == "prompt_logprobs"
+
+
+def test_echo_with_max_tokens_zero_scores_the_prompt(server):
+    status, tok = server.json("POST", "/tokenize", {"model": NAME, "prompt": "hello there friend"})
+    status, body = server.json("POST", "/v1/completions", {"model": NAME, "prompt": "hello there friend", "echo": True,
+                                                           "max_tokens": 0, "logprobs": 1})
+    assert status == 200, body
+    c = body["choices"][0]
+    assert c["text"] == "hello there friend" and c["finish_reason"] == "length"
+    assert len(c["logprobs"]["tokens"]) == len(tok["tokens"]) and c["logprobs"]["token_logprobs"][0] is None
+    assert all(lp <= 0 for lp in c["logprobs"]["token_logprobs"][1:])
+    assert body["usage"]["completion_tokens"] == 0
+    status, body = server.json("POST", "/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": 0})
+    assert status == 400 and body["error"]["param"] == "max_tokens"

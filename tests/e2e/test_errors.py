@@ -153,8 +153,8 @@ def test_server_survives_bad_input(server):
 
 
 def test_vllm_fields_not_built_are_refused_by_name_and_unknown_ones_ignored(server):
-    for body, field in [({"use_beam_search": True}, "use_beam_search"), ({"prompt_logprobs": 1}, "prompt_logprobs"),
-                        ({"return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
+    for body, field in [({"use_beam_search": True}, "use_beam_search"), ({"prompt_embeds": "AAAA"}, "prompt_embeds"),
+                        ({"return_token_offsets": True}, "return_token_offsets"),
                         ({"guided_decoding_backend": "xgrammar"}, "guided_decoding_backend")]:
         status, resp = server.json("POST", "/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": 1, **body})
         err = assert_error(status, resp, 400, field, field)

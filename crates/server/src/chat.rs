@@ -149,11 +149,23 @@ pub(crate) struct Context {
     shape: Shape,
     /// The prompt's ids, when the request asked for `return_token_ids`.
     prompt_token_ids: Option<Vec<u32>>,
+    /// The `prompt_logprobs` the request asked for.
+    prompt_logprobs: Option<usize>,
+    /// Logprob entries name tokens `token_id:<id>`.
+    tokens_as_ids: bool,
 }
+
+type PromptEntries = Vec<Option<serde_json::Map<String, Value>>>;
 
 impl Context {
     pub(crate) fn shape(&self) -> &Shape {
         &self.shape
+    }
+
+    /// vLLM's `prompt_logprobs` from the step that carries them, when the request asked.
+    fn prompt_entries(&self, step: &Step) -> Option<PromptEntries> {
+        let positions = step.prompt_logprobs.as_ref()?;
+        Some(logprobs::prompt_entries(&self.state.tokenizer, positions, self.prompt_logprobs?))
     }
 }
 
@@ -365,9 +377,10 @@ pub(crate) async fn start(
         }
         (false, _) => None,
     };
+    let prompt_logprobs = params::prompt_logprobs(&req.sampling, state.client.max_logprobs())?;
     let mut sampling = params::build(
         &req.sampling,
-        Requested { max_tokens, logprobs: top_logprobs, prompt_logprobs: None },
+        Requested { max_tokens, logprobs: top_logprobs, prompt_logprobs },
         &state.served.config.sampling_defaults,
     )?;
     if let Some(constraint) = plan.constraint {
@@ -396,6 +409,8 @@ pub(crate) async fn start(
         top_logprobs,
         prompt_tokens: prompt.ids.len(),
         prompt_token_ids: req.sampling.return_token_ids.unwrap_or(false).then(|| prompt.ids.clone()),
+        prompt_logprobs,
+        tokens_as_ids: req.sampling.return_tokens_as_token_ids.unwrap_or(false),
         state: state.clone(),
         shape: plan.shape,
     };
@@ -456,7 +471,11 @@ impl Context {
                 continue;
             }
             let lp = self.top_logprobs.map(|top| ChatLogprobs {
-                content: logprobs::chat_entries(&self.state.tokenizer, &d.logprobs.unwrap_or_default(), top),
+                content: logprobs::chat_entries(
+                    logprobs::Names { tokenizer: &self.state.tokenizer, as_ids: self.tokens_as_ids },
+                    &d.logprobs.unwrap_or_default(),
+                    top,
+                ),
             });
             c.text.push_str(&d.text);
             if let Some(new) = &lp {
@@ -507,6 +526,7 @@ impl Context {
             usage,
             system_fingerprint: None,
             prompt_token_ids: None,
+            prompt_logprobs: None,
         }
     }
 
@@ -517,10 +537,12 @@ impl Context {
 
 pub(crate) async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Result<ChatCompletionResponse, ApiError> {
     let mut choices: Vec<Choice> = (0..ctx.n).map(|_| Choice::new(&ctx.shape)).collect();
+    let mut prompt_logprobs = None;
     while let Some(step) = streams.next().await {
         if let Some(message) = &step.error {
             return Err(ApiError::internal(message.clone()));
         }
+        prompt_logprobs = prompt_logprobs.or_else(|| ctx.prompt_entries(&step));
         ctx.apply(&mut choices, step);
     }
     let usage = ctx.usage(&choices);
@@ -555,6 +577,7 @@ pub(crate) async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Re
         usage,
         system_fingerprint: None,
         prompt_token_ids: ctx.prompt_token_ids,
+        prompt_logprobs,
     })
 }
 
@@ -587,6 +610,7 @@ fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, us
                 Some((vec![json_event_raw(ApiError::internal(message).to_json()), done_event()], None))
             }
             Some(step) => {
+                let mut prompt_logprobs = ctx.prompt_entries(&step);
                 let events: Vec<Event> = ctx
                     .apply(&mut choices, step)
                     .into_iter()
@@ -594,7 +618,9 @@ fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, us
                         let so_far = usage
                             .continuous
                             .then(|| Usage::new(ctx.prompt_tokens, choices.get(c.index).map_or(0, |ch| ch.tokens)));
-                        json_event(&ctx.chunk(vec![c], so_far))
+                        let mut chunk = ctx.chunk(vec![c], so_far);
+                        chunk.prompt_logprobs = prompt_logprobs.take();
+                        json_event(&chunk)
                     })
                     .collect();
                 Some((events, Some((ctx, streams, choices, permit))))

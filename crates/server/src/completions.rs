@@ -48,6 +48,10 @@ struct Context {
     echo: bool,
     logprobs: bool,
     return_token_ids: bool,
+    tokens_as_ids: bool,
+    /// `echo` with `max_tokens: 0`: the generated token is dropped.
+    scoring: bool,
+    prompt_logprobs: Option<usize>,
     prompts: Vec<Prompt>,
 }
 
@@ -75,13 +79,21 @@ async fn run(
         }
     })
     .await?;
-    let max_tokens = params::check_max_tokens("max_tokens", req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS))?;
+    // `echo` with `max_tokens: 0` scores the prompt (its logprobs) and generates nothing, as in
+    // vLLM. The engine always samples once a prompt is in, so it is asked for one token, which
+    // the response leaves out.
+    let scoring = req.echo.unwrap_or(false) && req.max_tokens == Some(0);
+    let max_tokens =
+        if scoring { 1 } else { params::check_max_tokens("max_tokens", req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS))? };
     let logprobs =
         req.logprobs.map(|v| params::check_logprobs("logprobs", v, state.client.max_logprobs())).transpose()?;
     let echo = req.echo.unwrap_or(false);
+    let prompt_logprobs = params::prompt_logprobs(&req.sampling, state.client.max_logprobs())?;
+    // Echoed logprobs and `prompt_logprobs` come from the same prompt pass: it ranks the larger k.
+    let prompt_pass = [logprobs.filter(|_| echo), prompt_logprobs].into_iter().flatten().max();
     let sampling = params::build(
         &req.sampling,
-        Requested { max_tokens: Some(max_tokens), logprobs, prompt_logprobs: logprobs.filter(|_| echo) },
+        Requested { max_tokens: Some(max_tokens), logprobs, prompt_logprobs: prompt_pass },
         &state.served.config.sampling_defaults,
     )?;
     let requests = generate::process(&state, &prompts, &sampling)?;
@@ -94,6 +106,9 @@ async fn run(
         echo,
         logprobs: logprobs.is_some(),
         return_token_ids: req.sampling.return_token_ids.unwrap_or(false),
+        tokens_as_ids: req.sampling.return_tokens_as_token_ids.unwrap_or(false),
+        scoring,
+        prompt_logprobs,
         prompts,
         state: state.clone(),
     };
@@ -151,6 +166,8 @@ struct Choice {
     finish_reason: Option<&'static str>,
     stop_reason: Option<StopReason>,
     token_ids: Vec<u32>,
+    /// vLLM's `prompt_logprobs` of the choice's prompt.
+    prompt_logprobs: Option<Vec<Option<serde_json::Map<String, Value>>>>,
 }
 
 impl Context {
@@ -161,7 +178,18 @@ impl Context {
         let prompt = &self.prompts[step.prompt];
         let mut out = Vec::new();
         let mut prompt_logprobs = step.prompt_logprobs;
-        for d in step.deltas {
+        let prompt_entries = match (self.prompt_logprobs, &prompt_logprobs) {
+            (Some(k), Some(positions)) => Some(logprobs::prompt_entries(tokenizer, positions, k)),
+            _ => None,
+        };
+        for mut d in step.deltas {
+            if self.scoring {
+                d.text.clear();
+                d.token_ids.clear();
+                d.logprobs = None;
+                d.finish_reason = d.finish_reason.map(|_| "length");
+                d.stop_reason = None;
+            }
             let index = d.prompt * self.n + d.index;
             let Some(c) = choices.get_mut(index) else {
                 continue;
@@ -169,6 +197,9 @@ impl Context {
             let mut text = String::new();
             let mut lp = self.logprobs.then(CompletionLogprobs::default);
             let first = !c.started;
+            if first {
+                c.prompt_logprobs.clone_from(&prompt_entries);
+            }
             if !c.started {
                 c.started = true;
                 if self.echo {
@@ -178,14 +209,14 @@ impl Context {
                     }
                     if let Some(lp) = lp.as_mut() {
                         let positions = prompt_logprobs.take().unwrap_or_default();
-                        logprobs::extend_completion(lp, tokenizer, &prompt.ids, &positions, &mut c.offset);
+                        logprobs::extend_completion(lp, self.names(), &prompt.ids, &positions, &mut c.offset);
                     }
                 }
             }
             text.push_str(&d.text);
             if let Some(lp) = lp.as_mut() {
                 let positions: Vec<Option<Position>> = d.logprobs.unwrap_or_default().into_iter().map(Some).collect();
-                logprobs::extend_completion(lp, tokenizer, &d.token_ids, &positions, &mut c.offset);
+                logprobs::extend_completion(lp, self.names(), &d.token_ids, &positions, &mut c.offset);
             }
             c.tokens += d.token_ids.len();
             if text.is_empty() && d.token_ids.is_empty() && d.finish_reason.is_none() {
@@ -213,6 +244,7 @@ impl Context {
                 stop_reason: d.stop_reason,
                 prompt_token_ids: (self.return_token_ids && first).then(|| prompt.ids.clone()),
                 token_ids: self.return_token_ids.then_some(d.token_ids),
+                prompt_logprobs: if first { prompt_entries.clone() } else { None },
             });
         }
         out
@@ -228,6 +260,10 @@ impl Context {
             usage,
             system_fingerprint: None,
         }
+    }
+
+    fn names(&self) -> logprobs::Names<'_> {
+        logprobs::Names { tokenizer: &self.state.tokenizer, as_ids: self.tokens_as_ids }
     }
 
     /// One choice's usage so far: its prompt and the tokens it generated.
@@ -269,6 +305,7 @@ async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Result<Comple
             stop_reason: c.stop_reason,
             prompt_token_ids: ctx.return_token_ids.then(|| ctx.prompts[index / ctx.n.max(1)].ids.clone()),
             token_ids: ctx.return_token_ids.then_some(c.token_ids),
+            prompt_logprobs: c.prompt_logprobs,
         })
         .collect();
     Ok(ctx.response(out, Some(usage)))

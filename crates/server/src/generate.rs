@@ -273,5 +273,5 @@ fn stop_reason_of(o: &CompletionOutput) -> Option<StopReason> {
 }
 
 fn position(lp: ferrite_engine::TokenLogprob) -> Position {
-    Position { token: lp.token_id, logprob: lp.logprob, top: lp.top }
+    Position { token: lp.token_id, logprob: lp.logprob, rank: lp.rank, top: lp.top }
 }

@@ -18,7 +18,34 @@ const LOGPROB_FLOOR: f32 = -9999.0;
 pub struct Position {
     pub token: u32,
     pub logprob: f32,
+    /// 1-based rank of `token` in the vocabulary.
+    pub rank: usize,
     pub top: Vec<(u32, f32)>,
+}
+
+/// vLLM's `prompt_logprobs`: per prompt position `null` (the first, which has no context) or
+/// `{"<token id>": {"logprob", "rank", "decoded_token"}}` for the prompt's own token and the
+/// `top_n` most likely ones (ranked by their place).
+pub fn prompt_entries(
+    tokenizer: &Tokenizer,
+    positions: &[Option<Position>],
+    top_n: usize,
+) -> Vec<Option<Map<String, Value>>> {
+    positions
+        .iter()
+        .map(|p| {
+            let p = p.as_ref()?;
+            let entry = |id: u32, logprob: f32, rank: usize| {
+                serde_json::json!({"logprob": clamp(logprob), "rank": rank, "decoded_token": token_str(tokenizer, id)})
+            };
+            let mut out = Map::new();
+            out.insert(p.token.to_string(), entry(p.token, p.logprob, p.rank));
+            for (i, &(id, lp)) in p.top.iter().take(top_n).enumerate() {
+                out.entry(id.to_string()).or_insert_with(|| entry(id, lp, i + 1));
+            }
+            Some(out)
+        })
+        .collect()
 }
 
 fn clamp(logprob: f32) -> f32 {
@@ -33,18 +60,36 @@ pub fn token_str(tokenizer: &Tokenizer, id: u32) -> String {
     tokenizer.decode(&[id], false).unwrap_or_default()
 }
 
+/// How logprob entries name tokens: decoded text, or `token_id:<id>` (vLLM's
+/// `return_tokens_as_token_ids`, for tokens whose text does not round-trip).
+#[derive(Clone, Copy)]
+pub struct Names<'a> {
+    pub tokenizer: &'a Tokenizer,
+    pub as_ids: bool,
+}
+
+impl Names<'_> {
+    fn of(&self, id: u32) -> String {
+        if self.as_ids {
+            format!("token_id:{id}")
+        } else {
+            token_str(self.tokenizer, id)
+        }
+    }
+}
+
 /// Appends tokens to completions-format logprobs. `positions[i]` is `None` where there is no
 /// logprob (the first prompt token under `echo`). `offset` is the running character offset of
 /// the choice's text, carried across stream chunks.
 pub fn extend_completion(
     out: &mut CompletionLogprobs,
-    tokenizer: &Tokenizer,
+    names: Names<'_>,
     tokens: &[u32],
     positions: &[Option<Position>],
     offset: &mut usize,
 ) {
     for (i, &id) in tokens.iter().enumerate() {
-        let text = token_str(tokenizer, id);
+        let text = names.of(id);
         out.text_offset.push(*offset);
         *offset += text.chars().count();
         match positions.get(i).and_then(Option::as_ref) {
@@ -54,7 +99,7 @@ pub fn extend_completion(
                 let mut top = Map::new();
                 top.insert(text.clone(), Value::from(clamp(p.logprob)));
                 for &(tid, lp) in &p.top {
-                    top.insert(token_str(tokenizer, tid), Value::from(clamp(lp)));
+                    top.insert(names.of(tid), Value::from(clamp(lp)));
                 }
                 out.top_logprobs.push(Some(top));
             }
@@ -67,11 +112,11 @@ pub fn extend_completion(
     }
 }
 
-pub fn chat_entries(tokenizer: &Tokenizer, positions: &[Position], top_n: usize) -> Vec<ChatTokenLogprob> {
+pub fn chat_entries(names: Names<'_>, positions: &[Position], top_n: usize) -> Vec<ChatTokenLogprob> {
     positions
         .iter()
         .map(|p| {
-            let token = token_str(tokenizer, p.token);
+            let token = names.of(p.token);
             ChatTokenLogprob {
                 bytes: token.as_bytes().to_vec(),
                 token,
@@ -81,7 +126,7 @@ pub fn chat_entries(tokenizer: &Tokenizer, positions: &[Position], top_n: usize)
                     .iter()
                     .take(top_n)
                     .map(|&(id, lp)| {
-                        let token = token_str(tokenizer, id);
+                        let token = names.of(id);
                         ChatTopLogprob { bytes: token.as_bytes().to_vec(), token, logprob: clamp(lp) }
                     })
                     .collect(),
@@ -107,11 +152,13 @@ mod tests {
         let positions: Vec<Option<Position>> = ids
             .iter()
             .enumerate()
-            .map(|(i, &id)| (i > 0).then(|| Position { token: id, logprob: f32::NEG_INFINITY, top: vec![(1, -0.5)] }))
+            .map(|(i, &id)| {
+                (i > 0).then(|| Position { token: id, logprob: f32::NEG_INFINITY, rank: 1, top: vec![(1, -0.5)] })
+            })
             .collect();
         let mut out = CompletionLogprobs::default();
         let mut offset = 0;
-        extend_completion(&mut out, &tok, &ids, &positions, &mut offset);
+        extend_completion(&mut out, Names { tokenizer: &tok, as_ids: false }, &ids, &positions, &mut offset);
         assert_eq!(out.tokens.concat(), "hello world");
         assert_eq!(offset, "hello world".len());
         assert_eq!(out.text_offset[0], 0);
@@ -129,7 +176,7 @@ mod tests {
         let tok = tokenizer();
         let id = tok.encode("hello", false).unwrap()[0];
         let p = Position { token: id, logprob: -0.25, top: vec![(id, -0.25), (1, -2.0), (2, -3.0)] };
-        let e = chat_entries(&tok, &[p], 2);
+        let e = chat_entries(Names { tokenizer: &tok, as_ids: false }, &[p], 2);
         assert_eq!(e[0].bytes, e[0].token.as_bytes());
         assert_eq!(e[0].top_logprobs.len(), 2);
         assert_eq!(e[0].top_logprobs[1].token, "<|im_start|>");

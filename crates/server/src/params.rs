@@ -105,6 +105,11 @@ pub fn check_logprobs(param: &str, value: i64, max: usize) -> Result<usize, ApiE
     Ok(value as usize)
 }
 
+/// The request's `prompt_logprobs`, checked against the server's `--max-logprobs`.
+pub fn prompt_logprobs(fields: &SamplingFields, max: usize) -> Result<Option<usize>, ApiError> {
+    fields.prompt_logprobs.map(|v| check_logprobs("prompt_logprobs", v, max)).transpose()
+}
+
 pub fn check_max_tokens(param: &str, value: i64) -> Result<usize, ApiError> {
     if value < 1 {
         return Err(ApiError::invalid(param, format!("max_tokens must be at least 1, got {value}.")));
@@ -141,18 +146,11 @@ pub fn choices(fields: &SamplingFields) -> Result<usize, ApiError> {
 /// send that, or null): any other value is refused naming the field, never silently ignored.
 fn unsupported_field(key: &str) -> Option<Value> {
     Some(match key {
-        "use_beam_search"
-        | "return_token_ids"
-        | "return_tokens_as_token_ids"
-        | "return_token_offsets"
-        | "return_prompt_text"
-        | "return_mm_kwargs"
-        | "echo" => json!(false),
+        "use_beam_search" | "return_token_offsets" | "return_prompt_text" | "return_mm_kwargs" | "echo" => json!(false),
         "spaces_between_special_tokens" => json!(true),
         "length_penalty" => json!(1.0),
         "priority" => json!(0),
-        "prompt_logprobs"
-        | "prompt_embeds"
+        "prompt_embeds"
         | "logits_processors"
         | "logprob_token_ids"
         | "documents"

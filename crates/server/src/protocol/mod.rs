@@ -80,6 +80,10 @@ pub struct SamplingFields {
     pub truncate_prompt_tokens: Option<i64>,
     /// Responses carry the prompt's and each choice's token ids (vLLM's `return_token_ids`).
     pub return_token_ids: Option<bool>,
+    /// Per prompt token, its logprob and this many most likely alternatives.
+    pub prompt_logprobs: Option<i64>,
+    /// Logprob entries name tokens `token_id:<id>` instead of their text.
+    pub return_tokens_as_token_ids: Option<bool>,
     pub truncation_side: Option<String>,
     pub bad_words: Option<Vec<String>>,
     pub best_of: Option<i64>,
@@ -248,6 +252,9 @@ pub struct CompletionChoice {
     pub prompt_token_ids: Option<Vec<u32>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_ids: Option<Vec<u32>>,
+    /// With `prompt_logprobs` (once per choice in a stream).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<Option<serde_json::Map<String, Value>>>>,
 }
 
 /// A `/v1/completions` response body or (with `object` "text_completion" too, as OpenAI sends
@@ -340,6 +347,9 @@ pub struct ChatCompletionResponse {
     /// With `return_token_ids`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_token_ids: Option<Vec<u32>>,
+    /// With `prompt_logprobs`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<Option<serde_json::Map<String, Value>>>>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -381,6 +391,9 @@ pub struct ChatCompletionChunk {
     /// With `return_token_ids`, on each choice's first chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_token_ids: Option<Vec<u32>>,
+    /// With `prompt_logprobs`, on the first chunk that carries generated text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<Option<serde_json::Map<String, Value>>>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
