@@ -175,7 +175,7 @@ mod tests {
     fn chat_entries_carry_utf8_bytes_and_at_most_top_n() {
         let tok = tokenizer();
         let id = tok.encode("hello", false).unwrap()[0];
-        let p = Position { token: id, logprob: -0.25, top: vec![(id, -0.25), (1, -2.0), (2, -3.0)] };
+        let p = Position { token: id, logprob: -0.25, rank: 1, top: vec![(id, -0.25), (1, -2.0), (2, -3.0)] };
         let e = chat_entries(Names { tokenizer: &tok, as_ids: false }, &[p], 2);
         assert_eq!(e[0].bytes, e[0].token.as_bytes());
         assert_eq!(e[0].top_logprobs.len(), 2);

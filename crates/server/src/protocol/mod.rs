@@ -477,6 +477,7 @@ mod tests {
             usage: None,
             system_fingerprint: None,
             prompt_token_ids: None,
+            prompt_logprobs: None,
         };
         let v = serde_json::to_value(&chunk).unwrap();
         assert!(v.get("usage").is_none());
