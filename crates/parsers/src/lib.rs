@@ -6,5 +6,6 @@
 //! parsers' `adjust_request` asks), so markers that are special tokens (`<tool_call>`,
 //! `<|python_tag|>`, `<think>`) appear in the text the parsers see.
 
+mod harmony;
 pub mod reasoning;
 pub mod tool;

@@ -123,7 +123,7 @@ impl Split {
 
 /// A piece of text as [`MarkerLexer`] cuts it.
 #[derive(Debug, PartialEq)]
-enum Piece {
+pub(crate) enum Piece {
     Text(String),
     Marker(&'static str),
 }
@@ -131,17 +131,17 @@ enum Piece {
 /// Cuts streamed text at markers. A tail that is the start of a marker is held back until the
 /// next delta completes it or shows it was text, so a marker split across deltas is still found.
 #[derive(Debug)]
-struct MarkerLexer {
+pub(crate) struct MarkerLexer {
     markers: &'static [&'static str],
     held: String,
 }
 
 impl MarkerLexer {
-    fn new(markers: &'static [&'static str]) -> Self {
+    pub(crate) fn new(markers: &'static [&'static str]) -> Self {
         Self { markers, held: String::new() }
     }
 
-    fn feed(&mut self, delta: &str) -> Vec<Piece> {
+    pub(crate) fn feed(&mut self, delta: &str) -> Vec<Piece> {
         let mut buffer = std::mem::take(&mut self.held);
         buffer.push_str(delta);
         let mut pieces = Vec::new();
@@ -163,7 +163,7 @@ impl MarkerLexer {
     }
 
     /// What is held back, as text: the stream ended before it became a marker.
-    fn finish(&mut self) -> Vec<Piece> {
+    pub(crate) fn finish(&mut self) -> Vec<Piece> {
         let held = std::mem::take(&mut self.held);
         if held.is_empty() {
             Vec::new()

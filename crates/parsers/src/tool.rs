@@ -14,6 +14,7 @@ mod hermes;
 mod json;
 mod llama3_json;
 mod mistral;
+mod openai;
 mod python;
 mod pythonic;
 mod qwen3_coder;
@@ -95,9 +96,9 @@ pub fn random_tool_call_id() -> String {
 }
 
 /// The names `--tool-call-parser` accepts. `llama4_json` is vLLM's other name for
-/// `llama3_json`.
+/// `llama3_json`; `openai` is gpt-oss's harmony format.
 pub const PARSERS: &[&str] =
-    &["deepseek_v3", "hermes", "llama3_json", "llama4_json", "mistral", "pythonic", "qwen3_coder"];
+    &["deepseek_v3", "hermes", "llama3_json", "llama4_json", "mistral", "openai", "pythonic", "qwen3_coder"];
 
 /// A fresh parser for `name`, or `None` for a name not in [`PARSERS`].
 pub fn parser(name: &str) -> Option<Box<dyn ToolParser>> {
@@ -106,6 +107,7 @@ pub fn parser(name: &str) -> Option<Box<dyn ToolParser>> {
         "hermes" => Box::new(Streamed::new(hermes::Hermes::default())),
         "llama3_json" | "llama4_json" => Box::new(Streamed::new(llama3_json::Llama3Json::default())),
         "mistral" => Box::new(Streamed::new(mistral::Mistral::default())),
+        "openai" => Box::new(Streamed::new(openai::OpenAi::default())),
         "pythonic" => Box::new(Streamed::new(pythonic::Pythonic::default())),
         "qwen3_coder" => Box::new(Streamed::new(qwen3_coder::Qwen3Coder::default())),
         _ => return None,
@@ -420,6 +422,13 @@ pub(crate) mod test_support {
         "<｜tool▁call▁begin｜>",
         "<｜tool▁call▁end｜>",
         "<｜tool▁sep｜>",
+        "<|start|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|constrain|>",
+        "<|end|>",
+        "<|call|>",
+        "<|return|>",
     ];
 
     pub(crate) fn tools(specs: &[(&str, serde_json::Value)]) -> Vec<FunctionSpec> {
@@ -560,7 +569,7 @@ mod tests {
         for name in PARSERS {
             assert!(parser(name).is_some(), "{name}");
         }
-        assert!(parser("openai").is_none());
+        assert!(parser("nope").is_none());
     }
 
     #[test]
@@ -681,6 +690,21 @@ mod tests {
             ">",
             "#",
             ".",
+            "<|start|>",
+            "assistant",
+            "<|channel|>",
+            "commentary",
+            "final",
+            "analysis",
+            " to=functions.get_weather",
+            "to=",
+            "<|constrain|>",
+            "json",
+            "<|message|>",
+            "<|end|>",
+            "<|call|>",
+            "<|return|>",
+            "<|",
         ];
         let tools = weather_tools();
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -704,6 +728,9 @@ mod tests {
             "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"SF\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
             "<tool_call>\n<function=get_weather>\n<parameter=city>\nSF\n</parameter>\n<parameter=opts>\n{'a': (1, 2)}\n</parameter>\n</function>\n</tool_call>",
             r"[get_weather(city='S\'F', days=3, opts={'a': [True, None, -1.5]}), x()]",
+            "<|channel|>analysis<|message|>a<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary \
+             <|constrain|>json<|message|>{\"city\": \"S\\u00e9\", \"d\": [1.50]} x<|call|><|start|>assistant\
+             <|channel|>final<|message|>ok<|return|>",
         ];
         let tools = weather_tools();
         for output in outputs {
@@ -729,6 +756,8 @@ mod tests {
                 "deepseek_v3",
                 format!("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>w\n```json\n{{\"text\": \"{long}\"}}\n```<｜tool▁call▁end｜>"),
             ),
+            ("openai", format!("<|channel|>commentary to=functions.w json<|message|>{{\"text\": \"{long}\"}}<|call|>")),
+            ("openai", format!("<|channel|>commentary to=functions.w code<|message|>print({long})<|call|>")),
             ("qwen3_coder", format!("<tool_call>\n<function=w>\n<parameter=text>\n{long}\n</parameter>\n</function>\n</tool_call>")),
         ];
         for (name, output) in outputs {

@@ -5,15 +5,9 @@
 //! channel is reasoning; `final`, and `commentary` addressed to no one (a preamble), are content;
 //! tool calls (a `to=functions.…` recipient) and everything else are left to others.
 
-use super::{MarkerLexer, Piece, Reasoned, ReasoningDelta, ReasoningParser, Split};
+use super::{Reasoned, ReasoningDelta, ReasoningParser, Split};
+use crate::harmony::{channel, Event, Reader, CHANNEL, CONSTRAIN, ENDS, MESSAGE, START};
 
-const START: &str = "<|start|>";
-const CHANNEL: &str = "<|channel|>";
-const MESSAGE: &str = "<|message|>";
-const CONSTRAIN: &str = "<|constrain|>";
-/// What ends a message: `<|return|>` and `<|call|>` also stop the generation.
-const ENDS: [&str; 3] = ["<|end|>", "<|return|>", "<|call|>"];
-const MARKERS: &[&str] = &[START, CHANNEL, MESSAGE, ENDS[0], ENDS[1], ENDS[2]];
 /// vLLM's built-in tools: a recipient naming one is not a function call.
 const BUILTIN_TOOLS: [&str; 3] = ["python", "browser", "container"];
 
@@ -22,12 +16,6 @@ enum Kind {
     Reasoning,
     Content,
     Other,
-}
-
-/// The channel a header names: what follows `<|channel|>` up to a space or `<`.
-fn channel(header: &str) -> Option<&str> {
-    let after = &header[header.find(CHANNEL)? + CHANNEL.len()..];
-    Some(&after[..after.find(|c: char| c.is_whitespace() || c == '<').unwrap_or(after.len())])
 }
 
 /// vLLM's `is_function_recipient` as the chat endpoint calls it: `functions.NAME`, or any bare
@@ -66,112 +54,31 @@ fn classify(header: &str, role_in_header: bool) -> Kind {
     }
 }
 
-#[derive(Debug)]
-enum Phase {
-    /// Reading a header. `raw` is all text since the last message ended, which vLLM returns as
-    /// content when the output stops before the header is complete (a non-harmony output too).
-    Header {
-        raw: String,
-        header: String,
-        role_in_header: bool,
-    },
-    Body(Kind),
-}
-
-/// What the messages say, in order.
-#[derive(Debug)]
-enum Event {
-    Text(Kind, String),
-    End,
-}
-
-#[derive(Debug)]
-struct Harmony {
-    lexer: MarkerLexer,
-    phase: Phase,
-}
-
-impl Harmony {
-    fn new() -> Self {
-        Self { lexer: MarkerLexer::new(MARKERS), phase: Self::between_messages() }
-    }
-
-    fn between_messages() -> Phase {
-        Phase::Header { raw: String::new(), header: String::new(), role_in_header: false }
-    }
-
-    fn feed(&mut self, delta: &str) -> Vec<Event> {
-        let pieces = self.lexer.feed(delta);
-        self.route(pieces)
-    }
-
-    /// The end of the output: the held tail, then a message cut off in its body ends there, and
-    /// one cut off in its header comes back as content.
-    fn finish(&mut self) -> Vec<Event> {
-        let pieces = self.lexer.finish();
-        let mut events = self.route(pieces);
-        match std::mem::replace(&mut self.phase, Self::between_messages()) {
-            Phase::Body(_) => events.push(Event::End),
-            Phase::Header { raw, .. } if !raw.is_empty() => {
-                events.extend([Event::Text(Kind::Content, raw), Event::End])
-            }
-            Phase::Header { .. } => {}
-        }
-        events
-    }
-
-    fn route(&mut self, pieces: Vec<Piece>) -> Vec<Event> {
-        let mut events = Vec::new();
-        for piece in pieces {
-            match (&mut self.phase, piece) {
-                (Phase::Header { header, role_in_header, .. }, Piece::Marker(MESSAGE)) => {
-                    let kind = classify(header, *role_in_header);
-                    self.phase = Phase::Body(kind);
-                }
-                (Phase::Header { raw, header, role_in_header }, Piece::Marker(START)) => {
-                    raw.push_str(START);
-                    header.clear();
-                    *role_in_header = true;
-                }
-                (Phase::Header { raw, header, .. }, Piece::Marker(text)) => {
-                    raw.push_str(text);
-                    header.push_str(text);
-                }
-                (Phase::Header { raw, header, .. }, Piece::Text(text)) => {
-                    raw.push_str(&text);
-                    header.push_str(&text);
-                }
-                (Phase::Body(_), Piece::Marker(end)) if ENDS.contains(&end) => {
-                    events.push(Event::End);
-                    self.phase = Self::between_messages();
-                }
-                (Phase::Body(kind), Piece::Marker(text)) => events.push(Event::Text(*kind, text.to_string())),
-                (Phase::Body(kind), Piece::Text(text)) => events.push(Event::Text(*kind, text)),
-            }
-        }
-        events
-    }
-}
-
-/// A stream's events as a delta: message texts run together, as vLLM streams them.
-fn stream_delta(events: Vec<Event>) -> Option<ReasoningDelta> {
+/// The harmony reader's events as reasoning and content: `kind` is the current message's, kept
+/// across steps. A header the output stopped in is content, as vLLM returns it (a non-harmony
+/// output too).
+fn split(kind: &mut Kind, events: Vec<Event>) -> Split {
     let mut split = Split::default();
     for event in events {
-        if let Event::Text(kind @ (Kind::Reasoning | Kind::Content), text) = event {
-            split.push(kind == Kind::Reasoning, &text);
+        match event {
+            Event::Header { text, after_start } => *kind = classify(&text, after_start),
+            Event::Text(text) if *kind != Kind::Other => split.push(*kind == Kind::Reasoning, &text),
+            Event::Text(_) | Event::End => {}
+            Event::CutHeader(raw) => split.push(false, &raw),
         }
     }
-    split.into_delta()
+    split
 }
 
 #[derive(Debug)]
 pub(super) struct GptOss {
-    stream: Harmony,
+    reader: Reader,
+    kind: Kind,
 }
 
 impl GptOss {
     pub(super) fn new() -> Self {
-        Self { stream: Harmony::new() }
+        Self { reader: Reader::default(), kind: Kind::Other }
     }
 }
 
@@ -179,23 +86,22 @@ impl ReasoningParser for GptOss {
     /// The non-empty analysis messages joined by newlines, and likewise the content messages, as
     /// vLLM joins them; a stream runs them together without the newline.
     fn extract(&self, output: &str) -> Reasoned {
-        let mut harmony = Harmony::new();
-        let mut events = harmony.feed(output);
-        events.extend(harmony.finish());
+        let mut reader = Reader::default();
+        let mut events = reader.feed(output);
+        events.extend(reader.finish());
         let (mut reasoning, mut content) = (Vec::new(), Vec::new());
         let mut message = (Kind::Other, String::new());
         for event in events {
             match event {
-                Event::Text(kind, text) => {
-                    message.0 = kind;
-                    message.1.push_str(&text);
-                }
+                Event::Header { text, after_start } => message = (classify(&text, after_start), String::new()),
+                Event::Text(text) => message.1.push_str(&text),
                 Event::End => match std::mem::replace(&mut message, (Kind::Other, String::new())) {
                     (_, text) if text.is_empty() => {}
                     (Kind::Reasoning, text) => reasoning.push(text),
                     (Kind::Content, text) => content.push(text),
                     (Kind::Other, _) => {}
                 },
+                Event::CutHeader(raw) => content.push(raw),
             }
         }
         let join = |parts: Vec<String>| (!parts.is_empty()).then(|| parts.join("\n"));
@@ -203,11 +109,11 @@ impl ReasoningParser for GptOss {
     }
 
     fn extract_streaming(&mut self, _previous: &str, delta: &str) -> Option<ReasoningDelta> {
-        stream_delta(self.stream.feed(delta))
+        split(&mut self.kind, self.reader.feed(delta)).into_delta()
     }
 
     fn finish(&mut self) -> Option<ReasoningDelta> {
-        stream_delta(self.stream.finish())
+        split(&mut self.kind, self.reader.finish()).into_delta()
     }
 
     /// Whether the message being written is on the final channel with its header complete. (The
