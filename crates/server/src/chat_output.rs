@@ -129,12 +129,29 @@ impl Shaper {
 
     /// What `text` (the newest output) adds to the streamed message.
     pub fn push(&mut self, text: &str) -> Parts {
+        if self.tools_read_raw() {
+            let reasoning = self.reasoning.as_mut().and_then(|r| r.extract_streaming(&self.text, text));
+            self.text.push_str(text);
+            let mut parts = self.take(reasoning.map(|d| ReasoningDelta { reasoning: d.reasoning, content: None }));
+            let delta =
+                self.tool_parser.as_mut().and_then(|p| p.extract_streaming(&self.content, text, &self.shape.functions));
+            self.content.push_str(text);
+            self.add_tool_delta(&mut parts, delta);
+            return parts;
+        }
         let split = match &mut self.reasoning {
             Some(r) => r.extract_streaming(&self.text, text),
             None => Some(ReasoningDelta { reasoning: None, content: Some(text.to_string()) }),
         };
         self.text.push_str(text);
         self.take(split)
+    }
+
+    /// The harmony format (gpt-oss) carries tool calls in messages of their own, which a
+    /// reasoning parser drops: there the tool parser reads the whole output, as in vLLM, and the
+    /// reasoning parser contributes only the reasoning.
+    fn tools_read_raw(&self) -> bool {
+        matches!(&self.shape.tools, ToolMode::Auto(name) if name == "openai")
     }
 
     /// Routes the reasoning part of a step to the message and its content part through the tool
@@ -191,7 +208,10 @@ impl Shaper {
     /// that never completed), what the tool parser still owes (an unclosed call, text it held
     /// back as a possible marker), and the calls of a `required` output.
     pub fn finish(&mut self) -> Parts {
-        let held = self.reasoning.as_mut().and_then(|r| r.finish());
+        let mut held = self.reasoning.as_mut().and_then(|r| r.finish());
+        if self.tools_read_raw() {
+            held = held.map(|d| ReasoningDelta { reasoning: d.reasoning, content: None });
+        }
         let mut parts = self.take(held);
         if let ToolMode::Auto(_) = self.shape.tools {
             let owed = self.tool_parser.as_mut().and_then(|p| p.finish(&self.shape.functions));
@@ -215,7 +235,7 @@ impl Shaper {
             None => (None, Some(output.to_string())),
         };
         let mut parts = Parts { reasoning: reasoning.filter(|_| self.shape.include_reasoning), ..Default::default() };
-        let content = content.unwrap_or_default();
+        let content = if self.tools_read_raw() { output.to_string() } else { content.unwrap_or_default() };
         match &self.shape.tools {
             ToolMode::Off => parts.content = Some(content),
             ToolMode::Auto(_) => {
@@ -288,5 +308,37 @@ mod tests {
         assert_eq!(s.push("hi").content.as_deref(), Some("hi"));
         assert_eq!(s.message("hi").content.as_deref(), Some("hi"));
         assert!(!s.tools_called());
+    }
+
+    /// gpt-oss: the harmony tool parser reads the whole output while the reasoning parser
+    /// supplies the analysis channel, whole and streamed.
+    #[test]
+    fn harmony_calls_survive_the_reasoning_parser() {
+        let out = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary \
+                   to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>";
+        let shape = Shape {
+            reasoning_parser: Some("openai_gptoss".into()),
+            tools: ToolMode::Auto("openai".into()),
+            ..Shape::plain()
+        };
+        let whole = Shaper::new(&shape).message(out);
+        assert_eq!(whole.reasoning.as_deref(), Some("Need the weather."));
+        assert_eq!(whole.tool_calls.len(), 1);
+        assert_eq!(whole.tool_calls[0].function.name.as_deref(), Some("get_weather"));
+        let args: Value = serde_json::from_str(whole.tool_calls[0].function.arguments.as_deref().unwrap()).unwrap();
+        assert_eq!(args, serde_json::json!({"city": "Paris"}));
+        let mut s = Shaper::new(&shape);
+        let chars: Vec<char> = out.chars().collect();
+        let mut streamed = Vec::new();
+        for piece in chars.chunks(3) {
+            streamed.push(s.push(&piece.iter().collect::<String>()));
+        }
+        streamed.push(s.finish());
+        let reasoning: String = streamed.iter().filter_map(|p| p.reasoning.clone()).collect();
+        let arguments: String =
+            streamed.iter().flat_map(|p| &p.tool_calls).filter_map(|c| c.function.arguments.clone()).collect();
+        assert_eq!(reasoning, "Need the weather.");
+        assert_eq!(serde_json::from_str::<Value>(&arguments).unwrap(), args);
+        assert!(s.tools_called());
     }
 }

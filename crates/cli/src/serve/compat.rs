@@ -55,7 +55,8 @@ pub struct VllmFlags {
     /// Serve `tool_choice: "auto"`: tool calls are parsed out of the output by --tool-call-parser.
     #[arg(long, help_heading = "Frontend")]
     pub enable_auto_tool_choice: bool,
-    /// The model's tool-call format: hermes, llama3_json, mistral, qwen3_coder, deepseek_v3, pythonic.
+    /// The model's tool-call format: hermes, llama3_json, mistral, qwen3_coder, deepseek_v3, pythonic,
+    /// openai (gpt-oss harmony).
     #[arg(long, help_heading = "Frontend")]
     pub tool_call_parser: Option<String>,
     /// Split the output into `reasoning_content` and `content`: deepseek_r1, qwen3, granite, gpt_oss.
