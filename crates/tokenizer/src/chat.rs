@@ -16,6 +16,30 @@ impl ChatMessage {
     }
 }
 
+/// Instructions one render may execute: far beyond what a real template spends on a long
+/// conversation, so a template that loops for ever (or for a very long time) fails quickly.
+const TEMPLATE_FUEL: u64 = 20_000_000;
+/// The most text a render may produce: well past any context window's worth of prompt.
+const MAX_RENDERED_BYTES: usize = 32 << 20;
+
+/// The rendering's sink: fails once the text passes [`MAX_RENDERED_BYTES`], so a template that
+/// repeats a string into gigabytes stops at the bound instead of taking the memory.
+struct BoundedOutput(Vec<u8>);
+
+impl std::io::Write for BoundedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_RENDERED_BYTES {
+            return Err(std::io::Error::other(format!("the rendered prompt passes {MAX_RENDERED_BYTES} bytes")));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A Jinja chat template, compiled once, rendered with the environment transformers uses:
 /// `trim_blocks`, `lstrip_blocks`, loop controls, `raise_exception`, `strftime_now`, and Python
 /// string/dict methods (minijinja-contrib's pycompat).
@@ -118,6 +142,9 @@ impl ChatTemplate {
     pub fn new(source: String, bos_token: String, eos_token: String) -> Result<ChatTemplate> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
+        // Templates can come from requests (`--trust-request-chat-template`): bound their work.
+        // No loader is set, so `include`/`import` reach no file.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         minijinja_contrib::add_to_environment(&mut env);
@@ -152,8 +179,14 @@ impl ChatTemplate {
         vars.insert("tools".into(), r.tools.map_or(Value::Null, |t| Value::Array(t.to_vec())));
         vars.insert("documents".into(), Value::Null);
         vars.insert("add_generation_prompt".into(), r.add_generation_prompt.into());
-        let rendered =
-            template.render(JValue::from_serialize(&vars)).map_err(|e| TokenizerError::Template(e.to_string()))?;
+        let mut out = BoundedOutput(Vec::new());
+        template.render_to_write(JValue::from_serialize(&vars), &mut out).map_err(|e| {
+            TokenizerError::Template(match std::error::Error::source(&e) {
+                Some(cause) => format!("{e}: {cause}"),
+                None => e.to_string(),
+            })
+        })?;
+        let rendered = String::from_utf8(out.0).map_err(|e| TokenizerError::Template(e.to_string()))?;
         if r.continue_final_message {
             continue_final_message(rendered, r.messages.last())
         } else {
@@ -251,6 +284,52 @@ mod tests {
             }
         }
         assert!(checked >= 30, "{checked} cases");
+    }
+
+    /// The fuel bound leaves room for long real conversations: 2000 turns with tools through the
+    /// Llama-3.2 template (the busiest of the fixtures).
+    #[test]
+    fn long_real_conversations_fit_the_fuel() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/chat_templates/llama3_2.json");
+        let spec: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let t = ChatTemplate::new(
+            spec["chat_template"].as_str().unwrap().into(),
+            "<|begin_of_text|>".into(),
+            String::new(),
+        )
+        .unwrap();
+        let messages: Vec<Value> = (0..2000)
+            .map(|i| serde_json::json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "a fairly ordinary sentence of text"}))
+            .collect();
+        let tools = spec["cases"][1]["tools"].as_array().unwrap();
+        let kwargs = spec["cases"][1]["kwargs"].as_object().unwrap();
+        let r = ChatRender {
+            messages: &messages,
+            tools: Some(tools),
+            add_generation_prompt: true,
+            continue_final_message: false,
+            kwargs: Some(kwargs),
+        };
+        assert!(t.render_chat(&r).unwrap().len() > 2000 * 30);
+    }
+
+    #[test]
+    fn hostile_templates_fail_fast_and_bounded() {
+        let render = |src: &str| {
+            let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
+            let start = std::time::Instant::now();
+            let err = t.render(&[ChatMessage::new("user", "x")], false).unwrap_err().to_string();
+            (err, start.elapsed())
+        };
+        let (err, took) = render("{% for i in range(10000) %}{% for j in range(10000) %}x{% endfor %}{% endfor %}");
+        assert!(err.contains("fuel"), "{err}");
+        assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+        let (err, _) = render("{% for i in range(100) %}{{ 'x' * 10000000 }}{% endfor %}");
+        assert!(err.contains("bytes"), "{err}");
+        let (err, _) = render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+        assert!(err.contains("recursion"), "{err}");
+        let (err, _) = render("{% include '/etc/passwd' %}");
+        assert!(err.contains("not found") || err.contains("template"), "{err}");
     }
 
     #[test]
