@@ -180,7 +180,7 @@ impl ChatTemplate {
         vars.insert("documents".into(), Value::Null);
         vars.insert("add_generation_prompt".into(), r.add_generation_prompt.into());
         let mut out = BoundedOutput(Vec::new());
-        template.render_to_write(JValue::from_serialize(&vars), &mut out).map_err(|e| {
+        template.render_captured_to(JValue::from_serialize(&vars), &mut out).map_err(|e| {
             TokenizerError::Template(match std::error::Error::source(&e) {
                 Some(cause) => format!("{e}: {cause}"),
                 None => e.to_string(),
