@@ -53,6 +53,9 @@ COMPLETION_400 = [
     ({"prompt": [5] * (MAX_MODEL_LEN - 4), "max_tokens": 16}, "maximum context length", None),
     ({"prompt": "hi", "suffix": "x"}, "suffix", "suffix"),
     ({"prompt": "hi", "logit_bias": {"five": 1}}, "logit_bias", "logit_bias"),
+    # Bounded per-token work: stop strings and bad words are checked every step.
+    ({"prompt": "hi", "stop": ["x"] * 300}, "at most 256", "stop"),
+    ({"prompt": "hi", "bad_words": ["y" * 5000]}, "at most 4096 bytes", "bad_words"),
     ({}, "missing field `prompt`", None),
     ({"prompt": "hi", "stream": "yes"}, "Invalid request body", None),
 ]

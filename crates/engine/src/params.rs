@@ -15,6 +15,11 @@ pub const MIN_TEMPERATURE: f32 = 1e-2;
 pub const MAX_LOGPROBS: usize = 20;
 /// Most sequences one request may ask for (vLLM's `VLLM_MAX_N_SEQUENCES`).
 pub const MAX_N: usize = 16384;
+/// Most stop strings and bad words a request may carry, and their longest: every step checks
+/// the new text against each stop string, and every sampled row against each bad word, so their
+/// size is work per token that a client would otherwise set without limit.
+pub const MAX_WORD_LISTS: usize = 256;
+pub const MAX_WORD_BYTES: usize = 4096;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -184,6 +189,20 @@ impl SamplingParams {
         if self.stop.iter().any(String::is_empty) {
             return Err(EngineError::invalid("stop", "cannot contain an empty string"));
         }
+        for (param, words) in [("stop", &self.stop), ("bad_words", &self.bad_words)] {
+            if words.len() > MAX_WORD_LISTS {
+                return Err(EngineError::invalid(
+                    param,
+                    format!("may hold at most {MAX_WORD_LISTS} strings, got {}", words.len()),
+                ));
+            }
+            if let Some(long) = words.iter().find(|w| w.len() > MAX_WORD_BYTES) {
+                return Err(EngineError::invalid(
+                    param,
+                    format!("strings may be at most {MAX_WORD_BYTES} bytes, got one of {}", long.len()),
+                ));
+            }
+        }
         if self.allowed_token_ids.as_ref().is_some_and(Vec::is_empty) {
             return Err(EngineError::invalid("allowed_token_ids", "must contain at least one token id"));
         }
@@ -265,6 +284,9 @@ mod tests {
             (SamplingParams { min_tokens: 20, max_tokens: Some(10), ..Default::default() }, "min_tokens"),
             (SamplingParams { logprobs: Some(21), ..Default::default() }, "logprobs"),
             (SamplingParams { stop: vec![String::new()], ..Default::default() }, "stop"),
+            (SamplingParams { stop: vec!["x".into(); MAX_WORD_LISTS + 1], ..Default::default() }, "stop"),
+            (SamplingParams { stop: vec!["x".repeat(MAX_WORD_BYTES + 1)], ..Default::default() }, "stop"),
+            (SamplingParams { bad_words: vec!["x".into(); MAX_WORD_LISTS + 1], ..Default::default() }, "bad_words"),
             (SamplingParams { n: 2, temperature: 0.0, ..Default::default() }, "n"),
         ];
         for (p, name) in cases {

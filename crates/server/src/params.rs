@@ -267,7 +267,11 @@ pub fn build(
             // OpenAI's range; vLLM clamps to it.
             Ok((id, bias.clamp(-100.0, 100.0) as f32))
         })
-        .collect::<Result<Vec<_>, ApiError>>()?;
+        .collect::<Result<std::collections::BTreeMap<u32, f32>, ApiError>>()?
+        // Keys that name one id twice ("1" and "01") keep the last, as a Python dict would; the
+        // list then holds at most one entry per vocabulary id.
+        .into_iter()
+        .collect::<Vec<_>>();
     let allowed_token_ids = fields
         .allowed_token_ids
         .as_ref()
@@ -278,7 +282,8 @@ pub fn build(
                         ApiError::invalid("allowed_token_ids", format!("Token id {id} is out of vocabulary"))
                     })
                 })
-                .collect::<Result<Vec<u32>, _>>()
+                .collect::<Result<std::collections::BTreeSet<u32>, _>>()
+                .map(|ids| ids.into_iter().collect::<Vec<u32>>())
         })
         .transpose()?;
     let min_tokens = match fields.min_tokens.unwrap_or(0) {
