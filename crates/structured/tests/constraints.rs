@@ -158,3 +158,32 @@ fn bad_constraints_are_the_request_s_error_with_the_compiler_s_message() {
         }
     }
 }
+
+/// Hostile constraints: llguidance's limits (grammar size, lexer fuel and states) refuse them
+/// as the request's error, quickly, instead of compiling for ever or taking the memory.
+#[test]
+fn oversized_constraints_are_refused_quickly() {
+    let tok = tokenizer();
+    let compiler = compiler(&tok);
+    // As deep as a request body can nest: serde_json refuses JSON past 128 levels.
+    let mut nested = json!({"type": "integer"});
+    for _ in 0..60 {
+        nested = json!({"type": "array", "items": nested});
+    }
+    let huge_enum = json!({"enum": (0..300_000).map(|i| format!("value-{i}")).collect::<Vec<_>>()});
+    for (constraint, refused) in [
+        (Constraint::Json(nested), false),
+        (Constraint::Json(huge_enum), true),
+        (Constraint::Regex("((a|b|c|d|e|f|g|h)[0-9]{1,20}){1000}".into()), false),
+    ] {
+        let start = std::time::Instant::now();
+        let result = compiler.compile(&spec(constraint));
+        let took = start.elapsed();
+        assert!(took < std::time::Duration::from_secs(30), "{took:?}");
+        match result {
+            Err(StructuredError::Invalid(m)) => assert!(refused && m.contains("too big"), "{m}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => assert!(!refused, "a 300000-value enum compiled"),
+        }
+    }
+}
