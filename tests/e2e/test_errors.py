@@ -6,7 +6,7 @@ import json
 import openai
 import pytest
 
-from conftest import MAX_MODEL_LEN, NAME
+from conftest import MAX_MODEL_LEN, NAME, health_during
 
 
 def assert_error(status, body, expected_status, fragment=None, param=None):
@@ -168,3 +168,13 @@ def test_vllm_fields_not_built_are_refused_by_name_and_unknown_ones_ignored(serv
         status, resp = server.json("POST", "/v1/chat/completions",
                                    {"model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, **body})
         assert status == 200, resp
+
+
+def test_an_oversized_schema_is_refused_without_stalling_the_server(server):
+    # llguidance refuses a 300000-value enum after about a second of compiling, on a worker
+    # thread: health checks keep answering meanwhile.
+    schema = {"enum": [f"value-{i}" for i in range(300_000)]}
+    body = {"model": NAME, "prompt": "x", "max_tokens": 2, "guided_json": schema}
+    done, worst = health_during(server, "/v1/completions", body)
+    assert [status for status, _ in done] == [400, 400], done
+    assert worst < 0.5, f"/health took {worst:.2f} s while the schema compiled"

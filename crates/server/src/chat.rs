@@ -399,7 +399,7 @@ pub(crate) async fn start(
     if sampling.structured_outputs.is_some() {
         sampling.structured_outputs_after = reasoning_end_tokens(&state, &plan.shape)?;
     }
-    let requests = generate::process(&state, std::slice::from_ref(&prompt), &sampling)?;
+    let requests = generate::process_off_runtime(&state, std::slice::from_ref(&prompt), &sampling).await?;
     let permit = Admission::acquire(&state, sampling.n)?;
     let ctx = Context {
         id: format!("chatcmpl-{}", random_id()),

@@ -96,7 +96,7 @@ async fn run(
         Requested { max_tokens: Some(max_tokens), logprobs, prompt_logprobs: prompt_pass },
         &state.served.config.sampling_defaults,
     )?;
-    let requests = generate::process(&state, &prompts, &sampling)?;
+    let requests = generate::process_off_runtime(&state, &prompts, &sampling).await?;
     let permit = Admission::acquire(&state, prompts.len() * sampling.n)?;
     let ctx = Context {
         id: format!("cmpl-{}", random_id()),

@@ -22,6 +22,7 @@ use crate::protocol::StopReason;
 use crate::AppState;
 
 /// A prompt ready for the engine: its ids, and its text when the client sent text.
+#[derive(Clone)]
 pub struct Prompt {
     pub ids: Vec<u32>,
     pub text: Option<String>,
@@ -188,6 +189,17 @@ impl Tracked {
 
 /// Has the engine validate one request per prompt, before any is started (and before
 /// admission), so a bad request starts nothing.
+/// [`process`] on a blocking thread: compiling a structured-output grammar can take a second,
+/// which must not stall the async runtime (and `/health`).
+pub async fn process_off_runtime(
+    state: &Arc<AppState>,
+    prompts: &[Prompt],
+    params: &SamplingParams,
+) -> Result<Vec<ProcessedRequest>, ApiError> {
+    let (state, prompts, params) = (state.clone(), prompts.to_vec(), params.clone());
+    crate::off_runtime(move || process(&state, &prompts, &params)).await
+}
+
 pub fn process(
     state: &AppState,
     prompts: &[Prompt],
