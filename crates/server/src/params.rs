@@ -402,4 +402,82 @@ mod tests {
         assert_eq!(chat_max_tokens(None, Some(500), 10, 100), Some(90));
         assert_eq!(chat_max_tokens(None, None, 10, 100), None);
     }
+
+    /// Hostile bodies (issue 34): any JSON object over the sampling fields' names (and a few
+    /// unknown ones), with values of any JSON type, is either refused by serde, or built into
+    /// engine parameters (or a 400) without a panic.
+    mod hostile {
+        use proptest::prelude::*;
+        use serde_json::{Map, Value};
+
+        use super::*;
+
+        const KEYS: &[&str] = &[
+            "n",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+            "seed",
+            "stop",
+            "stop_token_ids",
+            "ignore_eos",
+            "min_tokens",
+            "logit_bias",
+            "allowed_token_ids",
+            "bad_words",
+            "best_of",
+            "response_format",
+            "structured_outputs",
+            "guided_json",
+            "guided_regex",
+            "guided_choice",
+            "guided_grammar",
+            "guided_whitespace_pattern",
+            "truncate_prompt_tokens",
+            "truncation_side",
+            "return_token_ids",
+            "prompt_logprobs",
+            "use_beam_search",
+            "priority",
+            "length_penalty",
+            "guided_decoding_backend",
+            "no_such_field",
+        ];
+
+        fn json(depth: u32) -> BoxedStrategy<Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                prop_oneof![Just(0i64), Just(-1), Just(1), Just(i64::MAX), Just(i64::MIN)].prop_map(Value::from),
+                any::<f64>().prop_filter("JSON numbers are finite", |f| f.is_finite()).prop_map(Value::from),
+                "[a-z0-9 {}\\[\\]\"]{0,12}".prop_map(Value::from),
+            ];
+            if depth == 0 {
+                return leaf.boxed();
+            }
+            prop_oneof![
+                3 => leaf,
+                1 => proptest::collection::vec(json(depth - 1), 0..4).prop_map(Value::from),
+                1 => proptest::collection::vec(("[a-z_]{1,8}", json(depth - 1)), 0..4)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect::<Map<_, _>>())),
+            ]
+            .boxed()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+            #[test]
+            fn any_body_builds_or_is_refused(fields in proptest::collection::vec((proptest::sample::select(KEYS), json(2)), 0..8)) {
+                let body = Value::Object(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect());
+                if let Ok(fields) = serde_json::from_value::<SamplingFields>(body) {
+                    let _ = build(&fields, requested(), &SamplingDefaults::default());
+                }
+            }
+        }
+    }
 }

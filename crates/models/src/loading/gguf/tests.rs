@@ -456,3 +456,61 @@ fn dump_for_probe() {
     std::fs::write(dir.join("config.json"), pretty(&file.hf_config().unwrap())).unwrap();
     std::fs::write(dir.join("tokenizer_config.json"), pretty(&file.hf_tokenizer_config_json().unwrap())).unwrap();
 }
+
+/// Hostile headers (issue 34): a valid file with bytes flipped, 64-bit fields overwritten with
+/// extreme values, or cut short, must parse to an error or to tensors that lie inside the file
+/// (never a panic, never an allocation sized by a lying count).
+mod hostile {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Damage {
+        Flip { at: usize, byte: u8 },
+        Word { at: usize, value: u64 },
+        Cut { len: usize },
+    }
+
+    fn damage() -> impl Strategy<Value = Damage> {
+        let extreme = prop_oneof![Just(0u64), Just(1), Just(u64::MAX), Just(u64::MAX / 2), Just(1 << 40), any::<u64>()];
+        prop_oneof![
+            (any::<usize>(), any::<u8>()).prop_map(|(at, byte)| Damage::Flip { at, byte }),
+            (any::<usize>(), extreme).prop_map(|(at, value)| Damage::Word { at, value }),
+            any::<usize>().prop_map(|len| Damage::Cut { len }),
+        ]
+    }
+
+    fn apply(file: &mut Vec<u8>, d: &Damage) {
+        let n = file.len();
+        // An earlier cut may have left too little to damage further.
+        if n <= 8 {
+            return;
+        }
+        match *d {
+            Damage::Flip { at, byte } => file[at % n] ^= byte.max(1),
+            Damage::Word { at, value } => {
+                let at = at % (n - 8);
+                file[at..at + 8].copy_from_slice(&value.to_le_bytes());
+            }
+            Damage::Cut { len } => file.truncate(len % n),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+        #[test]
+        fn damaged_headers_fail_cleanly(damages in proptest::collection::vec(damage(), 1..4)) {
+            let mut file = sample_file();
+            for d in &damages {
+                apply(&mut file, d);
+            }
+            if let Ok(parsed) = parse(&file) {
+                for t in &parsed.tensors {
+                    let end = parsed.data_offset.checked_add(t.offset).and_then(|s| s.checked_add(t.n_bytes));
+                    prop_assert!(end.is_some_and(|e| e <= file.len() as u64), "{} lies outside the file", t.name);
+                }
+            }
+        }
+    }
+}
