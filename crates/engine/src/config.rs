@@ -33,6 +33,17 @@ pub struct EngineConfig {
     pub max_logprobs: usize,
     /// The JSON schema compiler's defaults (vLLM's `--structured-outputs-config`).
     pub structured_outputs: JsonOptions,
+    /// Outputs a request may have waiting for its reader; past this the client is taken to have
+    /// stopped reading and the request is aborted, so a stalled stream cannot hold a sequence
+    /// slot and grow its queue while the engine generates. `None` (the offline API, which reads
+    /// its streams one after another) never aborts; the server sets
+    /// [`EngineConfig::SERVER_MAX_UNREAD_OUTPUTS`].
+    pub max_unread_outputs: Option<usize>,
+}
+
+impl EngineConfig {
+    /// A stream stalled this many steps behind is a client that stopped reading.
+    pub const SERVER_MAX_UNREAD_OUTPUTS: usize = 4096;
 }
 
 impl Default for EngineConfig {
@@ -52,6 +63,7 @@ impl Default for EngineConfig {
             seed: None,
             max_logprobs: crate::params::MAX_LOGPROBS,
             structured_outputs: JsonOptions::default(),
+            max_unread_outputs: None,
         }
     }
 }

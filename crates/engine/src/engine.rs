@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
@@ -101,6 +101,8 @@ struct NewRequest {
     params: SamplingParams,
     children: Vec<Arc<RequestSampling>>,
     sender: tokio_mpsc::UnboundedSender<RequestOutput>,
+    /// Outputs sent and not yet taken by the [`RequestStream`].
+    unread: Arc<AtomicUsize>,
     arrival: Instant,
 }
 
@@ -211,7 +213,7 @@ impl Engine {
             scheduler: Scheduler::new(sched_config),
             sched_config,
             runner,
-            processor: OutputProcessor::new(tokenizer.clone()),
+            processor: OutputProcessor::new(tokenizer.clone(), config.max_unread_outputs),
             commands: rx,
             stats: stats.clone(),
             next_req: 0,
@@ -383,6 +385,7 @@ impl EngineClient {
         let ProcessedRequest { prompt, params, children, arrival } = request;
         let parent = s.next_parent.fetch_add(1, Ordering::Relaxed);
         let (sender, receiver) = tokio_mpsc::unbounded_channel();
+        let unread = Arc::new(AtomicUsize::new(0));
         let request = NewRequest {
             parent,
             request_id: request_id.clone(),
@@ -390,10 +393,11 @@ impl EngineClient {
             params,
             children,
             sender,
+            unread: unread.clone(),
             arrival,
         };
         s.commands.send(Command::Add(Box::new(request))).map_err(|_| EngineError::EngineStopped)?;
-        Ok(RequestStream { request_id, parent, receiver, commands: s.commands.clone(), finished: false })
+        Ok(RequestStream { request_id, parent, receiver, unread, commands: s.commands.clone(), finished: false })
     }
 
     /// Aborts every in-flight request with this id; they finish with `FinishReason::Abort`.
@@ -434,6 +438,7 @@ pub struct RequestStream {
     request_id: String,
     parent: u64,
     receiver: tokio_mpsc::UnboundedReceiver<RequestOutput>,
+    unread: Arc<AtomicUsize>,
     commands: mpsc::Sender<Command>,
     finished: bool,
 }
@@ -452,6 +457,9 @@ impl RequestStream {
     }
 
     fn observe(&mut self, out: &Option<RequestOutput>) {
+        if out.is_some() {
+            self.unread.fetch_sub(1, Ordering::Relaxed);
+        }
         if out.as_ref().is_none_or(|o| o.finished) {
             self.finished = true;
         }
@@ -489,6 +497,7 @@ struct ParentState {
     request_id: String,
     prompt: Arc<[u32]>,
     sender: tokio_mpsc::UnboundedSender<RequestOutput>,
+    unread: Arc<AtomicUsize>,
     children: Vec<ChildState>,
     metrics: RequestMetrics,
     want_logprobs: bool,
@@ -521,11 +530,13 @@ struct OutputProcessor {
     prompt_tokens_total: u64,
     generation_tokens_total: u64,
     finished_requests: u64,
+    max_unread_outputs: Option<usize>,
 }
 
 impl OutputProcessor {
-    fn new(tokenizer: Arc<Tokenizer>) -> OutputProcessor {
+    fn new(tokenizer: Arc<Tokenizer>, max_unread_outputs: Option<usize>) -> OutputProcessor {
         OutputProcessor {
+            max_unread_outputs,
             tokenizer,
             parents: HashMap::new(),
             children: HashMap::new(),
@@ -555,6 +566,7 @@ impl OutputProcessor {
                 request_id: req.request_id.clone(),
                 prompt: req.prompt.clone(),
                 sender: req.sender.clone(),
+                unread: req.unread.clone(),
                 children,
                 metrics: RequestMetrics::new(req.arrival),
                 want_logprobs: req.params.logprobs.is_some(),
@@ -649,7 +661,18 @@ impl OutputProcessor {
                 out.metrics = parent.metrics;
             }
             let finished = out.finished;
-            if parent.sender.send(out).is_err() {
+            // Counted before the send, so that the reader's decrement never comes first.
+            let unread = parent.unread.fetch_add(1, Ordering::Relaxed) + 1;
+            let sent = parent.sender.send(out).is_ok();
+            if !sent || (!finished && self.max_unread_outputs.is_some_and(|max| unread > max)) {
+                if sent {
+                    tracing::warn!(
+                        request_id = %parent.request_id,
+                        unread,
+                        "aborting a request whose client stopped reading its outputs"
+                    );
+                }
+                // The stream then ends without a finished output: its reader sees an abort.
                 disconnected.extend(parent.children.iter().filter(|c| !c.finished).map(|c| c.req_id));
                 self.remove(pid);
             } else if finished {

@@ -115,3 +115,46 @@ fn async_streams_and_shutdown_with_requests_in_flight() {
         Err(EngineError::EngineStopped)
     ));
 }
+
+/// A reader that stops taking outputs (a stalled stream) gets its request aborted once
+/// `max_unread_outputs` pile up: the engine frees the sequence instead of generating on, and the
+/// stream, read later, ends without a finished output.
+#[test]
+fn a_stream_nobody_reads_is_aborted_at_the_unread_bound() {
+    let llm = llm("llama", EngineConfig { max_unread_outputs: Some(8), ..config() });
+    let client = llm.client();
+    let mut stalled = client
+        .add_request(
+            "stalled".into(),
+            PromptInput::Tokens(vec![5; 8]),
+            SamplingParams { ignore_eos: true, ..greedy(500) },
+        )
+        .unwrap();
+    // The request reaches the engine through its command queue: wait until it has run, then
+    // until the engine is idle again, without reading.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while client.stats().generation_tokens_total == 0 {
+        assert!(std::time::Instant::now() < deadline, "the request never ran");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    wait_idle(&client);
+    let mut outputs = Vec::new();
+    while let Some(out) = stalled.blocking_next() {
+        outputs.push(out);
+    }
+    let sizes: Vec<usize> = outputs.iter().map(|o| o.outputs.iter().map(|c| c.token_ids.len()).sum()).collect();
+    assert!(outputs.len() <= 9, "{} outputs were queued: {sizes:?}", outputs.len());
+    assert!(outputs.iter().all(|o| !o.finished));
+    // A reader that keeps up is not affected.
+    let mut read = client
+        .add_request("read".into(), PromptInput::Tokens(vec![5; 8]), SamplingParams { ignore_eos: true, ..greedy(40) })
+        .unwrap();
+    let mut tokens = 0;
+    while let Some(out) = read.blocking_next() {
+        tokens += out.outputs.iter().map(|o| o.token_ids.len()).sum::<usize>();
+        if out.finished {
+            assert_eq!(out.outputs[0].finish_reason, Some(FinishReason::Length));
+        }
+    }
+    assert_eq!(tokens, 40);
+}

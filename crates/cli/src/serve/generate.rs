@@ -23,6 +23,7 @@ pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
         seed: args.seed,
         max_logprobs: args.max_logprobs()?,
         structured_outputs: args.vllm.structured_outputs()?,
+        max_unread_outputs: Some(EngineConfig::SERVER_MAX_UNREAD_OUTPUTS),
         ..EngineConfig::default()
     };
     let config = args.device.apply(dtype, args.kv_cache_memory.is_some(), config);
