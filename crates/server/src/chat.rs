@@ -457,7 +457,10 @@ impl Choice {
 }
 
 impl Context {
-    pub(crate) fn apply(&self, choices: &mut [Choice], step: Step) -> Vec<ChatStreamChoice> {
+    /// Applies one engine step to the choices. `streaming`: also shape each delta (reasoning
+    /// split, tool-call pieces) into the stream choices returned; a collected response is shaped
+    /// once, whole, by [`Shaper::message`], so its deltas are not parsed on the way.
+    pub(crate) fn apply(&self, choices: &mut [Choice], step: Step, streaming: bool) -> Vec<ChatStreamChoice> {
         let mut out = Vec::new();
         for d in step.deltas {
             let Some(c) = choices.get_mut(d.index) else {
@@ -484,12 +487,14 @@ impl Context {
                     .content
                     .extend(new.content.iter().cloned());
             }
-            let mut parts = c.shaper.push(&d.text);
-            if d.finish_reason.is_some() {
+            let mut parts = if streaming { c.shaper.push(&d.text) } else { Parts::default() };
+            if d.finish_reason.is_some() && streaming {
                 let rest = c.shaper.finish();
                 parts.content = [parts.content.take(), rest.content].into_iter().flatten().reduce(|a, b| a + &b);
                 parts.reasoning = [parts.reasoning.take(), rest.reasoning].into_iter().flatten().reduce(|a, b| a + &b);
                 parts.tool_calls.extend(rest.tool_calls);
+            }
+            if d.finish_reason.is_some() {
                 c.finish_reason = d.finish_reason;
                 c.stop_reason = d.stop_reason.clone();
             }
@@ -543,7 +548,7 @@ pub(crate) async fn collect(ctx: Context, mut streams: SelectAll<Tracked>) -> Re
             return Err(ApiError::internal(message.clone()));
         }
         prompt_logprobs = prompt_logprobs.or_else(|| ctx.prompt_entries(&step));
-        ctx.apply(&mut choices, step);
+        ctx.apply(&mut choices, step, false);
     }
     let usage = ctx.usage(&choices);
     let out = choices
@@ -612,7 +617,7 @@ fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, us
             Some(step) => {
                 let mut prompt_logprobs = ctx.prompt_entries(&step);
                 let events: Vec<Event> = ctx
-                    .apply(&mut choices, step)
+                    .apply(&mut choices, step, true)
                     .into_iter()
                     .map(|c| {
                         let so_far = usage

@@ -587,7 +587,8 @@ fn stream_events(
                 Some((vec![s.event("response.failed", json!({"response": failed}))], None))
             }
             Some(step) => {
-                let events: Vec<Event> = ctx.apply(&mut choices, step).into_iter().flat_map(|c| s.delta(c)).collect();
+                let events: Vec<Event> =
+                    ctx.apply(&mut choices, step, true).into_iter().flat_map(|c| s.delta(c)).collect();
                 Some((events, Some((s, ctx, streams, choices, permit, state, conversation))))
             }
             None => {
