@@ -109,6 +109,9 @@ class Spec:
     # Cases of this fixture only, after the shared battery: (name, at most this many prompt tokens
     # of the corpus's software history).
     extra_prompt_tokens: list[tuple[str, int]] = field(default_factory=list)
+    # Rewrites the saved config.json the way real checkpoints of the family spell it (older key
+    # names, the Hub's `architectures`); the oracle then loads that spelling from disk.
+    edit_saved_config: Callable[[dict[str, Any]], None] | None = None
 
 
 @dataclass
@@ -163,6 +166,22 @@ def _no_cohere_qk_norm(model: torch.nn.Module) -> None:
 
 def _unit_embed_scale(model: torch.nn.Module) -> None:
     model.model.embed_tokens.embed_scale.fill_(1.0)
+
+
+def _zero_o_bias(model: torch.nn.Module) -> None:
+    for name, p in model.named_parameters():
+        if name.endswith("o_proj.bias"):
+            p.data.zero_()
+
+
+def _no_llama4_query_scaling(model: torch.nn.Module) -> None:
+    model.config.rope_parameters["llama_4_scaling_beta"] = 0.0
+
+
+def _internlm3_hub_spelling(cfg: dict[str, Any]) -> None:
+    cfg["architectures"] = ["InternLM3ForCausalLM"]
+    cfg["qkv_bias"] = cfg.pop("attention_bias")
+    cfg["bias"] = cfg.pop("mlp_bias")
 
 
 DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
@@ -715,6 +734,105 @@ SPECS: list[Spec] = [
         notes=["num_key_value_heads is set to num_attention_heads: DeepseekV3Config defaults it to 128, and MLA "
                "expands the latent to every query head."],
     ),
+    # ---- wave 2: dense Llama relatives -------------------------------------------------------
+    Spec(
+        name="smollm3",
+        config_class="SmolLM3Config",
+        architecture="SmolLM3ForCausalLM",
+        kwargs=dict(num_hidden_layers=4, pad_token_id=None, tie_word_embeddings=True,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="NoPE every 4th layer (no_rope_layers [1, 1, 1, 0] from no_rope_layer_interval 4), tied embeddings",
+        ablate_config=dict(no_rope_layers=[1, 1, 1, 1]),
+        ablation_desc="no_rope_layers [1, 1, 1, 0] -> [1, 1, 1, 1] (rope on every layer)",
+    ),
+    Spec(
+        name="internlm3",
+        config_class="InternLM3Config",
+        architecture="LlamaForCausalLM",
+        kwargs=dict(qkv_bias=True, bias=True, head_dim=16, rope_parameters=dict(DEFAULT_ROPE)),
+        edit_saved_config=_internlm3_hub_spelling,
+        feature="InternLM3 as its Hub checkpoints spell it: architectures InternLM3ForCausalLM, qkv_bias for the "
+        "q/k/v biases and bias for o_proj and the MLP (transformers maps them onto Llama)",
+        ablate_fn=_zero_qkv_bias,
+        ablation_desc="q/k/v biases zeroed",
+    ),
+    Spec(
+        name="seed-oss",
+        config_class="SeedOssConfig",
+        architecture="SeedOssForCausalLM",
+        kwargs=dict(attention_bias=True, attention_out_bias=True, head_dim=16, pad_token_id=None,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="q/k/v biases from attention_bias, an o_proj bias from attention_out_bias",
+        ablate_fn=_zero_o_bias,
+        ablation_desc="o_proj bias zeroed",
+    ),
+    Spec(
+        name="ernie4_5",
+        config_class="Ernie4_5Config",
+        architecture="Ernie4_5ForCausalLM",
+        kwargs=dict(use_bias=True, head_dim=16, pad_token_id=None, tie_word_embeddings=True,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="rotary on adjacent pairs (GLM style), use_bias on every projection, tied embeddings",
+        ablate_fn=_zero_qkv_bias,
+        ablation_desc="q/k/v biases zeroed",
+    ),
+    Spec(
+        name="ministral3",
+        config_class="Ministral3Config",
+        architecture="Ministral3ForCausalLM",
+        kwargs=dict(head_dim=16, pad_token_id=None,
+                    rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                         original_max_position_embeddings=16, beta_fast=32.0, beta_slow=1.0,
+                                         mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.5)),
+        feature="Llama-4 query scaling after rope (1 + 0.5 ln(1 + floor(pos / 16))) with YaRN factor 4 over "
+        "original_max_position_embeddings 16",
+        ablate_fn=_no_llama4_query_scaling,
+        ablation_desc="llama_4_scaling_beta 0.5 -> 0",
+    ),
+    Spec(
+        name="arcee",
+        config_class="ArceeConfig",
+        architecture="ArceeForCausalLM",
+        kwargs=dict(rope_parameters=dict(DEFAULT_ROPE)),
+        feature="ungated MLP down(relu(up(x))^2) (hidden_act relu2, no gate_proj)",
+        ablate_config=dict(hidden_act="relu"),
+        ablation_desc="relu2 -> relu",
+    ),
+    Spec(
+        name="cohere2",
+        config_class="Cohere2Config",
+        architecture="Cohere2ForCausalLM",
+        kwargs=dict(num_hidden_layers=4, pad_token_id=None, tie_word_embeddings=True, logit_scale=2.0,
+                    sliding_window=24, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="Command R7B: parallel block on a bias-free LayerNorm, layers [sliding 24, sliding, sliding, full]: "
+        "only sliding layers rotate (interleaved pairs), the full layer has no positions; logit_scale 2",
+        ablate_config=dict(sliding_window=4096),
+        ablation_desc="sliding window 24 -> 4096",
+    ),
+    Spec(
+        name="olmo3",
+        config_class="Olmo3Config",
+        architecture="Olmo3ForCausalLM",
+        kwargs=dict(num_hidden_layers=4, hidden_size=48, intermediate_size=96, pad_token_id=None,
+                    sliding_window=24,
+                    rope_parameters=dict(sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+                                         full_attention=dict(rope_type="linear", factor=4.0, rope_theta=500000.0))),
+        feature="OLMo-2 block with layers [sliding 24, sliding, sliding, full], a rotary table per layer type "
+        "(sliding theta 1e4, full theta 5e5 linear x4)",
+        ablate_config=dict(sliding_window=4096),
+        ablation_desc="sliding window 24 -> 4096",
+    ),
+    Spec(
+        name="exaone4",
+        config_class="Exaone4Config",
+        architecture="Exaone4ForCausalLM",
+        kwargs=dict(num_hidden_layers=4, pad_token_id=None, sliding_window=24,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="post-branch norms, per-head QK-norm, layers [sliding 24, sliding, sliding, full]: the full layer "
+        "has no positions (global NoPE)",
+        ablate_config=dict(sliding_window=4096),
+        ablation_desc="sliding window 24 -> 4096",
+    ),
 ]
 
 SPEC_BY_NAME = {s.name: s for s in SPECS}
@@ -818,11 +936,13 @@ def save_fixture(model: torch.nn.Module, spec: Spec, out_dir: Path) -> None:
     to_save = model.to(getattr(torch, spec.save_dtype))
     to_save.save_pretrained(str(out_dir), safe_serialization=True)
     model.to(torch.float32)
-    if spec.strip_config_keys:
+    if spec.strip_config_keys or spec.edit_saved_config:
         cfg_path = out_dir / "config.json"
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
         for k in spec.strip_config_keys:
             cfg.pop(k, None)
+        if spec.edit_saved_config:
+            spec.edit_saved_config(cfg)
         cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(TOKENIZER_DIR / f, out_dir / f)
@@ -916,6 +1036,11 @@ def verify_recorded(name: str, tok) -> tuple[int, int, float]:
     return len(oracle["cases"]), steps, max_diff
 
 
+def saved_architecture(fixture_dir: Path) -> str:
+    cfg = json.loads((fixture_dir / "config.json").read_text(encoding="utf-8"))
+    return cfg["architectures"][0]
+
+
 def dir_size(p: Path) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
@@ -974,7 +1099,7 @@ def generate_one(spec: Spec, tok, cases, min_gap_req: float) -> dict[str, Any]:
     oracle = {
         "generator": GENERATOR,
         **versions(),
-        "architecture": spec.architecture,
+        "architecture": saved_architecture(out_dir),
         "model_type": cfg.model_type,
         "feature": spec.feature,
         "dtype": "float32",

@@ -2,10 +2,14 @@
 //! ferrite runs: causal LMs and pooling models (embedding, classification). An alias whose
 //! Hugging Face class really shares a family's computation is one line here.
 
+use crate::families::cohere::CohereVersion;
 use crate::families::deepseek_v2::{self, DeepseekVariant};
 use crate::families::llama::{self, Variant};
 use crate::families::mixtral::{self, MoeVariant};
-use crate::families::{bert, cohere, falcon, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, olmo2, opt, phi, phi3};
+use crate::families::olmo2::OlmoVersion;
+use crate::families::{
+    bert, cohere, exaone4, falcon, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, olmo2, opt, phi, phi3,
+};
 use crate::families::{roberta, stablelm, starcoder2};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
@@ -45,7 +49,13 @@ pub enum ModelKind {
 /// Every registered (architecture, kind). A decoder that also embeds (last-token pooling) has a
 /// row of each kind.
 const ENTRIES: &[(&str, Entry)] = &[
-    ("LlamaForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::default())?)))),
+    ("LlamaForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::LLAMA)?)))),
+    ("InternLM3ForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::INTERNLM3)?)))),
+    ("SeedOssForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::SEED_OSS)?)))),
+    ("Ernie4_5ForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::ERNIE4_5)?)))),
+    ("SmolLM3ForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::SMOLLM3)?)))),
+    ("ArceeForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::ARCEE)?)))),
+    ("Ministral3ForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::MINISTRAL3)?)))),
     ("MistralForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::MISTRAL)?)))),
     ("Qwen2ForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::QWEN2)?)))),
     ("Qwen3ForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::QWEN3)?)))),
@@ -65,8 +75,11 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("GPTNeoXForCausalLM", Causal(|r, w| Ok(Box::new(gpt_neox::load(r, w)?)))),
     ("StableLmForCausalLM", Causal(|r, w| Ok(Box::new(stablelm::load(r, w)?)))),
     ("GraniteForCausalLM", Causal(|r, w| Ok(Box::new(granite::load(r, w)?)))),
-    ("Olmo2ForCausalLM", Causal(|r, w| Ok(Box::new(olmo2::load(r, w)?)))),
-    ("CohereForCausalLM", Causal(|r, w| Ok(Box::new(cohere::load(r, w)?)))),
+    ("Olmo2ForCausalLM", Causal(|r, w| Ok(Box::new(olmo2::load(r, w, OlmoVersion::V2)?)))),
+    ("Exaone4ForCausalLM", Causal(|r, w| Ok(Box::new(exaone4::load(r, w)?)))),
+    ("Olmo3ForCausalLM", Causal(|r, w| Ok(Box::new(olmo2::load(r, w, OlmoVersion::V3)?)))),
+    ("CohereForCausalLM", Causal(|r, w| Ok(Box::new(cohere::load(r, w, CohereVersion::V1)?)))),
+    ("Cohere2ForCausalLM", Causal(|r, w| Ok(Box::new(cohere::load(r, w, CohereVersion::V2)?)))),
     ("Starcoder2ForCausalLM", Causal(|r, w| Ok(Box::new(starcoder2::load(r, w)?)))),
     ("FalconForCausalLM", Causal(|r, w| Ok(Box::new(falcon::load(r, w)?)))),
     ("BertModel", Pooling(|r, w| Ok(Box::new(bert::BertModel::load(r, w, "bert", bert::Positions::Absolute)?)))),

@@ -73,6 +73,15 @@ parity! {
     olmoe => "olmoe",
     deepseek_v2 => "deepseek-v2",
     deepseek_v3 => "deepseek-v3",
+    smollm3 => "smollm3",
+    internlm3 => "internlm3",
+    seed_oss => "seed-oss",
+    ernie4_5 => "ernie4_5",
+    ministral3 => "ministral3",
+    arcee => "arcee",
+    cohere2 => "cohere2",
+    olmo3 => "olmo3",
+    exaone4 => "exaone4",
 }
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.
@@ -119,10 +128,29 @@ fn gate_catches_a_wrong_norm_epsilon() {
 /// must break the gate — tokens where the key changes greedy outputs, log-probs where it only
 /// rescales the logits (final softcap, logit scale), which the gate compares within
 /// `LOGPROB_TOLERANCE`.
+type Edit = fn(&mut serde_json::Value);
+
+/// Each `(fixture, what, edit)` must fail the gate: tokens diverge, or log-probs move past the
+/// tolerance (for edits that only rescale the logits).
+fn assert_breaks_caught(breaks: &[(&str, &str, Edit)]) {
+    for (fixture, what, edit) in breaks {
+        let dir = broken_copy(fixture, edit);
+        let (_, reports) = run_fixture(&dir, DType::F32).unwrap_or_else(|e| panic!("{fixture} ({what}): {e}"));
+        std::fs::remove_dir_all(&dir).ok();
+        let strict = reports.iter().filter(|r| r.strict).count();
+        let worst = reports.iter().map(|r| r.max_logprob_error).fold(0.0f32, f32::max);
+        println!("{fixture} with {what}: {strict}/{} strict, max logprob error {worst:.3}", reports.len());
+        assert!(
+            strict < reports.len() || worst >= LOGPROB_TOLERANCE,
+            "{fixture}: {what} went unnoticed ({strict}/{} strict, max logprob error {worst})",
+            reports.len()
+        );
+    }
+}
+
 #[test]
 fn gate_catches_wave1_config_breaks() {
     use serde_json::json;
-    type Edit = fn(&mut serde_json::Value);
     let breaks: &[(&str, &str, Edit)] = &[
         ("gemma2", "attention softcap dropped", |c| c["attn_logit_softcapping"] = json!(null)),
         ("gemma2", "final softcap dropped", |c| c["final_logit_softcapping"] = json!(null)),
@@ -140,19 +168,7 @@ fn gate_catches_wave1_config_breaks() {
         ("cohere", "logit_scale 1", |c| c["logit_scale"] = json!(1.0)),
         ("starcoder2", "sliding window dropped", |c| c["sliding_window"] = json!(null)),
     ];
-    for (fixture, what, edit) in breaks {
-        let dir = broken_copy(fixture, edit);
-        let (_, reports) = run_fixture(&dir, DType::F32).unwrap_or_else(|e| panic!("{fixture} ({what}): {e}"));
-        std::fs::remove_dir_all(&dir).ok();
-        let strict = reports.iter().filter(|r| r.strict).count();
-        let worst = reports.iter().map(|r| r.max_logprob_error).fold(0.0f32, f32::max);
-        println!("{fixture} with {what}: {strict}/{} strict, max logprob error {worst:.3}", reports.len());
-        assert!(
-            strict < reports.len() || worst >= LOGPROB_TOLERANCE,
-            "{fixture}: {what} went unnoticed ({strict}/{} strict, max logprob error {worst})",
-            reports.len()
-        );
-    }
+    assert_breaks_caught(breaks);
 }
 
 /// The DeepSeek fixtures again with MLA's latent KV cache (compressed latent + rope key, one KV
@@ -190,7 +206,6 @@ fn deepseek_v3_latent_mla_cache() {
 #[test]
 fn gate_catches_moe_config_breaks() {
     use serde_json::json;
-    type Edit = fn(&mut serde_json::Value);
     let breaks: &[(&str, &str, Edit)] = &[
         ("mixtral", "top-1 routing", |c| c["num_experts_per_tok"] = json!(1)),
         ("qwen2-moe", "norm_topk_prob true", |c| c["norm_topk_prob"] = json!(true)),
@@ -207,17 +222,44 @@ fn gate_catches_moe_config_breaks() {
         ("deepseek-v3", "routed_scaling_factor 1", |c| c["routed_scaling_factor"] = json!(1.0)),
         ("deepseek-v3", "rope not interleaved", |c| c["rope_interleave"] = json!(false)),
     ];
-    for (fixture, what, edit) in breaks {
-        let dir = broken_copy(fixture, edit);
-        let (_, reports) = run_fixture(&dir, DType::F32).unwrap_or_else(|e| panic!("{fixture} ({what}): {e}"));
-        std::fs::remove_dir_all(&dir).ok();
-        let strict = reports.iter().filter(|r| r.strict).count();
-        let worst = reports.iter().map(|r| r.max_logprob_error).fold(0.0f32, f32::max);
-        println!("{fixture} with {what}: {strict}/{} strict, max logprob error {worst:.3}", reports.len());
-        assert!(
-            strict < reports.len() || worst >= LOGPROB_TOLERANCE,
-            "{fixture}: {what} went unnoticed ({strict}/{} strict, max logprob error {worst})",
-            reports.len()
-        );
-    }
+    assert_breaks_caught(breaks);
+}
+
+/// Model families wave 2, the dense Llama relatives: each family's own config key, edited.
+#[test]
+fn gate_catches_wave2_dense_config_breaks() {
+    use serde_json::json;
+    let breaks: &[(&str, &str, Edit)] = &[
+        ("smollm3", "rope on every layer", |c| c["no_rope_layers"] = json!([1, 1, 1, 1])),
+        ("internlm3", "qkv_bias ignored", |c| c["qkv_bias"] = json!(false)),
+        ("seed-oss", "attention_out_bias ignored", |c| c["attention_out_bias"] = json!(false)),
+        ("ernie4_5", "use_bias ignored", |c| c["use_bias"] = json!(false)),
+        ("ministral3", "llama_4_scaling_beta 0", |c| c["rope_parameters"]["llama_4_scaling_beta"] = json!(0.0)),
+        ("arcee", "relu instead of relu2", |c| c["hidden_act"] = json!("relu")),
+        ("cohere2", "no sliding layers (none rotates)", |c| c["sliding_window"] = json!(null)),
+        ("cohere2", "every layer slides", |c| c["layer_types"] = json!(vec!["sliding_attention"; 4])),
+        ("olmo3", "full layers on the sliding rope", |c| {
+            c["rope_parameters"]["full_attention"] = c["rope_parameters"]["sliding_attention"].clone()
+        }),
+        ("olmo3", "sliding window dropped", |c| c["sliding_window"] = json!(null)),
+        ("exaone4", "full layers rotate (no sliding window)", |c| c["sliding_window"] = json!(null)),
+        ("exaone4", "every layer slides", |c| c["layer_types"] = json!(vec!["sliding_attention"; 4])),
+    ];
+    assert_breaks_caught(breaks);
+}
+
+/// ERNIE 4.5's adjacent-pair rotary is not a config key: load its fixture as a Llama that
+/// rotates halves and the gate must fail.
+#[test]
+fn gate_catches_ernie_rotating_halves() {
+    use ferrite_models::families::llama::{self, Variant};
+    let dir = fixtures_dir().join("models").join("ernie4_5");
+    let halves = Variant { interleaved_rope: false, ..Variant::ERNIE4_5 };
+    let (_, reports) =
+        ferrite_testing::gate::run_fixture_with(&dir, DType::F32, ferrite_tensor::Device::Cpu, move |r, w| {
+            Ok(Box::new(llama::load(r, w, halves)?))
+        })
+        .unwrap();
+    let strict = reports.iter().filter(|r| r.strict).count();
+    assert!(strict < reports.len(), "rotating halves went unnoticed ({strict}/{} strict)", reports.len());
 }

@@ -14,6 +14,8 @@ pub enum Activation {
     /// tanh approximation (`gelu_pytorch_tanh`, `gelu_new`, `gelu_fast`).
     GeluTanh,
     Relu,
+    /// `relu(x)^2` (`relu2`, Arcee).
+    Relu2,
 }
 
 impl Activation {
@@ -24,6 +26,7 @@ impl Activation {
             "gelu" => Some(Activation::Gelu),
             "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast" => Some(Activation::GeluTanh),
             "relu" => Some(Activation::Relu),
+            "relu2" => Some(Activation::Relu2),
             _ => None,
         }
     }

@@ -306,7 +306,7 @@ fn norms_match_cpu() {
 fn elementwise_matches_cpu() {
     require_gpu!();
     let mut r = rng(5);
-    let acts = [Activation::Silu, Activation::Gelu, Activation::GeluTanh, Activation::Relu];
+    let acts = [Activation::Silu, Activation::Gelu, Activation::GeluTanh, Activation::Relu, Activation::Relu2];
     for (rows, cols) in [(1, 5), (33, 1000), (4, 14336)] {
         let a = random(&mut r, rows * cols, 4.0);
         let b = random(&mut r, rows * cols, 4.0);

@@ -157,6 +157,7 @@ impl Dims {
             o: s.linear(o, q_rows, h, o_bias)?,
             q_norm: None,
             k_norm: None,
+            query_scale: None,
             params: self.attention_params((self.head_dim as f64).powf(-0.5)),
         })
     }

@@ -5,6 +5,10 @@
 //!
 //! Checkpoint names: Llama's without `post_attention_layernorm`, plus
 //! `model.layers.{i}.self_attn.{q,k}_norm` when `use_qk_norm`.
+//!
+//! Cohere 2 (`Cohere2ForCausalLM`, Command R7B / A) is the same block with sliding-window
+//! layers (`layer_types`, or the older `sliding_window_pattern`: every 4th layer full) that
+//! alone rotate: full-attention layers have no positional encoding.
 
 use ferrite_tensor::RopeStyle;
 use serde::Deserialize;
@@ -28,16 +32,48 @@ struct CohereConfig {
     use_qk_norm: bool,
     #[serde(default = "default_logit_scale")]
     logit_scale: f64,
+    sliding_window_pattern: Option<usize>,
 }
 
-pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
+/// Which generation of Command-R a checkpoint is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CohereVersion {
+    /// Command-R: every layer rotates, full attention.
+    V1,
+    /// Command R7B / A: sliding layers rotate, full layers have no positions.
+    V2,
+}
+
+pub fn load(raw: &RawConfig, w: &Weights, version: CohereVersion) -> Result<Decoder> {
     let cfg: CohereConfig = raw.parse()?;
     let defaults = Defaults { eps: 1e-5, layer_norm: true, max_positions: 8192, tie: true, ..Defaults::LLAMA };
     let d = cfg.common.resolve(raw, defaults)?;
+    let sliding = |i: usize| -> Result<bool> {
+        Ok(match (version, d.sliding(raw, i)?) {
+            (CohereVersion::V1, _) => false,
+            (CohereVersion::V2, Some(sliding)) => sliding,
+            (CohereVersion::V2, None) => {
+                let pattern = cfg.sliding_window_pattern.unwrap_or(4);
+                if pattern == 0 {
+                    return Err(raw.error("`sliding_window_pattern` must be positive"));
+                }
+                !(i + 1).is_multiple_of(pattern)
+            }
+        })
+    };
     let inter = d.intermediate(raw)?;
-    let blocks = d.blocks(w, |_, l| {
+    let blocks = d.blocks(w, |i, l| {
         let s = l.at("self_attn");
-        let attn = d.attention(&s, d.attention_bias, d.attention_bias)?;
+        let mut attn = d.attention(&s, d.attention_bias, d.attention_bias)?;
+        // A V2 layer rotates exactly when it slides (a config without `sliding_window` rotates none).
+        let rope = match version {
+            CohereVersion::V1 => Some(0),
+            CohereVersion::V2 => {
+                let slides = sliding(i)? && d.sliding_window.is_some();
+                attn.params.sliding_window = d.sliding_window.filter(|_| slides);
+                slides.then_some(0)
+            }
+        };
         // One weight per head (`[heads, head_dim]`).
         let head_norm = |leaf: &str, count: usize| -> Result<HeadLayerNorm> {
             let weight = s.get_f32(&format!("{leaf}.weight"), &[count, d.head_dim])?.reshape(&[count * d.head_dim])?;
@@ -50,7 +86,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         Ok(Block {
             // `CohereLayerNorm`: mean-centred, weight only.
             attn_norm: Some(Norm::Layer(d.layer_norm(l, "input_layernorm", false)?)),
-            mixer: TokenMixer::Attention(SelfAttention { head_norms, ..SelfAttention::new(attn, Some(0)) }),
+            mixer: TokenMixer::Attention(SelfAttention { head_norms, ..SelfAttention::new(attn, rope) }),
             attn_out_norm: None,
             mlp_norm: None,
             mlp: ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, inter, d.act, false)?),

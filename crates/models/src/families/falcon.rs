@@ -95,6 +95,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             o: l.linear("self_attention.dense", h, h, bias)?,
             q_norm: None,
             k_norm: None,
+            query_scale: None,
             params: d.attention_params(1.0 / (d.head_dim as f64).sqrt()),
         };
         let mlp = DenseMlp {

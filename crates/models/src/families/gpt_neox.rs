@@ -53,6 +53,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             o,
             q_norm: None,
             k_norm: None,
+            query_scale: None,
             params: d.attention_params((hd as f64).powf(-0.5)),
         };
         let mlp = DenseMlp {

@@ -6,6 +6,7 @@
 pub mod bert;
 pub mod cohere;
 pub mod deepseek_v2;
+pub mod exaone4;
 pub mod falcon;
 pub mod gemma;
 pub mod gemma2;

@@ -45,7 +45,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         let mut params = d.attention_params((d.head_dim as f64).powf(-0.5));
         params.sliding_window = d.sliding_window;
         let o = l.linear("self_attn.o_proj", q_rows, h, false)?;
-        let attn = Attention { q, k, v, o, q_norm: None, k_norm: None, params };
+        let attn = Attention { q, k, v, o, q_norm: None, k_norm: None, query_scale: None, params };
         let gate_up = l.linear("mlp.gate_up_proj", h, 2 * inter, false)?;
         let [gate, up]: [Linear; 2] = gate_up.split_rows(&[inter, inter])?.try_into().expect("two parts");
         let down = l.linear("mlp.down_proj", inter, h, false)?;

@@ -186,7 +186,40 @@ pub struct Attention {
     pub o: Linear,
     pub q_norm: Option<RmsNorm>,
     pub k_norm: Option<RmsNorm>,
+    /// Multiplies the rotated queries by a factor of their position.
+    pub query_scale: Option<QueryScale>,
     pub params: AttentionParams,
+}
+
+/// A per-position query multiplier, applied after the rotary embedding.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum QueryScale {
+    /// Llama 4's long-context scaling as Ministral 3 applies it (`llama_4_scaling_beta`):
+    /// `1 + beta * ln(1 + floor(position / original_max_position_embeddings))`.
+    Llama4 { beta: f64, original_max: usize },
+}
+
+impl QueryScale {
+    /// The factor at `position`, in f32 as torch computes it from the integer positions.
+    pub fn at(&self, position: usize) -> f32 {
+        match *self {
+            QueryScale::Llama4 { beta, original_max } => {
+                let steps = (position as f32 / original_max as f32).floor();
+                1.0 + (beta as f32) * (1.0 + steps).ln()
+            }
+        }
+    }
+
+    /// `q [tokens, width]` times each token's factor, rounded to `q`'s dtype first (as
+    /// `scale.to(query.dtype)`). The factors are a step table, so CUDA graphs replay them.
+    pub fn apply(&self, q: &Tensor, meta: &AttnMetadata) -> Result<Tensor> {
+        let (this, width) = (*self, q.last_dim());
+        let fill: ferrite_tensor::cuda::HostFill = std::sync::Arc::new(move |meta: &AttnMetadata| {
+            meta.positions().into_iter().flat_map(|p| std::iter::repeat_n(this.at(p), width)).collect()
+        });
+        let factors = ops::step_tensor(meta, q.device(), width, fill)?.to_dtype(q.dtype());
+        Ok(ops::mul(q, &factors)?)
+    }
 }
 
 impl Attention {
@@ -231,6 +264,9 @@ impl Attention {
         match rope {
             Some((rope, cos, sin)) => q = rope.apply_with_kv(&q, &k, &v, cos, sin, cache, meta)?,
             None => ops::write_kv(cache, &k, &v, meta)?,
+        }
+        if let Some(s) = &self.query_scale {
+            q = s.apply(&q, meta)?;
         }
         let attn = ops::paged_attention(&q, cache, meta, &self.params)?;
         self.o.forward(&attn)

@@ -561,7 +561,9 @@ fn parse(buf: &[u8]) -> Result<Parsed, GgufErrorKind> {
                 dims[0]
             )));
         }
-        let n_bytes = n_elements / block * ggml_type.type_size() as u64;
+        let n_bytes = (n_elements / block).checked_mul(ggml_type.type_size() as u64).ok_or_else(|| {
+            GgufErrorKind::Malformed(format!("tensor `{name}` has dims {dims:?} whose size overflows u64"))
+        })?;
         if offset % alignment != 0 {
             return Err(GgufErrorKind::Malformed(format!(
                 "tensor `{name}` starts at data offset {offset}, not a multiple of the alignment {alignment}"

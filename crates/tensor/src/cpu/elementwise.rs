@@ -14,6 +14,10 @@ pub fn activate(act: Activation, x: f32) -> f32 {
             0.5 * x * (1.0 + inner.tanh())
         }
         Activation::Relu => x.max(0.0),
+        Activation::Relu2 => {
+            let r = x.max(0.0);
+            r * r
+        }
     }
 }
 

@@ -52,6 +52,7 @@ pub(crate) fn defines() -> Vec<String> {
         ("ACT_GELU", ops::ACT_GELU.into()),
         ("ACT_GELU_TANH", ops::ACT_GELU_TANH.into()),
         ("ACT_RELU", ops::ACT_RELU.into()),
+        ("ACT_RELU2", ops::ACT_RELU2.into()),
         ("UNARY_SCALE", ops::UNARY_SCALE.into()),
         ("UNARY_SOFTCAP", ops::UNARY_SOFTCAP.into()),
         ("UNARY_ACTIVATION", ops::UNARY_ACTIVATION.into()),

@@ -32,6 +32,7 @@ pub(crate) const ACT_SILU: i32 = 0;
 pub(crate) const ACT_GELU: i32 = 1;
 pub(crate) const ACT_GELU_TANH: i32 = 2;
 pub(crate) const ACT_RELU: i32 = 3;
+pub(crate) const ACT_RELU2: i32 = 4;
 
 pub(crate) fn activation_code(act: Activation) -> i32 {
     match act {
@@ -39,6 +40,7 @@ pub(crate) fn activation_code(act: Activation) -> i32 {
         Activation::Gelu => ACT_GELU,
         Activation::GeluTanh => ACT_GELU_TANH,
         Activation::Relu => ACT_RELU,
+        Activation::Relu2 => ACT_RELU2,
     }
 }
 

@@ -55,6 +55,10 @@ __device__ __forceinline__ float activate(int act, float x) {
         float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
         return 0.5f * x * (1.f + tanhf(inner));
     }
+    case ACT_RELU2: {
+        float r = fmaxf(x, 0.f);
+        return r * r;
+    }
     default: return fmaxf(x, 0.f);
     }
 }
