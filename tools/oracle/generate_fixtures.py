@@ -178,6 +178,12 @@ def _no_llama4_query_scaling(model: torch.nn.Module) -> None:
     model.config.rope_parameters["llama_4_scaling_beta"] = 0.0
 
 
+def _xielu_to_relu2(model: torch.nn.Module) -> None:
+    from transformers.activations import ACT2FN
+    for layer in model.model.layers:
+        layer.mlp.act_fn = ACT2FN["relu2"]
+
+
 def _internlm3_hub_spelling(cfg: dict[str, Any]) -> None:
     cfg["architectures"] = ["InternLM3ForCausalLM"]
     cfg["qkv_bias"] = cfg.pop("attention_bias")
@@ -797,6 +803,18 @@ SPECS: list[Spec] = [
         feature="ungated MLP down(relu(up(x))^2) (hidden_act relu2, no gate_proj)",
         ablate_config=dict(hidden_act="relu"),
         ablation_desc="relu2 -> relu",
+    ),
+    Spec(
+        name="apertus",
+        config_class="ApertusConfig",
+        architecture="ApertusForCausalLM",
+        kwargs=dict(pad_token_id=None,
+                    rope_parameters=dict(rope_type="llama3", rope_theta=12000000.0, factor=8.0, low_freq_factor=1.0,
+                                         high_freq_factor=4.0, original_max_position_embeddings=256)),
+        feature="ungated MLP with xIELU (learned alpha_p / alpha_n per layer, beta 0.5, eps -1e-6), per-head "
+        "QK-norm, attention_layernorm / feedforward_layernorm names, llama3 rope",
+        ablate_fn=_xielu_to_relu2,
+        ablation_desc="xielu -> relu2",
     ),
     Spec(
         name="cohere2",

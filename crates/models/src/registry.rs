@@ -54,6 +54,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("SeedOssForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::SEED_OSS)?)))),
     ("Ernie4_5ForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::ERNIE4_5)?)))),
     ("SmolLM3ForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::SMOLLM3)?)))),
+    ("ApertusForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::APERTUS)?)))),
     ("ArceeForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::ARCEE)?)))),
     ("Ministral3ForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::MINISTRAL3)?)))),
     ("MistralForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::MISTRAL)?)))),

@@ -79,6 +79,7 @@ parity! {
     ernie4_5 => "ernie4_5",
     ministral3 => "ministral3",
     arcee => "arcee",
+    apertus => "apertus",
     cohere2 => "cohere2",
     olmo3 => "olmo3",
     exaone4 => "exaone4",
@@ -236,6 +237,7 @@ fn gate_catches_wave2_dense_config_breaks() {
         ("ernie4_5", "use_bias ignored", |c| c["use_bias"] = json!(false)),
         ("ministral3", "llama_4_scaling_beta 0", |c| c["rope_parameters"]["llama_4_scaling_beta"] = json!(0.0)),
         ("arcee", "relu instead of relu2", |c| c["hidden_act"] = json!("relu")),
+        ("apertus", "relu2 instead of xIELU", |c| c["hidden_act"] = json!("relu2")),
         ("cohere2", "no sliding layers (none rotates)", |c| c["sliding_window"] = json!(null)),
         ("cohere2", "every layer slides", |c| c["layer_types"] = json!(vec!["sliding_attention"; 4])),
         ("olmo3", "full layers on the sliding rope", |c| {

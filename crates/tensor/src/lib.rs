@@ -18,5 +18,5 @@ pub use cuda::CudaStorage;
 pub use dtype::DType;
 pub use error::{Result, TensorError};
 pub use kv::{AttnMetadata, AttnSeq, PagedKvLayer};
-pub use ops::{Activation, AttentionParams, RopeStyle, RowSampling};
+pub use ops::{Activation, AttentionParams, RopeStyle, RowSampling, Xielu};
 pub use tensor::{CpuStorage, Device, Storage, Tensor};

@@ -32,6 +32,28 @@ impl Activation {
     }
 }
 
+/// The xIELU activation's per-layer constants (Apertus), with the softplus of the learned
+/// parameters already taken: `alpha_p = softplus(a_p)`, `alpha_n = beta + softplus(a_n)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Xielu {
+    pub alpha_p: f32,
+    pub alpha_n: f32,
+    pub beta: f32,
+    pub eps: f32,
+}
+
+impl Xielu {
+    /// `alpha_p x x + beta x` for `x > 0`, else `(expm1(min(x, eps)) - x) alpha_n + beta x`, with
+    /// every product and sum rounded separately, as torch evaluates transformers' expression.
+    pub fn apply(&self, x: f32) -> f32 {
+        if x > 0.0 {
+            self.alpha_p * x * x + self.beta * x
+        } else {
+            (x.min(self.eps).exp_m1() - x) * self.alpha_n + self.beta * x
+        }
+    }
+}
+
 /// How rotary embeddings pair the dimensions of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -222,6 +244,13 @@ pub fn activation(x: &Tensor, act: Activation) -> Result<Tensor> {
     match x.storage() {
         Storage::Cpu(_) => cpu::elementwise::unary(x, move |v| cpu::elementwise::activate(act, v)),
         Storage::Cuda(_) => cuda::ops::activation(x, act),
+    }
+}
+
+pub fn xielu(x: &Tensor, p: Xielu) -> Result<Tensor> {
+    match x.storage() {
+        Storage::Cpu(_) => cpu::elementwise::unary(x, move |v| p.apply(v)),
+        Storage::Cuda(_) => cuda::ops::xielu(x, p),
     }
 }
 

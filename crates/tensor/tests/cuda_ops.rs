@@ -335,6 +335,8 @@ fn elementwise_matches_cpu() {
                 let name = format!("act_mul {act:?}");
                 check(&name, dtype, &ops::act_mul(&ag, &bg, act).unwrap(), &ops::act_mul(&ac, &bc, act).unwrap(), t);
             }
+            let p = ferrite_tensor::Xielu { alpha_p: 0.7, alpha_n: 1.3, beta: 0.5, eps: -1e-6 };
+            check("xielu", dtype, &ops::xielu(&ag, p).unwrap(), &ops::xielu(&ac, p).unwrap(), t);
         }
     }
 }

@@ -101,7 +101,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         let mlp = DenseMlp {
             fc1: l.linear("mlp.dense_h_to_4h", h, ffn, bias)?,
             fc2: l.linear("mlp.dense_4h_to_h", ffn, h, bias)?,
-            act: d.act,
+            act: d.act.into(),
         };
         let norm = |leaf: &str| -> Result<Option<Norm>> { Ok(Some(Norm::Layer(d.layer_norm(l, leaf, true)?))) };
         let (attn_norm, mlp_norm, wiring) = if two_norms {

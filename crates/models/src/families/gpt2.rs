@@ -62,7 +62,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         let o = conv("attn.c_proj", h, h)?;
         let attn =
             Attention { q, k, v, o, q_norm: None, k_norm: None, query_scale: None, params: d.attention_params(scale) };
-        let mlp = DenseMlp { fc1: conv("mlp.c_fc", h, inner)?, fc2: conv("mlp.c_proj", inner, h)?, act: d.act };
+        let mlp = DenseMlp { fc1: conv("mlp.c_fc", h, inner)?, fc2: conv("mlp.c_proj", inner, h)?, act: d.act.into() };
         Ok(Block {
             attn_norm: Some(Norm::Layer(d.layer_norm(l, "ln_1", true)?)),
             mixer: TokenMixer::Attention(SelfAttention::new(attn, None)),

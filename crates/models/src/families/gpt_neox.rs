@@ -59,7 +59,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         let mlp = DenseMlp {
             fc1: l.linear("mlp.dense_h_to_4h", h, inter, true)?,
             fc2: l.linear("mlp.dense_4h_to_h", inter, h, true)?,
-            act: d.act,
+            act: d.act.into(),
         };
         Ok(Block {
             attn_norm: Some(Norm::Layer(d.layer_norm(l, "input_layernorm", true)?)),

@@ -6,14 +6,14 @@
 
 use serde::Deserialize;
 
-use ferrite_tensor::RopeStyle;
+use ferrite_tensor::{RopeStyle, Xielu};
 
 use crate::decoder::load::{CommonConfig, Defaults, Dims};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
 use crate::layers::rope::RopeParameters;
-use crate::layers::{DenseMlp, Norm, QueryScale};
+use crate::layers::{DenseMlp, MlpActivation, Norm, QueryScale};
 use crate::loading::config::RawConfig;
-use crate::loading::weights::Weights;
+use crate::loading::weights::{Scope, Weights};
 use crate::Result;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -50,6 +50,11 @@ pub struct Variant {
     pub llama4_query_scaling: bool,
     /// `down(act(up(x)))` without a gate projection (Arcee's ReLU² MLP).
     pub ungated_mlp: bool,
+    /// `hidden_act` may be (and by default is) `xielu`, whose constants each layer's
+    /// `mlp.act_fn` holds (Apertus).
+    pub xielu: bool,
+    /// The pre-attention and pre-MLP norms' names.
+    pub norm_names: [&'static str; 2],
 }
 
 impl Variant {
@@ -90,6 +95,15 @@ impl Variant {
         ungated_mlp: true,
         ..Variant::LLAMA
     };
+    pub const APERTUS: Variant = Variant {
+        defaults: Defaults { eps: 1e-5, ..Defaults::LLAMA },
+        rope_theta: 12_000_000.0,
+        qk_norm: true,
+        ungated_mlp: true,
+        xielu: true,
+        norm_names: ["attention_layernorm", "feedforward_layernorm"],
+        ..Variant::LLAMA
+    };
     pub const LLAMA: Variant = Variant {
         defaults: Defaults::LLAMA,
         rope_theta: 10000.0,
@@ -101,6 +115,8 @@ impl Variant {
         nope_layers: false,
         llama4_query_scaling: false,
         ungated_mlp: false,
+        xielu: false,
+        norm_names: ["input_layernorm", "post_attention_layernorm"],
     };
 }
 
@@ -162,7 +178,13 @@ impl BiasKeys {
 
 pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
     let cfg: LlamaConfig = raw.parse()?;
-    let d = cfg.common.resolve(raw, variant.defaults)?;
+    let mut common = cfg.common.clone();
+    let xielu = variant.xielu && common.hidden_act.as_deref().unwrap_or("xielu") == "xielu";
+    if xielu {
+        // Not a fixed function: each layer's MLP reads its constants below.
+        common.hidden_act = None;
+    }
+    let d = common.resolve(raw, variant.defaults)?;
     let inter = d.intermediate(raw)?;
     let biases = variant.biases.read(raw, &d);
     let rotary = rotary_layers(raw, &cfg, &d, variant)?;
@@ -190,15 +212,16 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
             ChannelMixer::Dense(DenseMlp {
                 fc1: m.linear("up_proj", d.hidden, inter, biases.mlp)?,
                 fc2: m.linear("down_proj", inter, d.hidden, biases.mlp)?,
-                act: d.act,
+                act: if xielu { MlpActivation::Xielu(xielu_constants(&m.at("act_fn"))?) } else { d.act.into() },
             })
         } else {
             ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, inter, d.act, biases.mlp)?)
         };
+        let [attn_norm, mlp_norm] = variant.norm_names;
         Ok(Block::pre_norm(
-            d.rms(l, "input_layernorm")?,
+            d.rms(l, attn_norm)?,
             TokenMixer::Attention(SelfAttention::new(attn, rotary[i].then_some(0))),
-            d.rms(l, "post_attention_layernorm")?,
+            d.rms(l, mlp_norm)?,
             mlp,
         ))
     })?;
@@ -207,6 +230,21 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
         rope = rope.with_style(RopeStyle::Interleaved);
     }
     d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![rope])
+}
+
+/// An xIELU's constants from its module: `alpha_p`, `alpha_n`, and the buffers `beta`, `eps`
+/// (0.5 and -1e-6 where a checkpoint leaves them out), softplus taken in f32 as torch does.
+fn xielu_constants(s: &Scope) -> Result<Xielu> {
+    let w = s.weights();
+    let scalar = |leaf: &str| -> Result<f32> { Ok(s.get_f32(leaf, &[1])?.to_f32_vec()[0]) };
+    let softplus = |x: f32| if x > 20.0 { x } else { x.exp().ln_1p() };
+    let beta = w.get_scalar_opt(&s.name("beta"))?.unwrap_or(0.5);
+    Ok(Xielu {
+        alpha_p: softplus(scalar("alpha_p")?),
+        alpha_n: beta + softplus(scalar("alpha_n")?),
+        beta,
+        eps: w.get_scalar_opt(&s.name("eps"))?.unwrap_or(-1e-6),
+    })
 }
 
 /// Whether each layer applies the rotary embedding. SmolLM3's `no_rope_layers` holds a 1 for

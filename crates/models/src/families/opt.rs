@@ -60,7 +60,11 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         // The queries are scaled right after `q_proj`; the product itself is unscaled.
         attn.params.scale = 1.0;
         let q_scale = Some((d.head_dim as f64).powf(-0.5) as f32);
-        let mlp = DenseMlp { fc1: l.linear("fc1", h, inter, bias)?, fc2: l.linear("fc2", inter, h, bias)?, act: d.act };
+        let mlp = DenseMlp {
+            fc1: l.linear("fc1", h, inter, bias)?,
+            fc2: l.linear("fc2", inter, h, bias)?,
+            act: d.act.into(),
+        };
         Ok(Block {
             attn_norm: Some(opt_norm(l, "self_attn_layer_norm", h, affine)?),
             mixer: TokenMixer::Attention(SelfAttention { q_scale, ..SelfAttention::new(attn, None) }),

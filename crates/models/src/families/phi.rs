@@ -38,7 +38,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         let mlp = DenseMlp {
             fc1: l.linear("mlp.fc1", h, inter, true)?,
             fc2: l.linear("mlp.fc2", inter, h, true)?,
-            act: d.act,
+            act: d.act.into(),
         };
         Ok(Block {
             attn_norm: Some(Norm::Layer(d.layer_norm(l, "input_layernorm", true)?)),

@@ -40,7 +40,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         let mlp = DenseMlp {
             fc1: l.linear("mlp.c_fc", d.hidden, inter, bias)?,
             fc2: l.linear("mlp.c_proj", inter, d.hidden, bias)?,
-            act: d.act,
+            act: d.act.into(),
         };
         Ok(Block {
             attn_norm: Some(Norm::Layer(d.layer_norm(l, "input_layernorm", true)?)),

@@ -10,6 +10,7 @@ use std::ops::Range;
 
 use ferrite_tensor::{
     ops, Activation, AttentionParams, AttnMetadata, CpuStorage, Device, PagedKvLayer, Storage, Tensor, TensorError,
+    Xielu,
 };
 
 use crate::layers::rope::Rope;
@@ -409,12 +410,31 @@ impl HeadLayerNorm {
 pub struct DenseMlp {
     pub fc1: Linear,
     pub fc2: Linear,
-    pub act: Activation,
+    pub act: MlpActivation,
+}
+
+/// What an ungated MLP applies between its projections.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MlpActivation {
+    Fixed(Activation),
+    /// xIELU with the layer's learned constants (Apertus).
+    Xielu(Xielu),
+}
+
+impl From<Activation> for MlpActivation {
+    fn from(act: Activation) -> MlpActivation {
+        MlpActivation::Fixed(act)
+    }
 }
 
 impl DenseMlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.fc2.forward(&ops::activation(&self.fc1.forward(x)?, self.act)?)
+        let h = self.fc1.forward(x)?;
+        let h = match self.act {
+            MlpActivation::Fixed(act) => ops::activation(&h, act)?,
+            MlpActivation::Xielu(p) => ops::xielu(&h, p)?,
+        };
+        self.fc2.forward(&h)
     }
 }
 

@@ -271,6 +271,15 @@ impl Weights {
         }
     }
 
+    /// A one-element tensor (shape `[]` or `[1]`) as a number; `None` when absent.
+    pub fn get_scalar_opt(&self, name: &str) -> Result<Option<f32>> {
+        let Some(t) = self.fetch(name, DType::F32)? else { return Ok(None) };
+        if t.numel() != 1 {
+            return Err(ModelError::TensorShape { name: name.into(), expected: vec![1], actual: t.shape().to_vec() });
+        }
+        Ok(Some(t.to_f32_vec()[0]))
+    }
+
     pub fn loaded_count(&self) -> usize {
         self.loaded.load(Ordering::Relaxed)
     }

@@ -98,6 +98,31 @@ pub fn activation(x: &Tensor, act: Activation) -> Result<Tensor> {
     unary(x, UNARY_ACTIVATION, 0.0, activation_code(act))
 }
 
+kernel_params! {
+    /// `xielu_<t>`: the xIELU activation with one layer's constants.
+    struct XieluArgs { x: u64, y: u64, n: u64, alpha_p: f32, alpha_n: f32, beta: f32, eps: f32 }
+}
+
+pub fn xielu(x: &Tensor, p: crate::ops::Xielu) -> Result<Tensor> {
+    let xs = cuda_of("xielu", x)?;
+    let dev = xs.device();
+    let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
+    if !xs.is_empty() {
+        let args = XieluArgs {
+            x: xs.ptr(),
+            y: out.ptr(),
+            n: xs.len() as u64,
+            alpha_p: p.alpha_p,
+            alpha_n: p.alpha_n,
+            beta: p.beta,
+            eps: p.eps,
+        };
+        let f = dev.function(ELEMENTWISE, &format!("xielu_{}", dtype_suffix(xs.dtype())?))?;
+        args.launch_with(dev, &f, flat_cfg(dev, xs.len()))?;
+    }
+    wrap(out, x.shape().to_vec())
+}
+
 pub(crate) const BINARY_ADD: i32 = 0;
 pub(crate) const BINARY_MUL: i32 = 1;
 pub(crate) const BINARY_ACT_MUL: i32 = 2;

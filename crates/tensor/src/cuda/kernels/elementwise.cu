@@ -10,6 +10,18 @@ __device__ void unary(const T* __restrict__ x, T* __restrict__ y, size_t n, int 
     }
 }
 
+// xIELU (Apertus). The explicit-rounding intrinsics keep NVRTC from contracting the products
+// and sums into FMAs, so each step rounds as torch's separate ops do.
+template <typename T>
+__device__ void xielu(const T* __restrict__ x, T* __restrict__ y, size_t n, float ap, float an, float beta, float eps) {
+    GRID_STRIDE(i, n) {
+        float v = to_f(x[i]);
+        float r = v > 0.f ? __fadd_rn(__fmul_rn(__fmul_rn(ap, v), v), __fmul_rn(beta, v))
+                          : __fadd_rn(__fmul_rn(__fsub_rn(expm1f(fminf(v, eps)), v), an), __fmul_rn(beta, v));
+        y[i] = from_f<T>(r);
+    }
+}
+
 // op: BINARY_ADD, BINARY_MUL, BINARY_ACT_MUL activate(a) * b with activation code `act`.
 template <typename T>
 __device__ void binary(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, size_t n, int op, int act) {
@@ -98,6 +110,10 @@ __device__ void argmax_parts(const T* __restrict__ x, float* __restrict__ part_v
 #define INST_T(TN, T)                                                                                              \
     extern "C" __global__ void unary_##TN(const T* x, T* y, size_t n, int op, float a, int act) { pdl_wait();      \
         unary<T>(x, y, n, op, a, act);                                                                             \
+    }                                                                                                              \
+    extern "C" __global__ void xielu_##TN(const T* x, T* y, size_t n, float ap, float an, float beta, float eps) { \
+        pdl_wait();                                                                                                \
+        xielu<T>(x, y, n, ap, an, beta, eps);                                                                      \
     }                                                                                                              \
     extern "C" __global__ void binary_##TN(const T* a, const T* b, T* y, size_t n, int op, int act) { pdl_wait();  \
         binary<T>(a, b, y, n, op, act);                                                                            \
