@@ -190,7 +190,22 @@ def _internlm3_hub_spelling(cfg: dict[str, Any]) -> None:
     cfg["bias"] = cfg.pop("mlp_bias")
 
 
+def _drop_hunyuan_qk_norm(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        layer.self_attn.query_layernorm = torch.nn.Identity()
+        layer.self_attn.key_layernorm = torch.nn.Identity()
+
+
+def _drop_glm4_sandwich_norms(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        layer.post_self_attn_layernorm = torch.nn.Identity()
+        layer.post_mlp_layernorm = torch.nn.Identity()
+
+
 DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+
+# HunYuan's checkpoints spell a fixed NTK stretch as a "dynamic" rope with `alpha`.
+HUNYUAN_ALPHA_ROPE = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
 
 # Phi-3 with LongRoPE: short factors up to 256 positions, long factors beyond.
 PHI3_LONGROPE: dict[str, Any] = dict(
@@ -850,6 +865,103 @@ SPECS: list[Spec] = [
         "has no positions (global NoPE)",
         ablate_config=dict(sliding_window=4096),
         ablation_desc="sliding window 24 -> 4096",
+    ),
+    # ---- model families wave 2: GLM, HunYuan (float32 weights) ------------------------------------------------
+    Spec(
+        name="glm",
+        config_class="GlmConfig",
+        architecture="GlmForCausalLM",
+        kwargs=dict(head_dim=16, pad_token_id=None, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="GLM-4 (glm-4-9b-chat-hf): q/k/v biases (attention_bias default true, o_proj none), fused "
+        "gate_up_proj, partial rotary 0.5 by default (8 of 16 dims) rotating adjacent pairs, GQA 4/2",
+        ablate_config=dict(rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=1.0)),
+        ablation_desc="partial_rotary_factor 0.5 -> 1.0",
+        extra_ablations=[Ablate("q/k/v biases zeroed", fn=_zero_qkv_bias)],
+        notes=["GlmConfig defaults head_dim to 128 and pad_token_id to 151329, so both are set here. "
+               "partial_rotary_factor comes from GlmConfig's default (0.5) and is saved inside rope_parameters.",
+               "HF 5.24 GLM rope: cos/sin of the first rotary_dim/2 frequencies repeat_interleave'd, rotate_half "
+               "on even/odd lanes: pairs (2i, 2i+1) rotate by frequency i, over the first rotary_dim dims."],
+    ),
+    Spec(
+        name="glm4",
+        config_class="Glm4Config",
+        architecture="Glm4ForCausalLM",
+        kwargs=dict(head_dim=16, pad_token_id=None, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="GLM-4-0414: GLM plus sandwich norms (post_self_attn_layernorm on the attention output, "
+        "post_mlp_layernorm on the MLP output, before each residual add)",
+        ablate_fn=_drop_glm4_sandwich_norms,
+        ablation_desc="post_self_attn_layernorm / post_mlp_layernorm replaced by identity",
+        extra_ablations=[Ablate("partial_rotary_factor 0.5 -> 1.0",
+                                config=dict(rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=1.0)))],
+    ),
+    Spec(
+        name="glm4-moe",
+        config_class="Glm4MoeConfig",
+        architecture="Glm4MoeForCausalLM",
+        init_fn=init_correction_bias(0.1),
+        kwargs=dict(hidden_size=32, head_dim=16, num_hidden_layers=3, intermediate_size=64, moe_intermediate_size=16,
+                    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, n_group=4,
+                    topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True,
+                    attention_bias=True, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="GLM-4.5: GQA with q/k/v biases, per-head QK-norm before RoPE (use_qk_norm), partial rotary 0.5 by "
+        "default (8 of 16 dims, halves rotated); noaux_tc router: sigmoid + e_score_correction_bias (N(0, 0.1)) "
+        "for the choice, top-2 of 4 groups, top-2 of 8 experts, renormalised x 2.5, 1 shared expert, "
+        "first_k_dense_replace 1 (layer 0 dense)",
+        ablate_config=dict(n_group=1, topk_group=1),
+        ablation_desc="n_group 4 / topk_group 2 -> 1 / 1 (no group limit)",
+        extra_ablations=[
+            Ablate("routed_scaling_factor 2.5 -> 1.0", config=dict(routed_scaling_factor=1.0)),
+            Ablate("partial_rotary_factor 0.5 -> 1.0",
+                   config=dict(rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=1.0))),
+            Ablate("q_norm/k_norm replaced by identity", fn=_drop_qk_norm),
+        ],
+        probe=routing_probe,
+        notes=["head_dim is not a Glm4MoeConfig field; Glm4MoeAttention reads it with getattr (GLM-4.5's config.json "
+               "has it: 96 heads of 128 over hidden 5120)."],
+    ),
+    Spec(
+        name="glm4-moe-lite",
+        config_class="Glm4MoeLiteConfig",
+        architecture="Glm4MoeLiteForCausalLM",
+        init_fn=init_correction_bias(0.1),
+        kwargs=dict(hidden_size=32, num_hidden_layers=3, num_key_value_heads=4, intermediate_size=64,
+                    moe_intermediate_size=16, q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16,
+                    qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+                    mlp_layer_types=["sparse", "dense", "sparse"], rope_parameters=dict(DEFAULT_ROPE)),
+        feature="GLM-4.7-Flash: DeepSeek-V3 MLA (q_lora_rank 24, interleaved rope on 8 dims), noaux_tc router with "
+        "e_score_correction_bias (N(0, 0.1)), one group, top-2 of 8 renormalised x routed_scaling_factor 1.8 (the "
+        "config default), 1 shared expert (default), mlp_layer_types [sparse, dense, sparse]",
+        ablate_config=dict(routed_scaling_factor=1.0),
+        ablation_desc="routed_scaling_factor 1.8 -> 1.0",
+        extra_ablations=[Ablate("rope_interleave -> False", config=dict(rope_interleave=False))],
+        probe=routing_probe,
+    ),
+    Spec(
+        name="hunyuan-dense",
+        config_class="HunYuanDenseV1Config",
+        architecture="HunYuanDenseV1ForCausalLM",
+        kwargs=dict(head_dim=16, pad_token_id=None, rope_parameters=HUNYUAN_ALPHA_ROPE),
+        feature="HunYuan dense: per-head RMSNorm on q and k AFTER RoPE (query_layernorm / key_layernorm), RoPE "
+        "'dynamic' with alpha 1000: a fixed NTK base 1e4 * 1000^(16/14) at every length",
+        ablate_fn=_drop_hunyuan_qk_norm,
+        ablation_desc="query_layernorm / key_layernorm replaced by identity",
+        extra_ablations=[Ablate("rope_parameters -> default (no alpha)", config=dict(rope_parameters=dict(DEFAULT_ROPE)))],
+        notes=["HF 5.24 HunYuanDenseV1RotaryEmbedding: rope_type 'dynamic' with a truthy alpha becomes 'ntk_alpha': "
+               "inv_freq = 1 / (base ** (arange(0, d, 2) / d)), base = rope_theta * alpha ** (d / (d - 2)) in Python "
+               "floats, d = head_dim; dynamic_rope_update leaves it alone (static for every length)."],
+    ),
+    Spec(
+        name="hunyuan-moe",
+        config_class="HunYuanMoEV1Config",
+        architecture="HunYuanMoEV1ForCausalLM",
+        kwargs=dict(hidden_size=32, head_dim=16, intermediate_size=32, num_experts=8, moe_topk=[2, 1],
+                    pad_token_id=None, rope_parameters=HUNYUAN_ALPHA_ROPE),
+        feature="HunYuan MoE: every layer sparse, softmax router gate.wg (f32) top-k renormalised with moe_topk per "
+        "layer [2, 1], shared_mlp added to the routed output, experts and shared MLP intermediate_size wide; "
+        "post-RoPE QK-norm; alpha RoPE",
+        ablate_fn=_drop_hunyuan_qk_norm,
+        ablation_desc="query_layernorm / key_layernorm replaced by identity",
+        extra_ablations=[Ablate("moe_topk [2, 1] -> 2", config=dict(moe_topk=2))],
     ),
 ]
 

@@ -30,7 +30,12 @@ def init_correction_bias(std: float):
 
 
 def _is_router(module: torch.nn.Module) -> bool:
-    return type(module).__name__.lower().endswith("topkrouter")
+    return type(module).__name__.lower().endswith("topkrouter") or type(module).__name__ == "HunYuanMoEV1Gate"
+
+
+def _noaux_tc(router) -> bool:
+    """DeepSeek-V3's sigmoid router with a correction bias (also GLM-4-MoE's and GLM-4-MoE-Lite's)."""
+    return hasattr(router, "e_score_correction_bias")
 
 
 def _sets(indices: torch.Tensor) -> list[frozenset]:
@@ -40,8 +45,7 @@ def _sets(indices: torch.Tensor) -> list[frozenset]:
 def _plain_choice(router, logits: torch.Tensor, with_bias: bool) -> torch.Tensor:
     """The experts plain top-k (no group limit) would choose."""
     k = router.top_k
-    name = type(router).__name__
-    if name.startswith("DeepseekV3"):
+    if _noaux_tc(router):
         scores = logits.sigmoid()
         if with_bias:
             scores = scores + router.e_score_correction_bias
@@ -86,15 +90,15 @@ def routing_probe(model: torch.nn.Module, cases: list[dict[str, Any]]) -> dict[s
             "distinct_expert_sets": len(set(sets)),
         }
         assert len(set(sets)) > 1 and sum(c > 0 for c in counts) > router.top_k, (name, counts, len(set(sets)))
-        grouped = getattr(router, "num_group", None) and (
-            type(router).__name__.startswith("DeepseekV3") or getattr(router, "topk_method", "") == "group_limited_greedy"
+        grouped = (getattr(router, "num_group", None) or 1) > 1 and (
+            _noaux_tc(router) or getattr(router, "topk_method", "") == "group_limited_greedy"
         )
         if grouped:
             plain = _sets(_plain_choice(router, logits, with_bias=True))
             changed = sum(a != b for a, b in zip(sets, plain))
             entry["group_limit_changed_tokens"] = changed
             assert changed > 0, f"{name}: the group limit changes no token's experts"
-        if type(router).__name__.startswith("DeepseekV3"):
+        if _noaux_tc(router):
             unbiased = _sets(_grouped_without_bias(router, logits))
             changed = sum(a != b for a, b in zip(sets, unbiased))
             entry["correction_bias_changed_tokens"] = changed

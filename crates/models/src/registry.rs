@@ -4,6 +4,9 @@
 
 use crate::families::cohere::CohereVersion;
 use crate::families::deepseek_v2::{self, DeepseekVariant};
+use crate::families::glm::{self, GlmVariant};
+use crate::families::glm4_moe;
+use crate::families::hunyuan::{self, HunYuanVariant};
 use crate::families::llama::{self, Variant};
 use crate::families::mixtral::{self, MoeVariant};
 use crate::families::olmo2::OlmoVersion;
@@ -83,6 +86,12 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("Cohere2ForCausalLM", Causal(|r, w| Ok(Box::new(cohere::load(r, w, CohereVersion::V2)?)))),
     ("Starcoder2ForCausalLM", Causal(|r, w| Ok(Box::new(starcoder2::load(r, w)?)))),
     ("FalconForCausalLM", Causal(|r, w| Ok(Box::new(falcon::load(r, w)?)))),
+    ("GlmForCausalLM", Causal(|r, w| Ok(Box::new(glm::load(r, w, GlmVariant::Glm)?)))),
+    ("Glm4ForCausalLM", Causal(|r, w| Ok(Box::new(glm::load(r, w, GlmVariant::Glm4)?)))),
+    ("Glm4MoeForCausalLM", Causal(|r, w| Ok(Box::new(glm4_moe::load(r, w)?)))),
+    ("Glm4MoeLiteForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::Glm4MoeLite)?)))),
+    ("HunYuanDenseV1ForCausalLM", Causal(|r, w| Ok(Box::new(hunyuan::load(r, w, HunYuanVariant::Dense)?)))),
+    ("HunYuanMoEV1ForCausalLM", Causal(|r, w| Ok(Box::new(hunyuan::load(r, w, HunYuanVariant::Moe)?)))),
     ("BertModel", Pooling(|r, w| Ok(Box::new(bert::BertModel::load(r, w, "bert", bert::Positions::Absolute)?)))),
     ("BertForSequenceClassification", Pooling(|r, w| Ok(Box::new(bert::BertForSequenceClassification::load(r, w)?)))),
     ("RobertaModel", Pooling(|r, w| Ok(Box::new(roberta::load_model(r, w)?)))),

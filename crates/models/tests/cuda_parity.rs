@@ -73,7 +73,7 @@ fn every_fixture_on_cuda() {
     );
 }
 
-/// DeepSeek's MLA with the latent KV cache (compressed latent + rope key, `kv_b_proj` absorbed
+/// DeepSeek's MLA (and GLM-4-MoE-Lite's) with the latent KV cache (compressed latent + rope key, `kv_b_proj` absorbed
 /// into the query and output) on CUDA, f32, token-exact.
 #[test]
 fn deepseek_latent_mla_on_cuda() {
@@ -83,7 +83,12 @@ fn deepseek_latent_mla_on_cuda() {
         println!("SKIP: no CUDA device");
         return;
     }
-    for (name, variant) in [("deepseek-v2", DeepseekVariant::V2), ("deepseek-v3", DeepseekVariant::V3)] {
+    let fixtures = [
+        ("deepseek-v2", DeepseekVariant::V2),
+        ("deepseek-v3", DeepseekVariant::V3),
+        ("glm4-moe-lite", DeepseekVariant::Glm4MoeLite),
+    ];
+    for (name, variant) in fixtures {
         let dir = fixtures_dir().join("models").join(name);
         let (_, reports) = run_fixture_with(&dir, DType::F32, Device::Cuda(0), |r, w| {
             Ok(Box::new(deepseek_v2::load_with(r, w, variant, MlaCacheMode::Latent)?))

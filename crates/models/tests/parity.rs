@@ -83,6 +83,12 @@ parity! {
     cohere2 => "cohere2",
     olmo3 => "olmo3",
     exaone4 => "exaone4",
+    glm => "glm",
+    glm4 => "glm4",
+    glm4_moe => "glm4-moe",
+    glm4_moe_lite => "glm4-moe-lite",
+    hunyuan_dense => "hunyuan-dense",
+    hunyuan_moe => "hunyuan-moe",
 }
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.
@@ -205,6 +211,11 @@ fn deepseek_v3_latent_mla_cache() {
 }
 
 #[test]
+fn glm4_moe_lite_latent_mla_cache() {
+    gate_latent_mla("glm4-moe-lite", ferrite_models::families::deepseek_v2::DeepseekVariant::Glm4MoeLite);
+}
+
+#[test]
 fn gate_catches_moe_config_breaks() {
     use serde_json::json;
     let breaks: &[(&str, &str, Edit)] = &[
@@ -264,4 +275,32 @@ fn gate_catches_ernie_rotating_halves() {
         .unwrap();
     let strict = reports.iter().filter(|r| r.strict).count();
     assert!(strict < reports.len(), "rotating halves went unnoticed ({strict}/{} strict)", reports.len());
+}
+
+/// Model families wave 2 (GLM, HunYuan): each family's distinctive config key, edited in a copy
+/// of its fixture, must break the gate. Features with no config key of their own (GLM's
+/// adjacent-pair rope, HunYuan's post-rope QK-norm) and edits that only make loading fail
+/// (GLM-4-MoE-Lite's `mlp_layer_types`) have no entry.
+#[test]
+fn gate_catches_wave2_config_breaks() {
+    use serde_json::json;
+    let breaks: &[(&str, &str, Edit)] = &[
+        ("glm", "full rotary", |c| c["rope_parameters"]["partial_rotary_factor"] = json!(1.0)),
+        ("glm", "q/k/v biases dropped", |c| c["attention_bias"] = json!(false)),
+        ("glm4", "loaded as Glm (no sandwich norms)", |c| c["architectures"] = json!(["GlmForCausalLM"])),
+        ("glm4-moe", "no group limit", |c| {
+            c["n_group"] = json!(1);
+            c["topk_group"] = json!(1);
+        }),
+        ("glm4-moe", "routed_scaling_factor 1", |c| c["routed_scaling_factor"] = json!(1.0)),
+        ("glm4-moe", "full rotary", |c| c["rope_parameters"]["partial_rotary_factor"] = json!(1.0)),
+        ("glm4-moe", "QK-norm off", |c| c["use_qk_norm"] = json!(false)),
+        ("glm4-moe-lite", "routed_scaling_factor 1", |c| c["routed_scaling_factor"] = json!(1.0)),
+        ("glm4-moe-lite", "rope not interleaved", |c| c["rope_interleave"] = json!(false)),
+        ("hunyuan-dense", "rope alpha dropped", |c| {
+            c["rope_parameters"] = json!({"rope_type": "default", "rope_theta": c["rope_parameters"]["rope_theta"]})
+        }),
+        ("hunyuan-moe", "moe_topk 2 on every layer", |c| c["moe_topk"] = json!(2)),
+    ];
+    assert_breaks_caught(breaks);
 }

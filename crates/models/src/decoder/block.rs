@@ -20,6 +20,9 @@ pub struct SelfAttention {
     pub head_norms: Option<(HeadLayerNorm, HeadLayerNorm)>,
     /// Queries are multiplied by this before the product and the attention itself scales by 1 (OPT).
     pub q_scale: Option<f32>,
+    /// Per-head RMS QK-norm applied after the rotary embedding, so the cache holds normalised keys
+    /// (HunYuan's `query_layernorm` / `key_layernorm`).
+    pub post_rope_norms: Option<(RmsNorm, RmsNorm)>,
     /// Index into the decoder's rotary tables; `None` for models with learned absolute positions.
     pub rope: Option<usize>,
 }
@@ -27,7 +30,7 @@ pub struct SelfAttention {
 impl SelfAttention {
     /// Plain attention on rotary table `rope`: no LayerNorm QK-norm, no query scale.
     pub fn new(attn: Attention, rope: Option<usize>) -> SelfAttention {
-        SelfAttention { attn, head_norms: None, q_scale: None, rope }
+        SelfAttention { attn, head_norms: None, q_scale: None, post_rope_norms: None, rope }
     }
 }
 
@@ -62,7 +65,15 @@ impl TokenMixer {
                 if let Some(s) = a.q_scale {
                     q = ops::scale(&q, s)?;
                 }
-                a.attn.attend(q, k, v, a.rope.map(table), meta, cache)
+                let rope = a.rope.map(table);
+                if let Some((qn, kn)) = &a.post_rope_norms {
+                    if let Some((rope, cos, sin)) = rope {
+                        (q, k) = (rope.apply(&q, cos, sin)?, rope.apply(&k, cos, sin)?);
+                    }
+                    let d = a.attn.params.head_dim;
+                    return a.attn.attend(qn.forward_heads(&q, d)?, kn.forward_heads(&k, d)?, v, None, meta, cache);
+                }
+                a.attn.attend(q, k, v, rope, meta, cache)
             }
             TokenMixer::Latent { mla, rope } => mla.forward(x, table(*rope), meta, cache),
         }

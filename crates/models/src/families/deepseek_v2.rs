@@ -1,7 +1,8 @@
 //! DeepSeek-V2 (`DeepseekV2ForCausalLM`) and the decoders that share its shape: multi-head
 //! latent attention ([`crate::layers::mla`]) with interleaved rotary embeddings on the rope part, and a
 //! mixture of routed + shared experts ([`crate::layers::moe`]) from layer `first_k_dense_replace` on
-//! (dense MLPs before). DeepSeek-V3 is its [`DeepseekVariant::V3`] (a registry line).
+//! (dense MLPs before). DeepSeek-V3 is its [`DeepseekVariant::V3`] and GLM-4.7-Flash its
+//! [`DeepseekVariant::Glm4MoeLite`] (registry lines).
 
 use ferrite_tensor::RopeStyle;
 use serde::Deserialize;
@@ -18,10 +19,6 @@ use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
 use crate::Result;
 
-fn default_scaling() -> f64 {
-    1.0
-}
-
 #[derive(Debug, Clone, Deserialize)]
 struct DeepseekConfig {
     #[serde(flatten)]
@@ -37,8 +34,7 @@ struct DeepseekConfig {
     num_experts_per_tok: usize,
     #[serde(default)]
     first_k_dense_replace: usize,
-    #[serde(default = "default_scaling")]
-    routed_scaling_factor: f64,
+    routed_scaling_factor: Option<f64>,
     /// V2: `greedy` or `group_limited_greedy`.
     topk_method: Option<String>,
     n_group: Option<usize>,
@@ -46,6 +42,8 @@ struct DeepseekConfig {
     norm_topk_prob: Option<bool>,
     /// V3: the rope dims are interleaved pairs (default true).
     rope_interleave: Option<bool>,
+    /// GLM-4-MoE-Lite: `dense` or `sparse` per layer, in place of `first_k_dense_replace`.
+    mlp_layer_types: Option<Vec<String>>,
 }
 
 /// How the routed experts are chosen, and how the rope part is laid out.
@@ -59,6 +57,18 @@ pub enum DeepseekVariant {
     /// when `norm_topk_prob` (+1e-20) and times `routed_scaling_factor`. Interleaved rope unless
     /// `rope_interleave` is false.
     V3,
+    /// GLM-4-MoE-Lite (`Glm4MoeLiteForCausalLM`): V3's attention and router, with
+    /// `mlp_layer_types` choosing the sparse layers (default: all but the first), one shared
+    /// expert and no group limit unless the config says otherwise, and `routed_scaling_factor`
+    /// 1.8 by default.
+    Glm4MoeLite,
+}
+
+impl DeepseekVariant {
+    /// The sigmoid `noaux_tc` router with its correction bias.
+    fn noaux_tc(self) -> bool {
+        self != DeepseekVariant::V2
+    }
 }
 
 fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
@@ -72,7 +82,12 @@ fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
 /// Loads a DeepSeek decoder; `mode` says how MLA uses the paged cache (tests pick the latent one).
 pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: MlaCacheMode) -> Result<Decoder> {
     let cfg: DeepseekConfig = raw.parse()?;
-    let d = cfg.common.resolve(raw, Defaults::LLAMA)?;
+    let lite = variant == DeepseekVariant::Glm4MoeLite;
+    let defaults = match lite {
+        true => Defaults { eps: 1e-5, max_positions: 202_752, ..Defaults::LLAMA },
+        false => Defaults::LLAMA,
+    };
+    let d = cfg.common.resolve(raw, defaults)?;
     let dims = MlaDims {
         num_heads: d.heads,
         q_lora_rank: cfg.q_lora_rank,
@@ -82,8 +97,8 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
         v_head_dim: cfg.v_head_dim,
     };
     let rope_params = RopeParameters::from_config(raw, 10000.0)?;
-    let style = match (variant, cfg.rope_interleave) {
-        (DeepseekVariant::V3, Some(false)) => RopeStyle::Neox,
+    let style = match (variant.noaux_tc(), cfg.rope_interleave) {
+        (true, Some(false)) => RopeStyle::Neox,
         _ => RopeStyle::Interleaved,
     };
     let rope = Rope::new(&rope_params, cfg.qk_rope_head_dim, d.max_positions, raw)?.with_style(style);
@@ -98,7 +113,8 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
         }
     }
     let group = |score| -> Result<Option<GroupLimit>> {
-        match (cfg.n_group, cfg.topk_group) {
+        let ungrouped = if lite { Some(1) } else { None };
+        match (cfg.n_group.or(ungrouped), cfg.topk_group.or(ungrouped)) {
             (Some(n_group), Some(topk_group)) => Ok(Some(GroupLimit { n_group, topk_group, score })),
             _ => Err(raw.error("grouped routing needs `n_group` and `topk_group`")),
         }
@@ -110,7 +126,7 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
             "group_limited_greedy" => (Scoring::Softmax, false, 0.0, group(GroupScore::Max)?),
             other => return Err(raw.error(format!("unsupported `topk_method` `{other}`"))),
         },
-        DeepseekVariant::V3 => {
+        DeepseekVariant::V3 | DeepseekVariant::Glm4MoeLite => {
             (Scoring::Sigmoid, cfg.norm_topk_prob.unwrap_or(true), 1e-20, group(GroupScore::TopTwoSum)?)
         }
     };
@@ -120,16 +136,29 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
         scoring,
         renormalize,
         renormalize_eps,
-        scaling: cfg.routed_scaling_factor as f32,
+        scaling: cfg.routed_scaling_factor.unwrap_or(if lite { 1.8 } else { 1.0 }) as f32,
         group,
     };
     let mlp_bias = variant == DeepseekVariant::V2 && d.mlp_bias;
     let inter = d.intermediate(raw)?;
+    let sparse = |i: usize| -> Result<bool> {
+        if !lite {
+            return Ok(i >= cfg.first_k_dense_replace);
+        }
+        match cfg.mlp_layer_types.as_deref().map(|types| types.get(i).map(String::as_str)) {
+            None => Ok(i > 0),
+            Some(Some("sparse")) => Ok(true),
+            Some(Some("dense")) => Ok(false),
+            Some(Some(other)) => Err(raw.error(format!("unsupported layer type `{other}` in `mlp_layer_types`"))),
+            Some(None) => Err(raw.error(format!("`mlp_layer_types` has no entry for layer {i}"))),
+        }
+    };
+    let n_shared = cfg.n_shared_experts.unwrap_or(if lite { 1 } else { 0 });
     let blocks = d.blocks(w, |i, l| {
         let mla = Mla::load(w, &l.name("self_attn"), d.hidden, dims, d.attention_bias, scale as f32, mode)?;
         let m = l.at("mlp");
-        let mlp = if i >= cfg.first_k_dense_replace {
-            let shared = match cfg.n_shared_experts.unwrap_or(0) {
+        let mlp = if sparse(i)? {
+            let shared = match n_shared {
                 0 => None,
                 n => Some(SharedExpert {
                     mlp: m.gated_mlp("shared_experts", d.hidden, cfg.moe_intermediate_size * n, d.act, mlp_bias)?,
@@ -138,7 +167,7 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
             };
             let (experts, width) = (cfg.n_routed_experts, cfg.moe_intermediate_size);
             ChannelMixer::Moe(Box::new(SparseMoe {
-                router: Router::load(w, &m.name("gate"), d.hidden, router_cfg.clone(), variant == DeepseekVariant::V3)?,
+                router: Router::load(w, &m.name("gate"), d.hidden, router_cfg.clone(), variant.noaux_tc())?,
                 experts: Experts::load(w, &m.name(""), experts, d.hidden, width, d.act, ExpertNames::HF)?,
                 shared,
             }))

@@ -31,6 +31,9 @@ pub struct RopeParameters {
     pub long_factor: Option<Vec<f64>>,
     pub truncate: Option<bool>,
     pub partial_rotary_factor: Option<f64>,
+    /// HunYuan's fixed NTK `alpha` (see `families::hunyuan`); other families ignore it, as
+    /// transformers does.
+    pub alpha: Option<f64>,
 }
 
 impl RopeParameters {
