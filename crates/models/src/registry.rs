@@ -6,7 +6,7 @@ use crate::families::deepseek_v2::{self, DeepseekVariant};
 use crate::families::llama::{self, Variant};
 use crate::families::mixtral::{self, MoeVariant};
 use crate::families::{bert, cohere, falcon, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, olmo2, opt, phi, phi3};
-use crate::families::{roberta, stablelm, starcoder2};
+use crate::families::{ernie45_moe, granite_moe, minicpm3, minimax_m2, roberta, stablelm, starcoder2};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
 use crate::model::CausalLM;
@@ -69,6 +69,14 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("CohereForCausalLM", Causal(|r, w| Ok(Box::new(cohere::load(r, w)?)))),
     ("Starcoder2ForCausalLM", Causal(|r, w| Ok(Box::new(starcoder2::load(r, w)?)))),
     ("FalconForCausalLM", Causal(|r, w| Ok(Box::new(falcon::load(r, w)?)))),
+    ("GraniteMoeForCausalLM", Causal(|r, w| Ok(Box::new(granite_moe::load(r, w, granite_moe::Variant::default())?)))),
+    (
+        "GraniteMoeSharedForCausalLM",
+        Causal(|r, w| Ok(Box::new(granite_moe::load(r, w, granite_moe::Variant::SHARED)?))),
+    ),
+    ("MiniMaxM2ForCausalLM", Causal(|r, w| Ok(Box::new(minimax_m2::load(r, w)?)))),
+    ("Ernie4_5_MoeForCausalLM", Causal(|r, w| Ok(Box::new(ernie45_moe::load(r, w)?)))),
+    ("MiniCPM3ForCausalLM", Causal(|r, w| Ok(Box::new(minicpm3::load(r, w)?)))),
     ("BertModel", Pooling(|r, w| Ok(Box::new(bert::BertModel::load(r, w, "bert", bert::Positions::Absolute)?)))),
     ("BertForSequenceClassification", Pooling(|r, w| Ok(Box::new(bert::BertForSequenceClassification::load(r, w)?)))),
     ("RobertaModel", Pooling(|r, w| Ok(Box::new(roberta::load_model(r, w)?)))),

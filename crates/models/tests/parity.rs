@@ -73,6 +73,11 @@ parity! {
     olmoe => "olmoe",
     deepseek_v2 => "deepseek-v2",
     deepseek_v3 => "deepseek-v3",
+    granite_moe => "granite-moe",
+    granite_moe_shared => "granite-moe-shared",
+    minimax_m2 => "minimax-m2",
+    ernie45_moe => "ernie45-moe",
+    minicpm3 => "minicpm3",
 }
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.
@@ -206,6 +211,43 @@ fn gate_catches_moe_config_breaks() {
         ("deepseek-v3", "norm_topk_prob false", |c| c["norm_topk_prob"] = json!(false)),
         ("deepseek-v3", "routed_scaling_factor 1", |c| c["routed_scaling_factor"] = json!(1.0)),
         ("deepseek-v3", "rope not interleaved", |c| c["rope_interleave"] = json!(false)),
+    ];
+    for (fixture, what, edit) in breaks {
+        let dir = broken_copy(fixture, edit);
+        let (_, reports) = run_fixture(&dir, DType::F32).unwrap_or_else(|e| panic!("{fixture} ({what}): {e}"));
+        std::fs::remove_dir_all(&dir).ok();
+        let strict = reports.iter().filter(|r| r.strict).count();
+        let worst = reports.iter().map(|r| r.max_logprob_error).fold(0.0f32, f32::max);
+        println!("{fixture} with {what}: {strict}/{} strict, max logprob error {worst:.3}", reports.len());
+        assert!(
+            strict < reports.len() || worst >= LOGPROB_TOLERANCE,
+            "{fixture}: {what} went unnoticed ({strict}/{} strict, max logprob error {worst})",
+            reports.len()
+        );
+    }
+}
+
+/// MoE families wave 2: each fixture's distinguishing config key, edited in a copy, must break
+/// the gate (tokens, or log-probs where the key only rescales the logits).
+#[test]
+fn gate_catches_moe_wave2_config_breaks() {
+    use serde_json::json;
+    type Edit = fn(&mut serde_json::Value);
+    let breaks: &[(&str, &str, Edit)] = &[
+        ("granite-moe", "residual_multiplier 1", |c| c["residual_multiplier"] = json!(1.0)),
+        ("granite-moe", "top-1 routing", |c| c["num_experts_per_tok"] = json!(1)),
+        ("granite-moe", "logits_scaling 1", |c| c["logits_scaling"] = json!(1.0)),
+        ("granite-moe-shared", "no shared MLP", |c| c["shared_intermediate_size"] = json!(0)),
+        ("minimax-m2", "full rotary", |c| c["rope_parameters"]["partial_rotary_factor"] = json!(1.0)),
+        ("minimax-m2", "top-1 routing", |c| c["num_experts_per_tok"] = json!(1)),
+        ("ernie45-moe", "no shared experts", |c| c["moe_num_shared_experts"] = json!(0)),
+        ("ernie45-moe", "top-1 routing", |c| c["moe_k"] = json!(1)),
+        ("minicpm3", "scale_depth as sqrt(layers)", |c| c["scale_depth"] = json!(null)),
+        ("minicpm3", "dim_model_base = hidden", |c| c["dim_model_base"] = json!(null)),
+        ("minicpm3", "scale_emb 1", |c| c["scale_emb"] = json!(1.0)),
+        ("minicpm3", "long factors = short", |c| {
+            c["rope_parameters"]["long_factor"] = c["rope_parameters"]["short_factor"].clone()
+        }),
     ];
     for (fixture, what, edit) in breaks {
         let dir = broken_copy(fixture, edit);

@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use crate::decoder::load::{CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, TokenMixer};
-use crate::layers::mla::{Mla, MlaCacheMode, MlaDims};
+use crate::layers::mla::{self, Mla, MlaCacheMode, MlaDims};
 use crate::layers::moe::{
     ExpertNames, Experts, GroupLimit, GroupScore, Router, RouterConfig, Scoring, SharedExpert, SparseMoe,
 };
@@ -61,14 +61,6 @@ pub enum DeepseekVariant {
     V3,
 }
 
-fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
-    if scale <= 1.0 {
-        1.0
-    } else {
-        0.1 * mscale * scale.ln() + 1.0
-    }
-}
-
 /// Loads a DeepSeek decoder; `mode` says how MLA uses the paged cache (tests pick the latent one).
 pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: MlaCacheMode) -> Result<Decoder> {
     let cfg: DeepseekConfig = raw.parse()?;
@@ -87,16 +79,7 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
         _ => RopeStyle::Interleaved,
     };
     let rope = Rope::new(&rope_params, cfg.qk_rope_head_dim, d.max_positions, raw)?.with_style(style);
-    // transformers' `yarn_apply_mscale`: any non-default rope with `mscale_all_dim` scales the
-    // softmax by mscale(factor, mscale_all_dim)^2.
-    let mut scale = (dims.qk_head_dim() as f64).powf(-0.5);
-    if rope_params.kind() != "default" {
-        if let Some(all) = rope_params.mscale_all_dim.filter(|&m| m != 0.0) {
-            let factor = rope_params.factor.ok_or_else(|| raw.error("`mscale_all_dim` needs rope `factor`"))?;
-            let m = yarn_mscale(factor, all);
-            scale = scale * m * m;
-        }
-    }
+    let scale = mla::softmax_scale(raw, &rope_params, dims.qk_head_dim())?;
     let group = |score| -> Result<Option<GroupLimit>> {
         match (cfg.n_group, cfg.topk_group) {
             (Some(n_group), Some(topk_group)) => Ok(Some(GroupLimit { n_group, topk_group, score })),
@@ -126,7 +109,7 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
     let mlp_bias = variant == DeepseekVariant::V2 && d.mlp_bias;
     let inter = d.intermediate(raw)?;
     let blocks = d.blocks(w, |i, l| {
-        let mla = Mla::load(w, &l.name("self_attn"), d.hidden, dims, d.attention_bias, scale as f32, mode)?;
+        let mla = Mla::load(w, &l.name("self_attn"), d.hidden, dims, d.attention_bias, scale, mode)?;
         let m = l.at("mlp");
         let mlp = if i >= cfg.first_k_dense_replace {
             let shared = match cfg.n_shared_experts.unwrap_or(0) {

@@ -6,6 +6,7 @@
 pub mod bert;
 pub mod cohere;
 pub mod deepseek_v2;
+pub mod ernie45_moe;
 pub mod falcon;
 pub mod gemma;
 pub mod gemma2;
@@ -13,7 +14,10 @@ pub mod gemma3;
 pub mod gpt2;
 pub mod gpt_neox;
 pub mod granite;
+pub mod granite_moe;
 pub mod llama;
+pub mod minicpm3;
+pub mod minimax_m2;
 pub mod mixtral;
 pub mod olmo2;
 pub mod opt;
