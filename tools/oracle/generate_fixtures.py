@@ -200,6 +200,30 @@ def _init_param_correction_bias(std: float):
     return init
 
 
+def _drop_llama4_qk_norm(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        if hasattr(layer.self_attn, "qk_norm"):
+            del layer.self_attn.qk_norm
+
+
+def _llama4_weight_expert_outputs(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        moe = layer.feed_forward
+        if not hasattr(moe, "router"):
+            continue
+
+        def forward(hidden_states, m=moe):
+            hidden_states = hidden_states.reshape(-1, m.hidden_dim)
+            scores, logits = m.router(hidden_states)
+            routed = m.experts(hidden_states.repeat(scores.shape[1], 1))
+            routed = routed * scores.transpose(0, 1).reshape(-1, 1)
+            out = m.shared_expert(hidden_states)
+            out.add_(routed.reshape(scores.shape[1], -1, routed.shape[-1]).sum(dim=0))
+            return out, logits
+
+        moe.forward = forward
+
+
 DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
 # Phi-3 with LongRoPE: short factors up to 256 positions, long factors beyond.
@@ -841,6 +865,27 @@ SPECS: list[Spec] = [
                 rope_type="longrope", rope_theta=10000.0, short_factor=[1.0, 1.1, 1.5, 2.0],
                 long_factor=[1.0, 1.1, 1.5, 2.0]))),
             Ablate("scale_emb 12 -> 1", fn=_unit_embed_scale),
+        ],
+    ),
+    Spec(
+        name="llama4",
+        config_class="Llama4TextConfig",
+        architecture="Llama4ForCausalLM",
+        kwargs=dict(hidden_size=32, head_dim=16, num_hidden_layers=4, intermediate_size=32, intermediate_size_mlp=64,
+                    num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                    no_rope_layer_interval=4, attention_chunk_size=32, attn_temperature_tuning=True,
+                    floor_scale=16, attn_scale=0.5, use_qk_norm=True, pad_token_id=None,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="Llama 4 text: layers 0-2 rotary (adjacent pairs) + L2 QK-norm after rope + chunked attention (chunks "
+        "of 32), layer 3 NoPE with full attention and temperature tuning (floor_scale 16, attn_scale 0.5); MoE on "
+        "layers 1 and 3 (interleave_moe_layer_step 2): top-1 of 4 by raw logit, expert input x sigmoid(logit), "
+        "plus a shared expert; dense MLP (intermediate_size_mlp 64) on 0 and 2",
+        ablate_config=dict(attention_chunk_size=4096),
+        ablation_desc="attention_chunk_size 32 -> 4096 (no chunk boundary in any prompt)",
+        extra_ablations=[
+            Ablate("attn_temperature_tuning -> False", config=dict(attn_temperature_tuning=False)),
+            Ablate("L2 QK-norm dropped", fn=_drop_llama4_qk_norm),
+            Ablate("expert output x score instead of input", fn=_llama4_weight_expert_outputs),
         ],
     ),
 ]

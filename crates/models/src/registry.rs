@@ -6,7 +6,7 @@ use crate::families::deepseek_v2::{self, DeepseekVariant};
 use crate::families::llama::{self, Variant};
 use crate::families::mixtral::{self, MoeVariant};
 use crate::families::{bert, cohere, falcon, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, olmo2, opt, phi, phi3};
-use crate::families::{ernie45_moe, granite_moe, minicpm3, minimax_m2, roberta, stablelm, starcoder2};
+use crate::families::{ernie45_moe, granite_moe, llama4, minicpm3, minimax_m2, roberta, stablelm, starcoder2};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
 use crate::model::CausalLM;
@@ -77,6 +77,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("MiniMaxM2ForCausalLM", Causal(|r, w| Ok(Box::new(minimax_m2::load(r, w)?)))),
     ("Ernie4_5_MoeForCausalLM", Causal(|r, w| Ok(Box::new(ernie45_moe::load(r, w)?)))),
     ("MiniCPM3ForCausalLM", Causal(|r, w| Ok(Box::new(minicpm3::load(r, w)?)))),
+    ("Llama4ForCausalLM", Causal(|r, w| Ok(Box::new(llama4::load(r, w)?)))),
     ("BertModel", Pooling(|r, w| Ok(Box::new(bert::BertModel::load(r, w, "bert", bert::Positions::Absolute)?)))),
     ("BertForSequenceClassification", Pooling(|r, w| Ok(Box::new(bert::BertForSequenceClassification::load(r, w)?)))),
     ("RobertaModel", Pooling(|r, w| Ok(Box::new(roberta::load_model(r, w)?)))),

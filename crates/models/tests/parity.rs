@@ -78,6 +78,7 @@ parity! {
     minimax_m2 => "minimax-m2",
     ernie45_moe => "ernie45-moe",
     minicpm3 => "minicpm3",
+    llama4 => "llama4",
 }
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.
@@ -248,6 +249,13 @@ fn gate_catches_moe_wave2_config_breaks() {
         ("minicpm3", "long factors = short", |c| {
             c["rope_parameters"]["long_factor"] = c["rope_parameters"]["short_factor"].clone()
         }),
+        ("llama4", "no chunked attention", |c| {
+            c["attention_chunk_size"] = json!(null);
+            c["layer_types"] = json!(null);
+        }),
+        ("llama4", "no temperature tuning", |c| c["attn_temperature_tuning"] = json!(false)),
+        ("llama4", "no L2 QK-norm", |c| c["use_qk_norm"] = json!(false)),
+        ("llama4", "rotary on every layer", |c| c["no_rope_layers"] = json!([1, 1, 1, 1])),
     ];
     for (fixture, what, edit) in breaks {
         let dir = broken_copy(fixture, edit);

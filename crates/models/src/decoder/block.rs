@@ -3,6 +3,9 @@
 //! chosen per layer by the family's loader from its config, so dense, MoE, MLA and (later)
 //! recurrent layers share one forward loop.
 
+use std::sync::Arc;
+
+use ferrite_tensor::cuda::HostFill;
 use ferrite_tensor::{ops, AttnMetadata, PagedKvLayer, Tensor};
 
 use crate::layers::mla::Mla;
@@ -22,12 +25,41 @@ pub struct SelfAttention {
     pub q_scale: Option<f32>,
     /// Index into the decoder's rotary tables; `None` for models with learned absolute positions.
     pub rope: Option<usize>,
+    /// RMSNorm over each head of the queries and keys after the rotary embedding (Llama 4's
+    /// weightless L2 norm: a weight of ones, `[head_dim]`).
+    pub post_rope_norm: Option<RmsNorm>,
+    /// Scales each query by its position (Llama 4's attention temperature tuning).
+    pub temperature: Option<Temperature>,
 }
 
 impl SelfAttention {
     /// Plain attention on rotary table `rope`: no LayerNorm QK-norm, no query scale.
     pub fn new(attn: Attention, rope: Option<usize>) -> SelfAttention {
-        SelfAttention { attn, head_norms: None, q_scale: None, rope }
+        SelfAttention { attn, head_norms: None, q_scale: None, rope, post_rope_norm: None, temperature: None }
+    }
+}
+
+/// Llama 4's attention temperature tuning (on its NoPE layers): the query at position `p` times
+/// `log1p(floor((p + 1) / floor_scale)) * attn_scale + 1`, in f32 as transformers computes it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Temperature {
+    pub floor_scale: f32,
+    pub attn_scale: f32,
+}
+
+impl Temperature {
+    pub fn at(&self, position: usize) -> f32 {
+        ((position as f32 + 1.0) / self.floor_scale).floor().ln_1p() * self.attn_scale + 1.0
+    }
+
+    /// `q [tokens, width]` with each row scaled by its token's temperature.
+    fn apply(&self, q: &Tensor, meta: &AttnMetadata) -> Result<Tensor> {
+        let (t, width) = (*self, q.last_dim());
+        let fill: HostFill = Arc::new(move |meta: &AttnMetadata| {
+            meta.positions().into_iter().flat_map(|p| std::iter::repeat_n(t.at(p), width)).collect()
+        });
+        let scales = ops::step_tensor(meta, q.device(), width, fill)?.to_dtype(q.dtype());
+        Ok(ops::mul(q, &scales)?)
     }
 }
 
@@ -62,7 +94,19 @@ impl TokenMixer {
                 if let Some(s) = a.q_scale {
                     q = ops::scale(&q, s)?;
                 }
-                a.attn.attend(q, k, v, a.rope.map(table), meta, cache)
+                if let Some(t) = &a.temperature {
+                    q = t.apply(&q, meta)?;
+                }
+                let Some(norm) = &a.post_rope_norm else {
+                    return a.attn.attend(q, k, v, a.rope.map(table), meta, cache);
+                };
+                if let Some((rope, cos, sin)) = a.rope.map(table) {
+                    q = rope.apply(&q, cos, sin)?;
+                    k = rope.apply(&k, cos, sin)?;
+                }
+                let hd = norm.weight.numel();
+                let (q, k) = (norm.forward_heads(&q, hd)?, norm.forward_heads(&k, hd)?);
+                a.attn.attend(q, k, v, None, meta, cache)
             }
             TokenMixer::Latent { mla, rope } => mla.forward(x, table(*rope), meta, cache),
         }

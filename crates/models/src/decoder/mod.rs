@@ -14,7 +14,7 @@ pub mod load;
 use ferrite_tensor::{ops, DType, PagedKvLayer, Tensor};
 
 use self::block::Residual;
-pub use self::block::{Block, ChannelMixer, ParallelSum, SelfAttention, TokenMixer, Wiring};
+pub use self::block::{Block, ChannelMixer, ParallelSum, SelfAttention, Temperature, TokenMixer, Wiring};
 use crate::layers::rope::Rope;
 use crate::layers::{Embedding, Linear, Norm};
 use crate::model::{CausalLM, ForwardInput, ModelInfo};

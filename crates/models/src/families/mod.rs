@@ -16,6 +16,7 @@ pub mod gpt_neox;
 pub mod granite;
 pub mod granite_moe;
 pub mod llama;
+pub mod llama4;
 pub mod minicpm3;
 pub mod minimax_m2;
 pub mod mixtral;

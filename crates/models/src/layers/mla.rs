@@ -218,6 +218,7 @@ impl Mla {
             v_head_dim,
             scale: self.scale,
             sliding_window: None,
+            attention_chunk: None,
             softcap: None,
         };
         let out = match &self.absorbed {

@@ -1,5 +1,5 @@
 //! The mixture-of-experts feed-forward layer shared by the MoE families (Mixtral, Qwen2-MoE,
-//! Qwen3-MoE, OLMoE, DeepSeek-V2/V3).
+//! Qwen3-MoE, OLMoE, DeepSeek-V2/V3, Granite MoE, MiniMax-M2, ERNIE 4.5 MoE, Llama 4).
 //!
 //! A forward step is three plain stages, each a data structure the next consumes:
 //! 1. [`Router::route`]: router logits -> per token, `top_k` experts and their weights
