@@ -202,6 +202,65 @@ def _drop_glm4_sandwich_norms(model: torch.nn.Module) -> None:
         layer.post_mlp_layernorm = torch.nn.Identity()
 
 
+def _granite_router_full_softmax(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        router = layer.block_sparse_moe.router
+
+        def forward(h, r=router):
+            logits = torch.nn.functional.linear(h, r.weight).float()
+            weights, index = logits.softmax(dim=-1).topk(r.top_k, dim=-1)
+            return logits, weights.type_as(h), index
+
+        router.forward = forward
+
+
+def _zero_granite_shared_mlp(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        layer.shared_mlp.output_linear.weight.data.zero_()
+
+
+def _zero_correction_bias(model: torch.nn.Module) -> None:
+    for name, t in list(model.named_buffers()) + list(model.named_parameters()):
+        if name.endswith("e_score_correction_bias"):
+            t.data.zero_()
+
+
+def _init_param_correction_bias(std: float):
+    """ERNIE's e_score_correction_bias is a parameter: replace the generic N(0, 0.2) by N(0, std)."""
+
+    def init(model: torch.nn.Module, gen: torch.Generator) -> None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("e_score_correction_bias"):
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+    return init
+
+
+def _drop_llama4_qk_norm(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        if hasattr(layer.self_attn, "qk_norm"):
+            del layer.self_attn.qk_norm
+
+
+def _llama4_weight_expert_outputs(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        moe = layer.feed_forward
+        if not hasattr(moe, "router"):
+            continue
+
+        def forward(hidden_states, m=moe):
+            hidden_states = hidden_states.reshape(-1, m.hidden_dim)
+            scores, logits = m.router(hidden_states)
+            routed = m.experts(hidden_states.repeat(scores.shape[1], 1))
+            routed = routed * scores.transpose(0, 1).reshape(-1, 1)
+            out = m.shared_expert(hidden_states)
+            out.add_(routed.reshape(scores.shape[1], -1, routed.shape[-1]).sum(dim=0))
+            return out, logits
+
+        moe.forward = forward
+
+
 DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
 # HunYuan's checkpoints spell a fixed NTK stretch as a "dynamic" rope with `alpha`.
@@ -962,6 +1021,120 @@ SPECS: list[Spec] = [
         ablate_fn=_drop_hunyuan_qk_norm,
         ablation_desc="query_layernorm / key_layernorm replaced by identity",
         extra_ablations=[Ablate("moe_topk [2, 1] -> 2", config=dict(moe_topk=2))],
+    ),
+    # ---- MoE families wave 2 (f32 on disk, hidden 32) ----------------------------------------------------------
+    Spec(
+        name="granite-moe",
+        config_class="GraniteMoeConfig",
+        architecture="GraniteMoeForCausalLM",
+        kwargs=dict(hidden_size=32, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                    pad_token_id=None, embedding_multiplier=12.0, residual_multiplier=0.22,
+                    attention_multiplier=0.25, logits_scaling=2.0, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="Granite MoE: top-2 of 4 experts by raw logit, weighted by the softmax over the two chosen logits; "
+        "stacked input_linear / output_linear experts and router.layer; embedding_multiplier 12, "
+        "residual_multiplier 0.22, attention_multiplier 0.25, logits divided by 2",
+        ablate_fn=_granite_router_full_softmax,
+        ablation_desc="router weights = softmax over all experts (not renormalised over the chosen two)",
+        extra_ablations=[
+            Ablate("residual_multiplier -> 1", config=dict(residual_multiplier=1.0)),
+            Ablate("num_experts_per_tok 2 -> 1", config=dict(num_experts_per_tok=1)),
+        ],
+        probe=routing_probe,
+    ),
+    Spec(
+        name="granite-moe-shared",
+        config_class="GraniteMoeSharedConfig",
+        architecture="GraniteMoeSharedForCausalLM",
+        kwargs=dict(hidden_size=32, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                    shared_intermediate_size=48, pad_token_id=None, embedding_multiplier=12.0,
+                    residual_multiplier=0.22, attention_multiplier=0.25, logits_scaling=2.0,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="Granite MoE Shared: the granite-moe layer plus a dense shared_mlp (fused input_linear gate | up, "
+        "width 48) added to the routed output before residual_multiplier",
+        ablate_fn=_zero_granite_shared_mlp,
+        ablation_desc="shared_mlp output_linear zeroed",
+        probe=routing_probe,
+    ),
+    Spec(
+        name="minimax-m2",
+        config_class="MiniMaxM2Config",
+        architecture="MiniMaxM2ForCausalLM",
+        init_fn=init_correction_bias(0.1),
+        kwargs=dict(hidden_size=32, head_dim=16, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+                    rotary_dim=8, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="MiniMax-M2: sigmoid router, e_score_correction_bias (N(0, 0.1)) steers the top-2 of 8 but the "
+        "weights are the chosen sigmoids renormalised; QK-norm over all heads at once (q_norm [64], k_norm [32]); "
+        "partial rotary from the legacy rotary_dim 8 of head_dim 16",
+        ablate_fn=_zero_correction_bias,
+        ablation_desc="e_score_correction_bias zeroed",
+        extra_ablations=[
+            Ablate("q_norm/k_norm replaced by identity", fn=_drop_qk_norm),
+            Ablate("partial_rotary_factor 0.5 -> 1.0",
+                   config=dict(rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=1.0))),
+        ],
+        probe=routing_probe,
+    ),
+    Spec(
+        name="ernie45-moe",
+        config_class="Ernie4_5_MoeConfig",
+        architecture="Ernie4_5_MoeForCausalLM",
+        init_fn=_init_param_correction_bias(0.05),
+        kwargs=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, moe_intermediate_size=16,
+                    moe_num_experts=8, moe_k=2, moe_num_shared_experts=2, moe_layer_start_index=1,
+                    moe_layer_end_index=2, use_bias=True, tie_word_embeddings=True, pad_token_id=None,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="ERNIE 4.5 MoE: softmax router, moe_statics.e_score_correction_bias (N(0, 0.05)) steers the top-2 "
+        "of 8, weights renormalised; 2 shared experts (one MLP of 2 x 16); MoE on layers 1..=2 only "
+        "(moe_layer_start_index 1, moe_layer_end_index 2; 0 and 3 dense); interleaved rope; use_bias on every "
+        "projection and the tied lm_head",
+        ablate_fn=_zero_correction_bias,
+        ablation_desc="e_score_correction_bias zeroed",
+        extra_ablations=[Ablate("lm_head bias zeroed", fn=_zero_lm_head_bias)],
+        probe=routing_probe,
+    ),
+    Spec(
+        name="minicpm3",
+        config_class="MiniCPM3Config",
+        architecture="MiniCPM3ForCausalLM",
+        kwargs=dict(hidden_size=32, intermediate_size=64, num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                    qk_nope_head_dim=8, qk_rope_head_dim=8, scale_emb=12, scale_depth=1.4, dim_model_base=16,
+                    pad_token_id=None, max_position_embeddings=2048,
+                    original_max_position_embeddings=256,
+                    rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                         short_factor=[1.0, 1.1, 1.5, 2.0], long_factor=[1.0, 2.0, 5.0, 12.0])),
+        feature="MiniCPM3: MLA (q_lora_rank 16, kv_lora_rank 16, nope 8 + rope 8, v 8) with rotate-half LongRoPE on "
+        "the rope part (short factors up to 256 positions, long beyond, cos/sin x 1.1726), embeddings x scale_emb "
+        "12, branches x scale_depth / sqrt(2 layers), hidden / (hidden / dim_model_base) = / 2 before the "
+        "lm_head",
+        ablate_config=dict(scale_depth=2 ** 0.5),
+        ablation_desc="scale_depth 1.4 -> sqrt(2 layers) (branches x 1)",
+        extra_ablations=[
+            Ablate("long_factor -> short_factor", config=dict(rope_parameters=dict(
+                rope_type="longrope", rope_theta=10000.0, short_factor=[1.0, 1.1, 1.5, 2.0],
+                long_factor=[1.0, 1.1, 1.5, 2.0]))),
+            Ablate("scale_emb 12 -> 1", fn=_unit_embed_scale),
+        ],
+    ),
+    Spec(
+        name="llama4",
+        config_class="Llama4TextConfig",
+        architecture="Llama4ForCausalLM",
+        kwargs=dict(hidden_size=32, head_dim=16, num_hidden_layers=4, intermediate_size=32, intermediate_size_mlp=64,
+                    num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                    no_rope_layer_interval=4, attention_chunk_size=32, attn_temperature_tuning=True,
+                    floor_scale=16, attn_scale=0.5, use_qk_norm=True, pad_token_id=None,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="Llama 4 text: layers 0-2 rotary (adjacent pairs) + L2 QK-norm after rope + chunked attention (chunks "
+        "of 32), layer 3 NoPE with full attention and temperature tuning (floor_scale 16, attn_scale 0.5); MoE on "
+        "layers 1 and 3 (interleave_moe_layer_step 2): top-1 of 4 by raw logit, expert input x sigmoid(logit), "
+        "plus a shared expert; dense MLP (intermediate_size_mlp 64) on 0 and 2",
+        ablate_config=dict(attention_chunk_size=4096),
+        ablation_desc="attention_chunk_size 32 -> 4096 (no chunk boundary in any prompt)",
+        extra_ablations=[
+            Ablate("attn_temperature_tuning -> False", config=dict(attn_temperature_tuning=False)),
+            Ablate("L2 QK-norm dropped", fn=_drop_llama4_qk_norm),
+            Ablate("expert output x score instead of input", fn=_llama4_weight_expert_outputs),
+        ],
     ),
 ]
 

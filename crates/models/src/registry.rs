@@ -11,9 +11,9 @@ use crate::families::llama::{self, Variant};
 use crate::families::mixtral::{self, MoeVariant};
 use crate::families::olmo2::OlmoVersion;
 use crate::families::{
-    bert, cohere, exaone4, falcon, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, olmo2, opt, phi, phi3,
+    bert, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, granite_moe, llama4,
+    minicpm3, minimax_m2, olmo2, opt, phi, phi3, roberta, stablelm, starcoder2,
 };
-use crate::families::{roberta, stablelm, starcoder2};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
 use crate::model::CausalLM;
@@ -92,6 +92,15 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("Glm4MoeLiteForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::Glm4MoeLite)?)))),
     ("HunYuanDenseV1ForCausalLM", Causal(|r, w| Ok(Box::new(hunyuan::load(r, w, HunYuanVariant::Dense)?)))),
     ("HunYuanMoEV1ForCausalLM", Causal(|r, w| Ok(Box::new(hunyuan::load(r, w, HunYuanVariant::Moe)?)))),
+    ("GraniteMoeForCausalLM", Causal(|r, w| Ok(Box::new(granite_moe::load(r, w, granite_moe::Variant::default())?)))),
+    (
+        "GraniteMoeSharedForCausalLM",
+        Causal(|r, w| Ok(Box::new(granite_moe::load(r, w, granite_moe::Variant::SHARED)?))),
+    ),
+    ("MiniMaxM2ForCausalLM", Causal(|r, w| Ok(Box::new(minimax_m2::load(r, w)?)))),
+    ("Ernie4_5_MoeForCausalLM", Causal(|r, w| Ok(Box::new(ernie45_moe::load(r, w)?)))),
+    ("MiniCPM3ForCausalLM", Causal(|r, w| Ok(Box::new(minicpm3::load(r, w)?)))),
+    ("Llama4ForCausalLM", Causal(|r, w| Ok(Box::new(llama4::load(r, w)?)))),
     ("BertModel", Pooling(|r, w| Ok(Box::new(bert::BertModel::load(r, w, "bert", bert::Positions::Absolute)?)))),
     ("BertForSequenceClassification", Pooling(|r, w| Ok(Box::new(bert::BertForSequenceClassification::load(r, w)?)))),
     ("RobertaModel", Pooling(|r, w| Ok(Box::new(roberta::load_model(r, w)?)))),

@@ -89,6 +89,12 @@ parity! {
     glm4_moe_lite => "glm4-moe-lite",
     hunyuan_dense => "hunyuan-dense",
     hunyuan_moe => "hunyuan-moe",
+    granite_moe => "granite-moe",
+    granite_moe_shared => "granite-moe-shared",
+    minimax_m2 => "minimax-m2",
+    ernie45_moe => "ernie45-moe",
+    minicpm3 => "minicpm3",
+    llama4 => "llama4",
 }
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.
@@ -301,6 +307,37 @@ fn gate_catches_wave2_config_breaks() {
             c["rope_parameters"] = json!({"rope_type": "default", "rope_theta": c["rope_parameters"]["rope_theta"]})
         }),
         ("hunyuan-moe", "moe_topk 2 on every layer", |c| c["moe_topk"] = json!(2)),
+    ];
+    assert_breaks_caught(breaks);
+}
+
+/// MoE families wave 2: each fixture's distinguishing config key, edited in a copy, must break
+/// the gate (tokens, or log-probs where the key only rescales the logits).
+#[test]
+fn gate_catches_moe_wave2_config_breaks() {
+    use serde_json::json;
+    let breaks: &[(&str, &str, Edit)] = &[
+        ("granite-moe", "residual_multiplier 1", |c| c["residual_multiplier"] = json!(1.0)),
+        ("granite-moe", "top-1 routing", |c| c["num_experts_per_tok"] = json!(1)),
+        ("granite-moe", "logits_scaling 1", |c| c["logits_scaling"] = json!(1.0)),
+        ("granite-moe-shared", "no shared MLP", |c| c["shared_intermediate_size"] = json!(0)),
+        ("minimax-m2", "full rotary", |c| c["rope_parameters"]["partial_rotary_factor"] = json!(1.0)),
+        ("minimax-m2", "top-1 routing", |c| c["num_experts_per_tok"] = json!(1)),
+        ("ernie45-moe", "no shared experts", |c| c["moe_num_shared_experts"] = json!(0)),
+        ("ernie45-moe", "top-1 routing", |c| c["moe_k"] = json!(1)),
+        ("minicpm3", "scale_depth as sqrt(layers)", |c| c["scale_depth"] = json!(null)),
+        ("minicpm3", "dim_model_base = hidden", |c| c["dim_model_base"] = json!(null)),
+        ("minicpm3", "scale_emb 1", |c| c["scale_emb"] = json!(1.0)),
+        ("minicpm3", "long factors = short", |c| {
+            c["rope_parameters"]["long_factor"] = c["rope_parameters"]["short_factor"].clone()
+        }),
+        ("llama4", "no chunked attention", |c| {
+            c["attention_chunk_size"] = json!(null);
+            c["layer_types"] = json!(null);
+        }),
+        ("llama4", "no temperature tuning", |c| c["attn_temperature_tuning"] = json!(false)),
+        ("llama4", "no L2 QK-norm", |c| c["use_qk_norm"] = json!(false)),
+        ("llama4", "rotary on every layer", |c| c["no_rope_layers"] = json!([1, 1, 1, 1])),
     ];
     assert_breaks_caught(breaks);
 }

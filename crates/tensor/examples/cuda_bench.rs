@@ -171,6 +171,7 @@ fn attention_figures(dev: &CudaDevice, copy_gbs: f64, profile: bool, out: &mut S
         v_head_dim: d,
         scale: 1.0 / (d as f32).sqrt(),
         sliding_window: None,
+        attention_chunk: None,
         softcap: None,
     };
     let mut rows = Vec::new();

@@ -72,8 +72,20 @@ pub struct AttentionParams {
     pub scale: f32,
     /// Keys older than this many positions (counting the query itself) are not seen.
     pub sliding_window: Option<usize>,
+    /// Positions fall in chunks of this many (`0..c`, `c..2c`, ...) and a query sees only the keys
+    /// of its own chunk (Llama 4's chunked local attention, `attention_chunk_size`).
+    pub attention_chunk: Option<usize>,
     /// Attention logits pass through `cap * tanh(x / cap)` before the softmax (Gemma 2).
     pub softcap: Option<f32>,
+}
+
+impl AttentionParams {
+    /// The first key position a causal query at `pos` sees, by the sliding window and the chunk.
+    pub fn first_key(&self, pos: usize) -> usize {
+        let window = self.sliding_window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let chunk = self.attention_chunk.map_or(0, |c| pos - pos % c.max(1));
+        window.max(chunk)
+    }
 }
 
 /// Every operand must live where the op's first input does: ops never move data implicitly.

@@ -273,6 +273,7 @@ pub fn attention_params(
         v_head_dim: head_dim,
         scale: scale as f32,
         sliding_window,
+        attention_chunk: None,
         softcap: softcap.map(|c| c as f32),
     }
 }

@@ -186,6 +186,7 @@ impl BertEncoder {
             v_head_dim: head_dim,
             scale: (head_dim as f64).powf(-0.5) as f32,
             sliding_window: None,
+            attention_chunk: None,
             softcap: None,
         };
         Ok(BertEncoder {

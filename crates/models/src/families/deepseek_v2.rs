@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use crate::decoder::load::{CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, TokenMixer};
-use crate::layers::mla::{Mla, MlaCacheMode, MlaDims};
+use crate::layers::mla::{self, Mla, MlaCacheMode, MlaDims};
 use crate::layers::moe::{
     ExpertNames, Experts, GroupLimit, GroupScore, Router, RouterConfig, Scoring, SharedExpert, SparseMoe,
 };
@@ -71,14 +71,6 @@ impl DeepseekVariant {
     }
 }
 
-fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
-    if scale <= 1.0 {
-        1.0
-    } else {
-        0.1 * mscale * scale.ln() + 1.0
-    }
-}
-
 /// Loads a DeepSeek decoder; `mode` says how MLA uses the paged cache (tests pick the latent one).
 pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: MlaCacheMode) -> Result<Decoder> {
     let cfg: DeepseekConfig = raw.parse()?;
@@ -102,16 +94,7 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
         _ => RopeStyle::Interleaved,
     };
     let rope = Rope::new(&rope_params, cfg.qk_rope_head_dim, d.max_positions, raw)?.with_style(style);
-    // transformers' `yarn_apply_mscale`: any non-default rope with `mscale_all_dim` scales the
-    // softmax by mscale(factor, mscale_all_dim)^2.
-    let mut scale = (dims.qk_head_dim() as f64).powf(-0.5);
-    if rope_params.kind() != "default" {
-        if let Some(all) = rope_params.mscale_all_dim.filter(|&m| m != 0.0) {
-            let factor = rope_params.factor.ok_or_else(|| raw.error("`mscale_all_dim` needs rope `factor`"))?;
-            let m = yarn_mscale(factor, all);
-            scale = scale * m * m;
-        }
-    }
+    let scale = mla::softmax_scale(raw, &rope_params, dims.qk_head_dim())?;
     let group = |score| -> Result<Option<GroupLimit>> {
         let ungrouped = if lite { Some(1) } else { None };
         match (cfg.n_group.or(ungrouped), cfg.topk_group.or(ungrouped)) {
@@ -155,7 +138,7 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
     };
     let n_shared = cfg.n_shared_experts.unwrap_or(if lite { 1 } else { 0 });
     let blocks = d.blocks(w, |i, l| {
-        let mla = Mla::load(w, &l.name("self_attn"), d.hidden, dims, d.attention_bias, scale as f32, mode)?;
+        let mla = Mla::load(w, &l.name("self_attn"), d.hidden, dims, d.attention_bias, scale, mode)?;
         let m = l.at("mlp");
         let mlp = if sparse(i)? {
             let shared = match n_shared {

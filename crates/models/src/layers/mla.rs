@@ -20,8 +20,9 @@
 
 use ferrite_tensor::{ops, AttentionParams, AttnMetadata, PagedKvLayer, Tensor};
 
-use crate::layers::rope::Rope;
+use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::{Linear, RmsNorm};
+use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
 use crate::model::KvLayerSpec;
 use crate::Result;
@@ -29,6 +30,29 @@ use crate::Result;
 /// The `eps` of `q_a_layernorm` and `kv_a_layernorm`: transformers builds both with the
 /// `RMSNorm` default, not `rms_norm_eps`.
 pub const LATENT_NORM_EPS: f64 = 1e-6;
+
+fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
+    }
+}
+
+/// The softmax scale `qk_head_dim^-0.5`, times transformers' `yarn_apply_mscale` correction: any
+/// non-default rope with `mscale_all_dim` multiplies it by mscale(factor, mscale_all_dim)^2.
+/// Computed in f64 and rounded once, as the Python float reaches torch.
+pub fn softmax_scale(raw: &RawConfig, rope: &RopeParameters, qk_head_dim: usize) -> crate::Result<f32> {
+    let mut scale = (qk_head_dim as f64).powf(-0.5);
+    if rope.kind() != "default" {
+        if let Some(all) = rope.mscale_all_dim.filter(|&m| m != 0.0) {
+            let factor = rope.factor.ok_or_else(|| raw.error("`mscale_all_dim` needs rope `factor`"))?;
+            let m = yarn_mscale(factor, all);
+            scale = scale * m * m;
+        }
+    }
+    Ok(scale as f32)
+}
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum MlaCacheMode {
@@ -194,6 +218,7 @@ impl Mla {
             v_head_dim,
             scale: self.scale,
             sliding_window: None,
+            attention_chunk: None,
             softcap: None,
         };
         let out = match &self.absorbed {

@@ -198,6 +198,9 @@ pub enum QueryScale {
     /// Llama 4's long-context scaling as Ministral 3 applies it (`llama_4_scaling_beta`):
     /// `1 + beta * ln(1 + floor(position / original_max_position_embeddings))`.
     Llama4 { beta: f64, original_max: usize },
+    /// Llama 4's attention temperature tuning on its NoPE layers:
+    /// `log1p(floor((position + 1) / floor_scale)) * attn_scale + 1`.
+    Temperature { floor_scale: f32, attn_scale: f32 },
 }
 
 impl QueryScale {
@@ -207,6 +210,9 @@ impl QueryScale {
             QueryScale::Llama4 { beta, original_max } => {
                 let steps = (position as f32 / original_max as f32).floor();
                 1.0 + (beta as f32) * (1.0 + steps).ln()
+            }
+            QueryScale::Temperature { floor_scale, attn_scale } => {
+                ((position as f32 + 1.0) / floor_scale).floor().ln_1p() * attn_scale + 1.0
             }
         }
     }

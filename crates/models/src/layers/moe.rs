@@ -1,5 +1,5 @@
 //! The mixture-of-experts feed-forward layer shared by the MoE families (Mixtral, Qwen2-MoE,
-//! Qwen3-MoE, OLMoE, DeepSeek-V2/V3).
+//! Qwen3-MoE, OLMoE, DeepSeek-V2/V3, Granite MoE, MiniMax-M2, ERNIE 4.5 MoE, Llama 4).
 //!
 //! A forward step is three plain stages, each a data structure the next consumes:
 //! 1. [`Router::route`]: router logits -> per token, `top_k` experts and their weights
@@ -31,6 +31,12 @@ pub enum Scoring {
     Softmax,
     /// DeepSeek-V3 (`scoring_func: sigmoid`).
     Sigmoid,
+    /// The top-k of the raw logits, weighted by the softmax over those k logits only (Granite
+    /// MoE). The same choice as `Softmax` but not the same bits as its renormalised weights.
+    SoftmaxOfTopK,
+    /// The top-k of the raw logits, each weighted by its own sigmoid (Llama 4). Choosing on the
+    /// logits keeps apart experts whose sigmoids round to the same f32.
+    SigmoidOfTopK,
 }
 
 /// How a group of experts is scored when routing is limited to `topk_group` of `n_group` groups.
@@ -147,6 +153,7 @@ impl RouterConfig {
         let scores: Vec<f32> = match self.scoring {
             Scoring::Softmax => softmax_row(logits),
             Scoring::Sigmoid => logits.iter().map(|&v| sigmoid(v)).collect(),
+            Scoring::SoftmaxOfTopK | Scoring::SigmoidOfTopK => logits.to_vec(),
         };
         // What the choice is made on: the scores, plus the correction bias where there is one.
         let mut choice: Vec<f32> = match bias {
@@ -180,9 +187,11 @@ impl RouterConfig {
             }
         }
         let chosen = top_k_indices(&choice, self.top_k);
-        let mut weights: Vec<f32> = match self.group.map(|g| g.score) {
+        let mut weights: Vec<f32> = match (self.scoring, self.group.map(|g| g.score)) {
+            (Scoring::SoftmaxOfTopK, _) => softmax_row(&chosen.iter().map(|&e| logits[e]).collect::<Vec<_>>()),
+            (Scoring::SigmoidOfTopK, _) => chosen.iter().map(|&e| sigmoid(logits[e])).collect(),
             // group_limited_greedy weights by the (masked) scores it chose on.
-            Some(GroupScore::Max) => chosen.iter().map(|&e| choice[e]).collect(),
+            (_, Some(GroupScore::Max)) => chosen.iter().map(|&e| choice[e]).collect(),
             // Otherwise the weights are the scores without the correction bias.
             _ => chosen.iter().map(|&e| scores[e]).collect(),
         };
@@ -244,6 +253,20 @@ impl Router {
         Ok(Router { weight, correction_bias, cfg })
     }
 
+    /// The correction bias from the tensor `name` of `shape` (`num_experts` values), for
+    /// checkpoints that keep it elsewhere than under the gate (MiniMax-M2, ERNIE 4.5).
+    pub fn with_correction_bias(mut self, w: &Weights, name: &str, shape: &[usize]) -> Result<Router> {
+        let bias = w.get_f32(name, shape)?;
+        if bias.numel() != self.cfg.num_experts {
+            return Err(ModelError::Config {
+                path: name.into(),
+                message: format!("{} correction biases for {} experts", bias.numel(), self.cfg.num_experts),
+            });
+        }
+        self.correction_bias = Some(bias.to_f32_vec());
+        Ok(self)
+    }
+
     /// Router logits in f32 whatever the activation dtype: bf16 rounding makes close expert
     /// scores tie or swap, and a swapped expert changes the token's whole MLP output.
     pub fn route(&self, x: &Tensor) -> Result<Routing> {
@@ -293,6 +316,30 @@ fn stack(parts: &[Tensor], shape: &[usize]) -> Result<Tensor> {
     Ok(Tensor::from_storage(Storage::Cpu(storage), shape.to_vec())?.to_device(device)?)
 }
 
+/// `[n, a, b] -> [n, b, a]` of a stacked CPU tensor, at load time.
+fn transpose_each(t: &Tensor) -> Result<Tensor> {
+    let &[n, a, b] = t.shape() else {
+        return Err(
+            ferrite_tensor::TensorError::Shape { op: "transpose_each", detail: format!("{:?}", t.shape()) }.into()
+        );
+    };
+    let host = t.to_device(Device::Cpu)?;
+    fn flip<T: Copy>(v: &[T], n: usize, a: usize, b: usize) -> Vec<T> {
+        (0..n).flat_map(|e| (0..b).flat_map(move |j| (0..a).map(move |i| v[(e * a + i) * b + j]))).collect()
+    }
+    let storage = match host.cpu() {
+        Some(CpuStorage::F32(v)) => CpuStorage::F32(flip(v, n, a, b)),
+        Some(CpuStorage::F16(v)) => CpuStorage::F16(flip(v, n, a, b)),
+        Some(CpuStorage::BF16(v)) => CpuStorage::BF16(flip(v, n, a, b)),
+        None => {
+            return Err(
+                ferrite_tensor::TensorError::Device("transposing expert weights needs CPU tensors".into()).into()
+            )
+        }
+    };
+    Ok(Tensor::from_storage(Storage::Cpu(storage), vec![n, b, a])?.to_device(t.device())?)
+}
+
 /// Checkpoint names of one expert's projections under `{prefix}.experts.{e}.`.
 #[derive(Debug, Clone, Copy)]
 pub struct ExpertNames {
@@ -318,6 +365,20 @@ pub struct Experts {
     pub num_experts: usize,
     pub intermediate: usize,
     pub act: Activation,
+    /// Each token's input is multiplied by its routing weight and the expert's output added
+    /// unweighted (Llama 4), instead of weighting the output.
+    pub scale_inputs: bool,
+}
+
+/// How a checkpoint stores its stacked expert tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StackedLayout {
+    /// `gate_up [experts, 2 * intermediate, hidden]`, `down [experts, hidden, intermediate]`
+    /// (Granite MoE's `input_linear` / `output_linear`).
+    OutIn,
+    /// `gate_up [experts, hidden, 2 * intermediate]`, `down [experts, intermediate, hidden]`,
+    /// multiplied as `x @ w` (Llama 4); transposed at load.
+    InOut,
 }
 
 impl Experts {
@@ -347,19 +408,49 @@ impl Experts {
             }
             (stack(&gu, &[e, 2 * i, h])?, stack(&dn, &[e, h, i])?)
         };
-        Ok(Experts { gate_up, down, num_experts, intermediate, act })
+        Ok(Experts { gate_up, down, num_experts, intermediate, act, scale_inputs: false })
+    }
+
+    /// Reads stacked expert tensors named `gate_up` and `down`, each expert's gate rows before
+    /// its up rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn load_stacked(
+        w: &Weights,
+        gate_up: &str,
+        down: &str,
+        num_experts: usize,
+        hidden: usize,
+        intermediate: usize,
+        act: Activation,
+        layout: StackedLayout,
+    ) -> Result<Experts> {
+        let (e, i, h) = (num_experts, intermediate, hidden);
+        let (gate_up, down) = match layout {
+            StackedLayout::OutIn => (w.get(gate_up, &[e, 2 * i, h])?, w.get(down, &[e, h, i])?),
+            StackedLayout::InOut => {
+                (transpose_each(&w.get(gate_up, &[e, h, 2 * i])?)?, transpose_each(&w.get(down, &[e, i, h])?)?)
+            }
+        };
+        Ok(Experts { gate_up, down, num_experts, intermediate, act, scale_inputs: false })
     }
 
     /// `sum_slot weight * down_e(act(gate_e(x)) * up_e(x))` per token, computed per expert over
     /// the token group the routing sends it.
     pub fn forward(&self, x: &Tensor, routing: &Routing) -> Result<Tensor> {
         let groups = routing.group_by_expert(self.num_experts);
-        let xs = ops::gather_rows(x, &groups.tokens)?;
+        let (xs, out_weights) = match self.scale_inputs {
+            false => (ops::gather_rows(x, &groups.tokens)?, std::borrow::Cow::Borrowed(&routing.weights)),
+            true => {
+                let in_weights: Vec<f32> = groups.pairs.iter().map(|&p| routing.weights[p]).collect();
+                let ones = vec![1.0f32; routing.weights.len()];
+                (ops::combine_rows(x, &groups.tokens, &in_weights, 1)?, std::borrow::Cow::Owned(ones))
+            }
+        };
         let gu = ops::grouped_matmul_t(&xs, &self.gate_up, &groups.offsets)?;
         let i = self.intermediate;
         let h = ops::act_mul(&ops::narrow_cols(&gu, 0, i)?, &ops::narrow_cols(&gu, i, i)?, self.act)?;
         let y = ops::grouped_matmul_t(&h, &self.down, &groups.offsets)?;
-        Ok(ops::combine_rows(&y, &groups.row_of_pair, &routing.weights, routing.top_k)?)
+        Ok(ops::combine_rows(&y, &groups.row_of_pair, &out_weights, routing.top_k)?)
     }
 
     pub fn weight_bytes(&self) -> usize {

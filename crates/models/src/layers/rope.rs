@@ -113,6 +113,9 @@ enum Schedule {
         short: Vec<f32>,
         long: Vec<f32>,
         original_max: usize,
+        /// Whether transformers recomputes the cache when a sequence crosses `original_max`
+        /// (Phi-3's generate); elsewhere cached keys keep the short-factor rotation.
+        recompute: bool,
     },
 }
 
@@ -259,6 +262,7 @@ impl Rope {
                     short: scaled(&params.short_factor, "short_factor")?,
                     long: scaled(&params.long_factor, "long_factor")?,
                     original_max,
+                    recompute: true,
                 }
             }
             other => return Err(raw.error(format!("unsupported rope type `{other}`"))),
@@ -276,12 +280,22 @@ impl Rope {
         !matches!(self.schedule, Schedule::Fixed(_))
     }
 
-    /// LongRoPE's switch: sequences longer than this use the long factors.
+    /// LongRoPE's switch where the model recomputes the cache there: sequences longer than this
+    /// use the long factors.
     pub fn long_factors_past(&self) -> Option<usize> {
         match &self.schedule {
-            Schedule::LongRope { original_max, .. } => Some(*original_max),
+            Schedule::LongRope { original_max, recompute: true, .. } => Some(*original_max),
             _ => None,
         }
+    }
+
+    /// LongRoPE without Phi-3's recompute: a sequence that grows past the original length rotates
+    /// its new tokens with the long factors and keeps the keys it has cached (Llama's generate).
+    pub fn without_recompute(mut self) -> Rope {
+        if let Schedule::LongRope { recompute, .. } = &mut self.schedule {
+            *recompute = false;
+        }
+        self
     }
 
     pub fn rotary_dim(&self) -> usize {
@@ -301,7 +315,7 @@ impl Rope {
                     base * ((factor * seq_len as f32 / *max_position as f32) - (factor - 1.0)).powf(dim / (dim - 2.0));
                 default_inv_freq(grown, self.rotary_dim).into()
             }
-            Schedule::LongRope { short, long, original_max } => {
+            Schedule::LongRope { short, long, original_max, .. } => {
                 if seq_len > *original_max {
                     long.into()
                 } else {

@@ -42,10 +42,7 @@ pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p:
         .map(|&(si, i)| {
             let s = &meta.seqs[si];
             let pos = s.query_position(i);
-            let first = match p.sliding_window {
-                Some(w) => (pos + 1).saturating_sub(w),
-                None => 0,
-            };
+            let first = p.first_key(pos);
             let row = s.q_start + i;
             let slots: Vec<usize> = (first..=pos).map(|kp| s.block_table[kp / bs] as usize * bs + kp % bs).collect();
             let mut result = vec![0.0f32; hq * dv];
@@ -154,7 +151,7 @@ pub fn attention_dense(
                     row.iter_mut().for_each(|x| *x = (*x / cap).tanh() * cap);
                 }
                 if causal {
-                    let lo = p.sliding_window.map_or(0, |w| (i + 1).saturating_sub(w));
+                    let lo = p.first_key(i);
                     row[..lo].iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
                     row[i + 1..].iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
                 }
@@ -195,12 +192,13 @@ mod tests {
         hkv: usize,
         d: usize,
         window: Option<usize>,
+        chunk: Option<usize>,
     ) -> Vec<f32> {
         let mut out = vec![0.0; t * hq * d];
         for i in 0..t {
             for h in 0..hq {
                 let kvh = h / (hq / hkv);
-                let lo = window.map(|w| (i + 1).saturating_sub(w)).unwrap_or(0);
+                let lo = window.map(|w| (i + 1).saturating_sub(w)).unwrap_or(0).max(chunk.map_or(0, |c| i / c * c));
                 let mut s: Vec<f32> = (lo..=i)
                     .map(|j| {
                         (0..d).map(|x| q[(i * hq + h) * d + x] * k[(j * hkv + kvh) * d + x]).sum::<f32>()
@@ -222,8 +220,9 @@ mod tests {
     fn paged_prefill_then_decode_matches_dense_attention() {
         let (t, hq, hkv, d, bs) = (11, 4, 2, 8, 4);
         let (q, k, v) = (values(t * hq * d, 1), values(t * hkv * d, 2), values(t * hkv * d, 3));
-        for window in [None, Some(5)] {
-            let want = dense(&q, &k, &v, t, hq, hkv, d, window);
+        // A chunk of 3 puts the prefill/decode boundary (8) inside a chunk (6..9).
+        for (window, chunk) in [(None, None), (Some(5), None), (None, Some(3)), (Some(2), Some(4))] {
+            let want = dense(&q, &k, &v, t, hq, hkv, d, window, chunk);
             let params = AttentionParams {
                 num_heads: hq,
                 num_kv_heads: hkv,
@@ -231,6 +230,7 @@ mod tests {
                 v_head_dim: d,
                 scale: 1.0 / (d as f32).sqrt(),
                 sliding_window: window,
+                attention_chunk: chunk,
                 softcap: None,
             };
             // Blocks deliberately out of order: the block table, not the pool order, defines the sequence.
@@ -258,7 +258,7 @@ mod tests {
                 got.extend(paged_attention(&rows(&q, hq * d, i, i + 1), &cache, &meta, &params).unwrap().to_f32_vec());
             }
             for (g, w) in got.iter().zip(&want) {
-                assert!((g - w).abs() < 1e-5, "window {window:?}: {g} vs {w}");
+                assert!((g - w).abs() < 1e-5, "window {window:?} chunk {chunk:?}: {g} vs {w}");
             }
         }
     }
@@ -274,6 +274,7 @@ mod tests {
             v_head_dim: d,
             scale: 0.5,
             sliding_window: None,
+            attention_chunk: None,
             softcap: None,
         };
         let tensor = |seed: usize, w: usize| Tensor::from_f32(values(t * w, seed), &[t, w]).unwrap();
@@ -297,6 +298,7 @@ mod tests {
             v_head_dim: d,
             scale: 1.0 / (d as f32).sqrt(),
             sliding_window: None,
+            attention_chunk: None,
             softcap: None,
         };
         let tensor = |x: &[f32], w: usize| Tensor::from_f32(x.to_vec(), &[t, w]).unwrap();
@@ -311,7 +313,7 @@ mod tests {
         let mut start = 0;
         for &len in &lens {
             let rows = |x: &[f32], w: usize| x[start * w..(start + len) * w].to_vec();
-            let want = dense(&rows(&q, hq * d), &rows(&k, hkv * d), &rows(&v, hkv * d), len, hq, hkv, d, None);
+            let want = dense(&rows(&q, hq * d), &rows(&k, hkv * d), &rows(&v, hkv * d), len, hq, hkv, d, None, None);
             let got = &causal[start * hq * d..(start + len) * hq * d];
             for (g, w) in got.iter().zip(&want) {
                 assert!((g - w).abs() < 1e-5, "causal: {g} vs {w}");

@@ -143,6 +143,7 @@ fn meta_key(meta: &AttnMetadata, p: &AttentionParams, causal: bool) -> Vec<u32> 
         p.num_heads as u32,
         p.num_kv_heads as u32,
         p.sliding_window.unwrap_or(0) as u32,
+        p.attention_chunk.unwrap_or(0) as u32,
         causal as u32,
         meta.seqs.len() as u32,
     ];
@@ -177,10 +178,11 @@ pub(crate) fn plan_meta(
 ) -> Result<MetaPlan> {
     let group = p.num_heads / p.num_kv_heads;
     let i = |v: usize| i32::try_from(v).map_err(|_| dev_err(format!("paged_attention: {v} beyond 32 bits")));
-    let window = if causal { p.sliding_window } else { None };
+    // A row block's keys start where its first (earliest) row's do; the kernels mask the rest
+    // of each later row's window or chunk.
     let key_range = |pos: usize, last: usize, ctx: usize| {
         let hi = if causal { last + 1 } else { ctx };
-        let lo = window.map(|w| (pos + 1).saturating_sub(w)).unwrap_or(0);
+        let lo = if causal { p.first_key(pos) } else { 0 };
         (lo, hi)
     };
     let (pre_heads, dec_heads) = (group.min(QV_MAX), group.min(DEC_HMAX));
@@ -419,8 +421,8 @@ fn attend(
     if d % 2 != 0 || dv % 2 != 0 || dv > MAX_V_DIM || d > kv.k_dim || dv > kv.v_dim {
         return Err(unsupported(format!("head dims {d}/{dv} with cache dims {}/{}", kv.k_dim, kv.v_dim)));
     }
-    if p.sliding_window == Some(0) {
-        return Err(unsupported("a sliding window of 0 keys".into()));
+    if p.sliding_window == Some(0) || p.attention_chunk == Some(0) {
+        return Err(unsupported("a sliding window or attention chunk of 0 keys".into()));
     }
     let tokens = meta.num_tokens();
     let out = CudaStorage::alloc(dev, dtype, tokens * p.num_heads * dv)?;
@@ -468,6 +470,7 @@ kernel_params! {
         scale: f32,
         softcap: f32,
         window: i32,
+        attn_chunk: i32,
         causal: i32,
         splits: i32,
         n_rows: i32,
@@ -507,6 +510,7 @@ kernel_params! {
         scale: f32,
         softcap: f32,
         window: i32,
+        attn_chunk: i32,
         causal: i32,
         splits: i32,
         n_rows: i32,
@@ -613,6 +617,7 @@ fn launch_attention(
         let [part_acc, part_ml] = parts.ptrs(dev);
         let (items, out) = (dptr(&l.items, dev), out.ptr());
         let (window, causal) = (int(p.sliding_window.unwrap_or(0))?, causal as i32);
+        let attn_chunk = int(p.attention_chunk.unwrap_or(0))?;
         let (splits, n_rows) = (int(l.splits)?, int(l.rows)?);
         if dtype == DType::BF16 && vec == 1 && d == dv && MMA_HEAD_DIMS.contains(&d) {
             let launch = PagedAttnMma {
@@ -632,6 +637,7 @@ fn launch_attention(
                 scale,
                 softcap,
                 window,
+                attn_chunk,
                 causal,
                 splits,
                 n_rows,
@@ -657,6 +663,7 @@ fn launch_attention(
                 scale,
                 softcap,
                 window,
+                attn_chunk,
                 causal,
                 splits,
                 n_rows,

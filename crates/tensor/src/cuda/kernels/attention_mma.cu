@@ -23,7 +23,7 @@ __device__ void paged_attn_mma(const bf16_t* __restrict__ q, const bf16_t* __res
                                const unsigned int* __restrict__ tables, const AttnItem* __restrict__ items,
                                bf16_t* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
                                int hq, int hkv, int k_dim, int v_dim, int block_size, float scale, float softcap,
-                               int window, int causal, int splits, int n_rows) {
+                               int window, int attn_chunk, int causal, int splits, int n_rows) {
     constexpr int KP = D + 8, VP = DV + 8;  // row pitches: 16-byte rows, conflict-free fragment reads
     extern __shared__ float smem[];
     unsigned short* k_s = (unsigned short*)smem;           // [MMA_TK][KP]
@@ -114,7 +114,9 @@ __device__ void paged_attn_mma(const bf16_t* __restrict__ q, const bf16_t* __res
                 int kp = t0 + kw0 + nt * 8 + t * 2 + (e & 1);
                 float x = s[nt][e] * scale;
                 if (softcap > 0.f) x = tanhf(x / softcap) * softcap;
-                bool valid = qok[i] && kp < kend && (!causal || (kp <= pos[i] && (window == 0 || kp > pos[i] - window)));
+                bool valid = qok[i] && kp < kend &&
+                             (!causal || (kp <= pos[i] && (window == 0 || kp > pos[i] - window) &&
+                                          (attn_chunk == 0 || kp >= pos[i] - pos[i] % attn_chunk)));
                 x = valid ? x : -INFINITY;
                 s[nt][e] = x;
                 mx[i] = fmaxf(mx[i], x);
@@ -205,8 +207,9 @@ __device__ void paged_attn_mma(const bf16_t* __restrict__ q, const bf16_t* __res
     extern "C" __global__ void __launch_bounds__(NWARPS * 32) paged_attn_mma_bf16_d##D##_v##DV(                    \
         const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const unsigned int* tables, const AttnItem* items,    \
         bf16_t* out, float* part_acc, float* part_ml, int hq, int hkv, int k_dim, int v_dim, int block_size,       \
-        float scale, float softcap, int window, int causal, int splits, int n_rows) { pdl_wait();                  \
+        float scale, float softcap, int window, int attn_chunk, int causal, int splits, int n_rows) {              \
+        pdl_wait();                                                                                                \
         paged_attn_mma<D, DV>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, k_dim, v_dim, block_size, \
-                              scale, softcap, window, causal, splits, n_rows);                                     \
+                              scale, softcap, window, attn_chunk, causal, splits, n_rows);                         \
     }
 INST_MMA(64, 64) INST_MMA(128, 128) INST_MMA(256, 256)

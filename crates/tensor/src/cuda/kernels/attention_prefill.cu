@@ -38,8 +38,8 @@ __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, co
                            const unsigned int* __restrict__ tables, const AttnItem* __restrict__ items,
                            T* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
                            int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size, float scale,
-                           float softcap, int window, int causal, int splits, int n_rows, int kpitch, int vpitch,
-                           int vec) {
+                           float softcap, int window, int attn_chunk, int causal, int splits, int n_rows,
+                           int kpitch, int vpitch, int vec) {
     extern __shared__ float smem[];
     float* q_s = smem;                                    // [QV_MAX][d]
     float* p_s = q_s + QV_MAX * d;                        // [NWARPS][QPW][TILE]
@@ -111,7 +111,8 @@ __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, co
             if (u < nu) {
                 float x = s[u] * scale;
                 if (softcap > 0.f) x = tanhf(x / softcap) * softcap;
-                bool valid = kp < kend && (!causal || (kp <= pos[u] && (window == 0 || kp > pos[u] - window)));
+                bool valid = kp < kend && (!causal || (kp <= pos[u] && (window == 0 || kp > pos[u] - window) &&
+                                                       (attn_chunk == 0 || kp >= pos[u] - pos[u] % attn_chunk)));
                 x = valid ? x : -INFINITY;
                 float m_new = fmaxf(m_[u], warp_max(x));
                 float p = m_new == -INFINITY ? 0.f : expf(x - m_new);
@@ -164,9 +165,9 @@ __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, co
     extern "C" __global__ void __launch_bounds__(NWARPS * 32) paged_attn_##TN(                                     \
         const T* q, const T* kc, const T* vc, const unsigned int* tables, const AttnItem* items, T* out,           \
         float* part_acc, float* part_ml, int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size,     \
-        float scale, float softcap, int window, int causal, int splits, int n_rows, int kpitch, int vpitch,        \
-        int vec) { pdl_wait();                                                                                     \
+        float scale, float softcap, int window, int attn_chunk, int causal, int splits, int n_rows, int kpitch,    \
+        int vpitch, int vec) { pdl_wait();                                                                         \
         paged_attn<T>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim, block_size,  \
-                      scale, softcap, window, causal, splits, n_rows, kpitch, vpitch, vec);                        \
+                      scale, softcap, window, attn_chunk, causal, splits, n_rows, kpitch, vpitch, vec);            \
     }
 FOR_T(INST_PREFILL)
