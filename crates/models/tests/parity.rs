@@ -267,20 +267,50 @@ fn gate_catches_wave2_dense_config_breaks() {
     assert_breaks_caught(breaks);
 }
 
-/// ERNIE 4.5's adjacent-pair rotary is not a config key: load its fixture as a Llama that
-/// rotates halves and the gate must fail.
+/// Options no config key switches, broken in the loaded model: the gate must fail.
 #[test]
-fn gate_catches_ernie_rotating_halves() {
+fn gate_catches_structural_breaks() {
+    use ferrite_models::decoder::{Decoder, TokenMixer};
+    use ferrite_models::families::glm::{self, GlmVariant};
+    use ferrite_models::families::hunyuan::{self, HunYuanVariant};
     use ferrite_models::families::llama::{self, Variant};
-    let dir = fixtures_dir().join("models").join("ernie4_5");
-    let halves = Variant { interleaved_rope: false, ..Variant::ERNIE4_5 };
-    let (_, reports) =
-        ferrite_testing::gate::run_fixture_with(&dir, DType::F32, ferrite_tensor::Device::Cpu, move |r, w| {
-            Ok(Box::new(llama::load(r, w, halves)?))
-        })
-        .unwrap();
-    let strict = reports.iter().filter(|r| r.strict).count();
-    assert!(strict < reports.len(), "rotating halves went unnoticed ({strict}/{} strict)", reports.len());
+    use ferrite_models::loading::{config::RawConfig, weights::Weights};
+    use ferrite_tensor::RopeStyle;
+    type Load = fn(&RawConfig, &Weights) -> ferrite_models::Result<Decoder>;
+    type Break = fn(&mut Decoder);
+    fn halves(d: &mut Decoder) {
+        d.ropes.iter_mut().for_each(|r| r.style = RopeStyle::Neox);
+    }
+    let breaks: &[(&str, &str, Load, Break)] = &[
+        ("ernie4_5", "rotary on halves, not adjacent pairs", |r, w| llama::load(r, w, Variant::ERNIE4_5), halves),
+        ("glm", "rotary on halves, not adjacent pairs", |r, w| glm::load(r, w, GlmVariant::Glm), halves),
+        (
+            "hunyuan-dense",
+            "QK-norm before the rotary, not after",
+            |r, w| hunyuan::load(r, w, HunYuanVariant::Dense),
+            |d| {
+                for b in &mut d.blocks {
+                    if let TokenMixer::Attention(a) = &mut b.mixer {
+                        let (qn, kn) = a.post_rope_norms.take().expect("HunYuan normalises after the rotary");
+                        (a.attn.q_norm, a.attn.k_norm) = (Some(qn), Some(kn));
+                    }
+                }
+            },
+        ),
+    ];
+    for &(fixture, what, load, edit) in breaks {
+        let dir = fixtures_dir().join("models").join(fixture);
+        let (_, reports) =
+            ferrite_testing::gate::run_fixture_with(&dir, DType::F32, ferrite_tensor::Device::Cpu, move |r, w| {
+                let mut model = load(r, w)?;
+                edit(&mut model);
+                Ok(Box::new(model))
+            })
+            .unwrap_or_else(|e| panic!("{fixture} ({what}): {e}"));
+        let strict = reports.iter().filter(|r| r.strict).count();
+        println!("{fixture} with {what}: {strict}/{} strict", reports.len());
+        assert!(strict < reports.len(), "{fixture}: {what} went unnoticed ({strict}/{} strict)", reports.len());
+    }
 }
 
 /// Model families wave 2 (GLM, HunYuan): each family's distinctive config key, edited in a copy
