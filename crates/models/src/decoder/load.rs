@@ -100,13 +100,26 @@ impl CommonConfig {
             }
         }
         let eps = if defaults.layer_norm { self.layer_norm_eps } else { self.rms_norm_eps };
+        let head_dim = self.head_dim.or(defaults.head_dim).unwrap_or(self.hidden_size / heads);
+        check_dims(
+            raw,
+            &[
+                ("hidden_size", self.hidden_size),
+                ("num_attention_heads", heads),
+                ("head_dim", head_dim),
+                ("num_hidden_layers", self.num_hidden_layers),
+                ("vocab_size", self.vocab_size),
+                ("intermediate_size", self.intermediate_size.unwrap_or(1)),
+                ("num_attention_heads * head_dim", heads.saturating_mul(head_dim)),
+            ],
+        )?;
         Ok(Dims {
             hidden: self.hidden_size,
             intermediate: self.intermediate_size,
             layers: self.num_hidden_layers,
             heads,
             kv_heads,
-            head_dim: self.head_dim.or(defaults.head_dim).unwrap_or(self.hidden_size / heads),
+            head_dim,
             eps: eps.unwrap_or(defaults.eps),
             max_positions: self.max_position_embeddings.unwrap_or(defaults.max_positions),
             vocab: self.vocab_size,
@@ -246,6 +259,19 @@ impl Names<'static> {
 /// A Hugging Face activation name, or an error naming the config key.
 pub fn activation(raw: &RawConfig, key: &str, name: &str) -> Result<Activation> {
     Activation::from_hf(name).ok_or_else(|| raw.error(format!("unsupported `{key}` `{name}`")))
+}
+
+/// The largest size a config may give a dimension (or a product of two that sizes a weight):
+/// far above any real model's, and far below what would overflow an index or ask the allocator
+/// for more than a checkpoint could back.
+pub const MAX_DIM: usize = 1 << 24;
+
+/// Each `(key, value)` is positive and at most [`MAX_DIM`], else an error naming the key.
+pub fn check_dims(raw: &RawConfig, dims: &[(&str, usize)]) -> Result<()> {
+    match dims.iter().find(|(_, v)| *v == 0 || *v > MAX_DIM) {
+        Some((key, v)) => Err(raw.error(format!("`{key}` is {v}: it must be between 1 and {MAX_DIM}"))),
+        None => Ok(()),
+    }
 }
 
 pub fn check_heads(raw: &RawConfig, heads: usize, kv_heads: usize) -> Result<()> {

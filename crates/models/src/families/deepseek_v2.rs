@@ -7,7 +7,7 @@
 use ferrite_tensor::RopeStyle;
 use serde::Deserialize;
 
-use crate::decoder::load::{CommonConfig, Defaults};
+use crate::decoder::load::{check_dims, CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, TokenMixer};
 use crate::layers::mla::{self, Mla, MlaCacheMode, MlaDims};
 use crate::layers::moe::{
@@ -80,6 +80,27 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
         false => Defaults::LLAMA,
     };
     let d = cfg.common.resolve(raw, defaults)?;
+    check_dims(
+        raw,
+        &[
+            ("moe_intermediate_size", cfg.moe_intermediate_size),
+            ("q_lora_rank", cfg.q_lora_rank.unwrap_or(1)),
+            ("kv_lora_rank", cfg.kv_lora_rank),
+            ("qk_nope_head_dim", cfg.qk_nope_head_dim),
+            ("qk_rope_head_dim", cfg.qk_rope_head_dim),
+            ("v_head_dim", cfg.v_head_dim),
+            ("n_routed_experts", cfg.n_routed_experts),
+            ("num_experts_per_tok", cfg.num_experts_per_tok),
+            (
+                "n_shared_experts * moe_intermediate_size",
+                cfg.n_shared_experts.unwrap_or(1).max(1).saturating_mul(cfg.moe_intermediate_size),
+            ),
+            (
+                "num_attention_heads * (qk_nope_head_dim + v_head_dim)",
+                d.heads.saturating_mul(cfg.qk_nope_head_dim.saturating_add(cfg.v_head_dim)),
+            ),
+        ],
+    )?;
     let dims = MlaDims {
         num_heads: d.heads,
         q_lora_rank: cfg.q_lora_rank,

@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use serde::Deserialize;
 
-use crate::decoder::load::{CommonConfig, Defaults, Names};
+use crate::decoder::load::{check_dims, check_heads, CommonConfig, Defaults, Names};
 use crate::decoder::{Block, ChannelMixer, Decoder, ParallelSum, SelfAttention, TokenMixer, Wiring};
 use crate::layers::{Attention, DenseMlp, Norm};
 use crate::loading::config::RawConfig;
@@ -79,6 +79,10 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let mapped = raw.renamed(&names);
     let common: CommonConfig = mapped.parse()?;
     let heads = common.num_attention_heads;
+    check_dims(&mapped, &[("hidden_size", common.hidden_size), ("num_attention_heads", heads)])?;
+    if cfg.new_decoder_architecture {
+        check_heads(&mapped, heads, cfg.num_kv_heads.unwrap_or(heads))?;
+    }
     let ([q_rows, k_rows, v_rows], kv_heads) = qkv_layout(&cfg, heads, common.hidden_size / heads.max(1));
     let defaults =
         Defaults { eps: 1e-5, layer_norm: true, act: "gelu", tie: true, kv_heads: Some(kv_heads), ..Defaults::LLAMA };

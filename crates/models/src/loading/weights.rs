@@ -46,7 +46,16 @@ impl SafetensorsWeights {
                 path: index_path.clone(),
                 message: "missing field `weight_map`".into(),
             })?;
-            let mut names: Vec<String> = map.values().filter_map(|v| v.as_str().map(str::to_owned)).collect();
+            let mut names = Vec::with_capacity(map.len());
+            for (tensor, shard) in map {
+                let shard = shard.as_str().filter(|s| is_plain_file_name(s)).ok_or_else(|| ModelError::Weights {
+                    path: index_path.clone(),
+                    message: format!(
+                        "`weight_map` entry `{tensor}`: {shard} is not a file name in the model directory"
+                    ),
+                })?;
+                names.push(shard.to_owned());
+            }
             names.sort();
             names.dedup();
             names.into_iter().map(|n| dir.join(n)).collect()
@@ -77,6 +86,13 @@ impl SafetensorsWeights {
         }
         Ok(SafetensorsWeights { dir: dir.to_path_buf(), shards, index })
     }
+}
+
+/// A shard named by an index must sit in the model directory: one normal path component, so
+/// that a crafted index cannot make the loader open (and map) files elsewhere.
+fn is_plain_file_name(name: &str) -> bool {
+    let mut parts = Path::new(name).components();
+    !name.contains(['/', '\\']) && matches!((parts.next(), parts.next()), (Some(std::path::Component::Normal(_)), None))
 }
 
 fn convert(bytes: &[u8], dtype: StDtype, target: DType, shape: &[usize], name: &str, path: &Path) -> Result<Tensor> {
@@ -324,5 +340,175 @@ impl<'w> Scope<'w> {
 
     pub fn get_f32(&self, leaf: &str, shape: &[usize]) -> Result<Tensor> {
         self.weights.get_f32(&self.name(leaf), shape)
+    }
+}
+
+#[cfg(test)]
+mod hostile {
+    //! Checkpoints from strangers: a damaged or lying safetensors header, or an index naming
+    //! files outside the model directory, fails with an error, never a panic, an out-of-bounds
+    //! read or an allocation the file does not back.
+
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    /// A small real checkpoint: one of the committed parity fixtures.
+    fn sample() -> Vec<u8> {
+        let path = ferrite_testing::gate::fixtures_dir().join("models/llama/model.safetensors");
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    fn split(file: &[u8]) -> (Value, &[u8]) {
+        let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+        (serde_json::from_slice(&file[8..8 + n]).unwrap(), &file[8 + n..])
+    }
+
+    fn join(header: &Value, data: &[u8]) -> Vec<u8> {
+        let text = serde_json::to_vec(header).unwrap();
+        let mut out = (text.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&text);
+        out.extend_from_slice(data);
+        out
+    }
+
+    #[derive(Debug, Clone)]
+    enum Lie {
+        Dtype(usize, &'static str),
+        Shape(usize, Vec<u64>),
+        Offsets(usize, u64, u64),
+        Flip { at: usize, byte: u8 },
+        HeaderLength(u64),
+        Cut { len: usize },
+    }
+
+    fn lie() -> impl Strategy<Value = Lie> {
+        let big = prop_oneof![Just(0u64), Just(1), Just(u64::MAX), Just(1 << 33), Just(1 << 62), 0u64..4096];
+        let dtypes = prop_oneof![Just("F32"), Just("BF16"), Just("F16"), Just("I64"), Just("U8"), Just("F8_E4M3")];
+        prop_oneof![
+            (any::<usize>(), dtypes).prop_map(|(t, d)| Lie::Dtype(t, d)),
+            (any::<usize>(), proptest::collection::vec(big.clone(), 0..4)).prop_map(|(t, s)| Lie::Shape(t, s)),
+            (any::<usize>(), big.clone(), big.clone()).prop_map(|(t, a, b)| Lie::Offsets(t, a, b)),
+            (any::<usize>(), any::<u8>()).prop_map(|(at, byte)| Lie::Flip { at, byte }),
+            big.prop_map(Lie::HeaderLength),
+            any::<usize>().prop_map(|len| Lie::Cut { len }),
+        ]
+    }
+
+    fn tell(file: Vec<u8>, lie: &Lie) -> Vec<u8> {
+        let edit = |file: Vec<u8>, t: usize, f: &dyn Fn(&mut Value)| -> Vec<u8> {
+            let Ok(n) = file.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap()) as usize).ok_or(()) else {
+                return file;
+            };
+            let Some(Ok(mut header)) = file.get(8..8usize.saturating_add(n)).map(serde_json::from_slice::<Value>)
+            else {
+                return file;
+            };
+            let names: Vec<String> = header
+                .as_object()
+                .map(|o| o.keys().filter(|k| *k != "__metadata__").cloned().collect())
+                .unwrap_or_default();
+            if names.is_empty() {
+                return file;
+            }
+            f(&mut header[&names[t % names.len()]]);
+            join(&header, &file[8 + n..])
+        };
+        match lie {
+            Lie::Dtype(t, d) => edit(file, *t, &|v| v["dtype"] = json!(d)),
+            Lie::Shape(t, s) => edit(file, *t, &|v| v["shape"] = json!(s)),
+            Lie::Offsets(t, a, b) => edit(file, *t, &|v| v["data_offsets"] = json!([a, b])),
+            Lie::Flip { at, byte } => {
+                let mut file = file;
+                let n = file.len();
+                if n > 0 {
+                    file[at % n] ^= (*byte).max(1);
+                }
+                file
+            }
+            Lie::HeaderLength(len) => {
+                let mut file = file;
+                if file.len() >= 8 {
+                    file[..8].copy_from_slice(&len.to_le_bytes());
+                }
+                file
+            }
+            Lie::Cut { len } => {
+                let mut file = file;
+                let n = file.len().max(1);
+                file.truncate(len % n);
+                file
+            }
+        }
+    }
+
+    fn scratch_dir(tag: &str) -> PathBuf {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ferrite-hostile-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Opens `dir` and reads every tensor it lists: errors are fine, panics are not, and what
+    /// loads has exactly the bytes its shape and dtype need.
+    fn open_and_read(dir: &Path) {
+        let Ok(weights) = SafetensorsWeights::open(dir) else { return };
+        for name in weights.index.keys() {
+            if let Ok(Some(t)) = weights.load(name, DType::F32) {
+                assert_eq!(t.numel(), t.shape().iter().product::<usize>());
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+        #[test]
+        fn lying_headers_fail_cleanly(lies in proptest::collection::vec(lie(), 1..4)) {
+            let mut file = sample();
+            for l in &lies {
+                file = tell(file, l);
+            }
+            let dir = scratch_dir("st");
+            std::fs::write(dir.join("model.safetensors"), &file).unwrap();
+            open_and_read(&dir);
+            std::fs::remove_dir_all(&dir).ok();
+        }
+
+        #[test]
+        fn index_files_stay_in_the_model_directory(
+            shard in prop_oneof![
+                Just(json!("model.safetensors")), Just(json!("../model.safetensors")), Just(json!("/etc/hostname")),
+                Just(json!("")), Just(json!(".")), Just(json!("sub/model.safetensors")), Just(json!(7)), Just(json!(null)),
+                "[a-z./]{0,12}".prop_map(|s| json!(s)),
+            ],
+        ) {
+            let dir = scratch_dir("index");
+            std::fs::write(dir.join("model.safetensors"), sample()).unwrap();
+            let index = json!({"metadata": {}, "weight_map": {"model.embed_tokens.weight": shard.clone()}});
+            std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+            let opened = SafetensorsWeights::open(&dir);
+            std::fs::remove_dir_all(&dir).ok();
+            // Judged here, not by the loader's own check, so that a broken check fails the test.
+            let plain = shard.as_str().is_some_and(|s| !s.is_empty() && !s.contains('/') && s != "." && s != "..");
+            match opened {
+                Ok(w) => prop_assert!(plain && w.shards.iter().all(|s| s.path.parent() == Some(dir.as_path()))),
+                Err(e) => prop_assert!(plain || e.to_string().contains("weight_map"), "{e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_header_that_lies_about_a_tensor_names_it() {
+        let file = sample();
+        let (mut header, data) = split(&file);
+        header["model.norm.weight"]["data_offsets"] = json!([0, 1u64 << 40]);
+        let dir = scratch_dir("offsets");
+        std::fs::write(dir.join("model.safetensors"), join(&header, data)).unwrap();
+        let err = SafetensorsWeights::open(&dir).err().expect("offsets beyond the file must not load");
+        std::fs::remove_dir_all(&dir).ok();
+        let message = err.to_string();
+        assert!(message.contains("model.safetensors") && message.contains("`model.norm.weight`"), "{message}");
     }
 }

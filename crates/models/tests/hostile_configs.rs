@@ -1,0 +1,157 @@
+//! `config.json` from strangers: every key of real fixtures' configs set to hostile values
+//! (zero, negative, wrong type, null, out-of-range) must give a load error or a model, never a
+//! panic or an allocation the checkpoint does not back. What a run finds becomes a regression
+//! case in `proptest-regressions/`; `PROPTEST_CASES=100000 cargo test -p ferrite-models --test
+//! hostile_configs` is the longer run.
+//!
+//! Sizes near `u64::MAX` are scanned key by key by the ignored `scan_huge_values` (`--ignored`):
+//! the shared dimension checks (`check_dims`) and the Falcon, DeepSeek/MLA loaders refuse them;
+//! some MoE loaders still multiply two such sizes unchecked (a debug-build overflow panic; release
+//! wraps and the weight-shape check refuses the model), so the scan is not yet part of CI.
+
+use std::path::{Path, PathBuf};
+
+use ferrite_models::{load_model, LoadOptions};
+use ferrite_testing::gate::fixtures_dir;
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+/// Fixtures whose configs span the loaders: dense, sliding, per-type rope, MoE, MLA, NoPE,
+/// chunked attention, fused projections.
+const FIXTURES: &[&str] = &[
+    "llama",
+    "gemma3",
+    "phi3-longrope",
+    "falcon-new-arch",
+    "deepseek-v3",
+    "qwen3-moe",
+    "cohere2",
+    "olmo3",
+    "smollm3",
+    "glm4-moe",
+    "hunyuan-moe",
+    "llama4",
+    "minicpm3",
+    "granite-moe-shared",
+    "apertus",
+    "gpt-neox",
+];
+
+fn hostile_value() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(json!(0)),
+        Just(json!(-1)),
+        Just(json!(1u64 << 25)),
+        Just(json!(-1e308)),
+        Just(json!(0.5)),
+        Just(json!("x")),
+        Just(json!(null)),
+        Just(json!([])),
+        Just(json!({})),
+        Just(json!(true)),
+        Just(json!([0, 1u64 << 25])),
+        (0u64..70).prop_map(|v| json!(v)),
+    ]
+}
+
+/// Sets the `pick`-th key (counting nested rope sections) to `value`.
+fn poison(config: &mut Value, pick: usize, value: Value) {
+    let mut paths: Vec<Vec<String>> = Vec::new();
+    if let Some(obj) = config.as_object() {
+        for (k, v) in obj {
+            paths.push(vec![k.clone()]);
+            if let Some(inner) = v.as_object() {
+                for (k2, v2) in inner {
+                    paths.push(vec![k.clone(), k2.clone()]);
+                    if let Some(inner2) = v2.as_object() {
+                        paths.extend(inner2.keys().map(|k3| vec![k.clone(), k2.clone(), k3.clone()]));
+                    }
+                }
+            }
+        }
+    }
+    let path = &paths[pick % paths.len()];
+    let mut slot = config;
+    for key in path {
+        slot = &mut slot[key.as_str()];
+    }
+    *slot = value;
+}
+
+fn scratch_copy(fixture: &str) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dst = std::env::temp_dir().join(format!("ferrite-hostile-config-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dst).unwrap();
+    let src = fixtures_dir().join("models").join(fixture);
+    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        if src.join(f).exists() {
+            // The weights are only read: a link keeps each case cheap.
+            if f == "model.safetensors" {
+                std::os::unix::fs::symlink(src.join(f), dst.join(f)).unwrap();
+            } else {
+                std::fs::copy(src.join(f), dst.join(f)).unwrap();
+            }
+        }
+    }
+    dst
+}
+
+fn load(dir: &Path) -> Result<(), String> {
+    let opts = LoadOptions { progress: false, ..LoadOptions::default() };
+    load_model(dir, &opts).map(|_| ()).map_err(|e| e.to_string())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #[test]
+    fn poisoned_configs_fail_cleanly(
+        fixture in 0..FIXTURES.len(),
+        poisons in proptest::collection::vec((any::<usize>(), hostile_value()), 1..3),
+    ) {
+        let dir = scratch_copy(FIXTURES[fixture]);
+        let path = dir.join("config.json");
+        let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for (pick, value) in poisons {
+            poison(&mut config, pick, value);
+        }
+        std::fs::write(&path, config.to_string()).unwrap();
+        let outcome = load(&dir);
+        std::fs::remove_dir_all(&dir).ok();
+        if let Err(message) = outcome {
+            prop_assert!(!message.is_empty());
+        }
+    }
+}
+
+#[test]
+fn every_fixture_loads_unpoisoned() {
+    for fixture in FIXTURES {
+        let dir = scratch_copy(fixture);
+        let outcome = load(&dir);
+        std::fs::remove_dir_all(&dir).ok();
+        outcome.unwrap_or_else(|e| panic!("{fixture}: {e}"));
+    }
+}
+
+#[test]
+#[ignore = "still finds unchecked size products in some MoE loaders; see the module docs"]
+fn scan_huge_values() {
+    for fixture in FIXTURES {
+        let base: Value = serde_json::from_str(
+            &std::fs::read_to_string(fixtures_dir().join("models").join(fixture).join("config.json")).unwrap(),
+        )
+        .unwrap();
+        for pick in 0..200 {
+            for v in [json!(1u64 << 40), json!(u64::MAX), json!(1e308), json!([0, 1u64 << 40])] {
+                let dir = scratch_copy(fixture);
+                let mut c = base.clone();
+                poison(&mut c, pick, v.clone());
+                std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+                eprintln!("{fixture} pick {pick} {v}");
+                let _ = load(&dir);
+                std::fs::remove_dir_all(&dir).ok();
+            }
+        }
+    }
+}
