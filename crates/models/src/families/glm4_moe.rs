@@ -15,7 +15,7 @@
 use serde::Deserialize;
 
 use super::glm::GLM_PARTIAL_ROTARY;
-use crate::decoder::load::{CommonConfig, Defaults};
+use crate::decoder::load::{check_dims, CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
 use crate::layers::moe::{
     ExpertNames, Experts, GroupLimit, GroupScore, Router, RouterConfig, Scoring, SharedExpert, SparseMoe,
@@ -67,6 +67,11 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let cfg: Glm4MoeConfig = raw.parse()?;
     let defaults = Defaults { eps: 1e-5, max_positions: 131_072, kv_heads: Some(8), ..Defaults::LLAMA };
     let d = cfg.common.resolve(raw, defaults)?;
+    let shared_width = cfg.n_shared_experts.max(1).saturating_mul(cfg.moe_intermediate_size);
+    check_dims(
+        raw,
+        &[("n_routed_experts", cfg.n_routed_experts), ("n_shared_experts * moe_intermediate_size", shared_width)],
+    )?;
     let mut rope_params = RopeParameters::from_config(raw, 10000.0)?;
     rope_params.partial_rotary_factor = rope_params.partial_rotary_factor.or(Some(GLM_PARTIAL_ROTARY));
     let rope = Rope::new(&rope_params, d.head_dim, d.max_positions, raw)?;

@@ -15,7 +15,7 @@
 
 use serde::Deserialize;
 
-use crate::decoder::load::{CommonConfig, Defaults};
+use crate::decoder::load::{check_dims, CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, LogitsPost, SelfAttention, TokenMixer, Wiring};
 use crate::layers::moe::{Experts, Router, RouterConfig, Scoring, SharedExpert, SparseMoe, StackedLayout};
 use crate::layers::{GatedMlp, Norm};
@@ -69,6 +69,7 @@ impl Variant {
 pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
     let cfg: GraniteMoeConfig = raw.parse()?;
     let d = cfg.common.resolve(raw, Defaults::LLAMA)?;
+    check_dims(raw, &[("shared_intermediate_size", cfg.shared_intermediate_size.max(1))])?;
     let inter = d.intermediate(raw)?;
     let router_cfg = RouterConfig {
         num_experts: cfg.num_local_experts,

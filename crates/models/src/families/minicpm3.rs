@@ -11,7 +11,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::decoder::load::{CommonConfig, Defaults};
+use crate::decoder::load::{check_dims, CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, LogitsPost, TokenMixer, Wiring};
 use crate::layers::mla::{self, Mla, MlaCacheMode, MlaDims};
 use crate::layers::rope::{Rope, RopeParameters};
@@ -65,6 +65,19 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let cfg: MiniCpm3Config = raw.parse()?;
     let defaults = Defaults { eps: 1e-5, max_positions: 32_768, tie: true, ..Defaults::LLAMA };
     let d = cfg.common.resolve(raw, defaults)?;
+    let v_head_dim = cfg.v_head_dim.unwrap_or(1);
+    check_dims(
+        raw,
+        &[
+            ("kv_lora_rank", cfg.kv_lora_rank),
+            ("qk_rope_head_dim", cfg.qk_rope_head_dim),
+            (
+                "num_attention_heads * (qk_nope_head_dim + v_head_dim)",
+                d.heads.saturating_mul(cfg.qk_nope_head_dim.saturating_add(v_head_dim)),
+            ),
+            ("kv_lora_rank + qk_rope_head_dim", cfg.kv_lora_rank.saturating_add(cfg.qk_rope_head_dim)),
+        ],
+    )?;
     let inter = d.intermediate(raw)?;
     let dims = MlaDims {
         num_heads: d.heads,

@@ -143,7 +143,12 @@ impl Rope {
         raw: &RawConfig,
     ) -> Result<Rope> {
         let base = params.rope_theta.unwrap_or(10000.0) as f32;
-        let rotary_dim = (head_dim as f64 * params.partial_rotary_factor.unwrap_or(1.0)) as usize;
+        let partial = params.partial_rotary_factor.unwrap_or(1.0);
+        if !(partial > 0.0 && partial <= 1.0) {
+            return Err(raw.error(format!("`partial_rotary_factor` {partial} is not in (0, 1]")));
+        }
+        crate::decoder::load::check_dims(raw, &[("head_dim (rotary)", head_dim)])?;
+        let rotary_dim = (head_dim as f64 * partial) as usize;
         let dim = rotary_dim;
         let need = |v: Option<f64>, key: &str| -> Result<f64> {
             v.ok_or_else(|| raw.error(format!("rope type `{}` needs `{key}`", params.kind())))
