@@ -112,6 +112,8 @@ class Spec:
     # Rewrites the saved config.json the way real checkpoints of the family spell it (older key
     # names, the Hub's `architectures`); the oracle then loads that spelling from disk.
     edit_saved_config: Callable[[dict[str, Any]], None] | None = None
+    # Rewrites the saved model.safetensors (e.g. into a quantized checkpoint layout).
+    edit_saved_weights: Callable[[Path], None] | None = None
 
 
 @dataclass
@@ -274,6 +276,89 @@ PHI3_LONGROPE: dict[str, Any] = dict(
                          short_factor=[1.0, 1.02, 1.1, 1.25, 1.5, 2.0],
                          long_factor=[1.0, 1.6, 3.0, 5.0, 8.0, 12.0]),
 )
+
+
+def _scale_sinks(std: float):
+    """gpt-oss sinks init to N(0, initializer_range); widen them so that every head's sink weighs."""
+
+    def init(model: torch.nn.Module, gen: torch.Generator) -> None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("self_attn.sinks"):
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+    return init
+
+
+def _drop_sinks(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("self_attn.sinks"):
+                p.fill_(float("-inf"))
+
+
+# MXFP4 (OCP microscaling): 32 FP4 (e2m1) values share one e8m0 exponent; transformers'
+# integrations/mxfp4.py FP4_VALUES order (nibble = sign << 3 | magnitude index).
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def _mxfp4_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`w [..., n]` (n a multiple of 32) -> blocks uint8 [..., n / 32, 16] and scales uint8 [..., n / 32]:
+    per group of 32 the exponent e = ceil(log2(amax / 6)) (so |w| / 2^e <= 6), each value rounded to the
+    nearest FP4 magnitude (ties to the lower index), low nibble first."""
+    g = w.reshape(*w.shape[:-1], w.shape[-1] // 32, 32).to(torch.float64)
+    amax = g.abs().amax(-1, keepdim=True).clamp_min(2.0 ** -126)
+    e = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    x = g / torch.exp2(e)
+    mags = torch.tensor(FP4_VALUES[:8], dtype=torch.float64)
+    idx = (x.abs().unsqueeze(-1) - mags).abs().argmin(-1)
+    nib = (idx | ((x < 0).long() << 3)).to(torch.uint8)
+    blocks = nib[..., 0::2] | (nib[..., 1::2] << 4)
+    return blocks.contiguous(), (e.squeeze(-1) + 127).to(torch.uint8)
+
+
+def _mxfp4_dequantize(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+    lo, hi = lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]
+    vals = torch.stack([lo, hi], -1).reshape(*blocks.shape[:-1], 32)
+    vals = torch.ldexp(vals, scales.to(torch.int32).unsqueeze(-1) - 127)
+    return vals.reshape(*vals.shape[:-2], -1)
+
+
+def _expert_checkpoint_views(model: torch.nn.Module):
+    """(name, parameter) of each expert weight ([E, in, out]; the checkpoint keeps their transposes)."""
+    for name, p in model.named_parameters():
+        if name.endswith("mlp.experts.gate_up_proj") or name.endswith("mlp.experts.down_proj"):
+            yield name, p
+
+
+def _mxfp4_round_experts(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """Puts every expert weight on the MXFP4 grid, so the f32 model is the dequantized checkpoint."""
+    _scale_sinks(1.5)(model, gen)
+    with torch.no_grad():
+        for _, p in _expert_checkpoint_views(model):
+            blocks, scales = _mxfp4_quantize(p.transpose(1, 2))
+            p.copy_(_mxfp4_dequantize(blocks, scales).transpose(1, 2))
+
+
+def _mxfp4_checkpoint(out_dir: Path) -> None:
+    """Replaces the f32 expert weights of model.safetensors by `*_blocks` / `*_scales`, as gpt-oss ships."""
+    from safetensors.torch import load_file, save_file
+
+    path = out_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    for name in [n for n in tensors if n.endswith("mlp.experts.gate_up_proj") or n.endswith("mlp.experts.down_proj")]:
+        w = tensors.pop(name).transpose(1, 2).contiguous()
+        blocks, scales = _mxfp4_quantize(w)
+        assert torch.equal(_mxfp4_dequantize(blocks, scales), w), name
+        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _mxfp4_config(cfg: dict[str, Any]) -> None:
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+
 
 SPECS: list[Spec] = [
     Spec(
@@ -1136,6 +1221,42 @@ SPECS: list[Spec] = [
             Ablate("expert output x score instead of input", fn=_llama4_weight_expert_outputs),
         ],
     ),
+    Spec(
+        name="gpt_oss",
+        config_class="GptOssConfig",
+        architecture="GptOssForCausalLM",
+        init_fn=_scale_sinks(1.5),
+        kwargs=dict(hidden_size=64, head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=3,
+                    sliding_window=6, swiglu_limit=1.5, pad_token_id=None,
+                    rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=8.0, beta_fast=32.0,
+                                         beta_slow=1.0, truncate=False, original_max_position_embeddings=64)),
+        feature="gpt-oss: attention sinks (a learned logit per head in each softmax denominator, N(0, 1.5)), "
+        "layer 0 sliding (window 6) and layer 1 full (default layer_types), q/k/v/o biases, YaRN (factor 8 over "
+        "64 positions, truncate false); MoE: router Linear with bias, top-3 of 4 logits softmaxed, experts with "
+        "interleaved gate_up_proj + biases, clamped SwiGLU (limit 1.5, alpha 1.702, (up + 1) * glu), down + bias",
+        ablate_fn=_drop_sinks,
+        ablation_desc="sinks -> -inf (no sink)",
+        extra_ablations=[
+            Ablate("sliding_window 6 -> 4096", config=dict(sliding_window=4096)),
+            Ablate("swiglu_limit 1.5 -> 7", config=dict(swiglu_limit=7.0)),
+        ],
+    ),
+    Spec(
+        name="gpt_oss_mxfp4",
+        config_class="GptOssConfig",
+        architecture="GptOssForCausalLM",
+        init_fn=_mxfp4_round_experts,
+        kwargs=dict(hidden_size=64, head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                    sliding_window=6, pad_token_id=None),
+        feature="gpt-oss as the Hub ships it: expert weights as MXFP4 `*_blocks` (uint8, two e2m1 values a byte, "
+        "low nibble first, [E, out, in / 32, 16]) and `*_scales` (e8m0 exponents, one per 32 values) under "
+        "quantization_config mxfp4, dequantized at load (transformers dequantizes on CPU); default YaRN rope "
+        "(factor 32 over 4096), swiglu_limit 7",
+        ablate_fn=_drop_sinks,
+        ablation_desc="sinks -> -inf (no sink)",
+        edit_saved_config=_mxfp4_config,
+        edit_saved_weights=_mxfp4_checkpoint,
+    ),
 ]
 
 SPEC_BY_NAME = {s.name: s for s in SPECS}
@@ -1247,6 +1368,8 @@ def save_fixture(model: torch.nn.Module, spec: Spec, out_dir: Path) -> None:
         if spec.edit_saved_config:
             spec.edit_saved_config(cfg)
         cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if spec.edit_saved_weights:
+        spec.edit_saved_weights(out_dir)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(TOKENIZER_DIR / f, out_dir / f)
     present = sorted(p.name for p in out_dir.iterdir())

@@ -11,8 +11,8 @@ use crate::families::llama::{self, Variant};
 use crate::families::mixtral::{self, MoeVariant};
 use crate::families::olmo2::OlmoVersion;
 use crate::families::{
-    bert, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gpt2, gpt_neox, granite, granite_moe, llama4,
-    minicpm3, minimax_m2, olmo2, opt, phi, phi3, roberta, stablelm, starcoder2,
+    bert, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gpt2, gpt_neox, gpt_oss, granite, granite_moe,
+    llama4, minicpm3, minimax_m2, olmo2, opt, phi, phi3, roberta, stablelm, starcoder2,
 };
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
@@ -99,6 +99,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ),
     ("MiniMaxM2ForCausalLM", Causal(|r, w| Ok(Box::new(minimax_m2::load(r, w)?)))),
     ("Ernie4_5_MoeForCausalLM", Causal(|r, w| Ok(Box::new(ernie45_moe::load(r, w)?)))),
+    ("GptOssForCausalLM", Causal(|r, w| Ok(Box::new(gpt_oss::load(r, w)?)))),
     ("MiniCPM3ForCausalLM", Causal(|r, w| Ok(Box::new(minicpm3::load(r, w)?)))),
     ("Llama4ForCausalLM", Causal(|r, w| Ok(Box::new(llama4::load(r, w)?)))),
     ("BertModel", Pooling(|r, w| Ok(Box::new(bert::BertModel::load(r, w, "bert", bert::Positions::Absolute)?)))),

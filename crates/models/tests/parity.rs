@@ -95,6 +95,8 @@ parity! {
     ernie45_moe => "ernie45-moe",
     minicpm3 => "minicpm3",
     llama4 => "llama4",
+    gpt_oss => "gpt_oss",
+    gpt_oss_mxfp4 => "gpt_oss_mxfp4",
 }
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.
@@ -370,4 +372,43 @@ fn gate_catches_moe_wave2_config_breaks() {
         ("llama4", "rotary on every layer", |c| c["no_rope_layers"] = json!([1, 1, 1, 1])),
     ];
     assert_breaks_caught(breaks);
+}
+
+/// gpt-oss: its config keys edited in a copy of each fixture must break the gate.
+#[test]
+fn gate_catches_gpt_oss_config_breaks() {
+    use serde_json::json;
+    let breaks: &[(&str, &str, Edit)] = &[
+        ("gpt_oss", "sliding window dropped", |c| c["layer_types"] = json!(["full_attention", "full_attention"])),
+        ("gpt_oss", "swiglu_limit 1.5 -> 7", |c| c["swiglu_limit"] = json!(7.0)),
+        ("gpt_oss", "swiglu_alpha 1.702 -> 1", |c| c["swiglu_alpha"] = json!(1.0)),
+        ("gpt_oss", "top-2 routing", |c| c["num_experts_per_tok"] = json!(2)),
+        ("gpt_oss", "YaRN truncated", |c| c["rope_parameters"]["truncate"] = json!(true)),
+        ("gpt_oss_mxfp4", "sliding window dropped", |c| c["layer_types"] = json!(["full_attention", "full_attention"])),
+    ];
+    assert_breaks_caught(breaks);
+}
+
+/// gpt-oss's attention sinks are weights, not a config key: each fixture with the sinks removed
+/// after loading must fail the gate.
+#[test]
+fn gate_catches_gpt_oss_sinks_dropped() {
+    use ferrite_models::decoder::TokenMixer;
+    use ferrite_models::families::gpt_oss;
+    for name in ["gpt_oss", "gpt_oss_mxfp4"] {
+        let dir = fixtures_dir().join("models").join(name);
+        let (_, reports) =
+            ferrite_testing::gate::run_fixture_with(&dir, DType::F32, ferrite_tensor::Device::Cpu, |r, w| {
+                let mut d = gpt_oss::load(r, w)?;
+                for b in &mut d.blocks {
+                    if let TokenMixer::Attention(a) = &mut b.mixer {
+                        a.sinks = None;
+                    }
+                }
+                Ok(Box::new(d))
+            })
+            .unwrap();
+        let strict = reports.iter().filter(|r| r.strict).count();
+        assert!(strict < reports.len(), "{name}: sinks dropped went unnoticed ({strict}/{} strict)", reports.len());
+    }
 }

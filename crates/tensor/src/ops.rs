@@ -5,6 +5,7 @@ use crate::cuda;
 use crate::error::{shape_err, Result, TensorError};
 use crate::kv::{AttnMetadata, PagedKvLayer, PAD_SLOT};
 use crate::tensor::{Device, Storage, Tensor};
+use crate::DType;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
@@ -276,6 +277,21 @@ pub fn act_mul(gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
     }
 }
 
+/// gpt-oss's expert activation: with `g = min(gate, limit)` and `u = clamp(up, -limit, limit)`,
+/// `(u + 1) * g * sigmoid(g * alpha)`, each step rounded as transformers' separate ops.
+pub fn clamped_swiglu(gate: &Tensor, up: &Tensor, alpha: f32, limit: f32) -> Result<Tensor> {
+    same_rows("clamped_swiglu", gate, up)?;
+    same_device("clamped_swiglu", gate, &[Some(up)])?;
+    match gate.storage() {
+        Storage::Cpu(_) => cpu::elementwise::binary(gate, up, move |g, u| {
+            let g = g.min(limit);
+            let u = u.clamp(-limit, limit);
+            (u + 1.0) * (g * (1.0 / (1.0 + (-(g * alpha)).exp())))
+        }),
+        Storage::Cuda(_) => cuda::ops::clamped_swiglu(gate, up, alpha, limit),
+    }
+}
+
 /// Softmax over the last dimension.
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
     match x.storage() {
@@ -478,6 +494,27 @@ pub fn step_tensor(meta: &AttnMetadata, device: Device, cols: usize, fill: cuda:
 /// Causal attention of `q [tokens, heads * head_dim]` over each sequence's cached keys and values
 /// (which must already include this step's). Returns `[tokens, heads * v_head_dim]`.
 pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p: &AttentionParams) -> Result<Tensor> {
+    paged_attention_sinks(q, cache, meta, p, None)
+}
+
+/// [`paged_attention`] with an attention sink per query head (gpt-oss): `sinks [num_heads]`, f32
+/// logits that join each softmax's denominator but weight no value.
+pub fn paged_attention_sinks(
+    q: &Tensor,
+    cache: &PagedKvLayer,
+    meta: &AttnMetadata,
+    p: &AttentionParams,
+    sinks: Option<&Tensor>,
+) -> Result<Tensor> {
+    if let Some(s) = sinks {
+        if s.dtype() != DType::F32 || s.numel() != p.num_heads {
+            return Err(shape_err(
+                "paged_attention",
+                format!("sinks {:?} {} for {} heads", s.shape(), s.dtype(), p.num_heads),
+            ));
+        }
+        same_device("paged_attention", q, &[Some(s)])?;
+    }
     if q.rows() != meta.num_tokens() || q.last_dim() != p.num_heads * p.head_dim {
         return Err(shape_err("paged_attention", format!("q {:?} for {} tokens", q.shape(), meta.num_tokens())));
     }
@@ -485,8 +522,11 @@ pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p:
         return Err(shape_err("paged_attention", format!("{} heads over {} kv heads", p.num_heads, p.num_kv_heads)));
     }
     match q.storage() {
-        Storage::Cpu(_) => cpu::attention::paged_attention(q, cache, meta, p),
-        Storage::Cuda(_) => cuda::attention::paged_attention(q, cache, meta, p),
+        Storage::Cpu(_) => {
+            let sinks = sinks.map(|s| s.as_f32_slice()).transpose()?;
+            cpu::attention::paged_attention(q, cache, meta, p, sinks)
+        }
+        Storage::Cuda(_) => cuda::attention::paged_attention(q, cache, meta, p, sinks),
     }
 }
 

@@ -25,12 +25,14 @@ pub struct SelfAttention {
     pub post_rope_norms: Option<(RmsNorm, RmsNorm)>,
     /// Index into the decoder's rotary tables; `None` for models with learned absolute positions.
     pub rope: Option<usize>,
+    /// A learned logit per query head in each softmax denominator (gpt-oss), f32 `[heads]`.
+    pub sinks: Option<Tensor>,
 }
 
 impl SelfAttention {
     /// Plain attention on rotary table `rope`: no LayerNorm QK-norm, no query scale.
     pub fn new(attn: Attention, rope: Option<usize>) -> SelfAttention {
-        SelfAttention { attn, head_norms: None, q_scale: None, post_rope_norms: None, rope }
+        SelfAttention { attn, head_norms: None, q_scale: None, post_rope_norms: None, rope, sinks: None }
     }
 }
 
@@ -71,9 +73,10 @@ impl TokenMixer {
                         (q, k) = (rope.apply(&q, cos, sin)?, rope.apply(&k, cos, sin)?);
                     }
                     let d = a.attn.params.head_dim;
-                    return a.attn.attend(qn.forward_heads(&q, d)?, kn.forward_heads(&k, d)?, v, None, meta, cache);
+                    let (q, k) = (qn.forward_heads(&q, d)?, kn.forward_heads(&k, d)?);
+                    return a.attn.attend_sinks(q, k, v, None, meta, cache, a.sinks.as_ref());
                 }
-                a.attn.attend(q, k, v, rope, meta, cache)
+                a.attn.attend_sinks(q, k, v, rope, meta, cache, a.sinks.as_ref())
             }
             TokenMixer::Latent { mla, rope } => mla.forward(x, table(*rope), meta, cache),
         }

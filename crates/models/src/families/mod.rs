@@ -16,6 +16,7 @@ pub mod glm;
 pub mod glm4_moe;
 pub mod gpt2;
 pub mod gpt_neox;
+pub mod gpt_oss;
 pub mod granite;
 pub mod granite_moe;
 pub mod hunyuan;

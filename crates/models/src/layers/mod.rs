@@ -261,12 +261,27 @@ impl Attention {
     /// that are already projected (and normalised, for families whose QK-norm is not RMS).
     pub fn attend(
         &self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        rope: Option<(&Rope, &Tensor, &Tensor)>,
+        meta: &AttnMetadata,
+        cache: &mut PagedKvLayer,
+    ) -> Result<Tensor> {
+        self.attend_sinks(q, k, v, rope, meta, cache, None)
+    }
+
+    /// [`Attention::attend`] with an attention sink per head (`[heads]` f32 logits).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_sinks(
+        &self,
         mut q: Tensor,
         k: Tensor,
         v: Tensor,
         rope: Option<(&Rope, &Tensor, &Tensor)>,
         meta: &AttnMetadata,
         cache: &mut PagedKvLayer,
+        sinks: Option<&Tensor>,
     ) -> Result<Tensor> {
         match rope {
             Some((rope, cos, sin)) => q = rope.apply_with_kv(&q, &k, &v, cos, sin, cache, meta)?,
@@ -275,7 +290,7 @@ impl Attention {
         if let Some(s) = &self.query_scale {
             q = s.apply(&q, meta)?;
         }
-        let attn = ops::paged_attention(&q, cache, meta, &self.params)?;
+        let attn = ops::paged_attention_sinks(&q, cache, meta, &self.params, sinks)?;
         self.o.forward(&attn)
     }
 }

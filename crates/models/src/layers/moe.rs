@@ -76,6 +76,8 @@ pub struct RouterConfig {
 #[derive(Debug, Clone)]
 pub struct Router {
     pub weight: Tensor,
+    /// Added to the logits (gpt-oss's router is a biased Linear).
+    pub bias: Option<Tensor>,
     pub correction_bias: Option<Vec<f32>>,
     pub cfg: RouterConfig,
 }
@@ -250,11 +252,17 @@ impl Router {
         } else {
             None
         };
-        Ok(Router { weight, correction_bias, cfg })
+        Ok(Router { weight, bias: None, correction_bias, cfg })
     }
 
     /// The correction bias from the tensor `name` of `shape` (`num_experts` values), for
     /// checkpoints that keep it elsewhere than under the gate (MiniMax-M2, ERNIE 4.5).
+    /// The logit bias `{name}.bias` (`[num_experts]`).
+    pub fn with_bias(mut self, w: &Weights, name: &str) -> Result<Router> {
+        self.bias = Some(w.get_f32(&format!("{name}.bias"), &[self.cfg.num_experts])?);
+        Ok(self)
+    }
+
     pub fn with_correction_bias(mut self, w: &Weights, name: &str, shape: &[usize]) -> Result<Router> {
         let bias = w.get_f32(name, shape)?;
         if bias.numel() != self.cfg.num_experts {
@@ -270,7 +278,8 @@ impl Router {
     /// Router logits in f32 whatever the activation dtype: bf16 rounding makes close expert
     /// scores tie or swap, and a swapped expert changes the token's whole MLP output.
     pub fn route(&self, x: &Tensor) -> Result<Routing> {
-        let logits = ops::matmul_t(&x.to_dtype(ferrite_tensor::DType::F32), &self.weight, None)?.try_to_f32_vec()?;
+        let logits = ops::matmul_t(&x.to_dtype(ferrite_tensor::DType::F32), &self.weight, self.bias.as_ref())?
+            .try_to_f32_vec()?;
         let e = self.cfg.num_experts;
         let tokens = logits.len() / e;
         let mut experts = Vec::with_capacity(tokens * self.cfg.top_k);
@@ -368,6 +377,19 @@ pub struct Experts {
     /// Each token's input is multiplied by its routing weight and the expert's output added
     /// unweighted (Llama 4), instead of weighting the output.
     pub scale_inputs: bool,
+    /// Per-expert biases of the two projections, `[experts, 2 * intermediate]` (gate then up,
+    /// as `gate_up`'s rows) and `[experts, hidden]` (gpt-oss).
+    pub biases: Option<(Tensor, Tensor)>,
+    /// gpt-oss's clamped SwiGLU in place of `act(gate) * up`.
+    pub clamped_swiglu: Option<ClampedSwiglu>,
+}
+
+/// `(clamp(up, ±limit) + 1) * g * sigmoid(alpha * g)` with `g = min(gate, limit)` (gpt-oss's
+/// `swiglu_alpha` / `swiglu_limit`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClampedSwiglu {
+    pub alpha: f32,
+    pub limit: f32,
 }
 
 /// How a checkpoint stores its stacked expert tensors.
@@ -408,7 +430,16 @@ impl Experts {
             }
             (stack(&gu, &[e, 2 * i, h])?, stack(&dn, &[e, h, i])?)
         };
-        Ok(Experts { gate_up, down, num_experts, intermediate, act, scale_inputs: false })
+        Ok(Experts {
+            gate_up,
+            down,
+            num_experts,
+            intermediate,
+            act,
+            scale_inputs: false,
+            biases: None,
+            clamped_swiglu: None,
+        })
     }
 
     /// Reads stacked expert tensors named `gate_up` and `down`, each expert's gate rows before
@@ -431,7 +462,16 @@ impl Experts {
                 (transpose_each(&w.get(gate_up, &[e, h, 2 * i])?)?, transpose_each(&w.get(down, &[e, i, h])?)?)
             }
         };
-        Ok(Experts { gate_up, down, num_experts, intermediate, act, scale_inputs: false })
+        Ok(Experts {
+            gate_up,
+            down,
+            num_experts,
+            intermediate,
+            act,
+            scale_inputs: false,
+            biases: None,
+            clamped_swiglu: None,
+        })
     }
 
     /// `sum_slot weight * down_e(act(gate_e(x)) * up_e(x))` per token, computed per expert over
@@ -446,10 +486,30 @@ impl Experts {
                 (ops::combine_rows(x, &groups.tokens, &in_weights, 1)?, std::borrow::Cow::Owned(ones))
             }
         };
+        // The expert of each sorted row, to pick its bias rows (added after each product, as
+        // transformers' grouped experts do).
+        let expert_rows: Vec<usize> = match &self.biases {
+            Some(_) => {
+                groups.offsets.windows(2).enumerate().flat_map(|(e, r)| std::iter::repeat_n(e, r[1] - r[0])).collect()
+            }
+            None => Vec::new(),
+        };
+        let biased = |y: Tensor, b: Option<&Tensor>| -> Result<Tensor> {
+            match b {
+                Some(b) => Ok(ops::add(&y, &ops::gather_rows(b, &expert_rows)?)?),
+                None => Ok(y),
+            }
+        };
         let gu = ops::grouped_matmul_t(&xs, &self.gate_up, &groups.offsets)?;
+        let gu = biased(gu, self.biases.as_ref().map(|b| &b.0))?;
         let i = self.intermediate;
-        let h = ops::act_mul(&ops::narrow_cols(&gu, 0, i)?, &ops::narrow_cols(&gu, i, i)?, self.act)?;
+        let (gate, up) = (ops::narrow_cols(&gu, 0, i)?, ops::narrow_cols(&gu, i, i)?);
+        let h = match self.clamped_swiglu {
+            Some(c) => ops::clamped_swiglu(&gate, &up, c.alpha, c.limit)?,
+            None => ops::act_mul(&gate, &up, self.act)?,
+        };
         let y = ops::grouped_matmul_t(&h, &self.down, &groups.offsets)?;
+        let y = biased(y, self.biases.as_ref().map(|b| &b.1))?;
         Ok(ops::combine_rows(&y, &groups.row_of_pair, &out_weights, routing.top_k)?)
     }
 

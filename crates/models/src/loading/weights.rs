@@ -116,6 +116,9 @@ fn convert(bytes: &[u8], dtype: StDtype, target: DType, shape: &[usize], name: &
             u16s(bytes).into_iter().map(|b| f16::from_bits(b).to_f32()).collect(),
             target,
         ),
+        // Packed quantized data (MXFP4 blocks and scales): each byte as its value, exact in every
+        // float dtype (integers to 256), for the loader to unpack.
+        (StDtype::U8, _) => ferrite_tensor::CpuStorage::from_f32(bytes.iter().map(|&b| f32::from(b)).collect(), target),
         (other, _) => return Err(err(format!("unsupported safetensors dtype {other:?}"))),
     };
     Tensor::from_storage(ferrite_tensor::Storage::Cpu(storage), shape.to_vec()).map_err(|e| err(e.to_string()))

@@ -21,7 +21,13 @@ pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMet
     Ok(())
 }
 
-pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p: &AttentionParams) -> Result<Tensor> {
+pub fn paged_attention(
+    q: &Tensor,
+    cache: &PagedKvLayer,
+    meta: &AttnMetadata,
+    p: &AttentionParams,
+    sinks: Option<&[f32]>,
+) -> Result<Tensor> {
     let qs = q.as_f32_slice()?;
     let KvStorage::Cpu { k: kc, v: vc } = &cache.storage else {
         return Err(TensorError::Device("paged_attention: CPU activations with a CUDA KV cache".into()));
@@ -58,7 +64,10 @@ pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p:
                     }
                     *score = acc;
                 }
-                softmax_in_place(&mut scores);
+                match sinks {
+                    Some(s) => softmax_with_sink(&mut scores, s[h]),
+                    None => softmax_in_place(&mut scores),
+                }
                 let dst = &mut result[h * dv..(h + 1) * dv];
                 for (&w, &slot) in scores.iter().zip(&slots) {
                     let vr = &vc[slot * vw + kvh * cache.v_dim..slot * vw + kvh * cache.v_dim + dv];
@@ -72,6 +81,21 @@ pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p:
         out[row * hq * dv..(row + 1) * hq * dv].copy_from_slice(&values);
     }
     Ok(f32_tensor(out, vec![tokens, hq * dv]))
+}
+
+/// The softmax of `row` with one more logit, `sink`, in the denominator and dropped from the
+/// result (gpt-oss: HF concatenates the sink column, softmaxes and slices it off). The sink joins
+/// the max and is added to the sum last, as the column HF appends.
+pub(crate) fn softmax_with_sink(row: &mut [f32], sink: f32) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max).max(sink);
+    let mut sum = 0.0f32;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    sum += (sink - max).exp();
+    let inv = 1.0 / sum;
+    row.iter_mut().for_each(|v| *v *= inv);
 }
 
 /// `out [m, n] = beta * a [m, k] @ b^T` (`b` row-major `[n, k]`) or, with `b_transposed`

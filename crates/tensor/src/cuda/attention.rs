@@ -352,8 +352,16 @@ fn pitch(width: usize, elem: usize) -> usize {
     words * 4 / elem
 }
 
-pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p: &AttentionParams) -> Result<Tensor> {
+/// `sinks`: an f32 attention-sink logit per query head (see [`crate::ops::paged_attention_sinks`]).
+pub fn paged_attention(
+    q: &Tensor,
+    cache: &PagedKvLayer,
+    meta: &AttnMetadata,
+    p: &AttentionParams,
+    sinks: Option<&Tensor>,
+) -> Result<Tensor> {
     let qs = cuda_of("paged_attention", q)?;
+    let sinks = sinks.map(|s| cuda_of("paged_attention", s).map(CudaStorage::ptr)).transpose()?.unwrap_or(0);
     let (kc, vc) = cache_buffers("paged_attention", cache, qs.dtype())?;
     if cache.num_slots() > i32::MAX as usize {
         return Err(TensorError::Unsupported {
@@ -362,7 +370,7 @@ pub fn paged_attention(q: &Tensor, cache: &PagedKvLayer, meta: &AttnMetadata, p:
         });
     }
     let kv = KvView { k: kc, v: vc, k_dim: cache.k_dim, v_dim: cache.v_dim };
-    attend("paged_attention", qs, &kv, meta, p, true)
+    attend("paged_attention", qs, &kv, meta, p, true, sinks)
 }
 
 /// Attention within each contiguous sequence of a batch: the keys and values are read in place
@@ -395,7 +403,7 @@ pub fn attention_dense(
     }
     let meta = AttnMetadata::new(seqs, 1)?;
     let kv = KvView { k: ks, v: vs, k_dim: p.head_dim, v_dim: p.v_head_dim };
-    attend(op, qs, &kv, &meta, p, causal)
+    attend(op, qs, &kv, &meta, p, causal, 0)
 }
 
 /// Keys `[slots, kv_heads * k_dim]` and values `[slots, kv_heads * v_dim]` in device memory.
@@ -413,6 +421,7 @@ fn attend(
     meta: &AttnMetadata,
     p: &AttentionParams,
     causal: bool,
+    sinks: u64,
 ) -> Result<Tensor> {
     let dtype = qs.dtype();
     let dev = qs.device();
@@ -429,7 +438,7 @@ fn attend(
     if tokens == 0 {
         return wrap(out, vec![0, p.num_heads * dv]);
     }
-    let run = |mc: &MetaCache| launch_attention(op, qs, kv, meta, p, causal, mc, &out);
+    let run = |mc: &MetaCache| launch_attention(op, qs, kv, meta, p, causal, sinks, mc, &out);
     if dev.with_step_attention(meta, p, causal, run)?.is_none() {
         let key = meta_key(meta, p, causal);
         let mut meta_cache = META_CACHE.of(dev).lock().map_err(|_| dev_err("attention metadata cache poisoned"))?;
@@ -477,6 +486,7 @@ kernel_params! {
         kpitch: i32,
         vpitch: i32,
         vec: i32,
+        sinks: u64,
     }
 }
 
@@ -514,6 +524,7 @@ kernel_params! {
         causal: i32,
         splits: i32,
         n_rows: i32,
+        sinks: u64,
     }
 }
 
@@ -551,6 +562,7 @@ kernel_params! {
         n_rows: i32,
         vec: i32,
         done: u64,
+        sinks: u64,
     }
 }
 
@@ -572,7 +584,17 @@ impl PagedDecode {
 kernel_params! {
     /// `attn_combine_<t>` (attention_combine.cu): merges the splits' partials of `n_rows` rows,
     /// partial row `i` into output row `rows[i]`.
-    struct AttnCombine { part_acc: u64, part_ml: u64, out: u64, rows: u64, splits: i32, n_rows: i32, hq: i32, dv: i32 }
+    struct AttnCombine {
+        part_acc: u64,
+        part_ml: u64,
+        out: u64,
+        rows: u64,
+        splits: i32,
+        n_rows: i32,
+        hq: i32,
+        dv: i32,
+        sinks: u64,
+    }
 }
 
 impl AttnCombine {
@@ -596,6 +618,7 @@ fn launch_attention(
     meta: &AttnMetadata,
     p: &AttentionParams,
     causal: bool,
+    sinks: u64,
     mc: &MetaCache,
     out: &CudaStorage,
 ) -> Result<()> {
@@ -641,6 +664,7 @@ fn launch_attention(
                 causal,
                 splits,
                 n_rows,
+                sinks,
             };
             launch.launch(dev, op, l.items.len(), d, dv)?;
         } else {
@@ -670,10 +694,11 @@ fn launch_attention(
                 kpitch: int(pitch(d, elem))?,
                 vpitch: int(pitch(dv, elem))?,
                 vec,
+                sinks,
             };
             launch.launch(dev, op, dtype, l.items.len())?;
         }
-        parts.combine(dev, out, &l.row_ids, p.num_heads, dv, dtype)?;
+        parts.combine(dev, out, &l.row_ids, p.num_heads, dv, dtype, sinks)?;
     }
     if let Some(l) = &mc.decode {
         let parts = Partials::new(dev, l.splits, l.rows, p.num_heads, dv)?;
@@ -700,10 +725,11 @@ fn launch_attention(
             n_rows: int(l.rows)?,
             vec,
             done: l.done.as_ref().map_or(0, |d| dptr(d, dev)),
+            sinks,
         };
         launch.launch(dev, op, dtype, l.items.len())?;
         if l.done.is_none() {
-            parts.combine(dev, out.ptr(), &l.row_ids, p.num_heads, dv, dtype)?;
+            parts.combine(dev, out.ptr(), &l.row_ids, p.num_heads, dv, dtype, sinks)?;
         }
     }
     Ok(())
@@ -762,6 +788,7 @@ impl Partials {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn combine(
         &self,
         dev: &CudaDevice,
@@ -770,6 +797,7 @@ impl Partials {
         heads: usize,
         dv: usize,
         t: DType,
+        sinks: u64,
     ) -> Result<()> {
         if self.bufs.is_none() {
             return Ok(());
@@ -784,6 +812,7 @@ impl Partials {
             n_rows: int(self.rows)?,
             hq: int(heads)?,
             dv: int(dv)?,
+            sinks,
         };
         launch.launch(dev, t)
     }

@@ -123,6 +123,29 @@ pub fn xielu(x: &Tensor, p: crate::ops::Xielu) -> Result<Tensor> {
     wrap(out, x.shape().to_vec())
 }
 
+kernel_params! {
+    /// `clamped_swiglu_<t>`: gpt-oss's expert activation of `gate` and `up`.
+    struct ClampedSwigluArgs { g: u64, u: u64, y: u64, n: u64, alpha: f32, limit: f32 }
+}
+
+pub fn clamped_swiglu(gate: &Tensor, up: &Tensor, alpha: f32, limit: f32) -> Result<Tensor> {
+    let (gs, us) = (cuda_of("clamped_swiglu", gate)?, cuda_of("clamped_swiglu", up)?);
+    if gs.dtype() != us.dtype() {
+        return Err(TensorError::Unsupported {
+            op: "clamped_swiglu",
+            detail: "gate and up of different dtypes".into(),
+        });
+    }
+    let dev = gs.device();
+    let out = CudaStorage::alloc(dev, gs.dtype(), gs.len())?;
+    if !gs.is_empty() {
+        let args = ClampedSwigluArgs { g: gs.ptr(), u: us.ptr(), y: out.ptr(), n: gs.len() as u64, alpha, limit };
+        let f = dev.function(ELEMENTWISE, &format!("clamped_swiglu_{}", dtype_suffix(gs.dtype())?))?;
+        args.launch_with(dev, &f, flat_cfg(dev, gs.len()))?;
+    }
+    wrap(out, gate.shape().to_vec())
+}
+
 pub(crate) const BINARY_ADD: i32 = 0;
 pub(crate) const BINARY_MUL: i32 = 1;
 pub(crate) const BINARY_ACT_MUL: i32 = 2;

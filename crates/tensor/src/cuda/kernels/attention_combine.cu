@@ -7,7 +7,8 @@
 
 template <typename T>
 __device__ void attn_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml, T* __restrict__ out,
-                             const unsigned int* __restrict__ rows, int splits, int n_rows, int hq, int dv) {
+                             const unsigned int* __restrict__ rows, int splits, int n_rows, int hq, int dv,
+                             const float* __restrict__ sinks) {
     extern __shared__ float comb_s[];
     float* scale_s = comb_s;                  // [splits] exp(m_s - m)
     int* live_s = (int*)(comb_s + splits);    // [splits] the non-empty splits, in order
@@ -41,7 +42,7 @@ __device__ void attn_combine(const float* __restrict__ part_acc, const float* __
     }
     __syncthreads();
     const int live = n_live;
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = sinks != nullptr ? sink_norm(m, l, sinks[h]) : l > 0.f ? 1.f / l : 0.f;
     for (int c = tid; c < dv; c += blockDim.x) {
         float a = 0.f;
 #pragma unroll 8
@@ -55,7 +56,8 @@ __device__ void attn_combine(const float* __restrict__ part_acc, const float* __
 
 #define INST_COMBINE(TN, T)                                                                                        \
     extern "C" __global__ void attn_combine_##TN(const float* pa, const float* pm, T* out, const unsigned int* rows, \
-                                                 int splits, int n_rows, int hq, int dv) { pdl_wait();             \
-        attn_combine<T>(pa, pm, out, rows, splits, n_rows, hq, dv);                                                \
+                                                 int splits, int n_rows, int hq, int dv, const float* sinks) {     \
+        pdl_wait();                                                                                                \
+        attn_combine<T>(pa, pm, out, rows, splits, n_rows, hq, dv, sinks);                                         \
     }
 FOR_T(INST_COMBINE)

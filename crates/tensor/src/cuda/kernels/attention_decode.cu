@@ -15,7 +15,8 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
                              const unsigned int* __restrict__ tables, const DecodeItem* __restrict__ items,
                              T* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml, int hq,
                              int hkv, int d, int dv, int k_dim, int v_dim, int block_size, float scale, float softcap,
-                             int splits, int n_rows, int vec, unsigned int* __restrict__ done) {
+                             int splits, int n_rows, int vec, unsigned int* __restrict__ done,
+                             const float* __restrict__ sinks) {
     extern __shared__ float smem[];
     float* q_s = smem;                             // [HM][d]
     float* s_s = q_s + HM * d;               // [HM][DEC_SUB]: scores, then probabilities
@@ -171,7 +172,8 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; ++w) a += red_s[(w * HM + h) * dv + c];
         if (splits == 1) {
-            out[((size_t)it.row * hq + it.h0 + h) * dv + c] = from_f<T>(a / l_s[h]);
+            out[((size_t)it.row * hq + it.h0 + h) * dv + c] =
+                from_f<T>(sinks != nullptr ? a * sink_norm(m_s[h], l_s[h], sinks[it.h0 + h]) : a / l_s[h]);
         } else {
             store_partial(part_acc, part_ml, ((size_t)split * n_rows + it.local) * hq + it.h0 + h, c, a, dv, m_s[h],
                           l_s[h], c == 0);
@@ -207,7 +209,7 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
             l += __ldcg(part_ml + (s * per_split + ph0 + h) * 2 + 1) * e;
         }
         l = warp_sum(l);
-        if (lane == 0) l_s[h] = l > 0.f ? 1.f / l : 0.f;
+        if (lane == 0) l_s[h] = sinks != nullptr ? sink_norm(m, l, sinks[it.h0 + h]) : l > 0.f ? 1.f / l : 0.f;
     }
     __syncthreads();
     T* o = out + ((size_t)it.row * hq + it.h0) * dv;
@@ -243,9 +245,9 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) paged_decode_##TN##_h##HM##_v##DVR(               \
         const T* q, const T* kc, const T* vc, const unsigned int* tables, const DecodeItem* items, T* out,         \
         float* part_acc, float* part_ml, int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size,     \
-        float scale, float softcap, int splits, int n_rows, int vec, unsigned int* done) {                         \
+        float scale, float softcap, int splits, int n_rows, int vec, unsigned int* done, const float* sinks) {     \
         paged_decode<T, HM, DVR>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim,   \
-                                 block_size, scale, softcap, splits, n_rows, vec, done);                           \
+                                 block_size, scale, softcap, splits, n_rows, vec, done, sinks);                    \
     }
 #define INST_DECODE_T(TN, T)                                                                                       \
     INST_DECODE(TN, T, 1, 4) INST_DECODE(TN, T, 2, 4) INST_DECODE(TN, T, 4, 4) INST_DECODE(TN, T, 8, 4)            \

@@ -23,7 +23,8 @@ __device__ void paged_attn_mma(const bf16_t* __restrict__ q, const bf16_t* __res
                                const unsigned int* __restrict__ tables, const AttnItem* __restrict__ items,
                                bf16_t* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
                                int hq, int hkv, int k_dim, int v_dim, int block_size, float scale, float softcap,
-                               int window, int attn_chunk, int causal, int splits, int n_rows) {
+                               int window, int attn_chunk, int causal, int splits, int n_rows,
+                               const float* __restrict__ sinks) {
     constexpr int KP = D + 8, VP = DV + 8;  // row pitches: 16-byte rows, conflict-free fragment reads
     extern __shared__ float smem[];
     unsigned short* k_s = (unsigned short*)smem;           // [MMA_TK][KP]
@@ -192,7 +193,11 @@ __device__ void paged_attn_mma(const bf16_t* __restrict__ q, const bf16_t* __res
         int qv = e / DV, c = e % DV;
         int row = it.row0 + qv / it.nheads, h = it.h0 + qv % it.nheads;
         float l = l_s[qv];
-        if (splits == 1) {
+        if (splits == 1 && sinks != nullptr) {
+            float mb = -INFINITY;
+            for (int w = 0; w < NWARPS; ++w) mb = fmaxf(mb, m_s[w * 16 + qv]);
+            out[((size_t)row * hq + h) * DV + c] = from_f<bf16_t>(o_s[e] * sink_norm(mb, l, sinks[h]));
+        } else if (splits == 1) {
             out[((size_t)row * hq + h) * DV + c] = from_f<bf16_t>(l > 0.f ? o_s[e] / l : 0.f);
         } else {
             float mb = -INFINITY;
@@ -207,9 +212,10 @@ __device__ void paged_attn_mma(const bf16_t* __restrict__ q, const bf16_t* __res
     extern "C" __global__ void __launch_bounds__(NWARPS * 32) paged_attn_mma_bf16_d##D##_v##DV(                    \
         const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const unsigned int* tables, const AttnItem* items,    \
         bf16_t* out, float* part_acc, float* part_ml, int hq, int hkv, int k_dim, int v_dim, int block_size,       \
-        float scale, float softcap, int window, int attn_chunk, int causal, int splits, int n_rows) {              \
+        float scale, float softcap, int window, int attn_chunk, int causal, int splits, int n_rows,               \
+        const float* sinks) {                                                                                      \
         pdl_wait();                                                                                                \
         paged_attn_mma<D, DV>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, k_dim, v_dim, block_size, \
-                              scale, softcap, window, attn_chunk, causal, splits, n_rows);                         \
+                              scale, softcap, window, attn_chunk, causal, splits, n_rows, sinks);                  \
     }
 INST_MMA(64, 64) INST_MMA(128, 128) INST_MMA(256, 256)

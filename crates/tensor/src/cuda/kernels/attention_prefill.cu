@@ -39,7 +39,7 @@ __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, co
                            T* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
                            int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size, float scale,
                            float softcap, int window, int attn_chunk, int causal, int splits, int n_rows,
-                           int kpitch, int vpitch, int vec) {
+                           int kpitch, int vpitch, int vec, const float* __restrict__ sinks) {
     extern __shared__ float smem[];
     float* q_s = smem;                                    // [QV_MAX][d]
     float* p_s = q_s + QV_MAX * d;                        // [NWARPS][QPW][TILE]
@@ -147,7 +147,7 @@ __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, co
         int qv = warp + NWARPS * u;
         int row = it.row0 + qv / it.nheads, h = it.h0 + qv % it.nheads;
         size_t oh = (size_t)row * hq + h;
-        float inv = l_[u] > 0.f ? 1.f / l_[u] : 0.f;
+        float inv = sinks != nullptr ? sink_norm(m_[u], l_[u], sinks[h]) : l_[u] > 0.f ? 1.f / l_[u] : 0.f;
 #pragma unroll
         for (int i = 0; i < DV_REGS; ++i) {
             int c = lane + 32 * i;
@@ -166,8 +166,8 @@ __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, co
         const T* q, const T* kc, const T* vc, const unsigned int* tables, const AttnItem* items, T* out,           \
         float* part_acc, float* part_ml, int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size,     \
         float scale, float softcap, int window, int attn_chunk, int causal, int splits, int n_rows, int kpitch,    \
-        int vpitch, int vec) { pdl_wait();                                                                         \
+        int vpitch, int vec, const float* sinks) { pdl_wait();                                                     \
         paged_attn<T>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim, block_size,  \
-                      scale, softcap, window, attn_chunk, causal, splits, n_rows, kpitch, vpitch, vec);            \
+                      scale, softcap, window, attn_chunk, causal, splits, n_rows, kpitch, vpitch, vec, sinks);     \
     }
 FOR_T(INST_PREFILL)

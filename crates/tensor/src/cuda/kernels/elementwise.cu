@@ -22,6 +22,19 @@ __device__ void xielu(const T* __restrict__ x, T* __restrict__ y, size_t n, floa
     }
 }
 
+// gpt-oss's clamped SwiGLU: gate clamped above, up on both sides at `limit`,
+// (up + 1) * gate * sigmoid(gate * alpha). Explicit rounding keeps each step one torch op.
+template <typename T>
+__device__ void clamped_swiglu(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ y, size_t n,
+                               float alpha, float limit) {
+    GRID_STRIDE(i, n) {
+        const float gv = fminf(to_f(g[i]), limit);
+        const float uv = fminf(fmaxf(to_f(u[i]), -limit), limit);
+        const float sig = __frcp_rn(__fadd_rn(1.f, expf(-__fmul_rn(gv, alpha))));
+        y[i] = from_f<T>(__fmul_rn(__fadd_rn(uv, 1.f), __fmul_rn(gv, sig)));
+    }
+}
+
 // op: BINARY_ADD, BINARY_MUL, BINARY_ACT_MUL activate(a) * b with activation code `act`.
 template <typename T>
 __device__ void binary(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, size_t n, int op, int act) {
@@ -117,6 +130,11 @@ __device__ void argmax_parts(const T* __restrict__ x, float* __restrict__ part_v
     }                                                                                                              \
     extern "C" __global__ void binary_##TN(const T* a, const T* b, T* y, size_t n, int op, int act) { pdl_wait();  \
         binary<T>(a, b, y, n, op, act);                                                                            \
+    }                                                                                                              \
+    extern "C" __global__ void clamped_swiglu_##TN(const T* g, const T* u, T* y, size_t n, float alpha,           \
+                                                   float limit) {                                                  \
+        pdl_wait();                                                                                                \
+        clamped_swiglu<T>(g, u, y, n, alpha, limit);                                                               \
     }                                                                                                              \
     extern "C" __global__ void gather_rows_##TN(const T* s, const unsigned int* idx, T* d, int cols) {             \
         gather_rows<T>(s, idx, d, cols);                                                                           \
