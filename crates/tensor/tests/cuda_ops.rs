@@ -463,6 +463,8 @@ struct AttnCase {
     /// Llama 4's chunked local attention.
     chunk: Option<usize>,
     softcap: Option<f32>,
+    /// gpt-oss's per-head attention sinks (random logits).
+    sinks: bool,
     seqs: Vec<Seq>,
 }
 
@@ -512,6 +514,7 @@ fn run_attention_case(c: &AttnCase, seed: u64) -> [f32; 2] {
     let (k1, v1) = (random(&mut r, n1 * kw, 1.0), random(&mut r, n1 * vw, 1.0));
     // Large enough queries that the softmax is far from uniform.
     let q = random(&mut r, n1 * c.hq * c.d, 3.0);
+    let sinks = random(&mut r, c.hq, 4.0);
     let mut worst = [0.0f32; 2];
     for (di, dtype) in DTYPES.into_iter().enumerate() {
         let mut cpu_cache = PagedKvLayer::new_cpu(num_blocks, c.block_size, c.hkv, c.d, c.dv);
@@ -526,11 +529,13 @@ fn run_attention_case(c: &AttnCase, seed: u64) -> [f32; 2] {
             ops::write_kv(&mut gpu_cache, &kg, &vg, meta).unwrap();
         }
         let (qc, qg) = pair(&q, &[n1, c.hq * c.d], dtype);
-        let want = ops::paged_attention(&qc, &cpu_cache, &step, &params).unwrap();
-        let got = ops::paged_attention(&qg, &gpu_cache, &step, &params).unwrap();
+        let (sc, sg) = pair(&sinks, &[c.hq], DType::F32);
+        let (sc, sg) = if c.sinks { (Some(&sc), Some(&sg)) } else { (None, None) };
+        let want = ops::paged_attention_sinks(&qc, &cpu_cache, &step, &params, sc).unwrap();
+        let got = ops::paged_attention_sinks(&qg, &gpu_cache, &step, &params, sg).unwrap();
         worst[di] = check(&format!("paged_attention {}", c.name), dtype, &got, &want, tol(dtype));
         // A second call on the same metadata reuses the device copy of it.
-        let again = ops::paged_attention(&qg, &gpu_cache, &step, &params).unwrap();
+        let again = ops::paged_attention_sinks(&qg, &gpu_cache, &step, &params, sg).unwrap();
         assert_eq!(again.to_f32_vec(), got.to_f32_vec(), "{}: repeat call differs", c.name);
     }
     worst
@@ -555,6 +560,7 @@ fn paged_attention_matches_cpu() {
             window: None,
             chunk: None,
             softcap: None,
+            sinks: false,
             seqs: seqs(&mixed),
         },
         AttnCase {
@@ -567,6 +573,7 @@ fn paged_attention_matches_cpu() {
             window: Some(24),
             chunk: None,
             softcap: Some(30.0),
+            sinks: false,
             seqs: seqs(&mixed),
         },
         AttnCase {
@@ -579,6 +586,7 @@ fn paged_attention_matches_cpu() {
             window: None,
             chunk: None,
             softcap: None,
+            sinks: false,
             seqs: seqs(&[(0, 37), (64, 23)]),
         },
         AttnCase {
@@ -591,6 +599,7 @@ fn paged_attention_matches_cpu() {
             window: None,
             chunk: None,
             softcap: None,
+            sinks: false,
             seqs: seqs(&[(1499, 1), (1203, 1)]),
         },
         AttnCase {
@@ -603,6 +612,7 @@ fn paged_attention_matches_cpu() {
             window: Some(1000),
             chunk: None,
             softcap: None,
+            sinks: false,
             seqs: seqs(&[(2999, 1)]),
         },
         AttnCase {
@@ -615,6 +625,7 @@ fn paged_attention_matches_cpu() {
             window: None,
             chunk: None,
             softcap: Some(50.0),
+            sinks: false,
             seqs: seqs(&[(0, 9), (30, 1), (12, 5)]),
         },
         AttnCase {
@@ -627,6 +638,7 @@ fn paged_attention_matches_cpu() {
             window: None,
             chunk: None,
             softcap: None,
+            sinks: false,
             seqs: seqs(&[(0, 11), (9, 1), (3, 4)]),
         },
         AttnCase {
@@ -639,6 +651,7 @@ fn paged_attention_matches_cpu() {
             window: Some(16),
             chunk: None,
             softcap: Some(50.0),
+            sinks: false,
             seqs: seqs(&[(0, 30), (70, 1), (20, 7)]),
         },
         AttnCase {
@@ -651,6 +664,7 @@ fn paged_attention_matches_cpu() {
             window: None,
             chunk: None,
             softcap: None,
+            sinks: false,
             seqs: seqs(&[(0, 10), (17, 1)]),
         },
         AttnCase {
@@ -663,6 +677,7 @@ fn paged_attention_matches_cpu() {
             window: None,
             chunk: Some(32),
             softcap: None,
+            sinks: false,
             seqs: seqs(&[(0, 70), (63, 1), (64, 1), (20, 30), (100, 1)]),
         },
         AttnCase {
@@ -675,7 +690,47 @@ fn paged_attention_matches_cpu() {
             window: None,
             chunk: Some(1024),
             softcap: None,
+            sinks: false,
             seqs: seqs(&[(2999, 1), (2047, 1)]),
+        },
+        AttnCase {
+            name: "gpt-oss-like sinks, GQA 8/2 d64 mixed prefill/decode, window 24",
+            hq: 8,
+            hkv: 2,
+            d: 64,
+            dv: 64,
+            block_size: 16,
+            window: Some(24),
+            chunk: None,
+            softcap: None,
+            sinks: true,
+            seqs: seqs(&mixed),
+        },
+        AttnCase {
+            name: "sinks, long prefill rows GQA 16/2 d64 (tensor-core prefill)",
+            hq: 16,
+            hkv: 2,
+            d: 64,
+            dv: 64,
+            block_size: 16,
+            window: None,
+            chunk: None,
+            softcap: None,
+            sinks: true,
+            seqs: seqs(&[(0, 200), (150, 90)]),
+        },
+        AttnCase {
+            name: "sinks, decode ctx 3000 GQA 64/8 d64 (split keys, combine)",
+            hq: 64,
+            hkv: 8,
+            d: 64,
+            dv: 64,
+            block_size: 16,
+            window: None,
+            chunk: None,
+            softcap: None,
+            sinks: true,
+            seqs: seqs(&[(2999, 1), (1500, 1)]),
         },
     ];
     let mut worst = [0.0f32; 2];
