@@ -224,13 +224,16 @@ impl CausalLM for Decoder {
         }
         let slots = self.cache_slots(kv.len())?;
         // Per-layer inputs read the scaled token embeddings.
-        let embeds = self.per_layer.as_ref().map(|_| h.clone());
+        let embeds = match &self.per_layer {
+            Some(p) => Some((p.embed(input.tokens)?, h.clone())),
+            None => None,
+        };
         let mut stream = Residual { h, pending: None };
         for (i, block) in self.blocks.iter().enumerate() {
             stream = block.forward(stream, &tables, meta, &mut kv[slots[i]])?;
-            if let (Some(p), Some(embeds)) = (&self.per_layer, &embeds) {
+            if let (Some(p), Some((packed, embeds))) = (&self.per_layer, &embeds) {
                 let h = stream.settle()?;
-                stream = Residual { h: p.apply(i, &h, &p.input(i, input.tokens, embeds)?)?, pending: None };
+                stream = Residual { h: p.apply(i, &h, &p.input(i, packed, embeds)?)?, pending: None };
             }
             if let Some(s) = self.layer_scales.as_ref().map(|s| s[i]) {
                 stream = Residual { h: ops::scale(&stream.settle()?, s)?, pending: None };

@@ -9,10 +9,10 @@ use crate::Result;
 
 #[derive(Debug, Clone)]
 pub struct PerLayerInputs {
-    /// `embed_tokens_per_layer` viewed as `[vocab * layers, width]`: row `token * layers + i` is
-    /// layer `i`'s slice of the token's packed row.
+    /// `embed_tokens_per_layer`, `[vocab, layers * width]`: layer `i` reads columns
+    /// `i * width ..` of a token's row.
     pub table: Tensor,
-    pub layers: usize,
+    pub width: usize,
     /// `sqrt(width)` in the table's dtype.
     pub table_scale: f32,
     /// `per_layer_model_projection`, one `[width, hidden]` block of rows per layer.
@@ -36,15 +36,20 @@ pub struct PerLayerBranch {
 }
 
 impl PerLayerInputs {
-    /// Layer `layer`'s input for `tokens`, from the scaled token embeddings `embeds`:
-    /// `(norm(projection(embeds) * s) + table[tokens] * t) * c`, the packed computation of
+    /// The step's packed rows of the table, scaled: `[tokens, layers * width]`. Looked up by
+    /// the step's own token ids, so a CUDA graph replays the lookup.
+    pub fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
+        Ok(ops::scale(&ops::embedding(&self.table, tokens)?, self.table_scale)?)
+    }
+
+    /// Layer `layer`'s input from the packed rows `packed` ([`PerLayerInputs::embed`]) and the
+    /// scaled token embeddings `embeds`: `(norm(projection(embeds) * s) + packed slice) * c`,
     /// transformers' `project_per_layer_inputs` restricted to one slice (every op is per element
     /// or per `width`-wide row, so the slice is the same bits).
-    pub fn input(&self, layer: usize, tokens: &[u32], embeds: &Tensor) -> Result<Tensor> {
+    pub fn input(&self, layer: usize, packed: &Tensor, embeds: &Tensor) -> Result<Tensor> {
         let projected = ops::scale(&self.projections[layer].forward(embeds)?, self.projection_scale)?;
         let projected = self.projection_norm.forward(&projected)?;
-        let ids: Vec<u32> = tokens.iter().map(|&t| t * self.layers as u32 + layer as u32).collect();
-        let embedded = ops::scale(&ops::embedding(&self.table, &ids)?, self.table_scale)?;
+        let embedded = ops::narrow_cols(packed, layer * self.width, self.width)?;
         Ok(ops::scale(&ops::add(&projected, &embedded)?, self.combine_scale)?)
     }
 

@@ -220,8 +220,8 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
                 })
                 .collect::<Result<Vec<_>>>()?;
             Some(PerLayerInputs {
-                table: table.reshape(&[vocab * layers, width])?,
-                layers,
+                table,
+                width,
                 table_scale,
                 projections: projection.split_rows(&vec![width; layers])?,
                 projection_scale: (d.hidden as f64).powf(-0.5) as f32,
