@@ -360,6 +360,39 @@ def _mxfp4_config(cfg: dict[str, Any]) -> None:
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
 
 
+def _gemma4_hub_spelling(cfg: dict[str, Any]) -> None:
+    """Gemma 4 checkpoints on the Hub give the full-attention layers' head size and KV heads as
+    `global_head_dim` / `num_global_key_value_heads`, not transformers' serialized `per_layer_config`."""
+    per_layer = cfg.pop("per_layer_config")
+    full = per_layer[str(cfg["layer_types"].index("full_attention"))]
+    cfg["global_head_dim"] = full["head_dim"]
+    if "num_key_value_heads" in full:
+        cfg["num_global_key_value_heads"] = full["num_key_value_heads"]
+
+
+def _gemma4_random_layer_scalars(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """`layer_scalar` is a buffer (init 1, so untouched by the parameter perturbation)."""
+    for layer in model.model.layers:
+        layer.layer_scalar.copy_(0.5 + torch.rand(1, generator=gen))
+
+
+def _gemma4_unit_layer_scalars(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        layer.layer_scalar.fill_(1.0)
+
+
+def _gemma4_drop_per_layer_inputs(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        layer.per_layer_projection.weight.data.zero_()
+
+
+def _gemma4_share_first_sliding_layer(model: torch.nn.Module) -> None:
+    """The shared sliding layer reads layer 0's keys/values instead of layer 1's (the last of its type)."""
+    layers = model.model.layers
+    layers[0].self_attn.store_full_length_kv = True
+    layers[1].self_attn.store_full_length_kv = False
+
+
 SPECS: list[Spec] = [
     Spec(
         name="llama",
@@ -1256,6 +1289,54 @@ SPECS: list[Spec] = [
         ablation_desc="sinks -> -inf (no sink)",
         edit_saved_config=_mxfp4_config,
         edit_saved_weights=_mxfp4_checkpoint,
+    ),
+    Spec(
+        name="gemma4",
+        config_class="Gemma4TextConfig",
+        architecture="Gemma4ForCausalLM",
+        seed=1,
+        kwargs=dict(intermediate_size=64, num_hidden_layers=5, head_dim=16, global_head_dim=32,
+                    attention_k_eq_v=True, num_global_key_value_heads=1, pad_token_id=None,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                                 "full_attention"],
+                    sliding_window=16, num_kv_shared_layers=2, use_double_wide_mlp=True,
+                    hidden_size_per_layer_input=8, vocab_size_per_layer_input=1000,
+                    final_logit_softcapping=30.0,
+                    rope_parameters={
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                           "rope_theta": 1000000.0},
+                    }),
+        feature="Gemma 4 text: layer types [S, S, F, S, F] (sliding 16, head_dim 16, 2 KV heads; full head_dim 32, "
+        "1 KV head with K = V projection), proportional rope on full layers (4 of 16 angles rotate, theta 1e6), "
+        "layers 3-4 reuse the K/V of layers 1 and 2 (num_kv_shared_layers 2) with double-wide MLPs, per-layer "
+        "inputs (8 per layer), random layer_scalar, q/k/v RMS norms, attention scale 1, final softcap 30, untied "
+        "lm_head",
+        init_fn=_gemma4_random_layer_scalars,
+        edit_saved_config=_gemma4_hub_spelling,
+        ablate_fn=_gemma4_drop_per_layer_inputs,
+        ablation_desc="per-layer input branch zeroed (per_layer_projection = 0)",
+        extra_ablations=[
+            Ablate("shared sliding layer reads layer 0 instead of layer 1", fn=_gemma4_share_first_sliding_layer),
+            Ablate("layer_scalar -> 1", fn=_gemma4_unit_layer_scalars),
+            Ablate("proportional rope rotates every angle", config=dict(rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 1.0,
+                                   "rope_theta": 1000000.0}})),
+            Ablate("sliding_window 16 -> 4096", config=dict(sliding_window=4096)),
+        ],
+        notes=[
+            "HF 5.24 Gemma4: RMSNorm is x * pow(mean(x^2) + eps, -0.5) * w (no 1 + w); v_norm has no weight; "
+            "attention scaling 1.0, no attention softcap. Full layers with attention_k_eq_v take V from k_proj "
+            "(before k_norm, then v_norm). Per-layer inputs: (norm(per_layer_model_projection(h0) * hidden^-0.5) + "
+            "embed_tokens_per_layer(ids) * sqrt(8)) * 2^-0.5, layer i gets slice i; after the MLP residual "
+            "h += post_per_layer_input_norm(per_layer_projection(gelu(per_layer_input_gate(h)) * slice)); "
+            "then h *= layer_scalar.",
+            "Proportional rope: inv_freq = 1 / theta^(2j / head_dim) for j < int(0.25 * head_dim // 2), 0 beyond, "
+            "rotated with rotate_half over the whole head (dims j and j + head_dim/2).",
+            "config.json uses the Hub spelling global_head_dim / num_global_key_value_heads (no per_layer_config).",
+            "lm_head is untied: with the tied embedding every seed tried repeats one token.",
+        ],
     ),
 ]
 

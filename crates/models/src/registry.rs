@@ -11,8 +11,8 @@ use crate::families::llama::{self, Variant};
 use crate::families::mixtral::{self, MoeVariant};
 use crate::families::olmo2::OlmoVersion;
 use crate::families::{
-    bert, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gpt2, gpt_neox, gpt_oss, granite, granite_moe,
-    llama4, minicpm3, minimax_m2, olmo2, opt, phi, phi3, roberta, stablelm, starcoder2,
+    bert, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gemma4, gpt2, gpt_neox, gpt_oss, granite,
+    granite_moe, llama4, minicpm3, minimax_m2, olmo2, opt, phi, phi3, roberta, stablelm, starcoder2,
 };
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
@@ -72,6 +72,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("GemmaForCausalLM", Causal(|r, w| Ok(Box::new(gemma::load(r, w)?)))),
     ("Gemma2ForCausalLM", Causal(|r, w| Ok(Box::new(gemma2::load(r, w)?)))),
     ("Gemma3ForCausalLM", Causal(|r, w| Ok(Box::new(gemma3::load(r, w)?)))),
+    ("Gemma4ForCausalLM", Causal(|r, w| Ok(Box::new(gemma4::load(r, w)?)))),
     ("Phi3ForCausalLM", Causal(|r, w| Ok(Box::new(phi3::load(r, w)?)))),
     ("PhiForCausalLM", Causal(|r, w| Ok(Box::new(phi::load(r, w)?)))),
     ("OPTForCausalLM", Causal(|r, w| Ok(Box::new(opt::load(r, w)?)))),

@@ -97,6 +97,7 @@ parity! {
     llama4 => "llama4",
     gpt_oss => "gpt_oss",
     gpt_oss_mxfp4 => "gpt_oss_mxfp4",
+    gemma4 => "gemma4",
 }
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.
@@ -410,5 +411,64 @@ fn gate_catches_gpt_oss_sinks_dropped() {
             .unwrap();
         let strict = reports.iter().filter(|r| r.strict).count();
         assert!(strict < reports.len(), "{name}: sinks dropped went unnoticed ({strict}/{} strict)", reports.len());
+    }
+}
+
+/// Gemma 4: its config keys edited in a copy of the fixture, and the features with no key of
+/// their own (which layer a KV-sharing layer reads, `layer_scalar`, the value norm) changed in
+/// the loaded decoder, must each break the gate. `attention_k_eq_v` and `use_double_wide_mlp`
+/// edits only make loading fail (the checkpoint's shapes follow them), so they have no entry.
+#[test]
+fn gate_catches_gemma4_breaks() {
+    use serde_json::json;
+    let breaks: &[(&str, &str, Edit)] = &[
+        ("gemma4", "proportional rope rotates every angle", |c| {
+            c["rope_parameters"]["full_attention"]["partial_rotary_factor"] = json!(1.0)
+        }),
+        ("gemma4", "full layers on default rope", |c| {
+            c["rope_parameters"]["full_attention"] = json!({"rope_type": "default", "rope_theta": 1000000.0})
+        }),
+        ("gemma4", "per-layer inputs off", |c| c["hidden_size_per_layer_input"] = json!(0)),
+        ("gemma4", "no sliding window", |c| c["sliding_window"] = json!(4096)),
+        ("gemma4", "final softcap dropped", |c| c["final_logit_softcapping"] = json!(null)),
+    ];
+    assert_breaks_caught(breaks);
+
+    use ferrite_models::decoder::{Decoder, TokenMixer};
+    type Mutation = fn(&mut Decoder);
+    let variants: &[(&str, Mutation)] = &[
+        ("shared sliding layer reads layer 0, not the last sliding layer 1", |d| {
+            if let TokenMixer::SharedKv(s) = &mut d.blocks[3].mixer {
+                s.source = 0;
+            }
+        }),
+        ("layer_scalar ignored", |d| d.layer_scales = None),
+        ("value norm dropped", |d| {
+            for b in &mut d.blocks {
+                if let TokenMixer::Attention(a) = &mut b.mixer {
+                    a.v_norm = None;
+                }
+            }
+        }),
+    ];
+    let dir = fixtures_dir().join("models").join("gemma4");
+    for (what, mutate) in variants {
+        let (_, reports) =
+            ferrite_testing::gate::run_fixture_with(&dir, DType::F32, ferrite_tensor::Device::Cpu, move |r, w| {
+                let mut d = ferrite_models::families::gemma4::load(r, w)?;
+                // Layers 3-4 read layers 1-2's caches: three caches, sized per layer type.
+                let kv: Vec<_> = ferrite_models::CausalLM::info(&d)
+                    .kv_layers
+                    .iter()
+                    .map(|s| (s.num_kv_heads, s.k_dim, s.v_dim))
+                    .collect();
+                assert_eq!(kv, [(2, 16, 16), (2, 16, 16), (1, 32, 32)]);
+                mutate(&mut d);
+                Ok(Box::new(d))
+            })
+            .unwrap();
+        let strict = reports.iter().filter(|r| r.strict).count();
+        println!("gemma4 with {what}: {strict}/{} strict", reports.len());
+        assert!(strict < reports.len(), "gemma4: {what} went unnoticed ({strict}/{} strict)", reports.len());
     }
 }

@@ -3,12 +3,12 @@
 //! chosen per layer by the family's loader from its config, so dense, MoE, MLA and (later)
 //! recurrent layers share one forward loop.
 
-use ferrite_tensor::{ops, AttnMetadata, PagedKvLayer, Tensor};
+use ferrite_tensor::{ops, AttentionParams, AttnMetadata, PagedKvLayer, Tensor};
 
 use crate::layers::mla::Mla;
 use crate::layers::moe::SparseMoe;
 use crate::layers::rope::Rope;
-use crate::layers::{Attention, DenseMlp, GatedMlp, HeadLayerNorm, Norm, RmsNorm};
+use crate::layers::{Attention, DenseMlp, GatedMlp, HeadLayerNorm, Linear, Norm, RmsNorm};
 use crate::Result;
 
 /// Self-attention with the per-family extras around the shared [`Attention`].
@@ -23,6 +23,8 @@ pub struct SelfAttention {
     /// Per-head RMS QK-norm applied after the rotary embedding, so the cache holds normalised keys
     /// (HunYuan's `query_layernorm` / `key_layernorm`).
     pub post_rope_norms: Option<(RmsNorm, RmsNorm)>,
+    /// Per-head RMS norm of the values before they are cached (Gemma 4's weightless `v_norm`).
+    pub v_norm: Option<Box<RmsNorm>>,
     /// Index into the decoder's rotary tables; `None` for models with learned absolute positions.
     pub rope: Option<usize>,
     /// A learned logit per query head in each softmax denominator (gpt-oss), f32 `[heads]`.
@@ -32,8 +34,23 @@ pub struct SelfAttention {
 impl SelfAttention {
     /// Plain attention on rotary table `rope`: no LayerNorm QK-norm, no query scale.
     pub fn new(attn: Attention, rope: Option<usize>) -> SelfAttention {
-        SelfAttention { attn, head_norms: None, q_scale: None, post_rope_norms: None, rope, sinks: None }
+        SelfAttention { attn, head_norms: None, q_scale: None, post_rope_norms: None, v_norm: None, rope, sinks: None }
     }
+}
+
+/// Attention over the keys and values an earlier layer cached (Gemma 4's `num_kv_shared_layers`):
+/// it projects queries only and has no cache of its own, so the engine sizes no KV for it.
+#[derive(Debug, Clone)]
+pub struct SharedKvAttention {
+    pub q: Linear,
+    /// Per-head RMS QK-norm of the queries (its weight spans one head).
+    pub q_norm: Option<RmsNorm>,
+    pub o: Linear,
+    /// The source layer's parameters (heads, head size, window) with this layer's scale.
+    pub params: AttentionParams,
+    pub rope: Option<usize>,
+    /// The layer whose cache this one reads; an earlier layer with a cache of its own.
+    pub source: usize,
 }
 
 /// How positions exchange information. Each mixer owns the cache of its layer: paged KV for
@@ -46,6 +63,8 @@ pub enum TokenMixer {
         mla: Mla,
         rope: usize,
     },
+    /// Reads another layer's cache and writes none.
+    SharedKv(SharedKvAttention),
 }
 
 /// A batch's rotary tables: the rope and its cos/sin for these positions, one entry per table.
@@ -59,7 +78,10 @@ impl TokenMixer {
         };
         match self {
             TokenMixer::Attention(a) => {
-                let (mut q, mut k, v) = a.attn.project(x)?;
+                let (mut q, mut k, mut v) = a.attn.project(x)?;
+                if let Some(n) = &a.v_norm {
+                    v = n.forward_heads(&v, n.weight.numel())?;
+                }
                 if let Some((qn, kn)) = &a.head_norms {
                     q = qn.forward(&q)?;
                     k = kn.forward(&k)?;
@@ -79,6 +101,24 @@ impl TokenMixer {
                 a.attn.attend_sinks(q, k, v, rope, meta, cache, a.sinks.as_ref())
             }
             TokenMixer::Latent { mla, rope } => mla.forward(x, table(*rope), meta, cache),
+            TokenMixer::SharedKv(s) => {
+                let mut q = s.q.forward(x)?;
+                if let Some(n) = &s.q_norm {
+                    q = n.forward_heads(&q, n.weight.numel())?;
+                }
+                if let Some((rope, cos, sin)) = s.rope.map(table) {
+                    q = rope.apply(&q, cos, sin)?;
+                }
+                s.o.forward(&ops::paged_attention(&q, cache, meta, &s.params)?)
+            }
+        }
+    }
+
+    /// The layer whose cache this mixer reads instead of owning one.
+    pub fn kv_source(&self) -> Option<usize> {
+        match self {
+            TokenMixer::SharedKv(s) => Some(s.source),
+            _ => None,
         }
     }
 
@@ -89,6 +129,10 @@ impl TokenMixer {
                 crate::model::KvLayerSpec { num_kv_heads: p.num_kv_heads, k_dim: p.head_dim, v_dim: p.v_head_dim }
             }
             TokenMixer::Latent { mla, .. } => mla.kv_spec(),
+            TokenMixer::SharedKv(s) => {
+                let p = &s.params;
+                crate::model::KvLayerSpec { num_kv_heads: p.num_kv_heads, k_dim: p.head_dim, v_dim: p.v_head_dim }
+            }
         }
     }
 
@@ -96,9 +140,13 @@ impl TokenMixer {
         match self {
             TokenMixer::Attention(a) => {
                 let a = &a.attn;
-                [&a.q, &a.k, &a.v, &a.o].iter().map(|l| l.weight.size_in_bytes()).sum()
+                // Gemma 4's K = V layers hold one tensor for both.
+                let v_is_k = std::ptr::eq(a.k.weight.storage(), a.v.weight.storage());
+                [&a.q, &a.k, &a.o].iter().map(|l| l.weight.size_in_bytes()).sum::<usize>()
+                    + if v_is_k { 0 } else { a.v.weight.size_in_bytes() }
             }
             TokenMixer::Latent { mla, .. } => mla.weight_bytes(),
+            TokenMixer::SharedKv(s) => s.q.weight.size_in_bytes() + s.o.weight.size_in_bytes(),
         }
     }
 }

@@ -10,11 +10,13 @@
 
 pub mod block;
 pub mod load;
+pub mod per_layer;
 
 use ferrite_tensor::{ops, DType, PagedKvLayer, Tensor};
 
 use self::block::Residual;
-pub use self::block::{Block, ChannelMixer, ParallelSum, SelfAttention, TokenMixer, Wiring};
+pub use self::block::{Block, ChannelMixer, ParallelSum, SelfAttention, SharedKvAttention, TokenMixer, Wiring};
+use self::per_layer::PerLayerInputs;
 use crate::layers::rope::Rope;
 use crate::layers::{Embedding, Linear, Norm};
 use crate::model::{CausalLM, ForwardInput, ModelInfo};
@@ -52,6 +54,11 @@ pub struct Decoder {
     pub logits: LogitsPost,
     /// Rotary tables the blocks index into (Gemma 3 has a local and a global one).
     pub ropes: Vec<Rope>,
+    /// Gemma 4's per-layer inputs, added to the stream after each block.
+    pub per_layer: Option<PerLayerInputs>,
+    /// Multiplies the stream after each block (and its per-layer input), one factor per block
+    /// (Gemma 4's `layer_scalar`).
+    pub layer_scales: Option<Vec<f32>>,
 }
 
 /// A multiplier as Hugging Face applies it to a tensor of `dtype`: Gemma casts its
@@ -76,7 +83,7 @@ impl Decoder {
             architecture,
             vocab_size: lm_head.out_features(),
             max_position_embeddings,
-            kv_layers: blocks.iter().map(|b| b.mixer.kv_spec()).collect(),
+            kv_layers: blocks.iter().filter(|b| b.mixer.kv_source().is_none()).map(|b| b.mixer.kv_spec()).collect(),
             weight_bytes: 0,
         };
         let mut d = Decoder {
@@ -91,6 +98,8 @@ impl Decoder {
             lm_head,
             logits: LogitsPost::default(),
             ropes,
+            per_layer: None,
+            layer_scales: None,
         };
         d.count_weights();
         d
@@ -118,6 +127,44 @@ impl Decoder {
         self
     }
 
+    pub fn with_per_layer(mut self, per_layer: Option<PerLayerInputs>, layer_scales: Option<Vec<f32>>) -> Decoder {
+        (self.per_layer, self.layer_scales) = (per_layer, layer_scales);
+        self.count_weights();
+        self
+    }
+
+    /// The cache each block reads: its own, in block order, or its source's for a block that
+    /// shares another's keys and values.
+    fn cache_slots(&self, caches: usize) -> Result<Vec<usize>> {
+        let mut slots: Vec<usize> = Vec::with_capacity(self.blocks.len());
+        let mut owned = 0;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let slot = match b.mixer.kv_source() {
+                Some(src) if src < i && self.blocks[src].mixer.kv_source().is_none() => slots[src],
+                Some(src) => {
+                    return Err(ferrite_tensor::TensorError::Shape {
+                        op: "kv sharing",
+                        detail: format!("layer {i} reads layer {src}, which is not an earlier layer with a cache"),
+                    }
+                    .into())
+                }
+                None => {
+                    owned += 1;
+                    owned - 1
+                }
+            };
+            slots.push(slot);
+        }
+        if owned != caches {
+            return Err(ferrite_tensor::TensorError::Shape {
+                op: "forward",
+                detail: format!("{caches} KV caches for a model with {owned}"),
+            }
+            .into());
+        }
+        Ok(slots)
+    }
+
     fn count_weights(&mut self) {
         let tied = std::ptr::eq(self.embed.table.storage(), self.lm_head.weight.storage());
         let extra = [self.positions.as_ref().map(|p| &p.table)]
@@ -127,7 +174,8 @@ impl Decoder {
         self.info.weight_bytes = self.embed.table.size_in_bytes()
             + if tied { 0 } else { self.lm_head.weight.size_in_bytes() }
             + self.blocks.iter().map(Block::weight_bytes).sum::<usize>()
-            + extra.map(Tensor::size_in_bytes).sum::<usize>();
+            + extra.map(Tensor::size_in_bytes).sum::<usize>()
+            + self.per_layer.as_ref().map_or(0, PerLayerInputs::weight_bytes);
     }
 }
 
@@ -174,9 +222,22 @@ impl CausalLM for Decoder {
             let ids: Vec<u32> = meta.positions().into_iter().map(|p| (p + pos.offset) as u32).collect();
             h = ops::add(&h, &ops::embedding(&pos.table, &ids)?)?;
         }
+        let slots = self.cache_slots(kv.len())?;
+        // Per-layer inputs read the scaled token embeddings.
+        let embeds = match &self.per_layer {
+            Some(p) => Some((p.embed(input.tokens)?, h.clone())),
+            None => None,
+        };
         let mut stream = Residual { h, pending: None };
-        for (block, cache) in self.blocks.iter().zip(kv.iter_mut()) {
-            stream = block.forward(stream, &tables, meta, cache)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            stream = block.forward(stream, &tables, meta, &mut kv[slots[i]])?;
+            if let (Some(p), Some((packed, embeds))) = (&self.per_layer, &embeds) {
+                let h = stream.settle()?;
+                stream = Residual { h: p.apply(i, &h, &p.input(i, packed, embeds)?)?, pending: None };
+            }
+            if let Some(s) = self.layer_scales.as_ref().map(|s| s[i]) {
+                stream = Residual { h: ops::scale(&stream.settle()?, s)?, pending: None };
+            }
         }
         // Only the logit rows go on: the last pending add is done after the gather.
         let rows = input.logit_rows;

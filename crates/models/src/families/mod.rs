@@ -12,6 +12,7 @@ pub mod falcon;
 pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
+pub mod gemma4;
 pub mod glm;
 pub mod glm4_moe;
 pub mod gpt2;

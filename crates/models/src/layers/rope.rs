@@ -1,5 +1,5 @@
 //! Rotary position embeddings and the scaling variants configs declare (`rope_type`: default,
-//! linear, dynamic, yarn, longrope, llama3). Frequencies are computed in f32 in the same order of
+//! linear, dynamic, yarn, longrope, llama3, proportional). Frequencies are computed in f32 in the same order of
 //! operations as transformers' `modeling_rope_utils.py`, so cos/sin tables match the oracle's.
 
 use std::sync::Arc;
@@ -148,7 +148,8 @@ impl Rope {
             return Err(raw.error(format!("`partial_rotary_factor` {partial} is not in (0, 1]")));
         }
         crate::decoder::load::check_dims(raw, &[("head_dim (rotary)", head_dim)])?;
-        let rotary_dim = (head_dim as f64 * partial) as usize;
+        // Proportional rope rotates over the whole head and zeroes the frequencies past its share.
+        let rotary_dim = if params.kind() == "proportional" { head_dim } else { (head_dim as f64 * partial) as usize };
         let dim = rotary_dim;
         let need = |v: Option<f64>, key: &str| -> Result<f64> {
             v.ok_or_else(|| raw.error(format!("rope type `{}` needs `{key}`", params.kind())))
@@ -269,6 +270,15 @@ impl Rope {
                     original_max,
                     recompute: true,
                 }
+            }
+            "proportional" => {
+                // transformers' `int(partial_rotary_factor * head_dim // 2)` rotating angles, the
+                // exponents still over the whole head; the other angles have frequency 0 (cos 1, sin 0).
+                let angles = ((partial * head_dim as f64) / 2.0).floor() as usize;
+                let factor = params.factor.unwrap_or(1.0) as f32;
+                let mut freqs: Vec<f32> = default_inv_freq(base, dim).into_iter().take(angles).collect();
+                freqs.resize(dim / 2, 0.0);
+                Schedule::Fixed(freqs.into_iter().map(|f| f / factor).collect())
             }
             other => return Err(raw.error(format!("unsupported rope type `{other}`"))),
         };
