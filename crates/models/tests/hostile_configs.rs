@@ -33,6 +33,8 @@ const FIXTURES: &[&str] = &[
     "granite-moe-shared",
     "apertus",
     "gpt-neox",
+    "gpt_oss_mxfp4",
+    "gemma4",
 ];
 
 fn hostile_value() -> impl Strategy<Value = Value> {

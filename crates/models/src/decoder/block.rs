@@ -55,6 +55,9 @@ pub struct SharedKvAttention {
 
 /// How positions exchange information. Each mixer owns the cache of its layer: paged KV for
 /// attention, a latent paged KV for MLA.
+// One per layer, built once at load: the size difference between variants costs a few hundred
+// bytes per layer, and boxing would add a pointer chase per layer per step.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum TokenMixer {
     Attention(SelfAttention),

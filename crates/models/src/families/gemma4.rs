@@ -19,7 +19,7 @@ use ferrite_tensor::Tensor;
 use serde::Deserialize;
 
 use super::gemma::{scale_embedding, GEMMA};
-use crate::decoder::load::{activation, attention_params, check_heads, is_sliding, CommonConfig, Defaults};
+use crate::decoder::load::{activation, attention_params, check_dims, check_heads, is_sliding, CommonConfig, Defaults};
 use crate::decoder::per_layer::{PerLayerBranch, PerLayerInputs};
 use crate::decoder::{
     scalar_in_dtype, Block, ChannelMixer, Decoder, LogitsPost, SelfAttention, SharedKvAttention, TokenMixer, Wiring,
@@ -205,6 +205,13 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         Some(width) => {
             let vocab = size_or(raw, "vocab_size_per_layer_input", 262_144)
                 .ok_or_else(|| raw.error("`vocab_size_per_layer_input` must be positive"))?;
+            check_dims(
+                raw,
+                &[
+                    ("vocab_size_per_layer_input", vocab),
+                    ("hidden_size_per_layer_input * layers", layers.saturating_mul(width)),
+                ],
+            )?;
             let table = w.get("model.embed_tokens_per_layer.weight", &[vocab, layers * width])?;
             let table_scale = scalar_in_dtype((width as f64).sqrt(), table.dtype());
             let projection = Linear::load(w, "model.per_layer_model_projection", d.hidden, layers * width, false)?;
