@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -114,6 +115,11 @@ class Spec:
     edit_saved_config: Callable[[dict[str, Any]], None] | None = None
     # Rewrites the saved model.safetensors (e.g. into a quantized checkpoint layout).
     edit_saved_weights: Callable[[Path], None] | None = None
+    # For architectures whose Hugging Face class needs trust_remote_code: the fixture is built and the
+    # oracle run on a transformers-native model computing the same function, then its saved tensors and
+    # config are re-packed into the remote-code checkpoint layout (names, fused tensors, config keys).
+    # Called as repack(tensors, config) -> (tensors, config) after every check on the native model.
+    repack: Callable[[dict[str, torch.Tensor], dict[str, Any]], tuple[dict[str, torch.Tensor], dict[str, Any]]] | None = None
 
 
 @dataclass
@@ -262,6 +268,137 @@ def _llama4_weight_expert_outputs(model: torch.nn.Module) -> None:
 
         moe.forward = forward
 
+
+# --------------------------------------------------------------------------------------------
+# Re-packing native fixtures into remote-code layouts (see Spec.repack)
+# --------------------------------------------------------------------------------------------
+
+_REMOTE_KEEP = ("bos_token_id", "eos_token_id", "vocab_size", "hidden_size", "tie_word_embeddings",
+                "initializer_range")
+
+
+def _layers(cfg: dict[str, Any]) -> range:
+    return range(cfg["num_hidden_layers"])
+
+
+def _renamed(tensors: dict[str, torch.Tensor], names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Every tensor under its new name; a name not in `names` is an error (nothing dropped silently)."""
+    missing = sorted(set(tensors) - set(names))
+    assert not missing, ("no remote name for", missing)
+    return {names[k]: v for k, v in tensors.items()}
+
+
+def _repack_internlm2(tensors, cfg):
+    """Llama (attention_bias) -> InternLM2: `wqkv` fused per KV group as [q_0..q_{n-1}, k, v] heads,
+    InternLM2's module names, and the remote InternLM2Config keys (`bias`, `rope_theta`)."""
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = cfg["hidden_size"] // heads
+    assert cfg.get("head_dim", d) == d and cfg["attention_bias"] and not cfg["mlp_bias"]
+    out, names = {}, {}
+    for i in _layers(cfg):
+        a, b = f"model.layers.{i}.self_attn", f"model.layers.{i}.attention"
+        for leaf in ("weight", "bias"):
+            q, k, v = (tensors.pop(f"{a}.{p}_proj.{leaf}") for p in "qkv")
+            rest = q.shape[1:]
+            fused = torch.cat([q.reshape(kv, heads // kv, d, *rest), k.reshape(kv, 1, d, *rest),
+                               v.reshape(kv, 1, d, *rest)], dim=1)
+            out[f"{b}.wqkv.{leaf}"] = fused.reshape(-1, *rest).contiguous()
+        m, f = f"model.layers.{i}.mlp", f"model.layers.{i}.feed_forward"
+        names.update({f"{a}.o_proj.weight": f"{b}.wo.weight", f"{a}.o_proj.bias": f"{b}.wo.bias",
+                      f"{m}.gate_proj.weight": f"{f}.w1.weight", f"{m}.up_proj.weight": f"{f}.w3.weight",
+                      f"{m}.down_proj.weight": f"{f}.w2.weight",
+                      f"model.layers.{i}.input_layernorm.weight": f"model.layers.{i}.attention_norm.weight",
+                      f"model.layers.{i}.post_attention_layernorm.weight": f"model.layers.{i}.ffn_norm.weight"})
+    names.update({"model.embed_tokens.weight": "model.tok_embeddings.weight", "model.norm.weight": "model.norm.weight",
+                  "lm_head.weight": "output.weight"})
+    out.update(_renamed(tensors, names))
+    rope = cfg["rope_parameters"]
+    assert rope["rope_type"] == "default", rope
+    remote = {k: cfg[k] for k in _REMOTE_KEEP + ("intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                                  "num_key_value_heads", "rms_norm_eps", "max_position_embeddings",
+                                                  "hidden_act")}
+    remote.update(architectures=["InternLM2ForCausalLM"], model_type="internlm2", bias=True,
+                  rope_theta=rope["rope_theta"], rope_scaling=None,
+                  auto_map={"AutoConfig": "configuration_internlm2.InternLM2Config",
+                            "AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM"})
+    return out, remote
+
+
+def _repack_minicpm(tensors, cfg):
+    """Granite -> MiniCPM: the tensors keep their names; the multipliers become MiniCPM's keys
+    (embedding_multiplier = scale_emb, residual_multiplier = scale_depth / sqrt(layers),
+    logits_scaling = hidden_size / dim_model_base, attention_multiplier = head_dim^-0.5)."""
+    layers, hidden = cfg["num_hidden_layers"], cfg["hidden_size"]
+    scale_depth = MINICPM_SCALE_DEPTH
+    assert cfg["residual_multiplier"] == scale_depth / math.sqrt(layers), cfg["residual_multiplier"]
+    assert cfg["attention_multiplier"] == (hidden // cfg["num_attention_heads"]) ** -0.5
+    dim_model_base = hidden / cfg["logits_scaling"]
+    rope = cfg["rope_parameters"]
+    assert rope["rope_type"] == "default", rope
+    remote = {k: cfg[k] for k in _REMOTE_KEEP + ("intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                                  "num_key_value_heads", "rms_norm_eps", "max_position_embeddings",
+                                                  "hidden_act", "attention_bias")}
+    remote.update(architectures=["MiniCPMForCausalLM"], model_type="minicpm", scale_emb=cfg["embedding_multiplier"],
+                  scale_depth=scale_depth, dim_model_base=dim_model_base, rope_theta=rope["rope_theta"],
+                  rope_scaling=None,
+                  auto_map={"AutoConfig": "configuration_minicpm.MiniCPMConfig",
+                            "AutoModelForCausalLM": "modeling_minicpm.MiniCPMForCausalLM"})
+    return tensors, remote
+
+
+def _repack_chatglm(tensors, cfg):
+    """GLM -> ChatGLM (chatglm2/3, glm-4-9b-chat): `query_key_value` = [q; k; v] rows, the MLP's
+    `gate_up_proj` as `dense_h_to_4h`, ChatGLM's `transformer.*` names and ChatGLMConfig keys
+    (rope base = 10000 * rope_ratio, rotary on half of kv_channels, adjacent pairs: original_rope)."""
+    heads, d = cfg["num_attention_heads"], cfg["head_dim"]
+    rope = cfg["rope_parameters"]
+    assert rope["rope_type"] == "default" and rope["partial_rotary_factor"] == 0.5, rope
+    assert cfg["attention_bias"] and not cfg["tie_word_embeddings"]
+    out, names = {}, {}
+    for i in _layers(cfg):
+        a, b = f"model.layers.{i}", f"transformer.encoder.layers.{i}"
+        for leaf in ("weight", "bias"):
+            out[f"{b}.self_attention.query_key_value.{leaf}"] = torch.cat(
+                [tensors.pop(f"{a}.self_attn.{p}_proj.{leaf}") for p in "qkv"]).contiguous()
+        names.update({f"{a}.self_attn.o_proj.weight": f"{b}.self_attention.dense.weight",
+                      f"{a}.mlp.gate_up_proj.weight": f"{b}.mlp.dense_h_to_4h.weight",
+                      f"{a}.mlp.down_proj.weight": f"{b}.mlp.dense_4h_to_h.weight",
+                      f"{a}.input_layernorm.weight": f"{b}.input_layernorm.weight",
+                      f"{a}.post_attention_layernorm.weight": f"{b}.post_attention_layernorm.weight"})
+    names.update({"model.embed_tokens.weight": "transformer.embedding.word_embeddings.weight",
+                  "model.norm.weight": "transformer.encoder.final_layernorm.weight",
+                  "lm_head.weight": "transformer.output_layer.weight"})
+    out.update(_renamed(tensors, names))
+    # The remote checkpoints carry the rotary buffer too (readers must skip it).
+    dim = d // 2
+    out["transformer.rotary_pos_emb.inv_freq"] = 1.0 / (rope["rope_theta"] ** (
+        torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    remote = {k: cfg[k] for k in _REMOTE_KEEP if k != "vocab_size"}  # padded_vocab_size instead
+    remote.update(architectures=["ChatGLMModel"], model_type="chatglm", num_layers=cfg["num_hidden_layers"],
+                  padded_vocab_size=cfg["vocab_size"], ffn_hidden_size=cfg["intermediate_size"], kv_channels=d,
+                  num_attention_heads=heads, multi_query_attention=True,
+                  multi_query_group_num=cfg["num_key_value_heads"], seq_length=cfg["max_position_embeddings"],
+                  layernorm_epsilon=cfg["rms_norm_eps"], rmsnorm=True, apply_residual_connection_post_layernorm=False,
+                  post_layer_norm=True, add_bias_linear=False, add_qkv_bias=True, original_rope=True,
+                  rope_ratio=rope["rope_theta"] / 10000.0,
+                  auto_map={"AutoConfig": "configuration_chatglm.ChatGLMConfig",
+                            "AutoModel": "modeling_chatglm.ChatGLMForConditionalGeneration",
+                            "AutoModelForCausalLM": "modeling_chatglm.ChatGLMForConditionalGeneration"})
+    return out, remote
+
+
+def repack_fixture(spec: Spec, fixture_dir: Path) -> None:
+    """Rewrites a saved native fixture in place into spec.repack's remote-code layout."""
+    from safetensors.torch import load_file, save_file
+
+    path = fixture_dir / "model.safetensors"
+    cfg_path = fixture_dir / "config.json"
+    tensors, cfg = spec.repack(load_file(str(path)), json.loads(cfg_path.read_text(encoding="utf-8")))
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+MINICPM_SCALE_DEPTH = 1.4
 
 DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
@@ -1338,6 +1475,65 @@ SPECS: list[Spec] = [
             "lm_head is untied: with the tied embedding every seed tried repeats one token.",
         ],
     ),
+    Spec(
+        name="internlm2",
+        config_class="LlamaConfig",
+        architecture="LlamaForCausalLM",
+        kwargs=dict(attention_bias=True, rope_parameters=dict(DEFAULT_ROPE, rope_theta=50000.0)),
+        feature="InternLM2 (remote code; oracle: Llama re-packed): wqkv fused per KV group ([q, q, k, v] x 2 groups "
+        "for GQA 4/2), bias on wqkv and wo (`bias`), tok_embeddings / attention.wo / feed_forward.w1,w3,w2 / "
+        "attention_norm / ffn_norm / output, rope_theta 50000",
+        ablate_fn=_zero_qkv_bias,
+        ablation_desc="q/k/v biases zeroed",
+        extra_ablations=[Ablate("o_proj bias zeroed", fn=_zero_o_bias)],
+        repack=_repack_internlm2,
+        notes=["Method: InternLM2ForCausalLM needs trust_remote_code, so the oracle is a transformers LlamaForCausalLM "
+               "with attention_bias (InternLM2 = Llama with a fused wqkv: vLLM internlm2.py views it as "
+               "[kv_heads, q_per_kv + 2, head_dim]), whose saved tensors are then renamed and fused into the "
+               "InternLM2 layout with the remote InternLM2Config keys (tools/oracle/generate_fixtures.py "
+               "_repack_internlm2). oracle.json holds the Llama model's outputs."],
+    ),
+    Spec(
+        name="minicpm",
+        config_class="GraniteConfig",
+        architecture="GraniteForCausalLM",
+        kwargs=dict(tie_word_embeddings=True, pad_token_id=None, embedding_multiplier=12.0,
+                    residual_multiplier=MINICPM_SCALE_DEPTH / math.sqrt(2), attention_multiplier=16 ** -0.5,
+                    logits_scaling=2.0, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="MiniCPM (remote code; oracle: Granite re-packed): Llama names, tied lm_head, embeddings x scale_emb "
+        "12, branches x scale_depth 1.4 / sqrt(2 layers), final hidden / (hidden 64 / dim_model_base 32)",
+        ablate_config=dict(residual_multiplier=1.0),
+        ablation_desc="scale_depth / sqrt(layers) -> 1",
+        extra_ablations=[Ablate("scale_emb 12 -> 1", config=dict(embedding_multiplier=1.0))],
+        repack=_repack_minicpm,
+        notes=["Method: MiniCPMForCausalLM needs trust_remote_code, so the oracle is a transformers GraniteForCausalLM "
+               "with embedding_multiplier = scale_emb, residual_multiplier = scale_depth / sqrt(num_hidden_layers), "
+               "attention_multiplier = head_dim^-0.5 and logits_scaling = hidden_size / dim_model_base, re-packed "
+               "into MiniCPM's config keys (the tensor names are the same; _repack_minicpm).",
+               "MiniCPM divides the final hidden state before the lm_head, Granite the logits after it: the same "
+               "function up to f32 rounding of a linear map (well inside the gate's log-prob tolerance).",
+               "logits_scaling only shows in the log-probs (monotonic), as for the granite fixture."],
+    ),
+    Spec(
+        name="chatglm",
+        config_class="GlmConfig",
+        architecture="GlmForCausalLM",
+        kwargs=dict(head_dim=16, pad_token_id=None, rope_parameters=dict(DEFAULT_ROPE, rope_theta=50000.0)),
+        feature="ChatGLM (chatglm2/3, glm-4-9b-chat; remote code; oracle: GLM re-packed): fused query_key_value "
+        "[q; k; v] with bias (add_qkv_bias), multi_query_group_num 2 of 4 heads, dense_h_to_4h (gate; up), rotary on "
+        "half of kv_channels 16 rotating adjacent pairs (original_rope) with base 10000 x rope_ratio 5, "
+        "transformer.encoder.* names, untied output_layer",
+        ablate_config=dict(rope_parameters=dict(DEFAULT_ROPE, rope_theta=10000.0)),
+        ablation_desc="rope_ratio 5 -> 1 (base 10000)",
+        extra_ablations=[Ablate("q/k/v biases zeroed", fn=_zero_qkv_bias)],
+        repack=_repack_chatglm,
+        notes=["Method: ChatGLMModel needs trust_remote_code, so the oracle is a transformers GlmForCausalLM (the "
+               "glm-4-9b-chat-hf port: partial_rotary_factor 0.5 with adjacent-pair rotation, which is ChatGLM's "
+               "original_rope over kv_channels / 2 as in vLLM chatglm.py), re-packed into ChatGLM's names and "
+               "ChatGLMConfig keys (_repack_chatglm), with the transformer.rotary_pos_emb.inv_freq buffer the "
+               "remote checkpoints carry.",
+               "GlmConfig defaults head_dim to 128 and pad_token_id to 151329, so both are set here."],
+    ),
 ]
 
 SPEC_BY_NAME = {s.name: s for s in SPECS}
@@ -1528,7 +1724,11 @@ def verify_recorded(name: str, tok) -> tuple[int, int, float]:
 
     d = MODELS_DIR / name
     oracle = json.loads((d / "oracle.json").read_text(encoding="utf-8"))
-    m = load_fixture(d)
+    spec = SPEC_BY_NAME[name]
+    if spec.repack is None:
+        m = load_fixture(d)
+    else:
+        m = rebuild_native(spec, oracle["seed"], len(tok), d)
     steps, max_diff = 0, 0.0
     for c in oracle["cases"]:
         assert tok(c["prompt"])["input_ids"] == c["prompt_ids"], (name, c["name"], "tokenizer drift")
@@ -1541,6 +1741,24 @@ def verify_recorded(name: str, tok) -> tuple[int, int, float]:
     # Bit-identical on the machine that generated them; other CPUs / thread counts may differ in the last bits.
     assert max_diff < 1e-4, (name, max_diff)
     return len(oracle["cases"]), steps, max_diff
+
+
+def rebuild_native(spec: Spec, seed: int, vocab: int, fixture_dir: Path) -> torch.nn.Module:
+    """The native model a re-packed fixture came from (rebuilt from its seed), after checking that
+    re-packing it again gives the committed tensors and config exactly."""
+    from safetensors.torch import load_file
+
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td) / spec.name
+        save_fixture(build_model(spec, vocab, seed), spec, tmp)
+        native = load_fixture(tmp)
+        repack_fixture(spec, tmp)
+        for f in ("config.json",):
+            assert (tmp / f).read_text(encoding="utf-8") == (fixture_dir / f).read_text(encoding="utf-8"), f
+        ours, committed = load_file(str(tmp / "model.safetensors")), load_file(str(fixture_dir / "model.safetensors"))
+        assert ours.keys() == committed.keys(), sorted(set(ours) ^ set(committed))
+        assert all(torch.equal(ours[k], committed[k]) for k in ours), "re-packed tensors differ"
+    return native
 
 
 def saved_architecture(fixture_dir: Path) -> str:
@@ -1603,11 +1821,16 @@ def generate_one(spec: Spec, tok, cases, min_gap_req: float) -> dict[str, Any]:
     probe = spec.probe(load_fixture(out_dir), cases) if spec.probe is not None else None
 
     cfg = load_fixture(out_dir).config
+    native = saved_architecture(out_dir)
+    if spec.repack is not None:
+        repack_fixture(spec, out_dir)
     oracle = {
         "generator": GENERATOR,
         **versions(),
         "architecture": saved_architecture(out_dir),
-        "model_type": cfg.model_type,
+        "model_type": json.loads((out_dir / "config.json").read_text(encoding="utf-8"))["model_type"],
+        **({"oracle_model": f"{native} ({cfg.model_type}), re-packed into this layout"}
+           if spec.repack is not None else {}),
         "feature": spec.feature,
         "dtype": "float32",
         "save_dtype": spec.save_dtype,

@@ -11,8 +11,9 @@ use crate::families::llama::{self, Variant};
 use crate::families::mixtral::{self, MoeVariant};
 use crate::families::olmo2::OlmoVersion;
 use crate::families::{
-    bert, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gemma4, gpt2, gpt_neox, gpt_oss, granite,
-    granite_moe, llama4, minicpm3, minimax_m2, olmo2, opt, phi, phi3, roberta, stablelm, starcoder2,
+    bert, chatglm, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gemma4, gpt2, gpt_neox, gpt_oss,
+    granite, granite_moe, internlm2, llama4, minicpm, minicpm3, minimax_m2, olmo2, opt, phi, phi3, roberta, stablelm,
+    starcoder2,
 };
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
@@ -103,6 +104,10 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("GptOssForCausalLM", Causal(|r, w| Ok(Box::new(gpt_oss::load(r, w)?)))),
     ("MiniCPM3ForCausalLM", Causal(|r, w| Ok(Box::new(minicpm3::load(r, w)?)))),
     ("Llama4ForCausalLM", Causal(|r, w| Ok(Box::new(llama4::load(r, w)?)))),
+    ("InternLM2ForCausalLM", Causal(|r, w| Ok(Box::new(internlm2::load(r, w)?)))),
+    ("MiniCPMForCausalLM", Causal(|r, w| Ok(Box::new(minicpm::load(r, w)?)))),
+    ("ChatGLMModel", Causal(|r, w| Ok(Box::new(chatglm::load(r, w)?)))),
+    ("ChatGLMForConditionalGeneration", Causal(|r, w| Ok(Box::new(chatglm::load(r, w)?)))),
     ("BertModel", Pooling(|r, w| Ok(Box::new(bert::BertModel::load(r, w, "bert", bert::Positions::Absolute)?)))),
     ("BertForSequenceClassification", Pooling(|r, w| Ok(Box::new(bert::BertForSequenceClassification::load(r, w)?)))),
     ("RobertaModel", Pooling(|r, w| Ok(Box::new(roberta::load_model(r, w)?)))),

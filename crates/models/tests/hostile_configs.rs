@@ -35,6 +35,9 @@ const FIXTURES: &[&str] = &[
     "gpt-neox",
     "gpt_oss_mxfp4",
     "gemma4",
+    "internlm2",
+    "minicpm",
+    "chatglm",
 ];
 
 fn hostile_value() -> impl Strategy<Value = Value> {

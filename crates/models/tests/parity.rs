@@ -98,6 +98,9 @@ parity! {
     gpt_oss => "gpt_oss",
     gpt_oss_mxfp4 => "gpt_oss_mxfp4",
     gemma4 => "gemma4",
+    internlm2 => "internlm2",
+    minicpm => "minicpm",
+    chatglm => "chatglm",
 }
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.
@@ -470,5 +473,54 @@ fn gate_catches_gemma4_breaks() {
         let strict = reports.iter().filter(|r| r.strict).count();
         println!("gemma4 with {what}: {strict}/{} strict", reports.len());
         assert!(strict < reports.len(), "gemma4: {what} went unnoticed ({strict}/{} strict)", reports.len());
+    }
+}
+
+fn drop_key(c: &mut serde_json::Value, key: &str) {
+    c.as_object_mut().expect("config object").remove(key);
+}
+
+/// The architectures gated through a re-packed native fixture (InternLM2 from Llama, MiniCPM from
+/// Granite, ChatGLM from GLM): each remote config key the loader reads, edited in a copy, must
+/// break the gate (tokens, or log-probs where the key only rescales the logits).
+#[test]
+fn gate_catches_repacked_config_breaks() {
+    use serde_json::json;
+    let breaks: &[(&str, &str, Edit)] = &[
+        ("internlm2", "bias ignored", |c| c["bias"] = json!(false)),
+        ("internlm2", "rope_theta dropped", |c| c["rope_theta"] = json!(null)),
+        ("minicpm", "scale_depth dropped (branches x 1 / sqrt(layers))", |c| drop_key(c, "scale_depth")),
+        ("minicpm", "scale_emb dropped", |c| drop_key(c, "scale_emb")),
+        ("minicpm", "dim_model_base = hidden_size", |c| c["dim_model_base"] = c["hidden_size"].clone()),
+        ("chatglm", "rope_ratio dropped", |c| drop_key(c, "rope_ratio")),
+        ("chatglm", "rotate halves (original_rope false)", |c| c["original_rope"] = json!(false)),
+        ("chatglm", "add_qkv_bias ignored", |c| c["add_qkv_bias"] = json!(false)),
+    ];
+    assert_breaks_caught(breaks);
+}
+
+/// InternLM2's `wqkv` is grouped per KV head; read as ChatGLM's `[q; k; v]` blocks instead, or
+/// with key and value swapped inside each group, the gate must fail.
+#[test]
+fn gate_catches_internlm2_wrong_qkv_grouping() {
+    use ferrite_models::families::internlm2::{self, QkvRows};
+    let contiguous: QkvRows = |kv, per, d| {
+        let block = |from: usize, to: usize| std::iter::once(kv * from * d..kv * to * d).collect();
+        [block(0, per), block(per, per + 1), block(per + 1, per + 2)]
+    };
+    let swapped: QkvRows = |kv, per, d| {
+        let [q, k, v] = internlm2::grouped_qkv_rows(kv, per, d);
+        [q, v, k]
+    };
+    let dir = fixtures_dir().join("models").join("internlm2");
+    for (what, rows) in [("[q; k; v] blocks", contiguous), ("value before key in each group", swapped)] {
+        let (_, reports) =
+            ferrite_testing::gate::run_fixture_with(&dir, DType::F32, ferrite_tensor::Device::Cpu, move |r, w| {
+                Ok(Box::new(internlm2::load_with(r, w, rows)?))
+            })
+            .unwrap_or_else(|e| panic!("internlm2 ({what}): {e}"));
+        let strict = reports.iter().filter(|r| r.strict).count();
+        println!("internlm2 with {what}: {strict}/{} strict", reports.len());
+        assert!(strict < reports.len(), "internlm2: {what} went unnoticed ({strict}/{} strict)", reports.len());
     }
 }

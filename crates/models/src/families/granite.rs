@@ -32,15 +32,40 @@ struct GraniteConfig {
     logits_scaling: f64,
 }
 
+/// The four scalars, as Granite names them.
+pub(crate) struct Multipliers {
+    pub embedding: f64,
+    pub residual: f64,
+    pub attention: f64,
+    pub logits_scaling: f64,
+}
+
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let cfg: GraniteConfig = raw.parse()?;
-    let d = cfg.common.resolve(raw, Defaults::LLAMA)?;
+    let m = Multipliers {
+        embedding: cfg.embedding_multiplier,
+        residual: cfg.residual_multiplier,
+        attention: cfg.attention_multiplier,
+        logits_scaling: cfg.logits_scaling,
+    };
+    load_scaled(raw, w, &cfg.common, Defaults::LLAMA, m)
+}
+
+/// The Llama-named decoder with Granite's multipliers (MiniCPM's are the same four, spelled otherwise).
+pub(crate) fn load_scaled(
+    raw: &RawConfig,
+    w: &Weights,
+    common: &CommonConfig,
+    defaults: Defaults,
+    m: Multipliers,
+) -> Result<Decoder> {
+    let d = common.resolve(raw, defaults)?;
     let inter = d.intermediate(raw)?;
     let blocks = d.blocks(w, |_, l| {
         let mut attn = d.attention(&l.at("self_attn"), d.attention_bias, d.attention_bias)?;
-        attn.params = d.attention_params(cfg.attention_multiplier);
+        attn.params = d.attention_params(m.attention);
         Ok(Block {
-            wiring: Wiring::Sequential { residual_scale: Some(cfg.residual_multiplier as f32) },
+            wiring: Wiring::Sequential { residual_scale: Some(m.residual as f32) },
             ..Block::pre_norm(
                 d.rms(l, "input_layernorm")?,
                 TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
@@ -50,6 +75,6 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         })
     })?;
     let decoder = d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![d.rope(raw, 10000.0)?])?;
-    let logits = LogitsPost { scale: Some((1.0 / cfg.logits_scaling) as f32), softcap: None };
-    Ok(decoder.with_embed_scale(cfg.embedding_multiplier as f32).with_logits(logits))
+    let logits = LogitsPost { scale: Some((1.0 / m.logits_scaling) as f32), softcap: None };
+    Ok(decoder.with_embed_scale(m.embedding as f32).with_logits(logits))
 }

@@ -4,6 +4,7 @@
 //! families from Mixtral; DeepSeek-V3 from V2) are a variant of it, named in the registry.
 
 pub mod bert;
+pub mod chatglm;
 pub mod cohere;
 pub mod deepseek_v2;
 pub mod ernie45_moe;
@@ -21,8 +22,10 @@ pub mod gpt_oss;
 pub mod granite;
 pub mod granite_moe;
 pub mod hunyuan;
+pub mod internlm2;
 pub mod llama;
 pub mod llama4;
+pub mod minicpm;
 pub mod minicpm3;
 pub mod minimax_m2;
 pub mod mixtral;
