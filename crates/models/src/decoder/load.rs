@@ -6,7 +6,7 @@
 use ferrite_tensor::{Activation, AttentionParams};
 use serde::Deserialize;
 
-use super::{Block, Decoder};
+use super::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
 use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::{Attention, Embedding, LayerNorm, Linear, Norm, RmsNorm};
 use crate::loading::config::RawConfig;
@@ -187,6 +187,17 @@ impl Dims {
     /// A LayerNorm over the hidden size.
     pub fn layer_norm(&self, s: &Scope, leaf: &str, bias: bool) -> Result<LayerNorm> {
         s.layer_norm(leaf, self.hidden, self.eps, bias)
+    }
+
+    /// Llama's layer around `attn` (on rotary table 0) and `mlp`, under `l`'s `input_layernorm`
+    /// and `post_attention_layernorm`.
+    pub fn llama_block(&self, l: &Scope, attn: Attention, mlp: ChannelMixer) -> Result<Block> {
+        Ok(Block::pre_norm(
+            self.rms(l, "input_layernorm")?,
+            TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
+            self.rms(l, "post_attention_layernorm")?,
+            mlp,
+        ))
     }
 
     /// Builds each layer from its scope `model.layers.{i}`.

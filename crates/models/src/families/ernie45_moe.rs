@@ -16,7 +16,7 @@ use ferrite_tensor::RopeStyle;
 use serde::Deserialize;
 
 use crate::decoder::load::{CommonConfig, Defaults, Names};
-use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
+use crate::decoder::{ChannelMixer, Decoder};
 use crate::layers::moe::{ExpertNames, Experts, Router, RouterConfig, Scoring, SharedExpert, SparseMoe};
 use crate::layers::Norm;
 use crate::loading::config::RawConfig;
@@ -87,12 +87,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             } else {
                 ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, inter, d.act, bias)?)
             };
-        Ok(Block::pre_norm(
-            d.rms(l, "input_layernorm")?,
-            TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
-            d.rms(l, "post_attention_layernorm")?,
-            mlp,
-        ))
+        d.llama_block(l, attn, mlp)
     })?;
     let rope = d.rope(raw, 500_000.0)?.with_style(RopeStyle::Interleaved);
     let names = Names { lm_head_bias: bias, ..Names::LLAMA };

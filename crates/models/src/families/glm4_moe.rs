@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use super::glm::GLM_PARTIAL_ROTARY;
 use crate::decoder::load::{check_dims, CommonConfig, Defaults};
-use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
+use crate::decoder::{ChannelMixer, Decoder};
 use crate::layers::moe::{
     ExpertNames, Experts, GroupLimit, GroupScore, Router, RouterConfig, Scoring, SharedExpert, SparseMoe,
 };
@@ -103,12 +103,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         } else {
             ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, d.intermediate(raw)?, d.act, false)?)
         };
-        Ok(Block::pre_norm(
-            d.rms(l, "input_layernorm")?,
-            TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
-            d.rms(l, "post_attention_layernorm")?,
-            mlp,
-        ))
+        d.llama_block(l, attn, mlp)
     })?;
     d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![rope])
 }

@@ -22,33 +22,35 @@ fn one() -> f64 {
 struct GraniteConfig {
     #[serde(flatten)]
     common: CommonConfig,
-    #[serde(default = "one")]
-    embedding_multiplier: f64,
-    #[serde(default = "one")]
-    residual_multiplier: f64,
-    #[serde(default = "one")]
-    attention_multiplier: f64,
-    #[serde(default = "one")]
-    logits_scaling: f64,
+    #[serde(flatten)]
+    multipliers: Multipliers,
 }
 
-/// The four scalars, as Granite names them.
+/// The four scalars, read under Granite's config names (Granite-MoE's too).
+#[derive(Debug, Clone, Copy, Deserialize)]
 pub(crate) struct Multipliers {
+    #[serde(default = "one", rename = "embedding_multiplier")]
     pub embedding: f64,
+    #[serde(default = "one", rename = "residual_multiplier")]
     pub residual: f64,
+    #[serde(default = "one", rename = "attention_multiplier")]
     pub attention: f64,
+    #[serde(default = "one")]
     pub logits_scaling: f64,
+}
+
+impl Multipliers {
+    /// `decoder` with its embeddings times the embedding multiplier and its logits divided by
+    /// `logits_scaling`.
+    pub fn scale_ends(&self, decoder: Decoder) -> Decoder {
+        let logits = LogitsPost { scale: Some((1.0 / self.logits_scaling) as f32), softcap: None };
+        decoder.with_embed_scale(self.embedding as f32).with_logits(logits)
+    }
 }
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let cfg: GraniteConfig = raw.parse()?;
-    let m = Multipliers {
-        embedding: cfg.embedding_multiplier,
-        residual: cfg.residual_multiplier,
-        attention: cfg.attention_multiplier,
-        logits_scaling: cfg.logits_scaling,
-    };
-    load_scaled(raw, w, &cfg.common, Defaults::LLAMA, m)
+    load_scaled(raw, w, &cfg.common, Defaults::LLAMA, cfg.multipliers)
 }
 
 /// The Llama-named decoder with Granite's multipliers (MiniCPM's are the same four, spelled otherwise).
@@ -75,6 +77,5 @@ pub(crate) fn load_scaled(
         })
     })?;
     let decoder = d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![d.rope(raw, 10000.0)?])?;
-    let logits = LogitsPost { scale: Some((1.0 / m.logits_scaling) as f32), softcap: None };
-    Ok(decoder.with_embed_scale(m.embedding as f32).with_logits(logits))
+    Ok(m.scale_ends(decoder))
 }

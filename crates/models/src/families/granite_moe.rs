@@ -16,16 +16,13 @@
 use serde::Deserialize;
 
 use crate::decoder::load::{check_dims, CommonConfig, Defaults};
-use crate::decoder::{Block, ChannelMixer, Decoder, LogitsPost, SelfAttention, TokenMixer, Wiring};
+use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer, Wiring};
+use crate::families::granite::Multipliers;
 use crate::layers::moe::{Experts, Router, RouterConfig, Scoring, SharedExpert, SparseMoe, StackedLayout};
 use crate::layers::{GatedMlp, Norm};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
 use crate::Result;
-
-fn one() -> f64 {
-    1.0
-}
 
 fn eight() -> usize {
     8
@@ -39,14 +36,8 @@ fn two() -> usize {
 struct GraniteMoeConfig {
     #[serde(flatten)]
     common: CommonConfig,
-    #[serde(default = "one")]
-    embedding_multiplier: f64,
-    #[serde(default = "one")]
-    residual_multiplier: f64,
-    #[serde(default = "one")]
-    attention_multiplier: f64,
-    #[serde(default = "one")]
-    logits_scaling: f64,
+    #[serde(flatten)]
+    multipliers: Multipliers,
     #[serde(default = "eight")]
     num_local_experts: usize,
     #[serde(default = "two")]
@@ -82,7 +73,7 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
     };
     let blocks = d.blocks(w, |_, l| {
         let mut attn = d.attention(&l.at("self_attn"), d.attention_bias, d.attention_bias)?;
-        attn.params = d.attention_params(cfg.attention_multiplier);
+        attn.params = d.attention_params(cfg.multipliers.attention);
         let m = l.at("block_sparse_moe");
         let (router, gate_up, down) = match w.contains(&m.name("experts.gate_up_proj")) {
             true => (m.name("router"), m.name("experts.gate_up_proj"), m.name("experts.down_proj")),
@@ -110,7 +101,7 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
         };
         let moe = SparseMoe { router: Router::load(w, &router, d.hidden, router_cfg.clone(), false)?, experts, shared };
         Ok(Block {
-            wiring: Wiring::Sequential { residual_scale: Some(cfg.residual_multiplier as f32) },
+            wiring: Wiring::Sequential { residual_scale: Some(cfg.multipliers.residual as f32) },
             ..Block::pre_norm(
                 d.rms(l, "input_layernorm")?,
                 TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
@@ -120,6 +111,5 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
         })
     })?;
     let decoder = d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![d.rope(raw, 10000.0)?])?;
-    let logits = LogitsPost { scale: Some((1.0 / cfg.logits_scaling) as f32), softcap: None };
-    Ok(decoder.with_embed_scale(cfg.embedding_multiplier as f32).with_logits(logits))
+    Ok(cfg.multipliers.scale_ends(decoder))
 }

@@ -6,7 +6,7 @@
 use serde::Deserialize;
 
 use crate::decoder::load::{CommonConfig, Defaults};
-use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
+use crate::decoder::{ChannelMixer, Decoder};
 use crate::layers::moe::{ExpertNames, Experts, Router, RouterConfig, Scoring, SharedExpert, SparseMoe};
 use crate::layers::Norm;
 use crate::loading::config::RawConfig;
@@ -184,12 +184,7 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: MoeVariant) -> Result<Decoder
         } else {
             ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, d.intermediate(raw)?, d.act, false)?)
         };
-        Ok(Block::pre_norm(
-            d.rms(l, "input_layernorm")?,
-            TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
-            d.rms(l, "post_attention_layernorm")?,
-            mlp,
-        ))
+        d.llama_block(l, attn, mlp)
     })?;
     let rope = d.rope(raw, variant.default_rope_theta)?;
     d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![rope])
