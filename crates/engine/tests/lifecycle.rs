@@ -145,9 +145,14 @@ fn a_stream_nobody_reads_is_aborted_at_the_unread_bound() {
     let sizes: Vec<usize> = outputs.iter().map(|o| o.outputs.iter().map(|c| c.token_ids.len()).sum()).collect();
     assert!(outputs.len() <= 9, "{} outputs were queued: {sizes:?}", outputs.len());
     assert!(outputs.iter().all(|o| !o.finished));
-    // A reader that keeps up is not affected.
+    // A reader that keeps up is not affected: its reads count down what it has waiting, so it
+    // outlives several times the bound. The bound here leaves room for the reader thread to be
+    // descheduled for a few dozen steps on a loaded 2-core machine, where a bound of 8 does not.
+    drop(llm);
+    let engine = common::llm("llama", EngineConfig { max_unread_outputs: Some(64), ..config() });
+    let client = engine.client();
     let mut read = client
-        .add_request("read".into(), PromptInput::Tokens(vec![5; 8]), SamplingParams { ignore_eos: true, ..greedy(40) })
+        .add_request("read".into(), PromptInput::Tokens(vec![5; 8]), SamplingParams { ignore_eos: true, ..greedy(400) })
         .unwrap();
     let mut tokens = 0;
     while let Some(out) = read.blocking_next() {
@@ -156,5 +161,5 @@ fn a_stream_nobody_reads_is_aborted_at_the_unread_bound() {
             assert_eq!(out.outputs[0].finish_reason, Some(FinishReason::Length));
         }
     }
-    assert_eq!(tokens, 40);
+    assert_eq!(tokens, 400);
 }
