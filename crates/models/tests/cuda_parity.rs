@@ -1,12 +1,35 @@
 //! The parity battery of every fixture on a CUDA GPU: in f32 token-exact against transformers
 //! with the CPU gate's logprob tolerance, and in bf16 judged by the near-tie rule (a case passes
-//! STRICT, or diverges only where the oracle's top two were within `NEAR_TIE_NATS`; at most one
-//! case in a hundred may miss). Without a GPU (CI) the test prints SKIP and passes.
+//! STRICT, or diverges only where the oracle's top two were within `NEAR_TIE_NATS`; only a model
+//! that routes tokens among experts may miss, in at most `MOE_BF16_MISSES` of its cases). Without a
+//! GPU (CI) the test prints SKIP and passes.
 
 use ferrite_tensor::{DType, Device};
 use ferrite_testing::gate::{fixtures_dir, run_fixture_on, run_fixture_with, summarize, NEAR_TIE_NATS};
 
 const LOGPROB_TOLERANCE: f32 = 2e-3;
+
+/// bf16 rounding of the hidden state can reorder a mixture-of-experts router's top-k (the
+/// router itself runs in f32), which changes a token's whole MLP output: such a case diverges
+/// beyond the near-tie rule through no bug of ours, while the same fixture is STRICT in f32.
+/// A dense model has no such step, so any miss there is a bug.
+const MOE_BF16_MISSES: usize = 2;
+
+/// Whether the fixture's config routes tokens among experts (any spelling of the expert count,
+/// at the top level or in `text_config`).
+fn routes_among_experts(dir: &std::path::Path) -> bool {
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let keys = ["num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"];
+    let routes = [Some(&config), config.get("text_config")].into_iter().flatten().any(|c| {
+        keys.iter().any(|k| match &c[*k] {
+            serde_json::Value::Number(n) => n.as_u64().is_some_and(|n| n > 1),
+            serde_json::Value::Array(a) => a.iter().any(|n| n.as_u64().is_some_and(|n| n > 1)),
+            _ => false,
+        })
+    });
+    routes
+}
 
 #[test]
 fn every_fixture_on_cuda() {
@@ -24,6 +47,7 @@ fn every_fixture_on_cuda() {
     let (mut bf16_strict, mut bf16_near, mut bf16_total) = (0, 0, 0);
     for name in &names {
         let dir = fixtures_dir().join("models").join(name);
+        let moe = routes_among_experts(&dir);
         for dtype in [DType::F32, DType::BF16] {
             let (oracle, reports) = match run_fixture_on(&dir, dtype, Device::Cuda(0)) {
                 Ok(r) => r,
@@ -51,6 +75,10 @@ fn every_fixture_on_cuda() {
                 }
             }
             if dtype == DType::BF16 {
+                let misses = reports.iter().filter(|r| !(r.strict || r.near_tie())).count();
+                if misses > if moe { MOE_BF16_MISSES } else { 0 } {
+                    failures.push(format!("{name} bf16: {misses} cases beyond the near-tie rule (moe: {moe})"));
+                }
                 bf16_total += reports.len();
                 bf16_strict += reports.iter().filter(|r| r.strict).count();
                 bf16_near += reports.iter().filter(|r| r.near_tie()).count();
@@ -61,16 +89,8 @@ fn every_fixture_on_cuda() {
         "bf16 on cuda: {} of {bf16_total} cases pass (STRICT {bf16_strict} + near-tie {bf16_near}, rule {NEAR_TIE_NATS} nats)",
         bf16_strict + bf16_near
     );
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
-    // bf16 rounding can reorder a mixture-of-experts router's top-k, which changes a token's
-    // whole MLP output: such a case diverges beyond the near-tie rule through no bug of ours.
-    // One case in a hundred may; more means bf16 broke.
     println!("bf16 cases beyond the near-tie rule:\n{}", bf16_misses.join("\n"));
-    assert!(
-        bf16_misses.len() * 100 <= bf16_total,
-        "{} of {bf16_total} bf16 cases fail the near-tie rule",
-        bf16_misses.len()
-    );
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
 /// DeepSeek's MLA (and GLM-4-MoE-Lite's) with the latent KV cache (compressed latent + rope key, `kv_b_proj` absorbed
