@@ -18,6 +18,8 @@ pub enum Problem {
     UnlistedConstructor { architecture: String },
     /// The same (architecture, category) appears more than once.
     DuplicateRow { architecture: String, category: Category },
+    /// A quantized format is listed on a row that claims no gate, or without tests.
+    UngatedQuantization { architecture: String, category: Category, format: String },
 }
 
 impl fmt::Display for Problem {
@@ -38,6 +40,9 @@ impl fmt::Display for Problem {
             }
             Problem::DuplicateRow { architecture, category } => {
                 write!(f, "{architecture} ({category}) has more than one row")
+            }
+            Problem::UngatedQuantization { architecture, category, format } => {
+                write!(f, "{architecture} ({category}) lists quantized format `{format}` without tests on a gated row")
             }
         }
     }
@@ -66,7 +71,17 @@ pub fn check(inventory: &Inventory, registry: &[&str], test_ids: &BTreeSet<Strin
         if row.state >= State::GatedCpu && row.tests.is_empty() {
             problems.push(Problem::NoTests { architecture: architecture(), category: row.category, state: row.state });
         }
-        for test in row.tests.iter().filter(|t| !test_ids.contains(*t)) {
+        for q in &row.quantized {
+            if row.state < State::GatedCpu || q.tests.is_empty() {
+                problems.push(Problem::UngatedQuantization {
+                    architecture: architecture(),
+                    category: row.category,
+                    format: q.format.clone(),
+                });
+            }
+        }
+        let quantized_tests = row.quantized.iter().flat_map(|q| &q.tests);
+        for test in row.tests.iter().chain(quantized_tests).filter(|t| !test_ids.contains(*t)) {
             problems.push(Problem::UnknownTest {
                 architecture: architecture(),
                 category: row.category,
@@ -119,6 +134,37 @@ mod tests {
                 }]
             );
         }
+    }
+
+    #[test]
+    fn quantized_formats_need_a_gated_row_and_real_tests() {
+        use crate::inventory::QuantizedGate;
+        let fp8 = |tests: &[&str]| QuantizedGate {
+            format: "compressed-tensors FP8_DYNAMIC".into(),
+            tests: tests.iter().map(ToString::to_string).collect(),
+        };
+        let with = |state, q: QuantizedGate| {
+            let mut r = row("LlamaForCausalLM", TextGeneration, "llama", state, &[LLAMA_TEST]);
+            r.quantized.push(q);
+            inventory(vec![r])
+        };
+        let known = ids(&[LLAMA_TEST, "ferrite-models::parity::llama_fp8"]);
+        let ok = with(GatedCpu, fp8(&["ferrite-models::parity::llama_fp8"]));
+        assert_eq!(check(&ok, &["LlamaForCausalLM"], &known), vec![]);
+        let ungated = Problem::UngatedQuantization {
+            architecture: "LlamaForCausalLM".into(),
+            category: TextGeneration,
+            format: "compressed-tensors FP8_DYNAMIC".into(),
+        };
+        let no_tests = with(GatedCuda, fp8(&[]));
+        assert_eq!(check(&no_tests, &["LlamaForCausalLM"], &known), vec![ungated.clone()]);
+        let not_gated = with(Implemented, fp8(&["ferrite-models::parity::llama_fp8"]));
+        assert_eq!(check(&not_gated, &["LlamaForCausalLM"], &known), vec![ungated]);
+        let dangling = with(GatedCpu, fp8(&["ferrite-models::parity::nope"]));
+        assert!(matches!(
+            &check(&dangling, &["LlamaForCausalLM"], &known)[..],
+            [Problem::UnknownTest { test, .. }] if test == "ferrite-models::parity::nope"
+        ));
     }
 
     #[test]

@@ -175,6 +175,19 @@ pub struct Row {
     pub tests: Vec<String>,
     #[serde(default)]
     pub notes: String,
+    /// Quantized checkpoint formats the architecture is gated with, each backed by its own tests.
+    #[serde(default)]
+    pub quantized: Vec<QuantizedGate>,
+}
+
+/// One quantized checkpoint format of a row (`quantized = [{ format = "...", tests = [...] }]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuantizedGate {
+    /// The format as a user knows it: the tool or method and the scheme
+    /// (`compressed-tensors FP8_DYNAMIC`, `fp8 block 128x128`).
+    pub format: String,
+    pub tests: Vec<String>,
 }
 
 /// The whole inventory file.
@@ -287,6 +300,7 @@ pub(crate) mod testing {
             state,
             tests: tests.iter().map(ToString::to_string).collect(),
             notes: String::new(),
+            quantized: Vec::new(),
         }
     }
 

@@ -121,22 +121,36 @@ fn engaged_rows(out: &mut String, inventory: &Inventory) {
         let _ = writeln!(out, "None yet.\n");
         return;
     }
-    let _ = writeln!(out, "| Architecture | Category | Family | State | Tests | Example checkpoint |");
-    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    let _ =
+        writeln!(out, "| Architecture | Category | Family | State | Tests | Quantized formats | Example checkpoint |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     for row in &engaged {
         let tests = if row.tests.is_empty() {
             "none".to_string()
         } else {
             row.tests.iter().map(|t| format!("`{}`", cell(t))).collect::<Vec<_>>().join("<br>")
         };
+        let quantized = if row.quantized.is_empty() {
+            "-".to_string()
+        } else {
+            row.quantized
+                .iter()
+                .map(|q| {
+                    let tests = q.tests.iter().map(|t| format!("`{}`", cell(t))).collect::<Vec<_>>().join(", ");
+                    format!("{} ({tests})", cell(&q.format))
+                })
+                .collect::<Vec<_>>()
+                .join("<br>")
+        };
         let _ = writeln!(
             out,
-            "| `{}` | {} | `{}` | `{}` | {} | {} |",
+            "| `{}` | {} | `{}` | `{}` | {} | {} | {} |",
             cell(&row.architecture),
             row.category,
             cell(&row.family),
             row.state,
             tests,
+            quantized,
             checkpoint_link(&row.example_checkpoint),
         );
     }

@@ -11,12 +11,14 @@ mod tensor;
 
 pub mod cpu;
 pub mod cuda;
+pub mod fp8;
 pub mod kv;
 pub mod ops;
 
 pub use cuda::CudaStorage;
 pub use dtype::DType;
 pub use error::{Result, TensorError};
+pub use fp8::ActivationQuant;
 pub use kv::{AttnMetadata, AttnSeq, PagedKvLayer};
 pub use ops::{Activation, AttentionParams, RopeStyle, RowSampling, Xielu};
 pub use tensor::{CpuStorage, Device, Storage, Tensor};

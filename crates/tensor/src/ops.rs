@@ -293,6 +293,24 @@ pub fn clamped_swiglu(gate: &Tensor, up: &Tensor, alpha: f32, limit: f32) -> Res
 }
 
 /// Softmax over the last dimension.
+/// The input of an FP8 W8A8 linear: `x` quantized to e4m3 and back, per token, per group of a
+/// row or with a fixed scale (see [`crate::fp8`]).
+pub fn fp8_fake_quant(x: &Tensor, quant: crate::ActivationQuant) -> Result<Tensor> {
+    match quant {
+        crate::ActivationQuant::PerGroup(g) if g == 0 || !x.last_dim().is_multiple_of(g) => {
+            return Err(shape_err("fp8_fake_quant", format!("rows of {} in groups of {g}", x.last_dim())));
+        }
+        crate::ActivationQuant::Static(s) if !(s.is_finite() && s > 0.0) => {
+            return Err(shape_err("fp8_fake_quant", format!("input scale {s}")));
+        }
+        _ => {}
+    }
+    match x.storage() {
+        Storage::Cpu(_) => cpu::norm::fp8_fake_quant(x, quant),
+        Storage::Cuda(_) => cuda::norm::fp8_fake_quant(x, quant),
+    }
+}
+
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
     match x.storage() {
         Storage::Cpu(_) => cpu::elementwise::softmax(x),

@@ -341,6 +341,30 @@ fn elementwise_matches_cpu() {
     }
 }
 
+/// FP8 activation quantization: in f32 both sides do the same IEEE operations (the largest
+/// magnitude is order-free), so they agree bit for bit; rows span e4m3's subnormals, and one row
+/// is all zeros.
+#[test]
+fn fp8_fake_quant_matches_cpu() {
+    require_gpu!();
+    use ferrite_tensor::ActivationQuant;
+    let mut r = rng(17);
+    for (rows, cols) in [(1, 128), (7, 512), (3, 4096)] {
+        let mut a = random(&mut r, rows * cols, 3.0);
+        a.iter_mut().step_by(5).for_each(|v| *v *= 1e-4);
+        a[..cols].iter_mut().for_each(|v| *v = 0.0);
+        for dtype in DTYPES {
+            let (ac, ag) = pair(&a, &[rows, cols], dtype);
+            for quant in [ActivationQuant::PerToken, ActivationQuant::PerGroup(128), ActivationQuant::Static(0.0123)] {
+                let name = format!("fp8_fake_quant {quant:?} {rows}x{cols}");
+                let want = ops::fp8_fake_quant(&ac, quant).unwrap();
+                let bound = if dtype == DType::F32 { 0.0 } else { tol(dtype) };
+                check(&name, dtype, &ops::fp8_fake_quant(&ag, quant).unwrap(), &want, bound);
+            }
+        }
+    }
+}
+
 #[test]
 fn softmax_and_argmax_match_cpu() {
     require_gpu!();

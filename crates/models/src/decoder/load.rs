@@ -320,7 +320,7 @@ pub fn lm_head(w: &Weights, name: &str, embed: &Embedding, tied: bool, bias: boo
     let [vocab, hidden] = [embed.table.shape()[0], embed.table.shape()[1]];
     if tied || !w.contains(&format!("{name}.weight")) {
         let bias = if bias { Some(w.get_f32(&format!("{name}.bias"), &[vocab])?) } else { None };
-        return Ok(Linear { weight: embed.table.clone(), bias });
+        return Ok(Linear::new(embed.table.clone(), bias));
     }
     Linear::load(w, name, hidden, vocab, bias)
 }

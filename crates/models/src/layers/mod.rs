@@ -9,33 +9,40 @@ pub mod rope;
 use std::ops::Range;
 
 use ferrite_tensor::{
-    ops, Activation, AttentionParams, AttnMetadata, CpuStorage, Device, PagedKvLayer, Storage, Tensor, TensorError,
-    Xielu,
+    ops, Activation, ActivationQuant, AttentionParams, AttnMetadata, CpuStorage, Device, PagedKvLayer, Storage, Tensor,
+    TensorError, Xielu,
 };
 
 use crate::layers::rope::Rope;
 use crate::loading::weights::{Scope, Weights};
 use crate::Result;
 
-/// A `torch.nn.Linear`: weight `[out, in]`, optional bias `[out]`.
+/// A `torch.nn.Linear`: weight `[out, in]`, optional bias `[out]`, and for an FP8 W8A8
+/// checkpoint's layers the quantization its input goes through first.
 #[derive(Debug, Clone)]
 pub struct Linear {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
+    pub input_quant: Option<ActivationQuant>,
 }
 
 impl Linear {
+    /// An unquantized layer.
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Linear {
+        Linear { weight, bias, input_quant: None }
+    }
+
     pub fn load(w: &Weights, prefix: &str, in_features: usize, out_features: usize, bias: bool) -> Result<Linear> {
         let weight = w.get(&format!("{prefix}.weight"), &[out_features, in_features])?;
         let bias = if bias { Some(w.get_f32(&format!("{prefix}.bias"), &[out_features])?) } else { None };
-        Ok(Linear { weight, bias })
+        Ok(Linear { weight, bias, input_quant: w.input_quant(prefix)? })
     }
 
     /// Loads a bias when the checkpoint has one (some configs do not say).
     pub fn load_opt_bias(w: &Weights, prefix: &str, in_features: usize, out_features: usize) -> Result<Linear> {
         let weight = w.get(&format!("{prefix}.weight"), &[out_features, in_features])?;
         let bias = w.get_f32_opt(&format!("{prefix}.bias"), &[out_features])?;
-        Ok(Linear { weight, bias })
+        Ok(Linear { weight, bias, input_quant: w.input_quant(prefix)? })
     }
 
     pub fn out_features(&self) -> usize {
@@ -46,7 +53,7 @@ impl Linear {
     pub fn load_conv1d(w: &Weights, prefix: &str, in_features: usize, out_features: usize) -> Result<Linear> {
         let weight = transpose(&w.get(&format!("{prefix}.weight"), &[in_features, out_features])?)?;
         let bias = Some(w.get_f32(&format!("{prefix}.bias"), &[out_features])?);
-        Ok(Linear { weight, bias })
+        Ok(Linear { weight, bias, input_quant: w.input_quant(prefix)? })
     }
 
     /// Splits a fused projection (`qkv_proj`, `gate_up_proj`) into consecutive blocks of output rows.
@@ -72,16 +79,26 @@ impl Linear {
         Ok(Linear {
             weight: select_rows(&self.weight, ranges)?,
             bias: self.bias.as_ref().map(|b| select_rows(b, ranges)).transpose()?,
+            input_quant: self.input_quant,
         })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(ops::matmul_t(x, &self.weight, self.bias.as_ref())?)
+        let x = quantized_input(x, self.input_quant)?;
+        Ok(ops::matmul_t(&x, &self.weight, self.bias.as_ref())?)
     }
 
     fn operands(&self) -> (&Tensor, Option<&Tensor>) {
         (&self.weight, self.bias.as_ref())
     }
+}
+
+/// `x` as a layer whose input is quantized by `quant` sees it.
+fn quantized_input(x: &Tensor, quant: Option<ActivationQuant>) -> Result<std::borrow::Cow<'_, Tensor>> {
+    Ok(match quant {
+        Some(q) => std::borrow::Cow::Owned(ops::fp8_fake_quant(x, q)?),
+        None => std::borrow::Cow::Borrowed(x),
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -165,8 +182,12 @@ impl GatedMlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let shared_input = self.gate.input_quant == self.up.input_quant;
         let h = match (&self.gate.bias, &self.up.bias) {
-            (None, None) => ops::gated_matmul_t(x, &self.gate.weight, &self.up.weight, self.act)?,
+            (None, None) if shared_input => {
+                let x = quantized_input(x, self.gate.input_quant)?;
+                ops::gated_matmul_t(&x, &self.gate.weight, &self.up.weight, self.act)?
+            }
             _ => ops::act_mul(&self.gate.forward(x)?, &self.up.forward(x)?, self.act)?,
         };
         self.down.forward(&h)
@@ -246,8 +267,17 @@ impl Attention {
     /// (weight `[head_dim]`, Qwen3, Gemma 3) or all heads at once (weight `[heads * head_dim]`,
     /// OLMo-2).
     pub fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let qkv = ops::matmul_t_many(x, &[self.q.operands(), self.k.operands(), self.v.operands()])?;
-        let [mut q, mut k, v]: [Tensor; 3] = qkv.try_into().expect("one product per weight");
+        // Static W8A8 checkpoints give each projection its own input scale, so the three see
+        // differently quantized inputs; otherwise one input serves all three products.
+        let (mut q, mut k, v) = if self.q.input_quant == self.k.input_quant && self.q.input_quant == self.v.input_quant
+        {
+            let x = quantized_input(x, self.q.input_quant)?;
+            let qkv = ops::matmul_t_many(&x, &[self.q.operands(), self.k.operands(), self.v.operands()])?;
+            let [q, k, v]: [Tensor; 3] = qkv.try_into().expect("one product per weight");
+            (q, k, v)
+        } else {
+            (self.q.forward(x)?, self.k.forward(x)?, self.v.forward(x)?)
+        };
         if let Some(n) = &self.q_norm {
             q = n.forward_heads(&q, n.weight.numel())?;
         }
@@ -482,7 +512,7 @@ mod tests {
     #[test]
     fn split_rows_covers_every_row() {
         let w = Tensor::from_f32((0..10).map(|v| v as f32).collect(), &[5, 2]).unwrap();
-        let lin = Linear { weight: w, bias: Some(Tensor::from_f32(vec![0., 1., 2., 3., 4.], &[5]).unwrap()) };
+        let lin = Linear::new(w, Some(Tensor::from_f32(vec![0., 1., 2., 3., 4.], &[5]).unwrap()));
         let parts = lin.split_rows(&[3, 2]).unwrap();
         assert_eq!(parts[1].weight.to_f32_vec(), [6., 7., 8., 9.]);
         assert_eq!(parts[1].bias.as_ref().unwrap().to_f32_vec(), [3., 4.]);

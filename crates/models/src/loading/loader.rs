@@ -7,6 +7,7 @@ use ferrite_tensor::{DType, Device, Tensor};
 
 use crate::loading::config::RawConfig;
 use crate::loading::gguf::{self, GgufFile};
+use crate::loading::quant::Quantization;
 use crate::loading::weights::{GgufWeights, SafetensorsWeights, WeightSource, Weights};
 use crate::model::CausalLM;
 use crate::pooling::{LoadedPoolingModel, PoolerConfig, MAX_FORWARD_TOKENS};
@@ -90,7 +91,8 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         bar.set_message(arch.clone());
         bar
     });
-    let weights = Weights::new(source, opts.dtype, bar.clone()).on_device(opts.device);
+    let quantization = Quantization::from_config(&config)?;
+    let weights = Weights::new(source, opts.dtype, bar.clone()).on_device(opts.device).with_quantization(quantization);
     let span = tracing::info_span!("load", arch = %arch, path = %path.display());
     let _guard = span.enter();
     let model = constructor(&config, &weights)?;
@@ -159,5 +161,8 @@ impl WeightSource for BaseModelNames {
     }
     fn tensor_count(&self) -> usize {
         self.0.tensor_count()
+    }
+    fn is_fp8(&self, name: &str) -> bool {
+        self.0.is_fp8(self.inner_name(name))
     }
 }

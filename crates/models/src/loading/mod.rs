@@ -6,4 +6,5 @@
 pub mod config;
 pub mod gguf;
 pub mod loader;
+pub mod quant;
 pub mod weights;

@@ -6,12 +6,13 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ferrite_tensor::{DType, Device, Tensor};
+use ferrite_tensor::{ActivationQuant, DType, Device, Tensor};
 use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::{Dtype as StDtype, SafeTensors};
 
 use crate::loading::gguf::GgufFile;
+use crate::loading::quant::{self, InputQuantSource, Quantization};
 use crate::{ModelError, Result};
 
 pub trait WeightSource: Send + Sync {
@@ -20,6 +21,10 @@ pub trait WeightSource: Send + Sync {
     fn load(&self, name: &str, dtype: DType) -> Result<Option<Tensor>>;
     fn describe(&self) -> String;
     fn tensor_count(&self) -> usize;
+    /// Whether the tensor is stored as FP8 e4m3 (its values need their scales).
+    fn is_fp8(&self, _name: &str) -> bool {
+        false
+    }
 }
 
 struct Shard {
@@ -32,6 +37,7 @@ pub struct SafetensorsWeights {
     dir: PathBuf,
     shards: Vec<Shard>,
     index: HashMap<String, usize>,
+    fp8: std::collections::HashSet<String>,
 }
 
 impl SafetensorsWeights {
@@ -71,6 +77,7 @@ impl SafetensorsWeights {
         };
         let mut shards = Vec::new();
         let mut index = HashMap::new();
+        let mut fp8 = std::collections::HashSet::new();
         for path in files {
             let file = File::open(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
             // SAFETY: the checkpoint files are treated as read-only for the life of the process.
@@ -79,12 +86,15 @@ impl SafetensorsWeights {
                 path: path.clone(),
                 message: format!("invalid safetensors: {e}"),
             })?;
-            for name in st.names() {
-                index.insert(name.to_string(), shards.len());
+            for (name, view) in st.tensors() {
+                if view.dtype() == StDtype::F8_E4M3 {
+                    fp8.insert(name.clone());
+                }
+                index.insert(name, shards.len());
             }
             shards.push(Shard { path, mmap });
         }
-        Ok(SafetensorsWeights { dir: dir.to_path_buf(), shards, index })
+        Ok(SafetensorsWeights { dir: dir.to_path_buf(), shards, index, fp8 })
     }
 }
 
@@ -118,6 +128,11 @@ fn convert(bytes: &[u8], dtype: StDtype, target: DType, shape: &[usize], name: &
         ),
         // Packed quantized data (MXFP4 blocks and scales): each byte as its value, exact in every
         // float dtype (integers to 256), for the loader to unpack.
+        // e4m3 values, exact in every float dtype; the loader multiplies in their scales.
+        (StDtype::F8_E4M3, _) => ferrite_tensor::CpuStorage::from_f32(
+            bytes.iter().map(|&b| ferrite_tensor::fp8::e4m3_to_f32(b)).collect(),
+            target,
+        ),
         (StDtype::U8, _) => ferrite_tensor::CpuStorage::from_f32(bytes.iter().map(|&b| f32::from(b)).collect(), target),
         (other, _) => return Err(err(format!("unsupported safetensors dtype {other:?}"))),
     };
@@ -148,6 +163,10 @@ impl WeightSource for SafetensorsWeights {
 
     fn tensor_count(&self) -> usize {
         self.index.len()
+    }
+
+    fn is_fp8(&self, name: &str) -> bool {
+        self.fp8.contains(name)
     }
 }
 
@@ -195,17 +214,28 @@ pub struct Weights {
     device: Device,
     loaded: AtomicUsize,
     progress: Option<indicatif::ProgressBar>,
+    quantization: Option<Quantization>,
 }
 
 impl Weights {
     pub fn new(source: Box<dyn WeightSource>, dtype: DType, progress: Option<indicatif::ProgressBar>) -> Weights {
-        Weights { source, dtype, device: Device::Cpu, loaded: AtomicUsize::new(0), progress }
+        Weights { source, dtype, device: Device::Cpu, loaded: AtomicUsize::new(0), progress, quantization: None }
     }
 
     /// Places every tensor on `device` as it is loaded (one tensor in host memory at a time).
     pub fn on_device(mut self, device: Device) -> Weights {
         self.device = device;
         self
+    }
+
+    /// How the checkpoint's quantized tensors are to be read (its `quantization_config`).
+    pub fn with_quantization(mut self, quantization: Option<Quantization>) -> Weights {
+        self.quantization = quantization;
+        self
+    }
+
+    pub fn quantization(&self) -> Option<&Quantization> {
+        self.quantization.as_ref()
     }
 
     pub fn dtype(&self) -> DType {
@@ -225,7 +255,12 @@ impl Weights {
     }
 
     fn fetch(&self, name: &str, dtype: DType) -> Result<Option<Tensor>> {
-        let t = match self.source.load(name, dtype)? {
+        let loaded = if self.source.is_fp8(name) {
+            Some(self.dequantized(name, dtype)?)
+        } else {
+            self.source.load(name, dtype)?
+        };
+        let t = match loaded {
             Some(t) => Some(t.to_device(self.device).map_err(|e| ModelError::Weights {
                 path: PathBuf::from(self.source.describe()),
                 message: format!("tensor `{name}` to {:?}: {e}", self.device),
@@ -239,6 +274,52 @@ impl Weights {
             }
         }
         Ok(t)
+    }
+
+    /// An FP8 weight times its scales (see [`quant::dequantize`]), in f32 and then `dtype`.
+    fn dequantized(&self, name: &str, dtype: DType) -> Result<Tensor> {
+        let err = |message: String| ModelError::Weights { path: PathBuf::from(self.source.describe()), message };
+        let quantization =
+            self.quantization.as_ref().filter(|q| !matches!(q, Quantization::Mxfp4)).ok_or_else(|| {
+                err(format!("tensor `{name}` is FP8 (F8_E4M3) but config.json has no FP8 `quantization_config`"))
+            })?;
+        let module = name
+            .strip_suffix(".weight")
+            .ok_or_else(|| err(format!("tensor `{name}` is FP8, which only a linear layer's weight may be")))?;
+        let (how, scale_name) = quantization.weight_scales(module)?;
+        let missing = || ModelError::MissingTensor { name: scale_name.clone(), location: self.source.describe() };
+        let weight = self.source.load(name, DType::F32)?.ok_or_else(|| err(format!("tensor `{name}` vanished")))?;
+        let scales = self.source.load(&scale_name, DType::F32)?.ok_or_else(missing)?;
+        let mut values = weight.try_to_f32_vec()?;
+        quant::dequantize(&mut values, weight.shape(), &scales.try_to_f32_vec()?, scales.shape(), how)
+            .map_err(|m| err(format!("tensor `{scale_name}`: {m}")))?;
+        Ok(Tensor::from_f32_as(values, weight.shape(), dtype)?)
+    }
+
+    /// How the input of the linear layer `module` is quantized before its product: `Some` for a
+    /// W8A8 checkpoint's quantized layers (with a static scheme, the module's `input_scale`).
+    pub fn input_quant(&self, module: &str) -> Result<Option<ActivationQuant>> {
+        let Some(quantization) = &self.quantization else { return Ok(None) };
+        if !self.source.is_fp8(&format!("{module}.weight")) {
+            return Ok(None);
+        }
+        Ok(match quantization.input_scheme(module)? {
+            None => None,
+            Some(InputQuantSource::Dynamic(q)) => Some(q),
+            Some(InputQuantSource::StaticScale(name)) => {
+                let scale = self.get_scalar_opt(&name)?.ok_or_else(|| ModelError::MissingTensor {
+                    name: name.clone(),
+                    location: self.source.describe(),
+                })?;
+                if !(scale.is_finite() && scale > 0.0) {
+                    return Err(ModelError::Weights {
+                        path: PathBuf::from(self.source.describe()),
+                        message: format!("tensor `{name}`: input scale {scale} is not a positive number"),
+                    });
+                }
+                Some(ActivationQuant::Static(scale))
+            }
+        })
     }
 
     /// A required tensor in the compute dtype, checked against the expected shape.

@@ -2,6 +2,7 @@ use rayon::prelude::*;
 
 use super::f32_tensor;
 use crate::error::Result;
+use crate::fp8::{fake_quantize, fp8_scale, ActivationQuant};
 use crate::tensor::Tensor;
 
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32, offset: f32) -> Result<Tensor> {
@@ -42,6 +43,27 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) 
             }
             *v = y;
         }
+    });
+    Ok(f32_tensor(out, x.shape().to_vec()))
+}
+
+/// FP8 activation quantization: every block of `group` elements of a row (the whole row when
+/// `group` is the row length) fake-quantized with the scale of its largest magnitude, or with
+/// a fixed scale.
+pub fn fp8_fake_quant(x: &Tensor, quant: ActivationQuant) -> Result<Tensor> {
+    let cols = x.last_dim().max(1);
+    let mut out = x.as_f32_slice()?.to_vec();
+    let group = match quant {
+        ActivationQuant::PerToken => cols,
+        ActivationQuant::PerGroup(g) => g,
+        ActivationQuant::Static(scale) => {
+            out.iter_mut().for_each(|v| *v = fake_quantize(*v, scale));
+            return Ok(f32_tensor(out, x.shape().to_vec()));
+        }
+    };
+    out.par_chunks_mut(group).for_each(|block| {
+        let scale = fp8_scale(block.iter().fold(0.0f32, |m, v| m.max(v.abs())));
+        block.iter_mut().for_each(|v| *v = fake_quantize(*v, scale));
     });
     Ok(f32_tensor(out, x.shape().to_vec()))
 }

@@ -1,5 +1,5 @@
 //! The row-wise normalisations on CUDA (kernels/norm.cu): RMSNorm (plain and fused with the
-//! residual add), LayerNorm, softmax. One block per row.
+//! residual add), LayerNorm, softmax, FP8 activation quantization. One block per row (or group).
 
 use cudarc::driver::LaunchConfig;
 
@@ -149,6 +149,30 @@ pub fn softmax(x: &Tensor) -> Result<Tensor> {
     let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
     if rows > 0 && cols > 0 {
         Softmax { x: xs.ptr(), y: out.ptr(), cols: int(cols)? }.launch(dev, xs.dtype(), rows)?;
+    }
+    wrap(out, x.shape().to_vec())
+}
+
+kernel_params! {
+    /// `fp8_fake_quant_<t>`.
+    struct Fp8FakeQuant { x: u64, y: u64, group: i32, static_scale: f32 }
+}
+
+pub fn fp8_fake_quant(x: &Tensor, quant: crate::ActivationQuant) -> Result<Tensor> {
+    let xs = cuda_of("fp8_fake_quant", x)?;
+    let dev = xs.device();
+    let cols = x.last_dim();
+    let (group, static_scale) = match quant {
+        crate::ActivationQuant::PerToken => (cols, 0.0),
+        crate::ActivationQuant::PerGroup(g) => (g, 0.0),
+        // One "group" per row keeps the grid within bounds; the scale makes the reduction moot.
+        crate::ActivationQuant::Static(s) => (cols, s),
+    };
+    let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
+    if !xs.is_empty() && group > 0 {
+        let f = dev.function(NORM, &format!("fp8_fake_quant_{}", dtype_suffix(xs.dtype())?))?;
+        let launch = Fp8FakeQuant { x: xs.ptr(), y: out.ptr(), group: int(group)?, static_scale };
+        launch.launch_with(dev, &f, row_cfg(xs.len() / group, group))?;
     }
     wrap(out, x.shape().to_vec())
 }

@@ -1,4 +1,5 @@
-// Row-wise reductions: RMSNorm (plain and fused with the residual add), LayerNorm, softmax.
+// Row-wise reductions: RMSNorm (plain and fused with the residual add), LayerNorm, softmax, FP8
+// activation quantization.
 // One block per row. The RMSNorm loops are unrolled so that a thread's loads are in flight
 // together: at decode a norm is one or a few blocks, bound by memory latency, not bandwidth.
 
@@ -108,8 +109,42 @@ __device__ void softmax(const T* __restrict__ x, T* __restrict__ y, int cols) {
     for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = from_f<T>(expf(to_f(xr[c]) - m) * inv);
 }
 
+// fp8.rs's round_to_e4m3: nearest e4m3 value, ties to even, saturating at 448.
+__device__ __forceinline__ float round_to_e4m3(float x) {
+    float a = fabsf(x);
+    float r;
+    if (a < 0.015625f) {
+        r = rintf(a * 512.f) / 512.f;
+    } else {
+        unsigned int bits = __float_as_uint(a);
+        unsigned int half = (1u << 19) - 1u + ((bits >> 20) & 1u);
+        r = __uint_as_float((bits + half) & ~((1u << 20) - 1u));
+    }
+    return copysignf(fminf(r, 448.f), x);
+}
+
+// FP8 activation quantization, one block per group of `group` elements (a row, or a 128-wide
+// slice of one): the scale is `max(amax / 448, FLT_EPSILON)`, or `static_scale` where positive.
+template <typename T>
+__device__ void fp8_fake_quant(const T* __restrict__ x, T* __restrict__ y, int group, float static_scale) {
+    const T* xg = x + (size_t)blockIdx.x * group;
+    T* yg = y + (size_t)blockIdx.x * group;
+    float scale = static_scale;
+    if (scale <= 0.f) {
+        float m = 0.f;
+        for (int c = threadIdx.x; c < group; c += blockDim.x) m = fmaxf(m, fabsf(to_f(xg[c])));
+        scale = fmaxf(block_max(m) / 448.f, 1.1920929e-07f);
+    }
+    for (int c = threadIdx.x; c < group; c += blockDim.x)
+        yg[c] = from_f<T>(round_to_e4m3(fminf(fmaxf(to_f(xg[c]) / scale, -448.f), 448.f)) * scale);
+}
+
 #define INST_T(TN, T) \
-    extern "C" __global__ void softmax_##TN(const T* x, T* y, int cols) { pdl_wait(); softmax<T>(x, y, cols); }
+    extern "C" __global__ void softmax_##TN(const T* x, T* y, int cols) { pdl_wait(); softmax<T>(x, y, cols); } \
+    extern "C" __global__ void fp8_fake_quant_##TN(const T* x, T* y, int group, float static_scale) {          \
+        pdl_wait();                                                                                          \
+        fp8_fake_quant<T>(x, y, group, static_scale);                                                        \
+    }
 FOR_T(INST_T)
 
 #define INST_TW(TN, T, WN, W)                                                                                      \

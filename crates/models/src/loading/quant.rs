@@ -1,0 +1,448 @@
+//! Quantized checkpoints: what `config.json`'s `quantization_config` says, as vLLM reads it.
+//!
+//! FP8 checkpoints store each quantized linear's weight in e4m3 beside its scales. The weights
+//! are dequantized as they load (`f32(w) * f32(scale)`, the scale broadcast per tensor, per
+//! output channel or per block), which is what transformers computes with on a CPU; the inputs of
+//! a compressed-tensors W8A8 linear are then quantized per token, per group or by a stored scale
+//! ([`ActivationQuant`]) before the product. Which tensors are quantized is read off the
+//! checkpoint (an e4m3 weight has a scale next to it); the config says how.
+
+use ferrite_tensor::ActivationQuant;
+use regex::Regex;
+use serde_json::Value;
+
+use crate::loading::config::RawConfig;
+use crate::Result;
+
+/// A checkpoint's quantization method.
+#[derive(Debug, Clone)]
+pub enum Quantization {
+    /// compressed-tensors (`quant_method: compressed-tensors`, `format: float-quantized`), the
+    /// format llm-compressor writes: FP8 weights per tensor, channel or block, and FP8 inputs
+    /// per token, per group or with a static scale.
+    CompressedTensors(CompressedTensors),
+    /// `quant_method: fp8` with `weight_block_size` (DeepSeek-V3, Qwen3-*-FP8): e4m3 weights with
+    /// one `weight_scale_inv` per block.
+    Fp8Block { block: [usize; 2] },
+    /// gpt-oss's MXFP4 experts, which its family loader unpacks.
+    Mxfp4,
+}
+
+/// How an FP8 weight's scales cover it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightScales {
+    Tensor,
+    /// One per output row.
+    Channel,
+    /// One per `[rows, cols]` block; the last block of a dimension may be partial.
+    Block([usize; 2]),
+}
+
+#[derive(Debug, Clone)]
+pub struct CompressedTensors {
+    groups: Vec<SchemeGroup>,
+}
+
+#[derive(Debug, Clone)]
+struct SchemeGroup {
+    name: String,
+    targets: Vec<Target>,
+    weights: WeightScales,
+    inputs: Option<InputScheme>,
+}
+
+#[derive(Debug, Clone)]
+enum Target {
+    /// `Linear`: every quantized module (only linear layers carry FP8 weights).
+    Linear,
+    /// `re:...`: module names the pattern matches from their start (Python's `re.match`).
+    Pattern(Regex),
+    Name(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum InputScheme {
+    Dynamic(ActivationQuant),
+    /// The module's own `input_scale`.
+    Static,
+}
+
+impl Quantization {
+    /// The checkpoint's quantization, `None` for an unquantized one; an unsupported method or
+    /// scheme is an error naming the key.
+    pub fn from_config(raw: &RawConfig) -> Result<Option<Quantization>> {
+        let Some(q) = raw.value.get("quantization_config") else { return Ok(None) };
+        if q.is_null() {
+            return Ok(None);
+        }
+        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("");
+        match method {
+            "compressed-tensors" => CompressedTensors::parse(raw, q).map(|c| Some(Quantization::CompressedTensors(c))),
+            "fp8" => {
+                let block = q.get("weight_block_size").filter(|b| !b.is_null()).ok_or_else(|| {
+                    raw.error(
+                        "`quantization_config`: quant_method fp8 without `weight_block_size` (per-tensor fp8 \
+                         checkpoints) is not supported; block-quantized ones (DeepSeek-V3, Qwen3-FP8) are",
+                    )
+                })?;
+                let block = block_size(raw, block, "quantization_config.weight_block_size")?;
+                let fmt = q.get("fmt").and_then(Value::as_str).unwrap_or("e4m3");
+                if fmt != "e4m3" {
+                    return Err(raw.error(format!("`quantization_config.fmt` {fmt}: only e4m3 FP8 is supported")));
+                }
+                Ok(Some(Quantization::Fp8Block { block }))
+            }
+            "mxfp4" => Ok(Some(Quantization::Mxfp4)),
+            other => Err(raw.error(format!(
+                "`quantization_config.quant_method` {other:?} is not supported; supported: compressed-tensors \
+                 (FP8 schemes), fp8 (block-quantized), mxfp4 (gpt-oss)"
+            ))),
+        }
+    }
+
+    /// How the scales of module `module`'s e4m3 weight cover it, and the name of its scale.
+    pub fn weight_scales(&self, module: &str) -> Result<(WeightScales, String)> {
+        match self {
+            Quantization::CompressedTensors(ct) => Ok((ct.group_of(module)?.weights, format!("{module}.weight_scale"))),
+            Quantization::Fp8Block { block } => Ok((WeightScales::Block(*block), format!("{module}.weight_scale_inv"))),
+            Quantization::Mxfp4 => Err(crate::ModelError::Config {
+                path: module.into(),
+                message: "an FP8 weight in an mxfp4 checkpoint".into(),
+            }),
+        }
+    }
+
+    /// How the input of quantized module `module` is quantized, `None` for weight-only schemes.
+    /// A static scheme's scale is read by the caller from `{module}.input_scale`.
+    pub fn input_scheme(&self, module: &str) -> Result<Option<InputQuantSource>> {
+        let Quantization::CompressedTensors(ct) = self else { return Ok(None) };
+        Ok(ct.group_of(module)?.inputs.map(|i| match i {
+            InputScheme::Dynamic(q) => InputQuantSource::Dynamic(q),
+            InputScheme::Static => InputQuantSource::StaticScale(format!("{module}.input_scale")),
+        }))
+    }
+}
+
+/// Where a W8A8 linear's input scale comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputQuantSource {
+    Dynamic(ActivationQuant),
+    /// The tensor holding the fixed scale.
+    StaticScale(String),
+}
+
+fn block_size(raw: &RawConfig, v: &Value, key: &str) -> Result<[usize; 2]> {
+    let dims: Option<Vec<usize>> =
+        v.as_array().map(|a| a.iter().filter_map(|d| d.as_u64().map(|d| d as usize)).collect());
+    match dims.as_deref() {
+        Some(&[rows, cols]) if (1..=1 << 16).contains(&rows) && (1..=1 << 16).contains(&cols) => Ok([rows, cols]),
+        _ => Err(raw.error(format!("`{key}` must be two block sizes [rows, cols], got {v}"))),
+    }
+}
+
+impl CompressedTensors {
+    fn parse(raw: &RawConfig, q: &Value) -> Result<CompressedTensors> {
+        let format = q.get("format").and_then(Value::as_str).unwrap_or("");
+        if format != "float-quantized" {
+            return Err(raw.error(format!(
+                "`quantization_config.format` {format:?}: only compressed-tensors' float-quantized (FP8) format is \
+                 supported"
+            )));
+        }
+        if q.get("kv_cache_scheme").is_some_and(|k| !k.is_null()) {
+            return Err(raw.error("`quantization_config.kv_cache_scheme`: a quantized KV cache is not supported yet"));
+        }
+        let groups = q
+            .get("config_groups")
+            .and_then(Value::as_object)
+            .filter(|g| !g.is_empty())
+            .ok_or_else(|| raw.error("`quantization_config.config_groups` is missing or empty"))?;
+        let groups = groups
+            .iter()
+            .map(|(name, g)| SchemeGroup::parse(raw, &format!("quantization_config.config_groups.{name}"), g))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(CompressedTensors { groups })
+    }
+
+    /// The scheme of `module`: a group naming it (by name or pattern) before one that takes every
+    /// `Linear`, as compressed-tensors ranks matches.
+    fn group_of(&self, module: &str) -> Result<&SchemeGroup> {
+        let by_name = self.groups.iter().find(|g| {
+            g.targets.iter().any(|t| match t {
+                Target::Pattern(re) => re.is_match(module),
+                Target::Name(n) => n == module,
+                Target::Linear => false,
+            })
+        });
+        by_name
+            .or_else(|| self.groups.iter().find(|g| g.targets.iter().any(|t| matches!(t, Target::Linear))))
+            .ok_or_else(|| crate::ModelError::Config {
+                path: module.into(),
+                message: format!(
+                    "quantized module `{module}` matches none of the `config_groups` targets ({})",
+                    self.groups.iter().map(|g| g.name.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+            })
+    }
+}
+
+impl SchemeGroup {
+    fn parse(raw: &RawConfig, key: &str, g: &Value) -> Result<SchemeGroup> {
+        let targets = g
+            .get("targets")
+            .and_then(Value::as_array)
+            .ok_or_else(|| raw.error(format!("`{key}.targets` is missing")))?
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("Linear") => Ok(Target::Linear),
+                Some(p) if p.starts_with("re:") => Regex::new(&format!("^(?:{})", &p[3..]))
+                    .map(Target::Pattern)
+                    .map_err(|e| raw.error(format!("`{key}.targets`: pattern {p:?}: {e}"))),
+                Some(n) if n.contains('.') => Ok(Target::Name(n.to_owned())),
+                _ => Err(raw
+                    .error(format!("`{key}.targets`: {t} is not supported (Linear, a module name or a re: pattern)"))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let weights = g.get("weights").filter(|w| !w.is_null()).ok_or_else(|| {
+            raw.error(format!("`{key}.weights` is missing: activation-only schemes are not supported"))
+        })?;
+        fp8_args(raw, &format!("{key}.weights"), weights)?;
+        if weights.get("dynamic").and_then(Value::as_bool) == Some(true) {
+            return Err(raw.error(format!("`{key}.weights.dynamic`: dynamically quantized weights are not supported")));
+        }
+        let weights = match weights.get("strategy").and_then(Value::as_str) {
+            Some("tensor") => WeightScales::Tensor,
+            Some("channel") => WeightScales::Channel,
+            Some("block") => WeightScales::Block(block_size(
+                raw,
+                weights.get("block_structure").unwrap_or(&Value::Null),
+                &format!("{key}.weights.block_structure"),
+            )?),
+            other => {
+                return Err(raw.error(format!(
+                    "`{key}.weights.strategy` {other:?}: FP8 weights per tensor, channel or block are supported"
+                )))
+            }
+        };
+        let inputs = match g.get("input_activations").filter(|a| !a.is_null()) {
+            None => None,
+            Some(a) => {
+                let akey = format!("{key}.input_activations");
+                fp8_args(raw, &akey, a)?;
+                let dynamic = a.get("dynamic").and_then(Value::as_bool).unwrap_or(false);
+                let strategy = a.get("strategy").and_then(Value::as_str);
+                Some(match (dynamic, strategy) {
+                    (true, Some("token")) => InputScheme::Dynamic(ActivationQuant::PerToken),
+                    (true, Some("group")) => {
+                        let size = a.get("group_size").and_then(Value::as_u64).filter(|&s| (1..=1 << 16).contains(&s));
+                        let size = size.ok_or_else(|| raw.error(format!("`{akey}.group_size` must be set")))?;
+                        InputScheme::Dynamic(ActivationQuant::PerGroup(size as usize))
+                    }
+                    (false, Some("tensor")) => InputScheme::Static,
+                    _ => {
+                        return Err(raw.error(format!(
+                            "`{akey}`: dynamic {dynamic}, strategy {strategy:?} is not supported (dynamic per token \
+                             or group, or static per tensor)"
+                        )))
+                    }
+                })
+            }
+        };
+        if g.get("output_activations").is_some_and(|o| !o.is_null()) {
+            return Err(raw.error(format!("`{key}.output_activations`: output quantization is not supported")));
+        }
+        Ok(SchemeGroup { name: key.rsplit('.').next().unwrap_or(key).to_owned(), targets, weights, inputs })
+    }
+}
+
+/// Checks that `args` describe symmetric 8-bit floats (e4m3), the one format supported so far.
+fn fp8_args(raw: &RawConfig, key: &str, args: &Value) -> Result<()> {
+    let bits = args.get("num_bits").and_then(Value::as_u64);
+    let kind = args.get("type").and_then(Value::as_str);
+    if (bits, kind) != (Some(8), Some("float")) {
+        return Err(raw.error(format!(
+            "`{key}`: {} bits of type {} is not supported; FP8 (8-bit float) schemes are",
+            bits.map_or("?".into(), |b| b.to_string()),
+            kind.unwrap_or("?")
+        )));
+    }
+    if args.get("symmetric").and_then(Value::as_bool) == Some(false) {
+        return Err(raw.error(format!("`{key}.symmetric`: asymmetric FP8 is not supported")));
+    }
+    Ok(())
+}
+
+/// `weight` (e4m3 values as f32, `[.., rows, cols]`) times its scales, in f32: each scale
+/// broadcast over the rows, row or block it covers, as compressed-tensors and transformers
+/// dequantize. `scale_shape` is checked against the weight's so that a mis-shaped scale is an
+/// error rather than a wrong broadcast.
+pub fn dequantize(
+    weight: &mut [f32],
+    shape: &[usize],
+    scales: &[f32],
+    scale_shape: &[usize],
+    how: WeightScales,
+) -> std::result::Result<(), String> {
+    let (rows, cols) = match shape {
+        [.., r, c] => (*r, *c),
+        _ => return Err(format!("an FP8 weight of shape {shape:?} (need at least 2 dimensions)")),
+    };
+    let batch: usize = shape[..shape.len() - 2].iter().product();
+    let batch_dims = &shape[..shape.len() - 2];
+    let per_matrix = match how {
+        WeightScales::Tensor => 1,
+        WeightScales::Channel => rows,
+        WeightScales::Block([br, bc]) => rows.div_ceil(br) * cols.div_ceil(bc),
+    };
+    let expected: Vec<usize> = match how {
+        WeightScales::Tensor => batch_dims.to_vec(),
+        WeightScales::Channel => [batch_dims, &[rows, 1]].concat(),
+        WeightScales::Block([br, bc]) => [batch_dims, &[rows.div_ceil(br), cols.div_ceil(bc)]].concat(),
+    };
+    // Per-tensor scales come as `[]`, `[1]` or one per batch entry; channel scales as `[rows, 1]`
+    // or `[rows]`. The same count in another arrangement is refused.
+    let accepted = match how {
+        WeightScales::Tensor => {
+            (batch == 1 && scale_shape.iter().all(|&d| d == 1))
+                || scale_shape == batch_dims
+                || scale_shape == [batch_dims, &[1]].concat()
+        }
+        WeightScales::Channel => scale_shape == expected || scale_shape == [batch_dims, &[rows]].concat(),
+        WeightScales::Block(_) => scale_shape == expected,
+    };
+    if scales.len() != batch * per_matrix || !accepted {
+        return Err(format!(
+            "scale of shape {scale_shape:?} for a weight of shape {shape:?} ({how:?}); expected {expected:?}"
+        ));
+    }
+    if scales.iter().any(|s| !s.is_finite()) {
+        return Err("a scale is not finite".into());
+    }
+    for (m, matrix) in weight.chunks_mut(rows * cols).enumerate() {
+        let scales = &scales[m * per_matrix..(m + 1) * per_matrix];
+        for (r, row) in matrix.chunks_mut(cols).enumerate() {
+            match how {
+                WeightScales::Tensor => row.iter_mut().for_each(|w| *w *= scales[0]),
+                WeightScales::Channel => row.iter_mut().for_each(|w| *w *= scales[r]),
+                WeightScales::Block([br, bc]) => {
+                    let block_row = &scales[(r / br) * cols.div_ceil(bc)..];
+                    row.iter_mut().enumerate().for_each(|(c, w)| *w *= block_row[c / bc]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn raw(q: Value) -> RawConfig {
+        RawConfig { path: "m/config.json".into(), value: json!({ "quantization_config": q }) }
+    }
+
+    fn fp8_dynamic() -> Value {
+        json!({
+            "quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+            "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "symmetric": true, "dynamic": false, "strategy": "channel"},
+                "input_activations": {"num_bits": 8, "type": "float", "symmetric": true, "dynamic": true, "strategy": "token"}
+            }}
+        })
+    }
+
+    #[test]
+    fn schemes_map_to_scales_and_input_quantization() {
+        let q = Quantization::from_config(&raw(fp8_dynamic())).unwrap().unwrap();
+        let m = "model.layers.0.self_attn.q_proj";
+        assert_eq!(q.weight_scales(m).unwrap(), (WeightScales::Channel, format!("{m}.weight_scale")));
+        assert_eq!(q.input_scheme(m).unwrap(), Some(InputQuantSource::Dynamic(ActivationQuant::PerToken)));
+
+        let mut block = fp8_dynamic();
+        block["config_groups"]["group_0"]["weights"]["strategy"] = json!("block");
+        block["config_groups"]["group_0"]["weights"]["block_structure"] = json!([128, 128]);
+        block["config_groups"]["group_0"]["input_activations"]["strategy"] = json!("group");
+        block["config_groups"]["group_0"]["input_activations"]["group_size"] = json!(128);
+        let q = Quantization::from_config(&raw(block)).unwrap().unwrap();
+        assert_eq!(q.weight_scales(m).unwrap().0, WeightScales::Block([128, 128]));
+        assert_eq!(q.input_scheme(m).unwrap(), Some(InputQuantSource::Dynamic(ActivationQuant::PerGroup(128))));
+
+        let mut stat = fp8_dynamic();
+        stat["config_groups"]["group_0"]["weights"]["strategy"] = json!("tensor");
+        stat["config_groups"]["group_0"]["input_activations"] =
+            json!({"num_bits": 8, "type": "float", "dynamic": false, "strategy": "tensor"});
+        let q = Quantization::from_config(&raw(stat)).unwrap().unwrap();
+        assert_eq!(q.input_scheme(m).unwrap(), Some(InputQuantSource::StaticScale(format!("{m}.input_scale"))));
+
+        let q = Quantization::from_config(&raw(json!({"quant_method": "fp8", "weight_block_size": [128, 128]})));
+        let q = q.unwrap().unwrap();
+        assert_eq!(q.weight_scales(m).unwrap(), (WeightScales::Block([128, 128]), format!("{m}.weight_scale_inv")));
+        assert_eq!(q.input_scheme(m).unwrap(), None);
+        assert!(Quantization::from_config(&RawConfig { path: "c".into(), value: json!({}) }).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_named_group_wins_over_linear() {
+        let mut two = fp8_dynamic();
+        two["config_groups"]["attn"] = json!({
+            "targets": ["re:.*self_attn\\.(q|k|v)_proj$"],
+            "weights": {"num_bits": 8, "type": "float", "strategy": "tensor"},
+            "input_activations": null
+        });
+        let q = Quantization::from_config(&raw(two)).unwrap().unwrap();
+        assert_eq!(q.weight_scales("model.layers.3.self_attn.k_proj").unwrap().0, WeightScales::Tensor);
+        assert_eq!(q.input_scheme("model.layers.3.self_attn.k_proj").unwrap(), None);
+        assert_eq!(q.weight_scales("model.layers.3.self_attn.o_proj").unwrap().0, WeightScales::Channel);
+    }
+
+    #[test]
+    fn unsupported_schemes_are_named() {
+        let cases: Vec<(Value, &str)> = vec![
+            (json!({"quant_method": "awq", "bits": 4}), "\"awq\" is not supported"),
+            (json!({"quant_method": "fp8", "activation_scheme": "static"}), "weight_block_size"),
+            (json!({"quant_method": "fp8", "weight_block_size": [128]}), "weight_block_size"),
+            (json!({"quant_method": "compressed-tensors", "format": "pack-quantized"}), "pack-quantized"),
+        ];
+        for (q, needle) in cases {
+            let err = Quantization::from_config(&raw(q)).unwrap_err().to_string();
+            assert!(err.contains(needle) && err.contains("m/config.json"), "{err}");
+        }
+        let mut w4 = fp8_dynamic();
+        w4["config_groups"]["group_0"]["weights"] = json!({"num_bits": 4, "type": "int", "strategy": "group"});
+        let err = Quantization::from_config(&raw(w4)).unwrap_err().to_string();
+        assert!(err.contains("group_0.weights") && err.contains("4 bits of type int"), "{err}");
+        let mut kv = fp8_dynamic();
+        kv["kv_cache_scheme"] = json!({"num_bits": 8, "type": "float"});
+        assert!(Quantization::from_config(&raw(kv)).unwrap_err().to_string().contains("kv_cache_scheme"));
+    }
+
+    #[test]
+    fn dequantization_broadcasts_each_strategy_and_refuses_mis_shaped_scales() {
+        let ones = || vec![1.0f32; 3 * 5];
+        let mut w = ones();
+        dequantize(&mut w, &[3, 5], &[2.0], &[], WeightScales::Tensor).unwrap();
+        assert!(w.iter().all(|&v| v == 2.0));
+        let mut w = ones();
+        dequantize(&mut w, &[3, 5], &[1.0, 2.0, 3.0], &[3, 1], WeightScales::Channel).unwrap();
+        assert_eq!(&w[5..10], &[2.0; 5]);
+        // Blocks of 2x4 over 3x5: a 2x2 grid whose last row and column are partial.
+        let mut w = ones();
+        dequantize(&mut w, &[3, 5], &[1.0, 2.0, 3.0, 4.0], &[2, 2], WeightScales::Block([2, 4])).unwrap();
+        assert_eq!(w, [1., 1., 1., 1., 2., 1., 1., 1., 1., 2., 3., 3., 3., 3., 4.]);
+        // Per expert: a batch of two matrices with their own scales.
+        let mut w = vec![1.0f32; 2 * 2 * 2];
+        dequantize(&mut w, &[2, 2, 2], &[1.0, 2.0, 3.0, 4.0], &[2, 2, 1], WeightScales::Channel).unwrap();
+        assert_eq!(w, [1., 1., 2., 2., 3., 3., 4., 4.]);
+        for (scales, shape, how) in [
+            (vec![1.0; 3], vec![1, 3], WeightScales::Channel),
+            (vec![1.0; 5], vec![5, 1], WeightScales::Channel),
+            (vec![1.0; 3], vec![3, 1], WeightScales::Block([2, 4])),
+            (vec![f32::NAN], vec![], WeightScales::Tensor),
+        ] {
+            assert!(dequantize(&mut ones(), &[3, 5], &scales, &shape, how).is_err(), "{shape:?} {how:?}");
+        }
+    }
+}
