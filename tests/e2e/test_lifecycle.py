@@ -230,9 +230,10 @@ def test_ferrite_api_key_when_vllm_api_key_is_unset(spawn):
 @pytest.mark.parametrize("flags,feature", [
     (["-tp", "2"], "tensor parallelism"),
     (["--pipeline-parallel-size", "2"], "pipeline parallelism"),
-    (["--speculative-config", '{"method": "ngram"}'], "speculative decoding"),
+    (["--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 2}'], "`eagle3` is not built"),
+    (["--speculative-config", '{"method": "ngram"}'], "num_speculative_tokens"),
     (["--enable-lora"], "LoRA"),
-    (["--quantization", "fp8"], "quantization"),
+    (["--quantization", "awq"], "--quantization awq"),
     (["--kv-cache-dtype", "fp8"], "KV cache"),
     (["--no-enable-chunked-prefill"], "prefill without chunking"),
     (["--revision", "main"], "not a model id"),
@@ -243,6 +244,31 @@ def test_vllm_flags_for_features_not_built_fail_at_start_naming_them(flags, feat
     r = subprocess.run([os.environ["FERRITE_BIN"], "serve", str(MODEL), *flags],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and feature in r.stderr, r.stderr
+
+
+def test_quantization_fp8_quantizes_an_unquantized_checkpoint_at_load(spawn):
+    # vLLM's online FP8: the weights are rounded to e4m3 as they load, so greedy text may move
+    # but the server serves as before.
+    s = spawn("--quantization", "fp8")
+    client = s.client()
+    out = client.completions.create(model=NAME, prompt="The capital of France", max_tokens=8, temperature=0)
+    assert out.usage.completion_tokens == 8 and out.choices[0].text
+
+
+def test_ngram_speculation_serves_the_same_text_and_counts_drafts(spawn):
+    spec = spawn("--speculative-config",
+                 '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}')
+    plain = spawn()
+    prompt = "one two three four one two three four one two three four one two"
+    outs = [s.client().completions.create(model=NAME, prompt=prompt, max_tokens=32, temperature=0, seed=1)
+            for s in (spec, plain)]
+    assert outs[0].choices[0].text == outs[1].choices[0].text
+    m = spec.metrics()
+    assert m["vllm:spec_decode_num_drafts_total"] > 0, m
+    assert m["vllm:spec_decode_num_draft_tokens_total"] >= m["vllm:spec_decode_num_accepted_tokens_total"]
+    per_pos = [k for k in m if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total{")]
+    assert len(per_pos) == 4, per_pos
+    assert not any("spec_decode" in k for k in plain.metrics())
 
 
 def test_model_ids_resolve_through_the_hugging_face_cache(spawn, tmp_path):

@@ -39,6 +39,11 @@ pub struct EngineConfig {
     /// its streams one after another) never aborts; the server sets
     /// [`EngineConfig::SERVER_MAX_UNREAD_OUTPUTS`].
     pub max_unread_outputs: Option<usize>,
+    /// vLLM's `--quantization`: the checkpoint's own method, or `fp8` to quantize the weights of
+    /// an unquantized checkpoint as it loads. `None` takes the checkpoint's.
+    pub quantization: Option<String>,
+    /// vLLM's `--speculative-config`: drafts verified per step (`None`: no speculation).
+    pub speculative: Option<crate::SpeculativeConfig>,
 }
 
 impl EngineConfig {
@@ -64,6 +69,8 @@ impl Default for EngineConfig {
             max_logprobs: crate::params::MAX_LOGPROBS,
             structured_outputs: JsonOptions::default(),
             max_unread_outputs: None,
+            quantization: None,
+            speculative: None,
         }
     }
 }

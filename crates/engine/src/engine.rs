@@ -53,6 +53,8 @@ pub struct EngineStats {
     pub cuda_graphs: crate::GraphCounts,
     /// Tokens each step computed (vLLM's `iteration_tokens_total` histogram).
     pub iteration_tokens: IterationTokens,
+    /// Drafts proposed and accepted (speculative decoding).
+    pub spec_decode: crate::SpecDecodeStats,
 }
 
 /// A histogram of the tokens per engine step, in vLLM's buckets.
@@ -209,8 +211,12 @@ impl Engine {
             tokenizer.eos_token_ids().iter().copied().filter(|&id| Some(id) != eos_token_id).collect();
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Mutex::new(EngineStats { kv_blocks_total: cache.num_blocks, ..Default::default() }));
+        let mut scheduler = Scheduler::new(sched_config);
+        if let Some(spec) = &config.speculative {
+            scheduler.enable_spec_decode_stats(spec.num_speculative_tokens);
+        }
         let core = EngineCore {
-            scheduler: Scheduler::new(sched_config),
+            scheduler,
             sched_config,
             runner,
             processor: OutputProcessor::new(tokenizer.clone(), config.max_unread_outputs),
@@ -219,6 +225,7 @@ impl Engine {
             next_req: 0,
             step_index: 0,
             iteration_tokens: IterationTokens::default(),
+            speculative: config.speculative.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("ferrite-engine".into())
@@ -743,6 +750,7 @@ struct EngineCore {
     next_req: ReqId,
     step_index: u64,
     iteration_tokens: IterationTokens,
+    speculative: Option<crate::SpeculativeConfig>,
 }
 
 impl EngineCore {
@@ -848,6 +856,9 @@ impl EngineCore {
                 let (stopped, disconnected) = self.processor.process(outputs);
                 self.scheduler.finish_requests(&stopped, FinishReason::Stop);
                 self.scheduler.finish_requests(&disconnected, FinishReason::Abort);
+                if let Some(spec) = &self.speculative {
+                    self.scheduler.propose_drafts(spec);
+                }
             }
             Err(e) => {
                 tracing::error!(error = %e, "model step failed");
@@ -875,7 +886,9 @@ impl EngineCore {
         for pid in self.processor.all_parents() {
             self.processor.terminate(pid, FinishReason::Error, Some(message.clone()));
         }
+        let spec_stats = self.scheduler.spec_decode_stats();
         self.scheduler = Scheduler::new(self.sched_config);
+        self.scheduler.enable_spec_decode_stats(spec_stats.num_speculative_tokens);
         self.runner.reset();
     }
 
@@ -895,6 +908,7 @@ impl EngineCore {
             finished_requests: self.processor.finished_requests,
             cuda_graphs: self.runner.graph_counts(),
             iteration_tokens: self.iteration_tokens,
+            spec_decode: self.scheduler.spec_decode_stats(),
         };
         *self.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = stats;
     }

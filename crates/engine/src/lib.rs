@@ -18,6 +18,7 @@ pub mod params;
 pub mod pooling;
 pub mod runner;
 pub mod sampler;
+pub mod spec_decode;
 
 pub use config::{CacheConfig, EngineConfig};
 pub use engine::{Engine, EngineClient, EngineStats, IterationTokens, ProcessedRequest, PromptInput, RequestStream};
@@ -27,6 +28,7 @@ pub use llm::{TokenizerOverrides, LLM};
 pub use output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
 pub use params::SamplingParams;
 pub use pooling::{PoolingClient, PoolingConfig, PoolingEngine};
+pub use spec_decode::{SpecDecodeStats, SpeculativeConfig};
 // Value types the server and the CLI name without depending on the tensor or structured crates.
 pub use ferrite_structured::{Constraint, JsonOptions, StructuredOutputs};
 pub use ferrite_tensor::{DType, Device};

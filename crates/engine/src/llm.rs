@@ -42,7 +42,9 @@ impl LLM {
         overrides: &TokenizerOverrides,
     ) -> Result<LLM> {
         let path = model_path.as_ref();
-        let loaded = load_model(path, &LoadOptions { dtype, device: config.device, progress: true })?;
+        let opts =
+            LoadOptions { dtype, device: config.device, progress: true, quantization: config.quantization.clone() };
+        let loaded = load_model(path, &opts)?;
         let mut tokenizer = match (&overrides.tokenizer_dir, &loaded.gguf_tokenizer) {
             (Some(dir), _) => Tokenizer::from_dir(dir)?,
             (None, Some((json, tokenizer_config))) => Tokenizer::from_parts(json, tokenizer_config, None, None)?,

@@ -51,7 +51,8 @@ pub struct ModelRunner {
 
 /// Which logit rows belong to which request.
 enum RowUse {
-    Sample(ReqId),
+    /// The draw after the request's known tokens and the first `usize` of its drafts.
+    Sample(ReqId, usize),
     /// Logits at prompt position `pos` score the prompt token at `pos + 1`.
     PromptLogprob(ReqId, usize),
 }
@@ -161,15 +162,18 @@ impl ModelRunner {
                 .requests
                 .get(&id)
                 .ok_or_else(|| EngineError::Internal(format!("runner has no state for scheduled request {id}")))?;
+            let drafts = so.scheduled_spec_decode_tokens.get(&id).map_or(&[][..], Vec::as_slice);
             let (start, end) = (state.num_computed_tokens, state.num_computed_tokens + n);
-            let chunk = state.token_ids.get(start..end).ok_or_else(|| {
+            let known_end = end - drafts.len();
+            let chunk = state.token_ids.get(start..known_end).ok_or_else(|| {
                 EngineError::Internal(format!(
-                    "request {id}: scheduled tokens {start}..{end} beyond {}",
+                    "request {id}: scheduled tokens {start}..{known_end} beyond {}",
                     state.token_ids.len()
                 ))
             })?;
             let q_start = tokens.len();
             tokens.extend_from_slice(chunk);
+            tokens.extend_from_slice(drafts);
             seqs.push(AttnSeq { q_start, q_len: n, ctx_len: end, block_table: state.block_ids.clone() });
             prompt_lens.push(state.prefill_len);
             if state.sampling.params.prompt_logprobs.is_some() {
@@ -179,9 +183,11 @@ impl ModelRunner {
                     row_uses.push(RowUse::PromptLogprob(id, pos));
                 }
             }
-            if end == state.token_ids.len() {
-                logit_rows.push(q_start + n - 1);
-                row_uses.push(RowUse::Sample(id));
+            if known_end == state.token_ids.len() {
+                for j in 0..=drafts.len() {
+                    logit_rows.push(q_start + n - 1 - drafts.len() + j);
+                    row_uses.push(RowUse::Sample(id, j));
+                }
             }
         }
         if logit_rows.is_empty() {
@@ -190,13 +196,15 @@ impl ModelRunner {
             logit_rows.push(tokens.len() - 1);
         }
         let meta = AttnMetadata::new(seqs, self.block_size)?.with_prompt_lens(prompt_lens)?;
-        let sample_ids: Vec<ReqId> = row_uses
+        let sample_rows_of: Vec<(ReqId, usize)> = row_uses
             .iter()
             .filter_map(|u| match *u {
-                RowUse::Sample(id) => Some(id),
+                RowUse::Sample(id, j) => Some((id, j)),
                 RowUse::PromptLogprob(..) => None,
             })
             .collect();
+        // Requests with drafts are never constrained, so each constrained id has one row.
+        let sample_ids: Vec<ReqId> = sample_rows_of.iter().map(|&(id, _)| id).collect();
         let started = std::time::Instant::now();
         let vocab = self.model.info().vocab_size;
         let constrained = sample_ids.iter().any(|id| self.constraints.contains_key(id));
@@ -256,7 +264,7 @@ impl ModelRunner {
         let (mut sample_rows, mut prompt_rows) = (Vec::new(), Vec::new());
         for (i, u) in row_uses.iter().enumerate() {
             match *u {
-                RowUse::Sample(_) => sample_rows.push(i),
+                RowUse::Sample(..) => sample_rows.push(i),
                 RowUse::PromptLogprob(..) => prompt_rows.push(i),
             }
         }
@@ -266,7 +274,8 @@ impl ModelRunner {
             self.prompt_logprobs(&uses, &data, logits.last_dim(), &mut out);
         }
         if !sample_rows.is_empty() {
-            self.sample(&ops::gather_rows(&logits, &sample_rows)?, &sample_ids, token_masks.as_deref(), &mut out)?;
+            let logits = ops::gather_rows(&logits, &sample_rows)?;
+            self.sample(&logits, &sample_rows_of, &so.scheduled_spec_decode_tokens, token_masks.as_deref(), &mut out)?;
         }
         tracing::debug!(
             tokens = tokens.len(),
@@ -291,7 +300,7 @@ impl ModelRunner {
                     let top = state.sampling.params.prompt_logprobs.unwrap_or(0);
                     Some((id, pos, row, state.token_ids[pos + 1], top))
                 }
-                RowUse::Sample(_) => None,
+                RowUse::Sample(..) => None,
             })
             .collect();
         let computed: Vec<(ReqId, usize, TokenLogprob)> = jobs
@@ -306,28 +315,51 @@ impl ModelRunner {
         }
     }
 
-    /// Samples the rows of `logits`, one per request of `ids`, and appends the tokens.
+    /// Samples the rows of `logits`, one per `(request, drafts before it)` of `rows`, and
+    /// appends each request's tokens: the first draw, or with drafts the accepted ones and the
+    /// draw after them (see [`crate::spec_decode`]).
     fn sample(
         &mut self,
         logits: &Tensor,
-        ids: &[ReqId],
+        rows: &[(ReqId, usize)],
+        drafts: &HashMap<ReqId, Vec<u32>>,
         token_masks: Option<&[u32]>,
         out: &mut ModelRunnerOutput,
     ) -> Result<()> {
-        let rows: Vec<SampleRow> = ids
+        // A row after `j` drafts sees them as output, as the step that drew them one by one would.
+        let outputs: Vec<Vec<u32>> = rows
             .iter()
-            .map(|id| {
-                let state = self.requests.get(id)?;
-                let (prompt, output) = state.token_ids.split_at(state.num_prompt_tokens);
-                Some(SampleRow { sampling: &state.sampling, prompt, output })
+            .map(|&(id, j)| {
+                let state = self.requests.get(&id)?;
+                let mut output = state.token_ids[state.num_prompt_tokens..].to_vec();
+                output.extend_from_slice(drafts.get(&id).map_or(&[][..], |d| &d[..j]));
+                Some(output)
             })
             .collect::<Option<_>>()
             .ok_or_else(|| EngineError::Internal("a sampled row lost its request".into()))?;
-        let sampled = sampler::sample(logits, &rows, token_masks)?;
-        for (&id, s) in ids.iter().zip(sampled) {
+        let sample_rows: Vec<SampleRow> = rows
+            .iter()
+            .zip(&outputs)
+            .map(|(&(id, _), output)| {
+                let state = &self.requests[&id];
+                SampleRow { sampling: &state.sampling, prompt: &state.token_ids[..state.num_prompt_tokens], output }
+            })
+            .collect();
+        let mut sampled = sampler::sample(logits, &sample_rows, token_masks)?.into_iter();
+        let mut i = 0;
+        while i < rows.len() {
+            let id = rows[i].0;
+            let drafts = drafts.get(&id).map_or(&[][..], Vec::as_slice);
+            let draws: Vec<_> = sampled.by_ref().take(drafts.len() + 1).collect();
+            i += drafts.len() + 1;
+            let ids: Vec<u32> = draws.iter().map(|s| s.token_id).collect();
+            let accepted = crate::spec_decode::accepted_drafts(drafts, &ids);
+            let kept: Vec<_> = draws.into_iter().take(accepted + 1).collect();
             let mut reasoning_ended = false;
             if let Some(state) = self.requests.get_mut(&id) {
-                state.token_ids.push(s.token_id);
+                state.token_ids.extend(kept.iter().map(|s| s.token_id));
+                // Keys were written for every draft; those past the first rejection are stale.
+                state.num_computed_tokens -= drafts.len() - accepted;
                 let output = &state.token_ids[state.num_prompt_tokens..];
                 reasoning_ended = self.reasoning.get(&id).is_some_and(|(marker, _)| output.ends_with(marker));
             }
@@ -337,9 +369,9 @@ impl ModelRunner {
                     self.constraints.insert(id, grammar.start());
                 }
             } else if let Some(c) = self.constraints.get_mut(&id) {
-                c.accept(s.token_id);
+                c.accept(kept[0].token_id);
             }
-            out.sampled.insert(id, s);
+            out.sampled.insert(id, kept);
         }
         Ok(())
     }

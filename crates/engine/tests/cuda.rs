@@ -102,7 +102,12 @@ fn kv_cache_sized_from_gpu_memory() {
     }
     let model = ferrite_models::load_model(
         &fixture("llama"),
-        &ferrite_models::LoadOptions { dtype: DType::BF16, device: Device::Cuda(0), progress: false },
+        &ferrite_models::LoadOptions {
+            dtype: DType::BF16,
+            device: Device::Cuda(0),
+            progress: false,
+            quantization: None,
+        },
     )
     .unwrap()
     .model;

@@ -305,6 +305,27 @@ impl Metrics {
         ] {
             scalar(name, kind, help, value);
         }
+        let spec = &g.spec_decode;
+        if spec.num_speculative_tokens > 0 {
+            for (name, help, value) in [
+                ("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", spec.num_drafts),
+                ("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", spec.num_draft_tokens),
+                ("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", spec.num_accepted_tokens),
+            ] {
+                scalar(name, "counter", help, value.to_string());
+            }
+            let _ = writeln!(
+                out,
+                "# HELP vllm:spec_decode_num_accepted_tokens_per_pos Accepted tokens per draft position.\n\
+                 # TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter"
+            );
+            for (pos, n) in spec.num_accepted_tokens_per_pos.iter().take(spec.num_speculative_tokens).enumerate() {
+                let _ = writeln!(
+                    out,
+                    "vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position=\"{pos}\"}} {n}"
+                );
+            }
+        }
         let _ = writeln!(
             out,
             "# HELP vllm:request_success Count of successfully processed requests.\n# TYPE vllm:request_success counter"

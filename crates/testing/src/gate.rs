@@ -186,7 +186,10 @@ pub fn run_fixture(dir: &Path, dtype: DType) -> Result<(Oracle, Vec<CaseReport>)
 /// [`run_fixture`] with the weights and the KV cache on `device`.
 pub fn run_fixture_on(dir: &Path, dtype: DType, device: Device) -> Result<(Oracle, Vec<CaseReport>)> {
     let oracle = Oracle::load(&dir.join("oracle.json"))?;
-    let loaded = ferrite_models::load_model(dir, &ferrite_models::LoadOptions { dtype, device, progress: false })?;
+    let loaded = ferrite_models::load_model(
+        dir,
+        &ferrite_models::LoadOptions { dtype, device, progress: false, quantization: None },
+    )?;
     let reports = run_battery(&oracle, loaded.model.as_ref(), dtype, device)?;
     Ok((oracle, reports))
 }

@@ -22,7 +22,8 @@ pub struct VllmFlags {
     /// Expert parallelism for MoE models (not built yet).
     #[arg(long, help_heading = "ParallelConfig")]
     pub enable_expert_parallel: bool,
-    /// Quantization method (not built yet: checkpoints load in --dtype).
+    /// Quantization method: the checkpoint's own (compressed-tensors, fp8, mxfp4; read from its
+    /// config.json when left out), or fp8 to quantize an unquantized checkpoint as it loads.
     #[arg(long, short = 'q', help_heading = "ModelConfig")]
     pub quantization: Option<String>,
     /// Accepted for compatibility: ferrite never runs code from a checkpoint.
@@ -40,7 +41,8 @@ pub struct VllmFlags {
     /// Turning chunked prefill off is not built.
     #[arg(long, overrides_with = "enable_chunked_prefill", help_heading = "SchedulerConfig")]
     pub no_enable_chunked_prefill: bool,
-    /// Speculative decoding (not built yet).
+    /// Speculative decoding as JSON, e.g. '{"method": "ngram", "num_speculative_tokens": 4,
+    /// "prompt_lookup_max": 4}' (methods built: ngram).
     #[arg(long, help_heading = "SpeculativeConfig")]
     pub speculative_config: Option<String>,
     /// LoRA adapters (not built yet).
@@ -152,10 +154,8 @@ impl VllmFlags {
         let set = |on: bool, flag: &'static str, feature: &'static str| on.then_some((flag, feature));
         let first = [
             set(self.enable_expert_parallel, "--enable-expert-parallel", "expert parallelism"),
-            set(self.quantization.is_some(), "--quantization", "quantization"),
             set(self.kv_cache_dtype != "auto", "--kv-cache-dtype", "a KV cache in another dtype than the model's"),
             set(self.no_enable_chunked_prefill, "--no-enable-chunked-prefill", "prefill without chunking"),
-            set(self.speculative_config.is_some(), "--speculative-config", "speculative decoding"),
             set(self.enable_lora || !self.lora_modules.is_empty(), "--enable-lora/--lora-modules", "LoRA"),
             set(self.limit_mm_per_prompt.is_some(), "--limit-mm-per-prompt", "multimodal input"),
             set(!self.middleware.is_empty(), "--middleware", "Python ASGI middleware"),
@@ -229,7 +229,6 @@ mod tests {
             (&["--tensor-parallel-size=4"], "tensor parallelism"),
             (&["-dp", "2"], "data parallelism"),
             (&["--enable-expert-parallel"], "expert parallelism"),
-            (&["-q", "awq"], "quantization"),
             (&["--lora-modules", "a=/x"], "LoRA"),
             (&["--enable-chunked-prefill", "--no-enable-chunked-prefill"], "prefill without chunking"),
             (&["--load-format", "pt"], "load format"),

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use ferrite_engine::{EngineConfig, LLM};
+use ferrite_engine::{EngineConfig, SpeculativeConfig, LLM};
 use ferrite_server::{AppState, SamplingDefaults};
 
 use super::ServeArgs;
@@ -12,6 +12,7 @@ use super::ServeArgs;
 pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
     // Before the (slow) model load, so that a bad --generation-config fails at once.
     let sampling_defaults = sampling_defaults(&args)?;
+    let speculative = args.vllm.speculative_config.as_deref().map(SpeculativeConfig::parse).transpose()?;
     let dtype = args.dtype.dtype_on(args.device.device);
     let config = EngineConfig {
         block_size: args.block_size,
@@ -24,6 +25,8 @@ pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
         max_logprobs: args.max_logprobs()?,
         structured_outputs: args.vllm.structured_outputs()?,
         max_unread_outputs: Some(EngineConfig::SERVER_MAX_UNREAD_OUTPUTS),
+        quantization: args.vllm.quantization.clone(),
+        speculative,
         ..EngineConfig::default()
     };
     let config = args.device.apply(dtype, args.kv_cache_memory.is_some(), config);

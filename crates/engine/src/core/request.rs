@@ -30,6 +30,8 @@ pub struct Request {
     /// The sequence was prefilled (or recomputed) longer than the model's rotary switch, so its
     /// cached keys carry the long-sequence rotation (see `SchedulerConfig::recompute_at`).
     pub recomputed_past_switch: bool,
+    /// Drafts proposed for the next step (speculative decoding), verified when it runs.
+    pub spec_token_ids: Vec<u32>,
 }
 
 impl Request {
@@ -44,6 +46,7 @@ impl Request {
             stop_reason: None,
             num_cached_tokens: None,
             recomputed_past_switch: false,
+            spec_token_ids: Vec::new(),
         }
     }
 

@@ -11,6 +11,7 @@ use super::request::{Request, RequestStatus};
 use super::{BlockId, ReqId};
 use crate::output::{FinishReason, StopReason, TokenLogprob};
 use crate::params::RequestSampling;
+use crate::spec_decode::{SpecDecodeStats, SpeculativeConfig};
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -56,6 +57,8 @@ pub struct SchedulerOutput {
     pub total_num_scheduled_tokens: usize,
     /// Requests finished since the previous step, whose runner state can go.
     pub finished_req_ids: Vec<ReqId>,
+    /// Drafts to verify, per request: its scheduled tokens are its last token and these.
+    pub scheduled_spec_decode_tokens: HashMap<ReqId, Vec<u32>>,
 }
 
 #[derive(Debug, Clone)]
@@ -67,8 +70,9 @@ pub struct SampledToken {
 /// What the runner computed for a [`SchedulerOutput`].
 #[derive(Debug, Clone, Default)]
 pub struct ModelRunnerOutput {
-    /// Requests whose scheduled tokens reached the end of their known tokens.
-    pub sampled: HashMap<ReqId, SampledToken>,
+    /// Requests whose scheduled tokens reached the end of their known tokens: the tokens to
+    /// append (more than one when drafts were accepted).
+    pub sampled: HashMap<ReqId, Vec<SampledToken>>,
     /// Logprobs of prompt tokens covered by this step's chunk, in prompt order.
     pub prompt_logprobs: HashMap<ReqId, Vec<TokenLogprob>>,
 }
@@ -78,7 +82,8 @@ pub struct ModelRunnerOutput {
 pub struct EngineCoreOutput {
     pub req_id: ReqId,
     pub new_token_ids: Vec<u32>,
-    pub new_logprobs: Option<TokenLogprob>,
+    /// One per new token, for requests that asked for logprobs.
+    pub new_logprobs: Vec<TokenLogprob>,
     pub new_prompt_logprobs: Option<Vec<TokenLogprob>>,
     pub finish_reason: Option<FinishReason>,
     pub stop_reason: Option<StopReason>,
@@ -94,6 +99,7 @@ pub struct Scheduler {
     running: Vec<ReqId>,
     finished_req_ids: Vec<ReqId>,
     num_preemptions: u64,
+    spec_stats: SpecDecodeStats,
 }
 
 impl Scheduler {
@@ -111,6 +117,7 @@ impl Scheduler {
             running: Vec::new(),
             finished_req_ids: Vec::new(),
             num_preemptions: 0,
+            spec_stats: SpecDecodeStats::default(),
         }
     }
 
@@ -133,6 +140,31 @@ impl Scheduler {
 
     pub fn num_preemptions(&self) -> u64 {
         self.num_preemptions
+    }
+
+    pub fn spec_decode_stats(&self) -> SpecDecodeStats {
+        self.spec_stats
+    }
+
+    /// Turns speculation's counters on (they report `k` drafts a step).
+    pub fn enable_spec_decode_stats(&mut self, k: usize) {
+        self.spec_stats.num_speculative_tokens = k;
+    }
+
+    /// Proposes the next step's drafts for every running request that is decoding, as many as
+    /// it may still generate after the token the step draws itself. Structured-output requests
+    /// get none: their grammar would have to run ahead through the drafts.
+    pub fn propose_drafts(&mut self, spec: &SpeculativeConfig) {
+        for id in &self.running {
+            let Some(req) = self.requests.get_mut(id) else { continue };
+            let decoding = req.num_computed_tokens + 1 == req.num_tokens();
+            if !decoding || req.sampling.grammar.is_some() {
+                continue;
+            }
+            let room = (req.sampling.max_tokens.saturating_sub(req.num_output_tokens()))
+                .min(self.config.max_model_len.saturating_sub(req.num_tokens()));
+            req.spec_token_ids = spec.propose(&req.all_token_ids, room.saturating_sub(1));
+        }
     }
 
     pub fn has_unfinished_requests(&self) -> bool {
@@ -165,11 +197,14 @@ impl Scheduler {
                 req.num_computed_tokens = 0;
                 req.recomputed_past_switch = true;
             }
-            let num_new = (req.num_tokens() - req.num_computed_tokens).min(budget);
+            let known = req.num_tokens() - req.num_computed_tokens;
+            let drafts = if known == 1 { std::mem::take(&mut req.spec_token_ids) } else { Vec::new() };
+            let num_new = (known + drafts.len()).min(budget);
             if num_new == 0 {
                 i += 1;
                 continue;
             }
+            let drafts = &drafts[..num_new.saturating_sub(known).min(drafts.len())];
             let scheduled = loop {
                 let req = &self.requests[&id];
                 if let Some(new_blocks) =
@@ -198,6 +233,9 @@ impl Scheduler {
                 num_computed_tokens: self.requests[&id].num_computed_tokens,
             });
             out.num_scheduled_tokens.push((id, num_new));
+            if !drafts.is_empty() {
+                out.scheduled_spec_decode_tokens.insert(id, drafts.to_vec());
+            }
             budget -= num_new;
             i += 1;
         }
@@ -268,6 +306,7 @@ impl Scheduler {
         if let Some(req) = self.requests.get_mut(&id) {
             req.status = RequestStatus::Preempted;
             req.num_computed_tokens = 0;
+            req.spec_token_ids.clear();
         }
         self.num_preemptions += 1;
         self.waiting.push_front(id);
@@ -282,30 +321,38 @@ impl Scheduler {
             let Some(req) = self.requests.get_mut(&id) else {
                 continue;
             };
-            let sampled = out.sampled.remove(&id);
+            let sampled = out.sampled.remove(&id).unwrap_or_default();
             let new_prompt_logprobs = out.prompt_logprobs.remove(&id);
-            if sampled.is_none() && new_prompt_logprobs.is_none() {
+            if sampled.is_empty() && new_prompt_logprobs.is_none() {
                 continue;
             }
             let mut o = EngineCoreOutput {
                 req_id: id,
                 new_token_ids: Vec::new(),
-                new_logprobs: None,
+                new_logprobs: Vec::new(),
                 new_prompt_logprobs,
                 finish_reason: None,
                 stop_reason: None,
                 num_cached_tokens: req.num_cached_tokens.unwrap_or(0),
             };
-            if let Some(s) = sampled {
+            if let Some(drafts) = so.scheduled_spec_decode_tokens.get(&id).filter(|_| !sampled.is_empty()) {
+                // The step computed every draft's position; those past the first rejection are
+                // computed again from the token drawn in its place.
+                let accepted = sampled.len() - 1;
+                req.num_computed_tokens -= drafts.len() - accepted;
+                self.spec_stats.observe(drafts.len(), accepted);
+            }
+            for s in sampled {
                 req.all_token_ids.push(s.token_id);
                 o.new_token_ids.push(s.token_id);
-                o.new_logprobs = s.logprob;
+                o.new_logprobs.extend(s.logprob);
                 if req.check_stop(self.config.max_model_len) {
                     if let RequestStatus::Finished(reason) = req.status {
                         o.finish_reason = Some(reason);
                     }
                     o.stop_reason = req.stop_reason.clone();
                     finished.push(id);
+                    break;
                 }
             }
             outputs.push(o);

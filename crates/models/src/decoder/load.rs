@@ -322,7 +322,7 @@ pub fn lm_head(w: &Weights, name: &str, embed: &Embedding, tied: bool, bias: boo
         let bias = if bias { Some(w.get_f32(&format!("{name}.bias"), &[vocab])?) } else { None };
         return Ok(Linear::new(embed.table.clone(), bias));
     }
-    Linear::load(w, name, hidden, vocab, bias)
+    Linear::load_head(w, name, hidden, vocab, bias)
 }
 
 /// Whether layer `i` slides, from `layer_types` (`sliding_attention` / `full_attention`).

@@ -33,14 +33,21 @@ impl Linear {
     }
 
     pub fn load(w: &Weights, prefix: &str, in_features: usize, out_features: usize, bias: bool) -> Result<Linear> {
-        let weight = w.get(&format!("{prefix}.weight"), &[out_features, in_features])?;
+        let weight = w.linear_weight(prefix, [out_features, in_features])?;
         let bias = if bias { Some(w.get_f32(&format!("{prefix}.bias"), &[out_features])?) } else { None };
         Ok(Linear { weight, bias, input_quant: w.input_quant(prefix)? })
     }
 
+    /// The LM head: as stored, never quantized at load (vLLM keeps it in the model's dtype).
+    pub fn load_head(w: &Weights, prefix: &str, in_features: usize, out_features: usize, bias: bool) -> Result<Linear> {
+        let weight = w.get(&format!("{prefix}.weight"), &[out_features, in_features])?;
+        let bias = if bias { Some(w.get_f32(&format!("{prefix}.bias"), &[out_features])?) } else { None };
+        Ok(Linear { weight, bias, input_quant: w.stored_input_quant(prefix)? })
+    }
+
     /// Loads a bias when the checkpoint has one (some configs do not say).
     pub fn load_opt_bias(w: &Weights, prefix: &str, in_features: usize, out_features: usize) -> Result<Linear> {
-        let weight = w.get(&format!("{prefix}.weight"), &[out_features, in_features])?;
+        let weight = w.linear_weight(prefix, [out_features, in_features])?;
         let bias = w.get_f32_opt(&format!("{prefix}.bias"), &[out_features])?;
         Ok(Linear { weight, bias, input_quant: w.input_quant(prefix)? })
     }
@@ -51,7 +58,7 @@ impl Linear {
 
     /// A GPT-2 `Conv1D` (`x @ W + b` with `W [in, out]`): transposed here to the `Linear` layout.
     pub fn load_conv1d(w: &Weights, prefix: &str, in_features: usize, out_features: usize) -> Result<Linear> {
-        let weight = transpose(&w.get(&format!("{prefix}.weight"), &[in_features, out_features])?)?;
+        let weight = w.linear_weight_transposed(prefix, [out_features, in_features])?;
         let bias = Some(w.get_f32(&format!("{prefix}.bias"), &[out_features])?);
         Ok(Linear { weight, bias, input_quant: w.input_quant(prefix)? })
     }
@@ -383,27 +390,6 @@ fn select_rows(t: &Tensor, ranges: &[Range<usize>]) -> Result<Tensor> {
     Ok(Tensor::from_storage(Storage::Cpu(storage), shape)?.to_device(t.device())?)
 }
 
-/// `[a, b] -> [b, a]` of a CPU matrix, at load time.
-fn transpose(t: &Tensor) -> Result<Tensor> {
-    let (a, b) = match t.shape() {
-        &[a, b] => (a, b),
-        other => {
-            return Err(TensorError::Shape { op: "transpose", detail: format!("{other:?} is not a matrix") }.into())
-        }
-    };
-    fn flip<T: Copy>(v: &[T], a: usize, b: usize) -> Vec<T> {
-        (0..b).flat_map(|j| (0..a).map(move |i| v[i * b + j])).collect()
-    }
-    let host = t.to_device(Device::Cpu)?;
-    let storage = match host.cpu() {
-        Some(CpuStorage::F32(v)) => CpuStorage::F32(flip(v, a, b)),
-        Some(CpuStorage::F16(v)) => CpuStorage::F16(flip(v, a, b)),
-        Some(CpuStorage::BF16(v)) => CpuStorage::BF16(flip(v, a, b)),
-        None => return Err(TensorError::Unsupported { op: "transpose", detail: "a tensor on a device".into() }.into()),
-    };
-    Ok(Tensor::from_storage(Storage::Cpu(storage), vec![b, a])?.to_device(t.device())?)
-}
-
 /// RMSNorm or LayerNorm, for blocks whose family picks one.
 #[derive(Debug, Clone)]
 pub enum Norm {
@@ -496,14 +482,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn select_rows_and_transpose_keep_dtype_and_order() {
+    fn select_rows_keeps_dtype_and_order() {
         let t = Tensor::from_f32_as((0..12).map(|v| v as f32).collect(), &[4, 3], DType::BF16).unwrap();
         let picked = select_rows(&t, &[2..3, 0..2]).unwrap();
         assert_eq!((picked.shape(), picked.dtype()), (&[3usize, 3][..], DType::BF16));
         assert_eq!(picked.to_f32_vec(), [6., 7., 8., 0., 1., 2., 3., 4., 5.]);
-        let tt = transpose(&t).unwrap();
-        assert_eq!(tt.shape(), &[3, 4]);
-        assert_eq!(tt.to_f32_vec(), [0., 3., 6., 9., 1., 4., 7., 10., 2., 5., 8., 11.]);
         let bias = Tensor::from_f32(vec![1., 2., 3., 4.], &[4]).unwrap();
         assert_eq!(select_rows(&bias, &[3..4, 1..2]).unwrap().to_f32_vec(), [4., 2.]);
         assert!(select_rows(&t, std::slice::from_ref(&(3..5))).is_err());

@@ -21,11 +21,14 @@ pub struct LoadOptions {
     pub device: Device,
     /// Draw a progress bar on stderr (only when it is a terminal).
     pub progress: bool,
+    /// vLLM's `--quantization`: the checkpoint's own method, or `fp8` to quantize an unquantized
+    /// checkpoint as it loads.
+    pub quantization: Option<String>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { dtype: DType::F32, device: Device::Cpu, progress: true }
+        LoadOptions { dtype: DType::F32, device: Device::Cpu, progress: true, quantization: None }
     }
 }
 
@@ -91,7 +94,7 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         bar.set_message(arch.clone());
         bar
     });
-    let quantization = Quantization::from_config(&config)?;
+    let quantization = Quantization::resolve(&config, opts.quantization.as_deref())?;
     let weights = Weights::new(source, opts.dtype, bar.clone()).on_device(opts.device).with_quantization(quantization);
     let span = tracing::info_span!("load", arch = %arch, path = %path.display());
     let _guard = span.enter();

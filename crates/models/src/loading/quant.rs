@@ -26,6 +26,11 @@ pub enum Quantization {
     Fp8Block { block: [usize; 2] },
     /// gpt-oss's MXFP4 experts, which its family loader unpacks.
     Mxfp4,
+    /// `--quantization fp8` on an unquantized checkpoint: each linear layer's weight rounded to
+    /// e4m3 with one scale per output channel as it loads, its input quantized per token, which
+    /// is what llm-compressor's FP8_DYNAMIC scheme stores (vLLM's online FP8). The LM head, the
+    /// routers and the experts of MoE layers stay as they are.
+    OnlineFp8,
 }
 
 /// How an FP8 weight's scales cover it.
@@ -100,14 +105,41 @@ impl Quantization {
         }
     }
 
+    /// The checkpoint's quantization, or the one `requested` with vLLM's `--quantization`: a
+    /// request must name the checkpoint's own method, or ask for `fp8` on an unquantized one.
+    pub fn resolve(raw: &RawConfig, requested: Option<&str>) -> Result<Option<Quantization>> {
+        let stored = Quantization::from_config(raw)?;
+        match (stored, requested) {
+            (stored, None) => Ok(stored),
+            (None, Some("fp8")) => Ok(Some(Quantization::OnlineFp8)),
+            (None, Some(other)) => Err(raw.error(format!(
+                "--quantization {other}: the checkpoint has no `quantization_config`, and the one method ferrite                  quantizes to at load is fp8"
+            ))),
+            (Some(stored), Some(requested)) if stored.method() == requested => Ok(Some(stored)),
+            (Some(stored), Some(requested)) => Err(raw.error(format!(
+                "--quantization {requested} does not match the checkpoint's `quantization_config.quant_method` {}                  (leave the flag out to use the checkpoint's)",
+                stored.method()
+            ))),
+        }
+    }
+
+    /// The method as `quant_method` and vLLM's `--quantization` spell it.
+    pub fn method(&self) -> &'static str {
+        match self {
+            Quantization::CompressedTensors(_) => "compressed-tensors",
+            Quantization::Fp8Block { .. } | Quantization::OnlineFp8 => "fp8",
+            Quantization::Mxfp4 => "mxfp4",
+        }
+    }
+
     /// How the scales of module `module`'s e4m3 weight cover it, and the name of its scale.
     pub fn weight_scales(&self, module: &str) -> Result<(WeightScales, String)> {
         match self {
             Quantization::CompressedTensors(ct) => Ok((ct.group_of(module)?.weights, format!("{module}.weight_scale"))),
             Quantization::Fp8Block { block } => Ok((WeightScales::Block(*block), format!("{module}.weight_scale_inv"))),
-            Quantization::Mxfp4 => Err(crate::ModelError::Config {
+            Quantization::Mxfp4 | Quantization::OnlineFp8 => Err(crate::ModelError::Config {
                 path: module.into(),
-                message: "an FP8 weight in an mxfp4 checkpoint".into(),
+                message: format!("an FP8 weight in a checkpoint whose quantization is {}", self.method()),
             }),
         }
     }
@@ -115,6 +147,9 @@ impl Quantization {
     /// How the input of quantized module `module` is quantized, `None` for weight-only schemes.
     /// A static scheme's scale is read by the caller from `{module}.input_scale`.
     pub fn input_scheme(&self, module: &str) -> Result<Option<InputQuantSource>> {
+        if matches!(self, Quantization::OnlineFp8) {
+            return Ok(Some(InputQuantSource::Dynamic(ActivationQuant::PerToken)));
+        }
         let Quantization::CompressedTensors(ct) = self else { return Ok(None) };
         Ok(ct.group_of(module)?.inputs.map(|i| match i {
             InputScheme::Dynamic(q) => InputQuantSource::Dynamic(q),
@@ -382,6 +417,19 @@ mod tests {
         assert_eq!(q.weight_scales(m).unwrap(), (WeightScales::Block([128, 128]), format!("{m}.weight_scale_inv")));
         assert_eq!(q.input_scheme(m).unwrap(), None);
         assert!(Quantization::from_config(&RawConfig { path: "c".into(), value: json!({}) }).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_requested_method_must_match_the_checkpoint() {
+        let plain = RawConfig { path: "m/config.json".into(), value: json!({}) };
+        assert!(matches!(Quantization::resolve(&plain, Some("fp8")).unwrap(), Some(Quantization::OnlineFp8)));
+        assert!(Quantization::resolve(&plain, None).unwrap().is_none());
+        let err = Quantization::resolve(&plain, Some("awq")).unwrap_err().to_string();
+        assert!(err.contains("--quantization awq"), "{err}");
+        let ct = raw(fp8_dynamic());
+        assert!(Quantization::resolve(&ct, Some("compressed-tensors")).unwrap().is_some());
+        let err = Quantization::resolve(&ct, Some("fp8")).unwrap_err().to_string();
+        assert!(err.contains("does not match") && err.contains("compressed-tensors"), "{err}");
     }
 
     #[test]

@@ -260,6 +260,11 @@ impl Weights {
         } else {
             self.source.load(name, dtype)?
         };
+        self.place(name, loaded)
+    }
+
+    /// A loaded tensor moved to the weights' device and counted for the progress bar.
+    fn place(&self, name: &str, loaded: Option<Tensor>) -> Result<Option<Tensor>> {
         let t = match loaded {
             Some(t) => Some(t.to_device(self.device).map_err(|e| ModelError::Weights {
                 path: PathBuf::from(self.source.describe()),
@@ -296,11 +301,60 @@ impl Weights {
         Ok(Tensor::from_f32_as(values, weight.shape(), dtype)?)
     }
 
+    /// The weight `[out, in]` of linear layer `module`; under `--quantization fp8` rounded to
+    /// e4m3 per output channel as it loads.
+    pub fn linear_weight(&self, module: &str, shape: [usize; 2]) -> Result<Tensor> {
+        self.online_linear_weight(module, shape, false)
+    }
+
+    /// [`Weights::linear_weight`] of a layer stored `[in, out]` (GPT-2's `Conv1D`), transposed.
+    pub fn linear_weight_transposed(&self, module: &str, shape: [usize; 2]) -> Result<Tensor> {
+        self.online_linear_weight(module, shape, true)
+    }
+
+    fn online_linear_weight(&self, module: &str, shape: [usize; 2], transposed: bool) -> Result<Tensor> {
+        let name = format!("{module}.weight");
+        let [out, inp] = shape;
+        let online = matches!(self.quantization, Some(Quantization::OnlineFp8)) && !self.source.is_fp8(&name);
+        if !online && !transposed {
+            return self.get(&name, &shape);
+        }
+        let stored = if transposed { [inp, out] } else { shape };
+        let weight = self.fetch_cpu(&name, DType::F32)?;
+        if weight.shape() != stored {
+            return Err(ModelError::TensorShape { name, expected: stored.to_vec(), actual: weight.shape().to_vec() });
+        }
+        let mut values = weight.try_to_f32_vec()?;
+        if transposed {
+            values = (0..out * inp).map(|i| values[(i % inp) * out + i / inp]).collect();
+        }
+        if online {
+            for row in values.chunks_mut(inp.max(1)) {
+                let scale = ferrite_tensor::fp8::fp8_scale(row.iter().fold(0.0f32, |m, v| m.max(v.abs())));
+                row.iter_mut().for_each(|v| *v = ferrite_tensor::fp8::fake_quantize(*v, scale));
+            }
+        }
+        let t = Tensor::from_f32_as(values, &shape, self.dtype)?;
+        Ok(self.place(&name, Some(t))?.expect("a tensor was given"))
+    }
+
+    /// A required tensor in host memory as `dtype`, FP8 weights dequantized.
+    fn fetch_cpu(&self, name: &str, dtype: DType) -> Result<Tensor> {
+        let loaded = if self.source.is_fp8(name) {
+            Some(self.dequantized(name, dtype)?)
+        } else {
+            self.source.load(name, dtype)?
+        };
+        loaded.ok_or_else(|| ModelError::MissingTensor { name: name.into(), location: self.source.describe() })
+    }
+
     /// How the input of the linear layer `module` is quantized before its product: `Some` for a
-    /// W8A8 checkpoint's quantized layers (with a static scheme, the module's `input_scale`).
+    /// W8A8 checkpoint's quantized layers (with a static scheme, the module's `input_scale`) and
+    /// for every layer [`Weights::linear_weight`] quantizes online.
     pub fn input_quant(&self, module: &str) -> Result<Option<ActivationQuant>> {
         let Some(quantization) = &self.quantization else { return Ok(None) };
-        if !self.source.is_fp8(&format!("{module}.weight")) {
+        let online = matches!(quantization, Quantization::OnlineFp8) && self.contains(&format!("{module}.weight"));
+        if !online && !self.stored_fp8(module) {
             return Ok(None);
         }
         Ok(match quantization.input_scheme(module)? {
@@ -320,6 +374,19 @@ impl Weights {
                 Some(ActivationQuant::Static(scale))
             }
         })
+    }
+
+    /// The input quantization of a layer read as stored, never quantized online (the LM head).
+    pub fn stored_input_quant(&self, module: &str) -> Result<Option<ActivationQuant>> {
+        if self.stored_fp8(module) {
+            self.input_quant(module)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn stored_fp8(&self, module: &str) -> bool {
+        self.source.is_fp8(&format!("{module}.weight"))
     }
 
     /// A required tensor in the compute dtype, checked against the expected shape.

@@ -1,0 +1,98 @@
+//! Speculative decoding is lossless: with n-gram drafts, every request draws the same tokens as
+//! without speculation (greedy and seeded sampling, logprobs, penalties, stop rules), alone and
+//! batched, and drafts are really proposed and accepted along the way.
+
+mod common;
+
+use common::*;
+use ferrite_engine::{EngineConfig, PromptInput, SamplingParams, SpeculativeConfig, LLM};
+
+fn ngram(k: usize) -> SpeculativeConfig {
+    let json = format!(
+        r#"{{"method": "ngram", "num_speculative_tokens": {k}, "prompt_lookup_min": 1, "prompt_lookup_max": 3}}"#
+    );
+    SpeculativeConfig::parse(&json).unwrap()
+}
+
+fn with_spec(name: &str, k: usize) -> LLM {
+    llm(name, EngineConfig { speculative: Some(ngram(k)), ..config() })
+}
+
+/// The battery, plus prompts that quote themselves, where prompt lookup finds long matches.
+fn prompts(name: &str) -> Vec<PromptInput> {
+    let mut p = battery(name);
+    let cycle: Vec<u32> = (0..60).map(|i| [17, 250, 3, 99, 41][i % 5]).collect();
+    p.push(PromptInput::Tokens(cycle));
+    let quoted: Vec<u32> = (5..45).chain(5..30).collect();
+    p.push(PromptInput::Tokens(quoted));
+    p
+}
+
+fn outputs(llm: &LLM, prompts: &[PromptInput], params: &SamplingParams) -> Vec<(Vec<u32>, Vec<Option<f32>>)> {
+    llm.generate(prompts.to_vec(), params)
+        .unwrap()
+        .into_iter()
+        .map(|o| {
+            let c = &o.outputs[0];
+            let lps = c.logprobs.as_ref().map_or(Vec::new(), |l| l.iter().map(|t| Some(t.logprob)).collect());
+            (c.token_ids.clone(), lps)
+        })
+        .collect()
+}
+
+#[test]
+fn ngram_speculation_draws_the_same_tokens_greedy_and_seeded() {
+    for name in ["llama", "qwen3", "mixtral"] {
+        let plain = llm(name, config());
+        let spec = with_spec(name, 4);
+        let prompts = prompts(name);
+        let seeded = SamplingParams { seed: Some(7), logprobs: Some(2), ..random(None, 48) };
+        let penalised = SamplingParams { repetition_penalty: 1.3, frequency_penalty: 0.4, ..greedy(48) };
+        for params in [greedy(48), seeded, penalised] {
+            let want = outputs(&plain, &prompts, &params);
+            let batched = outputs(&spec, &prompts, &params);
+            let tokens = |o: &[(Vec<u32>, Vec<Option<f32>>)]| o.iter().map(|x| x.0.clone()).collect::<Vec<_>>();
+            assert_eq!(tokens(&batched), tokens(&want), "{name}: batched, {params:?}");
+            let alone: Vec<_> =
+                prompts.iter().map(|p| outputs(&spec, std::slice::from_ref(p), &params).remove(0)).collect();
+            assert_eq!(tokens(&alone), tokens(&want), "{name}: alone, {params:?}");
+            // Logprobs of a verified position are those of the same token drawn alone.
+            for ((_, a), (_, b)) in batched.iter().zip(&want) {
+                assert_eq!(a.len(), b.len());
+                for (x, y) in a.iter().zip(b) {
+                    assert!((x.unwrap() - y.unwrap()).abs() < 1e-3, "{name}: logprob {x:?} vs {y:?}");
+                }
+            }
+        }
+        let stats = spec.client().stats().spec_decode;
+        assert!(stats.num_drafts > 0 && stats.num_accepted_tokens > 0, "{name}: no draft was accepted: {stats:?}");
+        assert!(stats.num_accepted_tokens < stats.num_draft_tokens, "{name}: no draft was rejected: {stats:?}");
+        println!("{name}: {stats:?}");
+    }
+}
+
+/// Stop rules apply to each accepted token in turn: a stop token inside an accepted run ends the
+/// request there, and max_tokens is never overshot by a run.
+#[test]
+fn stops_inside_an_accepted_run_end_the_request_where_they_fall() {
+    let plain = llm("llama", config());
+    let spec = with_spec("llama", 6);
+    let prompts = prompts("llama");
+    for max_tokens in [1, 2, 5, 13] {
+        let want = outputs(&plain, &prompts, &greedy(max_tokens));
+        let got = outputs(&spec, &prompts, &greedy(max_tokens));
+        assert_eq!(got, want, "max_tokens {max_tokens}");
+        assert!(got.iter().all(|(t, _)| t.len() == max_tokens));
+    }
+    // Stop on a token the plain run draws in its middle: both end at its first occurrence.
+    let long = outputs(&plain, &prompts, &greedy(40));
+    for (prompt, (tokens, _)) in prompts.iter().zip(&long) {
+        let stop = tokens[tokens.len() / 2];
+        let params = SamplingParams { stop_token_ids: vec![stop], ..greedy(40) };
+        let want = outputs(&plain, std::slice::from_ref(prompt), &params);
+        let got = outputs(&spec, std::slice::from_ref(prompt), &params);
+        assert_eq!(got[0].0, want[0].0);
+        assert_eq!(got[0].0.last(), Some(&stop));
+    }
+    wait_idle(&spec.client());
+}
