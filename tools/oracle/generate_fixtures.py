@@ -120,6 +120,11 @@ class Spec:
     # config are re-packed into the remote-code checkpoint layout (names, fused tensors, config keys).
     # Called as repack(tensors, config) -> (tensors, config) after every check on the native model.
     repack: Callable[[dict[str, torch.Tensor], dict[str, Any]], tuple[dict[str, torch.Tensor], dict[str, Any]]] | None = None
+    # Seed filter for numerically fragile oracles (FP8 W8A8: a last-bit difference can move an activation
+    # across an e4m3 rounding boundary): besides the top-2 gap, the seed's greedy tokens must be the same in
+    # a float64 run and in ROBUST_PERTURBED_RUNS f32 runs whose float32 weights are moved by up to
+    # ROBUST_ULPS ulps at random.
+    robust: bool = False
 
 
 @dataclass
@@ -495,6 +500,117 @@ def _mxfp4_checkpoint(out_dir: Path) -> None:
 def _mxfp4_config(cfg: dict[str, Any]) -> None:
     cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+
+
+# FP8 checkpoints. compressed-tensors ones are written by llmcompressor (tools/oracle/fp8_quantize.py,
+# run in a subprocess); the `fp8` block layout of Qwen3-*-FP8 / DeepSeek-V3 is written here by hand.
+FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+FP8_QUANTIZE = Path(__file__).resolve().parent / "fp8_quantize.py"
+CALIB_CASES = ("hello", "pangram", "code", "unicode", "paragraph_100", "code_300", "chat_capital", "chat_multi_turn")
+
+
+def _calibration_sequences() -> list[list[int]]:
+    """Static-FP8 calibration set: the token ids of eight battery prompts (CALIB_CASES), one a batch."""
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+    by_name = {c["name"]: c["prompt_ids"] for c in build_battery(tok)}
+    return [list(by_name[n]) for n in CALIB_CASES]
+
+
+def _llmcompressor_checkpoint(scheme: str, ignore: list[str], calibrate: bool = False):
+    """edit_saved_weights hook: quantizes the saved fixture in place with llmcompressor's oneshot
+    (QuantizationModifier(targets="Linear", scheme=scheme, ignore=ignore)), in a subprocess."""
+
+    def edit(out_dir: Path) -> None:
+        import subprocess
+
+        cmd = [sys.executable, str(FP8_QUANTIZE), str(out_dir), scheme, json.dumps(ignore)]
+        with tempfile.TemporaryDirectory() as td:
+            if calibrate:
+                calib = Path(td) / "calib.json"
+                calib.write_text(json.dumps(_calibration_sequences()), encoding="utf-8")
+                cmd.append(str(calib))
+            r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"fp8_quantize.py failed:\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")
+
+    return edit
+
+
+def _ct_w8a16(model: torch.nn.Module) -> None:
+    """Disables compressed-tensors' activation fake-quantization (weights stay FP8-dequantized)."""
+    n = 0
+    for m in model.modules():
+        if getattr(m, "quantization_scheme", None) is not None:
+            m.quantization_enabled = False
+            n += 1
+    assert n > 0, "no compressed-tensors module"
+
+
+def _ct_mean_weight_scale(model: torch.nn.Module) -> None:
+    """Replaces every per-channel / per-block weight_scale by its mean (before the first forward's
+    decompression): the scale layout must matter."""
+    n = 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".weight_scale") and p.numel() > 1:
+                p.fill_(float(p.float().mean()))
+                n += 1
+    assert n > 0, "no per-channel / per-block weight_scale"
+
+
+def _fp8_block_quantize(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """`w [out, in]` (multiples of `block`) -> float8_e4m3fn weight and f32 weight_scale_inv
+    [out / block, in / block]: per block scale = amax / 448 (f32), w8 = (w / scale).to(e4m3fn)."""
+    out_f, in_f = w.shape
+    assert out_f % block == 0 and in_f % block == 0, w.shape
+    wb = w.to(torch.float32).reshape(out_f // block, block, in_f // block, block)
+    scale = wb.abs().amax(dim=(1, 3)) / FP8_MAX
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = (wb / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(out_f, in_f).contiguous(), scale.contiguous()
+
+
+def _fp8_block_dequantize(q: torch.Tensor, scale: torch.Tensor, block: int = 128) -> torch.Tensor:
+    out_f, in_f = q.shape
+    qb = q.to(torch.float32).reshape(out_f // block, block, in_f // block, block)
+    return (qb * scale[:, None, :, None]).reshape(out_f, in_f)
+
+
+FP8_BLOCK_LINEARS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight",
+                     "up_proj.weight", "down_proj.weight")
+
+
+def _fp8_block_checkpoint(out_dir: Path) -> None:
+    """Rewrites every decoder linear weight of model.safetensors as Qwen3-*-FP8 / DeepSeek-V3 ship them:
+    float8_e4m3fn `*.weight` + f32 `*.weight_scale_inv` (one per 128x128 block). Embeddings, norms and
+    lm_head stay as saved."""
+    from safetensors.torch import load_file, save_file
+
+    path = out_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    for name in [n for n in tensors if n.startswith("model.layers.") and n.endswith(FP8_BLOCK_LINEARS)]:
+        q, s = _fp8_block_quantize(tensors[name])
+        tensors[name], tensors[name[: -len("weight")] + "weight_scale_inv"] = q, s
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _fp8_block_config(cfg: dict[str, Any]) -> None:
+    # As Qwen/Qwen3-*-FP8's config.json spells it.
+    cfg["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                  "weight_block_size": [128, 128]}
+
+
+def _fp8_block_mean_scale(model: torch.nn.Module) -> None:
+    """Undoes the per-block scales of the (dequantized at load) linears, re-applying each matrix's mean
+    weight_scale_inv instead, read from the fixture on disk: the per-block scale layout must matter."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(Path(model.config._name_or_path) / "model.safetensors"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name + "_scale_inv" in tensors:
+                q, s = tensors[name], tensors[name + "_scale_inv"]
+                p.copy_(q.to(torch.float32) * s.mean())
 
 
 def _gemma4_hub_spelling(cfg: dict[str, Any]) -> None:
@@ -1534,6 +1650,104 @@ SPECS: list[Spec] = [
                "remote checkpoints carry.",
                "GlmConfig defaults head_dim to 128 and pad_token_id to 151329, so both are set here."],
     ),
+    # ---- FP8 checkpoints (oracle: transformers on CPU loading the checkpoint with default settings) ----
+    Spec(
+        name="llama-fp8-dynamic",
+        config_class="LlamaConfig",
+        architecture="LlamaForCausalLM",
+        save_dtype="bfloat16",
+        robust=True,
+        kwargs=dict(rope_parameters=dict(DEFAULT_ROPE)),
+        feature="compressed-tensors FP8_DYNAMIC (llmcompressor oneshot, data-free, ignore lm_head): q/k/v/o/gate/"
+        "up/down weights float8_e4m3fn with per-output-channel weight_scale [out, 1] (bf16); W8A8: every quantized "
+        "linear's input fake-quantized per token (scale = amax / 448)",
+        ablate_fn=_ct_w8a16,
+        ablation_desc="activation fake-quantization off (W8A16: quantization_enabled = False)",
+        extra_ablations=[Ablate("per-channel weight_scale -> its mean", fn=_ct_mean_weight_scale)],
+        edit_saved_weights=_llmcompressor_checkpoint("FP8_DYNAMIC", ["lm_head"]),
+        notes=["Quantized by tools/oracle/fp8_quantize.py: llmcompressor oneshot, QuantizationModifier(targets="
+               "'Linear', scheme='FP8_DYNAMIC', ignore=['lm_head']), model loaded in float32 (the bf16-saved fixture upcast, so embed, norms, lm_head and the scales are stored F32) from the saved fixture, "
+               "save_pretrained(save_compressed=True); config.json's quantization_config is as llmcompressor wrote it"],
+    ),
+    Spec(
+        name="llama-fp8-static",
+        config_class="LlamaConfig",
+        architecture="LlamaForCausalLM",
+        save_dtype="bfloat16",
+        robust=True,
+        kwargs=dict(rope_parameters=dict(DEFAULT_ROPE)),
+        feature="compressed-tensors FP8 static (llmcompressor oneshot scheme FP8, calibrated, ignore lm_head): "
+        "weights float8_e4m3fn with one per-tensor weight_scale [1] and one static per-tensor input_scale [1] "
+        "(bf16) per linear; W8A8 with the stored input_scale",
+        ablate_fn=_ct_w8a16,
+        ablation_desc="activation fake-quantization off (W8A16: quantization_enabled = False)",
+        edit_saved_weights=_llmcompressor_checkpoint("FP8", ["lm_head"], calibrate=True),
+        notes=["Quantized by tools/oracle/fp8_quantize.py: llmcompressor oneshot, QuantizationModifier(targets="
+               "'Linear', scheme='FP8', ignore=['lm_head']), model loaded in float32 (the bf16-saved fixture upcast, so embed, norms, lm_head and the scales are stored F32); calibration set = the token ids "
+               "of the battery prompts " + ", ".join(CALIB_CASES) + " (one sequence a batch, no shuffling, "
+               "llmcompressor's default observers)"],
+    ),
+    Spec(
+        name="llama-fp8-block",
+        config_class="LlamaConfig",
+        architecture="LlamaForCausalLM",
+        save_dtype="bfloat16",
+        robust=True,
+        kwargs=dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=64, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="compressed-tensors FP8_BLOCK (llmcompressor oneshot, data-free, ignore lm_head): weights "
+        "float8_e4m3fn with a weight_scale per 128x128 block [out / 128, in / 128] (bf16); W8A8 with the input "
+        "fake-quantized per token per group of 128 along the hidden dim; every linear dim a multiple of 128 "
+        "(hidden 128, 4 q heads x 64, 2 kv heads, intermediate 256)",
+        ablate_fn=_ct_w8a16,
+        ablation_desc="activation fake-quantization off (W8A16: quantization_enabled = False)",
+        extra_ablations=[Ablate("per-block weight_scale -> its mean", fn=_ct_mean_weight_scale)],
+        edit_saved_weights=_llmcompressor_checkpoint("FP8_BLOCK", ["lm_head"]),
+        notes=["Quantized by tools/oracle/fp8_quantize.py: llmcompressor oneshot, QuantizationModifier(targets="
+               "'Linear', scheme='FP8_BLOCK', ignore=['lm_head']), model loaded in float32 (the bf16-saved fixture upcast, so embed, norms, lm_head and the scales are stored F32), data-free"],
+    ),
+    Spec(
+        name="qwen3-fp8",
+        config_class="Qwen3Config",
+        architecture="Qwen3ForCausalLM",
+        save_dtype="bfloat16",
+        robust=True,
+        kwargs=dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=64, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="Qwen3-*-FP8 / DeepSeek-V3 `fp8` block layout: quantization_config {quant_method fp8, fmt e4m3, "
+        "activation_scheme dynamic, weight_block_size [128, 128]}; decoder linears float8_e4m3fn + f32 "
+        "weight_scale_inv [out / 128, in / 128] (weight = f32(w8) * scale per 128x128 block); transformers on CPU "
+        "dequantizes at load (W8A16, no activation quantization); embed, norms, lm_head bf16",
+        ablate_fn=_fp8_block_mean_scale,
+        ablation_desc="per-block weight_scale_inv -> the matrix's mean scale",
+        extra_ablations=[Ablate("q_norm/k_norm replaced by identity", fn=_drop_qk_norm)],
+        edit_saved_config=_fp8_block_config,
+        edit_saved_weights=_fp8_block_checkpoint,
+        notes=["Written by _fp8_block_checkpoint: per 128x128 block scale = amax(|w|) / 448 in f32 (w the bf16 "
+               "weight upcast), w8 = (w / scale).clamp(+-448).to(float8_e4m3fn) (round to nearest even), "
+               "weight_scale_inv = scale (the name is DeepSeek's; it multiplies)"],
+    ),
+    Spec(
+        name="qwen3-moe-fp8-dynamic",
+        config_class="Qwen3MoeConfig",
+        architecture="Qwen3MoeForCausalLM",
+        save_dtype="bfloat16",
+        robust=True,
+        kwargs=dict(hidden_size=64, head_dim=16, num_hidden_layers=2, intermediate_size=128, moe_intermediate_size=32,
+                    num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="compressed-tensors FP8_DYNAMIC MoE (llmcompressor oneshot, data-free, ignore lm_head and the router "
+        "mlp.gate): attention q/k/v/o and every expert's gate/up/down float8_e4m3fn with per-channel weight_scale; "
+        "attention W8A8 (per-token activation fake-quant), experts dequantized at load (W8A16)",
+        ablate_fn=_ct_w8a16,
+        ablation_desc="activation fake-quantization off (W8A16: quantization_enabled = False)",
+        extra_ablations=[Ablate("per-channel weight_scale -> its mean", fn=_ct_mean_weight_scale)],
+        edit_saved_weights=_llmcompressor_checkpoint("FP8_DYNAMIC", ["lm_head", "re:.*mlp.gate$"]),
+        probe=routing_probe,
+        notes=["Quantized by tools/oracle/fp8_quantize.py in a subprocess: llmcompressor oneshot, "
+               "QuantizationModifier(targets='Linear', scheme='FP8_DYNAMIC', ignore=['lm_head', 're:.*mlp.gate$']), "
+               "model loaded in float32 (the bf16-saved fixture upcast, so embed, norms, lm_head and the scales are stored F32), data-free"],
+    ),
 ]
 
 SPEC_BY_NAME = {s.name: s for s in SPECS}
@@ -1703,6 +1917,56 @@ def run_ablation(ablate_config, ablate_fn, fixture_dir: Path, cases, results) ->
     return sum(a["output_ids"] != r["output_ids"] for a, r in zip(abl_results, results))
 
 
+ROBUST_PERTURBED_RUNS = 3
+ROBUST_ULPS = 2
+ROBUST_SEEDS = 5  # gap-passing seeds checked for robustness before taking the one with most stable tokens
+
+
+def _rebuilt(spec: Spec, vocab: int, seed: int, d: Path) -> Path:
+    save_fixture(build_model(spec, vocab, seed), spec, d)
+    return d
+
+
+def _perturb_ulps(model: torch.nn.Module, gen: torch.Generator, ulps: int) -> None:
+    """Moves every float32 parameter (not the `*_scale` quantization parameters) by a random number of
+    ulps in [-ulps, ulps], element-wise."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dtype != torch.float32 or name.endswith("_scale"):
+                continue
+            r = torch.randint(-ulps, ulps + 1, p.shape, generator=gen)
+            toward = torch.where(r < 0, float("-inf"), float("inf")).to(torch.float32)
+            for step in range(ulps):
+                p.copy_(torch.where(r.abs() > step, torch.nextafter(p, toward), p))
+
+
+def robustness(fixture_dir: Path, cases, results, seed: int) -> dict[str, Any]:
+    """Greedy tokens of a float64 run and of ROBUST_PERTURBED_RUNS ulp-perturbed f32 runs of the fixture as
+    loaded (after its first forward, i.e. compressed-tensors' decompression), against `results`."""
+    base = load_fixture(fixture_dir)
+    with torch.no_grad():
+        base(torch.tensor([[0]]))  # compressed-tensors decompresses the weights on the first forward
+    want = [r["output_ids"] for r in results]
+    runs = []
+    m64 = copy.deepcopy(base).to(torch.float64)
+    if hasattr(m64, "set_experts_implementation"):
+        m64.set_experts_implementation("eager")  # torch's grouped_mm has no float64 kernel
+    runs.append(("float64", run_battery(m64, cases)))
+    gen = torch.Generator().manual_seed(seed + 7_000_001)
+    for i in range(ROBUST_PERTURBED_RUNS):
+        mp = copy.deepcopy(base)
+        _perturb_ulps(mp, gen, ROBUST_ULPS)
+        runs.append((f"f32 +-{ROBUST_ULPS} ulp #{i}", run_battery(mp, cases)))
+    prefix = {}
+    for c, w, *rs in zip(cases, want, *[r for _, r in runs]):
+        n = len(w)
+        for r in rs:
+            n = min(n, next((i for i, (a, b) in enumerate(zip(r["output_ids"], w)) if a != b), len(w)))
+        prefix[c["name"]] = n
+    return {"runs": [n for n, _ in runs], "stable_prefix": prefix,
+            "stable_tokens": sum(prefix.values()), "stable": all(v == MAX_NEW_TOKENS for v in prefix.values())}
+
+
 def verify_reload(fixture_dir: Path, cases, results) -> None:
     m = load_fixture(fixture_dir)
     again = run_battery(m, cases)
@@ -1785,6 +2049,8 @@ def generate_one(spec: Spec, tok, cases, min_gap_req: float) -> dict[str, Any]:
     vocab = len(tok)
     out_dir = MODELS_DIR / spec.name
     best = None
+    tried_robust: list[dict[str, Any]] = []
+    seeds_tried = 0
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td) / spec.name
         for seed in range(spec.seed, spec.seed + MAX_SEED_TRIES):
@@ -1794,12 +2060,26 @@ def generate_one(spec: Spec, tok, cases, min_gap_req: float) -> dict[str, Any]:
             results = run_battery(loaded, cases)
             min_gap, degenerate, distinct = assess(results)
             ok = min_gap >= min_gap_req and not degenerate
-            print(f"  {spec.name}: seed {seed}: min_gap {min_gap:.2e} distinct {distinct} degenerate {degenerate}")
+            robust = None
+            if ok and spec.robust:
+                robust = robustness(tmp, cases, results, seed)
+                tried_robust.append({"seed": seed, "min_gap": min_gap, **robust})
+                ok = robust["stable"]
+            print(f"  {spec.name}: seed {seed}: min_gap {min_gap:.2e} distinct {distinct} degenerate {degenerate}"
+                  + ("" if robust is None else f" robust: {robust['stable_tokens']} stable tokens"))
+            if spec.robust and not ok and len(tried_robust) >= ROBUST_SEEDS:
+                # No seed fully stable: take the gap-passing seed with the most stable tokens.
+                pick = max(tried_robust, key=lambda t: (t["stable_tokens"], t["min_gap"]))
+                best = (True, pick["min_gap"], pick["seed"], None)
+                break
+            seeds_tried += 1
             if best is None or (ok, min_gap) > (best[0], best[1]):
                 best = (ok, min_gap, seed, results)
             if ok:
                 break
         ok, min_gap, seed, results = best
+        if results is None:  # a robust pick: rebuild it below and take its battery then
+            results = run_battery(load_fixture(_rebuilt(spec, vocab, seed, tmp)), cases)
         if not ok:
             print(f"  WARNING {spec.name}: no seed reached min_gap {min_gap_req}; using seed {seed} ({min_gap:.2e})")
         # Rebuild the chosen seed into the real fixture dir (deterministic).
@@ -1850,6 +2130,18 @@ def generate_one(spec: Spec, tok, cases, min_gap_req: float) -> dict[str, Any]:
                                                   "cases": len(cases)},
         **({"extra_ablations": extra} if extra else {}),
         **({"routing_probe": probe} if probe is not None else {}),
+        **({"robustness": {"note": f"W8A8 is fragile: a last-bit difference can move an activation across an e4m3 "
+                                   f"rounding boundary. Per case, stable_prefix = how many leading greedy tokens "
+                                   f"are the same in a float64 run and in {ROBUST_PERTURBED_RUNS} f32 runs with every "
+                                   f"float32 parameter moved by up to {ROBUST_ULPS} ulps (random per element). Among "
+                                   f"the first {ROBUST_SEEDS} seeds passing the gap filter, the first fully stable "
+                                   f"one, else the one with the most stable tokens, was taken; an engine should be "
+                                   f"held to exact tokens only within stable_prefix",
+                           "seeds_tried": seeds_tried,
+                           **next(({"stable_prefix": t["stable_prefix"], "stable_tokens": t["stable_tokens"]}
+                                   for t in tried_robust if t["seed"] == seed), {}),
+                           "checked": [{k: v for k, v in t.items() if k != "stable_prefix"} for t in tried_robust]}}
+           if spec.robust else {}),
         "notes": spec.notes,
         "cases": [case_record(tok, c, r) for c, r in zip(cases, results)],
     }
