@@ -5,7 +5,9 @@
 //! GPU (CI) the test prints SKIP and passes.
 
 use ferrite_tensor::{DType, Device};
-use ferrite_testing::gate::{fixtures_dir, run_fixture_on, run_fixture_with, summarize, NEAR_TIE_NATS};
+use ferrite_testing::gate::{
+    fixtures_dir, run_fixture_on, run_fixture_with, stable_prefixes, summarize, NEAR_TIE_NATS,
+};
 
 const LOGPROB_TOLERANCE: f32 = 2e-3;
 
@@ -14,6 +16,18 @@ const LOGPROB_TOLERANCE: f32 = 2e-3;
 /// beyond the near-tie rule through no bug of ours, while the same fixture is STRICT in f32.
 /// A dense model has no such step, so any miss there is a bug.
 const MOE_BF16_MISSES: usize = 2;
+
+/// Where the inputs of the linear layers are quantized to FP8 (W8A8), a last-bit difference in
+/// an activation can cross an e4m3 rounding boundary and move later logprobs by tenths of a nat
+/// (see `fp8_parity.rs`): tokens stay STRICT, logprobs are held to this bound.
+const W8A8_LOGPROB_TOLERANCE: f32 = 0.6;
+
+fn quantizes_inputs(dir: &std::path::Path) -> bool {
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let groups = config["quantization_config"]["config_groups"].as_object().cloned().unwrap_or_default();
+    groups.values().any(|g| !g["input_activations"].is_null())
+}
 
 /// Whether the fixture's config routes tokens among experts (any spelling of the expert count,
 /// at the top level or in `text_config`).
@@ -48,6 +62,8 @@ fn every_fixture_on_cuda() {
     for name in &names {
         let dir = fixtures_dir().join("models").join(name);
         let moe = routes_among_experts(&dir);
+        let tolerance = if quantizes_inputs(&dir) { W8A8_LOGPROB_TOLERANCE } else { LOGPROB_TOLERANCE };
+        let stable = stable_prefixes(&dir).unwrap();
         for dtype in [DType::F32, DType::BF16] {
             let (oracle, reports) = match run_fixture_on(&dir, dtype, Device::Cuda(0)) {
                 Ok(r) => r,
@@ -69,7 +85,9 @@ fn every_fixture_on_cuda() {
                     r.name, r.divergence, r.max_logprob_error
                 );
                 match dtype {
-                    DType::F32 if !(r.strict && r.max_logprob_error < LOGPROB_TOLERANCE) => failures.push(line),
+                    DType::F32 if !r.holds_through(stable.get(&r.name).copied().unwrap_or(usize::MAX), tolerance) => {
+                        failures.push(line)
+                    }
                     DType::BF16 if !(r.strict || r.near_tie()) => bf16_misses.push(line),
                     _ => {}
                 }

@@ -42,10 +42,15 @@ pub fn round_to_e4m3(x: f32) -> f32 {
 }
 
 /// The scale that maps a block whose largest magnitude is `amax` onto the e4m3 range, as
-/// compressed-tensors computes it for symmetric FP8 (`amax / 448`, never below f32's epsilon so
-/// that an all-zero block divides cleanly).
+/// compressed-tensors computes it for symmetric FP8: `amax / 448`, and f32's epsilon in place
+/// of zero so that an all-zero block divides cleanly.
 pub fn fp8_scale(amax: f32) -> f32 {
-    (amax / E4M3_MAX).max(f32::EPSILON)
+    let scale = amax / E4M3_MAX;
+    if scale == 0.0 {
+        f32::EPSILON
+    } else {
+        scale
+    }
 }
 
 /// `x` quantized to e4m3 with `scale` and dequantized: `e4m3(clamp(x / scale, ±448)) * scale`.

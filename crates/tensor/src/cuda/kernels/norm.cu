@@ -124,7 +124,7 @@ __device__ __forceinline__ float round_to_e4m3(float x) {
 }
 
 // FP8 activation quantization, one block per group of `group` elements (a row, or a 128-wide
-// slice of one): the scale is `max(amax / 448, FLT_EPSILON)`, or `static_scale` where positive.
+// slice of one): the scale is `amax / 448` (FLT_EPSILON for zero), or `static_scale` where positive.
 template <typename T>
 __device__ void fp8_fake_quant(const T* __restrict__ x, T* __restrict__ y, int group, float static_scale) {
     const T* xg = x + (size_t)blockIdx.x * group;
@@ -133,7 +133,8 @@ __device__ void fp8_fake_quant(const T* __restrict__ x, T* __restrict__ y, int g
     if (scale <= 0.f) {
         float m = 0.f;
         for (int c = threadIdx.x; c < group; c += blockDim.x) m = fmaxf(m, fabsf(to_f(xg[c])));
-        scale = fmaxf(block_max(m) / 448.f, 1.1920929e-07f);
+        scale = block_max(m) / 448.f;
+        if (scale == 0.f) scale = 1.1920929e-07f;
     }
     for (int c = threadIdx.x; c < group; c += blockDim.x)
         yg[c] = from_f<T>(round_to_e4m3(fminf(fmaxf(to_f(xg[c]) / scale, -448.f), 448.f)) * scale);

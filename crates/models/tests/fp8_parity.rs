@@ -1,0 +1,205 @@
+//! FP8 checkpoints against transformers on CPU: compressed-tensors schemes written by
+//! llm-compressor and the `fp8` block format, each fixture's greedy tokens token-exact, and each
+//! way of getting the format wrong (a scale ignored or broadcast over the wrong rows, the input
+//! quantization skipped) caught.
+//!
+//! Tolerance. Where the inputs of the linear layers are quantized (W8A8), a last-bit difference
+//! in an activation, from summing in another order than torch, can move it across an e4m3
+//! rounding boundary: one element then changes by a whole e4m3 step, and the logprobs of later
+//! positions by up to a few tenths of a nat (f64 and f32 runs of the same oracle differ by up to
+//! 0.6). Tokens stay STRICT; logprobs are held to `W8A8_LOGPROB_TOLERANCE` there, and to the
+//! f32 gate's 2e-3 where only the weights are quantized (W8A16).
+
+use std::path::{Path, PathBuf};
+
+use ferrite_tensor::DType;
+use ferrite_testing::gate::{fixtures_dir, run_fixture, stable_prefixes, summarize, CaseReport};
+use safetensors::tensor::TensorView;
+use safetensors::SafeTensors;
+
+const LOGPROB_TOLERANCE: f32 = 2e-3;
+const W8A8_LOGPROB_TOLERANCE: f32 = 0.6;
+
+fn reports(dir: &Path) -> Vec<CaseReport> {
+    let (oracle, reports) = run_fixture(dir, DType::F32).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    println!("{} ({}): {}", dir.display(), oracle.architecture, summarize(&reports));
+    reports
+}
+
+/// Tokens exact and logprobs within `tolerance` through each case's stable prefix (every token
+/// where the oracle is stable throughout): past it the oracle does not reproduce itself.
+fn gate(name: &str, tolerance: f32) {
+    let dir = fixtures_dir().join("models").join(name);
+    let stable = stable_prefixes(&dir).unwrap();
+    let reports = reports(&dir);
+    for r in &reports {
+        let prefix = stable.get(&r.name).copied().unwrap_or(usize::MAX);
+        assert!(
+            r.holds_through(prefix, tolerance),
+            "{name}/{}: diverged at {:?} or logprob error {:?} within the {prefix} tokens the oracle keeps",
+            r.name,
+            r.divergence,
+            r.step_logprob_errors.iter().take(prefix).copied().fold(0.0f32, f32::max)
+        );
+    }
+    assert!(reports.len() >= 8);
+}
+
+#[test]
+fn compressed_tensors_fp8_dynamic() {
+    gate("llama-fp8-dynamic", W8A8_LOGPROB_TOLERANCE);
+}
+
+#[test]
+fn compressed_tensors_fp8_static() {
+    gate("llama-fp8-static", W8A8_LOGPROB_TOLERANCE);
+}
+
+#[test]
+fn compressed_tensors_fp8_block() {
+    gate("llama-fp8-block", W8A8_LOGPROB_TOLERANCE);
+}
+
+/// Experts W8A16 (transformers loads them into its fused expert tensors, which carry no
+/// quantization scheme), attention W8A8.
+#[test]
+fn compressed_tensors_fp8_dynamic_moe() {
+    gate("qwen3-moe-fp8-dynamic", W8A8_LOGPROB_TOLERANCE);
+}
+
+#[test]
+fn fp8_block_format() {
+    gate("qwen3-fp8", LOGPROB_TOLERANCE);
+}
+
+/// A copy of fixture `name` in a fresh directory, its config and tensors passed through `edit`.
+fn broken_copy(name: &str, what: &str, edit: &Break) -> PathBuf {
+    let src = fixtures_dir().join("models").join(name);
+    let tag: String = what.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    let dst = std::env::temp_dir().join(format!("ferrite-fp8-{name}-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dst).unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dst.join(path.file_name().unwrap())).unwrap();
+    }
+    match edit {
+        Break::Config(edit) => {
+            let path = dst.join("config.json");
+            let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            edit(&mut config);
+            std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+        }
+        Break::Scales(suffix, edit) => {
+            let path = dst.join("model.safetensors");
+            let bytes = std::fs::read(&path).unwrap();
+            let st = SafeTensors::deserialize(&bytes).unwrap();
+            let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+            for (tensor_name, view) in st.tensors() {
+                let mut data = view.data().to_vec();
+                if tensor_name.ends_with(suffix) {
+                    assert_eq!(view.dtype(), safetensors::Dtype::F32, "{tensor_name}");
+                    let mut values: Vec<f32> =
+                        data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+                    edit(&mut values);
+                    data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                }
+                tensors.push((tensor_name, view.dtype(), view.shape().to_vec(), data));
+            }
+            let views: Vec<(String, TensorView)> =
+                tensors.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+            safetensors::serialize_to_file(views, None, &path).unwrap();
+        }
+    }
+    dst
+}
+
+enum Break {
+    Config(fn(&mut serde_json::Value)),
+    /// The f32 tensors whose names end with the suffix, rewritten.
+    Scales(&'static str, fn(&mut [f32])),
+}
+
+#[test]
+fn gate_catches_fp8_breaks() {
+    use serde_json::json;
+    let breaks: &[(&str, &str, Break)] = &[
+        ("llama-fp8-dynamic", "weight scales ignored", Break::Scales(".weight_scale", |s| s.fill(1.0))),
+        ("llama-fp8-dynamic", "channel scales on the wrong rows", Break::Scales(".weight_scale", |s| s.reverse())),
+        (
+            "llama-fp8-dynamic",
+            "input quantization skipped",
+            Break::Config(|c| c["quantization_config"]["config_groups"]["group_0"]["input_activations"] = json!(null)),
+        ),
+        ("llama-fp8-static", "input scales ignored", Break::Scales(".input_scale", |s| s.fill(1.0))),
+        (
+            "llama-fp8-static",
+            "input quantization skipped",
+            Break::Config(|c| c["quantization_config"]["config_groups"]["group_0"]["input_activations"] = json!(null)),
+        ),
+        ("llama-fp8-block", "block scales ignored", Break::Scales(".weight_scale", |s| s.fill(1.0))),
+        (
+            "llama-fp8-block",
+            "input quantized per token instead of per 128",
+            Break::Config(|c| {
+                c["quantization_config"]["config_groups"]["group_0"]["input_activations"]["strategy"] = json!("token")
+            }),
+        ),
+        ("qwen3-moe-fp8-dynamic", "expert scales ignored", Break::Scales("_proj.weight_scale", |s| s.fill(1.0))),
+        ("qwen3-fp8", "block scales ignored", Break::Scales(".weight_scale_inv", |s| s.fill(1.0))),
+        ("qwen3-fp8", "block scales on the wrong blocks", Break::Scales(".weight_scale_inv", |s| s.reverse())),
+    ];
+    for (fixture, what, edit) in breaks {
+        let dir = broken_copy(fixture, what, edit);
+        let reports = reports(&dir);
+        std::fs::remove_dir_all(&dir).ok();
+        let strict = reports.iter().filter(|r| r.strict).count();
+        let worst = reports.iter().map(|r| r.max_logprob_error).fold(0.0f32, f32::max);
+        println!("{fixture} with {what}: {strict}/{} strict, max logprob error {worst:.3}", reports.len());
+        assert!(strict < reports.len(), "{fixture}: {what} went unnoticed ({strict}/{} strict)", reports.len());
+    }
+}
+
+/// A checkpoint whose scales are missing or mis-shaped fails to load naming the tensor, and a
+/// method other than the checkpoint's is refused.
+#[test]
+fn bad_fp8_checkpoints_are_load_errors_naming_the_tensor() {
+    let load = |dir: &Path, quantization: Option<&str>| {
+        let opts = ferrite_models::LoadOptions {
+            progress: false,
+            quantization: quantization.map(str::to_owned),
+            ..Default::default()
+        };
+        ferrite_models::load_model(dir, &opts).err().map(|e| e.to_string())
+    };
+    let good = fixtures_dir().join("models/llama-fp8-dynamic");
+    let err = load(&good, Some("fp8")).expect("a mismatched --quantization must fail");
+    assert!(err.contains("does not match") && err.contains("compressed-tensors"), "{err}");
+
+    let dir = broken_copy("llama-fp8-dynamic", "scale dropped", &Break::Config(|_| {}));
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let dropped = "model.layers.1.mlp.down_proj.weight_scale";
+    let kept: Vec<(String, TensorView)> = st.tensors().into_iter().filter(|(n, _)| n != dropped).collect();
+    safetensors::serialize_to_file(kept, None, &path).unwrap();
+    let err = load(&dir, None).expect("a missing scale must fail");
+    assert!(err.contains(dropped), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+
+    let dir = broken_copy("qwen3-fp8", "scale grid transposed", &Break::Config(|_| {}));
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, TensorView)> = st.tensors();
+    let (name, view) = tensors
+        .iter_mut()
+        .find(|(n, v)| n.ends_with(".weight_scale_inv") && v.shape()[0] != v.shape()[1])
+        .expect("a non-square block scale grid");
+    let transposed = vec![view.shape()[1], view.shape()[0]];
+    *view = TensorView::new(view.dtype(), transposed, view.data()).unwrap();
+    let name = name.clone();
+    safetensors::serialize_to_file(tensors, None, &path).unwrap();
+    let err = load(&dir, None).expect("a mis-shaped scale must fail");
+    assert!(err.contains(&name), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
