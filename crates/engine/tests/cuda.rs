@@ -171,8 +171,18 @@ fn every_family_decodes_token_exact_with_graphs_on() {
                 client.add_request(format!("{name}/{}", c.name), prompt, greedy(c.output_ids.len())).unwrap()
             })
             .collect();
+        // W8A8 oracles reproduce themselves only so far (see `gate::stable_prefixes`).
+        let stable = ferrite_testing::gate::stable_prefixes(&fixture(name)).unwrap();
         for (case, stream) in fits.iter().zip(&mut streams) {
-            assert_eq!(final_tokens(stream), case.output_ids, "{name}/{}: tokens differ", case.name);
+            let n = stable.get(&case.name).map_or(case.output_ids.len(), |&p| p.min(case.output_ids.len()));
+            let tokens = final_tokens(stream);
+            assert_eq!(tokens.len(), case.output_ids.len(), "{name}/{}", case.name);
+            // Inside it a W8A8 case may still part at a near tie (cuBLAS sums in another order
+            // than the oracle's perturbed runs).
+            let first_diff = (0..n).find(|&i| tokens[i] != case.output_ids[i]);
+            let w8a8 = !stable.is_empty();
+            let allowed = first_diff.is_none_or(|i| w8a8 && ferrite_testing::gate::near_tie_at(case, i, tokens[i]));
+            assert!(allowed, "{name}/{}: tokens differ: {tokens:?} vs {:?}", case.name, case.output_ids);
         }
         let counts = llm.client().stats().cuda_graphs;
         println!("GRAPHS {name}: {counts:?}");

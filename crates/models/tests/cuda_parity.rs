@@ -62,7 +62,8 @@ fn every_fixture_on_cuda() {
     for name in &names {
         let dir = fixtures_dir().join("models").join(name);
         let moe = routes_among_experts(&dir);
-        let tolerance = if quantizes_inputs(&dir) { W8A8_LOGPROB_TOLERANCE } else { LOGPROB_TOLERANCE };
+        let w8a8 = quantizes_inputs(&dir);
+        let tolerance = if w8a8 { W8A8_LOGPROB_TOLERANCE } else { LOGPROB_TOLERANCE };
         let stable = stable_prefixes(&dir).unwrap();
         for dtype in [DType::F32, DType::BF16] {
             let (oracle, reports) = match run_fixture_on(&dir, dtype, Device::Cuda(0)) {
@@ -85,7 +86,13 @@ fn every_fixture_on_cuda() {
                     r.name, r.divergence, r.max_logprob_error
                 );
                 match dtype {
-                    DType::F32 if !r.holds_through(stable.get(&r.name).copied().unwrap_or(usize::MAX), tolerance) => {
+                    // The stable prefix is the oracle's own estimate (a float64 and three
+                    // perturbed runs); cuBLAS sums in yet another order, so a W8A8 case may also
+                    // part from it inside the prefix at a near tie.
+                    DType::F32
+                        if !(r.holds_through(stable.get(&r.name).copied().unwrap_or(usize::MAX), tolerance)
+                            || (w8a8 && r.near_tie() && r.max_logprob_error < tolerance)) =>
+                    {
                         failures.push(line)
                     }
                     DType::BF16 if !(r.strict || r.near_tie()) => bf16_misses.push(line),
@@ -94,7 +101,11 @@ fn every_fixture_on_cuda() {
             }
             if dtype == DType::BF16 {
                 let misses = reports.iter().filter(|r| !(r.strict || r.near_tie())).count();
-                if misses > if moe { MOE_BF16_MISSES } else { 0 } {
+                // bf16 moves each activation by up to 2^-9 of itself before it is rounded to
+                // e4m3 (steps of 2^-4), so a few percent of the quantized inputs land on the
+                // other e4m3 neighbour than in the f32 oracle: a W8A8 model in bf16 is compared
+                // and reported, its f32 run above is the gate.
+                if misses > if moe { MOE_BF16_MISSES } else { 0 } && !w8a8 {
                     failures.push(format!("{name} bf16: {misses} cases beyond the near-tie rule (moe: {moe})"));
                 }
                 bf16_total += reports.len();

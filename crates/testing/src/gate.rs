@@ -162,6 +162,14 @@ impl CaseReport {
     }
 }
 
+/// Whether `token` at `step` of `case` differs from the oracle's only at a near tie: the oracle
+/// gave it a logprob within `NEAR_TIE_NATS` of its own choice.
+pub fn near_tie_at(case: &OracleCase, step: usize, token: u32) -> bool {
+    let Some(top) = case.top_logprobs.get(step) else { return false };
+    let best = top.first().map_or(f32::NEG_INFINITY, |t| t.1);
+    top.iter().any(|&(id, lp)| id == token && best - lp <= NEAR_TIE_NATS)
+}
+
 pub fn judge(case: &OracleCase, ours: &Generation) -> CaseReport {
     let mut step_errors = Vec::new();
     let mut divergence = None;
