@@ -21,6 +21,7 @@ Usage:
     .venv-oracle/bin/python tools/oracle/generate_fixtures.py              # all fixtures
     .venv-oracle/bin/python tools/oracle/generate_fixtures.py --only llama mistral
     .venv-oracle/bin/python tools/oracle/generate_fixtures.py --list
+    .venv-oracle/bin/python tools/oracle/generate_fixtures.py --online-fp8 llama   # fixtures/models/llama/oracle-online-fp8.json
 
 Adding a model family = one Spec entry in SPECS (config class name, kwargs over BASE, optional ablation).
 """
@@ -2159,6 +2160,132 @@ def generate_one(spec: Spec, tok, cases, min_gap_req: float) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------------------------
+# Online FP8 oracle (ferrite's --quantization fp8 on an unquantized fixture)
+# --------------------------------------------------------------------------------------------
+
+ONLINE_FP8_FILE = "oracle-online-fp8.json"
+
+
+def online_fp8_weight_check(orig_dir: Path, quant_dir: Path) -> dict[str, Any]:
+    """For every quantized linear of the llmcompressor copy: its F8_E4M3 codes and f32(w8) * weight_scale
+    against ferrite's online rule computed from the fixture's own f32 weights (s = amax_row / 448 in f32,
+    f32 epsilon where 0; w8 = e4m3(clamp(w / s, +-448))). Also the other tensors must be untouched."""
+    from safetensors.torch import load_file
+
+    orig, quant = load_file(str(orig_dir / "model.safetensors")), load_file(str(quant_dir / "model.safetensors"))
+    layers, max_diff, codes_equal = [], 0.0, True
+    for name in sorted(quant):
+        if not name.endswith(".weight_scale"):
+            continue
+        wname = name[: -len("_scale")]
+        w = orig[wname].float()
+        scale_q, w8_q = quant[name].float(), quant[wname]
+        assert w8_q.dtype == torch.float8_e4m3fn and scale_q.shape == (w.shape[0], 1), (wname, w8_q.dtype, scale_q.shape)
+        s = w.abs().amax(dim=1, keepdim=True) / FP8_MAX
+        s = torch.where(s == 0, torch.finfo(torch.float32).eps, s)
+        w8 = (w / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        ours, theirs = w8.float() * s, w8_q.float() * scale_q
+        d = float((ours - theirs).abs().max())
+        same_codes = bool(torch.equal(w8.view(torch.uint8), w8_q.view(torch.uint8))) and bool(torch.equal(s, scale_q))
+        codes_equal &= same_codes
+        max_diff = max(max_diff, d)
+        layers.append(wname)
+    assert layers, "no quantized linear in the llmcompressor copy"
+    untouched = [k for k in orig if k not in {n for l in layers for n in (l, l + "_scale")}]
+    for k in untouched:
+        assert k in quant and torch.equal(orig[k], quant[k]), f"{k} changed by quantization"
+    extra = sorted(set(quant) - set(orig) - {l + "_scale" for l in layers})
+    assert not extra, extra
+    return {"quantized_linears": len(layers), "unquantized_tensors": sorted(untouched),
+            "max_abs_diff_dequantized": max_diff, "codes_and_scales_bit_identical": codes_equal}
+
+
+def generate_online_fp8(name: str, tok) -> dict[str, Any]:
+    """fixtures/models/<name>/oracle-online-fp8.json: the oracle for ferrite loading the (unquantized) fixture
+    with --quantization fp8. The fixture's own weights are quantized in a temporary copy by llmcompressor
+    FP8_DYNAMIC (ignore lm_head), which computes exactly ferrite's online FP8; transformers runs that copy
+    (W8A8, per-token activation fake-quant) on the same battery. The fixture's files are not touched."""
+    t0 = time.time()
+    spec = SPEC_BY_NAME[name]
+    src = MODELS_DIR / name
+    base_oracle = json.loads((src / "oracle.json").read_text(encoding="utf-8"))
+    src_cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    assert "quantization_config" not in src_cfg and spec.repack is None, f"{name}: not a plain unquantized fixture"
+    assert not any(k in src_cfg for k in ("num_local_experts", "num_experts", "n_routed_experts")), \
+        f"{name}: MoE (ferrite leaves experts unquantized, llmcompressor targets every Linear)"
+    cases = fixture_cases(spec, tok, build_battery(tok))
+    assert [c["prompt_ids"] for c in cases] == [c["prompt_ids"] for c in base_oracle["cases"]], "battery drift"
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td) / name
+        shutil.copytree(src, tmp)
+        (tmp / "oracle.json").unlink()
+        _llmcompressor_checkpoint("FP8_DYNAMIC", ["lm_head"])(tmp)
+        weight_check = online_fp8_weight_check(src, tmp)
+        qcfg = json.loads((tmp / "config.json").read_text(encoding="utf-8"))["quantization_config"]
+        results = run_battery(load_fixture(tmp), cases)
+        min_gap, degenerate, distinct = assess(results)
+        robust = robustness(tmp, cases, results, base_oracle["seed"])
+        verify_reload(tmp, cases, results)
+        w8a16_changed = run_ablation(None, _ct_w8a16, tmp, cases, results)
+        assert w8a16_changed > 0, "activation fake-quantization changed no output"
+    changed_vs_f32 = sum(r["output_ids"] != c["output_ids"] for r, c in zip(results, base_oracle["cases"]))
+    oracle = {
+        "generator": GENERATOR + f" --online-fp8 {name}",
+        **versions(),
+        "architecture": base_oracle["architecture"],
+        "model_type": base_oracle["model_type"],
+        "feature": "online FP8 (ferrite --quantization fp8) of fixtures/models/" + name + ": every decoder linear's weight "
+        "rounded to float8_e4m3fn with one f32 scale per output row (amax_row / 448); lm_head, embeddings and norms "
+        "unquantized; W8A8: each quantized linear's input fake-quantized per token (scale = amax / 448)",
+        "dtype": "float32",
+        "save_dtype": base_oracle["save_dtype"],
+        "attn_implementation": "eager",
+        "decoding": base_oracle["decoding"],
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "eos_disabled": True,
+        "eos_note": base_oracle["eos_note"],
+        "top_logprobs_note": base_oracle["top_logprobs_note"],
+        "seed": base_oracle["seed"],
+        "initializer_range": base_oracle["initializer_range"],
+        "const_param_perturb_std": base_oracle["const_param_perturb_std"],
+        "min_top2_gap": min_gap,
+        "distinct_output_tokens": distinct,
+        "ablation": {"change": "activation fake-quantization off (W8A16: quantization_enabled = False)",
+                     "cases_changed": w8a16_changed, "cases": len(cases)},
+        "cases_changed_vs_unquantized_oracle": changed_vs_f32,
+        "quantization_config": qcfg,
+        "weight_check": {"note": "llmcompressor's F8_E4M3 codes and weight_scale against ferrite's rule from the f32 "
+                                 "weights (s = amax_row / 448, f32 eps where 0; e4m3(clamp(w / s, +-448)) * s)",
+                         **weight_check},
+        "robustness": {"note": f"W8A8 is fragile: a last-bit difference can move an activation across an e4m3 rounding "
+                               f"boundary. Per case, stable_prefix = how many leading greedy tokens are the same in a "
+                               f"float64 run and in {ROBUST_PERTURBED_RUNS} f32 runs with every float32 parameter "
+                               f"moved by up to {ROBUST_ULPS} ulps (random per element, generator seed "
+                               f"{base_oracle['seed']} + 7000001) of the quantized copy as transformers loads it; "
+                               f"the weights are the fixture's own (no seed search), so hold an engine to exact "
+                               f"tokens only within stable_prefix",
+                       "runs": robust["runs"], "stable_prefix": robust["stable_prefix"],
+                       "stable_tokens": robust["stable_tokens"], "stable": robust["stable"]},
+        "notes": [f"Made by `generate_fixtures.py --online-fp8 {name}`: fixtures/models/{name} (config.json, "
+                  f"model.safetensors, float32, unchanged) copied to a temporary directory and quantized there by "
+                  f"tools/oracle/fp8_quantize.py in a subprocess: llmcompressor oneshot, QuantizationModifier("
+                  f"targets='Linear', scheme='FP8_DYNAMIC', ignore=['lm_head']), data-free, save_compressed=True. "
+                  f"transformers {transformers.__version__} loads that copy (compressed-tensors, float32, eager, CPU) "
+                  f"and runs the fixture's battery: greedy, 16 tokens, EOS disabled, as oracle.json.",
+                  f"ferrite is judged against this file when it loads fixtures/models/{name} with --quantization fp8 "
+                  f"(online FP8 from the f32 weights); oracle.json stays the unquantized reference.",
+                  "weight_check shows llmcompressor's quantized weights equal ferrite's rule bit for bit, so the only "
+                  "oracle-side approximation left is the activation fake-quant, whose fragility stable_prefix measures."],
+        "cases": [case_record(tok, c, r) for c, r in zip(cases, results)],
+    }
+    write_json(src / ONLINE_FP8_FILE, oracle)
+    print(f"{name}: wrote {src / ONLINE_FP8_FILE}: {len(cases)} cases, min_gap {min_gap:.3e}, "
+          f"stable {robust['stable_prefix']}, weight check {weight_check['max_abs_diff_dequantized']:.1e} "
+          f"(bit-identical {weight_check['codes_and_scales_bit_identical']}), {time.time() - t0:.0f} s")
+    return oracle
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="+", metavar="NAME", help="regenerate only these fixtures")
@@ -2166,6 +2293,9 @@ def main() -> int:
     ap.add_argument("--min-gap", type=float, default=DEFAULT_MIN_GAP)
     ap.add_argument("--verify-only", action="store_true",
                     help="do not regenerate: reload the fixtures from disk and check them against oracle.json")
+    ap.add_argument("--online-fp8", nargs="+", metavar="NAME",
+                    help=f"write fixtures/models/NAME/{ONLINE_FP8_FILE}, the oracle for ferrite's --quantization fp8 "
+                    "on that (unquantized) fixture; nothing else is regenerated")
     args = ap.parse_args()
     if args.list:
         for s in SPECS:
@@ -2179,6 +2309,12 @@ def main() -> int:
         ap.error("fixtures/tokenizer/tokenizer.json missing: run tools/oracle/train_tokenizer.py first")
 
     tok = AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+    if args.online_fp8:
+        for n in args.online_fp8:
+            if n not in SPEC_BY_NAME:
+                ap.error(f"unknown fixture {n}")
+            generate_online_fp8(n, tok)
+        return 0
     if args.verify_only:
         for n in names:
             ncases, steps, diff = verify_recorded(n, tok)
