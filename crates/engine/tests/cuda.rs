@@ -172,7 +172,7 @@ fn every_family_decodes_token_exact_with_graphs_on() {
             })
             .collect();
         // W8A8 oracles reproduce themselves only so far (see `gate::stable_prefixes`).
-        let stable = ferrite_testing::gate::stable_prefixes(&fixture(name)).unwrap();
+        let stable = ferrite_testing::gate::stable_prefixes(&fixture(name).join("oracle.json")).unwrap();
         for (case, stream) in fits.iter().zip(&mut streams) {
             let n = stable.get(&case.name).map_or(case.output_ids.len(), |&p| p.min(case.output_ids.len()));
             let tokens = final_tokens(stream);

@@ -64,7 +64,7 @@ fn every_fixture_on_cuda() {
         let moe = routes_among_experts(&dir);
         let w8a8 = quantizes_inputs(&dir);
         let tolerance = if w8a8 { W8A8_LOGPROB_TOLERANCE } else { LOGPROB_TOLERANCE };
-        let stable = stable_prefixes(&dir).unwrap();
+        let stable = stable_prefixes(&dir.join("oracle.json")).unwrap();
         for dtype in [DType::F32, DType::BF16] {
             let (oracle, reports) = match run_fixture_on(&dir, dtype, Device::Cuda(0)) {
                 Ok(r) => r,

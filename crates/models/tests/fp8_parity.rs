@@ -12,8 +12,9 @@
 
 use std::path::{Path, PathBuf};
 
+use ferrite_models::{load_model, LoadOptions};
 use ferrite_tensor::DType;
-use ferrite_testing::gate::{fixtures_dir, run_fixture, stable_prefixes, summarize, CaseReport};
+use ferrite_testing::gate::{fixtures_dir, greedy, judge, run_fixture, stable_prefixes, summarize, CaseReport, Oracle};
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
 
@@ -30,7 +31,7 @@ fn reports(dir: &Path) -> Vec<CaseReport> {
 /// where the oracle is stable throughout): past it the oracle does not reproduce itself.
 fn gate(name: &str, tolerance: f32) {
     let dir = fixtures_dir().join("models").join(name);
-    let stable = stable_prefixes(&dir).unwrap();
+    let stable = stable_prefixes(&dir.join("oracle.json")).unwrap();
     let reports = reports(&dir);
     for r in &reports {
         let prefix = stable.get(&r.name).copied().unwrap_or(usize::MAX);
@@ -70,6 +71,40 @@ fn compressed_tensors_fp8_dynamic_moe() {
 #[test]
 fn fp8_block_format() {
     gate("qwen3-fp8", LOGPROB_TOLERANCE);
+}
+
+/// `--quantization fp8` on the unquantized llama fixture, against transformers running llama's
+/// own weights as llm-compressor's FP8_DYNAMIC writes them (`oracle-online-fp8.json`; the
+/// generator checks that its weights are bit for bit what ferrite's rounding gives).
+#[test]
+fn online_fp8_matches_llm_compressor_fp8_dynamic() {
+    let dir = fixtures_dir().join("models/llama");
+    let oracle_path = dir.join("oracle-online-fp8.json");
+    let oracle = Oracle::load(&oracle_path).unwrap();
+    let opts = LoadOptions { progress: false, quantization: Some("fp8".into()), ..Default::default() };
+    let model = load_model(&dir, &opts).unwrap().model;
+    let stable = stable_prefixes(&oracle_path).unwrap();
+    let reports: Vec<CaseReport> = oracle
+        .cases
+        .iter()
+        .map(|case| judge(case, &greedy(model.as_ref(), &case.prompt_ids, case.output_ids.len(), 16).unwrap()))
+        .collect();
+    println!("llama --quantization fp8: {}", summarize(&reports));
+    for r in &reports {
+        let prefix = stable.get(&r.name).copied().unwrap_or(usize::MAX);
+        assert!(
+            r.holds_through(prefix, W8A8_LOGPROB_TOLERANCE),
+            "{}: diverged at {:?} within the {prefix} tokens the oracle keeps",
+            r.name,
+            r.divergence
+        );
+    }
+    // The plain llama oracle is not met: the quantization changes every case.
+    let plain = Oracle::load(&dir.join("oracle.json")).unwrap();
+    let unquantized = load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).unwrap().model;
+    let case = &plain.cases[1];
+    let ours = greedy(unquantized.as_ref(), &case.prompt_ids, case.output_ids.len(), 16).unwrap();
+    assert!(!judge(&oracle.cases[1], &ours).strict, "the unquantized model meets the FP8 oracle");
 }
 
 /// A copy of fixture `name` in a fresh directory, its config and tensors passed through `edit`.

@@ -143,8 +143,8 @@ impl CaseReport {
 /// every parameter moved by up to 2 ulps (`robustness.stable_prefix` in oracle.json, written for
 /// W8A8 fixtures, where a last-bit difference can cross an e4m3 rounding boundary). Empty where
 /// the oracle records none: every token is then held.
-pub fn stable_prefixes(dir: &Path) -> Result<std::collections::HashMap<String, usize>> {
-    let path = dir.join("oracle.json");
+pub fn stable_prefixes(oracle_json: &Path) -> Result<std::collections::HashMap<String, usize>> {
+    let path = oracle_json.to_path_buf();
     let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
     let oracle: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| ModelError::Config { path, message: e.to_string() })?;
