@@ -203,11 +203,10 @@ impl ModelRunner {
                 RowUse::PromptLogprob(..) => None,
             })
             .collect();
-        // Requests with drafts are never constrained, so each constrained id has one row.
-        let sample_ids: Vec<ReqId> = sample_rows_of.iter().map(|&(id, _)| id).collect();
+
         let started = std::time::Instant::now();
         let vocab = self.model.info().vocab_size;
-        let constrained = sample_ids.iter().any(|id| self.constraints.contains_key(id));
+        let constrained = sample_rows_of.iter().any(|(id, _)| self.constraints.contains_key(id));
         // The grammar masks depend only on tokens already sampled, so CPU threads fill them while
         // the forward runs (on a GPU, while its kernels are queued and executed).
         let mut mask_timing = (std::time::Duration::ZERO, std::time::Duration::ZERO);
@@ -215,7 +214,12 @@ impl ModelRunner {
             let masks = constrained.then(|| {
                 scope.spawn(|| {
                     let start = std::time::Instant::now();
-                    let masks = fill_token_masks(&mut self.constraints, &sample_ids, vocab);
+                    let masks = fill_token_masks(
+                        &mut self.constraints,
+                        &sample_rows_of,
+                        &so.scheduled_spec_decode_tokens,
+                        vocab,
+                    );
                     (masks, start.elapsed())
                 })
             });
@@ -369,7 +373,7 @@ impl ModelRunner {
                     self.constraints.insert(id, grammar.start());
                 }
             } else if let Some(c) = self.constraints.get_mut(&id) {
-                c.accept(kept[0].token_id);
+                kept.iter().for_each(|t| c.accept(t.token_id));
             }
             out.sampled.insert(id, kept);
         }
@@ -377,22 +381,40 @@ impl ModelRunner {
     }
 }
 
-/// The token bitmask of a step's sampled rows, in `sample_ids` order: each constrained row from
-/// its grammar, every other row all ones.
-fn fill_token_masks(constraints: &mut HashMap<ReqId, TokenConstraint>, sample_ids: &[ReqId], vocab: usize) -> Vec<u32> {
+/// The token bitmask of a step's sampled rows, in `rows` order: each constrained request's rows
+/// from its grammar (after each row's drafts), every other row all ones.
+fn fill_token_masks(
+    constraints: &mut HashMap<ReqId, TokenConstraint>,
+    rows: &[(ReqId, usize)],
+    drafts: &HashMap<ReqId, Vec<u32>>,
+    vocab: usize,
+) -> Vec<u32> {
     let words = mask_words(vocab);
-    let row_of: HashMap<ReqId, usize> = sample_ids.iter().enumerate().map(|(row, &id)| (id, row)).collect();
-    let mut by_row: Vec<Option<&mut TokenConstraint>> = sample_ids.iter().map(|_| None).collect();
-    for (id, c) in constraints.iter_mut() {
-        if let Some(&row) = row_of.get(id) {
-            by_row[row] = Some(c);
-        }
+    // A request's rows are consecutive: its first row and how many.
+    let mut span: HashMap<ReqId, (usize, usize)> = HashMap::new();
+    for (row, &(id, _)) in rows.iter().enumerate() {
+        span.entry(id).or_insert((row, 0)).1 += 1;
     }
-    let mut bitmask = vec![u32::MAX; sample_ids.len() * words];
-    bitmask.par_chunks_mut(words).zip(by_row.into_par_iter()).for_each(|(row, c)| {
-        if let Some(c) = c {
-            c.fill_mask(row);
-        }
-    });
+    let mut bitmask = vec![u32::MAX; rows.len() * words];
+    let mut jobs: Vec<(usize, usize, &mut TokenConstraint, &[u32])> = constraints
+        .iter_mut()
+        .filter_map(|(id, c)| {
+            let &(first, n) = span.get(id)?;
+            Some((first, n, c, drafts.get(id).map_or(&[][..], Vec::as_slice)))
+        })
+        .collect();
+    jobs.sort_by_key(|j| j.0);
+    // Carve each job's rows out of the bitmask so the jobs run in parallel.
+    let mut rest = bitmask.as_mut_slice();
+    let mut taken = 0;
+    let mut slices = Vec::with_capacity(jobs.len());
+    for (first, n, c, d) in jobs {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut((first - taken) * words);
+        let (mine, tail) = tail.split_at_mut(n * words);
+        rest = tail;
+        taken = first + n;
+        slices.push((mine, c, d));
+    }
+    slices.into_par_iter().for_each(|(mine, c, d)| c.fill_masks_along(d, mine, words));
     bitmask
 }

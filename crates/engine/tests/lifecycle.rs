@@ -60,7 +60,12 @@ fn dropping_streams_aborts_and_returns_every_block() {
         let first = s.blocking_next().expect("a first output");
         assert!(!first.finished);
     }
-    assert!(client.stats().kv_blocks_used > 0);
+    // The stats snapshot is published after the step that sent those outputs: poll for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while client.stats().kv_blocks_used == 0 {
+        assert!(std::time::Instant::now() < deadline, "no KV block in use while 11 requests run");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
     drop(streams);
     wait_idle(&client);
     let stats = client.stats();

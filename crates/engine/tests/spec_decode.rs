@@ -96,3 +96,31 @@ fn stops_inside_an_accepted_run_end_the_request_where_they_fall() {
     }
     wait_idle(&spec.client());
 }
+
+/// With structured outputs each verified position is drawn under the grammar's mask after the
+/// drafts before it, and a draft the grammar refuses ends the run: outputs stay the same, and
+/// the constrained requests do accept drafts.
+#[test]
+fn structured_outputs_constrain_every_verified_position() {
+    use ferrite_engine::{Constraint, StructuredOutputs};
+    let plain = llm("llama", config());
+    let spec = with_spec("llama", 4);
+    let prompts = prompts("llama");
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["items"]
+    });
+    for constraint in [Constraint::Regex("[a-z ]{1,80}\\.".into()), Constraint::Json(schema)] {
+        let before = spec.client().stats().spec_decode;
+        let params =
+            SamplingParams { structured_outputs: Some(StructuredOutputs::new(constraint.clone())), ..greedy(40) };
+        let want = outputs(&plain, &prompts, &params);
+        let got = outputs(&spec, &prompts, &params);
+        assert_eq!(got, want, "{constraint:?}");
+        let after = spec.client().stats().spec_decode;
+        let accepted = after.num_accepted_tokens - before.num_accepted_tokens;
+        assert!(accepted > 0, "{constraint:?}: no draft was accepted under the grammar");
+        println!("{constraint:?}: {} drafts, {accepted} accepted", after.num_drafts - before.num_drafts);
+    }
+}

@@ -129,6 +129,46 @@ impl TokenConstraint {
         }
     }
 
+    /// The masks of a speculative verify step: row `j` of `rows` (`words` words each) gets the
+    /// tokens allowed after `drafts[..j]`. Once the grammar is complete every later row allows
+    /// only the end of the sequence, as single steps would. Other rows past the first draft
+    /// the grammar refuses keep what they hold: the draw before them cannot equal that draft,
+    /// so verification stops there. The constraint is left where it was.
+    pub fn fill_masks_along(&mut self, drafts: &[u32], rows: &mut [u32], words: usize) {
+        let valid = if self.matcher.is_stopped() {
+            0
+        } else {
+            match self.matcher.validate_tokens(drafts) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.warn(&e.to_string());
+                    0
+                }
+            }
+        };
+        let mut consumed = 0;
+        for (j, row) in rows.chunks_mut(words).enumerate() {
+            if j > valid && !self.matcher.is_stopped() {
+                break;
+            }
+            self.fill_mask(row);
+            if j < valid {
+                match self.matcher.consume_token(drafts[j]) {
+                    Ok(()) => consumed += 1,
+                    Err(e) => {
+                        self.warn(&e.to_string());
+                        break;
+                    }
+                }
+            }
+        }
+        if consumed > 0 {
+            if let Err(e) = self.matcher.rollback(consumed) {
+                self.warn(&e.to_string());
+            }
+        }
+    }
+
     /// Whether the grammar is complete: only the end of the sequence may follow.
     pub fn is_finished(&self) -> bool {
         self.matcher.is_stopped()

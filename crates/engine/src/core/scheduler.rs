@@ -152,13 +152,15 @@ impl Scheduler {
     }
 
     /// Proposes the next step's drafts for every running request that is decoding, as many as
-    /// it may still generate after the token the step draws itself. Structured-output requests
-    /// get none: their grammar would have to run ahead through the drafts.
+    /// it may still generate after the token the step draws itself. A structured-output request
+    /// whose grammar waits for the end of a reasoning section gets none: the runner starts its
+    /// grammar one token at a time.
     pub fn propose_drafts(&mut self, spec: &SpeculativeConfig) {
         for id in &self.running {
             let Some(req) = self.requests.get_mut(id) else { continue };
             let decoding = req.num_computed_tokens + 1 == req.num_tokens();
-            if !decoding || req.sampling.grammar.is_some() {
+            let after_reasoning = req.sampling.params.structured_outputs_after.as_ref().is_some_and(|m| !m.is_empty());
+            if !decoding || (req.sampling.grammar.is_some() && after_reasoning) {
                 continue;
             }
             let room = (req.sampling.max_tokens.saturating_sub(req.num_output_tokens()))
