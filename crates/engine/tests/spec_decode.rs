@@ -124,3 +124,31 @@ fn structured_outputs_constrain_every_verified_position() {
         println!("{constraint:?}: {} drafts, {accepted} accepted", after.num_drafts - before.num_drafts);
     }
 }
+
+/// Drafts survive the scheduler's hard cases: a pool so small that requests are preempted and
+/// recomputed mid-run, and requests that end at the context limit, where drafts must not run
+/// past `max_model_len`.
+#[test]
+fn preemption_and_the_context_limit_keep_outputs_identical() {
+    let small = EngineConfig { kv_cache_memory: kv_memory("llama", 12), ..config() };
+    let plain = llm("llama", small.clone());
+    let spec = llm("llama", EngineConfig { speculative: Some(ngram(4)), ..small });
+    let short = |p: &PromptInput| matches!(p, PromptInput::Tokens(t) if t.len() <= 120);
+    let prompts: Vec<PromptInput> = prompts("llama").into_iter().filter(short).collect();
+    let params = greedy(60);
+    let want = outputs(&plain, &prompts, &params);
+    assert_eq!(outputs(&spec, &prompts, &params), want);
+    assert!(spec.client().stats().num_preemptions > 0, "the pool was large enough to never preempt");
+    assert!(spec.client().stats().spec_decode.num_accepted_tokens > 0);
+    wait_idle(&spec.client());
+
+    let short = EngineConfig { max_model_len: Some(64), ..config() };
+    let plain = llm("llama", short.clone());
+    let spec = llm("llama", EngineConfig { speculative: Some(ngram(6)), ..short });
+    let cycle: Vec<u32> = (0..40).map(|i| [17, 250, 3, 99][i % 4]).collect();
+    let params = SamplingParams { max_tokens: None, ..greedy(1) };
+    let want = outputs(&plain, &[PromptInput::Tokens(cycle.clone())], &params);
+    let got = outputs(&spec, &[PromptInput::Tokens(cycle)], &params);
+    assert_eq!(got, want);
+    assert_eq!(got[0].0.len(), 64 - 40, "generation runs to the context limit");
+}
