@@ -213,7 +213,7 @@ impl Engine {
         let stats = Arc::new(Mutex::new(EngineStats { kv_blocks_total: cache.num_blocks, ..Default::default() }));
         let mut scheduler = Scheduler::new(sched_config);
         if let Some(spec) = &config.speculative {
-            scheduler.enable_spec_decode_stats(spec.num_speculative_tokens);
+            scheduler.enable_speculation(spec);
         }
         let core = EngineCore {
             scheduler,
@@ -856,9 +856,7 @@ impl EngineCore {
                 let (stopped, disconnected) = self.processor.process(outputs);
                 self.scheduler.finish_requests(&stopped, FinishReason::Stop);
                 self.scheduler.finish_requests(&disconnected, FinishReason::Abort);
-                if let Some(spec) = &self.speculative {
-                    self.scheduler.propose_drafts(spec);
-                }
+                self.scheduler.propose_drafts();
             }
             Err(e) => {
                 tracing::error!(error = %e, "model step failed");
@@ -886,9 +884,10 @@ impl EngineCore {
         for pid in self.processor.all_parents() {
             self.processor.terminate(pid, FinishReason::Error, Some(message.clone()));
         }
-        let spec_stats = self.scheduler.spec_decode_stats();
         self.scheduler = Scheduler::new(self.sched_config);
-        self.scheduler.enable_spec_decode_stats(spec_stats.num_speculative_tokens);
+        if let Some(spec) = &self.speculative {
+            self.scheduler.enable_speculation(spec);
+        }
         self.runner.reset();
     }
 

@@ -19,6 +19,7 @@ pub mod pooling;
 pub mod runner;
 pub mod sampler;
 pub mod spec_decode;
+pub mod suffix_tree;
 
 pub use config::{CacheConfig, EngineConfig};
 pub use engine::{Engine, EngineClient, EngineStats, IterationTokens, ProcessedRequest, PromptInput, RequestStream};

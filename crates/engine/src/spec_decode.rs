@@ -13,25 +13,31 @@
 
 use serde_json::Value;
 
+use crate::core::ReqId;
 use crate::error::{EngineError, Result};
+use crate::suffix_tree::SuffixCache;
+pub use crate::suffix_tree::SuffixParams;
 
 /// `--speculative-config`, as vLLM parses it (the methods built so far).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SpeculativeConfig {
     /// Drafts proposed per request and step (`num_speculative_tokens`).
     pub num_speculative_tokens: usize,
     pub method: SpeculativeMethod,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SpeculativeMethod {
     /// Prompt lookup: the tokens that followed the longest earlier occurrence of the sequence's
     /// last `prompt_lookup_min..=prompt_lookup_max` tokens.
     Ngram { prompt_lookup_min: usize, prompt_lookup_max: usize },
+    /// Suffix decoding over the request's prompt and the responses so far (see
+    /// [`crate::suffix_tree`]).
+    Suffix(SuffixParams),
 }
 
 /// Methods vLLM accepts that are not built here: refused by name at start-up.
-const NOT_BUILT: &[&str] = &["suffix", "draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp"];
+const NOT_BUILT: &[&str] = &["draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp"];
 
 /// Most drafts a step verifies per request, as vLLM bounds them.
 pub const MAX_SPECULATIVE_TOKENS: usize = 32;
@@ -51,6 +57,10 @@ impl SpeculativeConfig {
             "prompt_lookup_max",
             "model",
             "draft_tensor_parallel_size",
+            "suffix_decoding_max_tree_depth",
+            "suffix_decoding_max_cached_requests",
+            "suffix_decoding_max_spec_factor",
+            "suffix_decoding_min_token_prob",
         ];
         if let Some(k) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
             return Err(bad(format!("unknown key `{k}` (known: {})", KEYS.join(", "))));
@@ -84,26 +94,95 @@ impl SpeculativeConfig {
                 }
                 SpeculativeMethod::Ngram { prompt_lookup_min: min, prompt_lookup_max: max }
             }
-            m if NOT_BUILT.contains(&m) => {
-                return Err(bad(format!("method `{m}` is not built in ferrite yet (built: ngram)")));
+            "suffix" => {
+                let defaults = SuffixParams::default();
+                let fraction = |key: &str, default: f32, max: f32| -> Result<f32> {
+                    match obj.get(key) {
+                        None | Some(Value::Null) => Ok(default),
+                        Some(v) => v
+                            .as_f64()
+                            .map(|f| f as f32)
+                            .filter(|f| f.is_finite() && *f >= 0.0 && *f <= max)
+                            .ok_or_else(|| bad(format!("`{key}` must be a number in [0, {max}], got {v}"))),
+                    }
+                };
+                let max_tree_depth =
+                    count("suffix_decoding_max_tree_depth")?.unwrap_or(defaults.max_tree_depth).min(1 << 12);
+                let max_cached_requests = match obj.get("suffix_decoding_max_cached_requests") {
+                    None | Some(Value::Null) => defaults.max_cached_requests,
+                    Some(v) => v.as_u64().map(|n| n as usize).ok_or_else(|| {
+                        bad(format!("`suffix_decoding_max_cached_requests` must be a count, got {v}"))
+                    })?,
+                };
+                SpeculativeMethod::Suffix(SuffixParams {
+                    max_tree_depth,
+                    max_cached_requests,
+                    max_spec_factor: fraction("suffix_decoding_max_spec_factor", defaults.max_spec_factor, 1e6)?,
+                    min_token_prob: fraction("suffix_decoding_min_token_prob", defaults.min_token_prob, 1.0)?,
+                })
             }
-            "" => return Err(bad("`method` is missing (built: ngram)".into())),
+            m if NOT_BUILT.contains(&m) => {
+                return Err(bad(format!("method `{m}` is not built in ferrite yet (built: ngram, suffix)")));
+            }
+            "" => return Err(bad("`method` is missing (built: ngram, suffix)".into())),
             m => return Err(bad(format!("unknown method `{m}`"))),
         };
-        let k = count("num_speculative_tokens")?.ok_or_else(|| bad("`num_speculative_tokens` is missing".into()))?;
+        // Suffix decoding drafts up to its tree depth unless told otherwise, as in vLLM.
+        let k = match (count("num_speculative_tokens")?, method) {
+            (Some(k), _) => k,
+            (None, SpeculativeMethod::Suffix(p)) => p.max_tree_depth.min(MAX_SPECULATIVE_TOKENS),
+            (None, _) => return Err(bad("`num_speculative_tokens` is missing".into())),
+        };
         if k > MAX_SPECULATIVE_TOKENS {
             return Err(bad(format!("num_speculative_tokens {k} is above {MAX_SPECULATIVE_TOKENS}")));
         }
         Ok(SpeculativeConfig { num_speculative_tokens: k, method })
     }
 
-    /// Up to `k` drafts to follow `tokens` (prompt and output so far); `k` is already bounded
-    /// by what the request may still generate.
-    pub fn propose(&self, tokens: &[u32], k: usize) -> Vec<u32> {
-        match self.method {
+    /// The drafter this configuration describes, with its own state.
+    pub fn drafter(&self) -> Drafter {
+        let kind = match self.method {
             SpeculativeMethod::Ngram { prompt_lookup_min, prompt_lookup_max } => {
-                ngram_lookup(tokens, prompt_lookup_min, prompt_lookup_max, k.min(self.num_speculative_tokens))
+                DrafterKind::Ngram { min: prompt_lookup_min, max: prompt_lookup_max }
             }
+            SpeculativeMethod::Suffix(params) => DrafterKind::Suffix(Box::new(SuffixCache::new(params))),
+        };
+        Drafter { k: self.num_speculative_tokens, kind }
+    }
+}
+
+/// Proposes drafts for the scheduler's running requests.
+#[derive(Debug)]
+pub struct Drafter {
+    k: usize,
+    kind: DrafterKind,
+}
+
+#[derive(Debug)]
+enum DrafterKind {
+    Ngram { min: usize, max: usize },
+    Suffix(Box<SuffixCache>),
+}
+
+impl Drafter {
+    pub fn num_speculative_tokens(&self) -> usize {
+        self.k
+    }
+
+    /// Up to `room` (and `k`) drafts to follow request `id`'s `tokens`, the first `num_prompt`
+    /// of which are its prompt.
+    pub fn propose(&mut self, id: ReqId, tokens: &[u32], num_prompt: usize, room: usize) -> Vec<u32> {
+        let k = room.min(self.k);
+        match &mut self.kind {
+            DrafterKind::Ngram { min, max } => ngram_lookup(tokens, *min, *max, k),
+            DrafterKind::Suffix(cache) => cache.propose(id, tokens, num_prompt, k),
+        }
+    }
+
+    /// Request `id` is finished (or aborted): a drafter that indexes requests lets it go.
+    pub fn finish(&mut self, id: ReqId) {
+        if let DrafterKind::Suffix(cache) = &mut self.kind {
+            cache.finish(id);
         }
     }
 }
@@ -184,6 +263,7 @@ mod tests {
         assert_eq!(c.unwrap().method, SpeculativeMethod::Ngram { prompt_lookup_min: 4, prompt_lookup_max: 4 });
         for (json, needle) in [
             (r#"{"method": "eagle3", "num_speculative_tokens": 2}"#, "`eagle3` is not built"),
+            (r#"{"method": "suffix", "suffix_decoding_min_token_prob": 2}"#, "suffix_decoding_min_token_prob"),
             (r#"{"model": "/d", "num_speculative_tokens": 2}"#, "`draft_model` is not built"),
             (r#"{"method": "ngram"}"#, "num_speculative_tokens"),
             (r#"{"method": "ngram", "num_speculative_tokens": 0}"#, "positive integer"),

@@ -152,3 +152,27 @@ fn preemption_and_the_context_limit_keep_outputs_identical() {
     assert_eq!(got, want);
     assert_eq!(got[0].0.len(), 64 - 40, "generation runs to the context limit");
 }
+
+/// Suffix decoding is as lossless, and learns: once a batch's responses are in its global tree,
+/// the same requests again accept most of their drafts.
+#[test]
+fn suffix_speculation_learns_from_finished_responses() {
+    let spec = SpeculativeConfig::parse(r#"{"method": "suffix", "num_speculative_tokens": 6}"#).unwrap();
+    let plain = llm("llama", config());
+    let suffix = llm("llama", EngineConfig { speculative: Some(spec), ..config() });
+    let prompts = prompts("llama");
+    let params = greedy(40);
+    let want = outputs(&plain, &prompts, &params);
+    let rate = |a: ferrite_engine::SpecDecodeStats, b: ferrite_engine::SpecDecodeStats| {
+        (b.num_accepted_tokens - a.num_accepted_tokens) as f64 / (b.num_draft_tokens - a.num_draft_tokens).max(1) as f64
+    };
+    let s0 = suffix.client().stats().spec_decode;
+    assert_eq!(outputs(&suffix, &prompts, &params), want);
+    let s1 = suffix.client().stats().spec_decode;
+    let alone: Vec<_> = prompts.iter().map(|p| outputs(&suffix, std::slice::from_ref(p), &params).remove(0)).collect();
+    assert_eq!(alone, want);
+    let s2 = suffix.client().stats().spec_decode;
+    println!("suffix: first pass {:.2} of drafts accepted, repeat {:.2}", rate(s0, s1), rate(s1, s2));
+    assert!(s2.num_accepted_tokens - s1.num_accepted_tokens > s1.num_accepted_tokens - s0.num_accepted_tokens);
+    assert!(rate(s1, s2) > 0.8, "repeated requests should mostly accept: {}", rate(s1, s2));
+}

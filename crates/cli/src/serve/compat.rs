@@ -42,7 +42,7 @@ pub struct VllmFlags {
     #[arg(long, overrides_with = "enable_chunked_prefill", help_heading = "SchedulerConfig")]
     pub no_enable_chunked_prefill: bool,
     /// Speculative decoding as JSON, e.g. '{"method": "ngram", "num_speculative_tokens": 4,
-    /// "prompt_lookup_max": 4}' (methods built: ngram).
+    /// "prompt_lookup_max": 4}' (methods built: ngram, suffix).
     #[arg(long, help_heading = "SpeculativeConfig")]
     pub speculative_config: Option<String>,
     /// LoRA adapters (not built yet).

@@ -11,7 +11,7 @@ use super::request::{Request, RequestStatus};
 use super::{BlockId, ReqId};
 use crate::output::{FinishReason, StopReason, TokenLogprob};
 use crate::params::RequestSampling;
-use crate::spec_decode::{SpecDecodeStats, SpeculativeConfig};
+use crate::spec_decode::{Drafter, SpecDecodeStats, SpeculativeConfig};
 
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulerConfig {
@@ -100,6 +100,7 @@ pub struct Scheduler {
     finished_req_ids: Vec<ReqId>,
     num_preemptions: u64,
     spec_stats: SpecDecodeStats,
+    drafter: Option<Drafter>,
 }
 
 impl Scheduler {
@@ -118,6 +119,7 @@ impl Scheduler {
             finished_req_ids: Vec::new(),
             num_preemptions: 0,
             spec_stats: SpecDecodeStats::default(),
+            drafter: None,
         }
     }
 
@@ -146,16 +148,18 @@ impl Scheduler {
         self.spec_stats
     }
 
-    /// Turns speculation's counters on (they report `k` drafts a step).
-    pub fn enable_spec_decode_stats(&mut self, k: usize) {
-        self.spec_stats.num_speculative_tokens = k;
+    /// Drafts from now on (and counts them) with the drafter `spec` describes.
+    pub fn enable_speculation(&mut self, spec: &SpeculativeConfig) {
+        self.spec_stats.num_speculative_tokens = spec.num_speculative_tokens;
+        self.drafter = Some(spec.drafter());
     }
 
     /// Proposes the next step's drafts for every running request that is decoding, as many as
     /// it may still generate after the token the step draws itself. A structured-output request
     /// whose grammar waits for the end of a reasoning section gets none: the runner starts its
     /// grammar one token at a time.
-    pub fn propose_drafts(&mut self, spec: &SpeculativeConfig) {
+    pub fn propose_drafts(&mut self) {
+        let Some(drafter) = &mut self.drafter else { return };
         for id in &self.running {
             let Some(req) = self.requests.get_mut(id) else { continue };
             let decoding = req.num_computed_tokens + 1 == req.num_tokens();
@@ -165,7 +169,8 @@ impl Scheduler {
             }
             let room = (req.sampling.max_tokens.saturating_sub(req.num_output_tokens()))
                 .min(self.config.max_model_len.saturating_sub(req.num_tokens()));
-            req.spec_token_ids = spec.propose(&req.all_token_ids, room.saturating_sub(1));
+            req.spec_token_ids =
+                drafter.propose(*id, &req.all_token_ids, req.num_prompt_tokens, room.saturating_sub(1));
         }
     }
 
@@ -381,6 +386,9 @@ impl Scheduler {
     }
 
     fn retire(&mut self, id: ReqId) {
+        if let Some(drafter) = &mut self.drafter {
+            drafter.finish(id);
+        }
         self.kv.free(id);
         self.running.retain(|&r| r != id);
         self.waiting.retain(|&r| r != id);
