@@ -126,6 +126,9 @@ class Spec:
     # a float64 run and in ROBUST_PERTURBED_RUNS f32 runs whose float32 weights are moved by up to
     # ROBUST_ULPS ulps at random.
     robust: bool = False
+    # Check on the saved fixture as transformers loads it (e.g. dequantized weights against the checkpoint);
+    # asserts, and its result goes into oracle.json as `load_check`.
+    load_check: Callable[[Path], dict] | None = None
 
 
 @dataclass
@@ -577,8 +580,13 @@ def _fp8_block_dequantize(q: torch.Tensor, scale: torch.Tensor, block: int = 128
     return (qb * scale[:, None, :, None]).reshape(out_f, in_f)
 
 
+# Suffixes of the checkpoint weights quantized (under model.layers.): attention (incl. DeepSeek MLA's
+# q_a / q_b / kv_a_proj_with_mqa / kv_b), dense MLPs and every routed / shared expert's gate / up / down
+# (per-expert tensors `mlp.experts.{e}.*_proj.weight`, as the checkpoints ship them). The MoE router
+# (`mlp.gate.weight`, DeepSeek's `e_score_correction_bias`) does not match and stays unquantized.
 FP8_BLOCK_LINEARS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight",
-                     "up_proj.weight", "down_proj.weight")
+                     "up_proj.weight", "down_proj.weight", "q_a_proj.weight", "q_b_proj.weight",
+                     "kv_a_proj_with_mqa.weight", "kv_b_proj.weight")
 
 
 def _fp8_block_checkpoint(out_dir: Path) -> None:
@@ -601,17 +609,83 @@ def _fp8_block_config(cfg: dict[str, Any]) -> None:
                                   "weight_block_size": [128, 128]}
 
 
-def _fp8_block_mean_scale(model: torch.nn.Module) -> None:
-    """Undoes the per-block scales of the (dequantized at load) linears, re-applying each matrix's mean
-    weight_scale_inv instead, read from the fixture on disk: the per-block scale layout must matter."""
+def _fp8_block_expected(model: torch.nn.Module, tensors: dict[str, torch.Tensor], scale=None):
+    """(name, what the loaded parameter must equal, quantized checkpoint names) for every parameter of `model`
+    that comes from FP8 tensors of `tensors` (the fixture's model.safetensors): f32(w8) * weight_scale_inv per
+    128x128 block, or `scale(q, s)` instead where given. transformers (on CPU, dequantize at load) fuses the
+    per-expert tensors into `mlp.experts.gate_up_proj` [E, 2 * I, H] (gate rows then up rows per expert) and
+    `mlp.experts.down_proj` [E, H, I]."""
+    deq = scale or _fp8_block_dequantize
+
+    def one(n: str) -> torch.Tensor:
+        return deq(tensors[n], tensors[n + "_scale_inv"])
+
+    for name, p in model.named_parameters():
+        if name + "_scale_inv" in tensors:
+            yield name, one(name), [name]
+        elif name.endswith("mlp.experts.gate_up_proj") or name.endswith("mlp.experts.down_proj"):
+            pre = name[: -len("gate_up_proj")] if name.endswith("gate_up_proj") else name[: -len("down_proj")]
+            kinds = ("gate_proj", "up_proj") if name.endswith("gate_up_proj") else ("down_proj",)
+            names = [[f"{pre}{e}.{k}.weight" for k in kinds] for e in range(p.shape[0])]
+            if all(n + "_scale_inv" in tensors for ns in names for n in ns):
+                yield name, torch.stack([torch.cat([one(n) for n in ns], 0) for ns in names]), sum(names, [])
+
+
+def _fp8_block_mean_scale_where(keep: Callable[[str], bool]):
+    """Ablation: the dequantized-at-load weights whose parameter name passes `keep` are replaced by f32(w8) x
+    the matrix's mean weight_scale_inv (read from the fixture on disk): the per-block scale layout must matter."""
+
+    def ablate(model: torch.nn.Module) -> None:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(Path(model.config._name_or_path) / "model.safetensors"))
+        params = dict(model.named_parameters())
+        n = 0
+        with torch.no_grad():
+            for name, want, _ in _fp8_block_expected(model, tensors, scale=lambda q, s: q.to(torch.float32) * s.mean()):
+                if keep(name):
+                    params[name].copy_(want)
+                    n += 1
+        assert n > 0, "no FP8 block weight ablated"
+
+    return ablate
+
+
+_fp8_block_mean_scale = _fp8_block_mean_scale_where(lambda name: True)
+_fp8_block_mean_scale_experts = _fp8_block_mean_scale_where(lambda name: ".mlp.experts." in name)
+
+
+def fp8_block_load_check(fixture_dir: Path) -> dict[str, Any]:
+    """transformers' load of the `fp8` block fixture (CPU, default settings) against the checkpoint: every
+    parameter built from FP8 tensors must equal f32(w8) * weight_scale_inv per 128x128 block exactly
+    (torch.equal), every other parameter the saved tensor upcast, and every checkpoint tensor must be used."""
     from safetensors.torch import load_file
 
-    tensors = load_file(str(Path(model.config._name_or_path) / "model.safetensors"))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name + "_scale_inv" in tensors:
-                q, s = tensors[name], tensors[name + "_scale_inv"]
-                p.copy_(q.to(torch.float32) * s.mean())
+    tensors = load_file(str(fixture_dir / "model.safetensors"))
+    model = load_fixture(fixture_dir)
+    quant, used, fused = 0, set(), {}
+    for name, want, src in _fp8_block_expected(model, tensors):
+        p = dict(model.named_parameters())[name]
+        assert p.dtype == torch.float32 and torch.equal(p.detach(), want), f"{name}: loaded != f32(w8) * scale"
+        quant += len(src)
+        used.update(src + [n + "_scale_inv" for n in src])
+        if len(src) > 1:
+            fused[name] = list(p.shape)
+    state = model.state_dict()
+    for name, t in tensors.items():
+        if name in used:
+            continue
+        assert t.dtype != torch.float8_e4m3fn and not name.endswith("_scale_inv"), f"{name}: FP8 tensor not checked"
+        assert name in state and torch.equal(state[name], t.to(torch.float32)), f"{name}: unquantized tensor changed"
+        used.add(name)
+    qm = [n for n in tensors if tensors[n].dtype == torch.float8_e4m3fn]
+    assert quant == len(qm) > 0, (quant, len(qm))
+    assert not any(type(m).__name__.startswith("FP8") for m in model.modules()), "FP8 modules kept (not W8A16)"
+    return {"note": "the fixture as transformers loads it on CPU (default settings: FineGrainedFP8 dequantize=True, "
+                    "plain nn.Linear / experts modules, W8A16) against the checkpoint: each parameter from FP8 "
+                    "tensors torch.equal to f32(w8) * weight_scale_inv per 128x128 block; each other tensor "
+                    "equal to the saved one upcast",
+            "quantized_matrices": quant, "fused_expert_params": fused, "all_equal": True}
 
 
 def _gemma4_hub_spelling(cfg: dict[str, Any]) -> None:
@@ -1749,6 +1823,82 @@ SPECS: list[Spec] = [
                "QuantizationModifier(targets='Linear', scheme='FP8_DYNAMIC', ignore=['lm_head', 're:.*mlp.gate$']), "
                "model loaded in float32 (the bf16-saved fixture upcast, so embed, norms, lm_head and the scales are stored F32), data-free"],
     ),
+    Spec(
+        name="deepseek-v3-fp8",
+        config_class="DeepseekV3Config",
+        architecture="DeepseekV3ForCausalLM",
+        save_dtype="bfloat16",
+        init_fn=init_correction_bias(0.1),
+        kwargs=dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, intermediate_size=384,
+                    moe_intermediate_size=256, q_lora_rank=128, kv_lora_rank=128, qk_nope_head_dim=64,
+                    qk_rope_head_dim=128, v_head_dim=64, n_routed_experts=6, n_shared_experts=1,
+                    num_experts_per_tok=2, first_k_dense_replace=1, n_group=3, topk_group=2,
+                    routed_scaling_factor=2.5, norm_topk_prob=True, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="DeepSeek-V3 `fp8` block checkpoint (quantization_config {quant_method fp8, fmt e4m3, activation_scheme "
+        "dynamic, weight_block_size [128, 128]}): MLA q_a_proj / q_b_proj / kv_a_proj_with_mqa / kv_b_proj / o_proj, "
+        "the dense MLP (layer 0) and every routed and shared expert's gate / up / down float8_e4m3fn + f32 "
+        "weight_scale_inv [out / 128, in / 128]; router mlp.gate (+ e_score_correction_bias), embed, norms, lm_head "
+        "bf16. transformers on CPU dequantizes at load (W8A16). Model: MLA (q_lora_rank 128, kv_lora_rank 128, 2 "
+        "heads, nope 64 + rope 128, v 64, interleaved rope), noaux_tc router (sigmoid + correction bias N(0, 0.1), "
+        "top-2 of 3 groups by their two best scores, top-2 of 6 experts, renormalised x 2.5), 1 shared expert, first_k_dense_replace 1; "
+        "every quantized dim a multiple of 128",
+        ablate_fn=_fp8_block_mean_scale,
+        ablation_desc="per-block weight_scale_inv -> the matrix's mean scale (every quantized matrix)",
+        extra_ablations=[
+            Ablate("expert weight_scale_inv -> each expert matrix's mean scale (routed experts only)",
+                   fn=_fp8_block_mean_scale_experts),
+            Ablate("n_group 3 / topk_group 2 -> 1 / 1 (no group limit)", config=dict(n_group=1, topk_group=1)),
+            Ablate("routed_scaling_factor 2.5 -> 1.0", config=dict(routed_scaling_factor=1.0)),
+        ],
+        edit_saved_config=_fp8_block_config,
+        edit_saved_weights=_fp8_block_checkpoint,
+        probe=routing_probe,
+        load_check=fp8_block_load_check,
+        notes=["Written by _fp8_block_checkpoint: per 128x128 block scale = amax(|w|) / 448 in f32 (w the bf16 "
+               "weight upcast), w8 = (w / scale).clamp(+-448).to(float8_e4m3fn) (round to nearest even), "
+               "weight_scale_inv = scale (the name is DeepSeek's; it multiplies). Experts are per-expert tensors "
+               "mlp.experts.{e}.{gate,up,down}_proj.weight (+ _scale_inv), as DeepSeek-V3 ships them.",
+               "Dims chosen so every quantized matrix is a multiple of 128 both ways (transformers infers the block "
+               "from the scale grid and cannot take a partial last block): kv_a_proj_with_mqa out = kv_lora_rank "
+               "128 + qk_rope_head_dim 128 = 256 and kv_b_proj in = kv_lora_rank 128 force both to multiples of 128 "
+               "(real DeepSeek-V3 has 512 + 64 = 576, a partial block); hidden 128 keeps the fixture under 2 MB.",
+               "W8A16 (transformers dequantizes at load on CPU; no activation quantization), so no robustness "
+               "filter: the seed only has to pass the top-2 gap filter.",
+               "num_key_value_heads is set to num_attention_heads: MLA expands the latent to every query head."],
+    ),
+    Spec(
+        name="qwen3-moe-fp8",
+        config_class="Qwen3MoeConfig",
+        architecture="Qwen3MoeForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(hidden_size=128, head_dim=128, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=2,
+                    intermediate_size=256, moe_intermediate_size=256, num_experts=4, num_experts_per_tok=2,
+                    norm_topk_prob=True, decoder_sparse_step=1, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="Qwen3-30B-A3B-FP8 `fp8` block layout (quantization_config {quant_method fp8, fmt e4m3, "
+        "activation_scheme dynamic, weight_block_size [128, 128]}): attention q/k/v/o and every expert's "
+        "gate / up / down (per-expert tensors mlp.experts.{e}.*_proj.weight) float8_e4m3fn + f32 weight_scale_inv "
+        "[out / 128, in / 128]; router mlp.gate, embed, norms, lm_head bf16. transformers on CPU dequantizes at load "
+        "(W8A16). Model: 2 q heads x 128, 1 kv head, QK-norm, softmax top-2 of 4 experts renormalised, every layer "
+        "sparse",
+        ablate_fn=_fp8_block_mean_scale,
+        ablation_desc="per-block weight_scale_inv -> the matrix's mean scale (every quantized matrix)",
+        extra_ablations=[
+            Ablate("expert weight_scale_inv -> each expert matrix's mean scale (experts only)",
+                   fn=_fp8_block_mean_scale_experts),
+            Ablate("norm_topk_prob true -> false", config=dict(norm_topk_prob=False)),
+        ],
+        edit_saved_config=_fp8_block_config,
+        edit_saved_weights=_fp8_block_checkpoint,
+        probe=routing_probe,
+        load_check=fp8_block_load_check,
+        notes=["Written by _fp8_block_checkpoint: per 128x128 block scale = amax(|w|) / 448 in f32 (w the bf16 "
+               "weight upcast), w8 = (w / scale).clamp(+-448).to(float8_e4m3fn) (round to nearest even), "
+               "weight_scale_inv = scale (it multiplies).",
+               "Every quantized dim a multiple of 128 (hidden 128, head_dim 128, moe_intermediate 256): transformers "
+               "infers the block from the scale grid and cannot take a partial last block.",
+               "W8A16 (transformers dequantizes at load on CPU; no activation quantization), so no robustness "
+               "filter: the seed only has to pass the top-2 gap filter."],
+    ),
 ]
 
 SPEC_BY_NAME = {s.name: s for s in SPECS}
@@ -2100,6 +2250,7 @@ def generate_one(spec: Spec, tok, cases, min_gap_req: float) -> dict[str, Any]:
         extra.append({"change": a.desc, "cases_changed": n, "cases": len(cases)})
     verify_reload(out_dir, cases, results)
     probe = spec.probe(load_fixture(out_dir), cases) if spec.probe is not None else None
+    load_check = spec.load_check(out_dir) if spec.load_check is not None else None
 
     cfg = load_fixture(out_dir).config
     native = saved_architecture(out_dir)
@@ -2131,6 +2282,7 @@ def generate_one(spec: Spec, tok, cases, min_gap_req: float) -> dict[str, Any]:
                                                   "cases": len(cases)},
         **({"extra_ablations": extra} if extra else {}),
         **({"routing_probe": probe} if probe is not None else {}),
+        **({"load_check": load_check} if load_check is not None else {}),
         **({"robustness": {"note": f"W8A8 is fragile: a last-bit difference can move an activation across an e4m3 "
                                    f"rounding boundary. Per case, stable_prefix = how many leading greedy tokens "
                                    f"are the same in a float64 run and in {ROBUST_PERTURBED_RUNS} f32 runs with every "
