@@ -68,6 +68,19 @@ fn compressed_tensors_fp8_dynamic_moe() {
     gate("qwen3-moe-fp8-dynamic", W8A8_LOGPROB_TOLERANCE);
 }
 
+/// MLA, a dense first layer and routed + shared experts, every projection in 128x128 blocks, as
+/// DeepSeek-V3 ships; transformers dequantizes them at load (W8A16) and fuses the experts.
+#[test]
+fn fp8_block_format_deepseek_v3() {
+    gate("deepseek-v3-fp8", LOGPROB_TOLERANCE);
+}
+
+/// Qwen3-30B-A3B-FP8's layout: attention and every expert's projections in blocks.
+#[test]
+fn fp8_block_format_qwen3_moe() {
+    gate("qwen3-moe-fp8", LOGPROB_TOLERANCE);
+}
+
 #[test]
 fn fp8_block_format() {
     gate("qwen3-fp8", LOGPROB_TOLERANCE);
@@ -180,6 +193,8 @@ fn gate_catches_fp8_breaks() {
             }),
         ),
         ("qwen3-moe-fp8-dynamic", "expert scales ignored", Break::Scales("_proj.weight_scale", |s| s.fill(1.0))),
+        ("deepseek-v3-fp8", "block scales ignored", Break::Scales(".weight_scale_inv", |s| s.fill(1.0))),
+        ("qwen3-moe-fp8", "expert block scales reversed", Break::Scales("_proj.weight_scale_inv", |s| s.reverse())),
         ("qwen3-fp8", "block scales ignored", Break::Scales(".weight_scale_inv", |s| s.fill(1.0))),
         ("qwen3-fp8", "block scales on the wrong blocks", Break::Scales(".weight_scale_inv", |s| s.reverse())),
     ];
