@@ -343,6 +343,70 @@ mod tests {
         assert!(!within(first, p0, 0.015), "an off-by-one acceptance went unnoticed: {first:?}");
     }
 
+    /// `--speculative-config` from a stranger: any JSON is a config within bounds or an error
+    /// naming the flag, never a panic.
+    mod hostile {
+        use proptest::prelude::*;
+        use serde_json::{json, Value};
+
+        use super::super::*;
+
+        fn value() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                (-1e12f64..1e12).prop_map(Value::from),
+                Just(json!(f64::MAX)),
+                Just(json!(u64::MAX)),
+                prop_oneof![Just("ngram"), Just("suffix"), Just("eagle3"), Just(""), Just("[ngram]")]
+                    .prop_map(Value::from),
+                Just(json!([1, 2])),
+                Just(json!({"a": 1})),
+            ]
+        }
+
+        fn key() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just("method"),
+                Just("num_speculative_tokens"),
+                Just("prompt_lookup_min"),
+                Just("prompt_lookup_max"),
+                Just("model"),
+                Just("suffix_decoding_max_tree_depth"),
+                Just("suffix_decoding_max_cached_requests"),
+                Just("suffix_decoding_max_spec_factor"),
+                Just("suffix_decoding_min_token_prob"),
+                Just("bogus"),
+            ]
+            .prop_map(String::from)
+        }
+
+        proptest! {
+            #[test]
+            fn any_json_is_a_bounded_config_or_an_error(fields in proptest::collection::vec((key(), value()), 0..6)) {
+                let obj: serde_json::Map<String, Value> = fields.into_iter().collect();
+                match SpeculativeConfig::parse(&Value::Object(obj).to_string()) {
+                    Ok(c) => {
+                        prop_assert!((1..=MAX_SPECULATIVE_TOKENS).contains(&c.num_speculative_tokens));
+                        match c.method {
+                            SpeculativeMethod::Ngram { prompt_lookup_min: a, prompt_lookup_max: b } => prop_assert!(1 <= a && a <= b),
+                            SpeculativeMethod::Suffix(p) => {
+                                prop_assert!(p.max_tree_depth >= 1);
+                                prop_assert!((0.0..=1.0).contains(&p.min_token_prob));
+                                // The drafter it makes runs.
+                                let mut d = c.drafter();
+                                let _ = d.propose(0, &[1, 2, 3, 1, 2], 2, 4);
+                                d.finish(0);
+                            }
+                        }
+                    }
+                    Err(e) => prop_assert!(e.to_string().contains("--speculative-config"), "{e}"),
+                }
+            }
+        }
+    }
+
     #[test]
     fn acceptance_stops_at_the_first_differing_draw() {
         assert_eq!(accepted_drafts(&[4, 5, 6], &[4, 5, 6, 7]), 3);

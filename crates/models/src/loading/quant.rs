@@ -353,6 +353,9 @@ pub fn dequantize(
     if scales.iter().any(|s| !s.is_finite()) {
         return Err("a scale is not finite".into());
     }
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
     for (m, matrix) in weight.chunks_mut(rows * cols).enumerate() {
         let scales = &scales[m * per_matrix..(m + 1) * per_matrix];
         for (r, row) in matrix.chunks_mut(cols).enumerate() {
@@ -465,6 +468,92 @@ mod tests {
         let mut kv = fp8_dynamic();
         kv["kv_cache_scheme"] = json!({"num_bits": 8, "type": "float"});
         assert!(Quantization::from_config(&raw(kv)).unwrap_err().to_string().contains("kv_cache_scheme"));
+    }
+
+    /// A `quantization_config` or scale tensor from a stranger is read or refused, never a panic.
+    mod hostile {
+        use proptest::prelude::*;
+        use serde_json::{json, Value};
+
+        use super::super::*;
+        use super::raw;
+
+        fn leaf() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                (-3i64..300).prop_map(Value::from),
+                Just(json!(u64::MAX)),
+                prop_oneof![
+                    Just("float"),
+                    Just("int"),
+                    Just("token"),
+                    Just("group"),
+                    Just("tensor"),
+                    Just("channel"),
+                    Just("block"),
+                    Just("Linear"),
+                    Just("re:(("),
+                    Just("re:.*q_proj$"),
+                    Just("e4m3"),
+                ]
+                .prop_map(Value::from),
+                Just(json!([128, 128])),
+                Just(json!([0, 1u64 << 40])),
+                Just(json!(["Linear"])),
+            ]
+        }
+
+        fn args() -> impl Strategy<Value = Value> {
+            let keys = prop_oneof![
+                Just("num_bits"),
+                Just("type"),
+                Just("strategy"),
+                Just("dynamic"),
+                Just("group_size"),
+                Just("block_structure"),
+                Just("symmetric"),
+            ];
+            proptest::collection::vec((keys, leaf()), 0..7)
+                .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()))
+        }
+
+        fn config() -> impl Strategy<Value = Value> {
+            let method = prop_oneof![Just("compressed-tensors"), Just("fp8"), Just("mxfp4"), Just("gptq")];
+            let group = (args(), prop_oneof![args(), Just(Value::Null)], leaf())
+                .prop_map(|(w, a, t)| json!({"weights": w, "input_activations": a, "targets": [t]}));
+            (method, proptest::option::of(group), leaf(), leaf()).prop_map(|(m, g, block, fmt)| {
+                json!({
+                    "quant_method": m, "format": "float-quantized", "config_groups": g.map(|g| json!({"group_0": g})),
+                    "weight_block_size": block, "fmt": fmt,
+                })
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn any_quantization_config_is_read_or_refused(q in config(), module in "[a-z_.0-9]{0,24}") {
+                if let Ok(Some(q)) = Quantization::from_config(&raw(q)) {
+                    let _ = q.weight_scales(&module);
+                    let _ = q.input_scheme(&module);
+                }
+            }
+
+            #[test]
+            fn any_scale_shape_dequantizes_or_is_refused(
+                shape in proptest::collection::vec(0usize..6, 0..4),
+                scale_shape in proptest::collection::vec(0usize..4, 0..4),
+                block in (1usize..4, 1usize..4),
+                how in 0u8..3,
+            ) {
+                let how = [WeightScales::Tensor, WeightScales::Channel, WeightScales::Block([block.0, block.1])][how as usize];
+                let mut weight = vec![1.0f32; shape.iter().product()];
+                let scales = vec![2.0f32; scale_shape.iter().product()];
+                if dequantize(&mut weight, &shape, &scales, &scale_shape, how).is_ok() {
+                    prop_assert!(weight.iter().all(|&w| w == 2.0));
+                }
+            }
+        }
     }
 
     #[test]
