@@ -126,13 +126,13 @@ fn convert(bytes: &[u8], dtype: StDtype, target: DType, shape: &[usize], name: &
             u16s(bytes).into_iter().map(|b| f16::from_bits(b).to_f32()).collect(),
             target,
         ),
-        // Packed quantized data (MXFP4 blocks and scales): each byte as its value, exact in every
-        // float dtype (integers to 256), for the loader to unpack.
         // e4m3 values, exact in every float dtype; the loader multiplies in their scales.
         (StDtype::F8_E4M3, _) => ferrite_tensor::CpuStorage::from_f32(
             bytes.iter().map(|&b| ferrite_tensor::fp8::e4m3_to_f32(b)).collect(),
             target,
         ),
+        // Packed quantized data (MXFP4 blocks and scales): each byte as its value, exact in every
+        // float dtype (integers to 256), for the loader to unpack.
         (StDtype::U8, _) => ferrite_tensor::CpuStorage::from_f32(bytes.iter().map(|&b| f32::from(b)).collect(), target),
         (other, _) => return Err(err(format!("unsupported safetensors dtype {other:?}"))),
     };
@@ -234,10 +234,6 @@ impl Weights {
         self
     }
 
-    pub fn quantization(&self) -> Option<&Quantization> {
-        self.quantization.as_ref()
-    }
-
     pub fn dtype(&self) -> DType {
         self.dtype
     }
@@ -255,12 +251,17 @@ impl Weights {
     }
 
     fn fetch(&self, name: &str, dtype: DType) -> Result<Option<Tensor>> {
-        let loaded = if self.source.is_fp8(name) {
-            Some(self.dequantized(name, dtype)?)
-        } else {
-            self.source.load(name, dtype)?
-        };
+        let loaded = self.load_host(name, dtype)?;
         self.place(name, loaded)
+    }
+
+    /// A tensor in host memory as `dtype`, an FP8 weight dequantized; `None` when absent.
+    fn load_host(&self, name: &str, dtype: DType) -> Result<Option<Tensor>> {
+        if self.source.is_fp8(name) {
+            self.dequantized(name, dtype).map(Some)
+        } else {
+            self.source.load(name, dtype)
+        }
     }
 
     /// A loaded tensor moved to the weights' device and counted for the progress bar.
@@ -320,32 +321,23 @@ impl Weights {
             return self.get(&name, &shape);
         }
         let stored = if transposed { [inp, out] } else { shape };
-        let weight = self.fetch_cpu(&name, DType::F32)?;
+        let weight = self
+            .load_host(&name, DType::F32)?
+            .ok_or_else(|| ModelError::MissingTensor { name: name.clone(), location: self.source.describe() })?;
         if weight.shape() != stored {
             return Err(ModelError::TensorShape { name, expected: stored.to_vec(), actual: weight.shape().to_vec() });
         }
-        let mut values = weight.try_to_f32_vec()?;
+        let mut weight = weight;
         if transposed {
-            values = (0..out * inp).map(|i| values[(i % inp) * out + i / inp]).collect();
+            let values = weight.try_to_f32_vec()?;
+            weight = Tensor::from_f32((0..out * inp).map(|i| values[(i % inp) * out + i / inp]).collect(), &shape)?;
         }
         if online {
-            for row in values.chunks_mut(inp.max(1)) {
-                let scale = ferrite_tensor::fp8::fp8_scale(row.iter().fold(0.0f32, |m, v| m.max(v.abs())));
-                row.iter_mut().for_each(|v| *v = ferrite_tensor::fp8::fake_quantize(*v, scale));
-            }
+            // One scale per output channel is the per-row scale of the input quantization.
+            weight = ferrite_tensor::ops::fp8_fake_quant(&weight, ActivationQuant::PerToken)?;
         }
-        let t = Tensor::from_f32_as(values, &shape, self.dtype)?;
+        let t = weight.to_dtype(self.dtype);
         Ok(self.place(&name, Some(t))?.expect("a tensor was given"))
-    }
-
-    /// A required tensor in host memory as `dtype`, FP8 weights dequantized.
-    fn fetch_cpu(&self, name: &str, dtype: DType) -> Result<Tensor> {
-        let loaded = if self.source.is_fp8(name) {
-            Some(self.dequantized(name, dtype)?)
-        } else {
-            self.source.load(name, dtype)?
-        };
-        loaded.ok_or_else(|| ModelError::MissingTensor { name: name.into(), location: self.source.describe() })
     }
 
     /// How the input of the linear layer `module` is quantized before its product: `Some` for a
