@@ -135,14 +135,9 @@ fn load_experts(
         Ok(Tensor::from_f32_as(v, shape, w.dtype())?.to_device(w.device())?)
     };
     Ok(Experts {
-        gate_up: tensor(gate_up, &[e, 2 * i, h])?,
-        down: tensor(down, &[e, h, i])?,
-        num_experts: e,
-        intermediate: i,
-        act: Activation::Silu,
-        scale_inputs: false,
         biases: Some((tensor(split_gate_up(&gu_bias, e, i, 1), &[e, 2 * i])?, down_bias)),
         clamped_swiglu: Some(glu),
+        ..Experts::new(tensor(gate_up, &[e, 2 * i, h])?, tensor(down, &[e, h, i])?, e, i, Activation::Silu)
     })
 }
 

@@ -404,6 +404,21 @@ pub enum StackedLayout {
 }
 
 impl Experts {
+    /// Plain experts over stacked weights: outputs weighted by the routing, `act(gate) * up`,
+    /// no biases.
+    pub fn new(gate_up: Tensor, down: Tensor, num_experts: usize, intermediate: usize, act: Activation) -> Experts {
+        Experts {
+            gate_up,
+            down,
+            num_experts,
+            intermediate,
+            act,
+            scale_inputs: false,
+            biases: None,
+            clamped_swiglu: None,
+        }
+    }
+
     /// Reads `{prefix}.experts.{e}.{gate,up,down}.weight` (Hub layout), or the fused
     /// `{prefix}.experts.gate_up_proj` / `down_proj` tensors where a checkpoint has those.
     pub fn load(
@@ -430,16 +445,7 @@ impl Experts {
             }
             (stack(&gu, &[e, 2 * i, h])?, stack(&dn, &[e, h, i])?)
         };
-        Ok(Experts {
-            gate_up,
-            down,
-            num_experts,
-            intermediate,
-            act,
-            scale_inputs: false,
-            biases: None,
-            clamped_swiglu: None,
-        })
+        Ok(Experts::new(gate_up, down, num_experts, intermediate, act))
     }
 
     /// Reads stacked expert tensors named `gate_up` and `down`, each expert's gate rows before
@@ -462,16 +468,7 @@ impl Experts {
                 (transpose_each(&w.get(gate_up, &[e, h, 2 * i])?)?, transpose_each(&w.get(down, &[e, i, h])?)?)
             }
         };
-        Ok(Experts {
-            gate_up,
-            down,
-            num_experts,
-            intermediate,
-            act,
-            scale_inputs: false,
-            biases: None,
-            clamped_swiglu: None,
-        })
+        Ok(Experts::new(gate_up, down, num_experts, intermediate, act))
     }
 
     /// `sum_slot weight * down_e(act(gate_e(x)) * up_e(x))` per token, computed per expert over
