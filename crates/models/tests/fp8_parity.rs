@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 
 use ferrite_models::{load_model, LoadOptions};
 use ferrite_tensor::DType;
-use ferrite_testing::gate::{fixtures_dir, greedy, judge, run_fixture, stable_prefixes, summarize, CaseReport, Oracle};
+use ferrite_testing::gate::{
+    edit_config, fixture_copy, fixtures_dir, greedy, judge, run_fixture, stable_prefixes, summarize, CaseReport, Oracle,
+};
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
 
@@ -122,21 +124,9 @@ fn online_fp8_matches_llm_compressor_fp8_dynamic() {
 
 /// A copy of fixture `name` in a fresh directory, its config and tensors passed through `edit`.
 fn broken_copy(name: &str, what: &str, edit: &Break) -> PathBuf {
-    let src = fixtures_dir().join("models").join(name);
-    let tag: String = what.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
-    let dst = std::env::temp_dir().join(format!("ferrite-fp8-{name}-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dst).unwrap();
-    for entry in std::fs::read_dir(&src).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, dst.join(path.file_name().unwrap())).unwrap();
-    }
+    let dst = fixture_copy(name, &format!("fp8-{what}"));
     match edit {
-        Break::Config(edit) => {
-            let path = dst.join("config.json");
-            let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-            edit(&mut config);
-            std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
-        }
+        Break::Config(edit) => edit_config(&dst, edit),
         Break::Scales(suffix, edit) => {
             let path = dst.join("model.safetensors");
             let bytes = std::fs::read(&path).unwrap();

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use ferrite_tensor::DType;
-use ferrite_testing::gate::{fixtures_dir, run_fixture, summarize};
+use ferrite_testing::gate::{edit_config, fixture_copy, fixtures_dir, run_fixture, summarize};
 
 /// Logprobs of the oracle's top-5 tokens agree to this many nats (f32 on both sides; the
 /// difference is accumulation order only).
@@ -105,18 +105,9 @@ parity! {
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.
 fn broken_copy(name: &str, edit: impl Fn(&mut serde_json::Value)) -> std::path::PathBuf {
-    let src = fixtures_dir().join("models").join(name);
-    let dst = std::env::temp_dir().join(format!("ferrite-broken-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dst).unwrap();
-    for entry in std::fs::read_dir(&src).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, dst.join(path.file_name().unwrap())).unwrap();
-    }
-    let config_path = dst.join("config.json");
-    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
-    edit(&mut config);
-    std::fs::write(&config_path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
-    dst
+    let dir = fixture_copy(name, "broken");
+    edit_config(&dir, edit);
+    dir
 }
 
 fn strict_count(dir: &Path) -> (usize, usize) {

@@ -209,6 +209,28 @@ pub fn summarize(reports: &[CaseReport]) -> String {
     format!("{}/{} (STRICT {strict} + near-tie {near}, max gap {gap:.2} nats)", strict + near, reports.len())
 }
 
+/// A copy of fixture `name` in a fresh temporary directory, for a test to break; `tag` tells
+/// apart copies of one fixture that tests may hold at once.
+pub fn fixture_copy(name: &str, tag: &str) -> PathBuf {
+    let src = fixtures_dir().join("models").join(name);
+    let tag: String = tag.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    let dst = std::env::temp_dir().join(format!("ferrite-{tag}-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dst).unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dst.join(path.file_name().unwrap())).unwrap();
+    }
+    dst
+}
+
+/// Rewrites `dir/config.json` through `edit`.
+pub fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+}
+
 /// The workspace's `fixtures/` directory.
 pub fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
