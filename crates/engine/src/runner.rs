@@ -203,7 +203,6 @@ impl ModelRunner {
                 RowUse::PromptLogprob(..) => None,
             })
             .collect();
-
         let started = std::time::Instant::now();
         let vocab = self.model.info().vocab_size;
         let constrained = sample_rows_of.iter().any(|(id, _)| self.constraints.contains_key(id));

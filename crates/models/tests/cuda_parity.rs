@@ -22,27 +22,22 @@ const MOE_BF16_MISSES: usize = 2;
 /// (see `fp8_parity.rs`): tokens stay STRICT, logprobs are held to this bound.
 const W8A8_LOGPROB_TOLERANCE: f32 = 0.6;
 
-fn quantizes_inputs(dir: &std::path::Path) -> bool {
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    let groups = config["quantization_config"]["config_groups"].as_object().cloned().unwrap_or_default();
-    groups.values().any(|g| !g["input_activations"].is_null())
+fn quantizes_inputs(config: &serde_json::Value) -> bool {
+    let groups = config["quantization_config"]["config_groups"].as_object();
+    groups.is_some_and(|g| g.values().any(|g| !g["input_activations"].is_null()))
 }
 
 /// Whether the fixture's config routes tokens among experts (any spelling of the expert count,
 /// at the top level or in `text_config`).
-fn routes_among_experts(dir: &std::path::Path) -> bool {
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+fn routes_among_experts(config: &serde_json::Value) -> bool {
     let keys = ["num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"];
-    let routes = [Some(&config), config.get("text_config")].into_iter().flatten().any(|c| {
+    [Some(config), config.get("text_config")].into_iter().flatten().any(|c| {
         keys.iter().any(|k| match &c[*k] {
             serde_json::Value::Number(n) => n.as_u64().is_some_and(|n| n > 1),
             serde_json::Value::Array(a) => a.iter().any(|n| n.as_u64().is_some_and(|n| n > 1)),
             _ => false,
         })
-    });
-    routes
+    })
 }
 
 #[test]
@@ -61,8 +56,10 @@ fn every_fixture_on_cuda() {
     let (mut bf16_strict, mut bf16_near, mut bf16_total) = (0, 0, 0);
     for name in &names {
         let dir = fixtures_dir().join("models").join(name);
-        let moe = routes_among_experts(&dir);
-        let w8a8 = quantizes_inputs(&dir);
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        let moe = routes_among_experts(&config);
+        let w8a8 = quantizes_inputs(&config);
         let tolerance = if w8a8 { W8A8_LOGPROB_TOLERANCE } else { LOGPROB_TOLERANCE };
         let stable = stable_prefixes(&dir.join("oracle.json")).unwrap();
         for dtype in [DType::F32, DType::BF16] {
