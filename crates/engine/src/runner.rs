@@ -329,14 +329,17 @@ impl ModelRunner {
         token_masks: Option<&[u32]>,
         out: &mut ModelRunnerOutput,
     ) -> Result<()> {
-        // A row after `j` drafts sees them as output, as the step that drew them one by one would.
-        let outputs: Vec<Vec<u32>> = rows
+        // A row after `j` drafts sees them as output, as the step that drew them one by one would;
+        // the first row of a request reads its output in place.
+        let outputs: Vec<std::borrow::Cow<[u32]>> = rows
             .iter()
             .map(|&(id, j)| {
                 let state = self.requests.get(&id)?;
-                let mut output = state.token_ids[state.num_prompt_tokens..].to_vec();
-                output.extend_from_slice(drafts.get(&id).map_or(&[][..], |d| &d[..j]));
-                Some(output)
+                let output = &state.token_ids[state.num_prompt_tokens..];
+                Some(match drafts.get(&id) {
+                    Some(d) if j > 0 => std::borrow::Cow::Owned([output, &d[..j]].concat()),
+                    _ => std::borrow::Cow::Borrowed(output),
+                })
             })
             .collect::<Option<_>>()
             .ok_or_else(|| EngineError::Internal("a sampled row lost its request".into()))?;
