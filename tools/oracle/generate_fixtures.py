@@ -207,6 +207,38 @@ def _internlm3_hub_spelling(cfg: dict[str, Any]) -> None:
     cfg["bias"] = cfg.pop("mlp_bias")
 
 
+def _hybrid_interval_spelling(cfg: dict[str, Any]) -> None:
+    """Real Qwen3-Next / Qwen3.5 config.json files spell the layer pattern as full_attention_interval."""
+    types = cfg.pop("layer_types")
+    interval = types.index("full_attention") + 1
+    assert types == ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(len(types))]
+    cfg["full_attention_interval"] = interval
+
+
+def _drop_attn_output_gate(model: torch.nn.Module) -> None:
+    """Zeroes the gate half of every full-attention q_proj (sigmoid(0) = 0.5 scales instead of gating)."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer, "self_attn"):
+                a = layer.self_attn
+                w = a.q_proj.weight.view(-1, 2 * a.head_dim, a.q_proj.weight.shape[-1])
+                w[:, a.head_dim:, :] = 0.0
+
+
+def _drop_gdn_conv(model: torch.nn.Module) -> None:
+    """Makes every GatedDeltaNet's causal conv the identity (last tap 1, others 0)."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer, "linear_attn"):
+                w = layer.linear_attn.conv1d.weight
+                w.zero_()
+                w[:, :, -1] = 1.0
+
+
+GDN_DIMS = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                linear_conv_kernel_dim=4)
+
+
 def _drop_hunyuan_qk_norm(model: torch.nn.Module) -> None:
     for layer in model.model.layers:
         layer.self_attn.query_layernorm = torch.nn.Identity()
@@ -1898,6 +1930,44 @@ SPECS: list[Spec] = [
                "infers the block from the scale grid and cannot take a partial last block.",
                "W8A16 (transformers dequantizes at load on CPU; no activation quantization), so no robustness "
                "filter: the seed only has to pass the top-2 gap filter."],
+    ),
+    Spec(
+        name="qwen3-next",
+        config_class="Qwen3NextConfig",
+        architecture="Qwen3NextForCausalLM",
+        kwargs=dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    intermediate_size=64, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                    shared_expert_intermediate_size=16, decoder_sparse_step=1, mlp_only_layers=[1],
+                    rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.25), **GDN_DIMS),
+        edit_saved_config=_hybrid_interval_spelling,
+        # Longer than the GDN chunk (64) and than a prefill chunk of the engine's chunked-prefill tests.
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="Qwen3-Next: 3 Gated DeltaNet layers then 1 full-attention layer (full_attention_interval 4, the "
+        "real config spelling); GDN with 2 key heads serving 4 value heads (interleaved in_proj_qkvz / in_proj_ba), "
+        "causal conv1d kernel 4, L2-normed q/k, gated RMSNorm; attention with a sigmoid output gate from q_proj and "
+        "(1 + w) QK-norm, partial rotary 0.25; MoE with a sigmoid-gated shared expert, layer 1 dense (mlp_only_layers)",
+        ablate_fn=_drop_attn_output_gate,
+        ablation_desc="attention output gate zeroed (sigmoid 0.5)",
+        extra_ablations=[Ablate("GDN causal conv replaced by the identity", fn=_drop_gdn_conv)],
+        notes=["The oracle runs transformers' torch fallbacks: chunked gated delta rule (chunk 64) for prompts, "
+               "the recurrent rule for single-token decode."],
+    ),
+    Spec(
+        name="qwen3_5",
+        config_class="Qwen3_5TextConfig",
+        architecture="Qwen3_5ForCausalLM",
+        kwargs=dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    intermediate_size=64,
+                    rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.25, mrope_section=[1, 1, 0],
+                                         mrope_interleaved=True), **GDN_DIMS),
+        edit_saved_config=_hybrid_interval_spelling,
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="Qwen3.5 dense text: 3 Gated DeltaNet layers (separate in_proj_qkv / in_proj_z / in_proj_b / "
+        "in_proj_a) then 1 gated full-attention layer, full_attention_interval 4, partial rotary 0.25 with an "
+        "interleaved mrope_section that text-only positions reduce to plain RoPE",
+        ablate_fn=_drop_attn_output_gate,
+        ablation_desc="attention output gate zeroed (sigmoid 0.5)",
+        extra_ablations=[Ablate("GDN causal conv replaced by the identity", fn=_drop_gdn_conv)],
     ),
 ]
 

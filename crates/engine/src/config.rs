@@ -82,6 +82,9 @@ pub struct CacheConfig {
     pub num_blocks: usize,
     pub dtype: DType,
     pub bytes_per_token: usize,
+    /// Recurrent-state slots of a hybrid model (one per request that may run, `max_num_seqs`;
+    /// 0 for models without recurrent layers), taken out of the KV cache memory first.
+    pub state_slots: usize,
 }
 
 impl CacheConfig {
@@ -121,7 +124,17 @@ impl EngineConfig {
             .map(|l| PagedKvLayer::bytes_per_token_as(l.num_kv_heads, l.k_dim, l.v_dim, dtype))
             .sum();
         let block_bytes = bytes_per_token * self.block_size;
-        let num_blocks = self.kv_cache_memory / block_bytes.max(1);
+        let state_slots = if info.state_layers.is_empty() { 0 } else { self.max_num_seqs };
+        let state_bytes = state_slots * info.state_bytes_per_sequence();
+        let Some(kv_memory) = self.kv_cache_memory.checked_sub(state_bytes) else {
+            return Err(EngineError::Config(format!(
+                "kv_cache_memory of {} bytes cannot hold the recurrent state of {state_slots} sequences ({} bytes \
+                 each, {state_bytes} in all); lower max_num_seqs or raise the cache memory",
+                self.kv_cache_memory,
+                info.state_bytes_per_sequence()
+            )));
+        };
+        let num_blocks = kv_memory / block_bytes.max(1);
         if num_blocks == 0 {
             return Err(EngineError::Config(format!(
                 "kv_cache_memory of {} bytes is smaller than one block ({block_bytes} bytes = {} tokens x \
@@ -132,7 +145,7 @@ impl EngineConfig {
         if num_blocks > u32::MAX as usize {
             return Err(EngineError::Config(format!("{num_blocks} KV blocks exceed the u32 block id range")));
         }
-        let cache = CacheConfig { block_size: self.block_size, num_blocks, dtype, bytes_per_token };
+        let cache = CacheConfig { block_size: self.block_size, num_blocks, dtype, bytes_per_token, state_slots };
         if cache.capacity_tokens() < max_model_len {
             tracing::warn!(
                 capacity_tokens = cache.capacity_tokens(),

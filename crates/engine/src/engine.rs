@@ -179,6 +179,23 @@ impl Engine {
         } else {
             config
         };
+        let config = if config.enable_prefix_caching && !info.state_layers.is_empty() {
+            tracing::warn!(
+                architecture = %info.architecture,
+                "prefix caching off: this hybrid model's recurrent layers keep one state per sequence, and \
+                 states are not cached at block boundaries yet"
+            );
+            EngineConfig { enable_prefix_caching: false, ..config }
+        } else {
+            config
+        };
+        if config.speculative.is_some() && !info.state_layers.is_empty() {
+            return Err(EngineError::Config(format!(
+                "--speculative-config: speculative decoding is not supported for {} yet (its recurrent state \
+                 cannot be rolled back past a rejected draft)",
+                info.architecture
+            )));
+        }
         let (_, max_model_len) = config.resolve(&info)?;
         let config = EngineConfig {
             kv_cache_memory: crate::memory::kv_budget(model.as_ref(), &config, max_model_len)?,
@@ -195,6 +212,7 @@ impl Engine {
             num_blocks: cache.num_blocks,
             enable_prefix_caching: config.enable_prefix_caching,
             recompute_at,
+            num_state_slots: cache.state_slots,
         };
         tracing::info!(
             blocks = cache.num_blocks,

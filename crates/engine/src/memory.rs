@@ -4,7 +4,7 @@
 //! `gpu_memory_utilization` of the card.
 
 use ferrite_models::{CausalLM, ForwardInput};
-use ferrite_tensor::{AttnMetadata, AttnSeq, Device, PagedKvLayer};
+use ferrite_tensor::{AttnMetadata, AttnSeq, Device};
 
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
@@ -23,24 +23,9 @@ pub fn kv_budget(model: &dyn CausalLM, config: &EngineConfig, max_model_len: usi
     let rows = config.max_num_seqs.min(tokens);
     let block_size = config.block_size;
     let blocks = tokens.div_ceil(block_size);
-    let mut scratch = model
-        .info()
-        .kv_layers
-        .iter()
-        .map(|l| {
-            PagedKvLayer::new_on(
-                config.device,
-                config.kv_cache_dtype,
-                blocks,
-                block_size,
-                l.num_kv_heads,
-                l.k_dim,
-                l.v_dim,
-            )
-        })
-        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut scratch = model.info().allocate_caches(config.device, config.kv_cache_dtype, blocks, block_size, 1)?;
     let seq = AttnSeq { q_start: 0, q_len: tokens, ctx_len: tokens, block_table: (0..blocks as u32).collect() };
-    let meta = AttnMetadata::new(vec![seq], block_size)?;
+    let meta = AttnMetadata::new(vec![seq], block_size)?.with_state_slots(vec![0])?;
     let ids = vec![0u32; tokens];
     let logit_rows: Vec<usize> = (tokens - rows..tokens).collect();
     let logits = model.forward(&ForwardInput { tokens: &ids, meta: &meta, logit_rows: &logit_rows }, &mut scratch)?;

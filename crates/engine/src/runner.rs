@@ -30,6 +30,8 @@ struct CachedRequestState {
     prefill_len: usize,
     block_ids: Vec<BlockId>,
     num_computed_tokens: usize,
+    /// Its slot in the recurrent-state layers (hybrid models).
+    state_slot: Option<usize>,
     sampling: Arc<RequestSampling>,
     /// Prompt positions whose logprobs were already returned (they survive preemption).
     num_prompt_logprobs_done: usize,
@@ -61,23 +63,17 @@ impl ModelRunner {
     pub fn new(model: Box<dyn CausalLM>, cache: &CacheConfig, config: &EngineConfig) -> Result<ModelRunner> {
         let _span = tracing::info_span!("allocate_kv_cache", blocks = cache.num_blocks, block_size = cache.block_size)
             .entered();
-        let kv_caches = model
-            .info()
-            .kv_layers
-            .iter()
-            .map(|l| {
-                PagedKvLayer::new_on(
-                    config.device,
-                    cache.dtype,
-                    cache.num_blocks,
-                    cache.block_size,
-                    l.num_kv_heads,
-                    l.k_dim,
-                    l.v_dim,
-                )
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        let graphs = DecodeGraphs::new(config.device, config.enforce_eager)?;
+        let kv_caches = model.info().allocate_caches(
+            config.device,
+            cache.dtype,
+            cache.num_blocks,
+            cache.block_size,
+            cache.state_slots,
+        )?;
+        // Decode graphs capture KV-cache steps only: a hybrid model's state slots are not yet
+        // graph inputs, so its steps run eagerly.
+        let eager = config.enforce_eager || cache.state_slots > 0;
+        let graphs = DecodeGraphs::new(config.device, eager)?;
         Ok(ModelRunner {
             model,
             kv_caches,
@@ -126,6 +122,7 @@ impl ModelRunner {
                     prefill_len: new.prompt_token_ids.len(),
                     block_ids: new.block_ids.clone(),
                     num_computed_tokens: new.num_computed_tokens,
+                    state_slot: new.state_slot,
                     sampling: new.sampling.clone(),
                     num_prompt_logprobs_done: 0,
                 },
@@ -142,6 +139,7 @@ impl ModelRunner {
                 state.block_ids.extend_from_slice(&cached.new_block_ids);
             }
             state.num_computed_tokens = cached.num_computed_tokens;
+            state.state_slot = cached.state_slot;
         }
     }
 
@@ -155,6 +153,7 @@ impl ModelRunner {
         let mut tokens = Vec::with_capacity(so.total_num_scheduled_tokens);
         let mut seqs = Vec::with_capacity(so.num_scheduled_tokens.len());
         let mut prompt_lens = Vec::with_capacity(so.num_scheduled_tokens.len());
+        let mut state_slots = Vec::with_capacity(so.num_scheduled_tokens.len());
         let mut logit_rows = Vec::new();
         let mut row_uses = Vec::new();
         for &(id, n) in &so.num_scheduled_tokens {
@@ -176,6 +175,7 @@ impl ModelRunner {
             tokens.extend_from_slice(drafts);
             seqs.push(AttnSeq { q_start, q_len: n, ctx_len: end, block_table: state.block_ids.clone() });
             prompt_lens.push(state.prefill_len);
+            state_slots.extend(state.state_slot);
             if state.sampling.params.prompt_logprobs.is_some() {
                 let first = start.max(state.num_prompt_logprobs_done);
                 for pos in first..end.min(state.num_prompt_tokens - 1) {
@@ -195,7 +195,10 @@ impl ModelRunner {
             // logits (discarded) keeps every backend on its usual shapes.
             logit_rows.push(tokens.len() - 1);
         }
-        let meta = AttnMetadata::new(seqs, self.block_size)?.with_prompt_lens(prompt_lens)?;
+        let mut meta = AttnMetadata::new(seqs, self.block_size)?.with_prompt_lens(prompt_lens)?;
+        if !state_slots.is_empty() {
+            meta = meta.with_state_slots(state_slots)?;
+        }
         let sample_rows_of: Vec<(ReqId, usize)> = row_uses
             .iter()
             .filter_map(|u| match *u {

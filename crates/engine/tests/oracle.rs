@@ -12,7 +12,7 @@ fn battery_matches_oracle(name: &str) {
     battery_matches_oracle_with(name, config());
 }
 
-fn battery_matches_oracle_with(name: &str, config: ferrite_engine::EngineConfig) {
+fn battery_matches_oracle_with(name: &str, config: ferrite_engine::EngineConfig) -> ferrite_engine::LLM {
     let oracle = oracle(name);
     let llm = llm(name, config);
     let params = ferrite_engine::SamplingParams { logprobs: Some(5), ..greedy(oracle.cases[0].output_ids.len()) };
@@ -38,6 +38,7 @@ fn battery_matches_oracle_with(name: &str, config: ferrite_engine::EngineConfig)
     }
     println!("{name}: {} cases token-exact, max top-5 logprob error {max_err:.2e}", outputs.len());
     assert!(max_err < LOGPROB_TOLERANCE, "{name}: logprob error {max_err}");
+    llm
 }
 
 #[test]
@@ -92,4 +93,42 @@ fn phi3_longrope_with_chunked_prefill_and_shared_prefixes() {
             llm.generate(vec![ferrite_engine::PromptInput::Tokens(case.prompt_ids.clone())], &greedy(16)).unwrap();
         assert_eq!(out[0].outputs[0].token_ids, case.output_ids, "{}: one request after another", case.name);
     }
+}
+
+/// Hybrid models batch the whole battery (prefills and decodes of sequences with their own
+/// recurrent state in one step) token-exactly, also with prompts cut into 24-token chunks, which
+/// split the 150-token prompt across the delta rule's 64-token chunks and carry the conv and
+/// delta-rule states from one step to the next.
+#[test]
+fn gated_deltanet_hybrids_batch_and_chunk_their_prompts() {
+    for name in ["qwen3-next", "qwen3_5"] {
+        let llm = battery_matches_oracle_with(name, config());
+        assert!(!llm.client().model_info().state_layers.is_empty(), "{name} has no recurrent layers");
+        battery_matches_oracle_with(name, ferrite_engine::EngineConfig { max_num_batched_tokens: 24, ..config() });
+    }
+}
+
+/// A cache too small for the battery at once: requests are preempted, lose their recurrent state
+/// slot with their blocks, and recompute from their first token on return.
+#[test]
+fn a_preempted_hybrid_request_recomputes_its_state() {
+    let name = "qwen3-next";
+    // 16 slots of recurrent state (3 GDN layers), then 48 blocks of the one attention layer: the
+    // longest request (648 + 16 tokens, 42 blocks) fits alone, the battery (133 blocks) does not.
+    let state = 16 * 3 * 4 * ((4 - 1) * 64 + 4 * 8 * 8);
+    let blocks = 48 * 16 * 2 * 16 * 2 * 4;
+    // 64-token chunks admit requests before their prompts are allocated whole, so running ones
+    // run out of blocks mid-prompt and mid-decode.
+    let tiny = ferrite_engine::EngineConfig {
+        kv_cache_memory: state + blocks,
+        max_num_seqs: 16,
+        max_num_batched_tokens: 64,
+        ..config()
+    };
+    let llm = battery_matches_oracle_with(name, tiny);
+    let client = llm.client();
+    assert_eq!((client.cache_config().num_blocks, client.cache_config().state_slots), (48, 16));
+    let stats = client.stats();
+    assert!(stats.num_preemptions > 0, "the tiny cache should have forced preemption: {stats:?}");
+    wait_idle(&client);
 }

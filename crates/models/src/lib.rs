@@ -14,4 +14,4 @@ pub mod registry;
 
 pub use error::{ModelError, Result};
 pub use loading::loader::{load_model, load_pooling_model, LoadOptions, LoadedModel};
-pub use model::{CausalLM, ForwardInput, KvLayerSpec, ModelInfo};
+pub use model::{CausalLM, ForwardInput, KvLayerSpec, ModelInfo, StateLayerSpec};

@@ -1,4 +1,4 @@
-use ferrite_tensor::{AttnMetadata, PagedKvLayer, Tensor};
+use ferrite_tensor::{AttnMetadata, DType, Device, PagedKvLayer, Tensor};
 
 use crate::Result;
 
@@ -10,6 +10,22 @@ pub struct KvLayerSpec {
     pub v_dim: usize,
 }
 
+/// Shape of one recurrent layer's per-sequence state (f32 elements per sequence): a linear-attention
+/// or state-space layer keeps a fixed-size state instead of a growing KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateLayerSpec {
+    /// The short causal conv's last inputs.
+    pub conv: usize,
+    /// The recurrent (delta-rule or SSM) state.
+    pub recurrent: usize,
+}
+
+impl StateLayerSpec {
+    pub fn bytes_per_sequence(&self) -> usize {
+        (self.conv + self.recurrent) * 4
+    }
+}
+
 /// What the engine needs to know about a loaded model.
 #[derive(Debug, Clone)]
 pub struct ModelInfo {
@@ -17,8 +33,41 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     pub max_position_embeddings: usize,
     pub kv_layers: Vec<KvLayerSpec>,
+    /// Recurrent layers (hybrid models): their caches follow the KV layers in the slice that
+    /// [`CausalLM::forward`] receives.
+    pub state_layers: Vec<StateLayerSpec>,
     /// Bytes of weights, for roofline and memory reports.
     pub weight_bytes: usize,
+}
+
+impl ModelInfo {
+    /// The caches a forward pass reads and writes: each KV layer as `num_blocks` blocks of
+    /// `block_size` tokens in `kv_dtype`, then each recurrent layer as `state_slots` f32 slots
+    /// (one per sequence that may run at once; a slot is one "block" of a state layer, as in
+    /// vLLM's hybrid cache).
+    pub fn allocate_caches(
+        &self,
+        device: Device,
+        kv_dtype: DType,
+        num_blocks: usize,
+        block_size: usize,
+        state_slots: usize,
+    ) -> ferrite_tensor::Result<Vec<PagedKvLayer>> {
+        let kv = self
+            .kv_layers
+            .iter()
+            .map(|l| PagedKvLayer::new_on(device, kv_dtype, num_blocks, block_size, l.num_kv_heads, l.k_dim, l.v_dim));
+        let state = self
+            .state_layers
+            .iter()
+            .map(|l| PagedKvLayer::new_on(device, DType::F32, state_slots, 1, 1, l.conv, l.recurrent));
+        kv.chain(state).collect()
+    }
+
+    /// Bytes of recurrent state per sequence, over all layers.
+    pub fn state_bytes_per_sequence(&self) -> usize {
+        self.state_layers.iter().map(StateLayerSpec::bytes_per_sequence).sum()
+    }
 }
 
 /// One forward step over a flattened batch of sequences.
@@ -34,7 +83,9 @@ pub trait CausalLM: Send + Sync {
     fn info(&self) -> &ModelInfo;
 
     /// Runs the model over `input.tokens`, writing their keys and values into `kv` (one entry per
-    /// layer, shaped as `info().kv_layers`), and returns logits `[logit_rows.len(), vocab]` (f32).
+    /// layer, shaped as `info().kv_layers`, then one per recurrent layer, shaped as
+    /// `info().state_layers`, see [`ModelInfo::allocate_caches`]), and returns logits
+    /// `[logit_rows.len(), vocab]` (f32).
     fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor>;
 
     /// Whether the rotary frequencies depend on the sequence length (dynamic NTK, LongRoPE): the

@@ -10,6 +10,7 @@ use crate::families::hunyuan::{self, HunYuanVariant};
 use crate::families::llama::{self, Variant};
 use crate::families::mixtral::{self, MoeVariant};
 use crate::families::olmo2::OlmoVersion;
+use crate::families::qwen3_next::{self, Variant as HybridVariant};
 use crate::families::{
     bert, chatglm, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gemma4, gpt2, gpt_neox, gpt_oss,
     granite, granite_moe, internlm2, llama4, minicpm, minicpm3, minimax_m2, olmo2, opt, phi, phi3, roberta, stablelm,
@@ -67,6 +68,8 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("MixtralForCausalLM", Causal(|r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::MIXTRAL)?)))),
     ("Qwen2MoeForCausalLM", Causal(|r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::QWEN2_MOE)?)))),
     ("Qwen3MoeForCausalLM", Causal(|r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::QWEN3_MOE)?)))),
+    ("Qwen3NextForCausalLM", Causal(|r, w| Ok(Box::new(qwen3_next::load(r, w, HybridVariant::Qwen3Next)?)))),
+    ("Qwen3_5ForCausalLM", Causal(|r, w| Ok(Box::new(qwen3_next::load(r, w, HybridVariant::Qwen3_5)?)))),
     ("OlmoeForCausalLM", Causal(|r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::OLMOE)?)))),
     ("DeepseekV2ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::V2)?)))),
     ("DeepseekV3ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::V3)?)))),

@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use ferrite_models::{load_model, LoadOptions};
 use ferrite_tensor::DType;
 use ferrite_testing::gate::{
-    edit_config, fixture_copy, fixtures_dir, greedy, judge, run_fixture, stable_prefixes, summarize, CaseReport, Oracle,
+    edit_config, edit_f32_tensors, fixture_copy, fixtures_dir, greedy, judge, run_fixture, stable_prefixes, summarize,
+    CaseReport, Oracle,
 };
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
@@ -127,26 +128,9 @@ fn broken_copy(name: &str, what: &str, edit: &Break) -> PathBuf {
     let dst = fixture_copy(name, &format!("fp8-{what}"));
     match edit {
         Break::Config(edit) => edit_config(&dst, edit),
-        Break::Scales(suffix, edit) => {
-            let path = dst.join("model.safetensors");
-            let bytes = std::fs::read(&path).unwrap();
-            let st = SafeTensors::deserialize(&bytes).unwrap();
-            let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
-            for (tensor_name, view) in st.tensors() {
-                let mut data = view.data().to_vec();
-                if tensor_name.ends_with(suffix) {
-                    assert_eq!(view.dtype(), safetensors::Dtype::F32, "{tensor_name}");
-                    let mut values: Vec<f32> =
-                        data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-                    edit(&mut values);
-                    data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-                }
-                tensors.push((tensor_name, view.dtype(), view.shape().to_vec(), data));
-            }
-            let views: Vec<(String, TensorView)> =
-                tensors.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
-            safetensors::serialize_to_file(views, None, &path).unwrap();
-        }
+        Break::Scales(suffix, edit) => edit_f32_tensors(&dst, |name| {
+            name.ends_with(suffix).then(|| Box::new(move |values: &mut [f32]| edit(values)) as Box<dyn Fn(&mut [f32])>)
+        }),
     }
     dst
 }

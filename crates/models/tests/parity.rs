@@ -101,6 +101,8 @@ parity! {
     internlm2 => "internlm2",
     minicpm => "minicpm",
     chatglm => "chatglm",
+    qwen3_next => "qwen3-next",
+    qwen3_5 => "qwen3_5",
 }
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.

@@ -40,6 +40,8 @@ pub struct AttnMetadata {
     /// Per sequence, the length of its whole prompt where a step holds a chunk of it (empty: the
     /// sequences' `ctx_len`s). See [`AttnMetadata::schedule_len`].
     pub prompt_lens: Vec<usize>,
+    /// Per sequence, its slot in the models' recurrent-state layers (empty for models without).
+    pub state_slots: Vec<usize>,
 }
 
 impl AttnMetadata {
@@ -67,7 +69,7 @@ impl AttnMetadata {
                 slot_mapping[row] = block * block_size + pos % block_size;
             }
         }
-        Ok(AttnMetadata { seqs, block_size, slot_mapping, prompt_lens: Vec::new() })
+        Ok(AttnMetadata { seqs, block_size, slot_mapping, prompt_lens: Vec::new(), state_slots: Vec::new() })
     }
 
     /// Records each sequence's whole prompt length (for chunked prefill).
@@ -79,6 +81,18 @@ impl AttnMetadata {
             ));
         }
         self.prompt_lens = prompt_lens;
+        Ok(self)
+    }
+
+    /// Gives each sequence its recurrent-state slot.
+    pub fn with_state_slots(mut self, state_slots: Vec<usize>) -> Result<AttnMetadata> {
+        if state_slots.len() != self.seqs.len() {
+            return Err(shape_err(
+                "attn_metadata",
+                format!("{} state slots, {} seqs", state_slots.len(), self.seqs.len()),
+            ));
+        }
+        self.state_slots = state_slots;
         Ok(self)
     }
 

@@ -17,6 +17,8 @@ pub enum Activation {
     Relu,
     /// `relu(x)^2` (`relu2`, Arcee).
     Relu2,
+    /// `1 / (1 + exp(-x))` (the output gate of Qwen3-Next's attention).
+    Sigmoid,
 }
 
 impl Activation {
@@ -28,6 +30,7 @@ impl Activation {
             "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast" => Some(Activation::GeluTanh),
             "relu" => Some(Activation::Relu),
             "relu2" => Some(Activation::Relu2),
+            "sigmoid" => Some(Activation::Sigmoid),
             _ => None,
         }
     }
@@ -685,5 +688,101 @@ mod tests {
         assert_eq!(gather_rows(&x, &[1, 0, 2]).unwrap().to_f32_vec(), [3.0, 4.0, 1.0, 2.0, 5.0, 6.0]);
         let wide = t(&[1.0; 8], &[2, 2, 2]);
         assert_eq!(gather_rows(&wide, &[0, 1, 2, 3]).unwrap().shape(), [4, 2], "a 3-D input still comes back 2-D");
+    }
+}
+
+/// The shapes of a Gated DeltaNet layer's delta rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GdnParams {
+    pub num_k_heads: usize,
+    pub num_v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    /// Tokens per chunk of the chunked prefill form (64 in the references).
+    pub chunk_size: usize,
+}
+
+fn check_state_layer(op: &'static str, cache: &PagedKvLayer, meta: &AttnMetadata, k: usize, v: usize) -> Result<()> {
+    if meta.state_slots.len() != meta.seqs.len() {
+        return Err(shape_err(op, format!("{} state slots for {} sequences", meta.state_slots.len(), meta.seqs.len())));
+    }
+    if cache.block_size != 1 || cache.num_kv_heads != 1 || cache.k_dim != k || cache.v_dim != v {
+        return Err(shape_err(
+            op,
+            format!(
+                "state layer of {}x{} slots of ({}, {}) floats, expected single slots of ({k}, {v})",
+                cache.num_blocks, cache.block_size, cache.k_dim, cache.v_dim
+            ),
+        ));
+    }
+    if let Some(&slot) = meta.state_slots.iter().find(|&&s| s >= cache.num_blocks) {
+        return Err(shape_err(op, format!("state slot {slot} of {}", cache.num_blocks)));
+    }
+    Ok(())
+}
+
+fn no_cuda_kernel(op: &'static str) -> TensorError {
+    TensorError::Unsupported {
+        op,
+        detail: "no CUDA kernel yet: recurrent (hybrid) layers run on the CPU backend".into(),
+    }
+}
+
+/// A causal depthwise conv1d over `x [tokens, channels]` with `weight [channels, kernel]` (and a
+/// bias per channel), then `act`. Each sequence's left context is its last `kernel - 1` inputs,
+/// kept in its slot of the state layer `cache` (the conv state; zeros where a sequence starts).
+pub fn causal_conv1d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    act: Option<Activation>,
+    cache: &mut PagedKvLayer,
+    meta: &AttnMetadata,
+) -> Result<Tensor> {
+    let (channels, kernel) = match *weight.shape() {
+        [c, k] if k >= 1 => (c, k),
+        _ => return Err(shape_err("causal_conv1d", format!("weight {:?} is not [channels, kernel]", weight.shape()))),
+    };
+    if x.last_dim() != channels || x.rows() != meta.num_tokens() {
+        return Err(shape_err("causal_conv1d", format!("x {:?} for {channels} channels", x.shape())));
+    }
+    check_state_layer("causal_conv1d", cache, meta, (kernel - 1) * channels, cache.v_dim)?;
+    match x.storage() {
+        Storage::Cpu(_) => cpu::recurrent::causal_conv1d(x, weight, bias, act, cache, meta),
+        Storage::Cuda(_) => Err(no_cuda_kernel("causal_conv1d")),
+    }
+}
+
+/// The gated delta rule (Gated DeltaNet) with its gates: `beta = sigmoid(b)`,
+/// `g = -exp(a_log) * softplus(a + dt_bias)`; `q, k [tokens, k_heads * k_dim]`,
+/// `v [tokens, v_heads * v_dim]`, `a, b [tokens, v_heads]`. Queries and keys are L2-normalised
+/// here. Each sequence's `[v_heads, k_dim, v_dim]` state is read from and written back to its slot
+/// of the state layer `cache`. Returns `[tokens, v_heads * v_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_rule(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    a_log: &Tensor,
+    dt_bias: &Tensor,
+    cache: &mut PagedKvLayer,
+    meta: &AttnMetadata,
+    p: &GdnParams,
+) -> Result<Tensor> {
+    let t = meta.num_tokens();
+    let (kw, vw) = (p.num_k_heads * p.k_dim, p.num_v_heads * p.v_dim);
+    let shapes = [(q, [t, kw]), (k, [t, kw]), (v, [t, vw]), (a, [t, p.num_v_heads]), (b, [t, p.num_v_heads])];
+    if let Some((x, want)) = shapes.iter().find(|(x, want)| x.shape() != want) {
+        return Err(shape_err("gated_delta_rule", format!("input {:?}, expected {want:?}", x.shape())));
+    }
+    if a_log.numel() != p.num_v_heads || dt_bias.numel() != p.num_v_heads || p.chunk_size == 0 {
+        return Err(shape_err("gated_delta_rule", "A_log / dt_bias are not one value per value head"));
+    }
+    check_state_layer("gated_delta_rule", cache, meta, cache.k_dim, p.num_v_heads * p.k_dim * p.v_dim)?;
+    match q.storage() {
+        Storage::Cpu(_) => cpu::recurrent::gated_delta_rule(q, k, v, a, b, a_log, dt_bias, cache, meta, p),
+        Storage::Cuda(_) => Err(no_cuda_kernel("gated_delta_rule")),
     }
 }

@@ -83,12 +83,7 @@ pub fn greedy_on(
 ) -> Result<Generation> {
     let total = prompt.len() + new_tokens;
     let blocks = total.div_ceil(block_size);
-    let mut kv: Vec<PagedKvLayer> = model
-        .info()
-        .kv_layers
-        .iter()
-        .map(|s| PagedKvLayer::new_on(device, kv_dtype, blocks, block_size, s.num_kv_heads, s.k_dim, s.v_dim))
-        .collect::<std::result::Result<_, _>>()?;
+    let mut kv: Vec<PagedKvLayer> = model.info().allocate_caches(device, kv_dtype, blocks, block_size, 1)?;
     // Reversed block order: the model must follow the block table, not assume contiguity.
     let block_table: Vec<u32> = (0..blocks as u32).rev().collect();
     let mut tokens = Vec::with_capacity(new_tokens);
@@ -107,7 +102,7 @@ pub fn greedy_on(
         }
         ctx += step_tokens.len();
         let seq = AttnSeq { q_start: 0, q_len: step_tokens.len(), ctx_len: ctx, block_table: block_table.clone() };
-        let meta = AttnMetadata::new(vec![seq], block_size)?;
+        let meta = AttnMetadata::new(vec![seq], block_size)?.with_state_slots(vec![0])?;
         let logits = model.forward(
             &ferrite_models::ForwardInput { tokens: &step_tokens, meta: &meta, logit_rows: &[step_tokens.len() - 1] },
             &mut kv,
@@ -229,6 +224,30 @@ pub fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     edit(&mut config);
     std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+}
+
+/// Rewrites the f32 tensors of `dir/model.safetensors` whose names `edit` selects: `edit(name)`
+/// returns the change to apply to that tensor's values, or `None` to keep it.
+pub fn edit_f32_tensors(dir: &Path, edit: impl Fn(&str) -> Option<Box<dyn Fn(&mut [f32])>>) {
+    use safetensors::tensor::TensorView;
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        let mut data = view.data().to_vec();
+        if let Some(change) = edit(&name) {
+            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
+            let mut values: Vec<f32> =
+                data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            change(&mut values);
+            data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        }
+        tensors.push((name, view.dtype(), view.shape().to_vec(), data));
+    }
+    let views: Vec<(String, TensorView)> =
+        tensors.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    safetensors::serialize_to_file(views, None, &path).unwrap();
 }
 
 /// The workspace's `fixtures/` directory.

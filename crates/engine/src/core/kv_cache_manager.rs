@@ -1,5 +1,6 @@
 //! Per-request block tables over the [`BlockPool`], with automatic prefix caching (vLLM's
-//! `KVCacheManager` for full attention).
+//! `KVCacheManager` for full attention), and for hybrid models one recurrent-state slot per
+//! request (the state layers' single "block" of each sequence).
 
 use std::collections::HashMap;
 
@@ -31,6 +32,10 @@ pub struct KvCacheManager {
     enable_caching: bool,
     requests: HashMap<ReqId, RequestBlocks>,
     stats: PrefixCacheStats,
+    /// Recurrent-state slots not held by a request (none for models without recurrent layers).
+    free_state_slots: Vec<usize>,
+    state_slots: HashMap<ReqId, usize>,
+    num_state_slots: usize,
 }
 
 impl KvCacheManager {
@@ -42,7 +47,23 @@ impl KvCacheManager {
             enable_caching,
             requests: HashMap::new(),
             stats: PrefixCacheStats::default(),
+            free_state_slots: Vec::new(),
+            state_slots: HashMap::new(),
+            num_state_slots: 0,
         }
+    }
+
+    /// Gives every request a recurrent-state slot out of `slots` (a hybrid model's state layers
+    /// hold that many sequences).
+    pub fn with_state_slots(mut self, slots: usize) -> KvCacheManager {
+        self.free_state_slots = (0..slots).rev().collect();
+        self.num_state_slots = slots;
+        self
+    }
+
+    /// The request's recurrent-state slot, while it holds one.
+    pub fn state_slot(&self, req: ReqId) -> Option<usize> {
+        self.state_slots.get(&req).copied()
     }
 
     pub fn pool(&self) -> &BlockPool {
@@ -100,6 +121,11 @@ impl KvCacheManager {
         if to_allocate + free_hits > self.pool.num_free_blocks() {
             return None;
         }
+        let needs_state = self.num_state_slots > 0 && !self.state_slots.contains_key(&req);
+        if needs_state {
+            let slot = self.free_state_slots.pop()?;
+            self.state_slots.insert(req, slot);
+        }
         self.pool.touch(hits);
         let new_blocks = self.pool.get_new_blocks(to_allocate)?;
         let entry = self.requests.entry(req).or_default();
@@ -126,6 +152,9 @@ impl KvCacheManager {
         if let Some(entry) = self.requests.remove(&req) {
             self.pool.free_blocks(entry.blocks.into_iter().rev());
         }
+        if let Some(slot) = self.state_slots.remove(&req) {
+            self.free_state_slots.push(slot);
+        }
     }
 
     /// Drops the cached content of free blocks (after a failed step).
@@ -145,6 +174,14 @@ impl KvCacheManager {
             if entry.num_cached > entry.blocks.len() {
                 return Err(format!("request {req} caches {} of {} blocks", entry.num_cached, entry.blocks.len()));
             }
+        }
+        let mut held: Vec<usize> = self.state_slots.values().chain(&self.free_state_slots).copied().collect();
+        held.sort_unstable();
+        if held != (0..self.num_state_slots).collect::<Vec<_>>() {
+            return Err(format!(
+                "state slots held or free {held:?}, expected each of 0..{} once",
+                self.num_state_slots
+            ));
         }
         for (id, &want) in refs.iter().enumerate() {
             let got = self.pool.ref_count(id as BlockId);

@@ -24,6 +24,8 @@ pub struct SchedulerConfig {
     /// [`ferrite_models::CausalLM::rotary_recompute_at`]: a running sequence that grows past this
     /// length is computed again from its first token, as transformers does.
     pub recompute_at: Option<usize>,
+    /// Recurrent-state slots (hybrid models; 0 for the others): one per running request.
+    pub num_state_slots: usize,
 }
 
 /// A request the runner has not seen: everything it needs to run and sample it.
@@ -35,6 +37,8 @@ pub struct NewRequestData {
     pub block_ids: Vec<BlockId>,
     /// Tokens already in the cache (prefix-cache hits).
     pub num_computed_tokens: usize,
+    /// Its slot in the recurrent-state layers (hybrid models).
+    pub state_slot: Option<usize>,
 }
 
 /// A request the runner already holds.
@@ -45,6 +49,8 @@ pub struct CachedRequestData {
     pub resumed_from_preemption: bool,
     pub new_block_ids: Vec<BlockId>,
     pub num_computed_tokens: usize,
+    /// Its recurrent-state slot (a request back from preemption may hold another one).
+    pub state_slot: Option<usize>,
 }
 
 /// One step's plan, consumed by the model runner.
@@ -111,7 +117,8 @@ impl Scheduler {
                 config.block_size,
                 config.max_model_len,
                 config.enable_prefix_caching,
-            ),
+            )
+            .with_state_slots(config.num_state_slots),
             config,
             requests: HashMap::new(),
             waiting: VecDeque::new(),
@@ -238,6 +245,7 @@ impl Scheduler {
                 resumed_from_preemption: recompute,
                 new_block_ids,
                 num_computed_tokens: self.requests[&id].num_computed_tokens,
+                state_slot: self.kv.state_slot(id),
             });
             out.num_scheduled_tokens.push((id, num_new));
             if !drafts.is_empty() {
@@ -269,6 +277,7 @@ impl Scheduler {
                     resumed_from_preemption: true,
                     new_block_ids: block_ids,
                     num_computed_tokens: num_hit_tokens,
+                    state_slot: self.kv.state_slot(id),
                 });
             } else {
                 out.scheduled_new_reqs.push(NewRequestData {
@@ -277,6 +286,7 @@ impl Scheduler {
                     sampling: req.sampling.clone(),
                     block_ids,
                     num_computed_tokens: num_hit_tokens,
+                    state_slot: self.kv.state_slot(id),
                 });
             }
             // Its prefill (or recompute) already covers the whole sequence: no recompute later.

@@ -5,6 +5,7 @@
 
 use ferrite_tensor::{ops, AttentionParams, AttnMetadata, PagedKvLayer, Tensor};
 
+use crate::layers::gdn::GatedDeltaNet;
 use crate::layers::mla::Mla;
 use crate::layers::moe::SparseMoe;
 use crate::layers::rope::Rope;
@@ -29,12 +30,24 @@ pub struct SelfAttention {
     pub rope: Option<usize>,
     /// A learned logit per query head in each softmax denominator (gpt-oss), f32 `[heads]`.
     pub sinks: Option<Tensor>,
+    /// Projects the layer input to a gate per attention output element, applied as
+    /// `sigmoid(gate) * attention` before `o` (Qwen3-Next / Qwen3.5).
+    pub output_gate: Option<Linear>,
 }
 
 impl SelfAttention {
     /// Plain attention on rotary table `rope`: no LayerNorm QK-norm, no query scale.
     pub fn new(attn: Attention, rope: Option<usize>) -> SelfAttention {
-        SelfAttention { attn, head_norms: None, q_scale: None, post_rope_norms: None, v_norm: None, rope, sinks: None }
+        SelfAttention {
+            attn,
+            head_norms: None,
+            q_scale: None,
+            post_rope_norms: None,
+            v_norm: None,
+            rope,
+            sinks: None,
+            output_gate: None,
+        }
     }
 }
 
@@ -68,6 +81,17 @@ pub enum TokenMixer {
     },
     /// Reads another layer's cache and writes none.
     SharedKv(SharedKvAttention),
+    /// Linear attention with a per-sequence recurrent state instead of a KV cache.
+    GatedDeltaNet(Box<GatedDeltaNet>),
+}
+
+/// What a layer keeps between steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerCache {
+    Kv(crate::model::KvLayerSpec),
+    State(crate::model::StateLayerSpec),
+    /// Another (earlier) layer's KV cache.
+    Shared(usize),
 }
 
 /// A batch's rotary tables: the rope and its cos/sin for these positions, one entry per table.
@@ -82,6 +106,7 @@ impl TokenMixer {
         match self {
             TokenMixer::Attention(a) => {
                 let (mut q, mut k, mut v) = a.attn.project(x)?;
+                let gate = a.output_gate.as_ref().map(|g| g.forward(x)).transpose()?;
                 if let Some(n) = &a.v_norm {
                     v = n.forward_heads(&v, n.weight.numel())?;
                 }
@@ -99,9 +124,9 @@ impl TokenMixer {
                     }
                     let d = a.attn.params.head_dim;
                     let (q, k) = (qn.forward_heads(&q, d)?, kn.forward_heads(&k, d)?);
-                    return a.attn.attend_sinks(q, k, v, None, meta, cache, a.sinks.as_ref());
+                    return a.attn.attend_sinks(q, k, v, None, meta, cache, a.sinks.as_ref(), gate.as_ref());
                 }
-                a.attn.attend_sinks(q, k, v, rope, meta, cache, a.sinks.as_ref())
+                a.attn.attend_sinks(q, k, v, rope, meta, cache, a.sinks.as_ref(), gate.as_ref())
             }
             TokenMixer::Latent { mla, rope } => mla.forward(x, table(*rope), meta, cache),
             TokenMixer::SharedKv(s) => {
@@ -114,42 +139,39 @@ impl TokenMixer {
                 }
                 s.o.forward(&ops::paged_attention(&q, cache, meta, &s.params)?)
             }
+            TokenMixer::GatedDeltaNet(g) => g.forward(x, meta, cache),
         }
     }
 
-    /// The layer whose cache this mixer reads instead of owning one.
-    pub fn kv_source(&self) -> Option<usize> {
+    /// The cache this mixer keeps, or the layer whose KV cache it reads.
+    pub fn cache(&self) -> LayerCache {
+        let spec = |p: &AttentionParams| crate::model::KvLayerSpec {
+            num_kv_heads: p.num_kv_heads,
+            k_dim: p.head_dim,
+            v_dim: p.v_head_dim,
+        };
         match self {
-            TokenMixer::SharedKv(s) => Some(s.source),
-            _ => None,
-        }
-    }
-
-    pub fn kv_spec(&self) -> crate::model::KvLayerSpec {
-        match self {
-            TokenMixer::Attention(a) => {
-                let p = &a.attn.params;
-                crate::model::KvLayerSpec { num_kv_heads: p.num_kv_heads, k_dim: p.head_dim, v_dim: p.v_head_dim }
-            }
-            TokenMixer::Latent { mla, .. } => mla.kv_spec(),
-            TokenMixer::SharedKv(s) => {
-                let p = &s.params;
-                crate::model::KvLayerSpec { num_kv_heads: p.num_kv_heads, k_dim: p.head_dim, v_dim: p.v_head_dim }
-            }
+            TokenMixer::Attention(a) => LayerCache::Kv(spec(&a.attn.params)),
+            TokenMixer::Latent { mla, .. } => LayerCache::Kv(mla.kv_spec()),
+            TokenMixer::SharedKv(s) => LayerCache::Shared(s.source),
+            TokenMixer::GatedDeltaNet(g) => LayerCache::State(g.state_spec()),
         }
     }
 
     fn weight_bytes(&self) -> usize {
         match self {
-            TokenMixer::Attention(a) => {
-                let a = &a.attn;
+            TokenMixer::Attention(sa) => {
+                let gate = sa.output_gate.as_ref().map_or(0, |g| g.weight.size_in_bytes());
+                let a = &sa.attn;
                 // Gemma 4's K = V layers hold one tensor for both.
                 let v_is_k = std::ptr::eq(a.k.weight.storage(), a.v.weight.storage());
                 [&a.q, &a.k, &a.o].iter().map(|l| l.weight.size_in_bytes()).sum::<usize>()
                     + if v_is_k { 0 } else { a.v.weight.size_in_bytes() }
+                    + gate
             }
             TokenMixer::Latent { mla, .. } => mla.weight_bytes(),
             TokenMixer::SharedKv(s) => s.q.weight.size_in_bytes() + s.o.weight.size_in_bytes(),
+            TokenMixer::GatedDeltaNet(g) => g.weight_bytes(),
         }
     }
 }

@@ -15,7 +15,9 @@ pub mod per_layer;
 use ferrite_tensor::{ops, DType, PagedKvLayer, Tensor};
 
 use self::block::Residual;
-pub use self::block::{Block, ChannelMixer, ParallelSum, SelfAttention, SharedKvAttention, TokenMixer, Wiring};
+pub use self::block::{
+    Block, ChannelMixer, LayerCache, ParallelSum, SelfAttention, SharedKvAttention, TokenMixer, Wiring,
+};
 use self::per_layer::PerLayerInputs;
 use crate::layers::rope::Rope;
 use crate::layers::{Embedding, Linear, Norm};
@@ -83,7 +85,20 @@ impl Decoder {
             architecture,
             vocab_size: lm_head.out_features(),
             max_position_embeddings,
-            kv_layers: blocks.iter().filter(|b| b.mixer.kv_source().is_none()).map(|b| b.mixer.kv_spec()).collect(),
+            kv_layers: blocks
+                .iter()
+                .filter_map(|b| match b.mixer.cache() {
+                    LayerCache::Kv(spec) => Some(spec),
+                    _ => None,
+                })
+                .collect(),
+            state_layers: blocks
+                .iter()
+                .filter_map(|b| match b.mixer.cache() {
+                    LayerCache::State(spec) => Some(spec),
+                    _ => None,
+                })
+                .collect(),
             weight_bytes: 0,
         };
         let mut d = Decoder {
@@ -133,32 +148,40 @@ impl Decoder {
         self
     }
 
-    /// The cache each block reads: its own, in block order, or its source's for a block that
-    /// shares another's keys and values.
+    /// The cache each block reads, as an index into the forward's caches: its own KV layer (in
+    /// block order), its source's for a block that shares another's keys and values, or its
+    /// recurrent state layer (after all KV layers).
     fn cache_slots(&self, caches: usize) -> Result<Vec<usize>> {
+        let num_kv = self.info.kv_layers.len();
         let mut slots: Vec<usize> = Vec::with_capacity(self.blocks.len());
-        let mut owned = 0;
+        let (mut kv, mut state) = (0, 0);
         for (i, b) in self.blocks.iter().enumerate() {
-            let slot = match b.mixer.kv_source() {
-                Some(src) if src < i && self.blocks[src].mixer.kv_source().is_none() => slots[src],
-                Some(src) => {
+            let slot = match b.mixer.cache() {
+                LayerCache::Shared(src) if src < i && matches!(self.blocks[src].mixer.cache(), LayerCache::Kv(_)) => {
+                    slots[src]
+                }
+                LayerCache::Shared(src) => {
                     return Err(ferrite_tensor::TensorError::Shape {
                         op: "kv sharing",
-                        detail: format!("layer {i} reads layer {src}, which is not an earlier layer with a cache"),
+                        detail: format!("layer {i} reads layer {src}, which is not an earlier layer with a KV cache"),
                     }
                     .into())
                 }
-                None => {
-                    owned += 1;
-                    owned - 1
+                LayerCache::Kv(_) => {
+                    kv += 1;
+                    kv - 1
+                }
+                LayerCache::State(_) => {
+                    state += 1;
+                    num_kv + state - 1
                 }
             };
             slots.push(slot);
         }
-        if owned != caches {
+        if kv + state != caches {
             return Err(ferrite_tensor::TensorError::Shape {
                 op: "forward",
-                detail: format!("{caches} KV caches for a model with {owned}"),
+                detail: format!("{caches} caches for a model with {kv} KV and {state} recurrent layers"),
             }
             .into());
         }

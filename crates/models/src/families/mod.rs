@@ -33,6 +33,7 @@ pub mod olmo2;
 pub mod opt;
 pub mod phi;
 pub mod phi3;
+pub mod qwen3_next;
 pub mod roberta;
 pub mod stablelm;
 pub mod starcoder2;

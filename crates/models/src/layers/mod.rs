@@ -2,6 +2,7 @@
 //! flattened `[tokens, features]` batch: linear, norms, MLPs and attention here, rotary
 //! embeddings in [`rope`], multi-head latent attention in [`mla`], mixtures of experts in [`moe`].
 
+pub mod gdn;
 pub mod mla;
 pub mod moe;
 pub mod rope;
@@ -305,10 +306,12 @@ impl Attention {
         meta: &AttnMetadata,
         cache: &mut PagedKvLayer,
     ) -> Result<Tensor> {
-        self.attend_sinks(q, k, v, rope, meta, cache, None)
+        self.attend_sinks(q, k, v, rope, meta, cache, None, None)
     }
 
-    /// [`Attention::attend`] with an attention sink per head (`[heads]` f32 logits).
+    /// [`Attention::attend`] with an attention sink per head (`[heads]` f32 logits), and the
+    /// attention output multiplied by `sigmoid(output_gate)` before the output projection
+    /// (Qwen3-Next's gated attention).
     #[allow(clippy::too_many_arguments)]
     pub fn attend_sinks(
         &self,
@@ -319,6 +322,7 @@ impl Attention {
         meta: &AttnMetadata,
         cache: &mut PagedKvLayer,
         sinks: Option<&Tensor>,
+        output_gate: Option<&Tensor>,
     ) -> Result<Tensor> {
         match rope {
             Some((rope, cos, sin)) => q = rope.apply_with_kv(&q, &k, &v, cos, sin, cache, meta)?,
@@ -328,7 +332,10 @@ impl Attention {
             q = s.apply(&q, meta)?;
         }
         let attn = ops::paged_attention_sinks(&q, cache, meta, &self.params, sinks)?;
-        self.o.forward(&attn)
+        match output_gate {
+            Some(gate) => self.o.forward(&ops::act_mul(gate, &attn, Activation::Sigmoid)?),
+            None => self.o.forward(&attn),
+        }
     }
 }
 

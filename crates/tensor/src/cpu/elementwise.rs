@@ -18,6 +18,7 @@ pub fn activate(act: Activation, x: f32) -> f32 {
             let r = x.max(0.0);
             r * r
         }
+        Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
     }
 }
 

@@ -4,6 +4,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod matmul;
 pub mod norm;
+pub mod recurrent;
 pub mod rope;
 pub mod sampling;
 

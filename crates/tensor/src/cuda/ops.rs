@@ -33,6 +33,7 @@ pub(crate) const ACT_GELU: i32 = 1;
 pub(crate) const ACT_GELU_TANH: i32 = 2;
 pub(crate) const ACT_RELU: i32 = 3;
 pub(crate) const ACT_RELU2: i32 = 4;
+pub(crate) const ACT_SIGMOID: i32 = 5;
 
 pub(crate) fn activation_code(act: Activation) -> i32 {
     match act {
@@ -41,6 +42,7 @@ pub(crate) fn activation_code(act: Activation) -> i32 {
         Activation::GeluTanh => ACT_GELU_TANH,
         Activation::Relu => ACT_RELU,
         Activation::Relu2 => ACT_RELU2,
+        Activation::Sigmoid => ACT_SIGMOID,
     }
 }
 

@@ -59,6 +59,7 @@ __device__ __forceinline__ float activate(int act, float x) {
         float r = fmaxf(x, 0.f);
         return r * r;
     }
+    case ACT_SIGMOID: return 1.f / (1.f + expf(-x));
     default: return fmaxf(x, 0.f);
     }
 }

@@ -1,0 +1,116 @@
+//! Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5) beyond the parity battery: the gate catches
+//! breaks of what makes them hybrids, and the recurrent state carried between steps gives what
+//! one pass over the whole sequence gives.
+
+use ferrite_models::{load_model, CausalLM, ForwardInput, LoadOptions};
+use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device};
+use ferrite_testing::gate::{edit_config, edit_f32_tensors, fixture_copy, fixtures_dir, run_fixture, Oracle};
+
+fn strict_count(dir: &std::path::Path) -> (usize, usize) {
+    let (_, reports) = run_fixture(dir, DType::F32).unwrap();
+    (reports.iter().filter(|r| r.strict).count(), reports.len())
+}
+
+/// Each break changes outputs of the battery; the unbroken copy passes all of it.
+#[test]
+fn gate_catches_gated_deltanet_breaks() {
+    type WeightEdit = fn(&str) -> Option<Box<dyn Fn(&mut [f32])>>;
+    let breaks: [(&str, Option<fn(&mut serde_json::Value)>, Option<WeightEdit>); 4] = [
+        ("unbroken", None, None),
+        (
+            "key heads regrouped (2 x 8 -> 4 x 4: same widths, other L2 norms and head sharing)",
+            Some(|c| {
+                c["linear_num_key_heads"] = 4.into();
+                c["linear_key_head_dim"] = 4.into();
+            }),
+            None,
+        ),
+        (
+            "causal conv taps reversed",
+            None,
+            Some(|name| {
+                name.ends_with("conv1d.weight").then(|| {
+                    Box::new(|w: &mut [f32]| w.chunks_exact_mut(4).for_each(<[f32]>::reverse))
+                        as Box<dyn Fn(&mut [f32])>
+                })
+            }),
+        ),
+        (
+            "A_log negated (slower state decay)",
+            None,
+            Some(|name| {
+                name.ends_with("A_log")
+                    .then(|| Box::new(|w: &mut [f32]| w.iter_mut().for_each(|v| *v = -*v)) as Box<dyn Fn(&mut [f32])>)
+            }),
+        ),
+    ];
+    for (what, config, weights) in breaks {
+        let dir = fixture_copy("qwen3-next", what);
+        if let Some(edit) = config {
+            edit_config(&dir, edit);
+        }
+        if let Some(edit) = weights {
+            edit_f32_tensors(&dir, edit);
+        }
+        let (strict, total) = strict_count(&dir);
+        std::fs::remove_dir_all(&dir).ok();
+        match what {
+            "unbroken" => assert_eq!(strict, total, "the unbroken copy fails the gate"),
+            _ => assert!(strict < total, "{what} went unnoticed ({strict}/{total} strict)"),
+        }
+    }
+}
+
+/// A config naming a layer type this family does not have fails to load, naming it.
+#[test]
+fn an_unknown_layer_type_is_a_load_error() {
+    let dir = fixture_copy("qwen3_5", "unknown-layer-type");
+    edit_config(&dir, |c| {
+        c["layer_types"] = serde_json::json!(["linear_attention", "linear_attention", "mamba", "full_attention"]);
+    });
+    let err = load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).err().expect("loaded");
+    std::fs::remove_dir_all(&dir).ok();
+    let msg = err.to_string();
+    assert!(msg.contains("`mamba`") && msg.contains("layer_types"), "{msg}");
+}
+
+/// Logits of the last prompt token after the prompt in `chunks` (the state carried from one
+/// forward to the next through slot 1 of 2).
+fn last_logits(model: &dyn CausalLM, tokens: &[u32], chunks: &[usize]) -> Vec<f32> {
+    let block_size = 16;
+    let blocks = tokens.len().div_ceil(block_size);
+    let mut caches = model.info().allocate_caches(Device::Cpu, DType::F32, blocks, block_size, 2).unwrap();
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let mut done = 0;
+    let mut logits = Vec::new();
+    for &n in chunks {
+        let seq = AttnSeq { q_start: 0, q_len: n, ctx_len: done + n, block_table: table.clone() };
+        let meta = AttnMetadata::new(vec![seq], block_size).unwrap().with_state_slots(vec![1]).unwrap();
+        let input = ForwardInput { tokens: &tokens[done..done + n], meta: &meta, logit_rows: &[n - 1] };
+        logits = model.forward(&input, &mut caches).unwrap().to_f32_vec();
+        done += n;
+    }
+    assert_eq!(done, tokens.len());
+    logits
+}
+
+/// Chunked prefill (chunks that cut across the delta rule's 64-token chunks) and token-by-token
+/// decode with carried state agree with one forward over the whole sequence.
+#[test]
+fn carried_state_equals_one_pass() {
+    for name in ["qwen3-next", "qwen3_5"] {
+        let dir = fixtures_dir().join("models").join(name);
+        let oracle = Oracle::load(&dir.join("oracle.json")).unwrap();
+        let model = load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).unwrap().model;
+        let case = oracle.cases.iter().max_by_key(|c| c.prompt_ids.len()).unwrap();
+        let tokens: Vec<u32> = case.prompt_ids.iter().chain(&case.output_ids[..4]).copied().collect();
+        let whole = last_logits(model.as_ref(), &tokens, &[tokens.len()]);
+        let n = case.prompt_ids.len();
+        let splits: [Vec<usize>; 2] = [vec![50, 50, 100, n - 200, 1, 1, 1, 1], vec![n, 1, 1, 1, 1]];
+        for chunks in splits {
+            let split = last_logits(model.as_ref(), &tokens, &chunks);
+            let err = whole.iter().zip(&split).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(err < 1e-4, "{name}: chunks {chunks:?} differ from one pass by {err}");
+        }
+    }
+}

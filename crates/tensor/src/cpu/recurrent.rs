@@ -1,0 +1,353 @@
+//! Recurrent token mixers on the CPU, following transformers' torch fallbacks step for step (the
+//! oracle): the causal depthwise conv1d in front of a linear-attention layer, and the gated delta
+//! rule (Gated DeltaNet), chunked for prompts and one token at a time for decode.
+//!
+//! Each sequence's state lives in its slot of a state layer ([`PagedKvLayer`] with one slot per
+//! sequence): the conv's last `K - 1` inputs in `k`, the `[heads, k_dim, v_dim]` delta-rule state
+//! in `v`, both f32 as the references keep them.
+
+use rayon::prelude::*;
+
+use super::elementwise::activate;
+use super::f32_tensor;
+use crate::error::{shape_err, Result, TensorError};
+use crate::kv::{AttnMetadata, KvStorage, PagedKvLayer};
+use crate::ops::{Activation, GdnParams};
+use crate::tensor::Tensor;
+
+fn state_slices<'a>(op: &'static str, cache: &'a mut PagedKvLayer) -> Result<(&'a mut [f32], &'a mut [f32])> {
+    match &mut cache.storage {
+        KvStorage::Cpu { k, v } => Ok((k, v)),
+        KvStorage::Cuda { .. } => Err(TensorError::Device(format!("{op}: CPU activations with a CUDA state cache"))),
+    }
+}
+
+/// A sequence's rows, its state slot and whether it starts from a zero state (its first chunk).
+fn sequences(meta: &AttnMetadata) -> impl Iterator<Item = (std::ops::Range<usize>, usize, bool)> + '_ {
+    meta.seqs
+        .iter()
+        .zip(&meta.state_slots)
+        .map(|(s, &slot)| (s.q_start..s.q_start + s.q_len, slot, s.ctx_len == s.q_len))
+}
+
+/// `x [tokens, channels]` through a causal depthwise conv of `weight [channels, kernel]` whose
+/// left context is each sequence's cached last `kernel - 1` inputs (zeros for a new sequence);
+/// the cache then holds the sequence's last `kernel - 1` inputs.
+pub fn causal_conv1d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    act: Option<Activation>,
+    cache: &mut PagedKvLayer,
+    meta: &AttnMetadata,
+) -> Result<Tensor> {
+    let (xs, ws) = (x.as_f32_slice()?, weight.as_f32_slice()?);
+    let bias = bias.map(|b| b.as_f32_slice()).transpose()?;
+    let (channels, kernel) = (weight.shape()[0], weight.shape()[1]);
+    let hist = kernel - 1;
+    let (conv_state, _) = state_slices("causal_conv1d", cache)?;
+    let mut out = vec![0f32; xs.len()];
+    for (rows, slot, fresh) in sequences(meta) {
+        let state = &mut conv_state[slot * hist * channels..(slot + 1) * hist * channels];
+        if fresh {
+            state.fill(0.0);
+        }
+        // The sequence's inputs with their left context: [hist + rows, channels].
+        let mut window = Vec::with_capacity((hist + rows.len()) * channels);
+        window.extend_from_slice(state);
+        window.extend_from_slice(&xs[rows.start * channels..rows.end * channels]);
+        for (t, row) in rows.clone().enumerate() {
+            let o = &mut out[row * channels..(row + 1) * channels];
+            for (c, o) in o.iter_mut().enumerate() {
+                let mut acc = bias.map_or(0.0, |b| b[c]);
+                for j in 0..kernel {
+                    acc += ws[c * kernel + j] * window[(t + j) * channels + c];
+                }
+                *o = act.map_or(acc, |a| activate(a, acc));
+            }
+        }
+        let n = window.len() / channels;
+        state.copy_from_slice(&window[(n - hist) * channels..]);
+    }
+    Ok(f32_tensor(out, x.shape().to_vec()))
+}
+
+fn l2norm(x: &mut [f32]) {
+    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+fn softplus(x: f32) -> f32 {
+    // torch's softplus (beta 1, threshold 20).
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// One value head of one sequence: its inputs gathered per token.
+struct HeadInputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+}
+
+/// The gated delta rule over `q, k [tokens, k_heads * k_dim]`, `v [tokens, v_heads * v_dim]`, with
+/// the gates computed here from the raw projections: `beta = sigmoid(b)` and
+/// `g = -exp(a_log) * softplus(a + dt_bias)` (`a, b [tokens, v_heads]`). Queries and keys are
+/// L2-normalised; each key head serves `v_heads / k_heads` consecutive value heads.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_rule(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    a_log: &Tensor,
+    dt_bias: &Tensor,
+    cache: &mut PagedKvLayer,
+    meta: &AttnMetadata,
+    p: &GdnParams,
+) -> Result<Tensor> {
+    let (qs, ks, vs) = (q.as_f32_slice()?, k.as_f32_slice()?, v.as_f32_slice()?);
+    let (as_, bs) = (a.as_f32_slice()?, b.as_f32_slice()?);
+    let (a_log, dt_bias) = (a_log.as_f32_slice()?, dt_bias.as_f32_slice()?);
+    let (hk, hv, dk, dv) = (p.num_k_heads, p.num_v_heads, p.k_dim, p.v_dim);
+    if hv % hk != 0 {
+        return Err(shape_err("gated_delta_rule", format!("{hv} value heads over {hk} key heads")));
+    }
+    let group = hv / hk;
+    let tokens = q.rows();
+    let state_len = dk * dv;
+    let (_, states) = state_slices("gated_delta_rule", cache)?;
+    let mut out = vec![0f32; tokens * hv * dv];
+    for (rows, slot, fresh) in sequences(meta) {
+        let seq_states = &mut states[slot * hv * state_len..(slot + 1) * hv * state_len];
+        if fresh {
+            seq_states.fill(0.0);
+        }
+        // transformers runs a single cached token through the recurrent rule, anything else
+        // (a prompt, a prompt chunk) through the chunked one.
+        let recurrent = rows.len() == 1 && !fresh;
+        let heads: Vec<Vec<f32>> = seq_states
+            .par_chunks_mut(state_len)
+            .enumerate()
+            .map(|(h, state)| {
+                let kh = h / group;
+                let mut inp = HeadInputs {
+                    q: Vec::with_capacity(rows.len() * dk),
+                    k: Vec::with_capacity(rows.len() * dk),
+                    v: Vec::with_capacity(rows.len() * dv),
+                    g: Vec::with_capacity(rows.len()),
+                    beta: Vec::with_capacity(rows.len()),
+                };
+                for r in rows.clone() {
+                    let (mut qr, mut kr) = (
+                        qs[(r * hk + kh) * dk..(r * hk + kh + 1) * dk].to_vec(),
+                        ks[(r * hk + kh) * dk..(r * hk + kh + 1) * dk].to_vec(),
+                    );
+                    l2norm(&mut qr);
+                    l2norm(&mut kr);
+                    if recurrent {
+                        let root = (dk as f32).sqrt();
+                        qr.iter_mut().for_each(|x| *x /= root);
+                    } else {
+                        let scale = (dk as f64).powf(-0.5) as f32;
+                        qr.iter_mut().for_each(|x| *x *= scale);
+                    }
+                    inp.q.extend_from_slice(&qr);
+                    inp.k.extend_from_slice(&kr);
+                    inp.v.extend_from_slice(&vs[(r * hv + h) * dv..(r * hv + h + 1) * dv]);
+                    inp.g.push(-a_log[h].exp() * softplus(as_[r * hv + h] + dt_bias[h]));
+                    inp.beta.push(1.0 / (1.0 + (-bs[r * hv + h]).exp()));
+                }
+                if recurrent {
+                    recurrent_step(&inp, state, dk, dv)
+                } else {
+                    chunked(&inp, state, dk, dv, p.chunk_size)
+                }
+            })
+            .collect();
+        for (h, head_out) in heads.iter().enumerate() {
+            for (t, r) in rows.clone().enumerate() {
+                out[(r * hv + h) * dv..(r * hv + h + 1) * dv].copy_from_slice(&head_out[t * dv..(t + 1) * dv]);
+            }
+        }
+    }
+    Ok(f32_tensor(out, vec![tokens, hv * dv]))
+}
+
+/// transformers' `torch_recurrent_gated_delta_rule` for one token.
+fn recurrent_step(inp: &HeadInputs, state: &mut [f32], dk: usize, dv: usize) -> Vec<f32> {
+    let decay = inp.g[0].exp();
+    state.iter_mut().for_each(|s| *s *= decay);
+    let mut delta = vec![0f32; dv];
+    for (j, d) in delta.iter_mut().enumerate() {
+        let mem: f32 = (0..dk).map(|i| state[i * dv + j] * inp.k[i]).sum();
+        *d = (inp.v[j] - mem) * inp.beta[0];
+    }
+    for i in 0..dk {
+        for j in 0..dv {
+            state[i * dv + j] += inp.k[i] * delta[j];
+        }
+    }
+    (0..dv).map(|j| (0..dk).map(|i| state[i * dv + j] * inp.q[i]).sum()).collect()
+}
+
+/// transformers' `torch_chunk_gated_delta_rule`: within a chunk the delta-rule updates are solved
+/// as one unit-lower-triangular system (the UT transform), and the state is carried between
+/// chunks. A short last chunk is computed at its own length: the reference's zero padding adds
+/// nothing to the state or to the real rows.
+fn chunked(inp: &HeadInputs, state: &mut [f32], dk: usize, dv: usize, chunk_size: usize) -> Vec<f32> {
+    let n = inp.g.len();
+    let mut out = vec![0f32; n * dv];
+    let dot = |a: &[f32], b: &[f32]| -> f32 { a.iter().zip(b).map(|(x, y)| x * y).sum() };
+    for start in (0..n).step_by(chunk_size) {
+        let c = chunk_size.min(n - start);
+        let row = |m: &[f32], w: usize, i: usize| m[(start + i) * w..(start + i + 1) * w].to_vec();
+        let rows = |m: &[f32], w: usize| -> Vec<Vec<f32>> { (0..c).map(|i| row(m, w, i)).collect() };
+        let (q, k, v) = (rows(&inp.q, dk), rows(&inp.k, dk), rows(&inp.v, dv));
+        let beta = &inp.beta[start..start + c];
+        let mut cum = vec![0f32; c];
+        let mut acc = 0f32;
+        for (i, cu) in cum.iter_mut().enumerate() {
+            acc += inp.g[start + i];
+            *cu = acc;
+        }
+        let k_beta: Vec<Vec<f32>> = k.iter().zip(beta).map(|(r, &b)| r.iter().map(|x| x * b).collect()).collect();
+        let v_beta: Vec<Vec<f32>> = v.iter().zip(beta).map(|(r, &b)| r.iter().map(|x| x * b).collect()).collect();
+        let decay = |i: usize, j: usize| if j <= i { (cum[i] - cum[j]).exp() } else { 0.0 };
+        // Forward substitution with the strictly lower part of (k_beta k^T) * decay (the unit
+        // diagonal is implied, as solve_triangular's unitriangular reads it).
+        let ut = |i: usize, j: usize| dot(&k_beta[i], &k[j]) * decay(i, j);
+        let mut new_values: Vec<Vec<f32>> = Vec::with_capacity(c);
+        let mut k_cumdecay: Vec<Vec<f32>> = Vec::with_capacity(c);
+        for i in 0..c {
+            let e = cum[i].exp();
+            let mut xv = v_beta[i].clone();
+            let mut xk: Vec<f32> = k_beta[i].iter().map(|x| x * e).collect();
+            for j in 0..i {
+                let a = ut(i, j);
+                xv.iter_mut().zip(&new_values[j]).for_each(|(x, y)| *x -= a * y);
+                xk.iter_mut().zip(&k_cumdecay[j]).for_each(|(x, y): (&mut f32, &f32)| *x -= a * y);
+            }
+            new_values.push(xv);
+            k_cumdecay.push(xk);
+        }
+        let intra: Vec<Vec<f32>> = (0..c).map(|i| (0..c).map(|j| dot(&q[i], &k[j]) * decay(i, j)).collect()).collect();
+        let last = cum[c - 1];
+        // v_new = new_values - k_cumdecay @ S
+        let v_new: Vec<Vec<f32>> = (0..c)
+            .map(|i| {
+                (0..dv)
+                    .map(|j| new_values[i][j] - (0..dk).map(|m| k_cumdecay[i][m] * state[m * dv + j]).sum::<f32>())
+                    .collect()
+            })
+            .collect();
+        for i in 0..c {
+            let e = cum[i].exp();
+            let qd: Vec<f32> = q[i].iter().map(|x| x * e).collect();
+            for j in 0..dv {
+                let inter: f32 = (0..dk).map(|m| qd[m] * state[m * dv + j]).sum();
+                let local: f32 = (0..c).map(|t| intra[i][t] * v_new[t][j]).sum();
+                out[(start + i) * dv + j] = inter + local;
+            }
+        }
+        let chunk_decay = last.exp();
+        let k_dec: Vec<Vec<f32>> = (0..c).map(|i| k[i].iter().map(|x| x * (last - cum[i]).exp()).collect()).collect();
+        for m in 0..dk {
+            for j in 0..dv {
+                let upd: f32 = (0..c).map(|t| k_dec[t][m] * v_new[t][j]).sum();
+                state[m * dv + j] = state[m * dv + j] * chunk_decay + upd;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::AttnSeq;
+
+    fn rand(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    fn head(n: usize, dk: usize, dv: usize) -> HeadInputs {
+        let mut q = rand(n * dk, 1);
+        let mut k = rand(n * dk, 2);
+        for r in 0..n {
+            l2norm(&mut q[r * dk..(r + 1) * dk]);
+            l2norm(&mut k[r * dk..(r + 1) * dk]);
+        }
+        HeadInputs {
+            q,
+            k,
+            v: rand(n * dv, 3),
+            g: rand(n, 4).iter().map(|x| -(x + 0.6)).collect(),
+            beta: rand(n, 5).iter().map(|x| x + 0.5).collect(),
+        }
+    }
+
+    /// The chunked form is an exact rewrite of the token-by-token recurrence: outputs and final
+    /// state agree for any chunk size, including chunks that split the sequence unevenly.
+    #[test]
+    fn chunked_rule_equals_the_recurrence() {
+        let (n, dk, dv) = (37, 8, 6);
+        let inp = head(n, dk, dv);
+        let mut s_rec = vec![0f32; dk * dv];
+        let mut rec = Vec::new();
+        for t in 0..n {
+            let one = HeadInputs {
+                q: inp.q[t * dk..(t + 1) * dk].to_vec(),
+                k: inp.k[t * dk..(t + 1) * dk].to_vec(),
+                v: inp.v[t * dv..(t + 1) * dv].to_vec(),
+                g: vec![inp.g[t]],
+                beta: vec![inp.beta[t]],
+            };
+            rec.extend(recurrent_step(&one, &mut s_rec, dk, dv));
+        }
+        for chunk in [1, 5, 16, 64] {
+            let mut s = vec![0f32; dk * dv];
+            let out = chunked(&inp, &mut s, dk, dv, chunk);
+            let err = out.iter().zip(&rec).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let serr = s.iter().zip(&s_rec).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(err < 1e-4 && serr < 1e-4, "chunk {chunk}: output error {err}, state error {serr}");
+        }
+    }
+
+    /// A prompt run in two steps (state carried through the cache slot) gives the same outputs as
+    /// one step, and a fresh sequence in a reused slot ignores what the slot held.
+    #[test]
+    fn carried_state_equals_one_pass() {
+        let (channels, kernel, n) = (6, 4, 11);
+        let x = rand(n * channels, 7);
+        let w = Tensor::from_f32(rand(channels * kernel, 8), &[channels, kernel]).unwrap();
+        let mut cache = PagedKvLayer::new_cpu(2, 1, 1, (kernel - 1) * channels, 1);
+        let run = |cache: &mut PagedKvLayer, rows: std::ops::Range<usize>, ctx: usize| {
+            let seq = AttnSeq { q_start: 0, q_len: rows.len(), ctx_len: ctx, block_table: vec![0; ctx] };
+            let meta = AttnMetadata::new(vec![seq], 1).unwrap().with_state_slots(vec![1]).unwrap();
+            let t = Tensor::from_f32(x[rows.start * channels..rows.end * channels].to_vec(), &[rows.len(), channels])
+                .unwrap();
+            causal_conv1d(&t, &w, None, Some(Activation::Silu), cache, &meta).unwrap().to_f32_vec()
+        };
+        if let KvStorage::Cpu { k, .. } = &mut cache.storage {
+            k.fill(3.0);
+        }
+        let whole = run(&mut cache, 0..n, n);
+        let mut split = run(&mut cache, 0..4, 4);
+        split.extend(run(&mut cache, 4..5, 5));
+        split.extend(run(&mut cache, 5..n, n));
+        assert_eq!(whole, split);
+    }
+}
