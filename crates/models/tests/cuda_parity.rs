@@ -1,8 +1,9 @@
 //! The parity battery of every fixture on a CUDA GPU: in f32 token-exact against transformers
 //! with the CPU gate's logprob tolerance, and in bf16 judged by the near-tie rule (a case passes
 //! STRICT, or diverges only where the oracle's top two were within `NEAR_TIE_NATS`; only a model
-//! that routes tokens among experts may miss, in at most `MOE_BF16_MISSES` of its cases). Without a
-//! GPU (CI) the test prints SKIP and passes.
+//! that routes tokens among experts or carries a recurrent state may miss, in at most
+//! `MOE_BF16_MISSES` / `RECURRENT_BF16_MISSES` of its cases). Without a GPU (CI) the test prints
+//! SKIP and passes.
 
 use ferrite_tensor::{DType, Device};
 use ferrite_testing::gate::{
@@ -17,14 +18,31 @@ const LOGPROB_TOLERANCE: f32 = 2e-3;
 /// A dense model has no such step, so any miss there is a bug.
 const MOE_BF16_MISSES: usize = 2;
 
+/// A Gated DeltaNet layer multiplies its state by `exp(-A * softplus(a + dt_bias))` at every
+/// token, `a` a projection of the bf16 hidden state and `A` up to 16 in the fixtures (transformers'
+/// init range): bf16's relative error in `a` becomes an absolute error of the decay exponent that
+/// compounds over the sequence, so a recurrent model's bf16 run drifts further from the f32
+/// oracle than attention alone does (the same fixtures are STRICT in f32 on CUDA).
+const RECURRENT_BF16_MISSES: usize = 2;
+
 /// Where the inputs of the linear layers are quantized to FP8 (W8A8), a last-bit difference in
 /// an activation can cross an e4m3 rounding boundary and move later logprobs by tenths of a nat
 /// (see `fp8_parity.rs`): tokens stay STRICT, logprobs are held to this bound.
 const W8A8_LOGPROB_TOLERANCE: f32 = 0.6;
 
+/// W8A8: compressed-tensors groups with input activations, or the `fp8` block format
+/// (DeepSeek-V3, Qwen3-FP8), whose activations are quantized per 128-group at run time.
 fn quantizes_inputs(config: &serde_json::Value) -> bool {
-    let groups = config["quantization_config"]["config_groups"].as_object();
-    groups.is_some_and(|g| g.values().any(|g| !g["input_activations"].is_null()))
+    let q = &config["quantization_config"];
+    let groups = q["config_groups"].as_object();
+    groups.is_some_and(|g| g.values().any(|g| !g["input_activations"].is_null())) || q["quant_method"] == "fp8"
+}
+
+/// Whether the fixture's config has recurrent (linear-attention or state-space) layers.
+fn has_recurrent_layers(config: &serde_json::Value) -> bool {
+    ["linear_num_value_heads", "linear_attn_config", "mamba_d_state", "ssm_state_size"]
+        .iter()
+        .any(|k| !config[*k].is_null() || !config["text_config"][*k].is_null())
 }
 
 /// Whether the fixture's config routes tokens among experts (any spelling of the expert count,
@@ -59,6 +77,7 @@ fn every_fixture_on_cuda() {
         let config: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
         let moe = routes_among_experts(&config);
+        let recurrent = has_recurrent_layers(&config);
         let w8a8 = quantizes_inputs(&config);
         let tolerance = if w8a8 { W8A8_LOGPROB_TOLERANCE } else { LOGPROB_TOLERANCE };
         let stable = stable_prefixes(&dir.join("oracle.json")).unwrap();
@@ -102,8 +121,11 @@ fn every_fixture_on_cuda() {
                 // e4m3 (steps of 2^-4), so a few percent of the quantized inputs land on the
                 // other e4m3 neighbour than in the f32 oracle: a W8A8 model in bf16 is compared
                 // and reported, its f32 run above is the gate.
-                if misses > if moe { MOE_BF16_MISSES } else { 0 } && !w8a8 {
-                    failures.push(format!("{name} bf16: {misses} cases beyond the near-tie rule (moe: {moe})"));
+                let allowed = if moe { MOE_BF16_MISSES } else { 0 } + if recurrent { RECURRENT_BF16_MISSES } else { 0 };
+                if misses > allowed && !w8a8 {
+                    failures.push(format!(
+                        "{name} bf16: {misses} cases beyond the near-tie rule (moe: {moe}, recurrent: {recurrent})"
+                    ));
                 }
                 bf16_total += reports.len();
                 bf16_strict += reports.iter().filter(|r| r.strict).count();

@@ -128,9 +128,9 @@ fn broken_copy(name: &str, what: &str, edit: &Break) -> PathBuf {
     let dst = fixture_copy(name, &format!("fp8-{what}"));
     match edit {
         Break::Config(edit) => edit_config(&dst, edit),
-        Break::Scales(suffix, edit) => edit_f32_tensors(&dst, |name| {
-            name.ends_with(suffix).then(|| Box::new(move |values: &mut [f32]| edit(values)) as Box<dyn Fn(&mut [f32])>)
-        }),
+        &Break::Scales(suffix, edit) => {
+            edit_f32_tensors(&dst, |name| name.ends_with(suffix).then(|| Box::new(edit) as Box<dyn Fn(&mut [f32])>))
+        }
     }
     dst
 }

@@ -15,7 +15,8 @@ fn strict_count(dir: &std::path::Path) -> (usize, usize) {
 #[test]
 fn gate_catches_gated_deltanet_breaks() {
     type WeightEdit = fn(&str) -> Option<Box<dyn Fn(&mut [f32])>>;
-    let breaks: [(&str, Option<fn(&mut serde_json::Value)>, Option<WeightEdit>); 4] = [
+    type ConfigEdit = fn(&mut serde_json::Value);
+    let breaks: [(&str, Option<ConfigEdit>, Option<WeightEdit>); 4] = [
         ("unbroken", None, None),
         (
             "key heads regrouped (2 x 8 -> 4 x 4: same widths, other L2 norms and head sharing)",

@@ -721,13 +721,6 @@ fn check_state_layer(op: &'static str, cache: &PagedKvLayer, meta: &AttnMetadata
     Ok(())
 }
 
-fn no_cuda_kernel(op: &'static str) -> TensorError {
-    TensorError::Unsupported {
-        op,
-        detail: "no CUDA kernel yet: recurrent (hybrid) layers run on the CPU backend".into(),
-    }
-}
-
 /// A causal depthwise conv1d over `x [tokens, channels]` with `weight [channels, kernel]` (and a
 /// bias per channel), then `act`. Each sequence's left context is its last `kernel - 1` inputs,
 /// kept in its slot of the state layer `cache` (the conv state; zeros where a sequence starts).
@@ -749,7 +742,7 @@ pub fn causal_conv1d(
     check_state_layer("causal_conv1d", cache, meta, (kernel - 1) * channels, cache.v_dim)?;
     match x.storage() {
         Storage::Cpu(_) => cpu::recurrent::causal_conv1d(x, weight, bias, act, cache, meta),
-        Storage::Cuda(_) => Err(no_cuda_kernel("causal_conv1d")),
+        Storage::Cuda(_) => cuda::recurrent::causal_conv1d(x, weight, bias, act, cache, meta),
     }
 }
 
@@ -783,6 +776,6 @@ pub fn gated_delta_rule(
     check_state_layer("gated_delta_rule", cache, meta, cache.k_dim, p.num_v_heads * p.k_dim * p.v_dim)?;
     match q.storage() {
         Storage::Cpu(_) => cpu::recurrent::gated_delta_rule(q, k, v, a, b, a_log, dt_bias, cache, meta, p),
-        Storage::Cuda(_) => Err(no_cuda_kernel("gated_delta_rule")),
+        Storage::Cuda(_) => cuda::recurrent::gated_delta_rule(q, k, v, a, b, a_log, dt_bias, cache, meta, p),
     }
 }

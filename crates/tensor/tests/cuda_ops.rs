@@ -1110,3 +1110,107 @@ fn graph_capture_refuses_host_round_trips() {
     assert!(err.contains("panicked under capture"), "{err}");
     assert_eq!(ops::embedding(&table, &[3]).unwrap().to_f32_vec(), vec![12.0, 13.0, 14.0, 15.0]);
 }
+
+/// The recurrent mixers of hybrid models: two steps (fresh prompts of 70, 1 and 5 tokens in
+/// slots 2, 0 and 3, then a decode token each and a 9-token chunk) with the state carried in the
+/// slots. The CUDA delta rule walks prompts token by token where the CPU reference runs the
+/// chunked form, an exact rewrite that rounds differently: 1e-4 in f32.
+#[test]
+fn recurrent_ops_match_cpu() {
+    require_gpu!();
+    let (hk, hv, dk, dv, kernel) = (2, 4, 16, 8, 4);
+    let channels = 2 * hk * dk + hv * dv;
+    let params = ops::GdnParams { num_k_heads: hk, num_v_heads: hv, k_dim: dk, v_dim: dv, chunk_size: 64 };
+    let state =
+        |device| PagedKvLayer::new_on(device, DType::F32, 4, 1, 1, (kernel - 1) * channels, hv * dk * dv).unwrap();
+    let mut r = rng(31);
+    let (conv_w, a_log, dt_bias) =
+        (random(&mut r, channels * kernel, 0.5), random(&mut r, hv, 1.0), random(&mut r, hv, 1.0));
+    let param =
+        |v: &[f32], shape: &[usize], device| Tensor::from_f32(v.to_vec(), shape).unwrap().to_device(device).unwrap();
+    for dtype in DTYPES {
+        let (mut cpu_state, mut gpu_state) = (state(Device::Cpu), state(GPU));
+        let steps: [&[(usize, usize, usize)]; 2] =
+            [&[(70, 70, 2), (1, 1, 0), (5, 5, 3)], &[(1, 71, 2), (9, 10, 0), (1, 6, 3)]];
+        for (step, seqs) in steps.iter().enumerate() {
+            let mut q_start = 0;
+            let attn_seqs: Vec<AttnSeq> = seqs
+                .iter()
+                .map(|&(q_len, ctx_len, _)| {
+                    let s = AttnSeq { q_start, q_len, ctx_len, block_table: vec![0; ctx_len] };
+                    q_start += q_len;
+                    s
+                })
+                .collect();
+            let meta =
+                AttnMetadata::new(attn_seqs, 1).unwrap().with_state_slots(seqs.iter().map(|s| s.2).collect()).unwrap();
+            let t = q_start;
+            let (x_cpu, x_gpu) = pair(&random(&mut r, t * channels, 1.0), &[t, channels], dtype);
+            let conv_cpu = ops::causal_conv1d(
+                &x_cpu,
+                &param(&conv_w, &[channels, kernel], Device::Cpu),
+                None,
+                Some(Activation::Silu),
+                &mut cpu_state,
+                &meta,
+            )
+            .unwrap();
+            let conv_gpu = ops::causal_conv1d(
+                &x_gpu,
+                &param(&conv_w, &[channels, kernel], GPU),
+                None,
+                Some(Activation::Silu),
+                &mut gpu_state,
+                &meta,
+            )
+            .unwrap();
+            check(&format!("causal_conv1d step {step}"), dtype, &conv_gpu, &conv_cpu, tol(dtype));
+            let kw = hk * dk;
+            let split = |x: &Tensor| {
+                [
+                    ops::narrow_cols(x, 0, kw).unwrap(),
+                    ops::narrow_cols(x, kw, kw).unwrap(),
+                    ops::narrow_cols(x, 2 * kw, hv * dv).unwrap(),
+                ]
+            };
+            // The CPU reference reads the values the GPU op got (rounded to the dtype).
+            let conv_in = Tensor::from_f32(round(&conv_gpu.to_f32_vec(), dtype), &[t, channels]).unwrap();
+            let ([q, k, v], [qg, kg, vg]) = (split(&conv_in), split(&conv_gpu));
+            let (a_cpu, a_gpu) = pair(&random(&mut r, t * hv, 2.0), &[t, hv], dtype);
+            let (b_cpu, b_gpu) = pair(&random(&mut r, t * hv, 2.0), &[t, hv], dtype);
+            let want = ops::gated_delta_rule(
+                &q,
+                &k,
+                &v,
+                &a_cpu,
+                &b_cpu,
+                &param(&a_log, &[hv], Device::Cpu),
+                &param(&dt_bias, &[hv], Device::Cpu),
+                &mut cpu_state,
+                &meta,
+                &params,
+            )
+            .unwrap();
+            let got = ops::gated_delta_rule(
+                &qg,
+                &kg,
+                &vg,
+                &a_gpu,
+                &b_gpu,
+                &param(&a_log, &[hv], GPU),
+                &param(&dt_bias, &[hv], GPU),
+                &mut gpu_state,
+                &meta,
+                &params,
+            )
+            .unwrap();
+            let bound = if dtype == DType::F32 { 1e-4 } else { tol(dtype) };
+            check(&format!("gated_delta_rule step {step}"), dtype, &got, &want, bound);
+        }
+        let (conv_state, delta_state) = cache_contents(&gpu_state);
+        let ferrite_tensor::kv::KvStorage::Cpu { k, v } = &cpu_state.storage else { unreachable!() };
+        let err = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        println!("CHECK recurrent states {dtype}: conv {:.1e} delta {:.1e}", err(&conv_state, k), err(&delta_state, v));
+        assert!(err(&conv_state, k) <= 1e-5 && err(&delta_state, v) <= 1e-3, "{dtype}: states differ");
+    }
+}

@@ -4,14 +4,14 @@
 //! Each op family's kernels are one file under `kernels/`, launched from one Rust file:
 //! `elementwise.cu` from `ops.rs`, `rope_kv.cu` from `rope_kv.rs`, `norm.cu` from `norm.rs`,
 //! `gemv.cu` from `matmul.rs`, `attention_*.cu` from `attention.rs`, `sampling.cu` from
-//! `sampling.rs`. The files are embedded in the binary, so the build still needs no CUDA. A module
+//! `sampling.rs`, `recurrent.cu` from `recurrent.rs`. The files are embedded in the binary, so the build still needs no CUDA. A module
 //! (an NVRTC compile unit, compiled on the first use of any of its kernels) is `common.cuh`
 //! followed by one or more of those files.
 //!
 //! A constant that both sides use is defined once, in Rust, and given to NVRTC as a `-D` define
 //! ([`defines`]); the kernel files do not define it, so a missing one fails the compile.
 
-use super::{attention, ops, sampling};
+use super::{attention, ops, recurrent, sampling};
 
 /// One NVRTC compile unit. The name keys the module cache.
 #[derive(Clone, Copy)]
@@ -40,9 +40,10 @@ pub(crate) const ATTENTION: KernelSource = module!(
 );
 pub(crate) const GEMV: KernelSource = module!("gemv": "gemv.cu");
 pub(crate) const SAMPLING: KernelSource = module!("sampling": "sampling.cu");
+pub(crate) const RECURRENT: KernelSource = module!("recurrent": "recurrent.cu");
 
 #[cfg(test)]
-pub(crate) const MODULES: [KernelSource; 5] = [ELEMENTWISE, NORM, ATTENTION, GEMV, SAMPLING];
+pub(crate) const MODULES: [KernelSource; 6] = [ELEMENTWISE, NORM, ATTENTION, GEMV, SAMPLING, RECURRENT];
 
 /// The `-D` options every module is compiled with: the constants the kernels share with their
 /// launchers, from the Rust side.
@@ -69,6 +70,8 @@ pub(crate) fn defines() -> Vec<String> {
         ("DEC_WARPS", attention::DEC_WARPS as i64),
         ("MMA_TK", attention::MMA_TK as i64),
         ("SAMPLE_THREADS", sampling::SAMPLE_THREADS.into()),
+        ("CONV_KERNEL_MAX", recurrent::CONV_KERNEL_MAX as i64),
+        ("GDN_DK_MAX", recurrent::GDN_DK_MAX as i64),
     ];
     let mut defines: Vec<String> = ints.iter().map(|(name, v)| format!("-D{name}={v}")).collect();
     // An unsigned literal, as the kernels compare it with an unsigned slot.

@@ -17,6 +17,7 @@ mod kernels;
 pub(crate) mod matmul;
 pub(crate) mod norm;
 pub(crate) mod ops;
+pub(crate) mod recurrent;
 pub(crate) mod rope_kv;
 pub(crate) mod sampling;
 mod storage;

@@ -1,0 +1,105 @@
+// Recurrent token mixers (see cpu/recurrent.rs for the reference they follow). Per sequence the
+// launcher passes `int4 {q_start, q_len, state slot, fresh}`; states are f32 in their slots.
+
+// One thread per channel, one grid row per sequence: the window of the last KERNEL inputs lives
+// in registers, the sequence's tokens are walked in order.
+template <typename T>
+__device__ void causal_conv1d(const T* __restrict__ x, const float* __restrict__ w, T* __restrict__ y,
+                              float* __restrict__ state, const int4* __restrict__ seqs, int channels, int kernel,
+                              int act) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int4 s = seqs[blockIdx.y];
+    if (c >= channels) return;
+    const int hist = kernel - 1;
+    float* st = state + (size_t)s.z * hist * channels;
+    float win[CONV_KERNEL_MAX];
+    for (int j = 0; j < hist; ++j) win[j] = s.w ? 0.f : st[(size_t)j * channels + c];
+    for (int t = 0; t < s.y; ++t) {
+        const size_t row = (size_t)(s.x + t);
+        win[hist] = to_f(x[row * channels + c]);
+        float acc = 0.f;
+        for (int j = 0; j < kernel; ++j) acc += w[(size_t)c * kernel + j] * win[j];
+        y[row * channels + c] = from_f<T>(act >= 0 ? activate(act, acc) : acc);
+        for (int j = 0; j < hist; ++j) win[j] = win[j + 1];
+    }
+    for (int j = 0; j < hist; ++j) st[(size_t)j * channels + c] = win[j];
+}
+
+// One block per (value head, sequence), one thread per state column (value dimension) holding its
+// k_dim state entries; tokens in order, each through the delta-rule recurrence. Queries and keys
+// are L2-normalised in shared memory; the gates are computed from the raw projections.
+template <typename T>
+__device__ void gated_delta_rule(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                 const T* __restrict__ a, const T* __restrict__ b, const float* __restrict__ a_log,
+                                 const float* __restrict__ dt_bias, T* __restrict__ y, float* __restrict__ state,
+                                 const int4* __restrict__ seqs, int hk, int hv, int dk, int dv,
+                                 float q_scale, float q_root) {
+    __shared__ float qs[GDN_DK_MAX], ks[GDN_DK_MAX];
+    __shared__ float gate[2];
+    const int h = blockIdx.x, kh = h / (hv / hk), j = threadIdx.x;
+    const int4 s = seqs[blockIdx.y];
+    float* st = state + ((size_t)s.z * hv + h) * dk * dv;
+    float col[GDN_DK_MAX];
+    for (int i = 0; i < dk; ++i) col[i] = (s.w || j >= dv) ? 0.f : st[(size_t)i * dv + j];
+    const bool recurrent = s.y == 1 && !s.w;
+    for (int t = 0; t < s.y; ++t) {
+        const size_t row = (size_t)(s.x + t);
+        float sq = 0.f, sk = 0.f;
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+            float qv = to_f(q[(row * hk + kh) * dk + i]), kv = to_f(k[(row * hk + kh) * dk + i]);
+            qs[i] = qv;
+            ks[i] = kv;
+            sq += qv * qv;
+            sk += kv * kv;
+        }
+        sq = block_sum(sq);
+        sk = block_sum(sk);
+        // transformers: the recurrent form (one cached token) divides the query by sqrt(dk), the
+        // chunked one multiplies it by dk^-0.5.
+        const float qn = 1.f / sqrtf(sq + 1e-6f), kn = 1.f / sqrtf(sk + 1e-6f);
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+            qs[i] = recurrent ? qs[i] * qn / q_root : qs[i] * qn * q_scale;
+            ks[i] *= kn;
+        }
+        if (threadIdx.x == 0) {
+            float x = to_f(a[row * hv + h]) + dt_bias[h];
+            float sp = x > 20.f ? x : log1pf(expf(x));
+            gate[0] = expf(-expf(a_log[h]) * sp);
+            gate[1] = 1.f / (1.f + expf(-to_f(b[row * hv + h])));
+        }
+        __syncthreads();
+        if (j < dv) {
+            const float decay = gate[0], beta = gate[1];
+            float mem = 0.f;
+            for (int i = 0; i < dk; ++i) {
+                col[i] *= decay;
+                mem += col[i] * ks[i];
+            }
+            const float delta = (to_f(v[row * hv * dv + (size_t)h * dv + j]) - mem) * beta;
+            float o = 0.f;
+            for (int i = 0; i < dk; ++i) {
+                col[i] += ks[i] * delta;
+                o += col[i] * qs[i];
+            }
+            y[row * hv * dv + (size_t)h * dv + j] = from_f<T>(o);
+        }
+        __syncthreads();
+    }
+    if (j < dv)
+        for (int i = 0; i < dk; ++i) st[(size_t)i * dv + j] = col[i];
+}
+
+#define INST_REC(TN, T)                                                                                             \
+    extern "C" __global__ void causal_conv1d_##TN(const T* x, const float* w, T* y, float* state,                 \
+                                                  const int4* seqs, int channels, int kernel, int act) {         \
+        pdl_wait();                                                                                                 \
+        causal_conv1d<T>(x, w, y, state, seqs, channels, kernel, act);                                              \
+    }                                                                                                               \
+    extern "C" __global__ void gated_delta_rule_##TN(const T* q, const T* k, const T* v, const T* a, const T* b,  \
+                                                     const float* a_log, const float* dt_bias, T* y, float* state,\
+                                                     const int4* seqs, int hk, int hv, int dk, int dv,            \
+                                                     float q_scale, float q_root) {                            \
+        pdl_wait();                                                                                                 \
+        gated_delta_rule<T>(q, k, v, a, b, a_log, dt_bias, y, state, seqs, hk, hv, dk, dv, q_scale, q_root);                        \
+    }
+FOR_T(INST_REC)

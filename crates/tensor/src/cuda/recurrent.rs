@@ -1,0 +1,160 @@
+//! Launchers of `recurrent.cu`: the causal conv1d and the gated delta rule of hybrid models.
+//! Both walk each sequence's tokens in order (the delta rule one token at a time, not yet the
+//! chunked tensor-core form), reading and writing the sequences' f32 state slots.
+
+use cudarc::driver::LaunchConfig;
+
+use super::device::{dev_err, int, kernel_params, CudaDevice};
+use super::kernels::RECURRENT;
+use super::ops::{activation_code, cuda_of, same_dtype, wrap};
+use super::storage::{dtype_suffix, CudaStorage};
+use crate::error::Result;
+use crate::kv::{AttnMetadata, KvStorage, PagedKvLayer};
+use crate::ops::{Activation, GdnParams};
+use crate::tensor::Tensor;
+use crate::DType;
+
+/// Longest conv kernel the window registers hold.
+pub(crate) const CONV_KERNEL_MAX: usize = 8;
+/// Largest key head dimension a delta-rule thread holds a state column of.
+pub(crate) const GDN_DK_MAX: usize = 256;
+
+kernel_params! {
+    /// `causal_conv1d_<t>`: grid (channel blocks, sequences).
+    struct Conv1d { x: u64, w: u64, y: u64, state: u64, seqs: u64, channels: i32, kernel: i32, act: i32 }
+}
+
+kernel_params! {
+    /// `gated_delta_rule_<t>`: grid (value heads, sequences), one thread per value dimension.
+    struct DeltaRule {
+        q: u64, k: u64, v: u64, a: u64, b: u64, a_log: u64, dt_bias: u64, y: u64, state: u64, seqs: u64,
+        hk: i32, hv: i32, dk: i32, dv: i32, q_scale: f32, q_root: f32,
+    }
+}
+
+fn state_storage<'a>(op: &'static str, cache: &'a PagedKvLayer) -> Result<(&'a CudaStorage, &'a CudaStorage)> {
+    match &cache.storage {
+        KvStorage::Cuda { k, v } if k.dtype() == DType::F32 && v.dtype() == DType::F32 => Ok((k, v)),
+        _ => Err(dev_err(format!("{op}: the state layer is not f32 on the CUDA device"))),
+    }
+}
+
+fn f32_param<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a CudaStorage> {
+    let s = cuda_of(op, t)?;
+    if s.dtype() != DType::F32 {
+        return Err(dev_err(format!("{op}: parameters must be f32, got {}", s.dtype())));
+    }
+    Ok(s)
+}
+
+/// `int4 {q_start, q_len, slot, fresh}` per sequence, on the device.
+fn upload_seqs(dev: &std::sync::Arc<CudaDevice>, meta: &AttnMetadata) -> Result<cudarc::driver::CudaSlice<i32>> {
+    dev.check_not_capturing("recurrent-state metadata")?;
+    let mut v = Vec::with_capacity(meta.seqs.len() * 4);
+    for (s, &slot) in meta.seqs.iter().zip(&meta.state_slots) {
+        v.extend([int(s.q_start)?, int(s.q_len)?, int(slot)?, i32::from(s.ctx_len == s.q_len)]);
+    }
+    dev.stream().clone_htod(&v).map_err(dev_err)
+}
+
+pub fn causal_conv1d(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    act: Option<Activation>,
+    cache: &mut PagedKvLayer,
+    meta: &AttnMetadata,
+) -> Result<Tensor> {
+    let xs = cuda_of("causal_conv1d", x)?;
+    let ws = f32_param("causal_conv1d", weight)?;
+    if bias.is_some() {
+        return Err(dev_err("causal_conv1d: a conv bias has no CUDA kernel yet"));
+    }
+    let (channels, kernel) = (weight.shape()[0], weight.shape()[1]);
+    if kernel > CONV_KERNEL_MAX {
+        return Err(dev_err(format!("causal_conv1d: kernel {kernel} is longer than {CONV_KERNEL_MAX}")));
+    }
+    let (state, _) = state_storage("causal_conv1d", cache)?;
+    let dev = xs.device();
+    let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
+    if !meta.seqs.is_empty() {
+        let seqs = upload_seqs(dev, meta)?;
+        let f = dev.function(RECURRENT, &format!("causal_conv1d_{}", dtype_suffix(xs.dtype())?))?;
+        let launch = Conv1d {
+            x: xs.ptr(),
+            w: ws.ptr(),
+            y: out.ptr(),
+            state: state.ptr(),
+            seqs: super::device::dptr(&seqs, dev),
+            channels: int(channels)?,
+            kernel: int(kernel)?,
+            act: act.map_or(-1, activation_code),
+        };
+        let threads = 128;
+        let cfg = LaunchConfig {
+            grid_dim: (channels.div_ceil(threads) as u32, meta.seqs.len() as u32, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch.launch_with(dev, &f, cfg)?;
+    }
+    wrap(out, x.shape().to_vec())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_rule(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    a_log: &Tensor,
+    dt_bias: &Tensor,
+    cache: &mut PagedKvLayer,
+    meta: &AttnMetadata,
+    p: &GdnParams,
+) -> Result<Tensor> {
+    let op = "gated_delta_rule";
+    let qs = cuda_of(op, q)?;
+    for t in [k, v, a, b] {
+        same_dtype(op, qs, cuda_of(op, t)?)?;
+    }
+    let (a_log, dt_bias) = (f32_param(op, a_log)?, f32_param(op, dt_bias)?);
+    if p.k_dim > GDN_DK_MAX || p.v_dim > 1024 {
+        return Err(dev_err(format!("{op}: head dims ({}, {}) beyond ({GDN_DK_MAX}, 1024)", p.k_dim, p.v_dim)));
+    }
+    let (_, state) = state_storage(op, cache)?;
+    let dev = qs.device();
+    let tokens = q.rows();
+    let out = CudaStorage::alloc(dev, qs.dtype(), tokens * p.num_v_heads * p.v_dim)?;
+    if !meta.seqs.is_empty() {
+        let seqs = upload_seqs(dev, meta)?;
+        let f = dev.function(RECURRENT, &format!("gated_delta_rule_{}", dtype_suffix(qs.dtype())?))?;
+        let launch = DeltaRule {
+            q: qs.ptr(),
+            k: cuda_of(op, k)?.ptr(),
+            v: cuda_of(op, v)?.ptr(),
+            a: cuda_of(op, a)?.ptr(),
+            b: cuda_of(op, b)?.ptr(),
+            a_log: a_log.ptr(),
+            dt_bias: dt_bias.ptr(),
+            y: out.ptr(),
+            state: state.ptr(),
+            seqs: super::device::dptr(&seqs, dev),
+            hk: int(p.num_k_heads)?,
+            hv: int(p.num_v_heads)?,
+            dk: int(p.k_dim)?,
+            dv: int(p.v_dim)?,
+            q_scale: (p.k_dim as f64).powf(-0.5) as f32,
+            q_root: (p.k_dim as f32).sqrt(),
+        };
+        let threads = p.v_dim.div_ceil(32).max(1) * 32;
+        let cfg = LaunchConfig {
+            grid_dim: (p.num_v_heads as u32, meta.seqs.len() as u32, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch.launch_with(dev, &f, cfg)?;
+    }
+    wrap(out, vec![tokens, p.num_v_heads * p.v_dim])
+}
