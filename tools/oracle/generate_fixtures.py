@@ -239,6 +239,31 @@ GDN_DIMS = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_hea
                 linear_conv_kernel_dim=4)
 
 
+def _repack_qwen3_5_conditional(tensors, cfg):
+    """Qwen3_5ForCausalLM -> the layout real Qwen3.5 checkpoints ship: Qwen3_5ForConditionalGeneration
+    with the text config nested in `text_config` (plus a vision config), the text weights under
+    `model.language_model.`, and the tensors transformers ignores when loading the text model
+    (`model.visual.*` and the MTP head `mtp.*`) present."""
+    text = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version", "dtype")}
+    text["model_type"] = "qwen3_5_text"
+    out = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+           for k, v in tensors.items()}
+    hidden = cfg["hidden_size"]
+    out["model.visual.patch_embed.proj.weight"] = torch.zeros(16, 3, 2, 4, 4)
+    out["mtp.fc.weight"] = torch.zeros(hidden, 2 * hidden)
+    new_cfg = {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "tie_word_embeddings": cfg.get("tie_word_embeddings", False),
+        "text_config": text,
+        "vision_config": {"model_type": "qwen3_5", "depth": 1, "hidden_size": 16, "num_heads": 2,
+                          "out_hidden_size": hidden, "patch_size": 4, "temporal_patch_size": 2},
+        "image_token_id": 990, "video_token_id": 991, "vision_start_token_id": 992, "vision_end_token_id": 993,
+        "transformers_version": cfg.get("transformers_version"),
+    }
+    return out, new_cfg
+
+
 def _drop_hunyuan_qk_norm(model: torch.nn.Module) -> None:
     for layer in model.model.layers:
         layer.self_attn.query_layernorm = torch.nn.Identity()
@@ -1968,6 +1993,39 @@ SPECS: list[Spec] = [
         ablate_fn=_drop_attn_output_gate,
         ablation_desc="attention output gate zeroed (sigmoid 0.5)",
         extra_ablations=[Ablate("GDN causal conv replaced by the identity", fn=_drop_gdn_conv)],
+    ),
+    Spec(
+        name="qwen3_5-moe",
+        config_class="Qwen3_5MoeTextConfig",
+        architecture="Qwen3_5MoeForCausalLM",
+        kwargs=dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                    rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.25, mrope_section=[1, 1, 0],
+                                         mrope_interleaved=True), **GDN_DIMS),
+        edit_saved_config=_hybrid_interval_spelling,
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="Qwen3.5-MoE text: Qwen3.5's Gated DeltaNet (separate in_proj_qkv / z / b / a) and gated attention, "
+        "3:1 (full_attention_interval 4), every layer a sparse MoE (top-2 of 8, always renormalised) with a "
+        "sigmoid-gated shared expert",
+        ablate_fn=_drop_attn_output_gate,
+        ablation_desc="attention output gate zeroed (sigmoid 0.5)",
+        extra_ablations=[Ablate("GDN causal conv replaced by the identity", fn=_drop_gdn_conv)],
+    ),
+    Spec(
+        name="qwen3_5-conditional",
+        config_class="Qwen3_5TextConfig",
+        architecture="Qwen3_5ForCausalLM",
+        kwargs=dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             intermediate_size=64,
+             rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.25, mrope_section=[1, 1, 0],
+                                  mrope_interleaved=True), **GDN_DIMS),
+        seed=100,
+        repack=_repack_qwen3_5_conditional,
+        feature="The layout of real Qwen3.5 checkpoints: Qwen3_5ForConditionalGeneration, the text config nested in "
+        "text_config (layer_types spelled out), text weights under model.language_model., vision and MTP tensors "
+        "present and ignored; the oracle is the text model transformers loads from it (Qwen3_5ForCausalLM)",
+        ablate_fn=_drop_attn_output_gate,
+        ablation_desc="attention output gate zeroed (sigmoid 0.5)",
     ),
 ]
 

@@ -10,7 +10,9 @@ use crate::families::hunyuan::{self, HunYuanVariant};
 use crate::families::llama::{self, Variant};
 use crate::families::mixtral::{self, MoeVariant};
 use crate::families::olmo2::OlmoVersion;
-use crate::families::qwen3_next::{self, Variant as HybridVariant};
+use crate::families::qwen3_next::{self, Layout as HybridLayout, Variant::*};
+
+const TEXT_OF_VL: HybridLayout = HybridLayout::ConditionalGeneration;
 use crate::families::{
     bert, chatglm, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gemma4, gpt2, gpt_neox, gpt_oss,
     granite, granite_moe, internlm2, llama4, minicpm, minicpm3, minimax_m2, olmo2, opt, phi, phi3, roberta, stablelm,
@@ -68,8 +70,15 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("MixtralForCausalLM", Causal(|r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::MIXTRAL)?)))),
     ("Qwen2MoeForCausalLM", Causal(|r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::QWEN2_MOE)?)))),
     ("Qwen3MoeForCausalLM", Causal(|r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::QWEN3_MOE)?)))),
-    ("Qwen3NextForCausalLM", Causal(|r, w| Ok(Box::new(qwen3_next::load(r, w, HybridVariant::Qwen3Next)?)))),
-    ("Qwen3_5ForCausalLM", Causal(|r, w| Ok(Box::new(qwen3_next::load(r, w, HybridVariant::Qwen3_5)?)))),
+    ("Qwen3NextForCausalLM", Causal(|r, w| Ok(Box::new(qwen3_next::load(r, w, Qwen3Next, HybridLayout::CausalLm)?)))),
+    ("Qwen3_5ForCausalLM", Causal(|r, w| Ok(Box::new(qwen3_next::load(r, w, Qwen3_5, HybridLayout::CausalLm)?)))),
+    ("Qwen3_5MoeForCausalLM", Causal(|r, w| Ok(Box::new(qwen3_next::load(r, w, Qwen3_5Moe, HybridLayout::CausalLm)?)))),
+    // The text part of real Qwen3.5 checkpoints (the vision tower is the multimodal models' work).
+    ("Qwen3_5ForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_next::load(r, w, Qwen3_5, TEXT_OF_VL)?)))),
+    (
+        "Qwen3_5MoeForConditionalGeneration",
+        Causal(|r, w| Ok(Box::new(qwen3_next::load(r, w, Qwen3_5Moe, TEXT_OF_VL)?))),
+    ),
     ("OlmoeForCausalLM", Causal(|r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::OLMOE)?)))),
     ("DeepseekV2ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::V2)?)))),
     ("DeepseekV3ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::V3)?)))),

@@ -103,6 +103,8 @@ parity! {
     chatglm => "chatglm",
     qwen3_next => "qwen3-next",
     qwen3_5 => "qwen3_5",
+    qwen3_5_moe => "qwen3_5-moe",
+    qwen3_5_conditional_generation_layout => "qwen3_5-conditional",
 }
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.

@@ -42,6 +42,16 @@ pub struct AttnMetadata {
     pub prompt_lens: Vec<usize>,
     /// Per sequence, its slot in the models' recurrent-state layers (empty for models without).
     pub state_slots: Vec<usize>,
+    /// `(from, to)` state-slot copies each recurrent layer makes before this step (a prefix-cache
+    /// hit restoring a cached state into a sequence's slot) and after it (a sequence's state at a
+    /// block boundary kept for later hits).
+    pub state_copies: StateCopies,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateCopies {
+    pub before: Vec<(usize, usize)>,
+    pub after: Vec<(usize, usize)>,
 }
 
 impl AttnMetadata {
@@ -69,7 +79,14 @@ impl AttnMetadata {
                 slot_mapping[row] = block * block_size + pos % block_size;
             }
         }
-        Ok(AttnMetadata { seqs, block_size, slot_mapping, prompt_lens: Vec::new(), state_slots: Vec::new() })
+        Ok(AttnMetadata {
+            seqs,
+            block_size,
+            slot_mapping,
+            prompt_lens: Vec::new(),
+            state_slots: Vec::new(),
+            state_copies: StateCopies::default(),
+        })
     }
 
     /// Records each sequence's whole prompt length (for chunked prefill).
@@ -94,6 +111,12 @@ impl AttnMetadata {
         }
         self.state_slots = state_slots;
         Ok(self)
+    }
+
+    /// Sets the state-slot copies around this step (see [`AttnMetadata::state_copies`]).
+    pub fn with_state_copies(mut self, copies: StateCopies) -> AttnMetadata {
+        self.state_copies = copies;
+        self
     }
 
     /// The sequence length that length-dependent rotary schedules (dynamic NTK, LongRoPE) see for

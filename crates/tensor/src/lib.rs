@@ -19,6 +19,6 @@ pub use cuda::CudaStorage;
 pub use dtype::DType;
 pub use error::{Result, TensorError};
 pub use fp8::ActivationQuant;
-pub use kv::{AttnMetadata, AttnSeq, PagedKvLayer};
+pub use kv::{AttnMetadata, AttnSeq, PagedKvLayer, StateCopies};
 pub use ops::{Activation, AttentionParams, GdnParams, RopeStyle, RowSampling, Xielu};
 pub use tensor::{CpuStorage, Device, Storage, Tensor};

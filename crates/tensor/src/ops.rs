@@ -779,3 +779,28 @@ pub fn gated_delta_rule(
         Storage::Cuda(_) => cuda::recurrent::gated_delta_rule(q, k, v, a, b, a_log, dt_bias, cache, meta, p),
     }
 }
+
+/// Copies whole state slots `(from, to)` of the state layer `cache`, in order (conv and recurrent
+/// state both).
+pub fn copy_state_slots(cache: &mut PagedKvLayer, copies: &[(usize, usize)]) -> Result<()> {
+    if let Some(&(from, to)) = copies.iter().find(|&&(f, t)| f >= cache.num_blocks || t >= cache.num_blocks) {
+        return Err(shape_err("copy_state_slots", format!("slots {from} -> {to} of {}", cache.num_blocks)));
+    }
+    if cache.block_size != 1 || copies.is_empty() {
+        return match cache.block_size {
+            1 => Ok(()),
+            _ => Err(shape_err("copy_state_slots", "not a state layer (blocks of one slot)")),
+        };
+    }
+    let (kw, vw) = (cache.num_kv_heads * cache.k_dim, cache.num_kv_heads * cache.v_dim);
+    match &mut cache.storage {
+        crate::kv::KvStorage::Cpu { k, v } => {
+            for &(from, to) in copies {
+                k.copy_within(from * kw..(from + 1) * kw, to * kw);
+                v.copy_within(from * vw..(from + 1) * vw, to * vw);
+            }
+            Ok(())
+        }
+        crate::kv::KvStorage::Cuda { k, v } => cuda::recurrent::copy_state_slots(k, v, kw, vw, copies),
+    }
+}

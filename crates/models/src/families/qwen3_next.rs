@@ -1,13 +1,17 @@
-//! Qwen3-Next (`Qwen3NextForCausalLM`) and Qwen3.5 (`Qwen3_5ForCausalLM`): hybrids of Gated
-//! DeltaNet layers ([`crate::layers::gdn`]) and gated full attention, 3:1 by default. Attention
+//! Qwen3-Next (`Qwen3NextForCausalLM`) and Qwen3.5 (`Qwen3_5ForCausalLM`,
+//! `Qwen3_5MoeForCausalLM`): hybrids of Gated DeltaNet layers ([`crate::layers::gdn`]) and gated
+//! full attention, 3:1 by default. Real Qwen3.5 checkpoints are `Qwen3_5(Moe)ForConditionalGeneration`
+//! with the text config in `text_config` and the text weights under `model.language_model.`; their
+//! text part loads from that layout (the vision tower belongs to the multimodal models, the MTP
+//! head to speculative decoding: both are left unread). Attention
 //! projects a sigmoid output gate alongside its queries (`q_proj` holds `[query, gate]` per head),
 //! normalises q and k per head with `(1 + w)` RMSNorms and rotates a quarter of each head. Every
-//! RMSNorm of the stream is `(1 + w)` too. Qwen3-Next's channel mixers are sparse MoE blocks with a
-//! sigmoid-gated shared expert; Qwen3.5's are dense.
+//! RMSNorm of the stream is `(1 + w)` too. The MoE variants' channel mixers are sparse MoE blocks
+//! with a sigmoid-gated shared expert; Qwen3.5's are dense.
 
 use serde::Deserialize;
 
-use crate::decoder::load::{CommonConfig, Defaults, Dims};
+use crate::decoder::load::{CommonConfig, Defaults, Dims, Names};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
 use crate::layers::gdn::{GatedDeltaNet, GdnDims, GdnProjections};
 use crate::layers::moe::{ExpertNames, Experts, Router, RouterConfig, Scoring, SharedExpert, SparseMoe};
@@ -20,6 +24,16 @@ use crate::Result;
 pub enum Variant {
     Qwen3Next,
     Qwen3_5,
+    Qwen3_5Moe,
+}
+
+/// Where the checkpoint keeps the text model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `*ForCausalLM`: `model.*` and a flat config.
+    CausalLm,
+    /// `*ForConditionalGeneration`: `model.language_model.*` and `text_config`.
+    ConditionalGeneration,
 }
 
 fn one() -> usize {
@@ -121,7 +135,12 @@ fn gated_attention(s: &Scope, d: &Dims) -> Result<SelfAttention> {
     Ok(SelfAttention { output_gate: Some(q_and_gate.select_rows(&per_head(hd))?), ..SelfAttention::new(attn, Some(0)) })
 }
 
-pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
+pub fn load(raw: &RawConfig, w: &Weights, variant: Variant, layout: Layout) -> Result<Decoder> {
+    let (raw, base) = match layout {
+        Layout::CausalLm => (raw.clone(), "model"),
+        Layout::ConditionalGeneration => (text_config(raw)?, "model.language_model"),
+    };
+    let raw = &raw;
     let cfg: HybridConfig = raw.parse()?;
     let d = cfg.common.resolve(raw, DEFAULTS)?;
     let kinds = layer_kinds(raw, &cfg, &d)?;
@@ -151,6 +170,7 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
     let num_experts = match variant {
         Variant::Qwen3Next => cfg.num_experts.unwrap_or(512),
         Variant::Qwen3_5 => 0,
+        Variant::Qwen3_5Moe => cfg.num_experts.unwrap_or(256),
     };
     let is_sparse = |i: usize| {
         !cfg.mlp_only_layers.contains(&i)
@@ -158,17 +178,19 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
             && cfg.decoder_sparse_step > 0
             && (i + 1).is_multiple_of(cfg.decoder_sparse_step)
     };
-    let layout = match variant {
+    let projections = match variant {
         Variant::Qwen3Next => GdnProjections::Interleaved,
-        Variant::Qwen3_5 => GdnProjections::Separate,
+        Variant::Qwen3_5 | Variant::Qwen3_5Moe => GdnProjections::Separate,
     };
-    let blocks = d.blocks(w, |i, l| {
+    // Qwen3.5-MoE always renormalises its top-k (its config has no `norm_topk_prob`).
+    let renormalize = cfg.norm_topk_prob || variant == Variant::Qwen3_5Moe;
+    let blocks = d.blocks_at(w, &format!("{base}.layers"), |i, l| {
         let mixer = match kinds[i] {
             LayerKind::Linear => TokenMixer::GatedDeltaNet(Box::new(GatedDeltaNet::load(
                 &l.at("linear_attn"),
                 d.hidden,
                 dims,
-                layout,
+                projections,
                 d.eps,
             )?)),
             LayerKind::Full => TokenMixer::Attention(gated_attention(&l.at("self_attn"), &d)?),
@@ -180,7 +202,7 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
                 num_experts,
                 top_k: cfg.num_experts_per_tok.unwrap_or(10),
                 scoring: Scoring::Softmax,
-                renormalize: cfg.norm_topk_prob,
+                renormalize,
                 renormalize_eps: 0.0,
                 scaling: 1.0,
                 group: None,
@@ -205,7 +227,28 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
             mlp,
         ))
     })?;
+    if w.contains("mtp.fc.weight") {
+        tracing::info!("the checkpoint's MTP head (mtp.*) is not loaded: it is a draft model for speculative decoding");
+    }
     let rope = d.rope(raw, 10_000.0)?;
-    let final_norm = Norm::Rms(centred_rms(&w.at("model"), "norm", d.hidden, d.eps)?);
-    d.finish(raw, w, blocks, final_norm, vec![rope])
+    let final_norm = Norm::Rms(centred_rms(&w.at(base), "norm", d.hidden, d.eps)?);
+    let embed = format!("{base}.embed_tokens");
+    let names = Names { layers: "", embed: &embed, embed_dim: None, lm_head: "lm_head", lm_head_bias: false };
+    d.finish_at(raw, w, names, blocks, Some(final_norm), vec![rope])
+}
+
+/// The text model's config of a `*ForConditionalGeneration` checkpoint: its `text_config`, with
+/// the top-level `architectures`, and `tie_word_embeddings` where the text config does not say.
+fn text_config(raw: &RawConfig) -> Result<RawConfig> {
+    let mut text = raw.value.get("text_config").filter(|t| t.is_object()).cloned().ok_or_else(|| {
+        raw.error("missing field `text_config` (the text model's config of a ForConditionalGeneration checkpoint)")
+    })?;
+    let obj = text.as_object_mut().expect("checked above");
+    if let Some(tie) = raw.value.get("tie_word_embeddings") {
+        obj.entry("tie_word_embeddings").or_insert_with(|| tie.clone());
+    }
+    if let Some(archs) = raw.value.get("architectures") {
+        obj.insert("architectures".into(), archs.clone());
+    }
+    Ok(RawConfig { path: raw.path.clone(), value: text })
 }

@@ -122,6 +122,7 @@ impl GatedDeltaNet {
 
     pub fn forward(&self, x: &Tensor, meta: &AttnMetadata, state: &mut PagedKvLayer) -> Result<Tensor> {
         let d = &self.dims;
+        ops::copy_state_slots(state, &meta.state_copies.before)?;
         let mixed = ops::causal_conv1d(&self.qkv.forward(x)?, &self.conv, None, Some(Activation::Silu), state, meta)?;
         let kw = d.key_width();
         let q = ops::narrow_cols(&mixed, 0, kw)?;
@@ -136,6 +137,7 @@ impl GatedDeltaNet {
         };
         let (a, b) = (self.a.forward(x)?, self.b.forward(x)?);
         let core = ops::gated_delta_rule(&q, &k, &v, &a, &b, &self.a_log, &self.dt_bias, state, meta, &params)?;
+        ops::copy_state_slots(state, &meta.state_copies.after)?;
         let normed = self.norm.forward_heads(&core, d.v_dim)?;
         let z = self.z.forward(x)?;
         self.out.forward(&ops::act_mul(&z, &normed, Activation::Silu)?)

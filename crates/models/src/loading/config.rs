@@ -20,7 +20,7 @@ impl RawConfig {
     pub fn from_file(path: &Path) -> Result<RawConfig> {
         let text =
             std::fs::read_to_string(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
-        let value: Value = serde_json::from_str(&text)
+        let value: Value = serde_json::from_str(&python_json_literals(&text))
             .map_err(|e| ModelError::Config { path: path.to_path_buf(), message: format!("invalid JSON: {e}") })?;
         if !value.is_object() {
             return Err(ModelError::Config { path: path.to_path_buf(), message: "expected a JSON object".into() });
@@ -74,6 +74,36 @@ impl RawConfig {
     }
 }
 
+/// `text` with the non-standard literals Python's `json` writes for non-finite floats outside
+/// strings (real Nemotron-H and Mamba2 configs have `"time_step_limit": [0.0, Infinity]`)
+/// replaced by JSON: `Infinity` by the largest finite f64 (with its sign), `NaN` by `null`.
+fn python_json_literals(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("Infinity") && !text.contains("NaN") {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            (in_string, escaped) = (escaped || c != '"', !escaped && c == '\\');
+        } else if c == '"' {
+            in_string = true;
+        } else if let Some(tail) = rest.strip_prefix("Infinity") {
+            out.push_str("1.7976931348623157e308");
+            rest = tail;
+            continue;
+        } else if let Some(tail) = rest.strip_prefix("NaN") {
+            out.push_str("null");
+            rest = tail;
+            continue;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +112,16 @@ mod tests {
     #[allow(dead_code)]
     struct Needs {
         hidden_size: usize,
+    }
+
+    #[test]
+    fn python_non_finite_literals_parse() {
+        let text = r#"{"time_step_limit": [0.0, Infinity], "low": -Infinity, "x": NaN, "s": "NaN \" Infinity"}"#;
+        let v: Value = serde_json::from_str(&python_json_literals(text)).unwrap();
+        assert_eq!(v["time_step_limit"][1].as_f64(), Some(f64::MAX));
+        assert_eq!(v["low"].as_f64(), Some(-f64::MAX));
+        assert!(v["x"].is_null());
+        assert_eq!(v["s"], "NaN \" Infinity");
     }
 
     #[test]

@@ -158,3 +158,39 @@ pub fn gated_delta_rule(
     }
     wrap(out, vec![tokens, p.num_v_heads * p.v_dim])
 }
+
+kernel_params! {
+    /// `copy_state_slots`: grid (element blocks, copies).
+    struct CopySlots { k: u64, v: u64, pairs: u64, k_len: i32, v_len: i32 }
+}
+
+/// Copies slot `from` to slot `to` of a state layer's conv (`k`, `k_len` floats a slot) and
+/// recurrent (`v`) buffers, one grid row per copy, in order: a copy's source is never another's
+/// target in the same call (restores and saves run in separate calls).
+pub(crate) fn copy_state_slots(
+    k: &CudaStorage,
+    v: &CudaStorage,
+    k_len: usize,
+    v_len: usize,
+    copies: &[(usize, usize)],
+) -> Result<()> {
+    let dev = k.device();
+    dev.check_not_capturing("a state-slot copy")?;
+    let pairs: Vec<i32> = copies.iter().flat_map(|&(f, t)| [f as i32, t as i32]).collect();
+    let pairs = dev.stream().clone_htod(&pairs).map_err(dev_err)?;
+    let f = dev.function(RECURRENT, "copy_state_slots")?;
+    let launch = CopySlots {
+        k: k.ptr(),
+        v: v.ptr(),
+        pairs: super::device::dptr(&pairs, dev),
+        k_len: int(k_len)?,
+        v_len: int(v_len)?,
+    };
+    let threads = 256;
+    let cfg = LaunchConfig {
+        grid_dim: ((k_len.max(v_len)).div_ceil(threads).max(1) as u32, copies.len() as u32, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch.launch_with(dev, &f, cfg)
+}

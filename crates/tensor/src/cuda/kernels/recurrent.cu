@@ -103,3 +103,11 @@ __device__ void gated_delta_rule(const T* __restrict__ q, const T* __restrict__ 
         gated_delta_rule<T>(q, k, v, a, b, a_log, dt_bias, y, state, seqs, hk, hv, dk, dv, q_scale, q_root);                        \
     }
 FOR_T(INST_REC)
+
+extern "C" __global__ void copy_state_slots(float* k, float* v, const int2* pairs, int k_len, int v_len) {
+    pdl_wait();
+    const int2 p = pairs[blockIdx.y];
+    const size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < (size_t)k_len) k[(size_t)p.y * k_len + i] = k[(size_t)p.x * k_len + i];
+    if (i < (size_t)v_len) v[(size_t)p.y * v_len + i] = v[(size_t)p.x * v_len + i];
+}
