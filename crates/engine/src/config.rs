@@ -85,6 +85,8 @@ pub struct CacheConfig {
     /// Recurrent-state slots of a hybrid model (one per request that may run, `max_num_seqs`;
     /// 0 for models without recurrent layers), taken out of the KV cache memory first.
     pub state_slots: usize,
+    /// Further slots keeping states at block boundaries for prefix hits (with prefix caching).
+    pub state_snapshots: usize,
 }
 
 impl CacheConfig {
@@ -125,11 +127,14 @@ impl EngineConfig {
             .sum();
         let block_bytes = bytes_per_token * self.block_size;
         let state_slots = if info.state_layers.is_empty() { 0 } else { self.max_num_seqs };
-        let state_bytes = state_slots * info.state_bytes_per_sequence();
+        // As many states kept for prefix hits as may run at once.
+        let state_snapshots = if self.enable_prefix_caching { state_slots } else { 0 };
+        let state_bytes = (state_slots + state_snapshots) * info.state_bytes_per_sequence();
         let Some(kv_memory) = self.kv_cache_memory.checked_sub(state_bytes) else {
             return Err(EngineError::Config(format!(
-                "kv_cache_memory of {} bytes cannot hold the recurrent state of {state_slots} sequences ({} bytes \
-                 each, {state_bytes} in all); lower max_num_seqs or raise the cache memory",
+                "kv_cache_memory of {} bytes cannot hold {state_slots} recurrent states and {state_snapshots} kept for \
+                 prefix caching ({} bytes each, {state_bytes} in all); lower max_num_seqs, turn prefix caching off \
+                 or raise the cache memory",
                 self.kv_cache_memory,
                 info.state_bytes_per_sequence()
             )));
@@ -145,7 +150,14 @@ impl EngineConfig {
         if num_blocks > u32::MAX as usize {
             return Err(EngineError::Config(format!("{num_blocks} KV blocks exceed the u32 block id range")));
         }
-        let cache = CacheConfig { block_size: self.block_size, num_blocks, dtype, bytes_per_token, state_slots };
+        let cache = CacheConfig {
+            block_size: self.block_size,
+            num_blocks,
+            dtype,
+            bytes_per_token,
+            state_slots,
+            state_snapshots,
+        };
         if cache.capacity_tokens() < max_model_len {
             tracing::warn!(
                 capacity_tokens = cache.capacity_tokens(),

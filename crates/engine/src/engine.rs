@@ -179,16 +179,6 @@ impl Engine {
         } else {
             config
         };
-        let config = if config.enable_prefix_caching && !info.state_layers.is_empty() {
-            tracing::warn!(
-                architecture = %info.architecture,
-                "prefix caching off: this hybrid model's recurrent layers keep one state per sequence, and \
-                 states are not cached at block boundaries yet"
-            );
-            EngineConfig { enable_prefix_caching: false, ..config }
-        } else {
-            config
-        };
         if config.speculative.is_some() && !info.state_layers.is_empty() {
             return Err(EngineError::Config(format!(
                 "--speculative-config: speculative decoding is not supported for {} yet (its recurrent state \
@@ -213,6 +203,7 @@ impl Engine {
             enable_prefix_caching: config.enable_prefix_caching,
             recompute_at,
             num_state_slots: cache.state_slots,
+            num_state_snapshots: cache.state_snapshots,
         };
         tracing::info!(
             blocks = cache.num_blocks,

@@ -68,7 +68,7 @@ impl ModelRunner {
             cache.dtype,
             cache.num_blocks,
             cache.block_size,
-            cache.state_slots,
+            cache.state_slots + cache.state_snapshots,
         )?;
         // Decode graphs capture KV-cache steps only: a hybrid model's state slots are not yet
         // graph inputs, so its steps run eagerly.
@@ -197,7 +197,7 @@ impl ModelRunner {
         }
         let mut meta = AttnMetadata::new(seqs, self.block_size)?.with_prompt_lens(prompt_lens)?;
         if !state_slots.is_empty() {
-            meta = meta.with_state_slots(state_slots)?;
+            meta = meta.with_state_slots(state_slots)?.with_state_copies(so.state_copies.clone());
         }
         let sample_rows_of: Vec<(ReqId, usize)> = row_uses
             .iter()

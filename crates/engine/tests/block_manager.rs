@@ -140,3 +140,31 @@ proptest! {
         run(num_blocks, ops);
     }
 }
+
+/// A hybrid model's hits end where a recurrent state was kept: a state becomes a hit only after
+/// the step that writes it, a shared prefix without a kept state is no hit, and the least
+/// recently used state makes room for a new one.
+#[test]
+fn hybrid_hits_end_where_a_state_was_kept() {
+    let mut kv = KvCacheManager::new(64, 16, 4096, true).with_state_slots(2).with_state_snapshots(1);
+    let first: Vec<u32> = (0..100).collect();
+    assert_eq!(kv.get_computed_blocks(1, &first, false).1, 0);
+    kv.allocate_slots(1, &first, 0, 96, &[]).unwrap();
+    assert_eq!(kv.reserve_state_snapshot(1, 96), Some(2), "the snapshot slot follows the two working slots");
+    assert_eq!(kv.reserve_state_snapshot(1, 96), None, "one state per boundary");
+    assert_eq!(kv.get_computed_blocks(2, &first, false).1, 0, "a state is no hit before its step ran");
+    kv.commit_state_snapshots();
+    let (hits, n) = kv.get_computed_blocks(2, &first, false);
+    assert_eq!((hits.len(), n, kv.take_state_restore(2)), (6, 96, Some(2)));
+    // The first 64 tokens' blocks are cached, but no state was kept after them.
+    let other: Vec<u32> = (0..64).chain(1000..1050).collect();
+    assert_eq!(kv.get_computed_blocks(3, &other, false).1, 0);
+    kv.allocate_slots(3, &other, 0, 112, &[]).unwrap();
+    assert_eq!(kv.reserve_state_snapshot(3, 112), Some(2), "the only snapshot slot is reused");
+    kv.commit_state_snapshots();
+    assert_eq!(kv.get_computed_blocks(4, &first, false).1, 0, "the evicted state is no hit");
+    assert_eq!(kv.get_computed_blocks(5, &other, false).1, 112);
+    kv.free(1);
+    kv.free(3);
+    kv.check_consistency().unwrap();
+}

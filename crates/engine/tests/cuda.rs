@@ -193,3 +193,24 @@ fn every_family_decodes_token_exact_with_graphs_on() {
     println!("{} of {} families replay decode graphs: {replaying:?}", replaying.len(), dirs.len());
     assert!(replaying.iter().any(|n| n == "llama") && replaying.iter().any(|n| n == "qwen3"));
 }
+
+/// A hybrid model on the GPU (eager steps): the battery twice, the second time resuming every
+/// prompt longer than a block from a kept recurrent state, token-exact both times in f32.
+#[test]
+fn hybrid_prefix_hits_on_cuda() {
+    let name = "qwen3-next";
+    let Some(llm) = cuda_llm(name, DType::F32) else {
+        return;
+    };
+    let oracle = oracle(name);
+    let params = greedy(oracle.cases[0].output_ids.len());
+    for pass in 0..2 {
+        let outputs = llm.generate(battery(name), &params).unwrap();
+        for (case, out) in oracle.cases.iter().zip(&outputs) {
+            assert_eq!(out.outputs[0].token_ids, case.output_ids, "{name}/{} pass {pass}", case.name);
+            let kept = if pass == 0 { 0 } else { (case.prompt_ids.len() - 1) / 16 * 16 };
+            assert_eq!(out.num_cached_tokens, kept, "{name}/{} pass {pass}", case.name);
+        }
+    }
+    println!("{name} on cuda: battery token-exact cold and from kept states");
+}

@@ -109,13 +109,15 @@ fn gated_deltanet_hybrids_batch_and_chunk_their_prompts() {
 }
 
 /// A cache too small for the battery at once: requests are preempted, lose their recurrent state
-/// slot with their blocks, and recompute from their first token on return.
+/// slot with their blocks, and recompute on return (from their first token, or from a state kept
+/// for prefix hits).
 #[test]
 fn a_preempted_hybrid_request_recomputes_its_state() {
     let name = "qwen3-next";
-    // 16 slots of recurrent state (3 GDN layers), then 48 blocks of the one attention layer: the
-    // longest request (648 + 16 tokens, 42 blocks) fits alone, the battery (133 blocks) does not.
-    let state = 16 * 3 * 4 * ((4 - 1) * 64 + 4 * 8 * 8);
+    // 16 working slots of recurrent state (3 GDN layers) and 16 kept for prefix hits, then 48
+    // blocks of the one attention layer: the longest request (648 + 16 tokens, 42 blocks) fits
+    // alone, the battery (133 blocks) does not.
+    let state = 2 * 16 * 3 * 4 * ((4 - 1) * 64 + 4 * 8 * 8);
     let blocks = 48 * 16 * 2 * 16 * 2 * 4;
     // 64-token chunks admit requests before their prompts are allocated whole, so running ones
     // run out of blocks mid-prompt and mid-decode.
@@ -131,4 +133,53 @@ fn a_preempted_hybrid_request_recomputes_its_state() {
     let stats = client.stats();
     assert!(stats.num_preemptions > 0, "the tiny cache should have forced preemption: {stats:?}");
     wait_idle(&client);
+}
+
+/// Prefix caching on a hybrid model: a request's recurrent state is kept where its prompt's last
+/// full block ends, so the battery run a second time restores kept states (every prompt longer
+/// than a block hits) and still meets the oracle token for token.
+#[test]
+fn hybrid_prefix_hits_restore_kept_states() {
+    let name = "qwen3-next";
+    let llm = battery_matches_oracle_with(name, config());
+    let client = llm.client();
+    let cold = client.stats();
+    assert_eq!(cold.prefix_cache_hits, 0, "a cold battery hit the cache: {cold:?}");
+    let outputs = {
+        let params = greedy(oracle(name).cases[0].output_ids.len());
+        llm.generate(battery(name), &params).unwrap()
+    };
+    for (case, out) in oracle(name).cases.iter().zip(&outputs) {
+        assert_eq!(out.outputs[0].token_ids, case.output_ids, "{name}/{}: a prefix hit changed tokens", case.name);
+        let kept = (case.prompt_ids.len() - 1) / 16 * 16;
+        assert_eq!(out.num_cached_tokens, kept, "{name}/{}: hit {} tokens", case.name, out.num_cached_tokens);
+    }
+    let warm = client.stats();
+    println!("{name}: second battery hit {} of {} prompt tokens", warm.prefix_cache_hits, warm.prefix_cache_queries);
+    wait_idle(&client);
+}
+
+/// A two-turn chat on a hybrid model: the second turn (first prompt, its answer, a new message)
+/// resumes from the state kept after the first prompt and answers as a cold engine does.
+#[test]
+fn a_hybrid_second_turn_hits_the_first_turns_state() {
+    let name = "qwen3_5";
+    let oracle = oracle(name);
+    let first = oracle.cases.iter().find(|c| c.prompt_ids.len() > 64).expect("a long case");
+    let second: Vec<u32> =
+        first.prompt_ids.iter().chain(&first.output_ids).chain(&oracle.cases[1].prompt_ids).copied().collect();
+    let params = greedy(12);
+    let cold = llm(name, ferrite_engine::EngineConfig { enable_prefix_caching: false, ..config() })
+        .generate(vec![ferrite_engine::PromptInput::Tokens(second.clone())], &params)
+        .unwrap();
+    let warm = llm(name, config());
+    warm.generate(vec![ferrite_engine::PromptInput::Tokens(first.prompt_ids.clone())], &greedy(first.output_ids.len()))
+        .unwrap();
+    let out = warm.generate(vec![ferrite_engine::PromptInput::Tokens(second)], &params).unwrap();
+    assert_eq!(out[0].outputs[0].token_ids, cold[0].outputs[0].token_ids, "the hit changed the answer");
+    let stats = warm.client().stats();
+    let hit_rate = stats.prefix_cache_hits as f64 / stats.prefix_cache_queries as f64;
+    println!("{name} two-turn chat: second turn hit {} tokens, hit rate {hit_rate:.2}", out[0].num_cached_tokens);
+    assert_eq!(out[0].num_cached_tokens, (first.prompt_ids.len() - 1) / 16 * 16);
+    assert!(hit_rate > 0.0);
 }

@@ -1207,6 +1207,11 @@ fn recurrent_ops_match_cpu() {
             let bound = if dtype == DType::F32 { 1e-4 } else { tol(dtype) };
             check(&format!("gated_delta_rule step {step}"), dtype, &got, &want, bound);
         }
+        // Prefix caching's slot copies: a kept state out of slot 2, and back over slot 0.
+        for cache in [&mut cpu_state, &mut gpu_state] {
+            ops::copy_state_slots(cache, &[(2, 1)]).unwrap();
+            ops::copy_state_slots(cache, &[(1, 0), (3, 2)]).unwrap();
+        }
         let (conv_state, delta_state) = cache_contents(&gpu_state);
         let ferrite_tensor::kv::KvStorage::Cpu { k, v } = &cpu_state.storage else { unreachable!() };
         let err = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);

@@ -1,6 +1,11 @@
 //! Per-request block tables over the [`BlockPool`], with automatic prefix caching (vLLM's
 //! `KVCacheManager` for full attention), and for hybrid models one recurrent-state slot per
 //! request (the state layers' single "block" of each sequence).
+//!
+//! A hybrid model's prefix hit needs the recurrent state at the end of the hit, not only the KV
+//! blocks: states are kept at block boundaries in snapshot slots (after the working slots),
+//! keyed by the hash of the block that ends there and evicted least recently used, and a hit is
+//! cut back to the longest cached prefix whose end has a snapshot.
 
 use std::collections::HashMap;
 
@@ -36,6 +41,22 @@ pub struct KvCacheManager {
     free_state_slots: Vec<usize>,
     state_slots: HashMap<ReqId, usize>,
     num_state_slots: usize,
+    snapshots: Snapshots,
+}
+
+/// Recurrent states at block boundaries, for hybrid models' prefix hits.
+#[derive(Debug, Default)]
+struct Snapshots {
+    free: Vec<usize>,
+    /// Snapshot slot and last use, by the hash of the block the state follows.
+    cached: HashMap<BlockHash, (usize, u64)>,
+    /// Filled by the step now being scheduled: usable from the next step on (a hit in the same
+    /// step would restore it before it is written).
+    pending: Vec<(BlockHash, usize)>,
+    /// Requests admitted on a snapshot: the slot their state is restored from.
+    restores: HashMap<ReqId, usize>,
+    clock: u64,
+    num_slots: usize,
 }
 
 impl KvCacheManager {
@@ -50,6 +71,7 @@ impl KvCacheManager {
             free_state_slots: Vec::new(),
             state_slots: HashMap::new(),
             num_state_slots: 0,
+            snapshots: Snapshots::default(),
         }
     }
 
@@ -59,6 +81,57 @@ impl KvCacheManager {
         self.free_state_slots = (0..slots).rev().collect();
         self.num_state_slots = slots;
         self
+    }
+
+    /// Keeps up to `snapshots` recurrent states at block boundaries, in the slots after the
+    /// working ones, so that hybrid models get prefix hits (with prefix caching on).
+    pub fn with_state_snapshots(mut self, snapshots: usize) -> KvCacheManager {
+        let first = self.num_state_slots;
+        self.snapshots =
+            Snapshots { free: (first..first + snapshots).rev().collect(), num_slots: snapshots, ..Default::default() };
+        self
+    }
+
+    /// Whether prefix hits need state snapshots (a hybrid model with prefix caching on).
+    pub fn snapshots_states(&self) -> bool {
+        self.enable_caching && self.num_state_slots > 0
+    }
+
+    /// The snapshot slot `req`'s state is restored from, when it was admitted on a prefix hit.
+    pub fn take_state_restore(&mut self, req: ReqId) -> Option<usize> {
+        self.snapshots.restores.remove(&req)
+    }
+
+    /// Reserves a snapshot slot for `req`'s state once its first `end` tokens are computed
+    /// (`end` a multiple of the block size, its blocks hashed by `allocate_slots`). `None` when
+    /// that state is already kept, `end` ends no full block of the request, or there is no
+    /// snapshot capacity.
+    pub fn reserve_state_snapshot(&mut self, req: ReqId, end: usize) -> Option<usize> {
+        if !self.snapshots_states() || end == 0 || !end.is_multiple_of(self.block_size) {
+            return None;
+        }
+        let hash = *self.requests.get(&req)?.hashes.get(end / self.block_size - 1)?;
+        let snaps = &mut self.snapshots;
+        if snaps.cached.contains_key(&hash) || snaps.pending.iter().any(|(h, _)| *h == hash) {
+            return None;
+        }
+        let slot = match snaps.free.pop() {
+            Some(slot) => slot,
+            None => {
+                let (&oldest, _) = snaps.cached.iter().min_by_key(|(_, &(_, used))| used)?;
+                snaps.cached.remove(&oldest)?.0
+            }
+        };
+        snaps.pending.push((hash, slot));
+        Some(slot)
+    }
+
+    /// Makes the snapshots of the last step usable (call once that step has run).
+    pub fn commit_state_snapshots(&mut self) {
+        let clock = self.snapshots.clock;
+        for (hash, slot) in std::mem::take(&mut self.snapshots.pending) {
+            self.snapshots.cached.insert(hash, (slot, clock));
+        }
     }
 
     /// The request's recurrent-state slot, while it holds one.
@@ -91,8 +164,24 @@ impl KvCacheManager {
         let entry = self.requests.entry(req).or_default();
         extend_block_hashes(&mut entry.hashes, tokens, self.block_size);
         let max_blocks = (tokens.len() - 1) / self.block_size;
-        let hits: Vec<BlockId> =
+        let mut hits: Vec<BlockId> =
             entry.hashes.iter().take(max_blocks).map_while(|h| self.pool.get_cached_block(h)).collect();
+        self.snapshots.restores.remove(&req);
+        if self.enable_caching && self.num_state_slots > 0 {
+            // A hybrid model resumes from a kept state: the hit ends where one was kept.
+            let snaps = &mut self.snapshots;
+            let kept = (1..=hits.len()).rev().find(|&n| snaps.cached.contains_key(&entry.hashes[n - 1]));
+            match kept {
+                Some(n) => {
+                    snaps.clock += 1;
+                    let (slot, used) = snaps.cached.get_mut(&entry.hashes[n - 1]).expect("found above");
+                    *used = snaps.clock;
+                    snaps.restores.insert(req, *slot);
+                    hits.truncate(n);
+                }
+                None => hits.clear(),
+            }
+        }
         let hit_tokens = hits.len() * self.block_size;
         self.stats.requests += 1;
         self.stats.queries += tokens.len() as u64;
@@ -155,11 +244,15 @@ impl KvCacheManager {
         if let Some(slot) = self.state_slots.remove(&req) {
             self.free_state_slots.push(slot);
         }
+        self.snapshots.restores.remove(&req);
     }
 
-    /// Drops the cached content of free blocks (after a failed step).
+    /// Drops the cached content of free blocks and the snapshots the step was to write (after a
+    /// failed step).
     pub fn evict_free_cached_blocks(&mut self) {
         self.pool.evict_free_cached_blocks();
+        let pending = std::mem::take(&mut self.snapshots.pending);
+        self.snapshots.free.extend(pending.into_iter().map(|(_, slot)| slot));
     }
 
     /// The pool's invariants plus: every block's reference count equals the number of block
@@ -182,6 +275,19 @@ impl KvCacheManager {
                 "state slots held or free {held:?}, expected each of 0..{} once",
                 self.num_state_slots
             ));
+        }
+        let snaps = &self.snapshots;
+        let mut kept: Vec<usize> = snaps
+            .cached
+            .values()
+            .map(|&(slot, _)| slot)
+            .chain(snaps.pending.iter().map(|&(_, slot)| slot))
+            .chain(snaps.free.iter().copied())
+            .collect();
+        kept.sort_unstable();
+        let first = self.num_state_slots;
+        if kept != (first..first + snaps.num_slots).collect::<Vec<_>>() {
+            return Err(format!("snapshot slots {kept:?}, expected each of {first}..{} once", first + snaps.num_slots));
         }
         for (id, &want) in refs.iter().enumerate() {
             let got = self.pool.ref_count(id as BlockId);

@@ -26,6 +26,9 @@ pub struct SchedulerConfig {
     pub recompute_at: Option<usize>,
     /// Recurrent-state slots (hybrid models; 0 for the others): one per running request.
     pub num_state_slots: usize,
+    /// Recurrent states kept at block boundaries for prefix hits (hybrid models with prefix
+    /// caching), in the slots after the working ones.
+    pub num_state_snapshots: usize,
 }
 
 /// A request the runner has not seen: everything it needs to run and sample it.
@@ -65,6 +68,10 @@ pub struct SchedulerOutput {
     pub finished_req_ids: Vec<ReqId>,
     /// Drafts to verify, per request: its scheduled tokens are its last token and these.
     pub scheduled_spec_decode_tokens: HashMap<ReqId, Vec<u32>>,
+    /// Recurrent-state copies `(from, to)` before the step (a kept state into the working slot of
+    /// a request admitted on a prefix hit) and after it (a working slot at a block boundary into a
+    /// snapshot slot).
+    pub state_copies: ferrite_tensor::StateCopies,
 }
 
 #[derive(Debug, Clone)]
@@ -118,7 +125,8 @@ impl Scheduler {
                 config.max_model_len,
                 config.enable_prefix_caching,
             )
-            .with_state_slots(config.num_state_slots),
+            .with_state_slots(config.num_state_slots)
+            .with_state_snapshots(config.num_state_snapshots),
             config,
             requests: HashMap::new(),
             waiting: VecDeque::new(),
@@ -194,6 +202,7 @@ impl Scheduler {
         let mut budget = self.config.max_num_batched_tokens;
         let mut out =
             SchedulerOutput { finished_req_ids: std::mem::take(&mut self.finished_req_ids), ..Default::default() };
+        self.kv.commit_state_snapshots();
         let mut preempted = false;
 
         let mut i = 0;
@@ -213,7 +222,8 @@ impl Scheduler {
             }
             let known = req.num_tokens() - req.num_computed_tokens;
             let drafts = if known == 1 { std::mem::take(&mut req.spec_token_ids) } else { Vec::new() };
-            let num_new = (known + drafts.len()).min(budget);
+            let (computed, wanted) = (req.num_computed_tokens, (known + drafts.len()).min(budget));
+            let num_new = self.cut_at_snapshot(id, computed, wanted);
             if num_new == 0 {
                 i += 1;
                 continue;
@@ -239,6 +249,7 @@ impl Scheduler {
             let Some(new_block_ids) = scheduled else {
                 break;
             };
+            self.plan_state_snapshot(id, self.requests[&id].num_computed_tokens + num_new, &mut out);
             out.scheduled_cached_reqs.push(CachedRequestData {
                 req_id: id,
                 // A recomputed sequence starts over in fresh blocks, as one back from preemption.
@@ -262,10 +273,15 @@ impl Scheduler {
             };
             let req = &self.requests[&id];
             let (hits, num_hit_tokens) = self.kv.get_computed_blocks(id, &req.all_token_ids, req.skips_prefix_cache());
-            let num_new = (req.num_tokens() - num_hit_tokens).min(budget);
+            let num_new = self.cut_at_snapshot(id, num_hit_tokens, (req.num_tokens() - num_hit_tokens).min(budget));
+            let req = &self.requests[&id];
             let Some(_) = self.kv.allocate_slots(id, &req.all_token_ids, 0, num_new, &hits) else {
                 break;
             };
+            if let (Some(kept), Some(slot)) = (self.kv.take_state_restore(id), self.kv.state_slot(id)) {
+                out.state_copies.before.push((kept, slot));
+            }
+            self.plan_state_snapshot(id, num_hit_tokens + num_new, &mut out);
             self.waiting.pop_front();
             let block_ids = self.kv.block_ids(id).to_vec();
             let Some(req) = self.requests.get_mut(&id) else {
@@ -307,6 +323,36 @@ impl Scheduler {
         }
         out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget;
         out
+    }
+
+    /// Where a hybrid model keeps a request's state for prefix hits: the end of its last full
+    /// block before its last token (the last token is never a hit), once per prefill.
+    fn snapshot_point(&self, id: ReqId) -> Option<usize> {
+        if !self.kv.snapshots_states() {
+            return None;
+        }
+        let n = self.requests.get(&id)?.num_tokens();
+        let point = (n - 1) / self.config.block_size * self.config.block_size;
+        (point > 0).then_some(point)
+    }
+
+    /// `num_new` tokens after `computed`, cut so that the chunk ends at the request's snapshot
+    /// point when it would cross it: the state exists only at the end of a step.
+    fn cut_at_snapshot(&self, id: ReqId, computed: usize, num_new: usize) -> usize {
+        match self.snapshot_point(id) {
+            Some(point) if computed < point && computed + num_new > point => point - computed,
+            _ => num_new,
+        }
+    }
+
+    /// Keeps the request's state after this step when the step ends at its snapshot point.
+    fn plan_state_snapshot(&mut self, id: ReqId, end: usize, out: &mut SchedulerOutput) {
+        if self.snapshot_point(id) != Some(end) {
+            return;
+        }
+        if let (Some(slot), Some(kept)) = (self.kv.state_slot(id), self.kv.reserve_state_snapshot(id, end)) {
+            out.state_copies.after.push((slot, kept));
+        }
     }
 
     /// Whether a running sequence has just grown past the rotary switch with its cache computed
