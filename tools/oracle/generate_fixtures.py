@@ -264,6 +264,30 @@ def _repack_qwen3_5_conditional(tensors, cfg):
     return out, new_cfg
 
 
+def _python_infinity_spelling(cfg: dict[str, Any]) -> None:
+    """Real Mamba2 / Nemotron-H config.json files spell the open dt limit as Python's bare Infinity
+    (transformers 5 writes {"__float__": "Infinity"} instead)."""
+    cfg["time_step_limit"] = [0.0, float("inf")]
+
+
+def _drop_mamba_skip(model: torch.nn.Module) -> None:
+    """Zeroes every Mamba2 mixer's D (the skip connection around the scan)."""
+    with torch.no_grad():
+        for layer in model.backbone.layers:
+            layer.mixer.D.zero_()
+
+
+def _mamba_conv_identity(model: torch.nn.Module) -> None:
+    """Makes every Mamba2 mixer's causal conv the identity (last tap 1, others and bias 0)."""
+    with torch.no_grad():
+        for layer in model.backbone.layers:
+            w = layer.mixer.conv1d.weight
+            w.zero_()
+            w[:, :, -1] = 1.0
+            if layer.mixer.conv1d.bias is not None:
+                layer.mixer.conv1d.bias.zero_()
+
+
 def _drop_hunyuan_qk_norm(model: torch.nn.Module) -> None:
     for layer in model.model.layers:
         layer.self_attn.query_layernorm = torch.nn.Identity()
@@ -2026,6 +2050,22 @@ SPECS: list[Spec] = [
         "present and ignored; the oracle is the text model transformers loads from it (Qwen3_5ForCausalLM)",
         ablate_fn=_drop_attn_output_gate,
         ablation_desc="attention output gate zeroed (sigmoid 0.5)",
+    ),
+    Spec(
+        name="mamba2",
+        config_class="Mamba2Config",
+        architecture="Mamba2ForCausalLM",
+        kwargs=dict(hidden_size=32, num_heads=4, head_dim=16, expand=2, state_size=8, n_groups=2,
+                    num_hidden_layers=3, conv_kernel=4, chunk_size=64),
+        edit_saved_config=_python_infinity_spelling,
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="Mamba2: every layer an SSD mixer (4 heads of 16 over 2 B/C groups of state 8), causal conv with "
+        "bias, softplus(dt + dt_bias), the D skip, grouped gated RMSNorm (norm after gating); no attention, no "
+        "position embeddings; time_step_limit (0, Infinity) written as Python's non-standard JSON; the oracle's "
+        "prompts run the chunked scan (chunk 64), decode the selective state update",
+        ablate_fn=_drop_mamba_skip,
+        ablation_desc="D skip zeroed",
+        extra_ablations=[Ablate("causal conv replaced by the identity", fn=_mamba_conv_identity)],
     ),
 ]
 

@@ -105,8 +105,8 @@ impl EngineConfig {
         if self.max_num_batched_tokens == 0 || self.max_num_seqs == 0 {
             return Err(EngineError::Config("max_num_batched_tokens and max_num_seqs must be at least 1".into()));
         }
-        if info.kv_layers.is_empty() {
-            return Err(EngineError::Config("the model has no KV cache layers".into()));
+        if info.kv_layers.is_empty() && info.state_layers.is_empty() {
+            return Err(EngineError::Config("the model has no KV cache or recurrent-state layers".into()));
         }
         let max_model_len = match self.max_model_len {
             Some(0) => return Err(EngineError::Config("max_model_len must be at least 1".into())),
@@ -139,7 +139,12 @@ impl EngineConfig {
                 info.state_bytes_per_sequence()
             )));
         };
-        let num_blocks = kv_memory / block_bytes.max(1);
+        let num_blocks = match block_bytes {
+            // A model of recurrent layers alone stores nothing per token: its blocks only keep the
+            // scheduler's books (and prefix-cache hashes), as many as every sequence at full length.
+            0 => self.max_num_seqs * max_model_len.div_ceil(self.block_size),
+            _ => kv_memory / block_bytes,
+        };
         if num_blocks == 0 {
             return Err(EngineError::Config(format!(
                 "kv_cache_memory of {} bytes is smaller than one block ({block_bytes} bytes = {} tokens x \

@@ -183,3 +183,20 @@ fn a_hybrid_second_turn_hits_the_first_turns_state() {
     assert_eq!(out[0].num_cached_tokens, (first.prompt_ids.len() - 1) / 16 * 16);
     assert!(hit_rate > 0.0);
 }
+
+/// A model of recurrent layers alone (Mamba2): no KV cache at all, the battery batched, chunked
+/// (24-token steps) and run again on kept states, token-exact.
+#[test]
+fn mamba2_runs_without_a_kv_cache() {
+    let name = "mamba2";
+    let llm = battery_matches_oracle_with(name, config());
+    let info = llm.client().model_info().clone();
+    assert!(info.kv_layers.is_empty() && info.state_layers.len() == 3, "{info:?}");
+    battery_matches_oracle_with(name, ferrite_engine::EngineConfig { max_num_batched_tokens: 24, ..config() });
+    let params = greedy(oracle(name).cases[0].output_ids.len());
+    let again = llm.generate(battery(name), &params).unwrap();
+    for (case, out) in oracle(name).cases.iter().zip(&again) {
+        assert_eq!(out.outputs[0].token_ids, case.output_ids, "{name}/{} from a kept state", case.name);
+        assert_eq!(out.num_cached_tokens, (case.prompt_ids.len() - 1) / 16 * 16, "{name}/{}", case.name);
+    }
+}

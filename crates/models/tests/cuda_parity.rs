@@ -74,8 +74,7 @@ fn every_fixture_on_cuda() {
     let (mut bf16_strict, mut bf16_near, mut bf16_total) = (0, 0, 0);
     for name in &names {
         let dir = fixtures_dir().join("models").join(name);
-        let config: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        let config = ferrite_models::loading::config::RawConfig::from_file(&dir.join("config.json")).unwrap().value;
         let moe = routes_among_experts(&config);
         let recurrent = has_recurrent_layers(&config);
         let w8a8 = quantizes_inputs(&config);

@@ -38,6 +38,9 @@ const FIXTURES: &[&str] = &[
     "internlm2",
     "minicpm",
     "chatglm",
+    "qwen3-next",
+    "qwen3_5-conditional",
+    "mamba2",
 ];
 
 fn hostile_value() -> impl Strategy<Value = Value> {
@@ -122,7 +125,7 @@ proptest! {
     ) {
         let dir = scratch_copy(FIXTURES[fixture]);
         let path = dir.join("config.json");
-        let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut config = ferrite_models::loading::config::RawConfig::from_file(&path).unwrap().value;
         for (pick, value) in poisons {
             poison(&mut config, pick, value);
         }
@@ -149,10 +152,8 @@ fn every_fixture_loads_unpoisoned() {
 fn every_key_set_huge() {
     let mut failures = Vec::new();
     for fixture in FIXTURES {
-        let base: Value = serde_json::from_str(
-            &std::fs::read_to_string(fixtures_dir().join("models").join(fixture).join("config.json")).unwrap(),
-        )
-        .unwrap();
+        let path = fixtures_dir().join("models").join(fixture).join("config.json");
+        let base: Value = ferrite_models::loading::config::RawConfig::from_file(&path).unwrap().value;
         for pick in 0..key_paths(&base).len() {
             for v in [json!(1u64 << 40), json!(u64::MAX), json!(1e308), json!([0, 1u64 << 40])] {
                 let dir = scratch_copy(fixture);

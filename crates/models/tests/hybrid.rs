@@ -1,6 +1,6 @@
-//! Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5) beyond the parity battery: the gate catches
-//! breaks of what makes them hybrids, and the recurrent state carried between steps gives what
-//! one pass over the whole sequence gives.
+//! Recurrent models (the Gated DeltaNet hybrids Qwen3-Next and Qwen3.5, Mamba2) beyond the
+//! parity battery: the gate catches breaks of their recurrent layers, and the state carried
+//! between steps gives what one pass over the whole sequence gives.
 
 use ferrite_models::{load_model, CausalLM, ForwardInput, LoadOptions};
 use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device};
@@ -14,9 +14,7 @@ fn strict_count(dir: &std::path::Path) -> (usize, usize) {
 /// Each break changes outputs of the battery; the unbroken copy passes all of it.
 #[test]
 fn gate_catches_gated_deltanet_breaks() {
-    type WeightEdit = fn(&str) -> Option<Box<dyn Fn(&mut [f32])>>;
-    type ConfigEdit = fn(&mut serde_json::Value);
-    let breaks: [(&str, Option<ConfigEdit>, Option<WeightEdit>); 4] = [
+    let breaks: [Break; 4] = [
         ("unbroken", None, None),
         (
             "key heads regrouped (2 x 8 -> 4 x 4: same widths, other L2 norms and head sharing)",
@@ -45,8 +43,50 @@ fn gate_catches_gated_deltanet_breaks() {
             }),
         ),
     ];
-    for (what, config, weights) in breaks {
-        let dir = fixture_copy("qwen3-next", what);
+    assert_gate_catches("qwen3-next", &breaks);
+}
+
+type WeightEdit = fn(&str) -> Option<Box<dyn Fn(&mut [f32])>>;
+type ConfigEdit = fn(&mut serde_json::Value);
+type Break = (&'static str, Option<ConfigEdit>, Option<WeightEdit>);
+
+/// Mamba2: the D skip, the conv and the B/C grouping each matter.
+#[test]
+fn gate_catches_mamba2_breaks() {
+    let breaks: [Break; 4] = [
+        ("unbroken", None, None),
+        (
+            "B/C regrouped (2 groups of state 8 -> 1 of 16: same widths, other heads' B and C)",
+            Some(|c| {
+                c["n_groups"] = 1.into();
+                c["state_size"] = 16.into();
+            }),
+            None,
+        ),
+        (
+            "causal conv taps reversed",
+            None,
+            Some(|name| {
+                name.ends_with("conv1d.weight").then(|| {
+                    Box::new(|w: &mut [f32]| w.chunks_exact_mut(4).for_each(<[f32]>::reverse))
+                        as Box<dyn Fn(&mut [f32])>
+                })
+            }),
+        ),
+        (
+            "D skip zeroed",
+            None,
+            Some(|name| {
+                name.ends_with("mixer.D").then(|| Box::new(|w: &mut [f32]| w.fill(0.0)) as Box<dyn Fn(&mut [f32])>)
+            }),
+        ),
+    ];
+    assert_gate_catches("mamba2", &breaks);
+}
+
+fn assert_gate_catches(fixture: &str, breaks: &[Break]) {
+    for &(what, config, weights) in breaks {
+        let dir = fixture_copy(fixture, what);
         if let Some(edit) = config {
             edit_config(&dir, edit);
         }
@@ -56,8 +96,8 @@ fn gate_catches_gated_deltanet_breaks() {
         let (strict, total) = strict_count(&dir);
         std::fs::remove_dir_all(&dir).ok();
         match what {
-            "unbroken" => assert_eq!(strict, total, "the unbroken copy fails the gate"),
-            _ => assert!(strict < total, "{what} went unnoticed ({strict}/{total} strict)"),
+            "unbroken" => assert_eq!(strict, total, "{fixture}: the unbroken copy fails the gate"),
+            _ => assert!(strict < total, "{fixture}: {what} went unnoticed ({strict}/{total} strict)"),
         }
     }
 }
@@ -99,7 +139,7 @@ fn last_logits(model: &dyn CausalLM, tokens: &[u32], chunks: &[usize]) -> Vec<f3
 /// decode with carried state agree with one forward over the whole sequence.
 #[test]
 fn carried_state_equals_one_pass() {
-    for name in ["qwen3-next", "qwen3_5"] {
+    for name in ["qwen3-next", "qwen3_5", "mamba2"] {
         let dir = fixtures_dir().join("models").join(name);
         let oracle = Oracle::load(&dir.join("oracle.json")).unwrap();
         let model = load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).unwrap().model;

@@ -804,3 +804,51 @@ pub fn copy_state_slots(cache: &mut PagedKvLayer, copies: &[(usize, usize)]) -> 
         crate::kv::KvStorage::Cuda { k, v } => cuda::recurrent::copy_state_slots(k, v, kw, vw, copies),
     }
 }
+
+/// The shapes and dt limits of a Mamba2 mixer's selective scan.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mamba2Params {
+    pub num_heads: usize,
+    pub head_dim: usize,
+    /// Groups of heads sharing B and C.
+    pub num_groups: usize,
+    pub state_size: usize,
+    /// `(min, max)` of `dt` where transformers runs the chunked scan (prompts); its single-token
+    /// update applies none.
+    pub dt_limit: (f32, f32),
+}
+
+/// Mamba2's selective scan (see `cpu::recurrent::mamba2_scan`): `x [tokens, heads * head_dim]`,
+/// raw `dt [tokens, heads]`, `b, c [tokens, groups * state]`, per-head `a_log`, `dt_bias`, `d`.
+/// Each sequence's `[heads, head_dim, state]` state lives in its slot of the state layer `cache`.
+#[allow(clippy::too_many_arguments)]
+pub fn mamba2_scan(
+    x: &Tensor,
+    dt: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    a_log: &Tensor,
+    dt_bias: &Tensor,
+    d: &Tensor,
+    cache: &mut PagedKvLayer,
+    meta: &AttnMetadata,
+    p: &Mamba2Params,
+) -> Result<Tensor> {
+    let t = meta.num_tokens();
+    let bc = p.num_groups * p.state_size;
+    let shapes = [(x, [t, p.num_heads * p.head_dim]), (dt, [t, p.num_heads]), (b, [t, bc]), (c, [t, bc])];
+    if let Some((x, want)) = shapes.iter().find(|(x, want)| x.shape() != want) {
+        return Err(shape_err("mamba2_scan", format!("input {:?}, expected {want:?}", x.shape())));
+    }
+    if [a_log, dt_bias, d].iter().any(|v| v.numel() != p.num_heads)
+        || p.num_groups == 0
+        || !p.num_heads.is_multiple_of(p.num_groups)
+    {
+        return Err(shape_err("mamba2_scan", "A_log / dt_bias / D are not one value per head, or heads / groups"));
+    }
+    check_state_layer("mamba2_scan", cache, meta, cache.k_dim, p.num_heads * p.head_dim * p.state_size)?;
+    match x.storage() {
+        Storage::Cpu(_) => cpu::recurrent::mamba2_scan(x, dt, b, c, a_log, dt_bias, d, cache, meta, p),
+        Storage::Cuda(_) => cuda::recurrent::mamba2_scan(x, dt, b, c, a_log, dt_bias, d, cache, meta, p),
+    }
+}

@@ -221,7 +221,8 @@ pub fn fixture_copy(name: &str, tag: &str) -> PathBuf {
 /// Rewrites `dir/config.json` through `edit`.
 pub fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let path = dir.join("config.json");
-    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    // Read as the loader reads it (Python's non-finite literals included).
+    let mut config = ferrite_models::loading::config::RawConfig::from_file(&path).unwrap().value;
     edit(&mut config);
     std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
 }

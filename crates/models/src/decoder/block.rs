@@ -6,6 +6,7 @@
 use ferrite_tensor::{ops, AttentionParams, AttnMetadata, PagedKvLayer, Tensor};
 
 use crate::layers::gdn::GatedDeltaNet;
+use crate::layers::mamba2::Mamba2Mixer;
 use crate::layers::mla::Mla;
 use crate::layers::moe::SparseMoe;
 use crate::layers::rope::Rope;
@@ -83,6 +84,8 @@ pub enum TokenMixer {
     SharedKv(SharedKvAttention),
     /// Linear attention with a per-sequence recurrent state instead of a KV cache.
     GatedDeltaNet(Box<GatedDeltaNet>),
+    /// A selective state-space layer (Mamba2) with a per-sequence state.
+    Mamba2(Box<Mamba2Mixer>),
 }
 
 /// What a layer keeps between steps.
@@ -140,6 +143,7 @@ impl TokenMixer {
                 s.o.forward(&ops::paged_attention(&q, cache, meta, &s.params)?)
             }
             TokenMixer::GatedDeltaNet(g) => g.forward(x, meta, cache),
+            TokenMixer::Mamba2(m) => m.forward(x, meta, cache),
         }
     }
 
@@ -155,6 +159,7 @@ impl TokenMixer {
             TokenMixer::Latent { mla, .. } => LayerCache::Kv(mla.kv_spec()),
             TokenMixer::SharedKv(s) => LayerCache::Shared(s.source),
             TokenMixer::GatedDeltaNet(g) => LayerCache::State(g.state_spec()),
+            TokenMixer::Mamba2(m) => LayerCache::State(m.state_spec()),
         }
     }
 
@@ -172,6 +177,7 @@ impl TokenMixer {
             TokenMixer::Latent { mla, .. } => mla.weight_bytes(),
             TokenMixer::SharedKv(s) => s.q.weight.size_in_bytes() + s.o.weight.size_in_bytes(),
             TokenMixer::GatedDeltaNet(g) => g.weight_bytes(),
+            TokenMixer::Mamba2(m) => m.weight_bytes(),
         }
     }
 }
@@ -185,6 +191,9 @@ pub enum ChannelMixer {
     Dense(DenseMlp),
     /// Routed experts, plus shared ones where the family has them.
     Moe(Box<SparseMoe>),
+    /// The layer has no channel mixer (Mamba2's layers are a mixer alone): the block ends after
+    /// its token mixer's residual add.
+    None,
 }
 
 impl ChannelMixer {
@@ -193,6 +202,11 @@ impl ChannelMixer {
             ChannelMixer::Gated(m) => m.forward(x),
             ChannelMixer::Dense(m) => m.forward(x),
             ChannelMixer::Moe(m) => m.forward(x),
+            ChannelMixer::None => Err(ferrite_tensor::TensorError::Unsupported {
+                op: "channel mixer",
+                detail: "a layer without one is wired sequentially (it ends after its token mixer)".into(),
+            }
+            .into()),
         }
     }
 
@@ -201,6 +215,7 @@ impl ChannelMixer {
             ChannelMixer::Gated(m) => m.weight_bytes(),
             ChannelMixer::Dense(m) => m.fc1.weight.size_in_bytes() + m.fc2.weight.size_in_bytes(),
             ChannelMixer::Moe(m) => m.weight_bytes(),
+            ChannelMixer::None => 0,
         }
     }
 }
@@ -317,6 +332,9 @@ impl Block {
                 };
                 let (x, h) = stream.settle_norm(self.attn_norm.as_ref())?;
                 let a = branch(self.mixer.forward(&x, ropes, meta, cache)?, &self.attn_out_norm)?;
+                if matches!(self.mlp, ChannelMixer::None) {
+                    return Ok(Residual { h, pending: Some(a) });
+                }
                 let (x, h) = Residual { h, pending: Some(a) }.settle_norm(self.mlp_norm.as_ref())?;
                 let m = branch(self.mlp.forward(&x)?, &self.mlp_out_norm)?;
                 Ok(Residual { h, pending: Some(m) })

@@ -1,6 +1,8 @@
 //! Recurrent token mixers on the CPU, following transformers' torch fallbacks step for step (the
-//! oracle): the causal depthwise conv1d in front of a linear-attention layer, and the gated delta
-//! rule (Gated DeltaNet), chunked for prompts and one token at a time for decode.
+//! oracle): the causal depthwise conv1d in front of a linear-attention or state-space layer, the
+//! gated delta rule (Gated DeltaNet), chunked for prompts and one token at a time for decode, and
+//! Mamba2's selective scan (its recurrence; the reference's chunked SSD form is an exact rewrite of
+//! it that rounds differently).
 //!
 //! Each sequence's state lives in its slot of a state layer ([`PagedKvLayer`] with one slot per
 //! sequence): the conv's last `K - 1` inputs in `k`, the `[heads, k_dim, v_dim]` delta-rule state
@@ -12,7 +14,7 @@ use super::elementwise::activate;
 use super::f32_tensor;
 use crate::error::{shape_err, Result, TensorError};
 use crate::kv::{AttnMetadata, KvStorage, PagedKvLayer};
-use crate::ops::{Activation, GdnParams};
+use crate::ops::{Activation, GdnParams, Mamba2Params};
 use crate::tensor::Tensor;
 
 fn state_slices<'a>(op: &'static str, cache: &'a mut PagedKvLayer) -> Result<(&'a mut [f32], &'a mut [f32])> {
@@ -266,6 +268,78 @@ fn chunked(inp: &HeadInputs, state: &mut [f32], dk: usize, dv: usize, chunk_size
         }
     }
     out
+}
+
+/// Mamba2's selective scan over `x [tokens, heads * head_dim]`, `dt [tokens, heads]` (raw),
+/// `b, c [tokens, groups * state]`: per head `dt = softplus(dt + dt_bias)` (clamped to
+/// `p.dt_limit` where transformers runs its chunked form, i.e. for prompts), then
+/// `h = exp(dt * A) h + dt B x`, `y = C h + D x` with `A = -exp(a_log)`. Each sequence's
+/// `[heads, head_dim, state]` state is read from and written back to its slot of `cache`.
+#[allow(clippy::too_many_arguments)]
+pub fn mamba2_scan(
+    x: &Tensor,
+    dt: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    a_log: &Tensor,
+    dt_bias: &Tensor,
+    d: &Tensor,
+    cache: &mut PagedKvLayer,
+    meta: &AttnMetadata,
+    p: &Mamba2Params,
+) -> Result<Tensor> {
+    let (xs, dts, bs, cs) = (x.as_f32_slice()?, dt.as_f32_slice()?, b.as_f32_slice()?, c.as_f32_slice()?);
+    let (a_log, dt_bias, ds) = (a_log.as_f32_slice()?, dt_bias.as_f32_slice()?, d.as_f32_slice()?);
+    let (heads, hd, groups, n) = (p.num_heads, p.head_dim, p.num_groups, p.state_size);
+    let per_group = heads / groups;
+    let tokens = x.rows();
+    let (_, states) = state_slices("mamba2_scan", cache)?;
+    let state_len = hd * n;
+    let mut out = vec![0f32; tokens * heads * hd];
+    for (rows, slot, fresh) in sequences(meta) {
+        let seq_states = &mut states[slot * heads * state_len..(slot + 1) * heads * state_len];
+        if fresh {
+            seq_states.fill(0.0);
+        }
+        let chunked = rows.len() > 1 || fresh;
+        let heads_out: Vec<Vec<f32>> = seq_states
+            .par_chunks_mut(state_len)
+            .enumerate()
+            .map(|(h, state)| {
+                let g = h / per_group;
+                let a = -a_log[h].exp();
+                let mut y = Vec::with_capacity(rows.len() * hd);
+                for r in rows.clone() {
+                    let mut delta = softplus(dts[r * heads + h] + dt_bias[h]);
+                    if chunked {
+                        delta = delta.clamp(p.dt_limit.0, p.dt_limit.1);
+                    }
+                    let decay = (delta * a).exp();
+                    let (bg, cg) = (
+                        &bs[(r * groups + g) * n..(r * groups + g + 1) * n],
+                        &cs[(r * groups + g) * n..(r * groups + g + 1) * n],
+                    );
+                    for i in 0..hd {
+                        let xi = xs[(r * heads + h) * hd + i];
+                        let row = &mut state[i * n..(i + 1) * n];
+                        let mut acc = 0f32;
+                        for ((s, &bv), &cv) in row.iter_mut().zip(bg).zip(cg) {
+                            *s = *s * decay + delta * bv * xi;
+                            acc += cv * *s;
+                        }
+                        y.push(acc + xi * ds[h]);
+                    }
+                }
+                y
+            })
+            .collect();
+        for (h, head_out) in heads_out.iter().enumerate() {
+            for (t, r) in rows.clone().enumerate() {
+                out[(r * heads + h) * hd..(r * heads + h + 1) * hd].copy_from_slice(&head_out[t * hd..(t + 1) * hd]);
+            }
+        }
+    }
+    Ok(f32_tensor(out, vec![tokens, heads * hd]))
 }
 
 #[cfg(test)]

@@ -72,6 +72,7 @@ pub(crate) fn defines() -> Vec<String> {
         ("SAMPLE_THREADS", sampling::SAMPLE_THREADS.into()),
         ("CONV_KERNEL_MAX", recurrent::CONV_KERNEL_MAX as i64),
         ("GDN_DK_MAX", recurrent::GDN_DK_MAX as i64),
+        ("SSM_STATE_MAX", recurrent::SSM_STATE_MAX as i64),
     ];
     let mut defines: Vec<String> = ints.iter().map(|(name, v)| format!("-D{name}={v}")).collect();
     // An unsigned literal, as the kernels compare it with an unsigned slot.

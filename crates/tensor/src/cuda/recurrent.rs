@@ -10,7 +10,7 @@ use super::ops::{activation_code, cuda_of, same_dtype, wrap};
 use super::storage::{dtype_suffix, CudaStorage};
 use crate::error::Result;
 use crate::kv::{AttnMetadata, KvStorage, PagedKvLayer};
-use crate::ops::{Activation, GdnParams};
+use crate::ops::{Activation, GdnParams, Mamba2Params};
 use crate::tensor::Tensor;
 use crate::DType;
 
@@ -18,6 +18,8 @@ use crate::DType;
 pub(crate) const CONV_KERNEL_MAX: usize = 8;
 /// Largest key head dimension a delta-rule thread holds a state column of.
 pub(crate) const GDN_DK_MAX: usize = 256;
+/// Largest Mamba2 state size a scan thread holds a state row of.
+pub(crate) const SSM_STATE_MAX: usize = 256;
 
 kernel_params! {
     /// `causal_conv1d_<t>`: grid (channel blocks, sequences).
@@ -193,4 +195,72 @@ pub(crate) fn copy_state_slots(
         shared_mem_bytes: 0,
     };
     launch.launch_with(dev, &f, cfg)
+}
+
+kernel_params! {
+    /// `mamba2_scan_<t>`: grid (heads, sequences), one thread per head dimension.
+    struct Mamba2Scan {
+        x: u64, dt: u64, b: u64, c: u64, a_log: u64, dt_bias: u64, d: u64, y: u64, state: u64, seqs: u64,
+        heads: i32, head_dim: i32, groups: i32, state_size: i32, dt_min: f32, dt_max: f32,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn mamba2_scan(
+    x: &Tensor,
+    dt: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    a_log: &Tensor,
+    dt_bias: &Tensor,
+    d: &Tensor,
+    cache: &mut PagedKvLayer,
+    meta: &AttnMetadata,
+    p: &Mamba2Params,
+) -> Result<Tensor> {
+    let op = "mamba2_scan";
+    let xs = cuda_of(op, x)?;
+    for t in [dt, b, c] {
+        same_dtype(op, xs, cuda_of(op, t)?)?;
+    }
+    let (a_log, dt_bias, d) = (f32_param(op, a_log)?, f32_param(op, dt_bias)?, f32_param(op, d)?);
+    if p.state_size > SSM_STATE_MAX || p.head_dim > 1024 {
+        return Err(dev_err(format!(
+            "{op}: state {} / head dim {} beyond {SSM_STATE_MAX} / 1024",
+            p.state_size, p.head_dim
+        )));
+    }
+    let (_, state) = state_storage(op, cache)?;
+    let dev = xs.device();
+    let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
+    if !meta.seqs.is_empty() {
+        let seqs = upload_seqs(dev, meta)?;
+        let f = dev.function(RECURRENT, &format!("mamba2_scan_{}", dtype_suffix(xs.dtype())?))?;
+        let launch = Mamba2Scan {
+            x: xs.ptr(),
+            dt: cuda_of(op, dt)?.ptr(),
+            b: cuda_of(op, b)?.ptr(),
+            c: cuda_of(op, c)?.ptr(),
+            a_log: a_log.ptr(),
+            dt_bias: dt_bias.ptr(),
+            d: d.ptr(),
+            y: out.ptr(),
+            state: state.ptr(),
+            seqs: super::device::dptr(&seqs, dev),
+            heads: int(p.num_heads)?,
+            head_dim: int(p.head_dim)?,
+            groups: int(p.num_groups)?,
+            state_size: int(p.state_size)?,
+            dt_min: p.dt_limit.0,
+            dt_max: p.dt_limit.1,
+        };
+        let threads = p.head_dim.div_ceil(32).max(1) * 32;
+        let cfg = LaunchConfig {
+            grid_dim: (p.num_heads as u32, meta.seqs.len() as u32, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch.launch_with(dev, &f, cfg)?;
+    }
+    wrap(out, x.shape().to_vec())
 }

@@ -111,3 +111,49 @@ extern "C" __global__ void copy_state_slots(float* k, float* v, const int2* pair
     if (i < (size_t)k_len) k[(size_t)p.y * k_len + i] = k[(size_t)p.x * k_len + i];
     if (i < (size_t)v_len) v[(size_t)p.y * v_len + i] = v[(size_t)p.x * v_len + i];
 }
+
+// Mamba2's selective scan: one block per (head, sequence), one thread per head dimension holding
+// its row of the [head_dim, state] state; tokens in order.
+template <typename T>
+__device__ void mamba2_scan(const T* __restrict__ x, const T* __restrict__ dt, const T* __restrict__ b,
+                            const T* __restrict__ c, const float* __restrict__ a_log,
+                            const float* __restrict__ dt_bias, const float* __restrict__ d, T* __restrict__ y,
+                            float* __restrict__ state, const int4* __restrict__ seqs, int heads, int head_dim,
+                            int groups, int n, float dt_min, float dt_max) {
+    const int h = blockIdx.x, i = threadIdx.x, g = h / (heads / groups);
+    const int4 s = seqs[blockIdx.y];
+    float* st = state + (((size_t)s.z * heads + h) * head_dim + i) * n;
+    float row[SSM_STATE_MAX];
+    const bool active = i < head_dim;
+    for (int k = 0; k < n; ++k) row[k] = (s.w || !active) ? 0.f : st[k];
+    const bool chunked = s.y > 1 || s.w;
+    const float a = -expf(a_log[h]);
+    for (int t = 0; t < s.y; ++t) {
+        const size_t r = (size_t)(s.x + t);
+        float delta = to_f(dt[r * heads + h]) + dt_bias[h];
+        delta = delta > 20.f ? delta : log1pf(expf(delta));
+        if (chunked) delta = fminf(fmaxf(delta, dt_min), dt_max);
+        const float decay = expf(delta * a);
+        if (active) {
+            const float xi = to_f(x[(r * heads + h) * head_dim + i]);
+            float acc = 0.f;
+            for (int k = 0; k < n; ++k) {
+                row[k] = row[k] * decay + delta * to_f(b[(r * groups + g) * n + k]) * xi;
+                acc += to_f(c[(r * groups + g) * n + k]) * row[k];
+            }
+            y[(r * heads + h) * head_dim + i] = from_f<T>(acc + xi * d[h]);
+        }
+    }
+    if (active)
+        for (int k = 0; k < n; ++k) st[k] = row[k];
+}
+
+#define INST_MAMBA(TN, T)                                                                                           \
+    extern "C" __global__ void mamba2_scan_##TN(const T* x, const T* dt, const T* b, const T* c, const float* a_log, \
+                                                const float* dt_bias, const float* d, T* y, float* state,          \
+                                                const int4* seqs, int heads, int head_dim, int groups, int n,      \
+                                                float dt_min, float dt_max) {                                      \
+        pdl_wait();                                                                                                 \
+        mamba2_scan<T>(x, dt, b, c, a_log, dt_bias, d, y, state, seqs, heads, head_dim, groups, n, dt_min, dt_max); \
+    }
+FOR_T(INST_MAMBA)

@@ -1,0 +1,144 @@
+//! Mamba2 (`Mamba2ForCausalLM`): a stack of Mamba2 mixers ([`crate::layers::mamba2`]), each behind
+//! an RMSNorm with a residual add, and no attention, MLP or position embeddings. Checkpoints name
+//! the stack `backbone` (`backbone.embeddings`, `backbone.layers.{i}.{norm,mixer}`, `norm_f`).
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::decoder::load::{check_dims, lm_head};
+use crate::decoder::{Block, ChannelMixer, Decoder, TokenMixer};
+use crate::layers::mamba2::{Mamba2Dims, Mamba2Mixer};
+use crate::layers::{Embedding, Norm};
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
+use crate::Result;
+
+/// Mamba has no positional limit; this is the context the engine allows unless the config or
+/// `--max-model-len` says otherwise.
+const DEFAULT_CONTEXT: usize = 32768;
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Mamba2Config {
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    vocab_size: usize,
+    num_heads: usize,
+    head_dim: usize,
+    #[serde(default = "two")]
+    expand: usize,
+    state_size: usize,
+    #[serde(default = "one")]
+    n_groups: usize,
+    #[serde(default = "four")]
+    conv_kernel: usize,
+    #[serde(default)]
+    use_bias: bool,
+    #[serde(default = "yes")]
+    use_conv_bias: bool,
+    layer_norm_epsilon: Option<f64>,
+    hidden_act: Option<String>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    time_step_limit: Option<Vec<Value>>,
+    max_position_embeddings: Option<usize>,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn two() -> usize {
+    2
+}
+
+fn four() -> usize {
+    4
+}
+
+/// A float as a config writes it: a JSON number, or transformers 5's `{"__float__": "Infinity"}`
+/// for a non-finite one.
+pub(crate) fn config_float(raw: &RawConfig, key: &str, v: &Value) -> Result<f64> {
+    if let Some(x) = v.as_f64() {
+        return Ok(x);
+    }
+    match v.get("__float__").and_then(Value::as_str) {
+        Some("Infinity") => Ok(f64::INFINITY),
+        Some("-Infinity") => Ok(f64::NEG_INFINITY),
+        _ => Err(raw.error(format!("`{key}`: {v} is not a number"))),
+    }
+}
+
+/// `time_step_limit` as `(min, max)`; `(0, inf)` when absent.
+pub(crate) fn dt_limit(raw: &RawConfig, limit: Option<&[Value]>) -> Result<(f32, f32)> {
+    let Some(limit) = limit else { return Ok((0.0, f32::INFINITY)) };
+    let [lo, hi] = limit else {
+        return Err(raw.error(format!("`time_step_limit` has {} entries, expected [min, max]", limit.len())));
+    };
+    let (lo, hi) = (config_float(raw, "time_step_limit", lo)? as f32, config_float(raw, "time_step_limit", hi)? as f32);
+    if lo.is_nan() || hi.is_nan() || lo > hi {
+        return Err(raw.error(format!("`time_step_limit` [{lo}, {hi}] is not a range")));
+    }
+    Ok((lo, hi))
+}
+
+pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
+    let cfg: Mamba2Config = raw.parse()?;
+    if cfg.hidden_act.as_deref().is_some_and(|a| a != "silu") {
+        return Err(raw.error(format!("`hidden_act` {:?}: only silu is supported", cfg.hidden_act)));
+    }
+    check_dims(
+        raw,
+        &[
+            ("hidden_size", cfg.hidden_size),
+            ("num_heads", cfg.num_heads),
+            ("head_dim", cfg.head_dim),
+            ("state_size", cfg.state_size),
+            ("n_groups", cfg.n_groups),
+            ("conv_kernel", cfg.conv_kernel),
+            ("vocab_size", cfg.vocab_size),
+        ],
+    )?;
+    if cfg.hidden_size * cfg.expand != cfg.num_heads * cfg.head_dim || !cfg.num_heads.is_multiple_of(cfg.n_groups) {
+        return Err(raw.error(format!(
+            "hidden_size * expand ({}) must equal num_heads * head_dim ({}), and n_groups {} divide num_heads",
+            cfg.hidden_size * cfg.expand,
+            cfg.num_heads * cfg.head_dim,
+            cfg.n_groups
+        )));
+    }
+    let eps = cfg.layer_norm_epsilon.unwrap_or(1e-5);
+    let dims = Mamba2Dims {
+        num_heads: cfg.num_heads,
+        head_dim: cfg.head_dim,
+        num_groups: cfg.n_groups,
+        state_size: cfg.state_size,
+        conv_kernel: cfg.conv_kernel,
+        conv_bias: cfg.use_conv_bias,
+        proj_bias: cfg.use_bias,
+        dt_limit: dt_limit(raw, cfg.time_step_limit.as_deref())?,
+        eps,
+    };
+    let blocks = (0..cfg.num_hidden_layers)
+        .map(|i| {
+            let l = w.at(format!("backbone.layers.{i}"));
+            Ok(Block {
+                attn_norm: Some(Norm::Rms(l.rms("norm", cfg.hidden_size, eps)?)),
+                mixer: TokenMixer::Mamba2(Box::new(Mamba2Mixer::load(&l.at("mixer"), cfg.hidden_size, dims)?)),
+                attn_out_norm: None,
+                mlp_norm: None,
+                mlp: ChannelMixer::None,
+                mlp_out_norm: None,
+                wiring: crate::decoder::Wiring::Sequential { residual_scale: None },
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let embed = Embedding { table: w.get("backbone.embeddings.weight", &[cfg.vocab_size, cfg.hidden_size])? };
+    let head = lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
+    let final_norm = Norm::Rms(w.at("backbone").rms("norm_f", cfg.hidden_size, eps)?);
+    let context = cfg.max_position_embeddings.unwrap_or(DEFAULT_CONTEXT);
+    Ok(Decoder::new(raw.architecture()?, context, embed, blocks, Some(final_norm), head, Vec::new()))
+}
