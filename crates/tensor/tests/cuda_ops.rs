@@ -1126,6 +1126,7 @@ fn recurrent_ops_match_cpu() {
     let mut r = rng(31);
     let (conv_w, a_log, dt_bias) =
         (random(&mut r, channels * kernel, 0.5), random(&mut r, hv, 1.0), random(&mut r, hv, 1.0));
+    let conv_b = random(&mut r, channels, 0.5);
     let param =
         |v: &[f32], shape: &[usize], device| Tensor::from_f32(v.to_vec(), shape).unwrap().to_device(device).unwrap();
     for dtype in DTYPES {
@@ -1149,7 +1150,7 @@ fn recurrent_ops_match_cpu() {
             let conv_cpu = ops::causal_conv1d(
                 &x_cpu,
                 &param(&conv_w, &[channels, kernel], Device::Cpu),
-                None,
+                Some(&param(&conv_b, &[channels], Device::Cpu)),
                 Some(Activation::Silu),
                 &mut cpu_state,
                 &meta,
@@ -1158,7 +1159,7 @@ fn recurrent_ops_match_cpu() {
             let conv_gpu = ops::causal_conv1d(
                 &x_gpu,
                 &param(&conv_w, &[channels, kernel], GPU),
-                None,
+                Some(&param(&conv_b, &[channels], GPU)),
                 Some(Activation::Silu),
                 &mut gpu_state,
                 &meta,

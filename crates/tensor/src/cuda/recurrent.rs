@@ -23,7 +23,7 @@ pub(crate) const SSM_STATE_MAX: usize = 256;
 
 kernel_params! {
     /// `causal_conv1d_<t>`: grid (channel blocks, sequences).
-    struct Conv1d { x: u64, w: u64, y: u64, state: u64, seqs: u64, channels: i32, kernel: i32, act: i32 }
+    struct Conv1d { x: u64, w: u64, bias: u64, y: u64, state: u64, seqs: u64, channels: i32, kernel: i32, act: i32 }
 }
 
 kernel_params! {
@@ -69,9 +69,8 @@ pub fn causal_conv1d(
 ) -> Result<Tensor> {
     let xs = cuda_of("causal_conv1d", x)?;
     let ws = f32_param("causal_conv1d", weight)?;
-    if bias.is_some() {
-        return Err(dev_err("causal_conv1d: a conv bias has no CUDA kernel yet"));
-    }
+    // A null bias pointer means none.
+    let bias = bias.map(|b| f32_param("causal_conv1d", b)).transpose()?.map_or(0, CudaStorage::ptr);
     let (channels, kernel) = (weight.shape()[0], weight.shape()[1]);
     if kernel > CONV_KERNEL_MAX {
         return Err(dev_err(format!("causal_conv1d: kernel {kernel} is longer than {CONV_KERNEL_MAX}")));
@@ -85,6 +84,7 @@ pub fn causal_conv1d(
         let launch = Conv1d {
             x: xs.ptr(),
             w: ws.ptr(),
+            bias,
             y: out.ptr(),
             state: state.ptr(),
             seqs: super::device::dptr(&seqs, dev),

@@ -4,9 +4,9 @@
 // One thread per channel, one grid row per sequence: the window of the last KERNEL inputs lives
 // in registers, the sequence's tokens are walked in order.
 template <typename T>
-__device__ void causal_conv1d(const T* __restrict__ x, const float* __restrict__ w, T* __restrict__ y,
-                              float* __restrict__ state, const int4* __restrict__ seqs, int channels, int kernel,
-                              int act) {
+__device__ void causal_conv1d(const T* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+                              T* __restrict__ y, float* __restrict__ state, const int4* __restrict__ seqs,
+                              int channels, int kernel, int act) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     const int4 s = seqs[blockIdx.y];
     if (c >= channels) return;
@@ -17,7 +17,7 @@ __device__ void causal_conv1d(const T* __restrict__ x, const float* __restrict__
     for (int t = 0; t < s.y; ++t) {
         const size_t row = (size_t)(s.x + t);
         win[hist] = to_f(x[row * channels + c]);
-        float acc = 0.f;
+        float acc = bias ? bias[c] : 0.f;
         for (int j = 0; j < kernel; ++j) acc += w[(size_t)c * kernel + j] * win[j];
         y[row * channels + c] = from_f<T>(act >= 0 ? activate(act, acc) : acc);
         for (int j = 0; j < hist; ++j) win[j] = win[j + 1];
@@ -90,10 +90,11 @@ __device__ void gated_delta_rule(const T* __restrict__ q, const T* __restrict__ 
 }
 
 #define INST_REC(TN, T)                                                                                             \
-    extern "C" __global__ void causal_conv1d_##TN(const T* x, const float* w, T* y, float* state,                 \
-                                                  const int4* seqs, int channels, int kernel, int act) {         \
+    extern "C" __global__ void causal_conv1d_##TN(const T* x, const float* w, const float* bias, T* y,            \
+                                                  float* state, const int4* seqs, int channels, int kernel,       \
+                                                  int act) {                                                      \
         pdl_wait();                                                                                                 \
-        causal_conv1d<T>(x, w, y, state, seqs, channels, kernel, act);                                              \
+        causal_conv1d<T>(x, w, bias, y, state, seqs, channels, kernel, act);                                        \
     }                                                                                                               \
     extern "C" __global__ void gated_delta_rule_##TN(const T* q, const T* k, const T* v, const T* a, const T* b,  \
                                                      const float* a_log, const float* dt_bias, T* y, float* state,\
