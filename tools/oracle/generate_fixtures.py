@@ -288,6 +288,23 @@ def _mamba_conv_identity(model: torch.nn.Module) -> None:
                 layer.mixer.conv1d.bias.zero_()
 
 
+def _nemotron_h_hub_spelling(cfg: dict[str, Any]) -> None:
+    """Real Nemotron-H config.json files: the layer pattern as hybrid_override_pattern (M mamba, * attention,
+    - MLP), and time_step_limit with Python's bare Infinity."""
+    chars = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
+    cfg["hybrid_override_pattern"] = "".join(chars[t] for t in cfg.pop("layers_block_type"))
+    cfg["time_step_limit"] = [0.0, float("inf")]
+
+
+def _nemotron_h_mixer_conv_identity(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if layer.block_type == "linear_attention":
+                w = layer.mixer.conv1d.weight
+                w.zero_()
+                w[:, :, -1] = 1.0
+
+
 def _drop_hunyuan_qk_norm(model: torch.nn.Module) -> None:
     for layer in model.model.layers:
         layer.self_attn.query_layernorm = torch.nn.Identity()
@@ -2066,6 +2083,25 @@ SPECS: list[Spec] = [
         ablate_fn=_drop_mamba_skip,
         ablation_desc="D skip zeroed",
         extra_ablations=[Ablate("causal conv replaced by the identity", fn=_mamba_conv_identity)],
+    ),
+    Spec(
+        name="nemotron-h",
+        config_class="NemotronHConfig",
+        architecture="NemotronHForCausalLM",
+        kwargs=dict(hidden_size=32, layers_block_type=["linear_attention", "mlp", "full_attention", "mlp",
+                                                       "linear_attention", "mlp"],
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=64,
+                    mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=2, conv_kernel=4,
+                    chunk_size=64, time_step_min=0.05),
+        edit_saved_config=_nemotron_h_hub_spelling,
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="Nemotron-H: one mixer per layer after an RMSNorm (hybrid_override_pattern M-*-M-, the real "
+        "spelling): Mamba2 layers (4 heads over 2 groups, state 8, dt clamped to time_step_min 0.05 on prompts but "
+        "not in single-token decode, as transformers does), NoPE GQA attention, relu2 MLPs (up/down, no gate); "
+        "time_step_limit [0, Infinity]",
+        ablate_config=dict(time_step_min=1e-4),
+        ablation_desc="time_step_min 0.05 -> 1e-4 (the dt clamp on prompts all but off)",
+        extra_ablations=[Ablate("Mamba causal conv replaced by the identity", fn=_nemotron_h_mixer_conv_identity)],
     ),
 ]
 

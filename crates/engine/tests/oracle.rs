@@ -95,13 +95,13 @@ fn phi3_longrope_with_chunked_prefill_and_shared_prefixes() {
     }
 }
 
-/// Hybrid models batch the whole battery (prefills and decodes of sequences with their own
-/// recurrent state in one step) token-exactly, also with prompts cut into 24-token chunks, which
-/// split the 150-token prompt across the delta rule's 64-token chunks and carry the conv and
-/// delta-rule states from one step to the next.
+/// Hybrid models (Gated DeltaNet and Mamba2 ones) batch the whole battery (prefills and decodes
+/// of sequences with their own recurrent state in one step) token-exactly, also with prompts cut
+/// into 24-token chunks, which split the 150-token prompt across the references' 64-token chunks
+/// and carry the conv and recurrent states from one step to the next.
 #[test]
-fn gated_deltanet_hybrids_batch_and_chunk_their_prompts() {
-    for name in ["qwen3-next", "qwen3_5"] {
+fn recurrent_hybrids_batch_and_chunk_their_prompts() {
+    for name in ["qwen3-next", "qwen3_5", "nemotron-h"] {
         let llm = battery_matches_oracle_with(name, config());
         assert!(!llm.client().model_info().state_layers.is_empty(), "{name} has no recurrent layers");
         battery_matches_oracle_with(name, ferrite_engine::EngineConfig { max_num_batched_tokens: 24, ..config() });

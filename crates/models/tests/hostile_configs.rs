@@ -41,6 +41,7 @@ const FIXTURES: &[&str] = &[
     "qwen3-next",
     "qwen3_5-conditional",
     "mamba2",
+    "nemotron-h",
 ];
 
 fn hostile_value() -> impl Strategy<Value = Value> {

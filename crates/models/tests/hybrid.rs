@@ -84,6 +84,21 @@ fn gate_catches_mamba2_breaks() {
     assert_gate_catches("mamba2", &breaks);
 }
 
+/// Nemotron-H: the dt clamp on prompts (time_step_min) and its relu² MLP layers matter.
+#[test]
+fn gate_catches_nemotron_h_breaks() {
+    let breaks: [Break; 3] = [
+        ("unbroken", None, None),
+        (
+            "time_step_min 0.05 -> 1e-4 (the prompt dt clamp all but off)",
+            Some(|c| c["time_step_min"] = 1e-4.into()),
+            None,
+        ),
+        ("MLP activation relu2 -> relu", Some(|c| c["mlp_hidden_act"] = "relu".into()), None),
+    ];
+    assert_gate_catches("nemotron-h", &breaks);
+}
+
 fn assert_gate_catches(fixture: &str, breaks: &[Break]) {
     for &(what, config, weights) in breaks {
         let dir = fixture_copy(fixture, what);
@@ -115,9 +130,10 @@ fn an_unknown_layer_type_is_a_load_error() {
     assert!(msg.contains("`mamba`") && msg.contains("layer_types"), "{msg}");
 }
 
-/// Logits of the last prompt token after the prompt in `chunks` (the state carried from one
-/// forward to the next through slot 1 of 2).
-fn last_logits(model: &dyn CausalLM, tokens: &[u32], chunks: &[usize]) -> Vec<f32> {
+/// Logits of the last token after the sequence went through the model in `chunks` (the state
+/// carried from one forward to the next through slot 1 of 2), its first `prompt` tokens counting
+/// as the prompt.
+fn last_logits(model: &dyn CausalLM, tokens: &[u32], chunks: &[usize], prompt: usize) -> Vec<f32> {
     let block_size = 16;
     let blocks = tokens.len().div_ceil(block_size);
     let mut caches = model.info().allocate_caches(Device::Cpu, DType::F32, blocks, block_size, 2).unwrap();
@@ -126,7 +142,12 @@ fn last_logits(model: &dyn CausalLM, tokens: &[u32], chunks: &[usize]) -> Vec<f3
     let mut logits = Vec::new();
     for &n in chunks {
         let seq = AttnSeq { q_start: 0, q_len: n, ctx_len: done + n, block_table: table.clone() };
-        let meta = AttnMetadata::new(vec![seq], block_size).unwrap().with_state_slots(vec![1]).unwrap();
+        let meta = AttnMetadata::new(vec![seq], block_size)
+            .unwrap()
+            .with_prompt_lens(vec![prompt])
+            .unwrap()
+            .with_state_slots(vec![1])
+            .unwrap();
         let input = ForwardInput { tokens: &tokens[done..done + n], meta: &meta, logit_rows: &[n - 1] };
         logits = model.forward(&input, &mut caches).unwrap().to_f32_vec();
         done += n;
@@ -135,23 +156,27 @@ fn last_logits(model: &dyn CausalLM, tokens: &[u32], chunks: &[usize]) -> Vec<f3
     logits
 }
 
-/// Chunked prefill (chunks that cut across the delta rule's 64-token chunks) and token-by-token
-/// decode with carried state agree with one forward over the whole sequence.
+/// Chunked prefill (chunks that cut across the references' 64-token chunks) followed by decode
+/// gives what the whole prompt in one step followed by decode gives; and decode with the carried
+/// state gives what one pass over the whole sequence gives, except for Nemotron-H, whose
+/// reference clamps dt on prompts only (so a token decoded and the same token in a prompt differ).
 #[test]
 fn carried_state_equals_one_pass() {
-    for name in ["qwen3-next", "qwen3_5", "mamba2"] {
+    for name in ["qwen3-next", "qwen3_5", "mamba2", "nemotron-h"] {
         let dir = fixtures_dir().join("models").join(name);
         let oracle = Oracle::load(&dir.join("oracle.json")).unwrap();
         let model = load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).unwrap().model;
         let case = oracle.cases.iter().max_by_key(|c| c.prompt_ids.len()).unwrap();
         let tokens: Vec<u32> = case.prompt_ids.iter().chain(&case.output_ids[..4]).copied().collect();
-        let whole = last_logits(model.as_ref(), &tokens, &[tokens.len()]);
         let n = case.prompt_ids.len();
-        let splits: [Vec<usize>; 2] = [vec![50, 50, 100, n - 200, 1, 1, 1, 1], vec![n, 1, 1, 1, 1]];
-        for chunks in splits {
-            let split = last_logits(model.as_ref(), &tokens, &chunks);
-            let err = whole.iter().zip(&split).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            assert!(err < 1e-4, "{name}: chunks {chunks:?} differ from one pass by {err}");
+        let decoded = last_logits(model.as_ref(), &tokens, &[n, 1, 1, 1, 1], n);
+        let err = |other: &[f32]| decoded.iter().zip(other).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let chunked = last_logits(model.as_ref(), &tokens, &[50, 50, 100, n - 200, 1, 1, 1, 1], n);
+        assert!(err(&chunked) < 1e-4, "{name}: chunked prefill differs from one prefill by {}", err(&chunked));
+        let one_pass = last_logits(model.as_ref(), &tokens, &[n + 4], n + 4);
+        match name {
+            "nemotron-h" => assert!(err(&one_pass) > 1e-5, "{name}: decode clamps dt like a prompt"),
+            _ => assert!(err(&one_pass) < 1e-4, "{name}: decode differs from one pass by {}", err(&one_pass)),
         }
     }
 }

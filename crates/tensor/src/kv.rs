@@ -48,6 +48,16 @@ pub struct AttnMetadata {
     pub state_copies: StateCopies,
 }
 
+/// Whether sequence `i` of `meta` computes prompt tokens (with `prompt_lens` known: every token it
+/// computes lies within its prompt), else whether it is a multi-token or first step.
+pub fn is_prefill(meta: &AttnMetadata, i: usize) -> bool {
+    let s = &meta.seqs[i];
+    match meta.prompt_lens.get(i) {
+        Some(&prompt) => s.ctx_len <= prompt,
+        None => s.q_len > 1 || s.ctx_len == s.q_len,
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StateCopies {
     pub before: Vec<(usize, usize)>,

@@ -86,6 +86,9 @@ pub enum TokenMixer {
     GatedDeltaNet(Box<GatedDeltaNet>),
     /// A selective state-space layer (Mamba2) with a per-sequence state.
     Mamba2(Box<Mamba2Mixer>),
+    /// The layer has no token mixer (Nemotron-H's MLP layers): the block is its channel mixer
+    /// behind `mlp_norm`.
+    None,
 }
 
 /// What a layer keeps between steps.
@@ -95,13 +98,28 @@ pub enum LayerCache {
     State(crate::model::StateLayerSpec),
     /// Another (earlier) layer's KV cache.
     Shared(usize),
+    /// Nothing kept between steps.
+    None,
 }
 
 /// A batch's rotary tables: the rope and its cos/sin for these positions, one entry per table.
 pub(crate) type RopeTables<'a> = [(&'a Rope, Tensor, Tensor)];
 
 impl TokenMixer {
-    fn forward(&self, x: &Tensor, ropes: &RopeTables, meta: &AttnMetadata, cache: &mut PagedKvLayer) -> Result<Tensor> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        ropes: &RopeTables,
+        meta: &AttnMetadata,
+        cache: Option<&mut PagedKvLayer>,
+    ) -> Result<Tensor> {
+        let Some(cache) = cache else {
+            return Err(ferrite_tensor::TensorError::Shape {
+                op: "token mixer",
+                detail: "a layer that keeps a cache was given none".into(),
+            }
+            .into());
+        };
         let table = |i: usize| {
             let (rope, cos, sin) = &ropes[i];
             (*rope, cos, sin)
@@ -144,6 +162,7 @@ impl TokenMixer {
             }
             TokenMixer::GatedDeltaNet(g) => g.forward(x, meta, cache),
             TokenMixer::Mamba2(m) => m.forward(x, meta, cache),
+            TokenMixer::None => Ok(x.clone()),
         }
     }
 
@@ -160,6 +179,7 @@ impl TokenMixer {
             TokenMixer::SharedKv(s) => LayerCache::Shared(s.source),
             TokenMixer::GatedDeltaNet(g) => LayerCache::State(g.state_spec()),
             TokenMixer::Mamba2(m) => LayerCache::State(m.state_spec()),
+            TokenMixer::None => LayerCache::None,
         }
     }
 
@@ -178,6 +198,7 @@ impl TokenMixer {
             TokenMixer::SharedKv(s) => s.q.weight.size_in_bytes() + s.o.weight.size_in_bytes(),
             TokenMixer::GatedDeltaNet(g) => g.weight_bytes(),
             TokenMixer::Mamba2(m) => m.weight_bytes(),
+            TokenMixer::None => 0,
         }
     }
 }
@@ -319,8 +340,12 @@ impl Block {
         stream: Residual,
         ropes: &RopeTables,
         meta: &AttnMetadata,
-        cache: &mut PagedKvLayer,
+        cache: Option<&mut PagedKvLayer>,
     ) -> Result<Residual> {
+        if matches!(self.mixer, TokenMixer::None) {
+            let (x, h) = stream.settle_norm(self.mlp_norm.as_ref())?;
+            return Ok(Residual { h, pending: Some(self.mlp.forward(&x)?) });
+        }
         match self.wiring {
             Wiring::Sequential { residual_scale } => {
                 let branch = |out: Tensor, out_norm: &Option<Norm>| -> Result<Tensor> {

@@ -151,9 +151,9 @@ impl Decoder {
     /// The cache each block reads, as an index into the forward's caches: its own KV layer (in
     /// block order), its source's for a block that shares another's keys and values, or its
     /// recurrent state layer (after all KV layers).
-    fn cache_slots(&self, caches: usize) -> Result<Vec<usize>> {
+    fn cache_slots(&self, caches: usize) -> Result<Vec<Option<usize>>> {
         let num_kv = self.info.kv_layers.len();
-        let mut slots: Vec<usize> = Vec::with_capacity(self.blocks.len());
+        let mut slots: Vec<Option<usize>> = Vec::with_capacity(self.blocks.len());
         let (mut kv, mut state) = (0, 0);
         for (i, b) in self.blocks.iter().enumerate() {
             let slot = match b.mixer.cache() {
@@ -169,12 +169,13 @@ impl Decoder {
                 }
                 LayerCache::Kv(_) => {
                     kv += 1;
-                    kv - 1
+                    Some(kv - 1)
                 }
                 LayerCache::State(_) => {
                     state += 1;
-                    num_kv + state - 1
+                    Some(num_kv + state - 1)
                 }
+                LayerCache::None => None,
             };
             slots.push(slot);
         }
@@ -253,7 +254,7 @@ impl CausalLM for Decoder {
         };
         let mut stream = Residual { h, pending: None };
         for (i, block) in self.blocks.iter().enumerate() {
-            stream = block.forward(stream, &tables, meta, &mut kv[slots[i]])?;
+            stream = block.forward(stream, &tables, meta, slots[i].map(|slot| &mut kv[slot]))?;
             if let (Some(p), Some((packed, embeds))) = (&self.per_layer, &embeds) {
                 let h = stream.settle()?;
                 stream = Residual { h: p.apply(i, &h, &p.input(i, packed, embeds)?)?, pending: None };

@@ -24,12 +24,22 @@ fn state_slices<'a>(op: &'static str, cache: &'a mut PagedKvLayer) -> Result<(&'
     }
 }
 
-/// A sequence's rows, its state slot and whether it starts from a zero state (its first chunk).
-fn sequences(meta: &AttnMetadata) -> impl Iterator<Item = (std::ops::Range<usize>, usize, bool)> + '_ {
-    meta.seqs
-        .iter()
-        .zip(&meta.state_slots)
-        .map(|(s, &slot)| (s.q_start..s.q_start + s.q_len, slot, s.ctx_len == s.q_len))
+/// One sequence of a step, as the recurrent ops see it.
+struct StateSeq {
+    rows: std::ops::Range<usize>,
+    slot: usize,
+    /// Its first chunk: the state starts from zeros.
+    fresh: bool,
+    /// Its tokens are prompt tokens: transformers runs a prompt through the chunked forms (with
+    /// their own rounding and, for Mamba2, the dt clamp) and generated tokens one at a time.
+    prefill: bool,
+}
+
+fn sequences(meta: &AttnMetadata) -> impl Iterator<Item = StateSeq> + '_ {
+    meta.seqs.iter().zip(&meta.state_slots).enumerate().map(|(i, (s, &slot))| {
+        let fresh = s.ctx_len == s.q_len;
+        StateSeq { rows: s.q_start..s.q_start + s.q_len, slot, fresh, prefill: crate::kv::is_prefill(meta, i) }
+    })
 }
 
 /// `x [tokens, channels]` through a causal depthwise conv of `weight [channels, kernel]` whose
@@ -49,7 +59,7 @@ pub fn causal_conv1d(
     let hist = kernel - 1;
     let (conv_state, _) = state_slices("causal_conv1d", cache)?;
     let mut out = vec![0f32; xs.len()];
-    for (rows, slot, fresh) in sequences(meta) {
+    for StateSeq { rows, slot, fresh, .. } in sequences(meta) {
         let state = &mut conv_state[slot * hist * channels..(slot + 1) * hist * channels];
         if fresh {
             state.fill(0.0);
@@ -126,14 +136,14 @@ pub fn gated_delta_rule(
     let state_len = dk * dv;
     let (_, states) = state_slices("gated_delta_rule", cache)?;
     let mut out = vec![0f32; tokens * hv * dv];
-    for (rows, slot, fresh) in sequences(meta) {
+    for StateSeq { rows, slot, fresh, prefill } in sequences(meta) {
         let seq_states = &mut states[slot * hv * state_len..(slot + 1) * hv * state_len];
         if fresh {
             seq_states.fill(0.0);
         }
         // transformers runs a single cached token through the recurrent rule, anything else
         // (a prompt, a prompt chunk) through the chunked one.
-        let recurrent = rows.len() == 1 && !fresh;
+        let recurrent = !prefill;
         let heads: Vec<Vec<f32>> = seq_states
             .par_chunks_mut(state_len)
             .enumerate()
@@ -167,7 +177,7 @@ pub fn gated_delta_rule(
                     inp.beta.push(1.0 / (1.0 + (-bs[r * hv + h]).exp()));
                 }
                 if recurrent {
-                    recurrent_step(&inp, state, dk, dv)
+                    (0..inp.g.len()).flat_map(|t| recurrent_step(&inp.token(t, dk, dv), state, dk, dv)).collect()
                 } else {
                     chunked(&inp, state, dk, dv, p.chunk_size)
                 }
@@ -180,6 +190,19 @@ pub fn gated_delta_rule(
         }
     }
     Ok(f32_tensor(out, vec![tokens, hv * dv]))
+}
+
+impl HeadInputs {
+    /// Token `t` alone.
+    fn token(&self, t: usize, dk: usize, dv: usize) -> HeadInputs {
+        HeadInputs {
+            q: self.q[t * dk..(t + 1) * dk].to_vec(),
+            k: self.k[t * dk..(t + 1) * dk].to_vec(),
+            v: self.v[t * dv..(t + 1) * dv].to_vec(),
+            g: vec![self.g[t]],
+            beta: vec![self.beta[t]],
+        }
+    }
 }
 
 /// transformers' `torch_recurrent_gated_delta_rule` for one token.
@@ -296,12 +319,12 @@ pub fn mamba2_scan(
     let (_, states) = state_slices("mamba2_scan", cache)?;
     let state_len = hd * n;
     let mut out = vec![0f32; tokens * heads * hd];
-    for (rows, slot, fresh) in sequences(meta) {
+    for StateSeq { rows, slot, fresh, prefill } in sequences(meta) {
         let seq_states = &mut states[slot * heads * state_len..(slot + 1) * heads * state_len];
         if fresh {
             seq_states.fill(0.0);
         }
-        let chunked = rows.len() > 1 || fresh;
+        let chunked = prefill;
         let heads_out: Vec<Vec<f32>> = seq_states
             .par_chunks_mut(state_len)
             .enumerate()
@@ -382,14 +405,7 @@ mod tests {
         let mut s_rec = vec![0f32; dk * dv];
         let mut rec = Vec::new();
         for t in 0..n {
-            let one = HeadInputs {
-                q: inp.q[t * dk..(t + 1) * dk].to_vec(),
-                k: inp.k[t * dk..(t + 1) * dk].to_vec(),
-                v: inp.v[t * dv..(t + 1) * dv].to_vec(),
-                g: vec![inp.g[t]],
-                beta: vec![inp.beta[t]],
-            };
-            rec.extend(recurrent_step(&one, &mut s_rec, dk, dv));
+            rec.extend(recurrent_step(&inp.token(t, dk, dv), &mut s_rec, dk, dv));
         }
         for chunk in [1, 5, 16, 64] {
             let mut s = vec![0f32; dk * dv];

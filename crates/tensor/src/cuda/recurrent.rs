@@ -49,12 +49,14 @@ fn f32_param<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a CudaStorage> {
     Ok(s)
 }
 
-/// `int4 {q_start, q_len, slot, fresh}` per sequence, on the device.
+/// `int4 {q_start, q_len, slot, flags}` per sequence, on the device: flag 1 a fresh sequence
+/// (zero state), flag 2 prompt tokens (see `kv::is_prefill`).
 fn upload_seqs(dev: &std::sync::Arc<CudaDevice>, meta: &AttnMetadata) -> Result<cudarc::driver::CudaSlice<i32>> {
     dev.check_not_capturing("recurrent-state metadata")?;
     let mut v = Vec::with_capacity(meta.seqs.len() * 4);
-    for (s, &slot) in meta.seqs.iter().zip(&meta.state_slots) {
-        v.extend([int(s.q_start)?, int(s.q_len)?, int(slot)?, i32::from(s.ctx_len == s.q_len)]);
+    for (i, (s, &slot)) in meta.seqs.iter().zip(&meta.state_slots).enumerate() {
+        let flags = i32::from(s.ctx_len == s.q_len) | (i32::from(crate::kv::is_prefill(meta, i)) << 1);
+        v.extend([int(s.q_start)?, int(s.q_len)?, int(slot)?, flags]);
     }
     dev.stream().clone_htod(&v).map_err(dev_err)
 }

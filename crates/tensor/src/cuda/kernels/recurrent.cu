@@ -1,5 +1,6 @@
 // Recurrent token mixers (see cpu/recurrent.rs for the reference they follow). Per sequence the
-// launcher passes `int4 {q_start, q_len, state slot, fresh}`; states are f32 in their slots.
+// launcher passes `int4 {q_start, q_len, state slot, flags}` (flag 1: fresh, zero state; flag 2:
+// prompt tokens); states are f32 in their slots.
 
 // One thread per channel, one grid row per sequence: the window of the last KERNEL inputs lives
 // in registers, the sequence's tokens are walked in order.
@@ -13,7 +14,7 @@ __device__ void causal_conv1d(const T* __restrict__ x, const float* __restrict__
     const int hist = kernel - 1;
     float* st = state + (size_t)s.z * hist * channels;
     float win[CONV_KERNEL_MAX];
-    for (int j = 0; j < hist; ++j) win[j] = s.w ? 0.f : st[(size_t)j * channels + c];
+    for (int j = 0; j < hist; ++j) win[j] = (s.w & 1) ? 0.f : st[(size_t)j * channels + c];
     for (int t = 0; t < s.y; ++t) {
         const size_t row = (size_t)(s.x + t);
         win[hist] = to_f(x[row * channels + c]);
@@ -40,8 +41,8 @@ __device__ void gated_delta_rule(const T* __restrict__ q, const T* __restrict__ 
     const int4 s = seqs[blockIdx.y];
     float* st = state + ((size_t)s.z * hv + h) * dk * dv;
     float col[GDN_DK_MAX];
-    for (int i = 0; i < dk; ++i) col[i] = (s.w || j >= dv) ? 0.f : st[(size_t)i * dv + j];
-    const bool recurrent = s.y == 1 && !s.w;
+    for (int i = 0; i < dk; ++i) col[i] = ((s.w & 1) || j >= dv) ? 0.f : st[(size_t)i * dv + j];
+    const bool recurrent = !(s.w & 2);
     for (int t = 0; t < s.y; ++t) {
         const size_t row = (size_t)(s.x + t);
         float sq = 0.f, sk = 0.f;
@@ -126,8 +127,8 @@ __device__ void mamba2_scan(const T* __restrict__ x, const T* __restrict__ dt, c
     float* st = state + (((size_t)s.z * heads + h) * head_dim + i) * n;
     float row[SSM_STATE_MAX];
     const bool active = i < head_dim;
-    for (int k = 0; k < n; ++k) row[k] = (s.w || !active) ? 0.f : st[k];
-    const bool chunked = s.y > 1 || s.w;
+    for (int k = 0; k < n; ++k) row[k] = ((s.w & 1) || !active) ? 0.f : st[k];
+    const bool chunked = (s.w & 2) != 0;
     const float a = -expf(a_log[h]);
     for (int t = 0; t < s.y; ++t) {
         const size_t r = (size_t)(s.x + t);
