@@ -12,6 +12,7 @@ when its stream chunk carries text, and with the bare fixture the ids a random m
 
     python3 benches/cuda/make_checkpoint.py --shape llama-3.1-8b --out /tmp/llama-3.1-8b
     python3 benches/cuda/make_checkpoint.py --shape qwen3-30b-a3b --layers 8 --out /tmp/qwen3-30b-a3b-l8
+    python3 benches/cuda/make_checkpoint.py --shape qwen3.5-9b --out /tmp/qwen3.5-9b
 
 Prints one JSON line: shape, layers, parameters, weight bytes. Reruns on a complete checkpoint
 of the same shape only print it.
@@ -53,12 +54,23 @@ SHAPES: dict[str, tuple[str, dict]] = {
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, attention_bias=False,
         use_sliding_window=False, sliding_window=None, tie_word_embeddings=False,
     )),
+    # The Qwen3.5 dense text shape of transformers' Qwen3_5TextConfig defaults (hidden 4096, 32 layers:
+    # 24 Gated DeltaNet + 8 gated attention, full_attention_interval 4), as a plain text model.
+    "qwen3.5-9b": ("qwen3_5_text", dict(
+        vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+        num_attention_heads=16, num_key_value_heads=4, head_dim=256, hidden_act="silu",
+        linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+        linear_num_value_heads=32, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        attention_bias=False, tie_word_embeddings=False,
+    )),
 }
 
 # --tiny keeps the architecture, depth and vocabulary but shrinks every width, so the scripts
 # can be smoke-tested on a CPU in seconds.
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2)
+            moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4)
 
 # The HF default, stated because it matters: with std 0.02 the residual stream and the logits of a
 # random model stay well inside bf16 range at full depth.

@@ -96,6 +96,20 @@ impl CacheConfig {
 }
 
 impl EngineConfig {
+    /// The effective `max_model_len`: `--max-model-len`, checked against the model, else the
+    /// model's own.
+    pub fn max_model_len(&self, info: &ModelInfo) -> Result<usize> {
+        match self.max_model_len {
+            Some(0) => Err(EngineError::Config("max_model_len must be at least 1".into())),
+            Some(len) if len > info.max_position_embeddings => Err(EngineError::Config(format!(
+                "max_model_len {len} exceeds the model's max_position_embeddings {}",
+                info.max_position_embeddings
+            ))),
+            Some(len) => Ok(len),
+            None => Ok(info.max_position_embeddings),
+        }
+    }
+
     /// Checks the configuration against the model and derives the cache geometry and the
     /// effective `max_model_len`.
     pub fn resolve(&self, info: &ModelInfo) -> Result<(CacheConfig, usize)> {
@@ -108,17 +122,7 @@ impl EngineConfig {
         if info.kv_layers.is_empty() && info.state_layers.is_empty() {
             return Err(EngineError::Config("the model has no KV cache or recurrent-state layers".into()));
         }
-        let max_model_len = match self.max_model_len {
-            Some(0) => return Err(EngineError::Config("max_model_len must be at least 1".into())),
-            Some(len) if len > info.max_position_embeddings => {
-                return Err(EngineError::Config(format!(
-                    "max_model_len {len} exceeds the model's max_position_embeddings {}",
-                    info.max_position_embeddings
-                )))
-            }
-            Some(len) => len,
-            None => info.max_position_embeddings,
-        };
+        let max_model_len = self.max_model_len(info)?;
         let dtype = if self.device == Device::Cpu { DType::F32 } else { self.kv_cache_dtype };
         let bytes_per_token: usize = info
             .kv_layers

@@ -186,7 +186,8 @@ impl Engine {
                 info.architecture
             )));
         }
-        let (_, max_model_len) = config.resolve(&info)?;
+        // The cache memory is known only after profiling on a GPU: check the rest first.
+        let max_model_len = config.max_model_len(&info)?;
         let config = EngineConfig {
             kv_cache_memory: crate::memory::kv_budget(model.as_ref(), &config, max_model_len)?,
             ..config
