@@ -607,15 +607,17 @@ fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, us
     let choices: Vec<Choice> = (0..ctx.n).map(|_| Choice::new(&ctx.shape)).collect();
     // The permit lives in the stream state: the request counts against the bound until its
     // last chunk is sent or the client goes away.
-    let state = Some((ctx, streams, choices, permit));
+    // The prompt logprobs ride on the first chunk with content; a step whose text is still held
+    // back (a partial character, a possible stop string) carries them over to the next one.
+    let state = Some((ctx, streams, choices, permit, None));
     let deltas = stream::unfold(state, move |state| async move {
-        let (ctx, mut streams, mut choices, permit) = state?;
+        let (ctx, mut streams, mut choices, permit, pending_prompt_logprobs) = state?;
         match streams.next().await {
             Some(Step { error: Some(message), .. }) => {
                 Some((vec![json_event_raw(ApiError::internal(message).to_json()), done_event()], None))
             }
             Some(step) => {
-                let mut prompt_logprobs = ctx.prompt_entries(&step);
+                let mut prompt_logprobs = pending_prompt_logprobs.or_else(|| ctx.prompt_entries(&step));
                 let events: Vec<Event> = ctx
                     .apply(&mut choices, step, true)
                     .into_iter()
@@ -628,10 +630,15 @@ fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, us
                         json_event(&chunk)
                     })
                     .collect();
-                Some((events, Some((ctx, streams, choices, permit))))
+                Some((events, Some((ctx, streams, choices, permit, prompt_logprobs))))
             }
             None => {
                 let mut events = Vec::new();
+                if let Some(entries) = pending_prompt_logprobs {
+                    let mut chunk = ctx.chunk(Vec::new(), None);
+                    chunk.prompt_logprobs = Some(entries);
+                    events.push(json_event(&chunk));
+                }
                 if usage.at_end {
                     events.push(json_event(&ctx.chunk(Vec::new(), Some(ctx.usage(&choices)))));
                 }
