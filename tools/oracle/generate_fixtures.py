@@ -305,6 +305,14 @@ def _nemotron_h_mixer_conv_identity(model: torch.nn.Module) -> None:
                 w[:, :, -1] = 1.0
 
 
+def _granite_hybrid_hub_spelling(cfg: dict[str, Any]) -> None:
+    """Real Granite 4.0-H config.json files spell layer kinds "mamba" / "attention" and time_step_limit with
+    Python's bare Infinity."""
+    names = {"linear_attention": "mamba", "full_attention": "attention"}
+    cfg["layer_types"] = [names[t] for t in cfg["layer_types"]]
+    cfg["time_step_limit"] = [0.0, float("inf")]
+
+
 def _drop_hunyuan_qk_norm(model: torch.nn.Module) -> None:
     for layer in model.model.layers:
         layer.self_attn.query_layernorm = torch.nn.Identity()
@@ -2102,6 +2110,23 @@ SPECS: list[Spec] = [
         ablate_config=dict(time_step_min=1e-4),
         ablation_desc="time_step_min 0.05 -> 1e-4 (the dt clamp on prompts all but off)",
         extra_ablations=[Ablate("Mamba causal conv replaced by the identity", fn=_nemotron_h_mixer_conv_identity)],
+    ),
+    Spec(
+        name="granite-moe-hybrid",
+        config_class="GraniteMoeHybridConfig",
+        architecture="GraniteMoeHybridForCausalLM",
+        kwargs=dict(hidden_size=32, num_hidden_layers=4, layer_types=["linear_attention", "linear_attention",
+                                                                      "full_attention", "linear_attention"],
+                    num_attention_heads=4, num_key_value_heads=2, intermediate_size=16, shared_intermediate_size=48,
+                    num_local_experts=8, num_experts_per_tok=2, mamba_n_heads=4, mamba_n_groups=2, mamba_d_state=8,
+                    mamba_d_conv=4, mamba_chunk_size=64, position_embedding_type=None, embedding_multiplier=12.0,
+                    logits_scaling=2.0, residual_multiplier=0.22, attention_multiplier=0.0078125),
+        edit_saved_config=_granite_hybrid_hub_spelling,
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="Granite 4.0-H: Mamba2 mixers and NoPE attention (layer_types mamba/attention), each layer followed by "
+        "8 experts top-2 plus a shared gated MLP, Granite's four multipliers",
+        ablate_config=dict(residual_multiplier=1.0),
+        ablation_desc="residual_multiplier 0.22 -> 1",
     ),
 ]
 

@@ -113,6 +113,10 @@ const ENTRIES: &[(&str, Entry)] = &[
         "GraniteMoeSharedForCausalLM",
         Causal(|r, w| Ok(Box::new(granite_moe::load(r, w, granite_moe::Variant::SHARED)?))),
     ),
+    (
+        "GraniteMoeHybridForCausalLM",
+        Causal(|r, w| Ok(Box::new(granite_moe::load(r, w, granite_moe::Variant::HYBRID)?))),
+    ),
     ("MiniMaxM2ForCausalLM", Causal(|r, w| Ok(Box::new(minimax_m2::load(r, w)?)))),
     ("Ernie4_5_MoeForCausalLM", Causal(|r, w| Ok(Box::new(ernie45_moe::load(r, w)?)))),
     ("GptOssForCausalLM", Causal(|r, w| Ok(Box::new(gpt_oss::load(r, w)?)))),

@@ -42,6 +42,7 @@ const FIXTURES: &[&str] = &[
     "qwen3_5-conditional",
     "mamba2",
     "nemotron-h",
+    "granite-moe-hybrid",
 ];
 
 fn hostile_value() -> impl Strategy<Value = Value> {

@@ -99,6 +99,32 @@ fn gate_catches_nemotron_h_breaks() {
     assert_gate_catches("nemotron-h", &breaks);
 }
 
+/// Granite 4.0-H: its Mamba2 layers' D skip and B/C grouping matter. (Rotary embeddings on its
+/// one attention layer would go unnoticed: Granite's attention multiplier, 1/128 here as in the
+/// real models, leaves that layer's softmax nearly flat.)
+#[test]
+fn gate_catches_granite_moe_hybrid_breaks() {
+    let breaks: [Break; 3] = [
+        ("unbroken", None, None),
+        (
+            "D skip zeroed",
+            None,
+            Some(|name| {
+                name.ends_with("mamba.D").then(|| Box::new(|w: &mut [f32]| w.fill(0.0)) as Box<dyn Fn(&mut [f32])>)
+            }),
+        ),
+        (
+            "B/C regrouped (2 groups of state 8 -> 1 of 16)",
+            Some(|c| {
+                c["mamba_n_groups"] = 1.into();
+                c["mamba_d_state"] = 16.into();
+            }),
+            None,
+        ),
+    ];
+    assert_gate_catches("granite-moe-hybrid", &breaks);
+}
+
 fn assert_gate_catches(fixture: &str, breaks: &[Break]) {
     for &(what, config, weights) in breaks {
         let dir = fixture_copy(fixture, what);
@@ -162,7 +188,7 @@ fn last_logits(model: &dyn CausalLM, tokens: &[u32], chunks: &[usize], prompt: u
 /// reference clamps dt on prompts only (so a token decoded and the same token in a prompt differ).
 #[test]
 fn carried_state_equals_one_pass() {
-    for name in ["qwen3-next", "qwen3_5", "mamba2", "nemotron-h"] {
+    for name in ["qwen3-next", "qwen3_5", "mamba2", "nemotron-h", "granite-moe-hybrid"] {
         let dir = fixtures_dir().join("models").join(name);
         let oracle = Oracle::load(&dir.join("oracle.json")).unwrap();
         let model = load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).unwrap().model;

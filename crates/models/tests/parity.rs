@@ -107,6 +107,7 @@ parity! {
     qwen3_5_conditional_generation_layout => "qwen3_5-conditional",
     mamba2 => "mamba2",
     nemotron_h => "nemotron-h",
+    granite_moe_hybrid => "granite-moe-hybrid",
 }
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.

@@ -12,12 +12,21 @@
 //! `router.layer.weight` (transformers 5 in memory: `experts.{gate_up_proj, down_proj}`,
 //! `router.weight`, read too); the shared MLP is `model.layers.{i}.shared_mlp.{input_linear,
 //! output_linear}` with fused gate | up rows.
+//!
+//! Granite MoE Hybrid (`GraniteMoeHybridForCausalLM`, Granite 4.0-H, [`Variant::HYBRID`]) is the
+//! shared variant whose token mixers are Mamba2 layers (`model.layers.{i}.mamba`, see
+//! [`crate::layers::mamba2`]) or attention, by `layer_types` (`mamba` / `attention`, or
+//! transformers 5's `linear_attention` / `full_attention`); its attention has no position
+//! embeddings unless `position_embedding_type` is `rope`, and a model without experts
+//! (`num_local_experts` 0) has only the shared MLP.
 
 use serde::Deserialize;
 
 use crate::decoder::load::{check_dims, CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer, Wiring};
 use crate::families::granite::Multipliers;
+use crate::families::mamba2::dt_limit;
+use crate::layers::mamba2::{Mamba2Dims, Mamba2Mixer};
 use crate::layers::moe::{Experts, Router, RouterConfig, Scoring, SharedExpert, SparseMoe, StackedLayout};
 use crate::layers::{GatedMlp, Norm};
 use crate::loading::config::RawConfig;
@@ -44,17 +53,84 @@ struct GraniteMoeConfig {
     num_experts_per_tok: usize,
     #[serde(default)]
     shared_intermediate_size: usize,
+    position_embedding_type: Option<String>,
+    mamba_n_heads: Option<usize>,
+    mamba_d_head: Option<serde_json::Value>,
+    mamba_n_groups: Option<usize>,
+    mamba_d_state: Option<usize>,
+    mamba_d_conv: Option<usize>,
+    mamba_expand: Option<usize>,
+    mamba_conv_bias: Option<bool>,
+    mamba_proj_bias: Option<bool>,
+    time_step_limit: Option<Vec<serde_json::Value>>,
 }
 
-/// What the shared variant adds.
+/// What the shared and hybrid variants add.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Variant {
     /// A dense `shared_mlp` next to the experts, `shared_intermediate_size` wide.
     pub shared_mlp: bool,
+    /// Mamba2 layers where `layer_types` says (Granite 4.0-H).
+    pub hybrid: bool,
 }
 
 impl Variant {
-    pub const SHARED: Variant = Variant { shared_mlp: true };
+    pub const SHARED: Variant = Variant { shared_mlp: true, hybrid: false };
+    pub const HYBRID: Variant = Variant { shared_mlp: true, hybrid: true };
+}
+
+/// Granite 4.0-H's Mamba2 dimensions, with transformers' defaults.
+fn mamba_dims(raw: &RawConfig, cfg: &GraniteMoeConfig, hidden: usize, eps: f64) -> Result<Mamba2Dims> {
+    let heads = cfg.mamba_n_heads.unwrap_or(128);
+    let inner = cfg.mamba_expand.unwrap_or(2) * hidden;
+    let head_dim = match &cfg.mamba_d_head {
+        None => inner / heads.max(1),
+        Some(v) if v == "auto" => inner / heads.max(1),
+        Some(v) => v.as_u64().map(|v| v as usize).ok_or_else(|| raw.error(format!("`mamba_d_head` {v}")))?,
+    };
+    let groups = cfg.mamba_n_groups.unwrap_or(1);
+    let state = cfg.mamba_d_state.unwrap_or(256);
+    let conv = cfg.mamba_d_conv.unwrap_or(4);
+    check_dims(
+        raw,
+        &[
+            ("mamba_n_heads", heads),
+            ("mamba_d_head", head_dim),
+            ("mamba_n_groups", groups),
+            ("mamba_d_state", state),
+            ("mamba_d_conv", conv),
+        ],
+    )?;
+    if heads * head_dim != inner || !heads.is_multiple_of(groups) {
+        return Err(raw.error(format!(
+            "mamba_n_heads {heads} x mamba_d_head {head_dim} must be mamba_expand x hidden_size ({inner}), \
+             and mamba_n_groups {groups} divide the heads"
+        )));
+    }
+    Ok(Mamba2Dims {
+        num_heads: heads,
+        head_dim,
+        num_groups: groups,
+        state_size: state,
+        conv_kernel: conv,
+        conv_bias: cfg.mamba_conv_bias.unwrap_or(true),
+        proj_bias: cfg.mamba_proj_bias.unwrap_or(false),
+        dt_limit: dt_limit(raw, cfg.time_step_limit.as_deref())?,
+        eps,
+    })
+}
+
+/// Whether layer `i` is a Mamba2 layer, by `layer_types` (all Mamba2 when absent, as transformers
+/// fills them in).
+fn is_mamba(raw: &RawConfig, types: Option<&[String]>, i: usize) -> Result<bool> {
+    match types.map(|t| t[i].as_str()) {
+        None | Some("mamba" | "linear_attention") => Ok(true),
+        Some("attention" | "full_attention") => Ok(false),
+        Some(other) => {
+            Err(raw
+                .error(format!("`layer_types` names layer type `{other}`; Granite MoE Hybrid has mamba and attention")))
+        }
+    }
 }
 
 pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
@@ -71,24 +147,24 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
         scaling: 1.0,
         group: None,
     };
-    let blocks = d.blocks(w, |_, l| {
-        let mut attn = d.attention(&l.at("self_attn"), d.attention_bias, d.attention_bias)?;
-        attn.params = d.attention_params(cfg.multipliers.attention);
+    let mamba = variant.hybrid.then(|| mamba_dims(raw, &cfg, d.hidden, d.eps)).transpose()?;
+    let rope = !variant.hybrid || cfg.position_embedding_type.as_deref() == Some("rope");
+    let blocks = d.blocks(w, |i, l| {
+        let mixer = match mamba {
+            Some(dims) if is_mamba(raw, d.layer_types.as_deref(), i)? => {
+                TokenMixer::Mamba2(Box::new(Mamba2Mixer::load(&l.at("mamba"), d.hidden, dims)?))
+            }
+            _ => {
+                let mut attn = d.attention(&l.at("self_attn"), d.attention_bias, d.attention_bias)?;
+                attn.params = d.attention_params(cfg.multipliers.attention);
+                TokenMixer::Attention(SelfAttention::new(attn, rope.then_some(0)))
+            }
+        };
         let m = l.at("block_sparse_moe");
         let (router, gate_up, down) = match w.contains(&m.name("experts.gate_up_proj")) {
             true => (m.name("router"), m.name("experts.gate_up_proj"), m.name("experts.down_proj")),
             false => (m.name("router.layer"), m.name("input_linear.weight"), m.name("output_linear.weight")),
         };
-        let experts = Experts::load_stacked(
-            w,
-            &gate_up,
-            &down,
-            cfg.num_local_experts,
-            d.hidden,
-            inter,
-            d.act,
-            StackedLayout::OutIn,
-        )?;
         let shared = match (variant.shared_mlp, cfg.shared_intermediate_size) {
             (false, _) | (true, 0) => None,
             (true, s) => {
@@ -96,18 +172,30 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
                 let fused = sm.linear("input_linear", d.hidden, 2 * s, false)?;
                 let [gate, up]: [_; 2] = fused.split_rows(&[s, s])?.try_into().expect("two sizes, two parts");
                 let down = sm.linear("output_linear", s, d.hidden, false)?;
-                Some(SharedExpert { mlp: GatedMlp { gate, up, down, act: d.act }, gate: None })
+                Some(GatedMlp { gate, up, down, act: d.act })
             }
         };
-        let moe = SparseMoe { router: Router::load(w, &router, d.hidden, router_cfg.clone(), false)?, experts, shared };
+        let mlp = match (cfg.num_local_experts, shared) {
+            // Granite 4.0-H without experts: the shared MLP alone.
+            (0, Some(shared)) if variant.hybrid => ChannelMixer::Gated(shared),
+            (_, shared) => ChannelMixer::Moe(Box::new(SparseMoe {
+                router: Router::load(w, &router, d.hidden, router_cfg.clone(), false)?,
+                experts: Experts::load_stacked(
+                    w,
+                    &gate_up,
+                    &down,
+                    cfg.num_local_experts,
+                    d.hidden,
+                    inter,
+                    d.act,
+                    StackedLayout::OutIn,
+                )?,
+                shared: shared.map(|mlp| SharedExpert { mlp, gate: None }),
+            })),
+        };
         Ok(Block {
             wiring: Wiring::Sequential { residual_scale: Some(cfg.multipliers.residual as f32) },
-            ..Block::pre_norm(
-                d.rms(l, "input_layernorm")?,
-                TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
-                d.rms(l, "post_attention_layernorm")?,
-                ChannelMixer::Moe(Box::new(moe)),
-            )
+            ..Block::pre_norm(d.rms(l, "input_layernorm")?, mixer, d.rms(l, "post_attention_layernorm")?, mlp)
         })
     })?;
     let decoder = d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![d.rope(raw, 10000.0)?])?;
