@@ -176,3 +176,15 @@ fn suffix_speculation_learns_from_finished_responses() {
     assert!(s2.num_accepted_tokens - s1.num_accepted_tokens > s1.num_accepted_tokens - s0.num_accepted_tokens);
     assert!(rate(s1, s2) > 0.8, "repeated requests should mostly accept: {}", rate(s1, s2));
 }
+
+/// A hybrid model's recurrent state cannot be rolled back past a rejected draft yet: speculative
+/// decoding is refused at start, naming the model.
+#[test]
+fn speculation_on_a_hybrid_model_is_refused_at_start() {
+    let config = EngineConfig { speculative: Some(ngram(4)), ..config() };
+    let err = match ferrite_engine::LLM::new(fixture("qwen3-next"), ferrite_tensor::DType::F32, config) {
+        Ok(_) => panic!("a hybrid model started with speculative decoding"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("speculative") && err.contains("Qwen3NextForCausalLM"), "{err}");
+}

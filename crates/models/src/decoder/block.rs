@@ -162,7 +162,11 @@ impl TokenMixer {
             }
             TokenMixer::GatedDeltaNet(g) => g.forward(x, meta, cache),
             TokenMixer::Mamba2(m) => m.forward(x, meta, cache),
-            TokenMixer::None => Ok(x.clone()),
+            TokenMixer::None => Err(ferrite_tensor::TensorError::Unsupported {
+                op: "token mixer",
+                detail: "a layer without one is its channel mixer alone (see Block::forward)".into(),
+            }
+            .into()),
         }
     }
 
