@@ -24,29 +24,32 @@ fn gate_catches_gated_deltanet_breaks() {
             }),
             None,
         ),
-        (
-            "causal conv taps reversed",
-            None,
-            Some(|name| {
-                name.ends_with("conv1d.weight").then(|| {
-                    Box::new(|w: &mut [f32]| w.chunks_exact_mut(4).for_each(<[f32]>::reverse))
-                        as Box<dyn Fn(&mut [f32])>
-                })
-            }),
-        ),
+        ("causal conv taps reversed", None, Some(reversed_conv_taps)),
         (
             "A_log negated (slower state decay)",
             None,
             Some(|name| {
-                name.ends_with("A_log")
-                    .then(|| Box::new(|w: &mut [f32]| w.iter_mut().for_each(|v| *v = -*v)) as Box<dyn Fn(&mut [f32])>)
+                name.ends_with("A_log").then(|| Box::new(|w: &mut [f32]| w.iter_mut().for_each(|v| *v = -*v)) as Edit)
             }),
         ),
     ];
     assert_gate_catches("qwen3-next", &breaks);
 }
 
-type WeightEdit = fn(&str) -> Option<Box<dyn Fn(&mut [f32])>>;
+/// A change to a tensor's values.
+type Edit = Box<dyn Fn(&mut [f32])>;
+type WeightEdit = fn(&str) -> Option<Edit>;
+
+/// Every causal conv's taps (kernel 4) in reverse order.
+fn reversed_conv_taps(name: &str) -> Option<Edit> {
+    name.ends_with("conv1d.weight")
+        .then(|| Box::new(|w: &mut [f32]| w.chunks_exact_mut(4).for_each(<[f32]>::reverse)) as Edit)
+}
+
+/// The tensors whose names end with `suffix`, zeroed.
+fn zeroed(name: &str, suffix: &str) -> Option<Edit> {
+    name.ends_with(suffix).then(|| Box::new(|w: &mut [f32]| w.fill(0.0)) as Edit)
+}
 type ConfigEdit = fn(&mut serde_json::Value);
 type Break = (&'static str, Option<ConfigEdit>, Option<WeightEdit>);
 
@@ -63,23 +66,8 @@ fn gate_catches_mamba2_breaks() {
             }),
             None,
         ),
-        (
-            "causal conv taps reversed",
-            None,
-            Some(|name| {
-                name.ends_with("conv1d.weight").then(|| {
-                    Box::new(|w: &mut [f32]| w.chunks_exact_mut(4).for_each(<[f32]>::reverse))
-                        as Box<dyn Fn(&mut [f32])>
-                })
-            }),
-        ),
-        (
-            "D skip zeroed",
-            None,
-            Some(|name| {
-                name.ends_with("mixer.D").then(|| Box::new(|w: &mut [f32]| w.fill(0.0)) as Box<dyn Fn(&mut [f32])>)
-            }),
-        ),
+        ("causal conv taps reversed", None, Some(reversed_conv_taps)),
+        ("D skip zeroed", None, Some(|name| zeroed(name, "mixer.D"))),
     ];
     assert_gate_catches("mamba2", &breaks);
 }
@@ -106,13 +94,7 @@ fn gate_catches_nemotron_h_breaks() {
 fn gate_catches_granite_moe_hybrid_breaks() {
     let breaks: [Break; 3] = [
         ("unbroken", None, None),
-        (
-            "D skip zeroed",
-            None,
-            Some(|name| {
-                name.ends_with("mamba.D").then(|| Box::new(|w: &mut [f32]| w.fill(0.0)) as Box<dyn Fn(&mut [f32])>)
-            }),
-        ),
+        ("D skip zeroed", None, Some(|name| zeroed(name, "mamba.D"))),
         (
             "B/C regrouped (2 groups of state 8 -> 1 of 16)",
             Some(|c| {

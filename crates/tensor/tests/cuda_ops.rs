@@ -1111,6 +1111,26 @@ fn graph_capture_refuses_host_round_trips() {
     assert_eq!(ops::embedding(&table, &[3]).unwrap().to_f32_vec(), vec![12.0, 13.0, 14.0, 15.0]);
 }
 
+/// Two steps of the recurrent-op tests, `(q_len, ctx_len, state slot)` per sequence: fresh
+/// prompts of 70, 1 and 5 tokens in slots 2, 0 and 3, then a decode token each and a 9-token chunk.
+const STATE_STEPS: [&[(usize, usize, usize)]; 2] =
+    [&[(70, 70, 2), (1, 1, 0), (5, 5, 3)], &[(1, 71, 2), (9, 10, 0), (1, 6, 3)]];
+
+/// A step's metadata (blocks of one slot, state slots as given) and its token count.
+fn state_step_meta(seqs: &[(usize, usize, usize)]) -> (AttnMetadata, usize) {
+    let mut q_start = 0;
+    let attn_seqs: Vec<AttnSeq> = seqs
+        .iter()
+        .map(|&(q_len, ctx_len, _)| {
+            let s = AttnSeq { q_start, q_len, ctx_len, block_table: vec![0; ctx_len] };
+            q_start += q_len;
+            s
+        })
+        .collect();
+    let meta = AttnMetadata::new(attn_seqs, 1).unwrap().with_state_slots(seqs.iter().map(|s| s.2).collect()).unwrap();
+    (meta, q_start)
+}
+
 /// The recurrent mixers of hybrid models: two steps (fresh prompts of 70, 1 and 5 tokens in
 /// slots 2, 0 and 3, then a decode token each and a 9-token chunk) with the state carried in the
 /// slots. The CUDA delta rule walks prompts token by token where the CPU reference runs the
@@ -1131,21 +1151,8 @@ fn recurrent_ops_match_cpu() {
         |v: &[f32], shape: &[usize], device| Tensor::from_f32(v.to_vec(), shape).unwrap().to_device(device).unwrap();
     for dtype in DTYPES {
         let (mut cpu_state, mut gpu_state) = (state(Device::Cpu), state(GPU));
-        let steps: [&[(usize, usize, usize)]; 2] =
-            [&[(70, 70, 2), (1, 1, 0), (5, 5, 3)], &[(1, 71, 2), (9, 10, 0), (1, 6, 3)]];
-        for (step, seqs) in steps.iter().enumerate() {
-            let mut q_start = 0;
-            let attn_seqs: Vec<AttnSeq> = seqs
-                .iter()
-                .map(|&(q_len, ctx_len, _)| {
-                    let s = AttnSeq { q_start, q_len, ctx_len, block_table: vec![0; ctx_len] };
-                    q_start += q_len;
-                    s
-                })
-                .collect();
-            let meta =
-                AttnMetadata::new(attn_seqs, 1).unwrap().with_state_slots(seqs.iter().map(|s| s.2).collect()).unwrap();
-            let t = q_start;
+        for (step, seqs) in STATE_STEPS.iter().enumerate() {
+            let (meta, t) = state_step_meta(seqs);
             let (x_cpu, x_gpu) = pair(&random(&mut r, t * channels, 1.0), &[t, channels], dtype);
             let conv_cpu = ops::causal_conv1d(
                 &x_cpu,
@@ -1240,21 +1247,8 @@ fn mamba2_scan_matches_cpu() {
     let param = |v: &[f32], device| Tensor::from_f32(v.to_vec(), &[heads]).unwrap().to_device(device).unwrap();
     for dtype in DTYPES {
         let (mut cpu_state, mut gpu_state) = (state(Device::Cpu), state(GPU));
-        let steps: [&[(usize, usize, usize)]; 2] =
-            [&[(70, 70, 2), (1, 1, 0), (5, 5, 3)], &[(1, 71, 2), (9, 10, 0), (1, 6, 3)]];
-        for (step, seqs) in steps.iter().enumerate() {
-            let mut q_start = 0;
-            let attn_seqs: Vec<AttnSeq> = seqs
-                .iter()
-                .map(|&(q_len, ctx_len, _)| {
-                    let s = AttnSeq { q_start, q_len, ctx_len, block_table: vec![0; ctx_len] };
-                    q_start += q_len;
-                    s
-                })
-                .collect();
-            let meta =
-                AttnMetadata::new(attn_seqs, 1).unwrap().with_state_slots(seqs.iter().map(|s| s.2).collect()).unwrap();
-            let t = q_start;
+        for (step, seqs) in STATE_STEPS.iter().enumerate() {
+            let (meta, t) = state_step_meta(seqs);
             let (x, xg) = pair(&random(&mut r, t * heads * head_dim, 1.0), &[t, heads * head_dim], dtype);
             let (dt, dtg) = pair(&random(&mut r, t * heads, 3.0), &[t, heads], dtype);
             let (b, bg) = pair(&random(&mut r, t * groups * n, 1.0), &[t, groups * n], dtype);
