@@ -3,7 +3,9 @@
 //! GPU needs to run them; a captured graph goes to the device in one call. A graph is fixed in
 //! its shapes, so a decode batch is padded up to the next capture size, and each sequence's block
 //! table up to a power of two of blocks; the padding rows write no keys (their slot is
-//! [`PAD_SLOT`]) and their logits are ignored. Prefill and mixed steps run eagerly.
+//! [`PAD_SLOT`]), a hybrid model's padding sequences keep their recurrent state in a slot of their
+//! own, and their logits are ignored. Prefill and mixed steps run eagerly, and so do steps that
+//! copy recurrent states (prefix-cache restores and snapshots).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,11 +33,20 @@ pub(crate) struct PaddedStep {
     pub shape: (usize, usize),
 }
 
-/// The padded form of a step that is pure decode (one new token per sequence, each sampled) and
-/// fits the largest capture size; `None` for any other step.
-pub(crate) fn pad_decode(tokens: &[u32], meta: &AttnMetadata, logit_rows: &[usize]) -> Result<Option<PaddedStep>> {
+/// The padded form of a step that is pure decode (one new token per sequence, each sampled, no
+/// recurrent-state copies) and fits the largest capture size; `None` for any other step. The
+/// padding sequences of a hybrid model use `pad_state_slot`.
+pub(crate) fn pad_decode(
+    tokens: &[u32],
+    meta: &AttnMetadata,
+    logit_rows: &[usize],
+    pad_state_slot: Option<usize>,
+) -> Result<Option<PaddedStep>> {
     let batch = meta.seqs.len();
+    let copies = &meta.state_copies;
     let pure_decode = batch > 0
+        && copies.before.is_empty()
+        && copies.after.is_empty()
         && tokens.len() == batch
         && meta.seqs.iter().enumerate().all(|(i, s)| s.q_len == 1 && s.q_start == i)
         && logit_rows.iter().copied().eq(0..batch);
@@ -65,6 +76,10 @@ pub(crate) fn pad_decode(tokens: &[u32], meta: &AttnMetadata, logit_rows: &[usiz
     if !meta.prompt_lens.is_empty() {
         padded_meta.prompt_lens = meta.prompt_lens.iter().copied().chain((batch..padded).map(|_| 1)).collect();
     }
+    if !meta.state_slots.is_empty() {
+        let Some(pad) = pad_state_slot else { return Ok(None) };
+        padded_meta.state_slots = meta.state_slots.iter().copied().chain((batch..padded).map(|_| pad)).collect();
+    }
     let mut padded_tokens = tokens.to_vec();
     padded_tokens.resize(padded, 0);
     Ok(Some(PaddedStep {
@@ -86,6 +101,8 @@ pub struct GraphCounts {
 pub(crate) struct DecodeGraphs {
     device: Arc<CudaDevice>,
     graphs: HashMap<(usize, usize), StepGraph>,
+    /// The recurrent-state slot of padding sequences (hybrid models).
+    pad_state_slot: Option<usize>,
     /// Set when a capture failed: the model does something a graph cannot replay (a host
     /// round trip, a gather of its own), so every step of this runner runs eagerly.
     disabled: bool,
@@ -94,7 +111,11 @@ pub(crate) struct DecodeGraphs {
 
 impl DecodeGraphs {
     /// Graphs for a model on `device`; `None` on the CPU or when `enforce_eager` asks for none.
-    pub(crate) fn new(device: Device, enforce_eager: bool) -> Result<Option<DecodeGraphs>> {
+    pub(crate) fn new(
+        device: Device,
+        enforce_eager: bool,
+        pad_state_slot: Option<usize>,
+    ) -> Result<Option<DecodeGraphs>> {
         let Device::Cuda(ordinal) = device else {
             return Ok(None);
         };
@@ -102,7 +123,13 @@ impl DecodeGraphs {
             return Ok(None);
         }
         let device = ferrite_tensor::cuda::device(ordinal)?;
-        Ok(Some(DecodeGraphs { device, graphs: HashMap::new(), disabled: false, counts: GraphCounts::default() }))
+        Ok(Some(DecodeGraphs {
+            device,
+            graphs: HashMap::new(),
+            pad_state_slot,
+            disabled: false,
+            counts: GraphCounts::default(),
+        }))
     }
 
     /// The logits of `step` from its graph (captured on first use), with one row per padded
@@ -118,7 +145,7 @@ impl DecodeGraphs {
         if self.disabled {
             return Ok(None);
         }
-        let Some(step) = pad_decode(tokens, meta, logit_rows)? else {
+        let Some(step) = pad_decode(tokens, meta, logit_rows, self.pad_state_slot)? else {
             return Ok(None);
         };
         let input = StepInput { tokens: &step.tokens, meta: &step.meta, logit_rows: &step.logit_rows };
@@ -153,6 +180,7 @@ impl DecodeGraphs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferrite_tensor::StateCopies;
 
     fn decode_meta(ctx_lens: &[usize], block_size: usize) -> AttnMetadata {
         let mut next_block = 0u32;
@@ -172,7 +200,7 @@ mod tests {
     #[test]
     fn decode_batches_pad_to_the_next_capture_size() {
         let meta = decode_meta(&[5, 40, 17], 16);
-        let step = pad_decode(&[7, 8, 9], &meta, &[0, 1, 2]).unwrap().unwrap();
+        let step = pad_decode(&[7, 8, 9], &meta, &[0, 1, 2], None).unwrap().unwrap();
         assert_eq!(step.shape, (4, 16));
         assert_eq!(step.tokens, vec![7, 8, 9, 0]);
         assert_eq!(step.logit_rows, vec![0, 1, 2, 3]);
@@ -184,7 +212,7 @@ mod tests {
         for &(batch, padded) in &[(1, 1), (2, 2), (5, 8), (33, 64), (200, 256)] {
             let meta = decode_meta(&vec![3; batch], 16);
             let rows: Vec<usize> = (0..batch).collect();
-            let step = pad_decode(&vec![1; batch], &meta, &rows).unwrap().unwrap();
+            let step = pad_decode(&vec![1; batch], &meta, &rows, None).unwrap().unwrap();
             assert_eq!(step.shape.0, padded, "batch {batch}");
         }
     }
@@ -192,7 +220,7 @@ mod tests {
     #[test]
     fn block_tables_pad_to_a_power_of_two() {
         let meta = decode_meta(&[16 * 17 + 1], 16);
-        let step = pad_decode(&[1], &meta, &[0]).unwrap().unwrap();
+        let step = pad_decode(&[1], &meta, &[0], None).unwrap().unwrap();
         assert_eq!(step.shape, (1, 32));
     }
 
@@ -200,11 +228,27 @@ mod tests {
     fn only_pure_decode_steps_fit_a_graph() {
         let too_many = decode_meta(&vec![2; 257], 16);
         let rows: Vec<usize> = (0..257).collect();
-        assert!(pad_decode(&vec![1; 257], &too_many, &rows).unwrap().is_none());
+        assert!(pad_decode(&vec![1; 257], &too_many, &rows, None).unwrap().is_none());
         let prefill =
             AttnMetadata::new(vec![AttnSeq { q_start: 0, q_len: 3, ctx_len: 3, block_table: vec![0] }], 16).unwrap();
-        assert!(pad_decode(&[1, 2, 3], &prefill, &[2]).unwrap().is_none());
+        assert!(pad_decode(&[1, 2, 3], &prefill, &[2], None).unwrap().is_none());
         let meta = decode_meta(&[4, 4], 16);
-        assert!(pad_decode(&[1, 2], &meta, &[1]).unwrap().is_none(), "a row without logits");
+        assert!(pad_decode(&[1, 2], &meta, &[1], None).unwrap().is_none(), "a row without logits");
+    }
+
+    /// A hybrid model's padding sequences keep their state in the pad slot; a step that restores
+    /// or keeps a recurrent state runs eagerly (a graph would replay without the copy).
+    #[test]
+    fn hybrid_decode_pads_into_its_own_state_slot() {
+        let meta = decode_meta(&[5, 40, 17], 16).with_state_slots(vec![3, 0, 1]).unwrap();
+        let step = pad_decode(&[7, 8, 9], &meta, &[0, 1, 2], Some(9)).unwrap().unwrap();
+        assert_eq!(step.meta.state_slots, vec![3, 0, 1, 9]);
+        assert!(pad_decode(&[7, 8, 9], &meta, &[0, 1, 2], None).unwrap().is_none(), "no pad slot");
+        for copies in
+            [StateCopies { before: vec![(5, 0)], after: vec![] }, StateCopies { before: vec![], after: vec![(0, 5)] }]
+        {
+            let copying = meta.clone().with_state_copies(copies);
+            assert!(pad_decode(&[7, 8, 9], &copying, &[0, 1, 2], Some(9)).unwrap().is_none());
+        }
     }
 }

@@ -63,17 +63,18 @@ impl ModelRunner {
     pub fn new(model: Box<dyn CausalLM>, cache: &CacheConfig, config: &EngineConfig) -> Result<ModelRunner> {
         let _span = tracing::info_span!("allocate_kv_cache", blocks = cache.num_blocks, block_size = cache.block_size)
             .entered();
+        // A hybrid model's state layers get one slot more than the working and kept ones: the
+        // slot the padding sequences of a decode graph write (and nothing reads).
+        let kept = cache.state_slots + cache.state_snapshots;
+        let pad_state_slot = (cache.state_slots > 0).then_some(kept);
         let kv_caches = model.info().allocate_caches(
             config.device,
             cache.dtype,
             cache.num_blocks,
             cache.block_size,
-            cache.state_slots + cache.state_snapshots,
+            kept + usize::from(pad_state_slot.is_some()),
         )?;
-        // Decode graphs capture KV-cache steps only: a hybrid model's state slots are not yet
-        // graph inputs, so its steps run eagerly.
-        let eager = config.enforce_eager || cache.state_slots > 0;
-        let graphs = DecodeGraphs::new(config.device, eager)?;
+        let graphs = DecodeGraphs::new(config.device, config.enforce_eager, pad_state_slot)?;
         Ok(ModelRunner {
             model,
             kv_caches,

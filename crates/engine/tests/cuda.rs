@@ -194,11 +194,12 @@ fn every_family_decodes_token_exact_with_graphs_on() {
     assert!(replaying.iter().any(|n| n == "llama") && replaying.iter().any(|n| n == "qwen3"));
 }
 
-/// A hybrid model on the GPU (eager steps): the battery twice, the second time resuming every
-/// prompt longer than a block from a kept recurrent state, token-exact both times in f32.
+/// A hybrid model on the GPU: the battery twice, the second time resuming every prompt longer
+/// than a block from a kept recurrent state, token-exact both times in f32, decode steps replayed
+/// from CUDA graphs (state slots are graph inputs).
 #[test]
 fn hybrid_prefix_hits_on_cuda() {
-    let name = "qwen3-next";
+    let name = "qwen3_5";
     let Some(llm) = cuda_llm(name, DType::F32) else {
         return;
     };
@@ -212,5 +213,7 @@ fn hybrid_prefix_hits_on_cuda() {
             assert_eq!(out.num_cached_tokens, kept, "{name}/{} pass {pass}", case.name);
         }
     }
-    println!("{name} on cuda: battery token-exact cold and from kept states");
+    let graphs = llm.client().stats().cuda_graphs;
+    assert!(graphs.replayed > 0, "{name}: decode steps not replayed from graphs: {graphs:?}");
+    println!("{name} on cuda: battery token-exact cold and from kept states, graphs {graphs:?}");
 }

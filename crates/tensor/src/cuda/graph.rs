@@ -5,7 +5,8 @@
 //! call. A graph replays fixed kernels with fixed pointers, so everything a forward pass uploads
 //! from the host must live in buffers the graph owns and that are rewritten before each replay:
 //! the token ids, the rows whose logits are wanted, the slot mapping, the attention work items
-//! and block tables, and host-computed tables such as rotary cos/sin. While a capture runs, the
+//! and block tables, the recurrent layers' per-sequence words, and host-computed tables such as
+//! rotary cos/sin. While a capture runs, the
 //! ops recognise those inputs by address (the step's slices and metadata themselves, not copies)
 //! and ask this module for the graph's buffer instead of uploading; any other upload, and any
 //! read back to the host, fails the capture, and the caller runs that model eagerly instead.
@@ -40,6 +41,8 @@ pub(crate) enum StepIndex<'a> {
     Tokens(&'a [u32]),
     LogitRows(&'a [usize]),
     Slots(&'a AttnMetadata),
+    /// The recurrent ops' `{q_start, q_len, state slot, flags}` per sequence.
+    StateSeqs(&'a AttnMetadata),
 }
 
 impl StepIndex<'_> {
@@ -48,6 +51,7 @@ impl StepIndex<'_> {
             StepIndex::Tokens(t) => t.len(),
             StepIndex::LogitRows(r) => r.len(),
             StepIndex::Slots(m) => m.slot_mapping.len(),
+            StepIndex::StateSeqs(m) => 4 * m.seqs.len(),
         }
     }
 
@@ -57,6 +61,7 @@ impl StepIndex<'_> {
             StepIndex::Tokens(t) => Ok(t.to_vec()),
             StepIndex::LogitRows(r) => u32_rows(r),
             StepIndex::Slots(m) => u32_slots(m),
+            StepIndex::StateSeqs(m) => super::recurrent::state_seq_words(m),
         }
     }
 }
@@ -65,6 +70,7 @@ enum Input {
     Tokens(CudaSlice<u32>),
     LogitRows(CudaSlice<u32>),
     Slots(CudaSlice<u32>),
+    StateSeqs(CudaSlice<u32>),
     Attention { params: AttentionParams, causal: bool, cache: Box<MetaCache> },
     Host { fill: HostFill, tensor: Tensor },
 }
@@ -110,15 +116,19 @@ impl Recording {
             StepIndex::Tokens(t) if slice_id(t) == self.tokens => t.len(),
             StepIndex::LogitRows(r) if slice_id(r) == self.logit_rows => r.len(),
             StepIndex::Slots(m) if std::ptr::eq(*m, self.meta as *const AttnMetadata) => m.slot_mapping.len(),
+            StepIndex::StateSeqs(m) if std::ptr::eq(*m, self.meta as *const AttnMetadata) => want.len(),
             StepIndex::Tokens(_) => return Err(not_capturable("token ids other than the step's")),
             StepIndex::LogitRows(_) => return Err(not_capturable("a row gather other than the logit rows")),
-            StepIndex::Slots(_) => return Err(not_capturable("attention metadata other than the step's")),
+            StepIndex::Slots(_) | StepIndex::StateSeqs(_) => {
+                return Err(not_capturable("attention metadata other than the step's"))
+            }
         };
         let side = &self.side;
         let found = self.inputs.iter().find_map(|i| match (i, want) {
             (Input::Tokens(s), StepIndex::Tokens(_))
             | (Input::LogitRows(s), StepIndex::LogitRows(_))
-            | (Input::Slots(s), StepIndex::Slots(_)) => Some(s.device_ptr(side).0),
+            | (Input::Slots(s), StepIndex::Slots(_))
+            | (Input::StateSeqs(s), StepIndex::StateSeqs(_)) => Some(s.device_ptr(side).0),
             _ => None,
         });
         if let Some(p) = found {
@@ -131,6 +141,7 @@ impl Recording {
             StepIndex::Tokens(_) => Input::Tokens(buf),
             StepIndex::LogitRows(_) => Input::LogitRows(buf),
             StepIndex::Slots(_) => Input::Slots(buf),
+            StepIndex::StateSeqs(_) => Input::StateSeqs(buf),
         });
         Ok(p)
     }
@@ -311,6 +322,7 @@ impl StepGraph {
                 Input::Tokens(buf) => write(stream, buf, step.tokens)?,
                 Input::LogitRows(buf) => write(stream, buf, &u32_rows(step.logit_rows)?)?,
                 Input::Slots(buf) => write(stream, buf, &u32_slots(step.meta)?)?,
+                Input::StateSeqs(buf) => write(stream, buf, &super::recurrent::state_seq_words(step.meta)?)?,
                 Input::Attention { params, causal, cache } => {
                     let plan = attention::plan_meta(&self.dev, step.meta, params, *causal, true)?;
                     attention::refill_meta(stream, cache, &plan)?;

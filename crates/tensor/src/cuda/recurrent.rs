@@ -5,6 +5,7 @@
 use cudarc::driver::LaunchConfig;
 
 use super::device::{dev_err, int, kernel_params, CudaDevice};
+use super::graph::StepIndex;
 use super::kernels::RECURRENT;
 use super::ops::{activation_code, cuda_of, same_dtype, wrap};
 use super::storage::{dtype_suffix, CudaStorage};
@@ -49,16 +50,30 @@ fn f32_param<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a CudaStorage> {
     Ok(s)
 }
 
-/// `int4 {q_start, q_len, slot, flags}` per sequence, on the device: flag 1 a fresh sequence
-/// (zero state), flag 2 prompt tokens (see `kv::is_prefill`).
-fn upload_seqs(dev: &std::sync::Arc<CudaDevice>, meta: &AttnMetadata) -> Result<cudarc::driver::CudaSlice<i32>> {
-    dev.check_not_capturing("recurrent-state metadata")?;
+/// `int4 {q_start, q_len, slot, flags}` per sequence as the kernels read it: flag 1 a fresh
+/// sequence (zero state), flag 2 prompt tokens (see `kv::is_prefill`).
+pub(crate) fn state_seq_words(meta: &AttnMetadata) -> Result<Vec<u32>> {
     let mut v = Vec::with_capacity(meta.seqs.len() * 4);
     for (i, (s, &slot)) in meta.seqs.iter().zip(&meta.state_slots).enumerate() {
-        let flags = i32::from(s.ctx_len == s.q_len) | (i32::from(crate::kv::is_prefill(meta, i)) << 1);
-        v.extend([int(s.q_start)?, int(s.q_len)?, int(slot)?, flags]);
+        let flags = u32::from(s.ctx_len == s.q_len) | (u32::from(crate::kv::is_prefill(meta, i)) << 1);
+        let word = |v: usize| u32::try_from(v).map_err(|_| dev_err(format!("{v} beyond 32 bits")));
+        v.extend([word(s.q_start)?, word(s.q_len)?, word(slot)?, flags]);
     }
-    dev.stream().clone_htod(&v).map_err(dev_err)
+    Ok(v)
+}
+
+/// Runs `launch` with the device address of the step's per-sequence words: the graph's input
+/// while a capture runs, else a fresh upload kept alive for the launch.
+fn with_state_seqs(
+    dev: &std::sync::Arc<CudaDevice>,
+    meta: &AttnMetadata,
+    launch: impl FnOnce(u64) -> Result<()>,
+) -> Result<()> {
+    if let Some(p) = dev.step_index(&StepIndex::StateSeqs(meta))? {
+        return launch(p);
+    }
+    let words = dev.stream().clone_htod(&state_seq_words(meta)?).map_err(dev_err)?;
+    launch(super::device::dptr(&words, dev))
 }
 
 pub fn causal_conv1d(
@@ -81,26 +96,27 @@ pub fn causal_conv1d(
     let dev = xs.device();
     let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
     if !meta.seqs.is_empty() {
-        let seqs = upload_seqs(dev, meta)?;
-        let f = dev.function(RECURRENT, &format!("causal_conv1d_{}", dtype_suffix(xs.dtype())?))?;
-        let launch = Conv1d {
-            x: xs.ptr(),
-            w: ws.ptr(),
-            bias,
-            y: out.ptr(),
-            state: state.ptr(),
-            seqs: super::device::dptr(&seqs, dev),
-            channels: int(channels)?,
-            kernel: int(kernel)?,
-            act: act.map_or(-1, activation_code),
-        };
-        let threads = 128;
-        let cfg = LaunchConfig {
-            grid_dim: (channels.div_ceil(threads) as u32, meta.seqs.len() as u32, 1),
-            block_dim: (threads as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch.launch_with(dev, &f, cfg)?;
+        with_state_seqs(dev, meta, |seqs| {
+            let f = dev.function(RECURRENT, &format!("causal_conv1d_{}", dtype_suffix(xs.dtype())?))?;
+            let launch = Conv1d {
+                x: xs.ptr(),
+                w: ws.ptr(),
+                bias,
+                y: out.ptr(),
+                state: state.ptr(),
+                seqs,
+                channels: int(channels)?,
+                kernel: int(kernel)?,
+                act: act.map_or(-1, activation_code),
+            };
+            let threads = 128;
+            let cfg = LaunchConfig {
+                grid_dim: (channels.div_ceil(threads) as u32, meta.seqs.len() as u32, 1),
+                block_dim: (threads as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch.launch_with(dev, &f, cfg)
+        })?;
     }
     wrap(out, x.shape().to_vec())
 }
@@ -132,33 +148,34 @@ pub fn gated_delta_rule(
     let tokens = q.rows();
     let out = CudaStorage::alloc(dev, qs.dtype(), tokens * p.num_v_heads * p.v_dim)?;
     if !meta.seqs.is_empty() {
-        let seqs = upload_seqs(dev, meta)?;
-        let f = dev.function(RECURRENT, &format!("gated_delta_rule_{}", dtype_suffix(qs.dtype())?))?;
-        let launch = DeltaRule {
-            q: qs.ptr(),
-            k: cuda_of(op, k)?.ptr(),
-            v: cuda_of(op, v)?.ptr(),
-            a: cuda_of(op, a)?.ptr(),
-            b: cuda_of(op, b)?.ptr(),
-            a_log: a_log.ptr(),
-            dt_bias: dt_bias.ptr(),
-            y: out.ptr(),
-            state: state.ptr(),
-            seqs: super::device::dptr(&seqs, dev),
-            hk: int(p.num_k_heads)?,
-            hv: int(p.num_v_heads)?,
-            dk: int(p.k_dim)?,
-            dv: int(p.v_dim)?,
-            q_scale: (p.k_dim as f64).powf(-0.5) as f32,
-            q_root: (p.k_dim as f32).sqrt(),
-        };
-        let threads = p.v_dim.div_ceil(32).max(1) * 32;
-        let cfg = LaunchConfig {
-            grid_dim: (p.num_v_heads as u32, meta.seqs.len() as u32, 1),
-            block_dim: (threads as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch.launch_with(dev, &f, cfg)?;
+        with_state_seqs(dev, meta, |seqs| {
+            let f = dev.function(RECURRENT, &format!("gated_delta_rule_{}", dtype_suffix(qs.dtype())?))?;
+            let launch = DeltaRule {
+                q: qs.ptr(),
+                k: cuda_of(op, k)?.ptr(),
+                v: cuda_of(op, v)?.ptr(),
+                a: cuda_of(op, a)?.ptr(),
+                b: cuda_of(op, b)?.ptr(),
+                a_log: a_log.ptr(),
+                dt_bias: dt_bias.ptr(),
+                y: out.ptr(),
+                state: state.ptr(),
+                seqs,
+                hk: int(p.num_k_heads)?,
+                hv: int(p.num_v_heads)?,
+                dk: int(p.k_dim)?,
+                dv: int(p.v_dim)?,
+                q_scale: (p.k_dim as f64).powf(-0.5) as f32,
+                q_root: (p.k_dim as f32).sqrt(),
+            };
+            let threads = p.v_dim.div_ceil(32).max(1) * 32;
+            let cfg = LaunchConfig {
+                grid_dim: (p.num_v_heads as u32, meta.seqs.len() as u32, 1),
+                block_dim: (threads as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch.launch_with(dev, &f, cfg)
+        })?;
     }
     wrap(out, vec![tokens, p.num_v_heads * p.v_dim])
 }
@@ -236,33 +253,34 @@ pub fn mamba2_scan(
     let dev = xs.device();
     let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
     if !meta.seqs.is_empty() {
-        let seqs = upload_seqs(dev, meta)?;
-        let f = dev.function(RECURRENT, &format!("mamba2_scan_{}", dtype_suffix(xs.dtype())?))?;
-        let launch = Mamba2Scan {
-            x: xs.ptr(),
-            dt: cuda_of(op, dt)?.ptr(),
-            b: cuda_of(op, b)?.ptr(),
-            c: cuda_of(op, c)?.ptr(),
-            a_log: a_log.ptr(),
-            dt_bias: dt_bias.ptr(),
-            d: d.ptr(),
-            y: out.ptr(),
-            state: state.ptr(),
-            seqs: super::device::dptr(&seqs, dev),
-            heads: int(p.num_heads)?,
-            head_dim: int(p.head_dim)?,
-            groups: int(p.num_groups)?,
-            state_size: int(p.state_size)?,
-            dt_min: p.dt_limit.0,
-            dt_max: p.dt_limit.1,
-        };
-        let threads = p.head_dim.div_ceil(32).max(1) * 32;
-        let cfg = LaunchConfig {
-            grid_dim: (p.num_heads as u32, meta.seqs.len() as u32, 1),
-            block_dim: (threads as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch.launch_with(dev, &f, cfg)?;
+        with_state_seqs(dev, meta, |seqs| {
+            let f = dev.function(RECURRENT, &format!("mamba2_scan_{}", dtype_suffix(xs.dtype())?))?;
+            let launch = Mamba2Scan {
+                x: xs.ptr(),
+                dt: cuda_of(op, dt)?.ptr(),
+                b: cuda_of(op, b)?.ptr(),
+                c: cuda_of(op, c)?.ptr(),
+                a_log: a_log.ptr(),
+                dt_bias: dt_bias.ptr(),
+                d: d.ptr(),
+                y: out.ptr(),
+                state: state.ptr(),
+                seqs,
+                heads: int(p.num_heads)?,
+                head_dim: int(p.head_dim)?,
+                groups: int(p.num_groups)?,
+                state_size: int(p.state_size)?,
+                dt_min: p.dt_limit.0,
+                dt_max: p.dt_limit.1,
+            };
+            let threads = p.head_dim.div_ceil(32).max(1) * 32;
+            let cfg = LaunchConfig {
+                grid_dim: (p.num_heads as u32, meta.seqs.len() as u32, 1),
+                block_dim: (threads as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            launch.launch_with(dev, &f, cfg)
+        })?;
     }
     wrap(out, x.shape().to_vec())
 }
