@@ -1,6 +1,8 @@
 //! Property test of the KV cache manager over random request lifecycles: no leak, no double
 //! free, reference counts equal to block-table membership, and prefix-cache hits that really
-//! hold the prompt's tokens (checked against a shadow of what each slot was written with).
+//! hold the prompt's tokens (checked against a shadow of what each slot was written with). In
+//! hybrid mode every request also holds a recurrent-state slot, states are kept at block ends,
+//! and a hit must restore the state of exactly the hit prefix.
 
 use std::collections::HashMap;
 
@@ -50,6 +52,10 @@ struct Model {
     /// What each (block, offset) slot was last written with: its token and, since keys and
     /// values depend on everything before it, the whole prefix up to it.
     shadow: HashMap<(u32, usize), Vec<u32>>,
+    /// Hybrid mode: the prefix each snapshot slot's state follows, and the snapshots the current
+    /// step is writing (visible once committed, as the engine commits before its next step).
+    kept: HashMap<usize, Vec<u32>>,
+    writing: Vec<(usize, Vec<u32>)>,
 }
 
 impl Model {
@@ -65,17 +71,36 @@ impl Model {
         for p in start..start + n {
             self.shadow.insert((table[p / BLOCK], p % BLOCK), r.tokens[..=p].to_vec());
         }
-        self.live[idx].computed = start + n;
+        let (id, end) = (r.id, start + n);
+        if end.is_multiple_of(BLOCK) {
+            if let Some(slot) = self.kv.reserve_state_snapshot(id, end) {
+                let prefix = self.live[idx].tokens[..end].to_vec();
+                self.writing.push((slot, prefix));
+            }
+        }
+        self.live[idx].computed = end;
         true
+    }
+
+    fn commit(&mut self) {
+        self.kv.commit_state_snapshots();
+        for (slot, prefix) in self.writing.drain(..) {
+            self.kept.insert(slot, prefix);
+        }
     }
 }
 
-fn run(num_blocks: usize, ops: Vec<Op>) {
+/// `hybrid`: `(state slots, snapshot slots)`.
+fn run(num_blocks: usize, hybrid: Option<(usize, usize)>, ops: Vec<Op>) {
     let stems: [Vec<u32>; 3] = [vec![1; 9], (0..13).map(|i| i % 3).collect(), vec![]];
-    let mut m =
-        Model { kv: KvCacheManager::new(num_blocks, BLOCK, 4096, true), live: Vec::new(), shadow: HashMap::new() };
+    let mut kv = KvCacheManager::new(num_blocks, BLOCK, 4096, true);
+    if let Some((slots, snapshots)) = hybrid {
+        kv = kv.with_state_slots(slots).with_state_snapshots(snapshots);
+    }
+    let mut m = Model { kv, live: Vec::new(), shadow: HashMap::new(), kept: HashMap::new(), writing: Vec::new() };
     let mut next_id = 0;
     for op in ops {
+        m.commit();
         match op {
             Op::Add { stem, tail, chunk, skip_cache } => {
                 let mut tokens = stems[stem].clone();
@@ -93,6 +118,14 @@ fn run(num_blocks: usize, ops: Vec<Op>) {
                             "hit block {block} holds another prefix"
                         );
                     }
+                }
+                if hybrid.is_some() && hit_tokens > 0 {
+                    let slot = m.kv.take_state_restore(id).expect("a hybrid hit restores a kept state");
+                    assert_eq!(
+                        m.kept.get(&slot),
+                        Some(&tokens[..hit_tokens].to_vec()),
+                        "restored another prefix's state"
+                    );
                 }
                 m.live.push(Live { id, tokens, computed: 0 });
                 let idx = m.live.len() - 1;
@@ -137,7 +170,17 @@ proptest! {
 
     #[test]
     fn block_manager_keeps_its_invariants(num_blocks in 1usize..24, ops in prop::collection::vec(op(), 1..80)) {
-        run(num_blocks, ops);
+        run(num_blocks, None, ops);
+    }
+
+    #[test]
+    fn hybrid_block_manager_keeps_its_invariants(
+        num_blocks in 1usize..24,
+        slots in 1usize..4,
+        snapshots in 0usize..4,
+        ops in prop::collection::vec(op(), 1..80),
+    ) {
+        run(num_blocks, Some((slots, snapshots)), ops);
     }
 }
 
