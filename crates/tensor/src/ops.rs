@@ -773,6 +773,12 @@ pub fn gated_delta_rule(
     if a_log.numel() != p.num_v_heads || dt_bias.numel() != p.num_v_heads || p.chunk_size == 0 {
         return Err(shape_err("gated_delta_rule", "A_log / dt_bias are not one value per value head"));
     }
+    if p.num_k_heads == 0 || !p.num_v_heads.is_multiple_of(p.num_k_heads) {
+        return Err(shape_err(
+            "gated_delta_rule",
+            format!("{} value heads over {} key heads", p.num_v_heads, p.num_k_heads),
+        ));
+    }
     check_state_layer("gated_delta_rule", cache, meta, cache.k_dim, p.num_v_heads * p.k_dim * p.v_dim)?;
     match q.storage() {
         Storage::Cpu(_) => cpu::recurrent::gated_delta_rule(q, k, v, a, b, a_log, dt_bias, cache, meta, p),
@@ -783,14 +789,14 @@ pub fn gated_delta_rule(
 /// Copies whole state slots `(from, to)` of the state layer `cache`, in order (conv and recurrent
 /// state both).
 pub fn copy_state_slots(cache: &mut PagedKvLayer, copies: &[(usize, usize)]) -> Result<()> {
+    if cache.block_size != 1 {
+        return Err(shape_err("copy_state_slots", "not a state layer (blocks of one slot)"));
+    }
     if let Some(&(from, to)) = copies.iter().find(|&&(f, t)| f >= cache.num_blocks || t >= cache.num_blocks) {
         return Err(shape_err("copy_state_slots", format!("slots {from} -> {to} of {}", cache.num_blocks)));
     }
-    if cache.block_size != 1 || copies.is_empty() {
-        return match cache.block_size {
-            1 => Ok(()),
-            _ => Err(shape_err("copy_state_slots", "not a state layer (blocks of one slot)")),
-        };
+    if copies.is_empty() {
+        return Ok(());
     }
     let (kw, vw) = (cache.num_kv_heads * cache.k_dim, cache.num_kv_heads * cache.v_dim);
     match &mut cache.storage {

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use super::elementwise::activate;
 use super::f32_tensor;
-use crate::error::{shape_err, Result, TensorError};
+use crate::error::{Result, TensorError};
 use crate::kv::{AttnMetadata, KvStorage, PagedKvLayer};
 use crate::ops::{Activation, GdnParams, Mamba2Params};
 use crate::tensor::Tensor;
@@ -128,9 +128,6 @@ pub fn gated_delta_rule(
     let (as_, bs) = (a.as_f32_slice()?, b.as_f32_slice()?);
     let (a_log, dt_bias) = (a_log.as_f32_slice()?, dt_bias.as_f32_slice()?);
     let (hk, hv, dk, dv) = (p.num_k_heads, p.num_v_heads, p.k_dim, p.v_dim);
-    if hv % hk != 0 {
-        return Err(shape_err("gated_delta_rule", format!("{hv} value heads over {hk} key heads")));
-    }
     let group = hv / hk;
     let tokens = q.rows();
     let state_len = dk * dv;
