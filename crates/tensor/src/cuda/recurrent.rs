@@ -4,7 +4,7 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::device::{dev_err, int, kernel_params, CudaDevice};
+use super::device::{dev_err, int, kernel_params, CudaDevice, PerDevice};
 use super::graph::StepIndex;
 use super::kernels::RECURRENT;
 use super::ops::{activation_code, cuda_of, same_dtype, wrap};
@@ -62,8 +62,17 @@ pub(crate) fn state_seq_words(meta: &AttnMetadata) -> Result<Vec<u32>> {
     Ok(v)
 }
 
+/// The last per-sequence words uploaded: every recurrent op of every layer of a step reads the
+/// same ones, so a step uploads them once.
+struct WordsCache {
+    key: Vec<u32>,
+    words: cudarc::driver::CudaSlice<u32>,
+}
+
+static WORDS_CACHE: PerDevice<Option<WordsCache>> = PerDevice::new();
+
 /// Runs `launch` with the device address of the step's per-sequence words: the graph's input
-/// while a capture runs, else a fresh upload kept alive for the launch.
+/// while a capture runs, else the copy kept for the other layers of the step.
 fn with_state_seqs(
     dev: &std::sync::Arc<CudaDevice>,
     meta: &AttnMetadata,
@@ -72,8 +81,22 @@ fn with_state_seqs(
     if let Some(p) = dev.step_index(&StepIndex::StateSeqs(meta))? {
         return launch(p);
     }
-    let words = dev.stream().clone_htod(&state_seq_words(meta)?).map_err(dev_err)?;
-    launch(super::device::dptr(&words, dev))
+    let key = state_seq_words(meta)?;
+    let mut cache = WORDS_CACHE.of(dev).lock().map_err(|_| dev_err("state words cache poisoned"))?;
+    if cache.as_ref().is_none_or(|c| c.key != key) {
+        let words = dev.stream().clone_htod(&key).map_err(dev_err)?;
+        *cache = Some(WordsCache { key, words });
+    }
+    launch(super::device::dptr(&cache.as_ref().expect("filled above").words, dev))
+}
+
+/// One block per (head, sequence), a thread per element of a head's `width` (whole warps).
+fn per_head_cfg(heads: usize, seqs: usize, width: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (heads as u32, seqs as u32, 1),
+        block_dim: ((width.div_ceil(32).max(1) * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 pub fn causal_conv1d(
@@ -168,13 +191,7 @@ pub fn gated_delta_rule(
                 q_scale: (p.k_dim as f64).powf(-0.5) as f32,
                 q_root: (p.k_dim as f32).sqrt(),
             };
-            let threads = p.v_dim.div_ceil(32).max(1) * 32;
-            let cfg = LaunchConfig {
-                grid_dim: (p.num_v_heads as u32, meta.seqs.len() as u32, 1),
-                block_dim: (threads as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            launch.launch_with(dev, &f, cfg)
+            launch.launch_with(dev, &f, per_head_cfg(p.num_v_heads, meta.seqs.len(), p.v_dim))
         })?;
     }
     wrap(out, vec![tokens, p.num_v_heads * p.v_dim])
@@ -273,13 +290,7 @@ pub fn mamba2_scan(
                 dt_min: p.dt_limit.0,
                 dt_max: p.dt_limit.1,
             };
-            let threads = p.head_dim.div_ceil(32).max(1) * 32;
-            let cfg = LaunchConfig {
-                grid_dim: (p.num_heads as u32, meta.seqs.len() as u32, 1),
-                block_dim: (threads as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            launch.launch_with(dev, &f, cfg)
+            launch.launch_with(dev, &f, per_head_cfg(p.num_heads, meta.seqs.len(), p.head_dim))
         })?;
     }
     wrap(out, x.shape().to_vec())
