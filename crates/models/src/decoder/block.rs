@@ -335,6 +335,33 @@ impl Block {
         }
     }
 
+    /// A layer that is a token mixer alone behind `norm`: `h + mixer(norm(h))` (Mamba2's layers).
+    pub fn mixer_only(norm: Norm, mixer: TokenMixer) -> Block {
+        Block {
+            attn_norm: Some(norm),
+            mixer,
+            attn_out_norm: None,
+            mlp_norm: None,
+            mlp: ChannelMixer::None,
+            mlp_out_norm: None,
+            wiring: Wiring::Sequential { residual_scale: None },
+        }
+    }
+
+    /// A layer that is a channel mixer alone behind `norm`: `h + mlp(norm(h))` (Nemotron-H's MLP
+    /// layers).
+    pub fn channel_only(norm: Norm, mlp: ChannelMixer) -> Block {
+        Block {
+            attn_norm: None,
+            mixer: TokenMixer::None,
+            attn_out_norm: None,
+            mlp_norm: Some(norm),
+            mlp,
+            mlp_out_norm: None,
+            wiring: Wiring::Sequential { residual_scale: None },
+        }
+    }
+
     pub fn weight_bytes(&self) -> usize {
         self.mixer.weight_bytes() + self.mlp.weight_bytes()
     }

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::decoder::load::{check_dims, lm_head};
-use crate::decoder::{Block, ChannelMixer, Decoder, TokenMixer};
+use crate::decoder::{Block, Decoder, TokenMixer};
 use crate::layers::mamba2::{Mamba2Dims, Mamba2Mixer};
 use crate::layers::{Embedding, Norm};
 use crate::loading::config::RawConfig;
@@ -125,20 +125,27 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let blocks = (0..cfg.num_hidden_layers)
         .map(|i| {
             let l = w.at(format!("backbone.layers.{i}"));
-            Ok(Block {
-                attn_norm: Some(Norm::Rms(l.rms("norm", cfg.hidden_size, eps)?)),
-                mixer: TokenMixer::Mamba2(Box::new(Mamba2Mixer::load(&l.at("mixer"), cfg.hidden_size, dims)?)),
-                attn_out_norm: None,
-                mlp_norm: None,
-                mlp: ChannelMixer::None,
-                mlp_out_norm: None,
-                wiring: crate::decoder::Wiring::Sequential { residual_scale: None },
-            })
+            let mixer = TokenMixer::Mamba2(Box::new(Mamba2Mixer::load(&l.at("mixer"), cfg.hidden_size, dims)?));
+            Ok(Block::mixer_only(Norm::Rms(l.rms("norm", cfg.hidden_size, eps)?), mixer))
         })
         .collect::<Result<Vec<_>>>()?;
-    let embed = Embedding { table: w.get("backbone.embeddings.weight", &[cfg.vocab_size, cfg.hidden_size])? };
-    let head = lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
-    let final_norm = Norm::Rms(w.at("backbone").rms("norm_f", cfg.hidden_size, eps)?);
     let context = cfg.max_position_embeddings.unwrap_or(DEFAULT_CONTEXT);
+    finish_backbone(raw, w, blocks, [cfg.vocab_size, cfg.hidden_size], cfg.tie_word_embeddings, eps, context)
+}
+
+/// The decoder around `blocks` with the names of the Mamba line (Mamba2, Nemotron-H):
+/// `backbone.embeddings`, `backbone.norm_f` and `lm_head`, no rotary tables.
+pub(crate) fn finish_backbone(
+    raw: &RawConfig,
+    w: &Weights,
+    blocks: Vec<Block>,
+    [vocab, hidden]: [usize; 2],
+    tie: bool,
+    eps: f64,
+    context: usize,
+) -> Result<Decoder> {
+    let embed = Embedding { table: w.get("backbone.embeddings.weight", &[vocab, hidden])? };
+    let head = lm_head(w, "lm_head", &embed, tie, false)?;
+    let final_norm = Norm::Rms(w.at("backbone").rms("norm_f", hidden, eps)?);
     Ok(Decoder::new(raw.architecture()?, context, embed, blocks, Some(final_norm), head, Vec::new()))
 }

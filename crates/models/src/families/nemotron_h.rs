@@ -8,10 +8,11 @@
 
 use serde::Deserialize;
 
-use crate::decoder::load::{activation, attention_params, check_dims, check_heads, lm_head};
-use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer, Wiring};
+use crate::decoder::load::{activation, attention_params, check_dims, check_heads};
+use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
+use crate::families::mamba2::finish_backbone;
 use crate::layers::mamba2::{Mamba2Dims, Mamba2Mixer};
-use crate::layers::{Attention, DenseMlp, Embedding, MlpActivation, Norm};
+use crate::layers::{Attention, DenseMlp, MlpActivation, Norm};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
 use crate::Result;
@@ -146,10 +147,10 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         .enumerate()
         .map(|(i, kind)| {
             let l = w.at(format!("backbone.layers.{i}"));
-            let (m, norm) = (l.at("mixer"), Some(Norm::Rms(l.rms("norm", hidden, eps)?)));
-            let (attn_norm, mixer, mlp_norm, mlp) = match kind {
+            let (m, norm) = (l.at("mixer"), Norm::Rms(l.rms("norm", hidden, eps)?));
+            Ok(match kind {
                 LayerKind::Mamba => {
-                    (norm, TokenMixer::Mamba2(Box::new(Mamba2Mixer::load(&m, hidden, dims)?)), None, ChannelMixer::None)
+                    Block::mixer_only(norm, TokenMixer::Mamba2(Box::new(Mamba2Mixer::load(&m, hidden, dims)?)))
                 }
                 LayerKind::Attention => {
                     let (q_rows, kv_rows, bias) = (heads * head_dim, kv_heads * head_dim, cfg.attention_bias);
@@ -163,7 +164,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
                         query_scale: None,
                         params: attention_params(heads, kv_heads, head_dim, (head_dim as f64).powf(-0.5), None, None),
                     };
-                    (norm, TokenMixer::Attention(SelfAttention::new(attn, None)), None, ChannelMixer::None)
+                    Block::mixer_only(norm, TokenMixer::Attention(SelfAttention::new(attn, None)))
                 }
                 LayerKind::Mlp => {
                     let mlp = DenseMlp {
@@ -171,23 +172,11 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
                         fc2: m.linear("down_proj", cfg.intermediate_size, hidden, cfg.mlp_bias)?,
                         act: MlpActivation::Fixed(act),
                     };
-                    (None, TokenMixer::None, norm, ChannelMixer::Dense(mlp))
+                    Block::channel_only(norm, ChannelMixer::Dense(mlp))
                 }
-            };
-            Ok(Block {
-                attn_norm,
-                mixer,
-                attn_out_norm: None,
-                mlp_norm,
-                mlp,
-                mlp_out_norm: None,
-                wiring: Wiring::Sequential { residual_scale: None },
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let embed = Embedding { table: w.get("backbone.embeddings.weight", &[cfg.vocab_size, hidden])? };
-    let head = lm_head(w, "lm_head", &embed, cfg.tie_word_embeddings, false)?;
-    let final_norm = Norm::Rms(w.at("backbone").rms("norm_f", hidden, eps)?);
     let context = cfg.max_position_embeddings.unwrap_or(4096);
-    Ok(Decoder::new(raw.architecture()?, context, embed, blocks, Some(final_norm), head, Vec::new()))
+    finish_backbone(raw, w, blocks, [cfg.vocab_size, hidden], cfg.tie_word_embeddings, eps, context)
 }
