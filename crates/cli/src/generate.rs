@@ -39,6 +39,10 @@ pub struct GenerateArgs {
     pub ignore_eos: bool,
     #[arg(long, value_enum, default_value = "auto")]
     pub dtype: DTypeArg,
+    /// auto, or gguf-dequantized to dequantize a GGUF file's matrices at load instead of
+    /// multiplying them in their blocks (CPU).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "gguf", "safetensors", "gguf-dequantized"])]
+    pub load_format: String,
     #[command(flatten)]
     pub device: DeviceArgs,
 }
@@ -46,7 +50,12 @@ pub struct GenerateArgs {
 /// Runs synchronously (it blocks on the engine's stream), so call it outside an async runtime.
 pub fn run(args: GenerateArgs) -> Result<()> {
     let dtype = args.dtype.dtype_on(args.device.device);
-    let config = args.device.apply(dtype, true, EngineConfig { kv_cache_memory: 1 << 30, ..EngineConfig::default() });
+    let config = EngineConfig {
+        kv_cache_memory: 1 << 30,
+        dequantize_gguf: args.load_format == crate::serve::GGUF_DEQUANTIZED,
+        ..EngineConfig::default()
+    };
+    let config = args.device.apply(dtype, true, config);
     let model = match &args.model {
         Some(model) => crate::hub::resolve(model, None, None)?,
         None => crate::default_model::resolve()?,

@@ -42,6 +42,8 @@ pub struct EngineConfig {
     /// vLLM's `--quantization`: the checkpoint's own method, or `fp8` to quantize the weights of
     /// an unquantized checkpoint as it loads. `None` takes the checkpoint's.
     pub quantization: Option<String>,
+    /// Dequantize a GGUF file's matrices at load instead of keeping them in their blocks.
+    pub dequantize_gguf: bool,
     /// vLLM's `--speculative-config`: drafts verified per step (`None`: no speculation).
     pub speculative: Option<crate::SpeculativeConfig>,
 }
@@ -70,6 +72,7 @@ impl Default for EngineConfig {
             structured_outputs: JsonOptions::default(),
             max_unread_outputs: None,
             quantization: None,
+            dequantize_gguf: false,
             speculative: None,
         }
     }

@@ -42,8 +42,13 @@ impl LLM {
         overrides: &TokenizerOverrides,
     ) -> Result<LLM> {
         let path = model_path.as_ref();
-        let opts =
-            LoadOptions { dtype, device: config.device, progress: true, quantization: config.quantization.clone() };
+        let opts = LoadOptions {
+            dtype,
+            device: config.device,
+            progress: true,
+            quantization: config.quantization.clone(),
+            dequantize_gguf: config.dequantize_gguf,
+        };
         let loaded = load_model(path, &opts)?;
         let mut tokenizer = match (&overrides.tokenizer_dir, &loaded.gguf_tokenizer) {
             (Some(dir), _) => Tokenizer::from_dir(dir)?,

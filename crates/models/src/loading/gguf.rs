@@ -12,7 +12,6 @@
 //! tensor infos (name, dims innermost-first, ggml type, offset), padding to `general.alignment`, and
 //! the tensor data, each tensor at its offset from the start of that data section.
 
-mod dequant;
 mod hf;
 mod tokenizer;
 
@@ -26,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-pub use dequant::{DequantError, GgmlType};
+pub use ferrite_tensor::ggml::{DequantError, GgmlType};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 /// What ggml assumes when a file does not set `general.alignment`.

@@ -24,11 +24,20 @@ pub struct LoadOptions {
     /// vLLM's `--quantization`: the checkpoint's own method, or `fp8` to quantize an unquantized
     /// checkpoint as it loads.
     pub quantization: Option<String>,
+    /// Dequantize a GGUF file's matrices at load (`--load-format gguf-dequantized`), as
+    /// transformers does; by default the CPU keeps them in their blocks.
+    pub dequantize_gguf: bool,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { dtype: DType::F32, device: Device::Cpu, progress: true, quantization: None }
+        LoadOptions {
+            dtype: DType::F32,
+            device: Device::Cpu,
+            progress: true,
+            quantization: None,
+            dequantize_gguf: false,
+        }
     }
 }
 
@@ -72,7 +81,8 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         let file = GgufFile::open(path)?;
         let config = RawConfig { path: path.to_path_buf(), value: file.hf_config()? };
         let tokenizer = (file.hf_tokenizer_json()?, file.hf_tokenizer_config_json()?);
-        (config, Box::new(GgufWeights::new(file, path)), CheckpointKind::Gguf(path.to_path_buf()), Some(tokenizer))
+        let weights = GgufWeights::new(file, path).keeping_blocks(opts.device == Device::Cpu && !opts.dequantize_gguf);
+        (config, Box::new(weights), CheckpointKind::Gguf(path.to_path_buf()), Some(tokenizer))
     } else if path.is_dir() {
         let config = RawConfig::from_file(&path.join("config.json"))?;
         (config, Box::new(SafetensorsWeights::open(path)?), CheckpointKind::HfDir(path.to_path_buf()), None)

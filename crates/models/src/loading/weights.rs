@@ -6,7 +6,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ferrite_tensor::{ActivationQuant, DType, Device, Tensor};
+use ferrite_tensor::{ActivationQuant, CpuStorage, DType, Device, Storage, Tensor};
 use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::{Dtype as StDtype, SafeTensors};
@@ -24,6 +24,11 @@ pub trait WeightSource: Send + Sync {
     /// Whether the tensor is stored as FP8 e4m3 (its values need their scales).
     fn is_fp8(&self, _name: &str) -> bool {
         false
+    }
+    /// The matrix kept in the quantized blocks it is stored in, where this source keeps them
+    /// (GGUF on CPU); `None` to load it as [`WeightSource::load`] does.
+    fn load_blocks(&self, _name: &str) -> Result<Option<Tensor>> {
+        Ok(None)
     }
 }
 
@@ -170,17 +175,25 @@ impl WeightSource for SafetensorsWeights {
     }
 }
 
-/// A GGUF file, its quantized tensors dequantized to f32 and then to the compute dtype.
+/// A GGUF file. Its quantized matrices either stay in their ggml blocks (for the CPU, which
+/// multiplies them as they are) or are dequantized to f32 and then to the compute dtype.
 pub struct GgufWeights {
     file: GgufFile,
     path: PathBuf,
     names: HashMap<String, String>,
+    keep_blocks: bool,
 }
 
 impl GgufWeights {
     pub fn new(file: GgufFile, path: &Path) -> GgufWeights {
         let names = file.hf_tensors().into_iter().collect();
-        GgufWeights { file, path: path.to_path_buf(), names }
+        GgufWeights { file, path: path.to_path_buf(), names, keep_blocks: false }
+    }
+
+    /// Serves matrices of the types the CPU multiplies in blocks as those blocks.
+    pub fn keeping_blocks(mut self, keep: bool) -> GgufWeights {
+        self.keep_blocks = keep;
+        self
     }
 }
 
@@ -203,6 +216,14 @@ impl WeightSource for GgufWeights {
 
     fn tensor_count(&self) -> usize {
         self.names.len()
+    }
+
+    fn load_blocks(&self, name: &str) -> Result<Option<Tensor>> {
+        if !self.keep_blocks || !self.names.contains_key(name) {
+            return Ok(None);
+        }
+        let Some((shape, blocks)) = self.file.load_hf_blocks(name)? else { return Ok(None) };
+        Ok(Some(Tensor::from_storage(Storage::Cpu(CpuStorage::Ggml(blocks)), shape)?))
     }
 }
 
@@ -318,7 +339,7 @@ impl Weights {
         let [out, inp] = shape;
         let online = matches!(self.quantization, Some(Quantization::OnlineFp8)) && !self.source.is_fp8(&name);
         if !online && !transposed {
-            return self.get(&name, &shape);
+            return self.matrix(&name, &shape);
         }
         let stored = if transposed { [inp, out] } else { shape };
         let weight = self
@@ -379,6 +400,25 @@ impl Weights {
 
     fn stored_fp8(&self, module: &str) -> bool {
         self.source.is_fp8(&format!("{module}.weight"))
+    }
+
+    /// A weight matrix that only products and embedding lookups read (linear layers, the LM
+    /// head, token embeddings): kept in its quantized blocks where the source keeps them, else
+    /// as [`Weights::get`] loads it.
+    pub fn matrix(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        if self.device == Device::Cpu {
+            if let Some(t) = self.source.load_blocks(name)? {
+                if t.shape() != shape {
+                    return Err(ModelError::TensorShape {
+                        name: name.into(),
+                        expected: shape.to_vec(),
+                        actual: t.shape().to_vec(),
+                    });
+                }
+                return Ok(self.place(name, Some(t))?.expect("a tensor was given"));
+            }
+        }
+        self.get(name, shape)
     }
 
     /// A required tensor in the compute dtype, checked against the expected shape.

@@ -39,46 +39,50 @@ pub fn paged_attention(
     let bs = meta.block_size;
     let tokens = meta.num_tokens();
 
-    // (sequence, query row) pairs: each task computes every head of one query token.
-    let tasks: Vec<(usize, usize)> =
-        meta.seqs.iter().enumerate().flat_map(|(si, s)| (0..s.q_len).map(move |i| (si, i))).collect();
+    // (sequence, query row, head) triples: a decode step has one query row per sequence, so
+    // splitting by head is what keeps every core busy on a single request.
+    let tasks: Vec<(usize, usize, usize)> = meta
+        .seqs
+        .iter()
+        .enumerate()
+        .flat_map(|(si, s)| (0..s.q_len).flat_map(move |i| (0..hq).map(move |h| (si, i, h))))
+        .collect();
     let mut out = vec![0.0f32; tokens * hq * dv];
-    let rows: Vec<(usize, Vec<f32>)> = tasks
+    let heads: Vec<(usize, Vec<f32>)> = tasks
         .par_iter()
-        .map(|&(si, i)| {
+        .map(|&(si, i, h)| {
             let s = &meta.seqs[si];
             let pos = s.query_position(i);
             let first = p.first_key(pos);
             let row = s.q_start + i;
-            let slots: Vec<usize> = (first..=pos).map(|kp| s.block_table[kp / bs] as usize * bs + kp % bs).collect();
-            let mut result = vec![0.0f32; hq * dv];
-            let mut scores = vec![0.0f32; slots.len()];
-            for h in 0..hq {
-                let kvh = h / group;
-                let qh = &qs[row * hq * d + h * d..row * hq * d + (h + 1) * d];
-                for (score, &slot) in scores.iter_mut().zip(&slots) {
+            let slots = (first..=pos).map(|kp| s.block_table[kp / bs] as usize * bs + kp % bs);
+            let kvh = h / group;
+            let qh = &qs[row * hq * d + h * d..row * hq * d + (h + 1) * d];
+            let mut scores: Vec<f32> = slots
+                .clone()
+                .map(|slot| {
                     let kr = &kc[slot * kw + kvh * cache.k_dim..slot * kw + kvh * cache.k_dim + d];
-                    let mut acc = qh.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * p.scale;
-                    if let Some(cap) = p.softcap {
-                        acc = (acc / cap).tanh() * cap;
+                    let acc = qh.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * p.scale;
+                    match p.softcap {
+                        Some(cap) => (acc / cap).tanh() * cap,
+                        None => acc,
                     }
-                    *score = acc;
-                }
-                match sinks {
-                    Some(s) => softmax_with_sink(&mut scores, s[h]),
-                    None => softmax_in_place(&mut scores),
-                }
-                let dst = &mut result[h * dv..(h + 1) * dv];
-                for (&w, &slot) in scores.iter().zip(&slots) {
-                    let vr = &vc[slot * vw + kvh * cache.v_dim..slot * vw + kvh * cache.v_dim + dv];
-                    dst.iter_mut().zip(vr).for_each(|(o, v)| *o += w * v);
-                }
+                })
+                .collect();
+            match sinks {
+                Some(s) => softmax_with_sink(&mut scores, s[h]),
+                None => softmax_in_place(&mut scores),
             }
-            (row, result)
+            let mut dst = vec![0.0f32; dv];
+            for (&w, slot) in scores.iter().zip(slots) {
+                let vr = &vc[slot * vw + kvh * cache.v_dim..slot * vw + kvh * cache.v_dim + dv];
+                dst.iter_mut().zip(vr).for_each(|(o, v)| *o += w * v);
+            }
+            (row * hq + h, dst)
         })
         .collect();
-    for (row, values) in rows {
-        out[row * hq * dv..(row + 1) * hq * dv].copy_from_slice(&values);
+    for (at, values) in heads {
+        out[at * dv..(at + 1) * dv].copy_from_slice(&values);
     }
     Ok(f32_tensor(out, vec![tokens, hq * dv]))
 }

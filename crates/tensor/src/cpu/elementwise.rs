@@ -99,6 +99,11 @@ pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
             CpuStorage::F32(v) => dst.copy_from_slice(&v[start..start + hidden]),
             CpuStorage::BF16(v) => dst.iter_mut().zip(&v[start..start + hidden]).for_each(|(d, s)| *d = s.to_f32()),
             CpuStorage::F16(v) => dst.iter_mut().zip(&v[start..start + hidden]).for_each(|(d, s)| *d = s.to_f32()),
+            CpuStorage::Ggml(b) => {
+                let (bytes, ty) = (b.ty.bytes_for(hidden), b.ty);
+                let row = &b.bytes[id as usize * bytes..(id as usize + 1) * bytes];
+                ty.dequantize_into(row, dst).expect("a row of whole blocks");
+            }
         }
     });
     Ok(f32_tensor(out, vec![ids.len(), hidden]))

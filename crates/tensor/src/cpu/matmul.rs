@@ -164,6 +164,7 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
                 }
                 CpuStorage::BF16(ws) => dispatch(xs, m, k, ws, n, &mut out),
                 CpuStorage::F16(ws) => dispatch(xs, m, k, ws, n, &mut out),
+                CpuStorage::Ggml(b) => super::ggml::matmul_t(xs, m, k, b.ty, &b.bytes, n, &mut out),
             }
         }
     }
@@ -191,6 +192,10 @@ fn matmul_slice(xs: &[f32], m: usize, k: usize, storage: &CpuStorage, w_start: u
         }
         CpuStorage::BF16(ws) => dispatch(xs, m, k, &ws[w_start..w_end], n, out),
         CpuStorage::F16(ws) => dispatch(xs, m, k, &ws[w_start..w_end], n, out),
+        CpuStorage::Ggml(b) => {
+            let bytes = &b.bytes[b.ty.bytes_for(w_start)..b.ty.bytes_for(w_end)];
+            super::ggml::matmul_t(xs, m, k, b.ty, bytes, n, out)
+        }
     }
 }
 

@@ -29,11 +29,16 @@ pub(crate) fn dtype_suffix(dtype: DType) -> Result<&'static str> {
         DType::F32 => Ok("f32"),
         DType::BF16 => Ok("bf16"),
         DType::F16 => Err(unsupported_f16("cuda")),
+        DType::Ggml(ty) => Err(unsupported_ggml("cuda", ty)),
     }
 }
 
 fn unsupported_f16(op: &'static str) -> TensorError {
     TensorError::Unsupported { op, detail: "f16 on CUDA (convert to bf16 or f32 with to_dtype first)".into() }
+}
+
+fn unsupported_ggml(op: &'static str, ty: crate::ggml::GgmlType) -> TensorError {
+    TensorError::Unsupported { op, detail: format!("ggml {ty} blocks on CUDA (GGUF weights are dequantized for CUDA)") }
 }
 
 /// A grid-stride launch over `n` elements.
@@ -68,6 +73,7 @@ impl CudaStorage {
                 DType::F32 => CudaBuf::F32(stream.alloc::<f32>(len.max(1)).map_err(dev_err)?),
                 DType::BF16 => CudaBuf::BF16(stream.alloc::<bf16>(len.max(1)).map_err(dev_err)?),
                 DType::F16 => return Err(unsupported_f16("alloc")),
+                DType::Ggml(ty) => return Err(unsupported_ggml("alloc", ty)),
             }
         };
         Ok(CudaStorage { dev: dev.clone(), buf, len })
@@ -79,6 +85,7 @@ impl CudaStorage {
             DType::F32 => CudaBuf::F32(s.alloc_zeros::<f32>(len.max(1)).map_err(dev_err)?),
             DType::BF16 => CudaBuf::BF16(s.alloc_zeros::<bf16>(len.max(1)).map_err(dev_err)?),
             DType::F16 => return Err(unsupported_f16("zeros")),
+            DType::Ggml(ty) => return Err(unsupported_ggml("zeros", ty)),
         };
         Ok(CudaStorage { dev: dev.clone(), buf, len })
     }
@@ -91,6 +98,7 @@ impl CudaStorage {
             CpuStorage::F32(v) if !v.is_empty() => CudaBuf::F32(s.clone_htod(v).map_err(dev_err)?),
             CpuStorage::BF16(v) if !v.is_empty() => CudaBuf::BF16(s.clone_htod(v).map_err(dev_err)?),
             CpuStorage::F16(_) => return Err(unsupported_f16("to_device")),
+            CpuStorage::Ggml(b) => return Err(unsupported_ggml("to_device", b.ty)),
             _ => return CudaStorage::zeros(dev, src.dtype(), 0),
         };
         Ok(CudaStorage { dev: dev.clone(), buf, len })

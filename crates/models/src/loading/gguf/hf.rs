@@ -6,6 +6,8 @@
 
 use serde_json::{json, Map, Value};
 
+use ferrite_tensor::ggml::GgmlBlocks;
+
 use super::{GgufError, GgufErrorKind, GgufFile};
 
 /// The architectures this module can describe, by `general.architecture`.
@@ -248,60 +250,92 @@ impl GgufFile {
     /// A tensor under its transformers name, dequantized to f32 and put in transformers' layout:
     /// row-major shape, q/k rows un-permuted for llama, the `+1` taken off Gemma's norms.
     pub fn load_hf_tensor(&self, hf_name: &str) -> Result<(Vec<usize>, Vec<f32>), GgufError> {
+        let (arch, gguf_name) = self.gguf_name_of(hf_name)?;
+        let (shape, data) = self.dequantize(&gguf_name)?;
+        let cols = shape.iter().skip(1).product();
+        let mut data = self.to_hf_rows(arch, &gguf_name, &shape, data, cols)?;
+        if arch == Arch::Gemma3 && gguf_name.ends_with("norm.weight") {
+            // Gemma normalizes with `(1 + w)`; llama.cpp's converter stores `w + 1` so its
+            // RMSNorm can multiply directly, and transformers subtracts the 1 again (in f32).
+            data.iter_mut().for_each(|w| *w -= 1.0);
+        }
+        Ok((shape, data))
+    }
+
+    /// A matrix under its transformers name kept in its ggml blocks, rows in transformers'
+    /// order: `Some` for a 2-D tensor of a type the CPU multiplies in blocks
+    /// ([`GgmlType::has_cpu_kernel`]) whose rows are whole blocks; `None` for anything else, which
+    /// [`GgufFile::load_hf_tensor`] dequantizes.
+    pub fn load_hf_blocks(&self, hf_name: &str) -> Result<Option<(Vec<usize>, GgmlBlocks)>, GgufError> {
+        let (arch, gguf_name) = self.gguf_name_of(hf_name)?;
+        let info = self.tensor_info(&gguf_name).expect("named by the tensor table");
+        let shape = info.shape();
+        let ty = info.ggml_type;
+        if shape.len() != 2 || !ty.has_cpu_kernel() || !shape[1].is_multiple_of(ty.block_size()) {
+            return Ok(None);
+        }
+        let bytes = self.tensor_data(&gguf_name)?.to_vec();
+        let bytes = self.to_hf_rows(arch, &gguf_name, &shape, bytes, ty.bytes_for(shape[1]))?;
+        let blocks = GgmlBlocks::new(ty, bytes, shape[0] * shape[1])
+            .map_err(|e| self.error(GgufErrorKind::Malformed(format!("tensor `{gguf_name}`: {e}"))))?;
+        Ok(Some((shape, blocks)))
+    }
+
+    fn gguf_name_of(&self, hf_name: &str) -> Result<(Arch, String), GgufError> {
         let arch = self.arch()?;
         let gguf_name = self
             .tensor_names()
             .find(|g| hf_name_is(arch, g, hf_name))
             .ok_or_else(|| self.error(GgufErrorKind::MissingTensor(hf_name.to_string())))?
             .to_string();
-        let (shape, mut data) = self.dequantize(&gguf_name)?;
-        match arch {
-            Arch::Llama => {
-                // llama.cpp's converter interleaves each head's rotary halves (`permute` in
-                // convert_hf_to_gguf.py) so that its RoPE can rotate adjacent pairs;
-                // transformers rotates halves, so it undoes that (`_reverse_permute_weights`).
-                let is_q = gguf_name.contains(".attn_q.");
-                if is_q || gguf_name.contains(".attn_k.") {
-                    let dims = self.dims()?;
-                    let heads = if is_q { dims.heads } else { dims.kv_heads } as usize;
-                    data = self.reverse_permute(&gguf_name, &shape, data, heads)?;
-                }
-            }
-            Arch::Gemma3 => {
-                // Gemma normalizes with `(1 + w)`; llama.cpp's converter stores `w + 1` so its
-                // RMSNorm can multiply directly, and transformers subtracts the 1 again (in f32).
-                if gguf_name.ends_with("norm.weight") {
-                    data.iter_mut().for_each(|w| *w -= 1.0);
-                }
-            }
+        Ok((arch, gguf_name))
+    }
+
+    /// Rows (of `row_len` values each: f32s or block bytes) in transformers' order. llama.cpp's
+    /// converter interleaves each llama head's rotary halves (`permute` in convert_hf_to_gguf.py)
+    /// so that its RoPE can rotate adjacent pairs; transformers rotates halves, so it undoes that
+    /// (`_reverse_permute_weights`).
+    fn to_hf_rows<T: Copy + Default>(
+        &self,
+        arch: Arch,
+        gguf_name: &str,
+        shape: &[usize],
+        data: Vec<T>,
+        row_len: usize,
+    ) -> Result<Vec<T>, GgufError> {
+        let is_q = gguf_name.contains(".attn_q.");
+        if arch != Arch::Llama || !(is_q || gguf_name.contains(".attn_k.")) {
+            return Ok(data);
         }
-        Ok((shape, data))
+        let dims = self.dims()?;
+        let heads = if is_q { dims.heads } else { dims.kv_heads } as usize;
+        self.reverse_permute(gguf_name, shape, data, row_len, heads)
     }
 
     /// transformers' `_reverse_permute_weights`: rows grouped `[head, dim/2, 2]` become
     /// `[head, 2, dim/2]`. Also right for a bias (no columns).
-    fn reverse_permute(
+    fn reverse_permute<T: Copy + Default>(
         &self,
         name: &str,
         shape: &[usize],
-        data: Vec<f32>,
+        data: Vec<T>,
+        row_len: usize,
         heads: usize,
-    ) -> Result<Vec<f32>, GgufError> {
+    ) -> Result<Vec<T>, GgufError> {
         let rows = shape.first().copied().unwrap_or(0);
-        let cols: usize = shape.iter().skip(1).product();
         if heads == 0 || rows % (2 * heads) != 0 {
             return Err(self.error(GgufErrorKind::Malformed(format!(
                 "tensor `{name}` has {rows} rows, which {heads} heads of rotary pairs cannot split"
             ))));
         }
         let half = rows / heads / 2;
-        let mut out = vec![0f32; data.len()];
+        let mut out = vec![T::default(); data.len()];
         for h in 0..heads {
             for i in 0..half {
                 for t in 0..2 {
-                    let src = (h * half * 2 + i * 2 + t) * cols;
-                    let dst = (h * half * 2 + t * half + i) * cols;
-                    out[dst..dst + cols].copy_from_slice(&data[src..src + cols]);
+                    let src = (h * half * 2 + i * 2 + t) * row_len;
+                    let dst = (h * half * 2 + t * half + i) * row_len;
+                    out[dst..dst + row_len].copy_from_slice(&data[src..src + row_len]);
                 }
             }
         }
