@@ -62,7 +62,7 @@ pub fn paged_attention(
                 .clone()
                 .map(|slot| {
                     let kr = &kc[slot * kw + kvh * cache.k_dim..slot * kw + kvh * cache.k_dim + d];
-                    let acc = qh.iter().zip(kr).map(|(a, b)| a * b).sum::<f32>() * p.scale;
+                    let acc = super::matmul::dot(qh, kr) * p.scale;
                     match p.softcap {
                         Some(cap) => (acc / cap).tanh() * cap,
                         None => acc,

@@ -19,7 +19,7 @@ const STREAMING_MAX_ROWS: usize = 8;
 /// Weight rows widened to f32 at a time on the `gemm` path.
 const PANEL_ROWS: usize = 256;
 
-trait Widen: Copy + Send + Sync {
+pub(crate) trait Widen: Copy + Send + Sync {
     fn widen(self) -> f32;
     /// The weights as f32 already, which `gemm` reads in place.
     fn as_f32(_w: &[Self]) -> Option<&[f32]> {
@@ -48,8 +48,9 @@ impl Widen for f16 {
     }
 }
 
+/// `x · w` over 16 lanes of fused multiply-adds (vectorised; a sequential sum would not be).
 #[inline(always)]
-fn dot<W: Widen>(x: &[f32], w: &[W]) -> f32 {
+pub(crate) fn dot<W: Widen>(x: &[f32], w: &[W]) -> f32 {
     const LANES: usize = 16;
     let mut acc = [0.0f32; LANES];
     let chunks = x.len() / LANES;
