@@ -35,27 +35,13 @@ pub(crate) struct Q8Rows {
 impl Q8Rows {
     /// llama.cpp's `quantize_row_q8_0_ref` per block, with the scale kept in f32.
     pub(crate) fn quantize(x: &[f32], k: usize) -> Q8Rows {
-        let blocks = x.len() / QK;
         let mut qs = vec![0i8; x.len()];
-        let mut d = vec![0f32; blocks];
-        let mut sum = vec![0i32; blocks];
-        let work = |(((x, q), d), s): (((&[f32], &mut [i8]), &mut f32), &mut i32)| {
-            let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-            *d = amax / 127.0;
-            let id = if *d != 0.0 { 1.0 / *d } else { 0.0 };
-            let mut total = 0i32;
-            for (q, &v) in q.iter_mut().zip(x) {
-                *q = (v * id).round() as i8;
-                total += *q as i32;
-            }
-            *s = total;
-        };
-        let parts = x.chunks(QK).zip(qs.chunks_mut(QK)).zip(d.iter_mut()).zip(sum.iter_mut());
-        if blocks >= 4096 {
-            x.par_chunks(QK).zip(qs.par_chunks_mut(QK)).zip(d.par_iter_mut()).zip(sum.par_iter_mut()).for_each(work);
+        let scales: Vec<(f32, i32)> = if x.len() >= 4096 * QK {
+            x.par_chunks(QK).zip(qs.par_chunks_mut(QK)).map(|(x, q)| quantize_block(x, q)).collect()
         } else {
-            parts.for_each(work);
-        }
+            x.chunks(QK).zip(qs.chunks_mut(QK)).map(|(x, q)| quantize_block(x, q)).collect()
+        };
+        let (d, sum): (Vec<f32>, Vec<i32>) = scales.into_iter().unzip();
         let dsum = d.iter().zip(&sum).map(|(d, &s)| d * s as f32).collect();
         Q8Rows { qs, d, sum, dsum, k }
     }
@@ -69,6 +55,19 @@ impl Q8Rows {
             dsum: &self.dsum[i * nb..(i + 1) * nb],
         }
     }
+}
+
+/// One block's scale and the sum of its quants.
+fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = (v * id).round() as i8;
+        sum += *q as i32;
+    }
+    (d, sum)
 }
 
 #[derive(Clone, Copy)]
