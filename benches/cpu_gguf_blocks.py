@@ -57,6 +57,8 @@ def main():
     ap.add_argument("--pairs", type=int, default=10)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--prompt", default="The history of the Roman empire")
+    ap.add_argument("--prefill-repeat", type=int, default=100,
+                    help="also time the first token of a prompt of this many copies of a 10-token sentence")
     args = ap.parse_args()
 
     formats = {"kept": "gguf", "dequantized": "gguf-dequantized"}
@@ -74,6 +76,11 @@ def main():
             "ttft_ms_median": statistics.median(r["ttft_ms"] for r in rs),
             "peak_rss_mib_median": statistics.median(r["peak_rss_mib"] for r in rs),
         }
+    long_prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * args.prefill_repeat)
+    prefill = {name: [] for name in formats}
+    for _ in range(max(args.pairs // 2, 1)):
+        for name, load_format in formats.items():
+            prefill[name].append(run(args.ferrite, args.model, load_format, long_prompt, 8)["ttft_ms"])
     kept, deq = summary["kept"], summary["dequantized"]
     print(json.dumps({
         "bench": "cpu-gguf-blocks",
@@ -87,6 +94,10 @@ def main():
         "summary": summary,
         "decode_speedup_median": round(kept["decode_tok_s_median"] / deq["decode_tok_s_median"], 3),
         "memory_ratio_median": round(kept["peak_rss_mib_median"] / deq["peak_rss_mib_median"], 3),
+        "long_prompt_ttft_ms": {
+            "prompt": f"{args.prefill_repeat} copies of 'The quick brown fox jumps over the lazy dog.'",
+            **{name: {"median": statistics.median(v), "runs": v} for name, v in prefill.items()},
+        },
         "runs": {name: [{k: v for k, v in r.items() if k != "text"} for r in rs] for name, rs in runs.items()},
     }, indent=2))
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ferrite_models::{CausalLM, ForwardInput};
 use ferrite_structured::{mask_words, Grammar, TokenConstraint};
 use ferrite_tensor::ops;
-use ferrite_tensor::{AttnMetadata, AttnSeq, PagedKvLayer, Tensor};
+use ferrite_tensor::{AttnMetadata, AttnSeq, Device, PagedKvLayer, Tensor};
 use rayon::prelude::*;
 
 use crate::config::{CacheConfig, EngineConfig};
@@ -40,6 +40,8 @@ struct CachedRequestState {
 pub struct ModelRunner {
     model: Box<dyn CausalLM>,
     kv_caches: Vec<PagedKvLayer>,
+    /// CPU forwards run on the CPU backend's thread pool (`cpu::on_worker`).
+    on_cpu: bool,
     block_size: usize,
     requests: HashMap<ReqId, CachedRequestState>,
     /// Decode steps as CUDA graphs (none on the CPU or with `enforce_eager`).
@@ -78,6 +80,7 @@ impl ModelRunner {
         Ok(ModelRunner {
             model,
             kv_caches,
+            on_cpu: config.device == Device::Cpu,
             block_size: cache.block_size,
             requests: HashMap::new(),
             graphs,
@@ -237,7 +240,12 @@ impl ModelRunner {
                     None => {
                         let input = ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &logit_rows };
                         let (model, caches) = (self.model.as_ref(), &mut self.kv_caches);
-                        Ok(ferrite_tensor::cpu::on_worker(|| model.forward(&input, caches))?)
+                        if self.on_cpu {
+                            Ok(ferrite_tensor::cpu::on_worker(|| model.forward(&input, caches))?)
+                        } else {
+                            // A CUDA forward stays on the thread its context is current on.
+                            Ok(model.forward(&input, caches)?)
+                        }
                     }
                 }
             })();

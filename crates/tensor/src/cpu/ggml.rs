@@ -100,33 +100,35 @@ fn matmul_with(kernel: Kernel, x: &[f32], m: usize, k: usize, ty: GgmlType, w: &
     let xq = Q8Rows::quantize(x, k);
     let row_bytes = ty.bytes_for(k);
     let row = |j: usize| &w[j * row_bytes..(j + 1) * row_bytes];
-    // Outputs by channel ([n, m]); each task owns whole weight rows and reads each once. Which
-    // kernel computes a channel depends on its index only, never on the batch.
-    let mut by_channel = vec![0f32; n * m];
-    by_channel.par_chunks_mut(ROWS_PER_TASK * m).enumerate().for_each(|(t, chunk)| {
+    // Each task owns ROWS_PER_TASK weight rows (a few KiB, kept in L1 while every input row
+    // goes past) and writes their outputs as [m, rows]. Which kernel computes a channel depends
+    // on its index only, never on the batch.
+    let mut blocks = vec![0f32; n * m];
+    blocks.par_chunks_mut(ROWS_PER_TASK * m).enumerate().for_each(|(t, chunk)| {
         let (j0, rows) = (t * ROWS_PER_TASK, chunk.len() / m);
-        let mut r = 0;
-        if let Some(four) = kernel.four {
-            while r + 4 <= rows {
-                let ws = [row(j0 + r), row(j0 + r + 1), row(j0 + r + 2), row(j0 + r + 3)];
-                for i in 0..m {
-                    let sums = four(ws, xq.row(i));
-                    (0..4).for_each(|c| chunk[(r + c) * m + i] = sums[c]);
+        for (i, outs) in chunk.chunks_mut(rows).enumerate() {
+            let xi = xq.row(i);
+            let mut r = 0;
+            if let Some(four) = kernel.four {
+                while r + 4 <= rows {
+                    let ws = [row(j0 + r), row(j0 + r + 1), row(j0 + r + 2), row(j0 + r + 3)];
+                    outs[r..r + 4].copy_from_slice(&four(ws, xi));
+                    r += 4;
                 }
-                r += 4;
             }
-        }
-        for r in r..rows {
-            for i in 0..m {
-                chunk[r * m + i] = (kernel.one)(row(j0 + r), xq.row(i));
+            for (r, o) in outs.iter_mut().enumerate().skip(r) {
+                *o = (kernel.one)(row(j0 + r), xi);
             }
         }
     });
     if m == 1 {
-        out.copy_from_slice(&by_channel);
+        out.copy_from_slice(&blocks);
     } else {
-        out.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
-            row.iter_mut().enumerate().for_each(|(j, o)| *o = by_channel[j * m + i]);
+        out.par_chunks_mut(n).enumerate().for_each(|(i, out_row)| {
+            for (t, dst) in out_row.chunks_mut(ROWS_PER_TASK).enumerate() {
+                let start = t * ROWS_PER_TASK * m + i * dst.len();
+                dst.copy_from_slice(&blocks[start..start + dst.len()]);
+            }
         });
     }
 }
