@@ -83,11 +83,14 @@ type DotFn = fn(&[u8], Q8Row<'_>) -> f32;
 /// Four weight rows dotted with one input row: the input block is loaded once for four rows,
 /// and the four sums are independent chains the core can overlap.
 type Dot4Fn = fn([&[u8]; 4], Q8Row<'_>) -> [f32; 4];
+/// Four weight rows dotted with two input rows (prompts): the weights are unpacked once for
+/// both. Each input row's sums are the same bits as [`Dot4Fn`]'s.
+type Dot4x2Fn = fn([&[u8]; 4], [Q8Row<'_>; 2]) -> [[f32; 4]; 2];
 
 #[derive(Clone, Copy)]
 struct Kernel {
     one: DotFn,
-    four: Option<Dot4Fn>,
+    four: Option<(Dot4Fn, Dot4x2Fn)>,
 }
 
 /// `out [m, n] = x [m, k] @ w^T` for `w` the `n` rows of `ty` blocks in `w`.
@@ -106,19 +109,29 @@ fn matmul_with(kernel: Kernel, x: &[f32], m: usize, k: usize, ty: GgmlType, w: &
     let mut blocks = vec![0f32; n * m];
     blocks.par_chunks_mut(ROWS_PER_TASK * m).enumerate().for_each(|(t, chunk)| {
         let (j0, rows) = (t * ROWS_PER_TASK, chunk.len() / m);
-        for (i, outs) in chunk.chunks_mut(rows).enumerate() {
-            let xi = xq.row(i);
+        let mut i = 0;
+        while i < m {
+            let pair = kernel.four.is_some() && i + 1 < m;
             let mut r = 0;
-            if let Some(four) = kernel.four {
+            if let Some((four, four_by_two)) = kernel.four {
                 while r + 4 <= rows {
                     let ws = [row(j0 + r), row(j0 + r + 1), row(j0 + r + 2), row(j0 + r + 3)];
-                    outs[r..r + 4].copy_from_slice(&four(ws, xi));
+                    if pair {
+                        let sums = four_by_two(ws, [xq.row(i), xq.row(i + 1)]);
+                        chunk[i * rows + r..][..4].copy_from_slice(&sums[0]);
+                        chunk[(i + 1) * rows + r..][..4].copy_from_slice(&sums[1]);
+                    } else {
+                        chunk[i * rows + r..][..4].copy_from_slice(&four(ws, xq.row(i)));
+                    }
                     r += 4;
                 }
             }
-            for (r, o) in outs.iter_mut().enumerate().skip(r) {
-                *o = (kernel.one)(row(j0 + r), xi);
+            for a in i..i + 1 + usize::from(pair) {
+                for r in r..rows {
+                    chunk[a * rows + r] = (kernel.one)(row(j0 + r), xq.row(a));
+                }
             }
+            i += 1 + usize::from(pair);
         }
     });
     if m == 1 {
@@ -154,9 +167,15 @@ fn select(ty: GgmlType, simd: bool) -> Kernel {
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY (each wrapper): the caller checked the CPU for AVX2, FMA and F16C.
-        let (one, four): (DotFn, Option<Dot4Fn>) = match ty {
-            GgmlType::Q4_0 => (|w, x| unsafe { avx2::q4_0(w, x) }, Some(|w, x| unsafe { avx2::q4_0_x4(w, x) })),
-            GgmlType::Q4_1 => (|w, x| unsafe { avx2::q4_1(w, x) }, Some(|w, x| unsafe { avx2::q4_1_x4(w, x) })),
+        let (one, four): (DotFn, Option<(Dot4Fn, Dot4x2Fn)>) = match ty {
+            GgmlType::Q4_0 => (
+                |w, x| unsafe { avx2::q4_0(w, x) },
+                Some((|w, x| unsafe { avx2::q4_0_x4(w, [x])[0] }, |w, x| unsafe { avx2::q4_0_x4(w, x) })),
+            ),
+            GgmlType::Q4_1 => (
+                |w, x| unsafe { avx2::q4_1(w, x) },
+                Some((|w, x| unsafe { avx2::q4_1_x4(w, [x])[0] }, |w, x| unsafe { avx2::q4_1_x4(w, x) })),
+            ),
             // Four Q8_0 rows at once are faster from cache but slower from DRAM (the LM head:
             // 18 against 27 GB/s, prefetching or not), so one row at a time.
             GgmlType::Q8_0 => (|w, x| unsafe { avx2::q8_0(w, x) }, None),
@@ -424,50 +443,54 @@ mod avx2 {
     /// `acc[r] += isum(r) * scale[r]` for the four rows, spelled out so that each accumulator
     /// stays in a register.
     macro_rules! accumulate4 {
-        ($acc:ident, $scale:expr, |$r:ident| $isum:expr) => {{
+        ($acc:expr, $scale:expr, |$r:ident| $isum:expr) => {{
             let scale = _mm256_castps128_ps256($scale);
             accumulate4!(@row $acc, scale, 0, $r, $isum);
             accumulate4!(@row $acc, scale, 1, $r, $isum);
             accumulate4!(@row $acc, scale, 2, $r, $isum);
             accumulate4!(@row $acc, scale, 3, $r, $isum);
         }};
-        (@row $acc:ident, $scale:ident, $i:literal, $r:ident, $isum:expr) => {{
+        (@row $acc:expr, $scale:ident, $i:literal, $r:ident, $isum:expr) => {{
             let $r = $i;
             let s = _mm256_permutevar8x32_ps($scale, _mm256_set1_epi32($i));
             $acc[$i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps($isum), s, $acc[$i]);
         }};
     }
 
+    /// Four Q4_0 rows against `A` input rows: each row's weights are unpacked once per block for
+    /// all of them. Every input row goes through the same operations whatever `A` is, so its
+    /// sums are the same bits alone or in a pair.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn q4_0_x4(w: [&[u8]; 4], x: Q8Row<'_>) -> [f32; 4] {
-        let (mut acc, mut offsets) = ([_mm256_setzero_ps(); 4], _mm_setzero_ps());
-        for b in 0..x.d.len() {
+    pub(super) unsafe fn q4_0_x4<const A: usize>(w: [&[u8]; 4], x: [Q8Row<'_>; A]) -> [[f32; 4]; A] {
+        let (mut acc, mut offsets) = ([[_mm256_setzero_ps(); 4]; A], [_mm_setzero_ps(); A]);
+        for b in 0..x[0].d.len() {
             prefetch4(&w, b, 18, PREFETCH_ROWS);
-            let xv = input(x, b);
             let d = scales4(&w, b, 18, 0);
-            offsets = _mm_fmadd_ps(d, _mm_set1_ps(-8.0 * x.dsum[b]), offsets);
-            accumulate4!(acc, _mm_mul_ps(d, _mm_set1_ps(x.d[b])), |r| dot_u8_i8(
-                nibbles16(w[r].as_ptr().add(b * 18 + 2)),
-                xv
-            ));
+            let q = [0, 1, 2, 3].map(|r| nibbles16(w[r].as_ptr().add(b * 18 + 2)));
+            for a in 0..A {
+                let xv = input(x[a], b);
+                offsets[a] = _mm_fmadd_ps(d, _mm_set1_ps(-8.0 * x[a].dsum[b]), offsets[a]);
+                accumulate4!(acc[a], _mm_mul_ps(d, _mm_set1_ps(x[a].d[b])), |r| dot_u8_i8(q[r], xv));
+            }
         }
-        finish4(acc, offsets)
+        std::array::from_fn(|a| finish4(acc[a], offsets[a]))
     }
 
+    /// Four Q4_1 rows against `A` input rows, as [`q4_0_x4`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn q4_1_x4(w: [&[u8]; 4], x: Q8Row<'_>) -> [f32; 4] {
-        let (mut acc, mut offsets) = ([_mm256_setzero_ps(); 4], _mm_setzero_ps());
-        for b in 0..x.d.len() {
+    pub(super) unsafe fn q4_1_x4<const A: usize>(w: [&[u8]; 4], x: [Q8Row<'_>; A]) -> [[f32; 4]; A] {
+        let (mut acc, mut offsets) = ([[_mm256_setzero_ps(); 4]; A], [_mm_setzero_ps(); A]);
+        for b in 0..x[0].d.len() {
             prefetch4(&w, b, 20, PREFETCH_ROWS);
-            let xv = input(x, b);
             let (d, m) = (scales4(&w, b, 20, 0), scales4(&w, b, 20, 2));
-            offsets = _mm_fmadd_ps(m, _mm_set1_ps(x.dsum[b]), offsets);
-            accumulate4!(acc, _mm_mul_ps(d, _mm_set1_ps(x.d[b])), |r| dot_u8_i8(
-                nibbles16(w[r].as_ptr().add(b * 20 + 4)),
-                xv
-            ));
+            let q = [0, 1, 2, 3].map(|r| nibbles16(w[r].as_ptr().add(b * 20 + 4)));
+            for a in 0..A {
+                let xv = input(x[a], b);
+                offsets[a] = _mm_fmadd_ps(m, _mm_set1_ps(x[a].dsum[b]), offsets[a]);
+                accumulate4!(acc[a], _mm_mul_ps(d, _mm_set1_ps(x[a].d[b])), |r| dot_u8_i8(q[r], xv));
+            }
         }
-        finish4(acc, offsets)
+        std::array::from_fn(|a| finish4(acc[a], offsets[a]))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
