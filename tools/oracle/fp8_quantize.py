@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Quantize a saved f32 fixture in place with llmcompressor (compressed-tensors FP8 checkpoints).
+"""Quantize a saved f32 fixture in place with llmcompressor (compressed-tensors FP8 and integer
+weight-only checkpoints).
 
 Run by generate_fixtures.py in a subprocess (quantizing a MoE and then loading it with transformers in
 the same process leaves the experts randomly initialised), as
@@ -7,9 +8,11 @@ the same process leaves the experts randomly initialised), as
     python tools/oracle/fp8_quantize.py DIR SCHEME IGNORE_JSON [CALIB_JSON]
 
 DIR holds a float32 fixture (config.json + model.safetensors); it is overwritten by the compressed
-checkpoint that llmcompressor's oneshot writes (save_compressed=True: float-quantized format, FP8 e4m3
-weights + scales, config.json's quantization_config exactly as the tools write it). SCHEME is a
-llmcompressor preset (FP8_DYNAMIC, FP8, FP8_BLOCK). IGNORE_JSON is a JSON list of module names / `re:`
+checkpoint that llmcompressor's oneshot writes (save_compressed=True: float-quantized format for FP8
+e4m3 weights + scales, pack-quantized for int4/int8 weights packed in int32 + scales (+ zero points);
+config.json's quantization_config exactly as the tools write it). SCHEME is a llmcompressor preset
+(FP8_DYNAMIC, FP8, FP8_BLOCK) or a JSON object: the `config_groups` of a custom scheme (group sizes
+the presets do not have, to fit the fixtures' small hidden sizes). IGNORE_JSON is a JSON list of module names / `re:`
 patterns left unquantized. CALIB_JSON (static schemes only) is a JSON list of token-id lists: the
 calibration set, run one sequence a batch.
 """
@@ -37,7 +40,10 @@ def main() -> int:
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32, attn_implementation="eager")
-    recipe = QuantizationModifier(targets="Linear", scheme=scheme, ignore=ignore)
+    if scheme.startswith("{"):
+        recipe = QuantizationModifier(config_groups=json.loads(scheme), ignore=ignore)
+    else:
+        recipe = QuantizationModifier(targets="Linear", scheme=scheme, ignore=ignore)
     kw = {}
     if calib is not None:
         from datasets import Dataset

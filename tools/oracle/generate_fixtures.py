@@ -646,6 +646,17 @@ def _llmcompressor_checkpoint(scheme: str, ignore: list[str], calibrate: bool = 
     return edit
 
 
+def W4A16_GROUPS(group_size: int, symmetric: bool) -> dict[str, Any]:
+    """compressed-tensors config_groups for int4 weight-only quantization with `group_size` inputs a scale."""
+    return {"group_0": {"targets": ["Linear"], "weights": {
+        "num_bits": 4, "type": "int", "strategy": "group", "group_size": group_size, "symmetric": symmetric,
+        "dynamic": False}}}
+
+
+W8A16_GROUPS = {"group_0": {"targets": ["Linear"], "weights": {
+    "num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True, "dynamic": False}}}
+
+
 def _ct_w8a16(model: torch.nn.Module) -> None:
     """Disables compressed-tensors' activation fake-quantization (weights stay FP8-dequantized)."""
     n = 0
@@ -1849,6 +1860,38 @@ SPECS: list[Spec] = [
         notes=["Quantized by tools/oracle/fp8_quantize.py: llmcompressor oneshot, QuantizationModifier(targets="
                "'Linear', scheme='FP8_DYNAMIC', ignore=['lm_head']), model loaded in float32 (the bf16-saved fixture upcast, so embed, norms, lm_head and the scales are stored F32) from the saved fixture, "
                "save_pretrained(save_compressed=True); config.json's quantization_config is as llmcompressor wrote it"],
+    ),
+    # ---- Integer weight-only checkpoints (compressed-tensors pack-quantized; oracle: transformers on CPU
+    # decompressing them as it loads) ----
+    Spec(
+        name="llama-w4a16",
+        config_class="LlamaConfig",
+        architecture="LlamaForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(rope_parameters=dict(DEFAULT_ROPE)),
+        feature="compressed-tensors W4A16 pack-quantized (llmcompressor oneshot, data-free, ignore lm_head): "
+        "q/k/v/o/gate/up/down weights int4 symmetric, one bf16 weight_scale per 32 inputs, eight to an int32 "
+        "`weight_packed`, with `weight_shape`",
+        ablate_fn=_ct_mean_weight_scale,
+        ablation_desc="every per-group weight_scale -> its mean",
+        edit_saved_weights=_llmcompressor_checkpoint(json.dumps(W4A16_GROUPS(32, True)), ["lm_head"]),
+        notes=["Quantized by tools/oracle/fp8_quantize.py: llmcompressor oneshot, QuantizationModifier("
+               "config_groups=" + json.dumps(W4A16_GROUPS(32, True)) + ", ignore=['lm_head']), model loaded in "
+               "float32 from the saved fixture, save_pretrained(save_compressed=True)"],
+    ),
+    Spec(
+        name="llama-w8a16",
+        config_class="LlamaConfig",
+        architecture="LlamaForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(rope_parameters=dict(DEFAULT_ROPE)),
+        feature="compressed-tensors W8A16 (llmcompressor oneshot, data-free, ignore lm_head): int8 symmetric "
+        "weights with one bf16 weight_scale per output channel",
+        ablate_fn=_ct_mean_weight_scale,
+        ablation_desc="every per-channel weight_scale -> its mean",
+        edit_saved_weights=_llmcompressor_checkpoint(json.dumps(W8A16_GROUPS), ["lm_head"]),
+        notes=["Quantized by tools/oracle/fp8_quantize.py: llmcompressor oneshot, QuantizationModifier("
+               "config_groups=" + json.dumps(W8A16_GROUPS) + ", ignore=['lm_head'])"],
     ),
     Spec(
         name="llama-fp8-static",
