@@ -178,4 +178,7 @@ impl WeightSource for BaseModelNames {
     fn is_fp8(&self, name: &str) -> bool {
         self.0.is_fp8(self.inner_name(name))
     }
+    fn load_ints(&self, name: &str) -> Result<Option<(Vec<usize>, Vec<i64>)>> {
+        self.0.load_ints(self.inner_name(name))
+    }
 }

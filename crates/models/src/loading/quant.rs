@@ -6,6 +6,10 @@
 //! a compressed-tensors W8A8 linear are then quantized per token, per group or by a stored scale
 //! ([`ActivationQuant`]) before the product. Which tensors are quantized is read off the
 //! checkpoint (an e4m3 weight has a scale next to it); the config says how.
+//!
+//! compressed-tensors' pack-quantized format (W4A16, W8A16) stores integer weights packed into
+//! int32 words (`weight_packed`, `weight_shape`) with f32/bf16 scales per output channel or per
+//! group of inputs; they are unpacked and dequantized the same way (`f32(q) * f32(scale)`).
 
 use ferrite_tensor::ActivationQuant;
 use regex::Regex;
@@ -41,6 +45,8 @@ pub enum WeightScales {
     Channel,
     /// One per `[rows, cols]` block; the last block of a dimension may be partial.
     Block([usize; 2]),
+    /// One per output row and run of this many inputs (the last run may be partial).
+    Group(usize),
 }
 
 #[derive(Debug, Clone)]
@@ -53,6 +59,8 @@ struct SchemeGroup {
     name: String,
     targets: Vec<Target>,
     weights: WeightScales,
+    /// Bits per weight of a pack-quantized (integer) scheme; `None` for FP8.
+    int_bits: Option<u32>,
     inputs: Option<InputScheme>,
 }
 
@@ -144,6 +152,25 @@ impl Quantization {
         }
     }
 
+    /// For a pack-quantized checkpoint, module `module`'s bits per weight and how its scales
+    /// cover it; an error for any other quantization.
+    pub fn packed_weight(&self, module: &str) -> Result<(u32, WeightScales)> {
+        let group = match self {
+            Quantization::CompressedTensors(ct) => Some(ct.group_of(module)?),
+            _ => None,
+        };
+        match group.and_then(|g| g.int_bits.map(|bits| (bits, g.weights))) {
+            Some(found) => Ok(found),
+            None => Err(crate::ModelError::Config {
+                path: module.into(),
+                message: format!(
+                    "`{module}.weight_packed` in a checkpoint whose quantization_config is not compressed-tensors' \
+                     pack-quantized format"
+                ),
+            }),
+        }
+    }
+
     /// How the input of quantized module `module` is quantized, `None` for weight-only schemes.
     /// A static scheme's scale is read by the caller from `{module}.input_scale`.
     pub fn input_scheme(&self, module: &str) -> Result<Option<InputQuantSource>> {
@@ -178,12 +205,16 @@ fn block_size(raw: &RawConfig, v: &Value, key: &str) -> Result<[usize; 2]> {
 impl CompressedTensors {
     fn parse(raw: &RawConfig, q: &Value) -> Result<CompressedTensors> {
         let format = q.get("format").and_then(Value::as_str).unwrap_or("");
-        if format != "float-quantized" {
-            return Err(raw.error(format!(
-                "`quantization_config.format` {format:?}: only compressed-tensors' float-quantized (FP8) format is \
-                 supported"
-            )));
-        }
+        let packed = match format {
+            "float-quantized" => false,
+            "pack-quantized" => true,
+            _ => {
+                return Err(raw.error(format!(
+                    "`quantization_config.format` {format:?}: compressed-tensors' float-quantized (FP8) and \
+                     pack-quantized (W4A16, W8A16) formats are supported"
+                )))
+            }
+        };
         if q.get("kv_cache_scheme").is_some_and(|k| !k.is_null()) {
             return Err(raw.error("`quantization_config.kv_cache_scheme`: a quantized KV cache is not supported yet"));
         }
@@ -194,7 +225,7 @@ impl CompressedTensors {
             .ok_or_else(|| raw.error("`quantization_config.config_groups` is missing or empty"))?;
         let groups = groups
             .iter()
-            .map(|(name, g)| SchemeGroup::parse(raw, &format!("quantization_config.config_groups.{name}"), g))
+            .map(|(name, g)| SchemeGroup::parse(raw, &format!("quantization_config.config_groups.{name}"), g, packed))
             .collect::<Result<Vec<_>>>()?;
         Ok(CompressedTensors { groups })
     }
@@ -222,7 +253,7 @@ impl CompressedTensors {
 }
 
 impl SchemeGroup {
-    fn parse(raw: &RawConfig, key: &str, g: &Value) -> Result<SchemeGroup> {
+    fn parse(raw: &RawConfig, key: &str, g: &Value, packed: bool) -> Result<SchemeGroup> {
         let targets = g
             .get("targets")
             .and_then(Value::as_array)
@@ -241,26 +272,50 @@ impl SchemeGroup {
         let weights = g.get("weights").filter(|w| !w.is_null()).ok_or_else(|| {
             raw.error(format!("`{key}.weights` is missing: activation-only schemes are not supported"))
         })?;
-        fp8_args(raw, &format!("{key}.weights"), weights)?;
+        let int_bits = if packed {
+            Some(int_args(raw, &format!("{key}.weights"), weights)?)
+        } else {
+            fp8_args(raw, &format!("{key}.weights"), weights)?;
+            None
+        };
         if weights.get("dynamic").and_then(Value::as_bool) == Some(true) {
             return Err(raw.error(format!("`{key}.weights.dynamic`: dynamically quantized weights are not supported")));
         }
         let weights = match weights.get("strategy").and_then(Value::as_str) {
             Some("tensor") => WeightScales::Tensor,
             Some("channel") => WeightScales::Channel,
-            Some("block") => WeightScales::Block(block_size(
+            Some("group") if packed => {
+                let size = weights.get("group_size").and_then(Value::as_u64).filter(|&s| (1..=1 << 16).contains(&s));
+                WeightScales::Group(
+                    size.ok_or_else(|| raw.error(format!("`{key}.weights.group_size` must be set for groups")))?
+                        as usize,
+                )
+            }
+            Some("block") if !packed => WeightScales::Block(block_size(
                 raw,
                 weights.get("block_structure").unwrap_or(&Value::Null),
                 &format!("{key}.weights.block_structure"),
             )?),
             other => {
                 return Err(raw.error(format!(
-                    "`{key}.weights.strategy` {other:?}: FP8 weights per tensor, channel or block are supported"
+                    "`{key}.weights.strategy` {other:?}: FP8 weights per tensor, channel or block, and packed \
+                     integer weights per channel or group are supported"
                 )))
             }
         };
+        if packed && matches!(weights, WeightScales::Tensor) {
+            return Err(raw.error(format!(
+                "`{key}.weights.strategy` tensor: packed integer weights per channel or group are supported"
+            )));
+        }
         let inputs = match g.get("input_activations").filter(|a| !a.is_null()) {
             None => None,
+            Some(_) if packed => {
+                return Err(raw.error(format!(
+                    "`{key}.input_activations`: integer weights with quantized inputs (W4A8, W8A8 int) are not \
+                     supported; weight-only schemes (W4A16, W8A16) are"
+                )))
+            }
             Some(a) => {
                 let akey = format!("{key}.input_activations");
                 fp8_args(raw, &akey, a)?;
@@ -286,7 +341,7 @@ impl SchemeGroup {
         if g.get("output_activations").is_some_and(|o| !o.is_null()) {
             return Err(raw.error(format!("`{key}.output_activations`: output quantization is not supported")));
         }
-        Ok(SchemeGroup { name: key.rsplit('.').next().unwrap_or(key).to_owned(), targets, weights, inputs })
+        Ok(SchemeGroup { name: key.rsplit('.').next().unwrap_or(key).to_owned(), targets, weights, int_bits, inputs })
     }
 }
 
@@ -307,6 +362,59 @@ fn fp8_args(raw: &RawConfig, key: &str, args: &Value) -> Result<()> {
     Ok(())
 }
 
+/// Checks that `args` describe symmetric 4- or 8-bit integers; returns the bits.
+fn int_args(raw: &RawConfig, key: &str, args: &Value) -> Result<u32> {
+    let bits = args.get("num_bits").and_then(Value::as_u64);
+    let kind = args.get("type").and_then(Value::as_str);
+    let bits = match (bits, kind) {
+        (Some(b @ (4 | 8)), Some("int")) => b as u32,
+        _ => {
+            return Err(raw.error(format!(
+                "`{key}`: {} bits of type {} is not supported; packed 4- and 8-bit integers are",
+                bits.map_or("?".into(), |b| b.to_string()),
+                kind.unwrap_or("?")
+            )))
+        }
+    };
+    if args.get("symmetric").and_then(Value::as_bool) == Some(false) {
+        return Err(
+            raw.error(format!("`{key}.symmetric`: asymmetric integer weights (zero points) are not supported yet"))
+        );
+    }
+    if args.get("actorder").is_some_and(|a| !a.is_null() && a != &Value::Bool(false)) {
+        return Err(raw.error(format!("`{key}.actorder`: activation-ordered groups (g_idx) are not supported yet")));
+    }
+    Ok(bits)
+}
+
+/// Unpacks compressed-tensors' `pack_to_int32` layout: each row of `cols` `bits`-bit values
+/// packed densely into little-endian int32 words, value `j` at bit `j * bits`, stored with an
+/// offset of `2^(bits-1)`; returns the signed values as f32, row-major `[rows, cols]`.
+pub fn unpack_int32(
+    words: &[i64],
+    word_shape: &[usize],
+    bits: u32,
+    rows: usize,
+    cols: usize,
+) -> std::result::Result<Vec<f32>, String> {
+    let per_row = (cols * bits as usize).div_ceil(32);
+    if word_shape != [rows, per_row] || words.len() != rows * per_row {
+        return Err(format!(
+            "packed words of shape {word_shape:?} for [{rows}, {cols}] {bits}-bit values; expected [{rows}, {per_row}]"
+        ));
+    }
+    let (mask, offset) = ((1u32 << bits) - 1, 1i32 << (bits - 1));
+    let mut out = Vec::with_capacity(rows * cols);
+    for row in words.chunks(per_row.max(1)).take(rows) {
+        for j in 0..cols {
+            let bit = j * bits as usize;
+            let word = row[bit / 32] as u32;
+            out.push((((word >> (bit % 32)) & mask) as i32 - offset) as f32);
+        }
+    }
+    Ok(out)
+}
+
 /// `weight` (e4m3 values as f32, `[.., rows, cols]`) times its scales, in f32: each scale
 /// broadcast over the rows, row or block it covers, as compressed-tensors and transformers
 /// dequantize. `scale_shape` is checked against the weight's so that a mis-shaped scale is an
@@ -320,7 +428,7 @@ pub fn dequantize(
 ) -> std::result::Result<(), String> {
     let (rows, cols) = match shape {
         [.., r, c] => (*r, *c),
-        _ => return Err(format!("an FP8 weight of shape {shape:?} (need at least 2 dimensions)")),
+        _ => return Err(format!("a quantized weight of shape {shape:?} (need at least 2 dimensions)")),
     };
     let batch: usize = shape[..shape.len() - 2].iter().product();
     let batch_dims = &shape[..shape.len() - 2];
@@ -328,11 +436,13 @@ pub fn dequantize(
         WeightScales::Tensor => 1,
         WeightScales::Channel => rows,
         WeightScales::Block([br, bc]) => rows.div_ceil(br) * cols.div_ceil(bc),
+        WeightScales::Group(g) => rows * cols.div_ceil(g),
     };
     let expected: Vec<usize> = match how {
         WeightScales::Tensor => batch_dims.to_vec(),
         WeightScales::Channel => [batch_dims, &[rows, 1]].concat(),
         WeightScales::Block([br, bc]) => [batch_dims, &[rows.div_ceil(br), cols.div_ceil(bc)]].concat(),
+        WeightScales::Group(g) => [batch_dims, &[rows, cols.div_ceil(g)]].concat(),
     };
     // Per-tensor scales come as `[]`, `[1]` or one per batch entry; channel scales as `[rows, 1]`
     // or `[rows]`. The same count in another arrangement is refused.
@@ -343,7 +453,7 @@ pub fn dequantize(
                 || scale_shape == [batch_dims, &[1]].concat()
         }
         WeightScales::Channel => scale_shape == expected || scale_shape == [batch_dims, &[rows]].concat(),
-        WeightScales::Block(_) => scale_shape == expected,
+        WeightScales::Block(_) | WeightScales::Group(_) => scale_shape == expected,
     };
     if scales.len() != batch * per_matrix || !accepted {
         return Err(format!(
@@ -365,6 +475,10 @@ pub fn dequantize(
                 WeightScales::Block([br, bc]) => {
                     let block_row = &scales[(r / br) * cols.div_ceil(bc)..];
                     row.iter_mut().enumerate().for_each(|(c, w)| *w *= block_row[c / bc]);
+                }
+                WeightScales::Group(g) => {
+                    let groups = &scales[r * cols.div_ceil(g)..];
+                    row.iter_mut().enumerate().for_each(|(c, w)| *w *= groups[c / g]);
                 }
             }
         }
@@ -455,7 +569,7 @@ mod tests {
             (json!({"quant_method": "awq", "bits": 4}), "\"awq\" is not supported"),
             (json!({"quant_method": "fp8", "activation_scheme": "static"}), "weight_block_size"),
             (json!({"quant_method": "fp8", "weight_block_size": [128]}), "weight_block_size"),
-            (json!({"quant_method": "compressed-tensors", "format": "pack-quantized"}), "pack-quantized"),
+            (json!({"quant_method": "compressed-tensors", "format": "marlin-24"}), "marlin-24"),
         ];
         for (q, needle) in cases {
             let err = Quantization::from_config(&raw(q)).unwrap_err().to_string();
@@ -581,5 +695,63 @@ mod tests {
         ] {
             assert!(dequantize(&mut ones(), &[3, 5], &scales, &shape, how).is_err(), "{shape:?} {how:?}");
         }
+    }
+
+    fn w4a16(weights: Value, inputs: Value) -> Value {
+        json!({
+            "quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": inputs}}
+        })
+    }
+
+    #[test]
+    fn pack_quantized_schemes_are_read_or_refused_by_name() {
+        let int4 = json!({"num_bits": 4, "type": "int", "symmetric": true, "dynamic": false, "strategy": "group", "group_size": 32});
+        let q = Quantization::from_config(&raw(w4a16(int4.clone(), Value::Null))).unwrap().unwrap();
+        assert!(matches!(q.packed_weight("model.layers.0.mlp.up_proj").unwrap(), (4, WeightScales::Group(32))));
+        let mut int8 = int4.clone();
+        int8["num_bits"] = json!(8);
+        int8["strategy"] = json!("channel");
+        let q = Quantization::from_config(&raw(w4a16(int8, Value::Null))).unwrap().unwrap();
+        assert!(matches!(q.packed_weight("model.layers.0.mlp.up_proj").unwrap(), (8, WeightScales::Channel)));
+        let fp8 = Quantization::from_config(&raw(fp8_dynamic())).unwrap().unwrap();
+        assert!(fp8.packed_weight("model.layers.0.mlp.up_proj").is_err());
+        for (edit, needle) in [
+            (json!({"symmetric": false}), "symmetric"),
+            (json!({"actorder": "group"}), "actorder"),
+            (json!({"num_bits": 3}), "3 bits"),
+            (json!({"type": "float"}), "type float"),
+            (json!({"group_size": 0}), "group_size"),
+            (json!({"strategy": "tensor"}), "strategy"),
+        ] {
+            let mut w = int4.clone();
+            for (k, v) in edit.as_object().unwrap() {
+                w[k] = v.clone();
+            }
+            let err = Quantization::from_config(&raw(w4a16(w, Value::Null))).unwrap_err().to_string();
+            assert!(err.contains(needle), "{edit}: {err}");
+        }
+        let inputs = json!({"num_bits": 8, "type": "int", "symmetric": true, "dynamic": true, "strategy": "token"});
+        let err = Quantization::from_config(&raw(w4a16(int4, inputs))).unwrap_err().to_string();
+        assert!(err.contains("input_activations") && err.contains("W4A8"), "{err}");
+    }
+
+    #[test]
+    fn unpack_int32_reads_compressed_tensors_layout() {
+        // pack_to_int32: value j of a row at bit j * bits of the row's words, stored + 2^(bits-1).
+        let values: Vec<i32> = (0..12).map(|j| (j * 5 % 16) - 8).collect();
+        let mut words = vec![0i64; 2];
+        for (j, v) in values.iter().enumerate() {
+            words[j * 4 / 32] |= (((v + 8) as u32) << (j * 4 % 32)) as i64;
+        }
+        words[0] = words[0] as u32 as i32 as i64;
+        let got = unpack_int32(&words, &[1, 2], 4, 1, 12).unwrap();
+        assert_eq!(got, values.iter().map(|&v| v as f32).collect::<Vec<_>>());
+        let bytes: Vec<i64> = vec![i32::from_le_bytes([0x80, 0x00, 0xFF, 0x7F]) as i64];
+        assert_eq!(unpack_int32(&bytes, &[1, 1], 8, 1, 4).unwrap(), vec![0.0, -128.0, 127.0, -1.0]);
+        assert!(unpack_int32(&words, &[2, 1], 4, 1, 12).is_err());
+        let mut w = vec![1.0f32; 2 * 6];
+        dequantize(&mut w, &[2, 6], &[1.0, 2.0, 3.0, 4.0], &[2, 2], WeightScales::Group(4)).unwrap();
+        assert_eq!(w, [1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 3.0, 3.0, 4.0, 4.0]);
     }
 }

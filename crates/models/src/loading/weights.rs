@@ -30,6 +30,12 @@ pub trait WeightSource: Send + Sync {
     fn load_blocks(&self, _name: &str) -> Result<Option<Tensor>> {
         Ok(None)
     }
+    /// An integer tensor's values exactly (packed int32 words, shapes), with its shape; `None`
+    /// when absent. Integer tensors are refused by [`WeightSource::load`], whose floats would
+    /// round words past 2^24.
+    fn load_ints(&self, _name: &str) -> Result<Option<(Vec<usize>, Vec<i64>)>> {
+        Ok(None)
+    }
 }
 
 struct Shard {
@@ -173,6 +179,26 @@ impl WeightSource for SafetensorsWeights {
     fn is_fp8(&self, name: &str) -> bool {
         self.fp8.contains(name)
     }
+
+    fn load_ints(&self, name: &str) -> Result<Option<(Vec<usize>, Vec<i64>)>> {
+        let Some(&shard) = self.index.get(name) else {
+            return Ok(None);
+        };
+        let shard = &self.shards[shard];
+        let err = |message: String| ModelError::Weights { path: shard.path.clone(), message };
+        let st = SafeTensors::deserialize(&shard.mmap).map_err(|e| err(e.to_string()))?;
+        let view = st.tensor(name).map_err(|e| err(format!("tensor `{name}`: {e}")))?;
+        let b = view.data();
+        let values: Vec<i64> = match view.dtype() {
+            StDtype::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect(),
+            StDtype::I64 => b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(),
+            StDtype::I8 => b.iter().map(|&v| v as i8 as i64).collect(),
+            other => {
+                return Err(err(format!("tensor `{name}`: {other:?}, where integers (I32, I64, I8) are expected")))
+            }
+        };
+        Ok(Some((view.shape().to_vec(), values)))
+    }
 }
 
 /// A GGUF file. Its quantized matrices either stay in their ggml blocks (for the CPU, which
@@ -264,7 +290,7 @@ impl Weights {
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.source.contains(name)
+        self.source.contains(name) || self.packed_module(name).is_some()
     }
 
     pub fn tensor_count(&self) -> usize {
@@ -276,13 +302,53 @@ impl Weights {
         self.place(name, loaded)
     }
 
-    /// A tensor in host memory as `dtype`, an FP8 weight dequantized; `None` when absent.
+    /// A tensor in host memory as `dtype`, an FP8 or packed integer weight dequantized; `None`
+    /// when absent.
     fn load_host(&self, name: &str, dtype: DType) -> Result<Option<Tensor>> {
         if self.source.is_fp8(name) {
             self.dequantized(name, dtype).map(Some)
+        } else if let Some(module) = self.packed_module(name) {
+            self.unpacked(module, dtype).map(Some)
         } else {
             self.source.load(name, dtype)
         }
+    }
+
+    /// The module whose weight `name` is stored packed (`{module}.weight_packed`), if it is.
+    fn packed_module<'n>(&self, name: &'n str) -> Option<&'n str> {
+        let module = name.strip_suffix(".weight")?;
+        (!self.source.contains(name) && self.source.contains(&format!("{module}.weight_packed"))).then_some(module)
+    }
+
+    /// A pack-quantized weight: its integers unpacked and times their scales, in f32 (as
+    /// compressed-tensors decompresses it), then `dtype`.
+    fn unpacked(&self, module: &str, dtype: DType) -> Result<Tensor> {
+        let err = |message: String| ModelError::Weights { path: PathBuf::from(self.source.describe()), message };
+        let missing = |name: String| ModelError::MissingTensor { name, location: self.source.describe() };
+        let quantization = self.quantization.as_ref().ok_or_else(|| {
+            err(format!("tensor `{module}.weight_packed` is packed but config.json has no `quantization_config`"))
+        })?;
+        let (bits, how) = quantization.packed_weight(module)?;
+        let ints = |leaf: &str| -> Result<(Vec<usize>, Vec<i64>)> {
+            let name = format!("{module}.{leaf}");
+            self.source.load_ints(&name)?.ok_or_else(|| missing(name))
+        };
+        let (_, shape) = ints("weight_shape")?;
+        let &[rows, cols] = shape.as_slice() else {
+            return Err(err(format!("tensor `{module}.weight_shape` is {shape:?}, not [rows, cols]")));
+        };
+        let dims = |v: i64| usize::try_from(v).ok().filter(|&d| d <= crate::decoder::load::MAX_DIM);
+        let (Some(rows), Some(cols)) = (dims(rows), dims(cols)) else {
+            return Err(err(format!("tensor `{module}.weight_shape` {shape:?} is out of range")));
+        };
+        let (word_shape, words) = ints("weight_packed")?;
+        let mut values = quant::unpack_int32(&words, &word_shape, bits, rows, cols)
+            .map_err(|m| err(format!("tensor `{module}.weight_packed`: {m}")))?;
+        let scale_name = format!("{module}.weight_scale");
+        let scales = self.source.load(&scale_name, DType::F32)?.ok_or_else(|| missing(scale_name.clone()))?;
+        quant::dequantize(&mut values, &[rows, cols], &scales.try_to_f32_vec()?, scales.shape(), how)
+            .map_err(|m| err(format!("tensor `{scale_name}`: {m}")))?;
+        Ok(Tensor::from_f32_as(values, &[rows, cols], dtype)?)
     }
 
     /// A loaded tensor moved to the weights' device and counted for the progress bar.

@@ -1,0 +1,54 @@
+//! Integer weight-only checkpoints (compressed-tensors pack-quantized: W4A16, W8A16, written by
+//! llm-compressor) against transformers on CPU, which decompresses them as it loads: each
+//! fixture's greedy tokens token-exact and logprobs within the f32 gate's tolerance, and each way
+//! of reading the format wrong caught.
+
+use ferrite_tensor::DType;
+use ferrite_testing::gate::{edit_f32_tensors, fixture_copy, fixtures_dir, run_fixture, summarize, CaseReport};
+
+const LOGPROB_TOLERANCE: f32 = 2e-3;
+
+fn reports(dir: &std::path::Path) -> Vec<CaseReport> {
+    let (oracle, reports) = run_fixture(dir, DType::F32).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    println!("{} ({}): {}", dir.display(), oracle.architecture, summarize(&reports));
+    reports
+}
+
+fn gate(name: &str) {
+    let reports = reports(&fixtures_dir().join("models").join(name));
+    for r in &reports {
+        assert!(r.strict, "{name}/{}: diverged at {:?}", r.name, r.divergence);
+        assert!(r.max_logprob_error < LOGPROB_TOLERANCE, "{name}/{}: logprob error {}", r.name, r.max_logprob_error);
+    }
+    assert!(reports.len() >= 8);
+}
+
+#[test]
+fn compressed_tensors_w4a16() {
+    gate("llama-w4a16");
+}
+
+#[test]
+fn compressed_tensors_w8a16() {
+    gate("llama-w8a16");
+}
+
+#[test]
+fn gate_catches_int_weight_breaks() {
+    type Edit = fn(&mut [f32]);
+    let breaks: &[(&str, &str, Edit)] = &[
+        ("llama-w4a16", "group scales ignored", |s| s.fill(1.0)),
+        ("llama-w4a16", "group scales on the wrong groups", |s| s.reverse()),
+        ("llama-w8a16", "channel scales on the wrong rows", |s| s.reverse()),
+    ];
+    for (fixture, what, edit) in breaks {
+        let dir = fixture_copy(fixture, &what.replace(' ', "-"));
+        edit_f32_tensors(&dir, |name| {
+            name.ends_with(".weight_scale").then(|| Box::new(*edit) as Box<dyn Fn(&mut [f32])>)
+        });
+        let reports = reports(&dir);
+        std::fs::remove_dir_all(&dir).ok();
+        let strict = reports.iter().filter(|r| r.strict).count();
+        assert!(strict < reports.len(), "{fixture}: {what} went unnoticed ({strict}/{} strict)", reports.len());
+    }
+}
