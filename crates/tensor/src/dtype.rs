@@ -22,6 +22,14 @@ impl DType {
         }
     }
 
+    /// The dtype the values come out as: a block type's are f32 (dequantized rows, products).
+    pub fn of_values(self) -> DType {
+        match self {
+            DType::Ggml(_) => DType::F32,
+            dense => dense,
+        }
+    }
+
     /// Parses the spellings used by `--dtype` flags and Hugging Face configs (`torch_dtype`).
     pub fn parse(name: &str) -> Option<DType> {
         match name.trim().to_ascii_lowercase().as_str() {

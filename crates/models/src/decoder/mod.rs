@@ -66,7 +66,7 @@ pub struct Decoder {
 /// A multiplier as Hugging Face applies it to a tensor of `dtype`: Gemma casts its
 /// `sqrt(hidden)` normalizer to the weights' dtype (55.4256 becomes 55.5 in bf16).
 pub fn scalar_in_dtype(v: f64, dtype: DType) -> f32 {
-    Tensor::from_f32_as(vec![v as f32], &[1], dtype).map(|t| t.to_f32_vec()[0]).unwrap_or(v as f32)
+    Tensor::from_f32_as(vec![v as f32], &[1], dtype.of_values()).map(|t| t.to_f32_vec()[0]).unwrap_or(v as f32)
 }
 
 impl Decoder {

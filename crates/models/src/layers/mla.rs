@@ -155,7 +155,7 @@ impl Mla {
                     }
                     uv.extend_from_slice(&kvb[base + dn * r..base + (dn + dv) * r]);
                 }
-                let dtype = kv_b.weight.dtype();
+                let dtype = kv_b.weight.dtype().of_values();
                 let device = kv_b.weight.device();
                 Some((
                     Tensor::from_f32_as(uk_t, &[h, r, dn], dtype)?.to_device(device)?,

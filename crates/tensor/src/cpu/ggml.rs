@@ -176,6 +176,8 @@ fn select(ty: GgmlType, simd: bool) -> Kernel {
                 |w, x| unsafe { avx2::q4_1(w, x) },
                 Some((|w, x| unsafe { avx2::q4_1_x4(w, [x])[0] }, |w, x| unsafe { avx2::q4_1_x4(w, x) })),
             ),
+            GgmlType::Q5_0 => (|w, x| unsafe { avx2::q5_0(w, x) }, None),
+            GgmlType::Q5_1 => (|w, x| unsafe { avx2::q5_1(w, x) }, None),
             // Four Q8_0 rows at once are faster from cache but slower from DRAM (the LM head:
             // 18 against 27 GB/s, prefetching or not), so one row at a time.
             GgmlType::Q8_0 => (|w, x| unsafe { avx2::q8_0(w, x) }, None),
@@ -190,6 +192,8 @@ fn select(ty: GgmlType, simd: bool) -> Kernel {
     let one: DotFn = match ty {
         GgmlType::Q4_0 => portable::q4_0,
         GgmlType::Q4_1 => portable::q4_1,
+        GgmlType::Q5_0 => portable::q5_0,
+        GgmlType::Q5_1 => portable::q5_1,
         GgmlType::Q8_0 => portable::q8_0,
         GgmlType::Q4_K => portable::q4_k,
         GgmlType::Q5_K => portable::q5_k,
@@ -242,6 +246,35 @@ mod portable {
             let qs = &blk[4..20];
             let isum =
                 idot(qs.iter().map(|q| (q & 15) as i32).chain(qs.iter().map(|q| (q >> 4) as i32)), &x.qs[b * QK..]);
+            acc += f16_at(blk, 0) * x.d[b] * isum as f32 + f16_at(blk, 2) * x.d[b] * x.sum[b] as f32;
+        }
+        acc
+    }
+
+    /// The 32 five-bit values of a Q5 block: nibbles as Q4's, bit `e` of `qh` the fifth bit of
+    /// element `e`.
+    fn q5_values(qh: u32, qs: &[u8]) -> impl Iterator<Item = i32> + '_ {
+        let nibbles = qs.iter().map(|q| (q & 15) as i32).chain(qs.iter().map(|q| (q >> 4) as i32));
+        nibbles.enumerate().map(move |(e, n)| n | (((qh >> e) & 1) << 4) as i32)
+    }
+
+    /// block_q5_0: f16 d, u32 of fifth bits, 16 bytes of nibbles; w = d (q - 16).
+    pub(super) fn q5_0(w: &[u8], x: Q8Row<'_>) -> f32 {
+        let mut acc = 0f32;
+        for (b, blk) in w.chunks_exact(22).enumerate() {
+            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+            let isum = idot(q5_values(qh, &blk[6..22]), &x.qs[b * QK..]);
+            acc += f16_at(blk, 0) * x.d[b] * (isum - 16 * x.sum[b]) as f32;
+        }
+        acc
+    }
+
+    /// block_q5_1: f16 d, f16 m, u32 of fifth bits, 16 bytes of nibbles; w = d q + m.
+    pub(super) fn q5_1(w: &[u8], x: Q8Row<'_>) -> f32 {
+        let mut acc = 0f32;
+        for (b, blk) in w.chunks_exact(24).enumerate() {
+            let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
+            let isum = idot(q5_values(qh, &blk[8..24]), &x.qs[b * QK..]);
             acc += f16_at(blk, 0) * x.d[b] * isum as f32 + f16_at(blk, 2) * x.d[b] * x.sum[b] as f32;
         }
         acc
@@ -403,6 +436,47 @@ mod avx2 {
             offsets[lane] += f16(blk, 2) * x.d[b] * x.sum[b] as f32;
         }
         hsum(_mm256_add_ps(acc[0], acc[1])) + (offsets[0] + offsets[1])
+    }
+
+    /// Q5's fifth bits as 0x10 in byte `e` where bit `e` of `qh` is set (llama.cpp's
+    /// `bytes_from_bits_32`: byte `e` picks byte `e / 8` of `qh`, is ORed with all bits but
+    /// `e % 8`, and compared with all ones).
+    #[inline(always)]
+    unsafe fn fifth_bits(qh: u32) -> __m256i {
+        let bytes = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(qh as i32),
+            _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303),
+        );
+        let set = _mm256_cmpeq_epi8(
+            _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe)),
+            _mm256_set1_epi64x(-1),
+        );
+        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q5_0(w: &[u8], x: Q8Row<'_>) -> f32 {
+        let (mut acc, mut offsets) = (_mm256_setzero_ps(), 0f32);
+        for (b, blk) in w.chunks_exact(22).enumerate() {
+            let d = f16(blk, 0) * x.d[b];
+            let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
+            let q = _mm256_or_si256(nibbles16(blk.as_ptr().add(6)), fifth_bits(qh));
+            acc = fma(dot_u8_i8(q, input(x, b)), d, acc);
+            offsets -= 16.0 * d * x.sum[b] as f32;
+        }
+        hsum(acc) + offsets
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q5_1(w: &[u8], x: Q8Row<'_>) -> f32 {
+        let (mut acc, mut offsets) = (_mm256_setzero_ps(), 0f32);
+        for (b, blk) in w.chunks_exact(24).enumerate() {
+            let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
+            let q = _mm256_or_si256(nibbles16(blk.as_ptr().add(8)), fifth_bits(qh));
+            acc = fma(dot_u8_i8(q, input(x, b)), f16(blk, 0) * x.d[b], acc);
+            offsets += f16(blk, 2) * x.dsum[b];
+        }
+        hsum(acc) + offsets
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -578,8 +652,8 @@ mod tests {
         };
         let mut bytes: Vec<u8> = (0..ty.bytes_for(n * k)).map(|_| next() as u8).collect();
         let scale_at: &[usize] = match ty {
-            GgmlType::Q4_0 | GgmlType::Q8_0 => &[0],
-            GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+            GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
             GgmlType::Q6_K => &[208],
             other => panic!("{other}"),
         };
@@ -596,8 +670,16 @@ mod tests {
         (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0 * if i % 7 == 0 { 3.0 } else { 1.0 }).collect()
     }
 
-    const TYPES: [GgmlType; 6] =
-        [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+    const TYPES: [GgmlType; 8] = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
 
     /// The dequantized weights times the dequantized 8-bit inputs, in f64: what the integer
     /// kernels compute up to f32 rounding.

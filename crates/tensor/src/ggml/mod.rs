@@ -20,7 +20,14 @@ impl GgmlType {
     pub fn has_cpu_kernel(self) -> bool {
         matches!(
             self,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
+            GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
+                | GgmlType::Q8_0
+                | GgmlType::Q4_K
+                | GgmlType::Q5_K
+                | GgmlType::Q6_K
         )
     }
 
