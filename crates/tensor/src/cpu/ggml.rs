@@ -87,10 +87,15 @@ type Dot4Fn = fn([&[u8]; 4], Q8Row<'_>) -> [f32; 4];
 /// both. Each input row's sums are the same bits as [`Dot4Fn`]'s.
 type Dot4x2Fn = fn([&[u8]; 4], [Q8Row<'_>; 2]) -> [[f32; 4]; 2];
 
+/// One weight row dotted with four input rows (prompts): each block is decoded once for all
+/// four. Each input row's sum is the same bits as [`DotFn`]'s.
+type Dot1x4Fn = fn(&[u8], [Q8Row<'_>; 4]) -> [f32; 4];
+
 #[derive(Clone, Copy)]
 struct Kernel {
     one: DotFn,
     four: Option<(Dot4Fn, Dot4x2Fn)>,
+    inputs4: Option<Dot1x4Fn>,
 }
 
 /// `out [m, n] = x [m, k] @ w^T` for `w` the `n` rows of `ty` blocks in `w`.
@@ -125,6 +130,14 @@ fn matmul_with(kernel: Kernel, x: &[f32], m: usize, k: usize, ty: GgmlType, w: &
                     }
                     r += 4;
                 }
+            }
+            if let Some(inputs4) = kernel.inputs4.filter(|_| i + 4 <= m) {
+                for r in r..rows {
+                    let sums = inputs4(row(j0 + r), [xq.row(i), xq.row(i + 1), xq.row(i + 2), xq.row(i + 3)]);
+                    (0..4).for_each(|a| chunk[(i + a) * rows + r] = sums[a]);
+                }
+                i += 4;
+                continue;
             }
             for a in i..i + 1 + usize::from(pair) {
                 for r in r..rows {
@@ -167,26 +180,33 @@ fn select(ty: GgmlType, simd: bool) -> Kernel {
     #[cfg(target_arch = "x86_64")]
     if simd {
         // SAFETY (each wrapper): the caller checked the CPU for AVX2, FMA and F16C.
-        let (one, four): (DotFn, Option<(Dot4Fn, Dot4x2Fn)>) = match ty {
+        macro_rules! rows {
+            ($f:ident) => {
+                (|w, x| unsafe { avx2::$f::<1>(w, [x])[0] }, None, Some(|w, x| unsafe { avx2::$f::<4>(w, x) }))
+            };
+        }
+        let (one, four, inputs4): (DotFn, Option<(Dot4Fn, Dot4x2Fn)>, Option<Dot1x4Fn>) = match ty {
             GgmlType::Q4_0 => (
                 |w, x| unsafe { avx2::q4_0(w, x) },
                 Some((|w, x| unsafe { avx2::q4_0_x4(w, [x])[0] }, |w, x| unsafe { avx2::q4_0_x4(w, x) })),
+                None,
             ),
             GgmlType::Q4_1 => (
                 |w, x| unsafe { avx2::q4_1(w, x) },
                 Some((|w, x| unsafe { avx2::q4_1_x4(w, [x])[0] }, |w, x| unsafe { avx2::q4_1_x4(w, x) })),
+                None,
             ),
-            GgmlType::Q5_0 => (|w, x| unsafe { avx2::q5_0(w, x) }, None),
-            GgmlType::Q5_1 => (|w, x| unsafe { avx2::q5_1(w, x) }, None),
+            GgmlType::Q5_0 => rows!(q5_0),
+            GgmlType::Q5_1 => rows!(q5_1),
             // Four Q8_0 rows at once are faster from cache but slower from DRAM (the LM head:
             // 18 against 27 GB/s, prefetching or not), so one row at a time.
-            GgmlType::Q8_0 => (|w, x| unsafe { avx2::q8_0(w, x) }, None),
-            GgmlType::Q4_K => (|w, x| unsafe { avx2::q4_k(w, x) }, None),
-            GgmlType::Q5_K => (|w, x| unsafe { avx2::q5_k(w, x) }, None),
-            GgmlType::Q6_K => (|w, x| unsafe { avx2::q6_k(w, x) }, None),
+            GgmlType::Q8_0 => (|w, x| unsafe { avx2::q8_0(w, x) }, None, None),
+            GgmlType::Q4_K => rows!(q4_k),
+            GgmlType::Q5_K => rows!(q5_k),
+            GgmlType::Q6_K => rows!(q6_k),
             other => panic!("no CPU kernel for ggml {other}"),
         };
-        return Kernel { one, four };
+        return Kernel { one, four, inputs4 };
     }
     let _ = simd;
     let one: DotFn = match ty {
@@ -200,7 +220,7 @@ fn select(ty: GgmlType, simd: bool) -> Kernel {
         GgmlType::Q6_K => portable::q6_k,
         other => panic!("no CPU kernel for ggml {other}"),
     };
-    Kernel { one, four: None }
+    Kernel { one, four: None, inputs4: None }
 }
 
 #[inline(always)]
@@ -455,28 +475,34 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn q5_0(w: &[u8], x: Q8Row<'_>) -> f32 {
-        let (mut acc, mut offsets) = (_mm256_setzero_ps(), 0f32);
+    pub(super) unsafe fn q5_0<const A: usize>(w: &[u8], x: [Q8Row<'_>; A]) -> [f32; A] {
+        let (mut acc, mut offsets) = ([_mm256_setzero_ps(); A], [0f32; A]);
         for (b, blk) in w.chunks_exact(22).enumerate() {
-            let d = f16(blk, 0) * x.d[b];
+            let dw = f16(blk, 0);
             let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
             let q = _mm256_or_si256(nibbles16(blk.as_ptr().add(6)), fifth_bits(qh));
-            acc = fma(dot_u8_i8(q, input(x, b)), d, acc);
-            offsets -= 16.0 * d * x.sum[b] as f32;
+            for a in 0..A {
+                let d = dw * x[a].d[b];
+                acc[a] = fma(dot_u8_i8(q, input(x[a], b)), d, acc[a]);
+                offsets[a] -= 16.0 * d * x[a].sum[b] as f32;
+            }
         }
-        hsum(acc) + offsets
+        std::array::from_fn(|a| hsum(acc[a]) + offsets[a])
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn q5_1(w: &[u8], x: Q8Row<'_>) -> f32 {
-        let (mut acc, mut offsets) = (_mm256_setzero_ps(), 0f32);
+    pub(super) unsafe fn q5_1<const A: usize>(w: &[u8], x: [Q8Row<'_>; A]) -> [f32; A] {
+        let (mut acc, mut offsets) = ([_mm256_setzero_ps(); A], [0f32; A]);
         for (b, blk) in w.chunks_exact(24).enumerate() {
+            let (dw, mw) = (f16(blk, 0), f16(blk, 2));
             let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
             let q = _mm256_or_si256(nibbles16(blk.as_ptr().add(8)), fifth_bits(qh));
-            acc = fma(dot_u8_i8(q, input(x, b)), f16(blk, 0) * x.d[b], acc);
-            offsets += f16(blk, 2) * x.dsum[b];
+            for a in 0..A {
+                acc[a] = fma(dot_u8_i8(q, input(x[a], b)), dw * x[a].d[b], acc[a]);
+                offsets[a] += mw * x[a].dsum[b];
+            }
         }
-        hsum(acc) + offsets
+        std::array::from_fn(|a| hsum(acc[a]) + offsets[a])
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -568,8 +594,8 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn q4_k(w: &[u8], x: Q8Row<'_>) -> f32 {
-        let (mut acc, mut offsets) = (_mm256_setzero_ps(), 0f32);
+    pub(super) unsafe fn q4_k<const A: usize>(w: &[u8], x: [Q8Row<'_>; A]) -> [f32; A] {
+        let (mut acc, mut offsets) = ([_mm256_setzero_ps(); A], [0f32; A]);
         let low = _mm256_set1_epi8(0x0F);
         for (sb, blk) in w.chunks_exact(144).enumerate() {
             let (d, dmin, scales) = (f16(blk, 0), f16(blk, 2), &blk[4..16]);
@@ -579,17 +605,19 @@ mod avx2 {
                 for (half, vals) in halves.into_iter().enumerate() {
                     let (sc, m) = scale_min_k4(2 * j + half, scales);
                     let b = sb * 8 + 2 * j + half;
-                    acc = fma(dot_u8_i8(vals, input(x, b)), d * sc as f32 * x.d[b], acc);
-                    offsets -= dmin * m as f32 * x.d[b] * x.sum[b] as f32;
+                    for a in 0..A {
+                        acc[a] = fma(dot_u8_i8(vals, input(x[a], b)), d * sc as f32 * x[a].d[b], acc[a]);
+                        offsets[a] -= dmin * m as f32 * x[a].d[b] * x[a].sum[b] as f32;
+                    }
                 }
             }
         }
-        hsum(acc) + offsets
+        std::array::from_fn(|a| hsum(acc[a]) + offsets[a])
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn q5_k(w: &[u8], x: Q8Row<'_>) -> f32 {
-        let (mut acc, mut offsets) = (_mm256_setzero_ps(), 0f32);
+    pub(super) unsafe fn q5_k<const A: usize>(w: &[u8], x: [Q8Row<'_>; A]) -> [f32; A] {
+        let (mut acc, mut offsets) = ([_mm256_setzero_ps(); A], [0f32; A]);
         let (low, one) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(1));
         for (sb, blk) in w.chunks_exact(176).enumerate() {
             let (d, dmin, scales) = (f16(blk, 0), f16(blk, 2), &blk[4..16]);
@@ -602,17 +630,19 @@ mod avx2 {
                     let vals = _mm256_or_si256(nib, _mm256_slli_epi16(bit, 4));
                     let (sc, m) = scale_min_k4(2 * j + half, scales);
                     let b = sb * 8 + 2 * j + half;
-                    acc = fma(dot_u8_i8(vals, input(x, b)), d * sc as f32 * x.d[b], acc);
-                    offsets -= dmin * m as f32 * x.d[b] * x.sum[b] as f32;
+                    for a in 0..A {
+                        acc[a] = fma(dot_u8_i8(vals, input(x[a], b)), d * sc as f32 * x[a].d[b], acc[a]);
+                        offsets[a] -= dmin * m as f32 * x[a].d[b] * x[a].sum[b] as f32;
+                    }
                 }
             }
         }
-        hsum(acc) + offsets
+        std::array::from_fn(|a| hsum(acc[a]) + offsets[a])
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn q6_k(w: &[u8], x: Q8Row<'_>) -> f32 {
-        let mut acc = _mm256_setzero_ps();
+    pub(super) unsafe fn q6_k<const A: usize>(w: &[u8], x: [Q8Row<'_>; A]) -> [f32; A] {
+        let mut acc = [_mm256_setzero_ps(); A];
         let (low, three, bias) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
         for (sb, blk) in w.chunks_exact(210).enumerate() {
             let d = f16(blk, 208);
@@ -625,14 +655,17 @@ mod avx2 {
                     let vals =
                         _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(nib, low), _mm256_slli_epi16(high, 4)), bias);
                     let b = sb * 8 + 4 * n + t;
-                    let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(vals, vals), _mm256_sign_epi8(input(x, b), vals));
                     let (s_lo, s_hi) = (blk[192 + 8 * n + 2 * t] as i8, blk[193 + 8 * n + 2 * t] as i8);
                     let scales = _mm256_set_m128i(_mm_set1_epi16(s_hi as i16), _mm_set1_epi16(s_lo as i16));
-                    acc = fma(_mm256_madd_epi16(pairs, scales), d * x.d[b], acc);
+                    let magnitude = _mm256_sign_epi8(vals, vals);
+                    for a in 0..A {
+                        let pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(input(x[a], b), vals));
+                        acc[a] = fma(_mm256_madd_epi16(pairs, scales), d * x[a].d[b], acc[a]);
+                    }
                 }
             }
         }
-        hsum(acc)
+        std::array::from_fn(|a| hsum(acc[a]))
     }
 }
 
@@ -696,7 +729,7 @@ mod tests {
 
     #[test]
     fn kernels_compute_the_dequantized_product() {
-        let (m, k, n) = (3, 512, 37);
+        let (m, k, n) = (5, 512, 37);
         let x = inputs(m, k);
         let xq = Q8Rows::quantize(&x, k);
         for ty in TYPES {
@@ -708,7 +741,7 @@ mod tests {
             let mut paths = vec![("portable", select(ty, false))];
             if simd_available() {
                 let simd = select(ty, true);
-                paths.push(("avx2, one row at a time", Kernel { four: None, ..simd }));
+                paths.push(("avx2, one row at a time", Kernel { four: None, inputs4: None, ..simd }));
                 paths.push(("avx2", simd));
             }
             for (path, kernel) in paths {
