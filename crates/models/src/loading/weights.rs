@@ -253,6 +253,18 @@ impl WeightSource for GgufWeights {
     }
 }
 
+/// `t`, or an error naming the tensor when it is not of the `expected` shape.
+fn with_shape(name: &str, t: Tensor, expected: &[usize]) -> Result<Tensor> {
+    if t.shape() != expected {
+        return Err(ModelError::TensorShape {
+            name: name.into(),
+            expected: expected.to_vec(),
+            actual: t.shape().to_vec(),
+        });
+    }
+    Ok(t)
+}
+
 /// Typed access to a weight source for model constructors: the dtype to load as, the device the
 /// tensors are placed on, and a progress counter for the load bar.
 pub struct Weights {
@@ -474,13 +486,7 @@ impl Weights {
     pub fn matrix(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         if self.device == Device::Cpu {
             if let Some(t) = self.source.load_blocks(name)? {
-                if t.shape() != shape {
-                    return Err(ModelError::TensorShape {
-                        name: name.into(),
-                        expected: shape.to_vec(),
-                        actual: t.shape().to_vec(),
-                    });
-                }
+                let t = with_shape(name, t, shape)?;
                 return Ok(self.place(name, Some(t))?.expect("a tensor was given"));
             }
         }
@@ -489,15 +495,7 @@ impl Weights {
 
     /// A required tensor in the compute dtype, checked against the expected shape.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let t = self.get_any_shape(name)?;
-        if t.shape() != shape {
-            return Err(ModelError::TensorShape {
-                name: name.into(),
-                expected: shape.to_vec(),
-                actual: t.shape().to_vec(),
-            });
-        }
-        Ok(t)
+        with_shape(name, self.get_any_shape(name)?, shape)
     }
 
     pub fn get_any_shape(&self, name: &str) -> Result<Tensor> {

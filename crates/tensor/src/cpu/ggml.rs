@@ -11,10 +11,9 @@
 //! The kernels are written per block layout (ggml-common.h), once portably and once with AVX2,
 //! chosen at run time; tests hold both to the dequantized weights.
 
-use half::f16;
 use rayon::prelude::*;
 
-use crate::ggml::GgmlType;
+use crate::ggml::{f16_at, scale_min_k4, GgmlType};
 
 /// Elements per activation block.
 const QK: usize = 32;
@@ -221,21 +220,6 @@ fn select(ty: GgmlType, simd: bool) -> Kernel {
         other => panic!("no CPU kernel for ggml {other}"),
     };
     Kernel { one, four: None, inputs4: None }
-}
-
-#[inline(always)]
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
-}
-
-/// ggml's `get_scale_min_k4`: the j-th 6-bit (scale, min) pair of a Q4_K/Q5_K block.
-#[inline(always)]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-    }
 }
 
 /// The element values of one 32-element sub-block, as the block layouts (ggml-common.h) store
@@ -671,6 +655,8 @@ mod avx2 {
 
 #[cfg(test)]
 mod tests {
+    use half::f16;
+
     use super::*;
 
     /// Random blocks of `ty` for `[n, k]`, with every f16 scale set to a small normal number (the

@@ -143,8 +143,8 @@ impl GgmlType {
     }
 }
 
-#[inline]
-fn f16_at(b: &[u8], i: usize) -> f32 {
+#[inline(always)]
+pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
 }
 
@@ -293,8 +293,8 @@ fn dequant_q3_k(src: &[u8], dst: &mut [f32]) {
 }
 
 /// ggml's `get_scale_min_k4`: the j-th 6-bit (scale, min) pair of a Q4_K/Q5_K block.
-#[inline]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+#[inline(always)]
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

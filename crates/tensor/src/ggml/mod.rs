@@ -4,6 +4,7 @@
 
 mod dequant;
 
+pub(crate) use dequant::{f16_at, scale_min_k4};
 pub use dequant::{DequantError, GgmlType};
 
 /// A row-major matrix `[rows, cols]` held as ggml blocks: each row is `cols / block_size` whole
