@@ -13,6 +13,12 @@ when its stream chunk carries text, and with the bare fixture the ids a random m
     python3 benches/cuda/make_checkpoint.py --shape llama-3.1-8b --out /tmp/llama-3.1-8b
     python3 benches/cuda/make_checkpoint.py --shape qwen3-30b-a3b --layers 8 --out /tmp/qwen3-30b-a3b-l8
     python3 benches/cuda/make_checkpoint.py --shape qwen3.5-9b --out /tmp/qwen3.5-9b
+    python3 benches/cuda/make_checkpoint.py --shape llama-3.1-8b --w4a16 128 --out /tmp/llama-3.1-8b-w4a16
+
+--w4a16 GROUP writes the decoder layers' linear weights as compressed-tensors `pack-quantized`
+W4A16 (symmetric 4-bit, one bf16 scale per GROUP inputs, the layout llm-compressor saves): random
+nibbles and scales of the init's magnitude instead of quantized bf16 weights, as the values do not
+matter for speed. Embeddings, norms and the LM head stay bf16 (llm-compressor's default `ignore`).
 
 Prints one JSON line: shape, layers, parameters, weight bytes. Reruns on a complete checkpoint
 of the same shape only print it.
@@ -107,13 +113,15 @@ def safetensors_size(out: Path) -> tuple[int, int]:
     return params, nbytes
 
 
-def is_complete(out: Path, config) -> bool:
+def is_complete(out: Path, config, w4a16: int | None) -> bool:
     # tokenizer.json is written last, so its presence means the weights were all saved.
     if not (out / "tokenizer.json").exists() or not (out / "config.json").exists():
         return False
     saved = json.loads((out / "config.json").read_text())
     keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
-    return all(saved.get(k) == getattr(config, k, None) for k in keys)
+    group = (saved.get("quantization_config") or {}).get("config_groups", {}).get("group_0", {})
+    same_quantization = group.get("weights", {}).get("group_size") == w4a16
+    return same_quantization and all(saved.get(k) == getattr(config, k, None) for k in keys)
 
 
 def write_tokenizer(out: Path, vocab_size: int) -> None:
@@ -130,6 +138,57 @@ def write_tokenizer(out: Path, vocab_size: int) -> None:
     tmp.rename(out / "tokenizer.json")
 
 
+def w4a16_tensors(model, group: int) -> tuple[dict, dict]:
+    """The state dict with every decoder linear weight replaced by random packed 4-bit words and
+    bf16 scales (`weight_packed` int32 [n, k/8], `weight_scale` [n, k/group], `weight_shape`), and
+    the `quantization_config` that describes them."""
+    gen = torch.Generator(device=model.device).manual_seed(1)
+    tensors = {}
+    for name, t in model.state_dict().items():
+        module = name.removesuffix(".weight")
+        if ".layers." in name and name.endswith("_proj.weight") and t.dim() == 2:
+            n, k = t.shape
+            assert k % group == 0 and k % 8 == 0, f"{name}: {k} inputs in groups of {group}"
+            words = torch.randint(-(2**31), 2**31, (n, k // 8), generator=gen, device=t.device, dtype=torch.int64)
+            tensors[f"{module}.weight_packed"] = words.to(torch.int32)
+            # Uniform nibbles (q in -8..7, std 4.6) times this scale have the init's std.
+            scale = torch.full((n, k // group), INIT_STD / 4.6, dtype=torch.bfloat16, device=t.device)
+            tensors[f"{module}.weight_scale"] = scale
+            tensors[f"{module}.weight_shape"] = torch.tensor([n, k], dtype=torch.int64)
+        else:
+            tensors[name] = t
+    config = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+        "ignore": ["lm_head"], "kv_cache_scheme": None,
+        "config_groups": {"group_0": {
+            "targets": ["Linear"], "input_activations": None, "output_activations": None,
+            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": group,
+                        "dynamic": False, "actorder": None, "observer": "minmax"},
+        }},
+    }
+    return tensors, config
+
+
+def save_sharded(tensors: dict, out: Path, shard_bytes: int = 5 << 30) -> None:
+    from safetensors.torch import save_file
+
+    shards, current, size = [], {}, 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if current and size + nbytes > shard_bytes:
+            shards.append(current)
+            current, size = {}, 0
+        current[name] = t.contiguous().cpu()
+        size += nbytes
+    shards.append(current)
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, out / file, metadata={"format": "pt"})
+        weight_map.update({name: file for name in shard})
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
@@ -137,11 +196,12 @@ def main() -> None:
     ap.add_argument("--layers", type=int, help="cut the depth to this many layers (default: the full depth)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="shrink every width (CPU smoke tests only)")
+    ap.add_argument("--w4a16", type=int, metavar="GROUP", help="decoder linear weights as W4A16 in groups of GROUP")
     args = ap.parse_args()
 
     config = build_config(args.shape, args.layers, args.tiny)
     full_depth = SHAPES[args.shape][1]["num_hidden_layers"]
-    if is_complete(args.out, config):
+    if is_complete(args.out, config, args.w4a16):
         print(f"{args.out} already holds this checkpoint", file=sys.stderr)
     else:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -156,7 +216,16 @@ def main() -> None:
         elif args.out.exists() and any(args.out.iterdir()):
             sys.exit(f"{args.out} is not empty and holds no checkpoint; not overwriting it")
         args.out.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(args.out, max_shard_size="5GB")
+        if args.w4a16:
+            tensors, quantization = w4a16_tensors(model, args.w4a16)
+            model.config.quantization_config = quantization
+            model.config.architectures = [type(model).__name__]
+            model.config.save_pretrained(args.out)
+            model.generation_config.save_pretrained(args.out)
+            save_sharded(tensors, args.out)
+            del tensors
+        else:
+            model.save_pretrained(args.out, max_shard_size="5GB")
         del model
         write_tokenizer(args.out, config.vocab_size)
         print(f"wrote {args.out} (init on {device} {init_s:.1f} s, total {time.perf_counter() - start:.1f} s)",
@@ -167,6 +236,7 @@ def main() -> None:
         "layers": config.num_hidden_layers, "full_depth_layers": full_depth,
         "truncated": config.num_hidden_layers < full_depth, "tiny": args.tiny,
         "parameters": params, "weight_bytes": nbytes, "dtype": "bfloat16", "init_std": INIT_STD, "seed": args.seed,
+        "w4a16_group": args.w4a16,
     }))
 
 

@@ -39,9 +39,10 @@ pub struct GenerateArgs {
     pub ignore_eos: bool,
     #[arg(long, value_enum, default_value = "auto")]
     pub dtype: DTypeArg,
-    /// auto, or gguf-dequantized to dequantize a GGUF file's matrices at load instead of
-    /// multiplying them in their blocks (CPU).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "gguf", "safetensors", "gguf-dequantized"])]
+    /// auto, or dequantized to dequantize quantized matrices at load instead of multiplying
+    /// them quantized (GGUF blocks on CPU, 4-bit packed weights on CUDA); gguf-dequantized is
+    /// its older spelling for a GGUF file.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "gguf", "safetensors", "dequantized", "gguf-dequantized"])]
     pub load_format: String,
     #[command(flatten)]
     pub device: DeviceArgs,
@@ -52,7 +53,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let dtype = args.dtype.dtype_on(args.device.device);
     let config = EngineConfig {
         kv_cache_memory: 1 << 30,
-        dequantize_gguf: args.load_format == crate::serve::GGUF_DEQUANTIZED,
+        dequantize_weights: crate::serve::dequantizes(&args.load_format),
         ..EngineConfig::default()
     };
     let config = args.device.apply(dtype, true, config);

@@ -42,8 +42,9 @@ pub struct EngineConfig {
     /// vLLM's `--quantization`: the checkpoint's own method, or `fp8` to quantize the weights of
     /// an unquantized checkpoint as it loads. `None` takes the checkpoint's.
     pub quantization: Option<String>,
-    /// Dequantize a GGUF file's matrices at load instead of keeping them in their blocks.
-    pub dequantize_gguf: bool,
+    /// Dequantize quantized matrices at load instead of keeping them quantized (GGUF blocks on
+    /// CPU, 4-bit packed weights on CUDA).
+    pub dequantize_weights: bool,
     /// vLLM's `--speculative-config`: drafts verified per step (`None`: no speculation).
     pub speculative: Option<crate::SpeculativeConfig>,
 }
@@ -72,7 +73,7 @@ impl Default for EngineConfig {
             structured_outputs: JsonOptions::default(),
             max_unread_outputs: None,
             quantization: None,
-            dequantize_gguf: false,
+            dequantize_weights: false,
             speculative: None,
         }
     }

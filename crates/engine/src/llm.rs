@@ -47,7 +47,7 @@ impl LLM {
             device: config.device,
             progress: true,
             quantization: config.quantization.clone(),
-            dequantize_gguf: config.dequantize_gguf,
+            dequantize_weights: config.dequantize_weights,
         };
         let loaded = load_model(path, &opts)?;
         let mut tokenizer = match (&overrides.tokenizer_dir, &loaded.gguf_tokenizer) {

@@ -107,7 +107,7 @@ fn kv_cache_sized_from_gpu_memory() {
             device: Device::Cuda(0),
             progress: false,
             quantization: None,
-            dequantize_gguf: false,
+            dequantize_weights: false,
         },
     )
     .unwrap()

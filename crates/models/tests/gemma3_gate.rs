@@ -23,10 +23,10 @@ fn gguf_path() -> Option<PathBuf> {
     from_env.into_iter().chain(cached).find(|p| p.exists())
 }
 
-/// Every case of the goldens, generated greedily by the model loaded with `dequantize_gguf`.
-fn run_cases(gguf: &Path, dequantize_gguf: bool) -> Vec<CaseReport> {
+/// Every case of the goldens, generated greedily by the model loaded with `dequantize_weights`.
+fn run_cases(gguf: &Path, dequantize_weights: bool) -> Vec<CaseReport> {
     let oracle = Oracle::load(&golden_path()).unwrap();
-    let opts = LoadOptions { dtype: DType::F32, progress: false, dequantize_gguf, ..Default::default() };
+    let opts = LoadOptions { dtype: DType::F32, progress: false, dequantize_weights, ..Default::default() };
     let loaded = load_model(gguf, &opts).unwrap();
     assert_eq!(loaded.model.info().architecture, "Gemma3ForCausalLM");
     let (tokenizer_json, tokenizer_config) = loaded.gguf_tokenizer.clone().expect("GGUF carries a tokenizer");

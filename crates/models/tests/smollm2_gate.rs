@@ -21,11 +21,11 @@ fn gguf_path() -> Option<PathBuf> {
     std::env::var_os("FERRITE_SMOLLM2_GGUF").map(PathBuf::from).filter(|p| p.exists())
 }
 
-/// Every case of the goldens, generated greedily by the model loaded with `dequantize_gguf`.
-fn run_cases(gguf: &Path, dequantize_gguf: bool) -> (Vec<CaseReport>, Vec<String>) {
+/// Every case of the goldens, generated greedily by the model loaded with `dequantize_weights`.
+fn run_cases(gguf: &Path, dequantize_weights: bool) -> (Vec<CaseReport>, Vec<String>) {
     let golden: Value = serde_json::from_str(&std::fs::read_to_string(golden_path()).unwrap()).unwrap();
     let oracle = Oracle::load(&golden_path()).unwrap();
-    let opts = LoadOptions { dtype: DType::F32, progress: false, dequantize_gguf, ..Default::default() };
+    let opts = LoadOptions { dtype: DType::F32, progress: false, dequantize_weights, ..Default::default() };
     let loaded = load_model(gguf, &opts).unwrap();
     let (tokenizer_json, tokenizer_config) = loaded.gguf_tokenizer.clone().expect("GGUF carries a tokenizer");
     let tok = Tokenizer::from_parts(&tokenizer_json, &tokenizer_config, None, None).unwrap();

@@ -9,6 +9,11 @@ pub enum DType {
     BF16,
     /// A weight kept in ggml's blocks (CPU only); computed with, never converted to.
     Ggml(GgmlType),
+    /// A weight of symmetric 4-bit integers with a bf16 scale per `group` inputs (W4A16), kept
+    /// packed on CUDA; computed with, never converted to.
+    Int4 {
+        group: usize,
+    },
 }
 
 impl DType {
@@ -19,13 +24,16 @@ impl DType {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::Ggml(ty) => ty.type_size().div_ceil(ty.block_size()),
+            DType::Int4 { .. } => 1,
         }
     }
 
-    /// The dtype the values come out as: a block type's are f32 (dequantized rows, products).
+    /// The dtype the values come out as: a block type's are f32 (dequantized rows, products),
+    /// 4-bit weights' bf16.
     pub fn of_values(self) -> DType {
         match self {
             DType::Ggml(_) => DType::F32,
+            DType::Int4 { .. } => DType::BF16,
             dense => dense,
         }
     }
@@ -48,6 +56,7 @@ impl fmt::Display for DType {
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::Ggml(ty) => ty.name(),
+            DType::Int4 { .. } => "int4",
         })
     }
 }

@@ -13,6 +13,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod fp8;
 pub mod ggml;
+pub mod int4;
 pub mod kv;
 pub mod ops;
 

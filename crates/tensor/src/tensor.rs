@@ -5,6 +5,7 @@ use half::{bf16, f16};
 use crate::cuda::CudaStorage;
 use crate::error::{shape_err, Result};
 use crate::ggml::GgmlBlocks;
+use crate::int4::Int4Matrix;
 use crate::DType;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +21,9 @@ pub enum CpuStorage {
     BF16(Vec<bf16>),
     /// A matrix kept quantized in ggml blocks (a GGUF weight).
     Ggml(GgmlBlocks),
+    /// A 4-bit weight matrix on its way to or from CUDA (on CPU, 4-bit weights are dequantized
+    /// at load).
+    Int4(Int4Matrix),
 }
 
 impl CpuStorage {
@@ -29,6 +33,7 @@ impl CpuStorage {
             CpuStorage::F16(v) => v.len(),
             CpuStorage::BF16(v) => v.len(),
             CpuStorage::Ggml(b) => b.len(),
+            CpuStorage::Int4(m) => m.len(),
         }
     }
 
@@ -42,6 +47,7 @@ impl CpuStorage {
             CpuStorage::F16(_) => DType::F16,
             CpuStorage::BF16(_) => DType::BF16,
             CpuStorage::Ggml(b) => DType::Ggml(b.ty),
+            CpuStorage::Int4(m) => DType::Int4 { group: m.group },
         }
     }
 
@@ -51,6 +57,7 @@ impl CpuStorage {
             CpuStorage::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
             CpuStorage::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
             CpuStorage::Ggml(b) => b.to_f32_vec(),
+            CpuStorage::Int4(m) => m.to_f32_vec(),
         }
     }
 
@@ -58,18 +65,21 @@ impl CpuStorage {
     pub fn size_in_bytes(&self) -> usize {
         match self {
             CpuStorage::Ggml(b) => b.bytes.len(),
+            CpuStorage::Int4(m) => m.size_in_bytes(),
             dense => dense.len() * dense.dtype().size_in_bytes(),
         }
     }
 
     /// # Panics
-    /// For a ggml block type: values are never quantized to one at run time, only loaded as one.
+    /// For a ggml block type or 4-bit integers: values are never quantized to one at run time,
+    /// only loaded as one.
     pub fn from_f32(data: Vec<f32>, dtype: DType) -> CpuStorage {
         match dtype {
             DType::F32 => CpuStorage::F32(data),
             DType::F16 => CpuStorage::F16(data.iter().map(|&x| f16::from_f32(x)).collect()),
             DType::BF16 => CpuStorage::BF16(data.iter().map(|&x| bf16::from_f32(x)).collect()),
             DType::Ggml(ty) => panic!("values cannot be converted to the ggml block type {ty}, only loaded as it"),
+            DType::Int4 { .. } => panic!("values cannot be converted to 4-bit integers, only loaded as them"),
         }
     }
 }
@@ -228,7 +238,7 @@ impl Tensor {
     pub fn size_in_bytes(&self) -> usize {
         match &*self.storage {
             Storage::Cpu(s) => s.size_in_bytes(),
-            Storage::Cuda(_) => self.numel() * self.dtype().size_in_bytes(),
+            Storage::Cuda(s) => s.size_in_bytes(),
         }
     }
 

@@ -13,8 +13,9 @@
 //! Without a GPU every test prints "SKIP: no CUDA device" and returns.
 
 use ferrite_tensor::cuda;
+use ferrite_tensor::int4::Int4Matrix;
 use ferrite_tensor::ops::{self, Activation, AttentionParams, RopeStyle};
-use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device, PagedKvLayer, RowSampling, Tensor};
+use ferrite_tensor::{AttnMetadata, AttnSeq, CpuStorage, DType, Device, PagedKvLayer, RowSampling, Storage, Tensor};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -166,6 +167,82 @@ fn matmul_t_matches_cpu() {
         );
     }
     println!("WORST matmul_t f32={:.3e} bf16={:.3e}", worst[0], worst[1]);
+}
+
+/// A random 4-bit matrix: nibbles uniform, scales in bf16 around `scale / 8`.
+fn random_int4(r: &mut ChaCha8Rng, n: usize, k: usize, group: usize, scale: f32) -> Int4Matrix {
+    let packed = (0..n * k / 8).map(|_| r.random::<u32>()).collect();
+    let scales =
+        (0..n * (k / group)).map(|_| half::bf16::from_f32(scale / 8.0 * r.random_range(0.5f32..1.5))).collect();
+    Int4Matrix::new(n, k, group, packed, scales).unwrap()
+}
+
+/// The W4A16 kernel (m <= 64) and the dequantize-then-cuBLAS path (m > 64) against the CPU
+/// product with the dequantized weight (the values transformers' dequantized bf16 model holds);
+/// every row's result is the same whatever m, and repeated calls give the same bits.
+#[test]
+fn int4_matmul_t_matches_dequantized_cpu() {
+    require_gpu!();
+    let mut r = rng(21);
+    let mut worst = 0.0f32;
+    // (m, k, n, group): one to four 16-row tiles and past them, split and unsplit inputs,
+    // channel-wise (group = k) and grouped scales.
+    let shapes = [
+        (1, 64, 16, 32),
+        (1, 4096, 4096, 128),
+        (3, 4096, 1024, 128),
+        (16, 1024, 4096, 64),
+        (17, 512, 48, 512),
+        (40, 14336, 256, 128),
+        (64, 256, 4096, 32),
+        (65, 1024, 256, 128),
+        (200, 512, 160, 64),
+    ];
+    for &(m, k, n, group) in &shapes {
+        let w = random_int4(&mut r, n, k, group, 0.5);
+        let x = random(&mut r, m * k, 1.0);
+        let b = random(&mut r, n, 1.0);
+        let wc = Tensor::from_f32(w.to_f32_vec(), &[n, k]).unwrap();
+        let wg = Tensor::from_storage(Storage::Cpu(CpuStorage::Int4(w.clone())), vec![n, k])
+            .unwrap()
+            .to_device(GPU)
+            .unwrap();
+        assert_eq!(wg.dtype(), DType::Int4 { group });
+        assert!(wg.size_in_bytes() < n * k, "packed: {} bytes for {n}x{k}", wg.size_in_bytes());
+        let (xc, xg) = pair(&x, &[m, k], DType::BF16);
+        let (bc, bg) = pair(&b, &[n], DType::BF16);
+        for bias in [false, true] {
+            let want = ops::matmul_t(&xc, &wc, bias.then_some(&bc)).unwrap();
+            let got = ops::matmul_t(&xg, &wg, bias.then_some(&bg)).unwrap();
+            let name = format!("int4 matmul_t m={m} k={k} n={n} group={group} bias={bias}");
+            worst = worst.max(check(&name, DType::BF16, &got, &want, tol(DType::BF16)));
+            let again = ops::matmul_t(&xg, &wg, bias.then_some(&bg)).unwrap();
+            assert_eq!(got.to_f32_vec(), again.to_f32_vec(), "{name}: not deterministic");
+        }
+        if m <= 64 {
+            let all = ops::matmul_t(&xg, &wg, None).unwrap().to_f32_vec();
+            let last =
+                Tensor::from_f32_as(x[(m - 1) * k..].to_vec(), &[1, k], DType::BF16).unwrap().to_device(GPU).unwrap();
+            let alone = ops::matmul_t(&last, &wg, None).unwrap().to_f32_vec();
+            assert_eq!(alone, all[(m - 1) * n..], "m={m} k={k} n={n}: the last row depends on the batch");
+        }
+        // The fused entry points take the packed weight through the same kernel.
+        let many = ops::matmul_t_many(&xg, &[(&wg, None), (&wg, Some(&bg))]).unwrap();
+        assert_eq!(many[1].to_f32_vec(), ops::matmul_t(&xg, &wg, Some(&bg)).unwrap().to_f32_vec());
+        let gated = ops::gated_matmul_t(&xg, &wg, &wg, Activation::Silu).unwrap();
+        let plain = ops::matmul_t(&xg, &wg, None).unwrap();
+        assert_eq!(gated.to_f32_vec(), ops::act_mul(&plain, &plain, Activation::Silu).unwrap().to_f32_vec());
+        // The packed words come back as they went.
+        let back = wg.to_device(Device::Cpu).unwrap();
+        assert!(matches!(back.cpu(), Some(CpuStorage::Int4(b)) if *b == w), "round trip of {n}x{k}/{group}");
+    }
+    // f32 activations are refused, not miscomputed.
+    let w = random_int4(&mut r, 16, 64, 32, 0.5);
+    let wg = Tensor::from_storage(Storage::Cpu(CpuStorage::Int4(w)), vec![16, 64]).unwrap().to_device(GPU).unwrap();
+    let x = Tensor::from_f32(vec![1.0; 64], &[1, 64]).unwrap().to_device(GPU).unwrap();
+    assert!(ops::matmul_t(&x, &wg, None).is_err());
+    assert!(ops::embedding(&wg, &[0]).is_err());
+    println!("WORST int4 matmul_t bf16={worst:.3e}");
 }
 
 /// The fused decode products give the bits of the ops they replace on the same device (and so

@@ -283,12 +283,14 @@ pub fn run_fixture(dir: &Path, dtype: DType) -> Result<(Oracle, Vec<CaseReport>)
 
 /// [`run_fixture`] with the weights and the KV cache on `device`.
 pub fn run_fixture_on(dir: &Path, dtype: DType, device: Device) -> Result<(Oracle, Vec<CaseReport>)> {
+    run_fixture_opts(dir, &ferrite_models::LoadOptions { dtype, device, progress: false, ..Default::default() })
+}
+
+/// [`run_fixture`] with the model loaded by `opts`.
+pub fn run_fixture_opts(dir: &Path, opts: &ferrite_models::LoadOptions) -> Result<(Oracle, Vec<CaseReport>)> {
     let oracle = Oracle::load(&dir.join("oracle.json"))?;
-    let loaded = ferrite_models::load_model(
-        dir,
-        &ferrite_models::LoadOptions { dtype, device, progress: false, ..Default::default() },
-    )?;
-    let reports = run_battery(&oracle, loaded.model.as_ref(), dtype, device)?;
+    let loaded = ferrite_models::load_model(dir, opts)?;
+    let reports = run_battery(&oracle, loaded.model.as_ref(), opts.dtype, opts.device)?;
     Ok((oracle, reports))
 }
 

@@ -10,6 +10,14 @@ use ferrite_server::ChatOptions;
 
 /// The `--load-format` that dequantizes a GGUF file's matrices at load.
 pub const GGUF_DEQUANTIZED: &str = "gguf-dequantized";
+/// ferrite's load format that dequantizes every quantized matrix at load (GGUF blocks, 4-bit
+/// packed weights), as transformers computes.
+pub const DEQUANTIZED: &str = "dequantized";
+
+/// Whether `--load-format` asks for quantized matrices dequantized at load.
+pub fn dequantizes(load_format: &str) -> bool {
+    load_format == DEQUANTIZED || load_format == GGUF_DEQUANTIZED
+}
 
 #[derive(Args, Debug, Default)]
 pub struct VllmFlags {
@@ -33,8 +41,9 @@ pub struct VllmFlags {
     #[arg(long, help_heading = "ModelConfig")]
     pub trust_remote_code: bool,
     /// auto, safetensors (a checkpoint directory), gguf (a .gguf file; on CPU its quantized
-    /// matrices stay in their blocks) or gguf-dequantized (ferrite's: dequantized at load, as
-    /// transformers computes).
+    /// matrices stay in their blocks), or ferrite's dequantized (quantized matrices, GGUF blocks
+    /// or 4-bit packed weights, dequantized at load, as transformers computes; gguf-dequantized
+    /// is its spelling for a GGUF file).
     #[arg(long, default_value = "auto", help_heading = "LoadConfig")]
     pub load_format: String,
     /// KV-cache element type; auto (the model's --dtype) is the one built.
@@ -184,7 +193,7 @@ impl VllmFlags {
         }
         let gguf = model.extension().is_some_and(|e| e == "gguf");
         match self.load_format.as_str() {
-            "auto" => {}
+            "auto" | DEQUANTIZED => {}
             "safetensors" if !gguf => {}
             "gguf" | GGUF_DEQUANTIZED if gguf => {}
             "safetensors" | "gguf" | GGUF_DEQUANTIZED => {
@@ -225,6 +234,8 @@ mod tests {
         assert_eq!(check(&ok, "dir"), Ok(()));
         assert_eq!(check(&["--load-format", "gguf"], "m.gguf"), Ok(()));
         assert_eq!(check(&["--load-format", "gguf-dequantized"], "m.gguf"), Ok(()));
+        assert_eq!(check(&["--load-format", "dequantized"], "m.gguf"), Ok(()));
+        assert_eq!(check(&["--load-format", "dequantized"], "dir"), Ok(()));
         assert_eq!(check(&["--kv-cache-dtype", "auto"], "dir"), Ok(()));
     }
 

@@ -26,7 +26,7 @@ pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
         structured_outputs: args.vllm.structured_outputs()?,
         max_unread_outputs: Some(EngineConfig::SERVER_MAX_UNREAD_OUTPUTS),
         quantization: args.vllm.quantization.clone(),
-        dequantize_gguf: args.vllm.load_format == super::compat::GGUF_DEQUANTIZED,
+        dequantize_weights: super::compat::dequantizes(&args.vllm.load_format),
         speculative,
         ..EngineConfig::default()
     };

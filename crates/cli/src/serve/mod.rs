@@ -18,7 +18,7 @@ use ferrite_server::{SamplingDefaults, ServerConfig};
 use tokio::net::TcpListener;
 
 pub use args::{DTypeArg, DeviceArgs, ServeArgs};
-pub use compat::GGUF_DEQUANTIZED;
+pub use compat::dequantizes;
 
 pub use compat::expand_short_aliases;
 

@@ -394,6 +394,15 @@ fn select_rows(t: &Tensor, ranges: &[Range<usize>]) -> Result<Tensor> {
             let bytes = pick(&b.bytes, b.ty.bytes_for(cols), ranges);
             CpuStorage::Ggml(ferrite_tensor::ggml::GgmlBlocks { ty: b.ty, bytes })
         }
+        // Packed rows move as words; a part the CUDA kernel cannot take is dequantized.
+        Some(CpuStorage::Int4(m)) => {
+            let part = m.select_rows(ranges);
+            if ferrite_tensor::int4::Int4Matrix::kernel_takes(part.rows, part.cols, part.group) {
+                CpuStorage::Int4(part)
+            } else {
+                CpuStorage::BF16(part.to_f32_vec().into_iter().map(half::bf16::from_f32).collect())
+            }
+        }
         None => {
             return Err(TensorError::Unsupported { op: "select_rows", detail: "a tensor on a device".into() }.into())
         }

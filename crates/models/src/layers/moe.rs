@@ -328,11 +328,18 @@ fn stack(parts: &[Tensor], shape: &[usize]) -> Result<Tensor> {
             }
             CpuStorage::Ggml(ferrite_tensor::ggml::GgmlBlocks { ty: first.ty, bytes })
         }
+        Some(CpuStorage::Int4(_)) => return Err(packed_experts()),
         None => {
             return Err(ferrite_tensor::TensorError::Device("stacking expert weights needs CPU tensors".into()).into())
         }
     };
     Ok(Tensor::from_storage(Storage::Cpu(storage), shape.to_vec())?.to_device(device)?)
+}
+
+/// Experts load through `Weights::get`, which dequantizes 4-bit weights: only linear layers keep them.
+fn packed_experts() -> crate::ModelError {
+    ferrite_tensor::TensorError::Unsupported { op: "moe", detail: "expert weights kept as 4-bit integers".into() }
+        .into()
 }
 
 fn mixed_blocks(what: &'static str) -> crate::ModelError {
@@ -359,6 +366,7 @@ fn transpose_each(t: &Tensor) -> Result<Tensor> {
         Some(CpuStorage::F16(v)) => CpuStorage::F16(flip(v, n, a, b)),
         Some(CpuStorage::BF16(v)) => CpuStorage::BF16(flip(v, n, a, b)),
         Some(CpuStorage::Ggml(_)) => return Err(mixed_blocks("transposing expert weights")),
+        Some(CpuStorage::Int4(_)) => return Err(packed_experts()),
         None => {
             return Err(
                 ferrite_tensor::TensorError::Device("transposing expert weights needs CPU tensors".into()).into()

@@ -24,9 +24,10 @@ pub struct LoadOptions {
     /// vLLM's `--quantization`: the checkpoint's own method, or `fp8` to quantize an unquantized
     /// checkpoint as it loads.
     pub quantization: Option<String>,
-    /// Dequantize a GGUF file's matrices at load (`--load-format gguf-dequantized`), as
-    /// transformers does; by default the CPU keeps them in their blocks.
-    pub dequantize_gguf: bool,
+    /// Dequantize quantized matrices at load (`--load-format dequantized`), as transformers
+    /// does: by default the CPU keeps a GGUF file's in their blocks and CUDA keeps 4-bit
+    /// pack-quantized weights packed.
+    pub dequantize_weights: bool,
 }
 
 impl Default for LoadOptions {
@@ -36,7 +37,7 @@ impl Default for LoadOptions {
             device: Device::Cpu,
             progress: true,
             quantization: None,
-            dequantize_gguf: false,
+            dequantize_weights: false,
         }
     }
 }
@@ -81,7 +82,8 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         let file = GgufFile::open(path)?;
         let config = RawConfig { path: path.to_path_buf(), value: file.hf_config()? };
         let tokenizer = (file.hf_tokenizer_json()?, file.hf_tokenizer_config_json()?);
-        let weights = GgufWeights::new(file, path).keeping_blocks(opts.device == Device::Cpu && !opts.dequantize_gguf);
+        let weights =
+            GgufWeights::new(file, path).keeping_blocks(opts.device == Device::Cpu && !opts.dequantize_weights);
         (config, Box::new(weights), CheckpointKind::Gguf(path.to_path_buf()), Some(tokenizer))
     } else if path.is_dir() {
         let config = RawConfig::from_file(&path.join("config.json"))?;
@@ -105,7 +107,10 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         bar
     });
     let quantization = Quantization::resolve(&config, opts.quantization.as_deref())?;
-    let weights = Weights::new(source, opts.dtype, bar.clone()).on_device(opts.device).with_quantization(quantization);
+    let weights = Weights::new(source, opts.dtype, bar.clone())
+        .on_device(opts.device)
+        .with_quantization(quantization)
+        .keeping_int4(!opts.dequantize_weights);
     let span = tracing::info_span!("load", arch = %arch, path = %path.display());
     let _guard = span.enter();
     let model = constructor(&config, &weights)?;

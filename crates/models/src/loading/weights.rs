@@ -6,6 +6,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use ferrite_tensor::int4::Int4Matrix;
 use ferrite_tensor::{ActivationQuant, CpuStorage, DType, Device, Storage, Tensor};
 use half::{bf16, f16};
 use memmap2::Mmap;
@@ -274,11 +275,37 @@ pub struct Weights {
     loaded: AtomicUsize,
     progress: Option<indicatif::ProgressBar>,
     quantization: Option<Quantization>,
+    keep_int4: bool,
+}
+
+/// A pack-quantized module's parts, as [`Weights::packed_parts`] reads them.
+struct PackedParts {
+    bits: u32,
+    how: quant::WeightScales,
+    rows: usize,
+    cols: usize,
+    word_shape: Vec<usize>,
+    words: Vec<i64>,
 }
 
 impl Weights {
     pub fn new(source: Box<dyn WeightSource>, dtype: DType, progress: Option<indicatif::ProgressBar>) -> Weights {
-        Weights { source, dtype, device: Device::Cpu, loaded: AtomicUsize::new(0), progress, quantization: None }
+        Weights {
+            source,
+            dtype,
+            device: Device::Cpu,
+            loaded: AtomicUsize::new(0),
+            progress,
+            quantization: None,
+            keep_int4: true,
+        }
+    }
+
+    /// Whether linear layers' 4-bit pack-quantized weights stay packed where the device can
+    /// multiply them so (see `kept_int4`); otherwise they are dequantized at load.
+    pub fn keeping_int4(mut self, keep: bool) -> Weights {
+        self.keep_int4 = keep;
+        self
     }
 
     /// Places every tensor on `device` as it is loaded (one tensor in host memory at a time).
@@ -335,32 +362,101 @@ impl Weights {
     /// A pack-quantized weight: its integers unpacked and times their scales, in f32 (as
     /// compressed-tensors decompresses it), then `dtype`.
     fn unpacked(&self, module: &str, dtype: DType) -> Result<Tensor> {
-        let err = |message: String| ModelError::Weights { path: PathBuf::from(self.source.describe()), message };
-        let missing = |name: String| ModelError::MissingTensor { name, location: self.source.describe() };
+        let packed = self.packed_parts(module)?;
+        let (rows, cols) = (packed.rows, packed.cols);
+        let mut values = quant::unpack_int32(&packed.words, &packed.word_shape, packed.bits, rows, cols)
+            .map_err(|m| self.weights_err(format!("tensor `{module}.weight_packed`: {m}")))?;
+        let scale_name = format!("{module}.weight_scale");
+        let scales = self.source.load(&scale_name, DType::F32)?.ok_or_else(|| self.missing(&scale_name))?;
+        quant::dequantize(&mut values, &[rows, cols], &scales.try_to_f32_vec()?, scales.shape(), packed.how)
+            .map_err(|m| self.weights_err(format!("tensor `{scale_name}`: {m}")))?;
+        Ok(Tensor::from_f32_as(values, &[rows, cols], dtype)?)
+    }
+
+    /// A pack-quantized 4-bit weight kept packed, where the product can read it so: on CUDA, in a
+    /// bf16 model, in a shape the W4A16 kernel takes. Its scales are rounded to bf16 (vLLM's
+    /// kernels take them in the activation dtype too); `None` where the weight is to be
+    /// dequantized instead.
+    fn kept_int4(&self, name: &str, shape: [usize; 2]) -> Result<Option<Tensor>> {
+        if self.device == Device::Cpu || self.dtype != DType::BF16 || !self.keep_int4 {
+            return Ok(None);
+        }
+        let Some(module) = self.packed_module(name) else { return Ok(None) };
+        let packed = self.packed_parts(module)?;
+        let group = match packed.how {
+            quant::WeightScales::Group(g) => g,
+            quant::WeightScales::Channel => packed.cols,
+            _ => return Ok(None),
+        };
+        if packed.bits != 4 || !Int4Matrix::kernel_takes(packed.rows, packed.cols, group) {
+            return Ok(None);
+        }
+        if [packed.rows, packed.cols] != shape {
+            return Err(ModelError::TensorShape {
+                name: name.into(),
+                expected: shape.to_vec(),
+                actual: vec![packed.rows, packed.cols],
+            });
+        }
+        if packed.word_shape != [packed.rows, packed.cols / 8] {
+            return Err(self.weights_err(format!(
+                "tensor `{module}.weight_packed` is {:?}; expected [{}, {}]",
+                packed.word_shape,
+                packed.rows,
+                packed.cols / 8
+            )));
+        }
+        let scale_name = format!("{module}.weight_scale");
+        let scales = self.source.load(&scale_name, DType::BF16)?.ok_or_else(|| self.missing(&scale_name))?;
+        let groups = packed.cols / group;
+        if scales.numel() != packed.rows * groups || scales.shape().first() != Some(&packed.rows) {
+            return Err(self.weights_err(format!(
+                "tensor `{scale_name}` is {:?}; expected [{}, {groups}]",
+                scales.shape(),
+                packed.rows
+            )));
+        }
+        let scales = match scales.cpu() {
+            Some(CpuStorage::BF16(v)) => v.clone(),
+            _ => scales.to_f32_vec().into_iter().map(bf16::from_f32).collect(),
+        };
+        let words = packed.words.iter().map(|&w| w as u32).collect();
+        let matrix = Int4Matrix::new(packed.rows, packed.cols, group, words, scales)
+            .map_err(|m| self.weights_err(format!("tensor `{module}.weight_packed`: {m}")))?;
+        let t = Tensor::from_storage(Storage::Cpu(CpuStorage::Int4(matrix)), shape.to_vec())?;
+        self.place(name, Some(t))
+    }
+
+    /// A pack-quantized module's scheme, shape and packed words, checked for range.
+    fn packed_parts(&self, module: &str) -> Result<PackedParts> {
         let quantization = self.quantization.as_ref().ok_or_else(|| {
-            err(format!("tensor `{module}.weight_packed` is packed but config.json has no `quantization_config`"))
+            self.weights_err(format!(
+                "tensor `{module}.weight_packed` is packed but config.json has no `quantization_config`"
+            ))
         })?;
         let (bits, how) = quantization.packed_weight(module)?;
         let ints = |leaf: &str| -> Result<(Vec<usize>, Vec<i64>)> {
             let name = format!("{module}.{leaf}");
-            self.source.load_ints(&name)?.ok_or_else(|| missing(name))
+            self.source.load_ints(&name)?.ok_or_else(|| self.missing(&name))
         };
         let (_, shape) = ints("weight_shape")?;
         let &[rows, cols] = shape.as_slice() else {
-            return Err(err(format!("tensor `{module}.weight_shape` is {shape:?}, not [rows, cols]")));
+            return Err(self.weights_err(format!("tensor `{module}.weight_shape` is {shape:?}, not [rows, cols]")));
         };
         let dims = |v: i64| usize::try_from(v).ok().filter(|&d| d <= crate::decoder::load::MAX_DIM);
         let (Some(rows), Some(cols)) = (dims(rows), dims(cols)) else {
-            return Err(err(format!("tensor `{module}.weight_shape` {shape:?} is out of range")));
+            return Err(self.weights_err(format!("tensor `{module}.weight_shape` {shape:?} is out of range")));
         };
         let (word_shape, words) = ints("weight_packed")?;
-        let mut values = quant::unpack_int32(&words, &word_shape, bits, rows, cols)
-            .map_err(|m| err(format!("tensor `{module}.weight_packed`: {m}")))?;
-        let scale_name = format!("{module}.weight_scale");
-        let scales = self.source.load(&scale_name, DType::F32)?.ok_or_else(|| missing(scale_name.clone()))?;
-        quant::dequantize(&mut values, &[rows, cols], &scales.try_to_f32_vec()?, scales.shape(), how)
-            .map_err(|m| err(format!("tensor `{scale_name}`: {m}")))?;
-        Ok(Tensor::from_f32_as(values, &[rows, cols], dtype)?)
+        Ok(PackedParts { bits, how, rows, cols, word_shape, words })
+    }
+
+    fn weights_err(&self, message: String) -> ModelError {
+        ModelError::Weights { path: PathBuf::from(self.source.describe()), message }
+    }
+
+    fn missing(&self, name: &str) -> ModelError {
+        ModelError::MissingTensor { name: name.into(), location: self.source.describe() }
     }
 
     /// A loaded tensor moved to the weights' device and counted for the progress bar.
@@ -417,6 +513,9 @@ impl Weights {
         let [out, inp] = shape;
         let online = matches!(self.quantization, Some(Quantization::OnlineFp8)) && !self.source.is_fp8(&name);
         if !online && !transposed {
+            if let Some(kept) = self.kept_int4(&name, shape)? {
+                return Ok(kept);
+            }
             return self.matrix(&name, &shape);
         }
         let stored = if transposed { [inp, out] } else { shape };

@@ -3,7 +3,7 @@
 //!
 //! Each op family's kernels are one file under `kernels/`, launched from one Rust file:
 //! `elementwise.cu` from `ops.rs`, `rope_kv.cu` from `rope_kv.rs`, `norm.cu` from `norm.rs`,
-//! `gemv.cu` from `matmul.rs`, `attention_*.cu` from `attention.rs`, `sampling.cu` from
+//! `gemv.cu` from `matmul.rs`, `int4.cu` from `int4.rs`, `attention_*.cu` from `attention.rs`, `sampling.cu` from
 //! `sampling.rs`, `recurrent.cu` from `recurrent.rs`. The files are embedded in the binary, so the build still needs no CUDA. A module
 //! (an NVRTC compile unit, compiled on the first use of any of its kernels) is `common.cuh`
 //! followed by one or more of those files.
@@ -11,7 +11,7 @@
 //! A constant that both sides use is defined once, in Rust, and given to NVRTC as a `-D` define
 //! ([`defines`]); the kernel files do not define it, so a missing one fails the compile.
 
-use super::{attention, ops, recurrent, sampling};
+use super::{attention, int4, ops, recurrent, sampling};
 
 /// One NVRTC compile unit. The name keys the module cache.
 #[derive(Clone, Copy)]
@@ -38,7 +38,7 @@ pub(crate) const ATTENTION: KernelSource = module!(
     "attention_mma.cu",
     "attention_combine.cu"
 );
-pub(crate) const GEMV: KernelSource = module!("gemv": "gemv.cu");
+pub(crate) const GEMV: KernelSource = module!("gemv": "gemv.cu", "int4.cu");
 pub(crate) const SAMPLING: KernelSource = module!("sampling": "sampling.cu");
 pub(crate) const RECURRENT: KernelSource = module!("recurrent": "recurrent.cu");
 
@@ -70,6 +70,8 @@ pub(crate) fn defines() -> Vec<String> {
         ("DEC_WARPS", attention::DEC_WARPS as i64),
         ("MMA_TK", attention::MMA_TK as i64),
         ("SAMPLE_THREADS", sampling::SAMPLE_THREADS.into()),
+        ("INT4_WARPS", int4::INT4_WARPS as i64),
+        ("INT4_UNROLL", int4::INT4_UNROLL as i64),
         ("CONV_KERNEL_MAX", recurrent::CONV_KERNEL_MAX as i64),
         ("GDN_DK_MAX", recurrent::GDN_DK_MAX as i64),
         ("SSM_STATE_MAX", recurrent::SSM_STATE_MAX as i64),

@@ -67,6 +67,10 @@ impl<'a> Product<'a> {
     }
 }
 
+fn is_int4(w: &Tensor) -> bool {
+    matches!(w.dtype(), DType::Int4 { .. })
+}
+
 /// Not x.rows(), which is 0 when k is: the output still has a row per input row.
 fn rows_of(x: &Tensor) -> usize {
     x.shape().iter().rev().skip(1).product()
@@ -141,6 +145,9 @@ impl GemvGated {
 
 pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let xs = cuda_of("matmul_t", x)?;
+    if let Some(packed) = cuda_of("matmul_t", w)?.int4() {
+        return super::int4::matmul_t(x, w, packed, bias);
+    }
     let p = Product::new(xs, x, w, bias)?;
     let (m, k) = (rows_of(x), w.shape()[1]);
     if gemv_fits(xs.dtype(), m, k) && p.n > 0 {
@@ -156,6 +163,9 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
 /// Up to three GEMV products of one input in one launch (`gemv3`); otherwise one product each.
 pub fn matmul_t_many(x: &Tensor, weights: &[(&Tensor, Option<&Tensor>)]) -> Result<Vec<Tensor>> {
     let xs = cuda_of("matmul_t_many", x)?;
+    if weights.iter().any(|(w, _)| is_int4(w)) {
+        return weights.iter().map(|&(w, b)| matmul_t(x, w, b)).collect();
+    }
     let (m, k) = (rows_of(x), x.last_dim());
     let products = weights.iter().map(|&(w, b)| Product::new(xs, x, w, b)).collect::<Result<Vec<_>>>()?;
     if gemv_fits(xs.dtype(), m, k) && (1..=3).contains(&products.len()) {
@@ -184,7 +194,7 @@ pub fn gated_matmul_t(x: &Tensor, gate: &Tensor, up: &Tensor, act: Activation) -
     let xs = cuda_of("gated_matmul_t", x)?;
     let (m, k, n) = (rows_of(x), x.last_dim(), gate.shape()[0]);
     let dtype = xs.dtype();
-    if !gemv_fits(dtype, m, k) || n == 0 {
+    if !gemv_fits(dtype, m, k) || n == 0 || is_int4(gate) || is_int4(up) {
         return act_mul(&matmul_t(x, gate, None)?, &matmul_t(x, up, None)?, act);
     }
     let (gs, us) = (cuda_of("gated_matmul_t", gate)?.as_dtype(dtype)?, cuda_of("gated_matmul_t", up)?.as_dtype(dtype)?);

@@ -13,6 +13,7 @@
 pub(crate) mod attention;
 mod device;
 pub(crate) mod graph;
+mod int4;
 mod kernels;
 pub(crate) mod matmul;
 pub(crate) mod norm;

@@ -4,6 +4,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use half::bf16;
 
 use super::device::{dev_err, CudaDevice};
+use super::int4::Int4Buf;
 use super::ops::Cast;
 use crate::error::{Result, TensorError};
 use crate::tensor::CpuStorage;
@@ -13,9 +14,11 @@ use crate::DType;
 pub(crate) enum CudaBuf {
     F32(CudaSlice<f32>),
     BF16(CudaSlice<bf16>),
+    Int4(Box<Int4Buf>),
 }
 
-/// The device memory of one tensor: f32 or bf16 elements on one GPU.
+/// The device memory of one tensor: f32 or bf16 elements, or a packed 4-bit weight matrix, on one
+/// GPU.
 #[derive(Debug)]
 pub struct CudaStorage {
     dev: Arc<CudaDevice>,
@@ -30,6 +33,7 @@ pub(crate) fn dtype_suffix(dtype: DType) -> Result<&'static str> {
         DType::BF16 => Ok("bf16"),
         DType::F16 => Err(unsupported_f16("cuda")),
         DType::Ggml(ty) => Err(unsupported_ggml("cuda", ty)),
+        DType::Int4 { .. } => Err(unsupported_int4("cuda")),
     }
 }
 
@@ -39,6 +43,11 @@ fn unsupported_f16(op: &'static str) -> TensorError {
 
 fn unsupported_ggml(op: &'static str, ty: crate::ggml::GgmlType) -> TensorError {
     TensorError::Unsupported { op, detail: format!("ggml {ty} blocks on CUDA (GGUF weights are dequantized for CUDA)") }
+}
+
+/// A 4-bit weight is only ever the weight of a product.
+pub(crate) fn unsupported_int4(op: &'static str) -> TensorError {
+    TensorError::Unsupported { op, detail: "4-bit integer weights outside a matmul".into() }
 }
 
 /// A grid-stride launch over `n` elements.
@@ -74,6 +83,7 @@ impl CudaStorage {
                 DType::BF16 => CudaBuf::BF16(stream.alloc::<bf16>(len.max(1)).map_err(dev_err)?),
                 DType::F16 => return Err(unsupported_f16("alloc")),
                 DType::Ggml(ty) => return Err(unsupported_ggml("alloc", ty)),
+                DType::Int4 { .. } => return Err(unsupported_int4("alloc")),
             }
         };
         Ok(CudaStorage { dev: dev.clone(), buf, len })
@@ -86,6 +96,7 @@ impl CudaStorage {
             DType::BF16 => CudaBuf::BF16(s.alloc_zeros::<bf16>(len.max(1)).map_err(dev_err)?),
             DType::F16 => return Err(unsupported_f16("zeros")),
             DType::Ggml(ty) => return Err(unsupported_ggml("zeros", ty)),
+            DType::Int4 { .. } => return Err(unsupported_int4("zeros")),
         };
         Ok(CudaStorage { dev: dev.clone(), buf, len })
     }
@@ -99,6 +110,7 @@ impl CudaStorage {
             CpuStorage::BF16(v) if !v.is_empty() => CudaBuf::BF16(s.clone_htod(v).map_err(dev_err)?),
             CpuStorage::F16(_) => return Err(unsupported_f16("to_device")),
             CpuStorage::Ggml(b) => return Err(unsupported_ggml("to_device", b.ty)),
+            CpuStorage::Int4(m) => CudaBuf::Int4(Box::new(Int4Buf::upload(dev, m)?)),
             _ => return CudaStorage::zeros(dev, src.dtype(), 0),
         };
         Ok(CudaStorage { dev: dev.clone(), buf, len })
@@ -111,6 +123,7 @@ impl CudaStorage {
         Ok(match &self.buf {
             CudaBuf::F32(b) => CpuStorage::F32(s.clone_dtoh(&b.slice(..self.len)).map_err(dev_err)?),
             CudaBuf::BF16(b) => CpuStorage::BF16(s.clone_dtoh(&b.slice(..self.len)).map_err(dev_err)?),
+            CudaBuf::Int4(b) => CpuStorage::Int4(b.download(&self.dev)?),
         })
     }
 
@@ -123,9 +136,26 @@ impl CudaStorage {
     }
 
     pub fn dtype(&self) -> DType {
-        match self.buf {
+        match &self.buf {
             CudaBuf::F32(_) => DType::F32,
             CudaBuf::BF16(_) => DType::BF16,
+            CudaBuf::Int4(b) => DType::Int4 { group: b.group },
+        }
+    }
+
+    /// Bytes of device memory the values take.
+    pub fn size_in_bytes(&self) -> usize {
+        match &self.buf {
+            CudaBuf::Int4(b) => b.size_in_bytes(),
+            _ => self.len * self.dtype().size_in_bytes(),
+        }
+    }
+
+    /// The packed matrix, where this is a 4-bit weight.
+    pub(crate) fn int4(&self) -> Option<&Int4Buf> {
+        match &self.buf {
+            CudaBuf::Int4(b) => Some(b),
+            _ => None,
         }
     }
 
@@ -133,18 +163,23 @@ impl CudaStorage {
         &self.dev
     }
 
-    /// The device address of the first element.
+    /// The device address of the first element (of a 4-bit matrix, of its packed words: an op
+    /// other than a product refuses the dtype before it takes the address).
     pub(crate) fn ptr(&self) -> u64 {
         let s = self.dev.stream();
         // Event tracking is off, so the returned guards record nothing.
         match &self.buf {
             CudaBuf::F32(b) => b.device_ptr(s).0,
             CudaBuf::BF16(b) => b.device_ptr(s).0,
+            CudaBuf::Int4(b) => b.packed_ptr(&self.dev),
         }
     }
 
     /// A copy converted to `dtype` on the device (rounding to nearest even when narrowing).
     pub(crate) fn cast(&self, dtype: DType) -> Result<CudaStorage> {
+        if self.int4().is_some() {
+            return Err(unsupported_int4("cast"));
+        }
         let out = CudaStorage::alloc(&self.dev, dtype, self.len)?;
         if self.len > 0 {
             Cast { x: self.ptr(), y: out.ptr(), n: self.len as u64 }.launch(&self.dev, self.dtype(), dtype)?;

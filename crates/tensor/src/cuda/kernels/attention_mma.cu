@@ -11,13 +11,6 @@ __device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
     return r;
 }
 
-__device__ __forceinline__ void mma_bf16_16816(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 template <int D, int DV>
 __device__ void paged_attn_mma(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
                                const unsigned int* __restrict__ tables, const AttnItem* __restrict__ items,

@@ -106,6 +106,15 @@ __device__ float block_max(float v) {
     return warp_max(v);
 }
 
+// `c += a b` on tensor cores: a 16x16 bf16 A fragment (4 registers), a 16x8 B fragment (2), an
+// f32 16x8 accumulator (4), in the register order of PTX's `mma.m16n8k16` fragments.
+__device__ __forceinline__ void mma_bf16_16816(float* c, const unsigned int* a, unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 #define GRID_STRIDE(i, n) \
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
