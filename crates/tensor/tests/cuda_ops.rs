@@ -226,9 +226,14 @@ fn int4_matmul_t_matches_dequantized_cpu() {
             let alone = ops::matmul_t(&last, &wg, None).unwrap().to_f32_vec();
             assert_eq!(alone, all[(m - 1) * n..], "m={m} k={k} n={n}: the last row depends on the batch");
         }
-        // The fused entry points take the packed weight through the same kernel.
-        let many = ops::matmul_t_many(&xg, &[(&wg, None), (&wg, Some(&bg))]).unwrap();
-        assert_eq!(many[1].to_f32_vec(), ops::matmul_t(&xg, &wg, Some(&bg)).unwrap().to_f32_vec());
+        // The fused entry points give each product's bits alone (q/k/v of other widths too).
+        let narrow = random_int4(&mut r, 32, k, group, 0.5);
+        let ng =
+            Tensor::from_storage(Storage::Cpu(CpuStorage::Int4(narrow)), vec![32, k]).unwrap().to_device(GPU).unwrap();
+        let many = ops::matmul_t_many(&xg, &[(&wg, None), (&ng, None), (&wg, Some(&bg))]).unwrap();
+        assert_eq!(many[0].to_f32_vec(), ops::matmul_t(&xg, &wg, None).unwrap().to_f32_vec());
+        assert_eq!(many[1].to_f32_vec(), ops::matmul_t(&xg, &ng, None).unwrap().to_f32_vec());
+        assert_eq!(many[2].to_f32_vec(), ops::matmul_t(&xg, &wg, Some(&bg)).unwrap().to_f32_vec());
         let gated = ops::gated_matmul_t(&xg, &wg, &wg, Activation::Silu).unwrap();
         let plain = ops::matmul_t(&xg, &wg, None).unwrap();
         assert_eq!(gated.to_f32_vec(), ops::act_mul(&plain, &plain, Activation::Silu).unwrap().to_f32_vec());

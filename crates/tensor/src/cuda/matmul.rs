@@ -67,8 +67,9 @@ impl<'a> Product<'a> {
     }
 }
 
-fn is_int4(w: &Tensor) -> bool {
-    matches!(w.dtype(), DType::Int4 { .. })
+/// The packed matrix of a 4-bit CUDA weight.
+fn int4_of(w: &Tensor) -> Option<&super::int4::Int4Buf> {
+    w.cuda().and_then(CudaStorage::int4)
 }
 
 /// Not x.rows(), which is 0 when k is: the output still has a row per input row.
@@ -145,7 +146,7 @@ impl GemvGated {
 
 pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let xs = cuda_of("matmul_t", x)?;
-    if let Some(packed) = cuda_of("matmul_t", w)?.int4() {
+    if let Some(packed) = int4_of(w) {
         return super::int4::matmul_t(x, w, packed, bias);
     }
     let p = Product::new(xs, x, w, bias)?;
@@ -163,7 +164,10 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
 /// Up to three GEMV products of one input in one launch (`gemv3`); otherwise one product each.
 pub fn matmul_t_many(x: &Tensor, weights: &[(&Tensor, Option<&Tensor>)]) -> Result<Vec<Tensor>> {
     let xs = cuda_of("matmul_t_many", x)?;
-    if weights.iter().any(|(w, _)| is_int4(w)) {
+    if let Some(packed) = weights.iter().map(|&(w, b)| Some((w, int4_of(w)?, b))).collect::<Option<Vec<_>>>() {
+        return super::int4::matmul_t_many(x, &packed);
+    }
+    if weights.iter().any(|(w, _)| int4_of(w).is_some()) {
         return weights.iter().map(|&(w, b)| matmul_t(x, w, b)).collect();
     }
     let (m, k) = (rows_of(x), x.last_dim());
@@ -194,7 +198,11 @@ pub fn gated_matmul_t(x: &Tensor, gate: &Tensor, up: &Tensor, act: Activation) -
     let xs = cuda_of("gated_matmul_t", x)?;
     let (m, k, n) = (rows_of(x), x.last_dim(), gate.shape()[0]);
     let dtype = xs.dtype();
-    if !gemv_fits(dtype, m, k) || n == 0 || is_int4(gate) || is_int4(up) {
+    if let (Some(g), Some(u)) = (int4_of(gate), int4_of(up)) {
+        let products = super::int4::matmul_t_many(x, &[(gate, g, None), (up, u, None)])?;
+        return act_mul(&products[0], &products[1], act);
+    }
+    if !gemv_fits(dtype, m, k) || n == 0 || int4_of(gate).is_some() || int4_of(up).is_some() {
         return act_mul(&matmul_t(x, gate, None)?, &matmul_t(x, up, None)?, act);
     }
     let (gs, us) = (cuda_of("gated_matmul_t", gate)?.as_dtype(dtype)?, cuda_of("gated_matmul_t", up)?.as_dtype(dtype)?);

@@ -1,7 +1,7 @@
 // W4A16 products `y[m, n] (+)= x[m, k] w[n, k]^T`, w kept as 4-bit integers with a bf16 scale per
 // group of inputs, in the order `int4.rs` (`kernel_layout`) repacks it to.
 //
-// `w4a16_mt<MT>` takes m <= 16 * MT rows (decode and small batches) on tensor cores: each warp
+// `w4a16x3_mt<MT>` takes m <= 16 * MT rows (decode and small batches) on tensor cores: each warp
 // streams 16-byte words of packed weights, turns each nibble pair into a bf16x2 with one lop3
 // ((nibble | 0x4300) is 128 + nibble in bf16), subtracts 136 and multiplies by the scale in bf16
 // (so the weight is q * scale rounded to bf16, as transformers' dequantized weight is), and feeds
@@ -10,10 +10,10 @@
 // (`int4_dequant_bf16`) for cuBLAS.
 //
 // A block's INT4_WARPS warps take every INT4_WARPS-th 64-input chunk of one 16-row strip of w;
-// the grid's y dimension splits the inputs further where there are too few strips to fill the
-// GPU. The warps sum in shared memory; split blocks leave f32 partials, and the last block of a
-// strip to finish (counted in `counters`, zero at launch) adds them in split order. Every sum has a
-// fixed order, and a row's result does not depend on m.
+// the grid's y dimension splits the inputs among blocks (how many depends on k alone, int4.rs).
+// The warps sum in shared memory; split blocks leave f32 partials, and the last block of a strip
+// to finish (counted in `counters`, zero at launch) adds them in split order. Every sum has a
+// fixed order, so a row's result depends neither on m nor on the products launched with it.
 
 __device__ __forceinline__ unsigned int nibble_pair(unsigned int w) {
     unsigned int r;
@@ -77,18 +77,28 @@ __device__ __forceinline__ void w4a16_batch(const bf16_t* __restrict__ x, const 
 __device__ __forceinline__ int acc_row(int i, int g) { return (i >> 3) * 16 + g + ((i & 2) ? 8 : 0); }
 __device__ __forceinline__ int acc_col(int i, int strip, int t) { return strip * 16 + ((i >> 2) & 1) * 8 + 2 * t + (i & 1); }
 
+// One product of a launch: its packed weight, scale words, output, rows of w and whether y holds
+// a bias to add onto.
+struct Int4Product {
+    const uint4* wq;
+    const unsigned int* sc;
+    bf16_t* y;
+    int n, accumulate;
+};
+
+// Strip `strip` of product `p` (strip `gstrip`, column `col0 + ...` of the launch's columns
+// `ncols`, as partials and counters count them).
 template <int MT>
-__device__ void w4a16(const bf16_t* __restrict__ x, const uint4* __restrict__ wq, const unsigned int* __restrict__ sc,
-                      bf16_t* __restrict__ y, float* __restrict__ partial, unsigned int* __restrict__ counters, int m,
-                      int n, int k, int group, int accumulate) {
+__device__ void w4a16(const bf16_t* __restrict__ x, const Int4Product p, int strip, int gstrip, int col0, int ncols,
+                      float* __restrict__ partial, unsigned int* __restrict__ counters, int m, int k, int group) {
     __shared__ float red[INT4_WARPS][MT * 8][32];
     __shared__ int last;
-    const int strip = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+    const int split = blockIdx.y, splits = gridDim.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int chunks = k / 64, groups = k / group;
     const int c0 = (int)((long long)chunks * split / splits), c1 = (int)((long long)chunks * (split + 1) / splits);
-    const uint4* ws = wq + (size_t)strip * chunks * 32 + lane;
-    const unsigned int* ss = sc + (size_t)strip * groups * 8 + g;
+    const uint4* ws = p.wq + (size_t)strip * chunks * 32 + lane;
+    const unsigned int* ss = p.sc + (size_t)strip * groups * 8 + g;
 
     float acc[MT][2][4];
 #pragma unroll
@@ -125,38 +135,67 @@ __device__ void w4a16(const bf16_t* __restrict__ x, const uint4* __restrict__ wq
             const int row = acc_row(i, g), col = acc_col(i, strip, t);
             if (row >= m) continue;
             if (splits == 1) {
-                const size_t o = (size_t)row * n + col;
-                if (accumulate) v += to_f(y[o]);
-                y[o] = from_f<bf16_t>(v);
+                const size_t o = (size_t)row * p.n + col;
+                if (p.accumulate) v += to_f(p.y[o]);
+                p.y[o] = from_f<bf16_t>(v);
             } else {
-                partial[((size_t)split * m + row) * n + col] = v;
+                partial[((size_t)split * m + row) * ncols + col0 + col] = v;
             }
         }
     }
     if (splits == 1) return;
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counters + strip, 1u) == (unsigned int)(splits - 1);
+    if (threadIdx.x == 0) last = atomicAdd(counters + gstrip, 1u) == (unsigned int)(splits - 1);
     __syncthreads();
     if (!last || warp != 0) return;
     __threadfence();
+    if (lane == 0) counters[gstrip] = 0u;  // zero again, whoever replays the launch
 #pragma unroll
     for (int i = 0; i < MT * 8; ++i) {
         const int row = acc_row(i, g), col = acc_col(i, strip, t);
         if (row >= m) continue;
         float v = 0.f;
-        for (int z = 0; z < splits; ++z) v += __ldcg(partial + ((size_t)z * m + row) * n + col);
-        const size_t o = (size_t)row * n + col;
-        if (accumulate) v += to_f(y[o]);
-        y[o] = from_f<bf16_t>(v);
+        for (int z = 0; z < splits; ++z) v += __ldcg(partial + ((size_t)z * m + row) * ncols + col0 + col);
+        const size_t o = (size_t)row * p.n + col;
+        if (p.accumulate) v += to_f(p.y[o]);
+        p.y[o] = from_f<bf16_t>(v);
     }
+}
+
+// Up to three products of one x (q/k/v, gate/up) in one grid: blockIdx.x runs over the strips of
+// each in turn; a product with n = 0 is absent.
+template <int MT>
+__device__ void w4a16x3(const bf16_t* x, int m, int k, int group, float* partial, unsigned int* counters,
+                        const Int4Product (&ps)[3]) {
+    const int ncols = ps[0].n + ps[1].n + ps[2].n;
+    int strip = blockIdx.x, col0 = 0;
+    Int4Product p = ps[0];
+    if (strip >= ps[0].n / 16) {
+        strip -= ps[0].n / 16;
+        col0 += ps[0].n;
+        p = ps[1];
+        if (strip >= ps[1].n / 16) {
+            strip -= ps[1].n / 16;
+            col0 += ps[1].n;
+            p = ps[2];
+            if (strip >= ps[2].n / 16) {
+                pdl_wait();
+                return;
+            }
+        }
+    }
+    w4a16<MT>(x, p, strip, blockIdx.x, col0, ncols, partial, counters, m, k, group);
 }
 
 #define INST_W4A16(MT)                                                                                            \
     extern "C" __global__ void __launch_bounds__(INT4_WARPS * 32)                                                 \
-        w4a16_mt##MT(const bf16_t* x, const uint4* wq, const unsigned int* sc, bf16_t* y, float* partial,         \
-                     unsigned int* counters, int m, int n, int k, int group, int accumulate) {                    \
-        w4a16<MT>(x, wq, sc, y, partial, counters, m, n, k, group, accumulate);                                   \
+        w4a16x3_mt##MT(const bf16_t* x, int m, int k, int group, float* partial, unsigned int* counters,          \
+                       const uint4* wq0, const unsigned int* sc0, bf16_t* y0, int n0, int a0, const uint4* wq1,     \
+                       const unsigned int* sc1, bf16_t* y1, int n1, int a1, const uint4* wq2,                     \
+                       const unsigned int* sc2, bf16_t* y2, int n2, int a2) {                                     \
+        const Int4Product ps[3] = {{wq0, sc0, y0, n0, a0}, {wq1, sc1, y1, n1, a1}, {wq2, sc2, y2, n2, a2}};      \
+        w4a16x3<MT>(x, m, k, group, partial, counters, ps);                                                     \
     }
 INST_W4A16(1) INST_W4A16(2) INST_W4A16(4)
 
