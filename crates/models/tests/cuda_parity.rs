@@ -178,15 +178,15 @@ fn int4_weights_stay_packed_on_cuda() {
         return;
     }
     let dir = fixtures_dir().join("models").join("llama-w4a16");
+    let opts = |dequantize_weights: bool| ferrite_models::LoadOptions {
+        dtype: DType::BF16,
+        device: Device::Cuda(0),
+        progress: false,
+        dequantize_weights,
+        ..Default::default()
+    };
     let load = |dequantize_weights: bool| {
-        let opts = ferrite_models::LoadOptions {
-            dtype: DType::BF16,
-            device: Device::Cuda(0),
-            progress: false,
-            dequantize_weights,
-            ..Default::default()
-        };
-        ferrite_models::load_model(&dir, &opts).unwrap().model.info().weight_bytes
+        ferrite_models::load_model(&dir, &opts(dequantize_weights)).unwrap().model.info().weight_bytes
     };
     let (kept, dequantized) = (load(false), load(true));
     let config = ferrite_models::loading::config::RawConfig::from_file(&dir.join("config.json")).unwrap().value;
@@ -198,14 +198,7 @@ fn int4_weights_stay_packed_on_cuda() {
     // bf16 is 2 bytes a weight; packed is half a byte plus a bf16 scale per 32.
     assert_eq!(dequantized - kept, linear * 2 - (linear / 2 + linear / 32 * 2), "kept {kept} vs {dequantized}");
     for dequantize_weights in [false, true] {
-        let opts = ferrite_models::LoadOptions {
-            dtype: DType::BF16,
-            device: Device::Cuda(0),
-            progress: false,
-            dequantize_weights,
-            ..Default::default()
-        };
-        let (_, reports) = ferrite_testing::gate::run_fixture_opts(&dir, &opts).unwrap();
+        let (_, reports) = ferrite_testing::gate::run_fixture_opts(&dir, &opts(dequantize_weights)).unwrap();
         println!("llama-w4a16 bf16 dequantize_weights={dequantize_weights}: {}", summarize(&reports));
         assert!(reports.iter().all(|r| r.strict || r.near_tie()), "dequantize_weights={dequantize_weights}");
     }
