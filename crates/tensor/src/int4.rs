@@ -48,6 +48,7 @@ impl Int4Matrix {
     /// Whether the CUDA kernel takes this shape (else the weight is dequantized at load).
     pub fn kernel_takes(rows: usize, cols: usize, group: usize) -> bool {
         rows > 0
+            && cols > 0
             && rows.is_multiple_of(STRIP_ROWS)
             && cols.is_multiple_of(CHUNK_COLS)
             && group > 0
@@ -220,6 +221,7 @@ mod tests {
         assert!(Int4Matrix::kernel_takes(16, 64, 32));
         assert!(Int4Matrix::kernel_takes(4096, 14336, 128));
         assert!(!Int4Matrix::kernel_takes(8, 64, 32));
+        assert!(!Int4Matrix::kernel_takes(16, 0, 32));
         assert!(!Int4Matrix::kernel_takes(16, 96, 32));
         assert!(!Int4Matrix::kernel_takes(16, 128, 16));
         assert!(!Int4Matrix::kernel_takes(16, 192, 128));
