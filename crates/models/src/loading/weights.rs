@@ -278,14 +278,12 @@ pub struct Weights {
     keep_int4: bool,
 }
 
-/// A pack-quantized module's parts, as [`Weights::packed_parts`] reads them.
+/// A pack-quantized module's scheme and shape, as [`Weights::packed_parts`] reads them.
 struct PackedParts {
     bits: u32,
     how: quant::WeightScales,
     rows: usize,
     cols: usize,
-    word_shape: Vec<usize>,
-    words: Vec<i64>,
 }
 
 impl Weights {
@@ -364,7 +362,8 @@ impl Weights {
     fn unpacked(&self, module: &str, dtype: DType) -> Result<Tensor> {
         let packed = self.packed_parts(module)?;
         let (rows, cols) = (packed.rows, packed.cols);
-        let mut values = quant::unpack_int32(&packed.words, &packed.word_shape, packed.bits, rows, cols)
+        let (word_shape, words) = self.packed_words(module)?;
+        let mut values = quant::unpack_int32(&words, &word_shape, packed.bits, rows, cols)
             .map_err(|m| self.weights_err(format!("tensor `{module}.weight_packed`: {m}")))?;
         let scale_name = format!("{module}.weight_scale");
         let scales = self.source.load(&scale_name, DType::F32)?.ok_or_else(|| self.missing(&scale_name))?;
@@ -398,10 +397,10 @@ impl Weights {
                 actual: vec![packed.rows, packed.cols],
             });
         }
-        if packed.word_shape != [packed.rows, packed.cols / 8] {
+        let (word_shape, words) = self.packed_words(module)?;
+        if word_shape != [packed.rows, packed.cols / 8] {
             return Err(self.weights_err(format!(
-                "tensor `{module}.weight_packed` is {:?}; expected [{}, {}]",
-                packed.word_shape,
+                "tensor `{module}.weight_packed` is {word_shape:?}; expected [{}, {}]",
                 packed.rows,
                 packed.cols / 8
             )));
@@ -420,14 +419,15 @@ impl Weights {
             Some(CpuStorage::BF16(v)) => v.clone(),
             _ => scales.to_f32_vec().into_iter().map(bf16::from_f32).collect(),
         };
-        let words = packed.words.iter().map(|&w| w as u32).collect();
+        let words = words.iter().map(|&w| w as u32).collect();
         let matrix = Int4Matrix::new(packed.rows, packed.cols, group, words, scales)
             .map_err(|m| self.weights_err(format!("tensor `{module}.weight_packed`: {m}")))?;
         let t = Tensor::from_storage(Storage::Cpu(CpuStorage::Int4(matrix)), shape.to_vec())?;
         self.place(name, Some(t))
     }
 
-    /// A pack-quantized module's scheme, shape and packed words, checked for range.
+    /// A pack-quantized module's scheme and shape, checked for range (its words are read apart,
+    /// by [`Weights::packed_words`], once the caller knows it wants them).
     fn packed_parts(&self, module: &str) -> Result<PackedParts> {
         let quantization = self.quantization.as_ref().ok_or_else(|| {
             self.weights_err(format!(
@@ -435,11 +435,7 @@ impl Weights {
             ))
         })?;
         let (bits, how) = quantization.packed_weight(module)?;
-        let ints = |leaf: &str| -> Result<(Vec<usize>, Vec<i64>)> {
-            let name = format!("{module}.{leaf}");
-            self.source.load_ints(&name)?.ok_or_else(|| self.missing(&name))
-        };
-        let (_, shape) = ints("weight_shape")?;
+        let (_, shape) = self.packed_ints(module, "weight_shape")?;
         let &[rows, cols] = shape.as_slice() else {
             return Err(self.weights_err(format!("tensor `{module}.weight_shape` is {shape:?}, not [rows, cols]")));
         };
@@ -447,8 +443,17 @@ impl Weights {
         let (Some(rows), Some(cols)) = (dims(rows), dims(cols)) else {
             return Err(self.weights_err(format!("tensor `{module}.weight_shape` {shape:?} is out of range")));
         };
-        let (word_shape, words) = ints("weight_packed")?;
-        Ok(PackedParts { bits, how, rows, cols, word_shape, words })
+        Ok(PackedParts { bits, how, rows, cols })
+    }
+
+    /// A pack-quantized module's `weight_packed` words and their shape.
+    fn packed_words(&self, module: &str) -> Result<(Vec<usize>, Vec<i64>)> {
+        self.packed_ints(module, "weight_packed")
+    }
+
+    fn packed_ints(&self, module: &str, leaf: &str) -> Result<(Vec<usize>, Vec<i64>)> {
+        let name = format!("{module}.{leaf}");
+        self.source.load_ints(&name)?.ok_or_else(|| self.missing(&name))
     }
 
     fn weights_err(&self, message: String) -> ModelError {
@@ -462,10 +467,10 @@ impl Weights {
     /// A loaded tensor moved to the weights' device and counted for the progress bar.
     fn place(&self, name: &str, loaded: Option<Tensor>) -> Result<Option<Tensor>> {
         let t = match loaded {
-            Some(t) => Some(t.to_device(self.device).map_err(|e| ModelError::Weights {
-                path: PathBuf::from(self.source.describe()),
-                message: format!("tensor `{name}` to {:?}: {e}", self.device),
-            })?),
+            Some(t) => Some(
+                t.to_device(self.device)
+                    .map_err(|e| self.weights_err(format!("tensor `{name}` to {:?}: {e}", self.device)))?,
+            ),
             None => None,
         };
         if t.is_some() {
@@ -479,7 +484,7 @@ impl Weights {
 
     /// An FP8 weight times its scales (see [`quant::dequantize`]), in f32 and then `dtype`.
     fn dequantized(&self, name: &str, dtype: DType) -> Result<Tensor> {
-        let err = |message: String| ModelError::Weights { path: PathBuf::from(self.source.describe()), message };
+        let err = |message: String| self.weights_err(message);
         let quantization =
             self.quantization.as_ref().filter(|q| !matches!(q, Quantization::Mxfp4)).ok_or_else(|| {
                 err(format!("tensor `{name}` is FP8 (F8_E4M3) but config.json has no FP8 `quantization_config`"))
@@ -488,9 +493,8 @@ impl Weights {
             .strip_suffix(".weight")
             .ok_or_else(|| err(format!("tensor `{name}` is FP8, which only a linear layer's weight may be")))?;
         let (how, scale_name) = quantization.weight_scales(module)?;
-        let missing = || ModelError::MissingTensor { name: scale_name.clone(), location: self.source.describe() };
         let weight = self.source.load(name, DType::F32)?.ok_or_else(|| err(format!("tensor `{name}` vanished")))?;
-        let scales = self.source.load(&scale_name, DType::F32)?.ok_or_else(missing)?;
+        let scales = self.source.load(&scale_name, DType::F32)?.ok_or_else(|| self.missing(&scale_name))?;
         let mut values = weight.try_to_f32_vec()?;
         quant::dequantize(&mut values, weight.shape(), &scales.try_to_f32_vec()?, scales.shape(), how)
             .map_err(|m| err(format!("tensor `{scale_name}`: {m}")))?;
@@ -519,9 +523,7 @@ impl Weights {
             return self.matrix(&name, &shape);
         }
         let stored = if transposed { [inp, out] } else { shape };
-        let weight = self
-            .load_host(&name, DType::F32)?
-            .ok_or_else(|| ModelError::MissingTensor { name: name.clone(), location: self.source.describe() })?;
+        let weight = self.load_host(&name, DType::F32)?.ok_or_else(|| self.missing(&name))?;
         if weight.shape() != stored {
             return Err(ModelError::TensorShape { name, expected: stored.to_vec(), actual: weight.shape().to_vec() });
         }
@@ -551,15 +553,11 @@ impl Weights {
             None => None,
             Some(InputQuantSource::Dynamic(q)) => Some(q),
             Some(InputQuantSource::StaticScale(name)) => {
-                let scale = self.get_scalar_opt(&name)?.ok_or_else(|| ModelError::MissingTensor {
-                    name: name.clone(),
-                    location: self.source.describe(),
-                })?;
+                let scale = self.get_scalar_opt(&name)?.ok_or_else(|| self.missing(&name))?;
                 if !(scale.is_finite() && scale > 0.0) {
-                    return Err(ModelError::Weights {
-                        path: PathBuf::from(self.source.describe()),
-                        message: format!("tensor `{name}`: input scale {scale} is not a positive number"),
-                    });
+                    return Err(
+                        self.weights_err(format!("tensor `{name}`: input scale {scale} is not a positive number"))
+                    );
                 }
                 Some(ActivationQuant::Static(scale))
             }
@@ -598,8 +596,7 @@ impl Weights {
     }
 
     pub fn get_any_shape(&self, name: &str) -> Result<Tensor> {
-        self.fetch(name, self.dtype)?
-            .ok_or_else(|| ModelError::MissingTensor { name: name.into(), location: self.source.describe() })
+        self.fetch(name, self.dtype)?.ok_or_else(|| self.missing(name))
     }
 
     pub fn get_opt(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
@@ -612,17 +609,8 @@ impl Weights {
 
     /// Norm weights and biases stay f32: they are tiny and the oracle applies them in f32.
     pub fn get_f32(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let t = self
-            .fetch(name, DType::F32)?
-            .ok_or_else(|| ModelError::MissingTensor { name: name.into(), location: self.source.describe() })?;
-        if t.shape() != shape {
-            return Err(ModelError::TensorShape {
-                name: name.into(),
-                expected: shape.to_vec(),
-                actual: t.shape().to_vec(),
-            });
-        }
-        Ok(t)
+        let t = self.fetch(name, DType::F32)?.ok_or_else(|| self.missing(name))?;
+        with_shape(name, t, shape)
     }
 
     pub fn get_f32_opt(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
