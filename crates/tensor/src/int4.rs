@@ -6,6 +6,7 @@
 //! order the W4A16 kernel's tensor-core fragments want ([`kernel_layout`]).
 
 use half::bf16;
+use rayon::prelude::*;
 
 /// The CUDA kernel takes a matrix whose rows come in strips of 16 and whose inputs come in
 /// chunks of 64, with groups of whole 32-input blocks.
@@ -106,6 +107,13 @@ impl Int4Matrix {
 /// bits 0, 4 and 1, 3 at bits 16, 20; for the second row at bits 8, 12 and 24, 28, so that
 /// masking `0x000f000f` after a shift of 0, 4, 8 or 12 gives a bf16x2 register pair.
 fn source_of(word: usize, nibble: usize, cols: usize) -> (usize, usize) {
+    let (row, col) = word_origin(word, cols);
+    let (row_offset, input) = NIBBLE_OFFSETS[nibble];
+    (row + row_offset, col + input)
+}
+
+/// Where word `word`'s nibble 0 comes from (see [`source_of`]).
+fn word_origin(word: usize, cols: usize) -> (usize, usize) {
     let chunks = cols / CHUNK_COLS;
     let step = word % 4;
     let lane = (word / 4) % 32;
@@ -113,15 +121,16 @@ fn source_of(word: usize, nibble: usize, cols: usize) -> (usize, usize) {
     let strip = word / (128 * chunks);
     let (g, t) = (lane / 4, lane % 4);
     let (block, j) = (step / 2, step % 2);
-    let second_row = nibble & 2 != 0;
-    let input = (nibble & 1) * 2 + (nibble >> 2);
-    let row = strip * STRIP_ROWS + g + if second_row { 8 } else { 0 };
-    let col = chunk * CHUNK_COLS + block * BLOCK_COLS + 8 * t + 4 * j + input;
-    (row, col)
+    (strip * STRIP_ROWS + g, chunk * CHUNK_COLS + block * BLOCK_COLS + 8 * t + 4 * j)
 }
+
+/// (row, input) of each nibble of a word relative to its origin: bit 1 of the nibble index picks
+/// the second row (8 rows on), bits 0 and 2 the input (`2 * bit0 + bit2`).
+const NIBBLE_OFFSETS: [(usize, usize); 8] = [(0, 0), (0, 2), (8, 0), (8, 2), (0, 1), (0, 3), (8, 1), (8, 3)];
 
 /// The packed words and scale pairs in the CUDA kernel's order (see [`source_of`]); scale word
 /// `(strip * groups + group) * 8 + g` holds rows `strip * 16 + g` (low half) and `+ 8` (high).
+/// Runs once per weight at load, over all cores.
 pub fn kernel_layout(m: &Int4Matrix) -> (Vec<u32>, Vec<u32>) {
     assert!(
         Int4Matrix::kernel_takes(m.rows, m.cols, m.group),
@@ -132,11 +141,13 @@ pub fn kernel_layout(m: &Int4Matrix) -> (Vec<u32>, Vec<u32>) {
     );
     let words = m.rows * m.cols / 8;
     let packed = (0..words)
+        .into_par_iter()
         .map(|w| {
-            (0..8).fold(0u32, |acc, nib| {
-                let (r, c) = source_of(w, nib, m.cols);
-                acc | m.nibble(r, c) << (4 * nib)
-            })
+            let (row, col) = word_origin(w, m.cols);
+            NIBBLE_OFFSETS
+                .iter()
+                .enumerate()
+                .fold(0u32, |acc, (nib, &(dr, dc))| acc | m.nibble(row + dr, col + dc) << (4 * nib))
         })
         .collect();
     let groups = m.cols / m.group;
