@@ -54,8 +54,16 @@ fn raise_exception(message: String) -> std::result::Result<String, minijinja::Er
     Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
 }
 
-fn strftime_now(format: String) -> String {
-    chrono::Local::now().format(&format).to_string()
+/// Python's `strftime` raises on a directive it does not know; chrono's formatter reports one
+/// as a `fmt::Error` (which `to_string` would turn into a panic), so it becomes the template's
+/// error.
+fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error> {
+    use std::fmt::Write;
+    let mut out = String::new();
+    write!(out, "{}", chrono::Local::now().format(&format)).map_err(|_| {
+        minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, format!("strftime_now: bad format {format:?}"))
+    })?;
+    Ok(out)
 }
 
 /// transformers' `tojson` filter, which is Python's `json.dumps(x, ensure_ascii=False,
@@ -180,7 +188,14 @@ impl ChatTemplate {
         vars.insert("documents".into(), Value::Null);
         vars.insert("add_generation_prompt".into(), r.add_generation_prompt.into());
         let mut out = BoundedOutput(Vec::new());
-        template.render_captured_to(JValue::from_serialize(&vars), &mut out).map_err(|e| {
+        // minijinja 2.24 panics on some input (`''[::-1]` indexes an empty string); a template
+        // from a request must not take the server down with it. The environment is not changed
+        // by rendering, so nothing is left half-updated after the unwind.
+        let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            template.render_captured_to(JValue::from_serialize(&vars), &mut out)
+        }))
+        .map_err(|panic| TokenizerError::Template(format!("the template engine failed: {}", panic_text(&panic))))?;
+        rendered.map_err(|e| {
             TokenizerError::Template(match std::error::Error::source(&e) {
                 Some(cause) => format!("{e}: {cause}"),
                 None => e.to_string(),
@@ -193,6 +208,14 @@ impl ChatTemplate {
             Ok(rendered)
         }
     }
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("panic")
 }
 
 /// What a chat template renders: transformers' `apply_chat_template` arguments.
@@ -330,6 +353,27 @@ mod tests {
         assert!(err.contains("recursion"), "{err}");
         let (err, _) = render("{% include '/etc/passwd' %}");
         assert!(err.contains("not found") || err.contains("template"), "{err}");
+    }
+
+    /// Found by `tests/hostile_templates.rs`: minijinja 2.24 indexes past an empty string when
+    /// reversing it. The render fails; the caller goes on.
+    #[test]
+    fn a_panic_inside_the_template_engine_is_an_error() {
+        let t = ChatTemplate::new("{{ messages[0].content[::-1] }}".into(), String::new(), String::new()).unwrap();
+        let err = t.render(&[ChatMessage::new("user", "")], false).unwrap_err().to_string();
+        assert!(err.contains("the template engine failed"), "{err}");
+        assert_eq!(t.render(&[ChatMessage::new("user", "abc")], false).unwrap(), "cba");
+    }
+
+    /// Found by `tests/hostile_templates.rs`: an unknown `strftime` directive panicked inside
+    /// chrono's `to_string`.
+    #[test]
+    fn a_bad_strftime_format_is_the_templates_error() {
+        let t = ChatTemplate::new("{{ strftime_now('%Y %Q') }}".into(), String::new(), String::new()).unwrap();
+        let err = t.render(&[], false).unwrap_err().to_string();
+        assert!(err.contains("bad format"), "{err}");
+        let t = ChatTemplate::new("{{ strftime_now('%Y') }}".into(), String::new(), String::new()).unwrap();
+        assert_eq!(t.render(&[], false).unwrap().len(), 4);
     }
 
     #[test]
