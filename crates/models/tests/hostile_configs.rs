@@ -119,7 +119,7 @@ fn load(dir: &Path) -> Result<(), String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: ProptestConfig::default().cases.max(400), ..ProptestConfig::default() })]
     #[test]
     fn poisoned_configs_fail_cleanly(
         fixture in 0..FIXTURES.len(),

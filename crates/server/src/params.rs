@@ -470,7 +470,7 @@ mod tests {
         }
 
         proptest! {
-            #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+            #![proptest_config(ProptestConfig { cases: ProptestConfig::default().cases.max(3000), ..ProptestConfig::default() })]
             #[test]
             fn any_body_builds_or_is_refused(fields in proptest::collection::vec((proptest::sample::select(KEYS), json(2)), 0..8)) {
                 let body = Value::Object(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect());

@@ -78,7 +78,8 @@ fn pattern() -> impl Strategy<Value = String> {
 }
 
 fn schema(depth: u32) -> BoxedStrategy<Value> {
-    let scalar_type = prop::sample::select(vec!["string", "integer", "number", "boolean", "null", "object", "array", "nope"]);
+    let scalar_type =
+        prop::sample::select(vec!["string", "integer", "number", "boolean", "null", "object", "array", "nope"]);
     let leaf = prop_oneof![
         scalar_type.clone().prop_map(|t| json!({"type": t})),
         Just(json!(true)),
@@ -103,7 +104,8 @@ fn schema(depth: u32) -> BoxedStrategy<Value> {
             }
             s
         }),
-        (number(), number()).prop_map(|(min, max)| json!({"type": "number", "exclusiveMinimum": min, "exclusiveMaximum": max})),
+        (number(), number())
+            .prop_map(|(min, max)| json!({"type": "number", "exclusiveMinimum": min, "exclusiveMaximum": max})),
         prop::collection::vec(prop_oneof![Just(json!(null)), number(), "[a-z]{0,5}".prop_map(Value::from)], 0..4)
             .prop_map(|e| json!({"enum": e})),
         number().prop_map(|c| json!({"const": c})),

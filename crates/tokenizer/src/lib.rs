@@ -172,6 +172,12 @@ impl Tokenizer {
     }
 
     /// Longest-first truncation leaving room for the special tokens the post-processor adds.
+    ///
+    /// tokenizers' own `truncate_encodings` keeps what it cuts as overflowing encodings of
+    /// `max_length` tokens each, and its post-processor pairs every overflow of one text with
+    /// every overflow of the other: a request with two long texts and a small
+    /// `truncate_prompt_tokens` asked for gigabytes. The lengths here are its longest-first rule;
+    /// the cut keeps the prefixes only.
     fn truncate(
         &self,
         first: tokenizers::Encoding,
@@ -180,10 +186,9 @@ impl Tokenizer {
     ) -> Result<(tokenizers::Encoding, Option<tokenizers::Encoding>)> {
         use tokenizers::PostProcessor;
         let added = self.inner.get_post_processor().map(|p| p.added_tokens(second.is_some())).unwrap_or(0);
-        let params =
-            tokenizers::TruncationParams { max_length: max_length.saturating_sub(added), ..Default::default() };
-        tokenizers::utils::truncation::truncate_encodings(first, second, &params)
-            .map_err(|e| TokenizerError::Tokenizer(e.to_string()))
+        let (n1, n2) =
+            longest_first(first.len(), second.as_ref().map_or(0, |s| s.len()), max_length.saturating_sub(added));
+        Ok((prefix(first, n1), second.map(|s| prefix(s, n2))))
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
@@ -239,5 +244,97 @@ impl Tokenizer {
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
+    }
+}
+
+/// How many tokens of each text `truncate_encodings` keeps under `TruncationStrategy::LongestFirst`
+/// (tokenizers 0.23, `utils/truncation.rs`); a missing second text has length 0.
+fn longest_first(n1: usize, n2: usize, max_length: usize) -> (usize, usize) {
+    if n1 + n2 <= max_length {
+        return (n1, n2);
+    }
+    if n2 == 0 {
+        return (max_length, 0);
+    }
+    let (mut short, swapped) = if n1 > n2 { (n2, true) } else { (n1, false) };
+    let mut long = if short > max_length { short } else { short.max(max_length - short) };
+    if short + long > max_length {
+        short = max_length / 2;
+        long = short + max_length % 2;
+    }
+    if swapped {
+        (long, short)
+    } else {
+        (short, long)
+    }
+}
+
+/// The first `n` tokens of `encoding` (ids, token strings, offsets), nothing kept of the rest.
+fn prefix(encoding: tokenizers::Encoding, n: usize) -> tokenizers::Encoding {
+    if encoding.len() <= n {
+        return encoding;
+    }
+    let tokens = (0..n)
+        .map(|i| {
+            tokenizers::Token::new(encoding.get_ids()[i], encoding.get_tokens()[i].clone(), encoding.get_offsets()[i])
+        })
+        .collect();
+    tokenizers::Encoding::from_tokens(tokens, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoding(n: usize) -> tokenizers::Encoding {
+        let tokens = (0..n).map(|i| tokenizers::Token::new(i as u32, format!("t{i}"), (i, i + 1))).collect();
+        tokenizers::Encoding::from_tokens(tokens, 0)
+    }
+
+    /// The cut lengths equal tokenizers' own longest-first truncation, pairs and single texts.
+    #[test]
+    fn longest_first_keeps_what_tokenizers_keeps() {
+        let params = |max_length| tokenizers::TruncationParams { max_length, ..Default::default() };
+        for max in 0..12 {
+            for n1 in 0..14 {
+                let (single, _) =
+                    tokenizers::utils::truncation::truncate_encodings(encoding(n1), None, &params(max)).unwrap();
+                assert_eq!(longest_first(n1, 0, max).0, single.len(), "single {n1} max {max}");
+                for n2 in 0..14 {
+                    let (a, b) = tokenizers::utils::truncation::truncate_encodings(
+                        encoding(n1),
+                        Some(encoding(n2)),
+                        &params(max),
+                    )
+                    .unwrap();
+                    assert_eq!(longest_first(n1, n2, max), (a.len(), b.unwrap().len()), "{n1} {n2} max {max}");
+                }
+            }
+        }
+    }
+
+    /// Two long texts cut to a handful of tokens: tokenizers' own truncation paired every
+    /// overflow of one with every overflow of the other (millions of encodings here).
+    #[test]
+    fn a_long_pair_truncates_without_overflow_pairs() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/pooling/bert-rerank");
+        let tok = Tokenizer::from_dir(&dir).unwrap();
+        let (a, b) = ("alpha ".repeat(1000), "beta ".repeat(3000));
+        let (ids, types) = tok.encode_pair(&a, &b, Some(6)).unwrap();
+        let (a_ids, b_ids) = (tok.encode(&a, false).unwrap(), tok.encode(&b, false).unwrap());
+        assert!(a_ids.len() < b_ids.len());
+        let (cls, sep) = (ids[0], ids[2]);
+        // 6 - 3 special tokens: one of the shorter text, two of the longer (the odd one).
+        assert_eq!(ids, [cls, a_ids[0], sep, b_ids[0], b_ids[1], sep]);
+        assert_eq!(tok.encode_pair("", "", None).unwrap().0, [cls, sep, sep]);
+        assert_eq!(types, [0, 0, 0, 1, 1, 1]);
+    }
+
+    #[test]
+    fn a_prefix_keeps_no_overflow() {
+        let cut = prefix(encoding(100_000), 3);
+        assert_eq!(cut.get_ids(), [0, 1, 2]);
+        assert_eq!(cut.get_tokens(), ["t0", "t1", "t2"]);
+        assert!(cut.get_overflowing().is_empty());
     }
 }

@@ -82,7 +82,9 @@ impl Variant {
 /// Granite 4.0-H's Mamba2 dimensions, with transformers' defaults.
 fn mamba_dims(raw: &RawConfig, cfg: &GraniteMoeConfig, hidden: usize, eps: f64) -> Result<Mamba2Dims> {
     let heads = cfg.mamba_n_heads.unwrap_or(128);
-    let inner = cfg.mamba_expand.unwrap_or(2) * hidden;
+    let expand = cfg.mamba_expand.unwrap_or(2);
+    check_dims(raw, &[("mamba_expand", expand)])?;
+    let inner = expand * hidden;
     let head_dim = match &cfg.mamba_d_head {
         None => inner / heads.max(1),
         Some(v) if v == "auto" => inner / heads.max(1),

@@ -94,6 +94,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         raw,
         &[
             ("hidden_size", cfg.hidden_size),
+            ("expand", cfg.expand),
             ("num_heads", cfg.num_heads),
             ("head_dim", cfg.head_dim),
             ("state_size", cfg.state_size),

@@ -797,7 +797,7 @@ mod hostile {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: ProptestConfig::default().cases.max(300), ..ProptestConfig::default() })]
         #[test]
         fn lying_headers_fail_cleanly(lies in proptest::collection::vec(lie(), 1..4)) {
             let mut file = sample();

@@ -498,7 +498,7 @@ mod hostile {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: ProptestConfig::default().cases.max(2000), ..ProptestConfig::default() })]
         #[test]
         fn damaged_headers_fail_cleanly(damages in proptest::collection::vec(damage(), 1..4)) {
             let mut file = sample_file();
