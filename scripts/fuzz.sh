@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 export PROPTEST_CASES="${CASES:-20000}"
 run() { echo "== $*"; cargo test "$@"; }
 run -p ferrite-tokenizer --test hostile_templates
+run -p ferrite-tokenizer --test hostile_tokenizer_files
 run -p ferrite-structured --test hostile_constraints
 run -p ferrite-models --test hostile_configs
 run -p ferrite-models --lib -- gguf::tests weights::hostile quant::tests::hostile

@@ -13,6 +13,7 @@ mod admission;
 mod chat;
 mod chat_output;
 mod completions;
+pub mod connections;
 pub mod cors;
 pub mod error;
 mod generate;
@@ -44,6 +45,7 @@ use tokio::net::TcpListener;
 use tower_http::cors::CorsLayer;
 
 use crate::admission::Admission;
+use crate::connections::Bounded;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::protocol::{ModelCard, ModelList, ModelPermission};
@@ -80,6 +82,8 @@ pub struct ServerConfig {
     pub tls: Option<tls::Tls>,
     /// Tool calling, reasoning and chat templates from requests.
     pub chat: ChatOptions,
+    /// Connections served at once and the keep-alive time of an idle one.
+    pub connections: connections::ConnectionLimits,
 }
 
 /// vLLM's chat front-end switches.
@@ -276,8 +280,9 @@ pub(crate) async fn serve_router<S: Served>(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: Duration,
 ) -> std::io::Result<()> {
+    let limits = state.served().config.connections;
     match state.served().config.tls.clone() {
-        Some(tls) => serve_on(tls.listen(listener)?, app, state, shutdown, grace).await,
+        Some(tls) => serve_on(Bounded::new(tls.listen(listener)?, limits), app, state, shutdown, grace).await,
         None => {
             // Without TCP_NODELAY the first streamed chunk after the response headers waits for
             // the client's delayed ACK (40 ms on Linux): that was the whole TTFT of a short prompt.
@@ -286,13 +291,13 @@ pub(crate) async fn serve_router<S: Served>(
                     tracing::warn!(error = %e, "cannot set TCP_NODELAY on a connection");
                 }
             });
-            serve_on(listener, app, state, shutdown, grace).await
+            serve_on(Bounded::new(listener, limits), app, state, shutdown, grace).await
         }
     }
 }
 
 async fn serve_on<S: Served, L>(
-    listener: L,
+    listener: Bounded<L>,
     app: Router,
     state: Arc<S>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -304,6 +309,8 @@ where
 {
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let drained = state.clone();
+    let app = app.layer(middleware::from_fn(connections::track_requests));
+    let app = app.into_make_service_with_connect_info::<connections::Connection>();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
         tracing::info!(in_flight = drained.in_flight(), "shutting down: draining in-flight requests");
@@ -472,6 +479,10 @@ mod tests {
             log_requests: true,
             tls: None,
             chat: ChatOptions::default(),
+            connections: connections::ConnectionLimits {
+                max_connections: 4,
+                keep_alive: connections::DEFAULT_KEEP_ALIVE,
+            },
         }
     }
 
@@ -595,6 +606,64 @@ mod tests {
         assert!(!head.contains("access-control-allow-origin"), "{head}");
         let (_, head, _) = server.exchange("GET", "/health", "X-Request-Id: abc\r\n").await;
         assert!(!head.contains("x-request-id"), "{head}");
+    }
+
+    /// Two connection slots and a 300 ms keep-alive: silent and trickling clients are closed,
+    /// which frees the slot a waiting client needs; a request slower than the keep-alive is
+    /// not cut.
+    #[tokio::test]
+    async fn idle_connections_are_closed_and_their_slots_reused() {
+        let limits = connections::ConnectionLimits { max_connections: 2, keep_alive: Duration::from_millis(300) };
+        let state =
+            Arc::new(Bare { served: ServedModel::new(ServerConfig { connections: limits, ..config() }, 128, 1000) });
+        let slow = || async {
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+            "done"
+        };
+        let app = finish_router(with_common_routes(Router::new().route("/slow", get(slow))), state.clone());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let never = std::future::pending::<()>();
+        tokio::spawn(serve_router(listener, app, state, never, Duration::from_secs(1)));
+        let connect = || tokio::net::TcpStream::connect(addr);
+        let read_all = |mut c: tokio::net::TcpStream| async move {
+            let mut out = String::new();
+            tokio::time::timeout(Duration::from_secs(10), c.read_to_string(&mut out)).await.unwrap().unwrap();
+            out
+        };
+
+        // Two silent clients hold both slots; a third client's request waits until they are cut.
+        let (silent_a, silent_b) = (connect().await.unwrap(), connect().await.unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut third = connect().await.unwrap();
+        third.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+        let started = std::time::Instant::now();
+        assert!(read_all(third).await.starts_with("HTTP/1.1 200"));
+        assert!(started.elapsed() >= Duration::from_millis(200), "answered before a slot was free");
+        assert_eq!(read_all(silent_a).await, "");
+        assert_eq!(read_all(silent_b).await, "");
+
+        // A client trickling its request head is cut, though bytes keep arriving.
+        let mut trickle = connect().await.unwrap();
+        trickle.write_all(b"GET /health HTTP/1.1\r\n").await.unwrap();
+        let mut cut = false;
+        for _ in 0..40 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if trickle.write_all(b"X-A: b\r\n").await.is_err() {
+                cut = true;
+                break;
+            }
+        }
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), trickle.read_to_end(&mut rest)).await.unwrap();
+        assert!(cut || read.is_err() || rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+
+        // A request served for longer than the keep-alive is answered, and the idle connection
+        // after it is closed.
+        let mut keep = connect().await.unwrap();
+        keep.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        let answer = read_all(keep).await;
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("done"), "{answer}");
     }
 
     #[test]

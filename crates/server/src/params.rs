@@ -471,6 +471,20 @@ mod tests {
 
         proptest! {
             #![proptest_config(ProptestConfig { cases: ProptestConfig::default().cases.max(3000), ..ProptestConfig::default() })]
+            /// A checkpoint's `generation_config.json` is read or refused with a message naming
+            /// the file, whatever its values.
+            #[test]
+            fn any_generation_config_is_read_or_refused(fields in proptest::collection::vec((
+                proptest::sample::select(&["temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                    "max_new_tokens", "eos_token_id", "do_sample", "bos_token_id"][..]),
+                json(1),
+            ), 0..6)) {
+                let config = Value::Object(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect());
+                if let Err(e) = SamplingDefaults::from_generation_config(&config, "generation_config.json") {
+                    prop_assert!(e.starts_with("generation_config.json: "), "{}", e);
+                }
+            }
+
             #[test]
             fn any_body_builds_or_is_refused(fields in proptest::collection::vec((proptest::sample::select(KEYS), json(2)), 0..8)) {
                 let body = Value::Object(fields.into_iter().map(|(k, v)| (k.to_string(), v)).collect());

@@ -210,7 +210,7 @@ impl ChatTemplate {
     }
 }
 
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
     panic
         .downcast_ref::<&str>()
         .copied()

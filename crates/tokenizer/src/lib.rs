@@ -89,8 +89,9 @@ impl Tokenizer {
         generation_config: Option<&Value>,
         template_override: Option<String>,
     ) -> Result<Tokenizer> {
-        let mut inner: tokenizers::Tokenizer =
-            tokenizer_json.parse().map_err(|e: tokenizers::Error| TokenizerError::Tokenizer(e.to_string()))?;
+        let mut inner = guarded(|| {
+            tokenizer_json.parse::<tokenizers::Tokenizer>().map_err(|e| TokenizerError::Tokenizer(e.to_string()))
+        })?;
         // transformers overrides the padding and truncation a tokenizer.json carries on every call
         // (`tokenizer(text)` neither pads nor truncates), so they are dropped here; length limits
         // are applied per call ([`Tokenizer::encode_truncated`], [`Tokenizer::encode_pair`]).
@@ -123,7 +124,11 @@ impl Tokenizer {
             .first()
             .copied()
             .or_else(|| bos_token.as_deref().and_then(|t| inner.token_to_id(t)));
-        Ok(Tokenizer { inner, chat_template, bos_token, eos_token, eos_token_ids, bos_token_id })
+        let tokenizer = Tokenizer { inner, chat_template, bos_token, eos_token, eos_token_ids, bos_token_id };
+        // A file whose post-processor or decoder fails on any input is refused now, naming the
+        // file, rather than on every request.
+        tokenizer.decode(&tokenizer.encode("probe text", true)?, false)?;
+        Ok(tokenizer)
     }
 
     /// This tokenizer with another chat template (vLLM's `--chat-template`).
@@ -136,10 +141,12 @@ impl Tokenizer {
     /// Token ids of `text`; `add_special_tokens` applies the tokenizer's post-processor (BOS and
     /// the like), as `tokenizer(text)` does in transformers.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        self.inner
-            .encode(text, add_special_tokens)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| TokenizerError::Tokenizer(e.to_string()))
+        guarded(|| {
+            self.inner
+                .encode(text, add_special_tokens)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| TokenizerError::Tokenizer(e.to_string()))
+        })
     }
 
     /// Ids of `text` with special tokens, cut to at most `max_length` tokens as transformers'
@@ -147,12 +154,14 @@ impl Tokenizer {
     /// the special tokens are kept. `None` does not truncate.
     pub fn encode_truncated(&self, text: &str, max_length: Option<usize>) -> Result<Vec<u32>> {
         let err = |e: tokenizers::Error| TokenizerError::Tokenizer(e.to_string());
-        let encoding = self.inner.encode(text, false).map_err(err)?;
-        let encoding = match max_length {
-            Some(max) => self.truncate(encoding, None, max)?.0,
-            None => encoding,
-        };
-        Ok(self.inner.post_process(encoding, None, true).map_err(err)?.get_ids().to_vec())
+        guarded(|| {
+            let encoding = self.inner.encode(text, false).map_err(err)?;
+            let encoding = match max_length {
+                Some(max) => self.truncate(encoding, None, max)?.0,
+                None => encoding,
+            };
+            Ok(self.inner.post_process(encoding, None, true).map_err(err)?.get_ids().to_vec())
+        })
     }
 
     /// A text pair as a cross-encoder reads it, `tokenizer(a, b, truncation=True, max_length=n)`:
@@ -161,14 +170,16 @@ impl Tokenizer {
     /// Returns `(ids, type_ids)`.
     pub fn encode_pair(&self, a: &str, b: &str, max_length: Option<usize>) -> Result<(Vec<u32>, Vec<u32>)> {
         let err = |e: tokenizers::Error| TokenizerError::Tokenizer(e.to_string());
-        let first = self.inner.encode(a, false).map_err(err)?;
-        let second = self.inner.encode(b, false).map_err(err)?;
-        let (first, second) = match max_length {
-            Some(max) => self.truncate(first, Some(second), max)?,
-            None => (first, Some(second)),
-        };
-        let encoding = self.inner.post_process(first, second, true).map_err(err)?;
-        Ok((encoding.get_ids().to_vec(), encoding.get_type_ids().to_vec()))
+        guarded(|| {
+            let first = self.inner.encode(a, false).map_err(err)?;
+            let second = self.inner.encode(b, false).map_err(err)?;
+            let (first, second) = match max_length {
+                Some(max) => self.truncate(first, Some(second), max)?,
+                None => (first, Some(second)),
+            };
+            let encoding = self.inner.post_process(first, second, true).map_err(err)?;
+            Ok((encoding.get_ids().to_vec(), encoding.get_type_ids().to_vec()))
+        })
     }
 
     /// Longest-first truncation leaving room for the special tokens the post-processor adds.
@@ -192,7 +203,7 @@ impl Tokenizer {
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner.decode(ids, skip_special_tokens).map_err(|e| TokenizerError::Tokenizer(e.to_string()))
+        guarded(|| self.inner.decode(ids, skip_special_tokens).map_err(|e| TokenizerError::Tokenizer(e.to_string())))
     }
 
     pub fn id_to_token(&self, id: u32) -> Option<String> {
@@ -245,6 +256,15 @@ impl Tokenizer {
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
+}
+
+/// tokenizers 0.23 panics instead of failing on some malformed `tokenizer.json` files (a BPE
+/// merge shorter than the continuing-subword prefix, a post-processor template naming a special
+/// token it does not define); a checkpoint from a stranger gets an error instead.
+fn guarded<T>(work: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+        Err(TokenizerError::Tokenizer(format!("the tokenizer failed: {}", chat::panic_text(&panic))))
+    })
 }
 
 /// How many tokens of each text `truncate_encodings` keeps under `TruncationStrategy::LongestFirst`
@@ -328,6 +348,34 @@ mod tests {
         assert_eq!(ids, [cls, a_ids[0], sep, b_ids[0], b_ids[1], sep]);
         assert_eq!(tok.encode_pair("", "", None).unwrap().0, [cls, sep, sep]);
         assert_eq!(types, [0, 0, 0, 1, 1, 1]);
+    }
+
+    /// Found by `tests/hostile_tokenizer_files.rs`: tokenizers panics at load on a merge
+    /// shorter than the continuing-subword prefix, and on every encode when the post-processor's
+    /// template names a special token it does not define. Both are load errors.
+    #[test]
+    fn tokenizer_json_that_panics_tokenizers_is_refused_at_load() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/llama");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer.json")).unwrap()).unwrap();
+        let config = serde_json::Value::Null;
+        let mut bad_template = json.clone();
+        bad_template["post_processor"] = serde_json::json!({
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {}
+        });
+        let err = Tokenizer::from_parts(&bad_template.to_string(), &config, None, None).err().unwrap().to_string();
+        assert!(err.contains("the tokenizer failed"), "{err}");
+        let mut bad_merge = json.clone();
+        bad_merge["model"]["continuing_subword_prefix"] = "##".into();
+        bad_merge["model"]["merges"] = serde_json::json!([["a", "b"]]);
+        bad_merge["model"]["vocab"]["a"] = 900.into();
+        bad_merge["model"]["vocab"]["b"] = 901.into();
+        let outcome = Tokenizer::from_parts(&bad_merge.to_string(), &config, None, None);
+        assert!(outcome.is_err());
+        assert!(Tokenizer::from_parts(&json.to_string(), &config, None, None).is_ok());
     }
 
     #[test]

@@ -2,10 +2,12 @@
 //! both servers build from them alike: the CORS layer and the shutdown signal.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 use ferrite_engine::{DType, Device, EngineConfig};
+use ferrite_server::connections::{ConnectionLimits, DEFAULT_KEEP_ALIVE};
 use ferrite_server::cors::{Cors, CorsLayer};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -164,6 +166,10 @@ pub struct ServeArgs {
     /// Sequences that may wait beyond --max-num-seqs before new requests get 503.
     #[arg(long, default_value_t = 1024, help_heading = "Frontend")]
     pub max_queue: usize,
+    /// Connections served at once; more wait in the accept backlog. A connection with no
+    /// request in flight is closed after VLLM_HTTP_TIMEOUT_KEEP_ALIVE seconds (5 by default).
+    #[arg(long, default_value_t = 4096, help_heading = "Frontend")]
+    pub max_connections: usize,
     /// Seconds in-flight requests get to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30.0, help_heading = "Frontend")]
     pub shutdown_timeout: f64,
@@ -262,6 +268,21 @@ impl ServeArgs {
             n if n >= 0 => Ok(n as usize),
             n => anyhow::bail!("--max-logprobs must be -1 (no limit) or at least 0, got {n}"),
         }
+    }
+
+    /// `--max-connections` and vLLM's keep-alive (`VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, seconds).
+    pub(crate) fn connection_limits(&self) -> Result<ConnectionLimits> {
+        anyhow::ensure!(self.max_connections > 0, "--max-connections must be at least 1");
+        let keep_alive = match std::env::var("VLLM_HTTP_TIMEOUT_KEEP_ALIVE") {
+            Err(_) => DEFAULT_KEEP_ALIVE,
+            Ok(v) => {
+                let secs: f64 = v.trim().parse().ok().filter(|s: &f64| s.is_finite() && *s > 0.0).ok_or_else(|| {
+                    anyhow::anyhow!("VLLM_HTTP_TIMEOUT_KEEP_ALIVE must be a positive number of seconds, got {v:?}")
+                })?;
+                Duration::from_secs_f64(secs.min(86_400.0))
+            }
+        };
+        Ok(ConnectionLimits { max_connections: self.max_connections, keep_alive })
     }
 
     /// `--api-key`, else VLLM_API_KEY, else FERRITE_API_KEY; an empty key is none.

@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use ferrite_server::connections::ConnectionLimits;
 use ferrite_server::cors::CorsLayer;
 use ferrite_server::tls::Tls;
 use ferrite_server::{SamplingDefaults, ServerConfig};
@@ -36,9 +37,10 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         }
         _ => None,
     };
+    let connections = args.connection_limits()?;
     match pooling::task(&args)? {
-        Some(task) => pooling::run(args, task, Frontend { cors, tls }),
-        None => generate::run(args, Frontend { cors, tls }),
+        Some(task) => pooling::run(args, task, Frontend { cors, tls, connections }),
+        None => generate::run(args, Frontend { cors, tls, connections }),
     }
 }
 
@@ -46,6 +48,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
 pub struct Frontend {
     cors: CorsLayer,
     tls: Option<Tls>,
+    connections: ConnectionLimits,
 }
 
 /// What the flags say about the server, apart from the engine.
@@ -65,6 +68,7 @@ fn server_config(args: &ServeArgs, frontend: Frontend, sampling_defaults: Sampli
         request_id_headers: args.enable_request_id_headers,
         log_requests: !args.vllm.disable_log_requests,
         chat: args.vllm.chat_options(),
+        connections: frontend.connections,
     }
 }
 
