@@ -19,6 +19,7 @@ pub fn kv_budget(model: &dyn CausalLM, config: &EngineConfig, max_model_len: usi
         return Err(EngineError::Config(format!("gpu_memory_utilization must be in (0, 1], got {util}")));
     }
     let dev = ferrite_tensor::cuda::device(ordinal)?;
+    let started = std::time::Instant::now();
     let tokens = config.max_num_batched_tokens.min(max_model_len).max(1);
     let rows = config.max_num_seqs.min(tokens);
     let block_size = config.block_size;
@@ -39,6 +40,8 @@ pub fn kv_budget(model: &dyn CausalLM, config: &EngineConfig, max_model_len: usi
         total_gib = total as f64 / (1u64 << 30) as f64,
         used_gib = used as f64 / (1u64 << 30) as f64,
         profiled_tokens = tokens,
+        // The first step also waits for the kernels it uses to compile.
+        seconds = started.elapsed().as_secs_f64(),
         "device memory after the profiling step"
     );
     budget.checked_sub(used).filter(|&b| b > 0).ok_or_else(|| {

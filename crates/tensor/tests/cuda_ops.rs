@@ -104,6 +104,34 @@ fn transfers_and_casts_round_trip() {
     println!("CHECK transfers: exact");
 }
 
+/// Weights copied as stored through the pinned staging buffers: tensors larger than both
+/// buffers (the DMA of one overlapping the fill of the other) arrive bit for bit, in order with
+/// ops issued after them, and a wrong byte count is an error.
+#[test]
+fn staged_uploads_arrive_exactly() {
+    require_gpu!();
+    let dev = cuda::device(0).unwrap();
+    let mut uploader = cuda::Uploader::new(&dev).unwrap();
+    // 150M bf16 values: 300 MB, over four 64 MiB stages, the last one partial.
+    let n = 150_000_001usize;
+    let bits: Vec<u16> =
+        (0..n).map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_right(7) as u16 & 0x7f7f).collect();
+    let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+    let g = uploader.tensor(DType::BF16, &[n], &bytes).unwrap();
+    let small = uploader
+        .tensor(DType::F32, &[2, 3], &[1.5f32, -2.0, 0.25, 8.0, 0.0, -0.5].map(f32::to_le_bytes).concat())
+        .unwrap();
+    drop(uploader);
+    assert_eq!((g.device(), g.dtype(), g.shape()), (GPU, DType::BF16, &[n][..]));
+    let back = g.to_device(Device::Cpu).unwrap().to_f32_vec();
+    let want: Vec<f32> = bits.iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect();
+    assert!(back == want, "a staged upload differs");
+    assert_eq!(small.to_f32_vec(), [1.5, -2.0, 0.25, 8.0, 0.0, -0.5]);
+    let mut uploader = cuda::Uploader::new(&dev).unwrap();
+    assert!(uploader.tensor(DType::F32, &[3], &[0u8; 8]).is_err());
+    println!("CHECK staged uploads: exact");
+}
+
 #[test]
 fn misuse_is_an_error_not_a_panic() {
     require_gpu!();

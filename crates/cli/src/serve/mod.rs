@@ -23,7 +23,11 @@ pub use compat::dequantizes;
 
 pub use compat::expand_short_aliases;
 
+/// When `serve` began, for the start-up time the log reports once the server listens.
+static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
 pub fn run(mut args: ServeArgs) -> Result<()> {
+    STARTED.get_or_init(std::time::Instant::now);
     args.resolve_model()?;
     args.vllm.check(&args.model)?;
     if !(args.shutdown_timeout.is_finite() && args.shutdown_timeout >= 0.0) {
@@ -91,7 +95,8 @@ where
             .with_context(|| format!("--host {} resolves to no address", args.host))?;
         let listener = TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let local = listener.local_addr().context("reading the bound address")?;
-        tracing::info!(model = %args.model.display(), "listening on http://{local}");
+        let startup_s = STARTED.get().map_or(0.0, |t| t.elapsed().as_secs_f64());
+        tracing::info!(model = %args.model.display(), startup_s, "listening on http://{local}");
         serve(listener, grace).await.context("serving")
     })?;
     runtime.shutdown_timeout(Duration::from_secs(1));

@@ -113,11 +113,15 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         .keeping_int4(!opts.dequantize_weights);
     let span = tracing::info_span!("load", arch = %arch, path = %path.display());
     let _guard = span.enter();
+    let started = std::time::Instant::now();
     let model = constructor(&config, &weights)?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    tracing::info!(tensors = weights.loaded_count(), weight_bytes = model.info().weight_bytes, "model loaded");
+    let seconds = started.elapsed().as_secs_f64();
+    let weight_bytes = model.info().weight_bytes;
+    let gib_per_s = weight_bytes as f64 / (1u64 << 30) as f64 / seconds.max(1e-9);
+    tracing::info!(tensors = weights.loaded_count(), weight_bytes, seconds, gib_per_s, "model loaded");
     Ok(LoadedModel { model, config, kind, gguf_tokenizer })
 }
 

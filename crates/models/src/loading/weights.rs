@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
+use ferrite_tensor::cuda::Uploader;
 use ferrite_tensor::int4::Int4Matrix;
 use ferrite_tensor::{ActivationQuant, CpuStorage, DType, Device, Storage, Tensor};
 use half::{bf16, f16};
@@ -35,6 +37,11 @@ pub trait WeightSource: Send + Sync {
     /// when absent. Integer tensors are refused by [`WeightSource::load`], whose floats would
     /// round words past 2^24.
     fn load_ints(&self, _name: &str) -> Result<Option<(Vec<usize>, Vec<i64>)>> {
+        Ok(None)
+    }
+    /// The tensor's shape and stored bytes, when they already are little-endian `dtype` values
+    /// (nothing to convert): what an upload can copy as is. `None` otherwise or when absent.
+    fn stored_bytes(&self, _name: &str, _dtype: DType) -> Result<Option<(Vec<usize>, &[u8])>> {
         Ok(None)
     }
 }
@@ -169,6 +176,23 @@ impl WeightSource for SafetensorsWeights {
         convert(view.data(), view.dtype(), dtype, view.shape(), name, &shard.path).map(Some)
     }
 
+    fn stored_bytes(&self, name: &str, dtype: DType) -> Result<Option<(Vec<usize>, &[u8])>> {
+        let Some(&shard) = self.index.get(name) else {
+            return Ok(None);
+        };
+        let shard = &self.shards[shard];
+        let st = SafeTensors::deserialize(&shard.mmap)
+            .map_err(|e| ModelError::Weights { path: shard.path.clone(), message: e.to_string() })?;
+        let view = st
+            .tensor(name)
+            .map_err(|e| ModelError::Weights { path: shard.path.clone(), message: format!("tensor `{name}`: {e}") })?;
+        let as_stored = matches!((view.dtype(), dtype), (StDtype::BF16, DType::BF16) | (StDtype::F32, DType::F32));
+        if !as_stored {
+            return Ok(None);
+        }
+        Ok(Some((view.shape().to_vec(), view.data())))
+    }
+
     fn describe(&self) -> String {
         self.dir.display().to_string()
     }
@@ -276,6 +300,8 @@ pub struct Weights {
     progress: Option<indicatif::ProgressBar>,
     quantization: Option<Quantization>,
     keep_int4: bool,
+    /// Pinned staging for tensors copied to a GPU as stored; made on the first such tensor.
+    uploader: Mutex<Option<Uploader>>,
 }
 
 /// A pack-quantized module's scheme and shape, as [`Weights::packed_parts`] reads them.
@@ -296,6 +322,7 @@ impl Weights {
             progress,
             quantization: None,
             keep_int4: true,
+            uploader: Mutex::new(None),
         }
     }
 
@@ -335,8 +362,29 @@ impl Weights {
     }
 
     fn fetch(&self, name: &str, dtype: DType) -> Result<Option<Tensor>> {
+        if let Some(t) = self.upload_as_stored(name, dtype)? {
+            return self.place(name, Some(t));
+        }
         let loaded = self.load_host(name, dtype)?;
         self.place(name, loaded)
+    }
+
+    /// A tensor stored as `dtype`, copied from the checkpoint's bytes straight to the GPU
+    /// through pinned staging buffers ([`Uploader`]), without a converted copy in host memory;
+    /// `None` when the weights stay on the CPU or the tensor needs converting.
+    fn upload_as_stored(&self, name: &str, dtype: DType) -> Result<Option<Tensor>> {
+        let Device::Cuda(ordinal) = self.device else { return Ok(None) };
+        let Some((shape, bytes)) = self.source.stored_bytes(name, dtype)? else { return Ok(None) };
+        let to_device =
+            |e: ferrite_tensor::TensorError| self.weights_err(format!("tensor `{name}` to {:?}: {e}", self.device));
+        let mut uploader =
+            self.uploader.lock().map_err(|_| self.weights_err("the upload staging is poisoned".into()))?;
+        if uploader.is_none() {
+            let dev = ferrite_tensor::cuda::device(ordinal).map_err(to_device)?;
+            *uploader = Some(Uploader::new(&dev).map_err(to_device)?);
+        }
+        let uploader = uploader.as_mut().expect("made above");
+        uploader.tensor(dtype, &shape, bytes).map(Some).map_err(to_device)
     }
 
     /// A tensor in host memory as `dtype`, an FP8 or packed integer weight dequantized; `None`

@@ -105,6 +105,9 @@ pub struct CudaDevice {
     stream: Arc<CudaStream>,
     blas: Mutex<blas_sys::cublasHandle_t>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Every module's compile (NVRTC, then the driver's JIT), started on its own thread when the
+    /// device opens so that it overlaps loading the weights; taken by the first use.
+    compiling: Mutex<HashMap<&'static str, std::thread::JoinHandle<Result<Arc<CudaModule>>>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
     /// Allocates the buffers a captured graph keeps, which must not come from the capture.
     side: Arc<CudaStream>,
@@ -201,15 +204,29 @@ impl CudaDevice {
             // Plain fp32 GEMMs: TF32 would cost f32 activations their exactness against the CPU.
             blas_sys::cublasSetMathMode(blas, blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH).result().map_err(dev_err)?;
         }
+        let compute_capability = ctx.compute_capability().map_err(dev_err)?;
+        let arch = arch_of(compute_capability);
+        let compiling = kernels::MODULES
+            .into_iter()
+            .filter_map(|source| {
+                let ctx = ctx.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("nvrtc-{}", source.name))
+                    .spawn(move || load_module(&ctx, source, arch));
+                // Without a thread the module compiles on its first use instead.
+                spawned.ok().map(|handle| (source.name, handle))
+            })
+            .collect();
         Ok(CudaDevice {
             ordinal,
             name: ctx.name().map_err(dev_err)?,
-            compute_capability: ctx.compute_capability().map_err(dev_err)?,
+            compute_capability,
             multiprocessors,
             max_shared_per_block,
             stream,
             blas: Mutex::new(blas),
             modules: Mutex::new(HashMap::new()),
+            compiling: Mutex::new(compiling),
             functions: Mutex::new(HashMap::new()),
             side,
             _blas_workspace: blas_workspace,
@@ -286,9 +303,13 @@ impl CudaDevice {
     }
 
     fn compile(&self, source: KernelSource) -> Result<Arc<CudaModule>> {
-        let (major, minor) = self.compute_capability;
-        let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
-        self.stream.context().load_module(compile_ptx(source, arch)?).map_err(dev_err)
+        let started = self.compiling.lock().map_err(|_| dev_err("compile table poisoned"))?.remove(source.name);
+        match started {
+            Some(handle) => {
+                handle.join().map_err(|_| dev_err(format!("compiling the {} kernels panicked", source.name)))?
+            }
+            None => load_module(self.stream.context(), source, arch_of(self.compute_capability)),
+        }
     }
 
     /// Launches `f` with `args` in the order of the kernel's C parameters. On sm_90 and later
@@ -353,6 +374,83 @@ impl CudaDevice {
     }
 }
 
+/// The virtual architecture modules are compiled for: the device's own.
+fn arch_of((major, minor): (i32, i32)) -> &'static str {
+    static NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let name = format!("compute_{major}{minor}");
+    let mut names = NAMES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(known) = names.iter().find(|n| **n == name) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(name.into_boxed_str());
+    names.push(leaked);
+    leaked
+}
+
+/// `source` compiled for `arch` and loaded into `ctx` (where the driver turns the PTX into
+/// machine code, keeping it in its own cache, `~/.nv/ComputeCache`).
+fn load_module(ctx: &Arc<CudaContext>, source: KernelSource, arch: &'static str) -> Result<Arc<CudaModule>> {
+    let started = std::time::Instant::now();
+    let module = ctx.load_module(cached_ptx(source, arch)?).map_err(dev_err)?;
+    tracing::debug!(module = source.name, seconds = started.elapsed().as_secs_f64(), "kernels ready");
+    Ok(module)
+}
+
+/// The PTX of `source` from the kernel cache, else from NVRTC (then stored in the cache).
+/// NVRTC takes seconds for the attention module; a restart reads the file instead. The cache is
+/// `$FERRITE_CACHE_DIR/kernels` (default `$XDG_CACHE_HOME/ferrite`, else `~/.cache/ferrite`),
+/// each file named by a hash of everything that shapes the PTX; a cache that cannot be read or
+/// written is skipped.
+fn cached_ptx(source: KernelSource, arch: &'static str) -> Result<Ptx> {
+    cached_ptx_in(kernel_cache_dir().as_deref(), source, arch)
+}
+
+fn cached_ptx_in(dir: Option<&std::path::Path>, source: KernelSource, arch: &'static str) -> Result<Ptx> {
+    let path = dir.map(|dir| dir.join(format!("{}-{arch}-{:016x}.ptx", source.name, ptx_key(source, arch))));
+    if let Some(text) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+        return Ok(Ptx::from_src(text));
+    }
+    let ptx = compile_ptx(source, arch)?;
+    if let Some(path) = path {
+        if let Err(e) = store_atomically(&path, ptx.to_src().as_bytes()) {
+            tracing::debug!(path = %path.display(), error = %e, "the kernel cache is not writable");
+        }
+    }
+    Ok(ptx)
+}
+
+fn kernel_cache_dir() -> Option<std::path::PathBuf> {
+    let var = |name| std::env::var_os(name).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
+    let root = var("FERRITE_CACHE_DIR")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("ferrite")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache/ferrite")))?;
+    Some(root.join("kernels"))
+}
+
+/// What the PTX depends on: the source, the defines, the architecture, this build and NVRTC's
+/// version.
+fn ptx_key(source: KernelSource, arch: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (source.src, kernels::defines(), arch, env!("CARGO_PKG_VERSION")).hash(&mut h);
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC writes two ints through the pointers, which address live locals.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    (major, minor).hash(&mut h);
+    h.finish()
+}
+
+/// Writes `bytes` to `path` through a temporary file, so that a concurrent reader sees the old
+/// file or the whole new one.
+fn store_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().ok_or_else(|| std::io::Error::other("no parent directory"))?;
+    std::fs::create_dir_all(dir)?;
+    let tmp =
+        dir.join(format!(".{}.{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("ptx"), std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
 /// One kernel module as PTX for virtual architecture `arch`, with the constants it shares with
 /// Rust defined.
 fn compile_ptx(source: KernelSource, arch: &'static str) -> Result<Ptx> {
@@ -408,6 +506,29 @@ mod tests {
     /// NVRTC needs no GPU: where only the library is present (CI installs its wheel), every
     /// kernel module is still compiled for Hopper, so that a kernel that does not build fails
     /// here rather than at a server's start on the device.
+    /// A compiled module is written to the kernel cache and read back from it on the next
+    /// use (the file's content is what loads, so a planted marker shows the cache was read).
+    #[test]
+    fn compiled_ptx_goes_through_the_kernel_cache() {
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("skipped: libnvrtc not found (pip install nvidia-cuda-nvrtc-cu12, then LD_LIBRARY_PATH)");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("ferrite-kernel-cache-{}", std::process::id()));
+        let source = kernels::SAMPLING;
+        let first = cached_ptx_in(Some(&dir), source, "compute_90").unwrap().to_src();
+        let files: Vec<_> = std::fs::read_dir(dir.join("")).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        assert_eq!(std::fs::read_to_string(&files[0]).unwrap(), first);
+        std::fs::write(&files[0], format!("// from the cache\n{first}")).unwrap();
+        let second = cached_ptx_in(Some(&dir), source, "compute_90").unwrap().to_src();
+        assert!(second.starts_with("// from the cache"), "the cache was not read");
+        // Another architecture is another entry.
+        cached_ptx_in(Some(&dir), source, "compute_89").unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn every_kernel_module_compiles_for_sm90() {
         // SAFETY: only probes whether the shared library can be loaded.

@@ -42,7 +42,6 @@ pub(crate) const GEMV: KernelSource = module!("gemv": "gemv.cu", "int4.cu");
 pub(crate) const SAMPLING: KernelSource = module!("sampling": "sampling.cu");
 pub(crate) const RECURRENT: KernelSource = module!("recurrent": "recurrent.cu");
 
-#[cfg(test)]
 pub(crate) const MODULES: [KernelSource; 6] = [ELEMENTWISE, NORM, ATTENTION, GEMV, SAMPLING, RECURRENT];
 
 /// The `-D` options every module is compiled with: the constants the kernels share with their

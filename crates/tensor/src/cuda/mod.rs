@@ -22,7 +22,9 @@ pub(crate) mod recurrent;
 pub(crate) mod rope_kv;
 pub(crate) mod sampling;
 mod storage;
+mod upload;
 
 pub use device::{device, device_count, is_available, CudaDevice};
 pub use graph::{HostFill, StepGraph, StepInput};
 pub use storage::CudaStorage;
+pub use upload::Uploader;

@@ -101,6 +101,10 @@ impl CudaStorage {
         Ok(CudaStorage { dev: dev.clone(), buf, len })
     }
 
+    pub(crate) fn from_parts(dev: &Arc<CudaDevice>, buf: CudaBuf, len: usize) -> CudaStorage {
+        CudaStorage { dev: dev.clone(), buf, len }
+    }
+
     pub fn from_cpu(dev: &Arc<CudaDevice>, src: &CpuStorage) -> Result<CudaStorage> {
         dev.check_not_capturing("a host-to-device copy")?;
         let s = dev.stream();
