@@ -124,6 +124,20 @@ fn is_plain_file_name(name: &str) -> bool {
     !name.contains(['/', '\\']) && matches!((parts.next(), parts.next()), (Some(std::path::Component::Normal(_)), None))
 }
 
+impl SafetensorsWeights {
+    /// The stored tensor `name` and the shard file holding it; `None` when absent.
+    fn view(&self, name: &str) -> Result<Option<(safetensors::tensor::TensorView<'_>, &Path)>> {
+        let Some(&shard) = self.index.get(name) else {
+            return Ok(None);
+        };
+        let shard = &self.shards[shard];
+        let err = |message: String| ModelError::Weights { path: shard.path.clone(), message };
+        let st = SafeTensors::deserialize(&shard.mmap).map_err(|e| err(e.to_string()))?;
+        let view = st.tensor(name).map_err(|e| err(format!("tensor `{name}`: {e}")))?;
+        Ok(Some((view, &shard.path)))
+    }
+}
+
 fn convert(bytes: &[u8], dtype: StDtype, target: DType, shape: &[usize], name: &str, path: &Path) -> Result<Tensor> {
     let err = |m: String| ModelError::Weights { path: path.to_path_buf(), message: format!("tensor `{name}`: {m}") };
     let f32s =
@@ -164,33 +178,14 @@ impl WeightSource for SafetensorsWeights {
     }
 
     fn load(&self, name: &str, dtype: DType) -> Result<Option<Tensor>> {
-        let Some(&shard) = self.index.get(name) else {
-            return Ok(None);
-        };
-        let shard = &self.shards[shard];
-        let st = SafeTensors::deserialize(&shard.mmap)
-            .map_err(|e| ModelError::Weights { path: shard.path.clone(), message: e.to_string() })?;
-        let view = st
-            .tensor(name)
-            .map_err(|e| ModelError::Weights { path: shard.path.clone(), message: format!("tensor `{name}`: {e}") })?;
-        convert(view.data(), view.dtype(), dtype, view.shape(), name, &shard.path).map(Some)
+        let Some((view, path)) = self.view(name)? else { return Ok(None) };
+        convert(view.data(), view.dtype(), dtype, view.shape(), name, path).map(Some)
     }
 
     fn stored_bytes(&self, name: &str, dtype: DType) -> Result<Option<(Vec<usize>, &[u8])>> {
-        let Some(&shard) = self.index.get(name) else {
-            return Ok(None);
-        };
-        let shard = &self.shards[shard];
-        let st = SafeTensors::deserialize(&shard.mmap)
-            .map_err(|e| ModelError::Weights { path: shard.path.clone(), message: e.to_string() })?;
-        let view = st
-            .tensor(name)
-            .map_err(|e| ModelError::Weights { path: shard.path.clone(), message: format!("tensor `{name}`: {e}") })?;
+        let Some((view, _)) = self.view(name)? else { return Ok(None) };
         let as_stored = matches!((view.dtype(), dtype), (StDtype::BF16, DType::BF16) | (StDtype::F32, DType::F32));
-        if !as_stored {
-            return Ok(None);
-        }
-        Ok(Some((view.shape().to_vec(), view.data())))
+        Ok(as_stored.then(|| (view.shape().to_vec(), view.data())))
     }
 
     fn describe(&self) -> String {
@@ -206,13 +201,8 @@ impl WeightSource for SafetensorsWeights {
     }
 
     fn load_ints(&self, name: &str) -> Result<Option<(Vec<usize>, Vec<i64>)>> {
-        let Some(&shard) = self.index.get(name) else {
-            return Ok(None);
-        };
-        let shard = &self.shards[shard];
-        let err = |message: String| ModelError::Weights { path: shard.path.clone(), message };
-        let st = SafeTensors::deserialize(&shard.mmap).map_err(|e| err(e.to_string()))?;
-        let view = st.tensor(name).map_err(|e| err(format!("tensor `{name}`: {e}")))?;
+        let Some((view, path)) = self.view(name)? else { return Ok(None) };
+        let err = |message: String| ModelError::Weights { path: path.to_path_buf(), message };
         let b = view.data();
         let values: Vec<i64> = match view.dtype() {
             StDtype::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect(),
