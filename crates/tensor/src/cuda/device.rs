@@ -100,6 +100,8 @@ pub struct CudaDevice {
     ordinal: usize,
     name: String,
     compute_capability: (i32, i32),
+    /// The virtual architecture its kernel modules are compiled for (`compute_90`).
+    arch: &'static str,
     multiprocessors: usize,
     max_shared_per_block: usize,
     stream: Arc<CudaStream>,
@@ -205,7 +207,9 @@ impl CudaDevice {
             blas_sys::cublasSetMathMode(blas, blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH).result().map_err(dev_err)?;
         }
         let compute_capability = ctx.compute_capability().map_err(dev_err)?;
-        let arch = arch_of(compute_capability);
+        let (major, minor) = compute_capability;
+        // NVRTC's options take a 'static name; a device is opened once per process.
+        let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
         let compiling = kernels::MODULES
             .into_iter()
             .filter_map(|source| {
@@ -221,6 +225,7 @@ impl CudaDevice {
             ordinal,
             name: ctx.name().map_err(dev_err)?,
             compute_capability,
+            arch,
             multiprocessors,
             max_shared_per_block,
             stream,
@@ -308,7 +313,7 @@ impl CudaDevice {
             Some(handle) => {
                 handle.join().map_err(|_| dev_err(format!("compiling the {} kernels panicked", source.name)))?
             }
-            None => load_module(self.stream.context(), source, arch_of(self.compute_capability)),
+            None => load_module(self.stream.context(), source, self.arch),
         }
     }
 
@@ -372,19 +377,6 @@ impl CudaDevice {
             .result()
             .map_err(dev_err)
     }
-}
-
-/// The virtual architecture modules are compiled for: the device's own.
-fn arch_of((major, minor): (i32, i32)) -> &'static str {
-    static NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-    let name = format!("compute_{major}{minor}");
-    let mut names = NAMES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(known) = names.iter().find(|n| **n == name) {
-        return known;
-    }
-    let leaked: &'static str = Box::leak(name.into_boxed_str());
-    names.push(leaked);
-    leaked
 }
 
 /// `source` compiled for `arch` and loaded into `ctx` (where the driver turns the PTX into
@@ -503,9 +495,6 @@ mod tests {
         }};
     }
 
-    /// NVRTC needs no GPU: where only the library is present (CI installs its wheel), every
-    /// kernel module is still compiled for Hopper, so that a kernel that does not build fails
-    /// here rather than at a server's start on the device.
     /// A compiled module is written to the kernel cache and read back from it on the next
     /// use (the file's content is what loads, so a planted marker shows the cache was read).
     #[test]
@@ -529,6 +518,9 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// NVRTC needs no GPU: where only the library is present (CI installs its wheel), every
+    /// kernel module is still compiled for Hopper, so that a kernel that does not build fails
+    /// here rather than at a server's start on the device.
     #[test]
     fn every_kernel_module_compiles_for_sm90() {
         // SAFETY: only probes whether the shared library can be loaded.
