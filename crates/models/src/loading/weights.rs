@@ -51,12 +51,20 @@ struct Shard {
     mmap: Mmap,
 }
 
+/// Where a tensor's values lie in its shard, as the shard's header (checked once, at open)
+/// says.
+struct Stored {
+    shard: usize,
+    dtype: StDtype,
+    shape: Vec<usize>,
+    bytes: std::ops::Range<usize>,
+}
+
 /// `model.safetensors`, or the shards listed by `model.safetensors.index.json`.
 pub struct SafetensorsWeights {
     dir: PathBuf,
     shards: Vec<Shard>,
-    index: HashMap<String, usize>,
-    fp8: std::collections::HashSet<String>,
+    index: HashMap<String, Stored>,
 }
 
 impl SafetensorsWeights {
@@ -96,7 +104,6 @@ impl SafetensorsWeights {
         };
         let mut shards = Vec::new();
         let mut index = HashMap::new();
-        let mut fp8 = std::collections::HashSet::new();
         for path in files {
             let file = File::open(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
             // SAFETY: the checkpoint files are treated as read-only for the life of the process.
@@ -106,14 +113,17 @@ impl SafetensorsWeights {
                 message: format!("invalid safetensors: {e}"),
             })?;
             for (name, view) in st.tensors() {
-                if view.dtype() == StDtype::F8_E4M3 {
-                    fp8.insert(name.clone());
-                }
-                index.insert(name, shards.len());
+                // The view's bytes lie inside the map: deserialize checked the offsets.
+                let start = view.data().as_ptr() as usize - mmap.as_ptr() as usize;
+                let bytes = start..start + view.data().len();
+                index.insert(
+                    name,
+                    Stored { shard: shards.len(), dtype: view.dtype(), shape: view.shape().to_vec(), bytes },
+                );
             }
             shards.push(Shard { path, mmap });
         }
-        Ok(SafetensorsWeights { dir: dir.to_path_buf(), shards, index, fp8 })
+        Ok(SafetensorsWeights { dir: dir.to_path_buf(), shards, index })
     }
 }
 
@@ -125,16 +135,11 @@ fn is_plain_file_name(name: &str) -> bool {
 }
 
 impl SafetensorsWeights {
-    /// The stored tensor `name` and the shard file holding it; `None` when absent.
-    fn view(&self, name: &str) -> Result<Option<(safetensors::tensor::TensorView<'_>, &Path)>> {
-        let Some(&shard) = self.index.get(name) else {
-            return Ok(None);
-        };
-        let shard = &self.shards[shard];
-        let err = |message: String| ModelError::Weights { path: shard.path.clone(), message };
-        let st = SafeTensors::deserialize(&shard.mmap).map_err(|e| err(e.to_string()))?;
-        let view = st.tensor(name).map_err(|e| err(format!("tensor `{name}`: {e}")))?;
-        Ok(Some((view, &shard.path)))
+    /// The stored tensor `name`, its bytes and the shard file holding it; `None` when absent.
+    fn view(&self, name: &str) -> Option<(&Stored, &[u8], &Path)> {
+        let stored = self.index.get(name)?;
+        let shard = &self.shards[stored.shard];
+        Some((stored, &shard.mmap[stored.bytes.clone()], &shard.path))
     }
 }
 
@@ -178,14 +183,14 @@ impl WeightSource for SafetensorsWeights {
     }
 
     fn load(&self, name: &str, dtype: DType) -> Result<Option<Tensor>> {
-        let Some((view, path)) = self.view(name)? else { return Ok(None) };
-        convert(view.data(), view.dtype(), dtype, view.shape(), name, path).map(Some)
+        let Some((stored, bytes, path)) = self.view(name) else { return Ok(None) };
+        convert(bytes, stored.dtype, dtype, &stored.shape, name, path).map(Some)
     }
 
     fn stored_bytes(&self, name: &str, dtype: DType) -> Result<Option<(Vec<usize>, &[u8])>> {
-        let Some((view, _)) = self.view(name)? else { return Ok(None) };
-        let as_stored = matches!((view.dtype(), dtype), (StDtype::BF16, DType::BF16) | (StDtype::F32, DType::F32));
-        Ok(as_stored.then(|| (view.shape().to_vec(), view.data())))
+        let Some((stored, bytes, _)) = self.view(name) else { return Ok(None) };
+        let as_stored = matches!((stored.dtype, dtype), (StDtype::BF16, DType::BF16) | (StDtype::F32, DType::F32));
+        Ok(as_stored.then(|| (stored.shape.clone(), bytes)))
     }
 
     fn describe(&self) -> String {
@@ -197,14 +202,13 @@ impl WeightSource for SafetensorsWeights {
     }
 
     fn is_fp8(&self, name: &str) -> bool {
-        self.fp8.contains(name)
+        self.index.get(name).is_some_and(|t| t.dtype == StDtype::F8_E4M3)
     }
 
     fn load_ints(&self, name: &str) -> Result<Option<(Vec<usize>, Vec<i64>)>> {
-        let Some((view, path)) = self.view(name)? else { return Ok(None) };
+        let Some((stored, b, path)) = self.view(name) else { return Ok(None) };
         let err = |message: String| ModelError::Weights { path: path.to_path_buf(), message };
-        let b = view.data();
-        let values: Vec<i64> = match view.dtype() {
+        let values: Vec<i64> = match stored.dtype {
             StDtype::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect(),
             StDtype::I64 => b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(),
             StDtype::I8 => b.iter().map(|&v| v as i8 as i64).collect(),
@@ -212,7 +216,7 @@ impl WeightSource for SafetensorsWeights {
                 return Err(err(format!("tensor `{name}`: {other:?}, where integers (I32, I64, I8) are expected")))
             }
         };
-        Ok(Some((view.shape().to_vec(), values)))
+        Ok(Some((stored.shape.clone(), values)))
     }
 }
 
