@@ -157,7 +157,7 @@ impl Tokenizer {
         guarded(|| {
             let encoding = self.inner.encode(text, false).map_err(err)?;
             let encoding = match max_length {
-                Some(max) => self.truncate(encoding, None, max)?.0,
+                Some(max) => self.truncate(encoding, None, max).0,
                 None => encoding,
             };
             Ok(self.inner.post_process(encoding, None, true).map_err(err)?.get_ids().to_vec())
@@ -174,7 +174,7 @@ impl Tokenizer {
             let first = self.inner.encode(a, false).map_err(err)?;
             let second = self.inner.encode(b, false).map_err(err)?;
             let (first, second) = match max_length {
-                Some(max) => self.truncate(first, Some(second), max)?,
+                Some(max) => self.truncate(first, Some(second), max),
                 None => (first, Some(second)),
             };
             let encoding = self.inner.post_process(first, second, true).map_err(err)?;
@@ -194,12 +194,12 @@ impl Tokenizer {
         first: tokenizers::Encoding,
         second: Option<tokenizers::Encoding>,
         max_length: usize,
-    ) -> Result<(tokenizers::Encoding, Option<tokenizers::Encoding>)> {
+    ) -> (tokenizers::Encoding, Option<tokenizers::Encoding>) {
         use tokenizers::PostProcessor;
         let added = self.inner.get_post_processor().map(|p| p.added_tokens(second.is_some())).unwrap_or(0);
         let (n1, n2) =
             longest_first(first.len(), second.as_ref().map_or(0, |s| s.len()), max_length.saturating_sub(added));
-        Ok((prefix(first, n1), second.map(|s| prefix(s, n2))))
+        (prefix(first, n1), second.map(|s| prefix(s, n2)))
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
