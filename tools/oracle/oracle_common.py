@@ -69,6 +69,7 @@ def greedy_generate(
     stop_at_eos: bool = False,
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int = 0,
+    **model_inputs: Any,
 ) -> dict[str, Any]:
     """HF `generate` greedy, batch 1, returning new tokens + per-step top-5 logprobs of the RAW logits.
 
@@ -96,7 +97,7 @@ def greedy_generate(
     model.generation_config = gc
     try:
         inp = torch.tensor([prompt_ids], dtype=torch.long)
-        out = model.generate(input_ids=inp, attention_mask=torch.ones_like(inp), generation_config=gc)
+        out = model.generate(input_ids=inp, attention_mask=torch.ones_like(inp), generation_config=gc, **model_inputs)
     finally:
         model.generation_config = saved
     new_ids = out.sequences[0, len(prompt_ids):].tolist()
@@ -110,6 +111,12 @@ def greedy_generate(
         tops.append(top)
         gaps.append(gap)
     return {"output_ids": new_ids, "top_logprobs": tops, "gaps": gaps}
+
+
+def greedy_generate_inputs(model, input_ids: torch.Tensor, max_new_tokens: int, **model_inputs: Any) -> dict[str, Any]:
+    """`greedy_generate` for a batch-1 `input_ids` tensor with the model's other inputs (a
+    vision-language model's `pixel_values`, `image_grid_thw`, `mm_token_type_ids`)."""
+    return greedy_generate(model, input_ids[0].tolist(), max_new_tokens, **model_inputs)
 
 
 @torch.no_grad()

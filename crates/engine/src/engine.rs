@@ -25,14 +25,20 @@ use crate::core::{ReqId, Request, Scheduler};
 use crate::detokenizer::Detokenizer;
 use crate::error::{EngineError, Result};
 use crate::output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
-use crate::params::{RequestSampling, SamplingParams};
+use crate::params::{ImageData, MultimodalInputs, RequestSampling, SamplingParams};
 use crate::runner::ModelRunner;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum PromptInput {
     /// Tokenized with the tokenizer's special tokens (BOS and the like), as `tokenizer(text)`.
     Text(String),
     Tokens(Vec<u32>),
+    /// Token ids with each image's placeholders expanded (one placeholder token per embedding
+    /// the image becomes), and the images in prompt order.
+    Multimodal {
+        tokens: Vec<u32>,
+        images: Vec<ImageData>,
+    },
 }
 
 /// A snapshot of the engine's counters (cheap: copied out of a mutex the loop updates per step).
@@ -297,10 +303,12 @@ impl EngineClient {
         let arrival = Instant::now();
         let s = &self.shared;
         params.validate(s.max_logprobs)?;
-        let prompt: Vec<u32> = match prompt {
-            PromptInput::Text(text) => s.tokenizer.encode(&text, true)?,
-            PromptInput::Tokens(ids) => ids,
+        let (prompt, images): (Vec<u32>, Vec<ImageData>) = match prompt {
+            PromptInput::Text(text) => (s.tokenizer.encode(&text, true)?, Vec::new()),
+            PromptInput::Tokens(ids) => (ids, Vec::new()),
+            PromptInput::Multimodal { tokens, images } => (tokens, images),
         };
+        let multimodal = self.place_images(&prompt, images)?;
         let vocab = s.model_info.vocab_size;
         if prompt.is_empty() {
             return Err(EngineError::InvalidPrompt("the prompt is empty".into()));
@@ -374,10 +382,71 @@ impl EngineClient {
                     seed: base_seed.wrapping_add(i as u64),
                     grammar: grammar.clone(),
                     bad_words_token_ids: bad_words_token_ids.clone(),
+                    multimodal: multimodal.clone(),
                 })
             })
             .collect();
         Ok(ProcessedRequest { prompt, params, children, arrival })
+    }
+
+    /// Pairs each image with the run of placeholder tokens it fills: runs and images in order,
+    /// each run exactly as long as its image's embedding.
+    fn place_images(&self, prompt: &[u32], images: Vec<ImageData>) -> Result<Option<Arc<MultimodalInputs>>> {
+        let vision = self.shared.model_info.vision;
+        let Some(vision) = vision else {
+            if images.is_empty() {
+                return Ok(None);
+            }
+            return Err(EngineError::InvalidPrompt(format!(
+                "{} does not accept image input",
+                self.shared.model_info.architecture
+            )));
+        };
+        let id = vision.image_token_id;
+        let mut runs = Vec::new();
+        let mut i = 0;
+        while i < prompt.len() {
+            if prompt[i] == id {
+                let start = i;
+                while i < prompt.len() && prompt[i] == id {
+                    i += 1;
+                }
+                runs.push(start..i);
+            } else {
+                i += 1;
+            }
+        }
+        // Adjacent images leave one run: split it by the images' sizes.
+        let mut placed = Vec::with_capacity(images.len());
+        let mut runs = runs.into_iter().peekable();
+        let mut cursor: Option<std::ops::Range<usize>> = None;
+        for (k, image) in images.into_iter().enumerate() {
+            let tokens = vision.image_tokens(image.grid_thw);
+            let run = match cursor.take() {
+                Some(rest) => rest,
+                None => runs.next().ok_or_else(|| {
+                    EngineError::InvalidPrompt(format!("image {k} has no placeholder tokens (id {id}) in the prompt"))
+                })?,
+            };
+            if run.len() < tokens || tokens == 0 {
+                return Err(EngineError::InvalidPrompt(format!(
+                    "image {k} becomes {tokens} embeddings but its placeholder run at position {} has {} tokens",
+                    run.start,
+                    run.len()
+                )));
+            }
+            if run.len() > tokens {
+                cursor = Some(run.start + tokens..run.end);
+            }
+            placed.push((image, run.start..run.start + tokens));
+        }
+        if cursor.is_some() || runs.peek().is_some() {
+            return Err(EngineError::InvalidPrompt(format!(
+                "the prompt has more image placeholder tokens (id {id}) than its {} images fill",
+                placed.len()
+            )));
+        }
+        Ok((!placed.is_empty()).then(|| Arc::new(MultimodalInputs { images: placed })))
     }
 
     fn compile(&self, spec: &StructuredOutputs) -> Result<Arc<Grammar>> {

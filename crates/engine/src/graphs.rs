@@ -76,6 +76,11 @@ pub(crate) fn pad_decode(
     if !meta.prompt_lens.is_empty() {
         padded_meta.prompt_lens = meta.prompt_lens.iter().copied().chain((batch..padded).map(|_| 1)).collect();
     }
+    if !meta.mrope_positions.is_empty() {
+        // A padding row is a one-token sequence at position 0.
+        padded_meta.mrope_positions =
+            meta.mrope_positions.iter().copied().chain((batch..padded).map(|_| [0; 3])).collect();
+    }
     if !meta.state_slots.is_empty() {
         let Some(pad) = pad_state_slot else { return Ok(None) };
         padded_meta.state_slots = meta.state_slots.iter().copied().chain((batch..padded).map(|_| pad)).collect();
@@ -153,7 +158,12 @@ impl DecodeGraphs {
             let _span = tracing::debug_span!("capture", batch = step.shape.0, blocks = step.shape.1).entered();
             let forward = || {
                 model.forward(
-                    &ForwardInput { tokens: input.tokens, meta: input.meta, logit_rows: input.logit_rows },
+                    &ForwardInput {
+                        tokens: input.tokens,
+                        meta: input.meta,
+                        logit_rows: input.logit_rows,
+                        embeds: None,
+                    },
                     kv_caches,
                 )
             };

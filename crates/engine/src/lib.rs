@@ -27,7 +27,7 @@ pub use error::{EngineError, Result};
 pub use graphs::GraphCounts;
 pub use llm::{TokenizerOverrides, LLM};
 pub use output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
-pub use params::SamplingParams;
+pub use params::{ImageData, MultimodalInputs, SamplingParams};
 pub use pooling::{PoolingClient, PoolingConfig, PoolingEngine};
 pub use spec_decode::{SpecDecodeStats, SpeculativeConfig};
 // Value types the server and the CLI name without depending on the tensor or structured crates.

@@ -29,7 +29,8 @@ pub fn kv_budget(model: &dyn CausalLM, config: &EngineConfig, max_model_len: usi
     let meta = AttnMetadata::new(vec![seq], block_size)?.with_state_slots(vec![0])?;
     let ids = vec![0u32; tokens];
     let logit_rows: Vec<usize> = (tokens - rows..tokens).collect();
-    let logits = model.forward(&ForwardInput { tokens: &ids, meta: &meta, logit_rows: &logit_rows }, &mut scratch)?;
+    let logits = model
+        .forward(&ForwardInput { tokens: &ids, meta: &meta, logit_rows: &logit_rows, embeds: None }, &mut scratch)?;
     drop(logits);
     drop(scratch);
     dev.synchronize()?;

@@ -263,6 +263,32 @@ pub struct RequestSampling {
     pub bad_words_token_ids: Vec<Vec<u32>>,
     /// The request's compiled structured-output constraint; each sequence walks its own copy.
     pub grammar: Option<Arc<Grammar>>,
+    /// The prompt's images (vision-language models); every sequence of the request shares them.
+    pub multimodal: Option<Arc<MultimodalInputs>>,
+}
+
+/// One image of a prompt as the model's image processor made it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageData {
+    /// `[patches, patch_dim]`, row-major.
+    pub pixel_values: Arc<[f32]>,
+    pub grid_thw: [usize; 3],
+    /// Identifies the image's content: prompts whose blocks cover different images never share
+    /// them in the prefix cache.
+    pub hash: u64,
+}
+
+/// A prompt's images, each with the prompt positions its placeholder tokens hold.
+#[derive(Debug, Clone, Default)]
+pub struct MultimodalInputs {
+    pub images: Vec<(ImageData, std::ops::Range<usize>)>,
+}
+
+impl MultimodalInputs {
+    /// Each image's placeholder positions and content hash: the prefix cache's extra keys.
+    pub fn cache_keys(&self) -> Vec<(std::ops::Range<usize>, u64)> {
+        self.images.iter().map(|(image, at)| (at.clone(), image.hash)).collect()
+    }
 }
 
 #[cfg(test)]

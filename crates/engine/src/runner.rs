@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ferrite_models::{CausalLM, ForwardInput};
+use ferrite_models::{CausalLM, ForwardInput, InputEmbeds};
 use ferrite_structured::{mask_words, Grammar, TokenConstraint};
 use ferrite_tensor::ops;
 use ferrite_tensor::{AttnMetadata, AttnSeq, Device, PagedKvLayer, Tensor};
@@ -35,6 +35,25 @@ struct CachedRequestState {
     sampling: Arc<RequestSampling>,
     /// Prompt positions whose logprobs were already returned (they survive preemption).
     num_prompt_logprobs_done: usize,
+    /// MRoPE: each prompt token's (temporal, height, width) position and the offset of later
+    /// positions; `None` where a token's three positions are its own (text-only prompts).
+    mrope: Option<(Vec<[usize; 3]>, i64)>,
+    /// The vision encoder's output per prompt image, kept from the step that first reads the
+    /// image until the prefill has passed it (computed again after a preemption).
+    encoded: Vec<Option<Tensor>>,
+}
+
+impl CachedRequestState {
+    /// The rotary positions of sequence positions `range`.
+    fn mrope_positions(&self, range: std::ops::Range<usize>) -> Vec<[usize; 3]> {
+        range
+            .map(|p| match &self.mrope {
+                Some((prompt, _)) if p < prompt.len() => prompt[p],
+                Some((_, delta)) => [(p as i64 + delta).max(0) as usize; 3],
+                None => [p; 3],
+            })
+            .collect()
+    }
 }
 
 pub struct ModelRunner {
@@ -101,7 +120,7 @@ impl ModelRunner {
         self.reasoning.clear();
     }
 
-    fn update_states(&mut self, so: &SchedulerOutput) {
+    fn update_states(&mut self, so: &SchedulerOutput) -> Result<()> {
         for id in &so.finished_req_ids {
             self.requests.remove(id);
             self.constraints.remove(id);
@@ -118,9 +137,19 @@ impl ModelRunner {
                     }
                 }
             }
+            let mrope = match (&new.sampling.multimodal, self.model.vision()) {
+                (Some(mm), Some(vision)) => {
+                    let grids: Vec<[usize; 3]> = mm.images.iter().map(|(image, _)| image.grid_thw).collect();
+                    vision.mrope_positions(&new.prompt_token_ids, &grids)?
+                }
+                _ => None,
+            };
+            let images = new.sampling.multimodal.as_ref().map_or(0, |mm| mm.images.len());
             self.requests.insert(
                 new.req_id,
                 CachedRequestState {
+                    mrope,
+                    encoded: vec![None; images],
                     token_ids: new.prompt_token_ids.clone(),
                     num_prompt_tokens: new.prompt_token_ids.len(),
                     prefill_len: new.prompt_token_ids.len(),
@@ -145,11 +174,48 @@ impl ModelRunner {
             state.num_computed_tokens = cached.num_computed_tokens;
             state.state_slot = cached.state_slot;
         }
+        Ok(())
+    }
+
+    /// The encoder outputs the rows of this step's prompt chunks take: for each scheduled
+    /// request whose chunk `[start, end)` covers image placeholders, those rows of the image's
+    /// embeddings (encoding an image the first time a chunk reaches it).
+    fn input_embeds(&mut self, chunks: &[(ReqId, usize, usize, usize)]) -> Result<Option<InputEmbeds>> {
+        let (mut rows, mut parts) = (Vec::new(), Vec::new());
+        for &(id, q_start, start, end) in chunks {
+            let Some(state) = self.requests.get_mut(&id) else { continue };
+            let Some(mm) = state.sampling.multimodal.clone() else { continue };
+            for (k, (image, at)) in mm.images.iter().enumerate() {
+                let (from, to) = (at.start.max(start), at.end.min(end));
+                if from >= to {
+                    continue;
+                }
+                if state.encoded[k].is_none() {
+                    let vision = self.model.vision().ok_or_else(|| {
+                        EngineError::Internal(format!("request {id} has images but the model no vision encoder"))
+                    })?;
+                    let _span = tracing::debug_span!("encode_image", grid = ?image.grid_thw).entered();
+                    state.encoded[k] = Some(vision.encode_image(&image.pixel_values, image.grid_thw)?);
+                }
+                let encoded = state.encoded[k].as_ref().expect("encoded above");
+                parts.push(ops::gather_rows(encoded, &(from - at.start..to - at.start).collect::<Vec<_>>())?);
+                rows.extend((from..to).map(|p| q_start + p - start));
+                // The prefill has passed the image: its embeddings are not read again.
+                if to == at.end {
+                    state.encoded[k] = None;
+                }
+            }
+        }
+        if parts.is_empty() {
+            return Ok(None);
+        }
+        let values = ops::concat_rows(&parts.iter().collect::<Vec<_>>())?;
+        Ok(Some(InputEmbeds { rows, values }))
     }
 
     /// Runs one step. On error the step's requests cannot continue (their cache is in doubt).
     pub fn execute_model(&mut self, so: &SchedulerOutput) -> Result<ModelRunnerOutput> {
-        self.update_states(so);
+        self.update_states(so)?;
         let mut out = ModelRunnerOutput::default();
         if so.total_num_scheduled_tokens == 0 {
             return Ok(out);
@@ -160,6 +226,10 @@ impl ModelRunner {
         let mut state_slots = Vec::with_capacity(so.num_scheduled_tokens.len());
         let mut logit_rows = Vec::new();
         let mut row_uses = Vec::new();
+        let mut mrope_positions = Vec::new();
+        let mut prompt_chunks = Vec::new();
+        let uses_mrope =
+            so.num_scheduled_tokens.iter().any(|(id, _)| self.requests.get(id).is_some_and(|s| s.mrope.is_some()));
         for &(id, n) in &so.num_scheduled_tokens {
             let state = self
                 .requests
@@ -178,6 +248,12 @@ impl ModelRunner {
             tokens.extend_from_slice(chunk);
             tokens.extend_from_slice(drafts);
             seqs.push(AttnSeq { q_start, q_len: n, ctx_len: end, block_table: state.block_ids.clone() });
+            if uses_mrope {
+                mrope_positions.extend(state.mrope_positions(start..end));
+            }
+            if state.sampling.multimodal.is_some() && start < state.num_prompt_tokens {
+                prompt_chunks.push((id, q_start, start, known_end.min(state.num_prompt_tokens)));
+            }
             prompt_lens.push(state.prefill_len);
             state_slots.extend(state.state_slot);
             if state.sampling.params.prompt_logprobs.is_some() {
@@ -203,6 +279,16 @@ impl ModelRunner {
         if !state_slots.is_empty() {
             meta = meta.with_state_slots(state_slots)?.with_state_copies(so.state_copies.clone());
         }
+        if uses_mrope {
+            meta = meta.with_mrope_positions(mrope_positions)?;
+        }
+        let embeds = if prompt_chunks.is_empty() {
+            None
+        } else if self.on_cpu {
+            ferrite_tensor::cpu::on_worker(|| self.input_embeds(&prompt_chunks))?
+        } else {
+            self.input_embeds(&prompt_chunks)?
+        };
         let sample_rows_of: Vec<(ReqId, usize)> = row_uses
             .iter()
             .filter_map(|u| match *u {
@@ -231,14 +317,22 @@ impl ModelRunner {
             });
             let _span = tracing::debug_span!("forward", tokens = tokens.len(), rows = logit_rows.len()).entered();
             let logits = (|| -> Result<Tensor> {
+                // A step that reads encoder outputs runs eagerly: graphs take token ids only.
                 let replayed = match &mut self.graphs {
-                    Some(g) => g.forward(self.model.as_ref(), &mut self.kv_caches, &tokens, &meta, &logit_rows)?,
-                    None => None,
+                    Some(g) if embeds.is_none() => {
+                        g.forward(self.model.as_ref(), &mut self.kv_caches, &tokens, &meta, &logit_rows)?
+                    }
+                    _ => None,
                 };
                 match replayed {
                     Some(logits) => Ok(logits),
                     None => {
-                        let input = ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &logit_rows };
+                        let input = ForwardInput {
+                            tokens: &tokens,
+                            meta: &meta,
+                            logit_rows: &logit_rows,
+                            embeds: embeds.as_ref(),
+                        };
                         let (model, caches) = (self.model.as_ref(), &mut self.kv_caches);
                         if self.on_cpu {
                             Ok(ferrite_tensor::cpu::on_worker(|| model.forward(&input, caches))?)

@@ -246,6 +246,7 @@ mod tests {
 
     fn sampling(params: SamplingParams, seed: u64) -> RequestSampling {
         RequestSampling {
+            multimodal: None,
             max_tokens: 16,
             eos_token_id: Some(0),
             stop_token_ids: vec![],

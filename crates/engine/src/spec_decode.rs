@@ -311,6 +311,7 @@ mod tests {
                     seed,
                     bad_words_token_ids: vec![],
                     grammar: None,
+                    multimodal: None,
                 };
                 let rows = [
                     SampleRow { sampling: &sampling, prompt: &[1], output: &[] },

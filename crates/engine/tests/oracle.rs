@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use ferrite_engine::PromptInput;
 
 const LOGPROB_TOLERANCE: f32 = 2e-3;
 
@@ -13,8 +14,13 @@ fn battery_matches_oracle(name: &str) {
 }
 
 fn battery_matches_oracle_with(name: &str, config: ferrite_engine::EngineConfig) -> ferrite_engine::LLM {
-    let oracle = oracle(name);
     let llm = llm(name, config);
+    assert_battery_matches_oracle(&llm, name);
+    llm
+}
+
+fn assert_battery_matches_oracle(llm: &ferrite_engine::LLM, name: &str) {
+    let oracle = oracle(name);
     let params = ferrite_engine::SamplingParams { logprobs: Some(5), ..greedy(oracle.cases[0].output_ids.len()) };
     let outputs = llm.generate(battery(name), &params).unwrap();
     assert_eq!(outputs.len(), oracle.cases.len());
@@ -38,7 +44,71 @@ fn battery_matches_oracle_with(name: &str, config: ferrite_engine::EngineConfig)
     }
     println!("{name}: {} cases token-exact, max top-5 logprob error {max_err:.2e}", outputs.len());
     assert!(max_err < LOGPROB_TOLERANCE, "{name}: logprob error {max_err}");
-    llm
+}
+
+/// Images through the engine: the battery batched, then with 20-token chunks that cut prompts
+/// inside their images (each chunk reads its rows of the image's embeddings), then with prefix
+/// caching run twice (the second run hits blocks over images: a hit equals a cold run).
+#[test]
+fn vision_language_batches_chunks_and_caches_images() {
+    let name = "qwen2-vl";
+    battery_matches_oracle(name);
+    battery_matches_oracle_with(name, ferrite_engine::EngineConfig { max_num_batched_tokens: 20, ..config() });
+    let cached = ferrite_engine::EngineConfig { enable_prefix_caching: true, max_num_batched_tokens: 20, ..config() };
+    let llm = llm(name, cached);
+    // The same prompts over other images first: their blocks must not serve the real ones.
+    let others: Vec<PromptInput> = battery(name)
+        .into_iter()
+        .map(|p| match p {
+            PromptInput::Multimodal { tokens, images } => {
+                let images = images
+                    .into_iter()
+                    .map(|i| ferrite_engine::ImageData {
+                        pixel_values: i.pixel_values.iter().map(|v| -v).collect(),
+                        hash: !i.hash,
+                        ..i
+                    })
+                    .collect();
+                PromptInput::Multimodal { tokens, images }
+            }
+            text => text,
+        })
+        .collect();
+    llm.generate(others, &greedy(4)).unwrap();
+    assert_battery_matches_oracle(&llm, name);
+    let hits = llm.client().stats().prefix_cache_hits;
+    assert_battery_matches_oracle(&llm, name);
+    assert!(llm.client().stats().prefix_cache_hits > hits, "the second run should hit blocks over its images");
+}
+
+/// Placeholder tokens the images do not fill, or images without placeholders, are the request's
+/// error; a text-only model refuses images.
+#[test]
+fn image_placeholders_must_match_the_images() {
+    let vl = llm("qwen2-vl", config());
+    let client = vl.client();
+    let PromptInput::Multimodal { tokens, images } = battery("qwen2-vl").swap_remove(0) else {
+        panic!("an image case")
+    };
+    let params = greedy(4);
+    let short = tokens.iter().copied().filter(|&t| t != 1002).chain([1002]).collect::<Vec<_>>();
+    let err = client
+        .process(PromptInput::Multimodal { tokens: short, images: images.clone() }, params.clone())
+        .err()
+        .expect("one placeholder for a 4-token image");
+    assert!(err.to_string().contains("placeholder"), "{err}");
+    let err = client
+        .process(PromptInput::Multimodal { tokens: tokens.clone(), images: Vec::new() }, params.clone())
+        .err()
+        .expect("placeholders without an image");
+    assert!(err.to_string().contains("placeholder"), "{err}");
+    let text_only = llm("qwen2", config());
+    let err = text_only
+        .client()
+        .process(PromptInput::Multimodal { tokens: vec![1, 2, 3], images }, params)
+        .err()
+        .expect("a text-only model");
+    assert!(err.to_string().contains("does not accept image input"), "{err}");
 }
 
 #[test]

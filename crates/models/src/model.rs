@@ -38,6 +38,24 @@ pub struct ModelInfo {
     pub state_layers: Vec<StateLayerSpec>,
     /// Bytes of weights, for roofline and memory reports.
     pub weight_bytes: usize,
+    /// What the prompt side of a vision-language model needs; `None` for text-only models.
+    pub vision: Option<VisionInfo>,
+}
+
+/// How a vision-language model's prompts hold images.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VisionInfo {
+    /// The placeholder token each image embedding takes the place of.
+    pub image_token_id: u32,
+    /// Patches merged into one embedding along each side (2 for Qwen2-VL's 2x2 windows).
+    pub spatial_merge_size: usize,
+}
+
+impl VisionInfo {
+    /// How many placeholder tokens an image whose patch grid is `grid_thw` becomes.
+    pub fn image_tokens(&self, [t, h, w]: [usize; 3]) -> usize {
+        t * (h / self.spatial_merge_size) * (w / self.spatial_merge_size)
+    }
 }
 
 impl ModelInfo {
@@ -76,6 +94,30 @@ pub struct ForwardInput<'a> {
     pub meta: &'a AttnMetadata,
     /// Rows of the batch whose logits are wanted (usually the last token of each sequence).
     pub logit_rows: &'a [usize],
+    /// Rows whose input embeddings an encoder made (an image's placeholder tokens).
+    pub embeds: Option<&'a InputEmbeds>,
+}
+
+/// Encoder outputs that replace the token embeddings of some rows of a step: row `rows[k]` of the
+/// batch takes row `k` of `values` (`[rows.len(), hidden]`, in the model's activation dtype).
+#[derive(Debug, Clone)]
+pub struct InputEmbeds {
+    pub rows: Vec<usize>,
+    pub values: Tensor,
+}
+
+/// The vision half of a vision-language model: it turns an image's processed pixels into the
+/// embeddings its placeholder tokens take, and places the prompt's tokens for the rotary
+/// embedding.
+pub trait VisionEncoder: Send + Sync {
+    /// Embeddings `[VisionInfo::image_tokens(grid_thw), hidden]` of one image from its processed pixels
+    /// `[patches, patch_dim]` (row-major f32, as the model's image processor lays them out).
+    fn encode_image(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Tensor>;
+
+    /// The (temporal, height, width) rotary positions of every prompt token, given the grids of
+    /// the prompt's images in order, and the offset decode positions then take (`position +
+    /// delta` on every axis). `None` for models without MRoPE.
+    fn mrope_positions(&self, prompt: &[u32], grids: &[[usize; 3]]) -> Result<Option<(Vec<[usize; 3]>, i64)>>;
 }
 
 /// A decoder-only language model that reads and writes a paged KV cache.
@@ -100,6 +142,11 @@ pub trait CausalLM: Send + Sync {
     /// LongRoPE switches to its long factors past `original_max_position_embeddings`), so that
     /// every key is rotated with the factors of the longer sequence. `None` for most models.
     fn rotary_recompute_at(&self) -> Option<usize> {
+        None
+    }
+
+    /// The vision encoder of a vision-language model; `None` for text-only models.
+    fn vision(&self) -> Option<&dyn VisionEncoder> {
         None
     }
 

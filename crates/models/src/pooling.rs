@@ -542,7 +542,8 @@ impl PoolingModel for DecoderEmbedding {
             .map(|l| PagedKvLayer::new_cpu(next_block as usize, DECODER_BLOCK, l.num_kv_heads, l.k_dim, l.v_dim))
             .collect();
         let all: Vec<usize> = (0..tokens.len()).collect();
-        self.model.hidden_states(&ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &all }, &mut kv)
+        self.model
+            .hidden_states(&ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &all, embeds: None }, &mut kv)
     }
 }
 

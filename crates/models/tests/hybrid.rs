@@ -156,7 +156,7 @@ fn last_logits(model: &dyn CausalLM, tokens: &[u32], chunks: &[usize], prompt: u
             .unwrap()
             .with_state_slots(vec![1])
             .unwrap();
-        let input = ForwardInput { tokens: &tokens[done..done + n], meta: &meta, logit_rows: &[n - 1] };
+        let input = ForwardInput { tokens: &tokens[done..done + n], meta: &meta, logit_rows: &[n - 1], embeds: None };
         logits = model.forward(&input, &mut caches).unwrap().to_f32_vec();
         done += n;
     }

@@ -47,6 +47,7 @@ parity! {
     mistral_sliding_window => "mistral",
     qwen2 => "qwen2",
     qwen3 => "qwen3",
+    qwen2_vl => "qwen2-vl",
     gemma => "gemma",
     gemma2 => "gemma2",
     gemma3 => "gemma3",
@@ -139,6 +140,23 @@ fn gate_catches_a_wrong_norm_epsilon() {
     let (strict, total) = strict_count(&dir);
     std::fs::remove_dir_all(&dir).ok();
     assert!(strict < total, "a wrong rms_norm_eps went unnoticed ({strict}/{total} strict)");
+}
+
+/// Vision-language: the MRoPE split of the text model's frequencies and the vision tower's
+/// 2-D rotary embedding each change image prompts' tokens.
+#[test]
+fn gate_catches_vision_language_breaks() {
+    assert_breaks_caught(&[
+        ("qwen2-vl", "an MRoPE split moved by one frequency", |c| {
+            c["text_config"]["rope_parameters"]["mrope_section"] = serde_json::json!([3, 3, 2])
+        }),
+        ("qwen2-vl", "the vision tower's rotary base", |c| {
+            c["vision_config"]["rope_parameters"]["rope_theta"] = serde_json::json!(100.0)
+        }),
+        ("qwen2-vl", "every frequency on the temporal axis (1-D positions)", |c| {
+            c["text_config"]["rope_parameters"]["mrope_section"] = serde_json::json!([8, 0, 0])
+        }),
+    ]);
 }
 
 /// Model families wave 1: each family's distinctive config key, edited in a copy of its fixture,

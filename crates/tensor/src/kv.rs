@@ -46,6 +46,10 @@ pub struct AttnMetadata {
     /// hit restoring a cached state into a sequence's slot) and after it (a sequence's state at a
     /// block boundary kept for later hits).
     pub state_copies: StateCopies,
+    /// Per flattened query token, its (temporal, height, width) rotary positions for models with
+    /// multimodal rotary embeddings (MRoPE); empty: every token's three positions are its
+    /// position in the sequence.
+    pub mrope_positions: Vec<[usize; 3]>,
 }
 
 /// Whether sequence `i` of `meta` computes prompt tokens (with `prompt_lens` known: every token it
@@ -96,6 +100,7 @@ impl AttnMetadata {
             prompt_lens: Vec::new(),
             state_slots: Vec::new(),
             state_copies: StateCopies::default(),
+            mrope_positions: Vec::new(),
         })
     }
 
@@ -127,6 +132,18 @@ impl AttnMetadata {
     pub fn with_state_copies(mut self, copies: StateCopies) -> AttnMetadata {
         self.state_copies = copies;
         self
+    }
+
+    /// Gives each query token its MRoPE positions (see [`AttnMetadata::mrope_positions`]).
+    pub fn with_mrope_positions(mut self, positions: Vec<[usize; 3]>) -> Result<AttnMetadata> {
+        if positions.len() != self.num_tokens() {
+            return Err(shape_err(
+                "attn_metadata",
+                format!("{} MRoPE positions for {} tokens", positions.len(), self.num_tokens()),
+            ));
+        }
+        self.mrope_positions = positions;
+        Ok(self)
     }
 
     /// The sequence length that length-dependent rotary schedules (dynamic NTK, LongRoPE) see for

@@ -19,6 +19,8 @@ pub enum Activation {
     Relu2,
     /// `1 / (1 + exp(-x))` (the output gate of Qwen3-Next's attention).
     Sigmoid,
+    /// `x * sigmoid(1.702 x)` (`quick_gelu`, CLIP's and Qwen2-VL's vision MLPs).
+    QuickGelu,
 }
 
 impl Activation {
@@ -31,6 +33,7 @@ impl Activation {
             "relu" => Some(Activation::Relu),
             "relu2" => Some(Activation::Relu2),
             "sigmoid" => Some(Activation::Sigmoid),
+            "quick_gelu" => Some(Activation::QuickGelu),
             _ => None,
         }
     }
@@ -408,6 +411,22 @@ pub fn concat_cols(parts: &[&Tensor]) -> Result<Tensor> {
     match parts[0].storage() {
         Storage::Cpu(_) => cpu::elementwise::concat_cols(parts),
         Storage::Cuda(_) => cuda::ops::concat_cols(parts),
+    }
+}
+
+/// Stacks matrices with the same number of columns, in order.
+pub fn concat_rows(parts: &[&Tensor]) -> Result<Tensor> {
+    let Some(first) = parts.first() else {
+        return Err(shape_err("concat_rows", "no parts"));
+    };
+    let cols = first.last_dim();
+    if parts.iter().any(|p| p.shape().len() != 2 || p.last_dim() != cols || p.dtype() != first.dtype()) {
+        return Err(shape_err("concat_rows", "parts differ in columns or dtype"));
+    }
+    same_device("concat_rows", first, &parts.iter().map(|p| Some(*p)).collect::<Vec<_>>())?;
+    match first.storage() {
+        Storage::Cpu(_) => cpu::elementwise::concat_rows(parts),
+        Storage::Cuda(_) => cuda::ops::concat_rows(parts),
     }
 }
 

@@ -23,9 +23,37 @@ pub struct OracleCase {
     #[serde(default)]
     pub chat: bool,
     pub prompt_ids: Vec<u32>,
+    /// The prompt's images, in order (vision-language fixtures).
+    #[serde(default)]
+    pub images: Vec<OracleImage>,
     pub output_ids: Vec<u32>,
     /// Per generated step, the oracle's top-5 `(token, logprob)`, best first.
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
+}
+
+/// One image of a case: its patch grid and the processed pixels transformers' image processor
+/// made (`pixels`: a file of f32 little-endian `[patches, patch_dim]`, relative to the fixture).
+#[derive(Debug, Clone, Deserialize)]
+pub struct OracleImage {
+    pub grid_thw: [usize; 3],
+    pub pixels: String,
+    pub patch_dim: usize,
+}
+
+impl OracleImage {
+    /// The processed pixels and the grid, read from the fixture in `dir`.
+    pub fn load(&self, dir: &Path) -> Result<(Vec<f32>, [usize; 3])> {
+        let path = dir.join(&self.pixels);
+        let bytes = std::fs::read(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+        let [t, h, w] = self.grid_thw;
+        if bytes.len() != t * h * w * self.patch_dim * 4 {
+            return Err(ModelError::Config {
+                path,
+                message: format!("{} bytes for a {:?} grid of {} values", bytes.len(), self.grid_thw, self.patch_dim),
+            });
+        }
+        Ok((bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(), self.grid_thw))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -81,6 +109,51 @@ pub fn greedy_on(
     device: Device,
     kv_dtype: DType,
 ) -> Result<Generation> {
+    greedy_with_images(model, prompt, &[], new_tokens, block_size, device, kv_dtype)
+}
+
+/// [`greedy_on`] for a prompt with images (processed pixels and patch grid each, in prompt
+/// order): the vision encoder's embeddings take the placeholders' rows at prefill, and a model
+/// with MRoPE gets the prompt's positions from it and offsets its decode positions.
+pub fn greedy_with_images(
+    model: &dyn CausalLM,
+    prompt: &[u32],
+    images: &[(Vec<f32>, [usize; 3])],
+    new_tokens: usize,
+    block_size: usize,
+    device: Device,
+    kv_dtype: DType,
+) -> Result<Generation> {
+    let (embeds, mrope) = match model.vision() {
+        Some(vision) => {
+            let grids: Vec<[usize; 3]> = images.iter().map(|i| i.1).collect();
+            let mrope = vision.mrope_positions(prompt, &grids)?;
+            let embeds = if images.is_empty() {
+                None
+            } else {
+                let values = images
+                    .iter()
+                    .map(|(pixels, grid)| vision.encode_image(pixels, *grid))
+                    .collect::<Result<Vec<_>>>()?;
+                let values = ferrite_tensor::ops::concat_rows(&values.iter().collect::<Vec<_>>())?;
+                let id = model.info().vision.map(|v| v.image_token_id).ok_or_else(|| ModelError::Config {
+                    path: "config.json".into(),
+                    message: "a vision encoder without vision info".into(),
+                })?;
+                let rows = prompt.iter().enumerate().filter(|(_, &t)| t == id).map(|(i, _)| i).collect();
+                Some(ferrite_models::InputEmbeds { rows, values })
+            };
+            (embeds, mrope)
+        }
+        None if images.is_empty() => (None, None),
+        None => {
+            return Err(ferrite_tensor::TensorError::Unsupported {
+                op: "images",
+                detail: format!("{} has no vision encoder", model.info().architecture),
+            }
+            .into())
+        }
+    };
     let total = prompt.len() + new_tokens;
     let blocks = total.div_ceil(block_size);
     let mut kv: Vec<PagedKvLayer> = model.info().allocate_caches(device, kv_dtype, blocks, block_size, 1)?;
@@ -100,11 +173,24 @@ pub fn greedy_on(
                 ctx = 0;
             }
         }
+        let prefill = ctx == 0;
         ctx += step_tokens.len();
         let seq = AttnSeq { q_start: 0, q_len: step_tokens.len(), ctx_len: ctx, block_table: block_table.clone() };
-        let meta = AttnMetadata::new(vec![seq], block_size)?.with_state_slots(vec![0])?;
+        let mut meta = AttnMetadata::new(vec![seq], block_size)?.with_state_slots(vec![0])?;
+        if let Some((positions, delta)) = &mrope {
+            meta = meta.with_mrope_positions(if prefill {
+                positions.clone()
+            } else {
+                vec![[(ctx as i64 - 1 + delta) as usize; 3]]
+            })?;
+        }
         let logits = model.forward(
-            &ferrite_models::ForwardInput { tokens: &step_tokens, meta: &meta, logit_rows: &[step_tokens.len() - 1] },
+            &ferrite_models::ForwardInput {
+                tokens: &step_tokens,
+                meta: &meta,
+                logit_rows: &[step_tokens.len() - 1],
+                embeds: embeds.as_ref().filter(|_| prefill),
+            },
             &mut kv,
         )?;
         let row = logits.to_f32_vec();
@@ -230,12 +316,21 @@ pub fn fixture_copy(name: &str, tag: &str) -> PathBuf {
     let src = fixtures_dir().join("models").join(name);
     let tag: String = tag.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
     let dst = std::env::temp_dir().join(format!("ferrite-{tag}-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dst).unwrap();
-    for entry in std::fs::read_dir(&src).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, dst.join(path.file_name().unwrap())).unwrap();
-    }
+    copy_tree(&src, &dst);
     dst
+}
+
+fn copy_tree(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let path = entry.unwrap().path();
+        let to = dst.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &to);
+        } else {
+            std::fs::copy(&path, to).unwrap();
+        }
+    }
 }
 
 /// Rewrites `dir/config.json` through `edit`.
@@ -290,18 +385,25 @@ pub fn run_fixture_on(dir: &Path, dtype: DType, device: Device) -> Result<(Oracl
 pub fn run_fixture_opts(dir: &Path, opts: &ferrite_models::LoadOptions) -> Result<(Oracle, Vec<CaseReport>)> {
     let oracle = Oracle::load(&dir.join("oracle.json"))?;
     let loaded = ferrite_models::load_model(dir, opts)?;
-    let reports = run_battery(&oracle, loaded.model.as_ref(), opts.dtype, opts.device)?;
+    let reports = run_battery(dir, &oracle, loaded.model.as_ref(), opts.dtype, opts.device)?;
     Ok((oracle, reports))
 }
 
 /// Every case of `oracle` through `model`, whose weights are on `device` in `dtype` (the KV
 /// cache takes that dtype too; a CPU cache is always f32).
-fn run_battery(oracle: &Oracle, model: &dyn CausalLM, dtype: DType, device: Device) -> Result<Vec<CaseReport>> {
+fn run_battery(
+    dir: &Path,
+    oracle: &Oracle,
+    model: &dyn CausalLM,
+    dtype: DType,
+    device: Device,
+) -> Result<Vec<CaseReport>> {
     oracle
         .cases
         .iter()
         .map(|case| {
-            let ours = greedy_on(model, &case.prompt_ids, case.output_ids.len(), 16, device, dtype)?;
+            let images = case.images.iter().map(|i| i.load(dir)).collect::<Result<Vec<_>>>()?;
+            let ours = greedy_with_images(model, &case.prompt_ids, &images, case.output_ids.len(), 16, device, dtype)?;
             Ok(judge(case, &ours))
         })
         .collect()
@@ -327,6 +429,6 @@ pub fn run_fixture_with(
     )
     .on_device(device);
     let model = build(&raw, &weights)?;
-    let reports = run_battery(&oracle, model.as_ref(), dtype, device)?;
+    let reports = run_battery(dir, &oracle, model.as_ref(), dtype, device)?;
     Ok((oracle, reports))
 }

@@ -13,6 +13,13 @@ pub struct BlockHash(u128);
 
 impl BlockHash {
     pub fn new(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
+        BlockHash::with_keys(parent, tokens, &[])
+    }
+
+    /// A block's hash that also covers `keys`: the content hashes of the images whose
+    /// placeholder tokens the block holds (vLLM's extra keys), so that equal placeholders over
+    /// different images never match.
+    pub fn with_keys(parent: Option<BlockHash>, tokens: &[u32], keys: &[u64]) -> BlockHash {
         // Two independently keyed 64-bit hashes: a collision would silently serve another
         // prompt's keys and values, so 64 bits alone are too few for a long-running cache.
         let half = |key: u8| {
@@ -20,6 +27,9 @@ impl BlockHash {
             key.hash(&mut h);
             parent.hash(&mut h);
             tokens.hash(&mut h);
+            if !keys.is_empty() {
+                keys.hash(&mut h);
+            }
             h.finish()
         };
         BlockHash((u128::from(half(1)) << 64) | u128::from(half(0)))
@@ -27,11 +37,20 @@ impl BlockHash {
 }
 
 /// The hashes of every full block of `tokens`, extending `hashes` (already computed for a prefix).
-pub fn extend_block_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], block_size: usize) {
+/// `keys` are the prompt's images: each one's placeholder positions and content hash.
+pub fn extend_block_hashes(
+    hashes: &mut Vec<BlockHash>,
+    tokens: &[u32],
+    block_size: usize,
+    keys: &[(std::ops::Range<usize>, u64)],
+) {
     let full = tokens.len() / block_size;
     for i in hashes.len()..full {
         let parent = i.checked_sub(1).map(|p| hashes[p]);
-        hashes.push(BlockHash::new(parent, &tokens[i * block_size..(i + 1) * block_size]));
+        let span = i * block_size..(i + 1) * block_size;
+        let overlapping: Vec<u64> =
+            keys.iter().filter(|(at, _)| at.start < span.end && span.start < at.end).map(|(_, h)| *h).collect();
+        hashes.push(BlockHash::with_keys(parent, &tokens[span], &overlapping));
     }
 }
 
@@ -294,13 +313,29 @@ mod tests {
     #[test]
     fn chained_hashes_depend_on_the_whole_prefix() {
         let mut a = Vec::new();
-        extend_block_hashes(&mut a, &[1, 2, 3, 4, 5], 2);
+        extend_block_hashes(&mut a, &[1, 2, 3, 4, 5], 2, &[]);
         assert_eq!(a.len(), 2);
         let mut b = Vec::new();
-        extend_block_hashes(&mut b, &[9, 9, 3, 4], 2);
+        extend_block_hashes(&mut b, &[9, 9, 3, 4], 2, &[]);
         assert_ne!(a[1], b[1], "same block tokens after a different prefix must not match");
         let mut c = a[..1].to_vec();
-        extend_block_hashes(&mut c, &[1, 2, 3, 4, 5, 6], 2);
+        extend_block_hashes(&mut c, &[1, 2, 3, 4, 5, 6], 2, &[]);
         assert_eq!(&c[..2], &a[..]);
+    }
+
+    #[test]
+    fn blocks_over_different_images_differ() {
+        // Placeholders at positions 2..5 (blocks 1 and 2 of size 2); the first block precedes them.
+        let tokens = [1, 2, 7, 7, 7, 3];
+        let hashes = |image: u64| {
+            let mut h = Vec::new();
+            extend_block_hashes(&mut h, &tokens, 2, &[(2..5, image)]);
+            h
+        };
+        let (a, b) = (hashes(10), hashes(11));
+        assert_eq!(a[0], b[0], "the text before the image is shared");
+        assert_ne!(a[1], b[1]);
+        assert_ne!(a[2], b[2]);
+        assert_eq!(hashes(10), a);
     }
 }

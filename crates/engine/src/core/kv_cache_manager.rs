@@ -27,6 +27,8 @@ struct RequestBlocks {
     hashes: Vec<BlockHash>,
     /// Leading blocks already registered in the prefix cache.
     num_cached: usize,
+    /// The prompt's images (placeholder positions, content hash), hashed into the blocks over them.
+    cache_keys: Vec<(std::ops::Range<usize>, u64)>,
 }
 
 #[derive(Debug)]
@@ -155,6 +157,15 @@ impl KvCacheManager {
         self.requests.get(&req).map(|r| r.blocks.as_slice()).unwrap_or(&[])
     }
 
+    /// Records the images of `req`'s prompt (placeholder positions, content hash) for its block
+    /// hashes; set before its first lookup, again after a preemption freed it.
+    pub fn set_cache_keys(&mut self, req: ReqId, keys: Vec<(std::ops::Range<usize>, u64)>) {
+        let entry = self.requests.entry(req).or_default();
+        if entry.hashes.is_empty() {
+            entry.cache_keys = keys;
+        }
+    }
+
     /// The longest cached prefix of `tokens` in whole blocks, and its length in tokens. The last
     /// token is never a hit: its logits must be computed to sample from them.
     pub fn get_computed_blocks(&mut self, req: ReqId, tokens: &[u32], skip_cache: bool) -> (Vec<BlockId>, usize) {
@@ -162,7 +173,7 @@ impl KvCacheManager {
             return (Vec::new(), 0);
         }
         let entry = self.requests.entry(req).or_default();
-        extend_block_hashes(&mut entry.hashes, tokens, self.block_size);
+        extend_block_hashes(&mut entry.hashes, tokens, self.block_size, &entry.cache_keys);
         let max_blocks = (tokens.len() - 1) / self.block_size;
         let mut hits: Vec<BlockId> =
             entry.hashes.iter().take(max_blocks).map_while(|h| self.pool.get_cached_block(h)).collect();
@@ -228,7 +239,7 @@ impl KvCacheManager {
             // later in the same step: the forward writes every key before attention reads any).
             let full = (computed + num_new_tokens).min(tokens.len()) / bs;
             if full > entry.num_cached {
-                extend_block_hashes(&mut entry.hashes, &tokens[..full * bs], bs);
+                extend_block_hashes(&mut entry.hashes, &tokens[..full * bs], bs, &entry.cache_keys);
                 self.pool.cache_full_blocks(&entry.blocks, &entry.hashes, entry.num_cached..full);
                 entry.num_cached = full;
             }

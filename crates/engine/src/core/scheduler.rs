@@ -272,6 +272,9 @@ impl Scheduler {
                 break;
             };
             let req = &self.requests[&id];
+            if let Some(mm) = &req.sampling.multimodal {
+                self.kv.set_cache_keys(id, mm.cache_keys());
+            }
             let (hits, num_hit_tokens) = self.kv.get_computed_blocks(id, &req.all_token_ids, req.skips_prefix_cache());
             let num_new = self.cut_at_snapshot(id, num_hit_tokens, (req.num_tokens() - num_hit_tokens).min(budget));
             let req = &self.requests[&id];

@@ -21,7 +21,7 @@ pub use self::block::{
 use self::per_layer::PerLayerInputs;
 use crate::layers::rope::Rope;
 use crate::layers::{Embedding, Linear, Norm};
-use crate::model::{CausalLM, ForwardInput, ModelInfo};
+use crate::model::{CausalLM, ForwardInput, InputEmbeds, ModelInfo};
 use crate::Result;
 
 /// Learned absolute position embeddings, looked up at `position + offset` (OPT's offset is 2).
@@ -100,6 +100,7 @@ impl Decoder {
                 })
                 .collect(),
             weight_bytes: 0,
+            vision: None,
         };
         let mut d = Decoder {
             info,
@@ -203,6 +204,28 @@ impl Decoder {
     }
 }
 
+/// `h` with the rows `embeds` names replaced by its values (in `h`'s dtype).
+fn merge_rows(h: &Tensor, embeds: &InputEmbeds) -> Result<Tensor> {
+    let n = h.rows();
+    if embeds.values.rows() != embeds.rows.len() || embeds.values.last_dim() != h.last_dim() {
+        return Err(ferrite_tensor::TensorError::Shape {
+            op: "input embeddings",
+            detail: format!("{:?} for {} rows of width {}", embeds.values.shape(), embeds.rows.len(), h.last_dim()),
+        }
+        .into());
+    }
+    let values = embeds.values.to_dtype(h.dtype());
+    let stacked = ops::concat_rows(&[h, &values])?;
+    let mut index: Vec<usize> = (0..n).collect();
+    for (k, &row) in embeds.rows.iter().enumerate() {
+        *index.get_mut(row).ok_or_else(|| ferrite_tensor::TensorError::Shape {
+            op: "input embeddings",
+            detail: format!("row {row} of a {n}-token step"),
+        })? = n + k;
+    }
+    Ok(ops::gather_rows(&stacked, &index)?)
+}
+
 impl CausalLM for Decoder {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -238,6 +261,9 @@ impl CausalLM for Decoder {
             .collect::<Result<Vec<_>>>()?;
         if let Some(s) = self.embed_scale {
             h = ops::scale(&h, s)?;
+        }
+        if let Some(embeds) = input.embeds {
+            h = merge_rows(&h, embeds)?;
         }
         if let Some(p) = &self.project_in {
             h = p.forward(&h)?;

@@ -34,6 +34,8 @@ pub struct RopeParameters {
     /// HunYuan's fixed NTK `alpha` (see `families::hunyuan`); other families ignore it, as
     /// transformers does.
     pub alpha: Option<f64>,
+    /// MRoPE's split of the rotary frequencies over (temporal, height, width) (Qwen2-VL).
+    pub mrope_section: Option<Vec<usize>>,
 }
 
 impl RopeParameters {
@@ -126,6 +128,9 @@ pub struct Rope {
     head_dim: usize,
     attention_scaling: f32,
     pub style: RopeStyle,
+    /// MRoPE: for each rotary frequency, which of a token's (temporal, height, width) positions
+    /// turns it (Qwen2-VL's `mrope_section` split of the frequencies); `None`: one position.
+    mrope_axes: Option<Vec<usize>>,
 }
 
 /// `1 / base^(2i/dim)` exactly as torch evaluates it in f32.
@@ -282,12 +287,28 @@ impl Rope {
             }
             other => return Err(raw.error(format!("unsupported rope type `{other}`"))),
         };
-        Ok(Rope { schedule, rotary_dim, head_dim, attention_scaling, style: RopeStyle::Neox })
+        Ok(Rope { schedule, rotary_dim, head_dim, attention_scaling, style: RopeStyle::Neox, mrope_axes: None })
     }
 
     pub fn with_style(mut self, style: RopeStyle) -> Rope {
         self.style = style;
         self
+    }
+
+    /// MRoPE as Qwen2-VL splits it: the first `sections[0]` frequencies turn with the temporal
+    /// position, the next `sections[1]` with the height, the next with the width (and so on
+    /// round the three axes), for tokens whose positions the step's metadata gives.
+    pub fn with_mrope_sections(mut self, sections: &[usize], raw: &RawConfig) -> Result<Rope> {
+        let half = self.rotary_dim / 2;
+        if sections.iter().sum::<usize>() != half {
+            return Err(raw.error(format!(
+                "`mrope_section` {sections:?} adds up to {}, the rotary embedding has {half} frequencies",
+                sections.iter().sum::<usize>()
+            )));
+        }
+        let axes = sections.iter().enumerate().flat_map(|(i, &n)| std::iter::repeat_n(i % 3, n)).collect();
+        self.mrope_axes = Some(axes);
+        Ok(self)
     }
 
     /// See [`crate::CausalLM::rotary_depends_on_length`].
@@ -362,10 +383,19 @@ impl Rope {
         for (i, s) in meta.seqs.iter().enumerate() {
             let inv_freq = self.inv_freq(meta.schedule_len(i));
             for i in 0..s.q_len {
-                let pos = s.query_position(i) as f32;
                 let row = s.q_start + i;
-                for (j, &f) in inv_freq.iter().enumerate() {
-                    out[row * half + j] = trig(f * pos) * self.attention_scaling;
+                let pos = s.query_position(i);
+                match (&self.mrope_axes, meta.mrope_positions.get(row)) {
+                    (Some(axes), Some(thw)) => {
+                        for ((j, &f), &axis) in inv_freq.iter().enumerate().zip(axes) {
+                            out[row * half + j] = trig(f * thw[axis] as f32) * self.attention_scaling;
+                        }
+                    }
+                    _ => {
+                        for (j, &f) in inv_freq.iter().enumerate() {
+                            out[row * half + j] = trig(f * pos as f32) * self.attention_scaling;
+                        }
+                    }
                 }
             }
         }

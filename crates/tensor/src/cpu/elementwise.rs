@@ -19,6 +19,7 @@ pub fn activate(act: Activation, x: f32) -> f32 {
             r * r
         }
         Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        Activation::QuickGelu => x * (1.0 / (1.0 + (-(1.702 * x)).exp())),
     }
 }
 
@@ -136,6 +137,16 @@ pub fn concat_cols(parts: &[&Tensor]) -> Result<Tensor> {
         }
     }
     Ok(f32_tensor(out, vec![rows, total]))
+}
+
+pub fn concat_rows(parts: &[&Tensor]) -> Result<Tensor> {
+    let cols = parts[0].last_dim();
+    let mut out = Vec::with_capacity(parts.iter().map(|p| p.numel()).sum());
+    for p in parts {
+        out.extend_from_slice(p.as_f32_slice()?);
+    }
+    let rows = out.len() / cols.max(1);
+    Ok(f32_tensor(out, vec![rows, cols]))
 }
 
 pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {

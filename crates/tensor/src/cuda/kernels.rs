@@ -54,6 +54,7 @@ pub(crate) fn defines() -> Vec<String> {
         ("ACT_RELU", ops::ACT_RELU.into()),
         ("ACT_RELU2", ops::ACT_RELU2.into()),
         ("ACT_SIGMOID", ops::ACT_SIGMOID.into()),
+        ("ACT_QUICK_GELU", ops::ACT_QUICK_GELU.into()),
         ("UNARY_SCALE", ops::UNARY_SCALE.into()),
         ("UNARY_SOFTCAP", ops::UNARY_SOFTCAP.into()),
         ("UNARY_ACTIVATION", ops::UNARY_ACTIVATION.into()),

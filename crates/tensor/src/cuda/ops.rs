@@ -34,6 +34,7 @@ pub(crate) const ACT_GELU_TANH: i32 = 2;
 pub(crate) const ACT_RELU: i32 = 3;
 pub(crate) const ACT_RELU2: i32 = 4;
 pub(crate) const ACT_SIGMOID: i32 = 5;
+pub(crate) const ACT_QUICK_GELU: i32 = 6;
 
 pub(crate) fn activation_code(act: Activation) -> i32 {
     match act {
@@ -43,6 +44,7 @@ pub(crate) fn activation_code(act: Activation) -> i32 {
         Activation::Relu => ACT_RELU,
         Activation::Relu2 => ACT_RELU2,
         Activation::Sigmoid => ACT_SIGMOID,
+        Activation::QuickGelu => ACT_QUICK_GELU,
     }
 }
 
@@ -343,6 +345,24 @@ pub fn concat_cols(parts: &[&Tensor]) -> Result<Tensor> {
         off += p.last_dim();
     }
     wrap(out, vec![rows, total])
+}
+
+/// Each part is copied as one long row into its stretch of the output's single long row.
+pub fn concat_rows(parts: &[&Tensor]) -> Result<Tensor> {
+    let first = cuda_of("concat_rows", parts[0])?;
+    let cols = parts[0].last_dim();
+    let rows: usize = parts.iter().map(|p| p.rows()).sum();
+    let out = CudaStorage::alloc(first.device(), first.dtype(), rows * cols)?;
+    let mut off = 0;
+    for p in parts {
+        let ps = cuda_of("concat_rows", p)?;
+        same_dtype("concat_rows", first, ps)?;
+        if p.numel() > 0 {
+            copy_cols(ps, p.numel(), 0, &out, rows * cols, off, 1, p.numel())?;
+        }
+        off += p.numel();
+    }
+    wrap(out, vec![rows, cols])
 }
 
 kernel_params! {

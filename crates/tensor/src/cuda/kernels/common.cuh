@@ -60,6 +60,7 @@ __device__ __forceinline__ float activate(int act, float x) {
         return r * r;
     }
     case ACT_SIGMOID: return 1.f / (1.f + expf(-x));
+    case ACT_QUICK_GELU: return x * (1.f / (1.f + expf(-1.702f * x)));
     default: return fmaxf(x, 0.f);
     }
 }

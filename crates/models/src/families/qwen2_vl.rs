@@ -1,0 +1,484 @@
+//! Qwen2-VL (`Qwen2VLForConditionalGeneration`): a ViT over 14x14x2 pixel patches (2-D rotary
+//! embeddings, full attention within each image, LayerNorm + quick-GELU MLP blocks) whose
+//! outputs are merged 2x2 into the text model's width, then a Qwen2 decoder whose rotary
+//! embedding is MRoPE: each frequency band turns with a token's temporal, height or width
+//! position, and an image's tokens are placed on its patch grid.
+//!
+//! Both checkpoint layouts load: transformers 5 (`text_config`, `model.language_model.*`,
+//! `model.visual.*`) and the one the Hub's Qwen2-VL checkpoints were saved in (text keys at the
+//! top level, `model.*`, `visual.*`).
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use ferrite_tensor::{ops, Activation, AttentionParams, Tensor};
+
+use crate::decoder::load::{activation, attention_params, check_dims, CommonConfig, Defaults, Names};
+use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
+use crate::layers::rope::{Rope, RopeParameters};
+use crate::layers::{LayerNorm, Linear, Norm};
+use crate::loading::config::RawConfig;
+use crate::loading::weights::{Scope, Weights};
+use crate::model::{CausalLM, ForwardInput, ModelInfo, VisionEncoder, VisionInfo};
+use crate::Result;
+
+/// Qwen2VLTextConfig's defaults where they differ from Llama's.
+const TEXT_DEFAULTS: Defaults = Defaults { eps: 1e-5, max_positions: 32768, ..Defaults::LLAMA };
+const TEXT_ROPE_THETA: f64 = 1_000_000.0;
+
+#[derive(Debug, Clone, Deserialize)]
+struct TextConfig {
+    #[serde(flatten)]
+    common: CommonConfig,
+    use_sliding_window: Option<bool>,
+    max_window_layers: Option<usize>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct VisionConfig {
+    #[serde(default = "defaults::depth")]
+    depth: usize,
+    #[serde(default = "defaults::embed_dim")]
+    embed_dim: usize,
+    /// The text model's width, which the merger projects to.
+    #[serde(default = "defaults::hidden_size")]
+    hidden_size: usize,
+    #[serde(default = "defaults::hidden_act")]
+    hidden_act: String,
+    #[serde(default = "defaults::mlp_ratio")]
+    mlp_ratio: f64,
+    #[serde(default = "defaults::num_heads")]
+    num_heads: usize,
+    #[serde(default = "defaults::in_channels")]
+    in_channels: usize,
+    #[serde(default = "defaults::patch_size")]
+    patch_size: usize,
+    #[serde(default = "defaults::spatial_merge_size")]
+    spatial_merge_size: usize,
+    #[serde(default = "defaults::temporal_patch_size")]
+    temporal_patch_size: usize,
+    rope_parameters: Option<Value>,
+}
+
+/// Qwen2VLVisionConfig's defaults (the 7B model's tower).
+mod defaults {
+    pub fn depth() -> usize {
+        32
+    }
+    pub fn embed_dim() -> usize {
+        1280
+    }
+    pub fn hidden_size() -> usize {
+        3584
+    }
+    pub fn hidden_act() -> String {
+        "quick_gelu".into()
+    }
+    pub fn mlp_ratio() -> f64 {
+        4.0
+    }
+    pub fn num_heads() -> usize {
+        16
+    }
+    pub fn in_channels() -> usize {
+        3
+    }
+    pub fn patch_size() -> usize {
+        14
+    }
+    pub fn spatial_merge_size() -> usize {
+        2
+    }
+    pub fn temporal_patch_size() -> usize {
+        2
+    }
+}
+
+struct VisionBlock {
+    norm1: LayerNorm,
+    qkv: Linear,
+    proj: Linear,
+    norm2: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+/// The vision tower, its merger, and what the prompt side needs to know about it.
+pub struct VisionTower {
+    patch_embed: Linear,
+    blocks: Vec<VisionBlock>,
+    act: Activation,
+    attention: AttentionParams,
+    /// 2-D rotary inverse frequencies (`head_dim / 4` of them, shared by rows and columns).
+    rope_inv_freq: Vec<f32>,
+    merger_norm: LayerNorm,
+    merger_fc1: Linear,
+    merger_fc2: Linear,
+    patch_dim: usize,
+    embed_dim: usize,
+    merge: usize,
+    image_token_id: u32,
+}
+
+pub struct Qwen2Vl {
+    decoder: Decoder,
+    vision: VisionTower,
+    /// The decoder's, with the vision half's prompt facts.
+    info: ModelInfo,
+}
+
+/// Where a checkpoint keeps the text model and the vision tower.
+struct Layout {
+    text: &'static str,
+    visual: &'static str,
+}
+
+impl Layout {
+    fn of(w: &Weights) -> Layout {
+        if w.contains("model.language_model.embed_tokens.weight") {
+            Layout { text: "model.language_model", visual: "model.visual" }
+        } else {
+            Layout { text: "model", visual: "visual" }
+        }
+    }
+}
+
+/// The text model's config: `text_config` (transformers 5) or the top-level keys (the Hub's
+/// checkpoints), with the top-level `architectures` and `tie_word_embeddings`.
+fn text_config(raw: &RawConfig) -> RawConfig {
+    let mut text = raw.value.get("text_config").filter(|t| t.is_object()).cloned().unwrap_or_else(|| raw.value.clone());
+    let flag = |v: &Value| v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false);
+    // transformers ties when either config says so.
+    let tie = flag(&raw.value) || flag(&text);
+    if let Some(obj) = text.as_object_mut() {
+        obj.insert("tie_word_embeddings".into(), tie.into());
+        if let Some(v) = raw.value.get("architectures") {
+            obj.insert("architectures".into(), v.clone());
+        }
+    }
+    RawConfig { path: raw.path.clone(), value: text }
+}
+
+pub fn load(raw: &RawConfig, w: &Weights) -> Result<Qwen2Vl> {
+    let layout = Layout::of(w);
+    let text_raw = text_config(raw);
+    let decoder = load_text(&text_raw, w, &layout)?;
+    let vision_value = raw.value.get("vision_config").cloned().unwrap_or(Value::Object(Default::default()));
+    let vision_cfg: VisionConfig =
+        serde_json::from_value(vision_value).map_err(|e| raw.error(format!("vision_config: {e}")))?;
+    let image_token_id = raw.value.get("image_token_id").and_then(Value::as_u64).unwrap_or(151655);
+    let image_token_id = u32::try_from(image_token_id)
+        .map_err(|_| raw.error(format!("`image_token_id` {image_token_id} is too large")))?;
+    let text_hidden = decoder.embed.table.shape()[1];
+    let vision = load_vision(raw, &vision_cfg, &w.at(layout.visual), text_hidden, image_token_id)?;
+    let mut info = decoder.info().clone();
+    info.vision = Some(VisionInfo { image_token_id, spatial_merge_size: vision.merge });
+    info.weight_bytes += vision.weight_bytes();
+    Ok(Qwen2Vl { decoder, vision, info })
+}
+
+fn load_text(raw: &RawConfig, w: &Weights, layout: &Layout) -> Result<Decoder> {
+    let cfg: TextConfig = raw.parse()?;
+    let mut d = cfg.common.resolve(raw, TEXT_DEFAULTS)?;
+    // Qwen2VLAttention sizes its heads by `hidden_size / num_attention_heads`, whatever `head_dim` says.
+    d.head_dim = d.hidden / d.heads;
+    let inter = d.intermediate(raw)?;
+    let sliding = cfg.use_sliding_window.unwrap_or(false);
+    let blocks = d.blocks_at(w, &format!("{}.layers", layout.text), |i, l| {
+        let mut attn = d.attention(&l.at("self_attn"), true, false)?;
+        let slides = match d.sliding(raw, i)? {
+            Some(s) => s,
+            None => sliding && i >= cfg.max_window_layers.unwrap_or(80),
+        };
+        attn.params.sliding_window = d.sliding_window.filter(|_| slides && sliding);
+        Ok(Block::pre_norm(
+            d.rms(l, "input_layernorm")?,
+            TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
+            d.rms(l, "post_attention_layernorm")?,
+            ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, inter, d.act, false)?),
+        ))
+    })?;
+    let mut params = RopeParameters::from_config(raw, TEXT_ROPE_THETA)?;
+    // The Hub's configs spell MRoPE as a rope type; transformers reads it as the default rope.
+    if params.kind() == "mrope" {
+        params.rope_type = None;
+    }
+    let sections = params.mrope_section.clone().unwrap_or_else(|| vec![16, 24, 24]);
+    let rope = Rope::new(&params, d.head_dim, d.max_positions, raw)?.with_mrope_sections(&sections, raw)?;
+    let norm = Norm::Rms(d.rms(&w.at(layout.text), "norm")?);
+    let embed = format!("{}.embed_tokens", layout.text);
+    let names = Names { layers: "", embed: &embed, embed_dim: None, lm_head: "lm_head", lm_head_bias: false };
+    d.finish_at(raw, w, names, blocks, Some(norm), vec![rope])
+}
+
+fn load_vision(
+    raw: &RawConfig,
+    cfg: &VisionConfig,
+    v: &Scope,
+    text_hidden: usize,
+    image_token_id: u32,
+) -> Result<VisionTower> {
+    let (e, heads) = (cfg.embed_dim, cfg.num_heads);
+    let patch_dim = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size * cfg.patch_size;
+    let mlp = (e as f64 * cfg.mlp_ratio) as usize;
+    check_dims(
+        raw,
+        &[
+            ("vision_config.depth", cfg.depth),
+            ("vision_config.embed_dim", e),
+            ("vision_config.num_heads", heads),
+            ("vision_config.patch_size", cfg.patch_size),
+            ("vision_config.temporal_patch_size", cfg.temporal_patch_size),
+            ("vision_config.in_channels", cfg.in_channels),
+            ("vision_config.spatial_merge_size", cfg.spatial_merge_size),
+            ("vision patch size", patch_dim),
+            ("vision MLP width", mlp),
+        ],
+    )?;
+    if !e.is_multiple_of(heads) || !(e / heads).is_multiple_of(4) {
+        return Err(raw.error(format!(
+            "vision_config: embed_dim {e} over {heads} heads must give a head size that is a multiple of 4"
+        )));
+    }
+    if cfg.hidden_size != text_hidden {
+        return Err(raw.error(format!(
+            "vision_config.hidden_size {} differs from the text model's hidden size {text_hidden}",
+            cfg.hidden_size
+        )));
+    }
+    let head_dim = e / heads;
+    let theta =
+        cfg.rope_parameters.as_ref().and_then(|p| p.get("rope_theta")).and_then(Value::as_f64).unwrap_or(10000.0)
+            as f32;
+    let spatial = head_dim / 2;
+    let rope_inv_freq = (0..spatial).step_by(2).map(|i| 1.0f32 / theta.powf(i as f32 / spatial as f32)).collect();
+    let weights = v.weights();
+    let patch_weight = weights
+        .get(
+            &v.name("patch_embed.proj.weight"),
+            &[e, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size],
+        )?
+        .reshape(&[e, patch_dim])?;
+    let eps = 1e-6;
+    let blocks = (0..cfg.depth)
+        .map(|i| {
+            let b = v.at(&format!("blocks.{i}"));
+            Ok(VisionBlock {
+                norm1: b.layer_norm("norm1", e, eps, true)?,
+                qkv: b.linear("attn.qkv", e, 3 * e, true)?,
+                proj: b.linear("attn.proj", e, e, true)?,
+                norm2: b.layer_norm("norm2", e, eps, true)?,
+                fc1: b.linear("mlp.fc1", e, mlp, true)?,
+                fc2: b.linear("mlp.fc2", mlp, e, true)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let merged = e * cfg.spatial_merge_size * cfg.spatial_merge_size;
+    Ok(VisionTower {
+        patch_embed: Linear::new(patch_weight, None),
+        blocks,
+        act: activation(raw, "vision_config.hidden_act", &cfg.hidden_act)?,
+        attention: attention_params(heads, heads, head_dim, (head_dim as f64).powf(-0.5), None, None),
+        rope_inv_freq,
+        merger_norm: v.layer_norm("merger.ln_q", e, eps, true)?,
+        merger_fc1: v.linear("merger.mlp.0", merged, merged, true)?,
+        merger_fc2: v.linear("merger.mlp.2", merged, text_hidden, true)?,
+        patch_dim,
+        embed_dim: e,
+        merge: cfg.spatial_merge_size,
+        image_token_id,
+    })
+}
+
+impl VisionTower {
+    fn weight_bytes(&self) -> usize {
+        let linears = self.blocks.iter().flat_map(|b| [&b.qkv, &b.proj, &b.fc1, &b.fc2]);
+        linears
+            .chain([&self.patch_embed, &self.merger_fc1, &self.merger_fc2])
+            .map(|l| l.weight.size_in_bytes() + l.bias.as_ref().map_or(0, Tensor::size_in_bytes))
+            .sum()
+    }
+
+    /// Each patch's (row, column) on the grid, in the processor's order: 2x2 merge windows one
+    /// after another, row-major within each (transformers' `get_vision_position_ids`).
+    fn patch_positions(&self, [t, h, w]: [usize; 3]) -> Vec<[usize; 2]> {
+        let m = self.merge;
+        let mut out = Vec::with_capacity(t * h * w);
+        for _ in 0..t {
+            for bh in 0..h / m {
+                for bw in 0..w / m {
+                    for ih in 0..m {
+                        for iw in 0..m {
+                            out.push([bh * m + ih, bw * m + iw]);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// cos/sin `[patches, head_dim / 2]`: the first quarter of the head's frequencies turn with
+    /// the patch row, the second with its column.
+    fn rope_tables(&self, positions: &[[usize; 2]]) -> (Vec<f32>, Vec<f32>) {
+        let quarter = self.rope_inv_freq.len();
+        let (mut cos, mut sin) = (Vec::with_capacity(positions.len() * 2 * quarter), Vec::new());
+        sin.reserve(cos.capacity());
+        for &[row, col] in positions {
+            for pos in [row, col] {
+                for &f in &self.rope_inv_freq {
+                    let angle = pos as f32 * f;
+                    cos.push(angle.cos());
+                    sin.push(angle.sin());
+                }
+            }
+        }
+        (cos, sin)
+    }
+}
+
+impl VisionEncoder for Qwen2Vl {
+    fn encode_image(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Tensor> {
+        let v = &self.vision;
+        let [t, h, w] = grid_thw;
+        let patches = t * h * w;
+        if patches == 0 || !h.is_multiple_of(v.merge) || !w.is_multiple_of(v.merge) {
+            return Err(invalid(format!(
+                "image grid {grid_thw:?} does not divide into {0}x{0} merge windows",
+                v.merge
+            )));
+        }
+        if pixel_values.len() != patches * v.patch_dim {
+            return Err(invalid(format!(
+                "{} pixel values for a {grid_thw:?} grid of {}-value patches",
+                pixel_values.len(),
+                v.patch_dim
+            )));
+        }
+        let device = self.decoder.embed.table.device();
+        let dtype = self.decoder.embed.table.dtype();
+        let pixels = Tensor::from_f32_as(pixel_values.to_vec(), &[patches, v.patch_dim], dtype)?.to_device(device)?;
+        let mut x = v.patch_embed.forward(&pixels)?;
+        let (cos, sin) = v.rope_tables(&v.patch_positions(grid_thw));
+        let half = v.attention.head_dim / 2;
+        let cos = Tensor::from_f32(cos, &[patches, half])?.to_device(device)?;
+        let sin = Tensor::from_f32(sin, &[patches, half])?.to_device(device)?;
+        // Each frame attends within itself.
+        let frames = vec![h * w; t];
+        let e = v.embed_dim;
+        for b in &v.blocks {
+            let normed = b.norm1.forward(&x)?;
+            let qkv = b.qkv.forward(&normed)?;
+            let q = ops::narrow_cols(&qkv, 0, e)?;
+            let k = ops::narrow_cols(&qkv, e, e)?;
+            let value = ops::narrow_cols(&qkv, 2 * e, e)?;
+            let q = ops::rope(&q, &cos, &sin, v.attention.head_dim, ferrite_tensor::RopeStyle::Neox)?;
+            let k = ops::rope(&k, &cos, &sin, v.attention.head_dim, ferrite_tensor::RopeStyle::Neox)?;
+            let attn = ops::attention_dense(&q, &k, &value, &v.attention, &frames, false)?;
+            x = ops::add(&x, &b.proj.forward(&attn)?)?;
+            let mlp = b.fc2.forward(&ops::activation(&b.fc1.forward(&b.norm2.forward(&x)?)?, v.act)?)?;
+            x = ops::add(&x, &mlp)?;
+        }
+        let merged = v.merger_norm.forward(&x)?.reshape(&[patches / (v.merge * v.merge), v.merge * v.merge * e])?;
+        let hidden = ops::activation(&v.merger_fc1.forward(&merged)?, Activation::Gelu)?;
+        v.merger_fc2.forward(&hidden)
+    }
+
+    fn mrope_positions(&self, prompt: &[u32], grids: &[[usize; 3]]) -> Result<Option<(Vec<[usize; 3]>, i64)>> {
+        Ok(Some(mrope_positions(prompt, self.vision.image_token_id, grids, self.vision.merge)?))
+    }
+}
+
+fn invalid(message: String) -> crate::ModelError {
+    ferrite_tensor::TensorError::Shape { op: "image input", detail: message }.into()
+}
+
+/// transformers' `get_rope_index` for a prompt whose images are given by their patch grids, in
+/// order: text tokens count up on all three axes; an image's tokens sit on its merged grid (the
+/// temporal axis at the start position, rows and columns offset from it) and the text after it
+/// resumes past the grid's larger side. Returns the positions and the decode offset
+/// (`max position + 1 - prompt length`).
+pub fn mrope_positions(
+    prompt: &[u32],
+    image_token: u32,
+    grids: &[[usize; 3]],
+    merge: usize,
+) -> Result<(Vec<[usize; 3]>, i64)> {
+    let mut out = Vec::with_capacity(prompt.len());
+    let mut next = 0usize;
+    let mut images = grids.iter();
+    let mut i = 0;
+    while i < prompt.len() {
+        if prompt[i] != image_token {
+            out.push([next; 3]);
+            next += 1;
+            i += 1;
+            continue;
+        }
+        let &[t, h, w] =
+            images.next().ok_or_else(|| invalid(format!("more image placeholders than the {} images", grids.len())))?;
+        let (h, w) = (h / merge, w / merge);
+        let tokens = t * h * w;
+        if prompt.len() - i < tokens || prompt[i..i + tokens].iter().any(|&id| id != image_token) {
+            return Err(invalid(format!("an image of {tokens} tokens has fewer placeholders at prompt position {i}")));
+        }
+        for ti in 0..t {
+            for hi in 0..h {
+                for wi in 0..w {
+                    out.push([next + ti, next + hi, next + wi]);
+                }
+            }
+        }
+        next += h.max(w);
+        i += tokens;
+    }
+    if images.next().is_some() {
+        return Err(invalid(format!("{} images for fewer placeholder runs in the prompt", grids.len())));
+    }
+    let max = out.iter().flatten().copied().max().map_or(0, |m| m as i64 + 1);
+    Ok((out, max - prompt.len() as i64))
+}
+
+impl CausalLM for Qwen2Vl {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn forward(&self, input: &ForwardInput<'_>, kv: &mut [ferrite_tensor::PagedKvLayer]) -> Result<Tensor> {
+        self.decoder.forward(input, kv)
+    }
+
+    fn hidden_states(&self, input: &ForwardInput<'_>, kv: &mut [ferrite_tensor::PagedKvLayer]) -> Result<Tensor> {
+        self.decoder.hidden_states(input, kv)
+    }
+
+    fn vision(&self) -> Option<&dyn VisionEncoder> {
+        Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mrope_places_an_image_on_its_grid() {
+        // 2 text tokens, a 1x4x6 patch grid (2x3 merged tokens), 2 text tokens.
+        let img = 9;
+        let prompt = [1, 2, img, img, img, img, img, img, 3, 4];
+        let (pos, delta) = mrope_positions(&prompt, img, &[[1, 4, 6]], 2).unwrap();
+        assert_eq!(&pos[..2], &[[0; 3], [1; 3]]);
+        assert_eq!(&pos[2..8], &[[2, 2, 2], [2, 2, 3], [2, 2, 4], [2, 3, 2], [2, 3, 3], [2, 3, 4]]);
+        // Text resumes past the grid's larger side (3 merged columns).
+        assert_eq!(&pos[8..], &[[5; 3], [6; 3]]);
+        assert_eq!(delta, 7 - 10);
+    }
+
+    #[test]
+    fn mrope_refuses_placeholders_that_do_not_match_the_images() {
+        let img = 9;
+        assert!(mrope_positions(&[1, img, img], img, &[[1, 4, 4]], 2).is_err(), "4 tokens, 2 placeholders");
+        assert!(mrope_positions(&[1, 2], img, &[[1, 2, 2]], 2).is_err(), "an image without placeholders");
+        assert!(mrope_positions(&[img], img, &[], 2).is_err(), "a placeholder without an image");
+    }
+}

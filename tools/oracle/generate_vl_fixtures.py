@@ -1,0 +1,207 @@
+"""Vision-language oracle fixtures: a tiny random-init Qwen2VLForConditionalGeneration, synthetic
+images, and transformers' greedy output for prompts that mix text and images.
+
+    .venv-oracle/bin/python tools/oracle/generate_vl_fixtures.py        # fixtures/models/qwen2-vl/ (~20 s)
+
+Pinned as the other oracle scripts (tools/oracle/requirements.txt: torch 2.15.0, transformers 5.24.0)
+plus Pillow 13.0.0 and torchvision 0.29.2, which transformers' image processors need. Deterministic:
+rerunning it with the same versions rewrites the same files.
+
+What it writes (fixtures/models/qwen2-vl/):
+- the checkpoint as transformers 5 saves it (config.json with text_config / vision_config,
+  model.safetensors), the processor's files (preprocessor_config.json, tokenizer.json with the
+  vision special tokens added, tokenizer_config.json, chat_template.jinja: Qwen2-VL's template);
+- images/*.png: the synthetic images;
+- oracle.json: per case the messages, the prompt ids the processor made (placeholders expanded),
+  each image's file, grid and processed pixels (pixels/<case>-<k>.bin, f32 little-endian
+  [patches, patch_dim]), and transformers' 16 greedy tokens with top-5 logprobs per step.
+
+The oracle is transformers on CPU in float32 with eager attention, batch 1, HF generate.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from oracle_common import ROOT, greedy_generate_inputs, versions, write_json  # noqa: E402
+
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+from transformers import (  # noqa: E402
+    PreTrainedTokenizerFast,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+    Qwen2VLImageProcessor,
+    Qwen2VLProcessor,
+    Qwen2VLVideoProcessor,
+)
+
+OUT = ROOT / "fixtures" / "models" / "qwen2-vl"
+TOKENIZER_DIR = ROOT / "fixtures" / "tokenizer"
+SEED = 1234
+MAX_NEW_TOKENS = 16
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+
+# Qwen2-VL-Instruct's chat template.
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: "
+    "{% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Small pixel budgets keep the fixture small: 4 to 16 merged tokens per image.
+MIN_PIXELS = 28 * 28 * 4
+MAX_PIXELS = 28 * 28 * 16
+
+
+def synthetic_image(name: str, width: int, height: int, seed: int) -> Image.Image:
+    """Smooth gradients plus noise, so that resizing and every patch matter."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
+    base = np.stack(
+        [
+            127 + 120 * np.sin(x / (3 + seed % 5) + y / 11),
+            127 + 120 * np.cos(y / (4 + seed % 3) - x / 13),
+            (x * 255 / max(width - 1, 1) + y * 97 / max(height - 1, 1)) % 256,
+        ],
+        axis=-1,
+    )
+    pixels = np.clip(base + rng.normal(0, 18, base.shape), 0, 255).astype(np.uint8)
+    return Image.fromarray(pixels, "RGB")
+
+
+IMAGES = {
+    "square": (56, 56, 1),  # exactly 4x4 patches: no resize
+    "wide": (112, 56, 2),  # 8x4 patches
+    "odd": (75, 61, 3),  # resized to 84x56
+    "large": (200, 150, 4),  # shrunk under MAX_PIXELS
+}
+
+CASES = [
+    ("one-image", [{"type": "image", "image": "square"}, {"type": "text", "text": "Describe the image."}]),
+    ("text-image-text", [{"type": "text", "text": "Look at"}, {"type": "image", "image": "wide"},
+                         {"type": "text", "text": "and say what you see."}]),
+    ("two-images", [{"type": "image", "image": "odd"}, {"type": "image", "image": "large"},
+                    {"type": "text", "text": "Compare them."}]),
+    ("resized", [{"type": "text", "text": "What is in"}, {"type": "image", "image": "large"}]),
+    ("image-last", [{"type": "text", "text": "def main():\n    return"}, {"type": "image", "image": "odd"}]),
+    ("text-only", [{"type": "text", "text": "import os\nimport sys\n"}]),
+    ("same-image-twice", [{"type": "image", "image": "wide"}, {"type": "text", "text": "and again"},
+                          {"type": "image", "image": "wide"}]),
+    ("code-after-image", [{"type": "image", "image": "square"},
+                          {"type": "text", "text": "class Parser:\n    def __init__(self, text):\n"}]),
+]
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER_DIR / "tokenizer.json"),
+                                  bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    return tok
+
+
+def build_model(vocab: int, ids: dict[str, int]) -> Qwen2VLForConditionalGeneration:
+    cfg = Qwen2VLConfig(
+        text_config=dict(
+            vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.3,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+        ),
+        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=14,
+                           temporal_patch_size=2, spatial_merge_size=2, initializer_range=0.3),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        initializer_range=0.3,
+    )
+    torch.manual_seed(SEED)
+    model = Qwen2VLForConditionalGeneration._from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(SEED + 1)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            flat = p.detach().reshape(-1)
+            if flat.numel() > 0 and bool(torch.all(flat == flat[0])):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.2)
+    model.eval()
+    return model
+
+
+def main() -> int:
+    if OUT.exists():
+        shutil.rmtree(OUT)
+    (OUT / "images").mkdir(parents=True)
+    (OUT / "pixels").mkdir()
+    tok = build_tokenizer()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    image_processor = Qwen2VLImageProcessor(size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS})
+    processor = Qwen2VLProcessor(image_processor=image_processor, tokenizer=tok,
+                                 video_processor=Qwen2VLVideoProcessor(), chat_template=CHAT_TEMPLATE)
+    images = {}
+    for name, (w, h, seed) in IMAGES.items():
+        synthetic_image(name, w, h, seed).save(OUT / "images" / f"{name}.png")
+        images[name] = Image.open(OUT / "images" / f"{name}.png").convert("RGB")
+
+    model = build_model(len(tok), ids)
+    model.save_pretrained(str(OUT), safe_serialization=True)
+    processor.save_pretrained(str(OUT))
+    model = Qwen2VLForConditionalGeneration.from_pretrained(str(OUT), dtype=torch.float32,
+                                                            attn_implementation="eager").eval()
+
+    cases = []
+    for name, content in CASES:
+        messages = [{"role": "user", "content": [
+            {"type": "image"} if part["type"] == "image" else part for part in content]}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        used = [images[p["image"]] for p in content if p["type"] == "image"]
+        inputs = processor(text=[text], images=used or None, return_tensors="pt")
+        prompt_ids = inputs["input_ids"][0].tolist()
+        record_images = []
+        if used:
+            grids = inputs["image_grid_thw"].tolist()
+            offset = 0
+            for k, (part, grid) in enumerate(zip([p for p in content if p["type"] == "image"], grids)):
+                patches = grid[0] * grid[1] * grid[2]
+                pixels = inputs["pixel_values"][offset:offset + patches].numpy().astype("<f4")
+                offset += patches
+                file = f"pixels/{name}-{k}.bin"
+                pixels.tofile(OUT / file)
+                record_images.append({"file": f"images/{part['image']}.png", "grid_thw": grid, "pixels": file,
+                                      "patch_dim": int(pixels.shape[1])})
+        extra = {k: inputs[k] for k in ("pixel_values", "image_grid_thw", "mm_token_type_ids") if k in inputs}
+        result = greedy_generate_inputs(model, inputs["input_ids"], MAX_NEW_TOKENS, **extra)
+        cases.append({"name": name, "messages": [{"role": "user", "content": content}], "prompt": text,
+                      "prompt_ids": prompt_ids, "images": record_images, **result})
+        print(f"{name}: {len(prompt_ids)} prompt tokens, {len(record_images)} images, "
+              f"min gap {min(result['gaps']):.3f}, out {result['output_ids']}")
+
+    write_json(OUT / "oracle.json", {
+        "generator": "tools/oracle/generate_vl_fixtures.py",
+        **versions(),
+        "architecture": "Qwen2VLForConditionalGeneration",
+        "dtype": "float32",
+        "attn_implementation": "eager",
+        "decoding": "greedy (do_sample=False), batch 1, KV cache (HF generate), EOS disabled",
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "seed": SEED,
+        "image_processor": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "backend": type(image_processor).__name__},
+        "cases": [{k: v for k, v in c.items() if k != "gaps"} | {"min_top2_gap": min(c["gaps"])} for c in cases],
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
