@@ -49,6 +49,9 @@ pub struct VisionInfo {
     pub image_token_id: u32,
     /// Patches merged into one embedding along each side (2 for Qwen2-VL's 2x2 windows).
     pub spatial_merge_size: usize,
+    /// The text an image stands as in a prompt whose chat template takes content as a string
+    /// (vLLM's placeholder for the model), holding one placeholder token.
+    pub placeholder: &'static str,
 }
 
 impl VisionInfo {

@@ -18,9 +18,12 @@ use serde_json::Value;
 
 use crate::admission::{Admission, Permit};
 use crate::chat_output::{Parts, Shape, Shaper, ToolMode};
+use crate::content_format::ContentFormat;
 use crate::error::{parse_json, ApiError};
 use crate::generate::{self, Prompt, Step, Tracked};
+use crate::images::ImageProcessing;
 use crate::logprobs;
+use crate::media::{MediaKind, MediaRef, ModelMedia};
 use crate::params::{self, Requested};
 use crate::protocol::{
     ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta, ChatLogprobs,
@@ -41,53 +44,128 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Result<Bytes, Byte
     }
 }
 
-/// Messages as the chat template sees them, as vLLM hands them over: text parts joined with
-/// newlines, every other field kept, and assistant tool-call arguments parsed from their JSON text
-/// into objects (templates print them with `tojson`).
-pub fn template_messages(messages: &[RequestMessage]) -> Result<Vec<Value>, ApiError> {
+/// A conversation as the chat template sees it, and the media its messages bring.
+pub struct TemplateInput {
+    pub messages: Vec<Value>,
+    /// The image parts, in message order, not fetched yet.
+    pub media: Vec<MediaRef>,
+}
+
+/// Messages as the chat template sees them, as vLLM hands them over: content in the template's
+/// format (see [`message_content`]), every other field kept, and assistant tool-call arguments
+/// parsed from their JSON text into objects (templates print them with `tojson`).
+pub fn template_messages(
+    messages: &[RequestMessage],
+    format: ContentFormat,
+    model: &ModelMedia,
+) -> Result<TemplateInput, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must contain at least one message"));
     }
-    messages
-        .iter()
-        .map(|m| {
-            let content = match &m.content {
-                None => String::new(),
-                Some(MessageContent::Text(t)) => t.clone(),
-                Some(MessageContent::Parts(parts)) => parts
-                    .iter()
-                    .map(|p| match (p.kind.as_str(), &p.text) {
-                        ("text", Some(t)) => Ok(t.as_str()),
-                        ("text", None) => Err(ApiError::invalid("messages", "a text content part needs `text`")),
-                        (other, _) => Err(ApiError::invalid(
-                            "messages",
-                            format!("content parts of type `{other}` are not supported; this model takes text only"),
-                        )),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?
-                    .join("\n"),
-            };
-            let mut message = m.rest.clone();
-            message.insert("role".into(), m.role.clone().into());
-            message.insert("content".into(), content.into());
-            if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
-                for call in calls.iter_mut() {
-                    let Some(function) = call.get_mut("function").and_then(Value::as_object_mut) else {
-                        return Err(ApiError::invalid("messages", "a tool call needs a `function` object"));
-                    };
-                    let arguments = match function.get("arguments") {
-                        Some(Value::String(text)) if !text.is_empty() => serde_json::from_str(text).map_err(|e| {
-                            ApiError::invalid("messages", format!("tool call arguments are not JSON: {e}"))
-                        })?,
-                        Some(v @ Value::Object(_)) => v.clone(),
-                        _ => Value::Object(Default::default()),
-                    };
-                    function.insert("arguments".into(), arguments);
+    let mut media = Vec::new();
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let content = message_content(i, m.content.as_ref(), format, model, &mut media)?;
+        let mut message = m.rest.clone();
+        message.insert("role".into(), m.role.clone().into());
+        message.insert("content".into(), content);
+        if let Some(Value::Array(calls)) = message.get_mut("tool_calls") {
+            for call in calls.iter_mut() {
+                let Some(function) = call.get_mut("function").and_then(Value::as_object_mut) else {
+                    return Err(ApiError::invalid("messages", "a tool call needs a `function` object"));
+                };
+                let arguments = match function.get("arguments") {
+                    Some(Value::String(text)) if !text.is_empty() => serde_json::from_str(text)
+                        .map_err(|e| ApiError::invalid("messages", format!("tool call arguments are not JSON: {e}")))?,
+                    Some(v @ Value::Object(_)) => v.clone(),
+                    _ => Value::Object(Default::default()),
+                };
+                function.insert("arguments".into(), arguments);
+            }
+        }
+        out.push(Value::Object(message));
+    }
+    Ok(TemplateInput { messages: out, media })
+}
+
+/// Message `i`'s content as vLLM hands it to a template of `format`: for `string`, the text parts
+/// joined with newlines behind the model's placeholder for each image; for `openai`, a list of
+/// `{"type": "text", "text": ...}` and `{"type": "image"}` parts (a string content, or none,
+/// becomes such a list too). Its image parts are added to `media`.
+fn message_content(
+    i: usize,
+    content: Option<&MessageContent>,
+    format: ContentFormat,
+    model: &ModelMedia,
+    media: &mut Vec<MediaRef>,
+) -> Result<Value, ApiError> {
+    let parts = match content {
+        None => &[][..],
+        Some(MessageContent::Text(text)) => {
+            return Ok(match format {
+                ContentFormat::String => text.clone().into(),
+                ContentFormat::Openai => json!([{"type": "text", "text": text}]),
+            })
+        }
+        Some(MessageContent::Parts(parts)) => parts.as_slice(),
+    };
+    let mut texts = Vec::new();
+    let mut wrapped = Vec::new();
+    let mut images = 0;
+    for (j, part) in parts.iter().enumerate() {
+        let at = || format!("messages[{i}].content[{j}]");
+        let fail = |problem: String| ApiError::invalid("messages", format!("{}: {problem}", at()));
+        match part.kind.as_str() {
+            "text" => {
+                let text = part.text.as_deref().ok_or_else(|| fail("a text content part needs `text`".into()))?;
+                match format {
+                    ContentFormat::String => texts.push(text),
+                    ContentFormat::Openai => wrapped.push(json!({"type": "text", "text": text})),
                 }
             }
-            Ok(Value::Object(message))
-        })
-        .collect()
+            "image_url" => {
+                if !model.accepts_images {
+                    return Err(fail(
+                        "content parts of type `image_url` are not supported: this model does not accept image input"
+                            .into(),
+                    ));
+                }
+                let url = part.media_url().map_err(fail)?;
+                if url.detail.is_some_and(|d| d != "auto") {
+                    tracing::warn!("'image_url.detail' is currently not supported and will be ignored.");
+                }
+                media.push(MediaRef { kind: MediaKind::Image, url: url.url.to_string(), location: at() });
+                images += 1;
+                if format == ContentFormat::Openai {
+                    wrapped.push(json!({"type": "image"}));
+                }
+            }
+            "video_url" => return Err(fail("video input is not supported for this model yet".into())),
+            other => return Err(fail(format!("content parts of type `{other}` are not supported"))),
+        }
+    }
+    match format {
+        ContentFormat::Openai => Ok(Value::Array(wrapped)),
+        ContentFormat::String => string_content(&texts, images, model.image_placeholder.as_deref())
+            .map(Value::String)
+            .map_err(|problem| ApiError::invalid("messages", format!("messages[{i}]: {problem}"))),
+    }
+}
+
+/// vLLM's content for a `string` template: the text parts joined with newlines, behind one
+/// placeholder for each image the text does not already place itself.
+fn string_content(texts: &[&str], images: usize, placeholder: Option<&str>) -> Result<String, String> {
+    let text = texts.join("\n");
+    let Some(placeholder) = placeholder.filter(|p| images > 0 && !p.is_empty()) else { return Ok(text) };
+    let placed = text.matches(placeholder).count();
+    if placed > images {
+        return Err(format!(
+            "Found more '{placeholder}' placeholders in input prompt than actual multimodal data items."
+        ));
+    }
+    let mut lines = vec![placeholder; images - placed];
+    lines.push(&text);
+    Ok(lines.join("\n"))
 }
 
 /// How a conversation is rendered, beyond its messages.
@@ -102,40 +180,58 @@ pub struct PromptOptions<'a> {
     pub chat_template: Option<&'a str>,
 }
 
+/// A rendered conversation: its prompt, and the media its messages bring (not fetched yet; they
+/// are checked against `--limit-mm-per-prompt`).
+pub struct RenderedChat {
+    pub prompt: Prompt,
+    pub media: Vec<MediaRef>,
+}
+
 /// Renders and tokenizes a conversation; a template that refuses it (`raise_exception`) is the
 /// client's error.
-pub fn chat_prompt(state: &AppState, messages: &[RequestMessage], o: &PromptOptions<'_>) -> Result<Prompt, ApiError> {
+pub fn chat_prompt(
+    state: &AppState,
+    messages: &[RequestMessage],
+    o: &PromptOptions<'_>,
+) -> Result<RenderedChat, ApiError> {
     if o.continue_final_message && o.add_generation_prompt {
         return Err(ApiError::invalid(
             "continue_final_message",
             "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
         ));
     }
-    let messages = template_messages(messages)?;
+    let tok = &state.tokenizer;
+    let options = &state.served.config.media;
+    let request_template = o
+        .chat_template
+        .map(|source| {
+            ChatTemplate::new(
+                source.to_string(),
+                tok.bos_token().unwrap_or_default().to_string(),
+                tok.eos_token().unwrap_or_default().to_string(),
+            )
+        })
+        .transpose()
+        .map_err(|e| ApiError::invalid("chat_template", e.to_string()))?;
+    let (template, format) = match &request_template {
+        Some(t) => (t, options.content_format.resolve(t.source())),
+        None => match tok.chat_template() {
+            Some(t) => (t, state.content_format),
+            None => return Err(ApiError::invalid("messages", "this model has no chat template")),
+        },
+    };
+    let input = template_messages(messages, format, &options.model)?;
+    options.limits.check(&input.media)?;
     let render = ChatRender {
-        messages: &messages,
+        messages: &input.messages,
         tools: o.tools,
         add_generation_prompt: o.add_generation_prompt,
         continue_final_message: o.continue_final_message,
         kwargs: o.kwargs,
     };
-    let tok = &state.tokenizer;
-    let rendered = match o.chat_template {
-        Some(source) => ChatTemplate::new(
-            source.to_string(),
-            tok.bos_token().unwrap_or_default().to_string(),
-            tok.eos_token().unwrap_or_default().to_string(),
-        )
-        .map_err(|e| ApiError::invalid("chat_template", e.to_string()))?
-        .render_chat(&render),
-        None => match tok.chat_template() {
-            Some(t) => t.render_chat(&render),
-            None => return Err(ApiError::invalid("messages", "this model has no chat template")),
-        },
-    };
-    let text = rendered.map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let text = template.render_chat(&render).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     let ids = tok.encode(&text, o.add_special_tokens).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    Ok(Prompt { ids, text: Some(text) })
+    Ok(RenderedChat { prompt: Prompt::new(ids, Some(text)), media: input.media })
 }
 
 pub(crate) struct Context {
@@ -324,7 +420,7 @@ pub(crate) async fn start(
 ) -> Result<Started, ApiError> {
     // The chat template and tokenization of a long conversation take CPU time that must not
     // stall the other connections (and /health) on the async runtime.
-    let (req, prompt, plan) = off_runtime({
+    let (req, rendered, plan) = off_runtime({
         let state = state.clone();
         move || {
             state.served.check_model(req.model.as_deref())?;
@@ -351,9 +447,22 @@ pub(crate) async fn start(
                 kwargs: Some(&kwargs),
                 chat_template: req.chat_template.as_deref(),
             };
-            let mut prompt = chat_prompt(&state, &req.messages, &options)?;
-            params::truncate_prompt(&mut prompt, &req.sampling, state.served.max_model_len, &state.tokenizer)?;
-            Ok((req, prompt, plan))
+            let mut rendered = chat_prompt(&state, &req.messages, &options)?;
+            params::truncate_prompt(&mut rendered.prompt, &req.sampling, state.served.max_model_len, &state.tokenizer)?;
+            rendered.prompt.mm_processor_kwargs = req.mm_processor_kwargs.clone();
+            Ok((req, rendered, plan))
+        }
+    })
+    .await?;
+    let RenderedChat { mut prompt, media } = rendered;
+    prompt.media = state.media.fetch_all(media).await?;
+    // Decoding and resizing images is CPU work: off the async runtime, as the template was.
+    let prompt = off_runtime({
+        let state = state.clone();
+        move || {
+            let mut prompt = prompt;
+            ImageProcessing::apply(state.served.config.media.model.images.as_deref(), &mut prompt)?;
+            Ok(prompt)
         }
     })
     .await?;
@@ -650,4 +759,146 @@ fn stream_response(ctx: Context, streams: SelectAll<Tracked>, permit: Permit, us
     })
     .flat_map(stream::iter);
     Sse::new(stream::iter(roles).chain(deltas).map(Ok::<_, Infallible>)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAD: &str = "<|vision_start|><|image_pad|><|vision_end|>";
+
+    fn messages(json: Value) -> Vec<RequestMessage> {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn vision() -> ModelMedia {
+        ModelMedia { accepts_images: true, image_placeholder: Some(PAD.into()), images: None }
+    }
+
+    fn image(url: &str) -> Value {
+        json!({"type": "image_url", "image_url": {"url": url}})
+    }
+
+    #[test]
+    fn a_text_model_joins_text_and_refuses_media_parts_by_location() {
+        let input = template_messages(
+            &messages(
+                json!([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]),
+            ),
+            ContentFormat::String,
+            &ModelMedia::default(),
+        )
+        .unwrap();
+        assert_eq!(input.messages[0]["content"], "a\nb");
+        assert!(input.media.is_empty());
+        for (part, want) in [
+            (
+                image("https://x/a.png"),
+                "messages[1].content[1]: content parts of type `image_url` are not supported: this model does not \
+                 accept image input",
+            ),
+            (
+                json!({"type": "video_url", "video_url": {"url": "https://x/v.mp4"}}),
+                "messages[1].content[1]: video input is not supported for this model yet",
+            ),
+            (
+                json!({"type": "input_audio"}),
+                "messages[1].content[1]: content parts of type `input_audio` are not supported",
+            ),
+            (json!({"type": "text"}), "messages[1].content[1]: a text content part needs `text`"),
+        ] {
+            let conversation = messages(json!([
+                {"role": "system", "content": "s"},
+                {"role": "user", "content": [{"type": "text", "text": "look"}, part]},
+            ]));
+            for format in [ContentFormat::String, ContentFormat::Openai] {
+                let e = template_messages(&conversation, format, &ModelMedia::default()).err().unwrap();
+                assert_eq!((e.message.as_str(), e.param.as_deref()), (want, Some("messages")));
+            }
+        }
+    }
+
+    #[test]
+    fn string_content_puts_the_missing_placeholders_first() {
+        let conversation = messages(json!([
+            {"role": "user", "content": [image("https://x/a.png"), {"type": "text", "text": "Describe."}]},
+            {"role": "assistant", "content": "A cat."},
+            {"role": "user", "content": [
+                {"type": "text", "text": "Compare"},
+                image("data:image/png;base64,AAAA"),
+                {"type": "text", "text": format!("with {PAD} this")},
+                {"type": "image_url", "image_url": "https://x/c.png"},
+            ]},
+        ]));
+        let input = template_messages(&conversation, ContentFormat::String, &vision()).unwrap();
+        assert_eq!(input.messages[0]["content"], format!("{PAD}\nDescribe."));
+        assert_eq!(input.messages[1]["content"], "A cat.");
+        assert_eq!(input.messages[2]["content"], format!("{PAD}\nCompare\nwith {PAD} this"));
+        let refs: Vec<(&str, &str)> = input.media.iter().map(|m| (m.location.as_str(), m.url.as_str())).collect();
+        assert_eq!(
+            refs,
+            [
+                ("messages[0].content[0]", "https://x/a.png"),
+                ("messages[2].content[1]", "data:image/png;base64,AAAA"),
+                ("messages[2].content[3]", "https://x/c.png"),
+            ]
+        );
+
+        let too_many = messages(json!([{"role": "user", "content": [
+            image("https://x/a.png"), {"type": "text", "text": format!("{PAD}{PAD}")},
+        ]}]));
+        let e = template_messages(&too_many, ContentFormat::String, &vision()).err().unwrap();
+        assert_eq!(
+            e.message,
+            format!("messages[0]: Found more '{PAD}' placeholders in input prompt than actual multimodal data items.")
+        );
+        // A model with no placeholder gets the text alone.
+        let bare = ModelMedia { image_placeholder: None, ..vision() };
+        let input = template_messages(&conversation, ContentFormat::String, &bare).unwrap();
+        assert_eq!(input.messages[0]["content"], "Describe.");
+
+        let bad_url =
+            messages(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"detail": "low"}}]}]));
+        let e = template_messages(&bad_url, ContentFormat::String, &vision()).err().unwrap();
+        assert_eq!(e.message, "messages[0].content[0]: `image_url` needs a `url` string");
+    }
+
+    #[test]
+    fn openai_content_is_a_list_of_parts_that_qwen2_vls_template_renders() {
+        let conversation = messages(json!([
+            {"role": "user", "content": [image("https://x/a.png"), {"type": "text", "text": "Describe the image."}]},
+            {"role": "assistant", "content": "Red."},
+            {"role": "assistant", "content": null, "tool_calls": []},
+        ]));
+        let input = template_messages(&conversation, ContentFormat::Openai, &vision()).unwrap();
+        assert_eq!(
+            input.messages[0]["content"],
+            json!([{"type": "image"}, {"type": "text", "text": "Describe the image."}])
+        );
+        assert_eq!(input.messages[1]["content"], json!([{"type": "text", "text": "Red."}]));
+        assert_eq!(input.messages[2]["content"], json!([]));
+        assert_eq!(input.media.len(), 1);
+
+        // Qwen2-VL's processor template (the fixture's), and the prompt transformers rendered.
+        let source = "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n\
+You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string \
+%}{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' \
+or 'image' in content or 'image_url' in content %}<|vision_start|><|image_pad|><|vision_end|>{% elif 'text' in content \
+%}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt \
+%}<|im_start|>assistant\n{% endif %}";
+        assert_eq!(crate::content_format::detect(source), ContentFormat::Openai);
+        let template = ChatTemplate::new(source.into(), String::new(), String::new()).unwrap();
+        let render = ChatRender {
+            messages: &input.messages[..1],
+            tools: None,
+            add_generation_prompt: true,
+            continue_final_message: false,
+            kwargs: None,
+        };
+        assert_eq!(
+            template.render_chat(&render).unwrap(),
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n\
+             <|vision_start|><|image_pad|><|vision_end|>Describe the image.<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
 }

@@ -125,14 +125,14 @@ fn parse_prompts(state: &AppState, prompt: &Value, add_special_tokens: bool) -> 
     let text_prompt = |s: &str| -> Result<Prompt, ApiError> {
         let ids =
             state.tokenizer.encode(s, add_special_tokens).map_err(|e| ApiError::invalid("prompt", e.to_string()))?;
-        Ok(Prompt { ids, text: Some(s.to_string()) })
+        Ok(Prompt::new(ids, Some(s.to_string())))
     };
     let ids_prompt = |items: &[Value]| -> Result<Prompt, ApiError> {
         let raw = items
             .iter()
             .map(|v| v.as_i64().ok_or_else(|| ApiError::invalid("prompt", SHAPE)))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Prompt { ids: state.served.check_token_ids(&raw, "prompt")?, text: None })
+        Ok(Prompt::new(state.served.check_token_ids(&raw, "prompt")?, None))
     };
     let prompts = match prompt {
         Value::String(s) => vec![text_prompt(s)?],

@@ -11,21 +11,39 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use ferrite_engine::{CompletionOutput, ProcessedRequest, PromptInput, RequestOutput, RequestStream, SamplingParams};
+use ferrite_engine::{
+    CompletionOutput, ImageData, ProcessedRequest, PromptInput, RequestOutput, RequestStream, SamplingParams,
+};
 use futures::stream::{SelectAll, Stream, StreamExt};
 
 use crate::error::ApiError;
 use crate::logprobs::Position;
+use crate::media::FetchedMedia;
 use crate::metrics::{Finish, FinishedChoice};
 use crate::params::engine_error;
 use crate::protocol::StopReason;
 use crate::AppState;
 
-/// A prompt ready for the engine: its ids, and its text when the client sent text.
+/// A prompt ready for the engine: its ids, its text when the client sent text, and the media a
+/// chat request brought.
 #[derive(Clone)]
 pub struct Prompt {
     pub ids: Vec<u32>,
     pub text: Option<String>,
+    /// A chat request's images, fetched, in message order; see [`engine_input`].
+    pub media: Vec<FetchedMedia>,
+    /// The request's `mm_processor_kwargs` (vLLM's per-request multimodal processor settings).
+    pub mm_processor_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// The media processed for the engine, their placeholders expanded in `ids`
+    /// ([`crate::images::ImageProcessing::apply`]).
+    pub images: Vec<ImageData>,
+}
+
+impl Prompt {
+    /// A prompt of text or token ids alone.
+    pub fn new(ids: Vec<u32>, text: Option<String>) -> Prompt {
+        Prompt { ids, text, media: Vec::new(), mm_processor_kwargs: None, images: Vec::new() }
+    }
 }
 
 /// One delta of one choice, in the server's terms.
@@ -207,10 +225,19 @@ pub fn process(
 ) -> Result<Vec<ProcessedRequest>, ApiError> {
     prompts
         .iter()
-        .map(|prompt| {
-            state.client.process(PromptInput::Tokens(prompt.ids.clone()), params.clone()).map_err(engine_error)
-        })
+        .map(|prompt| state.client.process(engine_input(prompt)?, params.clone()).map_err(engine_error))
         .collect()
+}
+
+/// What the engine gets for a prompt: its ids, with its images once processed.
+fn engine_input(prompt: &Prompt) -> Result<PromptInput, ApiError> {
+    if let Some(item) = prompt.media.first() {
+        return Err(ApiError::internal(format!("{}: the {} was not processed", item.location, item.kind.modality())));
+    }
+    if prompt.images.is_empty() {
+        return Ok(PromptInput::Tokens(prompt.ids.clone()));
+    }
+    Ok(PromptInput::Multimodal { tokens: prompt.ids.clone(), images: prompt.images.clone() })
 }
 
 /// Starts the engine requests [`process`] accepted, one per prompt. An error part-way drops
@@ -286,4 +313,30 @@ fn stop_reason_of(o: &CompletionOutput) -> Option<StopReason> {
 
 fn position(lp: ferrite_engine::TokenLogprob) -> Position {
     Position { token: lp.token_id, logprob: lp.logprob, rank: lp.rank, top: lp.top }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::media::MediaKind;
+
+    #[test]
+    fn processed_images_go_to_the_engine_and_unprocessed_media_never_does() {
+        let plain = Prompt::new(vec![1, 2], None);
+        assert!(matches!(engine_input(&plain), Ok(PromptInput::Tokens(ids)) if ids == [1, 2]));
+        let image = ImageData { pixel_values: vec![0.0; 4].into(), grid_thw: [1, 2, 2], hash: 7 };
+        let with_image = Prompt { images: vec![image.clone()], ..plain.clone() };
+        assert!(matches!(
+            engine_input(&with_image),
+            Ok(PromptInput::Multimodal { tokens, images }) if tokens == [1, 2] && images == [image]
+        ));
+        let fetched = FetchedMedia {
+            kind: MediaKind::Image,
+            location: "messages[0].content[1]".into(),
+            bytes: vec![0u8; 4].into(),
+            mime: None,
+        };
+        let e = engine_input(&Prompt { media: vec![fetched], ..plain }).err().unwrap();
+        assert_eq!(e.message, "messages[0].content[1]: the image was not processed");
+    }
 }

@@ -14,10 +14,13 @@ mod chat;
 mod chat_output;
 mod completions;
 pub mod connections;
+pub mod content_format;
 pub mod cors;
 pub mod error;
 mod generate;
+pub mod images;
 mod logprobs;
+pub mod media;
 pub mod metrics;
 mod params;
 mod responses;
@@ -46,6 +49,7 @@ use tower_http::cors::CorsLayer;
 
 use crate::admission::Admission;
 use crate::connections::Bounded;
+use crate::content_format::{ContentFormat, ContentFormatOption};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::protocol::{ModelCard, ModelList, ModelPermission};
@@ -84,6 +88,8 @@ pub struct ServerConfig {
     pub chat: ChatOptions,
     /// Connections served at once and the keep-alive time of an idle one.
     pub connections: connections::ConnectionLimits,
+    /// Images and videos in chat messages: what the model takes and how they are fetched.
+    pub media: media::MediaOptions,
 }
 
 /// vLLM's chat front-end switches.
@@ -167,6 +173,11 @@ pub struct AppState {
     closing: tokio::sync::watch::Sender<bool>,
     /// `/v1/responses` kept for `previous_response_id`.
     responses: responses::Store,
+    /// Fetches the media of chat messages.
+    media: media::Fetcher,
+    /// How message content reaches the model's own chat template (a request's template is
+    /// resolved on its own).
+    content_format: ContentFormat,
 }
 
 impl AppState {
@@ -175,6 +186,20 @@ impl AppState {
         let max_model_len = client.max_model_len();
         let vocab_bound = tokenizer.vocab_size().min(client.model_info().vocab_size);
         let admission = Admission::new(config.max_num_seqs + config.max_queue);
+        let media = media::Fetcher::new(&config.media);
+        let content_format = match tokenizer.chat_template() {
+            Some(template) => {
+                let format = config.media.content_format.resolve(template.source());
+                if config.media.content_format == ContentFormatOption::Auto {
+                    tracing::info!(
+                        format = format.name(),
+                        "detected the chat template's content format; --chat-template-content-format overrides it"
+                    );
+                }
+                format
+            }
+            None => ContentFormat::String,
+        };
         Arc::new(AppState {
             client,
             tokenizer,
@@ -183,6 +208,8 @@ impl AppState {
             admission,
             closing: tokio::sync::watch::Sender::new(false),
             responses: responses::Store::default(),
+            media,
+            content_format,
         })
     }
 }
@@ -483,6 +510,7 @@ mod tests {
                 max_connections: 4,
                 keep_alive: connections::DEFAULT_KEEP_ALIVE,
             },
+            media: Default::default(),
         }
     }
 

@@ -101,6 +101,31 @@ fn text_of(param: &str, content: &Value) -> Result<String, ApiError> {
     }
 }
 
+/// A message item's content as chat content: text (parts joined with newlines, as before), or,
+/// when it holds an `input_image`, chat parts with the image as an `image_url` part.
+fn message_content(content: &Value) -> Result<Value, ApiError> {
+    let parts = match content {
+        Value::Array(parts) if parts.iter().any(|p| p.get("type").and_then(Value::as_str) == Some("input_image")) => {
+            parts
+        }
+        other => return text_of("input", other).map(Value::String),
+    };
+    parts
+        .iter()
+        .map(|p| match p.get("type").and_then(Value::as_str) {
+            Some("input_image") => match p.get("image_url").and_then(Value::as_str) {
+                Some(url) => Ok(json!({"type": "image_url", "image_url": {"url": url, "detail": p.get("detail")}})),
+                None => Err(ApiError::invalid(
+                    "input",
+                    "an input_image part needs `image_url` (a URL or a data URI); `file_id` is not supported",
+                )),
+            },
+            _ => text_of("input", &Value::Array(vec![p.clone()])).map(|text| json!({"type": "text", "text": text})),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Value::Array)
+}
+
 /// `input` items as chat messages (consecutive function calls join one assistant turn).
 fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
     let items = match input {
@@ -114,7 +139,7 @@ fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
             "message" => {
                 let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
                 let role = if role == "developer" { "system" } else { role };
-                let content = text_of("input", item.get("content").unwrap_or(&Value::Null))?;
+                let content = message_content(item.get("content").unwrap_or(&Value::Null))?;
                 messages.push(json!({"role": role, "content": content}));
             }
             "function_call" => {
@@ -603,4 +628,35 @@ fn stream_events(
     })
     .flat_map(stream::iter);
     Sse::new(stream::iter(opening).chain(rest).map(Ok::<_, Infallible>)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_images_become_image_url_parts() {
+        let messages = input_messages(&json!([
+            {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+            {"role": "user", "content": [
+                {"type": "input_text", "text": "What is this?"},
+                {"type": "input_image", "image_url": "https://x/a.png", "detail": "auto"},
+            ]},
+        ]))
+        .unwrap();
+        assert_eq!(messages[0]["content"], "a\nb");
+        assert_eq!(
+            messages[1]["content"],
+            json!([
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": "https://x/a.png", "detail": "auto"}},
+            ])
+        );
+        let chat: crate::protocol::RequestMessage = serde_json::from_value(messages[1].clone()).unwrap();
+        let Some(crate::protocol::MessageContent::Parts(parts)) = &chat.content else { panic!("parts") };
+        assert_eq!(parts[1].media_url().unwrap().url, "https://x/a.png");
+
+        let e = input_messages(&json!([{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]));
+        assert!(e.unwrap_err().message.contains("`file_id` is not supported"));
+    }
 }

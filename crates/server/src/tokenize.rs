@@ -35,7 +35,14 @@ pub async fn tokenize(
                         add_special_tokens: req.add_special_tokens.unwrap_or(false),
                         ..Default::default()
                     };
-                    chat_prompt(&state, messages, &options)?.ids
+                    let rendered = chat_prompt(&state, messages, &options)?;
+                    if let Some(item) = rendered.media.first() {
+                        return Err(ApiError::invalid(
+                            "messages",
+                            format!("{}: /tokenize does not expand image input", item.location),
+                        ));
+                    }
+                    rendered.prompt.ids
                 }
                 _ => return Err(ApiError::bad_request("Either `prompt` or `messages` must be given, not both")),
             };

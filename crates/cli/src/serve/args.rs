@@ -8,7 +8,9 @@ use anyhow::Result;
 use clap::{Args, ValueEnum};
 use ferrite_engine::{DType, Device, EngineConfig};
 use ferrite_server::connections::{ConnectionLimits, DEFAULT_KEEP_ALIVE};
+use ferrite_server::content_format::ContentFormatOption;
 use ferrite_server::cors::{Cors, CorsLayer};
+use ferrite_server::media::{MediaLimits, MediaOptions, ModelMedia};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum DTypeArg {
@@ -77,6 +79,27 @@ impl DeviceArgs {
             gpu_memory_utilization: (on_gpu && !explicit_kv).then_some(self.gpu_memory_utilization),
             enforce_eager: self.enforce_eager,
             ..config
+        }
+    }
+}
+
+/// `--chat-template-content-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ContentFormatArg {
+    /// Detected from the chat template, as vLLM detects it.
+    Auto,
+    /// One string: text parts joined with newlines, the model's placeholder for each image.
+    String,
+    /// A list of `{"type": "text", ...}` and `{"type": "image"}` parts.
+    Openai,
+}
+
+impl From<ContentFormatArg> for ContentFormatOption {
+    fn from(arg: ContentFormatArg) -> ContentFormatOption {
+        match arg {
+            ContentFormatArg::Auto => ContentFormatOption::Auto,
+            ContentFormatArg::String => ContentFormatOption::String,
+            ContentFormatArg::Openai => ContentFormatOption::Openai,
         }
     }
 }
@@ -201,6 +224,19 @@ pub struct ServeArgs {
     /// Put `X-Request-Id` on every response: the request's own, else a fresh id.
     #[arg(long, help_heading = "Frontend")]
     pub enable_request_id_headers: bool,
+    /// How message content reaches the chat template: auto (detected from the template, as
+    /// vLLM does), string (text parts joined, the model's placeholder for each image) or openai
+    /// (a list of text and image parts).
+    #[arg(long, value_enum, default_value = "auto", help_heading = "Frontend")]
+    pub chat_template_content_format: ContentFormatArg,
+    /// A directory whose files requests may name as `file://` image URLs (none without it).
+    #[arg(long, help_heading = "ModelConfig")]
+    pub allowed_local_media_path: Option<PathBuf>,
+    /// The largest image a request may bring (fetched, decoded from a data URI, or read), in
+    /// bytes or with a unit. Fetches also stop after VLLM_IMAGE_FETCH_TIMEOUT seconds (5; 30 for
+    /// VLLM_VIDEO_FETCH_TIMEOUT) and follow redirects unless VLLM_MEDIA_URL_ALLOW_REDIRECTS=0.
+    #[arg(long, default_value = "20MiB", value_parser = parse_bytes, help_heading = "MultiModalConfig")]
+    pub max_media_bytes: usize,
     /// generate, or a pooling task (embed, classify, score); inferred from the architecture
     /// when omitted (encoders such as BertModel are pooling models).
     #[arg(long, value_enum, help_heading = "ModelConfig")]
@@ -285,11 +321,69 @@ impl ServeArgs {
         Ok(ConnectionLimits { max_connections: self.max_connections, keep_alive })
     }
 
+    /// How chat requests' media are read: `--limit-mm-per-prompt`, `--allowed-local-media-path`,
+    /// `--max-media-bytes`, `--chat-template-content-format` and vLLM's fetch variables. The
+    /// model's own media support is the loader's to fill in.
+    pub(crate) fn media_options(&self) -> Result<MediaOptions> {
+        let limits = match &self.vllm.limit_mm_per_prompt {
+            Some(text) => MediaLimits::parse(text).map_err(|e| anyhow::anyhow!("--limit-mm-per-prompt: {e}"))?,
+            None => MediaLimits::default(),
+        };
+        let allowed_local_media_path = match &self.allowed_local_media_path {
+            None => None,
+            // vLLM's checks and words.
+            Some(path) => {
+                let resolved = path.canonicalize().map_err(|e| {
+                    anyhow::anyhow!(
+                        "Invalid `--allowed-local-media-path`: The path {} does not exist ({e}).",
+                        path.display()
+                    )
+                })?;
+                anyhow::ensure!(
+                    resolved.is_dir(),
+                    "Invalid `--allowed-local-media-path`: The path {} must be a directory.",
+                    resolved.display()
+                );
+                Some(resolved)
+            }
+        };
+        let env = |name: &str| std::env::var(name).ok();
+        Ok(MediaOptions {
+            limits,
+            allowed_local_media_path,
+            image_fetch_timeout: seconds("VLLM_IMAGE_FETCH_TIMEOUT", env("VLLM_IMAGE_FETCH_TIMEOUT"), 5)?,
+            video_fetch_timeout: seconds("VLLM_VIDEO_FETCH_TIMEOUT", env("VLLM_VIDEO_FETCH_TIMEOUT"), 30)?,
+            allow_redirects: switch("VLLM_MEDIA_URL_ALLOW_REDIRECTS", env("VLLM_MEDIA_URL_ALLOW_REDIRECTS"), true)?,
+            max_bytes: self.max_media_bytes,
+            content_format: self.chat_template_content_format.into(),
+            model: ModelMedia::default(),
+        })
+    }
+
     /// `--api-key`, else VLLM_API_KEY, else FERRITE_API_KEY; an empty key is none.
     pub(crate) fn api_key(&self) -> Option<String> {
         let env = || std::env::var("FERRITE_API_KEY").ok();
         self.api_key.clone().filter(|k| !k.is_empty()).or_else(env).filter(|k| !k.is_empty())
     }
+}
+
+/// A time limit from an environment variable (`value`), in seconds, else `default` seconds.
+fn seconds(name: &str, value: Option<String>, default: u64) -> Result<Duration> {
+    let Some(v) = value else { return Ok(Duration::from_secs(default)) };
+    let secs: f64 = v
+        .trim()
+        .parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite() && *s > 0.0)
+        .ok_or_else(|| anyhow::anyhow!("{name} must be a positive number of seconds, got {v:?}"))?;
+    Ok(Duration::from_secs_f64(secs.min(86_400.0)))
+}
+
+/// An on/off environment variable as vLLM reads it (`bool(int(value))`), else `default`.
+fn switch(name: &str, value: Option<String>, default: bool) -> Result<bool> {
+    let Some(v) = value else { return Ok(default) };
+    let n: i64 = v.trim().parse().map_err(|_| anyhow::anyhow!("{name} must be an integer (0 or 1), got {v:?}"))?;
+    Ok(n != 0)
 }
 
 /// Sizes like `4GiB`, `512MiB`, `2G` (binary and decimal units are both powers of 1024, as
@@ -351,7 +445,10 @@ pub(crate) async fn shutdown_signal() {
 mod tests {
     use clap::Parser;
 
-    use super::{parse_bytes, ServeArgs};
+    use std::time::Duration;
+
+    use super::{parse_bytes, seconds, switch, ServeArgs};
+    use ferrite_server::content_format::ContentFormatOption;
 
     #[derive(Parser)]
     struct Cmd {
@@ -394,6 +491,58 @@ mod tests {
     #[test]
     fn host_defaults_to_every_interface_as_vllm() {
         assert_eq!(parse(&["m"]).unwrap().host, "0.0.0.0");
+    }
+
+    #[test]
+    fn media_flags_build_the_media_options() {
+        let options = parse(&["m"]).unwrap().media_options().unwrap();
+        assert_eq!(options.max_bytes, 20 << 20);
+        assert_eq!(options.content_format, ContentFormatOption::Auto);
+        assert_eq!(options.limits.get("image"), 999);
+        assert!(options.allowed_local_media_path.is_none() && !options.model.accepts_images);
+
+        let dir = std::env::temp_dir();
+        let mut args = parse(&[
+            "m",
+            "--chat-template-content-format",
+            "openai",
+            "--max-media-bytes",
+            "1MiB",
+            "--allowed-local-media-path",
+            dir.to_str().unwrap(),
+        ])
+        .unwrap();
+        args.vllm.limit_mm_per_prompt = Some(r#"{"image": 2, "video": 0}"#.into());
+        let options = args.media_options().unwrap();
+        assert_eq!((options.max_bytes, options.content_format), (1 << 20, ContentFormatOption::Openai));
+        assert_eq!((options.limits.get("image"), options.limits.get("video")), (2, 0));
+        assert_eq!(options.allowed_local_media_path, Some(dir.canonicalize().unwrap()));
+
+        args.vllm.limit_mm_per_prompt = Some("image=2".into());
+        let err = args.media_options().unwrap_err().to_string();
+        assert!(err.starts_with("--limit-mm-per-prompt: not JSON"), "{err}");
+        let mut args = parse(&["m", "--allowed-local-media-path", "/no/such/dir"]).unwrap();
+        assert!(args.media_options().unwrap_err().to_string().contains("does not exist"));
+        args.allowed_local_media_path = Some(dir.join(format!("ferrite-args-{}", std::process::id())));
+        std::fs::write(args.allowed_local_media_path.as_ref().unwrap(), b"").unwrap();
+        let err = args.media_options().unwrap_err().to_string();
+        std::fs::remove_file(args.allowed_local_media_path.as_ref().unwrap()).unwrap();
+        assert!(err.contains("must be a directory"), "{err}");
+        assert!(parse(&["m", "--chat-template-content-format", "json"]).is_err());
+    }
+
+    #[test]
+    fn fetch_variables_read_as_vllm_reads_them() {
+        assert_eq!(seconds("T", None, 5).unwrap(), Duration::from_secs(5));
+        assert_eq!(seconds("T", Some("2".into()), 5).unwrap(), Duration::from_secs(2));
+        assert_eq!(seconds("T", Some("0.5".into()), 5).unwrap(), Duration::from_millis(500));
+        for bad in ["0", "-1", "soon"] {
+            assert!(seconds("T", Some(bad.into()), 5).unwrap_err().to_string().starts_with("T must be"), "{bad}");
+        }
+        assert!(switch("R", None, true).unwrap());
+        assert!(!switch("R", Some("0".into()), true).unwrap());
+        assert!(switch("R", Some("1".into()), false).unwrap());
+        assert!(switch("R", Some("yes".into()), true).is_err());
     }
 
     #[test]

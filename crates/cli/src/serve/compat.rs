@@ -84,7 +84,7 @@ pub struct VllmFlags {
     /// With `tool_choice: "none"`, leave the tools out of the prompt.
     #[arg(long, help_heading = "Frontend")]
     pub exclude_tools_when_tool_choice_none: bool,
-    /// Images, audio and video per prompt (multimodal models are not built yet).
+    /// Images and videos per prompt (see `ferrite_server::media::MediaLimits`).
     #[arg(long, help_heading = "MultiModalConfig")]
     pub limit_mm_per_prompt: Option<String>,
     /// Python ASGI middleware (it cannot run in ferrite).
@@ -171,7 +171,6 @@ impl VllmFlags {
             set(self.kv_cache_dtype != "auto", "--kv-cache-dtype", "a KV cache in another dtype than the model's"),
             set(self.no_enable_chunked_prefill, "--no-enable-chunked-prefill", "prefill without chunking"),
             set(self.enable_lora || !self.lora_modules.is_empty(), "--enable-lora/--lora-modules", "LoRA"),
-            set(self.limit_mm_per_prompt.is_some(), "--limit-mm-per-prompt", "multimodal input"),
             set(!self.middleware.is_empty(), "--middleware", "Python ASGI middleware"),
         ]
         .into_iter()

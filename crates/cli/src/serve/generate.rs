@@ -2,9 +2,12 @@
 //! generation engine.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use ferrite_engine::{EngineConfig, SpeculativeConfig, LLM};
+use ferrite_server::images::ImageProcessing;
+use ferrite_server::media::ModelMedia;
 use ferrite_server::{AppState, SamplingDefaults};
 
 use super::ServeArgs;
@@ -34,6 +37,10 @@ pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
     let overrides = args.tokenizer_overrides()?;
     let llm = LLM::with_tokenizer(&args.model, dtype, config, &overrides)
         .with_context(|| format!("loading {}", args.model.display()))?;
+    let mut frontend = frontend;
+    if let Some(vision) = llm.client().model_info().vision {
+        frontend.media.model = vision_media(&args, vision.image_token_id, vision.placeholder)?;
+    }
     let state = AppState::new(llm.client(), super::server_config(&args, frontend, sampling_defaults));
     super::serve_on(&args, |listener, grace| {
         ferrite_server::serve(listener, state, super::args::shutdown_signal(), grace)
@@ -42,6 +49,17 @@ pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
     drop(llm);
     tracing::info!("server stopped");
     Ok(())
+}
+
+/// What a vision-language model takes: images, through its image processor, and the text an
+/// image stands as in a string-content chat template.
+fn vision_media(args: &ServeArgs, image_token_id: u32, placeholder: &str) -> Result<ModelMedia> {
+    let processing = ImageProcessing::from_model_dir(&args.model, image_token_id).map_err(anyhow::Error::msg)?;
+    Ok(ModelMedia {
+        accepts_images: true,
+        image_placeholder: Some(placeholder.into()),
+        images: Some(Arc::new(processing)),
+    })
 }
 
 /// The sampling defaults `--generation-config` asks for.

@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use ferrite_server::connections::ConnectionLimits;
 use ferrite_server::cors::CorsLayer;
+use ferrite_server::media::MediaOptions;
 use ferrite_server::tls::Tls;
 use ferrite_server::{SamplingDefaults, ServerConfig};
 use tokio::net::TcpListener;
@@ -42,9 +43,10 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         _ => None,
     };
     let connections = args.connection_limits()?;
+    let media = args.media_options()?;
     match pooling::task(&args)? {
-        Some(task) => pooling::run(args, task, Frontend { cors, tls, connections }),
-        None => generate::run(args, Frontend { cors, tls, connections }),
+        Some(task) => pooling::run(args, task, Frontend { cors, tls, connections, media }),
+        None => generate::run(args, Frontend { cors, tls, connections, media }),
     }
 }
 
@@ -53,6 +55,7 @@ pub struct Frontend {
     cors: CorsLayer,
     tls: Option<Tls>,
     connections: ConnectionLimits,
+    media: MediaOptions,
 }
 
 /// What the flags say about the server, apart from the engine.
@@ -73,6 +76,7 @@ fn server_config(args: &ServeArgs, frontend: Frontend, sampling_defaults: Sampli
         log_requests: !args.vllm.disable_log_requests,
         chat: args.vllm.chat_options(),
         connections: frontend.connections,
+        media: frontend.media,
     }
 }
 

@@ -172,7 +172,11 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Qwen2Vl> {
     let text_hidden = decoder.embed.table.shape()[1];
     let vision = load_vision(raw, &vision_cfg, &w.at(layout.visual), text_hidden, image_token_id)?;
     let mut info = decoder.info().clone();
-    info.vision = Some(VisionInfo { image_token_id, spatial_merge_size: vision.merge });
+    info.vision = Some(VisionInfo {
+        image_token_id,
+        spatial_merge_size: vision.merge,
+        placeholder: "<|vision_start|><|image_pad|><|vision_end|>",
+    });
     info.weight_bytes += vision.weight_bytes();
     Ok(Qwen2Vl { decoder, vision, info })
 }

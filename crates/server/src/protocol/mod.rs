@@ -122,7 +122,7 @@ pub struct CompletionRequest {
     pub sampling: SamplingFields,
 }
 
-/// A chat message's `content`: a string, or a list of parts of which only text is supported.
+/// A chat message's `content`: a string, or a list of parts.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum MessageContent {
@@ -130,11 +130,46 @@ pub enum MessageContent {
     Parts(Vec<ContentPart>),
 }
 
+/// A content part: `{"type": "text", "text": ...}`, `{"type": "image_url", "image_url": {"url":
+/// ..., "detail": ...}}` (or, as vLLM also takes it, the URL alone as `image_url`) or vLLM's
+/// `{"type": "video_url", "video_url": {"url": ...}}`. The media fields stay JSON here so that a
+/// malformed one is reported with the part it is in (see [`ContentPart::media_url`]) rather than
+/// as a content that matches no shape.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
     pub text: Option<String>,
+    pub image_url: Option<Value>,
+    pub video_url: Option<Value>,
+}
+
+/// A media part's URL and, for an image, the `detail` it asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MediaUrl<'a> {
+    pub url: &'a str,
+    pub detail: Option<&'a str>,
+}
+
+impl ContentPart {
+    /// The URL of an `image_url` or `video_url` part; the error says what is wrong with it.
+    pub fn media_url(&self) -> Result<MediaUrl<'_>, String> {
+        let (field, value) = match self.kind.as_str() {
+            "image_url" => ("image_url", &self.image_url),
+            "video_url" => ("video_url", &self.video_url),
+            other => return Err(format!("a part of type `{other}` has no media URL")),
+        };
+        match value {
+            Some(Value::String(url)) => Ok(MediaUrl { url, detail: None }),
+            Some(Value::Object(object)) => match (object.get("url"), object.get("detail")) {
+                (Some(Value::String(url)), None | Some(Value::Null)) => Ok(MediaUrl { url, detail: None }),
+                (Some(Value::String(url)), Some(Value::String(detail))) => Ok(MediaUrl { url, detail: Some(detail) }),
+                (Some(Value::String(_)), Some(other)) => Err(format!("`{field}.detail` must be a string, got {other}")),
+                _ => Err(format!("`{field}` needs a `url` string")),
+            },
+            _ => Err(format!("a `{field}` part needs `{field}`: {{\"url\": ...}}, or the URL as a string")),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -174,6 +209,9 @@ pub struct ChatCompletionRequest {
     pub reasoning_effort: Option<String>,
     pub add_generation_prompt: Option<bool>,
     pub add_special_tokens: Option<bool>,
+    /// vLLM's per-request settings for the model's multimodal processor (`{"max_pixels": ...}`),
+    /// handed to it with the request's images.
+    pub mm_processor_kwargs: Option<serde_json::Map<String, Value>>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }
@@ -457,6 +495,29 @@ mod tests {
         assert!(matches!(r.messages[0].content, Some(MessageContent::Text(_))));
         assert!(matches!(r.messages[1].content, Some(MessageContent::Parts(_))));
         assert!(r.messages[2].content.is_none());
+    }
+
+    #[test]
+    fn media_parts_carry_their_url_as_an_object_or_a_string() {
+        let r: ChatCompletionRequest = serde_json::from_str(
+            r#"{"messages":[{"role":"user","content":[
+                {"type":"image_url","image_url":{"url":"https://x/a.png","detail":"high"}},
+                {"type":"image_url","image_url":"data:image/png;base64,AAAA"},
+                {"type":"video_url","video_url":{"url":"https://x/v.mp4"}},
+                {"type":"image_url","image_url":{"detail":"low"}},
+                {"type":"image_url"},
+                {"type":"text","text":"hi"}]}],
+                "mm_processor_kwargs":{"max_pixels":12544}}"#,
+        )
+        .unwrap();
+        let Some(MessageContent::Parts(parts)) = &r.messages[0].content else { panic!("parts") };
+        assert_eq!(parts[0].media_url(), Ok(MediaUrl { url: "https://x/a.png", detail: Some("high") }));
+        assert_eq!(parts[1].media_url(), Ok(MediaUrl { url: "data:image/png;base64,AAAA", detail: None }));
+        assert_eq!(parts[2].media_url(), Ok(MediaUrl { url: "https://x/v.mp4", detail: None }));
+        assert_eq!(parts[3].media_url().unwrap_err(), "`image_url` needs a `url` string");
+        assert!(parts[4].media_url().unwrap_err().contains("needs `image_url`"));
+        assert!(parts[5].media_url().is_err());
+        assert_eq!(r.mm_processor_kwargs.unwrap()["max_pixels"], 12544);
     }
 
     #[test]

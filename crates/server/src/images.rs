@@ -1,0 +1,203 @@
+//! A chat request's images, from fetched bytes to what the engine takes: decoded to RGB, run
+//! through the model's image processor (with the request's `mm_processor_kwargs`), and each
+//! image's one placeholder token in the rendered prompt expanded to as many tokens as the image
+//! becomes embeddings, as vLLM's multimodal processor updates the prompt.
+
+use std::hash::{Hash, Hasher};
+
+use ferrite_engine::ImageData;
+use ferrite_multimodal::{decode_image, Qwen2VlImageProcessor};
+
+use crate::error::ApiError;
+use crate::generate::Prompt;
+
+/// Pillow's decompression-bomb limit (`2 * Image.MAX_IMAGE_PIXELS`): a larger image is refused
+/// from its header, before its pixels are decoded.
+pub const MAX_IMAGE_PIXELS: u64 = 178_956_970;
+
+/// A vision-language model's image side as the server runs it.
+#[derive(Debug)]
+pub struct ImageProcessing {
+    pub processor: Qwen2VlImageProcessor,
+    /// The token the chat template writes once per image, and the engine expects once per
+    /// image embedding.
+    pub image_token_id: u32,
+}
+
+impl ImageProcessing {
+    /// The image processor of the model in `dir`: its `preprocessor_config.json`, or the
+    /// `image_processor` section of the `processor_config.json` transformers 5 saves.
+    pub fn from_model_dir(dir: &std::path::Path, image_token_id: u32) -> Result<ImageProcessing, String> {
+        let legacy = dir.join("preprocessor_config.json");
+        let processor = if legacy.exists() {
+            Qwen2VlImageProcessor::from_model_dir(dir).map_err(|e| e.to_string())?
+        } else {
+            let path = dir.join("processor_config.json");
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                format!("{}: {e} (a vision-language model needs preprocessor_config.json or this file)", path.display())
+            })?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| format!("{}: not valid JSON: {e}", path.display()))?;
+            let section = json
+                .get("image_processor")
+                .ok_or_else(|| format!("{}: no `image_processor` section", path.display()))?;
+            Qwen2VlImageProcessor::from_config(section).map_err(|e| format!("{}: {e}", path.display()))?
+        };
+        Ok(ImageProcessing { processor, image_token_id })
+    }
+
+    /// Turns `prompt.media` into the engine's images and expands their placeholders in
+    /// `prompt.ids`. A prompt without media is left as it is; processor settings on a model
+    /// without a processor are refused.
+    pub(crate) fn apply(processing: Option<&ImageProcessing>, prompt: &mut Prompt) -> Result<(), ApiError> {
+        let kwargs = prompt.mm_processor_kwargs.take().filter(|k| !k.is_empty());
+        let Some(processing) = processing else {
+            if kwargs.is_some() {
+                return Err(ApiError::invalid(
+                    "mm_processor_kwargs",
+                    "mm_processor_kwargs needs a multimodal processor, and this model has none",
+                ));
+            }
+            return Ok(());
+        };
+        if prompt.media.is_empty() {
+            return Ok(());
+        }
+        let processor = match &kwargs {
+            Some(kwargs) => processing
+                .processor
+                .with_overrides(kwargs)
+                .map_err(|e| ApiError::invalid("mm_processor_kwargs", e.to_string()))?,
+            None => processing.processor.clone(),
+        };
+        let mut images = Vec::with_capacity(prompt.media.len());
+        for item in std::mem::take(&mut prompt.media) {
+            let fail = |e: ferrite_multimodal::MultimodalError| {
+                ApiError::invalid("messages", format!("{}: {e}", item.location))
+            };
+            let rgb = decode_image(&item.bytes, MAX_IMAGE_PIXELS).map_err(fail)?;
+            let patches = processor.preprocess(&rgb).map_err(fail)?;
+            images.push(ImageData {
+                hash: content_hash(&patches.pixel_values, patches.grid_thw),
+                pixel_values: patches.pixel_values.into(),
+                grid_thw: patches.grid_thw,
+            });
+        }
+        let id = processing.image_token_id;
+        let merge = processor.merge_size;
+        let mut ids = Vec::with_capacity(prompt.ids.len());
+        let mut next = images.iter();
+        for &token in &prompt.ids {
+            if token != id {
+                ids.push(token);
+                continue;
+            }
+            let Some(image) = next.next() else {
+                return Err(ApiError::invalid(
+                    "messages",
+                    format!("the prompt has more image placeholders than the request's {} images", images.len()),
+                ));
+            };
+            let [t, h, w] = image.grid_thw;
+            ids.extend(std::iter::repeat_n(id, t * (h / merge) * (w / merge)));
+        }
+        if next.next().is_some() {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("the chat template placed fewer image placeholders than the request's {} images", images.len()),
+            ));
+        }
+        prompt.ids = ids;
+        prompt.images = images;
+        Ok(())
+    }
+}
+
+/// Identifies an image as the model sees it (its processed pixels and grid), for the prefix
+/// cache's block hashes.
+fn content_hash(pixels: &[f32], grid: [usize; 3]) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    grid.hash(&mut h);
+    for v in pixels {
+        v.to_bits().hash(&mut h);
+    }
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::media::{FetchedMedia, MediaKind};
+
+    const PAD: u32 = 1002;
+
+    fn fixture() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/qwen2-vl")
+    }
+
+    fn processing() -> ImageProcessing {
+        ImageProcessing::from_model_dir(&fixture(), PAD).unwrap()
+    }
+
+    fn png(name: &str) -> FetchedMedia {
+        let bytes = std::fs::read(fixture().join("images").join(format!("{name}.png"))).unwrap();
+        FetchedMedia {
+            kind: MediaKind::Image,
+            location: "messages[0].content[0]".into(),
+            bytes: bytes.into(),
+            mime: None,
+        }
+    }
+
+    fn prompt(ids: Vec<u32>, media: Vec<FetchedMedia>) -> Prompt {
+        Prompt { media, ..Prompt::new(ids, None) }
+    }
+
+    #[test]
+    fn placeholders_grow_to_the_images_embeddings_with_transformers_pixels() {
+        let mut p = prompt(vec![5, PAD, 6, PAD], vec![png("square"), png("large")]);
+        ImageProcessing::apply(Some(&processing()), &mut p).unwrap();
+        // 56x56 is 4x4 patches (4 tokens); 200x150 is resized to 112x84, 6x8 patches (12 tokens).
+        let pads = |n| std::iter::repeat_n(PAD, n);
+        let want: Vec<u32> = [5].into_iter().chain(pads(4)).chain([6]).chain(pads(12)).collect();
+        assert_eq!(p.ids, want);
+        assert!(p.media.is_empty());
+        assert_eq!(p.images.iter().map(|i| i.grid_thw).collect::<Vec<_>>(), [[1, 4, 4], [1, 6, 8]]);
+        // The fixture's processed pixels came from transformers' processor on the same file.
+        let oracle = std::fs::read(fixture().join("pixels/one-image-0.bin")).unwrap();
+        let oracle: Vec<u32> = oracle.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+        let ours: Vec<u32> = p.images[0].pixel_values.iter().map(|v| v.to_bits()).collect();
+        assert!(ours == oracle, "pixel values differ from transformers'");
+        assert_ne!(p.images[0].hash, p.images[1].hash);
+    }
+
+    #[test]
+    fn processor_kwargs_change_the_grid_and_are_checked() {
+        let mut p = prompt(vec![PAD], vec![png("large")]);
+        p.mm_processor_kwargs = serde_json::from_str(r#"{"max_pixels": 3136}"#).unwrap();
+        ImageProcessing::apply(Some(&processing()), &mut p).unwrap();
+        // transformers' smart_resize: 200x150 under 3136 pixels is 56x28, 2x4 patches.
+        assert_eq!(p.images[0].grid_thw, [1, 2, 4]);
+        assert_eq!(p.ids.len(), 2);
+        let mut p = prompt(vec![PAD], vec![png("large")]);
+        p.mm_processor_kwargs = serde_json::from_str(r#"{"do_pan_and_scan": true}"#).unwrap();
+        let e = ImageProcessing::apply(Some(&processing()), &mut p).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("mm_processor_kwargs"));
+        let mut p = prompt(vec![1], Vec::new());
+        p.mm_processor_kwargs = serde_json::from_str(r#"{"max_pixels": 3136}"#).unwrap();
+        let e = ImageProcessing::apply(None, &mut p).unwrap_err();
+        assert!(e.message.contains("needs a multimodal processor"), "{}", e.message);
+    }
+
+    #[test]
+    fn bad_images_and_miscounted_placeholders_are_the_requests_fault() {
+        let mut garbage = png("square");
+        garbage.bytes = vec![1u8, 2, 3, 4].into();
+        let e = ImageProcessing::apply(Some(&processing()), &mut prompt(vec![PAD], vec![garbage])).unwrap_err();
+        assert!(e.message.starts_with("messages[0].content[0]: "), "{}", e.message);
+        let e = ImageProcessing::apply(Some(&processing()), &mut prompt(vec![PAD, PAD], vec![png("square")]));
+        assert!(e.unwrap_err().message.contains("more image placeholders"));
+        let e = ImageProcessing::apply(Some(&processing()), &mut prompt(vec![1], vec![png("square")]));
+        assert!(e.unwrap_err().message.contains("fewer image placeholders"));
+    }
+}

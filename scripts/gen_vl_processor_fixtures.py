@@ -1,0 +1,248 @@
+"""Fixtures for crates/multimodal: synthetic image files, the RGB pixels Pillow decodes from them
+(as transformers' `convert_to_rgb` hands them on) and what transformers' Qwen2-VL image processor
+makes of those pixels, for the bit-exact tests in crates/multimodal/tests/.
+
+Pinned: torch 2.15.0, transformers 5.24.0, numpy 2.4.6 (tools/oracle/requirements.txt), plus
+Pillow 13.0.0 and torchvision 0.29.2, the newest torchvision (it asks for torch >= 2.14; no release
+is paired with torch 2.15 yet; its resize calls torch's own interpolate kernel, so the pairing does
+not change the numbers):
+
+    .venv-oracle/bin/pip install pillow==13.0.0 torchvision==0.29.2 --no-deps
+    .venv-oracle/bin/python scripts/gen_vl_processor_fixtures.py      # ~5 s, rewrites the fixtures
+
+Deterministic: the same versions rewrite the same bytes.
+
+What it writes (crates/multimodal/tests/fixtures/):
+- images/<name>.<ext>: the encoded images (PNG RGB / RGBA / LA / palette with partial alpha /
+  16-bit, JPEG, lossless WebP, GIF, BMP) and images/<name>.rgb: the RGB8 pixels (row-major HWC)
+  that `transformers.image_transforms.convert_to_rgb` returns for Pillow's decode of the file;
+- processor/<case>.bin: `pixel_values` of `Qwen2VLImageProcessor` (the torchvision backend, the one
+  vLLM runs) as f32 little-endian [patches, patch_dim], for the .rgb pixels of a case's image;
+- resize/{source,strip}.rgb and resize/{source,strip}-<w>x<h>.rgb: two noisy images and
+  torchvision's uint8 bicubic antialiased resize of them to many sizes (up, down, one axis only,
+  squeezes by 100 to 800 times);
+- manifest.json: everything the tests need to read those files (sizes, configs, grids) and, per
+  processor case and resize size, how far the PIL backend (`Qwen2VLImageProcessorPil`, Pillow's
+  ImagingResample) lands from the torchvision one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import struct
+import warnings
+import zlib
+from pathlib import Path
+
+import numpy as np
+import PIL
+import torch
+import torchvision
+import transformers
+from PIL import Image
+from torchvision.transforms.v2 import functional as tvF
+from transformers.image_transforms import convert_to_rgb
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+OUT = Path(__file__).resolve().parents[1] / "crates" / "multimodal" / "tests" / "fixtures"
+
+
+def smooth_noisy(width: int, height: int, seed: int, channels: int = 3, noise: float = 20.0) -> np.ndarray:
+    """Gradients and a ripple (so resizing has structure to blur) plus noise (so rounding matters)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
+    planes = []
+    for c in range(channels):
+        fx, fy = rng.uniform(0.05, 0.4, 2)
+        plane = (
+            255 * (x / max(width - 1, 1)) * (c % 2)
+            + 255 * (y / max(height - 1, 1)) * ((c + 1) % 2)
+            + 60 * np.sin(fx * x + fy * y + c)
+        )
+        planes.append(plane / 1.3 + rng.normal(0, noise, plane.shape))
+    return np.clip(np.stack(planes, -1), 0, 255).round().astype(np.uint8)
+
+
+def png_by_hand(pixels: np.ndarray, color_type: int) -> bytes:
+    """A 16-bit PNG (Pillow cannot write 16-bit RGB/RGBA): big-endian samples, no filtering."""
+    height, width = pixels.shape[:2]
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = pixels.astype(">u2").reshape(height, -1)
+    raw = b"".join(b"\x00" + row.tobytes() for row in rows)
+    header = struct.pack(">IIBBBBB", width, height, 16, color_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+
+
+def make_images() -> dict[str, bytes]:
+    """name.ext -> encoded bytes."""
+    files = {}
+
+    def save(name: str, image: Image.Image, **kwargs) -> None:
+        buffer = io.BytesIO()
+        image.save(buffer, **kwargs)
+        files[name] = buffer.getvalue()
+
+    save("gradient.png", Image.fromarray(smooth_noisy(53, 37, 1)), format="PNG")
+    rgba = smooth_noisy(100, 30, 2, channels=4)
+    rgba[..., 3] = np.clip(np.linspace(0, 300, 100)[None, :] - 20 + rgba[..., 3] / 8, 0, 255).astype(np.uint8)
+    save("alpha.png", Image.fromarray(rgba, "RGBA"), format="PNG")
+    save("photo.jpg", Image.fromarray(smooth_noisy(160, 96, 3, noise=6)), format="JPEG", quality=90)
+    save("tiny.webp", Image.fromarray(smooth_noisy(20, 12, 4)), format="WEBP", lossless=True)
+    # Palette image whose tRNS chunk gives some entries partial alpha.
+    palette_rgb = smooth_noisy(16, 16, 5, noise=0).reshape(-1, 3)
+    indices = smooth_noisy(100, 80, 6, channels=1, noise=30)[..., 0]
+    palette = Image.fromarray(indices, "P")
+    palette.putpalette(palette_rgb.tobytes())
+    alphas = bytes(int(a) for a in np.linspace(0, 255, 64).round()) + bytes([255]) * 192
+    save("palette.png", palette, format="PNG", transparency=alphas)
+    la = smooth_noisy(45, 30, 7, channels=2)
+    save("gray_alpha.png", Image.fromarray(la, "LA"), format="PNG")
+    save("exact.bmp", Image.fromarray(smooth_noisy(56, 40, 8)), format="BMP")
+    gif = Image.fromarray((smooth_noisy(30, 20, 9, channels=1)[..., 0] // 4).astype(np.uint8), "P")
+    gif.putpalette(smooth_noisy(8, 8, 10, noise=0).reshape(-1, 3).tobytes())
+    save("indexed.gif", gif, format="GIF", transparency=0)
+    wide16 = smooth_noisy(16, 12, 11).astype(np.uint16) * 257 + np.arange(16, dtype=np.uint16)[None, :, None]
+    files["rgb16.png"] = png_by_hand(wide16, color_type=2)
+    gray16 = np.linspace(0, 65535, 16 * 12).round().astype(np.uint16).reshape(12, 16, 1)
+    files["gray16.png"] = png_by_hand(gray16, color_type=0)
+    rgba16 = np.concatenate([wide16, (np.arange(16 * 12, dtype=np.uint16).reshape(12, 16, 1) * 341)], -1)
+    files["rgba16.png"] = png_by_hand(rgba16, color_type=6)
+    return files
+
+
+# A small pixel budget keeps outputs to 2-6 merged tokens (28x28-pixel units) per image.
+SMALL = {"min_pixels": 28 * 28 * 2, "max_pixels": 28 * 28 * 6, "patch_size": 14, "temporal_patch_size": 2,
+         "merge_size": 2, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+         "image_std": [0.26862954, 0.26130258, 0.27577711], "image_processor_type": "Qwen2VLImageProcessor"}
+# Qwen2-VL-7B-Instruct's preprocessor_config.json.
+QWEN2_VL = {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2,
+            "merge_size": 2, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711], "image_processor_type": "Qwen2VLImageProcessor",
+            "processor_class": "Qwen2VLProcessor"}
+# Qwen3-VL's layout (16-pixel patches, mean = std = 0.5, `size` instead of min/max_pixels), small budget.
+QWEN3_VL_SMALL = {"size": {"shortest_edge": 32 * 32 * 2, "longest_edge": 32 * 32 * 6}, "patch_size": 16,
+                  "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+                  "image_std": [0.5, 0.5, 0.5], "image_processor_type": "Qwen2VLImageProcessorFast"}
+
+# (case, image file, preprocessor config)
+CASES = [
+    ("gradient", "gradient.png", SMALL),                      # 53x37 -> 56x28: up in x, down in y
+    ("alpha-qwen2vl", "alpha.png", QWEN2_VL),                 # 100x30 -> 112x28 with the real budget
+    ("photo-max-pixels", "photo.jpg", SMALL),                 # 160x96 -> 84x28: over max_pixels, downscaled
+    ("tiny-min-pixels", "tiny.webp", SMALL),                  # 20x12 -> 56x56: under min_pixels, upscaled
+    ("palette-max-pixels", "palette.png", SMALL),             # 100x80 -> 56x56
+    ("gray-alpha", "gray_alpha.png", SMALL),                  # 45x30 -> 56x28
+    ("exact-vertical-only", "exact.bmp", SMALL),              # 56x40 -> 56x28: one pass only
+    ("gif", "indexed.gif", SMALL),                            # 30x20 -> 56x56: under min_pixels
+    ("gradient-qwen3vl", "gradient.png", QWEN3_VL_SMALL),     # 53x37 -> 64x32, 16-pixel patches
+    ("exact-rescale-only", "exact.bmp", {**SMALL, "do_normalize": False}),
+    ("exact-normalize-only", "exact.bmp", {**SMALL, "do_rescale": False}),
+    ("exact-no-rescale-no-normalize", "exact.bmp", {**SMALL, "do_rescale": False, "do_normalize": False}),
+]
+
+RESIZE_SOURCE = (61, 47)
+RESIZE_TARGETS = [
+    (1, 3), (2, 3), (5, 4), (30, 23), (31, 47), (61, 20), (100, 47), (61, 47), (60, 46), (62, 48),
+    (122, 94), (90, 70), (7, 130), (130, 7), (45, 60), (17, 13), (59, 101),
+]
+# A long strip squeezed hard: weights so small that the int16 precision search stops at its cap of
+# 22 bits (800 -> 4 is one where 21 bits would round one value differently).
+STRIP_SOURCE = (800, 12)
+STRIP_TARGETS = [(4, 12), (3, 12), (2, 2), (1, 12), (7, 9)]
+
+
+def rgb_of(data: bytes) -> np.ndarray:
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return convert_to_rgb(image, return_numpy=True)
+
+
+def tv_resize(rgb: np.ndarray, width: int, height: int) -> np.ndarray:
+    tensor = torch.from_numpy(rgb).permute(2, 0, 1).contiguous()
+    out = tvF.resize(tensor, [height, width], interpolation=tvF.InterpolationMode.BICUBIC, antialias=True)
+    return out.permute(1, 2, 0).contiguous().numpy()
+
+
+def pil_resize(rgb: np.ndarray, width: int, height: int) -> np.ndarray:
+    return np.array(Image.fromarray(rgb).resize((width, height), Image.Resampling.BICUBIC))
+
+
+def diff_stats(a: np.ndarray, b: np.ndarray) -> dict:
+    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    return {"max_abs_diff": float(diff.max()), "num_different": int((diff != 0).sum()), "num_values": int(diff.size)}
+
+
+def main() -> None:
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    if OUT.exists():
+        shutil.rmtree(OUT)
+    for sub in ("images", "processor", "resize"):
+        (OUT / sub).mkdir(parents=True)
+
+    images = []
+    decoded = {}
+    for name, data in make_images().items():
+        (OUT / "images" / name).write_bytes(data)
+        rgb = rgb_of(data)
+        decoded[name] = rgb
+        rgb_file = f"images/{Path(name).stem}.rgb"
+        (OUT / rgb_file).write_bytes(rgb.tobytes())
+        images.append({"file": f"images/{name}", "rgb": rgb_file, "width": rgb.shape[1], "height": rgb.shape[0],
+                       "pil_mode": Image.open(io.BytesIO(data)).mode, "lossless": not name.endswith(".jpg")})
+
+    cases = []
+    for case, image_name, config in CASES:
+        pil_image = Image.fromarray(decoded[image_name])
+        tv = Qwen2VLImageProcessor(**config)(pil_image, return_tensors="np")
+        pil = Qwen2VLImageProcessorPil(**config)(pil_image, return_tensors="np")
+        grid = tv["image_grid_thw"][0].tolist()
+        assert grid == pil["image_grid_thw"][0].tolist()
+        pixel_values = tv["pixel_values"].astype("<f4")
+        (OUT / "processor" / f"{case}.bin").write_bytes(pixel_values.tobytes())
+        patch = config["patch_size"]
+        height, width = grid[1] * patch, grid[2] * patch
+        cases.append({
+            "name": case, "image": f"images/{image_name}", "config": config, "image_grid_thw": grid,
+            "pixel_values": f"processor/{case}.bin", "shape": list(pixel_values.shape),
+            "pil_backend": {"pixel_values": diff_stats(pixel_values, pil["pixel_values"]),
+                            "resized_rgb": diff_stats(tv_resize(decoded[image_name], width, height),
+                                                      pil_resize(decoded[image_name], width, height))},
+        })
+
+    resizes = []
+    for label, (source_w, source_h), targets, seed in [("source", RESIZE_SOURCE, RESIZE_TARGETS, 20),
+                                                       ("strip", STRIP_SOURCE, STRIP_TARGETS, 21)]:
+        source = smooth_noisy(source_w, source_h, seed, noise=40)
+        (OUT / "resize" / f"{label}.rgb").write_bytes(source.tobytes())
+        for width, height in targets:
+            out = tv_resize(source, width, height)
+            file = f"resize/{label}-{width}x{height}.rgb"
+            (OUT / file).write_bytes(out.tobytes())
+            resizes.append({"source": f"resize/{label}.rgb", "source_width": source_w, "source_height": source_h,
+                            "width": width, "height": height, "expected": file,
+                            "pil_backend": diff_stats(out, pil_resize(source, width, height))})
+
+    manifest = {
+        "generator": "scripts/gen_vl_processor_fixtures.py",
+        "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
+                     "torchvision": torchvision.__version__, "pillow": PIL.__version__, "numpy": np.__version__},
+        "images": images, "cases": cases, "resizes": resizes,
+    }
+    (OUT / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    total = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
+    print(f"wrote {OUT} ({total / 1024:.0f} KiB)")
+    for case in cases:
+        print(f"  {case['name']:32} grid {case['image_grid_thw']}  PIL backend: {case['pil_backend']}")
+    worst = max(resizes, key=lambda r: r["pil_backend"]["max_abs_diff"])
+    print(f"  resize sweep: PIL vs torchvision worst {worst['width']}x{worst['height']}: {worst['pil_backend']}")
+
+
+if __name__ == "__main__":
+    main()

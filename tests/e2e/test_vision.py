@@ -1,0 +1,135 @@
+"""Images in chat requests: `ferrite serve` on the tiny Qwen2-VL fixture, driven with the official
+`openai` client. Images arrive as data URIs and from a loopback HTTP server; the whole path (content
+parts, fetching, decoding, the image processor, placeholder expansion, the vision encoder, MRoPE)
+is held to transformers' greedy tokens recorded in the fixture's oracle.json."""
+
+import base64
+import http.server
+import json
+import threading
+
+import pytest
+
+from conftest import NAME, REPO, Server
+
+VL = REPO / "fixtures" / "models" / "qwen2-vl"
+ORACLE = json.loads((VL / "oracle.json").read_text())
+
+
+def data_uri(image):
+    return "data:image/png;base64," + base64.b64encode((VL / "images" / f"{image}.png").read_bytes()).decode()
+
+
+def parts(case, url_of):
+    """The case's message content as OpenAI content parts, images given by `url_of(name)`."""
+    out = []
+    for p in case["messages"][0]["content"]:
+        if p["type"] == "image":
+            out.append({"type": "image_url", "image_url": {"url": url_of(p["image"])}})
+        else:
+            out.append({"type": "text", "text": p["text"]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def vl(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("vl"), "--limit-mm-per-prompt", '{"image": 2}',
+               model_args=["--model", str(VL)], max_model_len=512)
+    yield s
+    assert s.stop() == 0, s.logs()
+
+
+@pytest.fixture(scope="module")
+def image_host():
+    """Serves the fixture's images over loopback HTTP."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            path = VL / "images" / self.path.lstrip("/")
+            if not path.is_file():
+                self.send_error(404)
+                return
+            body = path.read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def complete(vl, content, **extra):
+    client = vl.client()
+    return client.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": content}], max_tokens=16, temperature=0.0,
+        extra_body={"ignore_eos": True, "return_token_ids": True, **extra})
+
+
+@pytest.mark.parametrize("case", [c for c in ORACLE["cases"] if c["images"]], ids=lambda c: c["name"])
+def test_image_chats_match_transformers(vl, case):
+    r = complete(vl, parts(case, data_uri))
+    assert r.prompt_token_ids == case["prompt_ids"]
+    assert r.usage.prompt_tokens == len(case["prompt_ids"])
+    assert r.choices[0].token_ids == case["output_ids"], case["name"]
+
+
+def test_images_fetched_over_http_equal_data_uris(vl, image_host):
+    case = next(c for c in ORACLE["cases"] if c["name"] == "two-images")
+    r = complete(vl, parts(case, lambda name: f"{image_host}/{name}.png"))
+    assert r.choices[0].token_ids == case["output_ids"]
+
+
+def test_concurrent_image_requests_are_batched_exactly(vl):
+    import concurrent.futures
+
+    cases = [c for c in ORACLE["cases"] if c["images"]] * 2
+    with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+        results = list(pool.map(lambda c: complete(vl, parts(c, data_uri)), cases))
+    for case, r in zip(cases, results):
+        assert r.choices[0].token_ids == case["output_ids"], case["name"]
+
+
+def test_bad_images_are_400s(vl, image_host):
+    client = vl.client()
+    import openai
+
+    def refused(content, **extra):
+        with pytest.raises(openai.BadRequestError) as e:
+            complete(vl, content, **extra)
+        return e.value.response.json()["error"]["message"]
+
+    text = {"type": "text", "text": "hi"}
+    bad = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"not a png").decode()}}
+    assert "messages[0].content[0]" in refused([bad, text])
+    three = [{"type": "image_url", "image_url": {"url": data_uri("square")}}] * 3
+    assert "At most 2 image(s)" in refused(three + [text])
+    missing = {"type": "image_url", "image_url": {"url": f"{image_host}/nope.png"}}
+    assert "404" in refused([missing, text])
+    assert "mm_processor_kwargs" in json.dumps(
+        refused([{"type": "image_url", "image_url": {"url": data_uri("square")}}, text],
+                mm_processor_kwargs={"no_such_key": 1}))
+    assert client.models.list().data[0].id == NAME
+
+
+def test_processor_kwargs_shrink_the_image(vl):
+    content = [{"type": "image_url", "image_url": {"url": data_uri("large")}}, {"type": "text", "text": "hi"}]
+    full = complete(vl, content)
+    small = complete(vl, content, mm_processor_kwargs={"max_pixels": 3136})
+    # 200x150 is 12 merged tokens by default and 2 under 3136 pixels.
+    assert full.usage.prompt_tokens - small.usage.prompt_tokens == 10
+
+
+def test_a_text_model_refuses_images(server):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client().chat.completions.create(
+            model=NAME, max_tokens=2,
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_uri("square")}}]}])
+    assert "does not accept image input" in e.value.response.json()["error"]["message"]
