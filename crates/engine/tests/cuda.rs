@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use ferrite_engine::{EngineConfig, PromptInput, RequestStream, SamplingParams, LLM};
+use ferrite_engine::{EngineConfig, RequestStream, SamplingParams, LLM};
 use ferrite_tensor::{DType, Device};
 
 fn cuda_llm(name: &str, dtype: DType) -> Option<LLM> {
@@ -168,8 +168,9 @@ fn every_family_decodes_token_exact_with_graphs_on() {
         let mut streams: Vec<_> = fits
             .iter()
             .map(|c| {
-                let prompt = PromptInput::Tokens(c.prompt_ids.clone());
-                client.add_request(format!("{name}/{}", c.name), prompt, greedy(c.output_ids.len())).unwrap()
+                client
+                    .add_request(format!("{name}/{}", c.name), prompt_input(name, c), greedy(c.output_ids.len()))
+                    .unwrap()
             })
             .collect();
         // W8A8 oracles reproduce themselves only so far (see `gate::stable_prefixes`).

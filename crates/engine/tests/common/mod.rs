@@ -38,31 +38,30 @@ pub fn llm(name: &str, config: EngineConfig) -> LLM {
     LLM::new(fixture(name), DType::F32, config).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-/// Each case's prompt ids, with its images (processed pixels from the fixture) where it has some.
+/// Each case's prompt (see [`prompt_input`]).
 pub fn battery(name: &str) -> Vec<PromptInput> {
+    oracle(name).cases.iter().map(|c| prompt_input(name, c)).collect()
+}
+
+/// A case's prompt ids, with its images (processed pixels from the fixture) where it has some.
+pub fn prompt_input(name: &str, case: &ferrite_testing::gate::OracleCase) -> PromptInput {
+    if case.images.is_empty() {
+        return PromptInput::Tokens(case.prompt_ids.clone());
+    }
     let dir = fixture(name);
-    oracle(name)
-        .cases
+    let images = case
+        .images
         .iter()
-        .map(|c| {
-            if c.images.is_empty() {
-                return PromptInput::Tokens(c.prompt_ids.clone());
-            }
-            let images = c
-                .images
+        .map(|image| {
+            let (pixels, grid_thw) = image.load(&dir).unwrap();
+            // The pixels' own hash: equal images share prefix-cache blocks.
+            let hash = pixels
                 .iter()
-                .map(|image| {
-                    let (pixels, grid_thw) = image.load(&dir).unwrap();
-                    // The pixels' own hash: equal images share prefix-cache blocks.
-                    let hash = pixels
-                        .iter()
-                        .fold(0xcbf29ce484222325u64, |h, v| (h ^ u64::from(v.to_bits())).wrapping_mul(0x100000001b3));
-                    ferrite_engine::ImageData { pixel_values: pixels.into(), grid_thw, hash }
-                })
-                .collect();
-            PromptInput::Multimodal { tokens: c.prompt_ids.clone(), images }
+                .fold(0xcbf29ce484222325u64, |h, v| (h ^ u64::from(v.to_bits())).wrapping_mul(0x100000001b3));
+            ferrite_engine::ImageData { pixel_values: pixels.into(), grid_thw, hash }
         })
-        .collect()
+        .collect();
+    PromptInput::Multimodal { tokens: case.prompt_ids.clone(), images }
 }
 
 /// Greedy with EOS ignored: the oracle's decoding.
