@@ -10,12 +10,17 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models")
 }
 
-/// Checks every case of an oracle file; returns how many were checked.
-fn check_cases(tok: &Tokenizer, oracle: &Value, label: &str) -> usize {
+/// Checks every case of an oracle file; returns how many were checked. A vision-language
+/// fixture's prompt ids have each image's placeholder expanded to its embeddings (the image
+/// processor's work): they are compared with each run of `image_token` taken back to one token.
+fn check_cases(tok: &Tokenizer, oracle: &Value, label: &str, image_token: Option<u32>) -> usize {
     let cases = oracle["cases"].as_array().expect("cases");
     for case in cases {
         let name = case["name"].as_str().unwrap_or("?");
-        let want: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).expect("prompt_ids");
+        let mut want: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).expect("prompt_ids");
+        if let Some(image) = image_token {
+            want.dedup_by(|a, b| *a == image && *b == image);
+        }
         let got = if case["chat"].as_bool().unwrap_or(false) {
             let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).expect("messages");
             let text = tok.apply_chat_template(&messages, true).expect("template renders");
@@ -40,7 +45,10 @@ fn every_fixture_prompt_tokenizes_as_transformers_did() {
         }
         let oracle: Value = serde_json::from_str(&std::fs::read_to_string(&oracle_path).unwrap()).unwrap();
         let tok = Tokenizer::from_dir(&dir).unwrap();
-        checked += check_cases(&tok, &oracle, &dir.display().to_string());
+        // (Some configs hold Python's non-finite literals; none of those is a vision model's.)
+        let config = serde_json::from_str::<Value>(&std::fs::read_to_string(dir.join("config.json")).unwrap()).ok();
+        let image_token = config.and_then(|c| c["image_token_id"].as_u64()).map(|id| id as u32);
+        checked += check_cases(&tok, &oracle, &dir.display().to_string(), image_token);
     }
     assert!(checked >= 8, "only {checked} cases found");
 }
