@@ -49,6 +49,7 @@ impl JsonOptions {
     }
 
     fn schema(&self, schema: &Value) -> Result<Value, StructuredError> {
+        refuse_unboundable_numbers(schema)?;
         let mut schema = schema.clone();
         if self.disable_additional_properties {
             close_objects(&mut schema);
@@ -67,6 +68,70 @@ impl JsonOptions {
         }
         Ok(schema)
     }
+}
+
+/// llguidance (1.9.1, `rx_int_range`) turns an integer's bounds into `i64`s and negates a
+/// negative one while it builds the range's regex: a bound at or below -2^63 saturates to
+/// `i64::MIN`, whose negation is itself, and the recursion never ends — a stack overflow that
+/// aborts the whole server. Numbers there are refused before llguidance sees them: anywhere in a
+/// schema (bounds, `const` and `enum` values alike), and in a grammar that embeds `%json`.
+const LOWEST_BOUNDABLE: f64 = -9_223_372_036_854_775_808.0;
+
+fn unboundable(n: f64) -> Result<(), StructuredError> {
+    if n <= LOWEST_BOUNDABLE {
+        return Err(StructuredError::Invalid(format!(
+            "the number {n} in the JSON schema is at or below -2^63, beyond the integers a constraint can bound"
+        )));
+    }
+    Ok(())
+}
+
+fn refuse_unboundable_numbers(schema: &Value) -> Result<(), StructuredError> {
+    let mut pending = vec![schema];
+    while let Some(v) = pending.pop() {
+        match v {
+            Value::Number(n) => unboundable(n.as_f64().unwrap_or(0.0))?,
+            Value::Array(items) => pending.extend(items),
+            Value::Object(map) => pending.extend(map.values()),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The numbers written with a minus sign in a Lark grammar's text (its `%json` schemas among them).
+fn refuse_unboundable_literals(lark: &str) -> Result<(), StructuredError> {
+    if !lark.contains("%json") {
+        return Ok(());
+    }
+    let bytes = lark.as_bytes();
+    let digits = |mut i: usize| {
+        while i < bytes.len() && bytes[i].is_ascii_digit() {
+            i += 1;
+        }
+        i
+    };
+    for (minus, _) in lark.match_indices('-') {
+        let start = minus + 1;
+        let mut end = digits(start);
+        if end == start {
+            continue;
+        }
+        if bytes.get(end) == Some(&b'.') {
+            end = digits(end + 1);
+        }
+        if matches!(bytes.get(end), Some(b'e' | b'E')) {
+            let sign = end + 1 + usize::from(matches!(bytes.get(end + 1), Some(b'+' | b'-')));
+            let exponent_end = digits(sign);
+            if exponent_end > sign {
+                end = exponent_end;
+            }
+        }
+        if let Ok(n) = lark[minus..end].parse::<f64>() {
+            unboundable(n)?;
+        }
+    }
+    Ok(())
 }
 
 /// The keywords whose value maps names to subschemas, and those whose value is a subschema or a
@@ -134,7 +199,9 @@ pub(crate) fn top_level(constraint: &Constraint, options: &JsonOptions) -> Resul
             TopLevelGrammar::from_lark(format!("start: {}", alternatives.join(" | ")))
         }
         Constraint::Grammar(text) => {
-            TopLevelGrammar::from_lark(crate::gbnf::any_to_lark(text).map_err(StructuredError::Invalid)?)
+            let lark = crate::gbnf::any_to_lark(text).map_err(StructuredError::Invalid)?;
+            refuse_unboundable_literals(&lark)?;
+            TopLevelGrammar::from_lark(lark)
         }
         Constraint::StructuralTag(tag) => structural_tag(tag, options)?,
     })

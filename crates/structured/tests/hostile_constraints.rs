@@ -318,3 +318,40 @@ fn the_generators_reach_compiled_and_refused_constraints() {
         }
     }
 }
+
+/// Found by the fuzz target: llguidance negates an integer bound while it builds the bound's
+/// regex, and one at `i64::MIN` recursed until the stack overflowed, aborting the process. Each
+/// way a request can put such a bound in front of it is refused with a message instead.
+#[test]
+fn integer_bounds_at_i64_min_are_refused_not_a_stack_overflow() {
+    let lowest = json!(i64::MIN);
+    let refused = [
+        Constraint::Json(json!({"const": lowest})),
+        Constraint::Json(json!({"type": "integer", "minimum": -1e19, "maximum": -1e19})),
+        Constraint::Json(json!({"type": "integer", "exclusiveMinimum": -1e30, "exclusiveMaximum": -1e30})),
+        Constraint::Json(json!({"enum": [1, -9223372036854775807i64]})),
+        Constraint::Json(json!({"type": "object", "properties": {"a": {"anyOf": [{"const": lowest}]}}})),
+        Constraint::Grammar("start: %json {\"const\": -9223372036854775808}".into()),
+        Constraint::Grammar("start: %json {\"type\": \"integer\", \"maximum\": -1E+19, \"minimum\": -1.5e19}".into()),
+        Constraint::StructuralTag(json!({
+            "structures": [{"begin": "<f>", "schema": {"const": lowest}, "end": "</f>"}],
+            "triggers": ["<f>"],
+        })),
+    ];
+    for constraint in refused {
+        let err = compiler().compile(&StructuredOutputs::new(constraint.clone())).err();
+        let message = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("-2^63"), "{constraint:?}: {message:?}");
+    }
+    // The lowest integers llguidance can bound, and the same literals outside `%json`, still compile.
+    let kept = [
+        Constraint::Json(json!({"const": -9223372036854774784i64})),
+        Constraint::Json(json!({"type": "integer", "minimum": -9223372036854774784i64, "maximum": 0})),
+        Constraint::Grammar("start: \"-9223372036854775808\"".into()),
+        Constraint::Regex("-9223372036854775808".into()),
+    ];
+    for constraint in kept {
+        let compiled = compiler().compile(&StructuredOutputs::new(constraint.clone()));
+        assert!(compiled.is_ok(), "{constraint:?}: {:?}", compiled.err());
+    }
+}
