@@ -133,3 +133,25 @@ def test_a_text_model_refuses_images(server):
             model=NAME, max_tokens=2,
             messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_uri("square")}}]}])
     assert "does not accept image input" in e.value.response.json()["error"]["message"]
+
+
+VL25 = REPO / "fixtures" / "models" / "qwen2.5-vl"
+ORACLE25 = json.loads((VL25 / "oracle.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def vl25(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("vl25"), model_args=["--model", str(VL25)], max_model_len=512)
+    yield s
+    assert s.stop() == 0, s.logs()
+
+
+@pytest.mark.parametrize("case", [c for c in ORACLE25["cases"] if c["images"]], ids=lambda c: c["name"])
+def test_qwen2_5_vl_image_chats_match_transformers(vl25, case):
+    """Qwen2.5-VL's windowed vision tower, served: the same path, its own oracle."""
+    def uri(image):
+        return "data:image/png;base64," + base64.b64encode((VL25 / "images" / f"{image}.png").read_bytes()).decode()
+
+    r = complete(vl25, parts(case, uri))
+    assert r.prompt_token_ids == case["prompt_ids"]
+    assert r.choices[0].token_ids == case["output_ids"], case["name"]

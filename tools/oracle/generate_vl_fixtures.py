@@ -1,20 +1,28 @@
-"""Vision-language oracle fixtures: a tiny random-init Qwen2VLForConditionalGeneration, synthetic
+"""Vision-language oracle fixtures: tiny random-init Qwen2-VL and Qwen2.5-VL models, synthetic
 images, and transformers' greedy output for prompts that mix text and images.
 
-    .venv-oracle/bin/python tools/oracle/generate_vl_fixtures.py        # fixtures/models/qwen2-vl/ (~20 s)
+    .venv-oracle/bin/python tools/oracle/generate_vl_fixtures.py            # every family (~40 s)
+    .venv-oracle/bin/python tools/oracle/generate_vl_fixtures.py qwen2.5-vl # one of them
+
+Families and what their fixture exercises:
+- qwen2-vl (fixtures/models/qwen2-vl): LayerNorm + quick-GELU tower, full attention per image.
+- qwen2.5-vl (fixtures/models/qwen2.5-vl): RMSNorm + SwiGLU tower with window attention (windows of
+  2x2 merged tokens, so that every image but the smallest spans several, some partial) and one
+  full-attention block; tied word embeddings, as the 3B checkpoint has them.
 
 Pinned as the other oracle scripts (tools/oracle/requirements.txt: torch 2.15.0, transformers 5.24.0)
 plus Pillow 13.0.0 and torchvision 0.29.2, which transformers' image processors need. Deterministic:
 rerunning it with the same versions rewrites the same files.
 
-What it writes (fixtures/models/qwen2-vl/):
+What it writes (fixtures/models/<family>/):
 - the checkpoint as transformers 5 saves it (config.json with text_config / vision_config,
   model.safetensors), the processor's files (preprocessor_config.json, tokenizer.json with the
   vision special tokens added, tokenizer_config.json, chat_template.jinja: Qwen2-VL's template);
 - images/*.png: the synthetic images;
 - oracle.json: per case the messages, the prompt ids the processor made (placeholders expanded),
-  each image's file, grid and processed pixels (pixels/<case>-<k>.bin, f32 little-endian
-  [patches, patch_dim]), and transformers' 16 greedy tokens with top-5 logprobs per step.
+  each image's file, grid and processed pixels (pixels/<image>.bin, f32 little-endian
+  [patches, patch_dim], one file per image), and transformers' 16 greedy tokens with top-5
+  logprobs per step.
 
 The oracle is transformers on CPU in float32 with eager attention, batch 1, HF generate.
 """
@@ -35,6 +43,9 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2_5_VLProcessor,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
     Qwen2VLImageProcessor,
@@ -42,7 +53,6 @@ from transformers import (  # noqa: E402
     Qwen2VLVideoProcessor,
 )
 
-OUT = ROOT / "fixtures" / "models" / "qwen2-vl"
 TOKENIZER_DIR = ROOT / "fixtures" / "tokenizer"
 SEED = 1234
 MAX_NEW_TOKENS = 16
@@ -115,21 +125,39 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def build_model(vocab: int, ids: dict[str, int]) -> Qwen2VLForConditionalGeneration:
-    cfg = Qwen2VLConfig(
-        text_config=dict(
-            vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.3,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
-        ),
-        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=14,
-                           temporal_patch_size=2, spatial_merge_size=2, initializer_range=0.3),
+TEXT_CONFIG = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.3,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+)
+
+FAMILIES = {
+    "qwen2-vl": dict(
+        config=Qwen2VLConfig, model=Qwen2VLForConditionalGeneration, processor=Qwen2VLProcessor,
+        vision=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=14,
+                    temporal_patch_size=2, spatial_merge_size=2, initializer_range=0.3),
+        extra={},
+    ),
+    "qwen2.5-vl": dict(
+        config=Qwen2_5_VLConfig, model=Qwen2_5_VLForConditionalGeneration, processor=Qwen2_5_VLProcessor,
+        vision=dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=64, patch_size=14,
+                    temporal_patch_size=2, spatial_merge_size=2, window_size=56, fullatt_block_indexes=[1],
+                    hidden_act="silu", initializer_range=0.3),
+        extra={"tie_word_embeddings": True},
+    ),
+}
+
+
+def build_model(family: dict, vocab: int, ids: dict[str, int]):
+    cfg = family["config"](
+        text_config=dict(vocab_size=vocab, **TEXT_CONFIG, **family["extra"]),
+        vision_config=family["vision"],
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        initializer_range=0.3,
+        initializer_range=0.3, **family["extra"],
     )
     torch.manual_seed(SEED)
-    model = Qwen2VLForConditionalGeneration._from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    model = family["model"]._from_config(cfg, attn_implementation="eager", dtype=torch.float32)
     gen = torch.Generator().manual_seed(SEED + 1)
     with torch.no_grad():
         for _, p in model.named_parameters():
@@ -140,25 +168,27 @@ def build_model(vocab: int, ids: dict[str, int]) -> Qwen2VLForConditionalGenerat
     return model
 
 
-def main() -> int:
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    (OUT / "images").mkdir(parents=True)
-    (OUT / "pixels").mkdir()
+def generate(family_name: str) -> None:
+    family = FAMILIES[family_name]
+    out = ROOT / "fixtures" / "models" / family_name
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "images").mkdir(parents=True)
+    (out / "pixels").mkdir()
     tok = build_tokenizer()
     ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
     image_processor = Qwen2VLImageProcessor(size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS})
-    processor = Qwen2VLProcessor(image_processor=image_processor, tokenizer=tok,
+    processor = family["processor"](image_processor=image_processor, tokenizer=tok,
                                  video_processor=Qwen2VLVideoProcessor(), chat_template=CHAT_TEMPLATE)
     images = {}
     for name, (w, h, seed) in IMAGES.items():
-        synthetic_image(name, w, h, seed).save(OUT / "images" / f"{name}.png")
-        images[name] = Image.open(OUT / "images" / f"{name}.png").convert("RGB")
+        synthetic_image(name, w, h, seed).save(out / "images" / f"{name}.png")
+        images[name] = Image.open(out / "images" / f"{name}.png").convert("RGB")
 
-    model = build_model(len(tok), ids)
-    model.save_pretrained(str(OUT), safe_serialization=True)
-    processor.save_pretrained(str(OUT))
-    model = Qwen2VLForConditionalGeneration.from_pretrained(str(OUT), dtype=torch.float32,
+    model = build_model(family, len(tok), ids)
+    model.save_pretrained(str(out), safe_serialization=True)
+    processor.save_pretrained(str(out))
+    model = family["model"].from_pretrained(str(out), dtype=torch.float32,
                                                             attn_implementation="eager").eval()
 
     cases = []
@@ -173,12 +203,15 @@ def main() -> int:
         if used:
             grids = inputs["image_grid_thw"].tolist()
             offset = 0
-            for k, (part, grid) in enumerate(zip([p for p in content if p["type"] == "image"], grids)):
+            for part, grid in zip([p for p in content if p["type"] == "image"], grids):
                 patches = grid[0] * grid[1] * grid[2]
                 pixels = inputs["pixel_values"][offset:offset + patches].numpy().astype("<f4")
                 offset += patches
-                file = f"pixels/{name}-{k}.bin"
-                pixels.tofile(OUT / file)
+                file = f"pixels/{part['image']}.bin"
+                if (out / file).exists():
+                    assert np.array_equal(np.fromfile(out / file, dtype="<f4"), pixels.reshape(-1)), file
+                else:
+                    pixels.tofile(out / file)
                 record_images.append({"file": f"images/{part['image']}.png", "grid_thw": grid, "pixels": file,
                                       "patch_dim": int(pixels.shape[1])})
         extra = {k: inputs[k] for k in ("pixel_values", "image_grid_thw", "mm_token_type_ids") if k in inputs}
@@ -188,10 +221,10 @@ def main() -> int:
         print(f"{name}: {len(prompt_ids)} prompt tokens, {len(record_images)} images, "
               f"min gap {min(result['gaps']):.3f}, out {result['output_ids']}")
 
-    write_json(OUT / "oracle.json", {
+    write_json(out / "oracle.json", {
         "generator": "tools/oracle/generate_vl_fixtures.py",
         **versions(),
-        "architecture": "Qwen2VLForConditionalGeneration",
+        "architecture": family["model"].__name__,
         "dtype": "float32",
         "attn_implementation": "eager",
         "decoding": "greedy (do_sample=False), batch 1, KV cache (HF generate), EOS disabled",
@@ -200,6 +233,11 @@ def main() -> int:
         "image_processor": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "backend": type(image_processor).__name__},
         "cases": [{k: v for k, v in c.items() if k != "gaps"} | {"min_top2_gap": min(c["gaps"])} for c in cases],
     })
+
+
+def main() -> int:
+    for family_name in sys.argv[1:] or FAMILIES:
+        generate(family_name)
     return 0
 
 

@@ -81,6 +81,13 @@ fn vision_language_batches_chunks_and_caches_images() {
     assert!(llm.client().stats().prefix_cache_hits > hits, "the second run should hit blocks over its images");
 }
 
+/// Qwen2.5-VL's windowed tower behind the same engine path, its images cut by 20-token chunks.
+#[test]
+fn qwen2_5_vl_batches_and_chunks_images() {
+    battery_matches_oracle("qwen2.5-vl");
+    battery_matches_oracle_with("qwen2.5-vl", ferrite_engine::EngineConfig { max_num_batched_tokens: 20, ..config() });
+}
+
 /// Placeholder tokens the images do not fill, or images without placeholders, are the request's
 /// error; a text-only model refuses images.
 #[test]

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use ferrite_tensor::DType;
-use ferrite_testing::gate::{edit_config, fixture_copy, fixtures_dir, run_fixture, summarize};
+use ferrite_testing::gate::{edit_config, fixture_copy, fixtures_dir, rename_tensors, run_fixture, summarize};
 
 /// Logprobs of the oracle's top-5 tokens agree to this many nats (f32 on both sides; the
 /// difference is accumulation order only).
@@ -48,6 +48,7 @@ parity! {
     qwen2 => "qwen2",
     qwen3 => "qwen3",
     qwen2_vl => "qwen2-vl",
+    qwen2_5_vl => "qwen2.5-vl",
     gemma => "gemma",
     gemma2 => "gemma2",
     gemma3 => "gemma3",
@@ -142,8 +143,8 @@ fn gate_catches_a_wrong_norm_epsilon() {
     assert!(strict < total, "a wrong rms_norm_eps went unnoticed ({strict}/{total} strict)");
 }
 
-/// Vision-language: the MRoPE split of the text model's frequencies and the vision tower's
-/// 2-D rotary embedding each change image prompts' tokens.
+/// Vision-language: the MRoPE split of the text model's frequencies, the vision tower's 2-D
+/// rotary embedding, and Qwen2.5-VL's attention windows each change image prompts' tokens.
 #[test]
 fn gate_catches_vision_language_breaks() {
     assert_breaks_caught(&[
@@ -156,7 +157,50 @@ fn gate_catches_vision_language_breaks() {
         ("qwen2-vl", "every frequency on the temporal axis (1-D positions)", |c| {
             c["text_config"]["rope_parameters"]["mrope_section"] = serde_json::json!([8, 0, 0])
         }),
+        ("qwen2.5-vl", "windows as wide as the image (no window attention)", |c| {
+            c["vision_config"]["window_size"] = serde_json::json!(560)
+        }),
+        ("qwen2.5-vl", "every block windowed", |c| c["vision_config"]["fullatt_block_indexes"] = serde_json::json!([])),
     ]);
+}
+
+/// The Hub's Qwen2-VL and Qwen2.5-VL checkpoints were saved by transformers 4: text keys at the
+/// config's top level with MRoPE spelled as `rope_scaling: {type: mrope}`, `in_chans` in the
+/// vision config, and tensors under `model.*` and `visual.*`. The fixtures rewritten that way
+/// give the same tokens.
+#[test]
+fn qwen_vl_checkpoints_in_the_hub_layout_load() {
+    for fixture in ["qwen2-vl", "qwen2.5-vl"] {
+        let dir = fixture_copy(fixture, "hub-layout");
+        edit_config(&dir, |c| {
+            let text = c["text_config"].take();
+            for (key, value) in text.as_object().unwrap() {
+                if key == "rope_parameters" {
+                    c["rope_theta"] = value["rope_theta"].clone();
+                    c["rope_scaling"] = serde_json::json!({"type": "mrope", "mrope_section": value["mrope_section"]});
+                } else if c.get(key).is_none() {
+                    c[key] = value.clone();
+                }
+            }
+            c.as_object_mut().unwrap().remove("text_config");
+            let vision = c["vision_config"].as_object_mut().unwrap();
+            vision.remove("rope_parameters");
+            vision.remove("in_channels");
+            vision.insert("in_chans".into(), 3.into());
+        });
+        rename_tensors(&dir, |name| {
+            if let Some(rest) = name.strip_prefix("model.language_model.") {
+                format!("model.{rest}")
+            } else if let Some(rest) = name.strip_prefix("model.visual.") {
+                format!("visual.{rest}")
+            } else {
+                name.to_string()
+            }
+        });
+        let (strict, total) = strict_count(&dir);
+        std::fs::remove_dir_all(&dir).ok();
+        assert_eq!(strict, total, "{fixture} in the Hub's layout: {strict}/{total} strict");
+    }
 }
 
 /// Model families wave 1: each family's distinctive config key, edited in a copy of its fixture,

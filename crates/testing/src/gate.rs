@@ -345,6 +345,26 @@ pub fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 /// Rewrites the f32 tensors of `dir/model.safetensors` whose names `edit` selects: `edit(name)`
 /// returns the change to apply to that tensor's values, or `None` to keep it.
 pub fn edit_f32_tensors(dir: &Path, edit: impl Fn(&str) -> Option<Box<dyn Fn(&mut [f32])>>) {
+    rewrite_tensors(dir, |name, dtype, data| {
+        if let Some(change) = edit(name) {
+            assert_eq!(dtype, safetensors::Dtype::F32, "{name}");
+            let mut values: Vec<f32> =
+                data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+            change(&mut values);
+            *data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        }
+        name.to_string()
+    });
+}
+
+/// Renames the tensors of `dir/model.safetensors` (another checkpoint layout of the same model).
+pub fn rename_tensors(dir: &Path, rename: impl Fn(&str) -> String) {
+    rewrite_tensors(dir, |name, _, _| rename(name));
+}
+
+/// Rewrites `dir/model.safetensors` tensor by tensor: `rewrite(name, dtype, bytes)` may change
+/// the bytes in place and returns the tensor's new name.
+fn rewrite_tensors(dir: &Path, rewrite: impl Fn(&str, safetensors::Dtype, &mut Vec<u8>) -> String) {
     use safetensors::tensor::TensorView;
     let path = dir.join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
@@ -352,13 +372,7 @@ pub fn edit_f32_tensors(dir: &Path, edit: impl Fn(&str) -> Option<Box<dyn Fn(&mu
     let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, view) in st.tensors() {
         let mut data = view.data().to_vec();
-        if let Some(change) = edit(&name) {
-            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
-            let mut values: Vec<f32> =
-                data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-            change(&mut values);
-            data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        }
+        let name = rewrite(&name, view.dtype(), &mut data);
         tensors.push((name, view.dtype(), view.shape().to_vec(), data));
     }
     let views: Vec<(String, TensorView)> =

@@ -35,6 +35,7 @@ pub mod olmo2;
 pub mod opt;
 pub mod phi;
 pub mod phi3;
+pub mod qwen2_5_vl;
 pub mod qwen2_vl;
 pub mod qwen3_next;
 pub mod roberta;

@@ -11,12 +11,12 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use ferrite_tensor::{ops, Activation, AttentionParams, Tensor};
+use ferrite_tensor::{ops, Activation, AttentionParams, DType, Device, RopeStyle, Tensor};
 
 use crate::decoder::load::{activation, attention_params, check_dims, CommonConfig, Defaults, Names};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
 use crate::layers::rope::{Rope, RopeParameters};
-use crate::layers::{LayerNorm, Linear, Norm};
+use crate::layers::{DenseMlp, Linear, Norm};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::{Scope, Weights};
 use crate::model::{CausalLM, ForwardInput, ModelInfo, VisionEncoder, VisionInfo};
@@ -94,33 +94,41 @@ mod defaults {
     }
 }
 
-struct VisionBlock {
-    norm1: LayerNorm,
-    qkv: Linear,
-    proj: Linear,
-    norm2: LayerNorm,
-    fc1: Linear,
-    fc2: Linear,
+pub(crate) struct VisionBlock {
+    pub norm1: Norm,
+    pub qkv: Linear,
+    pub proj: Linear,
+    pub norm2: Norm,
+    pub mlp: ChannelMixer,
+}
+
+/// Qwen2.5-VL's windowed attention: most blocks attend within square windows of merged tokens,
+/// the blocks listed attend over the whole frame.
+pub(crate) struct Windows {
+    /// A window's side, in merged tokens.
+    pub side: usize,
+    pub full_attention_blocks: Vec<usize>,
 }
 
 /// The vision tower, its merger, and what the prompt side needs to know about it.
-pub struct VisionTower {
-    patch_embed: Linear,
-    blocks: Vec<VisionBlock>,
-    act: Activation,
-    attention: AttentionParams,
+pub(crate) struct VisionTower {
+    pub patch_embed: Linear,
+    pub blocks: Vec<VisionBlock>,
+    pub attention: AttentionParams,
     /// 2-D rotary inverse frequencies (`head_dim / 4` of them, shared by rows and columns).
-    rope_inv_freq: Vec<f32>,
-    merger_norm: LayerNorm,
-    merger_fc1: Linear,
-    merger_fc2: Linear,
-    patch_dim: usize,
-    embed_dim: usize,
-    merge: usize,
-    image_token_id: u32,
+    pub rope_inv_freq: Vec<f32>,
+    pub windows: Option<Windows>,
+    pub merger_norm: Norm,
+    pub merger_fc1: Linear,
+    pub merger_fc2: Linear,
+    pub patch_dim: usize,
+    pub embed_dim: usize,
+    pub merge: usize,
+    pub image_token_id: u32,
 }
 
-pub struct Qwen2Vl {
+/// A Qwen vision-language model: the text decoder with its MRoPE, and the vision tower.
+pub struct QwenVl {
     decoder: Decoder,
     vision: VisionTower,
     /// The decoder's, with the vision half's prompt facts.
@@ -128,13 +136,13 @@ pub struct Qwen2Vl {
 }
 
 /// Where a checkpoint keeps the text model and the vision tower.
-struct Layout {
+pub(crate) struct Layout {
     text: &'static str,
     visual: &'static str,
 }
 
 impl Layout {
-    fn of(w: &Weights) -> Layout {
+    pub fn of(w: &Weights) -> Layout {
         if w.contains("model.language_model.embed_tokens.weight") {
             Layout { text: "model.language_model", visual: "model.visual" }
         } else {
@@ -145,7 +153,7 @@ impl Layout {
 
 /// The text model's config: `text_config` (transformers 5) or the top-level keys (the Hub's
 /// checkpoints), with the top-level `architectures` and `tie_word_embeddings`.
-fn text_config(raw: &RawConfig) -> RawConfig {
+pub(crate) fn text_config(raw: &RawConfig) -> RawConfig {
     let mut text = raw.value.get("text_config").filter(|t| t.is_object()).cloned().unwrap_or_else(|| raw.value.clone());
     let flag = |v: &Value| v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false);
     // transformers ties when either config says so.
@@ -159,26 +167,39 @@ fn text_config(raw: &RawConfig) -> RawConfig {
     RawConfig { path: raw.path.clone(), value: text }
 }
 
-pub fn load(raw: &RawConfig, w: &Weights) -> Result<Qwen2Vl> {
-    let layout = Layout::of(w);
-    let text_raw = text_config(raw);
-    let decoder = load_text(&text_raw, w, &layout)?;
-    let vision_value = raw.value.get("vision_config").cloned().unwrap_or(Value::Object(Default::default()));
-    let vision_cfg: VisionConfig =
-        serde_json::from_value(vision_value).map_err(|e| raw.error(format!("vision_config: {e}")))?;
-    let image_token_id = raw.value.get("image_token_id").and_then(Value::as_u64).unwrap_or(151655);
-    let image_token_id = u32::try_from(image_token_id)
-        .map_err(|_| raw.error(format!("`image_token_id` {image_token_id} is too large")))?;
-    let text_hidden = decoder.embed.table.shape()[1];
-    let vision = load_vision(raw, &vision_cfg, &w.at(layout.visual), text_hidden, image_token_id)?;
-    let mut info = decoder.info().clone();
-    info.vision = Some(VisionInfo {
-        image_token_id,
-        spatial_merge_size: vision.merge,
-        placeholder: "<|vision_start|><|image_pad|><|vision_end|>",
-    });
-    info.weight_bytes += vision.weight_bytes();
-    Ok(Qwen2Vl { decoder, vision, info })
+pub fn load(raw: &RawConfig, w: &Weights) -> Result<QwenVl> {
+    QwenVl::assemble(raw, w, |vision, v, text_hidden, image_token_id| {
+        let cfg: VisionConfig =
+            serde_json::from_value(vision.clone()).map_err(|e| raw.error(format!("vision_config: {e}")))?;
+        load_vision(raw, &cfg, v, text_hidden, image_token_id)
+    })
+}
+
+impl QwenVl {
+    /// The text decoder (either checkpoint layout) and the tower that `vision` loads from the
+    /// checkpoint's vision scope, given `vision_config`, the text width and the image token.
+    pub(crate) fn assemble(
+        raw: &RawConfig,
+        w: &Weights,
+        vision: impl FnOnce(&Value, &Scope, usize, u32) -> Result<VisionTower>,
+    ) -> Result<QwenVl> {
+        let layout = Layout::of(w);
+        let decoder = load_text(&text_config(raw), w, &layout)?;
+        let vision_value = raw.value.get("vision_config").cloned().unwrap_or(Value::Object(Default::default()));
+        let image_token_id = raw.value.get("image_token_id").and_then(Value::as_u64).unwrap_or(151655);
+        let image_token_id = u32::try_from(image_token_id)
+            .map_err(|_| raw.error(format!("`image_token_id` {image_token_id} is too large")))?;
+        let text_hidden = decoder.embed.table.shape()[1];
+        let vision = vision(&vision_value, &w.at(layout.visual), text_hidden, image_token_id)?;
+        let mut info = decoder.info().clone();
+        info.vision = Some(VisionInfo {
+            image_token_id,
+            spatial_merge_size: vision.merge,
+            placeholder: "<|vision_start|><|image_pad|><|vision_end|>",
+        });
+        info.weight_bytes += vision.weight_bytes();
+        Ok(QwenVl { decoder, vision, info })
+    }
 }
 
 fn load_text(raw: &RawConfig, w: &Weights, layout: &Layout) -> Result<Decoder> {
@@ -222,85 +243,132 @@ fn load_vision(
     text_hidden: usize,
     image_token_id: u32,
 ) -> Result<VisionTower> {
-    let (e, heads) = (cfg.embed_dim, cfg.num_heads);
-    let patch_dim = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size * cfg.patch_size;
+    let e = cfg.embed_dim;
     let mlp = (e as f64 * cfg.mlp_ratio) as usize;
     check_dims(
         raw,
         &[
             ("vision_config.depth", cfg.depth),
             ("vision_config.embed_dim", e),
-            ("vision_config.num_heads", heads),
+            ("vision_config.num_heads", cfg.num_heads),
             ("vision_config.patch_size", cfg.patch_size),
             ("vision_config.temporal_patch_size", cfg.temporal_patch_size),
             ("vision_config.in_channels", cfg.in_channels),
             ("vision_config.spatial_merge_size", cfg.spatial_merge_size),
-            ("vision patch size", patch_dim),
             ("vision MLP width", mlp),
         ],
     )?;
-    if !e.is_multiple_of(heads) || !(e / heads).is_multiple_of(4) {
-        return Err(raw.error(format!(
-            "vision_config: embed_dim {e} over {heads} heads must give a head size that is a multiple of 4"
-        )));
-    }
     if cfg.hidden_size != text_hidden {
         return Err(raw.error(format!(
             "vision_config.hidden_size {} differs from the text model's hidden size {text_hidden}",
             cfg.hidden_size
         )));
     }
-    let head_dim = e / heads;
-    let theta =
-        cfg.rope_parameters.as_ref().and_then(|p| p.get("rope_theta")).and_then(Value::as_f64).unwrap_or(10000.0)
-            as f32;
-    let spatial = head_dim / 2;
-    let rope_inv_freq = (0..spatial).step_by(2).map(|i| 1.0f32 / theta.powf(i as f32 / spatial as f32)).collect();
-    let weights = v.weights();
-    let patch_weight = weights
-        .get(
-            &v.name("patch_embed.proj.weight"),
-            &[e, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size],
-        )?
-        .reshape(&[e, patch_dim])?;
+    let act = activation(raw, "vision_config.hidden_act", &cfg.hidden_act)?;
     let eps = 1e-6;
     let blocks = (0..cfg.depth)
         .map(|i| {
             let b = v.at(&format!("blocks.{i}"));
             Ok(VisionBlock {
-                norm1: b.layer_norm("norm1", e, eps, true)?,
+                norm1: Norm::Layer(b.layer_norm("norm1", e, eps, true)?),
                 qkv: b.linear("attn.qkv", e, 3 * e, true)?,
                 proj: b.linear("attn.proj", e, e, true)?,
-                norm2: b.layer_norm("norm2", e, eps, true)?,
-                fc1: b.linear("mlp.fc1", e, mlp, true)?,
-                fc2: b.linear("mlp.fc2", mlp, e, true)?,
+                norm2: Norm::Layer(b.layer_norm("norm2", e, eps, true)?),
+                mlp: ChannelMixer::Dense(DenseMlp {
+                    fc1: b.linear("mlp.fc1", e, mlp, true)?,
+                    fc2: b.linear("mlp.fc2", mlp, e, true)?,
+                    act: act.into(),
+                }),
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let merged = e * cfg.spatial_merge_size * cfg.spatial_merge_size;
-    Ok(VisionTower {
-        patch_embed: Linear::new(patch_weight, None),
-        blocks,
-        act: activation(raw, "vision_config.hidden_act", &cfg.hidden_act)?,
-        attention: attention_params(heads, heads, head_dim, (head_dim as f64).powf(-0.5), None, None),
-        rope_inv_freq,
-        merger_norm: v.layer_norm("merger.ln_q", e, eps, true)?,
-        merger_fc1: v.linear("merger.mlp.0", merged, merged, true)?,
-        merger_fc2: v.linear("merger.mlp.2", merged, text_hidden, true)?,
-        patch_dim,
-        embed_dim: e,
+    let shape = PatchShape {
+        in_channels: cfg.in_channels,
+        temporal: cfg.temporal_patch_size,
+        side: cfg.patch_size,
         merge: cfg.spatial_merge_size,
+    };
+    let merger_norm = Norm::Layer(v.layer_norm("merger.ln_q", e, eps, true)?);
+    let rope_parameters = cfg.rope_parameters.as_ref();
+    VisionTower::load(
+        raw,
+        v,
+        shape,
+        e,
+        cfg.num_heads,
+        rope_parameters,
+        blocks,
+        None,
+        merger_norm,
+        text_hidden,
         image_token_id,
-    })
+    )
+}
+
+/// The vision tower's patch geometry.
+pub(crate) struct PatchShape {
+    pub in_channels: usize,
+    pub temporal: usize,
+    pub side: usize,
+    pub merge: usize,
 }
 
 impl VisionTower {
+    /// The patch embedding, rotary frequencies and merger MLP, around the family's `blocks`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn load(
+        raw: &RawConfig,
+        v: &Scope,
+        shape: PatchShape,
+        embed_dim: usize,
+        heads: usize,
+        rope_parameters: Option<&Value>,
+        blocks: Vec<VisionBlock>,
+        windows: Option<Windows>,
+        merger_norm: Norm,
+        text_hidden: usize,
+        image_token_id: u32,
+    ) -> Result<VisionTower> {
+        let e = embed_dim;
+        let patch_dim = shape.in_channels * shape.temporal * shape.side * shape.side;
+        check_dims(raw, &[("vision patch size", patch_dim), ("vision heads", heads)])?;
+        if !e.is_multiple_of(heads) || !(e / heads).is_multiple_of(4) {
+            return Err(raw.error(format!(
+                "vision_config: width {e} over {heads} heads must give a head size that is a multiple of 4"
+            )));
+        }
+        let head_dim = e / heads;
+        let theta = rope_parameters.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64).unwrap_or(10000.0) as f32;
+        let spatial = head_dim / 2;
+        let rope_inv_freq = (0..spatial).step_by(2).map(|i| 1.0f32 / theta.powf(i as f32 / spatial as f32)).collect();
+        let patch_weight = v
+            .weights()
+            .get(&v.name("patch_embed.proj.weight"), &[e, shape.in_channels, shape.temporal, shape.side, shape.side])?
+            .reshape(&[e, patch_dim])?;
+        let merged = e * shape.merge * shape.merge;
+        Ok(VisionTower {
+            patch_embed: Linear::new(patch_weight, None),
+            blocks,
+            attention: attention_params(heads, heads, head_dim, (head_dim as f64).powf(-0.5), None, None),
+            rope_inv_freq,
+            windows,
+            merger_norm,
+            merger_fc1: v.linear("merger.mlp.0", merged, merged, true)?,
+            merger_fc2: v.linear("merger.mlp.2", merged, text_hidden, true)?,
+            patch_dim,
+            embed_dim: e,
+            merge: shape.merge,
+            image_token_id,
+        })
+    }
+
     fn weight_bytes(&self) -> usize {
-        let linears = self.blocks.iter().flat_map(|b| [&b.qkv, &b.proj, &b.fc1, &b.fc2]);
-        linears
+        let linears = self.blocks.iter().flat_map(|b| [&b.qkv, &b.proj]);
+        let linears: usize = linears
             .chain([&self.patch_embed, &self.merger_fc1, &self.merger_fc2])
             .map(|l| l.weight.size_in_bytes() + l.bias.as_ref().map_or(0, Tensor::size_in_bytes))
-            .sum()
+            .sum();
+        linears + self.blocks.iter().map(|b| b.mlp.weight_bytes()).sum::<usize>()
     }
 
     /// Each patch's (row, column) on the grid, in the processor's order: 2x2 merge windows one
@@ -339,53 +407,102 @@ impl VisionTower {
         }
         (cos, sin)
     }
-}
 
-impl VisionEncoder for Qwen2Vl {
-    fn encode_image(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Tensor> {
-        let v = &self.vision;
+    fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3], device: Device, dtype: DType) -> Result<Tensor> {
         let [t, h, w] = grid_thw;
         let patches = t * h * w;
-        if patches == 0 || !h.is_multiple_of(v.merge) || !w.is_multiple_of(v.merge) {
+        if patches == 0 || !h.is_multiple_of(self.merge) || !w.is_multiple_of(self.merge) {
             return Err(invalid(format!(
                 "image grid {grid_thw:?} does not divide into {0}x{0} merge windows",
-                v.merge
+                self.merge
             )));
         }
-        if pixel_values.len() != patches * v.patch_dim {
+        if pixel_values.len() != patches * self.patch_dim {
             return Err(invalid(format!(
                 "{} pixel values for a {grid_thw:?} grid of {}-value patches",
                 pixel_values.len(),
-                v.patch_dim
+                self.patch_dim
             )));
         }
-        let device = self.decoder.embed.table.device();
-        let dtype = self.decoder.embed.table.dtype();
-        let pixels = Tensor::from_f32_as(pixel_values.to_vec(), &[patches, v.patch_dim], dtype)?.to_device(device)?;
-        let mut x = v.patch_embed.forward(&pixels)?;
-        let (cos, sin) = v.rope_tables(&v.patch_positions(grid_thw));
-        let half = v.attention.head_dim / 2;
+        let unit = self.merge * self.merge;
+        // Windowed towers run on the patches regrouped window by window (each window's merged
+        // tokens together), and put the merged tokens back in grid order at the end.
+        let windows = self.windows.as_ref().map(|win| window_order(grid_thw, self.merge, win.side));
+        let patch_order: Option<Vec<usize>> =
+            windows.as_ref().map(|(units, _)| units.iter().flat_map(|&u| u * unit..(u + 1) * unit).collect());
+        let pixels =
+            Tensor::from_f32_as(pixel_values.to_vec(), &[patches, self.patch_dim], dtype)?.to_device(device)?;
+        let mut x = self.patch_embed.forward(&pixels)?;
+        let mut positions = self.patch_positions(grid_thw);
+        if let Some(order) = &patch_order {
+            x = ops::gather_rows(&x, order)?;
+            positions = order.iter().map(|&p| positions[p]).collect();
+        }
+        let (cos, sin) = self.rope_tables(&positions);
+        let half = self.attention.head_dim / 2;
         let cos = Tensor::from_f32(cos, &[patches, half])?.to_device(device)?;
         let sin = Tensor::from_f32(sin, &[patches, half])?.to_device(device)?;
-        // Each frame attends within itself.
+        // Each frame attends within itself (a windowed block, within each window of it).
         let frames = vec![h * w; t];
-        let e = v.embed_dim;
-        for b in &v.blocks {
+        let e = self.embed_dim;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let segments = match (&self.windows, &windows) {
+                (Some(win), Some((_, lengths))) if !win.full_attention_blocks.contains(&i) => lengths,
+                _ => &frames,
+            };
             let normed = b.norm1.forward(&x)?;
             let qkv = b.qkv.forward(&normed)?;
             let q = ops::narrow_cols(&qkv, 0, e)?;
             let k = ops::narrow_cols(&qkv, e, e)?;
             let value = ops::narrow_cols(&qkv, 2 * e, e)?;
-            let q = ops::rope(&q, &cos, &sin, v.attention.head_dim, ferrite_tensor::RopeStyle::Neox)?;
-            let k = ops::rope(&k, &cos, &sin, v.attention.head_dim, ferrite_tensor::RopeStyle::Neox)?;
-            let attn = ops::attention_dense(&q, &k, &value, &v.attention, &frames, false)?;
+            let q = ops::rope(&q, &cos, &sin, self.attention.head_dim, RopeStyle::Neox)?;
+            let k = ops::rope(&k, &cos, &sin, self.attention.head_dim, RopeStyle::Neox)?;
+            let attn = ops::attention_dense(&q, &k, &value, &self.attention, segments, false)?;
             x = ops::add(&x, &b.proj.forward(&attn)?)?;
-            let mlp = b.fc2.forward(&ops::activation(&b.fc1.forward(&b.norm2.forward(&x)?)?, v.act)?)?;
-            x = ops::add(&x, &mlp)?;
+            x = ops::add(&x, &b.mlp.forward(&b.norm2.forward(&x)?)?)?;
         }
-        let merged = v.merger_norm.forward(&x)?.reshape(&[patches / (v.merge * v.merge), v.merge * v.merge * e])?;
-        let hidden = ops::activation(&v.merger_fc1.forward(&merged)?, Activation::Gelu)?;
-        v.merger_fc2.forward(&hidden)
+        let merged = self.merger_norm.forward(&x)?.reshape(&[patches / unit, unit * e])?;
+        let hidden = ops::activation(&self.merger_fc1.forward(&merged)?, Activation::Gelu)?;
+        let out = self.merger_fc2.forward(&hidden)?;
+        match windows {
+            Some((units, _)) => {
+                let mut grid_order = vec![0; units.len()];
+                for (position, &u) in units.iter().enumerate() {
+                    grid_order[u] = position;
+                }
+                Ok(ops::gather_rows(&out, &grid_order)?)
+            }
+            None => Ok(out),
+        }
+    }
+}
+
+/// transformers' `get_vision_window_index` for one image: its merged tokens window by window
+/// (windows of `side` x `side` merged tokens, row-major over the grid and within each window,
+/// frame by frame; the last row and column of windows may be partial), and each window's
+/// length in patches.
+fn window_order([t, h, w]: [usize; 3], merge: usize, side: usize) -> (Vec<usize>, Vec<usize>) {
+    let (rows, cols) = (h / merge, w / merge);
+    let mut units = Vec::with_capacity(t * rows * cols);
+    let mut lengths = Vec::new();
+    for frame in 0..t {
+        for r0 in (0..rows).step_by(side) {
+            for c0 in (0..cols).step_by(side) {
+                let before = units.len();
+                for r in r0..(r0 + side).min(rows) {
+                    units.extend((c0..(c0 + side).min(cols)).map(|c| (frame * rows + r) * cols + c));
+                }
+                lengths.push((units.len() - before) * merge * merge);
+            }
+        }
+    }
+    (units, lengths)
+}
+
+impl VisionEncoder for QwenVl {
+    fn encode_image(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Tensor> {
+        let table = &self.decoder.embed.table;
+        self.vision.encode(pixel_values, grid_thw, table.device(), table.dtype())
     }
 
     fn mrope_positions(&self, prompt: &[u32], grids: &[[usize; 3]]) -> Result<Option<(Vec<[usize; 3]>, i64)>> {
@@ -443,7 +560,7 @@ pub fn mrope_positions(
     Ok((out, max - prompt.len() as i64))
 }
 
-impl CausalLM for Qwen2Vl {
+impl CausalLM for QwenVl {
     fn info(&self) -> &ModelInfo {
         &self.info
     }
@@ -476,6 +593,19 @@ mod tests {
         // Text resumes past the grid's larger side (3 merged columns).
         assert_eq!(&pos[8..], &[[5; 3], [6; 3]]);
         assert_eq!(delta, 7 - 10);
+    }
+
+    #[test]
+    fn windows_group_merged_tokens_as_transformers_does() {
+        // A 6x4 patch grid is 3x2 merged tokens; windows of 2x2 merged tokens: two full-width
+        // windows of 2 rows, then a partial one of the last row.
+        let (units, lengths) = window_order([1, 6, 4], 2, 2);
+        assert_eq!(units, [0, 1, 2, 3, 4, 5]);
+        assert_eq!(lengths, [16, 8]);
+        // A 2x3 merged grid: the right column's windows are partial; frames follow one another.
+        let (units, lengths) = window_order([2, 4, 6], 2, 2);
+        assert_eq!(units, [0, 1, 3, 4, 2, 5, 6, 7, 9, 10, 8, 11]);
+        assert_eq!(lengths, [16, 8, 16, 8]);
     }
 
     #[test]
