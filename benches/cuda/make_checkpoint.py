@@ -14,6 +14,13 @@ when its stream chunk carries text, and with the bare fixture the ids a random m
     python3 benches/cuda/make_checkpoint.py --shape qwen3-30b-a3b --layers 8 --out /tmp/qwen3-30b-a3b-l8
     python3 benches/cuda/make_checkpoint.py --shape qwen3.5-9b --out /tmp/qwen3.5-9b
     python3 benches/cuda/make_checkpoint.py --shape llama-3.1-8b --w4a16 128 --out /tmp/llama-3.1-8b-w4a16
+    python3 benches/cuda/make_checkpoint.py --shape qwen2.5-vl-7b --out /tmp/qwen2.5-vl-7b
+
+A vision-language shape (qwen2.5-vl-7b: Qwen/Qwen2.5-VL-7B-Instruct's config) is saved as
+transformers 5 saves Qwen2_5_VLForConditionalGeneration, with what serving images needs besides:
+the vision special tokens at the real checkpoint's ids (<|vision_start|> 151652 ... <|video_pad|>
+151656), Qwen2-VL's chat template, and the image processor with the real checkpoint's pixel
+budget (min_pixels 3136, max_pixels 12845056: a 1024x1024 image stays 1036x1036, 1369 tokens).
 
 --w4a16 GROUP writes the decoder layers' linear weights as compressed-tensors `pack-quantized`
 W4A16 (symmetric 4-bit, one bf16 scale per GROUP inputs, the layout llm-compressor saves): random
@@ -33,7 +40,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "fixtures" / "models" / "llama"
@@ -72,6 +79,39 @@ SHAPES: dict[str, tuple[str, dict]] = {
     )),
 }
 
+# Qwen/Qwen2.5-VL-7B-Instruct config.json: the text model and the vision tower.
+VL_SHAPES: dict[str, tuple[str, dict, dict]] = {
+    "qwen2.5-vl-7b": ("qwen2_5_vl", dict(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, hidden_act="silu", max_position_embeddings=128000,
+        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+                                            "mrope_section": [16, 24, 24]},
+        use_sliding_window=False, tie_word_embeddings=False,
+    ), dict(
+        depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584, patch_size=14,
+        spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31],
+        tokens_per_second=2, hidden_act="silu",
+    )),
+}
+VISION_TOKENS = {151652: "<|vision_start|>", 151653: "<|vision_end|>", 151654: "<|vision_pad|>",
+                 151655: "<|image_pad|>", 151656: "<|video_pad|>"}
+# Qwen2-VL-Instruct's chat template (the one tools/oracle/generate_vl_fixtures.py writes).
+VL_CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: "
+    "{% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+VL_MIN_PIXELS, VL_MAX_PIXELS = 3136, 12845056
+
 # --tiny keeps the architecture, depth and vocabulary but shrinks every width, so the scripts
 # can be smoke-tested on a CPU in seconds.
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -84,7 +124,7 @@ INIT_STD = 0.02
 
 
 def build_config(shape: str, layers: int | None, tiny: bool):
-    model_type, values = SHAPES[shape]
+    model_type, values, *vision = SHAPES.get(shape) or VL_SHAPES[shape]
     values = dict(values, initializer_range=INIT_STD, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
     if tiny:
         values.update({k: v for k, v in TINY.items() if k in values})
@@ -92,7 +132,25 @@ def build_config(shape: str, layers: int | None, tiny: bool):
         if not 0 < layers <= values["num_hidden_layers"]:
             sys.exit(f"--layers must be in 1..{values['num_hidden_layers']}")
         values["num_hidden_layers"] = layers
-    return AutoConfig.for_model(model_type, **values)
+    if not vision:
+        return AutoConfig.for_model(model_type, **values)
+    (vision,) = vision
+    vision = dict(vision, initializer_range=INIT_STD)
+    if tiny:
+        vision.update(hidden_size=32, intermediate_size=64, num_heads=4, out_hidden_size=values["hidden_size"])
+        # MRoPE's sections split the text heads' 8 frequencies.
+        values["rope_parameters"] = dict(values["rope_parameters"], mrope_section=[2, 3, 3])
+    ids = {name: i for i, name in VISION_TOKENS.items()}
+    return AutoConfig.for_model(
+        model_type, text_config=values, vision_config=vision, initializer_range=INIT_STD,
+        tie_word_embeddings=values["tie_word_embeddings"], image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"])
+
+
+def text_of(config):
+    """The text model's config (the config itself for a text-only shape)."""
+    return getattr(config, "text_config", None) or config
 
 
 def safetensors_size(out: Path) -> tuple[int, int]:
@@ -114,28 +172,50 @@ def safetensors_size(out: Path) -> tuple[int, int]:
 
 
 def is_complete(out: Path, config, w4a16: int | None) -> bool:
-    # tokenizer.json is written last, so its presence means the weights were all saved.
-    if not (out / "tokenizer.json").exists() or not (out / "config.json").exists():
+    # tokenizer.json is written after the weights (and a VL checkpoint's processor_config.json
+    # after it), so its presence means the weights were all saved.
+    last = "processor_config.json" if hasattr(config, "vision_config") else "tokenizer.json"
+    if not (out / last).exists() or not (out / "config.json").exists():
         return False
     saved = json.loads((out / "config.json").read_text())
-    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
+    keys = ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
     group = (saved.get("quantization_config") or {}).get("config_groups", {}).get("group_0", {})
     same_quantization = group.get("weights", {}).get("group_size") == w4a16
-    return same_quantization and all(saved.get(k) == getattr(config, k, None) for k in keys)
+    saved_text, text = saved.get("text_config", saved), text_of(config)
+    return (same_quantization and saved.get("model_type") == config.model_type
+            and all(saved_text.get(k) == getattr(text, k, None) for k in keys))
 
 
-def write_tokenizer(out: Path, vocab_size: int) -> None:
+def write_tokenizer(out: Path, vocab_size: int, special: dict[int, str] | None = None) -> None:
+    """The fixture tokenizer extended to `vocab_size`; `special` puts added special tokens at
+    those ids instead."""
+    special = special or {}
     tokenizer = json.loads((FIXTURE / "tokenizer.json").read_text())
     vocab = tokenizer["model"]["vocab"]
     assert len(vocab) == FIXTURE_VOCAB and max(vocab.values()) == FIXTURE_VOCAB - 1
     # "\u0120" is byte-level BPE's space, so these decode to " <1000>", " <1001>", ...
-    extra = {f"\u0120<{i}>": i for i in range(FIXTURE_VOCAB, vocab_size)}
+    extra = {special.get(i, f"\u0120<{i}>"): i for i in range(FIXTURE_VOCAB, vocab_size)}
     assert not extra.keys() & vocab.keys()
     vocab.update(extra)
+    for i, content in sorted(special.items()):
+        tokenizer["added_tokens"].append({"id": i, "content": content, "single_word": False, "lstrip": False,
+                                          "rstrip": False, "normalized": False, "special": True})
     shutil.copy(FIXTURE / "tokenizer_config.json", out / "tokenizer_config.json")
     tmp = out / "tokenizer.json.tmp"
     tmp.write_text(json.dumps(tokenizer, ensure_ascii=False))
     tmp.rename(out / "tokenizer.json")
+
+
+def write_processor(out: Path) -> None:
+    """Qwen2.5-VL's processor files (image processor, chat template) beside the tokenizer."""
+    from transformers import PreTrainedTokenizerFast, Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"), bos_token="<|endoftext|>",
+                                  eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    image_processor = Qwen2VLImageProcessor(size={"shortest_edge": VL_MIN_PIXELS, "longest_edge": VL_MAX_PIXELS})
+    processor = Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tok,
+                                    video_processor=Qwen2VLVideoProcessor(), chat_template=VL_CHAT_TEMPLATE)
+    processor.save_pretrained(str(out))
 
 
 def w4a16_tensors(model, group: int) -> tuple[dict, dict]:
@@ -191,7 +271,7 @@ def save_sharded(tensors: dict, out: Path, shard_bytes: int = 5 << 30) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    ap.add_argument("--shape", choices=sorted(SHAPES) + sorted(VL_SHAPES), required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--layers", type=int, help="cut the depth to this many layers (default: the full depth)")
     ap.add_argument("--seed", type=int, default=0)
@@ -200,15 +280,19 @@ def main() -> None:
     args = ap.parse_args()
 
     config = build_config(args.shape, args.layers, args.tiny)
-    full_depth = SHAPES[args.shape][1]["num_hidden_layers"]
+    full_depth = (SHAPES.get(args.shape) or VL_SHAPES[args.shape])[1]["num_hidden_layers"]
+    vl = args.shape in VL_SHAPES
+    if vl and args.w4a16:
+        sys.exit("--w4a16 is for text shapes")
     if is_complete(args.out, config, args.w4a16):
         print(f"{args.out} already holds this checkpoint", file=sys.stderr)
     else:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         start = time.perf_counter()
         torch.manual_seed(args.seed)
+        auto = AutoModelForImageTextToText if vl else AutoModelForCausalLM
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+            model = auto.from_config(config, dtype=torch.bfloat16).eval()
         model.generation_config = GenerationConfig(bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
         init_s = time.perf_counter() - start
         if (args.out / "config.json").exists():
@@ -227,14 +311,18 @@ def main() -> None:
         else:
             model.save_pretrained(args.out, max_shard_size="5GB")
         del model
-        write_tokenizer(args.out, config.vocab_size)
+        if vl:
+            write_tokenizer(args.out, text_of(config).vocab_size, VISION_TOKENS)
+            write_processor(args.out)
+        else:
+            write_tokenizer(args.out, config.vocab_size)
         print(f"wrote {args.out} (init on {device} {init_s:.1f} s, total {time.perf_counter() - start:.1f} s)",
               file=sys.stderr)
     params, nbytes = safetensors_size(args.out)
     print(json.dumps({
         "shape": args.shape, "dir": str(args.out), "model_type": config.model_type,
-        "layers": config.num_hidden_layers, "full_depth_layers": full_depth,
-        "truncated": config.num_hidden_layers < full_depth, "tiny": args.tiny,
+        "layers": text_of(config).num_hidden_layers, "full_depth_layers": full_depth,
+        "truncated": text_of(config).num_hidden_layers < full_depth, "tiny": args.tiny,
         "parameters": params, "weight_bytes": nbytes, "dtype": "bfloat16", "init_std": INIT_STD, "seed": args.seed,
         "w4a16_group": args.w4a16,
     }))

@@ -164,6 +164,20 @@ fn gate_catches_vision_language_breaks() {
     ]);
 }
 
+/// `--dtype bf16` on the CPU: bf16 weights, f32 activations, the pixels rounded to bf16 as
+/// transformers casts them. Against the f32 oracle every case holds by the near-tie rule (bf16
+/// rounding may tip a close pick, nothing more).
+#[test]
+fn vision_language_runs_in_bf16_on_cpu() {
+    for fixture in ["qwen2-vl", "qwen2.5-vl"] {
+        let (_, reports) = run_fixture(&fixtures_dir().join("models").join(fixture), DType::BF16)
+            .unwrap_or_else(|e| panic!("{fixture} in bf16: {e}"));
+        println!("{fixture} bf16 on the CPU: {}", summarize(&reports));
+        let agreeing = reports.iter().filter(|r| r.strict || r.near_tie()).count();
+        assert_eq!(agreeing, reports.len(), "{fixture} in bf16: {}", summarize(&reports));
+    }
+}
+
 /// The Hub's Qwen2-VL and Qwen2.5-VL checkpoints were saved by transformers 4: text keys at the
 /// config's top level with MRoPE spelled as `rope_scaling: {type: mrope}`, `in_chans` in the
 /// vision config, and tensors under `model.*` and `visual.*`. The fixtures rewritten that way

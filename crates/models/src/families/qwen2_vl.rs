@@ -430,8 +430,12 @@ impl VisionTower {
         let windows = self.windows.as_ref().map(|win| window_order(grid_thw, self.merge, win.side));
         let patch_order: Option<Vec<usize>> =
             windows.as_ref().map(|(units, _)| units.iter().flat_map(|&u| u * unit..(u + 1) * unit).collect());
-        let pixels =
-            Tensor::from_f32_as(pixel_values.to_vec(), &[patches, self.patch_dim], dtype)?.to_device(device)?;
+        // Rounded to the model's dtype, as transformers casts them; the CPU backend computes in f32.
+        let pixels = Tensor::from_f32_as(pixel_values.to_vec(), &[patches, self.patch_dim], dtype)?;
+        let pixels = match device {
+            Device::Cpu => pixels.to_dtype(DType::F32),
+            _ => pixels.to_device(device)?,
+        };
         let mut x = self.patch_embed.forward(&pixels)?;
         let mut positions = self.patch_positions(grid_thw);
         if let Some(order) = &patch_order {
