@@ -594,7 +594,7 @@ or 'image' in content or 'image_url' in content %}{% set image_count.value = ima
         }
         assert!(templates.len() >= 10, "only {} fixture templates found", templates.len());
         for (path, template) in &templates {
-            let want = if path.contains("qwen2-vl") { ContentFormat::Openai } else { ContentFormat::String };
+            let want = if path.contains("-vl/") { ContentFormat::Openai } else { ContentFormat::String };
             assert_eq!(detect(template), want, "{path}");
         }
     }

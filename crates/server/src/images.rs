@@ -164,7 +164,7 @@ mod tests {
         assert!(p.media.is_empty());
         assert_eq!(p.images.iter().map(|i| i.grid_thw).collect::<Vec<_>>(), [[1, 4, 4], [1, 6, 8]]);
         // The fixture's processed pixels came from transformers' processor on the same file.
-        let oracle = std::fs::read(fixture().join("pixels/one-image-0.bin")).unwrap();
+        let oracle = std::fs::read(fixture().join("pixels/square.bin")).unwrap();
         let oracle: Vec<u32> = oracle.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
         let ours: Vec<u32> = p.images[0].pixel_values.iter().map(|v| v.to_bits()).collect();
         assert!(ours == oracle, "pixel values differ from transformers'");
