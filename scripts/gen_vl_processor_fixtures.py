@@ -1,6 +1,6 @@
 """Fixtures for crates/multimodal: synthetic image files, the RGB pixels Pillow decodes from them
-(as transformers' `convert_to_rgb` hands them on) and what transformers' Qwen2-VL image processor
-makes of those pixels, for the bit-exact tests in crates/multimodal/tests/.
+(as transformers' `convert_to_rgb` hands them on) and what transformers' Qwen2-VL and CLIP image
+processors make of those pixels, for the bit-exact tests in crates/multimodal/tests/.
 
 Pinned: torch 2.15.0, transformers 5.24.0, numpy 2.4.6 (tools/oracle/requirements.txt), plus
 Pillow 13.0.0 and torchvision 0.29.2, the newest torchvision (it asks for torch >= 2.14; no release
@@ -18,12 +18,16 @@ What it writes (crates/multimodal/tests/fixtures/):
   that `transformers.image_transforms.convert_to_rgb` returns for Pillow's decode of the file;
 - processor/<case>.bin: `pixel_values` of `Qwen2VLImageProcessor` (the torchvision backend, the one
   vLLM runs) as f32 little-endian [patches, patch_dim], for the .rgb pixels of a case's image;
+- clip/<case>.bin: `pixel_values` of `CLIPImageProcessor` (torchvision backend) as f32
+  little-endian [3, height, width], for the .rgb pixels of a case's image; a case whose output is
+  too big to keep (LLaVA-1.5's 336 x 336) has only the FNV-1a 64 digest of those bytes, which every
+  case records;
 - resize/{source,strip}.rgb and resize/{source,strip}-<w>x<h>.rgb: two noisy images and
   torchvision's uint8 bicubic antialiased resize of them to many sizes (up, down, one axis only,
   squeezes by 100 to 800 times);
 - manifest.json: everything the tests need to read those files (sizes, configs, grids) and, per
-  processor case and resize size, how far the PIL backend (`Qwen2VLImageProcessorPil`, Pillow's
-  ImagingResample) lands from the torchvision one.
+  processor case and resize size, how far the PIL backend (`Qwen2VLImageProcessorPil`,
+  `CLIPImageProcessorPil`, Pillow's ImagingResample) lands from the torchvision one.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ import transformers
 from PIL import Image
 from torchvision.transforms.v2 import functional as tvF
 from transformers.image_transforms import convert_to_rgb
+from transformers.models.clip.image_processing_clip import CLIPImageProcessor
+from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
@@ -113,6 +119,7 @@ def make_images() -> dict[str, bytes]:
     files["gray16.png"] = png_by_hand(gray16, color_type=0)
     rgba16 = np.concatenate([wide16, (np.arange(16 * 12, dtype=np.uint16).reshape(12, 16, 1) * 341)], -1)
     files["rgba16.png"] = png_by_hand(rgba16, color_type=6)
+    save("portrait.png", Image.fromarray(smooth_noisy(29, 43, 12)), format="PNG")
     return files
 
 
@@ -146,6 +153,42 @@ CASES = [
     ("exact-no-rescale-no-normalize", "exact.bmp", {**SMALL, "do_rescale": False, "do_normalize": False}),
 ]
 
+# llava-hf/llava-1.5-7b-hf's preprocessor_config.json.
+LLAVA_1_5 = {"crop_size": {"height": 336, "width": 336}, "do_center_crop": True, "do_convert_rgb": True,
+             "do_normalize": True, "do_rescale": True, "do_resize": True,
+             "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "CLIPImageProcessor",
+             "image_std": [0.26862954, 0.26130258, 0.27577711], "processor_class": "LlavaProcessor", "resample": 3,
+             "rescale_factor": 0.00392156862745098, "size": {"shortest_edge": 336}}
+SMALL_CLIP = {"size": {"shortest_edge": 16}, "crop_size": 16}
+
+# (case, image file, preprocessor config). Sizes are width x height; the backend's crop starts at
+# int((size - crop) / 2), where torchvision's own center_crop would round (both noted where they differ).
+CLIP_CASES = [
+    ("llava-1.5-photo", "photo.jpg", LLAVA_1_5),              # 160x96 -> 560x336, crop at x 112
+    ("photo-56", "photo.jpg", {"size": {"shortest_edge": 56}, "crop_size": {"height": 56, "width": 56}}),
+                                                              # 160x96 -> 93x56, crop at x 18
+    ("palette-odd-offsets", "palette.png", {"size": {"shortest_edge": 40}, "crop_size": {"height": 33, "width": 47}}),
+                                                              # 100x80 -> 50x40, crop at (1, 3), rounded (2, 4)
+    ("portrait", "portrait.png", {"size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32}}),
+                                                              # 29x43 -> 32x47, crop at y 7, rounded 8
+    ("gray-alpha-pad-rows", "gray_alpha.png", {"size": {"shortest_edge": 24}, "crop_size": {"height": 31, "width": 32}}),
+                                                              # 45x30 -> 36x24: 3 zero rows above, 4 below
+    ("tiny-no-resize-pad", "tiny.webp", {"do_resize": False, "crop_size": {"height": 17, "width": 27}}),
+                                                              # 20x12 padded: 3 | 4 columns, 2 | 3 rows
+    ("tiny-upscale", "tiny.webp", {"size": {"shortest_edge": 49}, "crop_size": {"height": 49, "width": 49}}),
+                                                              # 20x12 -> 81x49 (81.67 truncated), crop at x 16
+    ("gif-legacy-int-sizes", "indexed.gif", {"size": 40, "crop_size": 40}),
+                                                              # openai/clip-vit-large-patch14-336's layout
+    ("exact-fixed-size-no-crop", "exact.bmp", {"size": {"height": 30, "width": 44}, "do_center_crop": False}),
+    ("alpha-rescale-only", "alpha.png", {**SMALL_CLIP, "do_normalize": False}),  # 100x30 -> 53x16
+    ("alpha-normalize-only", "alpha.png", {**SMALL_CLIP, "do_rescale": False}),
+    ("alpha-mean-std-half", "alpha.png", {**SMALL_CLIP, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}),
+    # 1 / 0.003 is no f32, so the backend's fused f32(mean) * f32(1 / 0.003) differs from mean / 0.003.
+    ("alpha-rescale-factor", "alpha.png", {**SMALL_CLIP, "rescale_factor": 0.003}),
+]
+# Outputs above this many bytes are kept as a digest only.
+CLIP_MAX_FILE_BYTES = 64 * 1024
+
 RESIZE_SOURCE = (61, 47)
 RESIZE_TARGETS = [
     (1, 3), (2, 3), (5, 4), (30, 23), (31, 47), (61, 20), (100, 47), (61, 47), (60, 46), (62, 48),
@@ -173,6 +216,13 @@ def pil_resize(rgb: np.ndarray, width: int, height: int) -> np.ndarray:
     return np.array(Image.fromarray(rgb).resize((width, height), Image.Resampling.BICUBIC))
 
 
+def fnv1a64(data: bytes) -> str:
+    digest = 0xCBF29CE484222325
+    for byte in data:
+        digest = ((digest ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{digest:016x}"
+
+
 def diff_stats(a: np.ndarray, b: np.ndarray) -> dict:
     diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
     return {"max_abs_diff": float(diff.max()), "num_different": int((diff != 0).sum()), "num_values": int(diff.size)}
@@ -183,7 +233,7 @@ def main() -> None:
     torch.set_num_threads(1)
     if OUT.exists():
         shutil.rmtree(OUT)
-    for sub in ("images", "processor", "resize"):
+    for sub in ("images", "processor", "resize", "clip"):
         (OUT / sub).mkdir(parents=True)
 
     images = []
@@ -216,6 +266,22 @@ def main() -> None:
                                                       pil_resize(decoded[image_name], width, height))},
         })
 
+    clip_cases = []
+    for case, image_name, config in CLIP_CASES:
+        pil_image = Image.fromarray(decoded[image_name])
+        pixel_values = CLIPImageProcessor(**config)(pil_image, return_tensors="np")["pixel_values"][0].astype("<f4")
+        pil = CLIPImageProcessorPil(**config)(pil_image, return_tensors="np")["pixel_values"][0]
+        data = pixel_values.tobytes()
+        file = None
+        if len(data) <= CLIP_MAX_FILE_BYTES:
+            file = f"clip/{case}.bin"
+            (OUT / file).write_bytes(data)
+        clip_cases.append({
+            "name": case, "image": f"images/{image_name}", "config": config, "shape": list(pixel_values.shape),
+            "pixel_values": file, "pixel_values_fnv1a64": fnv1a64(data),
+            "pil_backend": {"pixel_values": diff_stats(pixel_values, pil)},
+        })
+
     resizes = []
     for label, (source_w, source_h), targets, seed in [("source", RESIZE_SOURCE, RESIZE_TARGETS, 20),
                                                        ("strip", STRIP_SOURCE, STRIP_TARGETS, 21)]:
@@ -233,13 +299,15 @@ def main() -> None:
         "generator": "scripts/gen_vl_processor_fixtures.py",
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                      "torchvision": torchvision.__version__, "pillow": PIL.__version__, "numpy": np.__version__},
-        "images": images, "cases": cases, "resizes": resizes,
+        "images": images, "cases": cases, "resizes": resizes, "clip_cases": clip_cases,
     }
     (OUT / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     total = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
     print(f"wrote {OUT} ({total / 1024:.0f} KiB)")
     for case in cases:
         print(f"  {case['name']:32} grid {case['image_grid_thw']}  PIL backend: {case['pil_backend']}")
+    for case in clip_cases:
+        print(f"  clip {case['name']:27} shape {case['shape']}  PIL backend: {case['pil_backend']}")
     worst = max(resizes, key=lambda r: r["pil_backend"]["max_abs_diff"])
     print(f"  resize sweep: PIL vs torchvision worst {worst['width']}x{worst['height']}: {worst['pil_backend']}")
 

@@ -8,6 +8,7 @@ import http.server
 import json
 import threading
 
+import openai
 import pytest
 
 from conftest import NAME, REPO, Server
@@ -155,3 +156,36 @@ def test_qwen2_5_vl_image_chats_match_transformers(vl25, case):
     r = complete(vl25, parts(case, uri))
     assert r.prompt_token_ids == case["prompt_ids"]
     assert r.choices[0].token_ids == case["output_ids"], case["name"]
+
+
+LLAVA = REPO / "fixtures" / "models" / "llava"
+ORACLE_LLAVA = json.loads((LLAVA / "oracle.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("llava"), model_args=["--model", str(LLAVA)], max_model_len=512)
+    yield s
+    assert s.stop() == 0, s.logs()
+
+
+@pytest.mark.parametrize("case", [c for c in ORACLE_LLAVA["cases"] if c["images"]], ids=lambda c: c["name"])
+def test_llava_image_chats_match_transformers(llava, case):
+    """LLaVA: CLIP's processor (resize, centre crop) and tower, `<image>` expanded to 16 tokens."""
+    def uri(image):
+        return "data:image/png;base64," + base64.b64encode((LLAVA / "images" / f"{image}.png").read_bytes()).decode()
+
+    r = complete(llava, parts(case, uri))
+    assert r.prompt_token_ids == case["prompt_ids"]
+    assert r.choices[0].token_ids == case["output_ids"], case["name"]
+
+
+def test_llava_refuses_processor_kwargs(llava):
+    client = llava.client()
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=NAME, max_tokens=2,
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_uri("square")}},
+                                                   {"type": "text", "text": "hi"}]}],
+            extra_body={"mm_processor_kwargs": {"max_pixels": 3136}})
+    assert "mm_processor_kwargs" in str(e.value)

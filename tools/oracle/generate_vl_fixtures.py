@@ -9,6 +9,10 @@ Families and what their fixture exercises:
 - qwen2.5-vl (fixtures/models/qwen2.5-vl): RMSNorm + SwiGLU tower with window attention (windows of
   2x2 merged tokens, so that every image but the smallest spans several, some partial) and one
   full-attention block; tied word embeddings, as the 3B checkpoint has them.
+- llava (fixtures/models/llava): a CLIP tower (class token, learned positions, pre-LayerNorm,
+  quick-GELU) read at its second-to-last layer, the class row dropped, a GELU projector, a Llama
+  text model; CLIP's processor (shortest edge 56, centre crop 56x56: 16 image tokens); llava-1.5's
+  chat template (images first, `USER:` / `ASSISTANT:`).
 
 Pinned as the other oracle scripts (tools/oracle/requirements.txt: torch 2.15.0, transformers 5.24.0)
 plus Pillow 13.0.0 and torchvision 0.29.2, which transformers' image processors need. Deterministic:
@@ -42,6 +46,10 @@ from oracle_common import ROOT, greedy_generate_inputs, versions, write_json  # 
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from transformers import (  # noqa: E402
+    CLIPImageProcessor,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaProcessor,
     PreTrainedTokenizerFast,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
@@ -118,11 +126,22 @@ CASES = [
 ]
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def build_tokenizer(special: list[str]) -> PreTrainedTokenizerFast:
     tok = PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER_DIR / "tokenizer.json"),
                                   bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    tok.add_special_tokens({"additional_special_tokens": special})
     return tok
+
+
+# llava-hf/llava-1.5-7b-hf's chat template, without its `{% generation %}` markers (a
+# transformers-only tag for training masks; they render nothing).
+LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}"
+    "{% endif %}{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "{{ '<image>\n' }}{% endfor %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ content['text'] + ' '}}{% endfor %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+LLAVA_IMAGE = 56
 
 
 TEXT_CONFIG = dict(
@@ -133,29 +152,77 @@ TEXT_CONFIG = dict(
 
 FAMILIES = {
     "qwen2-vl": dict(
-        config=Qwen2VLConfig, model=Qwen2VLForConditionalGeneration, processor=Qwen2VLProcessor,
+        tokens=VISION_TOKENS, config=Qwen2VLConfig, model=Qwen2VLForConditionalGeneration, processor=Qwen2VLProcessor,
         vision=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=4, mlp_ratio=2, patch_size=14,
                     temporal_patch_size=2, spatial_merge_size=2, initializer_range=0.3),
         extra={},
     ),
     "qwen2.5-vl": dict(
-        config=Qwen2_5_VLConfig, model=Qwen2_5_VLForConditionalGeneration, processor=Qwen2_5_VLProcessor,
+        tokens=VISION_TOKENS, config=Qwen2_5_VLConfig, model=Qwen2_5_VLForConditionalGeneration, processor=Qwen2_5_VLProcessor,
         vision=dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=64, patch_size=14,
                     temporal_patch_size=2, spatial_merge_size=2, window_size=56, fullatt_block_indexes=[1],
                     hidden_act="silu", initializer_range=0.3),
         extra={"tie_word_embeddings": True},
     ),
+    "llava": dict(
+        tokens=["<image>"], config=LlavaConfig, model=LlavaForConditionalGeneration, processor=LlavaProcessor,
+        vision=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                    num_attention_heads=4, image_size=LLAVA_IMAGE, patch_size=14, hidden_act="quick_gelu",
+                    initializer_range=0.3),
+        extra={},
+    ),
 }
 
 
-def build_model(family: dict, vocab: int, ids: dict[str, int]):
-    cfg = family["config"](
+def family_config(family: dict, vocab: int, ids: dict[str, int]):
+    if family["config"] is LlavaConfig:
+        text = dict(TEXT_CONFIG, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        return LlavaConfig(text_config=dict(model_type="llama", vocab_size=vocab, **text),
+                           vision_config=family["vision"], image_token_id=ids["<image>"],
+                           vision_feature_layer=-2, vision_feature_select_strategy="default",
+                           image_seq_length=(LLAVA_IMAGE // 14) ** 2, initializer_range=0.3)
+    return family["config"](
         text_config=dict(vocab_size=vocab, **TEXT_CONFIG, **family["extra"]),
         vision_config=family["vision"],
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         initializer_range=0.3, **family["extra"],
     )
+
+
+def family_processor(family: dict, tok):
+    if family["processor"] is LlavaProcessor:
+        image_processor = CLIPImageProcessor(size={"shortest_edge": LLAVA_IMAGE},
+                                             crop_size={"height": LLAVA_IMAGE, "width": LLAVA_IMAGE})
+        return LlavaProcessor(image_processor=image_processor, tokenizer=tok, patch_size=14,
+                              vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                              chat_template=LLAVA_CHAT_TEMPLATE)
+    image_processor = Qwen2VLImageProcessor(size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS})
+    return family["processor"](image_processor=image_processor, tokenizer=tok,
+                               video_processor=Qwen2VLVideoProcessor(), chat_template=CHAT_TEMPLATE)
+
+
+def image_records(inputs, count: int):
+    """Per image: its grid in patches and its processed pixels (as the model takes them: Qwen's
+    patch rows, or CLIP's channel-first image), flattened."""
+    if "image_grid_thw" in inputs:
+        out, offset = [], 0
+        for grid in inputs["image_grid_thw"].tolist():
+            patches = grid[0] * grid[1] * grid[2]
+            rows = inputs["pixel_values"][offset:offset + patches].numpy().astype("<f4")
+            offset += patches
+            out.append((grid, rows.reshape(-1), int(rows.shape[1])))
+        return out
+    out = []
+    for k in range(count):
+        chw = inputs["pixel_values"][k].numpy().astype("<f4")
+        side = 14
+        out.append(([1, chw.shape[1] // side, chw.shape[2] // side], chw.reshape(-1), 3 * side * side))
+    return out
+
+
+def build_model(family: dict, vocab: int, ids: dict[str, int]):
+    cfg = family_config(family, vocab, ids)
     torch.manual_seed(SEED)
     model = family["model"]._from_config(cfg, attn_implementation="eager", dtype=torch.float32)
     gen = torch.Generator().manual_seed(SEED + 1)
@@ -175,11 +242,9 @@ def generate(family_name: str) -> None:
         shutil.rmtree(out)
     (out / "images").mkdir(parents=True)
     (out / "pixels").mkdir()
-    tok = build_tokenizer()
-    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
-    image_processor = Qwen2VLImageProcessor(size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS})
-    processor = family["processor"](image_processor=image_processor, tokenizer=tok,
-                                 video_processor=Qwen2VLVideoProcessor(), chat_template=CHAT_TEMPLATE)
+    tok = build_tokenizer(family["tokens"])
+    ids = {t: tok.convert_tokens_to_ids(t) for t in family["tokens"]}
+    processor = family_processor(family, tok)
     images = {}
     for name, (w, h, seed) in IMAGES.items():
         synthetic_image(name, w, h, seed).save(out / "images" / f"{name}.png")
@@ -201,19 +266,15 @@ def generate(family_name: str) -> None:
         prompt_ids = inputs["input_ids"][0].tolist()
         record_images = []
         if used:
-            grids = inputs["image_grid_thw"].tolist()
-            offset = 0
-            for part, grid in zip([p for p in content if p["type"] == "image"], grids):
-                patches = grid[0] * grid[1] * grid[2]
-                pixels = inputs["pixel_values"][offset:offset + patches].numpy().astype("<f4")
-                offset += patches
+            parts = [p for p in content if p["type"] == "image"]
+            for part, (grid, pixels, patch_dim) in zip(parts, image_records(inputs, len(used))):
                 file = f"pixels/{part['image']}.bin"
                 if (out / file).exists():
-                    assert np.array_equal(np.fromfile(out / file, dtype="<f4"), pixels.reshape(-1)), file
+                    assert np.array_equal(np.fromfile(out / file, dtype="<f4"), pixels), file
                 else:
                     pixels.tofile(out / file)
                 record_images.append({"file": f"images/{part['image']}.png", "grid_thw": grid, "pixels": file,
-                                      "patch_dim": int(pixels.shape[1])})
+                                      "patch_dim": patch_dim})
         extra = {k: inputs[k] for k in ("pixel_values", "image_grid_thw", "mm_token_type_ids") if k in inputs}
         result = greedy_generate_inputs(model, inputs["input_ids"], MAX_NEW_TOKENS, **extra)
         cases.append({"name": name, "messages": [{"role": "user", "content": content}], "prompt": text,
@@ -230,7 +291,9 @@ def generate(family_name: str) -> None:
         "decoding": "greedy (do_sample=False), batch 1, KV cache (HF generate), EOS disabled",
         "max_new_tokens": MAX_NEW_TOKENS,
         "seed": SEED,
-        "image_processor": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "backend": type(image_processor).__name__},
+        "image_processor": (
+            {"shortest_edge": LLAVA_IMAGE, "crop_size": LLAVA_IMAGE} if family["processor"] is LlavaProcessor
+            else {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}) | {"backend": type(processor.image_processor).__name__},
         "cases": [{k: v for k, v in c.items() if k != "gaps"} | {"min_top2_gap": min(c["gaps"])} for c in cases],
     })
 

@@ -88,6 +88,19 @@ fn qwen2_5_vl_batches_and_chunks_images() {
     battery_matches_oracle_with("qwen2.5-vl", ferrite_engine::EngineConfig { max_num_batched_tokens: 20, ..config() });
 }
 
+/// LLaVA: 1-D positions, a CLIP tower, its images cut by chunks and served from the prefix cache.
+#[test]
+fn llava_batches_chunks_and_caches_images() {
+    battery_matches_oracle("llava");
+    battery_matches_oracle_with("llava", ferrite_engine::EngineConfig { max_num_batched_tokens: 20, ..config() });
+    let cached = ferrite_engine::EngineConfig { enable_prefix_caching: true, max_num_batched_tokens: 20, ..config() };
+    let llm = llm("llava", cached);
+    assert_battery_matches_oracle(&llm, "llava");
+    let hits = llm.client().stats().prefix_cache_hits;
+    assert_battery_matches_oracle(&llm, "llava");
+    assert!(llm.client().stats().prefix_cache_hits > hits, "the second run should hit blocks over its images");
+}
+
 /// Placeholder tokens the images do not fill, or images without placeholders, are the request's
 /// error; a text-only model refuses images.
 #[test]

@@ -49,6 +49,7 @@ parity! {
     qwen3 => "qwen3",
     qwen2_vl => "qwen2-vl",
     qwen2_5_vl => "qwen2.5-vl",
+    llava => "llava",
     gemma => "gemma",
     gemma2 => "gemma2",
     gemma3 => "gemma3",
@@ -169,7 +170,7 @@ fn gate_catches_vision_language_breaks() {
 /// rounding may tip a close pick, nothing more).
 #[test]
 fn vision_language_runs_in_bf16_on_cpu() {
-    for fixture in ["qwen2-vl", "qwen2.5-vl"] {
+    for fixture in ["qwen2-vl", "qwen2.5-vl", "llava"] {
         let (_, reports) = run_fixture(&fixtures_dir().join("models").join(fixture), DType::BF16)
             .unwrap_or_else(|e| panic!("{fixture} in bf16: {e}"));
         println!("{fixture} bf16 on the CPU: {}", summarize(&reports));
@@ -215,6 +216,20 @@ fn qwen_vl_checkpoints_in_the_hub_layout_load() {
         std::fs::remove_dir_all(&dir).ok();
         assert_eq!(strict, total, "{fixture} in the Hub's layout: {strict}/{total} strict");
     }
+}
+
+/// llava-hf's checkpoints keep the CLIP tower under `vision_tower.vision_model.*` (transformers 5
+/// saves it under `vision_tower.*`); the same weights give the same tokens either way.
+#[test]
+fn llava_checkpoints_in_the_hub_layout_load() {
+    let dir = fixture_copy("llava", "hub-layout");
+    rename_tensors(&dir, |name| match name.strip_prefix("vision_tower.") {
+        Some(rest) => format!("vision_tower.vision_model.{rest}"),
+        None => name.to_string(),
+    });
+    let (strict, total) = strict_count(&dir);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(strict, total, "llava in the Hub's layout: {strict}/{total} strict");
 }
 
 /// Model families wave 1: each family's distinctive config key, edited in a copy of its fixture,

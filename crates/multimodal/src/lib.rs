@@ -1,28 +1,36 @@
 //! Image inputs for vision-language models, as vLLM prepares them: an encoded image (PNG, JPEG,
 //! WebP, GIF, BMP) becomes RGB pixels the way Pillow and transformers' `convert_to_rgb` make them
-//! ([`decode_image`]), and an image processor turns those pixels into the flat patches and grid the
-//! vision encoder takes ([`Qwen2VlImageProcessor`], transformers' `Qwen2VLImageProcessor`).
+//! ([`decode_image`]), and an image processor turns those pixels into what the vision encoder takes:
+//! flat patches and their grid ([`Qwen2VlImageProcessor`], transformers' `Qwen2VLImageProcessor`) or
+//! one fixed-size channel-first image ([`ClipImageProcessor`], transformers' `CLIPImageProcessor`,
+//! the processor of LLaVA-1.5).
 //!
-//! The processor's output is bit-exact with transformers 5.24's torchvision backend, the one vLLM
-//! runs: the same uint8 bicubic antialiased resize ([`resize`]), the same f32 arithmetic in the
-//! same order, the same patch layout. The tests in `tests/` check it against fixtures that
-//! `scripts/gen_vl_processor_fixtures.py` writes with transformers itself.
+//! The processors' output is bit-exact with transformers 5.24's torchvision backend, the one vLLM
+//! runs: the same uint8 bicubic antialiased resize ([`resize`]), the same crop and padding, the
+//! same f32 arithmetic in the same order, the same layout. The tests in `tests/` check it against
+//! fixtures that `scripts/gen_vl_processor_fixtures.py` writes with transformers itself.
 
+mod clip;
+mod config;
 mod decode;
 mod qwen2_vl;
 pub mod resize;
 
+pub use clip::ClipImageProcessor;
 pub use decode::decode_image;
 pub use qwen2_vl::Qwen2VlImageProcessor;
 
 use std::path::PathBuf;
 
-/// One image after processing: the rows the vision encoder embeds, one per patch.
+/// One image after processing: the rows the vision encoder embeds, one per patch. A processor
+/// whose encoder cuts the patches itself ([`ClipImageProcessor`]) hands over the whole image as one
+/// row: `[channels, height, width]`, a `grid_thw` of `[1, 1, 1]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PixelPatches {
     /// `[num_patches, patch_dim]`, row-major.
     pub pixel_values: Vec<f32>,
-    /// `channels * temporal_patch_size * patch_size * patch_size`.
+    /// `channels * temporal_patch_size * patch_size * patch_size`, or `channels * height * width`
+    /// for a whole image.
     pub patch_dim: usize,
     /// `(t, h, w)` in patches, as transformers' `image_grid_thw`.
     pub grid_thw: [usize; 3],
@@ -33,6 +41,11 @@ impl PixelPatches {
         self.grid_thw.iter().product()
     }
 }
+
+/// The longest side an image may have, in multiples of its shortest: Qwen2-VL's `smart_resize`
+/// refuses longer, and without a limit a resize to a fixed shortest edge turns a thin strip of a few
+/// kilobytes into gigabytes.
+pub(crate) const MAX_ASPECT_RATIO: f64 = 200.0;
 
 /// What can go wrong between an image's bytes and its patches. The messages reach API users as
 /// 400 errors, so each says what is wrong with their input or with the model's config.

@@ -9,20 +9,15 @@ use std::path::Path;
 use image::RgbImage;
 use serde_json::{Map, Value};
 
+use crate::config::{
+    check_bicubic, config_error, file_error, flag, positive, positive_or, present, read_json, Normalization, CHANNELS,
+};
 use crate::resize::resize_rgb;
-use crate::{MultimodalError, PixelPatches};
+use crate::{MultimodalError, PixelPatches, MAX_ASPECT_RATIO};
 
-/// transformers' `OPENAI_CLIP_MEAN` and `OPENAI_CLIP_STD`, the class defaults.
-const OPENAI_CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
-const OPENAI_CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
 /// The class default `size`: `shortest_edge` 56 * 56, `longest_edge` 28 * 28 * 1280 pixels.
 const DEFAULT_MIN_PIXELS: usize = 56 * 56;
 const DEFAULT_MAX_PIXELS: usize = 28 * 28 * 1280;
-/// `PILImageResampling.BICUBIC`, the class default and the only filter implemented here.
-const BICUBIC: u64 = 3;
-const CHANNELS: usize = 3;
-/// `smart_resize` refuses images longer than this many times their width, or wider.
-const MAX_ASPECT_RATIO: f64 = 200.0;
 
 /// A configured `Qwen2VLImageProcessor`.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,11 +32,7 @@ pub struct Qwen2VlImageProcessor {
     pub min_pixels: usize,
     /// Most pixels an image is resized to (`size.longest_edge`, legacy `max_pixels`).
     pub max_pixels: usize,
-    do_rescale: bool,
-    rescale_factor: f64,
-    do_normalize: bool,
-    image_mean: [f32; 3],
-    image_std: [f32; 3],
+    normalization: Normalization,
 }
 
 impl Qwen2VlImageProcessor {
@@ -53,48 +44,23 @@ impl Qwen2VlImageProcessor {
         if !flag(config, "do_resize", true)? {
             return Err(config_error("`do_resize: false` is not supported: the patch grid needs the resize"));
         }
-        if let Some(resample) = present(config, "resample") {
-            if resample.as_u64() != Some(BICUBIC) {
-                return Err(config_error(format!("`resample` {resample} is not supported, only 3 (bicubic)")));
-            }
-        }
+        check_bicubic(config)?;
         let (min_pixels, max_pixels) = config_pixel_range(config).map_err(MultimodalError::Config)?;
-        let do_rescale = flag(config, "do_rescale", true)?;
-        let do_normalize = flag(config, "do_normalize", true)?;
-        let rescale_factor = match present(config, "rescale_factor") {
-            None => 1.0 / 255.0,
-            Some(value) => value
-                .as_f64()
-                .filter(|factor| factor.is_finite() && *factor > 0.0)
-                .ok_or_else(|| config_error(format!("`rescale_factor` must be a positive number, got {value}")))?,
-        };
-        let image_mean = per_channel(config, "image_mean", OPENAI_CLIP_MEAN)?;
-        let image_std = per_channel(config, "image_std", OPENAI_CLIP_STD)?;
-        if do_normalize && image_std.contains(&0.0) {
-            return Err(config_error("`image_std` must not contain 0"));
-        }
+        let normalization = Normalization::from_config(config)?;
         Ok(Qwen2VlImageProcessor {
             patch_size: positive_or(config, "patch_size", 14)?,
             temporal_patch_size: positive_or(config, "temporal_patch_size", 2)?,
             merge_size: positive_or(config, "merge_size", 2)?,
             min_pixels,
             max_pixels,
-            do_rescale,
-            rescale_factor,
-            do_normalize,
-            image_mean,
-            image_std,
+            normalization,
         })
     }
 
     /// The processor of the model in `dir`, from its `preprocessor_config.json`.
     pub fn from_model_dir(dir: &Path) -> Result<Self, MultimodalError> {
         let path = dir.join("preprocessor_config.json");
-        let file_error = |message: String| MultimodalError::ConfigFile { path: path.clone(), message };
-        let text = std::fs::read_to_string(&path).map_err(|error| file_error(format!("cannot read it: {error}")))?;
-        let json: Value =
-            serde_json::from_str(&text).map_err(|error| file_error(format!("not valid JSON: {error}")))?;
-        Self::from_config(&json).map_err(|error| file_error(error.to_string()))
+        Self::from_config(&read_json(&path)?).map_err(|error| file_error(&path, error))
     }
 
     /// This processor with a request's `mm_processor_kwargs` applied, as transformers applies them
@@ -153,7 +119,7 @@ impl Qwen2VlImageProcessor {
         } else {
             Cow::Owned(resize_rgb(image.as_raw(), width, height, out_width, out_height))
         };
-        let values = self.value_table();
+        let values = self.normalization.value_table();
         let (patch, merge) = (self.patch_size, self.merge_size);
         let (grid_h, grid_w) = (out_height / patch, out_width / patch);
         let patch_dim = CHANNELS * self.temporal_patch_size * patch * patch;
@@ -187,78 +153,6 @@ impl Qwen2VlImageProcessor {
         let (out_height, out_width) = self.smart_resize(height, width)?;
         Ok((out_height / self.patch_size) * (out_width / self.patch_size) / (self.merge_size * self.merge_size))
     }
-
-    /// Each channel's output for each uint8 value, in the torchvision backend's f32 arithmetic.
-    /// With rescale and normalize both on, `rescale_and_normalize` fuses them: mean and std become
-    /// f32 tensors times `1 / rescale_factor` (a Python float, which torch casts to f32), and a
-    /// value is `(f32(v) - mean) / std`. Normalize alone uses the plain f32 mean and std; rescale
-    /// alone is `f32(v) * f32(rescale_factor)`.
-    fn value_table(&self) -> [[f32; 256]; CHANNELS] {
-        let scale = self.rescale_factor as f32;
-        let inverse = (1.0 / self.rescale_factor) as f32;
-        std::array::from_fn(|channel| {
-            let (mean, std) = if self.do_rescale {
-                (self.image_mean[channel] * inverse, self.image_std[channel] * inverse)
-            } else {
-                (self.image_mean[channel], self.image_std[channel])
-            };
-            std::array::from_fn(|value| {
-                let value = value as f32;
-                match (self.do_rescale, self.do_normalize) {
-                    (_, true) => (value - mean) / std,
-                    (true, false) => value * scale,
-                    (false, false) => value,
-                }
-            })
-        })
-    }
-}
-
-fn config_error(message: impl Into<String>) -> MultimodalError {
-    MultimodalError::Config(message.into())
-}
-
-/// `key`'s value unless absent or null: transformers treats a null like a missing key.
-fn present<'a>(object: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    object.get(key).filter(|value| !value.is_null())
-}
-
-fn flag(config: &Map<String, Value>, key: &str, default: bool) -> Result<bool, MultimodalError> {
-    match present(config, key) {
-        None => Ok(default),
-        Some(value) => {
-            value.as_bool().ok_or_else(|| config_error(format!("`{key}` must be true or false, got {value}")))
-        }
-    }
-}
-
-fn positive(value: &Value, name: &str) -> Result<usize, String> {
-    value
-        .as_u64()
-        .filter(|&n| n > 0)
-        .and_then(|n| usize::try_from(n).ok())
-        .ok_or_else(|| format!("`{name}` must be a positive integer, got {value}"))
-}
-
-/// The positive integer at `key`, or `default` when absent.
-fn positive_or(config: &Map<String, Value>, key: &str, default: usize) -> Result<usize, MultimodalError> {
-    present(config, key).map_or(Ok(default), |value| positive(value, key).map_err(MultimodalError::Config))
-}
-
-/// `image_mean` / `image_std`: one number for every channel or one per channel, stored as the f32
-/// that torch and numpy make of the Python floats.
-fn per_channel(config: &Map<String, Value>, key: &str, default: [f64; 3]) -> Result<[f32; 3], MultimodalError> {
-    let number = |value: &Value| value.as_f64().filter(|v| v.is_finite());
-    let values = match present(config, key) {
-        None => Some(default),
-        Some(Value::Array(items)) if items.len() == CHANNELS => {
-            items.iter().map(number).collect::<Option<Vec<f64>>>().map(|v| [v[0], v[1], v[2]])
-        }
-        Some(value) => number(value).map(|v| [v; 3]),
-    };
-    values
-        .map(|values| values.map(|v| v as f32))
-        .ok_or_else(|| config_error(format!("`{key}` must be a number or 3 numbers, got {}", config[key])))
 }
 
 /// The pixel budget of a config, as `Qwen2VLImageProcessor.__init__` resolves it: `size` (the class

@@ -1,11 +1,11 @@
-//! The processor and the resize against what transformers 5.24 and torchvision compute, bit for
+//! The processors and the resize against what transformers 5.24 and torchvision compute, bit for
 //! bit. The fixtures (tests/fixtures/, described in manifest.json) come from
 //! scripts/gen_vl_processor_fixtures.py.
 
 use std::path::{Path, PathBuf};
 
 use ferrite_multimodal::resize::resize_bicubic_antialias;
-use ferrite_multimodal::Qwen2VlImageProcessor;
+use ferrite_multimodal::{ClipImageProcessor, Qwen2VlImageProcessor};
 use image::RgbImage;
 use serde_json::Value;
 
@@ -39,17 +39,17 @@ fn pillow_rgb(manifest: &Value, image_file: &str) -> RgbImage {
         .expect("width * height * 3 bytes")
 }
 
-/// Panics unless `actual` and `expected` are the same f32 bit patterns, naming the first that is not.
-fn assert_same_bits(case: &str, actual: &[f32], expected: &[f32], row: usize) {
+/// Panics unless `actual` and `expected` are the same f32 bit patterns, naming the first that is not
+/// with `locate`'s description of its index.
+fn assert_same_bits(case: &str, actual: &[f32], expected: &[f32], locate: impl Fn(usize) -> String) {
     assert_eq!(actual.len(), expected.len(), "{case}: number of values");
     let differing: Vec<usize> = (0..actual.len()).filter(|&i| actual[i].to_bits() != expected[i].to_bits()).collect();
     if let Some(&first) = differing.first() {
         panic!(
-            "{case}: {} of {} values differ; the first at index {first} (patch {}, column {}): {} instead of {}",
+            "{case}: {} of {} values differ; the first at index {first} ({}): {} instead of {}",
             differing.len(),
             actual.len(),
-            first / row,
-            first % row,
+            locate(first),
             actual[first],
             expected[first]
         );
@@ -92,9 +92,53 @@ fn processor_matches_transformers_torchvision_backend_bit_for_bit() {
         let tokens = processor.num_image_tokens(image.height() as usize, image.width() as usize).expect("tokens");
         assert_eq!(tokens * processor.merge_size * processor.merge_size, patches.num_patches(), "{name}: tokens");
 
-        let expected: Vec<f32> =
-            read(&case["pixel_values"]).chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-        assert_same_bits(name, &patches.pixel_values, &expected, patches.patch_dim);
+        let expected = f32s(&read(&case["pixel_values"]));
+        let row = patches.patch_dim;
+        assert_same_bits(name, &patches.pixel_values, &expected, |i| format!("patch {}, column {}", i / row, i % row));
+    }
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+/// The generator's FNV-1a 64 digest of `values` as little-endian bytes.
+fn fnv1a64(values: &[f32]) -> String {
+    let bytes = values.iter().flat_map(|value| value.to_le_bytes());
+    let digest =
+        bytes.fold(0xcbf2_9ce4_8422_2325_u64, |digest, byte| (digest ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3));
+    format!("{digest:016x}")
+}
+
+#[test]
+fn clip_processor_matches_transformers_torchvision_backend_bit_for_bit() {
+    let manifest = manifest();
+    let cases = manifest["clip_cases"].as_array().expect("clip_cases");
+    assert!(cases.len() >= 10, "the manifest lists every CLIP case");
+    for case in cases {
+        let name = case["name"].as_str().expect("name");
+        let processor = ClipImageProcessor::from_config(&case["config"]).expect("a valid config");
+        let image = pillow_rgb(&manifest, case["image"].as_str().expect("image"));
+        let output = processor.preprocess(&image).unwrap_or_else(|e| panic!("{name}: {e}"));
+
+        let shape: Vec<usize> =
+            case["shape"].as_array().expect("shape").iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        let (height, width) = processor.output_size();
+        assert_eq!(vec![3, height, width], shape, "{name}: output_size");
+        assert_eq!(
+            (output.patch_dim, output.grid_thw, output.num_patches()),
+            (3 * height * width, [1, 1, 1], 1),
+            "{name}"
+        );
+
+        // The LLaVA-1.5 case is too big to keep; its digest stands for it.
+        if !case["pixel_values"].is_null() {
+            let expected = f32s(&read(&case["pixel_values"]));
+            let locate =
+                |i: usize| format!("channel {}, y {}, x {}", i / (height * width), i / width % height, i % width);
+            assert_same_bits(name, &output.pixel_values, &expected, locate);
+        }
+        assert_eq!(fnv1a64(&output.pixel_values), case["pixel_values_fnv1a64"].as_str().unwrap(), "{name}: digest");
     }
 }
 

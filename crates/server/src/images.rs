@@ -6,7 +6,7 @@
 use std::hash::{Hash, Hasher};
 
 use ferrite_engine::ImageData;
-use ferrite_multimodal::{decode_image, Qwen2VlImageProcessor};
+use ferrite_multimodal::{decode_image, ClipImageProcessor, MultimodalError, Qwen2VlImageProcessor};
 
 use crate::error::ApiError;
 use crate::generate::Prompt;
@@ -15,10 +15,54 @@ use crate::generate::Prompt;
 /// from its header, before its pixels are decoded.
 pub const MAX_IMAGE_PIXELS: u64 = 178_956_970;
 
+/// The image processors the server runs, picked by the model's `image_processor_type`.
+#[derive(Debug, Clone)]
+pub enum ImageProcessor {
+    /// Qwen2-VL's and Qwen2.5-VL's: any size, resized to whole merge windows of patches.
+    Qwen2Vl(Qwen2VlImageProcessor),
+    /// CLIP's (LLaVA): one fixed-size image; `patch` pixels a patch side, which sets how many
+    /// embeddings the image becomes.
+    Clip { processor: ClipImageProcessor, patch: usize },
+}
+
+impl ImageProcessor {
+    /// An encoded image's processed pixels and its grid in patches `(t, h, w)`.
+    fn process(&self, bytes: &[u8]) -> Result<(Vec<f32>, [usize; 3]), MultimodalError> {
+        let rgb = &decode_image(bytes, MAX_IMAGE_PIXELS)?;
+        match self {
+            ImageProcessor::Qwen2Vl(p) => p.preprocess(rgb).map(|out| (out.pixel_values, out.grid_thw)),
+            ImageProcessor::Clip { processor, patch } => {
+                let (height, width) = processor.output_size();
+                Ok((processor.preprocess(rgb)?.pixel_values, [1, height / patch, width / patch]))
+            }
+        }
+    }
+
+    /// Patches per side of one embedding.
+    fn merge(&self) -> usize {
+        match self {
+            ImageProcessor::Qwen2Vl(p) => p.merge_size,
+            ImageProcessor::Clip { .. } => 1,
+        }
+    }
+
+    fn with_overrides(&self, kwargs: &serde_json::Map<String, serde_json::Value>) -> Result<Self, String> {
+        match self {
+            ImageProcessor::Qwen2Vl(p) => {
+                p.with_overrides(kwargs).map(ImageProcessor::Qwen2Vl).map_err(|e| e.to_string())
+            }
+            ImageProcessor::Clip { .. } => Err(format!(
+                "this model's image processor (CLIP) takes no mm_processor_kwargs; got {}",
+                kwargs.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
+            )),
+        }
+    }
+}
+
 /// A vision-language model's image side as the server runs it.
 #[derive(Debug)]
 pub struct ImageProcessing {
-    pub processor: Qwen2VlImageProcessor,
+    pub processor: ImageProcessor,
     /// The token the chat template writes once per image, and the engine expects once per
     /// image embedding.
     pub image_token_id: u32,
@@ -28,20 +72,47 @@ impl ImageProcessing {
     /// The image processor of the model in `dir`: its `preprocessor_config.json`, or the
     /// `image_processor` section of the `processor_config.json` transformers 5 saves.
     pub fn from_model_dir(dir: &std::path::Path, image_token_id: u32) -> Result<ImageProcessing, String> {
-        let legacy = dir.join("preprocessor_config.json");
-        let processor = if legacy.exists() {
-            Qwen2VlImageProcessor::from_model_dir(dir).map_err(|e| e.to_string())?
+        let read = |name: &str| -> Result<Option<(String, serde_json::Value)>, String> {
+            let path = dir.join(name);
+            if !path.exists() {
+                return Ok(None);
+            }
+            let shown = path.display().to_string();
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("{shown}: {e}"))?;
+            let json = serde_json::from_str(&text).map_err(|e| format!("{shown}: not valid JSON: {e}"))?;
+            Ok(Some((shown, json)))
+        };
+        let processor_config = read("processor_config.json")?;
+        let (path, section) = match (read("preprocessor_config.json")?, &processor_config) {
+            (Some(legacy), _) => legacy,
+            (None, Some((path, json))) => {
+                let section =
+                    json.get("image_processor").ok_or_else(|| format!("{path}: no `image_processor` section"))?.clone();
+                (path.clone(), section)
+            }
+            (None, None) => {
+                return Err(format!(
+                    "{}: a vision-language model needs preprocessor_config.json or processor_config.json",
+                    dir.display()
+                ))
+            }
+        };
+        let kind =
+            section.get("image_processor_type").and_then(serde_json::Value::as_str).unwrap_or("Qwen2VLImageProcessor");
+        let processor = if kind.starts_with("Qwen2VLImageProcessor") {
+            ImageProcessor::Qwen2Vl(Qwen2VlImageProcessor::from_config(&section).map_err(|e| format!("{path}: {e}"))?)
+        } else if kind.starts_with("CLIPImageProcessor") {
+            let processor = ClipImageProcessor::from_config(&section).map_err(|e| format!("{path}: {e}"))?;
+            let patch = clip_patch_size(dir, processor_config.as_ref().map(|(_, json)| json))?;
+            let (height, width) = processor.output_size();
+            if patch == 0 || !height.is_multiple_of(patch) || !width.is_multiple_of(patch) {
+                return Err(format!("{path}: a {height}x{width} crop is not whole patches of {patch} pixels"));
+            }
+            ImageProcessor::Clip { processor, patch }
         } else {
-            let path = dir.join("processor_config.json");
-            let text = std::fs::read_to_string(&path).map_err(|e| {
-                format!("{}: {e} (a vision-language model needs preprocessor_config.json or this file)", path.display())
-            })?;
-            let json: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| format!("{}: not valid JSON: {e}", path.display()))?;
-            let section = json
-                .get("image_processor")
-                .ok_or_else(|| format!("{}: no `image_processor` section", path.display()))?;
-            Qwen2VlImageProcessor::from_config(section).map_err(|e| format!("{}: {e}", path.display()))?
+            return Err(format!(
+                "{path}: image_processor_type `{kind}` is not supported (Qwen2VLImageProcessor, CLIPImageProcessor)"
+            ));
         };
         Ok(ImageProcessing { processor, image_token_id })
     }
@@ -64,10 +135,9 @@ impl ImageProcessing {
             return Ok(());
         }
         let processor = match &kwargs {
-            Some(kwargs) => processing
-                .processor
-                .with_overrides(kwargs)
-                .map_err(|e| ApiError::invalid("mm_processor_kwargs", e.to_string()))?,
+            Some(kwargs) => {
+                processing.processor.with_overrides(kwargs).map_err(|e| ApiError::invalid("mm_processor_kwargs", e))?
+            }
             None => processing.processor.clone(),
         };
         let mut images = Vec::with_capacity(prompt.media.len());
@@ -75,16 +145,15 @@ impl ImageProcessing {
             let fail = |e: ferrite_multimodal::MultimodalError| {
                 ApiError::invalid("messages", format!("{}: {e}", item.location))
             };
-            let rgb = decode_image(&item.bytes, MAX_IMAGE_PIXELS).map_err(fail)?;
-            let patches = processor.preprocess(&rgb).map_err(fail)?;
+            let (pixel_values, grid_thw) = processor.process(&item.bytes).map_err(fail)?;
             images.push(ImageData {
-                hash: content_hash(&patches.pixel_values, patches.grid_thw),
-                pixel_values: patches.pixel_values.into(),
-                grid_thw: patches.grid_thw,
+                hash: content_hash(&pixel_values, grid_thw),
+                pixel_values: pixel_values.into(),
+                grid_thw,
             });
         }
         let id = processing.image_token_id;
-        let merge = processor.merge_size;
+        let merge = processor.merge();
         let mut ids = Vec::with_capacity(prompt.ids.len());
         let mut next = images.iter();
         for &token in &prompt.ids {
@@ -111,6 +180,22 @@ impl ImageProcessing {
         prompt.images = images;
         Ok(())
     }
+}
+
+/// The patch size a CLIP processor's images are cut into: LlavaProcessor's `patch_size` in
+/// `processor_config.json`, else the vision tower's in `config.json`.
+fn clip_patch_size(dir: &std::path::Path, processor_config: Option<&serde_json::Value>) -> Result<usize, String> {
+    let from = |v: Option<&serde_json::Value>| v.and_then(serde_json::Value::as_u64).map(|p| p as usize);
+    if let Some(patch) = from(processor_config.and_then(|c| c.get("patch_size"))) {
+        return Ok(patch);
+    }
+    let path = dir.join("config.json");
+    let config: serde_json::Value = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .ok_or_else(|| format!("{}: unreadable, and the CLIP image processor needs its patch size", path.display()))?;
+    from(config.get("vision_config").and_then(|v| v.get("patch_size")))
+        .ok_or_else(|| format!("{}: no vision_config.patch_size for the CLIP image processor", path.display()))
 }
 
 /// Identifies an image as the model sees it (its processed pixels and grid), for the prefix

@@ -47,7 +47,10 @@ fn every_fixture_prompt_tokenizes_as_transformers_did() {
         let tok = Tokenizer::from_dir(&dir).unwrap();
         // (Some configs hold Python's non-finite literals; none of those is a vision model's.)
         let config = serde_json::from_str::<Value>(&std::fs::read_to_string(dir.join("config.json")).unwrap()).ok();
-        let image_token = config.and_then(|c| c["image_token_id"].as_u64()).map(|id| id as u32);
+        // LLaVA's configs name it `image_token_index`.
+        let image_token = config
+            .and_then(|c| c["image_token_id"].as_u64().or_else(|| c["image_token_index"].as_u64()))
+            .map(|id| id as u32);
         checked += check_cases(&tok, &oracle, &dir.display().to_string(), image_token);
     }
     assert!(checked >= 8, "only {checked} cases found");

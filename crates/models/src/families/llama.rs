@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use ferrite_tensor::{RopeStyle, Xielu};
 
-use crate::decoder::load::{CommonConfig, Defaults, Dims};
+use crate::decoder::load::{CommonConfig, Defaults, Dims, Names};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
 use crate::layers::rope::RopeParameters;
 use crate::layers::{DenseMlp, MlpActivation, Norm, QueryScale};
@@ -177,6 +177,12 @@ impl BiasKeys {
 }
 
 pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
+    load_at(raw, w, variant, "model", "lm_head")
+}
+
+/// [`load`] of a text model kept under `prefix` (`model.language_model` in a vision-language
+/// checkpoint) with its LM head at `lm_head`.
+pub fn load_at(raw: &RawConfig, w: &Weights, variant: Variant, prefix: &str, lm_head: &str) -> Result<Decoder> {
     let cfg: LlamaConfig = raw.parse()?;
     let mut common = cfg.common.clone();
     let xielu = variant.xielu && common.hidden_act.as_deref().unwrap_or("xielu") == "xielu";
@@ -189,7 +195,7 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
     let biases = variant.biases.read(raw, &d);
     let rotary = rotary_layers(raw, &cfg, &d, variant)?;
     let query_scale = if variant.llama4_query_scaling { llama4_query_scale(raw, variant)? } else { None };
-    let blocks = d.blocks(w, |i, l| {
+    let blocks = d.blocks_at(w, &format!("{prefix}.layers"), |i, l| {
         let s = l.at("self_attn");
         let mut attn = d.attention(&s, variant.qkv_bias || biases.qkv, biases.o)?;
         if variant.qk_norm {
@@ -229,7 +235,9 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
     if variant.interleaved_rope {
         rope = rope.with_style(RopeStyle::Interleaved);
     }
-    d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![rope])
+    let embed = format!("{prefix}.embed_tokens");
+    let names = Names { layers: "", embed: &embed, embed_dim: None, lm_head, lm_head_bias: false };
+    d.finish_at(raw, w, names, blocks, Some(Norm::Rms(d.rms(&w.at(prefix), "norm")?)), vec![rope])
 }
 
 /// An xIELU's constants from its module: `alpha_p`, `alpha_n`, and the buffers `beta`, `eps`

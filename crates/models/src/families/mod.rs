@@ -25,6 +25,7 @@ pub mod hunyuan;
 pub mod internlm2;
 pub mod llama;
 pub mod llama4;
+pub mod llava;
 pub mod mamba2;
 pub mod minicpm;
 pub mod minicpm3;

@@ -138,7 +138,7 @@ fn gated_attention(s: &Scope, d: &Dims) -> Result<SelfAttention> {
 pub fn load(raw: &RawConfig, w: &Weights, variant: Variant, layout: Layout) -> Result<Decoder> {
     let (raw, base) = match layout {
         Layout::CausalLm => (raw.clone(), "model"),
-        Layout::ConditionalGeneration => (text_config(raw)?, "model.language_model"),
+        Layout::ConditionalGeneration => (raw.text_config()?, "model.language_model"),
     };
     let raw = &raw;
     let cfg: HybridConfig = raw.parse()?;
@@ -235,20 +235,4 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant, layout: Layout) -> R
     let embed = format!("{base}.embed_tokens");
     let names = Names { layers: "", embed: &embed, embed_dim: None, lm_head: "lm_head", lm_head_bias: false };
     d.finish_at(raw, w, names, blocks, Some(final_norm), vec![rope])
-}
-
-/// The text model's config of a `*ForConditionalGeneration` checkpoint: its `text_config`, with
-/// the top-level `architectures`, and `tie_word_embeddings` where the text config does not say.
-fn text_config(raw: &RawConfig) -> Result<RawConfig> {
-    let mut text = raw.value.get("text_config").filter(|t| t.is_object()).cloned().ok_or_else(|| {
-        raw.error("missing field `text_config` (the text model's config of a ForConditionalGeneration checkpoint)")
-    })?;
-    let obj = text.as_object_mut().expect("checked above");
-    if let Some(tie) = raw.value.get("tie_word_embeddings") {
-        obj.entry("tie_word_embeddings").or_insert_with(|| tie.clone());
-    }
-    if let Some(archs) = raw.value.get("architectures") {
-        obj.insert("architectures".into(), archs.clone());
-    }
-    Ok(RawConfig { path: raw.path.clone(), value: text })
 }

@@ -28,6 +28,22 @@ impl RawConfig {
         Ok(RawConfig { path: path.to_path_buf(), value })
     }
 
+    /// The text model's config of a `*ForConditionalGeneration` checkpoint: its `text_config`, with
+    /// the top-level `architectures`, and `tie_word_embeddings` where the text config does not say.
+    pub fn text_config(&self) -> Result<RawConfig> {
+        let mut text = self.value.get("text_config").filter(|t| t.is_object()).cloned().ok_or_else(|| {
+            self.error("missing field `text_config` (the text model's config of a ForConditionalGeneration checkpoint)")
+        })?;
+        let obj = text.as_object_mut().expect("checked above");
+        if let Some(tie) = self.value.get("tie_word_embeddings") {
+            obj.entry("tie_word_embeddings").or_insert_with(|| tie.clone());
+        }
+        if let Some(archs) = self.value.get("architectures") {
+            obj.insert("architectures".into(), archs.clone());
+        }
+        Ok(RawConfig { path: self.path.clone(), value: text })
+    }
+
     /// The first entry of `architectures`, which selects the model class (as transformers does).
     pub fn architecture(&self) -> Result<String> {
         self.value
