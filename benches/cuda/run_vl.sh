@@ -8,6 +8,7 @@
 #   bash benches/cuda/run_vl.sh "$OUT"
 #
 # Knobs (environment): SHAPE (qwen2.5-vl-7b), IMAGE_SIZE, CONCURRENCY, OUTPUT_LEN, TTFT_REPS,
+# TEXT_ONLY_WORDS (a text-only prompt of about the image prompt's length, timed beside it),
 # SKIP_BASELINE=1, FERRITE, FERRITE_SERVE_ARGS, PYTHON, PORT, TINY=1 (shrunk widths: smoke
 # tests only), CKPT. Files in OUTDIR: cuda-vl.json, cuda-vl.log, cuda-vl-serve.log.
 set -uo pipefail
@@ -61,7 +62,8 @@ for _ in $(seq 240); do
 done
 healthy || { say "server not healthy after 240 s"; kill -KILL "$SERVER_PID"; exit 1; }
 say "ferrite healthy"
-timeout 300 "$PYTHON" "$HERE/vl_bench.py" client --base-url "$URL" "${BENCH[@]}" >"$WORK/ferrite.json" \
+timeout 300 "$PYTHON" "$HERE/vl_bench.py" client --base-url "$URL" "${BENCH[@]}" --text-only-words "${TEXT_ONLY_WORDS:-700}" \
+    >"$WORK/ferrite.json" \
     || say "client failed"
 cat "$WORK/ferrite.json"
 kill -INT "$SERVER_PID"

@@ -52,13 +52,13 @@ def text(words: int) -> str:
     return " ".join(WORDS[i % len(WORDS)] for i in range(words))
 
 
-def stream_one(base_url: str, model: str, uri: str, prompt: str, max_tokens: int) -> dict:
+def stream_one(base_url: str, model: str, uri: str | None, prompt: str, max_tokens: int) -> dict:
     import requests
 
+    image = [{"type": "image_url", "image_url": {"url": uri}}] if uri else []
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}},
-                                                      {"type": "text", "text": prompt}]}]}
+            "messages": [{"role": "user", "content": image + [{"type": "text", "text": prompt}]}]}
     start = time.perf_counter()
     first = None
     usage = {}
@@ -92,6 +92,11 @@ def client(args) -> dict:
         stream_one(args.base_url, model, png_data_uri(image(args.image_size, next(seed))), prompt, 2)
     uris = [png_data_uri(image(args.image_size, next(seed))) for _ in range(args.ttft_reps)]
     ttft = [stream_one(args.base_url, model, uri, prompt, 1) for uri in uris]
+    # A text-only prompt about as long as the image prompt: what the image itself costs is the difference.
+    text_only = []
+    if args.text_only_words:
+        long_text = text(args.text_only_words)
+        text_only = [stream_one(args.base_url, model, None, long_text + f" {i}", 1) for i in range(args.ttft_reps + 1)][1:]
     uris = [png_data_uri(image(args.image_size, next(seed))) for _ in range(args.concurrency)]
     start = time.perf_counter()
     with ThreadPoolExecutor(args.concurrency) as pool:
@@ -105,6 +110,9 @@ def client(args) -> dict:
         "concurrency": args.concurrency, "output_len": args.output_len, "output_tokens": out, "wall_s": wall,
         "output_tok_s": out / wall,
         "median_ttft_ms_under_load": 1e3 * statistics.median(r["ttft_s"] for r in runs),
+        **({"text_only": {"prompt_tokens": text_only[0]["prompt_tokens"],
+                          "ttft_ms_median": 1e3 * statistics.median(r["ttft_s"] for r in text_only)}}
+           if text_only else {}),
     }
 
 
@@ -158,6 +166,8 @@ def main() -> int:
     ap.add_argument("--image-size", type=int, default=1024)
     ap.add_argument("--text-words", type=int, default=32)
     ap.add_argument("--device", default="cuda", help="where the baseline runs")
+    ap.add_argument("--text-only-words", type=int, default=0,
+                    help="client: also time a text-only prompt of this many words (about 2 tokens each)")
     ap.add_argument("--ttft-reps", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--output-len", type=int, default=128)
