@@ -951,6 +951,40 @@ fn attention_dense_matches_cpu() {
     }
 }
 
+/// A vision tower's attention: bidirectional over whole images and windows, 16 heads of 80 (Qwen2-VL
+/// and Qwen2.5-VL's towers), long enough for the tensor-core prefill kernel.
+#[test]
+fn vision_attention_dense_matches_cpu() {
+    require_gpu!();
+    let mut r = rng(12);
+    let seq_lens = [256usize, 64, 64, 32, 300];
+    let tokens: usize = seq_lens.iter().sum();
+    let (heads, d) = (16, 80);
+    let params = AttentionParams {
+        num_heads: heads,
+        num_kv_heads: heads,
+        head_dim: d,
+        v_head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+        sliding_window: None,
+        attention_chunk: None,
+        softcap: None,
+    };
+    let q = random(&mut r, tokens * heads * d, 3.0);
+    let k = random(&mut r, tokens * heads * d, 1.0);
+    let v = random(&mut r, tokens * heads * d, 1.0);
+    for dtype in DTYPES {
+        let (qc, qg) = pair(&q, &[tokens, heads * d], dtype);
+        let (kc, kg) = pair(&k, &[tokens, heads * d], dtype);
+        let (vc, vg) = pair(&v, &[tokens, heads * d], dtype);
+        for causal in [false, true] {
+            let want = ops::attention_dense(&qc, &kc, &vc, &params, &seq_lens, causal).unwrap();
+            let got = ops::attention_dense(&qg, &kg, &vg, &params, &seq_lens, causal).unwrap();
+            check(&format!("vision attention_dense d80 causal={causal}"), dtype, &got, &want, tol(dtype));
+        }
+    }
+}
+
 /// The CPU semantics the CUDA ops are held to, checked on any machine.
 #[test]
 fn cpu_reference_semantics() {
