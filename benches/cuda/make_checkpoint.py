@@ -95,21 +95,8 @@ VL_SHAPES: dict[str, tuple[str, dict, dict]] = {
 }
 VISION_TOKENS = {151652: "<|vision_start|>", 151653: "<|vision_end|>", 151654: "<|vision_pad|>",
                  151655: "<|image_pad|>", 151656: "<|video_pad|>"}
-# Qwen2-VL-Instruct's chat template (the one tools/oracle/generate_vl_fixtures.py writes).
-VL_CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
-    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: "
-    "{% endif %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}"
-    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+# Qwen2-VL-Instruct's chat template, as the Qwen2-VL oracle fixture carries it.
+VL_CHAT_TEMPLATE_FILE = REPO / "fixtures" / "models" / "qwen2-vl" / "chat_template.jinja"
 VL_MIN_PIXELS, VL_MAX_PIXELS = 3136, 12845056
 
 # --tiny keeps the architecture, depth and vocabulary but shrinks every width, so the scripts
@@ -214,7 +201,8 @@ def write_processor(out: Path) -> None:
                                   eos_token="<|im_end|>", pad_token="<|endoftext|>")
     image_processor = Qwen2VLImageProcessor(size={"shortest_edge": VL_MIN_PIXELS, "longest_edge": VL_MAX_PIXELS})
     processor = Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tok,
-                                    video_processor=Qwen2VLVideoProcessor(), chat_template=VL_CHAT_TEMPLATE)
+                                    video_processor=Qwen2VLVideoProcessor(),
+                                    chat_template=VL_CHAT_TEMPLATE_FILE.read_text())
     processor.save_pretrained(str(out))
 
 

@@ -136,52 +136,46 @@ def test_a_text_model_refuses_images(server):
     assert "does not accept image input" in e.value.response.json()["error"]["message"]
 
 
-VL25 = REPO / "fixtures" / "models" / "qwen2.5-vl"
-ORACLE25 = json.loads((VL25 / "oracle.json").read_text())
+def oracle_of(family):
+    return json.loads((REPO / "fixtures" / "models" / family / "oracle.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def vl25(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("vl25"), model_args=["--model", str(VL25)], max_model_len=512)
-    yield s
-    assert s.stop() == 0, s.logs()
+def servers(tmp_path_factory):
+    """A server per other vision-language family, started on first use."""
+    started = {}
+
+    def get(family):
+        if family not in started:
+            started[family] = Server(tmp_path_factory.mktemp(family), max_model_len=512,
+                                     model_args=["--model", str(REPO / "fixtures" / "models" / family)])
+        return started[family]
+
+    yield get
+    for s in started.values():
+        assert s.stop() == 0, s.logs()
 
 
-@pytest.mark.parametrize("case", [c for c in ORACLE25["cases"] if c["images"]], ids=lambda c: c["name"])
-def test_qwen2_5_vl_image_chats_match_transformers(vl25, case):
-    """Qwen2.5-VL's windowed vision tower, served: the same path, its own oracle."""
+OTHER_FAMILIES = [(family, case) for family in ("qwen2.5-vl", "llava")
+                  for case in oracle_of(family)["cases"] if case["images"]]
+
+
+@pytest.mark.parametrize("family,case", OTHER_FAMILIES, ids=lambda v: v if isinstance(v, str) else v["name"])
+def test_other_families_image_chats_match_transformers(servers, family, case):
+    """Qwen2.5-VL's windowed tower; LLaVA's CLIP processor (resize, centre crop) and tower, its
+    `<image>` expanded to 16 tokens: the same path, each with its own oracle."""
+    images = REPO / "fixtures" / "models" / family / "images"
+
     def uri(image):
-        return "data:image/png;base64," + base64.b64encode((VL25 / "images" / f"{image}.png").read_bytes()).decode()
+        return "data:image/png;base64," + base64.b64encode((images / f"{image}.png").read_bytes()).decode()
 
-    r = complete(vl25, parts(case, uri))
+    r = complete(servers(family), parts(case, uri))
     assert r.prompt_token_ids == case["prompt_ids"]
     assert r.choices[0].token_ids == case["output_ids"], case["name"]
 
 
-LLAVA = REPO / "fixtures" / "models" / "llava"
-ORACLE_LLAVA = json.loads((LLAVA / "oracle.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def llava(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("llava"), model_args=["--model", str(LLAVA)], max_model_len=512)
-    yield s
-    assert s.stop() == 0, s.logs()
-
-
-@pytest.mark.parametrize("case", [c for c in ORACLE_LLAVA["cases"] if c["images"]], ids=lambda c: c["name"])
-def test_llava_image_chats_match_transformers(llava, case):
-    """LLaVA: CLIP's processor (resize, centre crop) and tower, `<image>` expanded to 16 tokens."""
-    def uri(image):
-        return "data:image/png;base64," + base64.b64encode((LLAVA / "images" / f"{image}.png").read_bytes()).decode()
-
-    r = complete(llava, parts(case, uri))
-    assert r.prompt_token_ids == case["prompt_ids"]
-    assert r.choices[0].token_ids == case["output_ids"], case["name"]
-
-
-def test_llava_refuses_processor_kwargs(llava):
-    client = llava.client()
+def test_llava_refuses_processor_kwargs(servers):
+    client = servers("llava").client()
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
             model=NAME, max_tokens=2,
