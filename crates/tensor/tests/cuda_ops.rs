@@ -952,7 +952,8 @@ fn attention_dense_matches_cpu() {
 }
 
 /// A vision tower's attention: bidirectional over whole images and windows, 16 heads of 80 (Qwen2-VL
-/// and Qwen2.5-VL's towers), long enough for the tensor-core prefill kernel.
+/// and Qwen2.5-VL's towers), rows long enough for the tensor-core prefill kernel once it takes
+/// head dim 80 (today the CUDA-core one runs them).
 #[test]
 fn vision_attention_dense_matches_cpu() {
     require_gpu!();

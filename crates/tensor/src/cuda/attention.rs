@@ -51,7 +51,7 @@ const DEC_HMAX: usize = 8;
 /// Fewest keys a split of a prefill item's key range is given, so that staging q and merging pay off.
 const MIN_KEYS_PER_SPLIT: usize = 64;
 /// Head dims of the tensor-core prefill kernel (INST_MMA in attention_mma.cu).
-const MMA_HEAD_DIMS: [usize; 4] = [64, 80, 128, 256];
+const MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Attention metadata variants kept per device: layers of one step differ only by their
 /// attention parameters (sliding-window layers interleaved with global ones, say).
 const META_CACHE_ENTRIES: usize = 4;

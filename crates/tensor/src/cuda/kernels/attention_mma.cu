@@ -211,4 +211,4 @@ __device__ void paged_attn_mma(const bf16_t* __restrict__ q, const bf16_t* __res
         paged_attn_mma<D, DV>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, k_dim, v_dim, block_size, \
                               scale, softcap, window, attn_chunk, causal, splits, n_rows, sinks);                  \
     }
-INST_MMA(64, 64) INST_MMA(80, 80) INST_MMA(128, 128) INST_MMA(256, 256)
+INST_MMA(64, 64) INST_MMA(128, 128) INST_MMA(256, 256)
