@@ -172,6 +172,9 @@ pub struct MediaOptions {
     pub video_fetch_timeout: Duration,
     /// `VLLM_MEDIA_URL_ALLOW_REDIRECTS`.
     pub allow_redirects: bool,
+    /// `--allowed-media-domains`: the hosts http(s) media may come from, every redirect hop
+    /// included (any host without it).
+    pub allowed_media_domains: Option<Vec<String>>,
     /// `--max-media-bytes`: the largest item (fetched, decoded or read) a request may bring.
     pub max_bytes: usize,
     /// `--chat-template-content-format`: how content parts reach the chat template.
@@ -195,6 +198,7 @@ impl Default for MediaOptions {
             image_fetch_timeout: Duration::from_secs(5),
             video_fetch_timeout: Duration::from_secs(30),
             allow_redirects: true,
+            allowed_media_domains: None,
             max_bytes: MediaOptions::DEFAULT_MAX_BYTES,
             content_format: ContentFormatOption::Auto,
             model: ModelMedia::default(),
@@ -210,7 +214,9 @@ pub struct Fetcher {
 
 impl Fetcher {
     pub fn new(options: &MediaOptions) -> Fetcher {
-        let redirects = if options.allow_redirects { MediaOptions::MAX_REDIRECTS } else { 0 };
+        // With allowed domains, redirects are followed by `fetch_http`, which checks every hop.
+        let follows = options.allow_redirects && options.allowed_media_domains.is_none();
+        let redirects = if follows { MediaOptions::MAX_REDIRECTS } else { 0 };
         let agent = ureq::AgentBuilder::new()
             .redirects(redirects)
             .user_agent(concat!("ferrite/", env!("CARGO_PKG_VERSION")))
@@ -242,7 +248,11 @@ impl Fetcher {
                     MediaKind::Video => self.options.video_fetch_timeout,
                 };
                 let agent = self.agent.clone();
-                let task = tokio::task::spawn_blocking(move || fetch_http(&agent, &url, timeout, max));
+                let route = Route {
+                    domains: self.options.allowed_media_domains.clone(),
+                    redirects: if self.options.allow_redirects { MediaOptions::MAX_REDIRECTS } else { 0 },
+                };
+                let task = tokio::task::spawn_blocking(move || fetch_http(&agent, &url, &route, timeout, max));
                 match tokio::time::timeout(timeout, task).await {
                     Ok(Ok(result)) => result,
                     Ok(Err(e)) => Err(format!("the fetch failed: {e}")),
@@ -378,10 +388,57 @@ fn percent_decode(text: &str) -> Result<String, String> {
 }
 
 /// One GET, on a blocking thread: the body, at most `max` bytes, and its media type.
-fn fetch_http(agent: &ureq::Agent, url: &str, timeout: Duration, max: usize) -> Loaded {
-    let response = match agent.get(url).timeout(timeout).call() {
-        Ok(response) => response,
-        Err(ureq::Error::Status(code, response)) => return Err(format!("HTTP {code} {}", response.status_text())),
+/// Where an http(s) fetch may go.
+struct Route {
+    /// `--allowed-media-domains`; with it the agent does not follow redirects, this does.
+    domains: Option<Vec<String>>,
+    /// Redirects to follow (0: a redirect is the fetch's error).
+    redirects: u32,
+}
+
+impl Route {
+    /// `url`'s host is one of the allowed domains (vLLM's check and words).
+    fn check(&self, url: &url::Url) -> Result<(), String> {
+        let Some(domains) = &self.domains else { return Ok(()) };
+        let host = url.host_str().unwrap_or_default();
+        if domains.iter().any(|d| d == host) {
+            return Ok(());
+        }
+        let listed: Vec<String> = domains.iter().map(|d| format!("'{d}'")).collect();
+        Err(format!(
+            "The URL must be from one of the allowed domains: [{}]. Input URL domain: {host}",
+            listed.join(", ")
+        ))
+    }
+}
+
+fn fetch_http(agent: &ureq::Agent, url: &str, route: &Route, timeout: Duration, max: usize) -> Loaded {
+    let mut current = url::Url::parse(url).map_err(|e| format!("not a valid URL: {e}"))?;
+    let mut redirects_left = route.redirects;
+    let response = loop {
+        route.check(&current)?;
+        let response = call(agent, current.as_str(), timeout)?;
+        let location = response.header("location").filter(|_| (300..400).contains(&response.status()));
+        match location {
+            // Only an agent that does not follow redirects (allowed domains) hands them back here;
+            // with redirects off, `read_response` refuses them.
+            Some(to) if route.domains.is_some() && route.redirects > 0 => {
+                if redirects_left == 0 {
+                    return Err(format!("more than {} redirects", route.redirects));
+                }
+                current = current.join(to).map_err(|e| format!("HTTP {} redirects to {to}: {e}", response.status()))?;
+                redirects_left -= 1;
+            }
+            _ => break response,
+        }
+    };
+    read_response(response, timeout, max)
+}
+
+fn call(agent: &ureq::Agent, url: &str, timeout: Duration) -> Result<ureq::Response, String> {
+    match agent.get(url).timeout(timeout).call() {
+        Ok(response) => Ok(response),
+        Err(ureq::Error::Status(code, response)) => Err(format!("HTTP {code} {}", response.status_text())),
         Err(ureq::Error::Transport(t)) => {
             let io_timeout = std::error::Error::source(&t)
                 .and_then(|s| s.downcast_ref::<std::io::Error>())
@@ -396,9 +453,12 @@ fn fetch_http(agent: &ureq::Agent, url: &str, timeout: Duration, max: usize) -> 
             if let Some(source) = std::error::Error::source(&t) {
                 problem = format!("{problem}: {source}");
             }
-            return Err(problem);
+            Err(problem)
         }
-    };
+    }
+}
+
+fn read_response(response: ureq::Response, timeout: Duration, max: usize) -> Loaded {
     // Only when redirects are off does a redirect come back as the response.
     if (300..400).contains(&response.status()) {
         let to = response.header("location").unwrap_or("(no Location)");
@@ -546,6 +606,11 @@ mod tests {
                             out
                         }
                         "/redirect" => reply("302 Found", "Location: /png\r\n", b""),
+                        "/away" => {
+                            let to =
+                                format!("Location: http://localhost:{}/png\r\n", socket.local_addr().unwrap().port());
+                            reply("302 Found", &to, b"")
+                        }
                         "/delayed" => {
                             tokio::time::sleep(Duration::from_millis(300)).await;
                             reply("200 OK", "", PNG)
@@ -599,6 +664,32 @@ mod tests {
         let four = Fetcher::new(&slow).fetch_all((0..4).map(|_| image(&format!("{base}/delayed"))).collect()).await;
         assert_eq!(four.unwrap().len(), 4);
         assert!(started.elapsed() < Duration::from_millis(1000), "{:?}", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn allowed_media_domains_bound_every_hop() {
+        let base = serve().await;
+        let only = |domains: &[&str]| MediaOptions {
+            allowed_media_domains: Some(domains.iter().map(|d| d.to_string()).collect()),
+            ..options()
+        };
+        let got = fetch_one(&only(&["127.0.0.1"]), &format!("{base}/png")).await.unwrap();
+        assert_eq!(&*got.bytes, PNG);
+        // A redirect on the allowed host is followed; one to another host is refused before it is fetched.
+        assert_eq!(&*fetch_one(&only(&["127.0.0.1"]), &format!("{base}/redirect")).await.unwrap().bytes, PNG);
+        let e = fetch_one(&only(&["127.0.0.1"]), &format!("{base}/away")).await.unwrap_err();
+        assert!(
+            e.contains("The URL must be from one of the allowed domains: ['127.0.0.1']. Input URL domain: localhost"),
+            "{e}"
+        );
+        let e = fetch_one(&only(&["example.com", "localhost"]), &format!("{base}/png")).await.unwrap_err();
+        assert!(e.contains("allowed domains: ['example.com', 'localhost']. Input URL domain: 127.0.0.1"), "{e}");
+        // Data URIs are not URLs of a host.
+        assert!(fetch_one(&only(&["example.com"]), "data:image/gif;base64,R0lG").await.is_ok());
+        // With redirects off, a redirect stays the fetch's error.
+        let no_redirects = MediaOptions { allow_redirects: false, ..only(&["127.0.0.1"]) };
+        let e = fetch_one(&no_redirects, &format!("{base}/redirect")).await.unwrap_err();
+        assert!(e.contains("VLLM_MEDIA_URL_ALLOW_REDIRECTS=0"), "{e}");
     }
 
     #[test]

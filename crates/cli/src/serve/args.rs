@@ -232,6 +232,9 @@ pub struct ServeArgs {
     /// A directory whose files requests may name as `file://` image URLs (none without it).
     #[arg(long, help_heading = "ModelConfig")]
     pub allowed_local_media_path: Option<PathBuf>,
+    /// The hosts http(s) media URLs may name, every redirect hop included (any host without it).
+    #[arg(long, num_args = 1.., help_heading = "ModelConfig")]
+    pub allowed_media_domains: Vec<String>,
     /// The largest image a request may bring (fetched, decoded from a data URI, or read), in
     /// bytes or with a unit. Fetches also stop after VLLM_IMAGE_FETCH_TIMEOUT seconds (5; 30 for
     /// VLLM_VIDEO_FETCH_TIMEOUT) and follow redirects unless VLLM_MEDIA_URL_ALLOW_REDIRECTS=0.
@@ -354,6 +357,8 @@ impl ServeArgs {
             image_fetch_timeout: seconds("VLLM_IMAGE_FETCH_TIMEOUT", env("VLLM_IMAGE_FETCH_TIMEOUT"), 5)?,
             video_fetch_timeout: seconds("VLLM_VIDEO_FETCH_TIMEOUT", env("VLLM_VIDEO_FETCH_TIMEOUT"), 30)?,
             allow_redirects: switch("VLLM_MEDIA_URL_ALLOW_REDIRECTS", env("VLLM_MEDIA_URL_ALLOW_REDIRECTS"), true)?,
+            allowed_media_domains: (!self.allowed_media_domains.is_empty())
+                .then(|| self.allowed_media_domains.iter().map(|d| d.to_ascii_lowercase()).collect()),
             max_bytes: self.max_media_bytes,
             content_format: self.chat_template_content_format.into(),
             model: ModelMedia::default(),
