@@ -49,6 +49,8 @@ pub struct VisionInfo {
     pub image_token_id: u32,
     /// Patches merged into one embedding along each side (2 for Qwen2-VL's 2x2 windows).
     pub spatial_merge_size: usize,
+    /// Pixels along a patch's side: what a fixed-size image processor's grid is counted in.
+    pub patch_size: usize,
     /// The text an image stands as in a prompt whose chat template takes content as a string
     /// (vLLM's placeholder for the model), holding one placeholder token.
     pub placeholder: &'static str,
@@ -59,6 +61,21 @@ impl VisionInfo {
     pub fn image_tokens(&self, [t, h, w]: [usize; 3]) -> usize {
         t * (h / self.spatial_merge_size) * (w / self.spatial_merge_size)
     }
+}
+
+/// An image input a vision encoder cannot take: the request's error.
+pub(crate) fn image_input_error(detail: String) -> crate::ModelError {
+    ferrite_tensor::TensorError::Shape { op: "image input", detail }.into()
+}
+
+/// Processed pixels as a vision encoder's input on `device`: rounded to the model's `dtype`, as
+/// transformers casts them, and held in f32 on the CPU, whose backend computes in f32.
+pub(crate) fn pixel_input(values: Vec<f32>, shape: &[usize], device: Device, dtype: DType) -> Result<Tensor> {
+    let pixels = Tensor::from_f32_as(values, shape, dtype)?;
+    Ok(match device {
+        Device::Cpu => pixels.to_dtype(DType::F32),
+        _ => pixels.to_device(device)?,
+    })
 }
 
 impl ModelInfo {

@@ -19,7 +19,7 @@ use crate::families::llama::{self, Variant};
 use crate::layers::{LayerNorm, Linear};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::{Scope, Weights};
-use crate::model::{CausalLM, ForwardInput, ModelInfo, VisionEncoder, VisionInfo};
+use crate::model::{image_input_error, pixel_input, CausalLM, ForwardInput, ModelInfo, VisionEncoder, VisionInfo};
 use crate::Result;
 
 /// CLIPVisionConfig, with its defaults.
@@ -159,20 +159,13 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Llava> {
     let act_name = raw.value.get("projector_hidden_act").and_then(Value::as_str).unwrap_or("gelu");
     let projector_act = activation(raw, "projector_hidden_act", act_name)?;
 
-    // transformers 5 saves `image_token_id`; llava-hf's configs say `image_token_index`.
-    let image_token = ["image_token_id", "image_token_index"]
-        .iter()
-        .find_map(|k| raw.value.get(*k).and_then(Value::as_u64))
-        .unwrap_or(32000);
-    let image_token_id =
-        u32::try_from(image_token).map_err(|_| raw.error(format!("image token id {image_token} is too large")))?;
+    let image_token_id = raw.image_token_id(32000)?;
     let mut info = decoder.info().clone();
-    info.vision = Some(VisionInfo { image_token_id, spatial_merge_size: 1, placeholder: "<image>" });
+    info.vision =
+        Some(VisionInfo { image_token_id, spatial_merge_size: 1, patch_size: tower.patch, placeholder: "<image>" });
     let linears = tower.layers.iter().flat_map(|l| [&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2]);
-    info.weight_bytes += linears
-        .chain([&tower.patch_embed, &projector_1, &projector_2])
-        .map(|l| l.weight.size_in_bytes() + l.bias.as_ref().map_or(0, Tensor::size_in_bytes))
-        .sum::<usize>();
+    info.weight_bytes +=
+        linears.chain([&tower.patch_embed, &projector_1, &projector_2]).map(Linear::size_in_bytes).sum::<usize>();
     Ok(Llava { decoder, tower, projector_1, projector_2, projector_act, info })
 }
 
@@ -285,28 +278,24 @@ impl ClipTower {
     fn features(&self, chw: &[f32], device: Device, dtype: DType) -> Result<Tensor> {
         let patches = self.grid * self.grid;
         let pixels =
-            Tensor::from_f32_as(self.patch_rows(chw), &[patches, self.channels * self.patch * self.patch], dtype)?;
-        // Rounded to the model's dtype, as transformers casts them; the CPU backend computes in f32.
-        let pixels = match device {
-            Device::Cpu => pixels.to_dtype(DType::F32),
-            _ => pixels.to_device(device)?,
-        };
+            pixel_input(self.patch_rows(chw), &[patches, self.channels * self.patch * self.patch], device, dtype)?;
         let embedded = self.patch_embed.forward(&pixels)?;
         // Tables kept in the weights' dtype join activations in theirs (f32 on the CPU).
         let class = self.class_embedding.to_dtype(embedded.dtype());
         let x = ops::concat_rows(&[&class, &embedded])?;
         let positions = self.position_embedding.to_dtype(embedded.dtype());
         let mut x = self.pre_norm.forward(&ops::add(&x, &positions)?)?;
-        let mut states = Vec::with_capacity(self.feature_layers.len());
+        // Slot `j` holds feature layer `j`'s patch rows, in `vision_feature_layer`'s order, which
+        // the projector's input columns follow.
+        let mut features: Vec<Option<Tensor>> = vec![None; self.feature_layers.len()];
         let patch_rows: Vec<usize> = (1..=patches).collect();
-        let keep = |states: &mut Vec<(usize, Tensor)>, k: usize, x: &Tensor| -> Result<()> {
-            if self.feature_layers.contains(&k) {
-                states.push((k, ops::gather_rows(x, &patch_rows)?));
+        let mut keep = |k: usize, x: &Tensor| -> Result<()> {
+            for (slot, _) in features.iter_mut().zip(&self.feature_layers).filter(|(_, &layer)| layer == k) {
+                *slot = Some(ops::gather_rows(x, &patch_rows)?);
             }
             Ok(())
         };
-        keep(&mut states, 0, &x)?;
-        let e = x.last_dim();
+        keep(0, &x)?;
         for (i, l) in self.layers.iter().enumerate() {
             let normed = l.norm1.forward(&x)?;
             let (q, k, v) = (l.q.forward(&normed)?, l.k.forward(&normed)?, l.v.forward(&normed)?);
@@ -314,15 +303,10 @@ impl ClipTower {
             x = ops::add(&x, &l.out.forward(&attn)?)?;
             let mlp = l.fc2.forward(&ops::activation(&l.fc1.forward(&l.norm2.forward(&x)?)?, self.act)?)?;
             x = ops::add(&x, &mlp)?;
-            keep(&mut states, i + 1, &x)?;
+            keep(i + 1, &x)?;
         }
-        debug_assert_eq!(x.last_dim(), e);
-        // In `vision_feature_layer`'s order, which the projector's input columns follow.
-        let ordered: Vec<&Tensor> = self
-            .feature_layers
-            .iter()
-            .map(|k| &states.iter().find(|(s, _)| s == k).expect("every feature layer kept").1)
-            .collect();
+        let ordered: Vec<&Tensor> =
+            features.iter().map(|f| f.as_ref().expect("the tower runs to its deepest feature layer")).collect();
         match ordered.as_slice() {
             [one] => Ok((*one).clone()),
             many => Ok(ops::concat_cols(many)?),
@@ -335,15 +319,11 @@ impl VisionEncoder for Llava {
         let t = &self.tower;
         let side = t.grid * t.patch;
         if grid_thw != [1, t.grid, t.grid] || pixel_values.len() != t.channels * side * side {
-            return Err(ferrite_tensor::TensorError::Shape {
-                op: "image input",
-                detail: format!(
-                    "{} pixel values in a {grid_thw:?} grid for a tower of {side}x{side} images ({} patches a side)",
-                    pixel_values.len(),
-                    t.grid
-                ),
-            }
-            .into());
+            return Err(image_input_error(format!(
+                "{} pixel values in a {grid_thw:?} grid for a tower of {side}x{side} images ({} patches a side)",
+                pixel_values.len(),
+                t.grid
+            )));
         }
         let table = &self.decoder.embed.table;
         let features = t.features(pixel_values, table.device(), table.dtype())?;

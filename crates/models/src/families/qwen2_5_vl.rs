@@ -58,11 +58,7 @@ impl Default for VisionConfig {
 }
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<QwenVl> {
-    QwenVl::assemble(raw, w, |vision, v, text_hidden, image_token_id| {
-        let cfg: VisionConfig =
-            serde_json::from_value(vision.clone()).map_err(|e| raw.error(format!("vision_config: {e}")))?;
-        load_vision(raw, &cfg, v, text_hidden, image_token_id)
-    })
+    QwenVl::assemble(raw, w, load_vision)
 }
 
 fn load_vision(

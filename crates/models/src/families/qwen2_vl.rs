@@ -19,7 +19,7 @@ use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::{DenseMlp, Linear, Norm};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::{Scope, Weights};
-use crate::model::{CausalLM, ForwardInput, ModelInfo, VisionEncoder, VisionInfo};
+use crate::model::{image_input_error, pixel_input, CausalLM, ForwardInput, ModelInfo, VisionEncoder, VisionInfo};
 use crate::Result;
 
 /// Qwen2VLTextConfig's defaults where they differ from Llama's.
@@ -112,19 +112,21 @@ pub(crate) struct Windows {
 
 /// The vision tower, its merger, and what the prompt side needs to know about it.
 pub(crate) struct VisionTower {
-    pub patch_embed: Linear,
-    pub blocks: Vec<VisionBlock>,
-    pub attention: AttentionParams,
+    patch_embed: Linear,
+    blocks: Vec<VisionBlock>,
+    attention: AttentionParams,
     /// 2-D rotary inverse frequencies (`head_dim / 4` of them, shared by rows and columns).
-    pub rope_inv_freq: Vec<f32>,
-    pub windows: Option<Windows>,
-    pub merger_norm: Norm,
-    pub merger_fc1: Linear,
-    pub merger_fc2: Linear,
-    pub patch_dim: usize,
-    pub embed_dim: usize,
-    pub merge: usize,
-    pub image_token_id: u32,
+    rope_inv_freq: Vec<f32>,
+    windows: Option<Windows>,
+    merger_norm: Norm,
+    merger_fc1: Linear,
+    merger_fc2: Linear,
+    patch_dim: usize,
+    embed_dim: usize,
+    merge: usize,
+    /// Pixels along a patch's side.
+    patch_size: usize,
+    image_token_id: u32,
 }
 
 /// A Qwen vision-language model: the text decoder with its MRoPE, and the vision tower.
@@ -136,13 +138,13 @@ pub struct QwenVl {
 }
 
 /// Where a checkpoint keeps the text model and the vision tower.
-pub(crate) struct Layout {
+struct Layout {
     text: &'static str,
     visual: &'static str,
 }
 
 impl Layout {
-    pub fn of(w: &Weights) -> Layout {
+    fn of(w: &Weights) -> Layout {
         if w.contains("model.language_model.embed_tokens.weight") {
             Layout { text: "model.language_model", visual: "model.visual" }
         } else {
@@ -153,7 +155,7 @@ impl Layout {
 
 /// The text model's config: `text_config` (transformers 5) or the top-level keys (the Hub's
 /// checkpoints), with the top-level `architectures` and `tie_word_embeddings`.
-pub(crate) fn text_config(raw: &RawConfig) -> RawConfig {
+fn text_config(raw: &RawConfig) -> RawConfig {
     let mut text = raw.value.get("text_config").filter(|t| t.is_object()).cloned().unwrap_or_else(|| raw.value.clone());
     let flag = |v: &Value| v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false);
     // transformers ties when either config says so.
@@ -168,33 +170,30 @@ pub(crate) fn text_config(raw: &RawConfig) -> RawConfig {
 }
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<QwenVl> {
-    QwenVl::assemble(raw, w, |vision, v, text_hidden, image_token_id| {
-        let cfg: VisionConfig =
-            serde_json::from_value(vision.clone()).map_err(|e| raw.error(format!("vision_config: {e}")))?;
-        load_vision(raw, &cfg, v, text_hidden, image_token_id)
-    })
+    QwenVl::assemble(raw, w, load_vision)
 }
 
 impl QwenVl {
-    /// The text decoder (either checkpoint layout) and the tower that `vision` loads from the
-    /// checkpoint's vision scope, given `vision_config`, the text width and the image token.
-    pub(crate) fn assemble(
+    /// The text decoder (either checkpoint layout) and the tower that `load_vision` loads from
+    /// the checkpoint's vision scope, given the family's `vision_config`, the text width and the
+    /// image token.
+    pub(crate) fn assemble<C: serde::de::DeserializeOwned>(
         raw: &RawConfig,
         w: &Weights,
-        vision: impl FnOnce(&Value, &Scope, usize, u32) -> Result<VisionTower>,
+        load_vision: fn(&RawConfig, &C, &Scope, usize, u32) -> Result<VisionTower>,
     ) -> Result<QwenVl> {
         let layout = Layout::of(w);
         let decoder = load_text(&text_config(raw), w, &layout)?;
         let vision_value = raw.value.get("vision_config").cloned().unwrap_or(Value::Object(Default::default()));
-        let image_token_id = raw.value.get("image_token_id").and_then(Value::as_u64).unwrap_or(151655);
-        let image_token_id = u32::try_from(image_token_id)
-            .map_err(|_| raw.error(format!("`image_token_id` {image_token_id} is too large")))?;
+        let cfg: C = serde_json::from_value(vision_value).map_err(|e| raw.error(format!("vision_config: {e}")))?;
+        let image_token_id = raw.image_token_id(151655)?;
         let text_hidden = decoder.embed.table.shape()[1];
-        let vision = vision(&vision_value, &w.at(layout.visual), text_hidden, image_token_id)?;
+        let vision = load_vision(raw, &cfg, &w.at(layout.visual), text_hidden, image_token_id)?;
         let mut info = decoder.info().clone();
         info.vision = Some(VisionInfo {
             image_token_id,
             spatial_merge_size: vision.merge,
+            patch_size: vision.patch_size,
             placeholder: "<|vision_start|><|image_pad|><|vision_end|>",
         });
         info.weight_bytes += vision.weight_bytes();
@@ -358,16 +357,15 @@ impl VisionTower {
             patch_dim,
             embed_dim: e,
             merge: shape.merge,
+            patch_size: shape.side,
             image_token_id,
         })
     }
 
     fn weight_bytes(&self) -> usize {
         let linears = self.blocks.iter().flat_map(|b| [&b.qkv, &b.proj]);
-        let linears: usize = linears
-            .chain([&self.patch_embed, &self.merger_fc1, &self.merger_fc2])
-            .map(|l| l.weight.size_in_bytes() + l.bias.as_ref().map_or(0, Tensor::size_in_bytes))
-            .sum();
+        let linears: usize =
+            linears.chain([&self.patch_embed, &self.merger_fc1, &self.merger_fc2]).map(Linear::size_in_bytes).sum();
         linears + self.blocks.iter().map(|b| b.mlp.weight_bytes()).sum::<usize>()
     }
 
@@ -412,13 +410,13 @@ impl VisionTower {
         let [t, h, w] = grid_thw;
         let patches = t * h * w;
         if patches == 0 || !h.is_multiple_of(self.merge) || !w.is_multiple_of(self.merge) {
-            return Err(invalid(format!(
+            return Err(image_input_error(format!(
                 "image grid {grid_thw:?} does not divide into {0}x{0} merge windows",
                 self.merge
             )));
         }
         if pixel_values.len() != patches * self.patch_dim {
-            return Err(invalid(format!(
+            return Err(image_input_error(format!(
                 "{} pixel values for a {grid_thw:?} grid of {}-value patches",
                 pixel_values.len(),
                 self.patch_dim
@@ -430,12 +428,7 @@ impl VisionTower {
         let windows = self.windows.as_ref().map(|win| window_order(grid_thw, self.merge, win.side));
         let patch_order: Option<Vec<usize>> =
             windows.as_ref().map(|(units, _)| units.iter().flat_map(|&u| u * unit..(u + 1) * unit).collect());
-        // Rounded to the model's dtype, as transformers casts them; the CPU backend computes in f32.
-        let pixels = Tensor::from_f32_as(pixel_values.to_vec(), &[patches, self.patch_dim], dtype)?;
-        let pixels = match device {
-            Device::Cpu => pixels.to_dtype(DType::F32),
-            _ => pixels.to_device(device)?,
-        };
+        let pixels = pixel_input(pixel_values.to_vec(), &[patches, self.patch_dim], device, dtype)?;
         let mut x = self.patch_embed.forward(&pixels)?;
         let mut positions = self.patch_positions(grid_thw);
         if let Some(order) = &patch_order {
@@ -514,10 +507,6 @@ impl VisionEncoder for QwenVl {
     }
 }
 
-fn invalid(message: String) -> crate::ModelError {
-    ferrite_tensor::TensorError::Shape { op: "image input", detail: message }.into()
-}
-
 /// transformers' `get_rope_index` for a prompt whose images are given by their patch grids, in
 /// order: text tokens count up on all three axes; an image's tokens sit on its merged grid (the
 /// temporal axis at the start position, rows and columns offset from it) and the text after it
@@ -540,12 +529,15 @@ pub fn mrope_positions(
             i += 1;
             continue;
         }
-        let &[t, h, w] =
-            images.next().ok_or_else(|| invalid(format!("more image placeholders than the {} images", grids.len())))?;
+        let &[t, h, w] = images
+            .next()
+            .ok_or_else(|| image_input_error(format!("more image placeholders than the {} images", grids.len())))?;
         let (h, w) = (h / merge, w / merge);
         let tokens = t * h * w;
         if prompt.len() - i < tokens || prompt[i..i + tokens].iter().any(|&id| id != image_token) {
-            return Err(invalid(format!("an image of {tokens} tokens has fewer placeholders at prompt position {i}")));
+            return Err(image_input_error(format!(
+                "an image of {tokens} tokens has fewer placeholders at prompt position {i}"
+            )));
         }
         for ti in 0..t {
             for hi in 0..h {
@@ -558,7 +550,7 @@ pub fn mrope_positions(
         i += tokens;
     }
     if images.next().is_some() {
-        return Err(invalid(format!("{} images for fewer placeholder runs in the prompt", grids.len())));
+        return Err(image_input_error(format!("{} images for fewer placeholder runs in the prompt", grids.len())));
     }
     let max = out.iter().flatten().copied().max().map_or(0, |m| m as i64 + 1);
     Ok((out, max - prompt.len() as i64))

@@ -29,6 +29,11 @@ pub struct Linear {
 }
 
 impl Linear {
+    /// Its weight's and bias's bytes.
+    pub fn size_in_bytes(&self) -> usize {
+        self.weight.size_in_bytes() + self.bias.as_ref().map_or(0, Tensor::size_in_bytes)
+    }
+
     /// An unquantized layer.
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Linear {
         Linear { weight, bias, input_quant: None }

@@ -44,6 +44,16 @@ impl RawConfig {
         Ok(RawConfig { path: self.path.clone(), value: text })
     }
 
+    /// A vision-language config's image placeholder token: `image_token_id` (transformers 5), or
+    /// `image_token_index` (llava-hf's configs), else `default`.
+    pub fn image_token_id(&self, default: u64) -> Result<u32> {
+        let id = ["image_token_id", "image_token_index"]
+            .iter()
+            .find_map(|key| self.value.get(*key).and_then(Value::as_u64))
+            .unwrap_or(default);
+        u32::try_from(id).map_err(|_| self.error(format!("image token id {id} is too large")))
+    }
+
     /// The first entry of `architectures`, which selects the model class (as transformers does).
     pub fn architecture(&self) -> Result<String> {
         self.value
