@@ -11,7 +11,7 @@ use image::RgbImage;
 use serde_json::{Map, Value};
 
 use crate::config::{
-    check_bicubic, config_error, file_error, flag, positive, present, read_json, Normalization, CHANNELS,
+    check_bicubic, config_error, file_error, flag, image_processor_config, positive, present, Normalization, CHANNELS,
 };
 use crate::resize::resize_rgb;
 use crate::{MultimodalError, PixelPatches, MAX_ASPECT_RATIO};
@@ -70,14 +70,8 @@ impl ClipImageProcessor {
     /// the `image_processor` object of `processor_config.json` when there is one, else
     /// `preprocessor_config.json`.
     pub fn from_model_dir(dir: &Path) -> Result<Self, MultimodalError> {
-        let processor_path = dir.join("processor_config.json");
-        if processor_path.is_file() {
-            if let Some(config) = read_json(&processor_path)?.get("image_processor").filter(|v| !v.is_null()) {
-                return Self::from_config(config).map_err(|error| file_error(&processor_path, error));
-            }
-        }
-        let path = dir.join("preprocessor_config.json");
-        Self::from_config(&read_json(&path)?).map_err(|error| file_error(&path, error))
+        let (path, config) = image_processor_config(dir)?;
+        Self::from_config(&config).map_err(|error| file_error(&path, error))
     }
 
     /// `(height, width)` of every processed image: `crop_size`, or the fixed `size` when the

@@ -1,7 +1,7 @@
 //! Reading the JSON of an image processor config the way transformers' `ImagesKwargs` take it, and
 //! the rescale and normalize steps every torchvision-backend processor shares.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
@@ -28,6 +28,21 @@ pub(crate) fn file_error(path: &Path, error: impl ToString) -> MultimodalError {
 pub(crate) fn read_json(path: &Path) -> Result<Value, MultimodalError> {
     let text = std::fs::read_to_string(path).map_err(|error| file_error(path, format!("cannot read it: {error}")))?;
     serde_json::from_str(&text).map_err(|error| file_error(path, format!("not valid JSON: {error}")))
+}
+
+/// A model's image processor config from where transformers' `from_pretrained` reads it: the
+/// `image_processor` object of `processor_config.json` when there is one (not null), else
+/// `preprocessor_config.json`. Returns the file it came from, which errors about it name.
+pub fn image_processor_config(dir: &Path) -> Result<(PathBuf, Value), MultimodalError> {
+    let processor_path = dir.join("processor_config.json");
+    if processor_path.is_file() {
+        if let Some(config) = read_json(&processor_path)?.get("image_processor").filter(|v| !v.is_null()) {
+            return Ok((processor_path, config.clone()));
+        }
+    }
+    let path = dir.join("preprocessor_config.json");
+    let config = read_json(&path)?;
+    Ok((path, config))
 }
 
 /// `key`'s value unless absent or null: transformers treats a null like a missing key.

@@ -17,6 +17,7 @@ mod qwen2_vl;
 pub mod resize;
 
 pub use clip::ClipImageProcessor;
+pub use config::image_processor_config;
 pub use decode::decode_image;
 pub use qwen2_vl::Qwen2VlImageProcessor;
 

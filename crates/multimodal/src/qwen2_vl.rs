@@ -10,7 +10,8 @@ use image::RgbImage;
 use serde_json::{Map, Value};
 
 use crate::config::{
-    check_bicubic, config_error, file_error, flag, positive, positive_or, present, read_json, Normalization, CHANNELS,
+    check_bicubic, config_error, file_error, flag, image_processor_config, positive, positive_or, present,
+    Normalization, CHANNELS,
 };
 use crate::resize::resize_rgb;
 use crate::{MultimodalError, PixelPatches, MAX_ASPECT_RATIO};
@@ -57,10 +58,11 @@ impl Qwen2VlImageProcessor {
         })
     }
 
-    /// The processor of the model in `dir`, from its `preprocessor_config.json`.
+    /// The processor of the model in `dir`, from where transformers reads it
+    /// ([`image_processor_config`](crate::image_processor_config)).
     pub fn from_model_dir(dir: &Path) -> Result<Self, MultimodalError> {
-        let path = dir.join("preprocessor_config.json");
-        Self::from_config(&read_json(&path)?).map_err(|error| file_error(&path, error))
+        let (path, config) = image_processor_config(dir)?;
+        Self::from_config(&config).map_err(|error| file_error(&path, error))
     }
 
     /// This processor with a request's `mm_processor_kwargs` applied, as transformers applies them

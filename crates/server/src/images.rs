@@ -6,7 +6,9 @@
 use std::hash::{Hash, Hasher};
 
 use ferrite_engine::ImageData;
-use ferrite_multimodal::{decode_image, ClipImageProcessor, MultimodalError, Qwen2VlImageProcessor};
+use ferrite_multimodal::{
+    decode_image, image_processor_config, ClipImageProcessor, MultimodalError, Qwen2VlImageProcessor,
+};
 
 use crate::error::ApiError;
 use crate::generate::Prompt;
@@ -69,46 +71,27 @@ pub struct ImageProcessing {
 }
 
 impl ImageProcessing {
-    /// The image processor of the model in `dir`: its `preprocessor_config.json`, or the
-    /// `image_processor` section of the `processor_config.json` transformers 5 saves.
-    pub fn from_model_dir(dir: &std::path::Path, image_token_id: u32) -> Result<ImageProcessing, String> {
-        let read = |name: &str| -> Result<Option<(String, serde_json::Value)>, String> {
-            let path = dir.join(name);
-            if !path.exists() {
-                return Ok(None);
-            }
-            let shown = path.display().to_string();
-            let text = std::fs::read_to_string(&path).map_err(|e| format!("{shown}: {e}"))?;
-            let json = serde_json::from_str(&text).map_err(|e| format!("{shown}: not valid JSON: {e}"))?;
-            Ok(Some((shown, json)))
-        };
-        let processor_config = read("processor_config.json")?;
-        let (path, section) = match (read("preprocessor_config.json")?, &processor_config) {
-            (Some(legacy), _) => legacy,
-            (None, Some((path, json))) => {
-                let section =
-                    json.get("image_processor").ok_or_else(|| format!("{path}: no `image_processor` section"))?.clone();
-                (path.clone(), section)
-            }
-            (None, None) => {
-                return Err(format!(
-                    "{}: a vision-language model needs preprocessor_config.json or processor_config.json",
-                    dir.display()
-                ))
-            }
-        };
+    /// The image processor of the model in `dir` (`image_processor_config`: the
+    /// `image_processor` section of `processor_config.json`, else `preprocessor_config.json`),
+    /// for a vision tower of `patch_size`-pixel patches.
+    pub fn from_model_dir(
+        dir: &std::path::Path,
+        image_token_id: u32,
+        patch_size: usize,
+    ) -> Result<ImageProcessing, String> {
+        let (path, section) = image_processor_config(dir).map_err(|e| e.to_string())?;
+        let path = path.display();
         let kind =
             section.get("image_processor_type").and_then(serde_json::Value::as_str).unwrap_or("Qwen2VLImageProcessor");
         let processor = if kind.starts_with("Qwen2VLImageProcessor") {
             ImageProcessor::Qwen2Vl(Qwen2VlImageProcessor::from_config(&section).map_err(|e| format!("{path}: {e}"))?)
         } else if kind.starts_with("CLIPImageProcessor") {
             let processor = ClipImageProcessor::from_config(&section).map_err(|e| format!("{path}: {e}"))?;
-            let patch = clip_patch_size(dir, processor_config.as_ref().map(|(_, json)| json))?;
             let (height, width) = processor.output_size();
-            if patch == 0 || !height.is_multiple_of(patch) || !width.is_multiple_of(patch) {
-                return Err(format!("{path}: a {height}x{width} crop is not whole patches of {patch} pixels"));
+            if patch_size == 0 || !height.is_multiple_of(patch_size) || !width.is_multiple_of(patch_size) {
+                return Err(format!("{path}: a {height}x{width} crop is not whole patches of {patch_size} pixels"));
             }
-            ImageProcessor::Clip { processor, patch }
+            ImageProcessor::Clip { processor, patch: patch_size }
         } else {
             return Err(format!(
                 "{path}: image_processor_type `{kind}` is not supported (Qwen2VLImageProcessor, CLIPImageProcessor)"
@@ -182,22 +165,6 @@ impl ImageProcessing {
     }
 }
 
-/// The patch size a CLIP processor's images are cut into: LlavaProcessor's `patch_size` in
-/// `processor_config.json`, else the vision tower's in `config.json`.
-fn clip_patch_size(dir: &std::path::Path, processor_config: Option<&serde_json::Value>) -> Result<usize, String> {
-    let from = |v: Option<&serde_json::Value>| v.and_then(serde_json::Value::as_u64).map(|p| p as usize);
-    if let Some(patch) = from(processor_config.and_then(|c| c.get("patch_size"))) {
-        return Ok(patch);
-    }
-    let path = dir.join("config.json");
-    let config: serde_json::Value = std::fs::read_to_string(&path)
-        .ok()
-        .and_then(|text| serde_json::from_str(&text).ok())
-        .ok_or_else(|| format!("{}: unreadable, and the CLIP image processor needs its patch size", path.display()))?;
-    from(config.get("vision_config").and_then(|v| v.get("patch_size")))
-        .ok_or_else(|| format!("{}: no vision_config.patch_size for the CLIP image processor", path.display()))
-}
-
 /// Identifies an image as the model sees it (its processed pixels and grid), for the prefix
 /// cache's block hashes.
 fn content_hash(pixels: &[f32], grid: [usize; 3]) -> u64 {
@@ -227,7 +194,7 @@ mod tests {
     }
 
     fn processing() -> ImageProcessing {
-        ImageProcessing::from_model_dir(&fixture(), PAD).unwrap()
+        ImageProcessing::from_model_dir(&fixture(), PAD, 14).unwrap()
     }
 
     fn png(name: &str) -> FetchedMedia {

@@ -39,7 +39,7 @@ pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
         .with_context(|| format!("loading {}", args.model.display()))?;
     let mut frontend = frontend;
     if let Some(vision) = llm.client().model_info().vision {
-        frontend.media.model = vision_media(&args, vision.image_token_id, vision.placeholder)?;
+        frontend.media.model = vision_media(&args, vision.image_token_id, vision.patch_size, vision.placeholder)?;
     }
     let state = AppState::new(llm.client(), super::server_config(&args, frontend, sampling_defaults));
     super::serve_on(&args, |listener, grace| {
@@ -53,8 +53,9 @@ pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
 
 /// What a vision-language model takes: images, through its image processor, and the text an
 /// image stands as in a string-content chat template.
-fn vision_media(args: &ServeArgs, image_token_id: u32, placeholder: &str) -> Result<ModelMedia> {
-    let processing = ImageProcessing::from_model_dir(&args.model, image_token_id).map_err(anyhow::Error::msg)?;
+fn vision_media(args: &ServeArgs, image_token_id: u32, patch_size: usize, placeholder: &str) -> Result<ModelMedia> {
+    let processing =
+        ImageProcessing::from_model_dir(&args.model, image_token_id, patch_size).map_err(anyhow::Error::msg)?;
     Ok(ModelMedia {
         accepts_images: true,
         image_placeholder: Some(placeholder.into()),
