@@ -209,19 +209,22 @@ impl Default for MediaOptions {
 /// Fetches requests' media (one HTTP agent, so connections to a host are reused).
 pub struct Fetcher {
     agent: ureq::Agent,
+    route: std::sync::Arc<Route>,
     options: MediaOptions,
 }
 
 impl Fetcher {
     pub fn new(options: &MediaOptions) -> Fetcher {
+        let route = Route {
+            domains: options.allowed_media_domains.clone(),
+            redirects: if options.allow_redirects { MediaOptions::MAX_REDIRECTS } else { 0 },
+        };
         // With allowed domains, redirects are followed by `fetch_http`, which checks every hop.
-        let follows = options.allow_redirects && options.allowed_media_domains.is_none();
-        let redirects = if follows { MediaOptions::MAX_REDIRECTS } else { 0 };
         let agent = ureq::AgentBuilder::new()
-            .redirects(redirects)
+            .redirects(if route.domains.is_some() { 0 } else { route.redirects })
             .user_agent(concat!("ferrite/", env!("CARGO_PKG_VERSION")))
             .build();
-        Fetcher { agent, options: options.clone() }
+        Fetcher { agent, route: route.into(), options: options.clone() }
     }
 
     /// Every item's bytes, in the order given, fetched concurrently; the first failure is the
@@ -247,11 +250,7 @@ impl Fetcher {
                     MediaKind::Image => self.options.image_fetch_timeout,
                     MediaKind::Video => self.options.video_fetch_timeout,
                 };
-                let agent = self.agent.clone();
-                let route = Route {
-                    domains: self.options.allowed_media_domains.clone(),
-                    redirects: if self.options.allow_redirects { MediaOptions::MAX_REDIRECTS } else { 0 },
-                };
+                let (agent, route) = (self.agent.clone(), self.route.clone());
                 let task = tokio::task::spawn_blocking(move || fetch_http(&agent, &url, &route, timeout, max));
                 match tokio::time::timeout(timeout, task).await {
                     Ok(Ok(result)) => result,
