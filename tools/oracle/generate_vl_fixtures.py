@@ -202,9 +202,9 @@ def family_processor(family: dict, tok):
                                video_processor=Qwen2VLVideoProcessor(), chat_template=CHAT_TEMPLATE)
 
 
-def image_records(inputs, count: int):
-    """Per image: its grid in patches and its processed pixels (as the model takes them: Qwen's
-    patch rows, or CLIP's channel-first image), flattened."""
+def image_records(inputs, count: int, patch: int):
+    """Per image: its grid in `patch`-pixel patches and its processed pixels (as the model takes
+    them: Qwen's patch rows, or CLIP's channel-first image), flattened."""
     if "image_grid_thw" in inputs:
         out, offset = [], 0
         for grid in inputs["image_grid_thw"].tolist():
@@ -216,8 +216,7 @@ def image_records(inputs, count: int):
     out = []
     for k in range(count):
         chw = inputs["pixel_values"][k].numpy().astype("<f4")
-        side = 14
-        out.append(([1, chw.shape[1] // side, chw.shape[2] // side], chw.reshape(-1), 3 * side * side))
+        out.append(([1, chw.shape[1] // patch, chw.shape[2] // patch], chw.reshape(-1), 3 * patch * patch))
     return out
 
 
@@ -267,7 +266,7 @@ def generate(family_name: str) -> None:
         record_images = []
         if used:
             parts = [p for p in content if p["type"] == "image"]
-            for part, (grid, pixels, patch_dim) in zip(parts, image_records(inputs, len(used))):
+            for part, (grid, pixels, patch_dim) in zip(parts, image_records(inputs, len(used), family["vision"]["patch_size"])):
                 file = f"pixels/{part['image']}.bin"
                 if (out / file).exists():
                     assert np.array_equal(np.fromfile(out / file, dtype="<f4"), pixels), file
