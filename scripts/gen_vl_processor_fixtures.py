@@ -22,6 +22,9 @@ What it writes (crates/multimodal/tests/fixtures/):
   little-endian [3, height, width], for the .rgb pixels of a case's image; a case whose output is
   too big to keep (LLaVA-1.5's 336 x 336) has only the FNV-1a 64 digest of those bytes, which every
   case records;
+- video/<case>.rgb: a video's RGB8 frames one after another, and video/<case>.bin:
+  `pixel_values_videos` of `Qwen2VLVideoProcessor` (torchvision backend) for them, f32
+  little-endian [patches, patch_dim];
 - resize/{source,strip}.rgb and resize/{source,strip}-<w>x<h>.rgb: two noisy images and
   torchvision's uint8 bicubic antialiased resize of them to many sizes (up, down, one axis only,
   squeezes by 100 to 800 times);
@@ -52,6 +55,7 @@ from transformers.models.clip.image_processing_clip import CLIPImageProcessor
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
 OUT = Path(__file__).resolve().parents[1] / "crates" / "multimodal" / "tests" / "fixtures"
 
@@ -153,6 +157,23 @@ CASES = [
     ("exact-no-rescale-no-normalize", "exact.bmp", {**SMALL, "do_rescale": False, "do_normalize": False}),
 ]
 
+# Video processor configs (Qwen2VLVideoProcessor kwargs), small budgets.
+SMALL_VIDEO = {"size": {"shortest_edge": 28 * 28 * 2, "longest_edge": 28 * 28 * 6}, "cap_pixels_per_frame": False}
+# (case, frames, width, height, config)
+VIDEO_CASES = [
+    ("three-frames-padded", 3, 53, 37, SMALL_VIDEO),            # 3 frames -> 4 (last repeated), 56x28
+    ("four-frames-downscaled", 4, 160, 96, SMALL_VIDEO),        # over longest_edge: 84x28
+    ("one-frame-legacy-keys", 1, 45, 30, {"min_pixels": 28 * 28 * 2, "max_pixels": 28 * 28 * 4,
+                                          "cap_pixels_per_frame": False}),
+    # A total budget of 6 merged tokens (4704 pixels over 0.9): six frames share it, so each frame
+    # gets at most 2 * 4704 * 0.9 * 2 / 6 = 2822 pixels, floored at 1.05 * shortest_edge.
+    ("capped-six-frames", 6, 90, 60, {"size": {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 16},
+                                      "cap_pixels_per_frame": True, "max_video_tokens": 6}),
+    ("qwen3-layout", 2, 70, 40, {"size": {"shortest_edge": 32 * 32 * 2, "longest_edge": 32 * 32 * 6},
+                                 "patch_size": 16, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+                                 "cap_pixels_per_frame": False}),
+]
+
 # llava-hf/llava-1.5-7b-hf's preprocessor_config.json.
 LLAVA_1_5 = {"crop_size": {"height": 336, "width": 336}, "do_center_crop": True, "do_convert_rgb": True,
              "do_normalize": True, "do_rescale": True, "do_resize": True,
@@ -233,7 +254,7 @@ def main() -> None:
     torch.set_num_threads(1)
     if OUT.exists():
         shutil.rmtree(OUT)
-    for sub in ("images", "processor", "resize", "clip"):
+    for sub in ("images", "processor", "resize", "clip", "video"):
         (OUT / sub).mkdir(parents=True)
 
     images = []
@@ -282,6 +303,17 @@ def main() -> None:
             "pil_backend": {"pixel_values": diff_stats(pixel_values, pil)},
         })
 
+    video_cases = []
+    for seed, (case, count, width, height, config) in enumerate(VIDEO_CASES):
+        frames = np.stack([smooth_noisy(width, height, 100 + 10 * seed + k) for k in range(count)])
+        (OUT / "video" / f"{case}.rgb").write_bytes(frames.tobytes())
+        out = Qwen2VLVideoProcessor(**config)(videos=[torch.from_numpy(frames)], return_tensors="np")
+        pixel_values = out["pixel_values_videos"].astype("<f4")
+        (OUT / "video" / f"{case}.bin").write_bytes(pixel_values.tobytes())
+        video_cases.append({"name": case, "frames": f"video/{case}.rgb", "num_frames": count, "width": width,
+                            "height": height, "config": config, "video_grid_thw": out["video_grid_thw"][0].tolist(),
+                            "pixel_values": f"video/{case}.bin", "shape": list(pixel_values.shape)})
+
     resizes = []
     for label, (source_w, source_h), targets, seed in [("source", RESIZE_SOURCE, RESIZE_TARGETS, 20),
                                                        ("strip", STRIP_SOURCE, STRIP_TARGETS, 21)]:
@@ -300,6 +332,7 @@ def main() -> None:
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                      "torchvision": torchvision.__version__, "pillow": PIL.__version__, "numpy": np.__version__},
         "images": images, "cases": cases, "resizes": resizes, "clip_cases": clip_cases,
+        "video_cases": video_cases,
     }
     (OUT / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     total = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
@@ -308,6 +341,8 @@ def main() -> None:
         print(f"  {case['name']:32} grid {case['image_grid_thw']}  PIL backend: {case['pil_backend']}")
     for case in clip_cases:
         print(f"  clip {case['name']:27} shape {case['shape']}  PIL backend: {case['pil_backend']}")
+    for case in video_cases:
+        print(f"  video {case['name']:26} grid {case['video_grid_thw']}  shape {case['shape']}")
     worst = max(resizes, key=lambda r: r["pil_backend"]["max_abs_diff"])
     print(f"  resize sweep: PIL vs torchvision worst {worst['width']}x{worst['height']}: {worst['pil_backend']}")
 

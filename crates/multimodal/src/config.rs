@@ -45,6 +45,23 @@ pub fn image_processor_config(dir: &Path) -> Result<(PathBuf, Value), Multimodal
     Ok((path, config))
 }
 
+/// A model's video processor config from where transformers' `BaseVideoProcessor.from_pretrained`
+/// reads it: the `video_processor` object of `processor_config.json`, else
+/// `video_preprocessor_config.json`, else the image processor's `preprocessor_config.json` (older
+/// checkpoints, whose video processor takes the image processor's settings).
+pub fn video_processor_config(dir: &Path) -> Result<(PathBuf, Value), MultimodalError> {
+    let processor_path = dir.join("processor_config.json");
+    if processor_path.is_file() {
+        if let Some(config) = read_json(&processor_path)?.get("video_processor") {
+            return Ok((processor_path, config.clone()));
+        }
+    }
+    let video_path = dir.join("video_preprocessor_config.json");
+    let path = if video_path.is_file() { video_path } else { dir.join("preprocessor_config.json") };
+    let config = read_json(&path)?;
+    Ok((path, config))
+}
+
 /// `key`'s value unless absent or null: transformers treats a null like a missing key.
 pub(crate) fn present<'a>(object: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     object.get(key).filter(|value| !value.is_null())

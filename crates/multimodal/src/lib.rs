@@ -1,7 +1,8 @@
-//! Image inputs for vision-language models, as vLLM prepares them: an encoded image (PNG, JPEG,
-//! WebP, GIF, BMP) becomes RGB pixels the way Pillow and transformers' `convert_to_rgb` make them
-//! ([`decode_image`]), and an image processor turns those pixels into what the vision encoder takes:
-//! flat patches and their grid ([`Qwen2VlImageProcessor`], transformers' `Qwen2VLImageProcessor`) or
+//! Image and video inputs for vision-language models, as vLLM prepares them: an encoded image (PNG,
+//! JPEG, WebP, GIF, BMP) becomes RGB pixels the way Pillow and transformers' `convert_to_rgb` make
+//! them ([`decode_image`]; a video's frames each the same way), and a processor turns those pixels
+//! into what the vision encoder takes: flat patches and their grid ([`Qwen2VlImageProcessor`] and
+//! [`Qwen2VlVideoProcessor`], transformers' `Qwen2VLImageProcessor` and `Qwen2VLVideoProcessor`) or
 //! one fixed-size channel-first image ([`ClipImageProcessor`], transformers' `CLIPImageProcessor`,
 //! the processor of LLaVA-1.5).
 //!
@@ -17,9 +18,9 @@ mod qwen2_vl;
 pub mod resize;
 
 pub use clip::ClipImageProcessor;
-pub use config::image_processor_config;
+pub use config::{image_processor_config, video_processor_config};
 pub use decode::decode_image;
-pub use qwen2_vl::Qwen2VlImageProcessor;
+pub use qwen2_vl::{Qwen2VlImageProcessor, Qwen2VlVideoProcessor, FRAME_LIST_FPS};
 
 use std::path::PathBuf;
 
@@ -60,6 +61,10 @@ pub enum MultimodalError {
     EmptyImage { width: usize, height: usize },
     #[error("image is {width}x{height} pixels, an aspect ratio of {ratio}: more than the 200 allowed")]
     AspectRatio { width: usize, height: usize, ratio: f64 },
+    #[error("a video needs at least one frame")]
+    EmptyVideo,
+    #[error("video frame {index} is {}x{} pixels where frame 0 is {}x{}: a video's frames must be one size", size.0, size.1, first.0, first.1)]
+    FrameSize { index: usize, size: (u32, u32), first: (u32, u32) },
     #[error("invalid image processor config: {0}")]
     Config(String),
     #[error("{}: {message}", path.display())]

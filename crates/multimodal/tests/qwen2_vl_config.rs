@@ -203,3 +203,33 @@ fn invalid_overrides_are_refused_naming_the_key() {
         assert_eq!(error.to_string(), format!("invalid mm_processor_kwargs: {message}"), "{overrides}");
     }
 }
+
+#[test]
+fn video_processor_defaults_lookup_and_refusals_follow_transformers() {
+    use ferrite_multimodal::Qwen2VlVideoProcessor;
+    let video = Qwen2VlVideoProcessor::from_config(&json!({})).unwrap();
+    assert_eq!((video.min_pixels, video.max_pixels), (128 * 28 * 28, 28 * 28 * 768), "the class default size");
+    assert_eq!((video.cap_pixels_per_frame, video.max_video_tokens), (false, 128_000));
+    assert_eq!(video.seconds_per_grid(), 2.0 / 24.0, "frame lists are taken at transformers' 24 fps");
+    let error = Qwen2VlVideoProcessor::from_config(&json!({"do_sample_frames": true})).unwrap_err().to_string();
+    assert!(error.contains("do_sample_frames"), "{error}");
+
+    let frames = [image::RgbImage::new(56, 28), image::RgbImage::new(28, 56)];
+    let error = video.preprocess(&frames).unwrap_err();
+    assert!(matches!(error, MultimodalError::FrameSize { index: 1, .. }), "{error}");
+    assert!(matches!(video.preprocess(&[]).unwrap_err(), MultimodalError::EmptyVideo));
+
+    // transformers' order: processor_config.json's `video_processor`, then
+    // video_preprocessor_config.json, then the image processor's preprocessor_config.json.
+    let dir = std::env::temp_dir().join(format!("ferrite-multimodal-video-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, value: Value| std::fs::write(dir.join(name), value.to_string()).unwrap();
+    write("preprocessor_config.json", json!({"min_pixels": 3136, "max_pixels": 6272}));
+    let budget = |p: Qwen2VlVideoProcessor| (p.min_pixels, p.max_pixels);
+    assert_eq!(budget(Qwen2VlVideoProcessor::from_model_dir(&dir).unwrap()), (3136, 6272));
+    write("video_preprocessor_config.json", json!({"min_pixels": 784, "max_pixels": 1568}));
+    assert_eq!(budget(Qwen2VlVideoProcessor::from_model_dir(&dir).unwrap()), (784, 1568));
+    write("processor_config.json", json!({"video_processor": {"size": {"shortest_edge": 1, "longest_edge": 2}}}));
+    assert_eq!(budget(Qwen2VlVideoProcessor::from_model_dir(&dir).unwrap()), (1, 2));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use ferrite_multimodal::resize::resize_bicubic_antialias;
-use ferrite_multimodal::{ClipImageProcessor, Qwen2VlImageProcessor};
+use ferrite_multimodal::{ClipImageProcessor, Qwen2VlImageProcessor, Qwen2VlVideoProcessor};
 use image::RgbImage;
 use serde_json::Value;
 
@@ -92,6 +92,31 @@ fn processor_matches_transformers_torchvision_backend_bit_for_bit() {
         let tokens = processor.num_image_tokens(image.height() as usize, image.width() as usize).expect("tokens");
         assert_eq!(tokens * processor.merge_size * processor.merge_size, patches.num_patches(), "{name}: tokens");
 
+        let expected = f32s(&read(&case["pixel_values"]));
+        let row = patches.patch_dim;
+        assert_same_bits(name, &patches.pixel_values, &expected, |i| format!("patch {}, column {}", i / row, i % row));
+    }
+}
+
+#[test]
+fn video_processor_matches_transformers_torchvision_backend_bit_for_bit() {
+    let manifest = manifest();
+    let cases = manifest["video_cases"].as_array().expect("video_cases");
+    assert!(cases.len() >= 5, "the manifest lists every video case");
+    for case in cases {
+        let name = case["name"].as_str().expect("name");
+        let processor = Qwen2VlVideoProcessor::from_config(&case["config"]).expect("a valid config");
+        let (width, height) = (size(&case["width"]), size(&case["height"]));
+        let bytes = read(&case["frames"]);
+        let frames: Vec<RgbImage> = bytes
+            .chunks_exact((width * height * 3) as usize)
+            .map(|frame| RgbImage::from_raw(width, height, frame.to_vec()).expect("a frame"))
+            .collect();
+        assert_eq!(frames.len() as u64, case["num_frames"].as_u64().unwrap(), "{name}: frames");
+        let patches = processor.preprocess(&frames).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let grid: Vec<usize> =
+            case["video_grid_thw"].as_array().expect("grid").iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        assert_eq!(patches.grid_thw.to_vec(), grid, "{name}: video_grid_thw");
         let expected = f32s(&read(&case["pixel_values"]));
         let row = patches.patch_dim;
         assert_same_bits(name, &patches.pixel_values, &expected, |i| format!("patch {}, column {}", i / row, i % row));
