@@ -1,7 +1,8 @@
-"""Images in chat requests: `ferrite serve` on the tiny Qwen2-VL fixture, driven with the official
-`openai` client. Images arrive as data URIs and from a loopback HTTP server; the whole path (content
-parts, fetching, decoding, the image processor, placeholder expansion, the vision encoder, MRoPE)
-is held to transformers' greedy tokens recorded in the fixture's oracle.json."""
+"""Images and videos in chat requests: `ferrite serve` on the tiny Qwen2-VL fixture, driven with the
+official `openai` client. Images arrive as data URIs and from a loopback HTTP server, videos as
+vLLM's `data:video/jpeg;base64,<frame>,<frame>,...` frame lists; the whole path (content parts,
+fetching, decoding, the image and video processors, placeholder expansion, the vision encoder,
+MRoPE) is held to transformers' greedy tokens recorded in the fixture's oracle.json."""
 
 import base64
 import http.server
@@ -21,12 +22,21 @@ def data_uri(image):
     return "data:image/png;base64," + base64.b64encode((VL / "images" / f"{image}.png").read_bytes()).decode()
 
 
-def parts(case, url_of):
+def video_uri(family_dir, video):
+    """vLLM's frame-list data URI of a fixture video. The frames are PNGs: the media type names the
+    list, and each frame is opened whatever its format (by Pillow in vLLM, here as well)."""
+    frames = sorted((family_dir / "videos" / video).glob("*.png"), key=lambda f: int(f.stem))
+    return "data:video/jpeg;base64," + ",".join(base64.b64encode(f.read_bytes()).decode() for f in frames)
+
+
+def parts(case, url_of, family_dir=VL):
     """The case's message content as OpenAI content parts, images given by `url_of(name)`."""
     out = []
     for p in case["messages"][0]["content"]:
         if p["type"] == "image":
             out.append({"type": "image_url", "image_url": {"url": url_of(p["image"])}})
+        elif p["type"] == "video":
+            out.append({"type": "video_url", "video_url": {"url": video_uri(family_dir, p["video"])}})
         else:
             out.append({"type": "text", "text": p["text"]})
     return out
@@ -115,6 +125,10 @@ def test_bad_images_are_400s(vl, image_host):
     assert "mm_processor_kwargs" in json.dumps(
         refused([{"type": "image_url", "image_url": {"url": data_uri("square")}}, text],
                 mm_processor_kwargs={"no_such_key": 1}))
+    mp4 = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(b"mp4").decode()}}
+    assert "cannot be decoded" in refused([mp4, text])
+    broken_frame = {"type": "video_url", "video_url": {"url": video_uri(VL, "short") + ",bm90IGEgZnJhbWU="}}
+    assert "frame 2" in refused([broken_frame, text])
     assert client.models.list().data[0].id == NAME
 
 
@@ -169,9 +183,15 @@ def test_other_families_image_chats_match_transformers(servers, family, case):
     def uri(image):
         return "data:image/png;base64," + base64.b64encode((images / f"{image}.png").read_bytes()).decode()
 
-    r = complete(servers(family), parts(case, uri))
+    r = complete(servers(family), parts(case, uri, REPO / "fixtures" / "models" / family))
     assert r.prompt_token_ids == case["prompt_ids"]
     assert r.choices[0].token_ids == case["output_ids"], case["name"]
+
+
+def test_llava_refuses_videos(servers):
+    with pytest.raises(openai.BadRequestError) as e:
+        complete(servers("llava"), [{"type": "video_url", "video_url": {"url": video_uri(VL, "short")}}])
+    assert "does not accept video input" in e.value.response.json()["error"]["message"]
 
 
 def test_llava_refuses_processor_kwargs(servers):

@@ -1,14 +1,18 @@
-"""Vision-language oracle fixtures: tiny random-init Qwen2-VL and Qwen2.5-VL models, synthetic
-images, and transformers' greedy output for prompts that mix text and images.
+"""Vision-language oracle fixtures: tiny random-init Qwen2-VL, Qwen2.5-VL and LLaVA models,
+synthetic images and videos, and transformers' greedy output for prompts that mix text, images and
+(Qwen) videos.
 
     .venv-oracle/bin/python tools/oracle/generate_vl_fixtures.py            # every family (~40 s)
     .venv-oracle/bin/python tools/oracle/generate_vl_fixtures.py qwen2.5-vl # one of them
 
 Families and what their fixture exercises:
-- qwen2-vl (fixtures/models/qwen2-vl): LayerNorm + quick-GELU tower, full attention per image.
+- qwen2-vl (fixtures/models/qwen2-vl): LayerNorm + quick-GELU tower, full attention per image or
+  video frame pair; videos' temporal positions one per time step.
 - qwen2.5-vl (fixtures/models/qwen2.5-vl): RMSNorm + SwiGLU tower with window attention (windows of
   2x2 merged tokens, so that every image but the smallest spans several, some partial) and one
-  full-attention block; tied word embeddings, as the 3B checkpoint has them.
+  full-attention block; tied word embeddings, as the 3B checkpoint has them; `tokens_per_second` 25,
+  so that a video's time steps (1/12 s each at the 24 fps transformers assumes for frame lists)
+  sit 2.08 positions apart.
 - llava (fixtures/models/llava): a CLIP tower (class token, learned positions, pre-LayerNorm,
   quick-GELU) read at its second-to-last layer, the class row dropped, a GELU projector, a Llama
   text model; CLIP's processor (shortest edge 56, centre crop 56x56: 16 image tokens); llava-1.5's
@@ -22,11 +26,12 @@ What it writes (fixtures/models/<family>/):
 - the checkpoint as transformers 5 saves it (config.json with text_config / vision_config,
   model.safetensors), the processor's files (preprocessor_config.json, tokenizer.json with the
   vision special tokens added, tokenizer_config.json, chat_template.jinja: Qwen2-VL's template);
-- images/*.png: the synthetic images;
+- images/*.png: the synthetic images; videos/<video>/<frame>.png: the synthetic videos' frames;
 - oracle.json: per case the messages, the prompt ids the processor made (placeholders expanded),
-  each image's file, grid and processed pixels (pixels/<image>.bin, f32 little-endian
-  [patches, patch_dim], one file per image), and transformers' 16 greedy tokens with top-5
-  logprobs per step.
+  each image's and video's files, grid and processed pixels (pixels/<name>.bin, f32 little-endian
+  [patches, patch_dim], one file per image or video; a video's entry also has
+  `video_seconds_per_grid`), in prompt order under `images`, and transformers' 16 greedy tokens
+  with top-5 logprobs per step.
 
 The oracle is transformers on CPU in float32 with eager attention, batch 1, HF generate.
 """
@@ -110,6 +115,18 @@ IMAGES = {
     "large": (200, 150, 4),  # shrunk under MAX_PIXELS
 }
 
+# name -> (frames, width, height, seed): 5 frames are padded to 6 (3 time steps); 61x75 is resized.
+VIDEOS = {
+    "clip": (5, 84, 56, 11),
+    "short": (2, 61, 75, 12),
+}
+
+VIDEO_CASES = [
+    ("video", [{"type": "video", "video": "clip"}, {"type": "text", "text": "What happens?"}]),
+    ("image-and-video", [{"type": "image", "image": "square"}, {"type": "text", "text": "then"},
+                         {"type": "video", "video": "short"}, {"type": "text", "text": "Same scene?"}]),
+]
+
 CASES = [
     ("one-image", [{"type": "image", "image": "square"}, {"type": "text", "text": "Describe the image."}]),
     ("text-image-text", [{"type": "text", "text": "Look at"}, {"type": "image", "image": "wide"},
@@ -163,6 +180,7 @@ FAMILIES = {
                     temporal_patch_size=2, spatial_merge_size=2, window_size=56, fullatt_block_indexes=[1],
                     hidden_act="silu", initializer_range=0.3),
         extra={"tie_word_embeddings": True},
+        vision_extra={"tokens_per_second": 25},
     ),
     "llava": dict(
         tokens=["<image>"], config=LlavaConfig, model=LlavaForConditionalGeneration, processor=LlavaProcessor,
@@ -183,7 +201,7 @@ def family_config(family: dict, vocab: int, ids: dict[str, int]):
                            image_seq_length=(LLAVA_IMAGE // 14) ** 2, initializer_range=0.3)
     return family["config"](
         text_config=dict(vocab_size=vocab, **TEXT_CONFIG, **family["extra"]),
-        vision_config=family["vision"],
+        vision_config=family["vision"] | family.get("vision_extra", {}),
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         initializer_range=0.3, **family["extra"],
@@ -198,8 +216,25 @@ def family_processor(family: dict, tok):
                               vision_feature_select_strategy="default", num_additional_image_tokens=1,
                               chat_template=LLAVA_CHAT_TEMPLATE)
     image_processor = Qwen2VLImageProcessor(size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS})
+    video_processor = Qwen2VLVideoProcessor(size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
+                                            cap_pixels_per_frame=False)
     return family["processor"](image_processor=image_processor, tokenizer=tok,
-                               video_processor=Qwen2VLVideoProcessor(), chat_template=CHAT_TEMPLATE)
+                               video_processor=video_processor, chat_template=CHAT_TEMPLATE)
+
+
+def video_records(inputs):
+    """Per video: its grid, processed pixels and seconds per temporal patch (transformers'
+    `second_per_grid_ts` where the processor makes it, else what it would be: Qwen2-VL's processor
+    leaves it out because its model does not read it)."""
+    out, offset = [], 0
+    seconds = inputs.get("second_per_grid_ts")
+    for k, grid in enumerate(inputs["video_grid_thw"].tolist()):
+        patches = grid[0] * grid[1] * grid[2]
+        rows = inputs["pixel_values_videos"][offset:offset + patches].numpy().astype("<f4")
+        offset += patches
+        per_grid = float(seconds[k]) if seconds is not None else 2 / 24
+        out.append((grid, rows.reshape(-1), int(rows.shape[1]), per_grid))
+    return out
 
 
 def image_records(inputs, count: int, patch: int):
@@ -248,6 +283,16 @@ def generate(family_name: str) -> None:
     for name, (w, h, seed) in IMAGES.items():
         synthetic_image(name, w, h, seed).save(out / "images" / f"{name}.png")
         images[name] = Image.open(out / "images" / f"{name}.png").convert("RGB")
+    takes_video = "<|video_pad|>" in family["tokens"]
+    videos = {}
+    for name, (count, w, h, seed) in VIDEOS.items() if takes_video else ():
+        (out / "videos" / name).mkdir(parents=True)
+        frames = []
+        for k in range(count):
+            file = out / "videos" / name / f"{k}.png"
+            synthetic_image(name, w, h, seed * 10 + k).save(file)
+            frames.append(np.asarray(Image.open(file).convert("RGB")))
+        videos[name] = frames
 
     model = build_model(family, len(tok), ids)
     model.save_pretrained(str(out), safe_serialization=True)
@@ -256,29 +301,44 @@ def generate(family_name: str) -> None:
                                                             attn_implementation="eager").eval()
 
     cases = []
-    for name, content in CASES:
+    for name, content in CASES + (VIDEO_CASES if takes_video else []):
         messages = [{"role": "user", "content": [
-            {"type": "image"} if part["type"] == "image" else part for part in content]}]
+            {"type": part["type"]} if part["type"] in ("image", "video") else part for part in content]}]
         text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         used = [images[p["image"]] for p in content if p["type"] == "image"]
-        inputs = processor(text=[text], images=used or None, return_tensors="pt")
+        used_videos = [videos[p["video"]] for p in content if p["type"] == "video"]
+        inputs = processor(text=[text], images=used or None, videos=used_videos or None, return_tensors="pt")
         prompt_ids = inputs["input_ids"][0].tolist()
+
+        def keep(file, pixels):
+            if (out / file).exists():
+                assert np.array_equal(np.fromfile(out / file, dtype="<f4"), pixels), file
+            else:
+                pixels.tofile(out / file)
+
+        image_rows = iter(image_records(inputs, len(used), family["vision"]["patch_size"]) if used else [])
+        video_rows = iter(video_records(inputs) if used_videos else [])
         record_images = []
-        if used:
-            parts = [p for p in content if p["type"] == "image"]
-            for part, (grid, pixels, patch_dim) in zip(parts, image_records(inputs, len(used), family["vision"]["patch_size"])):
+        for part in content:
+            if part["type"] == "image":
+                grid, pixels, patch_dim = next(image_rows)
                 file = f"pixels/{part['image']}.bin"
-                if (out / file).exists():
-                    assert np.array_equal(np.fromfile(out / file, dtype="<f4"), pixels), file
-                else:
-                    pixels.tofile(out / file)
+                keep(file, pixels)
                 record_images.append({"file": f"images/{part['image']}.png", "grid_thw": grid, "pixels": file,
                                       "patch_dim": patch_dim})
-        extra = {k: inputs[k] for k in ("pixel_values", "image_grid_thw", "mm_token_type_ids") if k in inputs}
+            elif part["type"] == "video":
+                grid, pixels, patch_dim, per_grid = next(video_rows)
+                file = f"pixels/video-{part['video']}.bin"
+                keep(file, pixels)
+                frames = [f"videos/{part['video']}/{k}.png" for k in range(len(videos[part["video"]]))]
+                record_images.append({"frames": frames, "grid_thw": grid, "pixels": file, "patch_dim": patch_dim,
+                                      "video_seconds_per_grid": per_grid})
+        extra = {k: inputs[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
+                                        "second_per_grid_ts", "mm_token_type_ids") if k in inputs}
         result = greedy_generate_inputs(model, inputs["input_ids"], MAX_NEW_TOKENS, **extra)
         cases.append({"name": name, "messages": [{"role": "user", "content": content}], "prompt": text,
                       "prompt_ids": prompt_ids, "images": record_images, **result})
-        print(f"{name}: {len(prompt_ids)} prompt tokens, {len(record_images)} images, "
+        print(f"{name}: {len(prompt_ids)} prompt tokens, {len(record_images)} images and videos, "
               f"min gap {min(result['gaps']):.3f}, out {result['output_ids']}")
 
     write_json(out / "oracle.json", {
@@ -293,6 +353,8 @@ def generate(family_name: str) -> None:
         "image_processor": (
             {"shortest_edge": LLAVA_IMAGE, "crop_size": LLAVA_IMAGE} if family["processor"] is LlavaProcessor
             else {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}) | {"backend": type(processor.image_processor).__name__},
+        **({"video_processor": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "frames_fps": 24}}
+           if takes_video else {}),
         "cases": [{k: v for k, v in c.items() if k != "gaps"} | {"min_top2_gap": min(c["gaps"])} for c in cases],
     })
 

@@ -4,7 +4,7 @@
 //! ([`EngineClient::process`]), then hands the request to the loop over a channel and returns a [`RequestStream`] of deltas. The loop repeats
 //! schedule -> execute -> update -> detokenize, and blocks on the channel when idle.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -25,7 +25,7 @@ use crate::core::{ReqId, Request, Scheduler};
 use crate::detokenizer::Detokenizer;
 use crate::error::{EngineError, Result};
 use crate::output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
-use crate::params::{ImageData, MultimodalInputs, RequestSampling, SamplingParams};
+use crate::params::{MultimodalInputs, RequestSampling, SamplingParams, VisualInput};
 use crate::runner::ModelRunner;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -33,11 +33,11 @@ pub enum PromptInput {
     /// Tokenized with the tokenizer's special tokens (BOS and the like), as `tokenizer(text)`.
     Text(String),
     Tokens(Vec<u32>),
-    /// Token ids with each image's placeholders expanded (one placeholder token per embedding
-    /// the image becomes), and the images in prompt order.
+    /// Token ids with each image's and video's placeholders expanded (one placeholder token per
+    /// embedding it becomes), and the images and videos in prompt order.
     Multimodal {
         tokens: Vec<u32>,
-        images: Vec<ImageData>,
+        visuals: Vec<VisualInput>,
     },
 }
 
@@ -303,10 +303,10 @@ impl EngineClient {
         let arrival = Instant::now();
         let s = &self.shared;
         params.validate(s.max_logprobs)?;
-        let (prompt, images): (Vec<u32>, Vec<ImageData>) = match prompt {
+        let (prompt, images): (Vec<u32>, Vec<VisualInput>) = match prompt {
             PromptInput::Text(text) => (s.tokenizer.encode(&text, true)?, Vec::new()),
             PromptInput::Tokens(ids) => (ids, Vec::new()),
-            PromptInput::Multimodal { tokens, images } => (tokens, images),
+            PromptInput::Multimodal { tokens, visuals } => (tokens, visuals),
         };
         let multimodal = self.place_images(&prompt, images)?;
         let vocab = s.model_info.vocab_size;
@@ -389,12 +389,13 @@ impl EngineClient {
         Ok(ProcessedRequest { prompt, params, children, arrival })
     }
 
-    /// Pairs each image with the run of placeholder tokens it fills: runs and images in order,
-    /// each run exactly as long as its image's embedding.
-    fn place_images(&self, prompt: &[u32], images: Vec<ImageData>) -> Result<Option<Arc<MultimodalInputs>>> {
+    /// Pairs each image and video with the run of placeholder tokens it fills: the n-th image
+    /// the n-th run of image placeholders, the n-th video the n-th run of video placeholders,
+    /// each run exactly as long as its item's embedding.
+    fn place_images(&self, prompt: &[u32], visuals: Vec<VisualInput>) -> Result<Option<Arc<MultimodalInputs>>> {
         let vision = self.shared.model_info.vision;
         let Some(vision) = vision else {
-            if images.is_empty() {
+            if visuals.is_empty() {
                 return Ok(None);
             }
             return Err(EngineError::InvalidPrompt(format!(
@@ -402,51 +403,55 @@ impl EngineClient {
                 self.shared.model_info.architecture
             )));
         };
-        let id = vision.image_token_id;
-        let mut runs = Vec::new();
+        let ids: Vec<u32> = [Some(vision.image_token_id), vision.video_token_id].into_iter().flatten().collect();
+        // Each placeholder token's runs, in prompt order.
+        let mut runs: HashMap<u32, VecDeque<std::ops::Range<usize>>> =
+            ids.iter().map(|&id| (id, VecDeque::new())).collect();
         let mut i = 0;
         while i < prompt.len() {
-            if prompt[i] == id {
-                let start = i;
-                while i < prompt.len() && prompt[i] == id {
+            let start = i;
+            i += 1;
+            if let Some(queue) = runs.get_mut(&prompt[start]) {
+                while i < prompt.len() && prompt[i] == prompt[start] {
                     i += 1;
                 }
-                runs.push(start..i);
-            } else {
-                i += 1;
+                queue.push_back(start..i);
             }
         }
-        // Adjacent images leave one run: split it by the images' sizes.
-        let mut placed = Vec::with_capacity(images.len());
-        let mut runs = runs.into_iter().peekable();
-        let mut cursor: Option<std::ops::Range<usize>> = None;
-        for (k, image) in images.into_iter().enumerate() {
-            let tokens = vision.image_tokens(image.grid_thw);
-            let run = match cursor.take() {
-                Some(rest) => rest,
-                None => runs.next().ok_or_else(|| {
-                    EngineError::InvalidPrompt(format!("image {k} has no placeholder tokens (id {id}) in the prompt"))
-                })?,
-            };
+        let mut placed = Vec::with_capacity(visuals.len());
+        for (k, item) in visuals.into_iter().enumerate() {
+            let kind = item.visual.modality();
+            let id = vision.token_id(item.visual).ok_or_else(|| {
+                EngineError::InvalidPrompt(format!(
+                    "{} does not accept {kind} input",
+                    self.shared.model_info.architecture
+                ))
+            })?;
+            let tokens = vision.placeholder_tokens(item.grid_thw);
+            let queue = runs.get_mut(&id).expect("a queue per placeholder token");
+            let run = queue.pop_front().ok_or_else(|| {
+                EngineError::InvalidPrompt(format!("{kind} {k} has no placeholder tokens (id {id}) in the prompt"))
+            })?;
             if run.len() < tokens || tokens == 0 {
                 return Err(EngineError::InvalidPrompt(format!(
-                    "image {k} becomes {tokens} embeddings but its placeholder run at position {} has {} tokens",
+                    "{kind} {k} becomes {tokens} embeddings but its placeholder run at position {} has {} tokens",
                     run.start,
                     run.len()
                 )));
             }
+            // Adjacent items of a kind make one run: the next takes the rest of it.
             if run.len() > tokens {
-                cursor = Some(run.start + tokens..run.end);
+                queue.push_front(run.start + tokens..run.end);
             }
-            placed.push((image, run.start..run.start + tokens));
+            placed.push((item, run.start..run.start + tokens));
         }
-        if cursor.is_some() || runs.peek().is_some() {
+        if let Some((id, _)) = runs.iter().find(|(_, queue)| !queue.is_empty()) {
             return Err(EngineError::InvalidPrompt(format!(
-                "the prompt has more image placeholder tokens (id {id}) than its {} images fill",
+                "the prompt has more placeholder tokens (id {id}) than its {} images and videos fill",
                 placed.len()
             )));
         }
-        Ok((!placed.is_empty()).then(|| Arc::new(MultimodalInputs { images: placed })))
+        Ok((!placed.is_empty()).then(|| Arc::new(MultimodalInputs { items: placed })))
     }
 
     fn compile(&self, spec: &StructuredOutputs) -> Result<Arc<Grammar>> {

@@ -24,10 +24,11 @@ pub mod suffix_tree;
 pub use config::{CacheConfig, EngineConfig};
 pub use engine::{Engine, EngineClient, EngineStats, IterationTokens, ProcessedRequest, PromptInput, RequestStream};
 pub use error::{EngineError, Result};
+pub use ferrite_models::{VisionInfo, Visual};
 pub use graphs::GraphCounts;
 pub use llm::{TokenizerOverrides, LLM};
 pub use output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
-pub use params::{ImageData, MultimodalInputs, SamplingParams};
+pub use params::{MultimodalInputs, SamplingParams, VisualInput};
 pub use pooling::{PoolingClient, PoolingConfig, PoolingEngine};
 pub use spec_decode::{SpecDecodeStats, SpeculativeConfig};
 // Value types the server and the CLI name without depending on the tensor or structured crates.

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use ferrite_models::{Visual, VisualGrid};
 use ferrite_structured::{Grammar, StructuredOutputs};
 
 use crate::error::{EngineError, Result};
@@ -267,27 +268,34 @@ pub struct RequestSampling {
     pub multimodal: Option<Arc<MultimodalInputs>>,
 }
 
-/// One image of a prompt as the model's image processor made it.
+/// One image or video of a prompt as the model's processor made it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ImageData {
+pub struct VisualInput {
+    pub visual: Visual,
     /// `[patches, patch_dim]`, row-major.
     pub pixel_values: Arc<[f32]>,
     pub grid_thw: [usize; 3],
-    /// Identifies the image's content: prompts whose blocks cover different images never share
-    /// them in the prefix cache.
+    /// Identifies the content: prompts whose blocks cover different images or videos never
+    /// share them in the prefix cache.
     pub hash: u64,
 }
 
-/// A prompt's images, each with the prompt positions its placeholder tokens hold.
+impl VisualInput {
+    pub fn grid(&self) -> VisualGrid {
+        VisualGrid { visual: self.visual, grid_thw: self.grid_thw }
+    }
+}
+
+/// A prompt's images and videos, each with the prompt positions its placeholder tokens hold.
 #[derive(Debug, Clone, Default)]
 pub struct MultimodalInputs {
-    pub images: Vec<(ImageData, std::ops::Range<usize>)>,
+    pub items: Vec<(VisualInput, std::ops::Range<usize>)>,
 }
 
 impl MultimodalInputs {
-    /// Each image's placeholder positions and content hash: the prefix cache's extra keys.
+    /// Each item's placeholder positions and content hash: the prefix cache's extra keys.
     pub fn cache_keys(&self) -> Vec<(std::ops::Range<usize>, u64)> {
-        self.images.iter().map(|(image, at)| (at.clone(), image.hash)).collect()
+        self.items.iter().map(|(item, at)| (at.clone(), item.hash)).collect()
     }
 }
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ferrite_models::{CausalLM, ForwardInput, InputEmbeds};
+use ferrite_models::{CausalLM, ForwardInput, InputEmbeds, VisualGrid};
 use ferrite_structured::{mask_words, Grammar, TokenConstraint};
 use ferrite_tensor::ops;
 use ferrite_tensor::{AttnMetadata, AttnSeq, Device, PagedKvLayer, Tensor};
@@ -139,17 +139,17 @@ impl ModelRunner {
             }
             let mrope = match (&new.sampling.multimodal, self.model.vision()) {
                 (Some(mm), Some(vision)) => {
-                    let grids: Vec<[usize; 3]> = mm.images.iter().map(|(image, _)| image.grid_thw).collect();
+                    let grids: Vec<VisualGrid> = mm.items.iter().map(|(item, _)| item.grid()).collect();
                     vision.mrope_positions(&new.prompt_token_ids, &grids)?
                 }
                 _ => None,
             };
-            let images = new.sampling.multimodal.as_ref().map_or(0, |mm| mm.images.len());
+            let items = new.sampling.multimodal.as_ref().map_or(0, |mm| mm.items.len());
             self.requests.insert(
                 new.req_id,
                 CachedRequestState {
                     mrope,
-                    encoded: vec![None; images],
+                    encoded: vec![None; items],
                     token_ids: new.prompt_token_ids.clone(),
                     num_prompt_tokens: new.prompt_token_ids.len(),
                     prefill_len: new.prompt_token_ids.len(),
@@ -185,7 +185,7 @@ impl ModelRunner {
         for &(id, q_start, start, end) in chunks {
             let Some(state) = self.requests.get_mut(&id) else { continue };
             let Some(mm) = state.sampling.multimodal.clone() else { continue };
-            for (k, (image, at)) in mm.images.iter().enumerate() {
+            for (k, (item, at)) in mm.items.iter().enumerate() {
                 let (from, to) = (at.start.max(start), at.end.min(end));
                 if from >= to {
                     continue;
@@ -194,8 +194,9 @@ impl ModelRunner {
                     let vision = self.model.vision().ok_or_else(|| {
                         EngineError::Internal(format!("request {id} has images but the model no vision encoder"))
                     })?;
-                    let _span = tracing::debug_span!("encode_image", grid = ?image.grid_thw).entered();
-                    state.encoded[k] = Some(vision.encode_image(&image.pixel_values, image.grid_thw)?);
+                    let _span =
+                        tracing::debug_span!("encode", kind = item.visual.modality(), grid = ?item.grid_thw).entered();
+                    state.encoded[k] = Some(vision.encode(&item.pixel_values, item.grid_thw)?);
                 }
                 let encoded = state.encoded[k].as_ref().expect("encoded above");
                 parts.push(ops::gather_rows(encoded, &(from - at.start..to - at.start).collect::<Vec<_>>())?);

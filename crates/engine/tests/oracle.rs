@@ -60,16 +60,16 @@ fn vision_language_batches_chunks_and_caches_images() {
     let others: Vec<PromptInput> = battery(name)
         .into_iter()
         .map(|p| match p {
-            PromptInput::Multimodal { tokens, images } => {
-                let images = images
+            PromptInput::Multimodal { tokens, visuals } => {
+                let visuals = visuals
                     .into_iter()
-                    .map(|i| ferrite_engine::ImageData {
+                    .map(|i| ferrite_engine::VisualInput {
                         pixel_values: i.pixel_values.iter().map(|v| -v).collect(),
                         hash: !i.hash,
                         ..i
                     })
                     .collect();
-                PromptInput::Multimodal { tokens, images }
+                PromptInput::Multimodal { tokens, visuals }
             }
             text => text,
         })
@@ -107,28 +107,48 @@ fn llava_batches_chunks_and_caches_images() {
 fn image_placeholders_must_match_the_images() {
     let vl = llm("qwen2-vl", config());
     let client = vl.client();
-    let PromptInput::Multimodal { tokens, images } = battery("qwen2-vl").swap_remove(0) else {
+    let PromptInput::Multimodal { tokens, visuals: images } = battery("qwen2-vl").swap_remove(0) else {
         panic!("an image case")
     };
     let params = greedy(4);
     let short = tokens.iter().copied().filter(|&t| t != 1002).chain([1002]).collect::<Vec<_>>();
     let err = client
-        .process(PromptInput::Multimodal { tokens: short, images: images.clone() }, params.clone())
+        .process(PromptInput::Multimodal { tokens: short, visuals: images.clone() }, params.clone())
         .err()
         .expect("one placeholder for a 4-token image");
     assert!(err.to_string().contains("placeholder"), "{err}");
     let err = client
-        .process(PromptInput::Multimodal { tokens: tokens.clone(), images: Vec::new() }, params.clone())
+        .process(PromptInput::Multimodal { tokens: tokens.clone(), visuals: Vec::new() }, params.clone())
         .err()
         .expect("placeholders without an image");
     assert!(err.to_string().contains("placeholder"), "{err}");
     let text_only = llm("qwen2", config());
     let err = text_only
         .client()
-        .process(PromptInput::Multimodal { tokens: vec![1, 2, 3], images }, params)
+        .process(PromptInput::Multimodal { tokens: vec![1, 2, 3], visuals: images.clone() }, params)
         .err()
         .expect("a text-only model");
     assert!(err.to_string().contains("does not accept image input"), "{err}");
+
+    // A video fills video placeholders only, and a model without a video token refuses videos.
+    let video: Vec<_> = images
+        .iter()
+        .map(|i| ferrite_engine::VisualInput {
+            visual: ferrite_engine::Visual::Video { seconds_per_grid: 1.0 },
+            ..i.clone()
+        })
+        .collect();
+    let err = client
+        .process(PromptInput::Multimodal { tokens: tokens.clone(), visuals: video.clone() }, greedy(4))
+        .err()
+        .expect("a video for image placeholders");
+    assert!(err.to_string().contains("video 0 has no placeholder tokens"), "{err}");
+    let err = llm("llava", config())
+        .client()
+        .process(PromptInput::Multimodal { tokens, visuals: video }, greedy(4))
+        .err()
+        .expect("LLaVA takes no video");
+    assert!(err.to_string().contains("does not accept video input"), "{err}");
 }
 
 #[test]

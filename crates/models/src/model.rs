@@ -42,11 +42,13 @@ pub struct ModelInfo {
     pub vision: Option<VisionInfo>,
 }
 
-/// How a vision-language model's prompts hold images.
+/// How a vision-language model's prompts hold images and videos.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VisionInfo {
     /// The placeholder token each image embedding takes the place of.
     pub image_token_id: u32,
+    /// The placeholder token of a video embedding; `None` for a model without video input.
+    pub video_token_id: Option<u32>,
     /// Patches merged into one embedding along each side (2 for Qwen2-VL's 2x2 windows).
     pub spatial_merge_size: usize,
     /// Pixels along a patch's side: what a fixed-size image processor's grid is counted in.
@@ -54,13 +56,52 @@ pub struct VisionInfo {
     /// The text an image stands as in a prompt whose chat template takes content as a string
     /// (vLLM's placeholder for the model), holding one placeholder token.
     pub placeholder: &'static str,
+    /// The same for a video.
+    pub video_placeholder: Option<&'static str>,
 }
 
 impl VisionInfo {
-    /// How many placeholder tokens an image whose patch grid is `grid_thw` becomes.
-    pub fn image_tokens(&self, [t, h, w]: [usize; 3]) -> usize {
+    /// How many placeholder tokens an image or video whose patch grid is `grid_thw` becomes.
+    pub fn placeholder_tokens(&self, [t, h, w]: [usize; 3]) -> usize {
         t * (h / self.spatial_merge_size) * (w / self.spatial_merge_size)
     }
+
+    /// The placeholder token of a kind of visual input, if the model takes that kind.
+    pub fn token_id(&self, visual: Visual) -> Option<u32> {
+        match visual {
+            Visual::Image => Some(self.image_token_id),
+            Visual::Video { .. } => self.video_token_id,
+        }
+    }
+}
+
+/// A visual input of a prompt: a still image, or a video (whose temporal positions some models
+/// count in seconds).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Visual {
+    Image,
+    /// `seconds_per_grid`: the seconds one temporal patch spans (transformers'
+    /// `second_per_grid_ts`).
+    Video {
+        seconds_per_grid: f64,
+    },
+}
+
+impl Visual {
+    /// The modality's name in vLLM's messages (`image`, `video`).
+    pub fn modality(self) -> &'static str {
+        match self {
+            Visual::Image => "image",
+            Visual::Video { .. } => "video",
+        }
+    }
+}
+
+/// A visual input as the prompt's positions see it: its kind and its patch grid `(t, h, w)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VisualGrid {
+    pub visual: Visual,
+    pub grid_thw: [usize; 3],
 }
 
 /// An image input a vision encoder cannot take: the request's error.
@@ -126,18 +167,20 @@ pub struct InputEmbeds {
     pub values: Tensor,
 }
 
-/// The vision half of a vision-language model: it turns an image's processed pixels into the
-/// embeddings its placeholder tokens take, and places the prompt's tokens for the rotary
+/// The vision half of a vision-language model: it turns an image's or a video's processed pixels
+/// into the embeddings its placeholder tokens take, and places the prompt's tokens for the rotary
 /// embedding.
 pub trait VisionEncoder: Send + Sync {
-    /// Embeddings `[VisionInfo::image_tokens(grid_thw), hidden]` of one image from its processed pixels
-    /// `[patches, patch_dim]` (row-major f32, as the model's image processor lays them out).
-    fn encode_image(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Tensor>;
+    /// Embeddings `[VisionInfo::placeholder_tokens(grid_thw), hidden]` of one image or video from
+    /// its processed pixels `[patches, patch_dim]` (row-major f32, as the model's processor lays
+    /// them out).
+    fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Tensor>;
 
-    /// The (temporal, height, width) rotary positions of every prompt token, given the grids of
-    /// the prompt's images in order, and the offset decode positions then take (`position +
-    /// delta` on every axis). `None` for models without MRoPE.
-    fn mrope_positions(&self, prompt: &[u32], grids: &[[usize; 3]]) -> Result<Option<(Vec<[usize; 3]>, i64)>>;
+    /// The (temporal, height, width) rotary positions of every prompt token, given the prompt's
+    /// images and videos in order (the n-th image fills the n-th run of image placeholders, the
+    /// n-th video the n-th run of video placeholders), and the offset decode positions then take
+    /// (`position + delta` on every axis). `None` for models without MRoPE.
+    fn mrope_positions(&self, prompt: &[u32], visuals: &[VisualGrid]) -> Result<Option<(Vec<[usize; 3]>, i64)>>;
 }
 
 /// A decoder-only language model that reads and writes a paged KV cache.

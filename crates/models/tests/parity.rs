@@ -145,7 +145,8 @@ fn gate_catches_a_wrong_norm_epsilon() {
 }
 
 /// Vision-language: the MRoPE split of the text model's frequencies, the vision tower's 2-D
-/// rotary embedding, and Qwen2.5-VL's attention windows each change image prompts' tokens.
+/// rotary embedding, Qwen2.5-VL's attention windows and the seconds its video positions count
+/// each change image or video prompts' tokens.
 #[test]
 fn gate_catches_vision_language_breaks() {
     assert_breaks_caught(&[
@@ -162,6 +163,9 @@ fn gate_catches_vision_language_breaks() {
             c["vision_config"]["window_size"] = serde_json::json!(560)
         }),
         ("qwen2.5-vl", "every block windowed", |c| c["vision_config"]["fullatt_block_indexes"] = serde_json::json!([])),
+        ("qwen2.5-vl", "a video's time steps 0.33 positions apart instead of 2.08", |c| {
+            c["vision_config"]["tokens_per_second"] = serde_json::json!(4)
+        }),
     ]);
 }
 

@@ -89,9 +89,10 @@ pub fn template_messages(
 }
 
 /// Message `i`'s content as vLLM hands it to a template of `format`: for `string`, the text parts
-/// joined with newlines behind the model's placeholder for each image; for `openai`, a list of
-/// `{"type": "text", "text": ...}` and `{"type": "image"}` parts (a string content, or none,
-/// becomes such a list too). Its image parts are added to `media`.
+/// joined with newlines behind the model's placeholder for each image and video; for `openai`, a
+/// list of `{"type": "text", "text": ...}`, `{"type": "image"}` and `{"type": "video"}` parts (a
+/// string content, or none, becomes such a list too). Its image and video parts are added to
+/// `media`.
 fn message_content(
     i: usize,
     content: Option<&MessageContent>,
@@ -111,7 +112,8 @@ fn message_content(
     };
     let mut texts = Vec::new();
     let mut wrapped = Vec::new();
-    let mut images = 0;
+    // The placeholder of each image and video part, in order.
+    let mut placeholders = Vec::new();
     for (j, part) in parts.iter().enumerate() {
         let at = || format!("messages[{i}].content[{j}]");
         let fail = |problem: String| ApiError::invalid("messages", format!("{}: {problem}", at()));
@@ -135,35 +137,63 @@ fn message_content(
                     tracing::warn!("'image_url.detail' is currently not supported and will be ignored.");
                 }
                 media.push(MediaRef { kind: MediaKind::Image, url: url.url.to_string(), location: at() });
-                images += 1;
+                placeholders.push(model.image_placeholder.as_deref());
                 if format == ContentFormat::Openai {
                     wrapped.push(json!({"type": "image"}));
                 }
             }
-            "video_url" => return Err(fail("video input is not supported for this model yet".into())),
+            "video_url" => {
+                match model.images.as_deref().map(|p| &p.video) {
+                    Some(Ok(_)) => {}
+                    Some(Err(reason)) => return Err(fail(format!("content parts of type `video_url`: {reason}"))),
+                    None => {
+                        return Err(fail(
+                            "content parts of type `video_url` are not supported: this model does not accept video \
+                             input"
+                                .into(),
+                        ))
+                    }
+                }
+                let url = part.media_url().map_err(fail)?;
+                media.push(MediaRef { kind: MediaKind::Video, url: url.url.to_string(), location: at() });
+                placeholders.push(model.video_placeholder.as_deref());
+                if format == ContentFormat::Openai {
+                    wrapped.push(json!({"type": "video"}));
+                }
+            }
             other => return Err(fail(format!("content parts of type `{other}` are not supported"))),
         }
     }
     match format {
         ContentFormat::Openai => Ok(Value::Array(wrapped)),
-        ContentFormat::String => string_content(&texts, images, model.image_placeholder.as_deref())
+        ContentFormat::String => string_content(&texts, &placeholders)
             .map(Value::String)
             .map_err(|problem| ApiError::invalid("messages", format!("messages[{i}]: {problem}"))),
     }
 }
 
-/// vLLM's content for a `string` template: the text parts joined with newlines, behind one
-/// placeholder for each image the text does not already place itself.
-fn string_content(texts: &[&str], images: usize, placeholder: Option<&str>) -> Result<String, String> {
+/// vLLM's content for a `string` template: the text parts joined with newlines, behind the
+/// placeholders (one per image or video part, grouped by placeholder in order of first use) that
+/// the text does not already place itself.
+fn string_content(texts: &[&str], placeholders: &[Option<&str>]) -> Result<String, String> {
     let text = texts.join("\n");
-    let Some(placeholder) = placeholder.filter(|p| images > 0 && !p.is_empty()) else { return Ok(text) };
-    let placed = text.matches(placeholder).count();
-    if placed > images {
-        return Err(format!(
-            "Found more '{placeholder}' placeholders in input prompt than actual multimodal data items."
-        ));
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for placeholder in placeholders.iter().flatten().filter(|p| !p.is_empty()) {
+        match counts.iter_mut().find(|(p, _)| p == placeholder) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((placeholder, 1)),
+        }
     }
-    let mut lines = vec![placeholder; images - placed];
+    let mut lines = Vec::new();
+    for (placeholder, items) in counts {
+        let placed = text.matches(placeholder).count();
+        if placed > items {
+            return Err(format!(
+                "Found more '{placeholder}' placeholders in input prompt than actual multimodal data items."
+            ));
+        }
+        lines.extend(std::iter::repeat_n(placeholder, items - placed));
+    }
     lines.push(&text);
     Ok(lines.join("\n"))
 }
@@ -772,7 +802,7 @@ mod tests {
     }
 
     fn vision() -> ModelMedia {
-        ModelMedia { accepts_images: true, image_placeholder: Some(PAD.into()), images: None }
+        ModelMedia { accepts_images: true, image_placeholder: Some(PAD.into()), video_placeholder: None, images: None }
     }
 
     fn image(url: &str) -> Value {
@@ -799,7 +829,8 @@ mod tests {
             ),
             (
                 json!({"type": "video_url", "video_url": {"url": "https://x/v.mp4"}}),
-                "messages[1].content[1]: video input is not supported for this model yet",
+                "messages[1].content[1]: content parts of type `video_url` are not supported: this model does not \
+                 accept video input",
             ),
             (
                 json!({"type": "input_audio"}),
@@ -861,6 +892,32 @@ mod tests {
             messages(json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"detail": "low"}}]}]));
         let e = template_messages(&bad_url, ContentFormat::String, &vision()).err().unwrap();
         assert_eq!(e.message, "messages[0].content[0]: `image_url` needs a `url` string");
+    }
+
+    #[test]
+    fn videos_get_their_own_placeholders_and_parts() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/qwen2-vl");
+        let processing = crate::images::ImageProcessing::from_model_dir(&dir, 1002, 14, Some(1003)).unwrap();
+        const VIDEO: &str = "<|video|>";
+        let model = ModelMedia {
+            video_placeholder: Some(VIDEO.into()),
+            images: Some(std::sync::Arc::new(processing)),
+            ..vision()
+        };
+        let video = json!({"type": "video_url", "video_url": {"url": "data:video/jpeg;base64,AAAA,AAAA"}});
+        let conversation = messages(json!([{"role": "user", "content": [
+            video, image("https://x/a.png"), {"type": "text", "text": "Compare."}, video,
+        ]}]));
+        // vLLM groups the missing placeholders by placeholder, in the order each first appears.
+        let input = template_messages(&conversation, ContentFormat::String, &model).unwrap();
+        assert_eq!(input.messages[0]["content"], format!("{VIDEO}\n{VIDEO}\n{PAD}\nCompare."));
+        let kinds: Vec<MediaKind> = input.media.iter().map(|m| m.kind).collect();
+        assert_eq!(kinds, [MediaKind::Video, MediaKind::Image, MediaKind::Video]);
+        let input = template_messages(&conversation, ContentFormat::Openai, &model).unwrap();
+        assert_eq!(
+            input.messages[0]["content"],
+            json!([{"type": "video"}, {"type": "image"}, {"type": "text", "text": "Compare."}, {"type": "video"}])
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use ferrite_engine::{
-    CompletionOutput, ImageData, ProcessedRequest, PromptInput, RequestOutput, RequestStream, SamplingParams,
+    CompletionOutput, ProcessedRequest, PromptInput, RequestOutput, RequestStream, SamplingParams, VisualInput,
 };
 use futures::stream::{SelectAll, Stream, StreamExt};
 
@@ -30,19 +30,19 @@ use crate::AppState;
 pub struct Prompt {
     pub ids: Vec<u32>,
     pub text: Option<String>,
-    /// A chat request's images, fetched, in message order; see [`engine_input`].
+    /// A chat request's images and videos, fetched, in message order; see [`engine_input`].
     pub media: Vec<FetchedMedia>,
     /// The request's `mm_processor_kwargs` (vLLM's per-request multimodal processor settings).
     pub mm_processor_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// The media processed for the engine, their placeholders expanded in `ids`
     /// ([`crate::images::ImageProcessing::apply`]).
-    pub images: Vec<ImageData>,
+    pub visuals: Vec<VisualInput>,
 }
 
 impl Prompt {
     /// A prompt of text or token ids alone.
     pub fn new(ids: Vec<u32>, text: Option<String>) -> Prompt {
-        Prompt { ids, text, media: Vec::new(), mm_processor_kwargs: None, images: Vec::new() }
+        Prompt { ids, text, media: Vec::new(), mm_processor_kwargs: None, visuals: Vec::new() }
     }
 }
 
@@ -229,15 +229,15 @@ pub fn process(
         .collect()
 }
 
-/// What the engine gets for a prompt: its ids, with its images once processed.
+/// What the engine gets for a prompt: its ids, with its images and videos once processed.
 fn engine_input(prompt: &Prompt) -> Result<PromptInput, ApiError> {
     if let Some(item) = prompt.media.first() {
         return Err(ApiError::internal(format!("{}: the {} was not processed", item.location, item.kind.modality())));
     }
-    if prompt.images.is_empty() {
+    if prompt.visuals.is_empty() {
         return Ok(PromptInput::Tokens(prompt.ids.clone()));
     }
-    Ok(PromptInput::Multimodal { tokens: prompt.ids.clone(), images: prompt.images.clone() })
+    Ok(PromptInput::Multimodal { tokens: prompt.ids.clone(), visuals: prompt.visuals.clone() })
 }
 
 /// Starts the engine requests [`process`] accepted, one per prompt. An error part-way drops
@@ -324,16 +324,21 @@ mod tests {
     fn processed_images_go_to_the_engine_and_unprocessed_media_never_does() {
         let plain = Prompt::new(vec![1, 2], None);
         assert!(matches!(engine_input(&plain), Ok(PromptInput::Tokens(ids)) if ids == [1, 2]));
-        let image = ImageData { pixel_values: vec![0.0; 4].into(), grid_thw: [1, 2, 2], hash: 7 };
-        let with_image = Prompt { images: vec![image.clone()], ..plain.clone() };
+        let image = VisualInput {
+            visual: ferrite_engine::Visual::Image,
+            pixel_values: vec![0.0; 4].into(),
+            grid_thw: [1, 2, 2],
+            hash: 7,
+        };
+        let with_image = Prompt { visuals: vec![image.clone()], ..plain.clone() };
         assert!(matches!(
             engine_input(&with_image),
-            Ok(PromptInput::Multimodal { tokens, images }) if tokens == [1, 2] && images == [image]
+            Ok(PromptInput::Multimodal { tokens, visuals }) if tokens == [1, 2] && visuals == [image]
         ));
         let fetched = FetchedMedia {
             kind: MediaKind::Image,
             location: "messages[0].content[1]".into(),
-            bytes: vec![0u8; 4].into(),
+            encoded: vec![vec![0u8; 4].into()],
             mime: None,
         };
         let e = engine_input(&Prompt { media: vec![fetched], ..plain }).err().unwrap();

@@ -1,20 +1,23 @@
-//! A chat request's images, from fetched bytes to what the engine takes: decoded to RGB, run
-//! through the model's image processor (with the request's `mm_processor_kwargs`), and each
-//! image's one placeholder token in the rendered prompt expanded to as many tokens as the image
-//! becomes embeddings, as vLLM's multimodal processor updates the prompt.
+//! A chat request's images and videos, from fetched bytes to what the engine takes: decoded to
+//! RGB, run through the model's image or video processor (with the request's
+//! `mm_processor_kwargs`), and each item's one placeholder token in the rendered prompt expanded
+//! to as many tokens as the item becomes embeddings, as vLLM's multimodal processor updates the
+//! prompt.
 
 use std::hash::{Hash, Hasher};
 
-use ferrite_engine::ImageData;
+use ferrite_engine::{Visual, VisualInput};
 use ferrite_multimodal::{
     decode_image, image_processor_config, ClipImageProcessor, MultimodalError, Qwen2VlImageProcessor,
+    Qwen2VlVideoProcessor,
 };
 
 use crate::error::ApiError;
 use crate::generate::Prompt;
+use crate::media::{FetchedMedia, MediaKind};
 
 /// Pillow's decompression-bomb limit (`2 * Image.MAX_IMAGE_PIXELS`): a larger image is refused
-/// from its header, before its pixels are decoded.
+/// from its header, before its pixels are decoded. A video's frames share the same budget.
 pub const MAX_IMAGE_PIXELS: u64 = 178_956_970;
 
 /// The image processors the server runs, picked by the model's `image_processor_type`.
@@ -61,23 +64,35 @@ impl ImageProcessor {
     }
 }
 
-/// A vision-language model's image side as the server runs it.
+/// A model's video side: its processor and the token the chat template writes once per video.
+#[derive(Debug, Clone)]
+pub struct VideoProcessing {
+    pub processor: Qwen2VlVideoProcessor,
+    pub video_token_id: u32,
+}
+
+/// A vision-language model's image (and video) side as the server runs it.
 #[derive(Debug)]
 pub struct ImageProcessing {
     pub processor: ImageProcessor,
     /// The token the chat template writes once per image, and the engine expects once per
     /// image embedding.
     pub image_token_id: u32,
+    /// The video side, or why the model takes no video (the message a video request gets).
+    pub video: Result<VideoProcessing, String>,
 }
 
 impl ImageProcessing {
     /// The image processor of the model in `dir` (`image_processor_config`: the
     /// `image_processor` section of `processor_config.json`, else `preprocessor_config.json`),
-    /// for a vision tower of `patch_size`-pixel patches.
+    /// for a vision tower of `patch_size`-pixel patches; and, for a model with a video token,
+    /// its video processor (a video processor config the server cannot run leaves the model
+    /// serving images, and video requests get the reason).
     pub fn from_model_dir(
         dir: &std::path::Path,
         image_token_id: u32,
         patch_size: usize,
+        video_token_id: Option<u32>,
     ) -> Result<ImageProcessing, String> {
         let (path, section) = image_processor_config(dir).map_err(|e| e.to_string())?;
         let path = path.display();
@@ -97,11 +112,20 @@ impl ImageProcessing {
                 "{path}: image_processor_type `{kind}` is not supported (Qwen2VLImageProcessor, CLIPImageProcessor)"
             ));
         };
-        Ok(ImageProcessing { processor, image_token_id })
+        let video = match video_token_id {
+            None => Err("this model does not accept video input".to_string()),
+            Some(video_token_id) => Qwen2VlVideoProcessor::from_model_dir(dir)
+                .map(|processor| VideoProcessing { processor, video_token_id })
+                .map_err(|e| {
+                    tracing::warn!("video input is off: {e}");
+                    format!("video input is not available for this model: {e}")
+                }),
+        };
+        Ok(ImageProcessing { processor, image_token_id, video })
     }
 
-    /// Turns `prompt.media` into the engine's images and expands their placeholders in
-    /// `prompt.ids`. A prompt without media is left as it is; processor settings on a model
+    /// Turns `prompt.media` into the engine's images and videos and expands their placeholders
+    /// in `prompt.ids`. A prompt without media is left as it is; processor settings on a model
     /// without a processor are refused.
     pub(crate) fn apply(processing: Option<&ImageProcessing>, prompt: &mut Prompt) -> Result<(), ApiError> {
         let kwargs = prompt.mm_processor_kwargs.take().filter(|k| !k.is_empty());
@@ -117,58 +141,123 @@ impl ImageProcessing {
         if prompt.media.is_empty() {
             return Ok(());
         }
-        let processor = match &kwargs {
-            Some(kwargs) => {
-                processing.processor.with_overrides(kwargs).map_err(|e| ApiError::invalid("mm_processor_kwargs", e))?
-            }
-            None => processing.processor.clone(),
+        let has = |kind: MediaKind| prompt.media.iter().any(|m| m.kind == kind);
+        let overridden = |e: String| ApiError::invalid("mm_processor_kwargs", e);
+        let image_processor = match &kwargs {
+            Some(kwargs) if has(MediaKind::Image) => processing.processor.with_overrides(kwargs).map_err(overridden)?,
+            _ => processing.processor.clone(),
         };
-        let mut images = Vec::with_capacity(prompt.media.len());
+        let video = match (&processing.video, has(MediaKind::Video)) {
+            (Ok(video), true) => Some(match &kwargs {
+                Some(kwargs) => VideoProcessing {
+                    processor: video.processor.with_overrides(kwargs).map_err(|e| overridden(e.to_string()))?,
+                    ..video.clone()
+                },
+                None => video.clone(),
+            }),
+            (Err(reason), true) => return Err(ApiError::invalid("messages", reason.clone())),
+            (_, false) => None,
+        };
+        let mut visuals = Vec::with_capacity(prompt.media.len());
         for item in std::mem::take(&mut prompt.media) {
-            let fail = |e: ferrite_multimodal::MultimodalError| {
-                ApiError::invalid("messages", format!("{}: {e}", item.location))
+            let fail = |e: String| ApiError::invalid("messages", format!("{}: {e}", item.location));
+            let (visual, (pixel_values, grid_thw)) = match (&video, item.kind) {
+                (Some(video), MediaKind::Video) => {
+                    let seconds_per_grid = video.processor.seconds_per_grid();
+                    (Visual::Video { seconds_per_grid }, process_video(&video.processor, &item).map_err(fail)?)
+                }
+                _ => {
+                    let [bytes] = item.encoded.as_slice() else {
+                        return Err(fail(format!("an image must be one picture, not {}", item.encoded.len())));
+                    };
+                    (Visual::Image, image_processor.process(bytes).map_err(|e| fail(e.to_string()))?)
+                }
             };
-            let (pixel_values, grid_thw) = processor.process(&item.bytes).map_err(fail)?;
-            images.push(ImageData {
-                hash: content_hash(&pixel_values, grid_thw),
+            visuals.push(VisualInput {
+                hash: content_hash(visual, &pixel_values, grid_thw),
+                visual,
                 pixel_values: pixel_values.into(),
                 grid_thw,
             });
         }
-        let id = processing.image_token_id;
-        let merge = processor.merge();
-        let mut ids = Vec::with_capacity(prompt.ids.len());
-        let mut next = images.iter();
-        for &token in &prompt.ids {
-            if token != id {
-                ids.push(token);
-                continue;
-            }
-            let Some(image) = next.next() else {
-                return Err(ApiError::invalid(
-                    "messages",
-                    format!("the prompt has more image placeholders than the request's {} images", images.len()),
-                ));
-            };
-            let [t, h, w] = image.grid_thw;
-            ids.extend(std::iter::repeat_n(id, t * (h / merge) * (w / merge)));
-        }
-        if next.next().is_some() {
-            return Err(ApiError::invalid(
-                "messages",
-                format!("the chat template placed fewer image placeholders than the request's {} images", images.len()),
-            ));
-        }
-        prompt.ids = ids;
-        prompt.images = images;
+        prompt.ids = expand_placeholders(&prompt.ids, &visuals, processing, image_processor.merge(), video.as_ref())?;
+        prompt.visuals = visuals;
         Ok(())
     }
 }
 
-/// Identifies an image as the model sees it (its processed pixels and grid), for the prefix
-/// cache's block hashes.
-fn content_hash(pixels: &[f32], grid: [usize; 3]) -> u64 {
+/// A video's processed pixels and grid: its frames (vLLM's `video/jpeg` frame list) decoded,
+/// together within one image's pixel budget, and processed as one clip.
+fn process_video(processor: &Qwen2VlVideoProcessor, item: &FetchedMedia) -> Result<(Vec<f32>, [usize; 3]), String> {
+    if !item.mime.as_deref().is_some_and(|mime| mime.eq_ignore_ascii_case("video/jpeg")) {
+        let mime = item.mime.as_deref().unwrap_or("without a media type");
+        return Err(format!(
+            "a video {mime} cannot be decoded: send a video as its frames, \
+             `data:video/jpeg;base64,<frame>,<frame>,...` (vLLM's frame list); video files are not decoded"
+        ));
+    }
+    let mut budget = MAX_IMAGE_PIXELS;
+    let mut frames = Vec::with_capacity(item.encoded.len());
+    for (k, bytes) in item.encoded.iter().enumerate() {
+        let frame = decode_image(bytes, budget).map_err(|e| format!("frame {k}: {e} (for all frames together)"))?;
+        budget -= u64::from(frame.width()) * u64::from(frame.height());
+        frames.push(frame);
+    }
+    let patches = processor.preprocess(&frames).map_err(|e| e.to_string())?;
+    Ok((patches.pixel_values, patches.grid_thw))
+}
+
+/// `ids` with each image's and video's one placeholder token repeated as many times as the item
+/// becomes embeddings: the n-th image placeholder for the n-th image, and so for videos.
+fn expand_placeholders(
+    ids: &[u32],
+    visuals: &[VisualInput],
+    processing: &ImageProcessing,
+    image_merge: usize,
+    video: Option<&VideoProcessing>,
+) -> Result<Vec<u32>, ApiError> {
+    let video_id = video.map(|v| v.video_token_id);
+    let is_video = |v: &&VisualInput| matches!(v.visual, Visual::Video { .. });
+    let (mut images, mut videos) = (visuals.iter().filter(|v| !is_video(v)), visuals.iter().filter(is_video));
+    let count = |kind: &str| visuals.iter().filter(|v| v.visual.modality() == kind).count();
+    let mut out = Vec::with_capacity(ids.len());
+    for &token in ids {
+        let (kind, next, merge) = if token == processing.image_token_id {
+            ("image", images.next(), image_merge)
+        } else if Some(token) == video_id {
+            ("video", videos.next(), video.map_or(1, |v| v.processor.merge_size))
+        } else {
+            out.push(token);
+            continue;
+        };
+        let Some(item) = next else {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("the prompt has more {kind} placeholders than the request's {} {kind}s", count(kind)),
+            ));
+        };
+        let [t, h, w] = item.grid_thw;
+        out.extend(std::iter::repeat_n(token, t * (h / merge) * (w / merge)));
+    }
+    for (kind, unplaced) in [("image", images.next().is_some()), ("video", videos.next().is_some())] {
+        if unplaced {
+            return Err(ApiError::invalid(
+                "messages",
+                format!(
+                    "the chat template placed fewer {kind} placeholders than the request's {} {kind}s",
+                    count(kind)
+                ),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// Identifies an image or video as the model sees it (its kind, processed pixels and grid), for
+/// the prefix cache's block hashes.
+fn content_hash(visual: Visual, pixels: &[f32], grid: [usize; 3]) -> u64 {
     let mut h = std::hash::DefaultHasher::new();
+    visual.modality().hash(&mut h);
     grid.hash(&mut h);
     // In blocks of bytes: a million-pixel image is 25 MB of values, which one `write` per value
     // would take several times longer to hash.
@@ -185,16 +274,16 @@ fn content_hash(pixels: &[f32], grid: [usize; 3]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::media::{FetchedMedia, MediaKind};
 
     const PAD: u32 = 1002;
+    const VIDEO_PAD: u32 = 1003;
 
     fn fixture() -> std::path::PathBuf {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/qwen2-vl")
     }
 
     fn processing() -> ImageProcessing {
-        ImageProcessing::from_model_dir(&fixture(), PAD, 14).unwrap()
+        ImageProcessing::from_model_dir(&fixture(), PAD, 14, Some(VIDEO_PAD)).unwrap()
     }
 
     fn png(name: &str) -> FetchedMedia {
@@ -202,7 +291,7 @@ mod tests {
         FetchedMedia {
             kind: MediaKind::Image,
             location: "messages[0].content[0]".into(),
-            bytes: bytes.into(),
+            encoded: vec![bytes.into()],
             mime: None,
         }
     }
@@ -220,13 +309,53 @@ mod tests {
         let want: Vec<u32> = [5].into_iter().chain(pads(4)).chain([6]).chain(pads(12)).collect();
         assert_eq!(p.ids, want);
         assert!(p.media.is_empty());
-        assert_eq!(p.images.iter().map(|i| i.grid_thw).collect::<Vec<_>>(), [[1, 4, 4], [1, 6, 8]]);
+        assert_eq!(p.visuals.iter().map(|i| i.grid_thw).collect::<Vec<_>>(), [[1, 4, 4], [1, 6, 8]]);
         // The fixture's processed pixels came from transformers' processor on the same file.
         let oracle = std::fs::read(fixture().join("pixels/square.bin")).unwrap();
         let oracle: Vec<u32> = oracle.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
-        let ours: Vec<u32> = p.images[0].pixel_values.iter().map(|v| v.to_bits()).collect();
+        let ours: Vec<u32> = p.visuals[0].pixel_values.iter().map(|v| v.to_bits()).collect();
         assert!(ours == oracle, "pixel values differ from transformers'");
-        assert_ne!(p.images[0].hash, p.images[1].hash);
+        assert_ne!(p.visuals[0].hash, p.visuals[1].hash);
+    }
+
+    fn video(name: &str, frames: usize, mime: &str) -> FetchedMedia {
+        let frame = |k: usize| std::fs::read(fixture().join(format!("videos/{name}/{k}.png"))).unwrap().into();
+        FetchedMedia {
+            kind: MediaKind::Video,
+            location: "messages[0].content[1]".into(),
+            encoded: (0..frames).map(frame).collect(),
+            mime: Some(mime.into()),
+        }
+    }
+
+    #[test]
+    fn videos_take_their_own_placeholders_with_transformers_pixels() {
+        // The fixture's 5-frame 84x56 clip: padded to 6 frames, 3 time steps of 4x6 patches.
+        let mut p = prompt(vec![5, VIDEO_PAD, 6, PAD], vec![video("clip", 5, "video/jpeg"), png("square")]);
+        ImageProcessing::apply(Some(&processing()), &mut p).unwrap();
+        let want: Vec<u32> =
+            [5].into_iter().chain(std::iter::repeat_n(VIDEO_PAD, 18)).chain([6]).chain([PAD; 4]).collect();
+        assert_eq!(p.ids, want);
+        assert_eq!(p.visuals[0].grid_thw, [3, 4, 6]);
+        assert_eq!(p.visuals[0].visual, Visual::Video { seconds_per_grid: 2.0 / 24.0 });
+        assert_eq!(p.visuals[1].visual, Visual::Image);
+        let oracle = std::fs::read(fixture().join("pixels/video-clip.bin")).unwrap();
+        let oracle: Vec<u32> = oracle.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+        let ours: Vec<u32> = p.visuals[0].pixel_values.iter().map(|v| v.to_bits()).collect();
+        assert!(ours == oracle, "video pixel values differ from transformers'");
+
+        // A video file is not decoded; a video where the template placed an image is miscounted.
+        let mut p = prompt(vec![VIDEO_PAD], vec![video("clip", 1, "video/mp4")]);
+        let e = ImageProcessing::apply(Some(&processing()), &mut p).unwrap_err();
+        assert!(e.message.contains("video video/mp4 cannot be decoded"), "{}", e.message);
+        let mut p = prompt(vec![PAD], vec![video("clip", 2, "video/jpeg")]);
+        let e = ImageProcessing::apply(Some(&processing()), &mut p).unwrap_err();
+        assert!(e.message.contains("more image placeholders than the request's 0 images"), "{}", e.message);
+        // A model without a video token refuses videos with the reason.
+        let images_only = ImageProcessing::from_model_dir(&fixture(), PAD, 14, None).unwrap();
+        let mut p = prompt(vec![VIDEO_PAD], vec![video("clip", 2, "video/jpeg")]);
+        let e = ImageProcessing::apply(Some(&images_only), &mut p).unwrap_err();
+        assert!(e.message.contains("does not accept video input"), "{}", e.message);
     }
 
     #[test]
@@ -235,7 +364,7 @@ mod tests {
         p.mm_processor_kwargs = serde_json::from_str(r#"{"max_pixels": 3136}"#).unwrap();
         ImageProcessing::apply(Some(&processing()), &mut p).unwrap();
         // transformers' smart_resize: 200x150 under 3136 pixels is 56x28, 2x4 patches.
-        assert_eq!(p.images[0].grid_thw, [1, 2, 4]);
+        assert_eq!(p.visuals[0].grid_thw, [1, 2, 4]);
         assert_eq!(p.ids.len(), 2);
         let mut p = prompt(vec![PAD], vec![png("large")]);
         p.mm_processor_kwargs = serde_json::from_str(r#"{"do_pan_and_scan": true}"#).unwrap();
@@ -250,7 +379,7 @@ mod tests {
     #[test]
     fn bad_images_and_miscounted_placeholders_are_the_requests_fault() {
         let mut garbage = png("square");
-        garbage.bytes = vec![1u8, 2, 3, 4].into();
+        garbage.encoded = vec![vec![1u8, 2, 3, 4].into()];
         let e = ImageProcessing::apply(Some(&processing()), &mut prompt(vec![PAD], vec![garbage])).unwrap_err();
         assert!(e.message.starts_with("messages[0].content[0]: "), "{}", e.message);
         let e = ImageProcessing::apply(Some(&processing()), &mut prompt(vec![PAD, PAD], vec![png("square")]));

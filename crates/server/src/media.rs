@@ -53,8 +53,10 @@ pub struct FetchedMedia {
     pub kind: MediaKind,
     /// Where the request put it (`messages[1].content[0]`), for error messages.
     pub location: String,
-    /// Shared: prompts are cloned on their way to the engine.
-    pub bytes: Arc<[u8]>,
+    /// The encoded pictures: one for an image (or a video file, which is not decoded here), one
+    /// per frame for a video sent as vLLM's `data:video/jpeg;base64,<frame>,<frame>,...`. Shared:
+    /// prompts are cloned on their way to the engine.
+    pub encoded: Vec<Arc<[u8]>>,
     /// The media type the source declared (a data URI's, or the HTTP `Content-Type` without its
     /// parameters), if it declared one.
     pub mime: Option<String>,
@@ -154,7 +156,9 @@ pub struct ModelMedia {
     /// content as a string (Qwen2-VL: `<|vision_start|><|image_pad|><|vision_end|>`); `None` for
     /// a model whose prompt carries no image marker.
     pub image_placeholder: Option<String>,
-    /// The image processor and placeholder token of a model that accepts images.
+    /// The same for a video (`<|vision_start|><|video_pad|><|vision_end|>`).
+    pub video_placeholder: Option<String>,
+    /// The processors and placeholder tokens of a model that accepts images (and videos).
     pub images: Option<std::sync::Arc<crate::images::ImageProcessing>>,
 }
 
@@ -238,12 +242,17 @@ impl Fetcher {
         let max = self.options.max_bytes;
         let url = media.url.clone();
         let scheme = url.split_once(':').map(|(s, _)| s.to_ascii_lowercase()).unwrap_or_default();
-        let (bytes, mime) = match scheme.as_str() {
+        let (encoded, mime) = match scheme.as_str() {
             // Decoding megabytes of base64, or reading a file, is blocking work.
-            "data" => blocking(move || decode_data_uri(&url, max)).await.map_err(fail)?,
+            "data" => tokio::task::spawn_blocking(move || decode_data_uri(&url, max))
+                .await
+                .map_err(|e| fail(format!("the read failed: {e}")))?
+                .map_err(fail)?,
             "file" => {
                 let allowed = self.options.allowed_local_media_path.clone();
-                blocking(move || read_file_url(&url, allowed.as_deref(), max)).await.map_err(fail)?
+                let (bytes, mime) =
+                    blocking(move || read_file_url(&url, allowed.as_deref(), max)).await.map_err(fail)?;
+                (vec![bytes], mime)
             }
             "http" | "https" => {
                 let timeout = match media.kind {
@@ -252,12 +261,13 @@ impl Fetcher {
                 };
                 let (agent, route) = (self.agent.clone(), self.route.clone());
                 let task = tokio::task::spawn_blocking(move || fetch_http(&agent, &url, &route, timeout, max));
-                match tokio::time::timeout(timeout, task).await {
+                let (bytes, mime) = match tokio::time::timeout(timeout, task).await {
                     Ok(Ok(result)) => result,
                     Ok(Err(e)) => Err(format!("the fetch failed: {e}")),
                     Err(_) => Err(timed_out(timeout)),
                 }
-                .map_err(|problem| fail(format!("cannot fetch {}: {problem}", shown(&media.url))))?
+                .map_err(|problem| fail(format!("cannot fetch {}: {problem}", shown(&media.url))))?;
+                (vec![bytes], mime)
             }
             "" => return Err(fail(format!("{} is not a URL (expected http, https, data or file)", shown(&media.url)))),
             other => {
@@ -266,7 +276,8 @@ impl Fetcher {
                 )))
             }
         };
-        Ok(FetchedMedia { kind: media.kind, location: media.location, bytes: bytes.into(), mime })
+        let encoded = encoded.into_iter().map(Arc::from).collect();
+        Ok(FetchedMedia { kind: media.kind, location: media.location, encoded, mime })
     }
 }
 
@@ -307,8 +318,9 @@ const BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::n
 );
 
 /// RFC 2397 `data:[<media type>][;<param>=<value>]*;base64,<data>`, as vLLM reads it: only the
-/// base64 encoding.
-fn decode_data_uri(url: &str, max: usize) -> Loaded {
+/// base64 encoding, and for the media type `video/jpeg` (vLLM's frame list) the data is
+/// comma-separated base64 frames, each decoded on its own.
+fn decode_data_uri(url: &str, max: usize) -> Result<(Vec<Vec<u8>>, Option<String>), String> {
     let Some((spec, payload)) = url[5..].split_once(',') else {
         return Err(format!("the data URI {} has no `,` before its data", shown(url)));
     };
@@ -327,20 +339,29 @@ fn decode_data_uri(url: &str, max: usize) -> Loaded {
     }
     // Four base64 characters make three bytes: a payload this long cannot fit.
     if payload.len() / 4 * 3 > max.saturating_add(3) {
-        return Err(format!("the data URI's image is {}", too_large(max)));
-    }
-    let bytes = if payload.bytes().any(|b| b.is_ascii_whitespace()) {
-        let compact: Vec<u8> = payload.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-        BASE64.decode(compact)
-    } else {
-        BASE64.decode(payload)
-    }
-    .map_err(|e| format!("the data URI's base64 does not decode: {e}"))?;
-    if bytes.len() > max {
-        return Err(format!("the data URI's image is {}", too_large(max)));
+        return Err(format!("the data URI's data is {}", too_large(max)));
     }
     let media_type = media_type.split(';').next().unwrap_or("").trim();
-    Ok((bytes, (!media_type.is_empty()).then(|| media_type.to_string())))
+    let parts: Vec<&str> =
+        if media_type.eq_ignore_ascii_case("video/jpeg") { payload.split(',').collect() } else { vec![payload] };
+    let decoded = parts
+        .iter()
+        .enumerate()
+        .map(|(k, part)| {
+            let bytes = if part.bytes().any(|b| b.is_ascii_whitespace()) {
+                let compact: Vec<u8> = part.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+                BASE64.decode(compact)
+            } else {
+                BASE64.decode(part)
+            };
+            let which = if parts.len() > 1 { format!(" (frame {k})") } else { String::new() };
+            bytes.map_err(|e| format!("the data URI's base64{which} does not decode: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if decoded.iter().map(Vec::len).sum::<usize>() > max {
+        return Err(format!("the data URI's data is {}", too_large(max)));
+    }
+    Ok((decoded, (!media_type.is_empty()).then(|| media_type.to_string())))
 }
 
 /// A `file://` URL's file, which must lie under `allowed` (canonical), as vLLM allows it.
@@ -507,14 +528,22 @@ mod tests {
     async fn data_uris_decode_base64_only() {
         let b64 = base64::engine::general_purpose::STANDARD.encode(PNG);
         let got = fetch_one(&options(), &format!("data:image/png;base64,{b64}")).await.unwrap();
-        assert_eq!((&*got.bytes, got.mime.as_deref(), got.kind), (PNG, Some("image/png"), MediaKind::Image));
+        assert_eq!((&*got.encoded[0], got.mime.as_deref(), got.kind), (PNG, Some("image/png"), MediaKind::Image));
         assert_eq!(got.location, "messages[0].content[1]");
 
         // Padding left out, line breaks inside, a parameter before the encoding, no media type.
         let wrapped = format!("{}\n{}", &b64[..8], b64[8..].trim_end_matches('='));
         let got = fetch_one(&options(), &format!("data:image/png;name=x.png;base64,{wrapped}")).await.unwrap();
-        assert_eq!((&*got.bytes, got.mime.as_deref()), (PNG, Some("image/png")));
+        assert_eq!((&*got.encoded[0], got.mime.as_deref()), (PNG, Some("image/png")));
         assert_eq!(fetch_one(&options(), &format!("data:;base64,{b64}")).await.unwrap().mime, None);
+
+        // vLLM's frame list: each comma-separated part is one frame's base64.
+        let other = base64::engine::general_purpose::STANDARD.encode(b"frame two");
+        let got = fetch_one(&options(), &format!("data:video/jpeg;base64,{b64},{other}")).await.unwrap();
+        let frames: Vec<&[u8]> = got.encoded.iter().map(|f| &**f).collect();
+        assert_eq!(frames, [PNG, b"frame two"]);
+        let e = fetch_one(&options(), &format!("data:video/jpeg;base64,{b64},@@")).await.unwrap_err();
+        assert!(e.contains("base64 (frame 1) does not decode"), "{e}");
 
         for (url, needle) in [
             ("data:image/png;base64,@@@@".to_string(), "base64 does not decode"),
@@ -551,7 +580,7 @@ mod tests {
         assert!(e.contains("--allowed-local-media-path"), "{e}");
 
         let with = MediaOptions { allowed_local_media_path: Some(allowed.canonicalize().unwrap()), ..options() };
-        assert_eq!(&*fetch_one(&with, &url(&allowed.join("a.png"))).await.unwrap().bytes, PNG);
+        assert_eq!(&*fetch_one(&with, &url(&allowed.join("a.png"))).await.unwrap().encoded[0], PNG);
         for (path, needle) in [
             (allowed.join("../secret.png"), "must be a subpath"),
             (allowed.join("missing.png"), "cannot read"),
@@ -628,8 +657,8 @@ mod tests {
     async fn http_fetches_obey_the_time_size_and_redirect_limits() {
         let base = serve().await;
         let got = fetch_one(&options(), &format!("{base}/png")).await.unwrap();
-        assert_eq!((&*got.bytes, got.mime.as_deref()), (PNG, Some("image/png")));
-        assert_eq!(&*fetch_one(&options(), &format!("{base}/redirect")).await.unwrap().bytes, PNG);
+        assert_eq!((&*got.encoded[0], got.mime.as_deref()), (PNG, Some("image/png")));
+        assert_eq!(&*fetch_one(&options(), &format!("{base}/redirect")).await.unwrap().encoded[0], PNG);
 
         let started = std::time::Instant::now();
         let e = fetch_one(&options(), &format!("{base}/slow")).await.unwrap_err();
@@ -673,9 +702,9 @@ mod tests {
             ..options()
         };
         let got = fetch_one(&only(&["127.0.0.1"]), &format!("{base}/png")).await.unwrap();
-        assert_eq!(&*got.bytes, PNG);
+        assert_eq!(&*got.encoded[0], PNG);
         // A redirect on the allowed host is followed; one to another host is refused before it is fetched.
-        assert_eq!(&*fetch_one(&only(&["127.0.0.1"]), &format!("{base}/redirect")).await.unwrap().bytes, PNG);
+        assert_eq!(&*fetch_one(&only(&["127.0.0.1"]), &format!("{base}/redirect")).await.unwrap().encoded[0], PNG);
         let e = fetch_one(&only(&["127.0.0.1"]), &format!("{base}/away")).await.unwrap_err();
         assert!(
             e.contains("The URL must be from one of the allowed domains: ['127.0.0.1']. Input URL domain: localhost"),

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device, PagedKvLayer};
 use serde::Deserialize;
 
-use ferrite_models::{CausalLM, ModelError, Result};
+use ferrite_models::{CausalLM, ModelError, Result, Visual, VisualGrid};
 
 pub const NEAR_TIE_NATS: f32 = 0.5;
 
@@ -23,7 +23,7 @@ pub struct OracleCase {
     #[serde(default)]
     pub chat: bool,
     pub prompt_ids: Vec<u32>,
-    /// The prompt's images, in order (vision-language fixtures).
+    /// The prompt's images and videos, in prompt order (vision-language fixtures).
     #[serde(default)]
     pub images: Vec<OracleImage>,
     pub output_ids: Vec<u32>,
@@ -31,18 +31,21 @@ pub struct OracleCase {
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
 }
 
-/// One image of a case: its patch grid and the processed pixels transformers' image processor
+/// One image or video of a case: its patch grid and the processed pixels transformers' processor
 /// made (`pixels`: a file of f32 little-endian `[patches, patch_dim]`, relative to the fixture).
 #[derive(Debug, Clone, Deserialize)]
 pub struct OracleImage {
     pub grid_thw: [usize; 3],
     pub pixels: String,
     pub patch_dim: usize,
+    /// A video's `second_per_grid_ts`; absent for an image.
+    #[serde(default)]
+    pub video_seconds_per_grid: Option<f64>,
 }
 
 impl OracleImage {
-    /// The processed pixels and the grid, read from the fixture in `dir`.
-    pub fn load(&self, dir: &Path) -> Result<(Vec<f32>, [usize; 3])> {
+    /// The processed pixels, and the kind and grid, read from the fixture in `dir`.
+    pub fn load(&self, dir: &Path) -> Result<(Vec<f32>, VisualGrid)> {
         let path = dir.join(&self.pixels);
         let bytes = std::fs::read(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
         let [t, h, w] = self.grid_thw;
@@ -52,7 +55,12 @@ impl OracleImage {
                 message: format!("{} bytes for a {:?} grid of {} values", bytes.len(), self.grid_thw, self.patch_dim),
             });
         }
-        Ok((bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(), self.grid_thw))
+        let visual = match self.video_seconds_per_grid {
+            Some(seconds_per_grid) => Visual::Video { seconds_per_grid },
+            None => Visual::Image,
+        };
+        let pixels = bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        Ok((pixels, VisualGrid { visual, grid_thw: self.grid_thw }))
     }
 }
 
@@ -112,13 +120,14 @@ pub fn greedy_on(
     greedy_with_images(model, prompt, &[], new_tokens, block_size, device, kv_dtype)
 }
 
-/// [`greedy_on`] for a prompt with images (processed pixels and patch grid each, in prompt
-/// order): the vision encoder's embeddings take the placeholders' rows at prefill, and a model
-/// with MRoPE gets the prompt's positions from it and offsets its decode positions.
+/// [`greedy_on`] for a prompt with images and videos (processed pixels and kind and patch grid
+/// each, in prompt order): the vision encoder's embeddings take the placeholders' rows at
+/// prefill, and a model with MRoPE gets the prompt's positions from it and offsets its decode
+/// positions.
 pub fn greedy_with_images(
     model: &dyn CausalLM,
     prompt: &[u32],
-    images: &[(Vec<f32>, [usize; 3])],
+    images: &[(Vec<f32>, VisualGrid)],
     new_tokens: usize,
     block_size: usize,
     device: Device,
@@ -126,21 +135,23 @@ pub fn greedy_with_images(
 ) -> Result<Generation> {
     let (embeds, mrope) = match model.vision() {
         Some(vision) => {
-            let grids: Vec<[usize; 3]> = images.iter().map(|i| i.1).collect();
+            let grids: Vec<VisualGrid> = images.iter().map(|i| i.1).collect();
             let mrope = vision.mrope_positions(prompt, &grids)?;
             let embeds = if images.is_empty() {
                 None
             } else {
                 let values = images
                     .iter()
-                    .map(|(pixels, grid)| vision.encode_image(pixels, *grid))
+                    .map(|(pixels, visual)| vision.encode(pixels, visual.grid_thw))
                     .collect::<Result<Vec<_>>>()?;
                 let values = ferrite_tensor::ops::concat_rows(&values.iter().collect::<Vec<_>>())?;
-                let id = model.info().vision.map(|v| v.image_token_id).ok_or_else(|| ModelError::Config {
+                let info = model.info().vision.ok_or_else(|| ModelError::Config {
                     path: "config.json".into(),
                     message: "a vision encoder without vision info".into(),
                 })?;
-                let rows = prompt.iter().enumerate().filter(|(_, &t)| t == id).map(|(i, _)| i).collect();
+                // Features in prompt order fill image and video placeholders in prompt order.
+                let placeholder = |t: u32| t == info.image_token_id || Some(t) == info.video_token_id;
+                let rows = prompt.iter().enumerate().filter(|(_, &t)| placeholder(t)).map(|(i, _)| i).collect();
                 Some(ferrite_models::InputEmbeds { rows, values })
             };
             (embeds, mrope)

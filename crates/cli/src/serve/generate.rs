@@ -39,7 +39,7 @@ pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
         .with_context(|| format!("loading {}", args.model.display()))?;
     let mut frontend = frontend;
     if let Some(vision) = llm.client().model_info().vision {
-        frontend.media.model = vision_media(&args, vision.image_token_id, vision.patch_size, vision.placeholder)?;
+        frontend.media.model = vision_media(&args, &vision)?;
     }
     let state = AppState::new(llm.client(), super::server_config(&args, frontend, sampling_defaults));
     super::serve_on(&args, |listener, grace| {
@@ -51,14 +51,16 @@ pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
     Ok(())
 }
 
-/// What a vision-language model takes: images, through its image processor, and the text an
-/// image stands as in a string-content chat template.
-fn vision_media(args: &ServeArgs, image_token_id: u32, patch_size: usize, placeholder: &str) -> Result<ModelMedia> {
+/// What a vision-language model takes: images (and videos), through its processors, and the text
+/// an image or a video stands as in a string-content chat template.
+fn vision_media(args: &ServeArgs, vision: &ferrite_engine::VisionInfo) -> Result<ModelMedia> {
     let processing =
-        ImageProcessing::from_model_dir(&args.model, image_token_id, patch_size).map_err(anyhow::Error::msg)?;
+        ImageProcessing::from_model_dir(&args.model, vision.image_token_id, vision.patch_size, vision.video_token_id)
+            .map_err(anyhow::Error::msg)?;
     Ok(ModelMedia {
         accepts_images: true,
-        image_placeholder: Some(placeholder.into()),
+        image_placeholder: Some(vision.placeholder.into()),
+        video_placeholder: vision.video_placeholder.map(Into::into),
         images: Some(Arc::new(processing)),
     })
 }

@@ -43,25 +43,31 @@ pub fn battery(name: &str) -> Vec<PromptInput> {
     oracle(name).cases.iter().map(|c| prompt_input(name, c)).collect()
 }
 
-/// A case's prompt ids, with its images (processed pixels from the fixture) where it has some.
+/// A case's prompt ids, with its images and videos (processed pixels from the fixture) where it
+/// has some.
 pub fn prompt_input(name: &str, case: &ferrite_testing::gate::OracleCase) -> PromptInput {
     if case.images.is_empty() {
         return PromptInput::Tokens(case.prompt_ids.clone());
     }
     let dir = fixture(name);
-    let images = case
+    let visuals = case
         .images
         .iter()
         .map(|image| {
-            let (pixels, grid_thw) = image.load(&dir).unwrap();
+            let (pixels, grid) = image.load(&dir).unwrap();
             // The pixels' own hash: equal images share prefix-cache blocks.
             let hash = pixels
                 .iter()
                 .fold(0xcbf29ce484222325u64, |h, v| (h ^ u64::from(v.to_bits())).wrapping_mul(0x100000001b3));
-            ferrite_engine::ImageData { pixel_values: pixels.into(), grid_thw, hash }
+            ferrite_engine::VisualInput {
+                visual: grid.visual,
+                pixel_values: pixels.into(),
+                grid_thw: grid.grid_thw,
+                hash,
+            }
         })
         .collect();
-    PromptInput::Multimodal { tokens: case.prompt_ids.clone(), images }
+    PromptInput::Multimodal { tokens: case.prompt_ids.clone(), visuals }
 }
 
 /// Greedy with EOS ignored: the oracle's decoding.

@@ -19,7 +19,9 @@ use crate::families::llama::{self, Variant};
 use crate::layers::{LayerNorm, Linear};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::{Scope, Weights};
-use crate::model::{image_input_error, pixel_input, CausalLM, ForwardInput, ModelInfo, VisionEncoder, VisionInfo};
+use crate::model::{
+    image_input_error, pixel_input, CausalLM, ForwardInput, ModelInfo, VisionEncoder, VisionInfo, VisualGrid,
+};
 use crate::Result;
 
 /// CLIPVisionConfig, with its defaults.
@@ -161,8 +163,14 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Llava> {
 
     let image_token_id = raw.image_token_id(32000)?;
     let mut info = decoder.info().clone();
-    info.vision =
-        Some(VisionInfo { image_token_id, spatial_merge_size: 1, patch_size: tower.patch, placeholder: "<image>" });
+    info.vision = Some(VisionInfo {
+        image_token_id,
+        video_token_id: None,
+        spatial_merge_size: 1,
+        patch_size: tower.patch,
+        placeholder: "<image>",
+        video_placeholder: None,
+    });
     let linears = tower.layers.iter().flat_map(|l| [&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2]);
     info.weight_bytes +=
         linears.chain([&tower.patch_embed, &projector_1, &projector_2]).map(Linear::size_in_bytes).sum::<usize>();
@@ -315,7 +323,7 @@ impl ClipTower {
 }
 
 impl VisionEncoder for Llava {
-    fn encode_image(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Tensor> {
+    fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Tensor> {
         let t = &self.tower;
         let side = t.grid * t.patch;
         if grid_thw != [1, t.grid, t.grid] || pixel_values.len() != t.channels * side * side {
@@ -331,7 +339,7 @@ impl VisionEncoder for Llava {
         self.projector_2.forward(&hidden)
     }
 
-    fn mrope_positions(&self, _prompt: &[u32], _grids: &[[usize; 3]]) -> Result<Option<(Vec<[usize; 3]>, i64)>> {
+    fn mrope_positions(&self, _prompt: &[u32], _visuals: &[VisualGrid]) -> Result<Option<(Vec<[usize; 3]>, i64)>> {
         Ok(None)
     }
 }

@@ -1,7 +1,8 @@
 //! Qwen2.5-VL (`Qwen2_5_VLForConditionalGeneration`): Qwen2-VL's text decoder and MRoPE, with a
 //! vision tower of RMSNorm + SwiGLU blocks that attend within windows of merged tokens
 //! (`window_size` pixels a side), except the `fullatt_block_indexes` blocks, which see the
-//! whole frame; the merger normalises with RMSNorm.
+//! whole frame; the merger normalises with RMSNorm. A video's temporal positions count
+//! `tokens_per_second` per second of video.
 //!
 //! Both checkpoint layouts load (transformers 5's `model.visual.*` / `model.language_model.*`,
 //! and the Hub's `visual.*` / `model.*`), as for Qwen2-VL.
@@ -11,7 +12,7 @@ use serde_json::Value;
 
 use crate::decoder::load::{activation, check_dims};
 use crate::decoder::ChannelMixer;
-use crate::families::qwen2_vl::{PatchShape, QwenVl, VisionBlock, VisionTower, Windows};
+use crate::families::qwen2_vl::{PatchShape, QwenVl, VideoTime, VisionBlock, VisionTower, Windows};
 use crate::layers::Norm;
 use crate::loading::config::RawConfig;
 use crate::loading::weights::{Scope, Weights};
@@ -34,6 +35,8 @@ struct VisionConfig {
     window_size: usize,
     out_hidden_size: usize,
     fullatt_block_indexes: Vec<usize>,
+    /// Temporal rotary positions per second of video.
+    tokens_per_second: f64,
     rope_parameters: Option<Value>,
 }
 
@@ -52,6 +55,7 @@ impl Default for VisionConfig {
             window_size: 112,
             out_hidden_size: 3584,
             fullatt_block_indexes: vec![7, 15, 23, 31],
+            tokens_per_second: 4.0,
             rope_parameters: None,
         }
     }
@@ -61,13 +65,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<QwenVl> {
     QwenVl::assemble(raw, w, load_vision)
 }
 
-fn load_vision(
-    raw: &RawConfig,
-    cfg: &VisionConfig,
-    v: &Scope,
-    text_hidden: usize,
-    image_token_id: u32,
-) -> Result<VisionTower> {
+fn load_vision(raw: &RawConfig, cfg: &VisionConfig, v: &Scope, text_hidden: usize) -> Result<VisionTower> {
     let (e, inter) = (cfg.hidden_size, cfg.intermediate_size);
     check_dims(
         raw,
@@ -124,7 +122,7 @@ fn load_vision(
     };
     let windows = Windows { side, full_attention_blocks: cfg.fullatt_block_indexes.clone() };
     let merger_norm = Norm::Rms(v.rms("merger.ln_q", e, eps)?);
-    VisionTower::load(
+    let mut tower = VisionTower::load(
         raw,
         v,
         shape,
@@ -135,6 +133,7 @@ fn load_vision(
         Some(windows),
         merger_norm,
         text_hidden,
-        image_token_id,
-    )
+    )?;
+    tower.video_time = VideoTime::Seconds { tokens_per_second: cfg.tokens_per_second as f32 };
+    Ok(tower)
 }

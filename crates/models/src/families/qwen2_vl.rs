@@ -19,7 +19,9 @@ use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::{DenseMlp, Linear, Norm};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::{Scope, Weights};
-use crate::model::{image_input_error, pixel_input, CausalLM, ForwardInput, ModelInfo, VisionEncoder, VisionInfo};
+use crate::model::{
+    image_input_error, pixel_input, CausalLM, ForwardInput, ModelInfo, VisionEncoder, VisionInfo, Visual, VisualGrid,
+};
 use crate::Result;
 
 /// Qwen2VLTextConfig's defaults where they differ from Llama's.
@@ -126,13 +128,31 @@ pub(crate) struct VisionTower {
     merge: usize,
     /// Pixels along a patch's side.
     patch_size: usize,
-    image_token_id: u32,
+    /// How a video's time steps become temporal positions.
+    pub video_time: VideoTime,
+}
+
+/// How a video's temporal patches become temporal rotary positions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum VideoTime {
+    /// One position per temporal patch (Qwen2-VL).
+    Steps,
+    /// `tokens_per_second` positions per second of video (Qwen2.5-VL's `tokens_per_second`).
+    Seconds { tokens_per_second: f32 },
+}
+
+/// The tokens that hold a prompt's images and videos.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placeholders {
+    pub image: u32,
+    pub video: Option<u32>,
 }
 
 /// A Qwen vision-language model: the text decoder with its MRoPE, and the vision tower.
 pub struct QwenVl {
     decoder: Decoder,
     vision: VisionTower,
+    placeholders: Placeholders,
     /// The decoder's, with the vision half's prompt facts.
     info: ModelInfo,
 }
@@ -175,29 +195,32 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<QwenVl> {
 
 impl QwenVl {
     /// The text decoder (either checkpoint layout) and the tower that `load_vision` loads from
-    /// the checkpoint's vision scope, given the family's `vision_config`, the text width and the
-    /// image token.
+    /// the checkpoint's vision scope, given the family's `vision_config` and the text width.
     pub(crate) fn assemble<C: serde::de::DeserializeOwned>(
         raw: &RawConfig,
         w: &Weights,
-        load_vision: fn(&RawConfig, &C, &Scope, usize, u32) -> Result<VisionTower>,
+        load_vision: fn(&RawConfig, &C, &Scope, usize) -> Result<VisionTower>,
     ) -> Result<QwenVl> {
         let layout = Layout::of(w);
         let decoder = load_text(&text_config(raw), w, &layout)?;
         let vision_value = raw.value.get("vision_config").cloned().unwrap_or(Value::Object(Default::default()));
         let cfg: C = serde_json::from_value(vision_value).map_err(|e| raw.error(format!("vision_config: {e}")))?;
-        let image_token_id = raw.image_token_id(151655)?;
+        let image = raw.image_token_id(151655)?;
+        let video = raw.value.get("video_token_id").and_then(Value::as_u64).unwrap_or(151656);
+        let video = u32::try_from(video).map_err(|_| raw.error(format!("video_token_id {video} is too large")))?;
         let text_hidden = decoder.embed.table.shape()[1];
-        let vision = load_vision(raw, &cfg, &w.at(layout.visual), text_hidden, image_token_id)?;
+        let vision = load_vision(raw, &cfg, &w.at(layout.visual), text_hidden)?;
         let mut info = decoder.info().clone();
         info.vision = Some(VisionInfo {
-            image_token_id,
+            image_token_id: image,
+            video_token_id: Some(video),
             spatial_merge_size: vision.merge,
             patch_size: vision.patch_size,
             placeholder: "<|vision_start|><|image_pad|><|vision_end|>",
+            video_placeholder: Some("<|vision_start|><|video_pad|><|vision_end|>"),
         });
         info.weight_bytes += vision.weight_bytes();
-        Ok(QwenVl { decoder, vision, info })
+        Ok(QwenVl { decoder, vision, placeholders: Placeholders { image, video: Some(video) }, info })
     }
 }
 
@@ -235,13 +258,7 @@ fn load_text(raw: &RawConfig, w: &Weights, layout: &Layout) -> Result<Decoder> {
     d.finish_at(raw, w, names, blocks, Some(norm), vec![rope])
 }
 
-fn load_vision(
-    raw: &RawConfig,
-    cfg: &VisionConfig,
-    v: &Scope,
-    text_hidden: usize,
-    image_token_id: u32,
-) -> Result<VisionTower> {
+fn load_vision(raw: &RawConfig, cfg: &VisionConfig, v: &Scope, text_hidden: usize) -> Result<VisionTower> {
     let e = cfg.embed_dim;
     let mlp = (e as f64 * cfg.mlp_ratio) as usize;
     check_dims(
@@ -289,19 +306,7 @@ fn load_vision(
     };
     let merger_norm = Norm::Layer(v.layer_norm("merger.ln_q", e, eps, true)?);
     let rope_parameters = cfg.rope_parameters.as_ref();
-    VisionTower::load(
-        raw,
-        v,
-        shape,
-        e,
-        cfg.num_heads,
-        rope_parameters,
-        blocks,
-        None,
-        merger_norm,
-        text_hidden,
-        image_token_id,
-    )
+    VisionTower::load(raw, v, shape, e, cfg.num_heads, rope_parameters, blocks, None, merger_norm, text_hidden)
 }
 
 /// The vision tower's patch geometry.
@@ -326,7 +331,6 @@ impl VisionTower {
         windows: Option<Windows>,
         merger_norm: Norm,
         text_hidden: usize,
-        image_token_id: u32,
     ) -> Result<VisionTower> {
         let e = embed_dim;
         let patch_dim = shape.in_channels * shape.temporal * shape.side * shape.side;
@@ -358,7 +362,7 @@ impl VisionTower {
             embed_dim: e,
             merge: shape.merge,
             patch_size: shape.side,
-            image_token_id,
+            video_time: VideoTime::Steps,
         })
     }
 
@@ -497,60 +501,80 @@ fn window_order([t, h, w]: [usize; 3], merge: usize, side: usize) -> (Vec<usize>
 }
 
 impl VisionEncoder for QwenVl {
-    fn encode_image(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Tensor> {
+    fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Tensor> {
         let table = &self.decoder.embed.table;
         self.vision.encode(pixel_values, grid_thw, table.device(), table.dtype())
     }
 
-    fn mrope_positions(&self, prompt: &[u32], grids: &[[usize; 3]]) -> Result<Option<(Vec<[usize; 3]>, i64)>> {
-        Ok(Some(mrope_positions(prompt, self.vision.image_token_id, grids, self.vision.merge)?))
+    fn mrope_positions(&self, prompt: &[u32], visuals: &[VisualGrid]) -> Result<Option<(Vec<[usize; 3]>, i64)>> {
+        let positions = mrope_positions(prompt, self.placeholders, visuals, self.vision.merge, self.vision.video_time)?;
+        Ok(Some(positions))
     }
 }
 
-/// transformers' `get_rope_index` for a prompt whose images are given by their patch grids, in
-/// order: text tokens count up on all three axes; an image's tokens sit on its merged grid (the
-/// temporal axis at the start position, rows and columns offset from it) and the text after it
-/// resumes past the grid's larger side. Returns the positions and the decode offset
-/// (`max position + 1 - prompt length`).
+/// transformers' `get_rope_index` for a prompt whose images and videos are given in order: text
+/// tokens count up on all three axes; an image's or video's tokens sit on its merged grid (rows and
+/// columns offset from the start position, time steps from it too: one position a step, or for
+/// [`VideoTime::Seconds`] a video's `step * tokens_per_second * seconds_per_grid`, truncated, in
+/// f32 as torch computes it) and the text after it resumes past the grid's larger side. The n-th
+/// image fills the n-th run of image placeholders, the n-th video the n-th run of video ones.
+/// Returns the positions and the decode offset (`max position + 1 - prompt length`).
 pub fn mrope_positions(
     prompt: &[u32],
-    image_token: u32,
-    grids: &[[usize; 3]],
+    placeholders: Placeholders,
+    visuals: &[VisualGrid],
     merge: usize,
+    video_time: VideoTime,
 ) -> Result<(Vec<[usize; 3]>, i64)> {
+    let is_video = |v: &&VisualGrid| matches!(v.visual, Visual::Video { .. });
+    let (mut images, mut videos) = (visuals.iter().filter(|v| !is_video(v)), visuals.iter().filter(is_video));
     let mut out = Vec::with_capacity(prompt.len());
     let mut next = 0usize;
-    let mut images = grids.iter();
     let mut i = 0;
     while i < prompt.len() {
-        if prompt[i] != image_token {
+        let token = prompt[i];
+        let (kind, item) = if token == placeholders.image {
+            ("image", images.next())
+        } else if Some(token) == placeholders.video {
+            ("video", videos.next())
+        } else {
             out.push([next; 3]);
             next += 1;
             i += 1;
             continue;
-        }
-        let &[t, h, w] = images
-            .next()
-            .ok_or_else(|| image_input_error(format!("more image placeholders than the {} images", grids.len())))?;
+        };
+        let item =
+            item.ok_or_else(|| image_input_error(format!("more {kind} placeholder runs than the prompt has {kind}s")))?;
+        let [t, h, w] = item.grid_thw;
         let (h, w) = (h / merge, w / merge);
         let tokens = t * h * w;
-        if prompt.len() - i < tokens || prompt[i..i + tokens].iter().any(|&id| id != image_token) {
+        if prompt.len() - i < tokens || prompt[i..i + tokens].iter().any(|&id| id != token) {
             return Err(image_input_error(format!(
-                "an image of {tokens} tokens has fewer placeholders at prompt position {i}"
+                "an {kind} of {tokens} tokens has fewer placeholders at prompt position {i}"
             )));
         }
+        let interval = match (item.visual, video_time) {
+            (Visual::Video { seconds_per_grid }, VideoTime::Seconds { tokens_per_second }) => {
+                Some(tokens_per_second * seconds_per_grid as f32)
+            }
+            _ => None,
+        };
         for ti in 0..t {
+            let step = interval.map_or(ti, |interval| (ti as f32 * interval) as usize);
             for hi in 0..h {
                 for wi in 0..w {
-                    out.push([next + ti, next + hi, next + wi]);
+                    out.push([next + step, next + hi, next + wi]);
                 }
             }
         }
         next += h.max(w);
         i += tokens;
     }
-    if images.next().is_some() {
-        return Err(image_input_error(format!("{} images for fewer placeholder runs in the prompt", grids.len())));
+    if images.next().is_some() || videos.next().is_some() {
+        return Err(image_input_error(format!(
+            "{} images and videos for fewer placeholder runs in the prompt",
+            visuals.len()
+        )));
     }
     let max = out.iter().flatten().copied().max().map_or(0, |m| m as i64 + 1);
     Ok((out, max - prompt.len() as i64))
@@ -578,12 +602,20 @@ impl CausalLM for QwenVl {
 mod tests {
     use super::*;
 
+    const IMG: u32 = 9;
+    const VID: u32 = 8;
+    const IDS: Placeholders = Placeholders { image: IMG, video: Some(VID) };
+
+    fn image(grid_thw: [usize; 3]) -> VisualGrid {
+        VisualGrid { visual: Visual::Image, grid_thw }
+    }
+
     #[test]
     fn mrope_places_an_image_on_its_grid() {
         // 2 text tokens, a 1x4x6 patch grid (2x3 merged tokens), 2 text tokens.
-        let img = 9;
+        let img = IMG;
         let prompt = [1, 2, img, img, img, img, img, img, 3, 4];
-        let (pos, delta) = mrope_positions(&prompt, img, &[[1, 4, 6]], 2).unwrap();
+        let (pos, delta) = mrope_positions(&prompt, IDS, &[image([1, 4, 6])], 2, VideoTime::Steps).unwrap();
         assert_eq!(&pos[..2], &[[0; 3], [1; 3]]);
         assert_eq!(&pos[2..8], &[[2, 2, 2], [2, 2, 3], [2, 2, 4], [2, 3, 2], [2, 3, 3], [2, 3, 4]]);
         // Text resumes past the grid's larger side (3 merged columns).
@@ -605,10 +637,37 @@ mod tests {
     }
 
     #[test]
+    fn mrope_steps_a_video_through_time_per_patch_or_per_second() {
+        // A video of 3 time steps of 1x2 merged tokens, after one text token, then an image of
+        // 1x1 merged token after one more text token.
+        let prompt = [1, VID, VID, VID, VID, VID, VID, 2, IMG, 3];
+        let video = VisualGrid { visual: Visual::Video { seconds_per_grid: 2.0 / 24.0 }, grid_thw: [3, 2, 4] };
+        // Listed image first: each kind fills its own placeholder runs in order.
+        let visuals = [image([1, 2, 2]), video];
+        let (pos, delta) = mrope_positions(&prompt, IDS, &visuals, 2, VideoTime::Steps).unwrap();
+        assert_eq!(&pos[1..7], &[[1, 1, 1], [1, 1, 2], [2, 1, 1], [2, 1, 2], [3, 1, 1], [3, 1, 2]]);
+        // Text resumes past the larger spatial side (2), not past the time steps.
+        assert_eq!(&pos[7..], &[[3; 3], [4; 3], [5; 3]]);
+        assert_eq!(delta, 6 - 10);
+        // Qwen2.5-VL: 25 tokens a second, 1/12 s a step: steps at 0, 2.08, 4.17 -> 0, 2, 4.
+        let seconds = VideoTime::Seconds { tokens_per_second: 25.0 };
+        let (pos, delta) = mrope_positions(&prompt, IDS, &visuals, 2, seconds).unwrap();
+        let times: Vec<usize> = pos[1..7].iter().map(|p| p[0]).collect();
+        assert_eq!(times, [1, 1, 3, 3, 5, 5]);
+        assert_eq!(delta, 6 - 10, "the latest time step (5) is below the text after it");
+    }
+
+    #[test]
     fn mrope_refuses_placeholders_that_do_not_match_the_images() {
-        let img = 9;
-        assert!(mrope_positions(&[1, img, img], img, &[[1, 4, 4]], 2).is_err(), "4 tokens, 2 placeholders");
-        assert!(mrope_positions(&[1, 2], img, &[[1, 2, 2]], 2).is_err(), "an image without placeholders");
-        assert!(mrope_positions(&[img], img, &[], 2).is_err(), "a placeholder without an image");
+        let (img, steps) = (IMG, VideoTime::Steps);
+        assert!(
+            mrope_positions(&[1, img, img], IDS, &[image([1, 4, 4])], 2, steps).is_err(),
+            "4 tokens, 2 placeholders"
+        );
+        assert!(mrope_positions(&[1, 2], IDS, &[image([1, 2, 2])], 2, steps).is_err(), "an image without placeholders");
+        assert!(mrope_positions(&[img], IDS, &[], 2, steps).is_err(), "a placeholder without an image");
+        let video = VisualGrid { visual: Visual::Video { seconds_per_grid: 1.0 }, grid_thw: [1, 2, 2] };
+        assert!(mrope_positions(&[VID], IDS, &[image([1, 2, 2])], 2, steps).is_err(), "a video run, an image");
+        assert!(mrope_positions(&[img], IDS, &[video], 2, steps).is_err(), "an image run, a video");
     }
 }
