@@ -170,14 +170,15 @@ def servers(tmp_path_factory):
         assert s.stop() == 0, s.logs()
 
 
-OTHER_FAMILIES = [(family, case) for family in ("qwen2.5-vl", "llava")
+OTHER_FAMILIES = [(family, case) for family in ("qwen2.5-vl", "qwen3-vl", "llava")
                   for case in oracle_of(family)["cases"] if case["images"]]
 
 
 @pytest.mark.parametrize("family,case", OTHER_FAMILIES, ids=lambda v: v if isinstance(v, str) else v["name"])
 def test_other_families_image_chats_match_transformers(servers, family, case):
-    """Qwen2.5-VL's windowed tower; LLaVA's CLIP processor (resize, centre crop) and tower, its
-    `<image>` expanded to 16 tokens: the same path, each with its own oracle."""
+    """Qwen2.5-VL's windowed tower and its videos; Qwen3-VL's 16-pixel patches and DeepStack;
+    LLaVA's CLIP processor (resize, centre crop) and tower, its `<image>` expanded to 16 tokens:
+    the same path, each with its own oracle."""
     images = REPO / "fixtures" / "models" / family / "images"
 
     def uri(image):
@@ -188,9 +189,10 @@ def test_other_families_image_chats_match_transformers(servers, family, case):
     assert r.choices[0].token_ids == case["output_ids"], case["name"]
 
 
-def test_llava_refuses_videos(servers):
+@pytest.mark.parametrize("family", ["llava", "qwen3-vl"])
+def test_models_without_video_input_refuse_videos(servers, family):
     with pytest.raises(openai.BadRequestError) as e:
-        complete(servers("llava"), [{"type": "video_url", "video_url": {"url": video_uri(VL, "short")}}])
+        complete(servers(family), [{"type": "video_url", "video_url": {"url": video_uri(VL, "short")}}])
     assert "does not accept video input" in e.value.response.json()["error"]["message"]
 
 

@@ -13,6 +13,10 @@ Families and what their fixture exercises:
   full-attention block; tied word embeddings, as the 3B checkpoint has them; `tokens_per_second` 25,
   so that a video's time steps (1/12 s each at the 24 fps transformers assumes for frame lists)
   sit 2.08 positions apart.
+- qwen3-vl (fixtures/models/qwen3-vl): 16-pixel patches, learned positions on a 4x4 grid resampled
+  to every image (up and down), LayerNorm + GELU(tanh) tower, DeepStack features from blocks 0 and
+  1 added after the first two of three decoder layers, QK-norm, interleaved MRoPE. Images only
+  (videos need the frame timestamps Qwen3-VL's processor writes into the prompt).
 - llava (fixtures/models/llava): a CLIP tower (class token, learned positions, pre-LayerNorm,
   quick-GELU) read at its second-to-last layer, the class row dropped, a GELU projector, a Llama
   text model; CLIP's processor (shortest edge 56, centre crop 56x56: 16 image tokens); llava-1.5's
@@ -56,6 +60,10 @@ from transformers import (  # noqa: E402
     LlavaForConditionalGeneration,
     LlavaProcessor,
     PreTrainedTokenizerFast,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLProcessor,
+    Qwen3VLVideoProcessor,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
     Qwen2_5_VLProcessor,
@@ -182,6 +190,17 @@ FAMILIES = {
         extra={"tie_word_embeddings": True},
         vision_extra={"tokens_per_second": 25},
     ),
+    "qwen3-vl": dict(
+        tokens=VISION_TOKENS, config=Qwen3VLConfig, model=Qwen3VLForConditionalGeneration, processor=Qwen3VLProcessor,
+        vision=dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=64, patch_size=16,
+                    temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16,
+                    deepstack_visual_indexes=[0, 1], hidden_act="gelu_pytorch_tanh", initializer_range=0.3),
+        extra={},
+        text_extra={"num_hidden_layers": 3, "head_dim": 16,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                        "mrope_interleaved": True}},
+        images_only=True,
+    ),
     "llava": dict(
         tokens=["<image>"], config=LlavaConfig, model=LlavaForConditionalGeneration, processor=LlavaProcessor,
         vision=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
@@ -200,7 +219,7 @@ def family_config(family: dict, vocab: int, ids: dict[str, int]):
                            vision_feature_layer=-2, vision_feature_select_strategy="default",
                            image_seq_length=(LLAVA_IMAGE // 14) ** 2, initializer_range=0.3)
     return family["config"](
-        text_config=dict(vocab_size=vocab, **TEXT_CONFIG, **family["extra"]),
+        text_config=dict(TEXT_CONFIG, vocab_size=vocab, **family["extra"]) | family.get("text_extra", {}),
         vision_config=family["vision"] | family.get("vision_extra", {}),
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
@@ -215,6 +234,12 @@ def family_processor(family: dict, tok):
         return LlavaProcessor(image_processor=image_processor, tokenizer=tok, patch_size=14,
                               vision_feature_select_strategy="default", num_additional_image_tokens=1,
                               chat_template=LLAVA_CHAT_TEMPLATE)
+    if family["processor"] is Qwen3VLProcessor:
+        # Qwen3-VL's processor: 16-pixel patches, mean = std = 0.5, the same pixel budget in 32x32 units.
+        budget = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 16}
+        image_processor = Qwen2VLImageProcessor(size=budget, patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        return family["processor"](image_processor=image_processor, tokenizer=tok,
+                                   video_processor=Qwen3VLVideoProcessor(), chat_template=CHAT_TEMPLATE)
     image_processor = Qwen2VLImageProcessor(size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS})
     video_processor = Qwen2VLVideoProcessor(size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
                                             cap_pixels_per_frame=False)
@@ -283,7 +308,7 @@ def generate(family_name: str) -> None:
     for name, (w, h, seed) in IMAGES.items():
         synthetic_image(name, w, h, seed).save(out / "images" / f"{name}.png")
         images[name] = Image.open(out / "images" / f"{name}.png").convert("RGB")
-    takes_video = "<|video_pad|>" in family["tokens"]
+    takes_video = "<|video_pad|>" in family["tokens"] and not family.get("images_only")
     videos = {}
     for name, (count, w, h, seed) in VIDEOS.items() if takes_video else ():
         (out / "videos" / name).mkdir(parents=True)

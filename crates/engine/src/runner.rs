@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ferrite_models::{CausalLM, ForwardInput, InputEmbeds, VisualGrid};
+use ferrite_models::{CausalLM, Encoded, ForwardInput, InputEmbeds, VisualGrid};
 use ferrite_structured::{mask_words, Grammar, TokenConstraint};
 use ferrite_tensor::ops;
 use ferrite_tensor::{AttnMetadata, AttnSeq, Device, PagedKvLayer, Tensor};
@@ -40,7 +40,7 @@ struct CachedRequestState {
     mrope: Option<(Vec<[usize; 3]>, i64)>,
     /// The vision encoder's output per prompt image, kept from the step that first reads the
     /// image until the prefill has passed it (computed again after a preemption).
-    encoded: Vec<Option<Tensor>>,
+    encoded: Vec<Option<Encoded>>,
 }
 
 impl CachedRequestState {
@@ -181,7 +181,7 @@ impl ModelRunner {
     /// request whose chunk `[start, end)` covers image placeholders, those rows of the image's
     /// embeddings (encoding an image the first time a chunk reaches it).
     fn input_embeds(&mut self, chunks: &[(ReqId, usize, usize, usize)]) -> Result<Option<InputEmbeds>> {
-        let (mut rows, mut parts) = (Vec::new(), Vec::new());
+        let (mut rows, mut parts, mut deepstack_parts) = (Vec::new(), Vec::new(), Vec::<Vec<Tensor>>::new());
         for &(id, q_start, start, end) in chunks {
             let Some(state) = self.requests.get_mut(&id) else { continue };
             let Some(mm) = state.sampling.multimodal.clone() else { continue };
@@ -199,7 +199,12 @@ impl ModelRunner {
                     state.encoded[k] = Some(vision.encode(&item.pixel_values, item.grid_thw)?);
                 }
                 let encoded = state.encoded[k].as_ref().expect("encoded above");
-                parts.push(ops::gather_rows(encoded, &(from - at.start..to - at.start).collect::<Vec<_>>())?);
+                let chunk_rows: Vec<usize> = (from - at.start..to - at.start).collect();
+                parts.push(ops::gather_rows(&encoded.embeddings, &chunk_rows)?);
+                deepstack_parts.resize_with(encoded.deepstack.len(), Vec::new);
+                for (layer, features) in encoded.deepstack.iter().enumerate() {
+                    deepstack_parts[layer].push(ops::gather_rows(features, &chunk_rows)?);
+                }
                 rows.extend((from..to).map(|p| q_start + p - start));
                 // The prefill has passed the image: its embeddings are not read again.
                 if to == at.end {
@@ -210,8 +215,10 @@ impl ModelRunner {
         if parts.is_empty() {
             return Ok(None);
         }
-        let values = ops::concat_rows(&parts.iter().collect::<Vec<_>>())?;
-        Ok(Some(InputEmbeds { rows, values }))
+        let concat = |parts: &[Tensor]| ops::concat_rows(&parts.iter().collect::<Vec<_>>());
+        let values = concat(&parts)?;
+        let deepstack = deepstack_parts.iter().map(|layer| concat(layer)).collect::<std::result::Result<_, _>>()?;
+        Ok(Some(InputEmbeds { rows, values, deepstack }))
     }
 
     /// Runs one step. On error the step's requests cannot continue (their cache is in doubt).

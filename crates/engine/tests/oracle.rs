@@ -88,6 +88,20 @@ fn qwen2_5_vl_batches_and_chunks_images() {
     battery_matches_oracle_with("qwen2.5-vl", ferrite_engine::EngineConfig { max_num_batched_tokens: 20, ..config() });
 }
 
+/// Qwen3-VL: DeepStack features follow their image's rows through batches, 20-token chunks and the
+/// prefix cache.
+#[test]
+fn qwen3_vl_carries_deepstack_through_chunks_and_the_prefix_cache() {
+    battery_matches_oracle("qwen3-vl");
+    battery_matches_oracle_with("qwen3-vl", ferrite_engine::EngineConfig { max_num_batched_tokens: 20, ..config() });
+    let cached = ferrite_engine::EngineConfig { enable_prefix_caching: true, max_num_batched_tokens: 20, ..config() };
+    let llm = llm("qwen3-vl", cached);
+    assert_battery_matches_oracle(&llm, "qwen3-vl");
+    let hits = llm.client().stats().prefix_cache_hits;
+    assert_battery_matches_oracle(&llm, "qwen3-vl");
+    assert!(llm.client().stats().prefix_cache_hits > hits, "the second run should hit blocks over its images");
+}
+
 /// LLaVA: 1-D positions, a CLIP tower, its images cut by chunks and served from the prefix cache.
 #[test]
 fn llava_batches_chunks_and_caches_images() {

@@ -165,6 +165,17 @@ pub struct ForwardInput<'a> {
 pub struct InputEmbeds {
     pub rows: Vec<usize>,
     pub values: Tensor,
+    /// DeepStack (Qwen3-VL): per early decoder layer, `[rows.len(), hidden]` added to those rows
+    /// of that layer's output. Empty for other models.
+    pub deepstack: Vec<Tensor>,
+}
+
+/// A vision encoder's output for one image or video: the embeddings its placeholder tokens take,
+/// and, for DeepStack models, the features the first decoder layers add to those tokens.
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    pub embeddings: Tensor,
+    pub deepstack: Vec<Tensor>,
 }
 
 /// The vision half of a vision-language model: it turns an image's or a video's processed pixels
@@ -174,7 +185,7 @@ pub trait VisionEncoder: Send + Sync {
     /// Embeddings `[VisionInfo::placeholder_tokens(grid_thw), hidden]` of one image or video from
     /// its processed pixels `[patches, patch_dim]` (row-major f32, as the model's processor lays
     /// them out).
-    fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Tensor>;
+    fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Encoded>;
 
     /// The (temporal, height, width) rotary positions of every prompt token, given the prompt's
     /// images and videos in order (the n-th image fills the n-th run of image placeholders, the

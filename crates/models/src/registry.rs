@@ -16,7 +16,7 @@ const TEXT_OF_VL: HybridLayout = HybridLayout::ConditionalGeneration;
 use crate::families::{
     bert, chatglm, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gemma4, gpt2, gpt_neox, gpt_oss,
     granite, granite_moe, internlm2, llama4, llava, mamba2, minicpm, minicpm3, minimax_m2, nemotron_h, olmo2, opt, phi,
-    phi3, qwen2_5_vl, qwen2_vl, roberta, stablelm, starcoder2,
+    phi3, qwen2_5_vl, qwen2_vl, qwen3_vl, roberta, stablelm, starcoder2,
 };
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
@@ -81,6 +81,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ),
     ("Qwen2VLForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen2_vl::load(r, w)?)))),
     ("Qwen2_5_VLForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen2_5_vl::load(r, w)?)))),
+    ("Qwen3VLForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_vl::load(r, w)?)))),
     ("LlavaForConditionalGeneration", Causal(|r, w| Ok(Box::new(llava::load(r, w)?)))),
     ("Mamba2ForCausalLM", Causal(|r, w| Ok(Box::new(mamba2::load(r, w)?)))),
     ("NemotronHForCausalLM", Causal(|r, w| Ok(Box::new(nemotron_h::load(r, w)?)))),

@@ -49,6 +49,7 @@ parity! {
     qwen3 => "qwen3",
     qwen2_vl => "qwen2-vl",
     qwen2_5_vl => "qwen2.5-vl",
+    qwen3_vl => "qwen3-vl",
     llava => "llava",
     gemma => "gemma",
     gemma2 => "gemma2",
@@ -145,8 +146,8 @@ fn gate_catches_a_wrong_norm_epsilon() {
 }
 
 /// Vision-language: the MRoPE split of the text model's frequencies, the vision tower's 2-D
-/// rotary embedding, Qwen2.5-VL's attention windows and the seconds its video positions count
-/// each change image or video prompts' tokens.
+/// rotary embedding, Qwen2.5-VL's attention windows and the seconds its video positions count,
+/// Qwen3-VL's DeepStack blocks and interleaved MRoPE each change image or video prompts' tokens.
 #[test]
 fn gate_catches_vision_language_breaks() {
     assert_breaks_caught(&[
@@ -165,6 +166,12 @@ fn gate_catches_vision_language_breaks() {
         ("qwen2.5-vl", "every block windowed", |c| c["vision_config"]["fullatt_block_indexes"] = serde_json::json!([])),
         ("qwen2.5-vl", "a video's time steps 0.33 positions apart instead of 2.08", |c| {
             c["vision_config"]["tokens_per_second"] = serde_json::json!(4)
+        }),
+        ("qwen3-vl", "DeepStack features from other blocks", |c| {
+            c["vision_config"]["deepstack_visual_indexes"] = serde_json::json!([1, 2])
+        }),
+        ("qwen3-vl", "every frequency on the temporal axis (1-D positions)", |c| {
+            c["text_config"]["rope_parameters"]["mrope_section"] = serde_json::json!([8, 0, 0])
         }),
     ]);
 }

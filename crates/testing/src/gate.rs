@@ -140,11 +140,16 @@ pub fn greedy_with_images(
             let embeds = if images.is_empty() {
                 None
             } else {
-                let values = images
+                let encoded = images
                     .iter()
                     .map(|(pixels, visual)| vision.encode(pixels, visual.grid_thw))
                     .collect::<Result<Vec<_>>>()?;
-                let values = ferrite_tensor::ops::concat_rows(&values.iter().collect::<Vec<_>>())?;
+                let concat = |parts: Vec<&ferrite_tensor::Tensor>| ferrite_tensor::ops::concat_rows(&parts);
+                let values = concat(encoded.iter().map(|e| &e.embeddings).collect())?;
+                let layers = encoded.first().map_or(0, |e| e.deepstack.len());
+                let deepstack = (0..layers)
+                    .map(|layer| concat(encoded.iter().map(|e| &e.deepstack[layer]).collect()))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
                 let info = model.info().vision.ok_or_else(|| ModelError::Config {
                     path: "config.json".into(),
                     message: "a vision encoder without vision info".into(),
@@ -152,7 +157,7 @@ pub fn greedy_with_images(
                 // Features in prompt order fill image and video placeholders in prompt order.
                 let placeholder = |t: u32| t == info.image_token_id || Some(t) == info.video_token_id;
                 let rows = prompt.iter().enumerate().filter(|(_, &t)| placeholder(t)).map(|(i, _)| i).collect();
-                Some(ferrite_models::InputEmbeds { rows, values })
+                Some(ferrite_models::InputEmbeds { rows, values, deepstack })
             };
             (embeds, mrope)
         }

@@ -226,6 +226,13 @@ fn merge_rows(h: &Tensor, embeds: &InputEmbeds) -> Result<Tensor> {
     Ok(ops::gather_rows(&stacked, &index)?)
 }
 
+/// `h` with `values` (`[rows.len(), width]`) added to its rows `rows`: DeepStack's
+/// `hidden_states[visual_pos_masks] + visual_embeds`.
+fn add_rows(h: &Tensor, rows: &[usize], values: &Tensor) -> Result<Tensor> {
+    let sum = ops::add(&ops::gather_rows(h, rows)?, &values.to_dtype(h.dtype()))?;
+    merge_rows(h, &InputEmbeds { rows: rows.to_vec(), values: sum, deepstack: Vec::new() })
+}
+
 impl CausalLM for Decoder {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -281,6 +288,9 @@ impl CausalLM for Decoder {
         let mut stream = Residual { h, pending: None };
         for (i, block) in self.blocks.iter().enumerate() {
             stream = block.forward(stream, &tables, meta, slots[i].map(|slot| &mut kv[slot]))?;
+            if let Some((embeds, features)) = input.embeds.and_then(|e| Some(e).zip(e.deepstack.get(i))) {
+                stream = Residual { h: add_rows(&stream.settle()?, &embeds.rows, features)?, pending: None };
+            }
             if let (Some(p), Some((packed, embeds))) = (&self.per_layer, &embeds) {
                 let h = stream.settle()?;
                 stream = Residual { h: p.apply(i, &h, &p.input(i, packed, embeds)?)?, pending: None };

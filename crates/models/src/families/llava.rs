@@ -20,7 +20,7 @@ use crate::layers::{LayerNorm, Linear};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::{Scope, Weights};
 use crate::model::{
-    image_input_error, pixel_input, CausalLM, ForwardInput, ModelInfo, VisionEncoder, VisionInfo, VisualGrid,
+    image_input_error, pixel_input, CausalLM, Encoded, ForwardInput, ModelInfo, VisionEncoder, VisionInfo, VisualGrid,
 };
 use crate::Result;
 
@@ -323,7 +323,7 @@ impl ClipTower {
 }
 
 impl VisionEncoder for Llava {
-    fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Tensor> {
+    fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Encoded> {
         let t = &self.tower;
         let side = t.grid * t.patch;
         if grid_thw != [1, t.grid, t.grid] || pixel_values.len() != t.channels * side * side {
@@ -336,7 +336,7 @@ impl VisionEncoder for Llava {
         let table = &self.decoder.embed.table;
         let features = t.features(pixel_values, table.device(), table.dtype())?;
         let hidden = ops::activation(&self.projector_1.forward(&features)?, self.projector_act)?;
-        self.projector_2.forward(&hidden)
+        Ok(Encoded { embeddings: self.projector_2.forward(&hidden)?, deepstack: Vec::new() })
     }
 
     fn mrope_positions(&self, _prompt: &[u32], _visuals: &[VisualGrid]) -> Result<Option<(Vec<[usize; 3]>, i64)>> {

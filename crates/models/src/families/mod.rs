@@ -39,6 +39,7 @@ pub mod phi3;
 pub mod qwen2_5_vl;
 pub mod qwen2_vl;
 pub mod qwen3_next;
+pub mod qwen3_vl;
 pub mod roberta;
 pub mod stablelm;
 pub mod starcoder2;

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::decoder::load::{activation, check_dims};
 use crate::decoder::ChannelMixer;
-use crate::families::qwen2_vl::{PatchShape, QwenVl, VideoTime, VisionBlock, VisionTower, Windows};
+use crate::families::qwen2_vl::{Merger, PatchShape, QwenVl, TextModel, VideoTime, VisionBlock, VisionTower, Windows};
 use crate::layers::Norm;
 use crate::loading::config::RawConfig;
 use crate::loading::weights::{Scope, Weights};
@@ -62,7 +62,7 @@ impl Default for VisionConfig {
 }
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<QwenVl> {
-    QwenVl::assemble(raw, w, load_vision)
+    QwenVl::assemble(raw, w, TextModel::Qwen2, load_vision)
 }
 
 fn load_vision(raw: &RawConfig, cfg: &VisionConfig, v: &Scope, text_hidden: usize) -> Result<VisionTower> {
@@ -119,21 +119,12 @@ fn load_vision(raw: &RawConfig, cfg: &VisionConfig, v: &Scope, text_hidden: usiz
         temporal: cfg.temporal_patch_size,
         side: cfg.patch_size,
         merge: cfg.spatial_merge_size,
+        bias: false,
     };
     let windows = Windows { side, full_attention_blocks: cfg.fullatt_block_indexes.clone() };
-    let merger_norm = Norm::Rms(v.rms("merger.ln_q", e, eps)?);
-    let mut tower = VisionTower::load(
-        raw,
-        v,
-        shape,
-        e,
-        cfg.num_heads,
-        cfg.rope_parameters.as_ref(),
-        blocks,
-        Some(windows),
-        merger_norm,
-        text_hidden,
-    )?;
-    tower.video_time = VideoTime::Seconds { tokens_per_second: cfg.tokens_per_second as f32 };
+    let merger = Merger::qwen2(v, Norm::Rms(v.rms("merger.ln_q", e, eps)?), e, shape.merge, text_hidden)?;
+    let rope = cfg.rope_parameters.as_ref();
+    let mut tower = VisionTower::load(raw, v, shape, e, cfg.num_heads, rope, blocks, Some(windows), merger)?;
+    tower.video_time = Some(VideoTime::Seconds { tokens_per_second: cfg.tokens_per_second as f32 });
     Ok(tower)
 }

@@ -20,13 +20,32 @@ use crate::layers::{DenseMlp, Linear, Norm};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::{Scope, Weights};
 use crate::model::{
-    image_input_error, pixel_input, CausalLM, ForwardInput, ModelInfo, VisionEncoder, VisionInfo, Visual, VisualGrid,
+    image_input_error, pixel_input, CausalLM, Encoded, ForwardInput, ModelInfo, VisionEncoder, VisionInfo, Visual,
+    VisualGrid,
 };
 use crate::Result;
 
-/// Qwen2VLTextConfig's defaults where they differ from Llama's.
-const TEXT_DEFAULTS: Defaults = Defaults { eps: 1e-5, max_positions: 32768, ..Defaults::LLAMA };
-const TEXT_ROPE_THETA: f64 = 1_000_000.0;
+/// The text decoder of a Qwen vision-language model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TextModel {
+    /// Qwen2's (Qwen2-VL, Qwen2.5-VL): biased QKV, heads of `hidden_size / num_attention_heads`,
+    /// MRoPE sections in turn.
+    Qwen2,
+    /// Qwen3's (Qwen3-VL): QK-norm, the config's `head_dim`, MRoPE sections interleaved.
+    Qwen3,
+}
+
+impl TextModel {
+    /// The config class's defaults where they differ from Llama's, and its rope base.
+    fn defaults(self) -> (Defaults, f64) {
+        match self {
+            TextModel::Qwen2 => (Defaults { eps: 1e-5, max_positions: 32768, ..Defaults::LLAMA }, 1_000_000.0),
+            TextModel::Qwen3 => {
+                (Defaults { max_positions: 128_000, head_dim: Some(128), ..Defaults::LLAMA }, 500_000.0)
+            }
+        }
+    }
+}
 
 #[derive(Debug, Clone, Deserialize)]
 struct TextConfig {
@@ -112,24 +131,107 @@ pub(crate) struct Windows {
     pub full_attention_blocks: Vec<usize>,
 }
 
-/// The vision tower, its merger, and what the prompt side needs to know about it.
+/// Merges each `merge x merge` block of patches into one row of the text model's width.
+pub(crate) struct Merger {
+    pub norm: Norm,
+    /// The norm runs over a merged row (Qwen3-VL's DeepStack mergers), else over each patch.
+    pub norm_after_merge: bool,
+    pub fc1: Linear,
+    pub fc2: Linear,
+}
+
+impl Merger {
+    fn forward(&self, x: &Tensor, unit: usize) -> Result<Tensor> {
+        let merged_width = unit * x.last_dim();
+        let merged = if self.norm_after_merge {
+            self.norm.forward(&x.reshape(&[x.rows() / unit, merged_width])?)?
+        } else {
+            self.norm.forward(x)?.reshape(&[x.rows() / unit, merged_width])?
+        };
+        let hidden = ops::activation(&self.fc1.forward(&merged)?, Activation::Gelu)?;
+        self.fc2.forward(&hidden)
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.fc1.size_in_bytes() + self.fc2.size_in_bytes()
+    }
+
+    /// Qwen2-VL's and Qwen2.5-VL's `merger`: `norm` (`merger.ln_q`) over each patch, then the
+    /// `merger.mlp.0` / `merger.mlp.2` MLP from `merge^2` patches of `width` to `out`.
+    pub(crate) fn qwen2(v: &Scope, norm: Norm, width: usize, merge: usize, out: usize) -> Result<Merger> {
+        let merged = width * merge * merge;
+        Ok(Merger {
+            norm,
+            norm_after_merge: false,
+            fc1: v.linear("merger.mlp.0", merged, merged, true)?,
+            fc2: v.linear("merger.mlp.2", merged, out, true)?,
+        })
+    }
+}
+
+/// Qwen3-VL's learned absolute positions: a square grid of embeddings resampled (bilinear,
+/// corners aligned) to each image's patch grid.
+pub(crate) struct PositionGrid {
+    /// `[side * side, width]`, row-major, f32 on the host: the resampling runs there.
+    pub table: Vec<f32>,
+    pub side: usize,
+}
+
+impl PositionGrid {
+    /// transformers' `get_vision_interpolation_indices_and_weights` (bilinear, `align_corners`)
+    /// and the weighted sum of the four taps, for patches at `positions` of an `h x w` grid, in
+    /// f32 as torch computes them.
+    fn embeddings(&self, positions: &[[usize; 2]], [h, w]: [usize; 2]) -> Vec<f32> {
+        let width = self.table.len() / (self.side * self.side);
+        let last = (self.side - 1) as f32;
+        let taps = |index: usize, size: usize| {
+            let src = index as f32 * last / (size.max(2) - 1) as f32;
+            let floor = src.floor();
+            let low = floor as usize;
+            let weights = [(1.0 - (src - floor)).max(0.0), (1.0 - (src - floor - 1.0).abs()).max(0.0)];
+            ([low.min(self.side - 1), (low + 1).min(self.side - 1)], weights)
+        };
+        let mut out = Vec::with_capacity(positions.len() * width);
+        for &[row, col] in positions {
+            let ((rows, row_weights), (cols, col_weights)) = (taps(row, h), taps(col, w));
+            let start = out.len();
+            out.resize(start + width, 0.0);
+            for (r, rw) in rows.iter().zip(row_weights) {
+                for (c, cw) in cols.iter().zip(col_weights) {
+                    let weight = rw * cw;
+                    let entry = &self.table[(r * self.side + c) * width..][..width];
+                    for (o, &v) in out[start..].iter_mut().zip(entry) {
+                        *o += v * weight;
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The vision tower, its mergers, and what the prompt side needs to know about it.
 pub(crate) struct VisionTower {
     patch_embed: Linear,
+    /// Learned absolute positions added to the patch embeddings (Qwen3-VL).
+    pub positions: Option<PositionGrid>,
     blocks: Vec<VisionBlock>,
     attention: AttentionParams,
     /// 2-D rotary inverse frequencies (`head_dim / 4` of them, shared by rows and columns).
     rope_inv_freq: Vec<f32>,
     windows: Option<Windows>,
-    merger_norm: Norm,
-    merger_fc1: Linear,
-    merger_fc2: Linear,
+    merger: Merger,
+    /// DeepStack (Qwen3-VL): after each listed block, its merger's output is a feature the
+    /// decoder's early layers add.
+    pub deepstack: Vec<(usize, Merger)>,
     patch_dim: usize,
     embed_dim: usize,
     merge: usize,
     /// Pixels along a patch's side.
     patch_size: usize,
-    /// How a video's time steps become temporal positions.
-    pub video_time: VideoTime,
+    /// How a video's time steps become temporal positions; `None` for a model served without
+    /// video input.
+    pub video_time: Option<VideoTime>,
 }
 
 /// How a video's temporal patches become temporal rotary positions.
@@ -190,7 +292,7 @@ fn text_config(raw: &RawConfig) -> RawConfig {
 }
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<QwenVl> {
-    QwenVl::assemble(raw, w, load_vision)
+    QwenVl::assemble(raw, w, TextModel::Qwen2, load_vision)
 }
 
 impl QwenVl {
@@ -199,40 +301,58 @@ impl QwenVl {
     pub(crate) fn assemble<C: serde::de::DeserializeOwned>(
         raw: &RawConfig,
         w: &Weights,
+        text: TextModel,
         load_vision: fn(&RawConfig, &C, &Scope, usize) -> Result<VisionTower>,
     ) -> Result<QwenVl> {
         let layout = Layout::of(w);
-        let decoder = load_text(&text_config(raw), w, &layout)?;
+        let decoder = load_text(&text_config(raw), w, &layout, text)?;
         let vision_value = raw.value.get("vision_config").cloned().unwrap_or(Value::Object(Default::default()));
         let cfg: C = serde_json::from_value(vision_value).map_err(|e| raw.error(format!("vision_config: {e}")))?;
         let image = raw.image_token_id(151655)?;
-        let video = raw.value.get("video_token_id").and_then(Value::as_u64).unwrap_or(151656);
-        let video = u32::try_from(video).map_err(|_| raw.error(format!("video_token_id {video} is too large")))?;
         let text_hidden = decoder.embed.table.shape()[1];
         let vision = load_vision(raw, &cfg, &w.at(layout.visual), text_hidden)?;
+        let video = match vision.video_time {
+            Some(_) => {
+                let id = raw.value.get("video_token_id").and_then(Value::as_u64).unwrap_or(151656);
+                Some(u32::try_from(id).map_err(|_| raw.error(format!("video_token_id {id} is too large")))?)
+            }
+            None => None,
+        };
         let mut info = decoder.info().clone();
         info.vision = Some(VisionInfo {
             image_token_id: image,
-            video_token_id: Some(video),
+            video_token_id: video,
             spatial_merge_size: vision.merge,
             patch_size: vision.patch_size,
             placeholder: "<|vision_start|><|image_pad|><|vision_end|>",
-            video_placeholder: Some("<|vision_start|><|video_pad|><|vision_end|>"),
+            video_placeholder: video.map(|_| "<|vision_start|><|video_pad|><|vision_end|>"),
         });
         info.weight_bytes += vision.weight_bytes();
-        Ok(QwenVl { decoder, vision, placeholders: Placeholders { image, video: Some(video) }, info })
+        Ok(QwenVl { decoder, vision, placeholders: Placeholders { image, video }, info })
     }
 }
 
-fn load_text(raw: &RawConfig, w: &Weights, layout: &Layout) -> Result<Decoder> {
+fn load_text(raw: &RawConfig, w: &Weights, layout: &Layout, text: TextModel) -> Result<Decoder> {
     let cfg: TextConfig = raw.parse()?;
-    let mut d = cfg.common.resolve(raw, TEXT_DEFAULTS)?;
-    // Qwen2VLAttention sizes its heads by `hidden_size / num_attention_heads`, whatever `head_dim` says.
-    d.head_dim = d.hidden / d.heads;
+    let (defaults, theta) = text.defaults();
+    let mut d = cfg.common.resolve(raw, defaults)?;
+    if text == TextModel::Qwen2 {
+        // Qwen2VLAttention sizes its heads by `hidden_size / num_attention_heads`, whatever `head_dim` says.
+        d.head_dim = d.hidden / d.heads;
+    }
     let inter = d.intermediate(raw)?;
     let sliding = cfg.use_sliding_window.unwrap_or(false);
+    let qkv_bias = match text {
+        TextModel::Qwen2 => true,
+        TextModel::Qwen3 => d.attention_bias,
+    };
     let blocks = d.blocks_at(w, &format!("{}.layers", layout.text), |i, l| {
-        let mut attn = d.attention(&l.at("self_attn"), true, false)?;
+        let attn_scope = l.at("self_attn");
+        let mut attn = d.attention(&attn_scope, qkv_bias, text == TextModel::Qwen3 && d.attention_bias)?;
+        if text == TextModel::Qwen3 {
+            attn.q_norm = Some(attn_scope.rms("q_norm", d.head_dim, d.eps)?);
+            attn.k_norm = Some(attn_scope.rms("k_norm", d.head_dim, d.eps)?);
+        }
         let slides = match d.sliding(raw, i)? {
             Some(s) => s,
             None => sliding && i >= cfg.max_window_layers.unwrap_or(80),
@@ -245,13 +365,22 @@ fn load_text(raw: &RawConfig, w: &Weights, layout: &Layout) -> Result<Decoder> {
             ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, inter, d.act, false)?),
         ))
     })?;
-    let mut params = RopeParameters::from_config(raw, TEXT_ROPE_THETA)?;
+    let mut params = RopeParameters::from_config(raw, theta)?;
     // The Hub's configs spell MRoPE as a rope type; transformers reads it as the default rope.
     if params.kind() == "mrope" {
         params.rope_type = None;
     }
-    let sections = params.mrope_section.clone().unwrap_or_else(|| vec![16, 24, 24]);
-    let rope = Rope::new(&params, d.head_dim, d.max_positions, raw)?.with_mrope_sections(&sections, raw)?;
+    let rope = Rope::new(&params, d.head_dim, d.max_positions, raw)?;
+    let rope = match text {
+        TextModel::Qwen2 => {
+            let sections = params.mrope_section.clone().unwrap_or_else(|| vec![16, 24, 24]);
+            rope.with_mrope_sections(&sections, raw)?
+        }
+        TextModel::Qwen3 => {
+            let sections = params.mrope_section.clone().unwrap_or_else(|| vec![24, 20, 20]);
+            rope.with_interleaved_mrope_sections(&sections, raw)?
+        }
+    };
     let norm = Norm::Rms(d.rms(&w.at(layout.text), "norm")?);
     let embed = format!("{}.embed_tokens", layout.text);
     let names = Names { layers: "", embed: &embed, embed_dim: None, lm_head: "lm_head", lm_head_bias: false };
@@ -303,22 +432,24 @@ fn load_vision(raw: &RawConfig, cfg: &VisionConfig, v: &Scope, text_hidden: usiz
         temporal: cfg.temporal_patch_size,
         side: cfg.patch_size,
         merge: cfg.spatial_merge_size,
+        bias: false,
     };
-    let merger_norm = Norm::Layer(v.layer_norm("merger.ln_q", e, eps, true)?);
-    let rope_parameters = cfg.rope_parameters.as_ref();
-    VisionTower::load(raw, v, shape, e, cfg.num_heads, rope_parameters, blocks, None, merger_norm, text_hidden)
+    let merger =
+        Merger::qwen2(v, Norm::Layer(v.layer_norm("merger.ln_q", e, eps, true)?), e, shape.merge, text_hidden)?;
+    VisionTower::load(raw, v, shape, e, cfg.num_heads, cfg.rope_parameters.as_ref(), blocks, None, merger)
 }
 
-/// The vision tower's patch geometry.
+/// The vision tower's patch geometry, and whether its patch embedding has a bias.
 pub(crate) struct PatchShape {
     pub in_channels: usize,
     pub temporal: usize,
     pub side: usize,
     pub merge: usize,
+    pub bias: bool,
 }
 
 impl VisionTower {
-    /// The patch embedding, rotary frequencies and merger MLP, around the family's `blocks`.
+    /// The patch embedding and rotary frequencies, around the family's `blocks` and `merger`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn load(
         raw: &RawConfig,
@@ -329,8 +460,7 @@ impl VisionTower {
         rope_parameters: Option<&Value>,
         blocks: Vec<VisionBlock>,
         windows: Option<Windows>,
-        merger_norm: Norm,
-        text_hidden: usize,
+        merger: Merger,
     ) -> Result<VisionTower> {
         let e = embed_dim;
         let patch_dim = shape.in_channels * shape.temporal * shape.side * shape.side;
@@ -348,29 +478,39 @@ impl VisionTower {
             .weights()
             .get(&v.name("patch_embed.proj.weight"), &[e, shape.in_channels, shape.temporal, shape.side, shape.side])?
             .reshape(&[e, patch_dim])?;
-        let merged = e * shape.merge * shape.merge;
+        let patch_bias = match shape.bias {
+            true => Some(v.weights().get(&v.name("patch_embed.proj.bias"), &[e])?),
+            false => None,
+        };
         Ok(VisionTower {
-            patch_embed: Linear::new(patch_weight, None),
+            patch_embed: Linear::new(patch_weight, patch_bias),
+            positions: None,
             blocks,
             attention: attention_params(heads, heads, head_dim, (head_dim as f64).powf(-0.5), None, None),
             rope_inv_freq,
             windows,
-            merger_norm,
-            merger_fc1: v.linear("merger.mlp.0", merged, merged, true)?,
-            merger_fc2: v.linear("merger.mlp.2", merged, text_hidden, true)?,
+            merger,
+            deepstack: Vec::new(),
             patch_dim,
             embed_dim: e,
             merge: shape.merge,
             patch_size: shape.side,
-            video_time: VideoTime::Steps,
+            video_time: Some(VideoTime::Steps),
         })
     }
 
     fn weight_bytes(&self) -> usize {
-        let linears = self.blocks.iter().flat_map(|b| [&b.qkv, &b.proj]);
-        let linears: usize =
-            linears.chain([&self.patch_embed, &self.merger_fc1, &self.merger_fc2]).map(Linear::size_in_bytes).sum();
-        linears + self.blocks.iter().map(|b| b.mlp.weight_bytes()).sum::<usize>()
+        let linears: usize = self
+            .blocks
+            .iter()
+            .flat_map(|b| [&b.qkv, &b.proj])
+            .chain([&self.patch_embed])
+            .map(Linear::size_in_bytes)
+            .sum();
+        let mergers: usize =
+            std::iter::once(&self.merger).chain(self.deepstack.iter().map(|(_, m)| m)).map(Merger::weight_bytes).sum();
+        let positions = self.positions.as_ref().map_or(0, |grid| grid.table.len() * 4);
+        linears + mergers + positions + self.blocks.iter().map(|b| b.mlp.weight_bytes()).sum::<usize>()
     }
 
     /// Each patch's (row, column) on the grid, in the processor's order: 2x2 merge windows one
@@ -410,7 +550,7 @@ impl VisionTower {
         (cos, sin)
     }
 
-    fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3], device: Device, dtype: DType) -> Result<Tensor> {
+    fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3], device: Device, dtype: DType) -> Result<Encoded> {
         let [t, h, w] = grid_thw;
         let patches = t * h * w;
         if patches == 0 || !h.is_multiple_of(self.merge) || !w.is_multiple_of(self.merge) {
@@ -435,6 +575,10 @@ impl VisionTower {
         let pixels = pixel_input(pixel_values.to_vec(), &[patches, self.patch_dim], device, dtype)?;
         let mut x = self.patch_embed.forward(&pixels)?;
         let mut positions = self.patch_positions(grid_thw);
+        if let Some(grid) = &self.positions {
+            let table = Tensor::from_f32(grid.embeddings(&positions, [h, w]), &[patches, self.embed_dim])?;
+            x = ops::add(&x, &table.to_dtype(x.dtype()).to_device(device)?)?;
+        }
         if let Some(order) = &patch_order {
             x = ops::gather_rows(&x, order)?;
             positions = order.iter().map(|&p| positions[p]).collect();
@@ -446,6 +590,7 @@ impl VisionTower {
         // Each frame attends within itself (a windowed block, within each window of it).
         let frames = vec![h * w; t];
         let e = self.embed_dim;
+        let mut deepstack = Vec::with_capacity(self.deepstack.len());
         for (i, b) in self.blocks.iter().enumerate() {
             let segments = match (&self.windows, &windows) {
                 (Some(win), Some((_, lengths))) if !win.full_attention_blocks.contains(&i) => lengths,
@@ -461,20 +606,21 @@ impl VisionTower {
             let attn = ops::attention_dense(&q, &k, &value, &self.attention, segments, false)?;
             x = ops::add(&x, &b.proj.forward(&attn)?)?;
             x = ops::add(&x, &b.mlp.forward(&b.norm2.forward(&x)?)?)?;
-        }
-        let merged = self.merger_norm.forward(&x)?.reshape(&[patches / unit, unit * e])?;
-        let hidden = ops::activation(&self.merger_fc1.forward(&merged)?, Activation::Gelu)?;
-        let out = self.merger_fc2.forward(&hidden)?;
-        match windows {
-            Some((units, _)) => {
-                let mut grid_order = vec![0; units.len()];
-                for (position, &u) in units.iter().enumerate() {
-                    grid_order[u] = position;
-                }
-                Ok(ops::gather_rows(&out, &grid_order)?)
+            if let Some((_, merger)) = self.deepstack.iter().find(|(block, _)| *block == i) {
+                deepstack.push(merger.forward(&x, unit)?);
             }
-            None => Ok(out),
         }
+        let embeddings = self.merger.forward(&x, unit)?;
+        let Some((units, _)) = windows else { return Ok(Encoded { embeddings, deepstack }) };
+        let mut grid_order = vec![0; units.len()];
+        for (position, &u) in units.iter().enumerate() {
+            grid_order[u] = position;
+        }
+        let in_grid_order = |t: &Tensor| ops::gather_rows(t, &grid_order);
+        Ok(Encoded {
+            embeddings: in_grid_order(&embeddings)?,
+            deepstack: deepstack.iter().map(in_grid_order).collect::<std::result::Result<_, _>>()?,
+        })
     }
 }
 
@@ -501,13 +647,14 @@ fn window_order([t, h, w]: [usize; 3], merge: usize, side: usize) -> (Vec<usize>
 }
 
 impl VisionEncoder for QwenVl {
-    fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Tensor> {
+    fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Encoded> {
         let table = &self.decoder.embed.table;
         self.vision.encode(pixel_values, grid_thw, table.device(), table.dtype())
     }
 
     fn mrope_positions(&self, prompt: &[u32], visuals: &[VisualGrid]) -> Result<Option<(Vec<[usize; 3]>, i64)>> {
-        let positions = mrope_positions(prompt, self.placeholders, visuals, self.vision.merge, self.vision.video_time)?;
+        let video_time = self.vision.video_time.unwrap_or(VideoTime::Steps);
+        let positions = mrope_positions(prompt, self.placeholders, visuals, self.vision.merge, video_time)?;
         Ok(Some(positions))
     }
 }

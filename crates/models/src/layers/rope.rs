@@ -311,6 +311,31 @@ impl Rope {
         Ok(self)
     }
 
+    /// MRoPE as Qwen3-VL interleaves it: frequency `j` turns with the height position when
+    /// `j % 3 == 1` and `j < 3 * sections[1]`, with the width when `j % 3 == 2` and
+    /// `j < 3 * sections[2]`, else with the temporal position.
+    pub fn with_interleaved_mrope_sections(mut self, sections: &[usize], raw: &RawConfig) -> Result<Rope> {
+        let half = self.rotary_dim / 2;
+        let [_, height, width] = sections else {
+            return Err(raw.error(format!("`mrope_section` {sections:?} must have three entries")));
+        };
+        if sections.iter().sum::<usize>() != half {
+            return Err(raw.error(format!(
+                "`mrope_section` {sections:?} adds up to {}, the rotary embedding has {half} frequencies",
+                sections.iter().sum::<usize>()
+            )));
+        }
+        let axes = (0..half)
+            .map(|j| match j % 3 {
+                1 if j < 3 * height => 1,
+                2 if j < 3 * width => 2,
+                _ => 0,
+            })
+            .collect();
+        self.mrope_axes = Some(axes);
+        Ok(self)
+    }
+
     /// See [`crate::CausalLM::rotary_depends_on_length`].
     pub fn depends_on_length(&self) -> bool {
         !matches!(self.schedule, Schedule::Fixed(_))
