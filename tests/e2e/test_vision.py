@@ -170,7 +170,7 @@ def servers(tmp_path_factory):
         assert s.stop() == 0, s.logs()
 
 
-OTHER_FAMILIES = [(family, case) for family in ("qwen2.5-vl", "qwen3-vl", "llava")
+OTHER_FAMILIES = [(family, case) for family in ("qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe", "llava")
                   for case in oracle_of(family)["cases"] if case["images"]]
 
 

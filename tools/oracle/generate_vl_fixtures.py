@@ -17,6 +17,9 @@ Families and what their fixture exercises:
   to every image (up and down), LayerNorm + GELU(tanh) tower, DeepStack features from blocks 0 and
   1 added after the first two of three decoder layers, QK-norm, interleaved MRoPE. Images only
   (videos need the frame timestamps Qwen3-VL's processor writes into the prompt).
+- qwen3-vl-moe (fixtures/models/qwen3-vl-moe): qwen3-vl's tower before a Qwen3-MoE text model (4
+  experts, top 2, always renormalised; layer 1 dense through `mlp_only_layers`), experts saved fused
+  as the Hub's checkpoints have them.
 - llava (fixtures/models/llava): a CLIP tower (class token, learned positions, pre-LayerNorm,
   quick-GELU) read at its second-to-last layer, the class row dropped, a GELU projector, a Llama
   text model; CLIP's processor (shortest edge 56, centre crop 56x56: 16 image tokens); llava-1.5's
@@ -63,6 +66,8 @@ from transformers import (  # noqa: E402
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
     Qwen3VLProcessor,
+    Qwen3VLMoeConfig,
+    Qwen3VLMoeForConditionalGeneration,
     Qwen3VLVideoProcessor,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
@@ -197,6 +202,19 @@ FAMILIES = {
                     deepstack_visual_indexes=[0, 1], hidden_act="gelu_pytorch_tanh", initializer_range=0.3),
         extra={},
         text_extra={"num_hidden_layers": 3, "head_dim": 16,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                        "mrope_interleaved": True}},
+        images_only=True,
+    ),
+    "qwen3-vl-moe": dict(
+        tokens=VISION_TOKENS, config=Qwen3VLMoeConfig, model=Qwen3VLMoeForConditionalGeneration,
+        processor=Qwen3VLProcessor,
+        vision=dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=64, patch_size=16,
+                    temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16,
+                    deepstack_visual_indexes=[0, 1], hidden_act="gelu_pytorch_tanh", initializer_range=0.3),
+        extra={},
+        text_extra={"num_hidden_layers": 3, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 48, "mlp_only_layers": [1], "decoder_sparse_step": 1,
                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
                                         "mrope_interleaved": True}},
         images_only=True,

@@ -102,6 +102,16 @@ fn qwen3_vl_carries_deepstack_through_chunks_and_the_prefix_cache() {
     assert!(llm.client().stats().prefix_cache_hits > hits, "the second run should hit blocks over its images");
 }
 
+/// Qwen3-VL-MoE: the same tower before sparse expert layers, batched and chunked.
+#[test]
+fn qwen3_vl_moe_batches_and_chunks_images() {
+    battery_matches_oracle("qwen3-vl-moe");
+    battery_matches_oracle_with(
+        "qwen3-vl-moe",
+        ferrite_engine::EngineConfig { max_num_batched_tokens: 20, ..config() },
+    );
+}
+
 /// LLaVA: 1-D positions, a CLIP tower, its images cut by chunks and served from the prefix cache.
 #[test]
 fn llava_batches_chunks_and_caches_images() {

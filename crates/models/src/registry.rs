@@ -82,6 +82,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("Qwen2VLForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen2_vl::load(r, w)?)))),
     ("Qwen2_5_VLForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen2_5_vl::load(r, w)?)))),
     ("Qwen3VLForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_vl::load(r, w)?)))),
+    ("Qwen3VLMoeForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_vl::load_moe(r, w)?)))),
     ("LlavaForConditionalGeneration", Causal(|r, w| Ok(Box::new(llava::load(r, w)?)))),
     ("Mamba2ForCausalLM", Causal(|r, w| Ok(Box::new(mamba2::load(r, w)?)))),
     ("NemotronHForCausalLM", Causal(|r, w| Ok(Box::new(nemotron_h::load(r, w)?)))),

@@ -50,6 +50,7 @@ parity! {
     qwen2_vl => "qwen2-vl",
     qwen2_5_vl => "qwen2.5-vl",
     qwen3_vl => "qwen3-vl",
+    qwen3_vl_moe => "qwen3-vl-moe",
     llava => "llava",
     gemma => "gemma",
     gemma2 => "gemma2",
@@ -227,6 +228,19 @@ fn qwen_vl_checkpoints_in_the_hub_layout_load() {
         std::fs::remove_dir_all(&dir).ok();
         assert_eq!(strict, total, "{fixture} in the Hub's layout: {strict}/{total} strict");
     }
+}
+
+/// Qwen3-VL-MoE's Hub checkpoints store each layer's experts fused as `[experts, in, out]`;
+/// transformers 5 saves them `[experts, out, in]`. Both give the same tokens.
+#[test]
+fn qwen3_vl_moe_experts_in_the_hub_layout_load() {
+    let dir = fixture_copy("qwen3-vl-moe", "hub-layout");
+    ferrite_testing::gate::transpose_f32_tensors(&dir, |name| {
+        name.ends_with("experts.gate_up_proj") || name.ends_with("experts.down_proj")
+    });
+    let (strict, total) = strict_count(&dir);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(strict, total, "qwen3-vl-moe with [experts, in, out] experts: {strict}/{total} strict");
 }
 
 /// llava-hf's checkpoints keep the CLIP tower under `vision_tower.vision_model.*` (transformers 5

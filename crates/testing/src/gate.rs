@@ -361,7 +361,7 @@ pub fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
 /// Rewrites the f32 tensors of `dir/model.safetensors` whose names `edit` selects: `edit(name)`
 /// returns the change to apply to that tensor's values, or `None` to keep it.
 pub fn edit_f32_tensors(dir: &Path, edit: impl Fn(&str) -> Option<Box<dyn Fn(&mut [f32])>>) {
-    rewrite_tensors(dir, |name, dtype, data| {
+    rewrite_tensors(dir, |name, dtype, _, data| {
         if let Some(change) = edit(name) {
             assert_eq!(dtype, safetensors::Dtype::F32, "{name}");
             let mut values: Vec<f32> =
@@ -375,12 +375,33 @@ pub fn edit_f32_tensors(dir: &Path, edit: impl Fn(&str) -> Option<Box<dyn Fn(&mu
 
 /// Renames the tensors of `dir/model.safetensors` (another checkpoint layout of the same model).
 pub fn rename_tensors(dir: &Path, rename: impl Fn(&str) -> String) {
-    rewrite_tensors(dir, |name, _, _| rename(name));
+    rewrite_tensors(dir, |name, _, _, _| rename(name));
 }
 
-/// Rewrites `dir/model.safetensors` tensor by tensor: `rewrite(name, dtype, bytes)` may change
-/// the bytes in place and returns the tensor's new name.
-fn rewrite_tensors(dir: &Path, rewrite: impl Fn(&str, safetensors::Dtype, &mut Vec<u8>) -> String) {
+/// Stores the 3-D f32 tensors of `dir/model.safetensors` that `select` picks with their last two
+/// dimensions swapped (stacked expert matrices as `[experts, in, out]` instead of `[experts,
+/// out, in]`).
+pub fn transpose_f32_tensors(dir: &Path, select: impl Fn(&str) -> bool) {
+    rewrite_tensors(dir, |name, dtype, shape, data| {
+        if select(name) {
+            assert_eq!((dtype, shape.len()), (safetensors::Dtype::F32, 3), "{name}");
+            let (n, rows, cols) = (shape[0], shape[1], shape[2]);
+            let mut out = vec![0u8; data.len()];
+            for (k, value) in data.chunks_exact(4).enumerate() {
+                let (m, r, c) = (k / (rows * cols), k / cols % rows, k % cols);
+                let to = (m * cols + c) * rows + r;
+                out[to * 4..to * 4 + 4].copy_from_slice(value);
+            }
+            *data = out;
+            *shape = vec![n, cols, rows];
+        }
+        name.to_string()
+    });
+}
+
+/// Rewrites `dir/model.safetensors` tensor by tensor: `rewrite(name, dtype, shape, bytes)` may
+/// change the shape and bytes in place and returns the tensor's new name.
+fn rewrite_tensors(dir: &Path, rewrite: impl Fn(&str, safetensors::Dtype, &mut Vec<usize>, &mut Vec<u8>) -> String) {
     use safetensors::tensor::TensorView;
     let path = dir.join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
@@ -388,8 +409,9 @@ fn rewrite_tensors(dir: &Path, rewrite: impl Fn(&str, safetensors::Dtype, &mut V
     let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
     for (name, view) in st.tensors() {
         let mut data = view.data().to_vec();
-        let name = rewrite(&name, view.dtype(), &mut data);
-        tensors.push((name, view.dtype(), view.shape().to_vec(), data));
+        let mut shape = view.shape().to_vec();
+        let name = rewrite(&name, view.dtype(), &mut shape, &mut data);
+        tensors.push((name, view.dtype(), shape, data));
     }
     let views: Vec<(String, TensorView)> =
         tensors.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();

@@ -11,16 +11,14 @@ fn fixtures() -> PathBuf {
 }
 
 /// Checks every case of an oracle file; returns how many were checked. A vision-language
-/// fixture's prompt ids have each image's placeholder expanded to its embeddings (the image
-/// processor's work): they are compared with each run of `image_token` taken back to one token.
-fn check_cases(tok: &Tokenizer, oracle: &Value, label: &str, image_token: Option<u32>) -> usize {
+/// fixture's prompt ids have each image's and video's placeholder expanded to its embeddings (the
+/// processors' work): they are compared with each run of a `placeholders` token taken back to one.
+fn check_cases(tok: &Tokenizer, oracle: &Value, label: &str, placeholders: &[u32]) -> usize {
     let cases = oracle["cases"].as_array().expect("cases");
     for case in cases {
         let name = case["name"].as_str().unwrap_or("?");
         let mut want: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).expect("prompt_ids");
-        if let Some(image) = image_token {
-            want.dedup_by(|a, b| *a == image && *b == image);
-        }
+        want.dedup_by(|a, b| a == b && placeholders.contains(a));
         let got = if case["chat"].as_bool().unwrap_or(false) {
             let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).expect("messages");
             let text = tok.apply_chat_template(&messages, true).expect("template renders");
@@ -47,11 +45,13 @@ fn every_fixture_prompt_tokenizes_as_transformers_did() {
         let tok = Tokenizer::from_dir(&dir).unwrap();
         // (Some configs hold Python's non-finite literals; none of those is a vision model's.)
         let config = serde_json::from_str::<Value>(&std::fs::read_to_string(dir.join("config.json")).unwrap()).ok();
-        // LLaVA's configs name it `image_token_index`.
-        let image_token = config
-            .and_then(|c| c["image_token_id"].as_u64().or_else(|| c["image_token_index"].as_u64()))
-            .map(|id| id as u32);
-        checked += check_cases(&tok, &oracle, &dir.display().to_string(), image_token);
+        // LLaVA's configs name the image token `image_token_index`.
+        let placeholders: Vec<u32> = ["image_token_id", "image_token_index", "video_token_id"]
+            .iter()
+            .filter_map(|key| config.as_ref().and_then(|c| c[key].as_u64()))
+            .map(|id| id as u32)
+            .collect();
+        checked += check_cases(&tok, &oracle, &dir.display().to_string(), &placeholders);
     }
     assert!(checked >= 8, "only {checked} cases found");
 }

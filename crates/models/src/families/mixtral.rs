@@ -5,8 +5,8 @@
 
 use serde::Deserialize;
 
-use crate::decoder::load::{CommonConfig, Defaults};
-use crate::decoder::{ChannelMixer, Decoder};
+use crate::decoder::load::{CommonConfig, Defaults, Dims};
+use crate::decoder::{Block, ChannelMixer, Decoder};
 use crate::layers::moe::{ExpertNames, Experts, Router, RouterConfig, Scoring, SharedExpert, SparseMoe};
 use crate::layers::Norm;
 use crate::loading::config::RawConfig;
@@ -106,13 +106,28 @@ impl MoeVariant {
         MoeVariant { default_qkv_bias: true, window: WindowRule::Qwen2Moe, shared_expert: true, ..QWEN_MOE };
     pub const QWEN3_MOE: MoeVariant =
         MoeVariant { qk_norm: QkNorm::PerHead, window: WindowRule::AllLayersIfEnabled, ..QWEN_MOE };
+    /// Qwen3-VL-MoE's text model: Qwen3-MoE whose router always renormalises.
+    pub const QWEN3_VL_MOE: MoeVariant = MoeVariant { always_renormalize: true, ..MoeVariant::QWEN3_MOE };
     /// Experts of `intermediate_size`, QK-norm over the full q and k width.
     pub const OLMOE: MoeVariant = MoeVariant { qk_norm: QkNorm::FullWidth, moe_width_key: false, ..QWEN_MOE };
 }
 
 pub fn load(raw: &RawConfig, w: &Weights, variant: MoeVariant) -> Result<Decoder> {
+    let d = raw.parse::<MoeConfig>()?.common.resolve(raw, Defaults::LLAMA)?;
+    let blocks = moe_blocks(raw, w, &d, variant, "model.layers")?;
+    let rope = d.rope(raw, variant.default_rope_theta)?;
+    d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![rope])
+}
+
+/// The decoder layers under `layers` of a mixture-of-experts config of dimensions `d`.
+pub(crate) fn moe_blocks(
+    raw: &RawConfig,
+    w: &Weights,
+    d: &Dims,
+    variant: MoeVariant,
+    layers: &str,
+) -> Result<Vec<Block>> {
     let cfg: MoeConfig = raw.parse()?;
-    let d = cfg.common.resolve(raw, Defaults::LLAMA)?;
     if cfg.clip_qkv.is_some() {
         return Err(raw.error("`clip_qkv` (clamping q/k/v) is not supported"));
     }
@@ -140,7 +155,7 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: MoeVariant) -> Result<Decoder
             && (i + 1).is_multiple_of(cfg.decoder_sparse_step)
     };
     let enabled = cfg.use_sliding_window.unwrap_or(false);
-    let blocks = d.blocks(w, |i, l| {
+    d.blocks_at(w, layers, |i, l| {
         let s = l.at("self_attn");
         let mut attn = d.attention(&s, qkv_bias, d.attention_bias)?;
         (attn.q_norm, attn.k_norm) = match variant.qk_norm {
@@ -185,7 +200,5 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: MoeVariant) -> Result<Decoder
             ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, d.intermediate(raw)?, d.act, false)?)
         };
         d.llama_block(l, attn, mlp)
-    })?;
-    let rope = d.rope(raw, variant.default_rope_theta)?;
-    d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![rope])
+    })
 }

@@ -15,6 +15,7 @@ use ferrite_tensor::{ops, Activation, AttentionParams, DType, Device, RopeStyle,
 
 use crate::decoder::load::{activation, attention_params, check_dims, CommonConfig, Defaults, Names};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
+use crate::families::mixtral::MoeVariant;
 use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::{DenseMlp, Linear, Norm};
 use crate::loading::config::RawConfig;
@@ -33,6 +34,8 @@ pub(crate) enum TextModel {
     Qwen2,
     /// Qwen3's (Qwen3-VL): QK-norm, the config's `head_dim`, MRoPE sections interleaved.
     Qwen3,
+    /// Qwen3-MoE's (Qwen3-VL-MoE): Qwen3's with sparse expert layers.
+    Qwen3Moe,
 }
 
 impl TextModel {
@@ -43,6 +46,7 @@ impl TextModel {
             TextModel::Qwen3 => {
                 (Defaults { max_positions: 128_000, head_dim: Some(128), ..Defaults::LLAMA }, 500_000.0)
             }
+            TextModel::Qwen3Moe => (Defaults { max_positions: 128_000, ..Defaults::LLAMA }, 500_000.0),
         }
     }
 }
@@ -279,9 +283,10 @@ impl Layout {
 /// checkpoints), with the top-level `architectures` and `tie_word_embeddings`.
 fn text_config(raw: &RawConfig) -> RawConfig {
     let mut text = raw.value.get("text_config").filter(|t| t.is_object()).cloned().unwrap_or_else(|| raw.value.clone());
-    let flag = |v: &Value| v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false);
-    // transformers ties when either config says so.
-    let tie = flag(&raw.value) || flag(&text);
+    let flag = |v: &Value| v.get("tie_word_embeddings").and_then(Value::as_bool);
+    // transformers ties by the top-level config's flag (the model class's), which a
+    // `text_config` may not repeat.
+    let tie = flag(&raw.value).or(flag(&text)).unwrap_or(false);
     if let Some(obj) = text.as_object_mut() {
         obj.insert("tie_word_embeddings".into(), tie.into());
         if let Some(v) = raw.value.get("architectures") {
@@ -340,31 +345,36 @@ fn load_text(raw: &RawConfig, w: &Weights, layout: &Layout, text: TextModel) -> 
         // Qwen2VLAttention sizes its heads by `hidden_size / num_attention_heads`, whatever `head_dim` says.
         d.head_dim = d.hidden / d.heads;
     }
-    let inter = d.intermediate(raw)?;
     let sliding = cfg.use_sliding_window.unwrap_or(false);
     let qkv_bias = match text {
         TextModel::Qwen2 => true,
-        TextModel::Qwen3 => d.attention_bias,
+        TextModel::Qwen3 | TextModel::Qwen3Moe => d.attention_bias,
     };
-    let blocks = d.blocks_at(w, &format!("{}.layers", layout.text), |i, l| {
-        let attn_scope = l.at("self_attn");
-        let mut attn = d.attention(&attn_scope, qkv_bias, text == TextModel::Qwen3 && d.attention_bias)?;
-        if text == TextModel::Qwen3 {
-            attn.q_norm = Some(attn_scope.rms("q_norm", d.head_dim, d.eps)?);
-            attn.k_norm = Some(attn_scope.rms("k_norm", d.head_dim, d.eps)?);
-        }
-        let slides = match d.sliding(raw, i)? {
-            Some(s) => s,
-            None => sliding && i >= cfg.max_window_layers.unwrap_or(80),
-        };
-        attn.params.sliding_window = d.sliding_window.filter(|_| slides && sliding);
-        Ok(Block::pre_norm(
-            d.rms(l, "input_layernorm")?,
-            TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
-            d.rms(l, "post_attention_layernorm")?,
-            ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, inter, d.act, false)?),
-        ))
-    })?;
+    let layers = format!("{}.layers", layout.text);
+    let blocks = if text == TextModel::Qwen3Moe {
+        crate::families::mixtral::moe_blocks(raw, w, &d, MoeVariant::QWEN3_VL_MOE, &layers)?
+    } else {
+        let inter = d.intermediate(raw)?;
+        d.blocks_at(w, &layers, |i, l| {
+            let attn_scope = l.at("self_attn");
+            let mut attn = d.attention(&attn_scope, qkv_bias, text == TextModel::Qwen3 && d.attention_bias)?;
+            if text == TextModel::Qwen3 {
+                attn.q_norm = Some(attn_scope.rms("q_norm", d.head_dim, d.eps)?);
+                attn.k_norm = Some(attn_scope.rms("k_norm", d.head_dim, d.eps)?);
+            }
+            let slides = match d.sliding(raw, i)? {
+                Some(s) => s,
+                None => sliding && i >= cfg.max_window_layers.unwrap_or(80),
+            };
+            attn.params.sliding_window = d.sliding_window.filter(|_| slides && sliding);
+            Ok(Block::pre_norm(
+                d.rms(l, "input_layernorm")?,
+                TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
+                d.rms(l, "post_attention_layernorm")?,
+                ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, inter, d.act, false)?),
+            ))
+        })?
+    };
     let mut params = RopeParameters::from_config(raw, theta)?;
     // The Hub's configs spell MRoPE as a rope type; transformers reads it as the default rope.
     if params.kind() == "mrope" {
@@ -376,7 +386,7 @@ fn load_text(raw: &RawConfig, w: &Weights, layout: &Layout, text: TextModel) -> 
             let sections = params.mrope_section.clone().unwrap_or_else(|| vec![16, 24, 24]);
             rope.with_mrope_sections(&sections, raw)?
         }
-        TextModel::Qwen3 => {
+        TextModel::Qwen3 | TextModel::Qwen3Moe => {
             let sections = params.mrope_section.clone().unwrap_or_else(|| vec![24, 20, 20]);
             rope.with_interleaved_mrope_sections(&sections, raw)?
         }

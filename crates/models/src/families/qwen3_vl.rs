@@ -3,7 +3,7 @@
 //! 2-D rotary embedding, LayerNorm + GELU(tanh) blocks, a merger into the text model's width, and
 //! DeepStack: after some of its blocks a merger of their output makes a feature that the first
 //! decoder layers add to the image tokens' hidden states. The text model is Qwen3's (QK-norm)
-//! with MRoPE's frequencies interleaved over the three axes.
+//! with MRoPE's frequencies interleaved over the three axes; Qwen3-VL-MoE's is Qwen3-MoE's.
 //!
 //! Images only for now: Qwen3-VL's videos carry per-frame timestamps in the prompt, which the
 //! server does not write yet, so the model declares no video token.
@@ -61,6 +61,12 @@ impl Default for VisionConfig {
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<QwenVl> {
     QwenVl::assemble(raw, w, TextModel::Qwen3, load_vision)
+}
+
+/// Qwen3-VL-MoE (`Qwen3VLMoeForConditionalGeneration`): the same tower before a Qwen3-MoE text
+/// model.
+pub fn load_moe(raw: &RawConfig, w: &Weights) -> Result<QwenVl> {
+    QwenVl::assemble(raw, w, TextModel::Qwen3Moe, load_vision)
 }
 
 fn load_vision(raw: &RawConfig, cfg: &VisionConfig, v: &Scope, text_hidden: usize) -> Result<VisionTower> {

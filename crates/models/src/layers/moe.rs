@@ -447,7 +447,10 @@ impl Experts {
     }
 
     /// Reads `{prefix}.experts.{e}.{gate,up,down}.weight` (Hub layout), or the fused
-    /// `{prefix}.experts.gate_up_proj` / `down_proj` tensors where a checkpoint has those.
+    /// `{prefix}.experts.gate_up_proj` / `down_proj` tensors where a checkpoint has those: as
+    /// transformers 5 holds them (`[experts, out, in]`) or as Qwen3-VL-MoE's Hub checkpoints store
+    /// them (`[experts, in, out]`), told apart by shape as transformers' conversion does (the
+    /// first where both fit).
     pub fn load(
         w: &Weights,
         prefix: &str,
@@ -460,7 +463,16 @@ impl Experts {
         let (e, i, h) = (num_experts, intermediate, hidden);
         let fused = format!("{prefix}.experts.gate_up_proj");
         let (gate_up, down) = if w.contains(&fused) {
-            (w.get(&fused, &[e, 2 * i, h])?, w.get(&format!("{prefix}.experts.down_proj"), &[e, h, i])?)
+            let down = format!("{prefix}.experts.down_proj");
+            let stored = w.get_any_shape(&fused)?;
+            if stored.shape() == [e, 2 * i, h] {
+                (stored, w.get(&down, &[e, h, i])?)
+            } else if stored.shape() == [e, h, 2 * i] {
+                (transpose_each(&stored)?, transpose_each(&w.get(&down, &[e, i, h])?)?)
+            } else {
+                // The error names the expected shape.
+                (w.get(&fused, &[e, 2 * i, h])?, w.get(&down, &[e, h, i])?)
+            }
         } else {
             let mut gu = Vec::with_capacity(2 * e);
             let mut dn = Vec::with_capacity(e);
