@@ -575,28 +575,31 @@ or 'image' in content or 'image_url' in content %}{% set image_count.value = ima
     #[test]
     fn fixture_templates_are_detected_as_vllm_detects_them() {
         let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+        // (file, template, whether it is a vision-language model's: those walk content parts, every
+        // other one takes a string).
         let mut templates = Vec::new();
         for entry in std::fs::read_dir(fixtures.join("chat_templates")).unwrap() {
             let path = entry.unwrap().path();
             let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-            templates.push((path.display().to_string(), json["chat_template"].as_str().unwrap().to_string()));
+            templates.push((path.display().to_string(), json["chat_template"].as_str().unwrap().to_string(), false));
         }
         for entry in std::fs::read_dir(fixtures.join("models")).unwrap() {
             let dir = entry.unwrap().path();
+            // The vision-language fixtures are the ones that come with images.
+            let vision = dir.join("images").is_dir();
             if let Ok(text) = std::fs::read_to_string(dir.join("chat_template.jinja")) {
-                templates.push((dir.join("chat_template.jinja").display().to_string(), text));
+                templates.push((dir.join("chat_template.jinja").display().to_string(), text, vision));
             }
             let Ok(text) = std::fs::read_to_string(dir.join("tokenizer_config.json")) else { continue };
             let config: serde_json::Value = serde_json::from_str(&text).unwrap();
             if let Some(template) = config["chat_template"].as_str() {
-                templates.push((dir.join("tokenizer_config.json").display().to_string(), template.to_string()));
+                templates.push((dir.join("tokenizer_config.json").display().to_string(), template.to_string(), vision));
             }
         }
         assert!(templates.len() >= 10, "only {} fixture templates found", templates.len());
-        for (path, template) in &templates {
-            // The vision-language fixtures' templates walk content parts; every other one takes a string.
-            let multimodal = ["/qwen2-vl/", "/qwen2.5-vl/", "/llava/"].iter().any(|dir| path.contains(dir));
-            let want = if multimodal { ContentFormat::Openai } else { ContentFormat::String };
+        assert!(templates.iter().filter(|t| t.2).count() >= 4, "the vision-language fixtures' templates are checked");
+        for (path, template, vision) in &templates {
+            let want = if *vision { ContentFormat::Openai } else { ContentFormat::String };
             assert_eq!(detect(template), want, "{path}");
         }
     }
