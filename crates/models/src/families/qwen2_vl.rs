@@ -127,6 +127,37 @@ pub(crate) struct VisionBlock {
     pub mlp: ChannelMixer,
 }
 
+impl VisionBlock {
+    /// `depth` blocks of LayerNorms (eps 1e-6) and a two-layer MLP whose layers `fc_names` names
+    /// (Qwen2-VL's and Qwen3-VL's towers).
+    pub(crate) fn layer_norm_blocks(
+        v: &Scope,
+        depth: usize,
+        width: usize,
+        mlp_width: usize,
+        act: Activation,
+        [fc1, fc2]: [&str; 2],
+    ) -> Result<Vec<VisionBlock>> {
+        let (e, eps) = (width, 1e-6);
+        (0..depth)
+            .map(|i| {
+                let b = v.at(&format!("blocks.{i}"));
+                Ok(VisionBlock {
+                    norm1: Norm::Layer(b.layer_norm("norm1", e, eps, true)?),
+                    qkv: b.linear("attn.qkv", e, 3 * e, true)?,
+                    proj: b.linear("attn.proj", e, e, true)?,
+                    norm2: Norm::Layer(b.layer_norm("norm2", e, eps, true)?),
+                    mlp: ChannelMixer::Dense(DenseMlp {
+                        fc1: b.linear(fc1, e, mlp_width, true)?,
+                        fc2: b.linear(fc2, mlp_width, e, true)?,
+                        act: act.into(),
+                    }),
+                })
+            })
+            .collect()
+    }
+}
+
 /// Qwen2.5-VL's windowed attention: most blocks attend within square windows of merged tokens,
 /// the blocks listed attend over the whole frame.
 pub(crate) struct Windows {
@@ -421,22 +452,7 @@ fn load_vision(raw: &RawConfig, cfg: &VisionConfig, v: &Scope, text_hidden: usiz
     }
     let act = activation(raw, "vision_config.hidden_act", &cfg.hidden_act)?;
     let eps = 1e-6;
-    let blocks = (0..cfg.depth)
-        .map(|i| {
-            let b = v.at(&format!("blocks.{i}"));
-            Ok(VisionBlock {
-                norm1: Norm::Layer(b.layer_norm("norm1", e, eps, true)?),
-                qkv: b.linear("attn.qkv", e, 3 * e, true)?,
-                proj: b.linear("attn.proj", e, e, true)?,
-                norm2: Norm::Layer(b.layer_norm("norm2", e, eps, true)?),
-                mlp: ChannelMixer::Dense(DenseMlp {
-                    fc1: b.linear("mlp.fc1", e, mlp, true)?,
-                    fc2: b.linear("mlp.fc2", mlp, e, true)?,
-                    act: act.into(),
-                }),
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let blocks = VisionBlock::layer_norm_blocks(v, cfg.depth, e, mlp, act, ["mlp.fc1", "mlp.fc2"])?;
     let shape = PatchShape {
         in_channels: cfg.in_channels,
         temporal: cfg.temporal_patch_size,

@@ -12,9 +12,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::decoder::load::{activation, check_dims};
-use crate::decoder::ChannelMixer;
 use crate::families::qwen2_vl::{Merger, PatchShape, PositionGrid, QwenVl, TextModel, VisionBlock, VisionTower};
-use crate::layers::{DenseMlp, Norm};
+use crate::layers::Norm;
 use crate::loading::config::RawConfig;
 use crate::loading::weights::{Scope, Weights};
 use crate::Result;
@@ -106,22 +105,7 @@ fn load_vision(raw: &RawConfig, cfg: &VisionConfig, v: &Scope, text_hidden: usiz
     }
     let act = activation(raw, "vision_config.hidden_act", &cfg.hidden_act)?;
     let eps = 1e-6;
-    let blocks = (0..cfg.depth)
-        .map(|i| {
-            let b = v.at(&format!("blocks.{i}"));
-            Ok(VisionBlock {
-                norm1: Norm::Layer(b.layer_norm("norm1", e, eps, true)?),
-                qkv: b.linear("attn.qkv", e, 3 * e, true)?,
-                proj: b.linear("attn.proj", e, e, true)?,
-                norm2: Norm::Layer(b.layer_norm("norm2", e, eps, true)?),
-                mlp: ChannelMixer::Dense(DenseMlp {
-                    fc1: b.linear("mlp.linear_fc1", e, inter, true)?,
-                    fc2: b.linear("mlp.linear_fc2", inter, e, true)?,
-                    act: act.into(),
-                }),
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let blocks = VisionBlock::layer_norm_blocks(v, cfg.depth, e, inter, act, ["mlp.linear_fc1", "mlp.linear_fc2"])?;
     let merged = e * merge * merge;
     let merger = |scope: &Scope, norm_after_merge: bool| -> Result<Merger> {
         let norm_width = if norm_after_merge { merged } else { e };
