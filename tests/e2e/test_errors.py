@@ -98,6 +98,14 @@ def test_chat_bad_requests(server, body, fragment, param):
     assert_error(status, resp, 400, fragment, param)
 
 
+@pytest.mark.parametrize("instructions", [[["deep"]], {"a": 1}, 7, True])
+def test_responses_instructions_must_be_a_string(server, instructions):
+    # A nested array was once taken and echoed back whole in the response object.
+    status, resp = server.json("POST", "/v1/responses",
+                               {"model": NAME, "input": "hi", "instructions": instructions, "max_output_tokens": 2})
+    assert_error(status, resp, 400, "`instructions` must be a string", "instructions")
+
+
 @pytest.mark.parametrize("raw", [b"{not json", b'{"prompt": "\xff\xfe"}', b"", b"[1, 2]", b'{"prompt": "hi"'])
 def test_malformed_bodies(server, raw):
     for path in ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]:

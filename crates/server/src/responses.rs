@@ -186,8 +186,19 @@ fn chat_request(state: &AppState, req: &Map<String, Value>) -> Result<(ChatCompl
     };
     conversation.extend(input_messages(req.get("input").unwrap_or(&Value::Null))?);
     let mut messages = Vec::new();
-    if let Some(instructions) = req.get("instructions").and_then(Value::as_str) {
-        messages.push(json!({"role": "system", "content": instructions}));
+    match req.get("instructions") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(instructions)) => messages.push(json!({"role": "system", "content": instructions})),
+        // vLLM's `instructions: Optional[str]`; anything else would also be echoed back whole.
+        Some(other) => {
+            let kind = match other {
+                Value::Array(_) => "an array",
+                Value::Object(_) => "an object",
+                Value::Number(_) => "a number",
+                _ => "a boolean",
+            };
+            return Err(ApiError::invalid("instructions", format!("`instructions` must be a string, got {kind}")));
+        }
     }
     messages.extend(conversation.iter().cloned());
     let tools = match req.get("tools") {
