@@ -20,6 +20,14 @@ Families and what their fixture exercises:
 - qwen3-vl-moe (fixtures/models/qwen3-vl-moe): qwen3-vl's tower before a Qwen3-MoE text model (4
   experts, top 2, always renormalised; layer 1 dense through `mlp_only_layers`), experts saved fused
   as the Hub's checkpoints have them.
+- gemma3-vl (fixtures/models/gemma3-vl): a SigLIP tower (no class token, biased patch embedding,
+  post-LayerNorm, GELU(tanh)) over 112x112 images (8x8 patches of 14, every test image resized
+  bilinearly, up or down), average-pooled 2x2 into 16 tokens, Gemma's RMSNorm and projection into
+  a Gemma 3 text model of two sliding layers (window 24, so that it cuts into the images'
+  bidirectional token runs) and one full layer. Gemma 3's processor writes each image as
+  `\n\n<start_of_image>` + 16 `<image_soft_token>` + `<end_of_image>\n\n` and marks the soft
+  tokens in `token_type_ids`, which make them attend to one another both ways; Gemma 3's chat
+  template (`<start_of_turn>`, images as `<start_of_image>`).
 - llava (fixtures/models/llava): a CLIP tower (class token, learned positions, pre-LayerNorm,
   quick-GELU) read at its second-to-last layer, the class row dropped, a GELU projector, a Llama
   text model; CLIP's processor (shortest edge 56, centre crop 56x56: 16 image tokens); llava-1.5's
@@ -59,6 +67,10 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from transformers import (  # noqa: E402
     CLIPImageProcessor,
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    Gemma3ImageProcessor,
+    Gemma3Processor,
     LlavaConfig,
     LlavaForConditionalGeneration,
     LlavaProcessor,
@@ -156,9 +168,10 @@ CASES = [
 ]
 
 
-def build_tokenizer(special: list[str]) -> PreTrainedTokenizerFast:
+def build_tokenizer(special: list[str], extra: dict[str, str] | None = None) -> PreTrainedTokenizerFast:
     tok = PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER_DIR / "tokenizer.json"),
-                                  bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>")
+                                  bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  **({"extra_special_tokens": extra} if extra else {}))
     tok.add_special_tokens({"additional_special_tokens": special})
     return tok
 
@@ -172,6 +185,30 @@ LLAVA_CHAT_TEMPLATE = (
     "{{ content['text'] + ' '}}{% endfor %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
 )
 LLAVA_IMAGE = 56
+
+# google/gemma-3-4b-it's chat template.
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- if messages[0]['content'] is string -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- else -%}"
+    "{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}{%- endif -%}"
+    "{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = \"\" -%}"
+    "{%- set loop_messages = messages -%}{%- endif -%}{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}{%- endif -%}"
+    "{%- if (message['role'] == 'assistant') -%}{%- set role = \"model\" -%}{%- else -%}"
+    "{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
+    "{%- elif message['content'] is iterable -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{ '<start_of_image>' }}{%- elif item['type'] == 'text' -%}"
+    "{{ item['text'] | trim }}{%- endif -%}{%- endfor -%}{%- else -%}{{ raise_exception(\"Invalid content type\") }}"
+    "{%- endif -%}{{ '<end_of_turn>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}"
+    "{{'<start_of_turn>model\n'}}{%- endif -%}"
+)
+GEMMA3_IMAGE = 112
+GEMMA3_TOKENS_PER_IMAGE = 16
+GEMMA3_EXTRA_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                       "image_token": "<image_soft_token>"}
 
 
 TEXT_CONFIG = dict(
@@ -219,6 +256,13 @@ FAMILIES = {
                                         "mrope_interleaved": True}},
         images_only=True,
     ),
+    "gemma3-vl": dict(
+        tokens=["<start_of_turn>", "<end_of_turn>"], extra_tokens=GEMMA3_EXTRA_TOKENS, config=Gemma3Config,
+        model=Gemma3ForConditionalGeneration, processor=Gemma3Processor,
+        vision=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, image_size=GEMMA3_IMAGE, patch_size=14, vision_use_head=False),
+        extra={},
+    ),
     "llava": dict(
         tokens=["<image>"], config=LlavaConfig, model=LlavaForConditionalGeneration, processor=LlavaProcessor,
         vision=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
@@ -230,6 +274,16 @@ FAMILIES = {
 
 
 def family_config(family: dict, vocab: int, ids: dict[str, int]):
+    if family["config"] is Gemma3Config:
+        text = dict(model_type="gemma3_text", vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    query_pre_attn_scalar=16, max_position_embeddings=512, rms_norm_eps=1e-6, sliding_window=24,
+                    layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                    initializer_range=0.3)
+        return Gemma3Config(text_config=text, vision_config=family["vision"],
+                            mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE, boi_token_id=ids["<start_of_image>"],
+                            eoi_token_id=ids["<end_of_image>"], image_token_id=ids["<image_soft_token>"],
+                            initializer_range=0.3, tie_word_embeddings=False)
     if family["config"] is LlavaConfig:
         text = dict(TEXT_CONFIG, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         return LlavaConfig(text_config=dict(model_type="llama", vocab_size=vocab, **text),
@@ -246,6 +300,10 @@ def family_config(family: dict, vocab: int, ids: dict[str, int]):
 
 
 def family_processor(family: dict, tok):
+    if family["processor"] is Gemma3Processor:
+        image_processor = Gemma3ImageProcessor(size={"height": GEMMA3_IMAGE, "width": GEMMA3_IMAGE})
+        return Gemma3Processor(image_processor=image_processor, tokenizer=tok,
+                               image_seq_length=GEMMA3_TOKENS_PER_IMAGE, chat_template=GEMMA3_CHAT_TEMPLATE)
     if family["processor"] is LlavaProcessor:
         image_processor = CLIPImageProcessor(size={"shortest_edge": LLAVA_IMAGE},
                                              crop_size={"height": LLAVA_IMAGE, "width": LLAVA_IMAGE})
@@ -319,8 +377,9 @@ def generate(family_name: str) -> None:
         shutil.rmtree(out)
     (out / "images").mkdir(parents=True)
     (out / "pixels").mkdir()
-    tok = build_tokenizer(family["tokens"])
-    ids = {t: tok.convert_tokens_to_ids(t) for t in family["tokens"]}
+    tok = build_tokenizer(family["tokens"], family.get("extra_tokens"))
+    tokens = family["tokens"] + list(family.get("extra_tokens", {}).values())
+    ids = {t: tok.convert_tokens_to_ids(t) for t in tokens}
     processor = family_processor(family, tok)
     images = {}
     for name, (w, h, seed) in IMAGES.items():
@@ -377,7 +436,7 @@ def generate(family_name: str) -> None:
                 record_images.append({"frames": frames, "grid_thw": grid, "pixels": file, "patch_dim": patch_dim,
                                       "video_seconds_per_grid": per_grid})
         extra = {k: inputs[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
-                                        "second_per_grid_ts", "mm_token_type_ids") if k in inputs}
+                                        "second_per_grid_ts", "mm_token_type_ids", "token_type_ids") if k in inputs}
         result = greedy_generate_inputs(model, inputs["input_ids"], MAX_NEW_TOKENS, **extra)
         cases.append({"name": name, "messages": [{"role": "user", "content": content}], "prompt": text,
                       "prompt_ids": prompt_ids, "images": record_images, **result})
@@ -395,6 +454,7 @@ def generate(family_name: str) -> None:
         "seed": SEED,
         "image_processor": (
             {"shortest_edge": LLAVA_IMAGE, "crop_size": LLAVA_IMAGE} if family["processor"] is LlavaProcessor
+            else {"size": GEMMA3_IMAGE, "resample": "bilinear"} if family["processor"] is Gemma3Processor
             else {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}) | {"backend": type(processor.image_processor).__name__},
         **({"video_processor": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "frames_fps": 24}}
            if takes_video else {}),

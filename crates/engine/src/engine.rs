@@ -136,6 +136,9 @@ struct Shared {
     /// restarted engine gives its requests the same seeds in the same order.
     request_seeds: Mutex<rand::rngs::StdRng>,
     max_logprobs: usize,
+    /// Tokens one step may compute: an image that must be computed in one chunk
+    /// ([`SchedulerConfig::disable_chunked_mm_input`]) may not be longer.
+    max_num_batched_tokens: usize,
     structured_defaults: JsonOptions,
     /// Built on the first structured request: it indexes the whole vocabulary.
     grammar_compiler: OnceLock<std::result::Result<GrammarCompiler, String>>,
@@ -211,6 +214,7 @@ impl Engine {
             recompute_at,
             num_state_slots: cache.state_slots,
             num_state_snapshots: cache.state_snapshots,
+            disable_chunked_mm_input: info.vision.is_some_and(|v| v.bidirectional),
         };
         tracing::info!(
             blocks = cache.num_blocks,
@@ -258,6 +262,7 @@ impl Engine {
             eos_token_id,
             extra_eos_token_ids,
             max_logprobs: config.max_logprobs,
+            max_num_batched_tokens: config.max_num_batched_tokens,
             structured_defaults: config.structured_outputs.clone(),
             grammar_compiler: OnceLock::new(),
             request_seeds: Mutex::new(match config.seed {
@@ -437,6 +442,13 @@ impl EngineClient {
                     "{kind} {k} becomes {tokens} embeddings but its placeholder run at position {} has {} tokens",
                     run.start,
                     run.len()
+                )));
+            }
+            if vision.bidirectional && tokens > self.shared.max_num_batched_tokens {
+                return Err(EngineError::InvalidPrompt(format!(
+                    "{kind} {k} becomes {tokens} embeddings, which this model computes in one step, but a step \
+                     computes at most {} tokens (--max-num-batched-tokens)",
+                    self.shared.max_num_batched_tokens
                 )));
             }
             // Adjacent items of a kind make one run: the next takes the rest of it.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ferrite_models::{CausalLM, Encoded, ForwardInput, InputEmbeds, VisualGrid};
 use ferrite_structured::{mask_words, Grammar, TokenConstraint};
 use ferrite_tensor::ops;
-use ferrite_tensor::{AttnMetadata, AttnSeq, Device, PagedKvLayer, Tensor};
+use ferrite_tensor::{attention_pieces, AttnMetadata, AttnSeq, Device, PagedKvLayer, Tensor};
 use rayon::prelude::*;
 
 use crate::config::{CacheConfig, EngineConfig};
@@ -65,6 +65,9 @@ pub struct ModelRunner {
     requests: HashMap<ReqId, CachedRequestState>,
     /// Decode steps as CUDA graphs (none on the CPU or with `enforce_eager`).
     graphs: Option<DecodeGraphs>,
+    /// The model's image tokens attend to one another both ways
+    /// ([`ferrite_models::VisionInfo::bidirectional`]).
+    bidirectional_media: bool,
     /// Where each structured-output request is in its grammar.
     constraints: HashMap<ReqId, TokenConstraint>,
     /// Structured-output requests still in their reasoning section: the grammar starts once
@@ -96,7 +99,9 @@ impl ModelRunner {
             kept + usize::from(pad_state_slot.is_some()),
         )?;
         let graphs = DecodeGraphs::new(config.device, config.enforce_eager, pad_state_slot)?;
+        let bidirectional_media = model.info().vision.is_some_and(|v| v.bidirectional);
         Ok(ModelRunner {
+            bidirectional_media,
             model,
             kv_caches,
             on_cpu: config.device == Device::Cpu,
@@ -231,6 +236,7 @@ impl ModelRunner {
         let mut tokens = Vec::with_capacity(so.total_num_scheduled_tokens);
         let mut seqs = Vec::with_capacity(so.num_scheduled_tokens.len());
         let mut prompt_lens = Vec::with_capacity(so.num_scheduled_tokens.len());
+        let mut bidirectional = Vec::new();
         let mut state_slots = Vec::with_capacity(so.num_scheduled_tokens.len());
         let mut logit_rows = Vec::new();
         let mut row_uses = Vec::new();
@@ -255,14 +261,24 @@ impl ModelRunner {
             let q_start = tokens.len();
             tokens.extend_from_slice(chunk);
             tokens.extend_from_slice(drafts);
-            seqs.push(AttnSeq { q_start, q_len: n, ctx_len: end, block_table: state.block_ids.clone() });
+            let media_runs: Vec<std::ops::Range<usize>> = match &state.sampling.multimodal {
+                Some(mm) if self.bidirectional_media && state.state_slot.is_none() => {
+                    mm.items.iter().map(|(_, at)| at.clone()).filter(|at| at.start < end && start < at.end).collect()
+                }
+                _ => Vec::new(),
+            };
+            let seq = AttnSeq { q_start, q_len: n, ctx_len: end, block_table: state.block_ids.clone() };
+            for (piece, sees_run) in attention_pieces(seq, media_runs)? {
+                seqs.push(piece);
+                bidirectional.push(sees_run);
+                prompt_lens.push(state.prefill_len);
+            }
             if uses_mrope {
                 mrope_positions.extend(state.mrope_positions(start..end));
             }
             if state.sampling.multimodal.is_some() && start < state.num_prompt_tokens {
                 prompt_chunks.push((id, q_start, start, known_end.min(state.num_prompt_tokens)));
             }
-            prompt_lens.push(state.prefill_len);
             state_slots.extend(state.state_slot);
             if state.sampling.params.prompt_logprobs.is_some() {
                 let first = start.max(state.num_prompt_logprobs_done);
@@ -289,6 +305,9 @@ impl ModelRunner {
         }
         if uses_mrope {
             meta = meta.with_mrope_positions(mrope_positions)?;
+        }
+        if bidirectional.contains(&true) {
+            meta = meta.with_bidirectional(bidirectional)?;
         }
         let embeds = if prompt_chunks.is_empty() {
             None

@@ -125,6 +125,27 @@ fn llava_batches_chunks_and_caches_images() {
     assert!(llm.client().stats().prefix_cache_hits > hits, "the second run should hit blocks over its images");
 }
 
+/// Gemma 3: each image's tokens attend to one another both ways, so the engine computes an image
+/// within one chunk (20-token chunks stop before an image that does not fit) and a prefix hit that
+/// ends inside an image computes the rest of it as one bidirectional piece; an image longer than a
+/// step's token budget is refused.
+#[test]
+fn gemma3_keeps_each_image_in_one_chunk() {
+    battery_matches_oracle("gemma3-vl");
+    battery_matches_oracle_with("gemma3-vl", ferrite_engine::EngineConfig { max_num_batched_tokens: 20, ..config() });
+    let cached = ferrite_engine::EngineConfig { enable_prefix_caching: true, max_num_batched_tokens: 20, ..config() };
+    let engine = llm("gemma3-vl", cached);
+    assert_battery_matches_oracle(&engine, "gemma3-vl");
+    let hits = engine.client().stats().prefix_cache_hits;
+    assert_battery_matches_oracle(&engine, "gemma3-vl");
+    assert!(engine.client().stats().prefix_cache_hits > hits, "the second run should hit blocks over its images");
+
+    let small = llm("gemma3-vl", ferrite_engine::EngineConfig { max_num_batched_tokens: 12, ..config() });
+    let image_prompt = battery("gemma3-vl").into_iter().next().unwrap();
+    let err = small.generate(vec![image_prompt], &greedy(2)).unwrap_err().to_string();
+    assert!(err.contains("becomes 16 embeddings") && err.contains("--max-num-batched-tokens"), "{err}");
+}
+
 /// Placeholder tokens the images do not fill, or images without placeholders, are the request's
 /// error; a text-only model refuses images.
 #[test]

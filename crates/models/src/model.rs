@@ -58,6 +58,10 @@ pub struct VisionInfo {
     pub placeholder: &'static str,
     /// The same for a video.
     pub video_placeholder: Option<&'static str>,
+    /// Whether an image's tokens attend to one another both ways in the text model (Gemma 3's
+    /// `token_type_ids` mask): the engine then computes each image's placeholder run within one
+    /// prefill chunk, as a sequence of its own whose rows see the whole run.
+    pub bidirectional: bool,
 }
 
 impl VisionInfo {

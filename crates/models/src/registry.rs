@@ -14,9 +14,9 @@ use crate::families::qwen3_next::{self, Layout as HybridLayout, Variant::*};
 
 const TEXT_OF_VL: HybridLayout = HybridLayout::ConditionalGeneration;
 use crate::families::{
-    bert, chatglm, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gemma4, gpt2, gpt_neox, gpt_oss,
-    granite, granite_moe, internlm2, llama4, llava, mamba2, minicpm, minicpm3, minimax_m2, nemotron_h, olmo2, opt, phi,
-    phi3, qwen2_5_vl, qwen2_vl, qwen3_vl, roberta, stablelm, starcoder2,
+    bert, chatglm, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gemma3_vl, gemma4, gpt2, gpt_neox,
+    gpt_oss, granite, granite_moe, internlm2, llama4, llava, mamba2, minicpm, minicpm3, minimax_m2, nemotron_h, olmo2,
+    opt, phi, phi3, qwen2_5_vl, qwen2_vl, qwen3_vl, roberta, stablelm, starcoder2,
 };
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
@@ -84,6 +84,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("Qwen3VLForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_vl::load(r, w)?)))),
     ("Qwen3VLMoeForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_vl::load_moe(r, w)?)))),
     ("LlavaForConditionalGeneration", Causal(|r, w| Ok(Box::new(llava::load(r, w)?)))),
+    ("Gemma3ForConditionalGeneration", Causal(|r, w| Ok(Box::new(gemma3_vl::load(r, w)?)))),
     ("Mamba2ForCausalLM", Causal(|r, w| Ok(Box::new(mamba2::load(r, w)?)))),
     ("NemotronHForCausalLM", Causal(|r, w| Ok(Box::new(nemotron_h::load(r, w)?)))),
     ("OlmoeForCausalLM", Causal(|r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::OLMOE)?)))),

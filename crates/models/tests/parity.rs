@@ -52,6 +52,7 @@ parity! {
     qwen3_vl => "qwen3-vl",
     qwen3_vl_moe => "qwen3-vl-moe",
     llava => "llava",
+    gemma3_vl => "gemma3-vl",
     gemma => "gemma",
     gemma2 => "gemma2",
     gemma3 => "gemma3",
@@ -637,4 +638,47 @@ fn gate_catches_internlm2_wrong_qkv_grouping() {
         println!("internlm2 with {what}: {strict}/{} strict", reports.len());
         assert!(strict < reports.len(), "internlm2: {what} went unnoticed ({strict}/{} strict)", reports.len());
     }
+}
+
+/// Gemma 3 with its image tokens attending causally, as in a text model.
+struct CausalImages {
+    inner: ferrite_models::families::gemma3_vl::Gemma3Vl,
+    info: ferrite_models::ModelInfo,
+}
+
+impl ferrite_models::CausalLM for CausalImages {
+    fn info(&self) -> &ferrite_models::ModelInfo {
+        &self.info
+    }
+
+    fn forward(
+        &self,
+        input: &ferrite_models::ForwardInput<'_>,
+        kv: &mut [ferrite_tensor::PagedKvLayer],
+    ) -> ferrite_models::Result<ferrite_tensor::Tensor> {
+        self.inner.forward(input, kv)
+    }
+
+    fn vision(&self) -> Option<&dyn ferrite_models::VisionEncoder> {
+        self.inner.vision()
+    }
+}
+
+/// Gemma 3's image tokens see each other both ways: computed causally, the image prompts
+/// diverge (the text-only one does not).
+#[test]
+fn gate_catches_gemma3_images_attended_causally() {
+    use ferrite_models::CausalLM;
+    let dir = fixtures_dir().join("models").join("gemma3-vl");
+    let (_, reports) =
+        ferrite_testing::gate::run_fixture_with(&dir, DType::F32, ferrite_tensor::Device::Cpu, |raw, w| {
+            let inner = ferrite_models::families::gemma3_vl::load(raw, w)?;
+            let mut info = inner.info().clone();
+            info.vision.as_mut().expect("a vision model").bidirectional = false;
+            Ok(Box::new(CausalImages { inner, info }))
+        })
+        .unwrap();
+    let diverged: Vec<&str> = reports.iter().filter(|r| !r.strict).map(|r| r.name.as_str()).collect();
+    println!("causal image attention diverges on {diverged:?}");
+    assert!(diverged.len() >= 6 && !diverged.contains(&"text-only"), "{}", summarize(&reports));
 }

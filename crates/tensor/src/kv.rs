@@ -27,6 +27,48 @@ impl AttnSeq {
     }
 }
 
+/// `seq` cut into the pieces attention treats apart where its tokens include runs that attend
+/// both ways (an image's tokens in Gemma 3; `runs` are positions in the sequence): each run the
+/// step computes becomes a piece of its own, marked bidirectional (see
+/// [`AttnMetadata::bidirectional`]), and the tokens between runs causal pieces; all share the
+/// block table. A run that starts before the step (its first tokens cached) makes a piece from
+/// the step's first token. A run the step ends inside is an error: its later keys would not exist
+/// yet.
+pub fn attention_pieces(seq: AttnSeq, mut runs: Vec<std::ops::Range<usize>>) -> Result<Vec<(AttnSeq, bool)>> {
+    let start = seq.query_position(0);
+    runs.retain(|run| run.start < seq.ctx_len && start < run.end);
+    if runs.is_empty() {
+        return Ok(vec![(seq, false)]);
+    }
+    runs.sort_by_key(|run| run.start);
+    let piece = |range: std::ops::Range<usize>| AttnSeq {
+        q_start: seq.q_start + range.start - start,
+        q_len: range.len(),
+        ctx_len: range.end,
+        block_table: seq.block_table.clone(),
+    };
+    let mut pieces = Vec::with_capacity(2 * runs.len() + 1);
+    let mut cursor = start;
+    for run in runs {
+        if run.end > seq.ctx_len {
+            return Err(shape_err(
+                "attention_pieces",
+                format!("tokens {start}..{} end inside the bidirectional run {run:?}", seq.ctx_len),
+            ));
+        }
+        let from = run.start.max(cursor);
+        if from > cursor {
+            pieces.push((piece(cursor..from), false));
+        }
+        pieces.push((piece(from..run.end), true));
+        cursor = run.end;
+    }
+    if cursor < seq.ctx_len {
+        pieces.push((piece(cursor..seq.ctx_len), false));
+    }
+    Ok(pieces)
+}
+
 /// A slot mapping entry whose key and value are not stored: the padding rows that fill a
 /// batch up to the size of a captured graph.
 pub const PAD_SLOT: usize = u32::MAX as usize;
@@ -50,6 +92,11 @@ pub struct AttnMetadata {
     /// multimodal rotary embeddings (MRoPE); empty: every token's three positions are its
     /// position in the sequence.
     pub mrope_positions: Vec<[usize; 3]>,
+    /// Per sequence, whether every query row attends to all `ctx_len` keys (within its sliding
+    /// window) instead of those up to its own position: one image's tokens in a model that attends
+    /// bidirectionally within an image (Gemma 3). The engine makes such a run of tokens a sequence
+    /// of its own, sharing its request's block table. Empty: every sequence is causal.
+    pub bidirectional: Vec<bool>,
 }
 
 /// Whether sequence `i` of `meta` computes prompt tokens (with `prompt_lens` known: every token it
@@ -101,6 +148,7 @@ impl AttnMetadata {
             state_slots: Vec::new(),
             state_copies: StateCopies::default(),
             mrope_positions: Vec::new(),
+            bidirectional: Vec::new(),
         })
     }
 
@@ -144,6 +192,34 @@ impl AttnMetadata {
         }
         self.mrope_positions = positions;
         Ok(self)
+    }
+
+    /// Marks the sequences whose query rows see every key of their context (see
+    /// [`AttnMetadata::bidirectional`]).
+    pub fn with_bidirectional(mut self, bidirectional: Vec<bool>) -> Result<AttnMetadata> {
+        if bidirectional.len() != self.seqs.len() {
+            return Err(shape_err(
+                "attn_metadata",
+                format!("{} bidirectional flags, {} seqs", bidirectional.len(), self.seqs.len()),
+            ));
+        }
+        self.bidirectional = bidirectional;
+        Ok(self)
+    }
+
+    /// Whether sequence `i`'s query rows see all its keys (see [`AttnMetadata::bidirectional`]).
+    pub fn is_bidirectional(&self, i: usize) -> bool {
+        self.bidirectional.get(i).copied().unwrap_or(false)
+    }
+
+    /// The last key position query row `i` of sequence `seq` attends to.
+    pub fn last_key(&self, seq: usize, i: usize) -> usize {
+        let s = &self.seqs[seq];
+        if self.is_bidirectional(seq) {
+            s.ctx_len - 1
+        } else {
+            s.query_position(i)
+        }
     }
 
     /// The sequence length that length-dependent rotary schedules (dynamic NTK, LongRoPE) see for
@@ -237,5 +313,53 @@ impl PagedKvLayer {
     /// Bytes one token occupies in a cache of `dtype`.
     pub fn bytes_per_token_as(num_kv_heads: usize, k_dim: usize, v_dim: usize, dtype: DType) -> usize {
         num_kv_heads * (k_dim + v_dim) * dtype.size_in_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pieces(
+        q: std::ops::Range<usize>,
+        runs: Vec<std::ops::Range<usize>>,
+    ) -> Result<Vec<(usize, usize, usize, bool)>> {
+        let seq = AttnSeq { q_start: 100, q_len: q.len(), ctx_len: q.end, block_table: vec![7, 3] };
+        Ok(attention_pieces(seq, runs)?
+            .into_iter()
+            .map(|(s, bidirectional)| {
+                assert_eq!(s.block_table, [7, 3]);
+                (s.q_start, s.q_len, s.ctx_len, bidirectional)
+            })
+            .collect())
+    }
+
+    #[test]
+    fn a_step_splits_into_text_and_whole_image_pieces() {
+        // Text, an image, text, an image that ends the step.
+        assert_eq!(
+            pieces(0..20, vec![12..20, 3..8]).unwrap(),
+            [(100, 3, 3, false), (103, 5, 8, true), (108, 4, 12, false), (112, 8, 20, true)]
+        );
+        // A step that starts inside an image (its first tokens a prefix hit): the rest of the
+        // image sees the whole image.
+        assert_eq!(pieces(5..10, vec![3..8]).unwrap(), [(100, 3, 8, true), (103, 2, 10, false)]);
+        // Images outside the step, or none (a decode step): one causal piece.
+        assert_eq!(pieces(20..21, vec![3..8]).unwrap(), [(100, 1, 21, false)]);
+        assert_eq!(pieces(0..2, vec![3..8]).unwrap(), [(100, 2, 2, false)]);
+        // The step ends inside an image: refused.
+        assert!(pieces(0..5, vec![3..8]).unwrap_err().to_string().contains("3..8"));
+    }
+
+    #[test]
+    fn bidirectional_rows_see_their_whole_piece() {
+        let seqs = vec![
+            AttnSeq { q_start: 0, q_len: 3, ctx_len: 3, block_table: vec![0] },
+            AttnSeq { q_start: 3, q_len: 4, ctx_len: 7, block_table: vec![0] },
+        ];
+        let meta = AttnMetadata::new(seqs, 16).unwrap().with_bidirectional(vec![false, true]).unwrap();
+        assert_eq!(meta.last_key(0, 1), 1);
+        assert_eq!((0..4).map(|i| meta.last_key(1, i)).collect::<Vec<_>>(), [6, 6, 6, 6]);
+        assert!(AttnMetadata::new(vec![], 16).unwrap().with_bidirectional(vec![true]).is_err());
     }
 }

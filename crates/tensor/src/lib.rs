@@ -21,6 +21,6 @@ pub use cuda::CudaStorage;
 pub use dtype::DType;
 pub use error::{Result, TensorError};
 pub use fp8::ActivationQuant;
-pub use kv::{AttnMetadata, AttnSeq, PagedKvLayer, StateCopies};
+pub use kv::{attention_pieces, AttnMetadata, AttnSeq, PagedKvLayer, StateCopies};
 pub use ops::{Activation, AttentionParams, GdnParams, Mamba2Params, RopeStyle, RowSampling, Xielu};
 pub use tensor::{CpuStorage, Device, Storage, Tensor};

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device, PagedKvLayer};
+use ferrite_tensor::{attention_pieces, AttnMetadata, AttnSeq, DType, Device, PagedKvLayer};
 use serde::Deserialize;
 
 use ferrite_models::{CausalLM, ModelError, Result, Visual, VisualGrid};
@@ -170,6 +170,11 @@ pub fn greedy_with_images(
             .into())
         }
     };
+    // Where image tokens attend to one another both ways: each run of them, as the engine cuts it.
+    let bidirectional_runs = match model.info().vision {
+        Some(info) if info.bidirectional => placeholder_runs(prompt, info.image_token_id),
+        _ => Vec::new(),
+    };
     let total = prompt.len() + new_tokens;
     let blocks = total.div_ceil(block_size);
     let mut kv: Vec<PagedKvLayer> = model.info().allocate_caches(device, kv_dtype, blocks, block_size, 1)?;
@@ -192,7 +197,12 @@ pub fn greedy_with_images(
         let prefill = ctx == 0;
         ctx += step_tokens.len();
         let seq = AttnSeq { q_start: 0, q_len: step_tokens.len(), ctx_len: ctx, block_table: block_table.clone() };
-        let mut meta = AttnMetadata::new(vec![seq], block_size)?.with_state_slots(vec![0])?;
+        let (seqs, bidirectional): (Vec<AttnSeq>, Vec<bool>) =
+            attention_pieces(seq, if prefill { bidirectional_runs.clone() } else { Vec::new() })?.into_iter().unzip();
+        let mut meta = AttnMetadata::new(seqs, block_size)?.with_state_slots(vec![0; bidirectional.len()])?;
+        if bidirectional.contains(&true) {
+            meta = meta.with_bidirectional(bidirectional)?;
+        }
         if let Some((positions, delta)) = &mrope {
             meta = meta.with_mrope_positions(if prefill {
                 positions.clone()
@@ -216,6 +226,18 @@ pub fn greedy_with_images(
         step_tokens = vec![next];
     }
     Ok(Generation { tokens, logprobs })
+}
+
+/// The runs of `token` in `prompt`.
+fn placeholder_runs(prompt: &[u32], token: u32) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, _) in prompt.iter().enumerate().filter(|(_, &t)| t == token) {
+        match runs.last_mut() {
+            Some(run) if run.end == i => run.end += 1,
+            _ => runs.push(i..i + 1),
+        }
+    }
+    runs
 }
 
 #[derive(Debug, Clone)]

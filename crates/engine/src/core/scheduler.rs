@@ -29,6 +29,10 @@ pub struct SchedulerConfig {
     /// Recurrent states kept at block boundaries for prefix hits (hybrid models with prefix
     /// caching), in the slots after the working ones.
     pub num_state_snapshots: usize,
+    /// vLLM's `disable_chunked_mm_input`: a prefill chunk never ends inside an image's or video's
+    /// placeholder run. Set for models whose image tokens attend to one another both ways
+    /// ([`ferrite_models::VisionInfo::bidirectional`]), which need the whole run in one forward.
+    pub disable_chunked_mm_input: bool,
 }
 
 /// A request the runner has not seen: everything it needs to run and sample it.
@@ -223,7 +227,7 @@ impl Scheduler {
             let known = req.num_tokens() - req.num_computed_tokens;
             let drafts = if known == 1 { std::mem::take(&mut req.spec_token_ids) } else { Vec::new() };
             let (computed, wanted) = (req.num_computed_tokens, (known + drafts.len()).min(budget));
-            let num_new = self.cut_at_snapshot(id, computed, wanted);
+            let num_new = self.cut_at_media(id, computed, self.cut_at_snapshot(id, computed, wanted));
             if num_new == 0 {
                 i += 1;
                 continue;
@@ -276,7 +280,12 @@ impl Scheduler {
                 self.kv.set_cache_keys(id, mm.cache_keys());
             }
             let (hits, num_hit_tokens) = self.kv.get_computed_blocks(id, &req.all_token_ids, req.skips_prefix_cache());
-            let num_new = self.cut_at_snapshot(id, num_hit_tokens, (req.num_tokens() - num_hit_tokens).min(budget));
+            let wanted = (req.num_tokens() - num_hit_tokens).min(budget);
+            let num_new = self.cut_at_media(id, num_hit_tokens, self.cut_at_snapshot(id, num_hit_tokens, wanted));
+            if num_new == 0 {
+                // Its next image does not fit this step's budget: it waits, and so does the queue.
+                break;
+            }
             let req = &self.requests[&id];
             let Some(_) = self.kv.allocate_slots(id, &req.all_token_ids, 0, num_new, &hits) else {
                 break;
@@ -346,6 +355,19 @@ impl Scheduler {
             Some(point) if computed < point && computed + num_new > point => point - computed,
             _ => num_new,
         }
+    }
+
+    /// `num_new` tokens after `computed`, cut (with [`SchedulerConfig::disable_chunked_mm_input`])
+    /// so that the chunk does not end inside an image's placeholder run: it stops before the run,
+    /// or, when it starts within or at the run and cannot reach its end this step, is 0.
+    fn cut_at_media(&self, id: ReqId, computed: usize, num_new: usize) -> usize {
+        if !self.config.disable_chunked_mm_input {
+            return num_new;
+        }
+        let Some(mm) = self.requests.get(&id).and_then(|r| r.sampling.multimodal.as_ref()) else {
+            return num_new;
+        };
+        unsplit_media_chunk(mm.items.iter().map(|(_, at)| at.clone()), computed, num_new)
     }
 
     /// Keeps the request's state after this step when the step ends at its snapshot point.
@@ -453,5 +475,39 @@ impl Scheduler {
         self.waiting.retain(|&r| r != id);
         self.requests.remove(&id);
         self.finished_req_ids.push(id);
+    }
+}
+
+/// How many of `num_new` tokens after `computed` a chunk takes so that it ends outside every run
+/// of `runs` (see [`Scheduler::cut_at_media`]).
+fn unsplit_media_chunk(runs: impl Iterator<Item = std::ops::Range<usize>>, computed: usize, num_new: usize) -> usize {
+    let end = computed + num_new;
+    for run in runs {
+        if run.start < end && end < run.end {
+            return run.start.saturating_sub(computed);
+        }
+    }
+    num_new
+}
+
+#[cfg(test)]
+mod media_chunk_tests {
+    use super::unsplit_media_chunk;
+
+    #[test]
+    fn a_chunk_stops_before_an_image_it_cannot_finish() {
+        let runs = || [4..10, 20..24].into_iter();
+        // Ends inside the first run: stops at its start.
+        assert_eq!(unsplit_media_chunk(runs(), 0, 6), 4);
+        // Reaches the end of a run, or stays clear of them: as asked.
+        assert_eq!(unsplit_media_chunk(runs(), 0, 10), 10);
+        assert_eq!(unsplit_media_chunk(runs(), 10, 5), 5);
+        assert_eq!(unsplit_media_chunk(runs(), 2, 2), 2);
+        // Starts at or inside a run (a prefix hit inside an image) and cannot finish it: nothing.
+        assert_eq!(unsplit_media_chunk(runs(), 4, 3), 0);
+        assert_eq!(unsplit_media_chunk(runs(), 8, 1), 0);
+        assert_eq!(unsplit_media_chunk(runs(), 8, 2), 2);
+        // The second run cut the same way.
+        assert_eq!(unsplit_media_chunk(runs(), 12, 10), 8);
     }
 }

@@ -9,7 +9,7 @@
 use serde::Deserialize;
 
 use super::gemma::{gemma_norm, no_encoder, scale_embedding, GEMMA};
-use crate::decoder::load::{CommonConfig, Defaults};
+use crate::decoder::load::{CommonConfig, Defaults, Names};
 use crate::decoder::{Block, ChannelMixer, Decoder, LogitsPost, SelfAttention, TokenMixer, Wiring};
 use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::Norm;
@@ -68,6 +68,18 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
 }
 
 pub(crate) fn load_sandwich(raw: &RawConfig, w: &Weights, opts: Sandwich) -> Result<Decoder> {
+    load_sandwich_at(raw, w, opts, "model", "lm_head")
+}
+
+/// [`load_sandwich`] of a text model whose layers, embedding and final norm are under `prefix`
+/// and whose LM head is `lm_head` (a vision-language checkpoint's language model).
+pub(crate) fn load_sandwich_at(
+    raw: &RawConfig,
+    w: &Weights,
+    opts: Sandwich,
+    prefix: &str,
+    lm_head: &str,
+) -> Result<Decoder> {
     let cfg: Gemma2Config = raw.parse()?;
     no_encoder(raw, cfg.use_bidirectional_attention)?;
     let defaults = Defaults { kv_heads: Some(4), max_positions: opts.default_max_positions, ..GEMMA };
@@ -79,7 +91,7 @@ pub(crate) fn load_sandwich(raw: &RawConfig, w: &Weights, opts: Sandwich) -> Res
     )?;
     let inter = d.intermediate(raw)?;
     let scale = cfg.query_pre_attn_scalar.powf(-0.5);
-    let blocks = d.blocks(w, |i, l| {
+    let blocks = d.blocks_at(w, &format!("{prefix}.layers"), |i, l| {
         let sliding = d.sliding(raw, i)?.unwrap_or_else(|| (opts.default_sliding)(i, raw));
         let s = l.at("self_attn");
         let mut attn = d.attention(&s, d.attention_bias, d.attention_bias)?;
@@ -106,8 +118,10 @@ pub(crate) fn load_sandwich(raw: &RawConfig, w: &Weights, opts: Sandwich) -> Res
             wiring: Wiring::Sequential { residual_scale: None },
         })
     })?;
-    let final_norm = Norm::Rms(gemma_norm(&w.at("model"), "norm", d.hidden, d.eps)?);
+    let final_norm = Norm::Rms(gemma_norm(&w.at(prefix), "norm", d.hidden, d.eps)?);
     let ropes = (opts.ropes)(raw, d.head_dim, d.max_positions)?;
     let logits = LogitsPost { scale: None, softcap: opts.final_softcap.map(|c| c as f32) };
-    Ok(scale_embedding(d.finish(raw, w, blocks, final_norm, ropes)?).with_logits(logits))
+    let embed = format!("{prefix}.embed_tokens");
+    let names = Names { layers: "", embed: &embed, embed_dim: None, lm_head, lm_head_bias: false };
+    Ok(scale_embedding(d.finish_at(raw, w, names, blocks, Some(final_norm), ropes)?).with_logits(logits))
 }

@@ -8,7 +8,7 @@
 //!
 //! Checkpoint names: Gemma 2's plus `model.layers.{i}.self_attn.{q,k}_norm`.
 
-use super::gemma2::{load_sandwich, Sandwich};
+use super::gemma2::{load_sandwich_at, Sandwich};
 use crate::decoder::Decoder;
 use crate::layers::rope::{Rope, RopeParameters};
 use crate::loading::config::RawConfig;
@@ -16,6 +16,12 @@ use crate::loading::weights::Weights;
 use crate::Result;
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
+    load_at(raw, w, "model", "lm_head")
+}
+
+/// The text model with its layers, embedding and final norm under `prefix` and its LM head at
+/// `lm_head` (Gemma 3's vision-language checkpoints).
+pub fn load_at(raw: &RawConfig, w: &Weights, prefix: &str, lm_head: &str) -> Result<Decoder> {
     let opts = Sandwich {
         qk_norm: true,
         ropes: |raw, head_dim, max_pos| {
@@ -32,5 +38,5 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         },
         default_max_positions: 131_072,
     };
-    load_sandwich(raw, w, opts)
+    load_sandwich_at(raw, w, opts, prefix, lm_head)
 }

@@ -8,81 +8,25 @@
 //! transformers 5 saves (the same, with the tower's modules directly under `vision_tower.*`), and
 //! the `model.*`-rooted one of its in-memory module tree.
 
-use serde::Deserialize;
 use serde_json::Value;
 
-use ferrite_tensor::{ops, Activation, AttentionParams, DType, Device, Tensor};
+use ferrite_tensor::{ops, Activation, DType, Device, Tensor};
 
-use crate::decoder::load::{activation, attention_params, check_dims};
+use crate::decoder::load::activation;
 use crate::decoder::Decoder;
 use crate::families::llama::{self, Variant};
-use crate::layers::{LayerNorm, Linear};
+use crate::layers::vit::{VitConfig, VitKind, VitTower};
+use crate::layers::Linear;
 use crate::loading::config::RawConfig;
-use crate::loading::weights::{Scope, Weights};
+use crate::loading::weights::Weights;
 use crate::model::{
-    image_input_error, pixel_input, CausalLM, Encoded, ForwardInput, ModelInfo, VisionEncoder, VisionInfo, VisualGrid,
+    image_input_error, CausalLM, Encoded, ForwardInput, ModelInfo, VisionEncoder, VisionInfo, VisualGrid,
 };
 use crate::Result;
 
-/// CLIPVisionConfig, with its defaults.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default)]
-struct VisionConfig {
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    num_channels: usize,
-    image_size: usize,
-    patch_size: usize,
-    hidden_act: String,
-    layer_norm_eps: f64,
-    model_type: Option<String>,
-}
-
-impl Default for VisionConfig {
-    fn default() -> VisionConfig {
-        VisionConfig {
-            hidden_size: 768,
-            intermediate_size: 3072,
-            num_hidden_layers: 12,
-            num_attention_heads: 12,
-            num_channels: 3,
-            image_size: 224,
-            patch_size: 32,
-            hidden_act: "quick_gelu".into(),
-            layer_norm_eps: 1e-5,
-            model_type: None,
-        }
-    }
-}
-
-struct EncoderLayer {
-    norm1: LayerNorm,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    out: Linear,
-    norm2: LayerNorm,
-    fc1: Linear,
-    fc2: Linear,
-}
-
+/// LLaVA's CLIP tower and the hidden states it hands the projector.
 struct ClipTower {
-    patch_embed: Linear,
-    /// `[1, hidden]`: the class token's embedding, the first row of every image.
-    class_embedding: Tensor,
-    /// `[1 + patches, hidden]`.
-    position_embedding: Tensor,
-    pre_norm: LayerNorm,
-    /// Only the layers up to the deepest feature layer: the rest would run for nothing.
-    layers: Vec<EncoderLayer>,
-    act: Activation,
-    attention: AttentionParams,
-    channels: usize,
-    patch: usize,
-    /// Patches per side.
-    grid: usize,
+    vit: VitTower,
     /// The hidden states projected: `k` is the output of layer `k` (0: the embeddings).
     feature_layers: Vec<usize>,
 }
@@ -138,9 +82,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Llava> {
     let decoder = llama::load_at(&text, w, variant, layout.text, layout.lm_head)?;
     let text_hidden = decoder.embed.table.shape()[1];
 
-    let vision_value = raw.value.get("vision_config").cloned().unwrap_or(Value::Object(Default::default()));
-    let vision: VisionConfig =
-        serde_json::from_value(vision_value).map_err(|e| raw.error(format!("vision_config: {e}")))?;
+    let vision = VitConfig::clip(raw)?;
     if let Some(other) = vision.model_type.as_deref().filter(|t| *t != "clip_vision_model") {
         return Err(raw.error(format!("vision_config.model_type `{other}`: LLaVA loads CLIP vision towers")));
     }
@@ -151,7 +93,9 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Llava> {
         )));
     }
     let feature_layers = feature_layers(raw, vision.num_hidden_layers)?;
-    let tower = load_tower(raw, &vision, &w.at(layout.tower), feature_layers)?;
+    let depth = feature_layers.iter().copied().max().unwrap_or(0);
+    let vit = VitTower::load(raw, &vision, &w.at(layout.tower), VitKind::Clip, depth)?;
+    let tower = ClipTower { vit, feature_layers };
 
     let p = w.at(layout.projector);
     let bias = raw.value.get("multimodal_projector_bias").and_then(Value::as_bool).unwrap_or(true);
@@ -167,13 +111,13 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Llava> {
         image_token_id,
         video_token_id: None,
         spatial_merge_size: 1,
-        patch_size: tower.patch,
+        patch_size: tower.vit.patch,
         placeholder: "<image>",
         video_placeholder: None,
+        bidirectional: false,
     });
-    let linears = tower.layers.iter().flat_map(|l| [&l.q, &l.k, &l.v, &l.out, &l.fc1, &l.fc2]);
     info.weight_bytes +=
-        linears.chain([&tower.patch_embed, &projector_1, &projector_2]).map(Linear::size_in_bytes).sum::<usize>();
+        tower.vit.linears().chain([&projector_1, &projector_2]).map(Linear::size_in_bytes).sum::<usize>();
     Ok(Llava { decoder, tower, projector_1, projector_2, projector_act, info })
 }
 
@@ -202,117 +146,19 @@ fn feature_layers(raw: &RawConfig, layers: usize) -> Result<Vec<usize>> {
     }
 }
 
-fn load_tower(raw: &RawConfig, cfg: &VisionConfig, v: &Scope, feature_layers: Vec<usize>) -> Result<ClipTower> {
-    let (e, heads) = (cfg.hidden_size, cfg.num_attention_heads);
-    check_dims(
-        raw,
-        &[
-            ("vision_config.hidden_size", e),
-            ("vision_config.intermediate_size", cfg.intermediate_size),
-            ("vision_config.num_attention_heads", heads),
-            ("vision_config.num_channels", cfg.num_channels),
-            ("vision_config.patch_size", cfg.patch_size),
-            ("vision_config.image_size", cfg.image_size),
-        ],
-    )?;
-    if !e.is_multiple_of(heads) || !cfg.image_size.is_multiple_of(cfg.patch_size) {
-        return Err(raw.error(format!(
-            "vision_config: hidden_size {e} over {heads} heads, image_size {} in patches of {}: each must divide",
-            cfg.image_size, cfg.patch_size
-        )));
-    }
-    let grid = cfg.image_size / cfg.patch_size;
-    let patch_dim = cfg.num_channels * cfg.patch_size * cfg.patch_size;
-    let eps = cfg.layer_norm_eps;
-    let emb = v.at("embeddings");
-    let weights = v.weights();
-    let patch_weight = weights
-        .get(&emb.name("patch_embedding.weight"), &[e, cfg.num_channels, cfg.patch_size, cfg.patch_size])?
-        .reshape(&[e, patch_dim])?;
-    let depth = feature_layers.iter().copied().max().unwrap_or(0);
-    let layers = (0..depth)
-        .map(|i| {
-            let l = v.at(&format!("encoder.layers.{i}"));
-            let a = l.at("self_attn");
-            Ok(EncoderLayer {
-                norm1: l.layer_norm("layer_norm1", e, eps, true)?,
-                q: a.linear("q_proj", e, e, true)?,
-                k: a.linear("k_proj", e, e, true)?,
-                v: a.linear("v_proj", e, e, true)?,
-                out: a.linear("out_proj", e, e, true)?,
-                norm2: l.layer_norm("layer_norm2", e, eps, true)?,
-                fc1: l.linear("mlp.fc1", e, cfg.intermediate_size, true)?,
-                fc2: l.linear("mlp.fc2", cfg.intermediate_size, e, true)?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let head_dim = e / heads;
-    Ok(ClipTower {
-        patch_embed: Linear::new(patch_weight, None),
-        class_embedding: emb.get("class_embedding", &[e])?.reshape(&[1, e])?,
-        position_embedding: emb.get("position_embedding.weight", &[grid * grid + 1, e])?,
-        pre_norm: v.layer_norm("pre_layrnorm", e, eps, true)?,
-        layers,
-        act: activation(raw, "vision_config.hidden_act", &cfg.hidden_act)?,
-        attention: attention_params(heads, heads, head_dim, (head_dim as f64).powf(-0.5), None, None),
-        channels: cfg.num_channels,
-        patch: cfg.patch_size,
-        grid,
-        feature_layers,
-    })
-}
-
 impl ClipTower {
-    /// Channel-first pixels `[channels, H, W]` as patch rows `[patches, channels * p * p]`, each
-    /// row ordered (channel, row, column) as the patch embedding's convolution reads it.
-    fn patch_rows(&self, chw: &[f32]) -> Vec<f32> {
-        let (p, g) = (self.patch, self.grid);
-        let side = p * g;
-        let mut rows = Vec::with_capacity(chw.len());
-        for pr in 0..g {
-            for pc in 0..g {
-                for c in 0..self.channels {
-                    for y in 0..p {
-                        let start = (c * side + pr * p + y) * side + pc * p;
-                        rows.extend_from_slice(&chw[start..start + p]);
-                    }
-                }
-            }
-        }
-        rows
-    }
-
     /// The feature layers' hidden states of one image, side by side, the class row dropped.
     fn features(&self, chw: &[f32], device: Device, dtype: DType) -> Result<Tensor> {
-        let patches = self.grid * self.grid;
-        let pixels =
-            pixel_input(self.patch_rows(chw), &[patches, self.channels * self.patch * self.patch], device, dtype)?;
-        let embedded = self.patch_embed.forward(&pixels)?;
-        // Tables kept in the weights' dtype join activations in theirs (f32 on the CPU).
-        let class = self.class_embedding.to_dtype(embedded.dtype());
-        let x = ops::concat_rows(&[&class, &embedded])?;
-        let positions = self.position_embedding.to_dtype(embedded.dtype());
-        let mut x = self.pre_norm.forward(&ops::add(&x, &positions)?)?;
         // Slot `j` holds feature layer `j`'s patch rows, in `vision_feature_layer`'s order, which
         // the projector's input columns follow.
         let mut features: Vec<Option<Tensor>> = vec![None; self.feature_layers.len()];
-        let patch_rows: Vec<usize> = (1..=patches).collect();
-        let mut keep = |k: usize, x: &Tensor| -> Result<()> {
+        let patch_rows: Vec<usize> = (1..self.vit.rows()).collect();
+        self.vit.forward(chw, device, dtype, |k, x| {
             for (slot, _) in features.iter_mut().zip(&self.feature_layers).filter(|(_, &layer)| layer == k) {
                 *slot = Some(ops::gather_rows(x, &patch_rows)?);
             }
             Ok(())
-        };
-        keep(0, &x)?;
-        for (i, l) in self.layers.iter().enumerate() {
-            let normed = l.norm1.forward(&x)?;
-            let (q, k, v) = (l.q.forward(&normed)?, l.k.forward(&normed)?, l.v.forward(&normed)?);
-            let attn = ops::attention_dense(&q, &k, &v, &self.attention, &[patches + 1], false)?;
-            x = ops::add(&x, &l.out.forward(&attn)?)?;
-            let mlp = l.fc2.forward(&ops::activation(&l.fc1.forward(&l.norm2.forward(&x)?)?, self.act)?)?;
-            x = ops::add(&x, &mlp)?;
-            keep(i + 1, &x)?;
-        }
+        })?;
         let ordered: Vec<&Tensor> =
             features.iter().map(|f| f.as_ref().expect("the tower runs to its deepest feature layer")).collect();
         match ordered.as_slice() {
@@ -324,8 +170,8 @@ impl ClipTower {
 
 impl VisionEncoder for Llava {
     fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Encoded> {
-        let t = &self.tower;
-        let side = t.grid * t.patch;
+        let t = &self.tower.vit;
+        let side = t.image_side();
         if grid_thw != [1, t.grid, t.grid] || pixel_values.len() != t.channels * side * side {
             return Err(image_input_error(format!(
                 "{} pixel values in a {grid_thw:?} grid for a tower of {side}x{side} images ({} patches a side)",
@@ -334,7 +180,7 @@ impl VisionEncoder for Llava {
             )));
         }
         let table = &self.decoder.embed.table;
-        let features = t.features(pixel_values, table.device(), table.dtype())?;
+        let features = self.tower.features(pixel_values, table.device(), table.dtype())?;
         let hidden = ops::activation(&self.projector_1.forward(&features)?, self.projector_act)?;
         Ok(Encoded { embeddings: self.projector_2.forward(&hidden)?, deepstack: Vec::new() })
     }

@@ -13,6 +13,7 @@ pub mod falcon;
 pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;
+pub mod gemma3_vl;
 pub mod gemma4;
 pub mod glm;
 pub mod glm4_moe;

@@ -362,6 +362,7 @@ impl QwenVl {
             patch_size: vision.patch_size,
             placeholder: "<|vision_start|><|image_pad|><|vision_end|>",
             video_placeholder: video.map(|_| "<|vision_start|><|video_pad|><|vision_end|>"),
+            bidirectional: false,
         });
         info.weight_bytes += vision.weight_bytes();
         Ok(QwenVl { decoder, vision, placeholders: Placeholders { image, video }, info })

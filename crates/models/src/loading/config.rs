@@ -35,8 +35,10 @@ impl RawConfig {
             self.error("missing field `text_config` (the text model's config of a ForConditionalGeneration checkpoint)")
         })?;
         let obj = text.as_object_mut().expect("checked above");
-        if let Some(tie) = self.value.get("tie_word_embeddings") {
-            obj.entry("tie_word_embeddings").or_insert_with(|| tie.clone());
+        // transformers ties by the model class's config, the top level, whatever `text_config`
+        // says (Gemma 3's repeats the text class's default, `true`, under a top-level `false`).
+        if let Some(tie) = self.value.get("tie_word_embeddings").filter(|t| t.is_boolean()) {
+            obj.insert("tie_word_embeddings".into(), tie.clone());
         }
         if let Some(archs) = self.value.get("architectures") {
             obj.insert("architectures".into(), archs.clone());

@@ -546,16 +546,21 @@ impl Weights {
     /// The weight `[out, in]` of linear layer `module`; under `--quantization fp8` rounded to
     /// e4m3 per output channel as it loads.
     pub fn linear_weight(&self, module: &str, shape: [usize; 2]) -> Result<Tensor> {
-        self.online_linear_weight(module, shape, false)
+        self.online_linear_weight(format!("{module}.weight"), shape, false)
     }
 
     /// [`Weights::linear_weight`] of a layer stored `[in, out]` (GPT-2's `Conv1D`), transposed.
     pub fn linear_weight_transposed(&self, module: &str, shape: [usize; 2]) -> Result<Tensor> {
-        self.online_linear_weight(module, shape, true)
+        self.online_linear_weight(format!("{module}.weight"), shape, true)
     }
 
-    fn online_linear_weight(&self, module: &str, shape: [usize; 2], transposed: bool) -> Result<Tensor> {
-        let name = format!("{module}.weight");
+    /// A projection kept as a bare `[in, out]` parameter that the model multiplies by
+    /// (`x @ W`, as Gemma 3's `mm_input_projection_weight`), in the `Linear` layout `[out, in]`.
+    pub fn parameter_transposed(&self, name: &str, shape: [usize; 2]) -> Result<Tensor> {
+        self.online_linear_weight(name.to_string(), shape, true)
+    }
+
+    fn online_linear_weight(&self, name: String, shape: [usize; 2], transposed: bool) -> Result<Tensor> {
         let [out, inp] = shape;
         let online = matches!(self.quantization, Some(Quantization::OnlineFp8)) && !self.source.is_fp8(&name);
         if !online && !transposed {

@@ -59,7 +59,7 @@ pub fn paged_attention(
             let pos = s.query_position(i);
             let first = p.first_key(pos);
             let row = s.q_start + i;
-            let slots = (first..=pos).map(|kp| s.block_table[kp / bs] as usize * bs + kp % bs);
+            let slots = (first..=meta.last_key(si, i)).map(|kp| s.block_table[kp / bs] as usize * bs + kp % bs);
             let kvh = h / group;
             let qh = &qs[row * hq * d + h * d..row * hq * d + (h + 1) * d];
             let mut scores: Vec<f32> = slots

@@ -74,6 +74,9 @@ pub(crate) struct AttnItem {
     pub(crate) k_lo: i32,
     pub(crate) k_hi: i32,
     pub(crate) local0: i32,
+    /// Every row sees the keys up to here even past its own position: the last key of a
+    /// bidirectional sequence (see `AttnMetadata::bidirectional`), else -1.
+    pub(crate) last: i32,
 }
 
 /// A decode work item as `paged_decode` reads it (`DecodeItem` in attention_common.cuh): row
@@ -147,8 +150,9 @@ fn meta_key(meta: &AttnMetadata, p: &AttentionParams, causal: bool) -> Vec<u32> 
         causal as u32,
         meta.seqs.len() as u32,
     ];
-    for s in &meta.seqs {
+    for (i, s) in meta.seqs.iter().enumerate() {
         key.extend([s.q_start as u32, s.q_len as u32, s.ctx_len as u32, s.block_table.len() as u32]);
+        key.push(meta.is_bidirectional(i) as u32);
         key.extend_from_slice(&s.block_table);
     }
     key
@@ -197,7 +201,7 @@ pub(crate) fn plan_meta(
             used
         }
     };
-    for s in &meta.seqs {
+    for (si, s) in meta.seqs.iter().enumerate() {
         let bt_off = tables.len();
         tables.extend_from_slice(&s.block_table);
         if s.q_len == 1 {
@@ -228,7 +232,9 @@ pub(crate) fn plan_meta(
         for r0 in (0..s.q_len).step_by(pre_rows) {
             let nrows = pre_rows.min(s.q_len - r0);
             let pos0 = s.query_position(r0);
-            let (lo, hi) = key_range(pos0, pos0 + nrows - 1, s.ctx_len);
+            let bidirectional = meta.is_bidirectional(si);
+            let last = if bidirectional { s.ctx_len - 1 } else { pos0 + nrows - 1 };
+            let (lo, hi) = key_range(pos0, last, s.ctx_len);
             pre_keys = pre_keys.max(capacity(s, hi - lo));
             for g in 0..p.num_kv_heads {
                 for hc in (0..group).step_by(pre_heads) {
@@ -244,6 +250,7 @@ pub(crate) fn plan_meta(
                         k_lo: i(lo)?,
                         k_hi: i(hi)?,
                         local0: i(local0 + r0)?,
+                        last: if bidirectional { i(last)? } else { -1 },
                     });
                 }
             }

@@ -539,7 +539,7 @@ mod tests {
             (
                 "attention items",
                 attention,
-                layout!(AttnItem { row0, nrows, pos0, h0, nheads, bt_off, k_lo, k_hi, local0 })
+                layout!(AttnItem { row0, nrows, pos0, h0, nheads, bt_off, k_lo, k_hi, local0, last })
                     + &layout!(DecodeItem { row, local, h0, nheads, bt_off, k_lo, k_hi, pad }),
             ),
             (

@@ -9,7 +9,7 @@
 // to finish merges them.
 
 // Laid out as `AttnItem` and `DecodeItem` in attention.rs (the NVRTC unit test checks that they agree).
-struct AttnItem { int row0, nrows, pos0, h0, nheads, bt_off, k_lo, k_hi, local0; };
+struct AttnItem { int row0, nrows, pos0, h0, nheads, bt_off, k_lo, k_hi, local0, last; };
 struct DecodeItem { int row, local, h0, nheads, bt_off, k_lo, k_hi, pad; };
 
 // Writes one query vector's result: directly when the keys were not split, else as a partial

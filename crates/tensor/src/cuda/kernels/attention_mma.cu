@@ -109,7 +109,7 @@ __device__ void paged_attn_mma(const bf16_t* __restrict__ q, const bf16_t* __res
                 float x = s[nt][e] * scale;
                 if (softcap > 0.f) x = tanhf(x / softcap) * softcap;
                 bool valid = qok[i] && kp < kend &&
-                             (!causal || (kp <= pos[i] && (window == 0 || kp > pos[i] - window) &&
+                             (!causal || (kp <= max(pos[i], it.last) && (window == 0 || kp > pos[i] - window) &&
                                           (attn_chunk == 0 || kp >= pos[i] - pos[i] % attn_chunk)));
                 x = valid ? x : -INFINITY;
                 s[nt][e] = x;

@@ -111,7 +111,7 @@ __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, co
             if (u < nu) {
                 float x = s[u] * scale;
                 if (softcap > 0.f) x = tanhf(x / softcap) * softcap;
-                bool valid = kp < kend && (!causal || (kp <= pos[u] && (window == 0 || kp > pos[u] - window) &&
+                bool valid = kp < kend && (!causal || (kp <= max(pos[u], it.last) && (window == 0 || kp > pos[u] - window) &&
                                                        (attn_chunk == 0 || kp >= pos[u] - pos[u] % attn_chunk)));
                 x = valid ? x : -INFINITY;
                 float m_new = fmaxf(m_[u], warp_max(x));
