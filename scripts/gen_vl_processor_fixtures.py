@@ -1,6 +1,6 @@
 """Fixtures for crates/multimodal: synthetic image files, the RGB pixels Pillow decodes from them
-(as transformers' `convert_to_rgb` hands them on) and what transformers' Qwen2-VL and CLIP image
-processors make of those pixels, for the bit-exact tests in crates/multimodal/tests/.
+(as transformers' `convert_to_rgb` hands them on) and what transformers' Qwen2-VL, CLIP and Gemma 3
+image processors make of those pixels, for the bit-exact tests in crates/multimodal/tests/.
 
 Pinned: torch 2.15.0, transformers 5.24.0, numpy 2.4.6 (tools/oracle/requirements.txt), plus
 Pillow 13.0.0 and torchvision 0.29.2, the newest torchvision (it asks for torch >= 2.14; no release
@@ -8,9 +8,11 @@ is paired with torch 2.15 yet; its resize calls torch's own interpolate kernel, 
 not change the numbers):
 
     .venv-oracle/bin/pip install pillow==13.0.0 torchvision==0.29.2 --no-deps
-    .venv-oracle/bin/python scripts/gen_vl_processor_fixtures.py      # ~5 s, rewrites the fixtures
+    .venv-oracle/bin/python scripts/gen_vl_processor_fixtures.py      # ~15 s, rewrites the fixtures
 
-Deterministic: the same versions rewrite the same bytes.
+Deterministic: the same versions rewrite the same bytes. Run it on an x86 CPU with AVX2 (or AVX-512)
+or on aarch64: elsewhere torchvision's bilinear resize of uint8 images takes a float path instead of
+torch's uint8 kernel (`_do_native_uint8_resize_on_cpu`), and the bilinear fixtures would change.
 
 What it writes (crates/multimodal/tests/fixtures/):
 - images/<name>.<ext>: the encoded images (PNG RGB / RGBA / LA / palette with partial alpha /
@@ -22,15 +24,23 @@ What it writes (crates/multimodal/tests/fixtures/):
   little-endian [3, height, width], for the .rgb pixels of a case's image; a case whose output is
   too big to keep (LLaVA-1.5's 336 x 336) has only the FNV-1a 64 digest of those bytes, which every
   case records;
+- gemma3/<case>.bin: `pixel_values` of `Gemma3ImageProcessor` (torchvision backend, no
+  pan-and-scan) as f32 little-endian [3, height, width], for the .rgb pixels of a case's image; the
+  cases with Gemma 3's real config (896 x 896) have only the FNV-1a 64 digest, which every case
+  records;
 - video/<case>.rgb: a video's RGB8 frames one after another, and video/<case>.bin:
   `pixel_values_videos` of `Qwen2VLVideoProcessor` (torchvision backend) for them, f32
   little-endian [patches, patch_dim];
 - resize/{source,strip}.rgb and resize/{source,strip}-<w>x<h>.rgb: two noisy images and
   torchvision's uint8 bicubic antialiased resize of them to many sizes (up, down, one axis only,
   squeezes by 100 to 800 times);
+- resize/small.rgb and resize/{source,strip,small}-bilinear-<w>x<h>.rgb: a third, tiny noisy image
+  and torchvision's uint8 bilinear antialiased resize of the three (`bilinear_resizes` in the
+  manifest), the same kinds of sizes plus whole-number upscales;
 - manifest.json: everything the tests need to read those files (sizes, configs, grids) and, per
   processor case and resize size, how far the PIL backend (`Qwen2VLImageProcessorPil`,
-  `CLIPImageProcessorPil`, Pillow's ImagingResample) lands from the torchvision one.
+  `CLIPImageProcessorPil`, `Gemma3ImageProcessorPil`, Pillow's ImagingResample) lands from the
+  torchvision one.
 """
 
 from __future__ import annotations
@@ -53,6 +63,8 @@ from torchvision.transforms.v2 import functional as tvF
 from transformers.image_transforms import convert_to_rgb
 from transformers.models.clip.image_processing_clip import CLIPImageProcessor
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+from transformers.models.gemma3.image_processing_gemma3 import Gemma3ImageProcessor
+from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
@@ -210,6 +222,35 @@ CLIP_CASES = [
 # Outputs above this many bytes are kept as a digest only.
 CLIP_MAX_FILE_BYTES = 64 * 1024
 
+# google/gemma-3-4b-it's preprocessor_config.json.
+GEMMA_3 = {"do_convert_rgb": None, "do_normalize": True, "do_pan_and_scan": None, "do_rescale": True,
+           "do_resize": True, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Gemma3ImageProcessor",
+           "image_seq_length": 256, "image_std": [0.5, 0.5, 0.5], "pan_and_scan_max_num_crops": None,
+           "pan_and_scan_min_crop_size": None, "pan_and_scan_min_ratio_to_activate": None,
+           "processor_class": "Gemma3Processor", "resample": 2, "rescale_factor": 0.00392156862745098,
+           "size": {"height": 896, "width": 896}}
+# Small sizes and no mean, std or resample, so the class defaults (0.5, bilinear) are what runs.
+GEMMA3_SQUARE = {"size": {"height": 40, "width": 40}}
+GEMMA3_WIDE = {"size": {"height": 32, "width": 48}}
+
+# (case, image file, preprocessor config). Sizes are width x height.
+GEMMA3_CASES = [
+    ("gemma-3-photo", "photo.jpg", GEMMA_3),                 # 160x96 -> 896x896, digest only
+    ("gemma-3-palette", "palette.png", GEMMA_3),             # 100x80 -> 896x896, digest only
+    ("photo-down", "photo.jpg", GEMMA3_SQUARE),              # 160x96 -> 40x40: down in both
+    ("tiny-up", "tiny.webp", GEMMA3_SQUARE),                 # 20x12 -> 40x40: up in both
+    ("gradient-down-up", "gradient.png", GEMMA3_SQUARE),     # 53x37 -> 40x40: down in x, up in y
+    ("portrait-up-down", "portrait.png", GEMMA3_WIDE),       # 29x43 -> 48x32: up in x, down in y
+    ("alpha-wide", "alpha.png", GEMMA3_WIDE),                # 100x30 -> 48x32
+    ("exact-horizontal-only", "exact.bmp", {"size": [40, 48]}),           # 56x40 -> 48x40: one pass only
+    ("exact-no-resize", "exact.bmp", {"size": {"height": 40, "width": 56}}),  # its own size: no resize
+    ("gif-int-size", "indexed.gif", {"size": 40}),           # 30x20 -> 40x40, a square by default_to_square
+    ("palette-bicubic", "palette.png", {**GEMMA3_SQUARE, "resample": 3}),  # 100x80 -> 40x40
+    ("gradient-rescale-only", "gradient.png", {**GEMMA3_SQUARE, "do_normalize": False}),
+    ("tiny-clip-mean-std", "tiny.webp", {**GEMMA3_WIDE, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                                         "image_std": [0.26862954, 0.26130258, 0.27577711]}),
+]
+
 RESIZE_SOURCE = (61, 47)
 RESIZE_TARGETS = [
     (1, 3), (2, 3), (5, 4), (30, 23), (31, 47), (61, 20), (100, 47), (61, 47), (60, 46), (62, 48),
@@ -219,6 +260,11 @@ RESIZE_TARGETS = [
 # 22 bits (800 -> 4 is one where 21 bits would round one value differently).
 STRIP_SOURCE = (800, 12)
 STRIP_TARGETS = [(4, 12), (3, 12), (2, 2), (1, 12), (7, 9)]
+# Bilinear: the bicubic sizes but the largest, and a tiny source for whole-number upscales (where a
+# weight is exactly 1 and the int16 precision stops at 14 bits).
+BILINEAR_SOURCE_TARGETS = [t for t in RESIZE_TARGETS if t not in ((122, 94), (90, 70), (61, 47))]
+SMALL_SOURCE = (9, 7)
+SMALL_TARGETS = [(27, 21), (18, 14), (27, 7), (9, 21), (13, 10), (4, 3), (5, 7), (2, 30)]
 
 
 def rgb_of(data: bytes) -> np.ndarray:
@@ -227,14 +273,16 @@ def rgb_of(data: bytes) -> np.ndarray:
     return convert_to_rgb(image, return_numpy=True)
 
 
-def tv_resize(rgb: np.ndarray, width: int, height: int) -> np.ndarray:
+def tv_resize(rgb: np.ndarray, width: int, height: int, bilinear: bool = False) -> np.ndarray:
     tensor = torch.from_numpy(rgb).permute(2, 0, 1).contiguous()
-    out = tvF.resize(tensor, [height, width], interpolation=tvF.InterpolationMode.BICUBIC, antialias=True)
+    mode = tvF.InterpolationMode.BILINEAR if bilinear else tvF.InterpolationMode.BICUBIC
+    out = tvF.resize(tensor, [height, width], interpolation=mode, antialias=True)
     return out.permute(1, 2, 0).contiguous().numpy()
 
 
-def pil_resize(rgb: np.ndarray, width: int, height: int) -> np.ndarray:
-    return np.array(Image.fromarray(rgb).resize((width, height), Image.Resampling.BICUBIC))
+def pil_resize(rgb: np.ndarray, width: int, height: int, bilinear: bool = False) -> np.ndarray:
+    mode = Image.Resampling.BILINEAR if bilinear else Image.Resampling.BICUBIC
+    return np.array(Image.fromarray(rgb).resize((width, height), mode))
 
 
 def fnv1a64(data: bytes) -> str:
@@ -252,9 +300,12 @@ def diff_stats(a: np.ndarray, b: np.ndarray) -> dict:
 def main() -> None:
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
+    # Elsewhere torchvision resizes uint8 images bilinearly in f32 (see the docstring).
+    assert torchvision.transforms.v2.functional._geometry._do_native_uint8_resize_on_cpu(
+        tvF.InterpolationMode.BILINEAR), "torchvision would not take torch's uint8 bilinear kernel here"
     if OUT.exists():
         shutil.rmtree(OUT)
-    for sub in ("images", "processor", "resize", "clip", "video"):
+    for sub in ("images", "processor", "resize", "clip", "video", "gemma3"):
         (OUT / sub).mkdir(parents=True)
 
     images = []
@@ -303,6 +354,24 @@ def main() -> None:
             "pil_backend": {"pixel_values": diff_stats(pixel_values, pil)},
         })
 
+    gemma3_cases = []
+    for case, image_name, config in GEMMA3_CASES:
+        pil_image = Image.fromarray(decoded[image_name])
+        tv = Gemma3ImageProcessor(**config)(pil_image, return_tensors="np")
+        assert tv["num_crops"].tolist() == [0]
+        pixel_values = tv["pixel_values"][0].astype("<f4")
+        pil = Gemma3ImageProcessorPil(**config)(pil_image, return_tensors="np")["pixel_values"][0]
+        data = pixel_values.tobytes()
+        file = None
+        if len(data) <= CLIP_MAX_FILE_BYTES:
+            file = f"gemma3/{case}.bin"
+            (OUT / file).write_bytes(data)
+        gemma3_cases.append({
+            "name": case, "image": f"images/{image_name}", "config": config, "shape": list(pixel_values.shape),
+            "pixel_values": file, "pixel_values_fnv1a64": fnv1a64(data),
+            "pil_backend": {"pixel_values": diff_stats(pixel_values, pil)},
+        })
+
     video_cases = []
     for seed, (case, count, width, height, config) in enumerate(VIDEO_CASES):
         frames = np.stack([smooth_noisy(width, height, 100 + 10 * seed + k) for k in range(count)])
@@ -315,24 +384,28 @@ def main() -> None:
                             "pixel_values": f"video/{case}.bin", "shape": list(pixel_values.shape)})
 
     resizes = []
-    for label, (source_w, source_h), targets, seed in [("source", RESIZE_SOURCE, RESIZE_TARGETS, 20),
-                                                       ("strip", STRIP_SOURCE, STRIP_TARGETS, 21)]:
+    bilinear_resizes = []
+    sweeps = [("source", RESIZE_SOURCE, 20, RESIZE_TARGETS, BILINEAR_SOURCE_TARGETS),
+              ("strip", STRIP_SOURCE, 21, STRIP_TARGETS, STRIP_TARGETS),
+              ("small", SMALL_SOURCE, 22, [], SMALL_TARGETS)]
+    for label, (source_w, source_h), seed, bicubic_targets, bilinear_targets in sweeps:
         source = smooth_noisy(source_w, source_h, seed, noise=40)
         (OUT / "resize" / f"{label}.rgb").write_bytes(source.tobytes())
-        for width, height in targets:
-            out = tv_resize(source, width, height)
-            file = f"resize/{label}-{width}x{height}.rgb"
-            (OUT / file).write_bytes(out.tobytes())
-            resizes.append({"source": f"resize/{label}.rgb", "source_width": source_w, "source_height": source_h,
-                            "width": width, "height": height, "expected": file,
-                            "pil_backend": diff_stats(out, pil_resize(source, width, height))})
+        for bilinear, targets, entries in [(False, bicubic_targets, resizes), (True, bilinear_targets, bilinear_resizes)]:
+            for width, height in targets:
+                out = tv_resize(source, width, height, bilinear)
+                file = f"resize/{label}{'-bilinear' if bilinear else ''}-{width}x{height}.rgb"
+                (OUT / file).write_bytes(out.tobytes())
+                entries.append({"source": f"resize/{label}.rgb", "source_width": source_w, "source_height": source_h,
+                                "width": width, "height": height, "expected": file,
+                                "pil_backend": diff_stats(out, pil_resize(source, width, height, bilinear))})
 
     manifest = {
         "generator": "scripts/gen_vl_processor_fixtures.py",
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                      "torchvision": torchvision.__version__, "pillow": PIL.__version__, "numpy": np.__version__},
         "images": images, "cases": cases, "resizes": resizes, "clip_cases": clip_cases,
-        "video_cases": video_cases,
+        "video_cases": video_cases, "bilinear_resizes": bilinear_resizes, "gemma3_cases": gemma3_cases,
     }
     (OUT / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     total = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
@@ -341,10 +414,13 @@ def main() -> None:
         print(f"  {case['name']:32} grid {case['image_grid_thw']}  PIL backend: {case['pil_backend']}")
     for case in clip_cases:
         print(f"  clip {case['name']:27} shape {case['shape']}  PIL backend: {case['pil_backend']}")
+    for case in gemma3_cases:
+        print(f"  gemma3 {case['name']:25} shape {case['shape']}  PIL backend: {case['pil_backend']}")
     for case in video_cases:
         print(f"  video {case['name']:26} grid {case['video_grid_thw']}  shape {case['shape']}")
-    worst = max(resizes, key=lambda r: r["pil_backend"]["max_abs_diff"])
-    print(f"  resize sweep: PIL vs torchvision worst {worst['width']}x{worst['height']}: {worst['pil_backend']}")
+    for label, entries in [("resize", resizes), ("bilinear resize", bilinear_resizes)]:
+        worst = max(entries, key=lambda r: r["pil_backend"]["max_abs_diff"])
+        print(f"  {label} sweep: PIL vs torchvision worst {worst['width']}x{worst['height']}: {worst['pil_backend']}")
 
 
 if __name__ == "__main__":

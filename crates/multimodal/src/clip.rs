@@ -11,9 +11,10 @@ use image::RgbImage;
 use serde_json::{Map, Value};
 
 use crate::config::{
-    check_bicubic, config_error, file_error, flag, image_processor_config, positive, present, Normalization, CHANNELS,
+    check_bicubic, config_error, file_error, flag, image_processor_config, present, size_value, Normalization, Size,
+    CHANNELS, OPENAI_CLIP,
 };
-use crate::resize::resize_rgb;
+use crate::resize::{resize_rgb, Filter};
 use crate::{MultimodalError, PixelPatches, MAX_ASPECT_RATIO};
 
 /// The class defaults: `size` `{"shortest_edge": 224}`, `crop_size` 224 x 224.
@@ -63,7 +64,7 @@ impl ClipImageProcessor {
         if flag(config, "do_pad", false)? && present(config, "pad_size").is_some() {
             return Err(config_error("`do_pad: true` with a `pad_size` is not supported"));
         }
-        Ok(ClipImageProcessor { resize, output, normalization: Normalization::from_config(config)? })
+        Ok(ClipImageProcessor { resize, output, normalization: Normalization::from_config(config, OPENAI_CLIP)? })
     }
 
     /// The processor of the model in `dir`, from where transformers' `from_pretrained` reads it:
@@ -114,7 +115,7 @@ impl ClipImageProcessor {
         let pixels = if (resized_height, resized_width) == (height, width) {
             Cow::Borrowed(image.as_raw().as_slice())
         } else {
-            Cow::Owned(resize_rgb(image.as_raw(), width, height, resized_width, resized_height))
+            Cow::Owned(resize_rgb(image.as_raw(), width, height, resized_width, resized_height, Filter::Bicubic))
         };
         let (out_height, out_width) = self.output;
         let top = crop_offset(resized_height, out_height);
@@ -191,35 +192,4 @@ fn config_output(config: &Map<String, Value>, resize: Option<Resize>) -> Result<
             "`crop_size` must be {{\"height\": h, \"width\": w}}, [h, w] or a number, got {crop_size}"
         ))),
     }
-}
-
-/// The shapes of a `size` or `crop_size` that transformers' `get_size_dict` reads and this
-/// processor's resize and crop take.
-enum Size {
-    Number(usize),
-    ShortestEdge(usize),
-    HeightWidth(usize, usize),
-}
-
-/// `value` as a [`Size`], `None` when it has none of those shapes (transformers knows other size
-/// dicts, which the resize and crop refuse). Sides must be positive integers.
-fn size_value(value: &Value, key: &str) -> Result<Option<Size>, MultimodalError> {
-    let side = |value: &Value, name: String| positive(value, &name).map_err(MultimodalError::Config);
-    let is_exactly = |dict: &Map<String, Value>, keys: &[&str]| {
-        dict.len() == keys.len() && keys.iter().all(|key| dict.contains_key(*key))
-    };
-    Ok(Some(match value {
-        Value::Number(_) => Size::Number(side(value, key.to_string())?),
-        Value::Array(items) if items.len() == 2 => {
-            Size::HeightWidth(side(&items[0], format!("{key}[0]"))?, side(&items[1], format!("{key}[1]"))?)
-        }
-        Value::Object(dict) if is_exactly(dict, &["shortest_edge"]) => {
-            Size::ShortestEdge(side(&dict["shortest_edge"], format!("{key}.shortest_edge"))?)
-        }
-        Value::Object(dict) if is_exactly(dict, &["height", "width"]) => Size::HeightWidth(
-            side(&dict["height"], format!("{key}.height"))?,
-            side(&dict["width"], format!("{key}.width"))?,
-        ),
-        _ => return Ok(None),
-    }))
 }

@@ -5,13 +5,24 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+use crate::resize::Filter;
 use crate::MultimodalError;
 
+/// A processor class's default `image_mean` and `image_std`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct MeanStd {
+    pub(crate) mean: [f64; 3],
+    pub(crate) std: [f64; 3],
+}
+
 /// transformers' `OPENAI_CLIP_MEAN` and `OPENAI_CLIP_STD`, the class defaults of CLIP-derived
-/// processors.
-const OPENAI_CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];
-const OPENAI_CLIP_STD: [f64; 3] = [0.26862954, 0.26130258, 0.27577711];
-/// `PILImageResampling.BICUBIC`, the only filter implemented here.
+/// processors (CLIP, Qwen2-VL).
+pub(crate) const OPENAI_CLIP: MeanStd =
+    MeanStd { mean: [0.48145466, 0.4578275, 0.40821073], std: [0.26862954, 0.26130258, 0.27577711] };
+/// transformers' `IMAGENET_STANDARD_MEAN` and `IMAGENET_STANDARD_STD`, the class defaults of
+/// SigLIP-derived processors (Gemma 3).
+pub(crate) const IMAGENET_STANDARD: MeanStd = MeanStd { mean: [0.5; 3], std: [0.5; 3] };
+/// `PILImageResampling.BICUBIC`, the only filter the CLIP and Qwen2-VL processors take.
 const BICUBIC: u64 = 3;
 pub(crate) const CHANNELS: usize = 3;
 
@@ -99,6 +110,48 @@ pub(crate) fn check_bicubic(config: &Map<String, Value>) -> Result<(), Multimoda
     }
 }
 
+/// The filter `resample` names, `default` when absent or null: 2 (bilinear) or 3 (bicubic), the
+/// two [`Filter`]s implemented.
+pub(crate) fn resample_filter(config: &Map<String, Value>, default: Filter) -> Result<Filter, MultimodalError> {
+    match present(config, "resample") {
+        None => Ok(default),
+        Some(resample) => resample.as_u64().and_then(Filter::from_resample).ok_or_else(|| {
+            config_error(format!("`resample` {resample} is not supported, only 2 (bilinear) or 3 (bicubic)"))
+        }),
+    }
+}
+
+/// The shapes of a `size` or `crop_size` that transformers' `get_size_dict` reads and the
+/// processors' resizes and crops take.
+pub(crate) enum Size {
+    Number(usize),
+    ShortestEdge(usize),
+    HeightWidth(usize, usize),
+}
+
+/// `value` as a [`Size`], `None` when it has none of those shapes (transformers knows other size
+/// dicts, which the resizes and crops here refuse). Sides must be positive integers.
+pub(crate) fn size_value(value: &Value, key: &str) -> Result<Option<Size>, MultimodalError> {
+    let side = |value: &Value, name: String| positive(value, &name).map_err(MultimodalError::Config);
+    let is_exactly = |dict: &Map<String, Value>, keys: &[&str]| {
+        dict.len() == keys.len() && keys.iter().all(|key| dict.contains_key(*key))
+    };
+    Ok(Some(match value {
+        Value::Number(_) => Size::Number(side(value, key.to_string())?),
+        Value::Array(items) if items.len() == 2 => {
+            Size::HeightWidth(side(&items[0], format!("{key}[0]"))?, side(&items[1], format!("{key}[1]"))?)
+        }
+        Value::Object(dict) if is_exactly(dict, &["shortest_edge"]) => {
+            Size::ShortestEdge(side(&dict["shortest_edge"], format!("{key}.shortest_edge"))?)
+        }
+        Value::Object(dict) if is_exactly(dict, &["height", "width"]) => Size::HeightWidth(
+            side(&dict["height"], format!("{key}.height"))?,
+            side(&dict["width"], format!("{key}.width"))?,
+        ),
+        _ => return Ok(None),
+    }))
+}
+
 /// `image_mean` / `image_std`: one number for every channel or one per channel, stored as the f32
 /// that torch and numpy make of the Python floats.
 fn per_channel(config: &Map<String, Value>, key: &str, default: [f64; 3]) -> Result<[f32; 3], MultimodalError> {
@@ -127,9 +180,9 @@ pub(crate) struct Normalization {
 }
 
 impl Normalization {
-    /// Absent or null keys take the defaults every processor here shares: rescale by 1/255 and
-    /// normalize with the OpenAI CLIP mean and std.
-    pub(crate) fn from_config(config: &Map<String, Value>) -> Result<Self, MultimodalError> {
+    /// Absent or null keys take the defaults: rescale by 1/255 (every processor here) and
+    /// normalize with the processor class's mean and std, `defaults`.
+    pub(crate) fn from_config(config: &Map<String, Value>, defaults: MeanStd) -> Result<Self, MultimodalError> {
         let do_rescale = flag(config, "do_rescale", true)?;
         let do_normalize = flag(config, "do_normalize", true)?;
         let rescale_factor = match present(config, "rescale_factor") {
@@ -139,8 +192,8 @@ impl Normalization {
                 .filter(|factor| factor.is_finite() && *factor > 0.0)
                 .ok_or_else(|| config_error(format!("`rescale_factor` must be a positive number, got {value}")))?,
         };
-        let image_mean = per_channel(config, "image_mean", OPENAI_CLIP_MEAN)?;
-        let image_std = per_channel(config, "image_std", OPENAI_CLIP_STD)?;
+        let image_mean = per_channel(config, "image_mean", defaults.mean)?;
+        let image_std = per_channel(config, "image_std", defaults.std)?;
         if do_normalize && image_std.contains(&0.0) {
             return Err(config_error("`image_std` must not contain 0"));
         }

@@ -4,29 +4,32 @@
 //! into what the vision encoder takes: flat patches and their grid ([`Qwen2VlImageProcessor`] and
 //! [`Qwen2VlVideoProcessor`], transformers' `Qwen2VLImageProcessor` and `Qwen2VLVideoProcessor`) or
 //! one fixed-size channel-first image ([`ClipImageProcessor`], transformers' `CLIPImageProcessor`,
-//! the processor of LLaVA-1.5).
+//! the processor of LLaVA-1.5; [`Gemma3ImageProcessor`], transformers' `Gemma3ImageProcessor`, the
+//! processor of Gemma 3, without its pan-and-scan crops).
 //!
 //! The processors' output is bit-exact with transformers 5.24's torchvision backend, the one vLLM
-//! runs: the same uint8 bicubic antialiased resize ([`resize`]), the same crop and padding, the
-//! same f32 arithmetic in the same order, the same layout. The tests in `tests/` check it against
-//! fixtures that `scripts/gen_vl_processor_fixtures.py` writes with transformers itself.
+//! runs: the same uint8 bicubic or bilinear antialiased resize ([`resize`]), the same crop and
+//! padding, the same f32 arithmetic in the same order, the same layout. The tests in `tests/` check
+//! it against fixtures that `scripts/gen_vl_processor_fixtures.py` writes with transformers itself.
 
 mod clip;
 mod config;
 mod decode;
+mod gemma3;
 mod qwen2_vl;
 pub mod resize;
 
 pub use clip::ClipImageProcessor;
 pub use config::{image_processor_config, video_processor_config};
 pub use decode::decode_image;
+pub use gemma3::Gemma3ImageProcessor;
 pub use qwen2_vl::{Qwen2VlImageProcessor, Qwen2VlVideoProcessor, FRAME_LIST_FPS};
 
 use std::path::PathBuf;
 
 /// One image after processing: the rows the vision encoder embeds, one per patch. A processor
-/// whose encoder cuts the patches itself ([`ClipImageProcessor`]) hands over the whole image as one
-/// row: `[channels, height, width]`, a `grid_thw` of `[1, 1, 1]`.
+/// whose encoder cuts the patches itself ([`ClipImageProcessor`], [`Gemma3ImageProcessor`]) hands
+/// over the whole image as one row: `[channels, height, width]`, a `grid_thw` of `[1, 1, 1]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PixelPatches {
     /// `[num_patches, patch_dim]`, row-major.

@@ -12,9 +12,9 @@ use serde_json::{Map, Value};
 
 use crate::config::{
     check_bicubic, config_error, file_error, flag, image_processor_config, positive, positive_or, present,
-    video_processor_config, Normalization, CHANNELS,
+    video_processor_config, Normalization, CHANNELS, OPENAI_CLIP,
 };
-use crate::resize::resize_rgb;
+use crate::resize::{resize_rgb, Filter};
 use crate::{MultimodalError, PixelPatches, MAX_ASPECT_RATIO};
 
 /// `Qwen2VLImageProcessor`'s class default `size`: `shortest_edge` 56 * 56, `longest_edge`
@@ -56,7 +56,7 @@ impl Qwen2VlImageProcessor {
         check_bicubic(config)?;
         let (min_pixels, max_pixels) =
             config_pixel_range(config, DEFAULT_PIXEL_RANGE).map_err(MultimodalError::Config)?;
-        let normalization = Normalization::from_config(config)?;
+        let normalization = Normalization::from_config(config, OPENAI_CLIP)?;
         Ok(Qwen2VlImageProcessor {
             patch_size: positive_or(config, "patch_size", 14)?,
             temporal_patch_size: positive_or(config, "temporal_patch_size", 2)?,
@@ -103,7 +103,7 @@ impl Qwen2VlImageProcessor {
         let pixels = if (out_height, out_width) == (height, width) {
             Cow::Borrowed(image.as_raw().as_slice())
         } else {
-            Cow::Owned(resize_rgb(image.as_raw(), width, height, out_width, out_height))
+            Cow::Owned(resize_rgb(image.as_raw(), width, height, out_width, out_height, Filter::Bicubic))
         };
         // A still image is a clip of `temporal_patch_size` copies of itself.
         let frames = vec![&*pixels; self.temporal_patch_size];
@@ -252,7 +252,7 @@ impl Qwen2VlVideoProcessor {
             max_pixels,
             cap_pixels_per_frame: flag(config, "cap_pixels_per_frame", false)?,
             max_video_tokens: positive_or(config, "max_video_tokens", DEFAULT_MAX_VIDEO_TOKENS)?,
-            normalization: Normalization::from_config(config)?,
+            normalization: Normalization::from_config(config, OPENAI_CLIP)?,
         })
     }
 
@@ -305,7 +305,7 @@ impl Qwen2VlVideoProcessor {
             .iter()
             .map(|frame| match (out_height, out_width) == (height, width) {
                 true => Cow::Borrowed(frame.as_raw().as_slice()),
-                false => Cow::Owned(resize_rgb(frame.as_raw(), width, height, out_width, out_height)),
+                false => Cow::Owned(resize_rgb(frame.as_raw(), width, height, out_width, out_height, Filter::Bicubic)),
             })
             .collect();
         let mut clip: Vec<&[u8]> = resized.iter().map(|frame| &**frame).collect();

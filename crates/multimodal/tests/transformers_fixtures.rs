@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ferrite_multimodal::resize::resize_bicubic_antialias;
-use ferrite_multimodal::{ClipImageProcessor, Qwen2VlImageProcessor, Qwen2VlVideoProcessor};
+use ferrite_multimodal::resize::{resize_antialias, resize_bicubic_antialias, Filter};
+use ferrite_multimodal::{ClipImageProcessor, Gemma3ImageProcessor, Qwen2VlImageProcessor, Qwen2VlVideoProcessor};
 use image::RgbImage;
 use serde_json::Value;
 
@@ -168,18 +168,63 @@ fn clip_processor_matches_transformers_torchvision_backend_bit_for_bit() {
 }
 
 #[test]
-fn resize_matches_torchvision_bit_for_bit() {
+fn gemma3_processor_matches_transformers_torchvision_backend_bit_for_bit() {
     let manifest = manifest();
-    let resizes = manifest["resizes"].as_array().expect("resizes");
-    assert!(resizes.len() >= 20, "the manifest lists every size");
-    for resize in resizes {
-        let (width, height) = (size(&resize["width"]), size(&resize["height"]));
+    let cases = manifest["gemma3_cases"].as_array().expect("gemma3_cases");
+    assert!(cases.len() >= 12, "the manifest lists every Gemma 3 case");
+    for case in cases {
+        let name = case["name"].as_str().expect("name");
+        let processor = Gemma3ImageProcessor::from_config(&case["config"]).expect("a valid config");
+        let image = pillow_rgb(&manifest, case["image"].as_str().expect("image"));
+        let output = processor.preprocess(&image).unwrap_or_else(|e| panic!("{name}: {e}"));
+
+        let shape: Vec<usize> =
+            case["shape"].as_array().expect("shape").iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        let (height, width) = processor.output_size();
+        assert_eq!(vec![3, height, width], shape, "{name}: output_size");
+        assert_eq!(
+            (output.patch_dim, output.grid_thw, output.num_patches()),
+            (3 * height * width, [1, 1, 1], 1),
+            "{name}"
+        );
+
+        // The cases with Gemma 3's 896 x 896 are too big to keep; their digests stand for them.
+        if !case["pixel_values"].is_null() {
+            let expected = f32s(&read(&case["pixel_values"]));
+            let locate =
+                |i: usize| format!("channel {}, y {}, x {}", i / (height * width), i / width % height, i % width);
+            assert_same_bits(name, &output.pixel_values, &expected, locate);
+        }
+        assert_eq!(fnv1a64(&output.pixel_values), case["pixel_values_fnv1a64"].as_str().unwrap(), "{name}: digest");
+    }
+}
+
+/// Resizes each source of `resizes` (a manifest list) with `resize` and compares with torchvision's.
+fn check_resizes(resizes: &Value, resize: impl Fn(&RgbImage, u32, u32) -> RgbImage) {
+    for case in resizes.as_array().expect("resizes") {
+        let (width, height) = (size(&case["width"]), size(&case["height"]));
         let source =
-            RgbImage::from_raw(size(&resize["source_width"]), size(&resize["source_height"]), read(&resize["source"]))
+            RgbImage::from_raw(size(&case["source_width"]), size(&case["source_height"]), read(&case["source"]))
                 .expect("source size");
         let name = format!("{}x{} to {width}x{height}", source.width(), source.height());
-        let resized = resize_bicubic_antialias(&source, width, height);
+        let resized = resize(&source, width, height);
         assert_eq!(resized.dimensions(), (width, height), "{name}");
-        assert_same_bytes(&name, resized.as_raw(), &read(&resize["expected"]));
+        assert_same_bytes(&name, resized.as_raw(), &read(&case["expected"]));
     }
+}
+
+#[test]
+fn resize_matches_torchvision_bit_for_bit() {
+    let manifest = manifest();
+    assert!(manifest["resizes"].as_array().expect("resizes").len() >= 20, "the manifest lists every size");
+    check_resizes(&manifest["resizes"], resize_bicubic_antialias);
+    check_resizes(&manifest["resizes"], |image, width, height| resize_antialias(image, width, height, Filter::Bicubic));
+}
+
+#[test]
+fn bilinear_resize_matches_torchvision_bit_for_bit() {
+    let manifest = manifest();
+    let resizes = &manifest["bilinear_resizes"];
+    assert!(resizes.as_array().expect("bilinear_resizes").len() >= 25, "the manifest lists every size");
+    check_resizes(resizes, |image, width, height| resize_antialias(image, width, height, Filter::Bilinear));
 }

@@ -260,6 +260,8 @@ pub fn chat_prompt(
         kwargs: o.kwargs,
     };
     let text = template.render_chat(&render).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    let images = input.media.iter().filter(|m| m.kind == MediaKind::Image).count();
+    let text = ImageProcessing::expand_text(options.model.images.as_deref(), text, images)?;
     let ids = tok.encode(&text, o.add_special_tokens).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     Ok(RenderedChat { prompt: Prompt::new(ids, Some(text)), media: input.media })
 }

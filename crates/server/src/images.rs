@@ -8,8 +8,8 @@ use std::hash::{Hash, Hasher};
 
 use ferrite_engine::{Visual, VisualInput};
 use ferrite_multimodal::{
-    decode_image, image_processor_config, ClipImageProcessor, MultimodalError, Qwen2VlImageProcessor,
-    Qwen2VlVideoProcessor,
+    decode_image, image_processor_config, ClipImageProcessor, Gemma3ImageProcessor, MultimodalError,
+    Qwen2VlImageProcessor, Qwen2VlVideoProcessor,
 };
 
 use crate::error::ApiError;
@@ -28,6 +28,8 @@ pub enum ImageProcessor {
     /// CLIP's (LLaVA): one fixed-size image; `patch` pixels a patch side, which sets how many
     /// embeddings the image becomes.
     Clip { processor: ClipImageProcessor, patch: usize },
+    /// Gemma 3's: one fixed-size image, `patch` pixels a patch side.
+    Gemma3 { processor: Gemma3ImageProcessor, patch: usize },
 }
 
 impl ImageProcessor {
@@ -40,6 +42,10 @@ impl ImageProcessor {
                 let (height, width) = processor.output_size();
                 Ok((processor.preprocess(rgb)?.pixel_values, [1, height / patch, width / patch]))
             }
+            ImageProcessor::Gemma3 { processor, patch } => {
+                let (height, width) = processor.output_size();
+                Ok((processor.preprocess(rgb)?.pixel_values, [1, height / patch, width / patch]))
+            }
         }
     }
 
@@ -47,7 +53,7 @@ impl ImageProcessor {
     fn merge(&self) -> usize {
         match self {
             ImageProcessor::Qwen2Vl(p) => p.merge_size,
-            ImageProcessor::Clip { .. } => 1,
+            ImageProcessor::Clip { .. } | ImageProcessor::Gemma3 { .. } => 1,
         }
     }
 
@@ -56,8 +62,9 @@ impl ImageProcessor {
             ImageProcessor::Qwen2Vl(p) => {
                 p.with_overrides(kwargs).map(ImageProcessor::Qwen2Vl).map_err(|e| e.to_string())
             }
-            ImageProcessor::Clip { .. } => Err(format!(
-                "this model's image processor (CLIP) takes no mm_processor_kwargs; got {}",
+            ImageProcessor::Clip { .. } | ImageProcessor::Gemma3 { .. } => Err(format!(
+                "this model's image processor ({}) takes no mm_processor_kwargs; got {}",
+                if matches!(self, ImageProcessor::Clip { .. }) { "CLIP" } else { "Gemma 3" },
                 kwargs.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
             )),
         }
@@ -71,10 +78,59 @@ pub struct VideoProcessing {
     pub video_token_id: u32,
 }
 
+/// An image placeholder that the processor expands in the prompt's text, before tokenization:
+/// Gemma 3's `<start_of_image>` becomes `\n\n<start_of_image>`, the image's soft tokens and
+/// `<end_of_image>\n\n`, whose newlines then tokenize with the text around them as transformers'
+/// processor (and so vLLM) tokenizes them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextExpansion {
+    pub placeholder: String,
+    pub replacement: String,
+}
+
+impl TextExpansion {
+    /// Gemma 3's, from the files its processor reads: the `boi_token`, `image_token` and
+    /// `eoi_token` of tokenizer_config.json and the `image_seq_length` of processor_config.json.
+    fn gemma3(dir: &std::path::Path) -> Result<TextExpansion, String> {
+        let read = |name: &str| -> Result<serde_json::Value, String> {
+            let path = dir.join(name);
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+        };
+        let tokenizer = read("tokenizer_config.json")?;
+        let token = |key: &str| {
+            tokenizer.get(key).and_then(serde_json::Value::as_str).map(str::to_owned).ok_or_else(|| {
+                format!("{}: Gemma 3's processor needs `{key}`", dir.join("tokenizer_config.json").display())
+            })
+        };
+        let (boi, image, eoi) = (token("boi_token")?, token("image_token")?, token("eoi_token")?);
+        let length = match dir.join("processor_config.json").exists() {
+            true => read("processor_config.json")?.get("image_seq_length").and_then(serde_json::Value::as_u64),
+            false => None,
+        };
+        let length = usize::try_from(length.unwrap_or(256)).map_err(|e| e.to_string())?;
+        Ok(TextExpansion { replacement: format!("\n\n{boi}{}{eoi}\n\n", image.repeat(length)), placeholder: boi })
+    }
+
+    /// `text` with each placeholder expanded, when there is one per image.
+    fn apply(&self, text: &str, images: usize) -> Result<String, ApiError> {
+        let found = text.matches(&self.placeholder).count();
+        if found != images {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("the prompt has {found} {} placeholders for its {images} images", self.placeholder),
+            ));
+        }
+        Ok(text.replace(&self.placeholder, &self.replacement))
+    }
+}
+
 /// A vision-language model's image (and video) side as the server runs it.
 #[derive(Debug)]
 pub struct ImageProcessing {
     pub processor: ImageProcessor,
+    /// Where the processor expands placeholders in the prompt's text rather than its tokens.
+    pub text_expansion: Option<TextExpansion>,
     /// The token the chat template writes once per image, and the engine expects once per
     /// image embedding.
     pub image_token_id: u32,
@@ -107,10 +163,22 @@ impl ImageProcessing {
                 return Err(format!("{path}: a {height}x{width} crop is not whole patches of {patch_size} pixels"));
             }
             ImageProcessor::Clip { processor, patch: patch_size }
+        } else if kind.starts_with("Gemma3ImageProcessor") {
+            let processor = Gemma3ImageProcessor::from_config(&section).map_err(|e| format!("{path}: {e}"))?;
+            let (height, width) = processor.output_size();
+            if patch_size == 0 || !height.is_multiple_of(patch_size) || !width.is_multiple_of(patch_size) {
+                return Err(format!("{path}: a {height}x{width} image is not whole patches of {patch_size} pixels"));
+            }
+            ImageProcessor::Gemma3 { processor, patch: patch_size }
         } else {
             return Err(format!(
-                "{path}: image_processor_type `{kind}` is not supported (Qwen2VLImageProcessor, CLIPImageProcessor)"
+                "{path}: image_processor_type `{kind}` is not supported (Qwen2VLImageProcessor, CLIPImageProcessor, \
+                 Gemma3ImageProcessor)"
             ));
+        };
+        let text_expansion = match processor {
+            ImageProcessor::Gemma3 { .. } => Some(TextExpansion::gemma3(dir)?),
+            _ => None,
         };
         let video = match video_token_id {
             None => Err("this model does not accept video input".to_string()),
@@ -121,7 +189,20 @@ impl ImageProcessing {
                     format!("video input is not available for this model: {e}")
                 }),
         };
-        Ok(ImageProcessing { processor, image_token_id, video })
+        Ok(ImageProcessing { processor, text_expansion, image_token_id, video })
+    }
+
+    /// The rendered chat `text` of a request with `images` images, its placeholders expanded
+    /// where the processor expands them in text ([`TextExpansion`]); as it is otherwise.
+    pub(crate) fn expand_text(
+        processing: Option<&ImageProcessing>,
+        text: String,
+        images: usize,
+    ) -> Result<String, ApiError> {
+        match processing.and_then(|p| p.text_expansion.as_ref()) {
+            Some(expansion) if images > 0 => expansion.apply(&text, images),
+            _ => Ok(text),
+        }
     }
 
     /// Turns `prompt.media` into the engine's images and videos and expands their placeholders
@@ -180,7 +261,11 @@ impl ImageProcessing {
                 grid_thw,
             });
         }
-        prompt.ids = expand_placeholders(&prompt.ids, &visuals, processing, image_processor.merge(), video.as_ref())?;
+        // Text-expanded placeholders are whole already: the engine checks each run's length.
+        if processing.text_expansion.is_none() {
+            prompt.ids =
+                expand_placeholders(&prompt.ids, &visuals, processing, image_processor.merge(), video.as_ref())?;
+        }
         prompt.visuals = visuals;
         Ok(())
     }

@@ -320,12 +320,10 @@ impl PagedKvLayer {
 mod tests {
     use super::*;
 
-    fn pieces(
-        q: std::ops::Range<usize>,
-        runs: Vec<std::ops::Range<usize>>,
-    ) -> Result<Vec<(usize, usize, usize, bool)>> {
+    /// The pieces of a step over positions `q` with bidirectional `runs` (start, end).
+    fn pieces(q: std::ops::Range<usize>, runs: &[(usize, usize)]) -> Result<Vec<(usize, usize, usize, bool)>> {
         let seq = AttnSeq { q_start: 100, q_len: q.len(), ctx_len: q.end, block_table: vec![7, 3] };
-        Ok(attention_pieces(seq, runs)?
+        Ok(attention_pieces(seq, runs.iter().map(|&(start, end)| start..end).collect())?
             .into_iter()
             .map(|(s, bidirectional)| {
                 assert_eq!(s.block_table, [7, 3]);
@@ -338,17 +336,17 @@ mod tests {
     fn a_step_splits_into_text_and_whole_image_pieces() {
         // Text, an image, text, an image that ends the step.
         assert_eq!(
-            pieces(0..20, vec![12..20, 3..8]).unwrap(),
+            pieces(0..20, &[(12, 20), (3, 8)]).unwrap(),
             [(100, 3, 3, false), (103, 5, 8, true), (108, 4, 12, false), (112, 8, 20, true)]
         );
         // A step that starts inside an image (its first tokens a prefix hit): the rest of the
         // image sees the whole image.
-        assert_eq!(pieces(5..10, vec![3..8]).unwrap(), [(100, 3, 8, true), (103, 2, 10, false)]);
+        assert_eq!(pieces(5..10, &[(3, 8)]).unwrap(), [(100, 3, 8, true), (103, 2, 10, false)]);
         // Images outside the step, or none (a decode step): one causal piece.
-        assert_eq!(pieces(20..21, vec![3..8]).unwrap(), [(100, 1, 21, false)]);
-        assert_eq!(pieces(0..2, vec![3..8]).unwrap(), [(100, 2, 2, false)]);
+        assert_eq!(pieces(20..21, &[(3, 8)]).unwrap(), [(100, 1, 21, false)]);
+        assert_eq!(pieces(0..2, &[(3, 8)]).unwrap(), [(100, 2, 2, false)]);
         // The step ends inside an image: refused.
-        assert!(pieces(0..5, vec![3..8]).unwrap_err().to_string().contains("3..8"));
+        assert!(pieces(0..5, &[(3, 8)]).unwrap_err().to_string().contains("3..8"));
     }
 
     #[test]

@@ -580,10 +580,12 @@ fn cache_contents(c: &PagedKvLayer) -> (Vec<f32>, Vec<f32>) {
     (host(k), host(v))
 }
 
-/// One sequence of an attention test: `cached` tokens already in the cache, `new` this step.
+/// One sequence of an attention test: `cached` tokens already in the cache, `new` this step;
+/// `both_ways`: every new row sees all the keys (an image's tokens in Gemma 3).
 struct Seq {
     cached: usize,
     new: usize,
+    both_ways: bool,
 }
 
 struct AttnCase {
@@ -632,7 +634,11 @@ fn run_attention_case(c: &AttnCase, seed: u64) -> [f32; 2] {
         AttnMetadata::new(seqs, c.block_size).unwrap()
     };
     let prefix = step_meta(&|s| (s.cached, s.cached));
-    let step = step_meta(&|s| (s.new, s.cached + s.new));
+    let mut step = step_meta(&|s| (s.new, s.cached + s.new));
+    if c.seqs.iter().any(|s| s.both_ways) {
+        let flags = c.seqs.iter().filter(|s| s.new > 0).map(|s| s.both_ways).collect();
+        step = step.with_bidirectional(flags).unwrap();
+    }
     let params = AttentionParams {
         num_heads: c.hq,
         num_kv_heads: c.hkv,
@@ -676,14 +682,46 @@ fn run_attention_case(c: &AttnCase, seed: u64) -> [f32; 2] {
 }
 
 fn seqs(list: &[(usize, usize)]) -> Vec<Seq> {
-    list.iter().map(|&(cached, new)| Seq { cached, new }).collect()
+    list.iter().map(|&(cached, new)| Seq { cached, new, both_ways: false }).collect()
 }
 
 #[test]
 fn paged_attention_matches_cpu() {
     require_gpu!();
     let mixed = [(0, 20), (44, 1), (37, 13), (0, 1), (100, 1), (5, 40)];
+    // Causal text, image runs whose rows see the whole run (one after a cached prefix), decodes.
+    let images = || {
+        [(0, 20, false), (20, 16, true), (5, 40, true), (37, 13, false), (44, 1, false), (90, 64, true)]
+            .map(|(cached, new, both_ways)| Seq { cached, new, both_ways })
+            .into()
+    };
     let cases = [
+        AttnCase {
+            name: "bidirectional image rows GQA 8/2 d64 (tensor-core prefill in bf16)",
+            hq: 8,
+            hkv: 2,
+            d: 64,
+            dv: 64,
+            block_size: 16,
+            window: None,
+            chunk: None,
+            softcap: None,
+            sinks: false,
+            seqs: images(),
+        },
+        AttnCase {
+            name: "bidirectional image rows GQA 4/2 d16 window 24 (CUDA cores)",
+            hq: 4,
+            hkv: 2,
+            d: 16,
+            dv: 16,
+            block_size: 16,
+            window: Some(24),
+            chunk: None,
+            softcap: None,
+            sinks: false,
+            seqs: images(),
+        },
         AttnCase {
             name: "mixed prefill/decode GQA 8/2 d64 bs16",
             hq: 8,

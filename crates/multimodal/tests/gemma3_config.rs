@@ -1,0 +1,200 @@
+//! `Gemma3ImageProcessor`'s configuration, against what transformers 5.24's
+//! `Gemma3ImageProcessor` does with the same config, and its refusals.
+
+use ferrite_multimodal::{Gemma3ImageProcessor, MultimodalError};
+use image::RgbImage;
+use serde_json::{json, Value};
+
+fn processor(config: Value) -> Gemma3ImageProcessor {
+    Gemma3ImageProcessor::from_config(&config).unwrap_or_else(|e| panic!("{config}: {e}"))
+}
+
+fn config_error(config: Value) -> String {
+    match Gemma3ImageProcessor::from_config(&config) {
+        Ok(processor) => panic!("{config} was accepted: {processor:?}"),
+        Err(error) => error.to_string(),
+    }
+}
+
+/// google/gemma-3-4b-it's preprocessor_config.json.
+fn gemma_3() -> Value {
+    json!({
+        "do_convert_rgb": null, "do_normalize": true, "do_pan_and_scan": null, "do_rescale": true,
+        "do_resize": true, "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Gemma3ImageProcessor",
+        "image_seq_length": 256, "image_std": [0.5, 0.5, 0.5], "pan_and_scan_max_num_crops": null,
+        "pan_and_scan_min_crop_size": null, "pan_and_scan_min_ratio_to_activate": null,
+        "processor_class": "Gemma3Processor", "resample": 2, "rescale_factor": 0.00392156862745098,
+        "size": {"height": 896, "width": 896}
+    })
+}
+
+#[test]
+fn gemma_3_config_loads_to_896_by_896() {
+    let processor = processor(gemma_3());
+    assert_eq!(processor.output_size(), (896, 896));
+    // The same as its size alone: everything else it says is the class default.
+    assert_eq!(processor, self::processor(json!({"size": {"height": 896, "width": 896}})));
+    let output = processor.preprocess(&RgbImage::from_pixel(3, 2, image::Rgb([0, 128, 255]))).unwrap();
+    assert_eq!(
+        (output.pixel_values.len(), output.patch_dim, output.grid_thw),
+        (3 * 896 * 896, 3 * 896 * 896, [1, 1, 1])
+    );
+    // What transformers makes of these pixels: (v - 127.5) / 127.5 in f32, channel after channel.
+    let per_channel = 896 * 896;
+    assert!(output.pixel_values[..per_channel].iter().all(|&v| v == -1.0));
+    assert!(output.pixel_values[per_channel..2 * per_channel].iter().all(|&v| v == 0.003921569));
+    assert!(output.pixel_values[2 * per_channel..].iter().all(|&v| v == 1.0));
+}
+
+#[test]
+fn defaults_and_nulls_are_the_transformers_class_defaults() {
+    let explicit = processor(json!({
+        "size": {"height": 224, "width": 224}, "resample": 2, "do_resize": true, "do_rescale": true,
+        "rescale_factor": 0.00392156862745098, "do_normalize": true, "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": true, "do_pan_and_scan": false,
+    }));
+    assert_eq!(processor(json!({})), explicit);
+    assert_eq!(processor(json!({})).output_size(), (224, 224));
+    assert_eq!(
+        processor(
+            json!({"size": null, "resample": null, "image_mean": null, "image_std": null, "do_pan_and_scan": null})
+        ),
+        explicit
+    );
+    // Pan-and-scan's settings only matter with it on; crop and pad keys to processors that use them.
+    assert_eq!(
+        processor(json!({"pan_and_scan_min_crop_size": 256, "pan_and_scan_max_num_crops": 4,
+                         "pan_and_scan_min_ratio_to_activate": 1.2, "do_center_crop": true,
+                         "crop_size": {"height": 10, "width": 10}, "do_pad": true, "do_convert_rgb": false})),
+        explicit
+    );
+    // Not CLIP's defaults: mean and std 0.5, bilinear.
+    assert_ne!(processor(json!({"image_mean": [0.48145466, 0.4578275, 0.40821073]})), explicit);
+    assert_ne!(processor(json!({"image_std": [0.26862954, 0.26130258, 0.27577711]})), explicit);
+    assert_ne!(processor(json!({"resample": 3})), explicit);
+    assert_eq!(processor(json!({"resample": 3})), processor(json!({"resample": 3, "image_mean": 0.5})));
+}
+
+#[test]
+fn fixed_sizes_match_transformers() {
+    // (config, output (height, width)), as transformers' `get_size_dict` reads `size` for this class.
+    let cases = [
+        (json!({"size": {"height": 30, "width": 44}}), (30, 44)),
+        (json!({"size": [30, 44]}), (30, 44)),
+        (json!({"size": 40}), (40, 40)),
+        (json!({"size": 40, "default_to_square": true}), (40, 40)),
+        (json!({"size": {"width": 44, "height": 30}}), (30, 44)),
+    ];
+    for (config, output) in cases {
+        let processor = processor(config.clone());
+        assert_eq!(processor.output_size(), output, "{config}");
+        for (width, height) in [(53, 37), (1, 200), (1920, 1080)] {
+            let patches = processor.preprocess(&RgbImage::new(width, height)).unwrap();
+            assert_eq!(patches.pixel_values.len(), 3 * output.0 * output.1, "{config}: {width}x{height}");
+        }
+    }
+}
+
+#[test]
+fn invalid_or_unsupported_configs_are_refused_naming_the_key() {
+    let size = "`size` must be {\"height\": h, \"width\": w}, [h, w] or a number, got";
+    let fixed = "Gemma 3's vision tower takes one fixed size";
+    let cases = [
+        (
+            json!({"do_pan_and_scan": true}),
+            "`do_pan_and_scan: true` is not supported: pan-and-scan crops are not implemented".to_string(),
+        ),
+        (json!({"do_pan_and_scan": "yes"}), "`do_pan_and_scan` must be true or false, got \"yes\"".to_string()),
+        (json!({"resample": 0}), "`resample` 0 is not supported, only 2 (bilinear) or 3 (bicubic)".to_string()),
+        (json!({"resample": 1}), "`resample` 1 is not supported, only 2 (bilinear) or 3 (bicubic)".to_string()),
+        (json!({"resample": 4}), "`resample` 4 is not supported, only 2 (bilinear) or 3 (bicubic)".to_string()),
+        (json!({"resample": 5}), "`resample` 5 is not supported, only 2 (bilinear) or 3 (bicubic)".to_string()),
+        (
+            json!({"resample": "bilinear"}),
+            "`resample` \"bilinear\" is not supported, only 2 (bilinear) or 3 (bicubic)".to_string(),
+        ),
+        (
+            json!({"do_resize": false}),
+            "`do_resize: false` is not supported: the output size would be each image's own".to_string(),
+        ),
+        (json!({"size": {"shortest_edge": 896}}), format!("{size} {{\"shortest_edge\":896}}: {fixed}")),
+        (
+            json!({"size": {"shortest_edge": 30, "longest_edge": 40}}),
+            format!("{size} {{\"shortest_edge\":30,\"longest_edge\":40}}: {fixed}"),
+        ),
+        (
+            json!({"size": {"max_height": 40, "max_width": 50}}),
+            format!("{size} {{\"max_height\":40,\"max_width\":50}}: {fixed}"),
+        ),
+        (json!({"size": [40]}), format!("{size} [40]: {fixed}")),
+        (json!({"size": "896"}), format!("{size} \"896\": {fixed}")),
+        (
+            json!({"size": 40, "default_to_square": false}),
+            format!("`size` 40 with `default_to_square: false` is a shortest edge, which is not supported: {fixed}"),
+        ),
+        (json!({"size": 0}), "`size` must be a positive integer, got 0".to_string()),
+        (json!({"size": {"height": 0, "width": 5}}), "`size.height` must be a positive integer, got 0".to_string()),
+        (json!({"size": [30, 2.5]}), "`size[1]` must be a positive integer, got 2.5".to_string()),
+        (
+            json!({"size": 40, "default_to_square": "no"}),
+            "`default_to_square` must be true or false, got \"no\"".to_string(),
+        ),
+        (json!({"do_convert_rgb": "yes"}), "`do_convert_rgb` must be true or false, got \"yes\"".to_string()),
+        (json!({"image_std": [0.5, 0.0, 0.5]}), "`image_std` must not contain 0".to_string()),
+        (json!({"image_mean": [0.5, 0.5]}), "`image_mean` must be a number or 3 numbers, got [0.5,0.5]".to_string()),
+        (json!({"rescale_factor": 0}), "`rescale_factor` must be a positive number, got 0".to_string()),
+        (json!("Gemma3ImageProcessor"), "the preprocessor config must be a JSON object".to_string()),
+    ];
+    for (config, message) in cases {
+        assert_eq!(config_error(config.clone()), format!("invalid image processor config: {message}"), "{config}");
+    }
+}
+
+#[test]
+fn empty_images_are_refused() {
+    let processor = processor(gemma_3());
+    for (width, height) in [(0, 5), (4, 0), (0, 0)] {
+        let error = processor.preprocess(&RgbImage::new(width, height)).unwrap_err();
+        assert!(matches!(error, MultimodalError::EmptyImage { .. }), "{width}x{height}: {error}");
+        assert_eq!(error.to_string(), format!("image is {width}x{height} pixels: it has no pixels to process"));
+    }
+}
+
+#[test]
+fn model_dir_config_comes_from_processor_config_first_and_errors_name_the_file() {
+    let dir = std::env::temp_dir().join(format!("ferrite-multimodal-gemma3-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let preprocessor = dir.join("preprocessor_config.json");
+    let processor_file = dir.join("processor_config.json");
+
+    let error = Gemma3ImageProcessor::from_model_dir(&dir).unwrap_err().to_string();
+    assert!(error.starts_with(&format!("{}: cannot read it: ", preprocessor.display())), "{error}");
+
+    std::fs::write(&preprocessor, gemma_3().to_string()).unwrap();
+    let loaded = Gemma3ImageProcessor::from_model_dir(&dir).unwrap();
+    assert_eq!(loaded, processor(gemma_3()));
+    assert_eq!(loaded.output_size(), (896, 896));
+
+    // A processor_config.json without an image processor (or a null one) leaves the choice to
+    // preprocessor_config.json ...
+    for processor_config in [json!({"image_seq_length": 256}), json!({"image_processor": null})] {
+        std::fs::write(&processor_file, processor_config.to_string()).unwrap();
+        assert_eq!(Gemma3ImageProcessor::from_model_dir(&dir).unwrap().output_size(), (896, 896), "{processor_config}");
+    }
+    // ... and one with an image processor takes precedence.
+    std::fs::write(&processor_file, json!({"image_processor": {"size": [448, 336]}}).to_string()).unwrap();
+    assert_eq!(Gemma3ImageProcessor::from_model_dir(&dir).unwrap().output_size(), (448, 336));
+
+    std::fs::write(&processor_file, json!({"image_processor": {"do_pan_and_scan": true}}).to_string()).unwrap();
+    let error = Gemma3ImageProcessor::from_model_dir(&dir).unwrap_err().to_string();
+    let expected = "invalid image processor config: `do_pan_and_scan: true` is not supported: pan-and-scan crops are \
+                    not implemented";
+    assert_eq!(error, format!("{}: {expected}", processor_file.display()));
+
+    std::fs::remove_file(&processor_file).unwrap();
+    std::fs::write(&preprocessor, json!({"resample": 0}).to_string()).unwrap();
+    let error = Gemma3ImageProcessor::from_model_dir(&dir).unwrap_err().to_string();
+    let expected = "invalid image processor config: `resample` 0 is not supported, only 2 (bilinear) or 3 (bicubic)";
+    assert_eq!(error, format!("{}: {expected}", preprocessor.display()));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
