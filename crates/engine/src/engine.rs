@@ -61,6 +61,8 @@ pub struct EngineStats {
     pub iteration_tokens: IterationTokens,
     /// Drafts proposed and accepted (speculative decoding).
     pub spec_decode: crate::SpecDecodeStats,
+    /// Images and videos encoded, and encodings served from the encoder cache.
+    pub encoder_cache: crate::EncoderCacheStats,
 }
 
 /// A histogram of the tokens per engine step, in vLLM's buckets.
@@ -1004,6 +1006,7 @@ impl EngineCore {
             cuda_graphs: self.runner.graph_counts(),
             iteration_tokens: self.iteration_tokens,
             spec_decode: self.scheduler.spec_decode_stats(),
+            encoder_cache: self.runner.encoder_cache_stats(),
         };
         *self.stats.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = stats;
     }

@@ -8,6 +8,7 @@
 pub mod config;
 pub mod core;
 pub mod detokenizer;
+pub mod encoder_cache;
 pub mod engine;
 pub mod error;
 pub mod graphs;
@@ -22,6 +23,7 @@ pub mod spec_decode;
 pub mod suffix_tree;
 
 pub use config::{CacheConfig, EngineConfig};
+pub use encoder_cache::EncoderCacheStats;
 pub use engine::{Engine, EngineClient, EngineStats, IterationTokens, ProcessedRequest, PromptInput, RequestStream};
 pub use error::{EngineError, Result};
 pub use ferrite_models::{VisionInfo, Visual};

@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use crate::config::{CacheConfig, EngineConfig};
 use crate::core::scheduler::{ModelRunnerOutput, SchedulerOutput};
 use crate::core::{BlockId, ReqId};
+use crate::encoder_cache::{EncoderCache, EncoderCacheStats};
 use crate::error::{EngineError, Result};
 use crate::graphs::{DecodeGraphs, GraphCounts};
 use crate::output::TokenLogprob;
@@ -38,9 +39,9 @@ struct CachedRequestState {
     /// MRoPE: each prompt token's (temporal, height, width) position and the offset of later
     /// positions; `None` where a token's three positions are its own (text-only prompts).
     mrope: Option<(Vec<[usize; 3]>, i64)>,
-    /// The vision encoder's output per prompt image, kept from the step that first reads the
-    /// image until the prefill has passed it (computed again after a preemption).
-    encoded: Vec<Option<Encoded>>,
+    /// The vision encoder's output per prompt image, held from the step that first reads the
+    /// image until the prefill has passed it (the [`EncoderCache`] may keep it longer).
+    encoded: Vec<Option<Arc<Encoded>>>,
 }
 
 impl CachedRequestState {
@@ -65,6 +66,8 @@ pub struct ModelRunner {
     requests: HashMap<ReqId, CachedRequestState>,
     /// Decode steps as CUDA graphs (none on the CPU or with `enforce_eager`).
     graphs: Option<DecodeGraphs>,
+    /// Encodings shared by requests that bring the same image or video.
+    encoder_cache: EncoderCache,
     /// The model's image tokens attend to one another both ways
     /// ([`ferrite_models::VisionInfo::bidirectional`]).
     bidirectional_media: bool,
@@ -101,6 +104,8 @@ impl ModelRunner {
         let graphs = DecodeGraphs::new(config.device, config.enforce_eager, pad_state_slot)?;
         let bidirectional_media = model.info().vision.is_some_and(|v| v.bidirectional);
         Ok(ModelRunner {
+            // vLLM's encoder cache holds a step's worth of encoder rows at least.
+            encoder_cache: EncoderCache::new(config.max_num_batched_tokens),
             bidirectional_media,
             model,
             kv_caches,
@@ -111,6 +116,11 @@ impl ModelRunner {
             constraints: HashMap::new(),
             reasoning: HashMap::new(),
         })
+    }
+
+    /// Encodings made and served from the encoder cache so far.
+    pub fn encoder_cache_stats(&self) -> EncoderCacheStats {
+        self.encoder_cache.stats
     }
 
     /// Decode steps captured and replayed as CUDA graphs so far.
@@ -199,9 +209,12 @@ impl ModelRunner {
                     let vision = self.model.vision().ok_or_else(|| {
                         EngineError::Internal(format!("request {id} has images but the model no vision encoder"))
                     })?;
-                    let _span =
-                        tracing::debug_span!("encode", kind = item.visual.modality(), grid = ?item.grid_thw).entered();
-                    state.encoded[k] = Some(vision.encode(&item.pixel_values, item.grid_thw)?);
+                    state.encoded[k] = Some(self.encoder_cache.get_or_encode(item, || {
+                        let _span =
+                            tracing::debug_span!("encode", kind = item.visual.modality(), grid = ?item.grid_thw)
+                                .entered();
+                        vision.encode(&item.pixel_values, item.grid_thw)
+                    })?);
                 }
                 let encoded = state.encoded[k].as_ref().expect("encoded above");
                 let chunk_rows: Vec<usize> = (from - at.start..to - at.start).collect();

@@ -146,6 +146,35 @@ fn gemma3_keeps_each_image_in_one_chunk() {
     assert!(err.contains("becomes 16 embeddings") && err.contains("--max-num-batched-tokens"), "{err}");
 }
 
+/// The encoder cache: the battery's images and videos are each encoded once however many prompts
+/// bring them (the rest served from the cache, the tokens still the oracle's), and the sampled
+/// sequences of an `n = 3` request share one encoding.
+#[test]
+fn images_are_encoded_once_per_content() {
+    let name = "qwen2-vl";
+    let uncached = ferrite_engine::EngineConfig { enable_prefix_caching: false, ..config() };
+    let engine = battery_matches_oracle_with(name, uncached.clone());
+    let items: Vec<(u64, [usize; 3])> = battery(name)
+        .into_iter()
+        .flat_map(|p| match p {
+            PromptInput::Multimodal { visuals, .. } => visuals.into_iter().map(|v| (v.hash, v.grid_thw)).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let distinct = items.iter().collect::<std::collections::HashSet<_>>().len() as u64;
+    assert!(distinct < items.len() as u64, "the battery repeats an image");
+    let stats = engine.client().stats().encoder_cache;
+    assert_eq!((stats.encoded, stats.hits), (distinct, items.len() as u64 - distinct));
+
+    let engine = llm(name, uncached);
+    let case = oracle(name).cases.into_iter().find(|c| c.name == "two-images").unwrap();
+    let params = ferrite_engine::SamplingParams { n: 3, ..random(Some(7), 8) };
+    let out = engine.generate(vec![prompt_input(name, &case)], &params).unwrap();
+    assert!(out[0].outputs.len() == 3 && out[0].outputs.iter().all(|o| o.token_ids.len() == 8));
+    let stats = engine.client().stats().encoder_cache;
+    assert_eq!((stats.encoded, stats.hits), (2, 4), "three sequences, two images, each encoded once");
+}
+
 /// Placeholder tokens the images do not fill, or images without placeholders, are the request's
 /// error; a text-only model refuses images.
 #[test]
