@@ -5,14 +5,18 @@
 //! used evicted first.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ferrite_models::Encoded;
 
 use crate::params::VisualInput;
 
 /// What identifies an encoding: the item's content hash, its grid and its kind.
-type Key = (u64, [usize; 3], &'static str);
+pub(crate) type EncoderKey = (u64, [usize; 3], &'static str);
+type Key = EncoderKey;
+
+/// The runner's cache, which the scheduler reads to charge only encodings not at hand.
+pub type SharedEncoderCache = Arc<Mutex<EncoderCache>>;
 
 /// Encodings made and encodings served from the cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -21,7 +25,8 @@ pub struct EncoderCacheStats {
     pub hits: u64,
 }
 
-pub(crate) struct EncoderCache {
+#[derive(Debug)]
+pub struct EncoderCache {
     entries: HashMap<Key, Entry>,
     /// Embedding rows kept for items no request reads any more.
     capacity_rows: usize,
@@ -29,6 +34,7 @@ pub(crate) struct EncoderCache {
     pub(crate) stats: EncoderCacheStats,
 }
 
+#[derive(Debug)]
 struct Entry {
     encoded: Arc<Encoded>,
     last_used: u64,
@@ -40,13 +46,22 @@ impl EncoderCache {
     }
 
     /// The encoding of `item`: the cached one, or `encode`'s, kept for later readers.
+    pub(crate) fn key(item: &VisualInput) -> EncoderKey {
+        (item.hash, item.grid_thw, item.visual.modality())
+    }
+
+    /// Whether the encoding of the item with `key` is at hand.
+    pub(crate) fn contains(&self, key: &EncoderKey) -> bool {
+        self.entries.contains_key(key)
+    }
+
     pub(crate) fn get_or_encode<E>(
         &mut self,
         item: &VisualInput,
         encode: impl FnOnce() -> Result<Encoded, E>,
     ) -> Result<Arc<Encoded>, E> {
         self.clock += 1;
-        let key = (item.hash, item.grid_thw, item.visual.modality());
+        let key = Self::key(item);
         if let Some(entry) = self.entries.get_mut(&key) {
             entry.last_used = self.clock;
             self.stats.hits += 1;

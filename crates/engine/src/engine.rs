@@ -217,6 +217,7 @@ impl Engine {
             num_state_slots: cache.state_slots,
             num_state_snapshots: cache.state_snapshots,
             disable_chunked_mm_input: info.vision.is_some_and(|v| v.bidirectional),
+            max_num_encoder_input_tokens: config.max_num_batched_tokens,
         };
         tracing::info!(
             blocks = cache.num_blocks,
@@ -237,6 +238,7 @@ impl Engine {
         if let Some(spec) = &config.speculative {
             scheduler.enable_speculation(spec);
         }
+        scheduler.share_encoder_cache(runner.shared_encoder_cache());
         let core = EngineCore {
             scheduler,
             sched_config,
@@ -986,6 +988,7 @@ impl EngineCore {
         if let Some(spec) = &self.speculative {
             self.scheduler.enable_speculation(spec);
         }
+        self.scheduler.share_encoder_cache(self.runner.shared_encoder_cache());
         self.runner.reset();
     }
 

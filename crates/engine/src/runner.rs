@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use crate::config::{CacheConfig, EngineConfig};
 use crate::core::scheduler::{ModelRunnerOutput, SchedulerOutput};
 use crate::core::{BlockId, ReqId};
-use crate::encoder_cache::{EncoderCache, EncoderCacheStats};
+use crate::encoder_cache::{EncoderCache, EncoderCacheStats, SharedEncoderCache};
 use crate::error::{EngineError, Result};
 use crate::graphs::{DecodeGraphs, GraphCounts};
 use crate::output::TokenLogprob;
@@ -66,8 +66,9 @@ pub struct ModelRunner {
     requests: HashMap<ReqId, CachedRequestState>,
     /// Decode steps as CUDA graphs (none on the CPU or with `enforce_eager`).
     graphs: Option<DecodeGraphs>,
-    /// Encodings shared by requests that bring the same image or video.
-    encoder_cache: EncoderCache,
+    /// Encodings shared by requests that bring the same image or video (and read by the
+    /// scheduler's encoder budget).
+    encoder_cache: SharedEncoderCache,
     /// The model's image tokens attend to one another both ways
     /// ([`ferrite_models::VisionInfo::bidirectional`]).
     bidirectional_media: bool,
@@ -105,7 +106,7 @@ impl ModelRunner {
         let bidirectional_media = model.info().vision.is_some_and(|v| v.bidirectional);
         Ok(ModelRunner {
             // vLLM's encoder cache holds a step's worth of encoder rows at least.
-            encoder_cache: EncoderCache::new(config.max_num_batched_tokens),
+            encoder_cache: Arc::new(std::sync::Mutex::new(EncoderCache::new(config.max_num_batched_tokens))),
             bidirectional_media,
             model,
             kv_caches,
@@ -120,7 +121,16 @@ impl ModelRunner {
 
     /// Encodings made and served from the encoder cache so far.
     pub fn encoder_cache_stats(&self) -> EncoderCacheStats {
-        self.encoder_cache.stats
+        self.encoder_cache().stats
+    }
+
+    /// The encodings at hand, for the scheduler's encoder budget.
+    pub fn shared_encoder_cache(&self) -> SharedEncoderCache {
+        self.encoder_cache.clone()
+    }
+
+    fn encoder_cache(&self) -> std::sync::MutexGuard<'_, EncoderCache> {
+        self.encoder_cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Decode steps captured and replayed as CUDA graphs so far.
@@ -209,7 +219,8 @@ impl ModelRunner {
                     let vision = self.model.vision().ok_or_else(|| {
                         EngineError::Internal(format!("request {id} has images but the model no vision encoder"))
                     })?;
-                    state.encoded[k] = Some(self.encoder_cache.get_or_encode(item, || {
+                    let mut cache = self.encoder_cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    state.encoded[k] = Some(cache.get_or_encode(item, || {
                         let _span =
                             tracing::debug_span!("encode", kind = item.visual.modality(), grid = ?item.grid_thw)
                                 .entered();

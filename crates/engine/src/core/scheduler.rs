@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::kv_cache_manager::KvCacheManager;
 use super::request::{Request, RequestStatus};
 use super::{BlockId, ReqId};
+use crate::encoder_cache::{EncoderCache, EncoderKey, SharedEncoderCache};
 use crate::output::{FinishReason, StopReason, TokenLogprob};
 use crate::params::RequestSampling;
 use crate::spec_decode::{Drafter, SpecDecodeStats, SpeculativeConfig};
@@ -33,6 +34,10 @@ pub struct SchedulerConfig {
     /// placeholder run. Set for models whose image tokens attend to one another both ways
     /// ([`ferrite_models::VisionInfo::bidirectional`]), which need the whole run in one forward.
     pub disable_chunked_mm_input: bool,
+    /// vLLM's `max_num_encoder_input_tokens`: the image and video tokens one step may encode
+    /// (items whose encodings are at hand do not count; one item longer than this still goes,
+    /// alone in its step).
+    pub max_num_encoder_input_tokens: usize,
 }
 
 /// A request the runner has not seen: everything it needs to run and sample it.
@@ -118,6 +123,8 @@ pub struct Scheduler {
     num_preemptions: u64,
     spec_stats: SpecDecodeStats,
     drafter: Option<Drafter>,
+    /// The runner's encodings, which the encoder budget does not charge for.
+    encoder_cache: Option<SharedEncoderCache>,
 }
 
 impl Scheduler {
@@ -139,7 +146,13 @@ impl Scheduler {
             num_preemptions: 0,
             spec_stats: SpecDecodeStats::default(),
             drafter: None,
+            encoder_cache: None,
         }
+    }
+
+    /// Lets the encoder budget see which encodings the runner holds.
+    pub fn share_encoder_cache(&mut self, cache: SharedEncoderCache) {
+        self.encoder_cache = Some(cache);
     }
 
     pub fn add_request(&mut self, req: Request) {
@@ -204,6 +217,7 @@ impl Scheduler {
 
     pub fn schedule(&mut self) -> SchedulerOutput {
         let mut budget = self.config.max_num_batched_tokens;
+        let mut encoder = EncoderBudget::new(self.config.max_num_encoder_input_tokens);
         let mut out =
             SchedulerOutput { finished_req_ids: std::mem::take(&mut self.finished_req_ids), ..Default::default() };
         self.kv.commit_state_snapshots();
@@ -227,7 +241,7 @@ impl Scheduler {
             let known = req.num_tokens() - req.num_computed_tokens;
             let drafts = if known == 1 { std::mem::take(&mut req.spec_token_ids) } else { Vec::new() };
             let (computed, wanted) = (req.num_computed_tokens, (known + drafts.len()).min(budget));
-            let num_new = self.cut_at_media(id, computed, self.cut_at_snapshot(id, computed, wanted));
+            let num_new = self.cut_at_media(id, computed, self.cut_at_snapshot(id, computed, wanted), &mut encoder);
             if num_new == 0 {
                 i += 1;
                 continue;
@@ -281,7 +295,8 @@ impl Scheduler {
             }
             let (hits, num_hit_tokens) = self.kv.get_computed_blocks(id, &req.all_token_ids, req.skips_prefix_cache());
             let wanted = (req.num_tokens() - num_hit_tokens).min(budget);
-            let num_new = self.cut_at_media(id, num_hit_tokens, self.cut_at_snapshot(id, num_hit_tokens, wanted));
+            let num_new =
+                self.cut_at_media(id, num_hit_tokens, self.cut_at_snapshot(id, num_hit_tokens, wanted), &mut encoder);
             if num_new == 0 {
                 // Its next image does not fit this step's budget: it waits, and so does the queue.
                 break;
@@ -357,17 +372,30 @@ impl Scheduler {
         }
     }
 
-    /// `num_new` tokens after `computed`, cut (with [`SchedulerConfig::disable_chunked_mm_input`])
-    /// so that the chunk does not end inside an image's placeholder run: it stops before the run,
-    /// or, when it starts within or at the run and cannot reach its end this step, is 0.
-    fn cut_at_media(&self, id: ReqId, computed: usize, num_new: usize) -> usize {
-        if !self.config.disable_chunked_mm_input {
-            return num_new;
-        }
+    /// `num_new` tokens after `computed`, cut for the request's images and videos as vLLM's
+    /// `_try_schedule_encoder_inputs` cuts them: before an item whose encoding is not at hand and
+    /// does not fit what is left of the step's encoder budget, and (with
+    /// [`SchedulerConfig::disable_chunked_mm_input`]) before an item the chunk would end inside.
+    /// A chunk that starts within or at such an item takes nothing this step.
+    fn cut_at_media(&self, id: ReqId, computed: usize, num_new: usize, encoder: &mut EncoderBudget) -> usize {
         let Some(mm) = self.requests.get(&id).and_then(|r| r.sampling.multimodal.as_ref()) else {
             return num_new;
         };
-        unsplit_media_chunk(mm.items.iter().map(|(_, at)| at.clone()), computed, num_new)
+        let cache = self.encoder_cache.as_ref().map(|c| c.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let mut runs: Vec<MediaRun> = mm
+            .items
+            .iter()
+            .map(|(item, at)| {
+                let key = EncoderCache::key(item);
+                let at_hand = encoder.charged.contains(&key) || cache.as_ref().is_some_and(|c| c.contains(&key));
+                MediaRun { at: at.clone(), needs_encoding: !at_hand, key }
+            })
+            .collect();
+        runs.sort_by_key(|run| run.at.start);
+        let (num_new, encoded) =
+            plan_media_chunk(&runs, computed, num_new, self.config.disable_chunked_mm_input, encoder);
+        encoder.charged.extend(encoded.into_iter().map(|i| runs[i].key));
+        num_new
     }
 
     /// Keeps the request's state after this step when the step ends at its snapshot point.
@@ -478,36 +506,118 @@ impl Scheduler {
     }
 }
 
-/// How many of `num_new` tokens after `computed` a chunk takes so that it ends outside every run
-/// of `runs` (see [`Scheduler::cut_at_media`]).
-fn unsplit_media_chunk(runs: impl Iterator<Item = std::ops::Range<usize>>, computed: usize, num_new: usize) -> usize {
-    let end = computed + num_new;
-    for run in runs {
-        if run.start < end && end < run.end {
-            return run.start.saturating_sub(computed);
-        }
+/// One image or video of a request as a step's planning sees it.
+struct MediaRun {
+    /// Its placeholder positions.
+    at: std::ops::Range<usize>,
+    /// Its encoding is neither cached nor made by another request this step.
+    needs_encoding: bool,
+    key: EncoderKey,
+}
+
+/// What is left of a step's encoder budget, and the items charged to it so far.
+pub(crate) struct EncoderBudget {
+    left: usize,
+    full: usize,
+    charged: std::collections::HashSet<EncoderKey>,
+}
+
+impl EncoderBudget {
+    fn new(full: usize) -> EncoderBudget {
+        EncoderBudget { left: full, full, charged: Default::default() }
     }
-    num_new
+}
+
+/// How many of `num_new` tokens after `computed` a chunk takes among `runs` (sorted by position),
+/// and which runs it encodes (see [`Scheduler::cut_at_media`]); charges `encoder` for those.
+fn plan_media_chunk(
+    runs: &[MediaRun],
+    computed: usize,
+    num_new: usize,
+    unsplit: bool,
+    encoder: &mut EncoderBudget,
+) -> (usize, Vec<usize>) {
+    let mut num_new = num_new;
+    let mut encoded = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        let end = computed + num_new;
+        if run.at.start >= end {
+            break;
+        }
+        if run.at.end <= computed {
+            continue;
+        }
+        let stop_before = run.at.start.saturating_sub(computed);
+        if unsplit && end < run.at.end {
+            num_new = stop_before;
+            break;
+        }
+        if !run.needs_encoding {
+            continue;
+        }
+        // An item longer than the whole budget goes alone, first in its step.
+        let fits = run.at.len() <= encoder.left || encoder.left == encoder.full;
+        if !fits {
+            num_new = stop_before;
+            break;
+        }
+        encoder.left = encoder.left.saturating_sub(run.at.len());
+        encoded.push(i);
+    }
+    (num_new, encoded)
 }
 
 #[cfg(test)]
 mod media_chunk_tests {
-    use super::unsplit_media_chunk;
+    use super::*;
+
+    fn runs(list: &[(usize, usize, bool)]) -> Vec<MediaRun> {
+        list.iter()
+            .enumerate()
+            .map(|(k, &(start, end, needs_encoding))| MediaRun {
+                at: start..end,
+                needs_encoding,
+                key: (k as u64, [1, 1, 1], "image"),
+            })
+            .collect()
+    }
 
     #[test]
-    fn a_chunk_stops_before_an_image_it_cannot_finish() {
-        let runs = || [4..10, 20..24].into_iter();
+    fn unsplit_chunks_stop_before_an_image_they_cannot_finish() {
+        let images = runs(&[(4, 10, false), (20, 24, false)]);
+        let plan =
+            |computed, num_new| plan_media_chunk(&images, computed, num_new, true, &mut EncoderBudget::new(99)).0;
         // Ends inside the first run: stops at its start.
-        assert_eq!(unsplit_media_chunk(runs(), 0, 6), 4);
+        assert_eq!(plan(0, 6), 4);
         // Reaches the end of a run, or stays clear of them: as asked.
-        assert_eq!(unsplit_media_chunk(runs(), 0, 10), 10);
-        assert_eq!(unsplit_media_chunk(runs(), 10, 5), 5);
-        assert_eq!(unsplit_media_chunk(runs(), 2, 2), 2);
+        assert_eq!(plan(0, 10), 10);
+        assert_eq!(plan(10, 5), 5);
+        assert_eq!(plan(2, 2), 2);
         // Starts at or inside a run (a prefix hit inside an image) and cannot finish it: nothing.
-        assert_eq!(unsplit_media_chunk(runs(), 4, 3), 0);
-        assert_eq!(unsplit_media_chunk(runs(), 8, 1), 0);
-        assert_eq!(unsplit_media_chunk(runs(), 8, 2), 2);
+        assert_eq!(plan(4, 3), 0);
+        assert_eq!(plan(8, 1), 0);
+        assert_eq!(plan(8, 2), 2);
         // The second run cut the same way.
-        assert_eq!(unsplit_media_chunk(runs(), 12, 10), 8);
+        assert_eq!(plan(12, 10), 8);
+        // Without the rule a chunk may end anywhere.
+        assert_eq!(plan_media_chunk(&images, 0, 6, false, &mut EncoderBudget::new(99)).0, 6);
+    }
+
+    #[test]
+    fn the_encoder_budget_defers_images_that_do_not_fit() {
+        // Three images of 6 tokens, the middle one's encoding at hand; a budget of 8.
+        let images = runs(&[(2, 8, true), (10, 16, false), (18, 24, true)]);
+        let mut budget = EncoderBudget::new(8);
+        // The first image fits and is charged; the third does not: the chunk stops before it.
+        assert_eq!(plan_media_chunk(&images, 0, 30, false, &mut budget), (18, vec![0]));
+        assert_eq!(budget.left, 2);
+        // A later request starting inside that image gets nothing this step.
+        let mut budget = EncoderBudget { left: 2, ..EncoderBudget::new(8) };
+        assert_eq!(plan_media_chunk(&images, 20, 4, false, &mut budget), (0, vec![]));
+        // An image longer than the whole budget goes when nothing else was encoded this step.
+        let long = runs(&[(0, 12, true)]);
+        let mut budget = EncoderBudget::new(8);
+        assert_eq!(plan_media_chunk(&long, 0, 12, false, &mut budget), (12, vec![0]));
+        assert_eq!(plan_media_chunk(&long, 0, 12, false, &mut budget), (0, vec![]));
     }
 }
