@@ -32,6 +32,9 @@ Families and what their fixture exercises:
   quick-GELU) read at its second-to-last layer, the class row dropped, a GELU projector, a Llama
   text model; CLIP's processor (shortest edge 56, centre crop 56x56: 16 image tokens); llava-1.5's
   chat template (images first, `USER:` / `ASSISTANT:`).
+- llava-siglip (fixtures/models/llava-siglip): LLaVA-interleave's shape: a SigLIP tower read at its
+  last layer with every row kept (`vision_feature_select_strategy: full`, no class row), SigLIP's
+  processor (bicubic resize to 56x56, mean and std 0.5: 16 image tokens) and a Qwen2 text model.
 
 Pinned as the other oracle scripts (tools/oracle/requirements.txt: torch 2.15.0, transformers 5.24.0)
 plus Pillow 13.0.0 and torchvision 0.29.2, which transformers' image processors need. Deterministic:
@@ -67,6 +70,7 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 from transformers import (  # noqa: E402
     CLIPImageProcessor,
+    SiglipImageProcessor,
     Gemma3Config,
     Gemma3ForConditionalGeneration,
     Gemma3ImageProcessor,
@@ -270,10 +274,23 @@ FAMILIES = {
                     initializer_range=0.3),
         extra={},
     ),
+    "llava-siglip": dict(
+        tokens=["<image>"], config=LlavaConfig, model=LlavaForConditionalGeneration, processor=LlavaProcessor,
+        siglip=True,
+        vision=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, image_size=LLAVA_IMAGE, patch_size=14, vision_use_head=False),
+        extra={},
+    ),
 }
 
 
 def family_config(family: dict, vocab: int, ids: dict[str, int]):
+    if family.get("siglip"):
+        text = dict(TEXT_CONFIG, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        return LlavaConfig(text_config=dict(model_type="qwen2", vocab_size=vocab, **text),
+                           vision_config=family["vision"], image_token_id=ids["<image>"],
+                           vision_feature_layer=-1, vision_feature_select_strategy="full",
+                           image_seq_length=(LLAVA_IMAGE // 14) ** 2, initializer_range=0.3)
     if family["config"] is Gemma3Config:
         text = dict(model_type="gemma3_text", vocab_size=vocab, hidden_size=64, intermediate_size=128,
                     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -300,6 +317,11 @@ def family_config(family: dict, vocab: int, ids: dict[str, int]):
 
 
 def family_processor(family: dict, tok):
+    if family.get("siglip"):
+        image_processor = SiglipImageProcessor(size={"height": LLAVA_IMAGE, "width": LLAVA_IMAGE})
+        return LlavaProcessor(image_processor=image_processor, tokenizer=tok, patch_size=14,
+                              vision_feature_select_strategy="full", num_additional_image_tokens=0,
+                              chat_template=LLAVA_CHAT_TEMPLATE)
     if family["processor"] is Gemma3Processor:
         image_processor = Gemma3ImageProcessor(size={"height": GEMMA3_IMAGE, "width": GEMMA3_IMAGE})
         return Gemma3Processor(image_processor=image_processor, tokenizer=tok,
@@ -453,7 +475,8 @@ def generate(family_name: str) -> None:
         "max_new_tokens": MAX_NEW_TOKENS,
         "seed": SEED,
         "image_processor": (
-            {"shortest_edge": LLAVA_IMAGE, "crop_size": LLAVA_IMAGE} if family["processor"] is LlavaProcessor
+            {"size": LLAVA_IMAGE, "resample": "bicubic"} if family.get("siglip")
+            else {"shortest_edge": LLAVA_IMAGE, "crop_size": LLAVA_IMAGE} if family["processor"] is LlavaProcessor
             else {"size": GEMMA3_IMAGE, "resample": "bilinear"} if family["processor"] is Gemma3Processor
             else {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}) | {"backend": type(processor.image_processor).__name__},
         **({"video_processor": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "frames_fps": 24}}

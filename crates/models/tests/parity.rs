@@ -52,6 +52,7 @@ parity! {
     qwen3_vl => "qwen3-vl",
     qwen3_vl_moe => "qwen3-vl-moe",
     llava => "llava",
+    llava_siglip => "llava-siglip",
     gemma3_vl => "gemma3-vl",
     gemma => "gemma",
     gemma2 => "gemma2",
@@ -175,6 +176,7 @@ fn gate_catches_vision_language_breaks() {
         ("qwen3-vl", "every frequency on the temporal axis (1-D positions)", |c| {
             c["text_config"]["rope_parameters"]["mrope_section"] = serde_json::json!([8, 0, 0])
         }),
+        ("llava-siglip", "the SigLIP tower read a layer early", |c| c["vision_feature_layer"] = serde_json::json!(-2)),
     ]);
 }
 

@@ -23,7 +23,21 @@ use crate::{MultimodalError, PixelPatches};
 /// The class default `size`: 224 x 224.
 const DEFAULT_SIDE: usize = 224;
 
-/// A configured `Gemma3ImageProcessor`.
+/// The class defaults that tell the fixed-size processors apart.
+#[derive(Debug, Clone, Copy)]
+struct Class {
+    filter: Filter,
+    default_to_square: bool,
+    /// The class's `_preprocess` center-crops when asked (SigLIP's base class); Gemma 3's never does.
+    crops: bool,
+}
+
+impl Class {
+    const GEMMA3: Class = Class { filter: Filter::Bilinear, default_to_square: true, crops: false };
+    const SIGLIP: Class = Class { filter: Filter::Bicubic, default_to_square: false, crops: true };
+}
+
+/// A configured `Gemma3ImageProcessor` (or `SiglipImageProcessor`, the same pipeline).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gemma3ImageProcessor {
     /// `(height, width)` every image is resized to.
@@ -41,6 +55,18 @@ impl Gemma3ImageProcessor {
     /// tokens), a `size` that is not one fixed size, and a `resample` other than bilinear or
     /// bicubic.
     pub fn from_config(json: &Value) -> Result<Self, MultimodalError> {
+        Self::from_class_config(json, Class::GEMMA3)
+    }
+
+    /// transformers' `SiglipImageProcessor` (the processor of SigLIP towers, LLaVA-interleave's
+    /// among them): the same resize to one fixed size, rescale and normalize, with the class's
+    /// defaults, bicubic and a number `size` read as a shortest edge (refused); its base class
+    /// would center-crop with `do_center_crop: true`, which is refused too.
+    pub fn from_siglip_config(json: &Value) -> Result<Self, MultimodalError> {
+        Self::from_class_config(json, Class::SIGLIP)
+    }
+
+    fn from_class_config(json: &Value, class: Class) -> Result<Self, MultimodalError> {
         let config = json.as_object().ok_or_else(|| config_error("the preprocessor config must be a JSON object"))?;
         if flag(config, "do_pan_and_scan", false)? {
             return Err(config_error(
@@ -50,8 +76,11 @@ impl Gemma3ImageProcessor {
         if !flag(config, "do_resize", true)? {
             return Err(config_error("`do_resize: false` is not supported: the output size would be each image's own"));
         }
-        let size = config_size(config)?;
-        let filter = resample_filter(config, Filter::Bilinear)?;
+        if class.crops && flag(config, "do_center_crop", false)? {
+            return Err(config_error("`do_center_crop: true` is not supported for a fixed-size SigLIP processor"));
+        }
+        let size = config_size(config, class.default_to_square)?;
+        let filter = resample_filter(config, class.filter)?;
         // The conversion makes RGB of other Pillow modes; `preprocess` takes RGB already (vLLM
         // converts every image to RGB before its processor sees it), so either value gives the
         // same output. The key is still checked, as transformers types it.
@@ -99,7 +128,7 @@ impl Gemma3ImageProcessor {
 
 /// `(height, width)` of the resize, after `Gemma3ImageProcessor.__init__`: a number `size` is a
 /// square unless `default_to_square` (true for this class) is false, when it is a shortest edge.
-fn config_size(config: &Map<String, Value>) -> Result<(usize, usize), MultimodalError> {
+fn config_size(config: &Map<String, Value>, default_to_square: bool) -> Result<(usize, usize), MultimodalError> {
     let Some(size) = present(config, "size") else {
         return Ok((DEFAULT_SIDE, DEFAULT_SIDE));
     };
@@ -111,7 +140,7 @@ fn config_size(config: &Map<String, Value>) -> Result<(usize, usize), Multimodal
     };
     match size_value(size, "size")? {
         Some(Size::HeightWidth(height, width)) => Ok((height, width)),
-        Some(Size::Number(side)) if flag(config, "default_to_square", true)? => Ok((side, side)),
+        Some(Size::Number(side)) if flag(config, "default_to_square", default_to_square)? => Ok((side, side)),
         Some(Size::Number(_)) => Err(config_error(format!(
             "`size` {size} with `default_to_square: false` is a shortest edge, which is not supported: Gemma 3's \
              vision tower takes one fixed size"

@@ -198,3 +198,19 @@ fn model_dir_config_comes_from_processor_config_first_and_errors_name_the_file()
     assert_eq!(error, format!("{}: {expected}", preprocessor.display()));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `SiglipImageProcessor` runs the same pipeline with its own class defaults: bicubic, and a
+/// number `size` read as a shortest edge (refused here, as is a center crop).
+#[test]
+fn siglip_defaults_are_bicubic_and_refuse_what_is_not_one_fixed_size() {
+    let siglip = |config: Value| Gemma3ImageProcessor::from_siglip_config(&config);
+    assert_eq!(siglip(json!({})).unwrap(), processor(json!({"resample": 3})));
+    assert_eq!(
+        siglip(json!({"size": {"height": 384, "width": 384}, "resample": 2})).unwrap(),
+        processor(json!({"size": {"height": 384, "width": 384}}))
+    );
+    assert_eq!(siglip(json!({"size": 384, "default_to_square": true})).unwrap().output_size(), (384, 384));
+    let refused = |config: Value| siglip(config).unwrap_err().to_string();
+    assert!(refused(json!({"size": 384})).contains("shortest edge"));
+    assert!(refused(json!({"do_center_crop": true})).contains("do_center_crop"));
+}

@@ -28,8 +28,8 @@ pub enum ImageProcessor {
     /// CLIP's (LLaVA): one fixed-size image; `patch` pixels a patch side, which sets how many
     /// embeddings the image becomes.
     Clip { processor: ClipImageProcessor, patch: usize },
-    /// Gemma 3's: one fixed-size image, `patch` pixels a patch side.
-    Gemma3 { processor: Gemma3ImageProcessor, patch: usize },
+    /// Gemma 3's and SigLIP's: one image resized to a fixed size, `patch` pixels a patch side.
+    FixedSize { processor: Gemma3ImageProcessor, patch: usize },
 }
 
 impl ImageProcessor {
@@ -42,7 +42,7 @@ impl ImageProcessor {
                 let (height, width) = processor.output_size();
                 Ok((processor.preprocess(rgb)?.pixel_values, [1, height / patch, width / patch]))
             }
-            ImageProcessor::Gemma3 { processor, patch } => {
+            ImageProcessor::FixedSize { processor, patch } => {
                 let (height, width) = processor.output_size();
                 Ok((processor.preprocess(rgb)?.pixel_values, [1, height / patch, width / patch]))
             }
@@ -53,7 +53,7 @@ impl ImageProcessor {
     fn merge(&self) -> usize {
         match self {
             ImageProcessor::Qwen2Vl(p) => p.merge_size,
-            ImageProcessor::Clip { .. } | ImageProcessor::Gemma3 { .. } => 1,
+            ImageProcessor::Clip { .. } | ImageProcessor::FixedSize { .. } => 1,
         }
     }
 
@@ -62,9 +62,9 @@ impl ImageProcessor {
             ImageProcessor::Qwen2Vl(p) => {
                 p.with_overrides(kwargs).map(ImageProcessor::Qwen2Vl).map_err(|e| e.to_string())
             }
-            ImageProcessor::Clip { .. } | ImageProcessor::Gemma3 { .. } => Err(format!(
+            ImageProcessor::Clip { .. } | ImageProcessor::FixedSize { .. } => Err(format!(
                 "this model's image processor ({}) takes no mm_processor_kwargs; got {}",
-                if matches!(self, ImageProcessor::Clip { .. }) { "CLIP" } else { "Gemma 3" },
+                if matches!(self, ImageProcessor::Clip { .. }) { "CLIP" } else { "Gemma 3 / SigLIP" },
                 kwargs.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
             )),
         }
@@ -163,23 +163,26 @@ impl ImageProcessing {
                 return Err(format!("{path}: a {height}x{width} crop is not whole patches of {patch_size} pixels"));
             }
             ImageProcessor::Clip { processor, patch: patch_size }
-        } else if kind.starts_with("Gemma3ImageProcessor") {
-            let processor = Gemma3ImageProcessor::from_config(&section).map_err(|e| format!("{path}: {e}"))?;
+        } else if kind.starts_with("Gemma3ImageProcessor") || kind.starts_with("SiglipImageProcessor") {
+            let processor = if kind.starts_with("Gemma3") {
+                Gemma3ImageProcessor::from_config(&section)
+            } else {
+                Gemma3ImageProcessor::from_siglip_config(&section)
+            }
+            .map_err(|e| format!("{path}: {e}"))?;
             let (height, width) = processor.output_size();
             if patch_size == 0 || !height.is_multiple_of(patch_size) || !width.is_multiple_of(patch_size) {
                 return Err(format!("{path}: a {height}x{width} image is not whole patches of {patch_size} pixels"));
             }
-            ImageProcessor::Gemma3 { processor, patch: patch_size }
+            ImageProcessor::FixedSize { processor, patch: patch_size }
         } else {
             return Err(format!(
                 "{path}: image_processor_type `{kind}` is not supported (Qwen2VLImageProcessor, CLIPImageProcessor, \
-                 Gemma3ImageProcessor)"
+                 Gemma3ImageProcessor, SiglipImageProcessor)"
             ));
         };
-        let text_expansion = match processor {
-            ImageProcessor::Gemma3 { .. } => Some(TextExpansion::gemma3(dir)?),
-            _ => None,
-        };
+        let text_expansion =
+            if kind.starts_with("Gemma3ImageProcessor") { Some(TextExpansion::gemma3(dir)?) } else { None };
         let video = match video_token_id {
             None => Err("this model does not accept video input".to_string()),
             Some(video_token_id) => Qwen2VlVideoProcessor::from_model_dir(dir)

@@ -1,7 +1,8 @@
-//! LLaVA (`LlavaForConditionalGeneration`): a CLIP vision tower whose hidden states at
-//! `vision_feature_layer` (the patch rows; the class row dropped) pass through a two-layer
-//! projector into a Llama-family text model, where each image's embeddings take the place of its
-//! run of `<image>` tokens. Positions stay 1-D: an image token is one more position.
+//! LLaVA (`LlavaForConditionalGeneration`): a CLIP vision tower (LLaVA-1.5; its class row dropped,
+//! `vision_feature_select_strategy: default`) or a SigLIP one (LLaVA-interleave; every row,
+//! `full`) whose hidden states at `vision_feature_layer` pass through a two-layer projector into a
+//! Llama-family text model, where each image's embeddings take the place of its run of `<image>`
+//! tokens. Positions stay 1-D: an image token is one more position.
 //!
 //! The checkpoint layouts in use load: llava-hf's (`language_model.model.*`,
 //! `language_model.lm_head`, `vision_tower.vision_model.*`, `multi_modal_projector.*`), what
@@ -24,16 +25,18 @@ use crate::model::{
 };
 use crate::Result;
 
-/// LLaVA's CLIP tower and the hidden states it hands the projector.
-struct ClipTower {
+/// LLaVA's vision tower (CLIP or SigLIP) and the hidden states it hands the projector.
+struct FeatureTower {
     vit: VitTower,
     /// The hidden states projected: `k` is the output of layer `k` (0: the embeddings).
     feature_layers: Vec<usize>,
+    /// The first row of each hidden state projected: 1 where CLIP's class row is dropped.
+    first_row: usize,
 }
 
 pub struct Llava {
     decoder: Decoder,
-    tower: ClipTower,
+    tower: FeatureTower,
     projector_1: Linear,
     projector_2: Linear,
     projector_act: Activation,
@@ -82,20 +85,35 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Llava> {
     let decoder = llama::load_at(&text, w, variant, layout.text, layout.lm_head)?;
     let text_hidden = decoder.embed.table.shape()[1];
 
-    let vision = VitConfig::clip(raw)?;
-    if let Some(other) = vision.model_type.as_deref().filter(|t| *t != "clip_vision_model") {
-        return Err(raw.error(format!("vision_config.model_type `{other}`: LLaVA loads CLIP vision towers")));
-    }
+    let vision_type =
+        raw.value.pointer("/vision_config/model_type").and_then(Value::as_str).unwrap_or("clip_vision_model");
+    let (vision, kind) = match vision_type {
+        "clip_vision_model" => (VitConfig::clip(raw)?, VitKind::Clip),
+        "siglip_vision_model" => (VitConfig::siglip(raw)?, VitKind::Siglip),
+        other => {
+            return Err(
+                raw.error(format!("vision_config.model_type `{other}`: LLaVA loads CLIP and SigLIP vision towers"))
+            )
+        }
+    };
+    // `default` drops each image's first row, `full` keeps every row. An image's placeholders are
+    // one per patch, which the features match for CLIP's `default` (its class row dropped) and
+    // SigLIP's `full` (no class row).
     let strategy = raw.value.get("vision_feature_select_strategy").and_then(Value::as_str).unwrap_or("default");
-    if strategy != "default" {
-        return Err(raw.error(format!(
-            "vision_feature_select_strategy `{strategy}`: only `default` (the class row dropped) is supported"
-        )));
-    }
+    let first_row = match (strategy, kind) {
+        ("default", VitKind::Clip) => 1,
+        ("full", VitKind::Siglip) => 0,
+        _ => {
+            return Err(raw.error(format!(
+                "vision_feature_select_strategy `{strategy}` with a {vision_type} tower is not supported (CLIP \
+                 towers with `default`, SigLIP towers with `full`)"
+            )))
+        }
+    };
     let feature_layers = feature_layers(raw, vision.num_hidden_layers)?;
     let depth = feature_layers.iter().copied().max().unwrap_or(0);
-    let vit = VitTower::load(raw, &vision, &w.at(layout.tower), VitKind::Clip, depth)?;
-    let tower = ClipTower { vit, feature_layers };
+    let vit = VitTower::load(raw, &vision, &w.at(layout.tower), kind, depth)?;
+    let tower = FeatureTower { vit, feature_layers, first_row };
 
     let p = w.at(layout.projector);
     let bias = raw.value.get("multimodal_projector_bias").and_then(Value::as_bool).unwrap_or(true);
@@ -146,13 +164,13 @@ fn feature_layers(raw: &RawConfig, layers: usize) -> Result<Vec<usize>> {
     }
 }
 
-impl ClipTower {
-    /// The feature layers' hidden states of one image, side by side, the class row dropped.
+impl FeatureTower {
+    /// The feature layers' hidden states of one image, side by side, from `first_row` on.
     fn features(&self, chw: &[f32], device: Device, dtype: DType) -> Result<Tensor> {
         // Slot `j` holds feature layer `j`'s patch rows, in `vision_feature_layer`'s order, which
         // the projector's input columns follow.
         let mut features: Vec<Option<Tensor>> = vec![None; self.feature_layers.len()];
-        let patch_rows: Vec<usize> = (1..self.vit.rows()).collect();
+        let patch_rows: Vec<usize> = (self.first_row..self.vit.rows()).collect();
         self.vit.forward(chw, device, dtype, |k, x| {
             for (slot, _) in features.iter_mut().zip(&self.feature_layers).filter(|(_, &layer)| layer == k) {
                 *slot = Some(ops::gather_rows(x, &patch_rows)?);
