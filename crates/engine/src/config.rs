@@ -13,6 +13,9 @@ pub struct EngineConfig {
     pub kv_cache_memory: usize,
     /// Tokens one step may compute (decodes plus prefill chunks).
     pub max_num_batched_tokens: usize,
+    /// vLLM's `--disable-chunked-mm-input`: a prefill chunk never ends inside an image's or
+    /// video's tokens (always so for models whose image tokens attend both ways).
+    pub disable_chunked_mm_input: bool,
     /// Sequences one step may hold.
     pub max_num_seqs: usize,
     /// Longest prompt + completion; `None` takes the model's `max_position_embeddings`.
@@ -61,6 +64,7 @@ impl Default for EngineConfig {
             // vLLM's VLLM_CPU_KVCACHE_SPACE default.
             kv_cache_memory: 4 << 30,
             max_num_batched_tokens: 2048,
+            disable_chunked_mm_input: false,
             max_num_seqs: 256,
             max_model_len: None,
             enable_prefix_caching: true,

@@ -139,8 +139,9 @@ struct Shared {
     request_seeds: Mutex<rand::rngs::StdRng>,
     max_logprobs: usize,
     /// Tokens one step may compute: an image that must be computed in one chunk
-    /// ([`SchedulerConfig::disable_chunked_mm_input`]) may not be longer.
+    /// ([`SchedulerConfig::disable_chunked_mm_input`], `whole_media`) may not be longer.
     max_num_batched_tokens: usize,
+    whole_media: bool,
     structured_defaults: JsonOptions,
     /// Built on the first structured request: it indexes the whole vocabulary.
     grammar_compiler: OnceLock<std::result::Result<GrammarCompiler, String>>,
@@ -216,7 +217,7 @@ impl Engine {
             recompute_at,
             num_state_slots: cache.state_slots,
             num_state_snapshots: cache.state_snapshots,
-            disable_chunked_mm_input: info.vision.is_some_and(|v| v.bidirectional),
+            disable_chunked_mm_input: config.disable_chunked_mm_input || info.vision.is_some_and(|v| v.bidirectional),
             max_num_encoder_input_tokens: config.max_num_batched_tokens,
         };
         tracing::info!(
@@ -267,6 +268,7 @@ impl Engine {
             extra_eos_token_ids,
             max_logprobs: config.max_logprobs,
             max_num_batched_tokens: config.max_num_batched_tokens,
+            whole_media: sched_config.disable_chunked_mm_input,
             structured_defaults: config.structured_outputs.clone(),
             grammar_compiler: OnceLock::new(),
             request_seeds: Mutex::new(match config.seed {
@@ -448,10 +450,11 @@ impl EngineClient {
                     run.len()
                 )));
             }
-            if vision.bidirectional && tokens > self.shared.max_num_batched_tokens {
+            if self.shared.whole_media && tokens > self.shared.max_num_batched_tokens {
                 return Err(EngineError::InvalidPrompt(format!(
-                    "{kind} {k} becomes {tokens} embeddings, which this model computes in one step, but a step \
-                     computes at most {} tokens (--max-num-batched-tokens)",
+                    "{kind} {k} becomes {tokens} embeddings, which are computed in one step (this model's image \
+                     attention or --disable-chunked-mm-input), but a step computes at most {} tokens \
+                     (--max-num-batched-tokens)",
                     self.shared.max_num_batched_tokens
                 )));
             }

@@ -146,6 +146,22 @@ fn gemma3_keeps_each_image_in_one_chunk() {
     assert!(err.contains("becomes 16 embeddings") && err.contains("--max-num-batched-tokens"), "{err}");
 }
 
+/// `--disable-chunked-mm-input` on a model that could split its images: chunks of 20 stop before
+/// the images they cannot finish (still token-exact), and an image longer than a step is refused.
+#[test]
+fn disable_chunked_mm_input_keeps_images_whole() {
+    let whole = |tokens| ferrite_engine::EngineConfig {
+        disable_chunked_mm_input: true,
+        max_num_batched_tokens: tokens,
+        ..config()
+    };
+    battery_matches_oracle_with("qwen2-vl", whole(20));
+    let small = llm("qwen2-vl", whole(8));
+    let case = oracle("qwen2-vl").cases.into_iter().find(|c| c.name == "resized").unwrap();
+    let err = small.generate(vec![prompt_input("qwen2-vl", &case)], &greedy(2)).unwrap_err().to_string();
+    assert!(err.contains("becomes 12 embeddings") && err.contains("--disable-chunked-mm-input"), "{err}");
+}
+
 /// The encoder cache: the battery's images and videos are each encoded once however many prompts
 /// bring them (the rest served from the cache, the tokens still the oracle's), and the sampled
 /// sequences of an `n = 3` request share one encoding.

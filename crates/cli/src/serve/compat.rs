@@ -55,6 +55,10 @@ pub struct VllmFlags {
     /// Turning chunked prefill off is not built.
     #[arg(long, overrides_with = "enable_chunked_prefill", help_heading = "SchedulerConfig")]
     pub no_enable_chunked_prefill: bool,
+    /// Never end a prefill chunk inside an image's or video's tokens: the item is computed in
+    /// one step (always so for models whose image tokens attend to one another both ways).
+    #[arg(long, help_heading = "SchedulerConfig")]
+    pub disable_chunked_mm_input: bool,
     /// Speculative decoding as JSON, e.g. '{"method": "ngram", "num_speculative_tokens": 4,
     /// "prompt_lookup_max": 4}' (methods built: ngram, suffix).
     #[arg(long, help_heading = "SpeculativeConfig")]
@@ -236,6 +240,9 @@ mod tests {
         assert_eq!(check(&["--load-format", "dequantized"], "m.gguf"), Ok(()));
         assert_eq!(check(&["--load-format", "dequantized"], "dir"), Ok(()));
         assert_eq!(check(&["--kv-cache-dtype", "auto"], "dir"), Ok(()));
+        let argv = ["serve", "--disable-chunked-mm-input"];
+        assert!(Cmd::try_parse_from(argv).unwrap().flags.disable_chunked_mm_input);
+        assert!(!Cmd::try_parse_from(["serve"]).unwrap().flags.disable_chunked_mm_input);
     }
 
     #[test]

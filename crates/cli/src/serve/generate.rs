@@ -21,6 +21,7 @@ pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
         block_size: args.block_size,
         kv_cache_memory: args.kv_cache_memory.unwrap_or(EngineConfig::default().kv_cache_memory),
         max_num_batched_tokens: args.max_num_batched_tokens,
+        disable_chunked_mm_input: args.vllm.disable_chunked_mm_input,
         max_num_seqs: args.max_num_seqs,
         max_model_len: args.max_model_len,
         enable_prefix_caching: !args.no_enable_prefix_caching,
