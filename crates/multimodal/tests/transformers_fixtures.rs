@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use ferrite_multimodal::resize::{resize_antialias, resize_bicubic_antialias, Filter};
-use ferrite_multimodal::{ClipImageProcessor, Gemma3ImageProcessor, Qwen2VlImageProcessor, Qwen2VlVideoProcessor};
+use ferrite_multimodal::{
+    ClipImageProcessor, Gemma3ImageProcessor, PixelPatches, Qwen2VlImageProcessor, Qwen2VlVideoProcessor,
+};
 use image::RgbImage;
 use serde_json::Value;
 
@@ -135,28 +137,30 @@ fn fnv1a64(values: &[f32]) -> String {
     format!("{digest:016x}")
 }
 
-#[test]
-fn clip_processor_matches_transformers_torchvision_backend_bit_for_bit() {
+/// The manifest's `key` cases (at least `at_least`) of a processor that hands the tower one
+/// channel-first image: `process` (config, image) gives the output and the processor's output size,
+/// which must match transformers' bit for bit, or, for a case too big to keep, by its digest.
+fn check_whole_image_cases(
+    key: &str,
+    at_least: usize,
+    process: impl Fn(&Value, &RgbImage) -> (PixelPatches, (usize, usize)),
+) {
     let manifest = manifest();
-    let cases = manifest["clip_cases"].as_array().expect("clip_cases");
-    assert!(cases.len() >= 10, "the manifest lists every CLIP case");
+    let cases = manifest[key].as_array().unwrap_or_else(|| panic!("{key}"));
+    assert!(cases.len() >= at_least, "the manifest lists every {key} case");
     for case in cases {
         let name = case["name"].as_str().expect("name");
-        let processor = ClipImageProcessor::from_config(&case["config"]).expect("a valid config");
         let image = pillow_rgb(&manifest, case["image"].as_str().expect("image"));
-        let output = processor.preprocess(&image).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (output, (height, width)) = process(&case["config"], &image);
 
         let shape: Vec<usize> =
             case["shape"].as_array().expect("shape").iter().map(|v| v.as_u64().unwrap() as usize).collect();
-        let (height, width) = processor.output_size();
         assert_eq!(vec![3, height, width], shape, "{name}: output_size");
         assert_eq!(
             (output.patch_dim, output.grid_thw, output.num_patches()),
             (3 * height * width, [1, 1, 1], 1),
             "{name}"
         );
-
-        // The LLaVA-1.5 case is too big to keep; its digest stands for it.
         if !case["pixel_values"].is_null() {
             let expected = f32s(&read(&case["pixel_values"]));
             let locate =
@@ -167,36 +171,22 @@ fn clip_processor_matches_transformers_torchvision_backend_bit_for_bit() {
     }
 }
 
+/// CLIP's; the LLaVA-1.5 case (336 x 336) is kept as a digest.
+#[test]
+fn clip_processor_matches_transformers_torchvision_backend_bit_for_bit() {
+    check_whole_image_cases("clip_cases", 10, |config, image| {
+        let processor = ClipImageProcessor::from_config(config).expect("a valid config");
+        (processor.preprocess(image).expect("processed"), processor.output_size())
+    });
+}
+
+/// Gemma 3's; the cases with its 896 x 896 are kept as digests.
 #[test]
 fn gemma3_processor_matches_transformers_torchvision_backend_bit_for_bit() {
-    let manifest = manifest();
-    let cases = manifest["gemma3_cases"].as_array().expect("gemma3_cases");
-    assert!(cases.len() >= 12, "the manifest lists every Gemma 3 case");
-    for case in cases {
-        let name = case["name"].as_str().expect("name");
-        let processor = Gemma3ImageProcessor::from_config(&case["config"]).expect("a valid config");
-        let image = pillow_rgb(&manifest, case["image"].as_str().expect("image"));
-        let output = processor.preprocess(&image).unwrap_or_else(|e| panic!("{name}: {e}"));
-
-        let shape: Vec<usize> =
-            case["shape"].as_array().expect("shape").iter().map(|v| v.as_u64().unwrap() as usize).collect();
-        let (height, width) = processor.output_size();
-        assert_eq!(vec![3, height, width], shape, "{name}: output_size");
-        assert_eq!(
-            (output.patch_dim, output.grid_thw, output.num_patches()),
-            (3 * height * width, [1, 1, 1], 1),
-            "{name}"
-        );
-
-        // The cases with Gemma 3's 896 x 896 are too big to keep; their digests stand for them.
-        if !case["pixel_values"].is_null() {
-            let expected = f32s(&read(&case["pixel_values"]));
-            let locate =
-                |i: usize| format!("channel {}, y {}, x {}", i / (height * width), i / width % height, i % width);
-            assert_same_bits(name, &output.pixel_values, &expected, locate);
-        }
-        assert_eq!(fnv1a64(&output.pixel_values), case["pixel_values_fnv1a64"].as_str().unwrap(), "{name}: digest");
-    }
+    check_whole_image_cases("gemma3_cases", 12, |config, image| {
+        let processor = Gemma3ImageProcessor::from_config(config).expect("a valid config");
+        (processor.preprocess(image).expect("processed"), processor.output_size())
+    });
 }
 
 /// Resizes each source of `resizes` (a manifest list) with `resize` and compares with torchvision's.
