@@ -170,8 +170,8 @@ def servers(tmp_path_factory):
         assert s.stop() == 0, s.logs()
 
 
-OTHER_FAMILIES = [(family, case) for family in ("qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe", "llava", "llava-siglip",
-                                                             "gemma3-vl")
+OTHER_FAMILIES = [(family, case) for family in ("qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe", "qwen3.5-vl", "llava",
+                                                             "llava-siglip", "gemma3-vl")
                   for case in oracle_of(family)["cases"] if case["images"]]
 
 
@@ -179,7 +179,8 @@ OTHER_FAMILIES = [(family, case) for family in ("qwen2.5-vl", "qwen3-vl", "qwen3
 def test_other_families_image_chats_match_transformers(servers, family, case):
     """Qwen2.5-VL's windowed tower and its videos; Qwen3-VL's 16-pixel patches and DeepStack;
     LLaVA's CLIP processor (resize, centre crop) and tower, its `<image>` expanded to 16 tokens;
-    LLaVA-interleave's SigLIP processor and tower, every row of it projected;
+    LLaVA-interleave's SigLIP processor and tower, every row of it projected; Qwen3.5's hybrid text
+    model behind Qwen3-VL's tower;
     Gemma 3's bilinear processor, SigLIP tower and `<start_of_image>` expanded in the prompt's text
     (its newlines tokenized with the text around them), its image tokens attending both ways: the
     same path, each with its own oracle."""
@@ -193,7 +194,7 @@ def test_other_families_image_chats_match_transformers(servers, family, case):
     assert r.choices[0].token_ids == case["output_ids"], case["name"]
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen3-vl", "gemma3-vl"])
+@pytest.mark.parametrize("family", ["llava", "qwen3-vl", "qwen3.5-vl", "gemma3-vl"])
 def test_models_without_video_input_refuse_videos(servers, family):
     with pytest.raises(openai.BadRequestError) as e:
         complete(servers(family), [{"type": "video_url", "video_url": {"url": video_uri(VL, "short")}}])

@@ -243,21 +243,27 @@ def _repack_qwen3_5_conditional(tensors, cfg):
     """Qwen3_5ForCausalLM -> the layout real Qwen3.5 checkpoints ship: Qwen3_5ForConditionalGeneration
     with the text config nested in `text_config` (plus a vision config), the text weights under
     `model.language_model.`, and the tensors transformers ignores when loading the text model
-    (`model.visual.*` and the MTP head `mtp.*`) present."""
+    (a whole random vision tower `model.visual.*` and the MTP head `mtp.*`) present."""
     text = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version", "dtype")}
     text["model_type"] = "qwen3_5_text"
     out = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
            for k, v in tensors.items()}
     hidden = cfg["hidden_size"]
-    out["model.visual.patch_embed.proj.weight"] = torch.zeros(16, 3, 2, 4, 4)
+    vision = {"model_type": "qwen3_5", "depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2,
+              "out_hidden_size": hidden, "patch_size": 4, "temporal_patch_size": 2, "num_position_embeddings": 16}
+    # A whole (random) tower, as real checkpoints carry one: ferrite loads it with the text model.
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
+    torch.manual_seed(7)
+    tower = Qwen3_5VisionModel._from_config(Qwen3_5VisionConfig(**vision), dtype=torch.float32)
+    out.update({"model.visual." + k: v.detach().clone().contiguous() for k, v in tower.state_dict().items()})
     out["mtp.fc.weight"] = torch.zeros(hidden, 2 * hidden)
     new_cfg = {
         "architectures": ["Qwen3_5ForConditionalGeneration"],
         "model_type": "qwen3_5",
         "tie_word_embeddings": cfg.get("tie_word_embeddings", False),
         "text_config": text,
-        "vision_config": {"model_type": "qwen3_5", "depth": 1, "hidden_size": 16, "num_heads": 2,
-                          "out_hidden_size": hidden, "patch_size": 4, "temporal_patch_size": 2},
+        "vision_config": vision,
         "image_token_id": 990, "video_token_id": 991, "vision_start_token_id": 992, "vision_end_token_id": 993,
         "transformers_version": cfg.get("transformers_version"),
     }

@@ -20,6 +20,9 @@ Families and what their fixture exercises:
 - qwen3-vl-moe (fixtures/models/qwen3-vl-moe): qwen3-vl's tower before a Qwen3-MoE text model (4
   experts, top 2, always renormalised; layer 1 dense through `mlp_only_layers`), experts saved fused
   as the Hub's checkpoints have them.
+- qwen3.5-vl (fixtures/models/qwen3.5-vl): Qwen3-VL's tower without DeepStack before Qwen3.5's
+  hybrid text model (three Gated DeltaNet layers, then one gated full-attention layer with half its
+  head dims rotary, MRoPE interleaved over them). Images only, as qwen3-vl.
 - gemma3-vl (fixtures/models/gemma3-vl): a SigLIP tower (no class token, biased patch embedding,
   post-LayerNorm, GELU(tanh)) over 112x112 images (8x8 patches of 14, every test image resized
   bilinearly, up or down), average-pooled 2x2 into 16 tokens, Gemma's RMSNorm and projection into
@@ -79,6 +82,8 @@ from transformers import (  # noqa: E402
     LlavaForConditionalGeneration,
     LlavaProcessor,
     PreTrainedTokenizerFast,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
     Qwen3VLProcessor,
@@ -258,6 +263,19 @@ FAMILIES = {
                     "moe_intermediate_size": 48, "mlp_only_layers": [1], "decoder_sparse_step": 1,
                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
                                         "mrope_interleaved": True}},
+        images_only=True,
+    ),
+    "qwen3.5-vl": dict(
+        tokens=VISION_TOKENS, config=Qwen3_5Config, model=Qwen3_5ForConditionalGeneration, processor=Qwen3VLProcessor,
+        vision=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=64, patch_size=16,
+                    temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=16,
+                    hidden_act="gelu_pytorch_tanh", initializer_range=0.3),
+        extra={},
+        text_extra={"num_hidden_layers": 4, "head_dim": 16, "full_attention_interval": 4,
+                    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 8, "linear_num_key_heads": 2,
+                    "linear_num_value_heads": 4, "linear_value_head_dim": 8,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                                        "mrope_interleaved": True, "partial_rotary_factor": 0.5}},
         images_only=True,
     ),
     "gemma3-vl": dict(

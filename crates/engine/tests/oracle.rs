@@ -112,6 +112,21 @@ fn qwen3_vl_moe_batches_and_chunks_images() {
     );
 }
 
+/// Qwen3.5 with images: a hybrid text model (recurrent Gated DeltaNet state beside the KV cache)
+/// reading image embeddings and MRoPE positions, batched, through 20-token chunks (the state
+/// carried across them) and from the prefix cache (a kept state resumed after a hit over images).
+#[test]
+fn qwen3_5_carries_images_through_recurrent_state() {
+    battery_matches_oracle("qwen3.5-vl");
+    battery_matches_oracle_with("qwen3.5-vl", ferrite_engine::EngineConfig { max_num_batched_tokens: 20, ..config() });
+    let cached = ferrite_engine::EngineConfig { enable_prefix_caching: true, max_num_batched_tokens: 20, ..config() };
+    let engine = llm("qwen3.5-vl", cached);
+    assert_battery_matches_oracle(&engine, "qwen3.5-vl");
+    let hits = engine.client().stats().prefix_cache_hits;
+    assert_battery_matches_oracle(&engine, "qwen3.5-vl");
+    assert!(engine.client().stats().prefix_cache_hits > hits, "the second run should hit blocks over its images");
+}
+
 /// LLaVA: 1-D positions, a CLIP tower, its images cut by chunks and served from the prefix cache.
 #[test]
 fn llava_batches_chunks_and_caches_images() {

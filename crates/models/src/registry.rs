@@ -12,7 +12,6 @@ use crate::families::mixtral::{self, MoeVariant};
 use crate::families::olmo2::OlmoVersion;
 use crate::families::qwen3_next::{self, Layout as HybridLayout, Variant::*};
 
-const TEXT_OF_VL: HybridLayout = HybridLayout::ConditionalGeneration;
 use crate::families::{
     bert, chatglm, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gemma3_vl, gemma4, gpt2, gpt_neox,
     gpt_oss, granite, granite_moe, internlm2, llama4, llava, mamba2, minicpm, minicpm3, minimax_m2, nemotron_h, olmo2,
@@ -73,12 +72,8 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("Qwen3NextForCausalLM", Causal(|r, w| Ok(Box::new(qwen3_next::load(r, w, Qwen3Next, HybridLayout::CausalLm)?)))),
     ("Qwen3_5ForCausalLM", Causal(|r, w| Ok(Box::new(qwen3_next::load(r, w, Qwen3_5, HybridLayout::CausalLm)?)))),
     ("Qwen3_5MoeForCausalLM", Causal(|r, w| Ok(Box::new(qwen3_next::load(r, w, Qwen3_5Moe, HybridLayout::CausalLm)?)))),
-    // The text part of real Qwen3.5 checkpoints (the vision tower is the multimodal models' work).
-    ("Qwen3_5ForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_next::load(r, w, Qwen3_5, TEXT_OF_VL)?)))),
-    (
-        "Qwen3_5MoeForConditionalGeneration",
-        Causal(|r, w| Ok(Box::new(qwen3_next::load(r, w, Qwen3_5Moe, TEXT_OF_VL)?))),
-    ),
+    ("Qwen3_5ForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_vl::load_qwen3_5(r, w, Qwen3_5)?)))),
+    ("Qwen3_5MoeForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_vl::load_qwen3_5(r, w, Qwen3_5Moe)?)))),
     ("Qwen2VLForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen2_vl::load(r, w)?)))),
     ("Qwen2_5_VLForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen2_5_vl::load(r, w)?)))),
     ("Qwen3VLForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_vl::load(r, w)?)))),

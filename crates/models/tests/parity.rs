@@ -51,6 +51,7 @@ parity! {
     qwen2_5_vl => "qwen2.5-vl",
     qwen3_vl => "qwen3-vl",
     qwen3_vl_moe => "qwen3-vl-moe",
+    qwen3_5_vl => "qwen3.5-vl",
     llava => "llava",
     llava_siglip => "llava-siglip",
     gemma3_vl => "gemma3-vl",

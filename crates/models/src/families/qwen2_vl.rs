@@ -36,6 +36,9 @@ pub(crate) enum TextModel {
     Qwen3,
     /// Qwen3-MoE's (Qwen3-VL-MoE): Qwen3's with sparse expert layers.
     Qwen3Moe,
+    /// Qwen3.5's hybrid (Gated DeltaNet and gated attention layers), dense or MoE, its attention
+    /// layers' MRoPE interleaved as Qwen3-VL's.
+    Qwen3_5(crate::families::qwen3_next::Variant),
 }
 
 impl TextModel {
@@ -46,7 +49,9 @@ impl TextModel {
             TextModel::Qwen3 => {
                 (Defaults { max_positions: 128_000, head_dim: Some(128), ..Defaults::LLAMA }, 500_000.0)
             }
-            TextModel::Qwen3Moe => (Defaults { max_positions: 128_000, ..Defaults::LLAMA }, 500_000.0),
+            TextModel::Qwen3Moe | TextModel::Qwen3_5(_) => {
+                (Defaults { max_positions: 128_000, ..Defaults::LLAMA }, 500_000.0)
+            }
         }
     }
 }
@@ -341,7 +346,10 @@ impl QwenVl {
         load_vision: fn(&RawConfig, &C, &Scope, usize) -> Result<VisionTower>,
     ) -> Result<QwenVl> {
         let layout = Layout::of(w);
-        let decoder = load_text(&text_config(raw), w, &layout, text)?;
+        let decoder = match text {
+            TextModel::Qwen3_5(variant) => hybrid_text(raw, w, variant)?,
+            _ => load_text(&text_config(raw), w, &layout, text)?,
+        };
         let vision_value = raw.value.get("vision_config").cloned().unwrap_or(Value::Object(Default::default()));
         let cfg: C = serde_json::from_value(vision_value).map_err(|e| raw.error(format!("vision_config: {e}")))?;
         let image = raw.image_token_id(151655)?;
@@ -369,6 +377,20 @@ impl QwenVl {
     }
 }
 
+/// Qwen3.5's text model (`model.language_model.*`, the config's `text_config`) with its rotary
+/// embedding turning the (temporal, height, width) positions as Qwen3-VL interleaves them.
+fn hybrid_text(raw: &RawConfig, w: &Weights, variant: crate::families::qwen3_next::Variant) -> Result<Decoder> {
+    use crate::families::qwen3_next;
+    let mut decoder = qwen3_next::load(raw, w, variant, qwen3_next::Layout::ConditionalGeneration)?;
+    let text = raw.text_config()?;
+    let sections = RopeParameters::from_config(&text, 10_000.0)?.mrope_section.unwrap_or_else(|| vec![11, 11, 10]);
+    decoder.ropes = std::mem::take(&mut decoder.ropes)
+        .into_iter()
+        .map(|rope| rope.with_interleaved_mrope_sections(&sections, &text))
+        .collect::<Result<_>>()?;
+    Ok(decoder)
+}
+
 fn load_text(raw: &RawConfig, w: &Weights, layout: &Layout, text: TextModel) -> Result<Decoder> {
     let cfg: TextConfig = raw.parse()?;
     let (defaults, theta) = text.defaults();
@@ -380,7 +402,7 @@ fn load_text(raw: &RawConfig, w: &Weights, layout: &Layout, text: TextModel) -> 
     let sliding = cfg.use_sliding_window.unwrap_or(false);
     let qkv_bias = match text {
         TextModel::Qwen2 => true,
-        TextModel::Qwen3 | TextModel::Qwen3Moe => d.attention_bias,
+        TextModel::Qwen3 | TextModel::Qwen3Moe | TextModel::Qwen3_5(_) => d.attention_bias,
     };
     let layers = format!("{}.layers", layout.text);
     let blocks = if text == TextModel::Qwen3Moe {
@@ -418,7 +440,7 @@ fn load_text(raw: &RawConfig, w: &Weights, layout: &Layout, text: TextModel) -> 
             let sections = params.mrope_section.clone().unwrap_or_else(|| vec![16, 24, 24]);
             rope.with_mrope_sections(&sections, raw)?
         }
-        TextModel::Qwen3 | TextModel::Qwen3Moe => {
+        TextModel::Qwen3 | TextModel::Qwen3Moe | TextModel::Qwen3_5(_) => {
             let sections = params.mrope_section.clone().unwrap_or_else(|| vec![24, 20, 20]);
             rope.with_interleaved_mrope_sections(&sections, raw)?
         }

@@ -2,8 +2,8 @@
 //! `Qwen3_5MoeForCausalLM`): hybrids of Gated DeltaNet layers ([`crate::layers::gdn`]) and gated
 //! full attention, 3:1 by default. Real Qwen3.5 checkpoints are `Qwen3_5(Moe)ForConditionalGeneration`
 //! with the text config in `text_config` and the text weights under `model.language_model.`; their
-//! text part loads from that layout (the vision tower belongs to the multimodal models, the MTP
-//! head to speculative decoding: both are left unread). Attention
+//! text part loads from that layout (here; `qwen3_vl::load_qwen3_5` adds the vision tower, and the
+//! MTP head, speculative decoding's, is left unread). Attention
 //! projects a sigmoid output gate alongside its queries (`q_proj` holds `[query, gate]` per head),
 //! normalises q and k per head with `(1 + w)` RMSNorms and rotates a quarter of each head. Every
 //! RMSNorm of the stream is `(1 + w)` too. The MoE variants' channel mixers are sparse MoE blocks

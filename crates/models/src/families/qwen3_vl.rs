@@ -4,6 +4,8 @@
 //! DeepStack: after some of its blocks a merger of their output makes a feature that the first
 //! decoder layers add to the image tokens' hidden states. The text model is Qwen3's (QK-norm)
 //! with MRoPE's frequencies interleaved over the three axes; Qwen3-VL-MoE's is Qwen3-MoE's.
+//! Qwen3.5 (`Qwen3_5ForConditionalGeneration`, `Qwen3_5MoeForConditionalGeneration`) puts the same
+//! tower, without DeepStack, before its Gated DeltaNet hybrid text model.
 //!
 //! Images only for now: Qwen3-VL's videos carry per-frame timestamps in the prompt, which the
 //! server does not write yet, so the model declares no video token.
@@ -66,6 +68,15 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<QwenVl> {
 /// model.
 pub fn load_moe(raw: &RawConfig, w: &Weights) -> Result<QwenVl> {
     QwenVl::assemble(raw, w, TextModel::Qwen3Moe, load_vision)
+}
+
+/// Qwen3.5 with images (`Qwen3_5ForConditionalGeneration`, `Qwen3_5MoeForConditionalGeneration`):
+/// Qwen3-VL's tower without DeepStack before Qwen3.5's hybrid text model.
+pub fn load_qwen3_5(raw: &RawConfig, w: &Weights, variant: crate::families::qwen3_next::Variant) -> Result<QwenVl> {
+    QwenVl::assemble(raw, w, TextModel::Qwen3_5(variant), |raw, cfg: &VisionConfig, v, text_hidden| {
+        let cfg = VisionConfig { deepstack_visual_indexes: Vec::new(), ..cfg.clone() };
+        load_vision(raw, &cfg, v, text_hidden)
+    })
 }
 
 fn load_vision(raw: &RawConfig, cfg: &VisionConfig, v: &Scope, text_hidden: usize) -> Result<VisionTower> {
