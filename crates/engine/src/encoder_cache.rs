@@ -13,7 +13,6 @@ use crate::params::VisualInput;
 
 /// What identifies an encoding: the item's content hash, its grid and its kind.
 pub(crate) type EncoderKey = (u64, [usize; 3], &'static str);
-type Key = EncoderKey;
 
 /// The runner's cache, which the scheduler reads to charge only encodings not at hand.
 pub type SharedEncoderCache = Arc<Mutex<EncoderCache>>;
@@ -27,7 +26,7 @@ pub struct EncoderCacheStats {
 
 #[derive(Debug)]
 pub struct EncoderCache {
-    entries: HashMap<Key, Entry>,
+    entries: HashMap<EncoderKey, Entry>,
     /// Embedding rows kept for items no request reads any more.
     capacity_rows: usize,
     clock: u64,
@@ -45,7 +44,7 @@ impl EncoderCache {
         EncoderCache { entries: HashMap::new(), capacity_rows, clock: 0, stats: EncoderCacheStats::default() }
     }
 
-    /// The encoding of `item`: the cached one, or `encode`'s, kept for later readers.
+    /// What identifies `item`'s encoding.
     pub(crate) fn key(item: &VisualInput) -> EncoderKey {
         (item.hash, item.grid_thw, item.visual.modality())
     }
@@ -55,6 +54,7 @@ impl EncoderCache {
         self.entries.contains_key(key)
     }
 
+    /// The encoding of `item`: the cached one, or `encode`'s, kept for later readers.
     pub(crate) fn get_or_encode<E>(
         &mut self,
         item: &VisualInput,
@@ -78,7 +78,7 @@ impl EncoderCache {
     /// `incoming` rows (unread once its readers are done) fit the capacity.
     fn make_room(&mut self, incoming: usize) {
         let rows = |e: &Entry| e.encoded.embeddings.rows();
-        let mut unread: Vec<(u64, Key, usize)> = self
+        let mut unread: Vec<(u64, EncoderKey, usize)> = self
             .entries
             .iter()
             .filter(|(_, e)| Arc::strong_count(&e.encoded) == 1)

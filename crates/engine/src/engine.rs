@@ -417,18 +417,7 @@ impl EngineClient {
         let ids: Vec<u32> = [Some(vision.image_token_id), vision.video_token_id].into_iter().flatten().collect();
         // Each placeholder token's runs, in prompt order.
         let mut runs: HashMap<u32, VecDeque<std::ops::Range<usize>>> =
-            ids.iter().map(|&id| (id, VecDeque::new())).collect();
-        let mut i = 0;
-        while i < prompt.len() {
-            let start = i;
-            i += 1;
-            if let Some(queue) = runs.get_mut(&prompt[start]) {
-                while i < prompt.len() && prompt[i] == prompt[start] {
-                    i += 1;
-                }
-                queue.push_back(start..i);
-            }
-        }
+            ids.iter().map(|&id| (id, ferrite_models::placeholder_runs(prompt, id).into())).collect();
         let mut placed = Vec::with_capacity(visuals.len());
         for (k, item) in visuals.into_iter().enumerate() {
             let kind = item.visual.modality();

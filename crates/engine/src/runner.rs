@@ -287,7 +287,7 @@ impl ModelRunner {
             tokens.extend_from_slice(drafts);
             let media_runs: Vec<std::ops::Range<usize>> = match &state.sampling.multimodal {
                 Some(mm) if self.bidirectional_media && state.state_slot.is_none() => {
-                    mm.items.iter().map(|(_, at)| at.clone()).filter(|at| at.start < end && start < at.end).collect()
+                    mm.items.iter().map(|(_, at)| at.clone()).collect()
                 }
                 _ => Vec::new(),
             };

@@ -109,6 +109,19 @@ pub struct VisualGrid {
 }
 
 /// An image input a vision encoder cannot take: the request's error.
+/// The runs of consecutive `token`s in `prompt`, in order: where a prompt's images (or videos)
+/// sit, adjacent items of a kind sharing one run.
+pub fn placeholder_runs(prompt: &[u32], token: u32) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, _) in prompt.iter().enumerate().filter(|(_, &t)| t == token) {
+        match runs.last_mut() {
+            Some(run) if run.end == i => run.end += 1,
+            _ => runs.push(i..i + 1),
+        }
+    }
+    runs
+}
+
 pub(crate) fn image_input_error(detail: String) -> crate::ModelError {
     ferrite_tensor::TensorError::Shape { op: "image input", detail }.into()
 }
@@ -194,8 +207,10 @@ pub trait VisionEncoder: Send + Sync {
     /// The (temporal, height, width) rotary positions of every prompt token, given the prompt's
     /// images and videos in order (the n-th image fills the n-th run of image placeholders, the
     /// n-th video the n-th run of video placeholders), and the offset decode positions then take
-    /// (`position + delta` on every axis). `None` for models without MRoPE.
-    fn mrope_positions(&self, prompt: &[u32], visuals: &[VisualGrid]) -> Result<Option<(Vec<[usize; 3]>, i64)>>;
+    /// (`position + delta` on every axis). `None` for models without MRoPE, the default.
+    fn mrope_positions(&self, _prompt: &[u32], _visuals: &[VisualGrid]) -> Result<Option<(Vec<[usize; 3]>, i64)>> {
+        Ok(None)
+    }
 }
 
 /// A decoder-only language model that reads and writes a paged KV cache.

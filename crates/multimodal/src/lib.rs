@@ -23,6 +23,8 @@ pub use clip::ClipImageProcessor;
 pub use config::{image_processor_config, video_processor_config};
 pub use decode::decode_image;
 pub use gemma3::Gemma3ImageProcessor;
+/// The decoded RGB image every processor takes.
+pub use image::RgbImage;
 pub use qwen2_vl::{Qwen2VlImageProcessor, Qwen2VlVideoProcessor, FRAME_LIST_FPS};
 
 use std::path::PathBuf;

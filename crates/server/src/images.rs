@@ -9,7 +9,7 @@ use std::hash::{Hash, Hasher};
 use ferrite_engine::{Visual, VisualInput};
 use ferrite_multimodal::{
     decode_image, image_processor_config, ClipImageProcessor, Gemma3ImageProcessor, MultimodalError,
-    Qwen2VlImageProcessor, Qwen2VlVideoProcessor,
+    Qwen2VlImageProcessor, Qwen2VlVideoProcessor, RgbImage,
 };
 
 use crate::error::ApiError;
@@ -25,11 +25,41 @@ pub const MAX_IMAGE_PIXELS: u64 = 178_956_970;
 pub enum ImageProcessor {
     /// Qwen2-VL's and Qwen2.5-VL's: any size, resized to whole merge windows of patches.
     Qwen2Vl(Qwen2VlImageProcessor),
-    /// CLIP's (LLaVA): one fixed-size image; `patch` pixels a patch side, which sets how many
-    /// embeddings the image becomes.
-    Clip { processor: ClipImageProcessor, patch: usize },
-    /// Gemma 3's and SigLIP's: one image resized to a fixed size, `patch` pixels a patch side.
-    FixedSize { processor: Gemma3ImageProcessor, patch: usize },
+    /// One fixed-size image; `patch` pixels a patch side, which sets how many embeddings the
+    /// image becomes.
+    WholeImage { processor: WholeImageProcessor, patch: usize },
+}
+
+/// The processors that hand the tower one whole image of a fixed size.
+#[derive(Debug, Clone)]
+pub enum WholeImageProcessor {
+    /// CLIP's (LLaVA-1.5): resized and center-cropped.
+    Clip(ClipImageProcessor),
+    /// Gemma 3's and SigLIP's: resized to the size.
+    FixedSize(Gemma3ImageProcessor),
+}
+
+impl WholeImageProcessor {
+    fn output_size(&self) -> (usize, usize) {
+        match self {
+            WholeImageProcessor::Clip(p) => p.output_size(),
+            WholeImageProcessor::FixedSize(p) => p.output_size(),
+        }
+    }
+
+    fn preprocess(&self, rgb: &RgbImage) -> Result<Vec<f32>, MultimodalError> {
+        match self {
+            WholeImageProcessor::Clip(p) => p.preprocess(rgb).map(|out| out.pixel_values),
+            WholeImageProcessor::FixedSize(p) => p.preprocess(rgb).map(|out| out.pixel_values),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            WholeImageProcessor::Clip(_) => "CLIP",
+            WholeImageProcessor::FixedSize(_) => "Gemma 3 / SigLIP",
+        }
+    }
 }
 
 impl ImageProcessor {
@@ -38,13 +68,9 @@ impl ImageProcessor {
         let rgb = &decode_image(bytes, MAX_IMAGE_PIXELS)?;
         match self {
             ImageProcessor::Qwen2Vl(p) => p.preprocess(rgb).map(|out| (out.pixel_values, out.grid_thw)),
-            ImageProcessor::Clip { processor, patch } => {
+            ImageProcessor::WholeImage { processor, patch } => {
                 let (height, width) = processor.output_size();
-                Ok((processor.preprocess(rgb)?.pixel_values, [1, height / patch, width / patch]))
-            }
-            ImageProcessor::FixedSize { processor, patch } => {
-                let (height, width) = processor.output_size();
-                Ok((processor.preprocess(rgb)?.pixel_values, [1, height / patch, width / patch]))
+                Ok((processor.preprocess(rgb)?, [1, height / patch, width / patch]))
             }
         }
     }
@@ -53,7 +79,7 @@ impl ImageProcessor {
     fn merge(&self) -> usize {
         match self {
             ImageProcessor::Qwen2Vl(p) => p.merge_size,
-            ImageProcessor::Clip { .. } | ImageProcessor::FixedSize { .. } => 1,
+            ImageProcessor::WholeImage { .. } => 1,
         }
     }
 
@@ -62,9 +88,9 @@ impl ImageProcessor {
             ImageProcessor::Qwen2Vl(p) => {
                 p.with_overrides(kwargs).map(ImageProcessor::Qwen2Vl).map_err(|e| e.to_string())
             }
-            ImageProcessor::Clip { .. } | ImageProcessor::FixedSize { .. } => Err(format!(
+            ImageProcessor::WholeImage { processor, .. } => Err(format!(
                 "this model's image processor ({}) takes no mm_processor_kwargs; got {}",
-                if matches!(self, ImageProcessor::Clip { .. }) { "CLIP" } else { "Gemma 3 / SigLIP" },
+                processor.name(),
                 kwargs.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
             )),
         }
@@ -156,25 +182,23 @@ impl ImageProcessing {
             section.get("image_processor_type").and_then(serde_json::Value::as_str).unwrap_or("Qwen2VLImageProcessor");
         let processor = if kind.starts_with("Qwen2VLImageProcessor") {
             ImageProcessor::Qwen2Vl(Qwen2VlImageProcessor::from_config(&section).map_err(|e| format!("{path}: {e}"))?)
-        } else if kind.starts_with("CLIPImageProcessor") {
-            let processor = ClipImageProcessor::from_config(&section).map_err(|e| format!("{path}: {e}"))?;
-            let (height, width) = processor.output_size();
-            if patch_size == 0 || !height.is_multiple_of(patch_size) || !width.is_multiple_of(patch_size) {
-                return Err(format!("{path}: a {height}x{width} crop is not whole patches of {patch_size} pixels"));
-            }
-            ImageProcessor::Clip { processor, patch: patch_size }
-        } else if kind.starts_with("Gemma3ImageProcessor") || kind.starts_with("SiglipImageProcessor") {
-            let processor = if kind.starts_with("Gemma3") {
-                Gemma3ImageProcessor::from_config(&section)
+        } else if kind.starts_with("CLIPImageProcessor")
+            || kind.starts_with("Gemma3ImageProcessor")
+            || kind.starts_with("SiglipImageProcessor")
+        {
+            let processor = if kind.starts_with("CLIP") {
+                ClipImageProcessor::from_config(&section).map(WholeImageProcessor::Clip)
+            } else if kind.starts_with("Gemma3") {
+                Gemma3ImageProcessor::from_config(&section).map(WholeImageProcessor::FixedSize)
             } else {
-                Gemma3ImageProcessor::from_siglip_config(&section)
+                Gemma3ImageProcessor::from_siglip_config(&section).map(WholeImageProcessor::FixedSize)
             }
             .map_err(|e| format!("{path}: {e}"))?;
             let (height, width) = processor.output_size();
             if patch_size == 0 || !height.is_multiple_of(patch_size) || !width.is_multiple_of(patch_size) {
                 return Err(format!("{path}: a {height}x{width} image is not whole patches of {patch_size} pixels"));
             }
-            ImageProcessor::FixedSize { processor, patch: patch_size }
+            ImageProcessor::WholeImage { processor, patch: patch_size }
         } else {
             return Err(format!(
                 "{path}: image_processor_type `{kind}` is not supported (Qwen2VLImageProcessor, CLIPImageProcessor, \

@@ -172,7 +172,7 @@ pub fn greedy_with_images(
     };
     // Where image tokens attend to one another both ways: each run of them, as the engine cuts it.
     let bidirectional_runs = match model.info().vision {
-        Some(info) if info.bidirectional => placeholder_runs(prompt, info.image_token_id),
+        Some(info) if info.bidirectional => ferrite_models::placeholder_runs(prompt, info.image_token_id),
         _ => Vec::new(),
     };
     let total = prompt.len() + new_tokens;
@@ -226,18 +226,6 @@ pub fn greedy_with_images(
         step_tokens = vec![next];
     }
     Ok(Generation { tokens, logprobs })
-}
-
-/// The runs of `token` in `prompt`.
-fn placeholder_runs(prompt: &[u32], token: u32) -> Vec<std::ops::Range<usize>> {
-    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
-    for (i, _) in prompt.iter().enumerate().filter(|(_, &t)| t == token) {
-        match runs.last_mut() {
-            Some(run) if run.end == i => run.end += 1,
-            _ => runs.push(i..i + 1),
-        }
-    }
-    runs
 }
 
 #[derive(Debug, Clone)]

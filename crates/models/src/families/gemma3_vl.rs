@@ -23,7 +23,7 @@ use crate::layers::{Linear, RmsNorm};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
 use crate::model::{
-    image_input_error, pixel_input, CausalLM, Encoded, ForwardInput, ModelInfo, VisionEncoder, VisionInfo, VisualGrid,
+    image_input_error, pixel_input, CausalLM, Encoded, ForwardInput, ModelInfo, VisionEncoder, VisionInfo,
 };
 use crate::Result;
 
@@ -137,13 +137,9 @@ impl VisionEncoder for Gemma3Vl {
             )));
         }
         let table = &self.decoder.embed.table;
-        let hidden = t.forward(pixel_values, table.device(), table.dtype(), |_, _| Ok(()))?;
+        let hidden = t.last_hidden_state(pixel_values, table.device(), table.dtype())?;
         let normed = self.soft_norm.forward(&self.pool(&hidden)?)?;
         Ok(Encoded { embeddings: self.projection.forward(&normed)?, deepstack: Vec::new() })
-    }
-
-    fn mrope_positions(&self, _prompt: &[u32], _visuals: &[VisualGrid]) -> Result<Option<(Vec<[usize; 3]>, i64)>> {
-        Ok(None)
     }
 }
 

@@ -20,9 +20,7 @@ use crate::layers::vit::{VitConfig, VitKind, VitTower};
 use crate::layers::Linear;
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
-use crate::model::{
-    image_input_error, CausalLM, Encoded, ForwardInput, ModelInfo, VisionEncoder, VisionInfo, VisualGrid,
-};
+use crate::model::{image_input_error, CausalLM, Encoded, ForwardInput, ModelInfo, VisionEncoder, VisionInfo};
 use crate::Result;
 
 /// LLaVA's vision tower (CLIP or SigLIP) and the hidden states it hands the projector.
@@ -171,7 +169,7 @@ impl FeatureTower {
         // the projector's input columns follow.
         let mut features: Vec<Option<Tensor>> = vec![None; self.feature_layers.len()];
         let patch_rows: Vec<usize> = (self.first_row..self.vit.rows()).collect();
-        self.vit.forward(chw, device, dtype, |k, x| {
+        self.vit.hidden_states(chw, device, dtype, |k, x| {
             for (slot, _) in features.iter_mut().zip(&self.feature_layers).filter(|(_, &layer)| layer == k) {
                 *slot = Some(ops::gather_rows(x, &patch_rows)?);
             }
@@ -201,10 +199,6 @@ impl VisionEncoder for Llava {
         let features = self.tower.features(pixel_values, table.device(), table.dtype())?;
         let hidden = ops::activation(&self.projector_1.forward(&features)?, self.projector_act)?;
         Ok(Encoded { embeddings: self.projector_2.forward(&hidden)?, deepstack: Vec::new() })
-    }
-
-    fn mrope_positions(&self, _prompt: &[u32], _visuals: &[VisualGrid]) -> Result<Option<(Vec<[usize; 3]>, i64)>> {
-        Ok(None)
     }
 }
 

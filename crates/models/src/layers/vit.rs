@@ -235,10 +235,20 @@ impl VitTower {
         rows
     }
 
-    /// Runs the tower over one image's channel-first pixels: `visit(k, hidden)` sees the hidden
-    /// states after `k` blocks (0: the embeddings), and the result is the last block's output,
-    /// through the closing norm where the tower has one.
-    pub fn forward(
+    /// The tower's last hidden state of one image's channel-first pixels: the last block's output,
+    /// through the closing norm where the tower has one (transformers' `last_hidden_state`).
+    pub fn last_hidden_state(&self, chw: &[f32], device: Device, dtype: DType) -> Result<Tensor> {
+        let x = self.hidden_states(chw, device, dtype, |_, _| Ok(()))?;
+        match &self.post_norm {
+            Some(norm) => norm.forward(&x),
+            None => Ok(x),
+        }
+    }
+
+    /// Runs the tower's blocks over one image's channel-first pixels: `visit(k, hidden)` sees the
+    /// hidden states after `k` blocks (0: the embeddings, transformers' `hidden_states[k]`), and
+    /// the result is the last block's output, without the closing norm.
+    pub fn hidden_states(
         &self,
         chw: &[f32],
         device: Device,
@@ -270,9 +280,6 @@ impl VitTower {
             x = ops::add(&x, &mlp)?;
             visit(i + 1, &x)?;
         }
-        match &self.post_norm {
-            Some(norm) => norm.forward(&x),
-            None => Ok(x),
-        }
+        Ok(x)
     }
 }
