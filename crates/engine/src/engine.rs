@@ -23,10 +23,12 @@ use crate::config::{CacheConfig, EngineConfig};
 use crate::core::scheduler::{EngineCoreOutput, SchedulerConfig};
 use crate::core::{ReqId, Request, Scheduler};
 use crate::detokenizer::Detokenizer;
+use crate::draft_model::DraftModel;
 use crate::error::{EngineError, Result};
 use crate::output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
 use crate::params::{MultimodalInputs, RequestSampling, SamplingParams, VisualInput};
 use crate::runner::ModelRunner;
+use crate::spec_decode::SpeculativeMethod;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum PromptInput {
@@ -166,6 +168,29 @@ fn bad_words_token_ids(tokenizer: &Tokenizer, words: &[String]) -> Result<Vec<Ve
     Ok(out)
 }
 
+/// A draft model fit to draft for a target of `target`: no recurrent state (it could not be
+/// rolled back past a rejected draft) and no token the target cannot take.
+fn check_draft_model(target: &ModelInfo, draft: Box<dyn CausalLM>) -> Result<Box<dyn CausalLM>> {
+    let d = draft.info();
+    let bad = |m: String| Err(EngineError::Config(format!("--speculative-config: the draft model {m}")));
+    if !d.state_layers.is_empty() {
+        return bad(format!(
+            "{} has recurrent layers, whose state cannot be rolled back past a rejected draft",
+            d.architecture
+        ));
+    }
+    if d.kv_layers.is_empty() {
+        return bad(format!("{} is not a decoder with a KV cache", d.architecture));
+    }
+    if d.vocab_size > target.vocab_size {
+        return bad(format!(
+            "{}'s vocabulary ({} tokens) is larger than the target's ({}): it must share the target's tokenizer",
+            d.architecture, d.vocab_size, target.vocab_size
+        ));
+    }
+    Ok(draft)
+}
+
 /// A cheap, thread-safe handle to a running engine.
 #[derive(Clone)]
 pub struct EngineClient {
@@ -180,6 +205,17 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(model: Box<dyn CausalLM>, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine> {
+        Engine::with_draft_model(model, None, tokenizer, config)
+    }
+
+    /// [`Engine::new`] with the draft model of a `draft_model` speculative config, loaded by the
+    /// caller like the target.
+    pub fn with_draft_model(
+        model: Box<dyn CausalLM>,
+        draft: Option<Box<dyn CausalLM>>,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+    ) -> Result<Engine> {
         let info = model.info().clone();
         let config = if config.enable_prefix_caching && model.rotary_depends_on_length() {
             tracing::warn!(
@@ -198,15 +234,59 @@ impl Engine {
                 info.architecture
             )));
         }
+        let draft_config = match config.speculative.as_ref().map(|s| &s.method) {
+            Some(SpeculativeMethod::DraftModel(d)) => Some(d.clone()),
+            _ => None,
+        };
+        let draft = match (draft, &draft_config) {
+            (Some(draft), Some(_)) => Some(check_draft_model(&info, draft)?),
+            (None, None) => None,
+            (None, Some(d)) => {
+                return Err(EngineError::Config(format!(
+                    "--speculative-config: the draft model {} was not loaded",
+                    d.model.display()
+                )))
+            }
+            (Some(_), None) => {
+                return Err(EngineError::Config(
+                    "a draft model was given without a draft_model speculative config".into(),
+                ))
+            }
+        };
         // The cache memory is known only after profiling on a GPU: check the rest first.
         let max_model_len = config.max_model_len(&info)?;
         let config = EngineConfig {
             kv_cache_memory: crate::memory::kv_budget(model.as_ref(), &config, max_model_len)?,
             ..config
         };
-        let (cache, max_model_len) = config.resolve(&info)?;
+        // A draft model's KV cache has the target's blocks: each block holds both models' keys.
+        let mut sizing = info.clone();
+        if let Some(draft) = &draft {
+            sizing.kv_layers.extend(draft.info().kv_layers.iter().cloned());
+        }
+        let (cache, max_model_len) = config.resolve(&sizing)?;
+        let num_lookahead_tokens = match (&draft, &config.speculative) {
+            (Some(_), Some(spec)) => spec.num_speculative_tokens,
+            _ => 0,
+        };
+        let draft = match (draft, draft_config) {
+            (Some(draft), Some(d)) => {
+                let draft_len =
+                    d.max_model_len.unwrap_or(usize::MAX).min(draft.info().max_position_embeddings).min(max_model_len);
+                Some(DraftModel::new(
+                    draft,
+                    config.device,
+                    cache.dtype,
+                    cache.num_blocks,
+                    cache.block_size,
+                    num_lookahead_tokens,
+                    draft_len,
+                )?)
+            }
+            _ => None,
+        };
         let recompute_at = model.rotary_recompute_at();
-        let runner = ModelRunner::new(model, &cache, &config)?;
+        let runner = ModelRunner::new(model, draft, &cache, &config, max_model_len)?;
         let sched_config = SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
             max_num_seqs: config.max_num_seqs,
@@ -219,6 +299,7 @@ impl Engine {
             num_state_snapshots: cache.state_snapshots,
             disable_chunked_mm_input: config.disable_chunked_mm_input || info.vision.is_some_and(|v| v.bidirectional),
             max_num_encoder_input_tokens: config.max_num_batched_tokens,
+            num_lookahead_tokens,
         };
         tracing::info!(
             blocks = cache.num_blocks,
@@ -943,12 +1024,13 @@ impl EngineCore {
             return;
         }
         match result {
-            Ok(out) => {
+            Ok(mut out) => {
+                let model_drafts = std::mem::take(&mut out.draft_token_ids);
                 let outputs = self.scheduler.update_from_output(&so, out);
                 let (stopped, disconnected) = self.processor.process(outputs);
                 self.scheduler.finish_requests(&stopped, FinishReason::Stop);
                 self.scheduler.finish_requests(&disconnected, FinishReason::Abort);
-                self.scheduler.propose_drafts();
+                self.scheduler.propose_drafts(model_drafts);
             }
             Err(e) => {
                 tracing::error!(error = %e, "model step failed");

@@ -8,6 +8,7 @@
 pub mod config;
 pub mod core;
 pub mod detokenizer;
+pub mod draft_model;
 pub mod encoder_cache;
 pub mod engine;
 pub mod error;

@@ -12,6 +12,7 @@ use crate::engine::{Engine, EngineClient, PromptInput};
 use crate::error::{EngineError, Result};
 use crate::output::RequestOutput;
 use crate::params::SamplingParams;
+use crate::spec_decode::SpeculativeMethod;
 
 pub struct LLM {
     engine: Engine,
@@ -49,6 +50,19 @@ impl LLM {
             quantization: config.quantization.clone(),
             dequantize_weights: config.dequantize_weights,
         };
+        let draft = match config.speculative.as_ref().map(|s| &s.method) {
+            Some(SpeculativeMethod::DraftModel(d)) => {
+                let opts = LoadOptions { quantization: d.quantization.clone(), progress: false, ..opts.clone() };
+                let draft = load_model(&d.model, &opts).map_err(|e| {
+                    EngineError::Config(format!(
+                        "--speculative-config: loading the draft model {}: {e}",
+                        d.model.display()
+                    ))
+                })?;
+                Some(draft.model)
+            }
+            _ => None,
+        };
         let loaded = load_model(path, &opts)?;
         let mut tokenizer = match (&overrides.tokenizer_dir, &loaded.gguf_tokenizer) {
             (Some(dir), _) => Tokenizer::from_dir(dir)?,
@@ -58,7 +72,7 @@ impl LLM {
         if let Some(template) = &overrides.chat_template {
             tokenizer = tokenizer.with_chat_template(template.clone())?;
         }
-        let engine = Engine::new(loaded.model, Arc::new(tokenizer), config)?;
+        let engine = Engine::with_draft_model(loaded.model, draft, Arc::new(tokenizer), config)?;
         Ok(LLM { engine })
     }
 

@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use crate::config::{CacheConfig, EngineConfig};
 use crate::core::scheduler::{ModelRunnerOutput, SchedulerOutput};
 use crate::core::{BlockId, ReqId};
+use crate::draft_model::{DraftModel, DraftRequest};
 use crate::encoder_cache::{EncoderCache, EncoderCacheStats, SharedEncoderCache};
 use crate::error::{EngineError, Result};
 use crate::graphs::{DecodeGraphs, GraphCounts};
@@ -77,6 +78,9 @@ pub struct ModelRunner {
     /// Structured-output requests still in their reasoning section: the grammar starts once
     /// the output ends with the marker.
     reasoning: HashMap<ReqId, (Vec<u32>, Arc<Grammar>)>,
+    /// The `draft_model` drafter, run after each step for the requests that sampled.
+    draft: Option<DraftModel>,
+    max_model_len: usize,
 }
 
 /// Which logit rows belong to which request.
@@ -88,7 +92,13 @@ enum RowUse {
 }
 
 impl ModelRunner {
-    pub fn new(model: Box<dyn CausalLM>, cache: &CacheConfig, config: &EngineConfig) -> Result<ModelRunner> {
+    pub fn new(
+        model: Box<dyn CausalLM>,
+        draft: Option<DraftModel>,
+        cache: &CacheConfig,
+        config: &EngineConfig,
+        max_model_len: usize,
+    ) -> Result<ModelRunner> {
         let _span = tracing::info_span!("allocate_kv_cache", blocks = cache.num_blocks, block_size = cache.block_size)
             .entered();
         // A hybrid model's state layers get one slot more than the working and kept ones: the
@@ -116,6 +126,8 @@ impl ModelRunner {
             graphs,
             constraints: HashMap::new(),
             reasoning: HashMap::new(),
+            draft,
+            max_model_len,
         })
     }
 
@@ -143,6 +155,9 @@ impl ModelRunner {
         self.requests.clear();
         self.constraints.clear();
         self.reasoning.clear();
+        if let Some(draft) = &mut self.draft {
+            draft.reset();
+        }
     }
 
     fn update_states(&mut self, so: &SchedulerOutput) -> Result<()> {
@@ -150,6 +165,9 @@ impl ModelRunner {
             self.requests.remove(id);
             self.constraints.remove(id);
             self.reasoning.remove(id);
+            if let Some(draft) = &mut self.draft {
+                draft.forget(*id);
+            }
         }
         for new in &so.scheduled_new_reqs {
             if let Some(grammar) = &new.sampling.grammar {
@@ -193,6 +211,9 @@ impl ModelRunner {
             if cached.resumed_from_preemption {
                 state.block_ids.clone_from(&cached.new_block_ids);
                 state.prefill_len = state.token_ids.len();
+                if let Some(draft) = &mut self.draft {
+                    draft.forget(cached.req_id);
+                }
             } else {
                 state.block_ids.extend_from_slice(&cached.new_block_ids);
             }
@@ -438,6 +459,9 @@ impl ModelRunner {
             let logits = ops::gather_rows(&logits, &sample_rows)?;
             self.sample(&logits, &sample_rows_of, &so.scheduled_spec_decode_tokens, token_masks.as_deref(), &mut out)?;
         }
+        if self.draft.is_some() && !out.sampled.is_empty() {
+            out.draft_token_ids = self.propose_drafts(&out)?;
+        }
         tracing::debug!(
             tokens = tokens.len(),
             seqs = so.num_scheduled_tokens.len(),
@@ -449,6 +473,34 @@ impl ModelRunner {
             "step timing"
         );
         Ok(out)
+    }
+
+    /// The draft model's drafts for the requests that sampled this step, except those whose
+    /// grammar waits for the end of a reasoning section (they are drafted for by nobody).
+    fn propose_drafts(&mut self, out: &ModelRunnerOutput) -> Result<HashMap<ReqId, Vec<u32>>> {
+        let _span = tracing::debug_span!("draft", requests = out.sampled.len()).entered();
+        let reqs: Vec<DraftRequest> = out
+            .sampled
+            .keys()
+            .filter(|id| !self.reasoning.contains_key(id))
+            .filter_map(|&id| {
+                let state = self.requests.get(&id)?;
+                let len = state.token_ids.len();
+                let generated = len - state.num_prompt_tokens;
+                let room =
+                    state.sampling.max_tokens.saturating_sub(generated).min(self.max_model_len.saturating_sub(len));
+                Some(DraftRequest {
+                    id,
+                    tokens: &state.token_ids,
+                    block_table: &state.block_ids,
+                    room: room.saturating_sub(1),
+                })
+            })
+            .collect();
+        match &mut self.draft {
+            Some(draft) => draft.propose(&reqs),
+            None => Ok(HashMap::new()),
+        }
     }
 
     fn prompt_logprobs(&mut self, row_uses: &[&RowUse], data: &[f32], vocab: usize, out: &mut ModelRunnerOutput) {

@@ -2,14 +2,20 @@
 //! computes all `k + 1` positions, and the longest prefix of drafts that the target's own sampler
 //! would have drawn is kept, plus the target's token after it.
 //!
+//! Drafts come from the host (n-gram lookup, suffix trees) or from a smaller model that shares
+//! the target's tokenizer (`draft_model`, run by [`crate::draft_model`] after each step).
+//!
 //! Verification draws each position exactly as a step without speculation would (the sampler's
 //! Philox stream is keyed by the token's index in the output, and the logits processors see the
 //! drafts before it as output), then accepts a draft when the draw equals it. For drafters that
-//! propose tokens rather than distributions (n-gram lookup, q one-hot) this is the rejection
+//! propose tokens rather than distributions (n-gram lookup, a draft model's greedy drafts as in
+//! vLLM V1: q one-hot) this is the rejection
 //! sampler: a draft is accepted with probability p(draft), and after a rejection the drawn token
 //! follows p restricted to the other tokens, which is `(p - q)+` normalised. It is also lossless
 //! in the strongest sense: a request's tokens, greedy or seeded, are the same with and without
 //! speculation.
+
+use std::path::PathBuf;
 
 use serde_json::Value;
 
@@ -26,7 +32,7 @@ pub struct SpeculativeConfig {
     pub method: SpeculativeMethod,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum SpeculativeMethod {
     /// Prompt lookup: the tokens that followed the longest earlier occurrence of the sequence's
     /// last `prompt_lookup_min..=prompt_lookup_max` tokens.
@@ -34,10 +40,32 @@ pub enum SpeculativeMethod {
     /// Suffix decoding over the request's prompt and the responses so far (see
     /// [`crate::suffix_tree`]).
     Suffix(SuffixParams),
+    /// A smaller checkpoint sharing the target's tokenizer drafts greedily, with its own KV
+    /// cache laid out on the target's block tables.
+    DraftModel(DraftModelConfig),
+}
+
+/// The draft checkpoint of `"method": "draft_model"`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftModelConfig {
+    /// A checkpoint directory or GGUF file (`model`).
+    pub model: PathBuf,
+    /// Its `quantization` (vLLM's key; `None` reads the checkpoint's own config).
+    pub quantization: Option<String>,
+    /// Sequences longer than this (`max_model_len`, else the draft's own context) get no drafts.
+    pub max_model_len: Option<usize>,
+}
+
+impl SpeculativeMethod {
+    /// The drafts come from a model the runner runs, not from the host.
+    pub fn runs_a_model(&self) -> bool {
+        matches!(self, SpeculativeMethod::DraftModel(_))
+    }
 }
 
 /// Methods vLLM accepts that are not built here: refused by name at start-up.
-const NOT_BUILT: &[&str] = &["draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp"];
+const NOT_BUILT: &[&str] = &["eagle", "eagle3", "medusa", "mlp_speculator", "mtp"];
+const BUILT: &str = "ngram, suffix, draft_model";
 
 /// Most drafts a step verifies per request, as vLLM bounds them.
 pub const MAX_SPECULATIVE_TOKENS: usize = 32;
@@ -56,6 +84,8 @@ impl SpeculativeConfig {
             "prompt_lookup_min",
             "prompt_lookup_max",
             "model",
+            "quantization",
+            "max_model_len",
             "draft_tensor_parallel_size",
             "suffix_decoding_max_tree_depth",
             "suffix_decoding_max_cached_requests",
@@ -121,14 +151,36 @@ impl SpeculativeConfig {
                     min_token_prob: fraction("suffix_decoding_min_token_prob", defaults.min_token_prob, 1.0)?,
                 })
             }
-            m if NOT_BUILT.contains(&m) => {
-                return Err(bad(format!("method `{m}` is not built in ferrite yet (built: ngram, suffix)")));
+            "draft_model" => {
+                let model = obj
+                    .get("model")
+                    .and_then(Value::as_str)
+                    .filter(|m| !m.is_empty())
+                    .ok_or_else(|| bad("`draft_model` needs `model`, the draft checkpoint's path".into()))?;
+                let quantization = match obj.get("quantization") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(q)) => Some(q.clone()),
+                    Some(v) => return Err(bad(format!("`quantization` must be a string, got {v}"))),
+                };
+                SpeculativeMethod::DraftModel(DraftModelConfig {
+                    model: PathBuf::from(model),
+                    quantization,
+                    max_model_len: count("max_model_len")?,
+                })
             }
-            "" => return Err(bad("`method` is missing (built: ngram, suffix)".into())),
+            m if NOT_BUILT.contains(&m) => {
+                return Err(bad(format!("method `{m}` is not built in ferrite yet (built: {BUILT})")));
+            }
+            "" => return Err(bad(format!("`method` is missing (built: {BUILT})"))),
             m => return Err(bad(format!("unknown method `{m}`"))),
         };
+        if let Some(tp) = obj.get("draft_tensor_parallel_size").filter(|v| !v.is_null()) {
+            if tp.as_u64() != Some(1) {
+                return Err(bad(format!("`draft_tensor_parallel_size` {tp}: ferrite runs the draft on one GPU (1)")));
+            }
+        }
         // Suffix decoding drafts up to its tree depth unless told otherwise, as in vLLM.
-        let k = match (count("num_speculative_tokens")?, method) {
+        let k = match (count("num_speculative_tokens")?, &method) {
             (Some(k), _) => k,
             (None, SpeculativeMethod::Suffix(p)) => p.max_tree_depth.min(MAX_SPECULATIVE_TOKENS),
             (None, _) => return Err(bad("`num_speculative_tokens` is missing".into())),
@@ -139,15 +191,17 @@ impl SpeculativeConfig {
         Ok(SpeculativeConfig { num_speculative_tokens: k, method })
     }
 
-    /// The drafter this configuration describes, with its own state.
-    pub fn drafter(&self) -> Drafter {
-        let kind = match self.method {
+    /// The host drafter this configuration describes, with its own state; `None` for a draft
+    /// model, which the runner runs.
+    pub fn drafter(&self) -> Option<Drafter> {
+        let kind = match &self.method {
             SpeculativeMethod::Ngram { prompt_lookup_min, prompt_lookup_max } => {
-                DrafterKind::Ngram { min: prompt_lookup_min, max: prompt_lookup_max }
+                DrafterKind::Ngram { min: *prompt_lookup_min, max: *prompt_lookup_max }
             }
-            SpeculativeMethod::Suffix(params) => DrafterKind::Suffix(Box::new(SuffixCache::new(params))),
+            SpeculativeMethod::Suffix(params) => DrafterKind::Suffix(Box::new(SuffixCache::new(*params))),
+            SpeculativeMethod::DraftModel(_) => return None,
         };
-        Drafter { k: self.num_speculative_tokens, kind }
+        Some(Drafter { k: self.num_speculative_tokens, kind })
     }
 }
 
@@ -261,10 +315,17 @@ mod tests {
         assert_eq!(c.method, SpeculativeMethod::Ngram { prompt_lookup_min: 5, prompt_lookup_max: 5 });
         let c = SpeculativeConfig::parse(r#"{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4}"#);
         assert_eq!(c.unwrap().method, SpeculativeMethod::Ngram { prompt_lookup_min: 4, prompt_lookup_max: 4 });
+        // A `model` without a `method` is a draft model, as vLLM infers it.
+        let c = SpeculativeConfig::parse(r#"{"model": "/d", "num_speculative_tokens": 3, "max_model_len": 512}"#);
+        let want = DraftModelConfig { model: "/d".into(), quantization: None, max_model_len: Some(512) };
+        assert_eq!(c.unwrap().method, SpeculativeMethod::DraftModel(want));
         for (json, needle) in [
             (r#"{"method": "eagle3", "num_speculative_tokens": 2}"#, "`eagle3` is not built"),
             (r#"{"method": "suffix", "suffix_decoding_min_token_prob": 2}"#, "suffix_decoding_min_token_prob"),
-            (r#"{"model": "/d", "num_speculative_tokens": 2}"#, "`draft_model` is not built"),
+            (r#"{"method": "draft_model", "num_speculative_tokens": 2}"#, "needs `model`"),
+            (r#"{"model": "/d", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}"#, "one GPU"),
+            (r#"{"model": "/d", "num_speculative_tokens": 2, "quantization": 4}"#, "`quantization`"),
+            (r#"{"model": "/d", "num_speculative_tokens": 2, "max_model_len": 0}"#, "`max_model_len`"),
             (r#"{"method": "ngram"}"#, "num_speculative_tokens"),
             (r#"{"method": "ngram", "num_speculative_tokens": 0}"#, "positive integer"),
             (
@@ -360,8 +421,15 @@ mod tests {
                 (-1e12f64..1e12).prop_map(Value::from),
                 Just(json!(f64::MAX)),
                 Just(json!(u64::MAX)),
-                prop_oneof![Just("ngram"), Just("suffix"), Just("eagle3"), Just(""), Just("[ngram]")]
-                    .prop_map(Value::from),
+                prop_oneof![
+                    Just("ngram"),
+                    Just("suffix"),
+                    Just("draft_model"),
+                    Just("eagle3"),
+                    Just(""),
+                    Just("[ngram]")
+                ]
+                .prop_map(Value::from),
                 Just(json!([1, 2])),
                 Just(json!({"a": 1})),
             ]
@@ -374,6 +442,9 @@ mod tests {
                 Just("prompt_lookup_min"),
                 Just("prompt_lookup_max"),
                 Just("model"),
+                Just("quantization"),
+                Just("max_model_len"),
+                Just("draft_tensor_parallel_size"),
                 Just("suffix_decoding_max_tree_depth"),
                 Just("suffix_decoding_max_cached_requests"),
                 Just("suffix_decoding_max_spec_factor"),
@@ -396,9 +467,14 @@ mod tests {
                                 prop_assert!(p.max_tree_depth >= 1);
                                 prop_assert!((0.0..=1.0).contains(&p.min_token_prob));
                                 // The drafter it makes runs.
-                                let mut d = c.drafter();
+                                let mut d = c.drafter().expect("a host drafter");
                                 let _ = d.propose(0, &[1, 2, 3, 1, 2], 2, 4);
                                 d.finish(0);
+                            }
+                            SpeculativeMethod::DraftModel(d) => {
+                                prop_assert!(!d.model.as_os_str().is_empty());
+                                prop_assert!(d.max_model_len.is_none_or(|n| n >= 1));
+                                prop_assert!(c.drafter().is_none());
                             }
                         }
                     }

@@ -104,24 +104,27 @@ fn stops_inside_an_accepted_run_end_the_request_where_they_fall() {
 fn structured_outputs_constrain_every_verified_position() {
     use ferrite_engine::{Constraint, StructuredOutputs};
     let plain = llm("llama", config());
-    let spec = with_spec("llama", 4);
     let prompts = prompts("llama");
-    let schema = serde_json::json!({
-        "type": "object",
-        "properties": {"items": {"type": "array", "items": {"type": "integer"}}},
-        "required": ["items"]
-    });
-    for constraint in [Constraint::Regex("[a-z ]{1,80}\\.".into()), Constraint::Json(schema)] {
-        let before = spec.client().stats().spec_decode;
-        let params =
-            SamplingParams { structured_outputs: Some(StructuredOutputs::new(constraint.clone())), ..greedy(40) };
-        let want = outputs(&plain, &prompts, &params);
-        let got = outputs(&spec, &prompts, &params);
-        assert_eq!(got, want, "{constraint:?}");
-        let after = spec.client().stats().spec_decode;
-        let accepted = after.num_accepted_tokens - before.num_accepted_tokens;
-        assert!(accepted > 0, "{constraint:?}: no draft was accepted under the grammar");
-        println!("{constraint:?}: {} drafts, {accepted} accepted", after.num_drafts - before.num_drafts);
+    for spec in
+        [with_spec("llama", 4), llm("llama", EngineConfig { speculative: Some(draft_model("llama", 4)), ..config() })]
+    {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {"items": {"type": "array", "items": {"type": "integer"}}},
+            "required": ["items"]
+        });
+        for constraint in [Constraint::Regex("[a-z ]{1,80}\\.".into()), Constraint::Json(schema)] {
+            let before = spec.client().stats().spec_decode;
+            let params =
+                SamplingParams { structured_outputs: Some(StructuredOutputs::new(constraint.clone())), ..greedy(40) };
+            let want = outputs(&plain, &prompts, &params);
+            let got = outputs(&spec, &prompts, &params);
+            assert_eq!(got, want, "{constraint:?}");
+            let after = spec.client().stats().spec_decode;
+            let accepted = after.num_accepted_tokens - before.num_accepted_tokens;
+            assert!(accepted > 0, "{constraint:?}: no draft was accepted under the grammar");
+            println!("{constraint:?}: {} drafts, {accepted} accepted", after.num_drafts - before.num_drafts);
+        }
     }
 }
 
@@ -187,4 +190,115 @@ fn speculation_on_a_hybrid_model_is_refused_at_start() {
         Err(e) => e.to_string(),
     };
     assert!(err.contains("speculative") && err.contains("Qwen3NextForCausalLM"), "{err}");
+}
+
+fn draft_model(name: &str, k: usize) -> SpeculativeConfig {
+    let json = serde_json::json!({"model": fixture(name), "num_speculative_tokens": k});
+    SpeculativeConfig::parse(&json.to_string()).unwrap()
+}
+
+/// A draft model's greedy drafts are verified like any others: greedy, seeded and penalised
+/// requests draw the same tokens with and without it, batched and alone. A draft that is the
+/// target itself has nearly every draft accepted; an unrelated draft of the same vocabulary has
+/// most refused, and the outputs stay the same.
+#[test]
+fn draft_model_speculation_draws_the_same_tokens() {
+    for (target, draft, well_matched) in
+        [("llama", "llama", true), ("llama", "qwen3", false), ("mixtral", "mixtral", true)]
+    {
+        let plain = llm(target, config());
+        let spec = llm(target, EngineConfig { speculative: Some(draft_model(draft, 4)), ..config() });
+        let prompts = prompts(target);
+        let seeded = SamplingParams { seed: Some(7), logprobs: Some(2), ..random(None, 40) };
+        let penalised = SamplingParams { repetition_penalty: 1.3, frequency_penalty: 0.4, ..greedy(40) };
+        for params in [greedy(40), seeded, penalised] {
+            let before = spec.client().stats().spec_decode;
+            let want = outputs(&plain, &prompts, &params);
+            let tokens = |o: &[(Vec<u32>, Vec<Option<f32>>)]| o.iter().map(|x| x.0.clone()).collect::<Vec<_>>();
+            let batched = outputs(&spec, &prompts, &params);
+            assert_eq!(tokens(&batched), tokens(&want), "{target} drafted by {draft}: batched, {params:?}");
+            let alone: Vec<_> =
+                prompts.iter().map(|p| outputs(&spec, std::slice::from_ref(p), &params).remove(0)).collect();
+            assert_eq!(tokens(&alone), tokens(&want), "{target} drafted by {draft}: alone, {params:?}");
+            for ((_, a), (_, b)) in batched.iter().zip(&want) {
+                for (x, y) in a.iter().zip(b) {
+                    assert!((x.unwrap() - y.unwrap()).abs() < 1e-3, "logprob {x:?} vs {y:?}");
+                }
+            }
+            let after = spec.client().stats().spec_decode;
+            let (drafted, accepted) = (
+                after.num_draft_tokens - before.num_draft_tokens,
+                after.num_accepted_tokens - before.num_accepted_tokens,
+            );
+            println!("{target} drafted by {draft}, {params:?}: {accepted}/{drafted} accepted");
+            assert!(drafted > 0, "no drafts were proposed");
+            // Penalties shape the target's draws and not the draft's.
+            if well_matched && params.temperature == 0.0 && params.repetition_penalty == 1.0 {
+                assert!(accepted as f64 > 0.9 * drafted as f64, "a draft that is the target: {accepted}/{drafted}");
+            }
+            if !well_matched {
+                assert!(accepted < drafted / 2, "an unrelated draft: {accepted}/{drafted}");
+            }
+        }
+        wait_idle(&spec.client());
+    }
+}
+
+/// The draft's keys live in the target's blocks: preemption (blocks taken back and the sequence
+/// computed again), the context limit (drafts stop at `max_model_len`) and a draft whose own
+/// context is shorter than the requests (no drafts past it) keep outputs identical.
+#[test]
+fn draft_model_survives_preemption_and_context_limits() {
+    let small = EngineConfig { kv_cache_memory: 2 * kv_memory("llama", 12), ..config() };
+    let plain = llm("llama", small.clone());
+    let spec = llm("llama", EngineConfig { speculative: Some(draft_model("llama", 4)), ..small });
+    let short = |p: &PromptInput| matches!(p, PromptInput::Tokens(t) if t.len() <= 120);
+    let prompts: Vec<PromptInput> = prompts("llama").into_iter().filter(short).collect();
+    let want = outputs(&plain, &prompts, &greedy(60));
+    assert_eq!(outputs(&spec, &prompts, &greedy(60)), want);
+    let stats = spec.client().stats();
+    assert!(stats.num_preemptions > 0, "the pool was large enough to never preempt");
+    assert!(stats.spec_decode.num_accepted_tokens > 0);
+    wait_idle(&spec.client());
+
+    let short = EngineConfig { max_model_len: Some(64), ..config() };
+    let plain = llm("llama", short.clone());
+    let spec = llm("llama", EngineConfig { speculative: Some(draft_model("llama", 6)), ..short });
+    let cycle: Vec<u32> = (0..40).map(|i| [17, 250, 3, 99][i % 4]).collect();
+    let params = SamplingParams { max_tokens: None, ..greedy(1) };
+    let want = outputs(&plain, &[PromptInput::Tokens(cycle.clone())], &params);
+    let got = outputs(&spec, &[PromptInput::Tokens(cycle.clone())], &params);
+    assert_eq!(got, want);
+    assert_eq!(got[0].0.len(), 64 - 40, "generation runs to the context limit");
+
+    let json = serde_json::json!({"model": fixture("llama"), "num_speculative_tokens": 4, "max_model_len": 48});
+    let bounded = SpeculativeConfig::parse(&json.to_string()).unwrap();
+    let plain = llm("llama", config());
+    let spec = llm("llama", EngineConfig { speculative: Some(bounded), ..config() });
+    let params = greedy(30);
+    let want = outputs(&plain, &[PromptInput::Tokens(cycle.clone())], &params);
+    assert_eq!(outputs(&spec, &[PromptInput::Tokens(cycle)], &params), want);
+    let stats = spec.client().stats().spec_decode;
+    // Drafts run while the sequence stays within the draft's 48 tokens: at most 9 verify steps.
+    assert!(stats.num_drafts > 0 && stats.num_drafts <= 9, "{stats:?}");
+}
+
+/// A draft model that cannot serve is refused at start with a message naming the problem: a
+/// missing checkpoint, a hybrid draft (its state cannot be rolled back), a vocabulary larger
+/// than the target's.
+#[test]
+fn unfit_draft_models_are_refused_at_start() {
+    let missing = SpeculativeConfig::parse(r#"{"model": "/nonexistent/draft", "num_speculative_tokens": 2}"#).unwrap();
+    for (spec, needle) in [
+        (missing, "/nonexistent/draft"),
+        (draft_model("qwen3-next", 2), "recurrent"),
+        (draft_model("llava", 2), "vocabulary"),
+    ] {
+        let config = EngineConfig { speculative: Some(spec), ..config() };
+        let err = match LLM::new(fixture("llama"), ferrite_tensor::DType::F32, config) {
+            Ok(_) => panic!("an unfit draft model started"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(needle) && err.contains("--speculative-config"), "{err}");
+    }
 }

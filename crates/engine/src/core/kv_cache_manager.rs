@@ -44,6 +44,9 @@ pub struct KvCacheManager {
     state_slots: HashMap<ReqId, usize>,
     num_state_slots: usize,
     snapshots: Snapshots,
+    /// Slots allocated past each step's tokens (vLLM's `num_lookahead_tokens`): a draft model
+    /// writes its drafts' keys there before the next step schedules them.
+    num_lookahead_tokens: usize,
 }
 
 /// Recurrent states at block boundaries, for hybrid models' prefix hits.
@@ -74,7 +77,14 @@ impl KvCacheManager {
             state_slots: HashMap::new(),
             num_state_slots: 0,
             snapshots: Snapshots::default(),
+            num_lookahead_tokens: 0,
         }
+    }
+
+    /// Allocates `tokens` slots past every step's tokens (up to `max_model_len`).
+    pub fn with_lookahead_tokens(mut self, tokens: usize) -> KvCacheManager {
+        self.num_lookahead_tokens = tokens;
+        self
     }
 
     /// Gives every request a recurrent-state slot out of `slots` (a hybrid model's state layers
@@ -213,7 +223,7 @@ impl KvCacheManager {
     ) -> Option<Vec<BlockId>> {
         let bs = self.block_size;
         let computed = num_computed_tokens + hits.len() * bs;
-        let needed_tokens = (computed + num_new_tokens).min(self.max_model_len);
+        let needed_tokens = (computed + num_new_tokens + self.num_lookahead_tokens).min(self.max_model_len);
         let held = self.requests.get(&req).map_or(0, |r| r.blocks.len());
         let to_allocate = needed_tokens.div_ceil(bs).saturating_sub(held + hits.len());
         // Hits sitting in the free queue stop being allocatable once touched.

@@ -38,6 +38,9 @@ pub struct SchedulerConfig {
     /// (items whose encodings are at hand do not count; one item longer than this still goes,
     /// alone in its step).
     pub max_num_encoder_input_tokens: usize,
+    /// Slots allocated past each step's tokens, where a draft model writes its drafts' keys
+    /// (vLLM's `num_lookahead_tokens`; 0 without one).
+    pub num_lookahead_tokens: usize,
 }
 
 /// A request the runner has not seen: everything it needs to run and sample it.
@@ -97,6 +100,8 @@ pub struct ModelRunnerOutput {
     pub sampled: HashMap<ReqId, Vec<SampledToken>>,
     /// Logprobs of prompt tokens covered by this step's chunk, in prompt order.
     pub prompt_logprobs: HashMap<ReqId, Vec<TokenLogprob>>,
+    /// A draft model's proposals for the next step, per request that sampled.
+    pub draft_token_ids: HashMap<ReqId, Vec<u32>>,
 }
 
 /// What one sequence produced in a step.
@@ -137,7 +142,8 @@ impl Scheduler {
                 config.enable_prefix_caching,
             )
             .with_state_slots(config.num_state_slots)
-            .with_state_snapshots(config.num_state_snapshots),
+            .with_state_snapshots(config.num_state_snapshots)
+            .with_lookahead_tokens(config.num_lookahead_tokens),
             config,
             requests: HashMap::new(),
             waiting: VecDeque::new(),
@@ -180,18 +186,22 @@ impl Scheduler {
         self.spec_stats
     }
 
-    /// Drafts from now on (and counts them) with the drafter `spec` describes.
+    /// Drafts from now on (and counts them) with the drafter `spec` describes; a draft model's
+    /// drafts come from the runner (see [`Scheduler::propose_drafts`]).
     pub fn enable_speculation(&mut self, spec: &SpeculativeConfig) {
         self.spec_stats.num_speculative_tokens = spec.num_speculative_tokens;
-        self.drafter = Some(spec.drafter());
+        self.drafter = spec.drafter();
     }
 
-    /// Proposes the next step's drafts for every running request that is decoding, as many as
-    /// it may still generate after the token the step draws itself. A structured-output request
-    /// whose grammar waits for the end of a reasoning section gets none: the runner starts its
-    /// grammar one token at a time.
-    pub fn propose_drafts(&mut self) {
-        let Some(drafter) = &mut self.drafter else { return };
+    /// Sets the next step's drafts for every running request that is decoding: the host
+    /// drafter's, else the draft model's (`model_drafts`, from the step just run), as many as the
+    /// request may still generate after the token the step draws itself. A structured-output
+    /// request whose grammar waits for the end of a reasoning section gets none: the runner
+    /// starts its grammar one token at a time.
+    pub fn propose_drafts(&mut self, mut model_drafts: HashMap<ReqId, Vec<u32>>) {
+        if self.drafter.is_none() && model_drafts.is_empty() {
+            return;
+        }
         for id in &self.running {
             let Some(req) = self.requests.get_mut(id) else { continue };
             let decoding = req.num_computed_tokens + 1 == req.num_tokens();
@@ -200,9 +210,16 @@ impl Scheduler {
                 continue;
             }
             let room = (req.sampling.max_tokens.saturating_sub(req.num_output_tokens()))
-                .min(self.config.max_model_len.saturating_sub(req.num_tokens()));
-            req.spec_token_ids =
-                drafter.propose(*id, &req.all_token_ids, req.num_prompt_tokens, room.saturating_sub(1));
+                .min(self.config.max_model_len.saturating_sub(req.num_tokens()))
+                .saturating_sub(1);
+            req.spec_token_ids = match &mut self.drafter {
+                Some(drafter) => drafter.propose(*id, &req.all_token_ids, req.num_prompt_tokens, room),
+                None => {
+                    let mut drafts = model_drafts.remove(id).unwrap_or_default();
+                    drafts.truncate(room);
+                    drafts
+                }
+            };
         }
     }
 
