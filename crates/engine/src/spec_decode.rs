@@ -461,8 +461,8 @@ mod tests {
                 match SpeculativeConfig::parse(&Value::Object(obj).to_string()) {
                     Ok(c) => {
                         prop_assert!((1..=MAX_SPECULATIVE_TOKENS).contains(&c.num_speculative_tokens));
-                        match c.method {
-                            SpeculativeMethod::Ngram { prompt_lookup_min: a, prompt_lookup_max: b } => prop_assert!(1 <= a && a <= b),
+                        match &c.method {
+                            SpeculativeMethod::Ngram { prompt_lookup_min: a, prompt_lookup_max: b } => prop_assert!(1 <= *a && a <= b),
                             SpeculativeMethod::Suffix(p) => {
                                 prop_assert!(p.max_tree_depth >= 1);
                                 prop_assert!((0.0..=1.0).contains(&p.min_token_prob));
