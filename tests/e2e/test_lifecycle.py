@@ -271,6 +271,35 @@ def test_ngram_speculation_serves_the_same_text_and_counts_drafts(spawn):
     assert not any("spec_decode" in k for k in plain.metrics())
 
 
+def test_draft_model_speculation_serves_the_same_text_and_counts_drafts(spawn):
+    # The target drafting for itself: every draft, greedy or sampled with a seed, is the token
+    # the target draws, so every one is accepted and the text is the plain server's.
+    spec = spawn("--speculative-config", json.dumps({"model": str(MODEL), "num_speculative_tokens": 3}))
+    plain = spawn()
+    for temperature in (0, 0.8):
+        outs = [s.client().completions.create(model=NAME, prompt="The quick brown fox", max_tokens=24,
+                                              temperature=temperature, seed=5) for s in (spec, plain)]
+        assert outs[0].choices[0].text == outs[1].choices[0].text
+    chunks = spec.client().chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}],
+                                                   max_tokens=16, temperature=0, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    whole = plain.client().chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}],
+                                                   max_tokens=16, temperature=0)
+    assert streamed == whole.choices[0].message.content
+    m = spec.metrics()
+    assert m["vllm:spec_decode_num_draft_tokens_total"] > 0, m
+    assert m["vllm:spec_decode_num_accepted_tokens_total"] == m["vllm:spec_decode_num_draft_tokens_total"], m
+
+
+def test_unfit_draft_models_fail_at_start_naming_them(tmp_path):
+    for config, needle in [({"model": str(tmp_path / "absent"), "num_speculative_tokens": 2}, "absent"),
+                           ({"method": "draft_model", "num_speculative_tokens": 2}, "needs `model`"),
+                           ({"model": str(MODEL.parent / "llava"), "num_speculative_tokens": 2}, "vocabulary")]:
+        r = subprocess.run([os.environ["FERRITE_BIN"], "serve", str(MODEL), "--speculative-config", json.dumps(config)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and needle in r.stderr and "--speculative-config" in r.stderr, r.stderr
+
+
 def test_model_ids_resolve_through_the_hugging_face_cache(spawn, tmp_path):
     # `ferrite serve org/name` serves the snapshot `refs/main` names in HF_HUB_CACHE, under the id.
     commit = "0123456789abcdef0123456789abcdef01234567"

@@ -1,5 +1,15 @@
 //! The `draft_model` drafter: a smaller checkpoint sharing the target's tokenizer proposes each
-//! decoding request's next drafts, greedily, after every step (vLLM V1's draft-model proposer).
+//! decoding request's next drafts after every step (vLLM V1's draft-model proposer).
+//!
+//! Each draft is drawn as the target draws the token at that position ([`sampler::draw_tokens`]):
+//! the request's logits processors (penalties, bad words, bias, min-tokens), then greedy, or
+//! temperature, min-p, top-k and top-p with the same Philox uniforms, keyed by the request's
+//! seed and the token's index in the output. Verification keeps a draft where the target's own draw
+//! equals it, so the target's tokens are exactly those it draws without speculation, and the
+//! shared uniforms couple the two draws (an exponential race, i.e. Gumbel-max): a draft whose
+//! distribution is close to the target's agrees with it at temperature > 0 about as often as
+//! the rejection sampler's min(1, p/q) accepts, where independent draws would agree only with
+//! probability sum(p q).
 //!
 //! Its KV cache has the target's geometry and is addressed through the target's block tables, so
 //! it needs no allocator of its own: the scheduler allocates `k` slots past each step's tokens
@@ -14,10 +24,12 @@
 use std::collections::HashMap;
 
 use ferrite_models::{CausalLM, ForwardInput};
-use ferrite_tensor::{ops, AttnMetadata, AttnSeq, Device, PagedKvLayer};
+use ferrite_tensor::{AttnMetadata, AttnSeq, Device, PagedKvLayer};
 
 use crate::core::{BlockId, ReqId};
 use crate::error::{EngineError, Result};
+use crate::params::RequestSampling;
+use crate::sampler::{self, SampleRow};
 
 pub struct DraftModel {
     model: Box<dyn CausalLM>,
@@ -45,6 +57,8 @@ pub struct DraftRequest<'a> {
     pub id: ReqId,
     /// Prompt and output so far.
     pub tokens: &'a [u32],
+    pub num_prompt_tokens: usize,
+    pub sampling: &'a RequestSampling,
     pub block_table: &'a [BlockId],
     /// At most this many drafts (what the request may still generate after the next draw).
     pub room: usize,
@@ -82,8 +96,8 @@ impl DraftModel {
         self.requests.clear();
     }
 
-    /// Up to `k` greedy drafts per request: one forward over each request's tokens the draft
-    /// has not seen (the newest at least), then one single-token forward per further draft.
+    /// Up to `k` drafts per request: one forward over each request's tokens the draft has not
+    /// seen (the newest at least), then one single-token forward per further draft.
     pub fn propose(&mut self, reqs: &[DraftRequest<'_>]) -> Result<HashMap<ReqId, Vec<u32>>> {
         let vocab = self.model.info().vocab_size;
         // (request, drafts wanted, first position the first forward feeds)
@@ -121,7 +135,11 @@ impl DraftModel {
             rows.push(tokens.len() - 1);
             seqs.push(AttnSeq { q_start, q_len, ctx_len: r.tokens.len(), block_table: r.block_table.to_vec() });
         }
-        let mut next = self.forward(&tokens, seqs, &rows)?;
+        let all: Vec<usize> = (0..active.len()).collect();
+        let draw_rows = |drafts: &HashMap<ReqId, Vec<u32>>, which: &[usize]| -> Vec<(usize, Vec<u32>)> {
+            which.iter().map(|&i| (i, drafts.get(&active[i].0.id).cloned().unwrap_or_default())).collect()
+        };
+        let mut next = self.forward(&tokens, seqs, &rows, &active, &draw_rows(&drafts, &all))?;
         for (&(r, _, _), &d) in active.iter().zip(&next) {
             drafts.insert(r.id, vec![d]);
         }
@@ -146,7 +164,7 @@ impl DraftModel {
             if fed.is_empty() {
                 break;
             }
-            let drawn = self.forward(&tokens, seqs, &rows)?;
+            let drawn = self.forward(&tokens, seqs, &rows, &active, &draw_rows(&drafts, &fed))?;
             for (&i, &d) in fed.iter().zip(&drawn) {
                 let r = active[i].0;
                 self.requests.get_mut(&r.id).expect("registered above").written.push(next[i]);
@@ -160,17 +178,94 @@ impl DraftModel {
         Ok(drafts)
     }
 
-    /// The draft's greedy token after each of `rows`.
-    fn forward(&mut self, tokens: &[u32], seqs: Vec<AttnSeq>, rows: &[usize]) -> Result<Vec<u32>> {
+    /// The draft's token after each of `rows`: row `j` continues `active[draws[j].0]` after the
+    /// drafts `draws[j].1`, drawn as the target would draw that token.
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        seqs: Vec<AttnSeq>,
+        rows: &[usize],
+        active: &[(&DraftRequest<'_>, usize, usize)],
+        draws: &[(usize, Vec<u32>)],
+    ) -> Result<Vec<u32>> {
         let meta = AttnMetadata::new(seqs, self.block_size)?;
         let input = ForwardInput { tokens, meta: &meta, logit_rows: rows, embeds: None };
+        let outputs: Vec<Vec<u32>> = draws
+            .iter()
+            .map(|(i, drafts)| [&active[*i].0.tokens[active[*i].0.num_prompt_tokens..], drafts].concat())
+            .collect();
+        let sample_rows: Vec<SampleRow> = draws
+            .iter()
+            .zip(&outputs)
+            .map(|((i, _), output)| {
+                let r = active[*i].0;
+                SampleRow { sampling: r.sampling, prompt: &r.tokens[..r.num_prompt_tokens], output }
+            })
+            .collect();
         let (model, caches) = (self.model.as_ref(), &mut self.kv_caches);
-        let mut run = || -> Result<Vec<u32>> { Ok(ops::argmax_rows(&model.forward(&input, caches)?)?) };
+        let mut run = || -> Result<Vec<u32>> {
+            let logits = model.forward(&input, caches)?;
+            sampler::draw_tokens(&logits, &sample_rows)
+        };
         // A CUDA forward stays on the thread its context is current on.
         let drawn = if self.on_cpu { ferrite_tensor::cpu::on_worker(run)? } else { run()? };
         if drawn.len() < rows.len() {
             return Err(EngineError::Internal(format!("the draft returned {} rows for {}", drawn.len(), rows.len())));
         }
         Ok(drawn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrite_tensor::Tensor;
+
+    use crate::params::{RequestSampling, SamplingParams};
+    use crate::sampler::{draw_tokens, SampleRow};
+
+    /// A draft drawn with the target's uniforms agrees with the target's draw far more often
+    /// than an independent draw would (sum p q), at least as often as Gumbel-max coupling
+    /// guarantees ((1 - TV) / (1 + TV)); drawn at another position's uniforms, it is back to
+    /// independent.
+    #[test]
+    fn shared_uniforms_couple_the_draft_with_the_target() {
+        let (target, draft) = ([0.3f32, 1.2, -0.4, 0.9, 0.0], [0.6f32, 1.0, -0.2, 1.1, -0.5]);
+        let probs = |l: &[f32; 5]| {
+            let z: f32 = l.iter().map(|x| x.exp()).sum();
+            l.map(|x| x.exp() / z)
+        };
+        let (p, q) = (probs(&target), probs(&draft));
+        let tv: f32 = p.iter().zip(&q).map(|(a, b)| (a - b).abs()).sum::<f32>() / 2.0;
+        let independent: f32 = p.iter().zip(&q).map(|(a, b)| a * b).sum();
+        let rate = |step_offset: usize| {
+            let trials = 20_000;
+            let agreed = (0..trials)
+                .filter(|&seed| {
+                    let sampling = RequestSampling {
+                        multimodal: None,
+                        max_tokens: 16,
+                        eos_token_id: None,
+                        stop_token_ids: vec![],
+                        min_tokens_mask: vec![],
+                        seed,
+                        params: SamplingParams { temperature: 1.0, ..Default::default() }.normalized(),
+                        grammar: None,
+                        bad_words_token_ids: Vec::new(),
+                    };
+                    let output = vec![7u32; 3 + step_offset];
+                    let draw = |logits: &[f32; 5], output: &[u32]| {
+                        let t = Tensor::from_f32(logits.to_vec(), &[1, 5]).unwrap();
+                        draw_tokens(&t, &[SampleRow { sampling: &sampling, prompt: &[], output }]).unwrap()[0]
+                    };
+                    draw(&target, &output[..3]) == draw(&draft, &output)
+                })
+                .count();
+            agreed as f32 / trials as f32
+        };
+        let (coupled, shifted) = (rate(0), rate(1));
+        println!("tv {tv:.3}, independent {independent:.3}, coupled {coupled:.3}, shifted {shifted:.3}");
+        assert!(coupled >= (1.0 - tv) / (1.0 + tv) - 0.01, "coupled {coupled} below the Gumbel bound");
+        assert!(coupled > independent + 0.3, "coupled {coupled} vs independent {independent}");
+        assert!((shifted - independent).abs() < 0.02, "another position's uniforms: {shifted} vs {independent}");
     }
 }

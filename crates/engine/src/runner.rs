@@ -492,6 +492,8 @@ impl ModelRunner {
                 Some(DraftRequest {
                     id,
                     tokens: &state.token_ids,
+                    num_prompt_tokens: state.num_prompt_tokens,
+                    sampling: &state.sampling,
                     block_table: &state.block_ids,
                     room: room.saturating_sub(1),
                 })

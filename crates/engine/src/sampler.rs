@@ -106,6 +106,21 @@ impl SampleRow<'_> {
 /// logits' device, as vLLM applies its grammar bitmask before its sampler: logprobs are those of
 /// the masked logits.
 pub fn sample(logits: &Tensor, rows: &[SampleRow<'_>], token_masks: Option<&[u32]>) -> Result<Vec<SampledToken>> {
+    sample_with(logits, rows, token_masks, true)
+}
+
+/// The tokens [`sample`] draws, without the logprobs (a draft model's draws).
+pub fn draw_tokens(logits: &Tensor, rows: &[SampleRow<'_>]) -> Result<Vec<u32>> {
+    Ok(sample_with(logits, rows, None, false)?.into_iter().map(|s| s.token_id).collect())
+}
+
+fn sample_with(
+    logits: &Tensor,
+    rows: &[SampleRow<'_>],
+    token_masks: Option<&[u32]>,
+    with_logprobs: bool,
+) -> Result<Vec<SampledToken>> {
+    let wants_logprobs = |row: &SampleRow| with_logprobs && row.sampling.params.logprobs.is_some();
     let masked;
     let logits = match token_masks {
         Some(bitmask) => {
@@ -116,15 +131,14 @@ pub fn sample(logits: &Tensor, rows: &[SampleRow<'_>], token_masks: Option<&[u32
     };
     let vocab = logits.last_dim();
     let processed: Vec<bool> = rows.iter().map(SampleRow::is_processed).collect();
-    let host_rows: Vec<usize> =
-        (0..rows.len()).filter(|&i| processed[i] || rows[i].sampling.params.logprobs.is_some()).collect();
+    let host_rows: Vec<usize> = (0..rows.len()).filter(|&i| processed[i] || wants_logprobs(&rows[i])).collect();
     let mut host = if host_rows.is_empty() { Vec::new() } else { ops::gather_rows(logits, &host_rows)?.to_f32_vec() };
     let mut raw_logprobs: Vec<Option<Vec<f32>>> = vec![None; rows.len()];
     let computed: Vec<Option<Vec<f32>>> = host
         .par_chunks_mut(vocab)
         .zip(host_rows.par_iter())
         .map(|(row, &i)| {
-            let raw = rows[i].sampling.params.logprobs.map(|_| log_softmax(row));
+            let raw = wants_logprobs(&rows[i]).then(|| log_softmax(row));
             if processed[i] {
                 rows[i].process(row);
             }

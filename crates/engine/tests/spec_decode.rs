@@ -197,10 +197,10 @@ fn draft_model(name: &str, k: usize) -> SpeculativeConfig {
     SpeculativeConfig::parse(&json.to_string()).unwrap()
 }
 
-/// A draft model's greedy drafts are verified like any others: greedy, seeded and penalised
-/// requests draw the same tokens with and without it, batched and alone. A draft that is the
-/// target itself has nearly every draft accepted; an unrelated draft of the same vocabulary has
-/// most refused, and the outputs stay the same.
+/// A draft model's drafts are verified like any others: greedy, seeded and penalised requests
+/// draw the same tokens with and without it, batched and alone. A draft that is the target itself
+/// has nearly every draft accepted, sampled ones too (it draws with the target's uniforms); an
+/// unrelated draft of the same vocabulary has most refused, and the outputs stay the same.
 #[test]
 fn draft_model_speculation_draws_the_same_tokens() {
     for (target, draft, well_matched) in
@@ -232,8 +232,9 @@ fn draft_model_speculation_draws_the_same_tokens() {
             );
             println!("{target} drafted by {draft}, {params:?}: {accepted}/{drafted} accepted");
             assert!(drafted > 0, "no drafts were proposed");
-            // Penalties shape the target's draws and not the draft's.
-            if well_matched && params.temperature == 0.0 && params.repetition_penalty == 1.0 {
+            // The draft draws as the target does (processors, temperature, the same uniforms):
+            // a draft that is the target agrees with nearly every draw.
+            if well_matched {
                 assert!(accepted as f64 > 0.9 * drafted as f64, "a draft that is the target: {accepted}/{drafted}");
             }
             if !well_matched {
