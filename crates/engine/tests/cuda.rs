@@ -219,3 +219,35 @@ fn hybrid_prefix_hits_on_cuda() {
     assert!(graphs.replayed > 0, "{name}: decode steps not replayed from graphs: {graphs:?}");
     println!("{name} on cuda: battery token-exact cold and from kept states, graphs {graphs:?}");
 }
+
+/// Speculation on the GPU (verify steps run eagerly, decode steps replay graphs): with a draft
+/// model that is the target, and with n-gram drafts, the f32 battery stays token-exact against
+/// transformers, greedy, and the self-draft has nearly every draft accepted, sampled ones too.
+#[test]
+fn speculation_on_cuda_is_token_exact() {
+    use ferrite_engine::SpeculativeConfig;
+    if !ferrite_tensor::cuda::is_available() {
+        println!("SKIP: no CUDA device");
+        return;
+    }
+    let draft = serde_json::json!({"model": fixture("llama"), "num_speculative_tokens": 4}).to_string();
+    let ngram = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}"#;
+    for json in [draft.as_str(), ngram] {
+        let spec = SpeculativeConfig::parse(json).unwrap();
+        let config = EngineConfig { device: Device::Cuda(0), speculative: Some(spec), ..config() };
+        let llm = LLM::new(fixture("llama"), DType::F32, config).unwrap();
+        let oracle = oracle("llama");
+        let outputs = llm.generate(battery("llama"), &greedy(oracle.cases[0].output_ids.len())).unwrap();
+        for (case, out) in oracle.cases.iter().zip(&outputs) {
+            assert_eq!(out.outputs[0].token_ids, case.output_ids, "{json}: {} differs on cuda", case.name);
+        }
+        let sampled = SamplingParams { seed: Some(3), ..random(None, 32) };
+        llm.generate(battery("llama"), &sampled).unwrap();
+        let stats = llm.client().stats().spec_decode;
+        println!("{json}: {stats:?}");
+        assert!(stats.num_accepted_tokens > 0);
+        if json == draft {
+            assert!(stats.num_accepted_tokens as f64 > 0.9 * stats.num_draft_tokens as f64, "{stats:?}");
+        }
+    }
+}
