@@ -95,6 +95,9 @@ pub struct CacheConfig {
     pub state_slots: usize,
     /// Further slots keeping states at block boundaries for prefix hits (with prefix caching).
     pub state_snapshots: usize,
+    /// Slots saving each working state before a verify step (with speculative decoding), one per
+    /// working slot, after the snapshots.
+    pub state_backups: usize,
 }
 
 impl CacheConfig {
@@ -141,12 +144,13 @@ impl EngineConfig {
         let state_slots = if info.state_layers.is_empty() { 0 } else { self.max_num_seqs };
         // As many states kept for prefix hits as may run at once.
         let state_snapshots = if self.enable_prefix_caching { state_slots } else { 0 };
-        let state_bytes = (state_slots + state_snapshots) * info.state_bytes_per_sequence();
+        let state_backups = if self.speculative.is_some() { state_slots } else { 0 };
+        let state_bytes = (state_slots + state_snapshots + state_backups) * info.state_bytes_per_sequence();
         let Some(kv_memory) = self.kv_cache_memory.checked_sub(state_bytes) else {
             return Err(EngineError::Config(format!(
-                "kv_cache_memory of {} bytes cannot hold {state_slots} recurrent states and {state_snapshots} kept for \
-                 prefix caching ({} bytes each, {state_bytes} in all); lower max_num_seqs, turn prefix caching off \
-                 or raise the cache memory",
+                "kv_cache_memory of {} bytes cannot hold {state_slots} recurrent states, {state_snapshots} kept for \
+                 prefix caching and {state_backups} saved for speculative decoding ({} bytes each, {state_bytes} in \
+                 all); lower max_num_seqs, turn prefix caching off or raise the cache memory",
                 self.kv_cache_memory,
                 info.state_bytes_per_sequence()
             )));
@@ -174,6 +178,7 @@ impl EngineConfig {
             bytes_per_token,
             state_slots,
             state_snapshots,
+            state_backups,
         };
         if cache.capacity_tokens() < max_model_len {
             tracing::warn!(

@@ -227,13 +227,6 @@ impl Engine {
         } else {
             config
         };
-        if config.speculative.is_some() && !info.state_layers.is_empty() {
-            return Err(EngineError::Config(format!(
-                "--speculative-config: speculative decoding is not supported for {} yet (its recurrent state \
-                 cannot be rolled back past a rejected draft)",
-                info.architecture
-            )));
-        }
         let draft_config = match config.speculative.as_ref().map(|s| &s.method) {
             Some(SpeculativeMethod::DraftModel(d)) => Some(d.clone()),
             _ => None,
@@ -297,6 +290,7 @@ impl Engine {
             recompute_at,
             num_state_slots: cache.state_slots,
             num_state_snapshots: cache.state_snapshots,
+            state_backups: cache.state_backups > 0,
             disable_chunked_mm_input: config.disable_chunked_mm_input || info.vision.is_some_and(|v| v.bidirectional),
             max_num_encoder_input_tokens: config.max_num_batched_tokens,
             num_lookahead_tokens,

@@ -101,9 +101,9 @@ impl ModelRunner {
     ) -> Result<ModelRunner> {
         let _span = tracing::info_span!("allocate_kv_cache", blocks = cache.num_blocks, block_size = cache.block_size)
             .entered();
-        // A hybrid model's state layers get one slot more than the working and kept ones: the
+        // A hybrid model's state layers get one slot more than the working, kept and backup ones: the
         // slot the padding sequences of a decode graph write (and nothing reads).
-        let kept = cache.state_slots + cache.state_snapshots;
+        let kept = cache.state_slots + cache.state_snapshots + cache.state_backups;
         let pad_state_slot = (cache.state_slots > 0).then_some(kept);
         let kv_caches = model.info().allocate_caches(
             config.device,

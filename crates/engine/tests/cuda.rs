@@ -251,3 +251,34 @@ fn speculation_on_cuda_is_token_exact() {
         }
     }
 }
+
+/// A hybrid model speculating on the GPU: the state saved before each verify step is restored
+/// after a rejection (state copies on the device), and the tokens are those drawn without
+/// speculation, on the first pass (n-gram drafts, mostly rejected) and the second (suffix
+/// drafts, mostly accepted).
+#[test]
+fn hybrid_speculation_on_cuda_rolls_the_state_back() {
+    use ferrite_engine::SpeculativeConfig;
+    if !ferrite_tensor::cuda::is_available() {
+        println!("SKIP: no CUDA device");
+        return;
+    }
+    let on_cuda = |spec: Option<&str>| {
+        let speculative = spec.map(|json| SpeculativeConfig::parse(json).unwrap());
+        let config = EngineConfig { device: Device::Cuda(0), speculative, ..config() };
+        LLM::new(fixture("qwen3_5"), DType::F32, config).unwrap()
+    };
+    let params = greedy(24);
+    let want = token_ids(&on_cuda(None).generate(battery("qwen3_5"), &params).unwrap());
+    let ngram = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 2}"#;
+    let suffix = r#"{"method": "suffix", "num_speculative_tokens": 4}"#;
+    for json in [ngram, suffix] {
+        let llm = on_cuda(Some(json));
+        for pass in 0..2 {
+            assert_eq!(token_ids(&llm.generate(battery("qwen3_5"), &params).unwrap()), want, "{json}, pass {pass}");
+        }
+        let stats = llm.client().stats().spec_decode;
+        println!("{json}: {stats:?}");
+        assert!(stats.num_accepted_tokens < stats.num_draft_tokens);
+    }
+}

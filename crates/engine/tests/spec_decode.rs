@@ -180,16 +180,37 @@ fn suffix_speculation_learns_from_finished_responses() {
     assert!(rate(s1, s2) > 0.8, "repeated requests should mostly accept: {}", rate(s1, s2));
 }
 
-/// A hybrid model's recurrent state cannot be rolled back past a rejected draft yet: speculative
-/// decoding is refused at start, naming the model.
+/// A hybrid model's recurrent state takes in every draft of a verify step: after a rejection it
+/// is restored from the copy saved before the step, and the accepted tokens are computed again
+/// with the next drafts. Outputs stay identical with n-gram drafts and with a draft model, greedy
+/// and seeded, on every recurrent family (Gated DeltaNet, Mamba2, their MoE and hybrid forms),
+/// and again when the prompts hit the prefix cache's kept states.
 #[test]
-fn speculation_on_a_hybrid_model_is_refused_at_start() {
-    let config = EngineConfig { speculative: Some(ngram(4)), ..config() };
-    let err = match ferrite_engine::LLM::new(fixture("qwen3-next"), ferrite_tensor::DType::F32, config) {
-        Ok(_) => panic!("a hybrid model started with speculative decoding"),
-        Err(e) => e.to_string(),
-    };
-    assert!(err.contains("speculative") && err.contains("Qwen3NextForCausalLM"), "{err}");
+fn hybrid_models_speculate_with_state_rollback() {
+    for name in ["qwen3-next", "qwen3_5", "qwen3_5-moe", "mamba2", "nemotron-h", "granite-moe-hybrid"] {
+        let plain = llm(name, config());
+        let prompts = prompts(name);
+        let seeded = SamplingParams { seed: Some(11), ..random(None, 32) };
+        // Suffix decoding accepts most drafts once the first pass's responses are in its tree.
+        let suffix = SpeculativeConfig::parse(r#"{"method": "suffix", "num_speculative_tokens": 4}"#).unwrap();
+        for spec_config in [ngram(4), draft_model("llama", 3), suffix] {
+            let spec = llm(name, EngineConfig { speculative: Some(spec_config.clone()), ..config() });
+            for params in [greedy(32), seeded.clone()] {
+                let want = token_ids(&plain.generate(prompts.clone(), &params).unwrap());
+                for pass in ["batched", "again, from the prefix cache"] {
+                    let got = token_ids(&spec.generate(prompts.clone(), &params).unwrap());
+                    assert_eq!(got, want, "{name} with {:?}, {pass}, {params:?}", spec_config.method);
+                }
+            }
+            let stats = spec.client().stats().spec_decode;
+            println!("{name} with {:?}: {stats:?}", spec_config.method);
+            assert!(stats.num_accepted_tokens < stats.num_draft_tokens, "{name}: no draft was rejected");
+            if matches!(spec_config.method, ferrite_engine::spec_decode::SpeculativeMethod::Suffix(_)) {
+                assert!(2 * stats.num_accepted_tokens > stats.num_draft_tokens, "{name}: {stats:?}");
+            }
+            wait_idle(&spec.client());
+        }
+    }
 }
 
 fn draft_model(name: &str, k: usize) -> SpeculativeConfig {

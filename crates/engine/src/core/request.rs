@@ -32,6 +32,10 @@ pub struct Request {
     pub recomputed_past_switch: bool,
     /// Drafts proposed for the next step (speculative decoding), verified when it runs.
     pub spec_token_ids: Vec<u32>,
+    /// A hybrid model's verify step rejected a draft after its recurrent state had taken every
+    /// draft in: the state saved before that step is restored and the accepted tokens computed
+    /// again (with the next drafts) in the request's next step.
+    pub restore_state: bool,
 }
 
 impl Request {
@@ -47,6 +51,7 @@ impl Request {
             num_cached_tokens: None,
             recomputed_past_switch: false,
             spec_token_ids: Vec::new(),
+            restore_state: false,
         }
     }
 

@@ -30,6 +30,9 @@ pub struct SchedulerConfig {
     /// Recurrent states kept at block boundaries for prefix hits (hybrid models with prefix
     /// caching), in the slots after the working ones.
     pub num_state_snapshots: usize,
+    /// A hybrid model speculates: each working slot has a backup slot (after the snapshots),
+    /// where the state is saved before a verify step, to be restored if a draft is rejected.
+    pub state_backups: bool,
     /// vLLM's `disable_chunked_mm_input`: a prefill chunk never ends inside an image's or video's
     /// placeholder run. Set for models whose image tokens attend to one another both ways
     /// ([`ferrite_models::VisionInfo::bidirectional`]), which need the whole run in one forward.
@@ -204,7 +207,7 @@ impl Scheduler {
         }
         for id in &self.running {
             let Some(req) = self.requests.get_mut(id) else { continue };
-            let decoding = req.num_computed_tokens + 1 == req.num_tokens();
+            let decoding = req.num_computed_tokens + 1 == req.num_tokens() || req.restore_state;
             let after_reasoning = req.sampling.params.structured_outputs_after.as_ref().is_some_and(|m| !m.is_empty());
             if !decoding || (req.sampling.grammar.is_some() && after_reasoning) {
                 continue;
@@ -255,8 +258,12 @@ impl Scheduler {
                 req.num_computed_tokens = 0;
                 req.recomputed_past_switch = true;
             }
+            if recompute {
+                req.restore_state = false;
+            }
             let known = req.num_tokens() - req.num_computed_tokens;
-            let drafts = if known == 1 { std::mem::take(&mut req.spec_token_ids) } else { Vec::new() };
+            let drafts =
+                if known == 1 || req.restore_state { std::mem::take(&mut req.spec_token_ids) } else { Vec::new() };
             let (computed, wanted) = (req.num_computed_tokens, (known + drafts.len()).min(budget));
             let num_new = self.cut_at_media(id, computed, self.cut_at_snapshot(id, computed, wanted), &mut encoder);
             if num_new == 0 {
@@ -285,6 +292,7 @@ impl Scheduler {
                 break;
             };
             self.plan_state_snapshot(id, self.requests[&id].num_computed_tokens + num_new, &mut out);
+            self.plan_state_backup(id, !drafts.is_empty(), &mut out);
             out.scheduled_cached_reqs.push(CachedRequestData {
                 req_id: id,
                 // A recomputed sequence starts over in fresh blocks, as one back from preemption.
@@ -425,6 +433,24 @@ impl Scheduler {
         }
     }
 
+    /// A hybrid request's state copies around speculation, before its step: the state saved
+    /// before a rejected verify step back into its working slot, then (for a step that verifies
+    /// drafts) the working state into the backup slot.
+    fn plan_state_backup(&mut self, id: ReqId, verifies: bool, out: &mut SchedulerOutput) {
+        let (Some(slot), true) = (self.kv.state_slot(id), self.config.state_backups) else {
+            return;
+        };
+        let backup = slot + self.config.num_state_slots + self.config.num_state_snapshots;
+        if let Some(req) = self.requests.get_mut(&id) {
+            if std::mem::take(&mut req.restore_state) {
+                out.state_copies.before.push((backup, slot));
+            }
+        }
+        if verifies {
+            out.state_copies.before.push((slot, backup));
+        }
+    }
+
     /// Whether a running sequence has just grown past the rotary switch with its cache computed
     /// below it (see [`SchedulerConfig::recompute_at`]).
     fn needs_recompute(&self, id: ReqId) -> bool {
@@ -440,6 +466,7 @@ impl Scheduler {
             req.status = RequestStatus::Preempted;
             req.num_computed_tokens = 0;
             req.spec_token_ids.clear();
+            req.restore_state = false;
         }
         self.num_preemptions += 1;
         self.waiting.push_front(id);
@@ -450,7 +477,7 @@ impl Scheduler {
     pub fn update_from_output(&mut self, so: &SchedulerOutput, mut out: ModelRunnerOutput) -> Vec<EngineCoreOutput> {
         let mut outputs = Vec::with_capacity(so.num_scheduled_tokens.len());
         let mut finished = Vec::new();
-        for &(id, _) in &so.num_scheduled_tokens {
+        for &(id, num_scheduled) in &so.num_scheduled_tokens {
             let Some(req) = self.requests.get_mut(&id) else {
                 continue;
             };
@@ -472,7 +499,14 @@ impl Scheduler {
                 // The step computed every draft's position; those past the first rejection are
                 // computed again from the token drawn in its place.
                 let accepted = sampled.len() - 1;
-                req.num_computed_tokens -= drafts.len() - accepted;
+                if accepted < drafts.len() && self.config.state_backups && self.kv.state_slot(id).is_some() {
+                    // A recurrent state cannot drop the rejected drafts: the step starts over
+                    // from the state saved before it.
+                    req.num_computed_tokens -= num_scheduled;
+                    req.restore_state = true;
+                } else {
+                    req.num_computed_tokens -= drafts.len() - accepted;
+                }
                 self.spec_stats.observe(drafts.len(), accepted);
             }
             for s in sampled {
