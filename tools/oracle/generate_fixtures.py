@@ -270,6 +270,74 @@ def _repack_qwen3_5_conditional(tensors, cfg):
     return out, new_cfg
 
 
+def _add_mtp_head(out_dir: Path) -> None:
+    """edit_saved_weights hook: adds a random multi-token-prediction head to model.safetensors in the
+    layout Qwen3.5 checkpoints ship (`mtp.fc`, `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`,
+    `mtp.layers.0.*` a gated full-attention layer, `mtp.norm`). transformers ignores `mtp.*`; ferrite
+    loads it for speculative decoding's `mtp`, checked against `_mtp_reference`."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer
+
+    path = out_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    cfg = AutoConfig.from_pretrained(out_dir)
+    layer = Qwen3_5DecoderLayer(cfg, cfg.layer_types.index("full_attention"))
+    gen = torch.Generator().manual_seed(11)
+    # Norm weights are stored centred on zero ((1 + w) norms): small, so that they matter but do not dominate.
+    rand = lambda shape, std: (torch.randn(shape, generator=gen) * std).contiguous()  # noqa: E731
+    for k, v in layer.state_dict().items():
+        tensors[f"mtp.layers.0.{k}"] = rand(v.shape, 0.1 if "norm" in k else cfg.initializer_range)
+    h = cfg.hidden_size
+    tensors["mtp.fc.weight"] = rand((h, 2 * h), cfg.initializer_range / 2**0.5)
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{n}.weight"] = rand((h,), 0.1)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+MTP_REFERENCE_SEQUENCES = [list(range(3, 40)), [5, 9, 5, 9, 5, 9, 17, 250, 3, 99] * 4, list(range(900, 860, -2))]
+
+
+def _mtp_reference(out_dir: Path) -> dict[str, Any]:
+    """load_check hook: what the MTP head predicts, computed as vLLM's Qwen3NextMultiTokenPredictor does
+    with transformers' own modules. At each position i of a sequence the head reads the model's final
+    hidden state at i (after the last norm) and the embedding of token i + 1, joined by `fc` after their
+    norms, runs its decoder layer over positions 0..i (causal, rotary at the same positions), and its
+    norm and the model's LM head give the logits of token i + 2. Per sequence: the argmax and its logit
+    at every position."""
+    from safetensors.torch import load_file
+    from transformers.masking_utils import create_causal_mask
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm
+
+    model = load_fixture(out_dir)
+    cfg = model.config
+    mtp = {k[len("mtp."):]: v for k, v in load_file(str(out_dir / "model.safetensors")).items() if k.startswith("mtp.")}
+    layer = Qwen3_5DecoderLayer(cfg, cfg.layer_types.index("full_attention"))
+    layer.load_state_dict({k[len("layers.0."):]: v for k, v in mtp.items() if k.startswith("layers.0.")})
+    norms = {}
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        norms[n] = Qwen3_5RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        norms[n].load_state_dict({"weight": mtp[f"{n}.weight"]})
+    fc = torch.nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+    fc.load_state_dict({"weight": mtp["fc.weight"]})
+    out = []
+    with torch.no_grad():
+        for seq in MTP_REFERENCE_SEQUENCES:
+            ids = torch.tensor([seq])
+            hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]
+            embeds = model.model.embed_tokens(ids[:, 1:])
+            x = fc(torch.cat([norms["pre_fc_norm_embedding"](embeds), norms["pre_fc_norm_hidden"](hidden)], -1))
+            positions = torch.arange(x.shape[1])[None]
+            rotary = model.model.rotary_emb(x, positions[None].expand(3, 1, -1))
+            mask = create_causal_mask(config=cfg, inputs_embeds=x, attention_mask=None, cache=None,
+                                      position_ids=positions)
+            y = norms["norm"](layer(x, position_embeddings=rotary, attention_mask=mask, position_ids=positions))
+            logits = model.lm_head(y)[0]
+            top = logits.max(-1)
+            out.append({"tokens": seq, "argmax": top.indices.tolist(), "max_logit": top.values.tolist()})
+    return {"mtp_reference": out}
+
+
 def _python_infinity_spelling(cfg: dict[str, Any]) -> None:
     """Real Mamba2 / Nemotron-H config.json files spell the open dt limit as Python's bare Infinity
     (transformers 5 writes {"__float__": "Infinity"} instead)."""
@@ -2091,6 +2159,24 @@ SPECS: list[Spec] = [
         ablate_fn=_drop_attn_output_gate,
         ablation_desc="attention output gate zeroed (sigmoid 0.5)",
         extra_ablations=[Ablate("GDN causal conv replaced by the identity", fn=_drop_gdn_conv)],
+    ),
+    Spec(
+        name="qwen3_5-mtp",
+        config_class="Qwen3_5TextConfig",
+        architecture="Qwen3_5ForCausalLM",
+        kwargs=dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    intermediate_size=64,
+                    rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.25, mrope_section=[1, 1, 0],
+                                         mrope_interleaved=True), **GDN_DIMS),
+        seed=40,
+        edit_saved_weights=_add_mtp_head,
+        load_check=_mtp_reference,
+        feature="Qwen3.5 dense text with the multi-token-prediction head real checkpoints ship (mtp.*: fc over "
+        "[norm(embedding of the next token), norm(final hidden state)], one gated full-attention layer, a norm, "
+        "the model's LM head); the oracle is the text model (transformers ignores mtp.*), and load_check holds the "
+        "head's predictions computed with transformers' modules as vLLM's Qwen3NextMultiTokenPredictor runs it",
+        ablate_fn=_drop_attn_output_gate,
+        ablation_desc="attention output gate zeroed (sigmoid 0.5)",
     ),
     Spec(
         name="qwen3_5-moe",

@@ -49,6 +49,7 @@ impl LLM {
             progress: true,
             quantization: config.quantization.clone(),
             dequantize_weights: config.dequantize_weights,
+            load_mtp: matches!(config.speculative.as_ref().map(|s| &s.method), Some(SpeculativeMethod::Mtp)),
         };
         let draft = match config.speculative.as_ref().map(|s| &s.method) {
             Some(SpeculativeMethod::DraftModel(d)) => {

@@ -108,6 +108,7 @@ fn kv_cache_sized_from_gpu_memory() {
             progress: false,
             quantization: None,
             dequantize_weights: false,
+            load_mtp: false,
         },
     )
     .unwrap()

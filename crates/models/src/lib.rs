@@ -15,6 +15,6 @@ pub mod registry;
 pub use error::{ModelError, Result};
 pub use loading::loader::{load_model, load_pooling_model, LoadOptions, LoadedModel};
 pub use model::{
-    placeholder_runs, CausalLM, Encoded, ForwardInput, InputEmbeds, KvLayerSpec, ModelInfo, StateLayerSpec,
+    placeholder_runs, CausalLM, Encoded, ForwardInput, InputEmbeds, KvLayerSpec, ModelInfo, MtpHead, StateLayerSpec,
     VisionEncoder, VisionInfo, Visual, VisualGrid,
 };

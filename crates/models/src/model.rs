@@ -213,6 +213,26 @@ pub trait VisionEncoder: Send + Sync {
     }
 }
 
+/// A multi-token-prediction head (speculative decoding's `mtp` drafter): from the embedding of the
+/// token after each row and the model's final hidden state at that row, one decoder block of its
+/// own predicts the token after that. It shares the model's embeddings and LM head and has one
+/// attention layer, whose cache takes the model's block geometry.
+pub trait MtpHead: Send + Sync {
+    fn kv_layer(&self) -> KvLayerSpec;
+
+    /// `next_tokens[i]` is the token after row `i`'s position, `hidden` `[rows, hidden]` the
+    /// model's final hidden state at each row (or this head's output there, for a further draft).
+    /// Returns the logits of `logit_rows` and the head's output at every row.
+    fn forward(
+        &self,
+        next_tokens: &[u32],
+        hidden: &Tensor,
+        meta: &AttnMetadata,
+        logit_rows: &[usize],
+        kv: &mut PagedKvLayer,
+    ) -> Result<(Tensor, Tensor)>;
+}
+
 /// A decoder-only language model that reads and writes a paged KV cache.
 pub trait CausalLM: Send + Sync {
     fn info(&self) -> &ModelInfo;
@@ -240,6 +260,24 @@ pub trait CausalLM: Send + Sync {
 
     /// The vision encoder of a vision-language model; `None` for text-only models.
     fn vision(&self) -> Option<&dyn VisionEncoder> {
+        None
+    }
+
+    /// [`CausalLM::forward`]'s logits, and the LM head's input (the final-norm hidden states)
+    /// at every row of the step, which a multi-token-prediction head reads. Families without an
+    /// MTP head need not provide it.
+    fn forward_with_hidden(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<(Tensor, Tensor)> {
+        let _ = (input, kv);
+        Err(ferrite_tensor::TensorError::Unsupported {
+            op: "forward_with_hidden",
+            detail: format!("{} (no MTP head)", self.info().architecture),
+        }
+        .into())
+    }
+
+    /// The checkpoint's multi-token-prediction head, loaded when asked for
+    /// ([`crate::LoadOptions::load_mtp`]); `None` for most models.
+    fn mtp(&self) -> Option<&dyn MtpHead> {
         None
     }
 

@@ -21,7 +21,7 @@ pub use self::block::{
 use self::per_layer::PerLayerInputs;
 use crate::layers::rope::Rope;
 use crate::layers::{Embedding, Linear, Norm};
-use crate::model::{CausalLM, ForwardInput, InputEmbeds, ModelInfo};
+use crate::model::{CausalLM, ForwardInput, InputEmbeds, KvLayerSpec, ModelInfo, MtpHead};
 use crate::Result;
 
 /// Learned absolute position embeddings, looked up at `position + offset` (OPT's offset is 2).
@@ -61,6 +61,21 @@ pub struct Decoder {
     /// Multiplies the stream after each block (and its per-layer input), one factor per block
     /// (Gemma 4's `layer_scalar`).
     pub layer_scales: Option<Vec<f32>>,
+    /// The checkpoint's multi-token-prediction head, when asked for.
+    pub mtp: Option<Mtp>,
+}
+
+/// A multi-token-prediction head's own weights (Qwen3-Next's and Qwen3.5's `mtp.*`, as vLLM's
+/// `Qwen3NextMultiTokenPredictor` reads them): `norm(block(fc([norm_e(embed(next)),
+/// norm_h(hidden)])))`, then the decoder's LM head. The decoder supplies the embeddings and the
+/// rotary tables.
+pub struct Mtp {
+    pub norm_embedding: Norm,
+    pub norm_hidden: Norm,
+    /// `[embedding, hidden]` (twice the hidden size) to the hidden size.
+    pub fc: Linear,
+    pub block: Block,
+    pub norm: Norm,
 }
 
 /// A multiplier as Hugging Face applies it to a tensor of `dtype`: Gemma casts its
@@ -116,9 +131,24 @@ impl Decoder {
             ropes,
             per_layer: None,
             layer_scales: None,
+            mtp: None,
         };
         d.count_weights();
         d
+    }
+
+    /// Adds a multi-token-prediction head; its block must be an attention layer with a KV cache.
+    pub fn with_mtp(mut self, mtp: Mtp) -> Result<Decoder> {
+        if !matches!(mtp.block.mixer.cache(), LayerCache::Kv(_)) {
+            return Err(ferrite_tensor::TensorError::Shape {
+                op: "mtp",
+                detail: "the MTP block is not an attention layer with a KV cache".into(),
+            }
+            .into());
+        }
+        self.mtp = Some(mtp);
+        self.count_weights();
+        Ok(self)
     }
 
     pub fn with_embed_scale(mut self, scale: f32) -> Decoder {
@@ -200,7 +230,61 @@ impl Decoder {
             + if tied { 0 } else { self.lm_head.weight.size_in_bytes() }
             + self.blocks.iter().map(Block::weight_bytes).sum::<usize>()
             + extra.map(Tensor::size_in_bytes).sum::<usize>()
-            + self.per_layer.as_ref().map_or(0, PerLayerInputs::weight_bytes);
+            + self.per_layer.as_ref().map_or(0, PerLayerInputs::weight_bytes)
+            + self.mtp.as_ref().map_or(0, |m| m.fc.weight.size_in_bytes() + m.block.weight_bytes());
+    }
+
+    /// The LM head and its logit processing over final hidden states.
+    fn logits_of(&self, h: &Tensor) -> Result<Tensor> {
+        let mut logits = self.lm_head.forward(h)?;
+        if let Some(s) = self.logits.scale {
+            logits = ops::scale(&logits, s)?;
+        }
+        if let Some(cap) = self.logits.softcap {
+            logits = ops::softcap(&logits, cap)?;
+        }
+        Ok(logits)
+    }
+
+    fn rope_tables(&self, meta: &ferrite_tensor::AttnMetadata, device: ferrite_tensor::Device) -> Result<Vec<(&Rope, Tensor, Tensor)>> {
+        self.ropes.iter().map(|r| r.cos_sin(meta, device).map(|(cos, sin)| (r, cos, sin))).collect()
+    }
+}
+
+impl MtpHead for Decoder {
+    fn kv_layer(&self) -> KvLayerSpec {
+        match self.mtp.as_ref().map(|m| m.block.mixer.cache()) {
+            Some(LayerCache::Kv(spec)) => spec,
+            // `with_mtp` admits attention blocks only, and `mtp()` hands out heads that exist.
+            _ => unreachable!("an MTP head without an attention cache"),
+        }
+    }
+
+    fn forward(
+        &self,
+        next_tokens: &[u32],
+        hidden: &Tensor,
+        meta: &ferrite_tensor::AttnMetadata,
+        logit_rows: &[usize],
+        kv: &mut PagedKvLayer,
+    ) -> Result<(Tensor, Tensor)> {
+        let mtp = self.mtp.as_ref().ok_or_else(|| ferrite_tensor::TensorError::Unsupported {
+            op: "mtp",
+            detail: format!("{} was loaded without its MTP head", self.info.architecture),
+        })?;
+        let mut e = self.embed.forward(next_tokens)?;
+        if let Some(s) = self.embed_scale {
+            e = ops::scale(&e, s)?;
+        }
+        let joined = ops::concat_cols(&[
+            &mtp.norm_embedding.forward(&e)?,
+            &mtp.norm_hidden.forward(&hidden.to_dtype(e.dtype()))?,
+        ])?;
+        let tables = self.rope_tables(meta, e.device())?;
+        let stream = Residual { h: mtp.fc.forward(&joined)?, pending: None };
+        let stream = mtp.block.forward(stream, &tables, meta, Some(kv))?;
+        let out = stream.settle_norm(Some(&mtp.norm))?.0;
+        Ok((self.logits_of(&ops::gather_rows(&out, logit_rows)?)?, out))
     }
 }
 
@@ -247,25 +331,25 @@ impl CausalLM for Decoder {
     }
 
     fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
-        let mut logits = self.lm_head.forward(&self.hidden_states(input, kv)?)?;
-        if let Some(s) = self.logits.scale {
-            logits = ops::scale(&logits, s)?;
-        }
-        if let Some(cap) = self.logits.softcap {
-            logits = ops::softcap(&logits, cap)?;
-        }
-        Ok(logits)
+        self.logits_of(&self.hidden_states(input, kv)?)
+    }
+
+    fn forward_with_hidden(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<(Tensor, Tensor)> {
+        let rows: Vec<usize> = (0..input.tokens.len()).collect();
+        let every_row = ForwardInput { tokens: input.tokens, meta: input.meta, logit_rows: &rows, embeds: input.embeds };
+        let hidden = self.hidden_states(&every_row, kv)?;
+        Ok((self.logits_of(&ops::gather_rows(&hidden, input.logit_rows)?)?, hidden))
+    }
+
+    fn mtp(&self) -> Option<&dyn MtpHead> {
+        self.mtp.as_ref().map(|_| self as &dyn MtpHead)
     }
 
     /// The LM head's input: final norm (and OPT's `project_out`) of the `logit_rows`.
     fn hidden_states(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
         let meta = input.meta;
         let mut h = self.embed.forward(input.tokens)?;
-        let tables = self
-            .ropes
-            .iter()
-            .map(|r| r.cos_sin(meta, h.device()).map(|(cos, sin)| (r, cos, sin)))
-            .collect::<Result<Vec<_>>>()?;
+        let tables = self.rope_tables(meta, h.device())?;
         if let Some(s) = self.embed_scale {
             h = ops::scale(&h, s)?;
         }

@@ -2,8 +2,10 @@
 //! `Qwen3_5MoeForCausalLM`): hybrids of Gated DeltaNet layers ([`crate::layers::gdn`]) and gated
 //! full attention, 3:1 by default. Real Qwen3.5 checkpoints are `Qwen3_5(Moe)ForConditionalGeneration`
 //! with the text config in `text_config` and the text weights under `model.language_model.`; their
-//! text part loads from that layout (here; `qwen3_vl::load_qwen3_5` adds the vision tower, and the
-//! MTP head, speculative decoding's, is left unread). Attention
+//! text part loads from that layout (here; `qwen3_vl::load_qwen3_5` adds the vision tower). The
+//! checkpoint's MTP head (`mtp.*`: one gated-attention block behind an `fc` that joins the next
+//! token's embedding and the model's hidden state) loads when speculative decoding asks for it.
+//! Attention
 //! projects a sigmoid output gate alongside its queries (`q_proj` holds `[query, gate]` per head),
 //! normalises q and k per head with `(1 + w)` RMSNorms and rotates a quarter of each head. Every
 //! RMSNorm of the stream is `(1 + w)` too. The MoE variants' channel mixers are sparse MoE blocks
@@ -12,7 +14,7 @@
 use serde::Deserialize;
 
 use crate::decoder::load::{CommonConfig, Defaults, Dims, Names};
-use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
+use crate::decoder::{Block, ChannelMixer, Decoder, Mtp, SelfAttention, TokenMixer};
 use crate::layers::gdn::{GatedDeltaNet, GdnDims, GdnProjections};
 use crate::layers::moe::{ExpertNames, Experts, Router, RouterConfig, Scoring, SharedExpert, SparseMoe};
 use crate::layers::{Attention, Norm, RmsNorm};
@@ -184,8 +186,8 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant, layout: Layout) -> R
     };
     // Qwen3.5-MoE always renormalises its top-k (its config has no `norm_topk_prob`).
     let renormalize = cfg.norm_topk_prob || variant == Variant::Qwen3_5Moe;
-    let blocks = d.blocks_at(w, &format!("{base}.layers"), |i, l| {
-        let mixer = match kinds[i] {
+    let block = |l: &Scope, kind: LayerKind, sparse: bool| -> Result<Block> {
+        let mixer = match kind {
             LayerKind::Linear => TokenMixer::GatedDeltaNet(Box::new(GatedDeltaNet::load(
                 &l.at("linear_attn"),
                 d.hidden,
@@ -196,7 +198,7 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant, layout: Layout) -> R
             LayerKind::Full => TokenMixer::Attention(gated_attention(&l.at("self_attn"), &d)?),
         };
         let m = l.at("mlp");
-        let mlp = if is_sparse(i) {
+        let mlp = if sparse {
             let need = |v: Option<usize>, key: &str| v.ok_or_else(|| raw.error(format!("missing field `{key}`")));
             let router = RouterConfig {
                 num_experts,
@@ -226,13 +228,34 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant, layout: Layout) -> R
             centred_rms(l, "post_attention_layernorm", d.hidden, d.eps)?,
             mlp,
         ))
-    })?;
-    if w.contains("mtp.fc.weight") {
-        tracing::info!("the checkpoint's MTP head (mtp.*) is not loaded: it is a draft model for speculative decoding");
-    }
+    };
+    let blocks = d.blocks_at(w, &format!("{base}.layers"), |i, l| block(&l, kinds[i], is_sparse(i)))?;
+    // vLLM builds the MTP block as a full-attention layer numbered 0 (sparse where layer 0 would be).
+    let mtp = if w.loads_mtp() {
+        if !w.contains("mtp.fc.weight") {
+            return Err(raw.error("the checkpoint has no MTP head (`mtp.*` tensors) for speculative decoding's `mtp`"));
+        }
+        let m = w.at("mtp");
+        Some(Mtp {
+            norm_embedding: Norm::Rms(centred_rms(&m, "pre_fc_norm_embedding", d.hidden, d.eps)?),
+            norm_hidden: Norm::Rms(centred_rms(&m, "pre_fc_norm_hidden", d.hidden, d.eps)?),
+            fc: m.linear("fc", 2 * d.hidden, d.hidden, false)?,
+            block: block(&m.at("layers.0"), LayerKind::Full, is_sparse(0))?,
+            norm: Norm::Rms(centred_rms(&m, "norm", d.hidden, d.eps)?),
+        })
+    } else {
+        if w.contains("mtp.fc.weight") {
+            tracing::info!("the checkpoint's MTP head (mtp.*) is not loaded: speculative decoding's `mtp` reads it");
+        }
+        None
+    };
     let rope = d.rope(raw, 10_000.0)?;
     let final_norm = Norm::Rms(centred_rms(&w.at(base), "norm", d.hidden, d.eps)?);
     let embed = format!("{base}.embed_tokens");
     let names = Names { layers: "", embed: &embed, embed_dim: None, lm_head: "lm_head", lm_head_bias: false };
-    d.finish_at(raw, w, names, blocks, Some(final_norm), vec![rope])
+    let decoder = d.finish_at(raw, w, names, blocks, Some(final_norm), vec![rope])?;
+    match mtp {
+        Some(mtp) => decoder.with_mtp(mtp),
+        None => Ok(decoder),
+    }
 }

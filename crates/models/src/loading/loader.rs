@@ -28,6 +28,8 @@ pub struct LoadOptions {
     /// does: by default the CPU keeps a GGUF file's in their blocks and CUDA keeps 4-bit
     /// pack-quantized weights packed.
     pub dequantize_weights: bool,
+    /// Load the checkpoint's multi-token-prediction head too (speculative decoding's `mtp`).
+    pub load_mtp: bool,
 }
 
 impl Default for LoadOptions {
@@ -38,6 +40,7 @@ impl Default for LoadOptions {
             progress: true,
             quantization: None,
             dequantize_weights: false,
+            load_mtp: false,
         }
     }
 }
@@ -110,7 +113,8 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let weights = Weights::new(source, opts.dtype, bar.clone())
         .on_device(opts.device)
         .with_quantization(quantization)
-        .keeping_int4(!opts.dequantize_weights);
+        .keeping_int4(!opts.dequantize_weights)
+        .loading_mtp(opts.load_mtp);
     let span = tracing::info_span!("load", arch = %arch, path = %path.display());
     let _guard = span.enter();
     let started = std::time::Instant::now();

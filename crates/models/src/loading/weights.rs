@@ -294,6 +294,8 @@ pub struct Weights {
     progress: Option<indicatif::ProgressBar>,
     quantization: Option<Quantization>,
     keep_int4: bool,
+    /// The family loads the checkpoint's multi-token-prediction head too.
+    load_mtp: bool,
     /// Pinned staging for tensors copied to a GPU as stored; made on the first such tensor.
     uploader: Mutex<Option<Uploader>>,
 }
@@ -316,6 +318,7 @@ impl Weights {
             progress,
             quantization: None,
             keep_int4: true,
+            load_mtp: false,
             uploader: Mutex::new(None),
         }
     }
@@ -325,6 +328,16 @@ impl Weights {
     pub fn keeping_int4(mut self, keep: bool) -> Weights {
         self.keep_int4 = keep;
         self
+    }
+
+    pub fn loading_mtp(mut self, load: bool) -> Weights {
+        self.load_mtp = load;
+        self
+    }
+
+    /// Whether the checkpoint's multi-token-prediction head is wanted (speculative decoding).
+    pub fn loads_mtp(&self) -> bool {
+        self.load_mtp
     }
 
     /// Places every tensor on `device` as it is loaded (one tensor in host memory at a time).

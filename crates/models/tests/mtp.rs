@@ -1,0 +1,64 @@
+//! The Qwen3.5 multi-token-prediction head against the reference the fixture generator computed
+//! with transformers' own modules, as vLLM runs the head (`tools/oracle/generate_fixtures.py`,
+//! `_mtp_reference`, fixture `qwen3_5-mtp`): over each reference sequence, the head's argmax and
+//! its logit at every position, from the model's final hidden states and the next tokens.
+
+use std::path::PathBuf;
+
+use ferrite_models::{load_model, CausalLM, ForwardInput, LoadOptions};
+use ferrite_tensor::{ops, AttnMetadata, AttnSeq, DType, Device, PagedKvLayer};
+use serde_json::Value;
+
+fn fixture() -> PathBuf {
+    ferrite_testing::gate::fixtures_dir().join("models/qwen3_5-mtp")
+}
+
+/// The head's argmax and max logit at positions `0..len - 1` of `tokens`.
+fn mtp_predictions(model: &dyn CausalLM, tokens: &[u32]) -> (Vec<u32>, Vec<f32>) {
+    let (n, block_size) = (tokens.len(), 16);
+    let blocks = n.div_ceil(block_size);
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let mut caches = model.info().allocate_caches(Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
+    let seq = AttnSeq { q_start: 0, q_len: n, ctx_len: n, block_table: table.clone() };
+    let meta = AttnMetadata::new(vec![seq], block_size).unwrap().with_state_slots(vec![0]).unwrap();
+    let input = ForwardInput { tokens, meta: &meta, logit_rows: &[n - 1], embeds: None };
+    let (_, hidden) = model.forward_with_hidden(&input, &mut caches).unwrap();
+    let head = model.mtp().expect("loaded with its MTP head");
+    let spec = head.kv_layer();
+    let mut kv =
+        PagedKvLayer::new_on(Device::Cpu, DType::F32, blocks, block_size, spec.num_kv_heads, spec.k_dim, spec.v_dim)
+            .unwrap();
+    let rows: Vec<usize> = (0..n - 1).collect();
+    let seq = AttnSeq { q_start: 0, q_len: n - 1, ctx_len: n - 1, block_table: table };
+    let meta = AttnMetadata::new(vec![seq], block_size).unwrap();
+    let hidden = ops::gather_rows(&hidden, &rows).unwrap();
+    let (logits, _) = head.forward(&tokens[1..], &hidden, &meta, &rows, &mut kv).unwrap();
+    let argmax = ops::argmax_rows(&logits).unwrap();
+    let vocab = logits.last_dim();
+    let data = logits.to_f32_vec();
+    let max = argmax.iter().enumerate().map(|(i, &t)| data[i * vocab + t as usize]).collect();
+    (argmax, max)
+}
+
+#[test]
+fn mtp_head_predicts_as_the_reference() {
+    let oracle: Value = serde_json::from_str(&std::fs::read_to_string(fixture().join("oracle.json")).unwrap()).unwrap();
+    let opts = LoadOptions { progress: false, load_mtp: true, ..Default::default() };
+    let model = load_model(&fixture(), &opts).unwrap().model;
+    let cases = oracle["load_check"]["mtp_reference"].as_array().unwrap();
+    for case in cases {
+        let ids = |k: &str| -> Vec<u32> { case[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
+        let tokens = ids("tokens");
+        let (argmax, max) = mtp_predictions(model.as_ref(), &tokens);
+        assert_eq!(argmax, ids("argmax"), "MTP predictions differ over {tokens:?}");
+        for (ours, theirs) in max.iter().zip(case["max_logit"].as_array().unwrap()) {
+            let theirs = theirs.as_f64().unwrap() as f32;
+            assert!((ours - theirs).abs() < 1e-3, "max logit {ours} vs {theirs}");
+        }
+    }
+    // Without asking for the head it is not loaded; a checkpoint without one refuses the request.
+    assert!(load_model(&fixture(), &LoadOptions { progress: false, ..Default::default() }).unwrap().model.mtp().is_none());
+    let plain = ferrite_testing::gate::fixtures_dir().join("models/qwen3_5");
+    let err = load_model(&plain, &opts).err().expect("no MTP head to load").to_string();
+    assert!(err.contains("MTP head"), "{err}");
+}
