@@ -257,9 +257,22 @@ impl Engine {
         if let Some(draft) = &draft {
             sizing.kv_layers.extend(draft.info().kv_layers.iter().cloned());
         }
+        let mtp_drafts = match &config.speculative {
+            Some(spec) if spec.method == SpeculativeMethod::Mtp => {
+                let head = model.mtp().ok_or_else(|| {
+                    EngineError::Config(format!(
+                        "--speculative-config: {} has no multi-token-prediction head ferrite can run (method `mtp`)",
+                        info.architecture
+                    ))
+                })?;
+                sizing.kv_layers.push(head.kv_layer());
+                Some(spec.num_speculative_tokens)
+            }
+            _ => None,
+        };
         let (cache, max_model_len) = config.resolve(&sizing)?;
-        let num_lookahead_tokens = match (&draft, &config.speculative) {
-            (Some(_), Some(spec)) => spec.num_speculative_tokens,
+        let num_lookahead_tokens = match &config.speculative {
+            Some(spec) if spec.method.runs_a_model() => spec.num_speculative_tokens,
             _ => 0,
         };
         let draft = match (draft, draft_config) {
@@ -279,7 +292,7 @@ impl Engine {
             _ => None,
         };
         let recompute_at = model.rotary_recompute_at();
-        let runner = ModelRunner::new(model, draft, &cache, &config, max_model_len)?;
+        let runner = ModelRunner::new(model, draft, mtp_drafts, &cache, &config, max_model_len)?;
         let sched_config = SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
             max_num_seqs: config.max_num_seqs,

@@ -15,6 +15,7 @@ pub mod error;
 pub mod graphs;
 pub mod llm;
 pub mod memory;
+pub mod mtp;
 pub mod output;
 pub mod params;
 pub mod pooling;

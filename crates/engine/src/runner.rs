@@ -18,6 +18,7 @@ use crate::draft_model::{DraftModel, DraftRequest};
 use crate::encoder_cache::{EncoderCache, EncoderCacheStats, SharedEncoderCache};
 use crate::error::{EngineError, Result};
 use crate::graphs::{DecodeGraphs, GraphCounts};
+use crate::mtp::{MtpDrafter, MtpRequest};
 use crate::output::TokenLogprob;
 use crate::params::RequestSampling;
 use crate::sampler::{self, SampleRow};
@@ -80,6 +81,8 @@ pub struct ModelRunner {
     reasoning: HashMap<ReqId, (Vec<u32>, Arc<Grammar>)>,
     /// The `draft_model` drafter, run after each step for the requests that sampled.
     draft: Option<DraftModel>,
+    /// The `mtp` drafter: the target's own head, fed its hidden states after every step.
+    mtp: Option<MtpDrafter>,
     max_model_len: usize,
 }
 
@@ -95,6 +98,7 @@ impl ModelRunner {
     pub fn new(
         model: Box<dyn CausalLM>,
         draft: Option<DraftModel>,
+        mtp_drafts: Option<usize>,
         cache: &CacheConfig,
         config: &EngineConfig,
         max_model_len: usize,
@@ -114,6 +118,9 @@ impl ModelRunner {
         )?;
         let graphs = DecodeGraphs::new(config.device, config.enforce_eager, pad_state_slot)?;
         let bidirectional_media = model.info().vision.is_some_and(|v| v.bidirectional);
+        let mtp = mtp_drafts
+            .map(|k| MtpDrafter::new(model.as_ref(), config.device, cache.dtype, cache.num_blocks, cache.block_size, k))
+            .transpose()?;
         Ok(ModelRunner {
             // vLLM's encoder cache holds a step's worth of encoder rows at least.
             encoder_cache: Arc::new(std::sync::Mutex::new(EncoderCache::new(config.max_num_batched_tokens))),
@@ -127,6 +134,7 @@ impl ModelRunner {
             constraints: HashMap::new(),
             reasoning: HashMap::new(),
             draft,
+            mtp,
             max_model_len,
         })
     }
@@ -287,6 +295,8 @@ impl ModelRunner {
         let mut row_uses = Vec::new();
         let mut mrope_positions = Vec::new();
         let mut prompt_chunks = Vec::new();
+        // (request, first row, first position, tokens) of each request this step.
+        let mut spans = Vec::with_capacity(so.num_scheduled_tokens.len());
         let uses_mrope =
             so.num_scheduled_tokens.iter().any(|(id, _)| self.requests.get(id).is_some_and(|s| s.mrope.is_some()));
         for &(id, n) in &so.num_scheduled_tokens {
@@ -304,6 +314,7 @@ impl ModelRunner {
                 ))
             })?;
             let q_start = tokens.len();
+            spans.push((id, q_start, start, n));
             tokens.extend_from_slice(chunk);
             tokens.extend_from_slice(drafts);
             let media_runs: Vec<std::ops::Range<usize>> = match &state.sampling.multimodal {
@@ -374,6 +385,7 @@ impl ModelRunner {
         // The grammar masks depend only on tokens already sampled, so CPU threads fill them while
         // the forward runs (on a GPU, while its kernels are queued and executed).
         let mut mask_timing = (std::time::Duration::ZERO, std::time::Duration::ZERO);
+        let mut hidden = None;
         let (logits, token_masks) = std::thread::scope(|scope| {
             let masks = constrained.then(|| {
                 scope.spawn(|| {
@@ -389,9 +401,10 @@ impl ModelRunner {
             });
             let _span = tracing::debug_span!("forward", tokens = tokens.len(), rows = logit_rows.len()).entered();
             let logits = (|| -> Result<Tensor> {
-                // A step that reads encoder outputs runs eagerly: graphs take token ids only.
+                // A step that reads encoder outputs runs eagerly: graphs take token ids only. So
+                // does one whose hidden states the MTP head reads.
                 let replayed = match &mut self.graphs {
-                    Some(g) if embeds.is_none() => {
+                    Some(g) if embeds.is_none() && self.mtp.is_none() => {
                         g.forward(self.model.as_ref(), &mut self.kv_caches, &tokens, &meta, &logit_rows)?
                     }
                     _ => None,
@@ -406,12 +419,19 @@ impl ModelRunner {
                             embeds: embeds.as_ref(),
                         };
                         let (model, caches) = (self.model.as_ref(), &mut self.kv_caches);
-                        if self.on_cpu {
-                            Ok(ferrite_tensor::cpu::on_worker(|| model.forward(&input, caches))?)
-                        } else {
-                            // A CUDA forward stays on the thread its context is current on.
-                            Ok(model.forward(&input, caches)?)
-                        }
+                        let with_hidden = self.mtp.is_some();
+                        let mut run = || -> Result<(Tensor, Option<Tensor>)> {
+                            Ok(if with_hidden {
+                                let (logits, h) = model.forward_with_hidden(&input, caches)?;
+                                (logits, Some(h))
+                            } else {
+                                (model.forward(&input, caches)?, None)
+                            })
+                        };
+                        // A CUDA forward stays on the thread its context is current on.
+                        let (logits, h) = if self.on_cpu { ferrite_tensor::cpu::on_worker(run)? } else { run()? };
+                        hidden = h;
+                        Ok(logits)
                     }
                 }
             })();
@@ -462,6 +482,9 @@ impl ModelRunner {
         if self.draft.is_some() && !out.sampled.is_empty() {
             out.draft_token_ids = self.propose_drafts(&out)?;
         }
+        if let Some(hidden) = &hidden {
+            out.draft_token_ids = self.propose_mtp_drafts(hidden, &spans, &out)?;
+        }
         tracing::debug!(
             tokens = tokens.len(),
             seqs = so.num_scheduled_tokens.len(),
@@ -501,6 +524,47 @@ impl ModelRunner {
             .collect();
         match &mut self.draft {
             Some(draft) => draft.propose(&reqs),
+            None => Ok(HashMap::new()),
+        }
+    }
+
+    /// The MTP head's pass over this step's positions, and its drafts for the requests that
+    /// sampled (not those whose grammar waits for the end of a reasoning section).
+    fn propose_mtp_drafts(
+        &mut self,
+        hidden: &Tensor,
+        spans: &[(ReqId, usize, usize, usize)],
+        out: &ModelRunnerOutput,
+    ) -> Result<HashMap<ReqId, Vec<u32>>> {
+        let _span = tracing::debug_span!("mtp", requests = spans.len()).entered();
+        let reqs: Vec<MtpRequest> = spans
+            .iter()
+            .filter_map(|&(id, row, start, computed)| {
+                let state = self.requests.get(&id)?;
+                let len = state.token_ids.len();
+                let room = if out.sampled.contains_key(&id) && !self.reasoning.contains_key(&id) {
+                    let generated = len - state.num_prompt_tokens;
+                    let room =
+                        state.sampling.max_tokens.saturating_sub(generated).min(self.max_model_len.saturating_sub(len));
+                    room.saturating_sub(1)
+                } else {
+                    0
+                };
+                Some(MtpRequest {
+                    id,
+                    tokens: &state.token_ids,
+                    num_prompt_tokens: state.num_prompt_tokens,
+                    sampling: &state.sampling,
+                    block_table: &state.block_ids,
+                    start,
+                    computed,
+                    row,
+                    room,
+                })
+            })
+            .collect();
+        match &mut self.mtp {
+            Some(mtp) => mtp.propose(self.model.as_ref(), hidden, &reqs),
             None => Ok(HashMap::new()),
         }
     }

@@ -43,6 +43,9 @@ pub enum SpeculativeMethod {
     /// A smaller checkpoint sharing the target's tokenizer drafts greedily, with its own KV
     /// cache laid out on the target's block tables.
     DraftModel(DraftModelConfig),
+    /// The target checkpoint's multi-token-prediction head (`mtp`, and vLLM's per-family names
+    /// such as `qwen3_next_mtp`), fed the target's hidden states.
+    Mtp,
 }
 
 /// The draft checkpoint of `"method": "draft_model"`.
@@ -59,13 +62,13 @@ pub struct DraftModelConfig {
 impl SpeculativeMethod {
     /// The drafts come from a model the runner runs, not from the host.
     pub fn runs_a_model(&self) -> bool {
-        matches!(self, SpeculativeMethod::DraftModel(_))
+        matches!(self, SpeculativeMethod::DraftModel(_) | SpeculativeMethod::Mtp)
     }
 }
 
 /// Methods vLLM accepts that are not built here: refused by name at start-up.
-const NOT_BUILT: &[&str] = &["eagle", "eagle3", "medusa", "mlp_speculator", "mtp"];
-const BUILT: &str = "ngram, suffix, draft_model";
+const NOT_BUILT: &[&str] = &["eagle", "eagle3", "medusa", "mlp_speculator"];
+const BUILT: &str = "ngram, suffix, draft_model, mtp";
 
 /// Most drafts a step verifies per request, as vLLM bounds them.
 pub const MAX_SPECULATIVE_TOKENS: usize = 32;
@@ -168,6 +171,9 @@ impl SpeculativeConfig {
                     max_model_len: count("max_model_len")?,
                 })
             }
+            // vLLM's per-family spellings (`qwen3_next_mtp`, `deepseek_mtp`, ...) all mean the
+            // checkpoint's own head; whether the model has one is the loader's to say.
+            m if m == "mtp" || m.ends_with("_mtp") => SpeculativeMethod::Mtp,
             m if NOT_BUILT.contains(&m) => {
                 return Err(bad(format!("method `{m}` is not built in ferrite yet (built: {BUILT})")));
             }
@@ -183,6 +189,8 @@ impl SpeculativeConfig {
         let k = match (count("num_speculative_tokens")?, &method) {
             (Some(k), _) => k,
             (None, SpeculativeMethod::Suffix(p)) => p.max_tree_depth.min(MAX_SPECULATIVE_TOKENS),
+            // vLLM's default for MTP: the checkpoint's one prediction layer.
+            (None, SpeculativeMethod::Mtp) => 1,
             (None, _) => return Err(bad("`num_speculative_tokens` is missing".into())),
         };
         if k > MAX_SPECULATIVE_TOKENS {
@@ -199,7 +207,7 @@ impl SpeculativeConfig {
                 DrafterKind::Ngram { min: *prompt_lookup_min, max: *prompt_lookup_max }
             }
             SpeculativeMethod::Suffix(params) => DrafterKind::Suffix(Box::new(SuffixCache::new(*params))),
-            SpeculativeMethod::DraftModel(_) => return None,
+            SpeculativeMethod::DraftModel(_) | SpeculativeMethod::Mtp => return None,
         };
         Some(Drafter { k: self.num_speculative_tokens, kind })
     }
@@ -471,6 +479,7 @@ mod tests {
                                 let _ = d.propose(0, &[1, 2, 3, 1, 2], 2, 4);
                                 d.finish(0);
                             }
+                            SpeculativeMethod::Mtp => prop_assert!(c.drafter().is_none()),
                             SpeculativeMethod::DraftModel(d) => {
                                 prop_assert!(!d.model.as_os_str().is_empty());
                                 prop_assert!(d.max_model_len.is_none_or(|n| n >= 1));

@@ -324,3 +324,97 @@ fn unfit_draft_models_are_refused_at_start() {
         assert!(err.contains(needle) && err.contains("--speculative-config"), "{err}");
     }
 }
+
+fn mtp(k: usize) -> SpeculativeConfig {
+    SpeculativeConfig::parse(&format!(r#"{{"method": "mtp", "num_speculative_tokens": {k}}}"#)).unwrap()
+}
+
+/// The MTP drafter feeds the head what vLLM feeds it: over a prompt chunk, a chunk that ends in a
+/// draw, and a verify step, each first draft is the head's prediction the fixture's reference
+/// computed with transformers' modules at that position.
+#[test]
+fn mtp_drafter_feeds_the_head_the_reference_inputs() {
+    use ferrite_engine::mtp::{MtpDrafter, MtpRequest};
+    use ferrite_models::{load_model, ForwardInput, LoadOptions};
+    use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device};
+
+    let dir = fixture("qwen3_5-mtp");
+    let model = load_model(&dir, &LoadOptions { progress: false, load_mtp: true, ..Default::default() }).unwrap().model;
+    let oracle: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
+    let reference = &oracle["load_check"]["mtp_reference"][0];
+    let ids =
+        |k: &str| -> Vec<u32> { reference[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
+    let (seq, argmax) = (ids("tokens"), ids("argmax"));
+    let (block_size, blocks) = (16, 4);
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let mut caches = model.info().allocate_caches(Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
+    let mut drafter = MtpDrafter::new(model.as_ref(), Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
+    let sampling = ferrite_engine::params::RequestSampling {
+        params: SamplingParams::greedy(16),
+        max_tokens: 16,
+        eos_token_id: None,
+        stop_token_ids: Vec::new(),
+        min_tokens_mask: Vec::new(),
+        seed: 0,
+        bad_words_token_ids: Vec::new(),
+        grammar: None,
+        multimodal: None,
+    };
+    // (positions start..end the target computes, tokens known after the step, drafts wanted)
+    for (start, end, known, room, predicted_at) in
+        [(0, 20, 37, 0, None), (20, 29, 30, 1, Some(28)), (29, 31, 32, 1, Some(30))]
+    {
+        let seqs = vec![AttnSeq { q_start: 0, q_len: end - start, ctx_len: end, block_table: table.clone() }];
+        let meta = AttnMetadata::new(seqs, block_size).unwrap().with_state_slots(vec![0]).unwrap();
+        let input =
+            ForwardInput { tokens: &seq[start..end], meta: &meta, logit_rows: &[end - start - 1], embeds: None };
+        let (_, hidden) = model.forward_with_hidden(&input, &mut caches).unwrap();
+        let req = MtpRequest {
+            id: 0,
+            tokens: &seq[..known],
+            num_prompt_tokens: known.min(29),
+            sampling: &sampling,
+            block_table: &table,
+            start,
+            computed: end - start,
+            row: 0,
+            room,
+        };
+        let drafts = drafter.propose(model.as_ref(), &hidden, &[req]).unwrap();
+        match predicted_at {
+            None => assert!(drafts.is_empty()),
+            Some(pos) => assert_eq!(drafts[&0], vec![argmax[pos]], "the draft after position {pos}"),
+        }
+    }
+}
+
+/// MTP speculation on a hybrid model (its state rolled back after rejections): the tokens are
+/// those drawn without speculation, greedy and seeded, batched and alone, at k = 1 and 3; a model
+/// without an MTP head is refused at start.
+#[test]
+fn mtp_speculation_draws_the_same_tokens() {
+    let plain = llm("qwen3_5-mtp", config());
+    let prompts = prompts("qwen3_5-mtp");
+    let seeded = SamplingParams { seed: Some(5), ..random(None, 32) };
+    for k in [1, 3] {
+        let spec = llm("qwen3_5-mtp", EngineConfig { speculative: Some(mtp(k)), ..config() });
+        for params in [greedy(32), seeded.clone()] {
+            let want = token_ids(&plain.generate(prompts.clone(), &params).unwrap());
+            assert_eq!(token_ids(&spec.generate(prompts.clone(), &params).unwrap()), want, "k {k}, {params:?}");
+            assert_eq!(solo(&spec, &prompts, &params), want, "k {k}, alone, {params:?}");
+        }
+        let stats = spec.client().stats().spec_decode;
+        println!("mtp k={k}: {stats:?}");
+        assert!(stats.num_drafts > 0 && stats.num_draft_tokens <= stats.num_drafts * k as u64);
+        wait_idle(&spec.client());
+    }
+    for name in ["qwen3_5", "llama"] {
+        let config = EngineConfig { speculative: Some(mtp(1)), ..config() };
+        let err = match LLM::new(fixture(name), ferrite_tensor::DType::F32, config) {
+            Ok(_) => panic!("{name} started with MTP speculation"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("MTP") || err.contains("multi-token-prediction"), "{name}: {err}");
+    }
+}

@@ -47,7 +47,8 @@ fn mtp_head_predicts_as_the_reference() {
     let model = load_model(&fixture(), &opts).unwrap().model;
     let cases = oracle["load_check"]["mtp_reference"].as_array().unwrap();
     for case in cases {
-        let ids = |k: &str| -> Vec<u32> { case[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
+        let ids =
+            |k: &str| -> Vec<u32> { case[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
         let tokens = ids("tokens");
         let (argmax, max) = mtp_predictions(model.as_ref(), &tokens);
         assert_eq!(argmax, ids("argmax"), "MTP predictions differ over {tokens:?}");
@@ -57,7 +58,11 @@ fn mtp_head_predicts_as_the_reference() {
         }
     }
     // Without asking for the head it is not loaded; a checkpoint without one refuses the request.
-    assert!(load_model(&fixture(), &LoadOptions { progress: false, ..Default::default() }).unwrap().model.mtp().is_none());
+    assert!(load_model(&fixture(), &LoadOptions { progress: false, ..Default::default() })
+        .unwrap()
+        .model
+        .mtp()
+        .is_none());
     let plain = ferrite_testing::gate::fixtures_dir().join("models/qwen3_5");
     let err = load_model(&plain, &opts).err().expect("no MTP head to load").to_string();
     assert!(err.contains("MTP head"), "{err}");

@@ -246,7 +246,11 @@ impl Decoder {
         Ok(logits)
     }
 
-    fn rope_tables(&self, meta: &ferrite_tensor::AttnMetadata, device: ferrite_tensor::Device) -> Result<Vec<(&Rope, Tensor, Tensor)>> {
+    fn rope_tables(
+        &self,
+        meta: &ferrite_tensor::AttnMetadata,
+        device: ferrite_tensor::Device,
+    ) -> Result<Vec<(&Rope, Tensor, Tensor)>> {
         self.ropes.iter().map(|r| r.cos_sin(meta, device).map(|(cos, sin)| (r, cos, sin))).collect()
     }
 }
@@ -336,7 +340,8 @@ impl CausalLM for Decoder {
 
     fn forward_with_hidden(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<(Tensor, Tensor)> {
         let rows: Vec<usize> = (0..input.tokens.len()).collect();
-        let every_row = ForwardInput { tokens: input.tokens, meta: input.meta, logit_rows: &rows, embeds: input.embeds };
+        let every_row =
+            ForwardInput { tokens: input.tokens, meta: input.meta, logit_rows: &rows, embeds: input.embeds };
         let hidden = self.hidden_states(&every_row, kv)?;
         Ok((self.logits_of(&ops::gather_rows(&hidden, input.logit_rows)?)?, hidden))
     }

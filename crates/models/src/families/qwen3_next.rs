@@ -229,7 +229,7 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant, layout: Layout) -> R
             mlp,
         ))
     };
-    let blocks = d.blocks_at(w, &format!("{base}.layers"), |i, l| block(&l, kinds[i], is_sparse(i)))?;
+    let blocks = d.blocks_at(w, &format!("{base}.layers"), |i, l| block(l, kinds[i], is_sparse(i)))?;
     // vLLM builds the MTP block as a full-attention layer numbered 0 (sparse where layer 0 would be).
     let mtp = if w.loads_mtp() {
         if !w.contains("mtp.fc.weight") {
