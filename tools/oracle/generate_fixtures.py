@@ -243,7 +243,7 @@ def _repack_qwen3_5_conditional(tensors, cfg):
     """Qwen3_5ForCausalLM -> the layout real Qwen3.5 checkpoints ship: Qwen3_5ForConditionalGeneration
     with the text config nested in `text_config` (plus a vision config), the text weights under
     `model.language_model.`, and the tensors transformers ignores when loading the text model
-    (a whole random vision tower `model.visual.*` and the MTP head `mtp.*`) present."""
+    (a whole random vision tower `model.visual.*` and a random MTP head `mtp.*`) present."""
     text = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version", "dtype")}
     text["model_type"] = "qwen3_5_text"
     out = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
@@ -257,7 +257,8 @@ def _repack_qwen3_5_conditional(tensors, cfg):
     torch.manual_seed(7)
     tower = Qwen3_5VisionModel._from_config(Qwen3_5VisionConfig(**vision), dtype=torch.float32)
     out.update({"model.visual." + k: v.detach().clone().contiguous() for k, v in tower.state_dict().items()})
-    out["mtp.fc.weight"] = torch.zeros(hidden, 2 * hidden)
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+    out.update(_random_mtp_head(Qwen3_5TextConfig(**{k: v for k, v in text.items() if k != "model_type"})))
     new_cfg = {
         "architectures": ["Qwen3_5ForConditionalGeneration"],
         "model_type": "qwen3_5",
@@ -270,28 +271,34 @@ def _repack_qwen3_5_conditional(tensors, cfg):
     return out, new_cfg
 
 
-def _add_mtp_head(out_dir: Path) -> None:
-    """edit_saved_weights hook: adds a random multi-token-prediction head to model.safetensors in the
-    layout Qwen3.5 checkpoints ship (`mtp.fc`, `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`,
-    `mtp.layers.0.*` a gated full-attention layer, `mtp.norm`). transformers ignores `mtp.*`; ferrite
-    loads it for speculative decoding's `mtp`, checked against `_mtp_reference`."""
-    from safetensors.torch import load_file, save_file
-    from transformers import AutoConfig
+def _random_mtp_head(cfg) -> dict[str, torch.Tensor]:
+    """A random multi-token-prediction head in the layout Qwen3.5 checkpoints ship (`mtp.fc`,
+    `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.layers.0.*` a gated full-attention
+    layer, `mtp.norm`) for a Qwen3.5 text config. transformers ignores `mtp.*`; ferrite loads it for
+    speculative decoding's `mtp`."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer
 
-    path = out_dir / "model.safetensors"
-    tensors = load_file(str(path))
-    cfg = AutoConfig.from_pretrained(out_dir)
     layer = Qwen3_5DecoderLayer(cfg, cfg.layer_types.index("full_attention"))
     gen = torch.Generator().manual_seed(11)
     # Norm weights are stored centred on zero ((1 + w) norms): small, so that they matter but do not dominate.
     rand = lambda shape, std: (torch.randn(shape, generator=gen) * std).contiguous()  # noqa: E731
-    for k, v in layer.state_dict().items():
-        tensors[f"mtp.layers.0.{k}"] = rand(v.shape, 0.1 if "norm" in k else cfg.initializer_range)
+    out = {f"mtp.layers.0.{k}": rand(v.shape, 0.1 if "norm" in k else cfg.initializer_range)
+           for k, v in layer.state_dict().items()}
     h = cfg.hidden_size
-    tensors["mtp.fc.weight"] = rand((h, 2 * h), cfg.initializer_range / 2**0.5)
+    out["mtp.fc.weight"] = rand((h, 2 * h), cfg.initializer_range / 2**0.5)
     for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-        tensors[f"mtp.{n}.weight"] = rand((h,), 0.1)
+        out[f"mtp.{n}.weight"] = rand((h,), 0.1)
+    return out
+
+
+def _add_mtp_head(out_dir: Path) -> None:
+    """edit_saved_weights hook: adds `_random_mtp_head` to the saved model.safetensors."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+
+    path = out_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    tensors.update(_random_mtp_head(AutoConfig.from_pretrained(out_dir)))
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 

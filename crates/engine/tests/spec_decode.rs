@@ -394,20 +394,24 @@ fn mtp_drafter_feeds_the_head_the_reference_inputs() {
 /// without an MTP head is refused at start.
 #[test]
 fn mtp_speculation_draws_the_same_tokens() {
-    let plain = llm("qwen3_5-mtp", config());
-    let prompts = prompts("qwen3_5-mtp");
-    let seeded = SamplingParams { seed: Some(5), ..random(None, 32) };
-    for k in [1, 3] {
-        let spec = llm("qwen3_5-mtp", EngineConfig { speculative: Some(mtp(k)), ..config() });
-        for params in [greedy(32), seeded.clone()] {
-            let want = token_ids(&plain.generate(prompts.clone(), &params).unwrap());
-            assert_eq!(token_ids(&spec.generate(prompts.clone(), &params).unwrap()), want, "k {k}, {params:?}");
-            assert_eq!(solo(&spec, &prompts, &params), want, "k {k}, alone, {params:?}");
+    // The second is real Qwen3.5 checkpoints' layout (ForConditionalGeneration, with a tower).
+    for (name, ks) in [("qwen3_5-mtp", &[1, 3][..]), ("qwen3_5-conditional", &[2][..])] {
+        let plain = llm(name, config());
+        let prompts = prompts(name);
+        let seeded = SamplingParams { seed: Some(5), ..random(None, 32) };
+        for &k in ks {
+            let spec = llm(name, EngineConfig { speculative: Some(mtp(k)), ..config() });
+            for params in [greedy(32), seeded.clone()] {
+                let want = token_ids(&plain.generate(prompts.clone(), &params).unwrap());
+                let got = token_ids(&spec.generate(prompts.clone(), &params).unwrap());
+                assert_eq!(got, want, "{name}, k {k}, {params:?}");
+                assert_eq!(solo(&spec, &prompts, &params), want, "{name}, k {k}, alone, {params:?}");
+            }
+            let stats = spec.client().stats().spec_decode;
+            println!("{name}, mtp k={k}: {stats:?}");
+            assert!(stats.num_drafts > 0 && stats.num_draft_tokens <= stats.num_drafts * k as u64);
+            wait_idle(&spec.client());
         }
-        let stats = spec.client().stats().spec_decode;
-        println!("mtp k={k}: {stats:?}");
-        assert!(stats.num_drafts > 0 && stats.num_draft_tokens <= stats.num_drafts * k as u64);
-        wait_idle(&spec.client());
     }
     for name in ["qwen3_5", "llama"] {
         let config = EngineConfig { speculative: Some(mtp(1)), ..config() };

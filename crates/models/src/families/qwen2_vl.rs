@@ -789,6 +789,20 @@ impl CausalLM for QwenVl {
         self.decoder.hidden_states(input, kv)
     }
 
+    fn forward_with_hidden(
+        &self,
+        input: &ForwardInput<'_>,
+        kv: &mut [ferrite_tensor::PagedKvLayer],
+    ) -> Result<(Tensor, Tensor)> {
+        self.decoder.forward_with_hidden(input, kv)
+    }
+
+    /// Qwen3.5's MTP head (real Qwen3.5 checkpoints are of this layout). It reads an image's
+    /// placeholder tokens as text, which only shades its drafts there.
+    fn mtp(&self) -> Option<&dyn crate::model::MtpHead> {
+        self.decoder.mtp()
+    }
+
     fn vision(&self) -> Option<&dyn VisionEncoder> {
         Some(self)
     }
