@@ -256,7 +256,7 @@ fn speculation_on_cuda_is_token_exact() {
 /// A hybrid model speculating on the GPU: the state saved before each verify step is restored
 /// after a rejection (state copies on the device), and the tokens are those drawn without
 /// speculation, on the first pass (n-gram drafts, mostly rejected) and the second (suffix
-/// drafts, mostly accepted).
+/// drafts, mostly accepted), and with its MTP head drafting.
 #[test]
 fn hybrid_speculation_on_cuda_rolls_the_state_back() {
     use ferrite_engine::SpeculativeConfig;
@@ -264,19 +264,23 @@ fn hybrid_speculation_on_cuda_rolls_the_state_back() {
         println!("SKIP: no CUDA device");
         return;
     }
+    // qwen3_5-mtp is qwen3_5's shape with an MTP head: its text model is another random one.
+    let fixture_name = "qwen3_5-mtp";
     let on_cuda = |spec: Option<&str>| {
         let speculative = spec.map(|json| SpeculativeConfig::parse(json).unwrap());
         let config = EngineConfig { device: Device::Cuda(0), speculative, ..config() };
-        LLM::new(fixture("qwen3_5"), DType::F32, config).unwrap()
+        LLM::new(fixture(fixture_name), DType::F32, config).unwrap()
     };
     let params = greedy(24);
-    let want = token_ids(&on_cuda(None).generate(battery("qwen3_5"), &params).unwrap());
+    let want = token_ids(&on_cuda(None).generate(battery(fixture_name), &params).unwrap());
     let ngram = r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 2}"#;
     let suffix = r#"{"method": "suffix", "num_speculative_tokens": 4}"#;
-    for json in [ngram, suffix] {
+    let mtp = r#"{"method": "mtp", "num_speculative_tokens": 2}"#;
+    for json in [ngram, suffix, mtp] {
         let llm = on_cuda(Some(json));
         for pass in 0..2 {
-            assert_eq!(token_ids(&llm.generate(battery("qwen3_5"), &params).unwrap()), want, "{json}, pass {pass}");
+            let got = token_ids(&llm.generate(battery(fixture_name), &params).unwrap());
+            assert_eq!(got, want, "{json}, pass {pass}");
         }
         let stats = llm.client().stats().spec_decode;
         println!("{json}: {stats:?}");
