@@ -1,7 +1,7 @@
 //! The `draft_model` drafter: a smaller checkpoint sharing the target's tokenizer proposes each
 //! decoding request's next drafts after every step (vLLM V1's draft-model proposer).
 //!
-//! Each draft is drawn as the target draws the token at that position ([`sampler::draw_tokens`]):
+//! Each draft is drawn as the target draws the token at that position ([`crate::sampler::draw_tokens`]):
 //! the request's logits processors (penalties, bad words, bias, min-tokens), then greedy, or
 //! temperature, min-p, top-k and top-p with the same Philox uniforms, keyed by the request's
 //! seed and the token's index in the output. Verification keeps a draft where the target's own draw
@@ -26,10 +26,9 @@ use std::collections::HashMap;
 use ferrite_models::{CausalLM, ForwardInput};
 use ferrite_tensor::{AttnMetadata, AttnSeq, Device, PagedKvLayer};
 
-use crate::core::{BlockId, ReqId};
+use crate::core::ReqId;
 use crate::error::{EngineError, Result};
-use crate::params::RequestSampling;
-use crate::sampler::{self, SampleRow};
+use crate::spec_decode::{draw_drafts, DraftTarget};
 
 pub struct DraftModel {
     model: Box<dyn CausalLM>,
@@ -50,18 +49,6 @@ struct Progress {
     written: Vec<u32>,
     /// A token of the request lies outside the draft's vocabulary: it cannot be fed.
     unusable: bool,
-}
-
-/// One request to draft for.
-pub struct DraftRequest<'a> {
-    pub id: ReqId,
-    /// Prompt and output so far.
-    pub tokens: &'a [u32],
-    pub num_prompt_tokens: usize,
-    pub sampling: &'a RequestSampling,
-    pub block_table: &'a [BlockId],
-    /// At most this many drafts (what the request may still generate after the next draw).
-    pub room: usize,
 }
 
 impl DraftModel {
@@ -98,7 +85,7 @@ impl DraftModel {
 
     /// Up to `k` drafts per request: one forward over each request's tokens the draft has not
     /// seen (the newest at least), then one single-token forward per further draft.
-    pub fn propose(&mut self, reqs: &[DraftRequest<'_>]) -> Result<HashMap<ReqId, Vec<u32>>> {
+    pub fn propose(&mut self, reqs: &[DraftTarget<'_>]) -> Result<HashMap<ReqId, Vec<u32>>> {
         let vocab = self.model.info().vocab_size;
         // (request, drafts wanted, first position the first forward feeds)
         let mut active = Vec::new();
@@ -135,11 +122,8 @@ impl DraftModel {
             rows.push(tokens.len() - 1);
             seqs.push(AttnSeq { q_start, q_len, ctx_len: r.tokens.len(), block_table: r.block_table.to_vec() });
         }
-        let all: Vec<usize> = (0..active.len()).collect();
-        let draw_rows = |drafts: &HashMap<ReqId, Vec<u32>>, which: &[usize]| -> Vec<(usize, Vec<u32>)> {
-            which.iter().map(|&i| (i, drafts.get(&active[i].0.id).cloned().unwrap_or_default())).collect()
-        };
-        let mut next = self.forward(&tokens, seqs, &rows, &active, &draw_rows(&drafts, &all))?;
+        let first: Vec<(&DraftTarget, &[u32])> = active.iter().map(|&(r, _, _)| (r, &[][..])).collect();
+        let mut next = self.forward(&tokens, seqs, &rows, &first)?;
         for (&(r, _, _), &d) in active.iter().zip(&next) {
             drafts.insert(r.id, vec![d]);
         }
@@ -164,7 +148,9 @@ impl DraftModel {
             if fed.is_empty() {
                 break;
             }
-            let drawn = self.forward(&tokens, seqs, &rows, &active, &draw_rows(&drafts, &fed))?;
+            let after: Vec<(&DraftTarget, &[u32])> =
+                fed.iter().map(|&i| (active[i].0, drafts[&active[i].0.id].as_slice())).collect();
+            let drawn = self.forward(&tokens, seqs, &rows, &after)?;
             for (&i, &d) in fed.iter().zip(&drawn) {
                 let r = active[i].0;
                 self.requests.get_mut(&r.id).expect("registered above").written.push(next[i]);
@@ -178,35 +164,19 @@ impl DraftModel {
         Ok(drafts)
     }
 
-    /// The draft's token after each of `rows`: row `j` continues `active[draws[j].0]` after the
-    /// drafts `draws[j].1`, drawn as the target would draw that token.
+    /// The draft's token after each of `rows`: row `j` continues `draws[j]`'s request after the
+    /// drafts it has so far, drawn as the target would draw that token.
     fn forward(
         &mut self,
         tokens: &[u32],
         seqs: Vec<AttnSeq>,
         rows: &[usize],
-        active: &[(&DraftRequest<'_>, usize, usize)],
-        draws: &[(usize, Vec<u32>)],
+        draws: &[(&DraftTarget<'_>, &[u32])],
     ) -> Result<Vec<u32>> {
         let meta = AttnMetadata::new(seqs, self.block_size)?;
         let input = ForwardInput { tokens, meta: &meta, logit_rows: rows, embeds: None };
-        let outputs: Vec<Vec<u32>> = draws
-            .iter()
-            .map(|(i, drafts)| [&active[*i].0.tokens[active[*i].0.num_prompt_tokens..], drafts].concat())
-            .collect();
-        let sample_rows: Vec<SampleRow> = draws
-            .iter()
-            .zip(&outputs)
-            .map(|((i, _), output)| {
-                let r = active[*i].0;
-                SampleRow { sampling: r.sampling, prompt: &r.tokens[..r.num_prompt_tokens], output }
-            })
-            .collect();
         let (model, caches) = (self.model.as_ref(), &mut self.kv_caches);
-        let mut run = || -> Result<Vec<u32>> {
-            let logits = model.forward(&input, caches)?;
-            sampler::draw_tokens(&logits, &sample_rows)
-        };
+        let mut run = || -> Result<Vec<u32>> { draw_drafts(&model.forward(&input, caches)?, draws) };
         // A CUDA forward stays on the thread its context is current on.
         let drawn = if self.on_cpu { ferrite_tensor::cpu::on_worker(run)? } else { run()? };
         if drawn.len() < rows.len() {

@@ -19,10 +19,9 @@ use std::collections::HashMap;
 use ferrite_models::CausalLM;
 use ferrite_tensor::{ops, AttnMetadata, AttnSeq, Device, PagedKvLayer, Tensor};
 
-use crate::core::{BlockId, ReqId};
+use crate::core::ReqId;
 use crate::error::{EngineError, Result};
-use crate::params::RequestSampling;
-use crate::sampler::{self, SampleRow};
+use crate::spec_decode::{draw_drafts, DraftTarget};
 
 pub struct MtpDrafter {
     kv: PagedKvLayer,
@@ -31,20 +30,13 @@ pub struct MtpDrafter {
     num_speculative_tokens: usize,
 }
 
-/// One request the step computed.
+/// One request the step computed (`room` 0: the head only catches up on it).
 pub struct MtpRequest<'a> {
-    pub id: ReqId,
-    /// Prompt and output so far (after the step's draws).
-    pub tokens: &'a [u32],
-    pub num_prompt_tokens: usize,
-    pub sampling: &'a RequestSampling,
-    pub block_table: &'a [BlockId],
+    pub target: DraftTarget<'a>,
     /// The step computed positions `start..start + computed`, at rows `row..` of its hidden states.
     pub start: usize,
     pub computed: usize,
     pub row: usize,
-    /// Drafts wanted after its newest token (0: the head only catches up).
-    pub room: usize,
 }
 
 impl MtpDrafter {
@@ -81,7 +73,7 @@ impl MtpDrafter {
         // Positions whose next token is known: up to the newest token's predecessor.
         let spans: Vec<(&MtpRequest, usize)> = reqs
             .iter()
-            .map(|r| (r, r.computed.min(r.tokens.len().saturating_sub(1 + r.start))))
+            .map(|r| (r, r.computed.min(r.target.tokens.len().saturating_sub(1 + r.start))))
             .filter(|&(_, n)| n > 0)
             .collect();
         if spans.is_empty() {
@@ -90,19 +82,20 @@ impl MtpDrafter {
         let (mut next, mut rows, mut seqs, mut logit_rows, mut drafting) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for &(r, n) in &spans {
-            let q_start = next.len();
-            next.extend_from_slice(&r.tokens[r.start + 1..r.start + n + 1]);
+            let (q_start, t) = (next.len(), &r.target);
+            next.extend_from_slice(&t.tokens[r.start + 1..r.start + n + 1]);
             rows.extend(r.row..r.row + n);
             let ctx_len = r.start + n;
-            seqs.push(AttnSeq { q_start, q_len: n, ctx_len, block_table: r.block_table.to_vec() });
+            seqs.push(AttnSeq { q_start, q_len: n, ctx_len, block_table: t.block_table.to_vec() });
             // Its last position is the newest token's predecessor: it predicts the first draft.
-            if r.room > 0 && ctx_len + 1 == r.tokens.len() {
+            if t.room > 0 && ctx_len + 1 == t.tokens.len() {
                 logit_rows.push(next.len() - 1);
-                drafting.push(r);
+                drafting.push(t);
             }
         }
         let hidden = ops::gather_rows(hidden, &rows)?;
-        let (mut drawn, mut out) = self.forward(model, &next, &hidden, seqs, &logit_rows, &drafting, &drafts)?;
+        let first: Vec<(&DraftTarget, &[u32])> = drafting.iter().map(|&t| (t, &[][..])).collect();
+        let (mut drawn, mut out) = self.forward(model, &next, &hidden, seqs, &logit_rows, &first)?;
         let mut out_rows = logit_rows;
         for (r, &d) in drafting.iter().zip(&drawn) {
             drafts.insert(r.id, vec![d]);
@@ -123,9 +116,10 @@ impl MtpDrafter {
                 .collect();
             let tokens: Vec<u32> = fed.iter().map(|&i| drawn[i]).collect();
             let hidden = ops::gather_rows(&out, &fed.iter().map(|&i| out_rows[i]).collect::<Vec<_>>())?;
-            let sub: Vec<&MtpRequest> = fed.iter().map(|&i| drafting[i]).collect();
+            let after: Vec<(&DraftTarget, &[u32])> =
+                fed.iter().map(|&i| (drafting[i], drafts[&drafting[i].id].as_slice())).collect();
             let rows: Vec<usize> = (0..fed.len()).collect();
-            let (new_drawn, new_out) = self.forward(model, &tokens, &hidden, seqs, &rows, &sub, &drafts)?;
+            let (new_drawn, new_out) = self.forward(model, &tokens, &hidden, seqs, &rows, &after)?;
             for (j, &i) in fed.iter().enumerate() {
                 drawn[i] = new_drawn[j];
                 out_rows[i] = j;
@@ -138,8 +132,7 @@ impl MtpDrafter {
     }
 
     /// The head over `next` (each row's next token) and `hidden`, and a draw after each of
-    /// `logit_rows` (row `j` continues `drafting[j]` after the drafts it has so far).
-    #[allow(clippy::too_many_arguments)]
+    /// `logit_rows` (row `j` continues `draws[j]`'s request after the drafts it has so far).
     fn forward(
         &mut self,
         model: &dyn CausalLM,
@@ -147,26 +140,16 @@ impl MtpDrafter {
         hidden: &Tensor,
         seqs: Vec<AttnSeq>,
         logit_rows: &[usize],
-        drafting: &[&MtpRequest<'_>],
-        drafts: &HashMap<ReqId, Vec<u32>>,
+        draws: &[(&DraftTarget<'_>, &[u32])],
     ) -> Result<(Vec<u32>, Tensor)> {
         let head = model.mtp().ok_or_else(|| EngineError::Internal("the MTP head is gone".into()))?;
         let meta = AttnMetadata::new(seqs, self.block_size)?;
-        let outputs: Vec<Vec<u32>> = drafting
-            .iter()
-            .map(|r| [&r.tokens[r.num_prompt_tokens..], drafts.get(&r.id).map_or(&[][..], Vec::as_slice)].concat())
-            .collect();
-        let sample_rows: Vec<SampleRow> = drafting
-            .iter()
-            .zip(&outputs)
-            .map(|(r, output)| SampleRow { sampling: r.sampling, prompt: &r.tokens[..r.num_prompt_tokens], output })
-            .collect();
         let kv = &mut self.kv;
         let mut run = || -> Result<(Vec<u32>, Tensor)> {
             // A pass that only catches up still takes one row of logits, discarded.
             let rows = if logit_rows.is_empty() { &[0][..] } else { logit_rows };
             let (logits, out) = head.forward(next, hidden, &meta, rows, kv)?;
-            let drawn = if logit_rows.is_empty() { Vec::new() } else { sampler::draw_tokens(&logits, &sample_rows)? };
+            let drawn = if logit_rows.is_empty() { Vec::new() } else { draw_drafts(&logits, draws)? };
             Ok((drawn, out))
         };
         // A CUDA forward stays on the thread its context is current on.

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use crate::config::{CacheConfig, EngineConfig};
 use crate::core::scheduler::{ModelRunnerOutput, SchedulerOutput};
 use crate::core::{BlockId, ReqId};
-use crate::draft_model::{DraftModel, DraftRequest};
+use crate::draft_model::DraftModel;
 use crate::encoder_cache::{EncoderCache, EncoderCacheStats, SharedEncoderCache};
 use crate::error::{EngineError, Result};
 use crate::graphs::{DecodeGraphs, GraphCounts};
@@ -22,6 +22,7 @@ use crate::mtp::{MtpDrafter, MtpRequest};
 use crate::output::TokenLogprob;
 use crate::params::RequestSampling;
 use crate::sampler::{self, SampleRow};
+use crate::spec_decode::DraftTarget;
 
 struct CachedRequestState {
     /// Prompt and every token sampled so far.
@@ -502,7 +503,7 @@ impl ModelRunner {
     /// grammar waits for the end of a reasoning section (they are drafted for by nobody).
     fn propose_drafts(&mut self, out: &ModelRunnerOutput) -> Result<HashMap<ReqId, Vec<u32>>> {
         let _span = tracing::debug_span!("draft", requests = out.sampled.len()).entered();
-        let reqs: Vec<DraftRequest> = out
+        let reqs: Vec<DraftTarget> = out
             .sampled
             .keys()
             .filter(|id| !self.reasoning.contains_key(id))
@@ -512,7 +513,7 @@ impl ModelRunner {
                 let generated = len - state.num_prompt_tokens;
                 let room =
                     state.sampling.max_tokens.saturating_sub(generated).min(self.max_model_len.saturating_sub(len));
-                Some(DraftRequest {
+                Some(DraftTarget {
                     id,
                     tokens: &state.token_ids,
                     num_prompt_tokens: state.num_prompt_tokens,
@@ -551,15 +552,17 @@ impl ModelRunner {
                     0
                 };
                 Some(MtpRequest {
-                    id,
-                    tokens: &state.token_ids,
-                    num_prompt_tokens: state.num_prompt_tokens,
-                    sampling: &state.sampling,
-                    block_table: &state.block_ids,
+                    target: DraftTarget {
+                        id,
+                        tokens: &state.token_ids,
+                        num_prompt_tokens: state.num_prompt_tokens,
+                        sampling: &state.sampling,
+                        block_table: &state.block_ids,
+                        room,
+                    },
                     start,
                     computed,
                     row,
-                    room,
                 })
             })
             .collect();

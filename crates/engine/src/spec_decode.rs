@@ -19,8 +19,12 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::core::ReqId;
+use ferrite_tensor::Tensor;
+
+use crate::core::{BlockId, ReqId};
 use crate::error::{EngineError, Result};
+use crate::params::RequestSampling;
+use crate::sampler::{self, SampleRow};
 use crate::suffix_tree::SuffixCache;
 pub use crate::suffix_tree::SuffixParams;
 
@@ -247,6 +251,32 @@ impl Drafter {
             cache.finish(id);
         }
     }
+}
+
+/// A request a model drafter (a draft model, an MTP head) drafts for, as the runner holds it
+/// after a step's draws.
+pub struct DraftTarget<'a> {
+    pub id: ReqId,
+    /// Prompt and output so far.
+    pub tokens: &'a [u32],
+    pub num_prompt_tokens: usize,
+    pub sampling: &'a RequestSampling,
+    pub block_table: &'a [BlockId],
+    /// At most this many drafts (what the request may still generate after the next draw).
+    pub room: usize,
+}
+
+/// A draft per row of `logits`, each drawn as the target would draw the token after `rows[j].0`'s
+/// tokens followed by the drafts `rows[j].1`: the request's logits processors, then its sampling
+/// with the same Philox uniforms (see [`crate::draft_model`] for why).
+pub(crate) fn draw_drafts(logits: &Tensor, rows: &[(&DraftTarget<'_>, &[u32])]) -> Result<Vec<u32>> {
+    let outputs: Vec<Vec<u32>> = rows.iter().map(|(r, d)| [&r.tokens[r.num_prompt_tokens..], d].concat()).collect();
+    let sample_rows: Vec<SampleRow> = rows
+        .iter()
+        .zip(&outputs)
+        .map(|((r, _), output)| SampleRow { sampling: r.sampling, prompt: &r.tokens[..r.num_prompt_tokens], output })
+        .collect();
+    sampler::draw_tokens(logits, &sample_rows)
 }
 
 /// vLLM's n-gram proposal: the longest suffix of `tokens` of `min..=max` tokens that occurred

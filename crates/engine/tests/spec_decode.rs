@@ -335,6 +335,7 @@ fn mtp(k: usize) -> SpeculativeConfig {
 #[test]
 fn mtp_drafter_feeds_the_head_the_reference_inputs() {
     use ferrite_engine::mtp::{MtpDrafter, MtpRequest};
+    use ferrite_engine::spec_decode::DraftTarget;
     use ferrite_models::{load_model, ForwardInput, LoadOptions};
     use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device};
 
@@ -370,17 +371,15 @@ fn mtp_drafter_feeds_the_head_the_reference_inputs() {
         let input =
             ForwardInput { tokens: &seq[start..end], meta: &meta, logit_rows: &[end - start - 1], embeds: None };
         let (_, hidden) = model.forward_with_hidden(&input, &mut caches).unwrap();
-        let req = MtpRequest {
+        let target = DraftTarget {
             id: 0,
             tokens: &seq[..known],
             num_prompt_tokens: known.min(29),
             sampling: &sampling,
             block_table: &table,
-            start,
-            computed: end - start,
-            row: 0,
             room,
         };
+        let req = MtpRequest { target, start, computed: end - start, row: 0 };
         let drafts = drafter.propose(model.as_ref(), &hidden, &[req]).unwrap();
         match predicted_at {
             None => assert!(drafts.is_empty()),
