@@ -302,7 +302,89 @@ def _add_mtp_head(out_dir: Path) -> None:
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
+
+
 MTP_REFERENCE_SEQUENCES = [list(range(3, 40)), [5, 9, 5, 9, 5, 9, 17, 250, 3, 99] * 4, list(range(900, 860, -2))]
+
+
+def _add_deepseek_mtp_layer(out_dir: Path) -> None:
+    """edit_saved_weights hook: adds a random MTP layer in DeepSeek-V3 checkpoints' layout: layer
+    `num_hidden_layers` (real V3: 61) holding `embed_tokens` (the model's), `enorm`, `hnorm`, `eh_proj`,
+    a whole decoder layer (MLA, and MoE past first_k_dense_replace) and `shared_head.{norm, head}`.
+    transformers ignores it; ferrite loads it for speculative decoding's `mtp`."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+
+    path = out_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    dtype = tensors["model.embed_tokens.weight"].dtype
+    cfg = AutoConfig.from_pretrained(out_dir)
+    n, h = cfg.num_hidden_layers, cfg.hidden_size
+    layer = DeepseekV3DecoderLayer(cfg, n)
+    gen = torch.Generator().manual_seed(13)
+    rand = lambda shape, std: (torch.randn(shape, generator=gen) * std)  # noqa: E731
+    new = {}
+    for k, v in layer.state_dict().items():
+        if "norm" in k:
+            new[k] = 1 + rand(v.shape, 0.1)
+        elif "e_score_correction_bias" in k:
+            new[k] = rand(v.shape, 0.1)
+        else:
+            new[k] = rand(v.shape, cfg.initializer_range)
+    new["embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    new["eh_proj.weight"] = rand((h, 2 * h), cfg.initializer_range)
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        new[f"{norm}.weight"] = 1 + rand((h,), 0.1)
+    new["shared_head.head.weight"] = rand((cfg.vocab_size, h), cfg.initializer_range)
+    tensors.update({f"model.layers.{n}.{k}": v.to(dtype).contiguous() for k, v in new.items()})
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _deepseek_mtp_reference(out_dir: Path) -> dict[str, Any]:
+    """load_check hook: the DeepSeek MTP layer's predictions, as vLLM's DeepSeekMultiTokenPredictorLayer
+    computes them with transformers' modules: the next token's embedding (zeroed at position 0) and the
+    model's final hidden state, each normed (enorm, hnorm), joined by eh_proj, through the decoder layer
+    (causal, rotary at the same positions), then shared_head's norm and head. Per sequence: the argmax and
+    its logit at every position."""
+    from safetensors.torch import load_file
+    from transformers.masking_utils import create_causal_mask
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RMSNorm
+
+    model = load_fixture(out_dir)
+    cfg = model.config
+    n, h = cfg.num_hidden_layers, cfg.hidden_size
+    prefix = f"model.layers.{n}."
+    mtp = {k[len(prefix):]: v.float() for k, v in load_file(str(out_dir / "model.safetensors")).items()
+           if k.startswith(prefix)}
+    layer = DeepseekV3DecoderLayer(cfg, n).float()
+    layer.load_state_dict({k: v for k, v in mtp.items() if k.split(".")[0] in ("self_attn", "mlp", "input_layernorm",
+                                                                               "post_attention_layernorm")})
+    norms = {}
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        norms[name] = DeepseekV3RMSNorm(h, eps=cfg.rms_norm_eps)
+        norms[name].load_state_dict({"weight": mtp[f"{name}.weight"]})
+    eh_proj = torch.nn.Linear(2 * h, h, bias=False)
+    eh_proj.load_state_dict({"weight": mtp["eh_proj.weight"]})
+    head = torch.nn.Linear(h, cfg.vocab_size, bias=False)
+    head.load_state_dict({"weight": mtp["shared_head.head.weight"]})
+    out = []
+    with torch.no_grad():
+        for seq in MTP_REFERENCE_SEQUENCES:
+            ids = torch.tensor([seq])
+            hidden = model.model(input_ids=ids).last_hidden_state[:, :-1]
+            embeds = torch.nn.functional.embedding(ids[:, 1:], mtp["embed_tokens.weight"])
+            embeds[:, 0] = 0
+            x = eh_proj(torch.cat([norms["enorm"](embeds), norms["hnorm"](hidden)], -1))
+            positions = torch.arange(x.shape[1])[None]
+            rotary = model.model.rotary_emb(x, positions)
+            mask = create_causal_mask(config=cfg, inputs_embeds=x, attention_mask=None, cache=None,
+                                      position_ids=positions)
+            y = layer(x, attention_mask=mask, position_ids=positions, position_embeddings=rotary)
+            logits = head(norms["shared_head.norm"](y))[0]
+            top = logits.max(-1)
+            out.append({"tokens": seq, "argmax": top.indices.tolist(), "max_logit": top.values.tolist()})
+    return {"mtp_reference": out}
 
 
 def _mtp_reference(out_dir: Path) -> dict[str, Any]:
@@ -1455,6 +1537,29 @@ SPECS: list[Spec] = [
         ablation_desc="n_group 4 / topk_group 2 -> 1 / 1 (no group limit)",
         extra_ablations=[Ablate("routed_scaling_factor 2.5 -> 1.0", config=dict(routed_scaling_factor=1.0))],
         probe=routing_probe,
+        notes=["num_key_value_heads is set to num_attention_heads: DeepseekV3Config defaults it to 128, and MLA "
+               "expands the latent to every query head."],
+    ),
+    Spec(
+        name="deepseek-v3-mtp",
+        config_class="DeepseekV3Config",
+        architecture="DeepseekV3ForCausalLM",
+        save_dtype="bfloat16",
+        init_fn=init_correction_bias(0.1),
+        kwargs=dict(hidden_size=32, num_key_value_heads=4, intermediate_size=64, moe_intermediate_size=16,
+                    q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+                    n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        seed=60,
+        edit_saved_weights=_add_deepseek_mtp_layer,
+        load_check=_deepseek_mtp_reference,
+        feature="DeepSeek-V3 with the MTP layer real checkpoints ship after the last (layer num_hidden_layers: "
+        "embed_tokens, enorm / hnorm, eh_proj, an MLA + MoE decoder layer, shared_head norm and head); the oracle is "
+        "the model transformers loads (it ignores that layer), and load_check holds the layer's predictions computed "
+        "with transformers' modules as vLLM's DeepSeekMultiTokenPredictorLayer runs it",
+        ablate_config=dict(n_group=1, topk_group=1),
+        ablation_desc="n_group 4 / topk_group 2 -> 1 / 1 (no group limit)",
         notes=["num_key_value_heads is set to num_attention_heads: DeepseekV3Config defaults it to 128, and MLA "
                "expands the latent to every query head."],
     ),

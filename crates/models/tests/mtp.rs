@@ -1,7 +1,9 @@
-//! The Qwen3.5 multi-token-prediction head against the reference the fixture generator computed
-//! with transformers' own modules, as vLLM runs the head (`tools/oracle/generate_fixtures.py`,
-//! `_mtp_reference`, fixture `qwen3_5-mtp`): over each reference sequence, the head's argmax and
-//! its logit at every position, from the model's final hidden states and the next tokens.
+//! Multi-token-prediction heads against the references the fixture generator computed with
+//! transformers' own modules, as vLLM runs each head (`tools/oracle/generate_fixtures.py`:
+//! `_mtp_reference` for Qwen3.5's `mtp.*` in fixture `qwen3_5-mtp`, `_deepseek_mtp_reference` for
+//! DeepSeek-V3's extra layer in `deepseek-v3-mtp`): over each reference sequence, the head's
+//! argmax and its logit at every position, from the model's final hidden states and the next
+//! tokens.
 
 use std::path::PathBuf;
 
@@ -9,8 +11,8 @@ use ferrite_models::{load_model, CausalLM, ForwardInput, LoadOptions};
 use ferrite_tensor::{ops, AttnMetadata, AttnSeq, DType, Device, PagedKvLayer};
 use serde_json::Value;
 
-fn fixture() -> PathBuf {
-    ferrite_testing::gate::fixtures_dir().join("models/qwen3_5-mtp")
+fn fixture(name: &str) -> PathBuf {
+    ferrite_testing::gate::fixtures_dir().join("models").join(name)
 }
 
 /// The head's argmax and max logit at positions `0..len - 1` of `tokens`.
@@ -20,7 +22,10 @@ fn mtp_predictions(model: &dyn CausalLM, tokens: &[u32]) -> (Vec<u32>, Vec<f32>)
     let table: Vec<u32> = (0..blocks as u32).collect();
     let mut caches = model.info().allocate_caches(Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
     let seq = AttnSeq { q_start: 0, q_len: n, ctx_len: n, block_table: table.clone() };
-    let meta = AttnMetadata::new(vec![seq], block_size).unwrap().with_state_slots(vec![0]).unwrap();
+    let mut meta = AttnMetadata::new(vec![seq], block_size).unwrap();
+    if !model.info().state_layers.is_empty() {
+        meta = meta.with_state_slots(vec![0]).unwrap();
+    }
     let input = ForwardInput { tokens, meta: &meta, logit_rows: &[n - 1], embeds: None };
     let (_, hidden) = model.forward_with_hidden(&input, &mut caches).unwrap();
     let head = model.mtp().expect("loaded with its MTP head");
@@ -40,30 +45,43 @@ fn mtp_predictions(model: &dyn CausalLM, tokens: &[u32]) -> (Vec<u32>, Vec<f32>)
     (argmax, max)
 }
 
-#[test]
-fn mtp_head_predicts_as_the_reference() {
-    let oracle: Value = serde_json::from_str(&std::fs::read_to_string(fixture().join("oracle.json")).unwrap()).unwrap();
+fn assert_predicts_as_the_reference(name: &str) {
+    let dir = fixture(name);
+    let oracle: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
     let opts = LoadOptions { progress: false, load_mtp: true, ..Default::default() };
-    let model = load_model(&fixture(), &opts).unwrap().model;
+    let model = load_model(&dir, &opts).unwrap().model;
     let cases = oracle["load_check"]["mtp_reference"].as_array().unwrap();
     for case in cases {
         let ids =
             |k: &str| -> Vec<u32> { case[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
         let tokens = ids("tokens");
         let (argmax, max) = mtp_predictions(model.as_ref(), &tokens);
-        assert_eq!(argmax, ids("argmax"), "MTP predictions differ over {tokens:?}");
+        assert_eq!(argmax, ids("argmax"), "{name}: MTP predictions differ over {tokens:?}");
         for (ours, theirs) in max.iter().zip(case["max_logit"].as_array().unwrap()) {
             let theirs = theirs.as_f64().unwrap() as f32;
-            assert!((ours - theirs).abs() < 1e-3, "max logit {ours} vs {theirs}");
+            assert!((ours - theirs).abs() < 1e-3, "{name}: max logit {ours} vs {theirs}");
         }
     }
-    // Without asking for the head it is not loaded; a checkpoint without one refuses the request.
-    assert!(load_model(&fixture(), &LoadOptions { progress: false, ..Default::default() })
-        .unwrap()
-        .model
-        .mtp()
-        .is_none());
-    let plain = ferrite_testing::gate::fixtures_dir().join("models/qwen3_5");
-    let err = load_model(&plain, &opts).err().expect("no MTP head to load").to_string();
-    assert!(err.contains("MTP head"), "{err}");
+    // Without asking for the head it is not loaded.
+    assert!(load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).unwrap().model.mtp().is_none());
+}
+
+#[test]
+fn qwen3_5_mtp_head_predicts_as_the_reference() {
+    assert_predicts_as_the_reference("qwen3_5-mtp");
+}
+
+#[test]
+fn deepseek_v3_mtp_layer_predicts_as_the_reference() {
+    assert_predicts_as_the_reference("deepseek-v3-mtp");
+}
+
+/// A checkpoint without a head refuses the request, naming what is missing.
+#[test]
+fn checkpoints_without_a_head_refuse_to_load_one() {
+    let opts = LoadOptions { progress: false, load_mtp: true, ..Default::default() };
+    for (name, needle) in [("qwen3_5", "MTP head"), ("deepseek-v2", "MTP layer")] {
+        let err = load_model(&fixture(name), &opts).err().expect("no MTP head to load").to_string();
+        assert!(err.contains(needle), "{name}: {err}");
+    }
 }

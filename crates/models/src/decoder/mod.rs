@@ -65,10 +65,12 @@ pub struct Decoder {
     pub mtp: Option<Mtp>,
 }
 
-/// A multi-token-prediction head's own weights (Qwen3-Next's and Qwen3.5's `mtp.*`, as vLLM's
-/// `Qwen3NextMultiTokenPredictor` reads them): `norm(block(fc([norm_e(embed(next)),
-/// norm_h(hidden)])))`, then the decoder's LM head. The decoder supplies the embeddings and the
-/// rotary tables.
+/// A multi-token-prediction head's own weights, as vLLM reads them: `norm(block(fc([norm_e(
+/// embed(next)), norm_h(hidden)])))`, then an LM head. The decoder supplies the embeddings and
+/// the rotary tables. Qwen3-Next's and Qwen3.5's `mtp.*` use the decoder's LM head and feed the
+/// normed output back for a further draft; DeepSeek's extra layer (`eh_proj`, `enorm`, `hnorm`,
+/// `shared_head`) has its own head, zeroes the embedding at position 0 and feeds back the
+/// stream before its norm.
 pub struct Mtp {
     pub norm_embedding: Norm,
     pub norm_hidden: Norm,
@@ -76,6 +78,10 @@ pub struct Mtp {
     pub fc: Linear,
     pub block: Block,
     pub norm: Norm,
+    /// Its own LM head (`None`: the decoder's).
+    pub head: Option<Linear>,
+    pub zero_first_embedding: bool,
+    pub feeds_back_normed: bool,
 }
 
 /// A multiplier as Hugging Face applies it to a tensor of `dtype`: Gemma casts its
@@ -231,7 +237,11 @@ impl Decoder {
             + self.blocks.iter().map(Block::weight_bytes).sum::<usize>()
             + extra.map(Tensor::size_in_bytes).sum::<usize>()
             + self.per_layer.as_ref().map_or(0, PerLayerInputs::weight_bytes)
-            + self.mtp.as_ref().map_or(0, |m| m.fc.weight.size_in_bytes() + m.block.weight_bytes());
+            + self.mtp.as_ref().map_or(0, |m| {
+                m.fc.weight.size_in_bytes()
+                    + m.block.weight_bytes()
+                    + m.head.as_ref().map_or(0, |h| h.weight.size_in_bytes())
+            });
     }
 
     /// The LM head and its logit processing over final hidden states.
@@ -280,6 +290,14 @@ impl MtpHead for Decoder {
         if let Some(s) = self.embed_scale {
             e = ops::scale(&e, s)?;
         }
+        if mtp.zero_first_embedding {
+            let first: Vec<usize> =
+                (meta.positions().into_iter().enumerate()).filter_map(|(row, p)| (p == 0).then_some(row)).collect();
+            if !first.is_empty() {
+                let zeros = ops::scale(&ops::gather_rows(&e, &first)?, 0.0)?;
+                e = merge_rows(&e, &InputEmbeds { rows: first, values: zeros, deepstack: Vec::new() })?;
+            }
+        }
         let joined = ops::concat_cols(&[
             &mtp.norm_embedding.forward(&e)?,
             &mtp.norm_hidden.forward(&hidden.to_dtype(e.dtype()))?,
@@ -287,8 +305,13 @@ impl MtpHead for Decoder {
         let tables = self.rope_tables(meta, e.device())?;
         let stream = Residual { h: mtp.fc.forward(&joined)?, pending: None };
         let stream = mtp.block.forward(stream, &tables, meta, Some(kv))?;
-        let out = stream.settle_norm(Some(&mtp.norm))?.0;
-        Ok((self.logits_of(&ops::gather_rows(&out, logit_rows)?)?, out))
+        let (normed, stream) = stream.settle_norm(Some(&mtp.norm))?;
+        let rows = ops::gather_rows(&normed, logit_rows)?;
+        let logits = match &mtp.head {
+            Some(head) => head.forward(&rows)?,
+            None => self.logits_of(&rows)?,
+        };
+        Ok((logits, if mtp.feeds_back_normed { normed } else { stream }))
     }
 }
 

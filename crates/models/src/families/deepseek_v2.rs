@@ -8,7 +8,7 @@ use ferrite_tensor::RopeStyle;
 use serde::Deserialize;
 
 use crate::decoder::load::{check_dims, CommonConfig, Defaults};
-use crate::decoder::{Block, ChannelMixer, Decoder, TokenMixer};
+use crate::decoder::{Block, ChannelMixer, Decoder, Mtp, TokenMixer};
 use crate::layers::mla::{self, Mla, MlaCacheMode, MlaDims};
 use crate::layers::moe::{
     ExpertNames, Experts, GroupLimit, GroupScore, Router, RouterConfig, Scoring, SharedExpert, SparseMoe,
@@ -16,7 +16,7 @@ use crate::layers::moe::{
 use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::Norm;
 use crate::loading::config::RawConfig;
-use crate::loading::weights::Weights;
+use crate::loading::weights::{Scope, Weights};
 use crate::Result;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -158,7 +158,7 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
         }
     };
     let n_shared = cfg.n_shared_experts.unwrap_or(if lite { 1 } else { 0 });
-    let blocks = d.blocks(w, |i, l| {
+    let block = |i: usize, l: &Scope| -> Result<Block> {
         let mla = Mla::load(w, &l.name("self_attn"), d.hidden, dims, d.attention_bias, scale, mode)?;
         let m = l.at("mlp");
         let mlp = if sparse(i)? {
@@ -184,8 +184,36 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
             d.rms(l, "post_attention_layernorm")?,
             mlp,
         ))
-    })?;
-    d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![rope])
+    };
+    let blocks = d.blocks(w, block)?;
+    // The MTP head is the checkpoint's extra layer after the last (`num_nextn_predict_layers`),
+    // a decoder layer of the next index with its own projections, norms and head.
+    let mtp = if w.loads_mtp() {
+        let l = w.at(&format!("model.layers.{}", d.layers));
+        if !w.contains(&l.name("eh_proj.weight")) {
+            return Err(raw.error(format!(
+                "the checkpoint has no MTP layer (`model.layers.{}.eh_proj`) for speculative decoding's `mtp`",
+                d.layers
+            )));
+        }
+        Some(Mtp {
+            norm_embedding: Norm::Rms(d.rms(&l, "enorm")?),
+            norm_hidden: Norm::Rms(d.rms(&l, "hnorm")?),
+            fc: l.linear("eh_proj", 2 * d.hidden, d.hidden, false)?,
+            block: block(d.layers, &l)?,
+            norm: Norm::Rms(d.rms(&l, "shared_head.norm")?),
+            head: Some(l.linear("shared_head.head", d.hidden, d.vocab, false)?),
+            zero_first_embedding: true,
+            feeds_back_normed: false,
+        })
+    } else {
+        None
+    };
+    let decoder = d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![rope])?;
+    match mtp {
+        Some(mtp) => decoder.with_mtp(mtp),
+        None => Ok(decoder),
+    }
 }
 
 pub fn load(raw: &RawConfig, w: &Weights, variant: DeepseekVariant) -> Result<Decoder> {

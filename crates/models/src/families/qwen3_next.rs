@@ -242,6 +242,9 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant, layout: Layout) -> R
             fc: m.linear("fc", 2 * d.hidden, d.hidden, false)?,
             block: block(&m.at("layers.0"), LayerKind::Full, is_sparse(0))?,
             norm: Norm::Rms(centred_rms(&m, "norm", d.hidden, d.eps)?),
+            head: None,
+            zero_first_embedding: false,
+            feeds_back_normed: true,
         })
     } else {
         if w.contains("mtp.fc.weight") {
