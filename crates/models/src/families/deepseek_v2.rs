@@ -189,7 +189,7 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
     // The MTP head is the checkpoint's extra layer after the last (`num_nextn_predict_layers`),
     // a decoder layer of the next index with its own projections, norms and head.
     let mtp = if w.loads_mtp() {
-        let l = w.at(&format!("model.layers.{}", d.layers));
+        let l = w.at(format!("model.layers.{}", d.layers));
         if !w.contains(&l.name("eh_proj.weight")) {
             return Err(raw.error(format!(
                 "the checkpoint has no MTP layer (`model.layers.{}.eh_proj`) for speculative decoding's `mtp`",
