@@ -48,6 +48,14 @@ struct CachedRequestState {
 }
 
 impl CachedRequestState {
+    /// Drafts the request may take after its newest token: what it may still generate, within
+    /// `max_model_len`, less the token the verify step draws itself.
+    fn draft_room(&self, max_model_len: usize) -> usize {
+        let len = self.token_ids.len();
+        let generated = len - self.num_prompt_tokens;
+        self.sampling.max_tokens.saturating_sub(generated).min(max_model_len.saturating_sub(len)).saturating_sub(1)
+    }
+
     /// The rotary positions of sequence positions `range`.
     fn mrope_positions(&self, range: std::ops::Range<usize>) -> Vec<[usize; 3]> {
         range
@@ -509,17 +517,13 @@ impl ModelRunner {
             .filter(|id| !self.reasoning.contains_key(id))
             .filter_map(|&id| {
                 let state = self.requests.get(&id)?;
-                let len = state.token_ids.len();
-                let generated = len - state.num_prompt_tokens;
-                let room =
-                    state.sampling.max_tokens.saturating_sub(generated).min(self.max_model_len.saturating_sub(len));
                 Some(DraftTarget {
                     id,
                     tokens: &state.token_ids,
                     num_prompt_tokens: state.num_prompt_tokens,
                     sampling: &state.sampling,
                     block_table: &state.block_ids,
-                    room: room.saturating_sub(1),
+                    room: state.draft_room(self.max_model_len),
                 })
             })
             .collect();
@@ -542,15 +546,8 @@ impl ModelRunner {
             .iter()
             .filter_map(|&(id, row, start, computed)| {
                 let state = self.requests.get(&id)?;
-                let len = state.token_ids.len();
-                let room = if out.sampled.contains_key(&id) && !self.reasoning.contains_key(&id) {
-                    let generated = len - state.num_prompt_tokens;
-                    let room =
-                        state.sampling.max_tokens.saturating_sub(generated).min(self.max_model_len.saturating_sub(len));
-                    room.saturating_sub(1)
-                } else {
-                    0
-                };
+                let drafts = out.sampled.contains_key(&id) && !self.reasoning.contains_key(&id);
+                let room = if drafts { state.draft_room(self.max_model_len) } else { 0 };
                 Some(MtpRequest {
                     target: DraftTarget {
                         id,

@@ -103,7 +103,7 @@ pub struct ModelRunnerOutput {
     pub sampled: HashMap<ReqId, Vec<SampledToken>>,
     /// Logprobs of prompt tokens covered by this step's chunk, in prompt order.
     pub prompt_logprobs: HashMap<ReqId, Vec<TokenLogprob>>,
-    /// A draft model's proposals for the next step, per request that sampled.
+    /// A draft model's or an MTP head's proposals for the next step, per request that sampled.
     pub draft_token_ids: HashMap<ReqId, Vec<u32>>,
 }
 
@@ -257,8 +257,6 @@ impl Scheduler {
             if recompute {
                 req.num_computed_tokens = 0;
                 req.recomputed_past_switch = true;
-            }
-            if recompute {
                 req.restore_state = false;
             }
             let known = req.num_tokens() - req.num_computed_tokens;
