@@ -680,6 +680,23 @@ MINICPM_SCALE_DEPTH = 1.4
 
 DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
+# The tiny DeepSeek-V3 shape of the `deepseek-v3` fixtures (rope added per fixture).
+DEEPSEEK_V3_TINY = dict(hidden_size=32, num_key_value_heads=4, intermediate_size=64, moe_intermediate_size=16,
+                        q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+                        n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True)
+DEEPSEEK_V3_KV_HEADS_NOTE = ("num_key_value_heads is set to num_attention_heads: DeepseekV3Config defaults it to 128, "
+                             "and MLA expands the latent to every query head.")
+
+# The tiny dense Qwen3.5 shape of the `qwen3_5` fixtures.
+QWEN3_5_TINY = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    intermediate_size=64, **GDN_DIMS)
+
+
+def qwen3_5_rope() -> dict[str, Any]:
+    """Qwen3.5's partial rotary with an interleaved mrope_section that text-only positions reduce to plain RoPE."""
+    return dict(DEFAULT_ROPE, partial_rotary_factor=0.25, mrope_section=[1, 1, 0], mrope_interleaved=True)
+
 # HunYuan's checkpoints spell a fixed NTK stretch as a "dynamic" rope with `alpha`.
 HUNYUAN_ALPHA_ROPE = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
 
@@ -1524,11 +1541,7 @@ SPECS: list[Spec] = [
         architecture="DeepseekV3ForCausalLM",
         save_dtype="bfloat16",
         init_fn=init_correction_bias(0.1),
-        kwargs=dict(hidden_size=32, num_key_value_heads=4, intermediate_size=64, moe_intermediate_size=16,
-                    q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-                    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
-                    n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
-                    rope_parameters=dict(DEFAULT_ROPE)),
+        kwargs=dict(DEEPSEEK_V3_TINY, rope_parameters=dict(DEFAULT_ROPE)),
         feature="DeepSeek-V3: MLA with q_lora_rank 24 (q_a_proj / q_a_layernorm / q_b_proj), interleaved rope; "
         "noaux_tc router: sigmoid scores + e_score_correction_bias (N(0, 0.1)) for the choice, top-2 of 4 groups "
         "by their two best scores, top-2 experts, unbiased weights renormalised (norm_topk_prob) x 2.5, 1 shared "
@@ -1537,8 +1550,7 @@ SPECS: list[Spec] = [
         ablation_desc="n_group 4 / topk_group 2 -> 1 / 1 (no group limit)",
         extra_ablations=[Ablate("routed_scaling_factor 2.5 -> 1.0", config=dict(routed_scaling_factor=1.0))],
         probe=routing_probe,
-        notes=["num_key_value_heads is set to num_attention_heads: DeepseekV3Config defaults it to 128, and MLA "
-               "expands the latent to every query head."],
+        notes=[DEEPSEEK_V3_KV_HEADS_NOTE],
     ),
     Spec(
         name="deepseek-v3-mtp",
@@ -1546,11 +1558,7 @@ SPECS: list[Spec] = [
         architecture="DeepseekV3ForCausalLM",
         save_dtype="bfloat16",
         init_fn=init_correction_bias(0.1),
-        kwargs=dict(hidden_size=32, num_key_value_heads=4, intermediate_size=64, moe_intermediate_size=16,
-                    q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-                    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
-                    n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
-                    rope_parameters=dict(DEFAULT_ROPE)),
+        kwargs=dict(DEEPSEEK_V3_TINY, rope_parameters=dict(DEFAULT_ROPE)),
         seed=60,
         edit_saved_weights=_add_deepseek_mtp_layer,
         load_check=_deepseek_mtp_reference,
@@ -1560,8 +1568,7 @@ SPECS: list[Spec] = [
         "with transformers' modules as vLLM's DeepSeekMultiTokenPredictorLayer runs it",
         ablate_config=dict(n_group=1, topk_group=1),
         ablation_desc="n_group 4 / topk_group 2 -> 1 / 1 (no group limit)",
-        notes=["num_key_value_heads is set to num_attention_heads: DeepseekV3Config defaults it to 128, and MLA "
-               "expands the latent to every query head."],
+        notes=[DEEPSEEK_V3_KV_HEADS_NOTE],
     ),
     # ---- wave 2: dense Llama relatives -------------------------------------------------------
     Spec(
@@ -2259,10 +2266,7 @@ SPECS: list[Spec] = [
         name="qwen3_5",
         config_class="Qwen3_5TextConfig",
         architecture="Qwen3_5ForCausalLM",
-        kwargs=dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                    intermediate_size=64,
-                    rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.25, mrope_section=[1, 1, 0],
-                                         mrope_interleaved=True), **GDN_DIMS),
+        kwargs=dict(QWEN3_5_TINY, rope_parameters=qwen3_5_rope()),
         edit_saved_config=_hybrid_interval_spelling,
         extra_prompt_tokens=[("long_150", 150)],
         feature="Qwen3.5 dense text: 3 Gated DeltaNet layers (separate in_proj_qkv / in_proj_z / in_proj_b / "
@@ -2276,10 +2280,7 @@ SPECS: list[Spec] = [
         name="qwen3_5-mtp",
         config_class="Qwen3_5TextConfig",
         architecture="Qwen3_5ForCausalLM",
-        kwargs=dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                    intermediate_size=64,
-                    rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.25, mrope_section=[1, 1, 0],
-                                         mrope_interleaved=True), **GDN_DIMS),
+        kwargs=dict(QWEN3_5_TINY, rope_parameters=qwen3_5_rope()),
         seed=40,
         edit_saved_weights=_add_mtp_head,
         load_check=_mtp_reference,
@@ -2296,8 +2297,7 @@ SPECS: list[Spec] = [
         architecture="Qwen3_5MoeForCausalLM",
         kwargs=dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                     num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16,
-                    rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.25, mrope_section=[1, 1, 0],
-                                         mrope_interleaved=True), **GDN_DIMS),
+                    rope_parameters=qwen3_5_rope(), **GDN_DIMS),
         edit_saved_config=_hybrid_interval_spelling,
         extra_prompt_tokens=[("long_150", 150)],
         feature="Qwen3.5-MoE text: Qwen3.5's Gated DeltaNet (separate in_proj_qkv / z / b / a) and gated attention, "
@@ -2311,10 +2311,7 @@ SPECS: list[Spec] = [
         name="qwen3_5-conditional",
         config_class="Qwen3_5TextConfig",
         architecture="Qwen3_5ForCausalLM",
-        kwargs=dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-             intermediate_size=64,
-             rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=0.25, mrope_section=[1, 1, 0],
-                                  mrope_interleaved=True), **GDN_DIMS),
+        kwargs=dict(QWEN3_5_TINY, rope_parameters=qwen3_5_rope()),
         seed=100,
         repack=_repack_qwen3_5_conditional,
         feature="The layout of real Qwen3.5 checkpoints: Qwen3_5ForConditionalGeneration, the text config nested in "

@@ -19,6 +19,22 @@ fn battery_matches_oracle_with(name: &str, config: ferrite_engine::EngineConfig)
     llm
 }
 
+/// The battery batched, through 20-token chunks that cut into images, and twice more with prefix
+/// caching, where the second run must hit blocks over its images.
+fn battery_batched_chunked_and_cached(name: &str) {
+    battery_matches_oracle(name);
+    battery_matches_oracle_with(name, ferrite_engine::EngineConfig { max_num_batched_tokens: 20, ..config() });
+    let cached = ferrite_engine::EngineConfig { enable_prefix_caching: true, max_num_batched_tokens: 20, ..config() };
+    let engine = llm(name, cached);
+    assert_battery_matches_oracle(&engine, name);
+    let hits = engine.client().stats().prefix_cache_hits;
+    assert_battery_matches_oracle(&engine, name);
+    assert!(
+        engine.client().stats().prefix_cache_hits > hits,
+        "{name}: the second run should hit blocks over its images"
+    );
+}
+
 fn assert_battery_matches_oracle(llm: &ferrite_engine::LLM, name: &str) {
     let oracle = oracle(name);
     let params = ferrite_engine::SamplingParams { logprobs: Some(5), ..greedy(oracle.cases[0].output_ids.len()) };
@@ -92,14 +108,7 @@ fn qwen2_5_vl_batches_and_chunks_images() {
 /// prefix cache.
 #[test]
 fn qwen3_vl_carries_deepstack_through_chunks_and_the_prefix_cache() {
-    battery_matches_oracle("qwen3-vl");
-    battery_matches_oracle_with("qwen3-vl", ferrite_engine::EngineConfig { max_num_batched_tokens: 20, ..config() });
-    let cached = ferrite_engine::EngineConfig { enable_prefix_caching: true, max_num_batched_tokens: 20, ..config() };
-    let llm = llm("qwen3-vl", cached);
-    assert_battery_matches_oracle(&llm, "qwen3-vl");
-    let hits = llm.client().stats().prefix_cache_hits;
-    assert_battery_matches_oracle(&llm, "qwen3-vl");
-    assert!(llm.client().stats().prefix_cache_hits > hits, "the second run should hit blocks over its images");
+    battery_batched_chunked_and_cached("qwen3-vl");
 }
 
 /// Qwen3-VL-MoE: the same tower before sparse expert layers, batched and chunked.
@@ -117,27 +126,13 @@ fn qwen3_vl_moe_batches_and_chunks_images() {
 /// carried across them) and from the prefix cache (a kept state resumed after a hit over images).
 #[test]
 fn qwen3_5_carries_images_through_recurrent_state() {
-    battery_matches_oracle("qwen3.5-vl");
-    battery_matches_oracle_with("qwen3.5-vl", ferrite_engine::EngineConfig { max_num_batched_tokens: 20, ..config() });
-    let cached = ferrite_engine::EngineConfig { enable_prefix_caching: true, max_num_batched_tokens: 20, ..config() };
-    let engine = llm("qwen3.5-vl", cached);
-    assert_battery_matches_oracle(&engine, "qwen3.5-vl");
-    let hits = engine.client().stats().prefix_cache_hits;
-    assert_battery_matches_oracle(&engine, "qwen3.5-vl");
-    assert!(engine.client().stats().prefix_cache_hits > hits, "the second run should hit blocks over its images");
+    battery_batched_chunked_and_cached("qwen3.5-vl");
 }
 
 /// LLaVA: 1-D positions, a CLIP tower, its images cut by chunks and served from the prefix cache.
 #[test]
 fn llava_batches_chunks_and_caches_images() {
-    battery_matches_oracle("llava");
-    battery_matches_oracle_with("llava", ferrite_engine::EngineConfig { max_num_batched_tokens: 20, ..config() });
-    let cached = ferrite_engine::EngineConfig { enable_prefix_caching: true, max_num_batched_tokens: 20, ..config() };
-    let llm = llm("llava", cached);
-    assert_battery_matches_oracle(&llm, "llava");
-    let hits = llm.client().stats().prefix_cache_hits;
-    assert_battery_matches_oracle(&llm, "llava");
-    assert!(llm.client().stats().prefix_cache_hits > hits, "the second run should hit blocks over its images");
+    battery_batched_chunked_and_cached("llava");
 }
 
 /// Gemma 3: each image's tokens attend to one another both ways, so the engine computes an image
@@ -146,14 +141,7 @@ fn llava_batches_chunks_and_caches_images() {
 /// step's token budget is refused.
 #[test]
 fn gemma3_keeps_each_image_in_one_chunk() {
-    battery_matches_oracle("gemma3-vl");
-    battery_matches_oracle_with("gemma3-vl", ferrite_engine::EngineConfig { max_num_batched_tokens: 20, ..config() });
-    let cached = ferrite_engine::EngineConfig { enable_prefix_caching: true, max_num_batched_tokens: 20, ..config() };
-    let engine = llm("gemma3-vl", cached);
-    assert_battery_matches_oracle(&engine, "gemma3-vl");
-    let hits = engine.client().stats().prefix_cache_hits;
-    assert_battery_matches_oracle(&engine, "gemma3-vl");
-    assert!(engine.client().stats().prefix_cache_hits > hits, "the second run should hit blocks over its images");
+    battery_batched_chunked_and_cached("gemma3-vl");
 
     let small = llm("gemma3-vl", ferrite_engine::EngineConfig { max_num_batched_tokens: 12, ..config() });
     let image_prompt = battery("gemma3-vl").into_iter().next().unwrap();
