@@ -123,8 +123,7 @@ impl DraftModel {
             seqs.push(AttnSeq { q_start, q_len, ctx_len: r.tokens.len(), block_table: r.block_table.to_vec() });
         }
         let first: Vec<(&DraftTarget, &[u32])> = active.iter().map(|&(r, _, _)| (r, &[][..])).collect();
-        let mut next = self.forward(&tokens, seqs, &rows, &first)?;
-        for (&(r, _, _), &d) in active.iter().zip(&next) {
+        for (&(r, _, _), d) in active.iter().zip(self.forward(&tokens, seqs, &rows, &first)?) {
             drafts.insert(r.id, vec![d]);
         }
         // Then one token per request still short of its drafts, fed at the position after it.
@@ -142,7 +141,7 @@ impl DraftModel {
                     ctx_len: pos + 1,
                     block_table: r.block_table.to_vec(),
                 });
-                tokens.push(next[i]);
+                tokens.push(*drafts[&r.id].last().expect("a first draft"));
                 fed.push(i);
             }
             if fed.is_empty() {
@@ -150,16 +149,16 @@ impl DraftModel {
             }
             let after: Vec<(&DraftTarget, &[u32])> =
                 fed.iter().map(|&i| (active[i].0, drafts[&active[i].0.id].as_slice())).collect();
-            let drawn = self.forward(&tokens, seqs, &rows, &after)?;
-            for (&i, &d) in fed.iter().zip(&drawn) {
-                let r = active[i].0;
-                self.requests.get_mut(&r.id).expect("registered above").written.push(next[i]);
-                drafts.get_mut(&r.id).expect("first draft above").push(d);
-                next[i] = d;
+            for (&i, d) in fed.iter().zip(self.forward(&tokens, seqs, &rows, &after)?) {
+                drafts.get_mut(&active[i].0.id).expect("first draft above").push(d);
             }
         }
+        // Every draft but the last was fed back, its key written after the request's tokens.
         for &(r, _, _) in &active {
-            self.requests.get_mut(&r.id).expect("registered above").valid = r.tokens.len();
+            let progress = self.requests.get_mut(&r.id).expect("registered above");
+            let fed = &drafts[&r.id];
+            progress.valid = r.tokens.len();
+            progress.written = fed[..fed.len() - 1].to_vec();
         }
         Ok(drafts)
     }

@@ -25,6 +25,7 @@ use crate::core::{ReqId, Request, Scheduler};
 use crate::detokenizer::Detokenizer;
 use crate::draft_model::DraftModel;
 use crate::error::{EngineError, Result};
+use crate::mtp::MtpDrafter;
 use crate::output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
 use crate::params::{MultimodalInputs, RequestSampling, SamplingParams, VisualInput};
 use crate::runner::ModelRunner;
@@ -227,24 +228,23 @@ impl Engine {
         } else {
             config
         };
-        let draft_config = match config.speculative.as_ref().map(|s| &s.method) {
-            Some(SpeculativeMethod::DraftModel(d)) => Some(d.clone()),
-            _ => None,
-        };
-        let draft = match (draft, &draft_config) {
-            (Some(draft), Some(_)) => Some(check_draft_model(&info, draft)?),
-            (None, None) => None,
-            (None, Some(d)) => {
+        // The draft model and its config, checked against the target.
+        let draft = match (draft, config.speculative.as_ref().map(|s| &s.method)) {
+            (Some(draft), Some(SpeculativeMethod::DraftModel(d))) => {
+                Some((check_draft_model(&info, draft)?, d.clone()))
+            }
+            (None, Some(SpeculativeMethod::DraftModel(d))) => {
                 return Err(EngineError::Config(format!(
                     "--speculative-config: the draft model {} was not loaded",
                     d.model.display()
                 )))
             }
-            (Some(_), None) => {
+            (Some(_), _) => {
                 return Err(EngineError::Config(
                     "a draft model was given without a draft_model speculative config".into(),
                 ))
             }
+            (None, _) => None,
         };
         // The cache memory is known only after profiling on a GPU: check the rest first.
         let max_model_len = config.max_model_len(&info)?;
@@ -252,12 +252,13 @@ impl Engine {
             kv_cache_memory: crate::memory::kv_budget(model.as_ref(), &config, max_model_len)?,
             ..config
         };
-        // A draft model's KV cache has the target's blocks: each block holds both models' keys.
+        // A draft model's or an MTP head's KV cache has the target's blocks: each block holds the
+        // keys of both.
         let mut sizing = info.clone();
-        if let Some(draft) = &draft {
+        if let Some((draft, _)) = &draft {
             sizing.kv_layers.extend(draft.info().kv_layers.iter().cloned());
         }
-        let mtp_drafts = match &config.speculative {
+        let mtp_head = match &config.speculative {
             Some(spec) if spec.method == SpeculativeMethod::Mtp => {
                 let head = model.mtp().ok_or_else(|| {
                     EngineError::Config(format!(
@@ -266,7 +267,7 @@ impl Engine {
                     ))
                 })?;
                 sizing.kv_layers.push(head.kv_layer());
-                Some(spec.num_speculative_tokens)
+                Some(head.kv_layer())
             }
             _ => None,
         };
@@ -275,24 +276,28 @@ impl Engine {
             Some(spec) if spec.method.runs_a_model() => spec.num_speculative_tokens,
             _ => 0,
         };
-        let draft = match (draft, draft_config) {
-            (Some(draft), Some(d)) => {
+        let draft = draft
+            .map(|(draft, d)| {
                 let draft_len =
                     d.max_model_len.unwrap_or(usize::MAX).min(draft.info().max_position_embeddings).min(max_model_len);
-                Some(DraftModel::new(
-                    draft,
+                let (blocks, block_size) = (cache.num_blocks, cache.block_size);
+                DraftModel::new(draft, config.device, cache.dtype, blocks, block_size, num_lookahead_tokens, draft_len)
+            })
+            .transpose()?;
+        let mtp = mtp_head
+            .map(|spec| {
+                MtpDrafter::new(
+                    spec,
                     config.device,
                     cache.dtype,
                     cache.num_blocks,
                     cache.block_size,
                     num_lookahead_tokens,
-                    draft_len,
-                )?)
-            }
-            _ => None,
-        };
+                )
+            })
+            .transpose()?;
         let recompute_at = model.rotary_recompute_at();
-        let runner = ModelRunner::new(model, draft, mtp_drafts, &cache, &config, max_model_len)?;
+        let runner = ModelRunner::new(model, draft, mtp, &cache, &config, max_model_len)?;
         let sched_config = SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
             max_num_seqs: config.max_num_seqs,

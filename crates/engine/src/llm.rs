@@ -43,15 +43,16 @@ impl LLM {
         overrides: &TokenizerOverrides,
     ) -> Result<LLM> {
         let path = model_path.as_ref();
+        let method = config.speculative.as_ref().map(|s| &s.method);
         let opts = LoadOptions {
             dtype,
             device: config.device,
             progress: true,
             quantization: config.quantization.clone(),
             dequantize_weights: config.dequantize_weights,
-            load_mtp: matches!(config.speculative.as_ref().map(|s| &s.method), Some(SpeculativeMethod::Mtp)),
+            load_mtp: method == Some(&SpeculativeMethod::Mtp),
         };
-        let draft = match config.speculative.as_ref().map(|s| &s.method) {
+        let draft = match method {
             Some(SpeculativeMethod::DraftModel(d)) => {
                 let opts = LoadOptions { quantization: d.quantization.clone(), progress: false, ..opts.clone() };
                 let draft = load_model(&d.model, &opts).map_err(|e| {

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 
-use ferrite_models::CausalLM;
+use ferrite_models::{CausalLM, KvLayerSpec};
 use ferrite_tensor::{ops, AttnMetadata, AttnSeq, Device, PagedKvLayer, Tensor};
 
 use crate::core::ReqId;
@@ -40,22 +40,16 @@ pub struct MtpRequest<'a> {
 }
 
 impl MtpDrafter {
-    /// The head's cache, `num_blocks` of `block_size` slots like the target's.
+    /// The head's cache (its attention layer `spec`), `num_blocks` of `block_size` slots like
+    /// the target's.
     pub fn new(
-        model: &dyn CausalLM,
+        spec: KvLayerSpec,
         device: Device,
         kv_dtype: ferrite_tensor::DType,
         num_blocks: usize,
         block_size: usize,
         num_speculative_tokens: usize,
     ) -> Result<MtpDrafter> {
-        let head = model.mtp().ok_or_else(|| {
-            EngineError::Config(format!(
-                "--speculative-config: {} has no multi-token-prediction head ferrite can run",
-                model.info().architecture
-            ))
-        })?;
-        let spec = head.kv_layer();
         let kv =
             PagedKvLayer::new_on(device, kv_dtype, num_blocks, block_size, spec.num_kv_heads, spec.k_dim, spec.v_dim)?;
         Ok(MtpDrafter { kv, on_cpu: device == Device::Cpu, block_size, num_speculative_tokens })
@@ -95,9 +89,9 @@ impl MtpDrafter {
         }
         let hidden = ops::gather_rows(hidden, &rows)?;
         let first: Vec<(&DraftTarget, &[u32])> = drafting.iter().map(|&t| (t, &[][..])).collect();
-        let (mut drawn, mut out) = self.forward(model, &next, &hidden, seqs, &logit_rows, &first)?;
+        let (drawn, mut out) = self.forward(model, &next, &hidden, seqs, &logit_rows, &first)?;
         let mut out_rows = logit_rows;
-        for (r, &d) in drafting.iter().zip(&drawn) {
+        for (r, d) in drafting.iter().zip(drawn) {
             drafts.insert(r.id, vec![d]);
         }
         for step in 1..self.num_speculative_tokens {
@@ -114,14 +108,14 @@ impl MtpDrafter {
                     AttnSeq { q_start: q, q_len: 1, ctx_len: position + 1, block_table: r.block_table.to_vec() }
                 })
                 .collect();
-            let tokens: Vec<u32> = fed.iter().map(|&i| drawn[i]).collect();
+            let tokens: Vec<u32> =
+                fed.iter().map(|&i| *drafts[&drafting[i].id].last().expect("a first draft")).collect();
             let hidden = ops::gather_rows(&out, &fed.iter().map(|&i| out_rows[i]).collect::<Vec<_>>())?;
             let after: Vec<(&DraftTarget, &[u32])> =
                 fed.iter().map(|&i| (drafting[i], drafts[&drafting[i].id].as_slice())).collect();
             let rows: Vec<usize> = (0..fed.len()).collect();
             let (new_drawn, new_out) = self.forward(model, &tokens, &hidden, seqs, &rows, &after)?;
             for (j, &i) in fed.iter().enumerate() {
-                drawn[i] = new_drawn[j];
                 out_rows[i] = j;
                 drafts.get_mut(&drafting[i].id).expect("first draft above").push(new_drawn[j]);
             }

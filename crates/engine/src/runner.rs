@@ -56,6 +56,18 @@ impl CachedRequestState {
         self.sampling.max_tokens.saturating_sub(generated).min(max_model_len.saturating_sub(len)).saturating_sub(1)
     }
 
+    /// What a model drafter reads of the request.
+    fn draft_target(&self, id: ReqId, room: usize) -> DraftTarget<'_> {
+        DraftTarget {
+            id,
+            tokens: &self.token_ids,
+            num_prompt_tokens: self.num_prompt_tokens,
+            sampling: &self.sampling,
+            block_table: &self.block_ids,
+            room,
+        }
+    }
+
     /// The rotary positions of sequence positions `range`.
     fn mrope_positions(&self, range: std::ops::Range<usize>) -> Vec<[usize; 3]> {
         range
@@ -107,7 +119,7 @@ impl ModelRunner {
     pub fn new(
         model: Box<dyn CausalLM>,
         draft: Option<DraftModel>,
-        mtp_drafts: Option<usize>,
+        mtp: Option<MtpDrafter>,
         cache: &CacheConfig,
         config: &EngineConfig,
         max_model_len: usize,
@@ -127,9 +139,6 @@ impl ModelRunner {
         )?;
         let graphs = DecodeGraphs::new(config.device, config.enforce_eager, pad_state_slot)?;
         let bidirectional_media = model.info().vision.is_some_and(|v| v.bidirectional);
-        let mtp = mtp_drafts
-            .map(|k| MtpDrafter::new(model.as_ref(), config.device, cache.dtype, cache.num_blocks, cache.block_size, k))
-            .transpose()?;
         Ok(ModelRunner {
             // vLLM's encoder cache holds a step's worth of encoder rows at least.
             encoder_cache: Arc::new(std::sync::Mutex::new(EncoderCache::new(config.max_num_batched_tokens))),
@@ -517,14 +526,7 @@ impl ModelRunner {
             .filter(|id| !self.reasoning.contains_key(id))
             .filter_map(|&id| {
                 let state = self.requests.get(&id)?;
-                Some(DraftTarget {
-                    id,
-                    tokens: &state.token_ids,
-                    num_prompt_tokens: state.num_prompt_tokens,
-                    sampling: &state.sampling,
-                    block_table: &state.block_ids,
-                    room: state.draft_room(self.max_model_len),
-                })
+                Some(state.draft_target(id, state.draft_room(self.max_model_len)))
             })
             .collect();
         match &mut self.draft {
@@ -548,19 +550,7 @@ impl ModelRunner {
                 let state = self.requests.get(&id)?;
                 let drafts = out.sampled.contains_key(&id) && !self.reasoning.contains_key(&id);
                 let room = if drafts { state.draft_room(self.max_model_len) } else { 0 };
-                Some(MtpRequest {
-                    target: DraftTarget {
-                        id,
-                        tokens: &state.token_ids,
-                        num_prompt_tokens: state.num_prompt_tokens,
-                        sampling: &state.sampling,
-                        block_table: &state.block_ids,
-                        room,
-                    },
-                    start,
-                    computed,
-                    row,
-                })
+                Some(MtpRequest { target: state.draft_target(id, room), start, computed, row })
             })
             .collect();
         match &mut self.mtp {

@@ -350,7 +350,8 @@ fn mtp_drafter_feeds_the_head_the_reference_inputs() {
     let (block_size, blocks) = (16, 4);
     let table: Vec<u32> = (0..blocks as u32).collect();
     let mut caches = model.info().allocate_caches(Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
-    let mut drafter = MtpDrafter::new(model.as_ref(), Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
+    let head = model.mtp().expect("loaded with its MTP head").kv_layer();
+    let mut drafter = MtpDrafter::new(head, Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
     let sampling = ferrite_engine::params::RequestSampling {
         params: SamplingParams::greedy(16),
         max_tokens: 16,

@@ -143,8 +143,10 @@ impl Decoder {
         d
     }
 
-    /// Adds a multi-token-prediction head; its block must be an attention layer with a KV cache.
-    pub fn with_mtp(mut self, mtp: Mtp) -> Result<Decoder> {
+    /// Adds the multi-token-prediction head, if one was loaded; its block must be an attention
+    /// layer with a KV cache.
+    pub fn with_mtp(mut self, mtp: Option<Mtp>) -> Result<Decoder> {
+        let Some(mtp) = mtp else { return Ok(self) };
         if !matches!(mtp.block.mixer.cache(), LayerCache::Kv(_)) {
             return Err(ferrite_tensor::TensorError::Shape {
                 op: "mtp",
@@ -411,11 +413,16 @@ impl CausalLM for Decoder {
                 stream = Residual { h: ops::scale(&stream.settle()?, s)?, pending: None };
             }
         }
-        // Only the logit rows go on: the last pending add is done after the gather.
+        // Only the logit rows go on: the last pending add is done after the gather (none when
+        // every row goes on in order, as for an MTP head's step).
         let rows = input.logit_rows;
-        let last = Residual {
-            h: ops::gather_rows(&stream.h, rows)?,
-            pending: stream.pending.map(|p| ops::gather_rows(&p, rows)).transpose()?,
+        let every_row = rows.len() == stream.h.rows() && rows.iter().enumerate().all(|(i, &r)| i == r);
+        let last = match every_row {
+            true => stream,
+            false => Residual {
+                h: ops::gather_rows(&stream.h, rows)?,
+                pending: stream.pending.map(|p| ops::gather_rows(&p, rows)).transpose()?,
+            },
         };
         let mut h = last.settle_norm(self.final_norm.as_ref())?.0;
         if let Some(p) = &self.project_out {

@@ -209,11 +209,7 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
     } else {
         None
     };
-    let decoder = d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![rope])?;
-    match mtp {
-        Some(mtp) => decoder.with_mtp(mtp),
-        None => Ok(decoder),
-    }
+    d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![rope])?.with_mtp(mtp)
 }
 
 pub fn load(raw: &RawConfig, w: &Weights, variant: DeepseekVariant) -> Result<Decoder> {

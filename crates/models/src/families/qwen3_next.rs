@@ -256,9 +256,5 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant, layout: Layout) -> R
     let final_norm = Norm::Rms(centred_rms(&w.at(base), "norm", d.hidden, d.eps)?);
     let embed = format!("{base}.embed_tokens");
     let names = Names { layers: "", embed: &embed, embed_dim: None, lm_head: "lm_head", lm_head_bias: false };
-    let decoder = d.finish_at(raw, w, names, blocks, Some(final_norm), vec![rope])?;
-    match mtp {
-        Some(mtp) => decoder.with_mtp(mtp),
-        None => Ok(decoder),
-    }
+    d.finish_at(raw, w, names, blocks, Some(final_norm), vec![rope])?.with_mtp(mtp)
 }
