@@ -427,6 +427,165 @@ def _mtp_reference(out_dir: Path) -> dict[str, Any]:
     return {"mtp_reference": out}
 
 
+# Two EAGLE-3 heads for the llama-eagle3 target, in subdirectories of its fixture: `eagle3/` in the
+# Hugging Face layout (LlamaForCausalLMEagle3, `midlayer.*`, the target's embeddings shared, vLLM's
+# default aux layers) and `eagle3-speculators/` in the speculators format (`transformer_layer_config`,
+# `layers.0.*`, its own embeddings, aux layers given, norm_before_residual by the format's default).
+EAGLE3_HEADS = {
+    "eagle3": dict(speculators=False, seed=17, aux=None),
+    "eagle3-speculators": dict(speculators=True, seed=19, aux=[1, 3, 6]),
+}
+EAGLE3_DRAFT_VOCAB = 400
+
+
+def _eagle3_layer_config(target_cfg) -> dict[str, Any]:
+    return dict(
+        model_type="llama", hidden_size=target_cfg.hidden_size, intermediate_size=96, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+        rms_norm_eps=1e-6, vocab_size=target_cfg.vocab_size, hidden_act="silu", tie_word_embeddings=False,
+        rope_theta=5000.0,
+    )
+
+
+def _add_eagle3_heads(out_dir: Path) -> None:
+    """edit_saved_weights hook: writes the random EAGLE-3 heads of EAGLE3_HEADS beside the target. The
+    draft vocabulary is EAGLE3_DRAFT_VOCAB target tokens (a random subset, in id order, as `d2t`
+    offsets), the other target tokens unreachable."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+
+    target = AutoConfig.from_pretrained(out_dir)
+    embed = load_file(str(out_dir / "model.safetensors"))["model.embed_tokens.weight"]
+    h, layer_cfg = target.hidden_size, _eagle3_layer_config(target)
+    heads, kv, hd, inter = 4, 2, 16, layer_cfg["intermediate_size"]
+    for name, spec in EAGLE3_HEADS.items():
+        gen = torch.Generator().manual_seed(spec["seed"])
+        rand = lambda shape, std: (torch.randn(shape, generator=gen) * std).contiguous()  # noqa: E731
+        layer = "layers.0" if spec["speculators"] else "midlayer"
+        t = {
+            f"{layer}.self_attn.q_proj.weight": rand((heads * hd, 2 * h), 0.15),
+            f"{layer}.self_attn.k_proj.weight": rand((kv * hd, 2 * h), 0.15),
+            f"{layer}.self_attn.v_proj.weight": rand((kv * hd, 2 * h), 0.15),
+            f"{layer}.self_attn.o_proj.weight": rand((h, heads * hd), 0.15),
+            f"{layer}.mlp.gate_proj.weight": rand((inter, h), 0.15),
+            f"{layer}.mlp.up_proj.weight": rand((inter, h), 0.15),
+            f"{layer}.mlp.down_proj.weight": rand((h, inter), 0.15),
+            "fc.weight": rand((h, 3 * h), 0.1),
+            "lm_head.weight": rand((EAGLE3_DRAFT_VOCAB, h), 0.3),
+        }
+        for norm in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+            t[f"{layer}.{norm}.weight"] = 1 + rand((h,), 0.1)
+        t["norm.weight"] = 1 + rand((h,), 0.1)
+        chosen = torch.randperm(target.vocab_size, generator=gen)[:EAGLE3_DRAFT_VOCAB].sort().values
+        t["d2t"] = (chosen - torch.arange(EAGLE3_DRAFT_VOCAB)).to(torch.int64)
+        t["t2d"] = torch.zeros(target.vocab_size, dtype=torch.bool).index_fill_(0, chosen, True)
+        if spec["speculators"]:
+            t["embed_tokens.weight"] = (embed + rand(embed.shape, 0.2)).contiguous()
+            cfg = {
+                "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                "transformer_layer_config": layer_cfg, "draft_vocab_size": EAGLE3_DRAFT_VOCAB,
+                "eagle_aux_hidden_state_layer_ids": spec["aux"],
+                "speculators_config": {"algorithm": "eagle3",
+                                       "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                       "verifier": {"name_or_path": "llama-eagle3"}},
+            }
+        else:
+            cfg = dict(layer_cfg, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=EAGLE3_DRAFT_VOCAB)
+        head_dir = out_dir / name
+        head_dir.mkdir(exist_ok=True)
+        save_file(t, str(head_dir / "model.safetensors"), metadata={"format": "pt"})
+        (head_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+EAGLE3_REFERENCE_SEQUENCES = [list(range(3, 40)), [5, 9, 5, 9, 5, 9, 17, 250, 3, 99] * 4]
+
+
+def _eagle3_reference(out_dir: Path) -> dict[str, Any]:
+    """load_check hook: each head's drafts, computed as vLLM's llama_eagle3 runs it with torch and
+    transformers' modules. At position i the head reads the embedding of token i + 1 and `fc` of the
+    target's residual stream entering its aux layers at i (vLLM's default (2, L // 2, L - 3) unless the
+    config gives ids); its layer attends over the normed embedding and normed hidden state side by side
+    (residual: the hidden state, or its norm with norm_before_residual), and the final norm and LM head
+    give draft-vocabulary logits, mapped to target ids by d2t. Per sequence: the target-vocabulary argmax
+    at every position, and the chain of 3 drafts after the sequence (each further draft feeds the
+    previous one at the next position with the head's output before its final norm)."""
+    from safetensors.torch import load_file
+    from transformers.masking_utils import create_causal_mask
+    from transformers.models.llama.configuration_llama import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+    model = load_fixture(out_dir)
+    n_layers = model.config.num_hidden_layers
+    captured: dict[int, torch.Tensor] = {}
+    for j, layer in enumerate(model.model.layers):
+        layer.register_forward_pre_hook(
+            lambda mod, args, kwargs, j=j: captured.__setitem__(j, (args[0] if args else kwargs["hidden_states"])),
+            with_kwargs=True)
+    out = {}
+    for name, spec in EAGLE3_HEADS.items():
+        head_dir = out_dir / name
+        raw = json.loads((head_dir / "config.json").read_text())
+        layer_cfg = raw.get("transformer_layer_config", raw)
+        nbr = raw.get("norm_before_residual", spec["speculators"])
+        aux = sorted(raw.get("eagle_aux_hidden_state_layer_ids") or [2, n_layers // 2, n_layers - 3])
+        cfg = LlamaConfig(**{k: v for k, v in layer_cfg.items() if k not in ("model_type", "architectures")})
+        cfg._attn_implementation = "eager"
+        w = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(head_dir / "model.safetensors")).items()}
+        prefix = "layers.0." if spec["speculators"] else "midlayer."
+        layer = LlamaDecoderLayer(cfg, 0)
+        h, q, kv = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            setattr(layer.self_attn, proj, torch.nn.Linear(2 * h, rows, bias=False))
+        layer.load_state_dict({k[len(prefix):]: v for k, v in w.items()
+                               if k.startswith(prefix) and "hidden_norm" not in k})
+        layer.eval()
+        hidden_norm, norm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps), LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
+        hidden_norm.load_state_dict({"weight": w[prefix + "hidden_norm.weight"]})
+        norm.load_state_dict({"weight": w["norm.weight"]})
+        fc = torch.nn.Linear(3 * h, h, bias=False)
+        fc.load_state_dict({"weight": w["fc.weight"]})
+        lm_head = torch.nn.Linear(h, w["lm_head.weight"].shape[0], bias=False)
+        lm_head.load_state_dict({"weight": w["lm_head.weight"]})
+        embed = w.get("embed_tokens.weight", model.model.embed_tokens.weight.detach())
+        to_target = torch.arange(w["d2t"].shape[0]) + w["d2t"]
+        rotary = LlamaRotaryEmbedding(cfg)
+
+        def run(tokens: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """The head over rows (token after each position, hidden state); positions 0.. in order."""
+            e = layer.input_layernorm(torch.nn.functional.embedding(tokens, embed))
+            hn = hidden_norm(x)
+            residual = hn if nbr else x
+            positions = torch.arange(x.shape[1])[None]
+            mask = create_causal_mask(config=cfg, inputs_embeds=x, attention_mask=None, cache=None,
+                                      position_ids=positions)
+            a, _ = layer.self_attn(torch.cat([e, hn], -1), position_embeddings=rotary(x, positions),
+                                   attention_mask=mask)
+            y = residual + a
+            prenorm = y + layer.mlp(layer.post_attention_layernorm(y))
+            logits = lm_head(norm(prenorm))[0]
+            top = logits.max(-1)
+            return to_target[top.indices], top.values, prenorm
+
+        seqs = []
+        with torch.no_grad():
+            for seq in EAGLE3_REFERENCE_SEQUENCES:
+                ids = torch.tensor([seq])
+                model(input_ids=ids)
+                joined = torch.cat([captured[j] for j in aux], -1)[:, :-1]
+                x = fc(joined)
+                argmax, max_logit, prenorm = run(ids[:, 1:], x)
+                chain, tokens = [int(argmax[-1])], ids[:, 1:]
+                for _ in range(2):
+                    tokens = torch.cat([tokens, torch.tensor([[chain[-1]]])], -1)
+                    x = torch.cat([x, prenorm[:, -1:]], 1)
+                    step, _, prenorm = run(tokens, x)
+                    chain.append(int(step[-1]))
+                seqs.append({"tokens": seq, "argmax": argmax.tolist(), "max_logit": max_logit.tolist(),
+                             "chain": chain})
+        out[name] = {"aux_layers": aux, "norm_before_residual": nbr, "sequences": seqs}
+    return {"eagle3_reference": out}
+
+
 def _python_infinity_spelling(cfg: dict[str, Any]) -> None:
     """Real Mamba2 / Nemotron-H config.json files spell the open dt limit as Python's bare Infinity
     (transformers 5 writes {"__float__": "Infinity"} instead)."""
@@ -1569,6 +1728,20 @@ SPECS: list[Spec] = [
         ablate_config=dict(n_group=1, topk_group=1),
         ablation_desc="n_group 4 / topk_group 2 -> 1 / 1 (no group limit)",
         notes=[DEEPSEEK_V3_KV_HEADS_NOTE],
+    ),
+    Spec(
+        name="llama-eagle3",
+        config_class="LlamaConfig",
+        architecture="LlamaForCausalLM",
+        kwargs=dict(num_hidden_layers=7, rope_parameters=dict(DEFAULT_ROPE)),
+        edit_saved_weights=_add_eagle3_heads,
+        load_check=_eagle3_reference,
+        feature="a 7-layer Llama target with two random EAGLE-3 heads beside it (`eagle3/`: LlamaForCausalLMEagle3 "
+        "layout, shared embeddings, vLLM's default aux layers 2/3/4; `eagle3-speculators/`: the speculators format, "
+        "own embeddings, aux layers 1/3/6, norm_before_residual by default); load_check holds each head's drafts "
+        "computed as vLLM's llama_eagle3 runs it",
+        ablate_config=dict(rope_parameters=dict(rope_type="default", rope_theta=100.0)),
+        ablation_desc="rope_theta 10000 -> 100",
     ),
     # ---- wave 2: dense Llama relatives -------------------------------------------------------
     Spec(

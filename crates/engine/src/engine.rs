@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use ferrite_models::{CausalLM, ModelInfo};
+use ferrite_models::{CausalLM, DraftHead, ModelInfo};
 use ferrite_structured::{Grammar, GrammarCompiler, JsonOptions, StructuredError, StructuredOutputs};
 use ferrite_tokenizer::Tokenizer;
 use rand::{Rng, SeedableRng};
@@ -24,8 +24,8 @@ use crate::core::scheduler::{EngineCoreOutput, SchedulerConfig};
 use crate::core::{ReqId, Request, Scheduler};
 use crate::detokenizer::Detokenizer;
 use crate::draft_model::DraftModel;
+use crate::eagle::EagleDrafter;
 use crate::error::{EngineError, Result};
-use crate::mtp::MtpDrafter;
 use crate::output::{CompletionOutput, FinishReason, RequestMetrics, RequestOutput, StopReason, TokenLogprob};
 use crate::params::{MultimodalInputs, RequestSampling, SamplingParams, VisualInput};
 use crate::runner::ModelRunner;
@@ -169,6 +169,14 @@ fn bad_words_token_ids(tokenizer: &Tokenizer, words: &[String]) -> Result<Vec<Ve
     Ok(out)
 }
 
+/// A drafter loaded beside the target, as its speculative config names it.
+pub enum LoadedDrafter {
+    /// `draft_model`: a smaller checkpoint of a supported family.
+    Model(Box<dyn CausalLM>),
+    /// `eagle3`: a head on the target's hidden states.
+    Eagle3(Box<dyn DraftHead>),
+}
+
 /// A draft model fit to draft for a target of `target`: no recurrent state (it could not be
 /// rolled back past a rejected draft) and no token the target cannot take.
 fn check_draft_model(target: &ModelInfo, draft: Box<dyn CausalLM>) -> Result<Box<dyn CausalLM>> {
@@ -206,14 +214,14 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(model: Box<dyn CausalLM>, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Engine> {
-        Engine::with_draft_model(model, None, tokenizer, config)
+        Engine::with_drafter(model, None, tokenizer, config)
     }
 
-    /// [`Engine::new`] with the draft model of a `draft_model` speculative config, loaded by the
-    /// caller like the target.
-    pub fn with_draft_model(
+    /// [`Engine::new`] with the draft model or head its speculative config names, loaded by the
+    /// caller.
+    pub fn with_drafter(
         model: Box<dyn CausalLM>,
-        draft: Option<Box<dyn CausalLM>>,
+        drafter: Option<LoadedDrafter>,
         tokenizer: Arc<Tokenizer>,
         config: EngineConfig,
     ) -> Result<Engine> {
@@ -228,23 +236,23 @@ impl Engine {
         } else {
             config
         };
-        // The draft model and its config, checked against the target.
-        let draft = match (draft, config.speculative.as_ref().map(|s| &s.method)) {
-            (Some(draft), Some(SpeculativeMethod::DraftModel(d))) => {
-                Some((check_draft_model(&info, draft)?, d.clone()))
+        // The draft model and its config, checked against the target; or the draft head.
+        let method = config.speculative.as_ref().map(|s| &s.method);
+        let (draft, eagle3) = match (drafter, method) {
+            (Some(LoadedDrafter::Model(draft)), Some(SpeculativeMethod::DraftModel(d))) => {
+                (Some((check_draft_model(&info, draft)?, d.clone())), None)
             }
-            (None, Some(SpeculativeMethod::DraftModel(d))) => {
+            (Some(LoadedDrafter::Eagle3(head)), Some(SpeculativeMethod::Eagle3(_))) => (None, Some(head)),
+            (None, Some(SpeculativeMethod::DraftModel(d) | SpeculativeMethod::Eagle3(d))) => {
                 return Err(EngineError::Config(format!(
-                    "--speculative-config: the draft model {} was not loaded",
+                    "--speculative-config: the draft checkpoint {} was not loaded",
                     d.model.display()
                 )))
             }
             (Some(_), _) => {
-                return Err(EngineError::Config(
-                    "a draft model was given without a draft_model speculative config".into(),
-                ))
+                return Err(EngineError::Config("a draft was given that the speculative config does not name".into()))
             }
-            (None, _) => None,
+            (None, _) => (None, None),
         };
         // The cache memory is known only after profiling on a GPU: check the rest first.
         let max_model_len = config.max_model_len(&info)?;
@@ -258,19 +266,24 @@ impl Engine {
         if let Some((draft, _)) = &draft {
             sizing.kv_layers.extend(draft.info().kv_layers.iter().cloned());
         }
-        let mtp_head = match &config.speculative {
-            Some(spec) if spec.method == SpeculativeMethod::Mtp => {
+        // The drafter that reads the target's hidden states: its head's KV layer, and the head
+        // when it is not the target's own.
+        let head = match (&config.speculative, eagle3) {
+            (_, Some(head)) => Some((head.kv_layer(), Some(head))),
+            (Some(spec), None) if spec.method == SpeculativeMethod::Mtp => {
                 let head = model.mtp().ok_or_else(|| {
                     EngineError::Config(format!(
                         "--speculative-config: {} has no multi-token-prediction head ferrite can run (method `mtp`)",
                         info.architecture
                     ))
                 })?;
-                sizing.kv_layers.push(head.kv_layer());
-                Some(head.kv_layer())
+                Some((head.kv_layer(), None))
             }
             _ => None,
         };
+        if let Some((spec, _)) = &head {
+            sizing.kv_layers.push(*spec);
+        }
         let (cache, max_model_len) = config.resolve(&sizing)?;
         let num_lookahead_tokens = match &config.speculative {
             Some(spec) if spec.method.runs_a_model() => spec.num_speculative_tokens,
@@ -284,20 +297,14 @@ impl Engine {
                 DraftModel::new(draft, config.device, cache.dtype, blocks, block_size, num_lookahead_tokens, draft_len)
             })
             .transpose()?;
-        let mtp = mtp_head
-            .map(|spec| {
-                MtpDrafter::new(
-                    spec,
-                    config.device,
-                    cache.dtype,
-                    cache.num_blocks,
-                    cache.block_size,
-                    num_lookahead_tokens,
-                )
+        let eagle = head
+            .map(|(spec, own)| {
+                let (blocks, block_size) = (cache.num_blocks, cache.block_size);
+                EagleDrafter::new(own, spec, config.device, cache.dtype, blocks, block_size, num_lookahead_tokens)
             })
             .transpose()?;
         let recompute_at = model.rotary_recompute_at();
-        let runner = ModelRunner::new(model, draft, mtp, &cache, &config, max_model_len)?;
+        let runner = ModelRunner::new(model, draft, eagle, &cache, &config, max_model_len)?;
         let sched_config = SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
             max_num_seqs: config.max_num_seqs,

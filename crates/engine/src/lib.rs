@@ -9,13 +9,13 @@ pub mod config;
 pub mod core;
 pub mod detokenizer;
 pub mod draft_model;
+pub mod eagle;
 pub mod encoder_cache;
 pub mod engine;
 pub mod error;
 pub mod graphs;
 pub mod llm;
 pub mod memory;
-pub mod mtp;
 pub mod output;
 pub mod params;
 pub mod pooling;
@@ -26,7 +26,9 @@ pub mod suffix_tree;
 
 pub use config::{CacheConfig, EngineConfig};
 pub use encoder_cache::EncoderCacheStats;
-pub use engine::{Engine, EngineClient, EngineStats, IterationTokens, ProcessedRequest, PromptInput, RequestStream};
+pub use engine::{
+    Engine, EngineClient, EngineStats, IterationTokens, LoadedDrafter, ProcessedRequest, PromptInput, RequestStream,
+};
 pub use error::{EngineError, Result};
 pub use ferrite_models::{VisionInfo, Visual};
 pub use graphs::GraphCounts;

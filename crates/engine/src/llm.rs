@@ -3,12 +3,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ferrite_models::{load_model, LoadOptions};
+use ferrite_models::{load_eagle3, load_model, LoadOptions};
 use ferrite_tensor::DType;
 use ferrite_tokenizer::Tokenizer;
 
 use crate::config::EngineConfig;
-use crate::engine::{Engine, EngineClient, PromptInput};
+use crate::engine::{Engine, EngineClient, LoadedDrafter, PromptInput};
 use crate::error::{EngineError, Result};
 use crate::output::RequestOutput;
 use crate::params::SamplingParams;
@@ -52,20 +52,33 @@ impl LLM {
             dequantize_weights: config.dequantize_weights,
             load_mtp: method == Some(&SpeculativeMethod::Mtp),
         };
+        let draft_opts = |d: &crate::spec_decode::DraftModelConfig| LoadOptions {
+            quantization: d.quantization.clone(),
+            progress: false,
+            load_mtp: false,
+            ..opts.clone()
+        };
+        let loading = |d: &crate::spec_decode::DraftModelConfig, e: ferrite_models::ModelError| {
+            EngineError::Config(format!(
+                "--speculative-config: loading the draft checkpoint {}: {e}",
+                d.model.display()
+            ))
+        };
         let draft = match method {
             Some(SpeculativeMethod::DraftModel(d)) => {
-                let opts = LoadOptions { quantization: d.quantization.clone(), progress: false, ..opts.clone() };
-                let draft = load_model(&d.model, &opts).map_err(|e| {
-                    EngineError::Config(format!(
-                        "--speculative-config: loading the draft model {}: {e}",
-                        d.model.display()
-                    ))
-                })?;
-                Some(draft.model)
+                let draft = load_model(&d.model, &draft_opts(d)).map_err(|e| loading(d, e))?;
+                Some(LoadedDrafter::Model(draft.model))
             }
             _ => None,
         };
         let loaded = load_model(path, &opts)?;
+        let draft = match method {
+            Some(SpeculativeMethod::Eagle3(d)) => {
+                let head = load_eagle3(&d.model, loaded.model.as_ref(), &draft_opts(d)).map_err(|e| loading(d, e))?;
+                Some(LoadedDrafter::Eagle3(head))
+            }
+            _ => draft,
+        };
         let mut tokenizer = match (&overrides.tokenizer_dir, &loaded.gguf_tokenizer) {
             (Some(dir), _) => Tokenizer::from_dir(dir)?,
             (None, Some((json, tokenizer_config))) => Tokenizer::from_parts(json, tokenizer_config, None, None)?,
@@ -74,7 +87,7 @@ impl LLM {
         if let Some(template) = &overrides.chat_template {
             tokenizer = tokenizer.with_chat_template(template.clone())?;
         }
-        let engine = Engine::with_draft_model(loaded.model, draft, Arc::new(tokenizer), config)?;
+        let engine = Engine::with_drafter(loaded.model, draft, Arc::new(tokenizer), config)?;
         Ok(LLM { engine })
     }
 

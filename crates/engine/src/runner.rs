@@ -15,10 +15,10 @@ use crate::config::{CacheConfig, EngineConfig};
 use crate::core::scheduler::{ModelRunnerOutput, SchedulerOutput};
 use crate::core::{BlockId, ReqId};
 use crate::draft_model::DraftModel;
+use crate::eagle::{EagleDrafter, EagleRequest};
 use crate::encoder_cache::{EncoderCache, EncoderCacheStats, SharedEncoderCache};
 use crate::error::{EngineError, Result};
 use crate::graphs::{DecodeGraphs, GraphCounts};
-use crate::mtp::{MtpDrafter, MtpRequest};
 use crate::output::TokenLogprob;
 use crate::params::RequestSampling;
 use crate::sampler::{self, SampleRow};
@@ -102,8 +102,8 @@ pub struct ModelRunner {
     reasoning: HashMap<ReqId, (Vec<u32>, Arc<Grammar>)>,
     /// The `draft_model` drafter, run after each step for the requests that sampled.
     draft: Option<DraftModel>,
-    /// The `mtp` drafter: the target's own head, fed its hidden states after every step.
-    mtp: Option<MtpDrafter>,
+    /// The `mtp` or `eagle3` drafter: a head fed the target's hidden states after every step.
+    eagle: Option<EagleDrafter>,
     max_model_len: usize,
 }
 
@@ -119,7 +119,7 @@ impl ModelRunner {
     pub fn new(
         model: Box<dyn CausalLM>,
         draft: Option<DraftModel>,
-        mtp: Option<MtpDrafter>,
+        eagle: Option<EagleDrafter>,
         cache: &CacheConfig,
         config: &EngineConfig,
         max_model_len: usize,
@@ -152,7 +152,7 @@ impl ModelRunner {
             constraints: HashMap::new(),
             reasoning: HashMap::new(),
             draft,
-            mtp,
+            eagle,
             max_model_len,
         })
     }
@@ -420,9 +420,9 @@ impl ModelRunner {
             let _span = tracing::debug_span!("forward", tokens = tokens.len(), rows = logit_rows.len()).entered();
             let logits = (|| -> Result<Tensor> {
                 // A step that reads encoder outputs runs eagerly: graphs take token ids only. So
-                // does one whose hidden states the MTP head reads.
+                // does one whose hidden states a draft head reads.
                 let replayed = match &mut self.graphs {
-                    Some(g) if embeds.is_none() && self.mtp.is_none() => {
+                    Some(g) if embeds.is_none() && self.eagle.is_none() => {
                         g.forward(self.model.as_ref(), &mut self.kv_caches, &tokens, &meta, &logit_rows)?
                     }
                     _ => None,
@@ -437,10 +437,10 @@ impl ModelRunner {
                             embeds: embeds.as_ref(),
                         };
                         let (model, caches) = (self.model.as_ref(), &mut self.kv_caches);
-                        let with_hidden = self.mtp.is_some();
+                        let tap = self.eagle.as_ref().map(EagleDrafter::hidden_tap);
                         let mut run = || -> Result<(Tensor, Option<Tensor>)> {
-                            Ok(if with_hidden {
-                                let (logits, h) = model.forward_with_hidden(&input, caches)?;
+                            Ok(if let Some(tap) = &tap {
+                                let (logits, h) = model.forward_with_hidden(&input, caches, tap)?;
                                 (logits, Some(h))
                             } else {
                                 (model.forward(&input, caches)?, None)
@@ -501,7 +501,7 @@ impl ModelRunner {
             out.draft_token_ids = self.propose_drafts(&out)?;
         }
         if let Some(hidden) = &hidden {
-            out.draft_token_ids = self.propose_mtp_drafts(hidden, &spans, &out)?;
+            out.draft_token_ids = self.propose_head_drafts(hidden, &spans, &out)?;
         }
         tracing::debug!(
             tokens = tokens.len(),
@@ -535,26 +535,26 @@ impl ModelRunner {
         }
     }
 
-    /// The MTP head's pass over this step's positions, and its drafts for the requests that
+    /// The draft head's pass over this step's positions, and its drafts for the requests that
     /// sampled (not those whose grammar waits for the end of a reasoning section).
-    fn propose_mtp_drafts(
+    fn propose_head_drafts(
         &mut self,
         hidden: &Tensor,
         spans: &[(ReqId, usize, usize, usize)],
         out: &ModelRunnerOutput,
     ) -> Result<HashMap<ReqId, Vec<u32>>> {
-        let _span = tracing::debug_span!("mtp", requests = spans.len()).entered();
-        let reqs: Vec<MtpRequest> = spans
+        let _span = tracing::debug_span!("draft head", requests = spans.len()).entered();
+        let reqs: Vec<EagleRequest> = spans
             .iter()
             .filter_map(|&(id, row, start, computed)| {
                 let state = self.requests.get(&id)?;
                 let drafts = out.sampled.contains_key(&id) && !self.reasoning.contains_key(&id);
                 let room = if drafts { state.draft_room(self.max_model_len) } else { 0 };
-                Some(MtpRequest { target: state.draft_target(id, room), start, computed, row })
+                Some(EagleRequest { target: state.draft_target(id, room), start, computed, row })
             })
             .collect();
-        match &mut self.mtp {
-            Some(mtp) => mtp.propose(self.model.as_ref(), hidden, &reqs),
+        match &mut self.eagle {
+            Some(eagle) => eagle.propose(self.model.as_ref(), hidden, &reqs),
             None => Ok(HashMap::new()),
         }
     }

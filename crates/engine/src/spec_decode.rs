@@ -50,9 +50,12 @@ pub enum SpeculativeMethod {
     /// The target checkpoint's multi-token-prediction head (`mtp`, and vLLM's per-family names
     /// such as `qwen3_next_mtp`), fed the target's hidden states.
     Mtp,
+    /// An EAGLE-3 head (its checkpoint in `model`), fed the target's residual stream at three
+    /// layers.
+    Eagle3(DraftModelConfig),
 }
 
-/// The draft checkpoint of `"method": "draft_model"`.
+/// The draft checkpoint of `"method": "draft_model"` (or the head of `"eagle3"`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DraftModelConfig {
     /// A checkpoint directory or GGUF file (`model`).
@@ -66,13 +69,13 @@ pub struct DraftModelConfig {
 impl SpeculativeMethod {
     /// The drafts come from a model the runner runs, not from the host.
     pub fn runs_a_model(&self) -> bool {
-        matches!(self, SpeculativeMethod::DraftModel(_) | SpeculativeMethod::Mtp)
+        matches!(self, SpeculativeMethod::DraftModel(_) | SpeculativeMethod::Mtp | SpeculativeMethod::Eagle3(_))
     }
 }
 
 /// Methods vLLM accepts that are not built here: refused by name at start-up.
-const NOT_BUILT: &[&str] = &["eagle", "eagle3", "medusa", "mlp_speculator"];
-const BUILT: &str = "ngram, suffix, draft_model, mtp";
+const NOT_BUILT: &[&str] = &["eagle", "medusa", "mlp_speculator"];
+const BUILT: &str = "ngram, suffix, draft_model, eagle3, mtp";
 
 /// Most drafts a step verifies per request, as vLLM bounds them.
 pub const MAX_SPECULATIVE_TOKENS: usize = 32;
@@ -112,11 +115,18 @@ impl SpeculativeConfig {
                     .ok_or_else(|| bad(format!("`{key}` must be a positive integer, got {v}"))),
             }
         };
-        let method = obj.get("method").and_then(Value::as_str).unwrap_or(if obj.contains_key("model") {
-            "draft_model"
-        } else {
-            ""
-        });
+        // Without a method, vLLM infers it from the draft checkpoint: an EAGLE-3 head (its
+        // architecture, or a speculators config) or else a draft model.
+        let given_model = obj.get("model").and_then(Value::as_str).filter(|m| !m.is_empty());
+        let inferred = given_model.map(|m| DraftCheckpoint::peek(std::path::Path::new(m)));
+        let method = match obj.get("method").and_then(Value::as_str) {
+            Some(m) => m,
+            None => match &inferred {
+                Some(c) if c.is_eagle3 => "eagle3",
+                Some(_) => "draft_model",
+                None => "",
+            },
+        };
         let method = match method {
             "ngram" | "[ngram]" => {
                 // vLLM's defaults: both 5 when neither is given, else the one given for both.
@@ -158,22 +168,23 @@ impl SpeculativeConfig {
                     min_token_prob: fraction("suffix_decoding_min_token_prob", defaults.min_token_prob, 1.0)?,
                 })
             }
-            "draft_model" => {
-                let model = obj
-                    .get("model")
-                    .and_then(Value::as_str)
-                    .filter(|m| !m.is_empty())
-                    .ok_or_else(|| bad("`draft_model` needs `model`, the draft checkpoint's path".into()))?;
+            "draft_model" | "eagle3" => {
+                let model =
+                    given_model.ok_or_else(|| bad(format!("`{method}` needs `model`, the draft checkpoint's path")))?;
                 let quantization = match obj.get("quantization") {
                     None | Some(Value::Null) => None,
                     Some(Value::String(q)) => Some(q.clone()),
                     Some(v) => return Err(bad(format!("`quantization` must be a string, got {v}"))),
                 };
-                SpeculativeMethod::DraftModel(DraftModelConfig {
+                let draft = DraftModelConfig {
                     model: PathBuf::from(model),
                     quantization,
                     max_model_len: count("max_model_len")?,
-                })
+                };
+                match method {
+                    "eagle3" => SpeculativeMethod::Eagle3(draft),
+                    _ => SpeculativeMethod::DraftModel(draft),
+                }
             }
             // vLLM's per-family spellings (`qwen3_next_mtp`, `deepseek_mtp`, ...) all mean the
             // checkpoint's own head; whether the model has one is the loader's to say.
@@ -195,6 +206,10 @@ impl SpeculativeConfig {
             (None, SpeculativeMethod::Suffix(p)) => p.max_tree_depth.min(MAX_SPECULATIVE_TOKENS),
             // vLLM's default for MTP: the checkpoint's one prediction layer.
             (None, SpeculativeMethod::Mtp) => 1,
+            // A speculators checkpoint says how many its head was trained to propose.
+            (None, _) if inferred.as_ref().and_then(|c| c.speculative_tokens).is_some() => {
+                inferred.as_ref().and_then(|c| c.speculative_tokens).expect("checked")
+            }
             (None, _) => return Err(bad("`num_speculative_tokens` is missing".into())),
         };
         if k > MAX_SPECULATIVE_TOKENS {
@@ -211,9 +226,37 @@ impl SpeculativeConfig {
                 DrafterKind::Ngram { min: *prompt_lookup_min, max: *prompt_lookup_max }
             }
             SpeculativeMethod::Suffix(params) => DrafterKind::Suffix(Box::new(SuffixCache::new(*params))),
-            SpeculativeMethod::DraftModel(_) | SpeculativeMethod::Mtp => return None,
+            SpeculativeMethod::DraftModel(_) | SpeculativeMethod::Mtp | SpeculativeMethod::Eagle3(_) => return None,
         };
         Some(Drafter { k: self.num_speculative_tokens, kind })
+    }
+}
+
+/// What a draft checkpoint's `config.json` says of how to run it, read before it loads (an
+/// unreadable one says nothing: loading it reports the problem).
+struct DraftCheckpoint {
+    is_eagle3: bool,
+    /// A speculators config's `speculators_config.proposal_methods[0].speculative_tokens`.
+    speculative_tokens: Option<usize>,
+}
+
+impl DraftCheckpoint {
+    fn peek(dir: &std::path::Path) -> DraftCheckpoint {
+        let config: Value = std::fs::read_to_string(dir.join("config.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or(Value::Null);
+        let architecture = config.pointer("/architectures/0").and_then(Value::as_str).unwrap_or("");
+        let speculators = config.get("speculators_model_type").and_then(Value::as_str);
+        DraftCheckpoint {
+            is_eagle3: speculators == Some("eagle3")
+                || ferrite_models::families::eagle3::ARCHITECTURES.contains(&architecture),
+            speculative_tokens: config
+                .pointer("/speculators_config/proposal_methods/0/speculative_tokens")
+                .and_then(Value::as_u64)
+                .map(|k| k as usize)
+                .filter(|&k| k >= 1),
+        }
     }
 }
 
@@ -356,9 +399,14 @@ mod tests {
         // A `model` without a `method` is a draft model, as vLLM infers it.
         let c = SpeculativeConfig::parse(r#"{"model": "/d", "num_speculative_tokens": 3, "max_model_len": 512}"#);
         let want = DraftModelConfig { model: "/d".into(), quantization: None, max_model_len: Some(512) };
-        assert_eq!(c.unwrap().method, SpeculativeMethod::DraftModel(want));
+        assert_eq!(c.unwrap().method, SpeculativeMethod::DraftModel(want.clone()));
+        let c = SpeculativeConfig::parse(
+            r#"{"method": "eagle3", "model": "/d", "num_speculative_tokens": 3, "max_model_len": 512}"#,
+        );
+        assert_eq!(c.unwrap().method, SpeculativeMethod::Eagle3(want));
         for (json, needle) in [
-            (r#"{"method": "eagle3", "num_speculative_tokens": 2}"#, "`eagle3` is not built"),
+            (r#"{"method": "eagle", "num_speculative_tokens": 2}"#, "`eagle` is not built"),
+            (r#"{"method": "eagle3", "num_speculative_tokens": 2}"#, "`eagle3` needs `model`"),
             (r#"{"method": "suffix", "suffix_decoding_min_token_prob": 2}"#, "suffix_decoding_min_token_prob"),
             (r#"{"method": "draft_model", "num_speculative_tokens": 2}"#, "needs `model`"),
             (r#"{"model": "/d", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}"#, "one GPU"),
@@ -510,7 +558,7 @@ mod tests {
                                 d.finish(0);
                             }
                             SpeculativeMethod::Mtp => prop_assert!(c.drafter().is_none()),
-                            SpeculativeMethod::DraftModel(d) => {
+                            SpeculativeMethod::DraftModel(d) | SpeculativeMethod::Eagle3(d) => {
                                 prop_assert!(!d.model.as_os_str().is_empty());
                                 prop_assert!(d.max_model_len.is_none_or(|n| n >= 1));
                                 prop_assert!(c.drafter().is_none());

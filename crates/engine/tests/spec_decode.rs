@@ -334,9 +334,9 @@ fn mtp(k: usize) -> SpeculativeConfig {
 /// computed with transformers' modules at that position.
 #[test]
 fn mtp_drafter_feeds_the_head_the_reference_inputs() {
-    use ferrite_engine::mtp::{MtpDrafter, MtpRequest};
+    use ferrite_engine::eagle::{EagleDrafter, EagleRequest};
     use ferrite_engine::spec_decode::DraftTarget;
-    use ferrite_models::{load_model, ForwardInput, LoadOptions};
+    use ferrite_models::{load_model, ForwardInput, HiddenTap, LoadOptions};
     use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device};
 
     let dir = fixture("qwen3_5-mtp");
@@ -351,7 +351,7 @@ fn mtp_drafter_feeds_the_head_the_reference_inputs() {
     let table: Vec<u32> = (0..blocks as u32).collect();
     let mut caches = model.info().allocate_caches(Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
     let head = model.mtp().expect("loaded with its MTP head").kv_layer();
-    let mut drafter = MtpDrafter::new(head, Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
+    let mut drafter = EagleDrafter::new(None, head, Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
     let sampling = ferrite_engine::params::RequestSampling {
         params: SamplingParams::greedy(16),
         max_tokens: 16,
@@ -371,7 +371,7 @@ fn mtp_drafter_feeds_the_head_the_reference_inputs() {
         let meta = AttnMetadata::new(seqs, block_size).unwrap().with_state_slots(vec![0]).unwrap();
         let input =
             ForwardInput { tokens: &seq[start..end], meta: &meta, logit_rows: &[end - start - 1], embeds: None };
-        let (_, hidden) = model.forward_with_hidden(&input, &mut caches).unwrap();
+        let (_, hidden) = model.forward_with_hidden(&input, &mut caches, &HiddenTap::Final).unwrap();
         let target = DraftTarget {
             id: 0,
             tokens: &seq[..known],
@@ -380,7 +380,7 @@ fn mtp_drafter_feeds_the_head_the_reference_inputs() {
             block_table: &table,
             room,
         };
-        let req = MtpRequest { target, start, computed: end - start, row: 0 };
+        let req = EagleRequest { target, start, computed: end - start, row: 0 };
         let drafts = drafter.propose(model.as_ref(), &hidden, &[req]).unwrap();
         match predicted_at {
             None => assert!(drafts.is_empty()),
@@ -420,5 +420,152 @@ fn mtp_speculation_draws_the_same_tokens() {
             Err(e) => e.to_string(),
         };
         assert!(err.contains("MTP") || err.contains("multi-token-prediction"), "{name}: {err}");
+    }
+}
+
+fn eagle3(head: &str, k: Option<usize>) -> SpeculativeConfig {
+    let model = fixture("llama-eagle3").join(head);
+    let k = k.map_or(String::new(), |k| format!(r#", "num_speculative_tokens": {k}"#));
+    SpeculativeConfig::parse(&format!(r#"{{"method": "eagle3", "model": "{}"{k}}}"#, model.display())).unwrap()
+}
+
+/// The EAGLE-3 drafter feeds each head what vLLM feeds it: over a prompt chunk, a chunk that ends
+/// in a draw and a verify step, each first draft is the head's prediction the fixture's reference
+/// computed with torch at that position (from the target's residual stream at the head's aux
+/// layers); a pass over a whole sequence drafts the reference's chain of three.
+#[test]
+fn eagle3_drafter_feeds_the_head_the_reference_inputs() {
+    use ferrite_engine::eagle::{EagleDrafter, EagleRequest};
+    use ferrite_engine::spec_decode::DraftTarget;
+    use ferrite_models::{load_eagle3, load_model, ForwardInput, HiddenTap, LoadOptions};
+    use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device};
+
+    let dir = fixture("llama-eagle3");
+    let opts = LoadOptions { progress: false, ..Default::default() };
+    let model = load_model(&dir, &opts).unwrap().model;
+    let oracle: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
+    let sampling = ferrite_engine::params::RequestSampling {
+        params: SamplingParams::greedy(16),
+        max_tokens: 16,
+        eos_token_id: None,
+        stop_token_ids: Vec::new(),
+        min_tokens_mask: Vec::new(),
+        seed: 0,
+        bad_words_token_ids: Vec::new(),
+        grammar: None,
+        multimodal: None,
+    };
+    let (block_size, blocks) = (16, 8);
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    for head_name in ["eagle3", "eagle3-speculators"] {
+        let reference = &oracle["load_check"]["eagle3_reference"][head_name];
+        let ids = |v: &serde_json::Value| -> Vec<u32> {
+            v.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+        };
+        let drafter = |k: usize| {
+            let head = load_eagle3(&dir.join(head_name), model.as_ref(), &opts).unwrap();
+            let tap = head.hidden_tap();
+            let spec = head.kv_layer();
+            (EagleDrafter::new(Some(head), spec, Device::Cpu, DType::F32, blocks, block_size, k).unwrap(), tap)
+        };
+        let step = |drafter: &mut EagleDrafter,
+                    tap: &HiddenTap,
+                    seq: &[u32],
+                    (start, end, known, room): (usize, usize, usize, usize)| {
+            let mut caches = model.info().allocate_caches(Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
+            // The target recomputes from 0 so that its caches hold the sequence; the head sees `start..end`.
+            let meta_of = |start: usize, end: usize| {
+                let seqs = vec![AttnSeq { q_start: 0, q_len: end - start, ctx_len: end, block_table: table.clone() }];
+                AttnMetadata::new(seqs, block_size).unwrap()
+            };
+            if start > 0 {
+                let meta = meta_of(0, start);
+                let input = ForwardInput { tokens: &seq[..start], meta: &meta, logit_rows: &[start - 1], embeds: None };
+                model.forward(&input, &mut caches).unwrap();
+            }
+            let meta = meta_of(start, end);
+            let input =
+                ForwardInput { tokens: &seq[start..end], meta: &meta, logit_rows: &[end - start - 1], embeds: None };
+            let (_, hidden) = model.forward_with_hidden(&input, &mut caches, tap).unwrap();
+            let target = DraftTarget {
+                id: 0,
+                tokens: &seq[..known],
+                num_prompt_tokens: known.min(29),
+                sampling: &sampling,
+                block_table: &table,
+                room,
+            };
+            let req = EagleRequest { target, start, computed: end - start, row: 0 };
+            drafter.propose(model.as_ref(), &hidden, &[req]).unwrap()
+        };
+        let first = &reference["sequences"][0];
+        let (seq, argmax) = (ids(&first["tokens"]), ids(&first["argmax"]));
+        let (mut d, tap) = drafter(1);
+        for (start, end, known, room, predicted_at) in
+            [(0, 20, 37, 0, None), (20, 29, 30, 1, Some(28)), (29, 31, 32, 1, Some(30))]
+        {
+            let drafts = step(&mut d, &tap, &seq, (start, end, known, room));
+            match predicted_at {
+                None => assert!(drafts.is_empty(), "{head_name}"),
+                Some(pos) => assert_eq!(drafts[&0], vec![argmax[pos]], "{head_name}: the draft after position {pos}"),
+            }
+        }
+        for sequence in reference["sequences"].as_array().unwrap() {
+            let seq = ids(&sequence["tokens"]);
+            let (mut d, tap) = drafter(3);
+            let drafts = step(&mut d, &tap, &seq, (0, seq.len(), seq.len(), 3));
+            assert_eq!(drafts[&0], ids(&sequence["chain"]), "{head_name}: the drafts after {} tokens", seq.len());
+        }
+    }
+}
+
+/// EAGLE-3 speculation, with a head in the Hugging Face layout and one in the speculators format:
+/// the tokens are those drawn without speculation, greedy and seeded, batched and alone. Without a
+/// `method`, the head's checkpoint says it is EAGLE-3 (and a speculators one how many drafts).
+#[test]
+fn eagle3_speculation_draws_the_same_tokens() {
+    let name = "llama-eagle3";
+    let plain = llm(name, config());
+    let prompts = prompts(name);
+    let seeded = SamplingParams { seed: Some(5), ..random(None, 32) };
+    for (head, k) in [("eagle3", 1), ("eagle3", 3), ("eagle3-speculators", 2)] {
+        let spec = llm(name, EngineConfig { speculative: Some(eagle3(head, Some(k))), ..config() });
+        for params in [greedy(32), seeded.clone()] {
+            let want = token_ids(&plain.generate(prompts.clone(), &params).unwrap());
+            let got = token_ids(&spec.generate(prompts.clone(), &params).unwrap());
+            assert_eq!(got, want, "{head}, k {k}, {params:?}");
+            assert_eq!(solo(&spec, &prompts, &params), want, "{head}, k {k}, alone, {params:?}");
+        }
+        let stats = spec.client().stats().spec_decode;
+        println!("{head}, eagle3 k={k}: {stats:?}");
+        assert!(stats.num_drafts > 0 && stats.num_draft_tokens <= stats.num_drafts * k as u64, "{stats:?}");
+        wait_idle(&spec.client());
+    }
+    let speculators = fixture(name).join("eagle3-speculators");
+    let inferred = SpeculativeConfig::parse(&format!(r#"{{"model": "{}"}}"#, speculators.display())).unwrap();
+    assert_eq!(inferred, eagle3("eagle3-speculators", Some(3)));
+    let hf = fixture(name).join("eagle3");
+    let inferred =
+        SpeculativeConfig::parse(&format!(r#"{{"model": "{}", "num_speculative_tokens": 2}}"#, hf.display()));
+    assert_eq!(inferred.unwrap(), eagle3("eagle3", Some(2)));
+}
+
+/// A head that cannot draft for the target is refused at start with a message naming why: vLLM's
+/// default aux layers do not fit a 2-layer target; a missing checkpoint.
+#[test]
+fn unfit_eagle3_heads_are_refused_at_start() {
+    let missing =
+        SpeculativeConfig::parse(r#"{"method": "eagle3", "model": "/nonexistent/head", "num_speculative_tokens": 2}"#);
+    for (target, spec, needle) in [
+        ("llama", eagle3("eagle3", Some(2)), "eagle_aux_hidden_state_layer_ids"),
+        ("llama-eagle3", missing.unwrap(), "/nonexistent/head"),
+    ] {
+        let config = EngineConfig { speculative: Some(spec), ..config() };
+        let err = match LLM::new(fixture(target), ferrite_tensor::DType::F32, config) {
+            Ok(_) => panic!("an unfit EAGLE-3 head started on {target}"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(needle) && err.contains("--speculative-config"), "{target}: {err}");
     }
 }

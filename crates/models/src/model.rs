@@ -36,6 +36,8 @@ pub struct ModelInfo {
     /// Recurrent layers (hybrid models): their caches follow the KV layers in the slice that
     /// [`CausalLM::forward`] receives.
     pub state_layers: Vec<StateLayerSpec>,
+    /// Decoder layers, of every kind: what EAGLE-3's auxiliary layer ids index.
+    pub num_layers: usize,
     /// Bytes of weights, for roofline and memory reports.
     pub weight_bytes: usize,
     /// What the prompt side of a vision-language model needs; `None` for text-only models.
@@ -213,16 +215,20 @@ pub trait VisionEncoder: Send + Sync {
     }
 }
 
-/// A multi-token-prediction head (speculative decoding's `mtp` drafter): from the embedding of the
-/// token after each row and the model's final hidden state at that row, one decoder block of its
-/// own predicts the token after that. It shares the model's embeddings and LM head and has one
-/// attention layer, whose cache takes the model's block geometry.
-pub trait MtpHead: Send + Sync {
+/// A draft head that reads the target's hidden states (speculative decoding's `mtp` and `eagle3`
+/// drafters, vLLM's EAGLE proposer): from the embedding of the token after each row and a hidden
+/// state of the target at that row, one decoder block of its own predicts the token after that.
+/// It has one attention layer, whose cache takes the target's block geometry.
+pub trait DraftHead: Send + Sync {
     fn kv_layer(&self) -> KvLayerSpec;
 
-    /// `next_tokens[i]` is the token after row `i`'s position, `hidden` `[rows, hidden]` the
-    /// model's final hidden state at each row (or this head's output there, for a further draft).
-    /// Returns the logits of `logit_rows` and the head's output at every row.
+    /// Which of the target's hidden states the head's first pass over a position reads.
+    fn hidden_tap(&self) -> HiddenTap;
+
+    /// `next_tokens[i]` is the token after row `i`'s position, `hidden` `[rows, width]` the
+    /// target's hidden state at each row as [`DraftHead::hidden_tap`] names it (or, for a further
+    /// draft, this head's output there). Returns the logits of `logit_rows` over the target's
+    /// vocabulary and the head's output at every row.
     fn forward(
         &self,
         next_tokens: &[u32],
@@ -231,6 +237,17 @@ pub trait MtpHead: Send + Sync {
         logit_rows: &[usize],
         kv: &mut PagedKvLayer,
     ) -> Result<(Tensor, Tensor)>;
+}
+
+/// Which hidden states a forward also returns, at every row of the step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HiddenTap {
+    /// The LM head's input (after the final norm): what an MTP head reads.
+    Final,
+    /// The residual stream entering each of these layers (ascending, each below the layer
+    /// count), side by side: `[rows, layers.len() * hidden]`. Layer 0's input is the token
+    /// embedding. What EAGLE-3 reads, as vLLM's `aux_hidden_state_layers` index it.
+    LayerInputs(Vec<usize>),
 }
 
 /// A decoder-only language model that reads and writes a paged KV cache.
@@ -263,21 +280,30 @@ pub trait CausalLM: Send + Sync {
         None
     }
 
-    /// [`CausalLM::forward`]'s logits, and the LM head's input (the final-norm hidden states)
-    /// at every row of the step, which a multi-token-prediction head reads. Families without an
-    /// MTP head need not provide it.
-    fn forward_with_hidden(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<(Tensor, Tensor)> {
-        let _ = (input, kv);
+    /// [`CausalLM::forward`]'s logits, and the hidden states `tap` names at every row of the
+    /// step, which a [`DraftHead`] reads. Families no draft head reads need not provide it.
+    fn forward_with_hidden(
+        &self,
+        input: &ForwardInput<'_>,
+        kv: &mut [PagedKvLayer],
+        tap: &HiddenTap,
+    ) -> Result<(Tensor, Tensor)> {
+        let _ = (input, kv, tap);
         Err(ferrite_tensor::TensorError::Unsupported {
             op: "forward_with_hidden",
-            detail: format!("{} (no MTP head)", self.info().architecture),
+            detail: format!("{} (no hidden states for a draft head)", self.info().architecture),
         }
         .into())
     }
 
     /// The checkpoint's multi-token-prediction head, loaded when asked for
     /// ([`crate::LoadOptions::load_mtp`]); `None` for most models.
-    fn mtp(&self) -> Option<&dyn MtpHead> {
+    fn mtp(&self) -> Option<&dyn DraftHead> {
+        None
+    }
+
+    /// The token embedding, which an EAGLE-3 head without its own shares.
+    fn token_embedding(&self) -> Option<&crate::layers::Embedding> {
         None
     }
 

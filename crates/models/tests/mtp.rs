@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use ferrite_models::{load_model, CausalLM, ForwardInput, LoadOptions};
+use ferrite_models::{load_model, CausalLM, ForwardInput, HiddenTap, LoadOptions};
 use ferrite_tensor::{ops, AttnMetadata, AttnSeq, DType, Device, PagedKvLayer};
 use serde_json::Value;
 
@@ -27,7 +27,7 @@ fn mtp_predictions(model: &dyn CausalLM, tokens: &[u32]) -> (Vec<u32>, Vec<f32>)
         meta = meta.with_state_slots(vec![0]).unwrap();
     }
     let input = ForwardInput { tokens, meta: &meta, logit_rows: &[n - 1], embeds: None };
-    let (_, hidden) = model.forward_with_hidden(&input, &mut caches).unwrap();
+    let (_, hidden) = model.forward_with_hidden(&input, &mut caches, &HiddenTap::Final).unwrap();
     let head = model.mtp().expect("loaded with its MTP head");
     let spec = head.kv_layer();
     let mut kv =

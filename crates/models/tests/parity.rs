@@ -44,6 +44,7 @@ parity! {
     llama_linear_rope => "llama-linear-rope",
     llama_dynamic_rope => "llama-dynamic-rope",
     llama_yarn_rope => "llama-yarn-rope",
+    llama_eagle3_target => "llama-eagle3",
     mistral_sliding_window => "mistral",
     qwen2 => "qwen2",
     qwen3 => "qwen3",

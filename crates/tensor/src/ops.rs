@@ -430,6 +430,21 @@ pub fn concat_rows(parts: &[&Tensor]) -> Result<Tensor> {
     }
 }
 
+/// `out[r][c] = x[r][cols[c]]`, or `fill` where `cols[c]` is negative: an f32 matrix's columns
+/// laid out anew (EAGLE-3's draft-vocabulary logits in the target's vocabulary, `-inf` elsewhere).
+/// `cols` is an f32 vector on `x`'s device holding whole numbers below `x`'s width, made once and
+/// reused.
+pub fn gather_cols(x: &Tensor, cols: &Tensor, fill: f32) -> Result<Tensor> {
+    if x.shape().len() != 2 || x.dtype() != DType::F32 || cols.dtype() != DType::F32 {
+        return Err(shape_err("gather_cols", format!("an f32 matrix and map, got {:?} {:?}", x.shape(), x.dtype())));
+    }
+    same_device("gather_cols", x, &[Some(cols)])?;
+    match x.storage() {
+        Storage::Cpu(_) => cpu::elementwise::gather_cols(x, cols, fill),
+        Storage::Cuda(_) => cuda::ops::gather_cols(x, cols, fill),
+    }
+}
+
 /// Selects rows of a matrix (e.g. the last token of each sequence before the LM head).
 pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
     if let Some(&bad) = rows.iter().find(|&&r| r >= x.rows()) {
@@ -656,6 +671,17 @@ mod tests {
 
     fn t(v: &[f32], shape: &[usize]) -> Tensor {
         Tensor::from_f32(v.to_vec(), shape).unwrap()
+    }
+
+    #[test]
+    fn gather_cols_lays_columns_out_anew() {
+        let x = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+        let map = t(&[-1.0, 2.0, 0.0, -1.0, 1.0], &[5]);
+        let out = gather_cols(&x, &map, f32::NEG_INFINITY).unwrap();
+        assert_eq!(out.shape(), [2, 5]);
+        let inf = f32::NEG_INFINITY;
+        assert_eq!(out.to_f32_vec(), [inf, 3.0, 1.0, inf, 2.0, inf, 6.0, 4.0, inf, 5.0]);
+        assert!(gather_cols(&x.to_dtype(DType::BF16), &map, 0.0).is_err(), "f32 only");
     }
 
     #[test]

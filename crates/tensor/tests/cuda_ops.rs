@@ -368,6 +368,17 @@ fn gathers_and_copies_are_exact() {
         check("concat_cols", dtype, &got, &ops::concat_cols(&[&tc, &oc, &tc]).unwrap(), 0.0);
         check("embedding (no ids)", dtype, &ops::embedding(&tg, &[]).unwrap(), &ops::embedding(&tc, &[]).unwrap(), 0.0);
     }
+    // EAGLE-3's draft logits into the target vocabulary: 24 columns spread over 61, -inf elsewhere.
+    let logits = random(&mut r, 5 * 24, 3.0);
+    let (lc, lg) = pair(&logits, &[5, 24], DType::F32);
+    let map: Vec<f32> = (0..61).map(|c| if c % 5 == 2 && c / 5 < 24 { (c / 5) as f32 } else { -1.0 }).collect();
+    let mc = Tensor::from_f32(map, &[61]).unwrap();
+    let mg = mc.to_device(Device::Cuda(0)).unwrap();
+    let (got, want) = (
+        ops::gather_cols(&lg, &mg, f32::NEG_INFINITY).unwrap(),
+        ops::gather_cols(&lc, &mc, f32::NEG_INFINITY).unwrap(),
+    );
+    assert_eq!(got.to_f32_vec(), want.to_f32_vec(), "gather_cols");
 }
 
 #[test]

@@ -379,21 +379,8 @@ impl Block {
         }
         match self.wiring {
             Wiring::Sequential { residual_scale } => {
-                let branch = |out: Tensor, out_norm: &Option<Norm>| -> Result<Tensor> {
-                    let out = norm_opt(out_norm, out)?;
-                    Ok(match residual_scale {
-                        Some(s) => ops::scale(&out, s)?,
-                        None => out,
-                    })
-                };
                 let (x, h) = stream.settle_norm(self.attn_norm.as_ref())?;
-                let a = branch(self.mixer.forward(&x, ropes, meta, cache)?, &self.attn_out_norm)?;
-                if matches!(self.mlp, ChannelMixer::None) {
-                    return Ok(Residual { h, pending: Some(a) });
-                }
-                let (x, h) = Residual { h, pending: Some(a) }.settle_norm(self.mlp_norm.as_ref())?;
-                let m = branch(self.mlp.forward(&x)?, &self.mlp_out_norm)?;
-                Ok(Residual { h, pending: Some(m) })
+                self.sequential_from(&x, h, residual_scale, ropes, meta, cache)
             }
             Wiring::PostNorm => {
                 let h = stream.settle()?;
@@ -415,5 +402,33 @@ impl Block {
                 })
             }
         }
+    }
+
+    /// A sequential block past its input norm: the token mixer reads `x`, its output joins the
+    /// residual `h`, then the channel mixer. EAGLE-3's first layer enters here, its mixer reading
+    /// the normed embedding and hidden state side by side.
+    pub(crate) fn sequential_from(
+        &self,
+        x: &Tensor,
+        h: Tensor,
+        residual_scale: Option<f32>,
+        ropes: &RopeTables,
+        meta: &AttnMetadata,
+        cache: Option<&mut PagedKvLayer>,
+    ) -> Result<Residual> {
+        let branch = |out: Tensor, out_norm: &Option<Norm>| -> Result<Tensor> {
+            let out = norm_opt(out_norm, out)?;
+            Ok(match residual_scale {
+                Some(s) => ops::scale(&out, s)?,
+                None => out,
+            })
+        };
+        let a = branch(self.mixer.forward(x, ropes, meta, cache)?, &self.attn_out_norm)?;
+        if matches!(self.mlp, ChannelMixer::None) {
+            return Ok(Residual { h, pending: Some(a) });
+        }
+        let (x, h) = Residual { h, pending: Some(a) }.settle_norm(self.mlp_norm.as_ref())?;
+        let m = branch(self.mlp.forward(&x)?, &self.mlp_out_norm)?;
+        Ok(Residual { h, pending: Some(m) })
     }
 }

@@ -21,7 +21,7 @@ pub use self::block::{
 use self::per_layer::PerLayerInputs;
 use crate::layers::rope::Rope;
 use crate::layers::{Embedding, Linear, Norm};
-use crate::model::{CausalLM, ForwardInput, InputEmbeds, KvLayerSpec, ModelInfo, MtpHead};
+use crate::model::{CausalLM, DraftHead, ForwardInput, HiddenTap, InputEmbeds, KvLayerSpec, ModelInfo};
 use crate::Result;
 
 /// Learned absolute position embeddings, looked up at `position + offset` (OPT's offset is 2).
@@ -120,6 +120,7 @@ impl Decoder {
                     _ => None,
                 })
                 .collect(),
+            num_layers: blocks.len(),
             weight_bytes: 0,
             vision: None,
         };
@@ -267,13 +268,17 @@ impl Decoder {
     }
 }
 
-impl MtpHead for Decoder {
+impl DraftHead for Decoder {
     fn kv_layer(&self) -> KvLayerSpec {
         match self.mtp.as_ref().map(|m| m.block.mixer.cache()) {
             Some(LayerCache::Kv(spec)) => spec,
             // `with_mtp` admits attention blocks only, and `mtp()` hands out heads that exist.
             _ => unreachable!("an MTP head without an attention cache"),
         }
+    }
+
+    fn hidden_tap(&self) -> HiddenTap {
+        HiddenTap::Final
     }
 
     fn forward(
@@ -363,20 +368,66 @@ impl CausalLM for Decoder {
         self.logits_of(&self.hidden_states(input, kv)?)
     }
 
-    fn forward_with_hidden(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<(Tensor, Tensor)> {
+    fn forward_with_hidden(
+        &self,
+        input: &ForwardInput<'_>,
+        kv: &mut [PagedKvLayer],
+        tap: &HiddenTap,
+    ) -> Result<(Tensor, Tensor)> {
         let rows: Vec<usize> = (0..input.tokens.len()).collect();
         let every_row =
             ForwardInput { tokens: input.tokens, meta: input.meta, logit_rows: &rows, embeds: input.embeds };
-        let hidden = self.hidden_states(&every_row, kv)?;
-        Ok((self.logits_of(&ops::gather_rows(&hidden, input.logit_rows)?)?, hidden))
+        let layers = match tap {
+            HiddenTap::Final => &[][..],
+            HiddenTap::LayerInputs(layers) => layers.as_slice(),
+        };
+        if let Some(&bad) = layers.iter().find(|&&l| l >= self.blocks.len()) {
+            return Err(ferrite_tensor::TensorError::Shape {
+                op: "hidden states",
+                detail: format!("the input of layer {bad} of a {}-layer model", self.blocks.len()),
+            }
+            .into());
+        }
+        let mut inputs = Vec::with_capacity(layers.len());
+        let last = self.hidden_states_observed(&every_row, kv, &mut |i, stream| {
+            if layers.contains(&i) {
+                inputs.push(match &stream.pending {
+                    Some(p) => ops::add(&stream.h, p)?,
+                    None => stream.h.clone(),
+                });
+            }
+            Ok(())
+        })?;
+        let logits = self.logits_of(&ops::gather_rows(&last, input.logit_rows)?)?;
+        let hidden = match tap {
+            HiddenTap::Final => last,
+            HiddenTap::LayerInputs(_) => ops::concat_cols(&inputs.iter().collect::<Vec<_>>())?,
+        };
+        Ok((logits, hidden))
     }
 
-    fn mtp(&self) -> Option<&dyn MtpHead> {
-        self.mtp.as_ref().map(|_| self as &dyn MtpHead)
+    fn mtp(&self) -> Option<&dyn DraftHead> {
+        self.mtp.as_ref().map(|_| self as &dyn DraftHead)
+    }
+
+    fn token_embedding(&self) -> Option<&Embedding> {
+        Some(&self.embed)
     }
 
     /// The LM head's input: final norm (and OPT's `project_out`) of the `logit_rows`.
     fn hidden_states(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
+        self.hidden_states_observed(input, kv, &mut |_, _| Ok(()))
+    }
+}
+
+impl Decoder {
+    /// [`CausalLM::hidden_states`], showing `observe` the residual stream entering each layer.
+    fn hidden_states_observed(
+        &self,
+        input: &ForwardInput<'_>,
+        kv: &mut [PagedKvLayer],
+        observe: &mut dyn FnMut(usize, &Residual) -> Result<()>,
+    ) -> Result<Tensor> {
         let meta = input.meta;
         let mut h = self.embed.forward(input.tokens)?;
         let tables = self.rope_tables(meta, h.device())?;
@@ -401,6 +452,7 @@ impl CausalLM for Decoder {
         };
         let mut stream = Residual { h, pending: None };
         for (i, block) in self.blocks.iter().enumerate() {
+            observe(i, &stream)?;
             stream = block.forward(stream, &tables, meta, slots[i].map(|slot| &mut kv[slot]))?;
             if let Some((embeds, features)) = input.embeds.and_then(|e| Some(e).zip(e.deepstack.get(i))) {
                 stream = Residual { h: add_rows(&stream.settle()?, &embeds.rows, features)?, pending: None };

@@ -793,13 +793,18 @@ impl CausalLM for QwenVl {
         &self,
         input: &ForwardInput<'_>,
         kv: &mut [ferrite_tensor::PagedKvLayer],
+        tap: &crate::model::HiddenTap,
     ) -> Result<(Tensor, Tensor)> {
-        self.decoder.forward_with_hidden(input, kv)
+        self.decoder.forward_with_hidden(input, kv, tap)
+    }
+
+    fn token_embedding(&self) -> Option<&crate::layers::Embedding> {
+        self.decoder.token_embedding()
     }
 
     /// Qwen3.5's MTP head (real Qwen3.5 checkpoints are of this layout). It reads an image's
     /// placeholder tokens as text, which only shades its drafts there.
-    fn mtp(&self) -> Option<&dyn crate::model::MtpHead> {
+    fn mtp(&self) -> Option<&dyn crate::model::DraftHead> {
         self.decoder.mtp()
     }
 

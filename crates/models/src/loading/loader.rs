@@ -5,11 +5,12 @@ use std::path::{Path, PathBuf};
 
 use ferrite_tensor::{DType, Device, Tensor};
 
+use crate::families::eagle3;
 use crate::loading::config::RawConfig;
 use crate::loading::gguf::{self, GgufFile};
 use crate::loading::quant::Quantization;
 use crate::loading::weights::{GgufWeights, SafetensorsWeights, WeightSource, Weights};
-use crate::model::CausalLM;
+use crate::model::{CausalLM, DraftHead};
 use crate::pooling::{LoadedPoolingModel, PoolerConfig, MAX_FORWARD_TOKENS};
 use crate::registry;
 use crate::{ModelError, Result};
@@ -127,6 +128,26 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let gib_per_s = weight_bytes as f64 / (1u64 << 30) as f64 / seconds.max(1e-9);
     tracing::info!(tensors = weights.loaded_count(), weight_bytes, seconds, gib_per_s, "model loaded");
     Ok(LoadedModel { model, config, kind, gguf_tokenizer })
+}
+
+/// Loads an EAGLE-3 draft head (speculative decoding's `eagle3`) from its checkpoint directory,
+/// with the dtype and device of `opts`, to draft for `target`.
+pub fn load_eagle3(dir: &Path, target: &dyn CausalLM, opts: &LoadOptions) -> Result<Box<dyn DraftHead>> {
+    if !dir.is_dir() {
+        return Err(ModelError::Io {
+            path: dir.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a checkpoint directory"),
+        });
+    }
+    let config = eagle3::normalize_config(&RawConfig::from_file(&dir.join("config.json"))?)?;
+    let quantization = Quantization::resolve(&config, opts.quantization.as_deref())?;
+    let weights = Weights::new(Box::new(SafetensorsWeights::open(dir)?), opts.dtype, None)
+        .on_device(opts.device)
+        .with_quantization(quantization)
+        .keeping_int4(!opts.dequantize_weights);
+    let head = eagle3::load(&config, &weights, target)?;
+    tracing::info!(path = %dir.display(), weight_bytes = head.weight_bytes(), "EAGLE-3 head loaded");
+    Ok(Box::new(head))
 }
 
 /// Loads a pooling model from a Hugging Face checkpoint directory (config.json, safetensors and,

@@ -681,6 +681,12 @@ impl Weights {
         }
     }
 
+    /// An integer tensor's shape and exact values (an index map such as EAGLE-3's `d2t`); `None`
+    /// when absent.
+    pub fn ints_opt(&self, name: &str) -> Result<Option<(Vec<usize>, Vec<i64>)>> {
+        self.source.load_ints(name)
+    }
+
     /// A one-element tensor (shape `[]` or `[1]`) as a number; `None` when absent.
     pub fn get_scalar_opt(&self, name: &str) -> Result<Option<f32>> {
         let Some(t) = self.fetch(name, DType::F32)? else { return Ok(None) };

@@ -159,6 +159,16 @@ pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
     Ok(f32_tensor(out, vec![rows.len(), cols]))
 }
 
+pub fn gather_cols(x: &Tensor, cols: &Tensor, fill: f32) -> Result<Tensor> {
+    let (src, map) = (x.as_f32_slice()?, cols.to_f32_vec());
+    let width = x.last_dim();
+    let mut out = Vec::with_capacity(x.rows() * map.len());
+    for row in src.chunks(width.max(1)).take(x.rows()) {
+        out.extend(map.iter().map(|&c| if c < 0.0 { fill } else { row[c as usize] }));
+    }
+    Ok(f32_tensor(out, vec![x.rows(), map.len()]))
+}
+
 /// `out[i] = sum_j weights[i * per_row + j] * y[rows[i * per_row + j]]`, the products added in
 /// `j` order (the MoE combine: each token's expert outputs, weighted by its routing weights).
 pub fn combine_rows(y: &Tensor, rows: &[usize], weights: &[f32], per_row: usize) -> Result<Tensor> {

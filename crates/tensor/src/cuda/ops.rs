@@ -282,6 +282,34 @@ pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
 }
 
 kernel_params! {
+    /// `gather_cols_f32`: see [`crate::ops::gather_cols`].
+    struct GatherCols { src: u64, cols: u64, out: u64, src_cols: i32, out_cols: i32, n: u64, fill: f32 }
+}
+
+pub fn gather_cols(x: &Tensor, cols: &Tensor, fill: f32) -> Result<Tensor> {
+    let (xs, cs) = (cuda_of("gather_cols", x)?, cuda_of("gather_cols", cols)?);
+    let dev = xs.device();
+    let (rows, out_cols) = (x.rows(), cols.numel());
+    let out = CudaStorage::alloc(dev, DType::F32, rows * out_cols)?;
+    let n = rows * out_cols;
+    if n > 0 {
+        let f = dev.function(ELEMENTWISE, "gather_cols_f32")?;
+        GatherCols {
+            src: xs.ptr(),
+            cols: cs.ptr(),
+            out: out.ptr(),
+            src_cols: int(x.last_dim())?,
+            out_cols: int(out_cols)?,
+            n: n as u64,
+            fill,
+        }
+        .launch_with(dev, &f, flat_cfg(dev, n))
+        .map_err(|e| dev_err(format!("gather_cols: {e}")))?;
+    }
+    wrap(out, vec![rows, out_cols])
+}
+
+kernel_params! {
     /// `copy_cols_<t>`: `len` columns of `rows` rows from `src` (from column `src_off`) into
     /// `dst` (from column `dst_off`).
     struct CopyCols { src: u64, src_cols: i32, src_off: i32, dst: u64, dst_cols: i32, dst_off: i32, rows: i32, len: i32 }

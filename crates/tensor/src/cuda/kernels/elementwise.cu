@@ -153,6 +153,18 @@ __device__ void argmax_parts(const T* __restrict__ x, float* __restrict__ part_v
     }
 FOR_T(INST_T)
 
+// out[r, c] = src[r, cols[c]], or `fill` where cols[c] is negative: f32 rows into a wider layout
+// (EAGLE-3's draft-vocabulary logits into the target's vocabulary). The column map is f32 holding
+// exact integers (vocabularies are far below 2^24), so that it lives in an ordinary tensor.
+extern "C" __global__ void gather_cols_f32(const float* __restrict__ src, const float* __restrict__ cols,
+                                           float* __restrict__ out, int src_cols, int out_cols, size_t n, float fill) {
+    pdl_wait();
+    GRID_STRIDE(i, n) {
+        const int c = (int)cols[i % out_cols];
+        out[i] = c < 0 ? fill : src[(i / out_cols) * src_cols + c];
+    }
+}
+
 // One block per row over that row's `parts` best (value, index) pairs from argmax_parts.
 extern "C" __global__ void argmax_merge(const float* part_v, const unsigned int* part_i, unsigned int* out, int parts) {
     pdl_wait();

@@ -1,6 +1,8 @@
-//! The `mtp` drafter: the target checkpoint's multi-token-prediction head (vLLM's MTP proposer).
+//! The drafters that read the target's hidden states (vLLM's EAGLE proposer): `mtp`, the target
+//! checkpoint's multi-token-prediction head, which reads its final hidden state; and `eagle3`, a
+//! head of its own checkpoint, which reads its residual stream at three layers.
 //!
-//! The head's cache holds, at each position `i`, what it computed from the target's final hidden
+//! The head's cache holds, at each position `i`, what it computed from the target's hidden
 //! state at `i` and the token at `i + 1`. So every step, after the target's forward and its
 //! draws, the head goes over the positions the step computed whose next token is now known: a
 //! prompt chunk's, or a verify step's up to the last accepted draft (the rows past it computed
@@ -16,14 +18,16 @@
 
 use std::collections::HashMap;
 
-use ferrite_models::{CausalLM, KvLayerSpec};
+use ferrite_models::{CausalLM, DraftHead, HiddenTap, KvLayerSpec};
 use ferrite_tensor::{ops, AttnMetadata, AttnSeq, Device, PagedKvLayer, Tensor};
 
 use crate::core::ReqId;
 use crate::error::{EngineError, Result};
 use crate::spec_decode::{draw_drafts, DraftTarget};
 
-pub struct MtpDrafter {
+pub struct EagleDrafter {
+    /// An EAGLE-3 head; `None` for the target's own MTP head.
+    own_head: Option<Box<dyn DraftHead>>,
     kv: PagedKvLayer,
     on_cpu: bool,
     block_size: usize,
@@ -31,7 +35,7 @@ pub struct MtpDrafter {
 }
 
 /// One request the step computed (`room` 0: the head only catches up on it).
-pub struct MtpRequest<'a> {
+pub struct EagleRequest<'a> {
     pub target: DraftTarget<'a>,
     /// The step computed positions `start..start + computed`, at rows `row..` of its hidden states.
     pub start: usize,
@@ -39,33 +43,42 @@ pub struct MtpRequest<'a> {
     pub row: usize,
 }
 
-impl MtpDrafter {
-    /// The head's cache (its attention layer `spec`), `num_blocks` of `block_size` slots like
-    /// the target's.
+impl EagleDrafter {
+    /// The drafter of `own_head` (`None`: the target's MTP head), its cache (the head's attention
+    /// layer `spec`) of `num_blocks` of `block_size` slots like the target's.
     pub fn new(
+        own_head: Option<Box<dyn DraftHead>>,
         spec: KvLayerSpec,
         device: Device,
         kv_dtype: ferrite_tensor::DType,
         num_blocks: usize,
         block_size: usize,
         num_speculative_tokens: usize,
-    ) -> Result<MtpDrafter> {
+    ) -> Result<EagleDrafter> {
         let kv =
             PagedKvLayer::new_on(device, kv_dtype, num_blocks, block_size, spec.num_kv_heads, spec.k_dim, spec.v_dim)?;
-        Ok(MtpDrafter { kv, on_cpu: device == Device::Cpu, block_size, num_speculative_tokens })
+        Ok(EagleDrafter { own_head, kv, on_cpu: device == Device::Cpu, block_size, num_speculative_tokens })
+    }
+
+    /// Which of the target's hidden states the runner keeps for the head after each step.
+    pub fn hidden_tap(&self) -> HiddenTap {
+        match &self.own_head {
+            Some(head) => head.hidden_tap(),
+            None => HiddenTap::Final,
+        }
     }
 
     /// Catches the head up on the step's positions and drafts for the requests that want drafts.
-    /// `hidden` is the target's final hidden state at every row of the step.
+    /// `hidden` is the target's hidden state ([`EagleDrafter::hidden_tap`]) at every row of the step.
     pub fn propose(
         &mut self,
         model: &dyn CausalLM,
         hidden: &Tensor,
-        reqs: &[MtpRequest<'_>],
+        reqs: &[EagleRequest<'_>],
     ) -> Result<HashMap<ReqId, Vec<u32>>> {
         let mut drafts: HashMap<ReqId, Vec<u32>> = HashMap::new();
         // Positions whose next token is known: up to the newest token's predecessor.
-        let spans: Vec<(&MtpRequest, usize)> = reqs
+        let spans: Vec<(&EagleRequest, usize)> = reqs
             .iter()
             .map(|r| (r, r.computed.min(r.target.tokens.len().saturating_sub(1 + r.start))))
             .filter(|&(_, n)| n > 0)
@@ -136,7 +149,10 @@ impl MtpDrafter {
         logit_rows: &[usize],
         draws: &[(&DraftTarget<'_>, &[u32])],
     ) -> Result<(Vec<u32>, Tensor)> {
-        let head = model.mtp().ok_or_else(|| EngineError::Internal("the MTP head is gone".into()))?;
+        let head = match &self.own_head {
+            Some(head) => head.as_ref(),
+            None => model.mtp().ok_or_else(|| EngineError::Internal("the MTP head is gone".into()))?,
+        };
         let meta = AttnMetadata::new(seqs, self.block_size)?;
         let kv = &mut self.kv;
         let mut run = || -> Result<(Vec<u32>, Tensor)> {
