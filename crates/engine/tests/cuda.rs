@@ -253,6 +253,41 @@ fn speculation_on_cuda_is_token_exact() {
     }
 }
 
+/// EAGLE-3 on the GPU: the target's layer inputs tapped on the device, the head's draft logits
+/// mapped into the target vocabulary there; the f32 battery stays token-exact against
+/// transformers, and the heads draft what they draft on the CPU (the same drafts accepted).
+#[test]
+fn eagle3_speculation_on_cuda_is_token_exact() {
+    use ferrite_engine::SpeculativeConfig;
+    if !ferrite_tensor::cuda::is_available() {
+        println!("SKIP: no CUDA device");
+        return;
+    }
+    let oracle = oracle("llama-eagle3");
+    let params = greedy(oracle.cases[0].output_ids.len());
+    for head in ["eagle3", "eagle3-speculators"] {
+        let json = serde_json::json!({"method": "eagle3", "model": fixture("llama-eagle3").join(head), "num_speculative_tokens": 3});
+        let stats = |device| {
+            let spec = SpeculativeConfig::parse(&json.to_string()).unwrap();
+            let llm = LLM::new(
+                fixture("llama-eagle3"),
+                DType::F32,
+                EngineConfig { device, speculative: Some(spec), ..config() },
+            )
+            .unwrap();
+            let outputs = llm.generate(battery("llama-eagle3"), &params).unwrap();
+            for (case, out) in oracle.cases.iter().zip(&outputs) {
+                assert_eq!(out.outputs[0].token_ids, case.output_ids, "{head}: {} differs on {device:?}", case.name);
+            }
+            llm.client().stats().spec_decode
+        };
+        let (gpu, cpu) = (stats(Device::Cuda(0)), stats(Device::Cpu));
+        println!("{head}: cuda {gpu:?}, cpu {cpu:?}");
+        assert!(gpu.num_drafts > 0);
+        assert_eq!(gpu.num_accepted_tokens_per_pos, cpu.num_accepted_tokens_per_pos, "{head}");
+    }
+}
+
 /// A hybrid model speculating on the GPU: the state saved before each verify step is restored
 /// after a rejection (state copies on the device), and the tokens are those drawn without
 /// speculation, on the first pass (n-gram drafts, mostly rejected) and the second (suffix
