@@ -214,23 +214,48 @@ pub(crate) fn copy_state_slots(
 ) -> Result<()> {
     let dev = k.device();
     dev.check_not_capturing("a state-slot copy")?;
-    let pairs: Vec<i32> = copies.iter().flat_map(|&(f, t)| [f as i32, t as i32]).collect();
-    let pairs = dev.stream().clone_htod(&pairs).map_err(dev_err)?;
     let f = dev.function(RECURRENT, "copy_state_slots")?;
-    let launch = CopySlots {
-        k: k.ptr(),
-        v: v.ptr(),
-        pairs: super::device::dptr(&pairs, dev),
-        k_len: int(k_len)?,
-        v_len: int(v_len)?,
-    };
-    let threads = 256;
-    let cfg = LaunchConfig {
-        grid_dim: ((k_len.max(v_len)).div_ceil(threads).max(1) as u32, copies.len() as u32, 1),
-        block_dim: (threads as u32, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    launch.launch_with(dev, &f, cfg)
+    // One launch copies its pairs in parallel, so the copies go in waves, in order, where no copy
+    // touches a slot another of its wave writes (a restore from the backup slot, then the backup
+    // of the restored state, must not race).
+    for wave in independent_waves(copies) {
+        let pairs: Vec<i32> = wave.iter().flat_map(|&(f, t)| [f as i32, t as i32]).collect();
+        let pairs = dev.stream().clone_htod(&pairs).map_err(dev_err)?;
+        let launch = CopySlots {
+            k: k.ptr(),
+            v: v.ptr(),
+            pairs: super::device::dptr(&pairs, dev),
+            k_len: int(k_len)?,
+            v_len: int(v_len)?,
+        };
+        let threads = 256;
+        let cfg = LaunchConfig {
+            grid_dim: ((k_len.max(v_len)).div_ceil(threads).max(1) as u32, wave.len() as u32, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch.launch_with(dev, &f, cfg)?;
+    }
+    Ok(())
+}
+
+/// `copies` cut, in order, into runs whose copies read no slot the run writes and write no slot
+/// twice: each run's copies may then go in parallel and give what copying one by one gives.
+fn independent_waves(copies: &[(usize, usize)]) -> Vec<&[(usize, usize)]> {
+    let mut waves = Vec::new();
+    let mut start = 0;
+    for i in 0..copies.len() {
+        let wave = &copies[start..i];
+        let (from, to) = copies[i];
+        if wave.iter().any(|&(f, t)| t == from || t == to || f == to) {
+            waves.push(wave);
+            start = i;
+        }
+    }
+    if start < copies.len() {
+        waves.push(&copies[start..]);
+    }
+    waves
 }
 
 kernel_params! {
@@ -294,4 +319,20 @@ pub fn mamba2_scan(
         })?;
     }
     wrap(out, x.shape().to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::independent_waves;
+
+    #[test]
+    fn waves_keep_dependent_copies_apart() {
+        // Restore slot 0 from its backup 8, then back the restored state up: two waves.
+        assert_eq!(independent_waves(&[(8, 0), (0, 8)]), [&[(8, 0)][..], &[(0, 8)][..]]);
+        assert_eq!(independent_waves(&[(8, 0), (9, 1), (0, 8)]), [&[(8, 0), (9, 1)][..], &[(0, 8)][..]]);
+        // Independent copies, and two reading one slot, share a wave.
+        assert_eq!(independent_waves(&[(0, 8), (1, 9), (0, 10)]), [&[(0, 8), (1, 9), (0, 10)][..]]);
+        assert_eq!(independent_waves(&[(0, 8), (1, 8)]), [&[(0, 8)][..], &[(1, 8)][..]]);
+        assert!(independent_waves(&[]).is_empty());
+    }
 }
