@@ -9,6 +9,9 @@
 #
 #   bash benches/cuda/run_spec.sh "$OUT"      # about 5 min
 #
+# With EAGLE3=1 the variants are a random EAGLE-3 head (eagle3_checkpoint.py) at each k instead: its
+# drafts are rejected, so the run measures what EAGLE-3 drafting and verifying cost per step.
+#
 # Writes $OUT/cuda-spec.json (one entry per variant and concurrency) and each server's log.
 set -uo pipefail
 OUT=${1:?usage: run_spec.sh OUTDIR}
@@ -25,6 +28,8 @@ TINY=${TINY:-}                       # set: shrunken widths, for a smoke test on
 FERRITE_DEVICE=${FERRITE_DEVICE:-cuda}
 TARGET=${TARGET:-/tmp/ferrite-bench/spec-target}
 DRAFT=${DRAFT:-/tmp/ferrite-bench/spec-draft-l$DRAFT_LAYERS}
+EAGLE3=${EAGLE3:-}
+HEAD=${HEAD:-/tmp/ferrite-bench/spec-eagle3}
 URL=http://127.0.0.1:$PORT
 IFS=, read -r -a LEVELS <<<"$CONCURRENCY"
 IFS=, read -r -a KS <<<"$K_LIST"
@@ -35,7 +40,11 @@ if NV=$("$PYTHON" -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/nul
 fi
 say() { echo "[$(date -u +%H:%M:%S)] $*"; }
 "$PYTHON" "$HERE/make_checkpoint.py" --shape llama-3.1-8b --out "$TARGET" ${TINY:+--tiny} > "$OUT/checkpoint.json" || exit 1
-"$PYTHON" "$HERE/spec_checkpoints.py" --checkpoint "$TARGET" --layers "$DRAFT_LAYERS" --draft "$DRAFT" > "$OUT/draft.json" || exit 1
+if [[ -n $EAGLE3 ]]; then
+    "$PYTHON" "$HERE/eagle3_checkpoint.py" --target "$TARGET" --out "$HEAD" > "$OUT/draft.json" || exit 1
+else
+    "$PYTHON" "$HERE/spec_checkpoints.py" --checkpoint "$TARGET" --layers "$DRAFT_LAYERS" --draft "$DRAFT" > "$OUT/draft.json" || exit 1
+fi
 say "pair ready: $(cat "$OUT/draft.json")"
 healthy() { "$PYTHON" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' "$URL/health" 2>/dev/null; }
 BENCH=("$FERRITE" bench --base-url "$URL" --input-len "$INPUT_LEN" --vocab-size 1000 --runs 1)
@@ -67,7 +76,11 @@ variant() {  # tag [speculative-config]
 }
 variant plain
 for k in "${KS[@]}"; do
-    variant "draft-k$k" "{\"model\": \"$DRAFT\", \"num_speculative_tokens\": $k}"
+    if [[ -n $EAGLE3 ]]; then
+        variant "eagle3-k$k" "{\"method\": \"eagle3\", \"model\": \"$HEAD\", \"num_speculative_tokens\": $k}"
+    else
+        variant "draft-k$k" "{\"model\": \"$DRAFT\", \"num_speculative_tokens\": $k}"
+    fi
 done
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 GPU=${GPU:-$(uname -m) CPU}
