@@ -84,13 +84,15 @@ for k in "${KS[@]}"; do
 done
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 GPU=${GPU:-$(uname -m) CPU}
-"$PYTHON" - "$OUT" "$GPU" > "$OUT/cuda-spec.json" <<'PY'
+"$PYTHON" - "$OUT" "$GPU" "${EAGLE3:+eagle3}" > "$OUT/cuda-spec.json" <<'PY'
 import json, re, sys, time
 from pathlib import Path
-out, gpu = Path(sys.argv[1]), sys.argv[2]
+out, gpu, eagle3 = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "eagle3"
+drafter = ("a random EAGLE-3 head: every draft rejected, so speedup_vs_plain is the cost of a speculative step"
+           if eagle3 else "a draft model the target agrees with: drafts accepted at the ceiling")
 report = {"date": time.strftime("%Y-%m-%d"), "device": gpu, "shape": "llama-3.1-8b bf16, random weights",
-          "draft": json.loads((out / "draft.json").read_text()), "baseline": "the same target without speculation",
-          "variants": {}}
+          "drafter": drafter, "draft": json.loads((out / "draft.json").read_text()),
+          "baseline": "the same target without speculation", "variants": {}}
 for tag in (out / "runs.txt").read_text().split():
     metrics = {}
     for line in (out / f"{tag}-metrics.txt").read_text().splitlines():
