@@ -230,7 +230,7 @@ def test_ferrite_api_key_when_vllm_api_key_is_unset(spawn):
 @pytest.mark.parametrize("flags,feature", [
     (["-tp", "2"], "tensor parallelism"),
     (["--pipeline-parallel-size", "2"], "pipeline parallelism"),
-    (["--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 2}'], "`eagle3` is not built"),
+    (["--speculative-config", '{"method": "medusa", "num_speculative_tokens": 2}'], "`medusa` is not built"),
     (["--speculative-config", '{"method": "ngram"}'], "num_speculative_tokens"),
     (["--enable-lora"], "LoRA"),
     (["--quantization", "awq"], "--quantization awq"),
@@ -304,11 +304,30 @@ def test_mtp_speculation_serves_the_same_text(spawn):
     assert spec.metrics()["vllm:spec_decode_num_draft_tokens_total"] > 0
 
 
+def test_eagle3_speculation_serves_the_same_text(spawn):
+    # A 7-layer Llama with a random EAGLE-3 head in the speculators format beside it: the config
+    # names neither method nor draft count (the head's checkpoint says both, as vLLM reads it).
+    target = MODEL.parent / "llama-eagle3"
+    spec = spawn("--speculative-config", json.dumps({"model": str(target / "eagle3-speculators")}),
+                 model_args=["--model", str(target)])
+    plain = spawn(model_args=["--model", str(target)])
+    for temperature in (0, 0.8):
+        outs = [s.client().completions.create(model=NAME, prompt="The quick brown fox", max_tokens=24,
+                                              temperature=temperature, seed=3) for s in (spec, plain)]
+        assert outs[0].choices[0].text == outs[1].choices[0].text
+    m = spec.metrics()
+    assert m["vllm:spec_decode_num_draft_tokens_total"] > 0, m
+    per_pos = [k for k in m if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total{")]
+    assert len(per_pos) == 3, per_pos
+
+
 def test_unfit_draft_models_fail_at_start_naming_them(tmp_path):
     for config, needle in [({"model": str(tmp_path / "absent"), "num_speculative_tokens": 2}, "absent"),
                            ({"method": "draft_model", "num_speculative_tokens": 2}, "needs `model`"),
                            ({"model": str(MODEL.parent / "llava"), "num_speculative_tokens": 2}, "vocabulary"),
-                           ({"method": "mtp", "num_speculative_tokens": 1}, "multi-token-prediction head")]:
+                           ({"method": "mtp", "num_speculative_tokens": 1}, "multi-token-prediction head"),
+                           ({"method": "eagle3", "model": str(MODEL.parent / "llama-eagle3" / "eagle3"),
+                             "num_speculative_tokens": 2}, "eagle_aux_hidden_state_layer_ids")]:
         r = subprocess.run([os.environ["FERRITE_BIN"], "serve", str(MODEL), "--speculative-config", json.dumps(config)],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and needle in r.stderr and "--speculative-config" in r.stderr, r.stderr
