@@ -307,28 +307,36 @@ def _add_mtp_head(out_dir: Path) -> None:
 MTP_REFERENCE_SEQUENCES = [list(range(3, 40)), [5, 9, 5, 9, 5, 9, 17, 250, 3, 99] * 4, list(range(900, 860, -2))]
 
 
+def _decoder_layer_class(cfg):
+    """The decoder layer class of a DeepSeek-V3 or GLM-4.5 config: their MTP layers are one more of it."""
+    if cfg.model_type == "glm4_moe":
+        from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeDecoderLayer, Glm4MoeRMSNorm
+        return Glm4MoeDecoderLayer, Glm4MoeRMSNorm
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RMSNorm
+    return DeepseekV3DecoderLayer, DeepseekV3RMSNorm
+
+
 def _add_deepseek_mtp_layer(out_dir: Path) -> None:
-    """edit_saved_weights hook: adds a random MTP layer in DeepSeek-V3 checkpoints' layout: layer
-    `num_hidden_layers` (real V3: 61) holding `embed_tokens` (the model's), `enorm`, `hnorm`, `eh_proj`,
-    a whole decoder layer (MLA, and MoE past first_k_dense_replace) and `shared_head.{norm, head}`.
-    transformers ignores it; ferrite loads it for speculative decoding's `mtp`."""
+    """edit_saved_weights hook: adds a random MTP layer in DeepSeek-V3 checkpoints' layout (GLM-4.5's too):
+    layer `num_hidden_layers` (real V3: 61) holding `embed_tokens` (the model's), `enorm`, `hnorm`, `eh_proj`,
+    a whole decoder layer (MoE past first_k_dense_replace) and `shared_head.{norm, head}`. transformers
+    ignores it; ferrite loads it for speculative decoding's `mtp`."""
     from safetensors.torch import load_file, save_file
     from transformers import AutoConfig
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
 
     path = out_dir / "model.safetensors"
     tensors = load_file(str(path))
     dtype = tensors["model.embed_tokens.weight"].dtype
     cfg = AutoConfig.from_pretrained(out_dir)
     n, h = cfg.num_hidden_layers, cfg.hidden_size
-    layer = DeepseekV3DecoderLayer(cfg, n)
+    layer = _decoder_layer_class(cfg)[0](cfg, n)
     gen = torch.Generator().manual_seed(13)
     rand = lambda shape, std: (torch.randn(shape, generator=gen) * std)  # noqa: E731
     new = {}
     for k, v in layer.state_dict().items():
         if "norm" in k:
             new[k] = 1 + rand(v.shape, 0.1)
-        elif "e_score_correction_bias" in k:
+        elif "e_score_correction_bias" in k or k.endswith(".bias"):
             new[k] = rand(v.shape, 0.1)
         else:
             new[k] = rand(v.shape, cfg.initializer_range)
@@ -342,27 +350,27 @@ def _add_deepseek_mtp_layer(out_dir: Path) -> None:
 
 
 def _deepseek_mtp_reference(out_dir: Path) -> dict[str, Any]:
-    """load_check hook: the DeepSeek MTP layer's predictions, as vLLM's DeepSeekMultiTokenPredictorLayer
-    computes them with transformers' modules: the next token's embedding (zeroed at position 0) and the
-    model's final hidden state, each normed (enorm, hnorm), joined by eh_proj, through the decoder layer
+    """load_check hook: the DeepSeek (or GLM-4.5) MTP layer's predictions, as vLLM's
+    DeepSeekMultiTokenPredictorLayer (Glm4MoeMultiTokenPredictorLayer) computes them with transformers'
+    modules: the next token's embedding (zeroed at position 0) and the model's final hidden state, each normed (enorm, hnorm), joined by eh_proj, through the decoder layer
     (causal, rotary at the same positions), then shared_head's norm and head. Per sequence: the argmax and
     its logit at every position."""
     from safetensors.torch import load_file
     from transformers.masking_utils import create_causal_mask
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RMSNorm
 
     model = load_fixture(out_dir)
     cfg = model.config
+    DecoderLayer, RMSNorm = _decoder_layer_class(cfg)
     n, h = cfg.num_hidden_layers, cfg.hidden_size
     prefix = f"model.layers.{n}."
     mtp = {k[len(prefix):]: v.float() for k, v in load_file(str(out_dir / "model.safetensors")).items()
            if k.startswith(prefix)}
-    layer = DeepseekV3DecoderLayer(cfg, n).float()
+    layer = DecoderLayer(cfg, n).float()
     layer.load_state_dict({k: v for k, v in mtp.items() if k.split(".")[0] in ("self_attn", "mlp", "input_layernorm",
                                                                                "post_attention_layernorm")})
     norms = {}
     for name in ("enorm", "hnorm", "shared_head.norm"):
-        norms[name] = DeepseekV3RMSNorm(h, eps=cfg.rms_norm_eps)
+        norms[name] = RMSNorm(h, eps=cfg.rms_norm_eps)
         norms[name].load_state_dict({"weight": mtp[f"{name}.weight"]})
     eh_proj = torch.nn.Linear(2 * h, h, bias=False)
     eh_proj.load_state_dict({"weight": mtp["eh_proj.weight"]})
@@ -1881,6 +1889,25 @@ SPECS: list[Spec] = [
         ablation_desc="post_self_attn_layernorm / post_mlp_layernorm replaced by identity",
         extra_ablations=[Ablate("partial_rotary_factor 0.5 -> 1.0",
                                 config=dict(rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=1.0)))],
+    ),
+    Spec(
+        name="glm4-moe-mtp",
+        config_class="Glm4MoeConfig",
+        architecture="Glm4MoeForCausalLM",
+        init_fn=init_correction_bias(0.1),
+        kwargs=dict(hidden_size=32, head_dim=16, num_hidden_layers=2, intermediate_size=64, moe_intermediate_size=16,
+                    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, n_group=4,
+                    topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True,
+                    attention_bias=True, num_nextn_predict_layers=1, rope_parameters=dict(DEFAULT_ROPE)),
+        seed=3,
+        edit_saved_weights=_add_deepseek_mtp_layer,
+        load_check=_deepseek_mtp_reference,
+        feature="GLM-4.5 with the MTP layer its checkpoints ship after the last (layer num_hidden_layers: embed_tokens, "
+        "enorm / hnorm, eh_proj, a GQA + MoE decoder layer, shared_head norm and head); the oracle is the model "
+        "transformers loads (it ignores that layer), and load_check holds the layer's predictions computed with "
+        "transformers' modules as vLLM's Glm4MoeMultiTokenPredictorLayer runs it",
+        ablate_config=dict(n_group=1, topk_group=1),
+        ablation_desc="n_group 4 / topk_group 2 -> 1 / 1 (no group limit)",
     ),
     Spec(
         name="glm4-moe",

@@ -389,13 +389,18 @@ fn mtp_drafter_feeds_the_head_the_reference_inputs() {
     }
 }
 
-/// MTP speculation on a hybrid model (its state rolled back after rejections) and on DeepSeek-V3
-/// (its extra MLA + MoE layer): the tokens are those drawn without speculation, greedy and
+/// MTP speculation on a hybrid model (its state rolled back after rejections), on DeepSeek-V3
+/// (its extra MLA + MoE layer) and on GLM-4.5 (the same layout around GQA + MoE): the tokens are those drawn without speculation, greedy and
 /// seeded, batched and alone; a model without an MTP head is refused at start.
 #[test]
 fn mtp_speculation_draws_the_same_tokens() {
     // The second is real Qwen3.5 checkpoints' layout (ForConditionalGeneration, with a tower).
-    for (name, ks) in [("qwen3_5-mtp", &[1, 3][..]), ("qwen3_5-conditional", &[2][..]), ("deepseek-v3-mtp", &[2][..])] {
+    for (name, ks) in [
+        ("qwen3_5-mtp", &[1, 3][..]),
+        ("qwen3_5-conditional", &[2][..]),
+        ("deepseek-v3-mtp", &[2][..]),
+        ("glm4-moe-mtp", &[2][..]),
+    ] {
         let plain = llm(name, config());
         let prompts = prompts(name);
         let seeded = SamplingParams { seed: Some(5), ..random(None, 32) };

@@ -76,6 +76,12 @@ fn deepseek_v3_mtp_layer_predicts_as_the_reference() {
     assert_predicts_as_the_reference("deepseek-v3-mtp");
 }
 
+/// GLM-4.5's MTP layer: DeepSeek's layout around a GQA + MoE layer of its own kind.
+#[test]
+fn glm4_moe_mtp_layer_predicts_as_the_reference() {
+    assert_predicts_as_the_reference("glm4-moe-mtp");
+}
+
 /// A checkpoint without a head refuses the request, naming what is missing.
 #[test]
 fn checkpoints_without_a_head_refuse_to_load_one() {

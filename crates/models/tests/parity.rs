@@ -95,6 +95,7 @@ parity! {
     glm => "glm",
     glm4 => "glm4",
     glm4_moe => "glm4-moe",
+    glm4_moe_mtp_target => "glm4-moe-mtp",
     glm4_moe_lite => "glm4-moe-lite",
     hunyuan_dense => "hunyuan-dense",
     hunyuan_moe => "hunyuan-moe",

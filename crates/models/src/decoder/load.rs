@@ -334,3 +334,36 @@ pub fn is_sliding(raw: &RawConfig, layer_types: &[String], i: usize) -> Result<b
         None => Err(raw.error(format!("`layer_types` has no entry for layer {i}"))),
     }
 }
+
+/// The multi-token-prediction layer DeepSeek-V3 and GLM-4.5 checkpoints ship after the last
+/// (`model.layers.{layers}`: `enorm`, `hnorm`, `eh_proj`, a decoder layer of the model's kind built
+/// by `block`, `shared_head.{norm, head}`), as vLLM's MTP predictors read it: the next token's
+/// embedding zeroed at position 0, the stream before its norm fed back. `None` unless the weights
+/// load MTP heads.
+pub fn next_layer_mtp(
+    raw: &RawConfig,
+    w: &Weights,
+    d: &Dims,
+    block: impl FnOnce(usize, &Scope) -> Result<Block>,
+) -> Result<Option<crate::decoder::Mtp>> {
+    if !w.loads_mtp() {
+        return Ok(None);
+    }
+    let l = w.at(format!("model.layers.{}", d.layers));
+    if !w.contains(&l.name("eh_proj.weight")) {
+        return Err(raw.error(format!(
+            "the checkpoint has no MTP layer (`model.layers.{}.eh_proj`) for speculative decoding's `mtp`",
+            d.layers
+        )));
+    }
+    Ok(Some(crate::decoder::Mtp {
+        norm_embedding: Norm::Rms(d.rms(&l, "enorm")?),
+        norm_hidden: Norm::Rms(d.rms(&l, "hnorm")?),
+        fc: l.linear("eh_proj", 2 * d.hidden, d.hidden, false)?,
+        block: block(d.layers, &l)?,
+        norm: Norm::Rms(d.rms(&l, "shared_head.norm")?),
+        head: Some(l.linear("shared_head.head", d.hidden, d.vocab, false)?),
+        zero_first_embedding: true,
+        feeds_back_normed: false,
+    }))
+}

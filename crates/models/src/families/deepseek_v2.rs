@@ -7,8 +7,8 @@
 use ferrite_tensor::RopeStyle;
 use serde::Deserialize;
 
-use crate::decoder::load::{check_dims, CommonConfig, Defaults};
-use crate::decoder::{Block, ChannelMixer, Decoder, Mtp, TokenMixer};
+use crate::decoder::load::{check_dims, next_layer_mtp, CommonConfig, Defaults};
+use crate::decoder::{Block, ChannelMixer, Decoder, TokenMixer};
 use crate::layers::mla::{self, Mla, MlaCacheMode, MlaDims};
 use crate::layers::moe::{
     ExpertNames, Experts, GroupLimit, GroupScore, Router, RouterConfig, Scoring, SharedExpert, SparseMoe,
@@ -186,29 +186,8 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
         ))
     };
     let blocks = d.blocks(w, block)?;
-    // The MTP head is the checkpoint's extra layer after the last (`num_nextn_predict_layers`),
-    // a decoder layer of the next index with its own projections, norms and head.
-    let mtp = if w.loads_mtp() {
-        let l = w.at(format!("model.layers.{}", d.layers));
-        if !w.contains(&l.name("eh_proj.weight")) {
-            return Err(raw.error(format!(
-                "the checkpoint has no MTP layer (`model.layers.{}.eh_proj`) for speculative decoding's `mtp`",
-                d.layers
-            )));
-        }
-        Some(Mtp {
-            norm_embedding: Norm::Rms(d.rms(&l, "enorm")?),
-            norm_hidden: Norm::Rms(d.rms(&l, "hnorm")?),
-            fc: l.linear("eh_proj", 2 * d.hidden, d.hidden, false)?,
-            block: block(d.layers, &l)?,
-            norm: Norm::Rms(d.rms(&l, "shared_head.norm")?),
-            head: Some(l.linear("shared_head.head", d.hidden, d.vocab, false)?),
-            zero_first_embedding: true,
-            feeds_back_normed: false,
-        })
-    } else {
-        None
-    };
+    // The MTP head is the checkpoint's extra layer after the last (`num_nextn_predict_layers`).
+    let mtp = next_layer_mtp(raw, w, &d, block)?;
     d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![rope])?.with_mtp(mtp)
 }
 

@@ -10,12 +10,13 @@
 //! Checkpoint names: Llama's plus `model.layers.{i}.self_attn.{q,k}_norm`, and on MoE layers
 //! `model.layers.{i}.mlp.{gate.weight, gate.e_score_correction_bias, experts.{e}.{gate,up,down}_proj
 //! (or the fused experts.gate_up_proj / down_proj), shared_experts.{gate,up,down}_proj}`. The
-//! checkpoints' extra next-token-prediction layer (past `num_hidden_layers`) is not read.
+//! checkpoints' extra next-token-prediction layer (`model.layers.{num_hidden_layers}`, DeepSeek-V3's
+//! layout) is read for speculative decoding's `mtp` when asked for.
 
 use serde::Deserialize;
 
 use super::glm::GLM_PARTIAL_ROTARY;
-use crate::decoder::load::{check_dims, CommonConfig, Defaults};
+use crate::decoder::load::{check_dims, next_layer_mtp, CommonConfig, Defaults};
 use crate::decoder::{ChannelMixer, Decoder};
 use crate::layers::moe::{
     ExpertNames, Experts, GroupLimit, GroupScore, Router, RouterConfig, Scoring, SharedExpert, SparseMoe,
@@ -85,7 +86,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         group: Some(GroupLimit { n_group: cfg.n_group, topk_group: cfg.topk_group, score: GroupScore::TopTwoSum }),
     };
     let (experts, width) = (cfg.n_routed_experts, cfg.moe_intermediate_size);
-    let blocks = d.blocks(w, |i, l| {
+    let block = |i: usize, l: &crate::loading::weights::Scope| {
         let s = l.at("self_attn");
         let mut attn = d.attention(&s, d.attention_bias, false)?;
         if cfg.use_qk_norm {
@@ -104,6 +105,8 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, d.intermediate(raw)?, d.act, false)?)
         };
         d.llama_block(l, attn, mlp)
-    })?;
-    d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![rope])
+    };
+    let blocks = d.blocks(w, block)?;
+    let mtp = next_layer_mtp(raw, w, &d, block)?;
+    d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![rope])?.with_mtp(mtp)
 }
