@@ -635,6 +635,22 @@ def _nemotron_h_mixer_conv_identity(model: torch.nn.Module) -> None:
                 w[:, :, -1] = 1.0
 
 
+def _lfm2_hub_spelling(cfg: dict[str, Any]) -> None:
+    """Real LFM2 config.json files: the attention layers as full_attn_idxs, block_ff_dim, tie_embedding."""
+    cfg["full_attn_idxs"] = [i for i, t in enumerate(cfg.pop("layer_types")) if t == "full_attention"]
+    cfg["block_ff_dim"] = cfg.pop("intermediate_size")
+    cfg["tie_embedding"] = cfg.pop("tie_word_embeddings")
+
+
+def _lfm2_conv_identity(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if not layer.is_attention_layer:
+                w = layer.conv.conv.weight
+                w.zero_()
+                w[:, :, -1] = 1.0
+
+
 def _granite_hybrid_hub_spelling(cfg: dict[str, Any]) -> None:
     """Real Granite 4.0-H config.json files spell layer kinds "mamba" / "attention" and time_step_limit with
     Python's bare Infinity."""
@@ -2554,6 +2570,23 @@ SPECS: list[Spec] = [
         ablate_config=dict(time_step_min=1e-4),
         ablation_desc="time_step_min 0.05 -> 1e-4 (the dt clamp on prompts all but off)",
         extra_ablations=[Ablate("Mamba causal conv replaced by the identity", fn=_nemotron_h_mixer_conv_identity)],
+    ),
+    Spec(
+        name="lfm2",
+        config_class="Lfm2Config",
+        architecture="Lfm2ForCausalLM",
+        kwargs=dict(hidden_size=64, num_hidden_layers=4, layer_types=["conv", "conv", "full_attention", "conv"],
+                    num_attention_heads=4, num_key_value_heads=2, intermediate_size=192, block_multiple_of=48,
+                    block_ffn_dim_multiplier=1.3, conv_L_cache=3, conv_bias=True, norm_eps=1e-5,
+                    tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+        edit_saved_config=_lfm2_hub_spelling,
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="LFM2: gated short convolutions (in_proj -> B, C, x; conv of B*x over 3 taps with bias; C gate; "
+        "out_proj) and GQA attention with per-head QK RMSNorm (full_attn_idxs [2], the real spelling), SwiGLU "
+        "w1/w3/w2 of width 2/3 x block_ff_dim 192 x 1.3 rounded up to a multiple of 48 (192), final "
+        "embedding_norm, tied embeddings (tie_embedding)",
+        ablate_fn=_lfm2_conv_identity,
+        ablation_desc="short conv taps replaced by the identity",
     ),
     Spec(
         name="granite-moe-hybrid",

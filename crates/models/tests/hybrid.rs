@@ -107,6 +107,25 @@ fn gate_catches_granite_moe_hybrid_breaks() {
     assert_gate_catches("granite-moe-hybrid", &breaks);
 }
 
+/// LFM2: its short convs' taps and bias, and the rotary embedding of its attention layer, matter.
+#[test]
+fn gate_catches_lfm2_breaks() {
+    let breaks: [Break; 4] = [
+        ("unbroken", None, None),
+        ("short conv bias zeroed", None, Some(|name| zeroed(name, "conv.conv.bias"))),
+        (
+            "short conv taps reversed",
+            None,
+            Some(|name| {
+                name.ends_with("conv.conv.weight")
+                    .then(|| Box::new(|w: &mut [f32]| w.chunks_exact_mut(3).for_each(<[f32]>::reverse)) as Edit)
+            }),
+        ),
+        ("rope_theta 1e6 -> 100", Some(|c| c["rope_parameters"]["rope_theta"] = 100.0.into()), None),
+    ];
+    assert_gate_catches("lfm2", &breaks);
+}
+
 fn assert_gate_catches(fixture: &str, breaks: &[Break]) {
     for &(what, config, weights) in breaks {
         let dir = fixture_copy(fixture, what);
@@ -128,14 +147,17 @@ fn assert_gate_catches(fixture: &str, breaks: &[Break]) {
 /// A config naming a layer type this family does not have fails to load, naming it.
 #[test]
 fn an_unknown_layer_type_is_a_load_error() {
-    let dir = fixture_copy("qwen3_5", "unknown-layer-type");
-    edit_config(&dir, |c| {
-        c["layer_types"] = serde_json::json!(["linear_attention", "linear_attention", "mamba", "full_attention"]);
-    });
-    let err = load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).err().expect("loaded");
-    std::fs::remove_dir_all(&dir).ok();
-    let msg = err.to_string();
-    assert!(msg.contains("`mamba`") && msg.contains("layer_types"), "{msg}");
+    for (fixture, types) in [
+        ("qwen3_5", ["linear_attention", "linear_attention", "mamba", "full_attention"]),
+        ("lfm2", ["conv", "conv", "mamba", "conv"]),
+    ] {
+        let dir = fixture_copy(fixture, "unknown-layer-type");
+        edit_config(&dir, |c| c["layer_types"] = serde_json::json!(types));
+        let err = load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).err().expect("loaded");
+        std::fs::remove_dir_all(&dir).ok();
+        let msg = err.to_string();
+        assert!(msg.contains("mamba") && msg.contains("layer_types"), "{fixture}: {msg}");
+    }
 }
 
 /// Logits of the last token after the sequence went through the model in `chunks` (the state
@@ -170,7 +192,7 @@ fn last_logits(model: &dyn CausalLM, tokens: &[u32], chunks: &[usize], prompt: u
 /// reference clamps dt on prompts only (so a token decoded and the same token in a prompt differ).
 #[test]
 fn carried_state_equals_one_pass() {
-    for name in ["qwen3-next", "qwen3_5", "mamba2", "nemotron-h", "granite-moe-hybrid"] {
+    for name in ["qwen3-next", "qwen3_5", "mamba2", "nemotron-h", "granite-moe-hybrid", "lfm2"] {
         let dir = fixtures_dir().join("models").join(name);
         let oracle = Oracle::load(&dir.join("oracle.json")).unwrap();
         let model = load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).unwrap().model;

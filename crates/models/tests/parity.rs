@@ -117,6 +117,7 @@ parity! {
     qwen3_5_conditional_generation_layout => "qwen3_5-conditional",
     mamba2 => "mamba2",
     nemotron_h => "nemotron-h",
+    lfm2 => "lfm2",
     granite_moe_hybrid => "granite-moe-hybrid",
 }
 

@@ -10,6 +10,7 @@ use crate::layers::mamba2::Mamba2Mixer;
 use crate::layers::mla::Mla;
 use crate::layers::moe::SparseMoe;
 use crate::layers::rope::Rope;
+use crate::layers::short_conv::ShortConv;
 use crate::layers::{Attention, DenseMlp, GatedMlp, HeadLayerNorm, Linear, Norm, RmsNorm};
 use crate::Result;
 
@@ -86,6 +87,8 @@ pub enum TokenMixer {
     GatedDeltaNet(Box<GatedDeltaNet>),
     /// A selective state-space layer (Mamba2) with a per-sequence state.
     Mamba2(Box<Mamba2Mixer>),
+    /// A gated short convolution (LFM2) whose state is its conv's last inputs.
+    ShortConv(Box<ShortConv>),
     /// The layer has no token mixer (Nemotron-H's MLP layers): the block is its channel mixer
     /// behind `mlp_norm`.
     None,
@@ -162,6 +165,7 @@ impl TokenMixer {
             }
             TokenMixer::GatedDeltaNet(g) => g.forward(x, meta, cache),
             TokenMixer::Mamba2(m) => m.forward(x, meta, cache),
+            TokenMixer::ShortConv(c) => c.forward(x, meta, cache),
             TokenMixer::None => Err(ferrite_tensor::TensorError::Unsupported {
                 op: "token mixer",
                 detail: "a layer without one is its channel mixer alone (see Block::forward)".into(),
@@ -183,6 +187,7 @@ impl TokenMixer {
             TokenMixer::SharedKv(s) => LayerCache::Shared(s.source),
             TokenMixer::GatedDeltaNet(g) => LayerCache::State(g.state_spec()),
             TokenMixer::Mamba2(m) => LayerCache::State(m.state_spec()),
+            TokenMixer::ShortConv(c) => LayerCache::State(c.state_spec()),
             TokenMixer::None => LayerCache::None,
         }
     }
@@ -202,6 +207,7 @@ impl TokenMixer {
             TokenMixer::SharedKv(s) => s.q.weight.size_in_bytes() + s.o.weight.size_in_bytes(),
             TokenMixer::GatedDeltaNet(g) => g.weight_bytes(),
             TokenMixer::Mamba2(m) => m.weight_bytes(),
+            TokenMixer::ShortConv(c) => c.weight_bytes(),
             TokenMixer::None => 0,
         }
     }

@@ -7,6 +7,7 @@ pub mod mamba2;
 pub mod mla;
 pub mod moe;
 pub mod rope;
+pub mod short_conv;
 pub mod vit;
 
 use std::ops::Range;

@@ -1,0 +1,150 @@
+//! LFM2 (`Lfm2ForCausalLM`, Liquid AI): pre-norm layers (`operator_norm`, `ffn_norm`) whose token
+//! mixer is either GQA attention with per-head RMS QK-norm (`q_layernorm`, `k_layernorm`) before
+//! RoPE, or a gated short convolution ([`crate::layers::short_conv`], `conv_L_cache` taps), by
+//! `layer_types` (`full_attention` / `conv`; real checkpoints also give `full_attn_idxs`). The MLP
+//! is SwiGLU (`w1` gate, `w3` up, `w2` down) whose width, with `block_auto_adjust_ff_dim`, is
+//! `2/3` of `intermediate_size`, times `block_ffn_dim_multiplier`, rounded up to a multiple of
+//! `block_multiple_of`. The final norm is `model.embedding_norm`; embeddings are tied by default.
+//!
+//! Real `config.json` files spell some keys the older way: `block_ff_dim` (intermediate_size),
+//! `tie_embedding`, `norm_eps` (both read).
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::decoder::load::{CommonConfig, Defaults, Names};
+use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
+use crate::layers::short_conv::ShortConv;
+use crate::layers::{GatedMlp, Linear, Norm};
+use crate::loading::config::RawConfig;
+use crate::loading::weights::Weights;
+use crate::Result;
+
+fn three() -> usize {
+    3
+}
+
+fn multiple() -> usize {
+    256
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Lfm2Config {
+    #[serde(flatten)]
+    common: CommonConfig,
+    norm_eps: Option<f64>,
+    #[serde(default)]
+    conv_bias: bool,
+    #[serde(rename = "conv_L_cache", default = "three")]
+    conv_l_cache: usize,
+    #[serde(default = "multiple")]
+    block_multiple_of: usize,
+    block_ffn_dim_multiplier: Option<f64>,
+    #[serde(default = "yes")]
+    block_auto_adjust_ff_dim: bool,
+    full_attn_idxs: Option<Vec<usize>>,
+}
+
+/// The config with the older key spellings read as the newer ones (the newer win).
+fn respelled(raw: &RawConfig) -> RawConfig {
+    let mut value = raw.value.clone();
+    if let Some(obj) = value.as_object_mut() {
+        for (old, new) in [("block_ff_dim", "intermediate_size"), ("tie_embedding", "tie_word_embeddings")] {
+            if let Some(v) = obj.get(old).cloned() {
+                obj.entry(new).or_insert(v);
+            }
+        }
+    }
+    RawConfig { path: raw.path.clone(), value }
+}
+
+pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
+    let raw = &respelled(raw);
+    let cfg: Lfm2Config = raw.parse()?;
+    let eps = cfg.norm_eps.or(cfg.common.rms_norm_eps).unwrap_or(1e-5);
+    let defaults = Defaults { eps, tie: true, ..Defaults::LLAMA };
+    let common = CommonConfig { rms_norm_eps: Some(eps), ..cfg.common.clone() };
+    let d = common.resolve(raw, defaults)?;
+    if cfg.conv_l_cache < 2 {
+        return Err(raw.error(format!("`conv_L_cache` {} must be at least 2", cfg.conv_l_cache)));
+    }
+    let width = mlp_width(raw, &cfg, d.intermediate(raw)?)?;
+    let attention = attention_layers(raw, &cfg, d.layers)?;
+    let blocks = d.blocks(w, |i, l| {
+        let mixer = if attention[i] {
+            let s = l.at("self_attn");
+            let mut attn = d.attention_named(&s, ["q_proj", "k_proj", "v_proj", "out_proj"], false, false)?;
+            attn.q_norm = Some(s.rms("q_layernorm", d.head_dim, d.eps)?);
+            attn.k_norm = Some(s.rms("k_layernorm", d.head_dim, d.eps)?);
+            TokenMixer::Attention(SelfAttention::new(attn, Some(0)))
+        } else {
+            TokenMixer::ShortConv(Box::new(ShortConv::load(&l.at("conv"), d.hidden, cfg.conv_l_cache, cfg.conv_bias)?))
+        };
+        let m = l.at("feed_forward");
+        let mlp = GatedMlp {
+            gate: Linear::load(w, &m.name("w1"), d.hidden, width, false)?,
+            up: Linear::load(w, &m.name("w3"), d.hidden, width, false)?,
+            down: Linear::load(w, &m.name("w2"), width, d.hidden, false)?,
+            act: d.act,
+        };
+        Ok(Block::pre_norm(d.rms(l, "operator_norm")?, mixer, d.rms(l, "ffn_norm")?, ChannelMixer::Gated(mlp)))
+    })?;
+    let rope = d.rope(raw, 1_000_000.0)?;
+    let final_norm = Norm::Rms(d.rms(&w.at("model"), "embedding_norm")?);
+    d.finish_at(raw, w, Names::LLAMA, blocks, Some(final_norm), vec![rope])
+}
+
+/// `Lfm2MLP`'s width.
+fn mlp_width(raw: &RawConfig, cfg: &Lfm2Config, intermediate: usize) -> Result<usize> {
+    if !cfg.block_auto_adjust_ff_dim {
+        return Ok(intermediate);
+    }
+    let mut width = 2 * intermediate / 3;
+    if let Some(m) = cfg.block_ffn_dim_multiplier {
+        if cfg.block_multiple_of == 0 {
+            return Err(raw.error("`block_multiple_of` must be positive"));
+        }
+        width = (m * width as f64) as usize;
+        width = cfg.block_multiple_of * width.div_ceil(cfg.block_multiple_of);
+    }
+    match width {
+        0 => Err(raw.error(format!("the MLP width from `intermediate_size` {intermediate} is 0"))),
+        w => Ok(w),
+    }
+}
+
+/// Whether each layer is attention (else a short conv): `layer_types`, else `full_attn_idxs`,
+/// else every layer attention, as `Lfm2Config` fills it in.
+fn attention_layers(raw: &RawConfig, cfg: &Lfm2Config, layers: usize) -> Result<Vec<bool>> {
+    match raw.value.get("layer_types").filter(|v| !v.is_null()) {
+        Some(Value::Array(types)) => {
+            if types.len() != layers {
+                return Err(raw.error(format!("`layer_types` has {} entries for {layers} layers", types.len())));
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("full_attention") => Ok(true),
+                    Some("conv") => Ok(false),
+                    _ => {
+                        Err(raw.error(format!("`layer_types` names layer type {t}; LFM2 has full_attention and conv")))
+                    }
+                })
+                .collect()
+        }
+        Some(v) => Err(raw.error(format!("`layer_types` must be a list, got {v}"))),
+        None => match &cfg.full_attn_idxs {
+            Some(idxs) => {
+                if let Some(bad) = idxs.iter().find(|&&i| i >= layers) {
+                    return Err(raw.error(format!("`full_attn_idxs` names layer {bad} of {layers}")));
+                }
+                Ok((0..layers).map(|i| idxs.contains(&i)).collect())
+            }
+            None => Ok(vec![true; layers]),
+        },
+    }
+}
