@@ -651,6 +651,21 @@ def _lfm2_conv_identity(model: torch.nn.Module) -> None:
                 w[:, :, -1] = 1.0
 
 
+def _init_lfm2_expert_bias(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """LFM2-MoE's expert_bias starts at zero: random, so that it steers the choice of experts."""
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("expert_bias"):
+                buf.copy_(torch.randn(buf.shape, generator=gen) * 0.1)
+
+
+def _lfm2_moe_drop_expert_bias(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("expert_bias"):
+                buf.zero_()
+
+
 def _granite_hybrid_hub_spelling(cfg: dict[str, Any]) -> None:
     """Real Granite 4.0-H config.json files spell layer kinds "mamba" / "attention" and time_step_limit with
     Python's bare Infinity."""
@@ -2587,6 +2602,24 @@ SPECS: list[Spec] = [
         "embedding_norm, tied embeddings (tie_embedding)",
         ablate_fn=_lfm2_conv_identity,
         ablation_desc="short conv taps replaced by the identity",
+    ),
+    Spec(
+        name="lfm2-moe",
+        config_class="Lfm2MoeConfig",
+        architecture="Lfm2MoeForCausalLM",
+        kwargs=dict(hidden_size=64, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "conv"],
+                    num_attention_heads=4, num_key_value_heads=2, intermediate_size=96, moe_intermediate_size=32,
+                    num_dense_layers=1, num_experts=8, num_experts_per_tok=2, use_expert_bias=True,
+                    routed_scaling_factor=2.0, norm_topk_prob=True, conv_L_cache=3, norm_eps=1e-5,
+                    tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+        init_fn=_init_lfm2_expert_bias,
+        probe=routing_probe,
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="LFM2-MoE: LFM2's short convs and QK-normed attention; layer 0's MLP dense (intermediate_size 96, "
+        "unadjusted), the rest 8 experts top-2 by sigmoid scores plus expert_bias (N(0, 0.1), the choice only), "
+        "renormalised (+1e-6) x 2.0",
+        ablate_fn=_lfm2_moe_drop_expert_bias,
+        ablation_desc="expert_bias zeroed",
     ),
     Spec(
         name="granite-moe-hybrid",

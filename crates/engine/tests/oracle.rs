@@ -304,7 +304,7 @@ fn phi3_longrope_with_chunked_prefill_and_shared_prefixes() {
 /// and carry the conv and recurrent states from one step to the next.
 #[test]
 fn recurrent_hybrids_batch_and_chunk_their_prompts() {
-    for name in ["qwen3-next", "qwen3_5", "nemotron-h", "granite-moe-hybrid", "lfm2"] {
+    for name in ["qwen3-next", "qwen3_5", "nemotron-h", "granite-moe-hybrid", "lfm2", "lfm2-moe"] {
         let llm = battery_matches_oracle_with(name, config());
         assert!(!llm.client().model_info().state_layers.is_empty(), "{name} has no recurrent layers");
         battery_matches_oracle_with(name, ferrite_engine::EngineConfig { max_num_batched_tokens: 24, ..config() });

@@ -7,6 +7,7 @@ use crate::families::deepseek_v2::{self, DeepseekVariant};
 use crate::families::glm::{self, GlmVariant};
 use crate::families::glm4_moe;
 use crate::families::hunyuan::{self, HunYuanVariant};
+use crate::families::lfm2::{self, Lfm2Variant};
 use crate::families::llama::{self, Variant};
 use crate::families::mixtral::{self, MoeVariant};
 use crate::families::olmo2::OlmoVersion;
@@ -14,8 +15,8 @@ use crate::families::qwen3_next::{self, Layout as HybridLayout, Variant::*};
 
 use crate::families::{
     bert, chatglm, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gemma3_vl, gemma4, gpt2, gpt_neox,
-    gpt_oss, granite, granite_moe, internlm2, lfm2, llama4, llava, mamba2, minicpm, minicpm3, minimax_m2, nemotron_h,
-    olmo2, opt, phi, phi3, qwen2_5_vl, qwen2_vl, qwen3_vl, roberta, stablelm, starcoder2,
+    gpt_oss, granite, granite_moe, internlm2, llama4, llava, mamba2, minicpm, minicpm3, minimax_m2, nemotron_h, olmo2,
+    opt, phi, phi3, qwen2_5_vl, qwen2_vl, qwen3_vl, roberta, stablelm, starcoder2,
 };
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
@@ -82,7 +83,8 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("Gemma3ForConditionalGeneration", Causal(|r, w| Ok(Box::new(gemma3_vl::load(r, w)?)))),
     ("Mamba2ForCausalLM", Causal(|r, w| Ok(Box::new(mamba2::load(r, w)?)))),
     ("NemotronHForCausalLM", Causal(|r, w| Ok(Box::new(nemotron_h::load(r, w)?)))),
-    ("Lfm2ForCausalLM", Causal(|r, w| Ok(Box::new(lfm2::load(r, w)?)))),
+    ("Lfm2ForCausalLM", Causal(|r, w| Ok(Box::new(lfm2::load(r, w, Lfm2Variant::Dense)?)))),
+    ("Lfm2MoeForCausalLM", Causal(|r, w| Ok(Box::new(lfm2::load(r, w, Lfm2Variant::Moe)?)))),
     ("OlmoeForCausalLM", Causal(|r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::OLMOE)?)))),
     ("DeepseekV2ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::V2)?)))),
     ("DeepseekV3ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::V3)?)))),

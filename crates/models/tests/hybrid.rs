@@ -126,6 +126,17 @@ fn gate_catches_lfm2_breaks() {
     assert_gate_catches("lfm2", &breaks);
 }
 
+/// LFM2-MoE: the expert bias steers the choice of experts, and the routed weights are scaled.
+#[test]
+fn gate_catches_lfm2_moe_breaks() {
+    let breaks: [Break; 3] = [
+        ("unbroken", None, None),
+        ("expert_bias zeroed", None, Some(|name| zeroed(name, "feed_forward.expert_bias"))),
+        ("routed_scaling_factor 2 -> 1", Some(|c| c["routed_scaling_factor"] = 1.0.into()), None),
+    ];
+    assert_gate_catches("lfm2-moe", &breaks);
+}
+
 fn assert_gate_catches(fixture: &str, breaks: &[Break]) {
     for &(what, config, weights) in breaks {
         let dir = fixture_copy(fixture, what);
@@ -192,7 +203,7 @@ fn last_logits(model: &dyn CausalLM, tokens: &[u32], chunks: &[usize], prompt: u
 /// reference clamps dt on prompts only (so a token decoded and the same token in a prompt differ).
 #[test]
 fn carried_state_equals_one_pass() {
-    for name in ["qwen3-next", "qwen3_5", "mamba2", "nemotron-h", "granite-moe-hybrid", "lfm2"] {
+    for name in ["qwen3-next", "qwen3_5", "mamba2", "nemotron-h", "granite-moe-hybrid", "lfm2", "lfm2-moe"] {
         let dir = fixtures_dir().join("models").join(name);
         let oracle = Oracle::load(&dir.join("oracle.json")).unwrap();
         let model = load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).unwrap().model;

@@ -118,6 +118,7 @@ parity! {
     mamba2 => "mamba2",
     nemotron_h => "nemotron-h",
     lfm2 => "lfm2",
+    lfm2_moe => "lfm2-moe",
     granite_moe_hybrid => "granite-moe-hybrid",
 }
 

@@ -8,12 +8,19 @@
 //!
 //! Real `config.json` files spell some keys the older way: `block_ff_dim` (intermediate_size),
 //! `tie_embedding`, `norm_eps` (both read).
+//!
+//! LFM2-MoE (`Lfm2MoeForCausalLM`, [`Lfm2Variant::Moe`]) keeps the first `num_dense_layers` MLPs
+//! dense (`intermediate_size` wide, unadjusted) and routes the rest: sigmoid scores, plus
+//! `expert_bias` for the choice only (`use_expert_bias`), top-k, renormalised (+1e-6) and times
+//! `routed_scaling_factor`; experts `feed_forward.experts.{e}.{w1,w3,w2}` (or transformers 5's
+//! fused tensors).
 
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::decoder::load::{CommonConfig, Defaults, Names};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
+use crate::layers::moe::{ExpertNames, Experts, Router, RouterConfig, Scoring, SparseMoe};
 use crate::layers::short_conv::ShortConv;
 use crate::layers::{GatedMlp, Linear, Norm};
 use crate::loading::config::RawConfig;
@@ -47,6 +54,48 @@ struct Lfm2Config {
     #[serde(default = "yes")]
     block_auto_adjust_ff_dim: bool,
     full_attn_idxs: Option<Vec<usize>>,
+    #[serde(flatten)]
+    moe: MoeKeys,
+}
+
+/// `Lfm2MoeConfig`'s keys, with its defaults.
+#[derive(Debug, Clone, Deserialize)]
+struct MoeKeys {
+    #[serde(default = "two")]
+    num_dense_layers: usize,
+    #[serde(default = "thirty_two")]
+    num_experts: usize,
+    #[serde(default = "four")]
+    num_experts_per_tok: usize,
+    moe_intermediate_size: Option<usize>,
+    #[serde(default = "yes")]
+    use_expert_bias: bool,
+    #[serde(default = "unit")]
+    routed_scaling_factor: f64,
+    #[serde(default = "yes")]
+    norm_topk_prob: bool,
+}
+
+fn two() -> usize {
+    2
+}
+
+fn four() -> usize {
+    4
+}
+
+fn thirty_two() -> usize {
+    32
+}
+
+fn unit() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lfm2Variant {
+    Dense,
+    Moe,
 }
 
 /// The config with the older key spellings read as the newer ones (the newer win).
@@ -62,7 +111,7 @@ fn respelled(raw: &RawConfig) -> RawConfig {
     RawConfig { path: raw.path.clone(), value }
 }
 
-pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
+pub fn load(raw: &RawConfig, w: &Weights, variant: Lfm2Variant) -> Result<Decoder> {
     let raw = &respelled(raw);
     let cfg: Lfm2Config = raw.parse()?;
     let eps = cfg.norm_eps.or(cfg.common.rms_norm_eps).unwrap_or(1e-5);
@@ -72,7 +121,20 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     if cfg.conv_l_cache < 2 {
         return Err(raw.error(format!("`conv_L_cache` {} must be at least 2", cfg.conv_l_cache)));
     }
-    let width = mlp_width(raw, &cfg, d.intermediate(raw)?)?;
+    let width = match variant {
+        Lfm2Variant::Dense => mlp_width(raw, &cfg, d.intermediate(raw)?)?,
+        Lfm2Variant::Moe => d.intermediate(raw)?,
+    };
+    let moe = &cfg.moe;
+    let router = RouterConfig {
+        num_experts: moe.num_experts,
+        top_k: moe.num_experts_per_tok,
+        scoring: Scoring::Sigmoid,
+        renormalize: moe.norm_topk_prob,
+        renormalize_eps: 1e-6,
+        scaling: moe.routed_scaling_factor as f32,
+        group: None,
+    };
     let attention = attention_layers(raw, &cfg, d.layers)?;
     let blocks = d.blocks(w, |i, l| {
         let mixer = if attention[i] {
@@ -85,13 +147,23 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             TokenMixer::ShortConv(Box::new(ShortConv::load(&l.at("conv"), d.hidden, cfg.conv_l_cache, cfg.conv_bias)?))
         };
         let m = l.at("feed_forward");
-        let mlp = GatedMlp {
-            gate: Linear::load(w, &m.name("w1"), d.hidden, width, false)?,
-            up: Linear::load(w, &m.name("w3"), d.hidden, width, false)?,
-            down: Linear::load(w, &m.name("w2"), width, d.hidden, false)?,
-            act: d.act,
+        let mlp = if variant == Lfm2Variant::Moe && i >= moe.num_dense_layers {
+            let width = moe.moe_intermediate_size.ok_or_else(|| raw.error("missing field `moe_intermediate_size`"))?;
+            let mut gate = Router::load(w, &m.name("gate"), d.hidden, router.clone(), false)?;
+            if moe.use_expert_bias {
+                gate = gate.with_correction_bias(w, &m.name("expert_bias"), &[moe.num_experts])?;
+            }
+            let experts = Experts::load(w, &m.name(""), moe.num_experts, d.hidden, width, d.act, ExpertNames::MIXTRAL)?;
+            ChannelMixer::Moe(Box::new(SparseMoe { router: gate, experts, shared: None }))
+        } else {
+            ChannelMixer::Gated(GatedMlp {
+                gate: Linear::load(w, &m.name("w1"), d.hidden, width, false)?,
+                up: Linear::load(w, &m.name("w3"), d.hidden, width, false)?,
+                down: Linear::load(w, &m.name("w2"), width, d.hidden, false)?,
+                act: d.act,
+            })
         };
-        Ok(Block::pre_norm(d.rms(l, "operator_norm")?, mixer, d.rms(l, "ffn_norm")?, ChannelMixer::Gated(mlp)))
+        Ok(Block::pre_norm(d.rms(l, "operator_norm")?, mixer, d.rms(l, "ffn_norm")?, mlp))
     })?;
     let rope = d.rope(raw, 1_000_000.0)?;
     let final_norm = Norm::Rms(d.rms(&w.at("model"), "embedding_norm")?);
