@@ -250,7 +250,8 @@ impl DraftCheckpoint {
         let speculators = config.get("speculators_model_type").and_then(Value::as_str);
         DraftCheckpoint {
             is_eagle3: speculators == Some("eagle3")
-                || ferrite_models::families::eagle3::ARCHITECTURES.contains(&architecture),
+                || ferrite_models::registry::kinds(architecture)
+                    .contains(&ferrite_models::registry::ModelKind::DraftHead),
             speculative_tokens: config
                 .pointer("/speculators_config/proposal_methods/0/speculative_tokens")
                 .and_then(Value::as_u64)

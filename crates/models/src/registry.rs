@@ -13,6 +13,7 @@ use crate::families::mixtral::{self, MoeVariant};
 use crate::families::olmo2::OlmoVersion;
 use crate::families::qwen3_next::{self, Layout as HybridLayout, Variant::*};
 
+use crate::families::eagle3;
 use crate::families::{
     bert, chatglm, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gemma3_vl, gemma4, gpt2, gpt_neox,
     gpt_oss, granite, granite_moe, internlm2, llama4, llava, mamba2, minicpm, minicpm3, minimax_m2, nemotron_h, olmo2,
@@ -20,26 +21,30 @@ use crate::families::{
 };
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
-use crate::model::CausalLM;
+use crate::model::{CausalLM, DraftHead};
 use crate::pooling::{DecoderEmbedding, PoolingModel};
 use crate::{ModelError, Result};
 
 pub type Constructor = fn(&RawConfig, &Weights) -> Result<Box<dyn CausalLM>>;
 pub type PoolingConstructor = fn(&RawConfig, &Weights) -> Result<Box<dyn PoolingModel>>;
+/// Builds a speculative-decoding draft head of its own checkpoint for the target it drafts for.
+pub type DraftHeadConstructor = fn(&RawConfig, &Weights, &dyn CausalLM) -> Result<Box<dyn DraftHead>>;
 
 /// A registered constructor, by what it builds.
 #[derive(Clone, Copy)]
 enum Entry {
     Causal(Constructor),
     Pooling(PoolingConstructor),
+    Draft(DraftHeadConstructor),
 }
-use Entry::{Causal, Pooling};
+use Entry::{Causal, Draft, Pooling};
 
 impl Entry {
     fn kind(&self) -> ModelKind {
         match self {
             Causal(_) => ModelKind::CausalLM,
             Pooling(_) => ModelKind::Pooling,
+            Draft(_) => ModelKind::DraftHead,
         }
     }
 }
@@ -51,6 +56,8 @@ pub enum ModelKind {
     CausalLM,
     /// A model mapping whole sequences to vectors ([`PoolingModel`]).
     Pooling,
+    /// A speculative-decoding head on a target's hidden states ([`DraftHead`]).
+    DraftHead,
 }
 
 /// Every registered (architecture, kind). A decoder that also embeds (last-token pooling) has a
@@ -145,6 +152,8 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("LlamaModel", Pooling(|r, w| decoder("LlamaForCausalLM", r, w))),
     ("LlamaForCausalLM", Pooling(|r, w| decoder("LlamaForCausalLM", r, w))),
     ("Qwen3ForCausalLM", Pooling(|r, w| decoder("Qwen3ForCausalLM", r, w))),
+    ("LlamaForCausalLMEagle3", Draft(|r, w, target| Ok(Box::new(eagle3::load(r, w, target)?)))),
+    ("Eagle3LlamaForCausalLM", Draft(|r, w, target| Ok(Box::new(eagle3::load(r, w, target)?)))),
 ];
 
 /// The causal LM registered as `arch`, as an embedding model.
@@ -197,6 +206,17 @@ pub fn pooling_constructor(arch: &str) -> Result<PoolingConstructor> {
     })
 }
 
+pub fn draft_head_constructor(arch: &str) -> Result<DraftHeadConstructor> {
+    let found = ENTRIES.iter().find_map(|(n, e)| match e {
+        Draft(c) if *n == arch => Some(*c),
+        _ => None,
+    });
+    found.ok_or_else(|| ModelError::UnsupportedArchitecture {
+        arch: arch.to_owned(),
+        supported: format!("{} (as draft heads)", names_of(ModelKind::DraftHead)),
+    })
+}
+
 /// Whether `arch` is served as a pooling model by default (it has no causal-LM constructor).
 pub fn is_pooling_only(arch: &str) -> bool {
     kinds(arch) == [ModelKind::Pooling]
@@ -217,5 +237,8 @@ mod tests {
         assert_eq!(kinds("LlamaForCausalLM"), [ModelKind::CausalLM, ModelKind::Pooling]);
         assert!(is_pooling_only("BertModel") && !is_pooling_only("Qwen3ForCausalLM"));
         assert!(kinds("GPTBananaForCausalLM").is_empty());
+        assert_eq!(kinds("LlamaForCausalLMEagle3"), [ModelKind::DraftHead]);
+        let err = draft_head_constructor("LlamaForCausalLM").expect_err("not a draft head").to_string();
+        assert!(err.contains("Eagle3LlamaForCausalLM") && err.contains("draft heads"), "{err}");
     }
 }

@@ -20,9 +20,6 @@ use crate::loading::weights::Weights;
 use crate::model::{CausalLM, DraftHead, HiddenTap, KvLayerSpec};
 use crate::Result;
 
-/// The architectures an EAGLE-3 head's config may name (after the speculators format is read).
-pub const ARCHITECTURES: &[&str] = &["LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"];
-
 pub struct Eagle3Head {
     embed: Embedding,
     hidden: usize,
@@ -62,16 +59,12 @@ pub fn normalize_config(raw: &RawConfig) -> Result<RawConfig> {
     }
     let before = raw.value.get("norm_before_residual").cloned().unwrap_or(Value::Bool(true));
     layer.insert("norm_before_residual".into(), before);
-    layer.insert("architectures".into(), Value::from(vec![ARCHITECTURES[1]]));
+    layer.insert("architectures".into(), Value::from(vec!["Eagle3LlamaForCausalLM"]));
     Ok(RawConfig { path: raw.path.clone(), value: Value::Object(layer) })
 }
 
 /// The head in `w` (its config `raw`, normalized), drafting for `target`.
 pub fn load(raw: &RawConfig, w: &Weights, target: &dyn CausalLM) -> Result<Eagle3Head> {
-    let arch = raw.architecture()?;
-    if !ARCHITECTURES.contains(&arch.as_str()) {
-        return Err(raw.error(format!("`{arch}` is not an EAGLE-3 head (known: {})", ARCHITECTURES.join(", "))));
-    }
     let common: CommonConfig = raw.parse()?;
     let d = common.resolve(raw, Defaults::LLAMA)?;
     if d.layers != 1 {
@@ -214,14 +207,6 @@ fn target_columns(raw: &RawConfig, w: &Weights, draft_vocab: usize, vocab: usize
         }
     }
     Ok(Some(Tensor::from_f32(columns, &[vocab])?))
-}
-
-impl Eagle3Head {
-    pub fn weight_bytes(&self) -> usize {
-        self.fc.as_ref().map_or(0, |f| f.weight.size_in_bytes())
-            + self.block.weight_bytes()
-            + self.lm_head.weight.size_in_bytes()
-    }
 }
 
 impl DraftHead for Eagle3Head {

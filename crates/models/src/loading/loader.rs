@@ -145,9 +145,9 @@ pub fn load_eagle3(dir: &Path, target: &dyn CausalLM, opts: &LoadOptions) -> Res
         .on_device(opts.device)
         .with_quantization(quantization)
         .keeping_int4(!opts.dequantize_weights);
-    let head = eagle3::load(&config, &weights, target)?;
-    tracing::info!(path = %dir.display(), weight_bytes = head.weight_bytes(), "EAGLE-3 head loaded");
-    Ok(Box::new(head))
+    let head = registry::draft_head_constructor(&config.architecture()?)?(&config, &weights, target)?;
+    tracing::info!(path = %dir.display(), "EAGLE-3 head loaded");
+    Ok(head)
 }
 
 /// Loads a pooling model from a Hugging Face checkpoint directory (config.json, safetensors and,
