@@ -19,7 +19,9 @@
 //! wrote for drafts stay valid as far as the target accepted them; everything after is computed
 //! again in the next proposal's first forward, which also covers the whole prompt on a request's
 //! first proposal (after a prefix hit or preemption too: the draft's keys in shared blocks are
-//! rewritten with the same values rather than trusted).
+//! rewritten with the same values rather than trusted). Tokens past the step's token budget
+//! (`max_num_batched_tokens`) go through forwards of their own first, so that a long prompt is
+//! caught up in chunks, as the target computes it.
 
 use std::collections::HashMap;
 
@@ -38,6 +40,8 @@ pub struct DraftModel {
     num_speculative_tokens: usize,
     /// Sequences longer than this get no drafts (the draft's context, or the configured bound).
     max_model_len: usize,
+    /// Most tokens one forward computes.
+    max_forward_tokens: usize,
     requests: HashMap<ReqId, Progress>,
 }
 
@@ -52,7 +56,9 @@ struct Progress {
 }
 
 impl DraftModel {
-    /// `model`'s KV cache, `num_blocks` of `block_size` slots like the target's.
+    /// `model`'s KV cache, `num_blocks` of `block_size` slots like the target's; forwards of at
+    /// most `max_forward_tokens` tokens.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         model: Box<dyn CausalLM>,
         device: Device,
@@ -61,6 +67,7 @@ impl DraftModel {
         block_size: usize,
         num_speculative_tokens: usize,
         max_model_len: usize,
+        max_forward_tokens: usize,
     ) -> Result<DraftModel> {
         let kv_caches = model.info().allocate_caches(device, kv_dtype, num_blocks, block_size, 0)?;
         Ok(DraftModel {
@@ -70,6 +77,7 @@ impl DraftModel {
             block_size,
             num_speculative_tokens,
             max_model_len,
+            max_forward_tokens: max_forward_tokens.max(1),
             requests: HashMap::new(),
         })
     }
@@ -113,6 +121,7 @@ impl DraftModel {
         if active.is_empty() {
             return Ok(drafts);
         }
+        self.catch_up(&mut active)?;
         // The first forward: every unseen token, logits at each request's last.
         let (mut tokens, mut seqs, mut rows) = (Vec::new(), Vec::new(), Vec::new());
         for &(r, _, from) in &active {
@@ -161,6 +170,44 @@ impl DraftModel {
             progress.written = fed[..fed.len() - 1].to_vec();
         }
         Ok(drafts)
+    }
+
+    /// Feeds the requests' unseen tokens in forwards of at most the token budget until what is
+    /// left (at least each request's newest token) fits one, advancing each request's `from`.
+    fn catch_up(&mut self, active: &mut [(&DraftTarget<'_>, usize, usize)]) -> Result<()> {
+        let unseen = |active: &[(&DraftTarget, usize, usize)]| -> usize {
+            active.iter().map(|&(r, _, from)| r.tokens.len() - from).sum()
+        };
+        while unseen(active) > self.max_forward_tokens {
+            let (mut tokens, mut seqs) = (Vec::new(), Vec::new());
+            for (r, _, from) in active.iter_mut() {
+                let room = self.max_forward_tokens - tokens.len();
+                // The newest token stays for the forward that drafts after it.
+                let n = (r.tokens.len() - 1 - *from).min(room);
+                if n == 0 {
+                    continue;
+                }
+                let q_start = tokens.len();
+                tokens.extend_from_slice(&r.tokens[*from..*from + n]);
+                *from += n;
+                seqs.push(AttnSeq { q_start, q_len: n, ctx_len: *from, block_table: r.block_table.to_vec() });
+            }
+            // More requests than the budget has tokens: their newest tokens go together anyway.
+            if tokens.is_empty() {
+                break;
+            }
+            let meta = AttnMetadata::new(seqs, self.block_size)?;
+            // One row of logits, discarded: the forward is for the keys it writes.
+            let input = ForwardInput { tokens: &tokens, meta: &meta, logit_rows: &[0], embeds: None };
+            let (model, caches) = (self.model.as_ref(), &mut self.kv_caches);
+            let mut run = || -> Result<()> { model.forward(&input, caches).map(|_| ()).map_err(Into::into) };
+            if self.on_cpu {
+                ferrite_tensor::cpu::on_worker(run)?
+            } else {
+                run()?
+            }
+        }
+        Ok(())
     }
 
     /// The draft's token after each of `rows`: row `j` continues `draws[j]`'s request after the

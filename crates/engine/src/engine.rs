@@ -294,7 +294,17 @@ impl Engine {
                 let draft_len =
                     d.max_model_len.unwrap_or(usize::MAX).min(draft.info().max_position_embeddings).min(max_model_len);
                 let (blocks, block_size) = (cache.num_blocks, cache.block_size);
-                DraftModel::new(draft, config.device, cache.dtype, blocks, block_size, num_lookahead_tokens, draft_len)
+                let budget = config.max_num_batched_tokens;
+                DraftModel::new(
+                    draft,
+                    config.device,
+                    cache.dtype,
+                    blocks,
+                    block_size,
+                    num_lookahead_tokens,
+                    draft_len,
+                    budget,
+                )
             })
             .transpose()?;
         let eagle = head

@@ -574,3 +574,55 @@ fn unfit_eagle3_heads_are_refused_at_start() {
         assert!(err.contains(needle) && err.contains("--speculative-config"), "{target}: {err}");
     }
 }
+
+/// A draft model catches long prompts up in forwards of at most the step's token budget (as the
+/// target computes them in chunks) and its keys are right: the target drafting for itself has
+/// every draft accepted, and the tokens are those drawn without speculation.
+#[test]
+fn draft_model_catches_long_prompts_up_within_the_token_budget() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use ferrite_engine::{Engine, LoadedDrafter};
+    use ferrite_models::{load_model, CausalLM, ForwardInput, LoadOptions, ModelInfo};
+    use ferrite_tensor::{PagedKvLayer, Tensor};
+
+    /// The draft, noting the largest forward it is asked for.
+    struct Recording {
+        inner: Box<dyn CausalLM>,
+        largest: Arc<AtomicUsize>,
+    }
+    impl CausalLM for Recording {
+        fn info(&self) -> &ModelInfo {
+            self.inner.info()
+        }
+        fn forward(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> ferrite_models::Result<Tensor> {
+            self.largest.fetch_max(input.tokens.len(), Ordering::SeqCst);
+            self.inner.forward(input, kv)
+        }
+    }
+
+    let budget = 48;
+    let dir = fixture("llama");
+    let load = || load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).unwrap().model;
+    let largest = Arc::new(AtomicUsize::new(0));
+    let draft = Recording { inner: load(), largest: largest.clone() };
+    let spec_config =
+        EngineConfig { speculative: Some(draft_model("llama", 3)), max_num_batched_tokens: budget, ..config() };
+    let tokenizer = Arc::new(ferrite_tokenizer::Tokenizer::from_dir(&dir).unwrap());
+    let drafter = Some(LoadedDrafter::Model(Box::new(draft)));
+    let engine = Engine::with_drafter(load(), drafter, tokenizer, spec_config).unwrap();
+    let spec = LLM::from_engine(engine);
+    let plain = llm("llama", EngineConfig { max_num_batched_tokens: budget, ..config() });
+    let prompts = battery("llama");
+    assert!(prompts.iter().any(|p| matches!(p, PromptInput::Tokens(t) if t.len() > 4 * budget)));
+    let params = greedy(16);
+    assert_eq!(
+        token_ids(&spec.generate(prompts.clone(), &params).unwrap()),
+        token_ids(&plain.generate(prompts, &params).unwrap())
+    );
+    let stats = spec.client().stats().spec_decode;
+    assert!(stats.num_draft_tokens > 0 && stats.num_accepted_tokens == stats.num_draft_tokens, "{stats:?}");
+    let largest = largest.load(Ordering::SeqCst);
+    assert!(largest <= budget, "a draft forward of {largest} tokens, over the budget of {budget}");
+}
