@@ -635,6 +635,11 @@ def _nemotron_h_mixer_conv_identity(model: torch.nn.Module) -> None:
                 w[:, :, -1] = 1.0
 
 
+def _nemotron_hub_spelling(cfg: dict[str, Any]) -> None:
+    """Real Nemotron config.json files: rope_theta at the top, no partial_rotary_factor (0.5 by default)."""
+    cfg["rope_theta"] = cfg.pop("rope_parameters")["rope_theta"]
+
+
 def _lfm2_hub_spelling(cfg: dict[str, Any]) -> None:
     """Real LFM2 config.json files: the attention layers as full_attn_idxs, block_ff_dim, tie_embedding."""
     cfg["full_attn_idxs"] = [i for i, t in enumerate(cfg.pop("layer_types")) if t == "full_attention"]
@@ -2585,6 +2590,18 @@ SPECS: list[Spec] = [
         ablate_config=dict(time_step_min=1e-4),
         ablation_desc="time_step_min 0.05 -> 1e-4 (the dt clamp on prompts all but off)",
         extra_ablations=[Ablate("Mamba causal conv replaced by the identity", fn=_nemotron_h_mixer_conv_identity)],
+    ),
+    Spec(
+        name="nemotron",
+        config_class="NemotronConfig",
+        architecture="NemotronForCausalLM",
+        kwargs=dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                    norm_eps=1e-5, hidden_act="relu2", attention_bias=True, mlp_bias=True),
+        edit_saved_config=_nemotron_hub_spelling,
+        feature="Nemotron-4 / Minitron: LayerNorm1P (weight + 1, with bias), GQA with q/k/v/o biases, rotary on "
+        "the first half of each head (partial_rotary_factor 0.5 by the config's default), ungated relu2 MLP with biases",
+        ablate_config=dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=1.0)),
+        ablation_desc="partial_rotary_factor 0.5 -> 1.0",
     ),
     Spec(
         name="lfm2",

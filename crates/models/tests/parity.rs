@@ -116,6 +116,7 @@ parity! {
     qwen3_5_moe => "qwen3_5-moe",
     qwen3_5_conditional_generation_layout => "qwen3_5-conditional",
     mamba2 => "mamba2",
+    nemotron => "nemotron",
     nemotron_h => "nemotron-h",
     lfm2 => "lfm2",
     lfm2_moe => "lfm2-moe",
@@ -391,6 +392,8 @@ fn gate_catches_wave2_dense_config_breaks() {
         ("olmo3", "sliding window dropped", |c| c["sliding_window"] = json!(null)),
         ("exaone4", "full layers rotate (no sliding window)", |c| c["sliding_window"] = json!(null)),
         ("exaone4", "every layer slides", |c| c["layer_types"] = json!(vec!["sliding_attention"; 4])),
+        ("nemotron", "rotary on whole heads", |c| c["partial_rotary_factor"] = json!(1.0)),
+        ("nemotron", "relu instead of relu2", |c| c["hidden_act"] = json!("relu")),
     ];
     assert_breaks_caught(breaks);
 }

@@ -34,6 +34,7 @@ pub mod minicpm;
 pub mod minicpm3;
 pub mod minimax_m2;
 pub mod mixtral;
+pub mod nemotron;
 pub mod nemotron_h;
 pub mod olmo2;
 pub mod opt;
