@@ -1777,7 +1777,7 @@ SPECS: list[Spec] = [
         name="llama-eagle3",
         config_class="LlamaConfig",
         architecture="LlamaForCausalLM",
-        kwargs=dict(num_hidden_layers=7, rope_parameters=dict(DEFAULT_ROPE)),
+        kwargs=dict(num_hidden_layers=7, initializer_range=0.15, rope_parameters=dict(DEFAULT_ROPE)),
         edit_saved_weights=_add_eagle3_heads,
         load_check=_eagle3_reference,
         feature="a 7-layer Llama target with two random EAGLE-3 heads beside it (`eagle3/`: LlamaForCausalLMEagle3 "
@@ -1935,7 +1935,7 @@ SPECS: list[Spec] = [
                     n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, n_group=4,
                     topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True,
                     attention_bias=True, num_nextn_predict_layers=1, rope_parameters=dict(DEFAULT_ROPE)),
-        seed=3,
+        seed=7,
         edit_saved_weights=_add_deepseek_mtp_layer,
         load_check=_deepseek_mtp_reference,
         feature="GLM-4.5 with the MTP layer its checkpoints ship after the last (layer num_hidden_layers: embed_tokens, "
@@ -2593,6 +2593,7 @@ SPECS: list[Spec] = [
     ),
     Spec(
         name="nemotron",
+        seed=2,
         config_class="NemotronConfig",
         architecture="NemotronForCausalLM",
         kwargs=dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
