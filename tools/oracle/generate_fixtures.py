@@ -1221,6 +1221,13 @@ def _gemma4_share_first_sliding_layer(model: torch.nn.Module) -> None:
     layers[1].self_attn.store_full_length_kv = False
 
 
+# The tiny GLM-4.5 shape of glm4-moe and glm4-moe-mtp.
+GLM4_MOE_TINY: dict[str, Any] = dict(
+    hidden_size=32, head_dim=16, intermediate_size=64, moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=1,
+    num_experts_per_tok=2, first_k_dense_replace=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+    norm_topk_prob=True, use_qk_norm=True, attention_bias=True, rope_parameters=dict(DEFAULT_ROPE),
+)
+
 SPECS: list[Spec] = [
     Spec(
         name="llama",
@@ -1931,10 +1938,7 @@ SPECS: list[Spec] = [
         config_class="Glm4MoeConfig",
         architecture="Glm4MoeForCausalLM",
         init_fn=init_correction_bias(0.1),
-        kwargs=dict(hidden_size=32, head_dim=16, num_hidden_layers=2, intermediate_size=64, moe_intermediate_size=16,
-                    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, n_group=4,
-                    topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True,
-                    attention_bias=True, num_nextn_predict_layers=1, rope_parameters=dict(DEFAULT_ROPE)),
+        kwargs=dict(GLM4_MOE_TINY, num_hidden_layers=2, num_nextn_predict_layers=1),
         seed=7,
         edit_saved_weights=_add_deepseek_mtp_layer,
         load_check=_deepseek_mtp_reference,
@@ -1950,10 +1954,7 @@ SPECS: list[Spec] = [
         config_class="Glm4MoeConfig",
         architecture="Glm4MoeForCausalLM",
         init_fn=init_correction_bias(0.1),
-        kwargs=dict(hidden_size=32, head_dim=16, num_hidden_layers=3, intermediate_size=64, moe_intermediate_size=16,
-                    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, n_group=4,
-                    topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True,
-                    attention_bias=True, rope_parameters=dict(DEFAULT_ROPE)),
+        kwargs=dict(GLM4_MOE_TINY, num_hidden_layers=3),
         feature="GLM-4.5: GQA with q/k/v biases, per-head QK-norm before RoPE (use_qk_norm), partial rotary 0.5 by "
         "default (8 of 16 dims, halves rotated); noaux_tc router: sigmoid + e_score_correction_bias (N(0, 0.1)) "
         "for the choice, top-2 of 4 groups, top-2 of 8 experts, renormalised x 2.5, 1 shared expert, "

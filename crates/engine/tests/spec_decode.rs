@@ -325,6 +325,21 @@ fn unfit_draft_models_are_refused_at_start() {
     }
 }
 
+/// A greedy request's sampling, as a drafter reads it.
+fn greedy_sampling() -> ferrite_engine::params::RequestSampling {
+    ferrite_engine::params::RequestSampling {
+        params: SamplingParams::greedy(16),
+        max_tokens: 16,
+        eos_token_id: None,
+        stop_token_ids: Vec::new(),
+        min_tokens_mask: Vec::new(),
+        seed: 0,
+        bad_words_token_ids: Vec::new(),
+        grammar: None,
+        multimodal: None,
+    }
+}
+
 fn mtp(k: usize) -> SpeculativeConfig {
     SpeculativeConfig::parse(&format!(r#"{{"method": "mtp", "num_speculative_tokens": {k}}}"#)).unwrap()
 }
@@ -352,17 +367,7 @@ fn mtp_drafter_feeds_the_head_the_reference_inputs() {
     let mut caches = model.info().allocate_caches(Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
     let head = model.mtp().expect("loaded with its MTP head").kv_layer();
     let mut drafter = EagleDrafter::new(None, head, Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
-    let sampling = ferrite_engine::params::RequestSampling {
-        params: SamplingParams::greedy(16),
-        max_tokens: 16,
-        eos_token_id: None,
-        stop_token_ids: Vec::new(),
-        min_tokens_mask: Vec::new(),
-        seed: 0,
-        bad_words_token_ids: Vec::new(),
-        grammar: None,
-        multimodal: None,
-    };
+    let sampling = greedy_sampling();
     // (positions start..end the target computes, tokens known after the step, drafts wanted)
     for (start, end, known, room, predicted_at) in
         [(0, 20, 37, 0, None), (20, 29, 30, 1, Some(28)), (29, 31, 32, 1, Some(30))]
@@ -450,17 +455,7 @@ fn eagle3_drafter_feeds_the_head_the_reference_inputs() {
     let model = load_model(&dir, &opts).unwrap().model;
     let oracle: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
-    let sampling = ferrite_engine::params::RequestSampling {
-        params: SamplingParams::greedy(16),
-        max_tokens: 16,
-        eos_token_id: None,
-        stop_token_ids: Vec::new(),
-        min_tokens_mask: Vec::new(),
-        seed: 0,
-        bad_words_token_ids: Vec::new(),
-        grammar: None,
-        multimodal: None,
-    };
+    let sampling = greedy_sampling();
     let (block_size, blocks) = (16, 8);
     let table: Vec<u32> = (0..blocks as u32).collect();
     for head_name in ["eagle3", "eagle3-speculators"] {
