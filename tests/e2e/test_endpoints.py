@@ -348,7 +348,11 @@ def test_long_prompts_do_not_stall_other_connections(server):
     assert [s for s, _ in done] == [400, 400], done
     busy = min(d for _, d in done)
     assert busy > 1.0, f"the prompts took only {busy:.2f} s: too short to show a stall"
-    assert worst < 0.5, f"/health took {worst:.2f} s while long prompts were tokenized ({busy:.2f} s)"
+    # A stalled runtime answers /health only when a tokenization ends (`worst` about `busy`); on
+    # two cores that both tokenize, the scheduler alone may hold a poll back a few tenths of a
+    # second, in proportion to how long the cores stay busy.
+    bound = max(0.5, busy / 4)
+    assert worst < bound, f"/health took {worst:.2f} s while long prompts were tokenized ({busy:.2f} s)"
 
 
 def test_bench_with_vllm_bench_serve_flags(server, tmp_path):
