@@ -1221,6 +1221,12 @@ def _gemma4_share_first_sliding_layer(model: torch.nn.Module) -> None:
     layers[1].self_attn.store_full_length_kv = False
 
 
+# The tiny LFM2 shape of lfm2 and lfm2-moe.
+LFM2_TINY: dict[str, Any] = dict(
+    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, conv_L_cache=3, norm_eps=1e-5,
+    tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+)
+
 # The tiny GLM-4.5 shape of glm4-moe and glm4-moe-mtp.
 GLM4_MOE_TINY: dict[str, Any] = dict(
     hidden_size=32, head_dim=16, intermediate_size=64, moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=1,
@@ -2609,10 +2615,8 @@ SPECS: list[Spec] = [
         name="lfm2",
         config_class="Lfm2Config",
         architecture="Lfm2ForCausalLM",
-        kwargs=dict(hidden_size=64, num_hidden_layers=4, layer_types=["conv", "conv", "full_attention", "conv"],
-                    num_attention_heads=4, num_key_value_heads=2, intermediate_size=192, block_multiple_of=48,
-                    block_ffn_dim_multiplier=1.3, conv_L_cache=3, conv_bias=True, norm_eps=1e-5,
-                    tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+        kwargs=dict(LFM2_TINY, layer_types=["conv", "conv", "full_attention", "conv"], intermediate_size=192,
+                    block_multiple_of=48, block_ffn_dim_multiplier=1.3, conv_bias=True),
         edit_saved_config=_lfm2_hub_spelling,
         extra_prompt_tokens=[("long_150", 150)],
         feature="LFM2: gated short convolutions (in_proj -> B, C, x; conv of B*x over 3 taps with bias; C gate; "
@@ -2626,11 +2630,9 @@ SPECS: list[Spec] = [
         name="lfm2-moe",
         config_class="Lfm2MoeConfig",
         architecture="Lfm2MoeForCausalLM",
-        kwargs=dict(hidden_size=64, num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "conv"],
-                    num_attention_heads=4, num_key_value_heads=2, intermediate_size=96, moe_intermediate_size=32,
-                    num_dense_layers=1, num_experts=8, num_experts_per_tok=2, use_expert_bias=True,
-                    routed_scaling_factor=2.0, norm_topk_prob=True, conv_L_cache=3, norm_eps=1e-5,
-                    tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+        kwargs=dict(LFM2_TINY, layer_types=["conv", "full_attention", "conv", "conv"], intermediate_size=96,
+                    moe_intermediate_size=32, num_dense_layers=1, num_experts=8, num_experts_per_tok=2,
+                    use_expert_bias=True, routed_scaling_factor=2.0, norm_topk_prob=True),
         init_fn=_init_lfm2_expert_bias,
         probe=routing_probe,
         extra_prompt_tokens=[("long_150", 150)],

@@ -207,10 +207,9 @@ impl SpeculativeConfig {
             // vLLM's default for MTP: the checkpoint's one prediction layer.
             (None, SpeculativeMethod::Mtp) => 1,
             // A speculators checkpoint says how many its head was trained to propose.
-            (None, _) if inferred.as_ref().and_then(|c| c.speculative_tokens).is_some() => {
-                inferred.as_ref().and_then(|c| c.speculative_tokens).expect("checked")
-            }
-            (None, _) => return Err(bad("`num_speculative_tokens` is missing".into())),
+            (None, _) => inferred
+                .and_then(|c| c.speculative_tokens)
+                .ok_or_else(|| bad("`num_speculative_tokens` is missing".into()))?,
         };
         if k > MAX_SPECULATIVE_TOKENS {
             return Err(bad(format!("num_speculative_tokens {k} is above {MAX_SPECULATIVE_TOKENS}")));

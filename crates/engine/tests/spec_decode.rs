@@ -344,15 +344,84 @@ fn mtp(k: usize) -> SpeculativeConfig {
     SpeculativeConfig::parse(&format!(r#"{{"method": "mtp", "num_speculative_tokens": {k}}}"#)).unwrap()
 }
 
+/// A target and a draft head stepped by hand over one sequence (one request, its blocks `0..`):
+/// each step the target computes positions `start..end`, its caches kept across steps, and the
+/// head catches up on them and drafts `room` tokens after the `known` ones.
+struct HeadSteps<'m> {
+    model: &'m dyn ferrite_models::CausalLM,
+    caches: Vec<ferrite_tensor::PagedKvLayer>,
+    drafter: ferrite_engine::eagle::EagleDrafter,
+    table: Vec<u32>,
+    block_size: usize,
+    sampling: ferrite_engine::params::RequestSampling,
+}
+
+impl<'m> HeadSteps<'m> {
+    /// `own_head` drafts (`None`: the target's MTP head), up to `k` tokens a step.
+    fn new(
+        model: &'m dyn ferrite_models::CausalLM,
+        own_head: Option<Box<dyn ferrite_models::DraftHead>>,
+        k: usize,
+        blocks: usize,
+    ) -> HeadSteps<'m> {
+        use ferrite_tensor::{DType, Device};
+        let block_size = 16;
+        let spec = match &own_head {
+            Some(head) => head.kv_layer(),
+            None => model.mtp().expect("loaded with its MTP head").kv_layer(),
+        };
+        let drafter =
+            ferrite_engine::eagle::EagleDrafter::new(own_head, spec, Device::Cpu, DType::F32, blocks, block_size, k)
+                .unwrap();
+        HeadSteps {
+            model,
+            caches: model.info().allocate_caches(Device::Cpu, DType::F32, blocks, block_size, 1).unwrap(),
+            drafter,
+            table: (0..blocks as u32).collect(),
+            block_size,
+            sampling: greedy_sampling(),
+        }
+    }
+
+    fn step(
+        &mut self,
+        seq: &[u32],
+        (start, end, known, room): (usize, usize, usize, usize),
+    ) -> std::collections::HashMap<u64, Vec<u32>> {
+        use ferrite_engine::eagle::EagleRequest;
+        use ferrite_engine::spec_decode::DraftTarget;
+        use ferrite_models::ForwardInput;
+        use ferrite_tensor::{AttnMetadata, AttnSeq};
+        let seqs = vec![AttnSeq { q_start: 0, q_len: end - start, ctx_len: end, block_table: self.table.clone() }];
+        let meta = AttnMetadata::new(seqs, self.block_size).unwrap().with_state_slots(vec![0]).unwrap();
+        let input =
+            ForwardInput { tokens: &seq[start..end], meta: &meta, logit_rows: &[end - start - 1], embeds: None };
+        let (_, hidden) = self.model.forward_with_hidden(&input, &mut self.caches, &self.drafter.hidden_tap()).unwrap();
+        let target = DraftTarget {
+            id: 0,
+            tokens: &seq[..known],
+            num_prompt_tokens: known.min(29),
+            sampling: &self.sampling,
+            block_table: &self.table,
+            room,
+        };
+        let req = EagleRequest { target, start, computed: end - start, row: 0 };
+        self.drafter.propose(self.model, &hidden, &[req]).unwrap()
+    }
+}
+
+/// (positions start..end the target computes, tokens known after the step, drafts wanted, the
+/// position whose reference prediction is the first draft): a prompt chunk, a chunk that ends in
+/// a draw, a verify step.
+const HEAD_STEPS: [(usize, usize, usize, usize, Option<usize>); 3] =
+    [(0, 20, 37, 0, None), (20, 29, 30, 1, Some(28)), (29, 31, 32, 1, Some(30))];
+
 /// The MTP drafter feeds the head what vLLM feeds it: over a prompt chunk, a chunk that ends in a
 /// draw, and a verify step, each first draft is the head's prediction the fixture's reference
 /// computed with transformers' modules at that position.
 #[test]
 fn mtp_drafter_feeds_the_head_the_reference_inputs() {
-    use ferrite_engine::eagle::{EagleDrafter, EagleRequest};
-    use ferrite_engine::spec_decode::DraftTarget;
-    use ferrite_models::{load_model, ForwardInput, HiddenTap, LoadOptions};
-    use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device};
+    use ferrite_models::{load_model, LoadOptions};
 
     let dir = fixture("qwen3_5-mtp");
     let model = load_model(&dir, &LoadOptions { progress: false, load_mtp: true, ..Default::default() }).unwrap().model;
@@ -362,31 +431,9 @@ fn mtp_drafter_feeds_the_head_the_reference_inputs() {
     let ids =
         |k: &str| -> Vec<u32> { reference[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect() };
     let (seq, argmax) = (ids("tokens"), ids("argmax"));
-    let (block_size, blocks) = (16, 4);
-    let table: Vec<u32> = (0..blocks as u32).collect();
-    let mut caches = model.info().allocate_caches(Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
-    let head = model.mtp().expect("loaded with its MTP head").kv_layer();
-    let mut drafter = EagleDrafter::new(None, head, Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
-    let sampling = greedy_sampling();
-    // (positions start..end the target computes, tokens known after the step, drafts wanted)
-    for (start, end, known, room, predicted_at) in
-        [(0, 20, 37, 0, None), (20, 29, 30, 1, Some(28)), (29, 31, 32, 1, Some(30))]
-    {
-        let seqs = vec![AttnSeq { q_start: 0, q_len: end - start, ctx_len: end, block_table: table.clone() }];
-        let meta = AttnMetadata::new(seqs, block_size).unwrap().with_state_slots(vec![0]).unwrap();
-        let input =
-            ForwardInput { tokens: &seq[start..end], meta: &meta, logit_rows: &[end - start - 1], embeds: None };
-        let (_, hidden) = model.forward_with_hidden(&input, &mut caches, &HiddenTap::Final).unwrap();
-        let target = DraftTarget {
-            id: 0,
-            tokens: &seq[..known],
-            num_prompt_tokens: known.min(29),
-            sampling: &sampling,
-            block_table: &table,
-            room,
-        };
-        let req = EagleRequest { target, start, computed: end - start, row: 0 };
-        let drafts = drafter.propose(model.as_ref(), &hidden, &[req]).unwrap();
+    let mut steps = HeadSteps::new(model.as_ref(), None, 1, 4);
+    for (start, end, known, room, predicted_at) in HEAD_STEPS {
+        let drafts = steps.step(&seq, (start, end, known, room));
         match predicted_at {
             None => assert!(drafts.is_empty()),
             Some(pos) => assert_eq!(drafts[&0], vec![argmax[pos]], "the draft after position {pos}"),
@@ -445,67 +492,27 @@ fn eagle3(head: &str, k: Option<usize>) -> SpeculativeConfig {
 /// layers); a pass over a whole sequence drafts the reference's chain of three.
 #[test]
 fn eagle3_drafter_feeds_the_head_the_reference_inputs() {
-    use ferrite_engine::eagle::{EagleDrafter, EagleRequest};
-    use ferrite_engine::spec_decode::DraftTarget;
-    use ferrite_models::{load_eagle3, load_model, ForwardInput, HiddenTap, LoadOptions};
-    use ferrite_tensor::{AttnMetadata, AttnSeq, DType, Device};
+    use ferrite_models::{load_eagle3, load_model, LoadOptions};
 
     let dir = fixture("llama-eagle3");
     let opts = LoadOptions { progress: false, ..Default::default() };
     let model = load_model(&dir, &opts).unwrap().model;
     let oracle: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
-    let sampling = greedy_sampling();
-    let (block_size, blocks) = (16, 8);
-    let table: Vec<u32> = (0..blocks as u32).collect();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
+    };
     for head_name in ["eagle3", "eagle3-speculators"] {
         let reference = &oracle["load_check"]["eagle3_reference"][head_name];
-        let ids = |v: &serde_json::Value| -> Vec<u32> {
-            v.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
-        };
-        let drafter = |k: usize| {
+        let steps = |k: usize| {
             let head = load_eagle3(&dir.join(head_name), model.as_ref(), &opts).unwrap();
-            let tap = head.hidden_tap();
-            let spec = head.kv_layer();
-            (EagleDrafter::new(Some(head), spec, Device::Cpu, DType::F32, blocks, block_size, k).unwrap(), tap)
-        };
-        let step = |drafter: &mut EagleDrafter,
-                    tap: &HiddenTap,
-                    seq: &[u32],
-                    (start, end, known, room): (usize, usize, usize, usize)| {
-            let mut caches = model.info().allocate_caches(Device::Cpu, DType::F32, blocks, block_size, 1).unwrap();
-            // The target recomputes from 0 so that its caches hold the sequence; the head sees `start..end`.
-            let meta_of = |start: usize, end: usize| {
-                let seqs = vec![AttnSeq { q_start: 0, q_len: end - start, ctx_len: end, block_table: table.clone() }];
-                AttnMetadata::new(seqs, block_size).unwrap()
-            };
-            if start > 0 {
-                let meta = meta_of(0, start);
-                let input = ForwardInput { tokens: &seq[..start], meta: &meta, logit_rows: &[start - 1], embeds: None };
-                model.forward(&input, &mut caches).unwrap();
-            }
-            let meta = meta_of(start, end);
-            let input =
-                ForwardInput { tokens: &seq[start..end], meta: &meta, logit_rows: &[end - start - 1], embeds: None };
-            let (_, hidden) = model.forward_with_hidden(&input, &mut caches, tap).unwrap();
-            let target = DraftTarget {
-                id: 0,
-                tokens: &seq[..known],
-                num_prompt_tokens: known.min(29),
-                sampling: &sampling,
-                block_table: &table,
-                room,
-            };
-            let req = EagleRequest { target, start, computed: end - start, row: 0 };
-            drafter.propose(model.as_ref(), &hidden, &[req]).unwrap()
+            HeadSteps::new(model.as_ref(), Some(head), k, 8)
         };
         let first = &reference["sequences"][0];
         let (seq, argmax) = (ids(&first["tokens"]), ids(&first["argmax"]));
-        let (mut d, tap) = drafter(1);
-        for (start, end, known, room, predicted_at) in
-            [(0, 20, 37, 0, None), (20, 29, 30, 1, Some(28)), (29, 31, 32, 1, Some(30))]
-        {
-            let drafts = step(&mut d, &tap, &seq, (start, end, known, room));
+        let mut one = steps(1);
+        for (start, end, known, room, predicted_at) in HEAD_STEPS {
+            let drafts = one.step(&seq, (start, end, known, room));
             match predicted_at {
                 None => assert!(drafts.is_empty(), "{head_name}"),
                 Some(pos) => assert_eq!(drafts[&0], vec![argmax[pos]], "{head_name}: the draft after position {pos}"),
@@ -513,8 +520,7 @@ fn eagle3_drafter_feeds_the_head_the_reference_inputs() {
         }
         for sequence in reference["sequences"].as_array().unwrap() {
             let seq = ids(&sequence["tokens"]);
-            let (mut d, tap) = drafter(3);
-            let drafts = step(&mut d, &tap, &seq, (0, seq.len(), seq.len(), 3));
+            let drafts = steps(3).step(&seq, (0, seq.len(), seq.len(), 3));
             assert_eq!(drafts[&0], ids(&sequence["chain"]), "{head_name}: the drafts after {} tokens", seq.len());
         }
     }
