@@ -203,3 +203,45 @@ fn int4_weights_stay_packed_on_cuda() {
         assert!(reports.iter().all(|r| r.strict || r.near_tie()), "dequantize_weights={dequantize_weights}");
     }
 }
+
+/// On CUDA in bf16 the FP8 fixtures' linear layers stay e4m3 bytes (the FP8 GEMV and GEMM read
+/// them), a byte per weight, and `dequantize_weights` still gives the dequantized bf16 model. A
+/// bf16 W8A8 model is noisy against its f32 oracle (see `every_fixture_on_cuda`), so the kept
+/// model is held to the dequantized one's own count of cases within the near-tie rule, less one.
+#[test]
+fn fp8_weights_stay_bytes_on_cuda() {
+    if !ferrite_tensor::cuda::is_available() {
+        println!("SKIP: no CUDA device");
+        return;
+    }
+    let opts = |dequantize_weights: bool| ferrite_models::LoadOptions {
+        dtype: DType::BF16,
+        device: Device::Cuda(0),
+        progress: false,
+        dequantize_weights,
+        ..Default::default()
+    };
+    let passing =
+        |reports: &[ferrite_testing::gate::CaseReport]| reports.iter().filter(|r| r.strict || r.near_tie()).count();
+    for name in ["llama-fp8-dynamic", "llama-fp8-static", "llama-fp8-block", "qwen3-fp8", "deepseek-v3-fp8"] {
+        let dir = fixtures_dir().join("models").join(name);
+        let bytes = |dequantize_weights: bool| {
+            ferrite_models::load_model(&dir, &opts(dequantize_weights)).unwrap().model.info().weight_bytes
+        };
+        let (kept, dequantized) = (bytes(false), bytes(true));
+        let (_, kept_reports) = ferrite_testing::gate::run_fixture_opts(&dir, &opts(false)).unwrap();
+        let (_, dequantized_reports) = ferrite_testing::gate::run_fixture_opts(&dir, &opts(true)).unwrap();
+        println!(
+            "{name} bf16 weight bytes kept {kept} / dequantized {dequantized}: kept {}, dequantized {}",
+            summarize(&kept_reports),
+            summarize(&dequantized_reports)
+        );
+        assert!(kept < dequantized, "{name}: FP8 weights were not kept as bytes ({kept} vs {dequantized})");
+        assert!(
+            passing(&kept_reports) + 1 >= passing(&dequantized_reports),
+            "{name}: kept FP8 weights pass {} cases, the dequantized model {}",
+            passing(&kept_reports),
+            passing(&dequantized_reports)
+        );
+    }
+}

@@ -14,6 +14,9 @@ pub enum DType {
     Int4 {
         group: usize,
     },
+    /// A weight of e4m3 bytes with f32 block scales (FP8 checkpoints), kept so on CUDA; computed
+    /// with, never converted to.
+    Fp8,
 }
 
 impl DType {
@@ -24,16 +27,16 @@ impl DType {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::Ggml(ty) => ty.type_size().div_ceil(ty.block_size()),
-            DType::Int4 { .. } => 1,
+            DType::Int4 { .. } | DType::Fp8 => 1,
         }
     }
 
     /// The dtype the values come out as: a block type's are f32 (dequantized rows, products),
-    /// 4-bit weights' bf16.
+    /// 4-bit and FP8 weights' bf16.
     pub fn of_values(self) -> DType {
         match self {
             DType::Ggml(_) => DType::F32,
-            DType::Int4 { .. } => DType::BF16,
+            DType::Int4 { .. } | DType::Fp8 => DType::BF16,
             dense => dense,
         }
     }
@@ -57,6 +60,7 @@ impl fmt::Display for DType {
             DType::BF16 => "bf16",
             DType::Ggml(ty) => ty.name(),
             DType::Int4 { .. } => "int4",
+            DType::Fp8 => "fp8",
         })
     }
 }

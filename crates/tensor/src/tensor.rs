@@ -4,6 +4,7 @@ use half::{bf16, f16};
 
 use crate::cuda::CudaStorage;
 use crate::error::{shape_err, Result};
+use crate::fp8::Fp8Matrix;
 use crate::ggml::GgmlBlocks;
 use crate::int4::Int4Matrix;
 use crate::DType;
@@ -24,6 +25,9 @@ pub enum CpuStorage {
     /// A 4-bit weight matrix on its way to or from CUDA (on CPU, 4-bit weights are dequantized
     /// at load).
     Int4(Int4Matrix),
+    /// An FP8 weight matrix on its way to or from CUDA (on CPU, FP8 weights are dequantized at
+    /// load).
+    Fp8(Fp8Matrix),
 }
 
 impl CpuStorage {
@@ -34,6 +38,7 @@ impl CpuStorage {
             CpuStorage::BF16(v) => v.len(),
             CpuStorage::Ggml(b) => b.len(),
             CpuStorage::Int4(m) => m.len(),
+            CpuStorage::Fp8(m) => m.len(),
         }
     }
 
@@ -48,6 +53,7 @@ impl CpuStorage {
             CpuStorage::BF16(_) => DType::BF16,
             CpuStorage::Ggml(b) => DType::Ggml(b.ty),
             CpuStorage::Int4(m) => DType::Int4 { group: m.group },
+            CpuStorage::Fp8(_) => DType::Fp8,
         }
     }
 
@@ -58,6 +64,7 @@ impl CpuStorage {
             CpuStorage::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
             CpuStorage::Ggml(b) => b.to_f32_vec(),
             CpuStorage::Int4(m) => m.to_f32_vec(),
+            CpuStorage::Fp8(m) => m.to_f32_vec(),
         }
     }
 
@@ -66,12 +73,13 @@ impl CpuStorage {
         match self {
             CpuStorage::Ggml(b) => b.bytes.len(),
             CpuStorage::Int4(m) => m.size_in_bytes(),
+            CpuStorage::Fp8(m) => m.size_in_bytes(),
             dense => dense.len() * dense.dtype().size_in_bytes(),
         }
     }
 
     /// # Panics
-    /// For a ggml block type or 4-bit integers: values are never quantized to one at run time,
+    /// For a ggml block type, 4-bit integers or FP8: values are never quantized to one at run time,
     /// only loaded as one.
     pub fn from_f32(data: Vec<f32>, dtype: DType) -> CpuStorage {
         match dtype {
@@ -80,6 +88,7 @@ impl CpuStorage {
             DType::BF16 => CpuStorage::BF16(data.iter().map(|&x| bf16::from_f32(x)).collect()),
             DType::Ggml(ty) => panic!("values cannot be converted to the ggml block type {ty}, only loaded as it"),
             DType::Int4 { .. } => panic!("values cannot be converted to 4-bit integers, only loaded as them"),
+            DType::Fp8 => panic!("values cannot be converted to an FP8 weight, only loaded as one"),
         }
     }
 }

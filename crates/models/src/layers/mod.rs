@@ -410,6 +410,18 @@ fn select_rows(t: &Tensor, ranges: &[Range<usize>]) -> Result<Tensor> {
                 CpuStorage::BF16(part.to_f32_vec().into_iter().map(half::bf16::from_f32).collect())
             }
         }
+        // Whole blocks of rows move with their scales; a part that cuts a block is dequantized.
+        Some(CpuStorage::Fp8(m)) => match m.select_rows(ranges) {
+            Some(part) => CpuStorage::Fp8(part),
+            None => CpuStorage::BF16(
+                ranges
+                    .iter()
+                    .flat_map(|r| {
+                        (r.start * cols..r.end * cols).map(|i| half::bf16::from_f32(m.value(i / cols, i % cols)))
+                    })
+                    .collect(),
+            ),
+        },
         None => {
             return Err(TensorError::Unsupported { op: "select_rows", detail: "a tensor on a device".into() }.into())
         }

@@ -328,7 +328,7 @@ fn stack(parts: &[Tensor], shape: &[usize]) -> Result<Tensor> {
             }
             CpuStorage::Ggml(ferrite_tensor::ggml::GgmlBlocks { ty: first.ty, bytes })
         }
-        Some(CpuStorage::Int4(_)) => return Err(packed_experts()),
+        Some(CpuStorage::Int4(_) | CpuStorage::Fp8(_)) => return Err(packed_experts()),
         None => {
             return Err(ferrite_tensor::TensorError::Device("stacking expert weights needs CPU tensors".into()).into())
         }
@@ -366,7 +366,7 @@ fn transpose_each(t: &Tensor) -> Result<Tensor> {
         Some(CpuStorage::F16(v)) => CpuStorage::F16(flip(v, n, a, b)),
         Some(CpuStorage::BF16(v)) => CpuStorage::BF16(flip(v, n, a, b)),
         Some(CpuStorage::Ggml(_)) => return Err(mixed_blocks("transposing expert weights")),
-        Some(CpuStorage::Int4(_)) => return Err(packed_experts()),
+        Some(CpuStorage::Int4(_) | CpuStorage::Fp8(_)) => return Err(packed_experts()),
         None => {
             return Err(
                 ferrite_tensor::TensorError::Device("transposing expert weights needs CPU tensors".into()).into()

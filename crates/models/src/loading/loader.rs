@@ -114,7 +114,7 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let weights = Weights::new(source, opts.dtype, bar.clone())
         .on_device(opts.device)
         .with_quantization(quantization)
-        .keeping_int4(!opts.dequantize_weights)
+        .keeping_packed(!opts.dequantize_weights)
         .loading_mtp(opts.load_mtp);
     let span = tracing::info_span!("load", arch = %arch, path = %path.display());
     let _guard = span.enter();
@@ -144,7 +144,7 @@ pub fn load_eagle3(dir: &Path, target: &dyn CausalLM, opts: &LoadOptions) -> Res
     let weights = Weights::new(Box::new(SafetensorsWeights::open(dir)?), opts.dtype, None)
         .on_device(opts.device)
         .with_quantization(quantization)
-        .keeping_int4(!opts.dequantize_weights);
+        .keeping_packed(!opts.dequantize_weights);
     let head = registry::draft_head_constructor(&config.architecture()?)?(&config, &weights, target)?;
     tracing::info!(path = %dir.display(), "EAGLE-3 head loaded");
     Ok(head)

@@ -415,17 +415,14 @@ pub fn unpack_int32(
     Ok(out)
 }
 
-/// `weight` (e4m3 values as f32, `[.., rows, cols]`) times its scales, in f32: each scale
-/// broadcast over the rows, row or block it covers, as compressed-tensors and transformers
-/// dequantize. `scale_shape` is checked against the weight's so that a mis-shaped scale is an
-/// error rather than a wrong broadcast.
-pub fn dequantize(
-    weight: &mut [f32],
+/// Checks `scales` (of `scale_shape`) against a weight of `shape` under `how`; returns the
+/// matrix's rows and columns and the scales each matrix has.
+fn check_scales(
     shape: &[usize],
     scales: &[f32],
     scale_shape: &[usize],
     how: WeightScales,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(usize, usize, usize), String> {
     let (rows, cols) = match shape {
         [.., r, c] => (*r, *c),
         _ => return Err(format!("a quantized weight of shape {shape:?} (need at least 2 dimensions)")),
@@ -463,6 +460,41 @@ pub fn dequantize(
     if scales.iter().any(|s| !s.is_finite()) {
         return Err("a scale is not finite".into());
     }
+    Ok((rows, cols, per_matrix))
+}
+
+/// The scales of a `[rows, cols]` FP8 weight as blocks of `[block_rows, block_cols]` weights
+/// (row-major over the block grid, as [`ferrite_tensor::fp8::Fp8Matrix`] keeps them), checked as
+/// [`dequantize`] checks them: a per-tensor scale repeated for every row.
+pub fn scale_blocks(
+    rows: usize,
+    cols: usize,
+    scales: &[f32],
+    scale_shape: &[usize],
+    how: WeightScales,
+) -> std::result::Result<(Vec<f32>, [usize; 2]), String> {
+    check_scales(&[rows, cols], scales, scale_shape, how)?;
+    let row_block = [1, cols.max(1)];
+    Ok(match how {
+        WeightScales::Tensor => (vec![scales[0]; rows], row_block),
+        WeightScales::Channel => (scales.to_vec(), row_block),
+        WeightScales::Block(block) => (scales.to_vec(), block),
+        WeightScales::Group(g) => (scales.to_vec(), [1, g]),
+    })
+}
+
+/// `weight` (e4m3 values as f32, `[.., rows, cols]`) times its scales, in f32: each scale
+/// broadcast over the rows, row or block it covers, as compressed-tensors and transformers
+/// dequantize. `scale_shape` is checked against the weight's so that a mis-shaped scale is an
+/// error rather than a wrong broadcast.
+pub fn dequantize(
+    weight: &mut [f32],
+    shape: &[usize],
+    scales: &[f32],
+    scale_shape: &[usize],
+    how: WeightScales,
+) -> std::result::Result<(), String> {
+    let (rows, cols, per_matrix) = check_scales(shape, scales, scale_shape, how)?;
     if rows == 0 || cols == 0 {
         return Ok(());
     }

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use ferrite_tensor::cuda::Uploader;
+use ferrite_tensor::fp8::Fp8Matrix;
 use ferrite_tensor::int4::Int4Matrix;
 use ferrite_tensor::{ActivationQuant, CpuStorage, DType, Device, Storage, Tensor};
 use half::{bf16, f16};
@@ -189,7 +190,10 @@ impl WeightSource for SafetensorsWeights {
 
     fn stored_bytes(&self, name: &str, dtype: DType) -> Result<Option<(Vec<usize>, &[u8])>> {
         let Some((stored, bytes, _)) = self.view(name) else { return Ok(None) };
-        let as_stored = matches!((stored.dtype, dtype), (StDtype::BF16, DType::BF16) | (StDtype::F32, DType::F32));
+        let as_stored = matches!(
+            (stored.dtype, dtype),
+            (StDtype::BF16, DType::BF16) | (StDtype::F32, DType::F32) | (StDtype::F8_E4M3, DType::Fp8)
+        );
         Ok(as_stored.then(|| (stored.shape.clone(), bytes)))
     }
 
@@ -293,7 +297,7 @@ pub struct Weights {
     loaded: AtomicUsize,
     progress: Option<indicatif::ProgressBar>,
     quantization: Option<Quantization>,
-    keep_int4: bool,
+    keep_packed: bool,
     /// The family loads the checkpoint's multi-token-prediction head too.
     load_mtp: bool,
     /// Pinned staging for tensors copied to a GPU as stored; made on the first such tensor.
@@ -317,16 +321,16 @@ impl Weights {
             loaded: AtomicUsize::new(0),
             progress,
             quantization: None,
-            keep_int4: true,
+            keep_packed: true,
             load_mtp: false,
             uploader: Mutex::new(None),
         }
     }
 
-    /// Whether linear layers' 4-bit pack-quantized weights stay packed where the device can
-    /// multiply them so (see `kept_int4`); otherwise they are dequantized at load.
-    pub fn keeping_int4(mut self, keep: bool) -> Weights {
-        self.keep_int4 = keep;
+    /// Whether linear layers' 4-bit pack-quantized and FP8 weights stay packed where the device
+    /// can multiply them so (see `kept_int4`, `kept_fp8`); otherwise they are dequantized at load.
+    pub fn keeping_packed(mut self, keep: bool) -> Weights {
+        self.keep_packed = keep;
         self
     }
 
@@ -432,7 +436,7 @@ impl Weights {
     /// kernels take them in the activation dtype too); `None` where the weight is to be
     /// dequantized instead.
     fn kept_int4(&self, name: &str, shape: [usize; 2]) -> Result<Option<Tensor>> {
-        if self.device == Device::Cpu || self.dtype != DType::BF16 || !self.keep_int4 {
+        if self.device == Device::Cpu || self.dtype != DType::BF16 || !self.keep_packed {
             return Ok(None);
         }
         let Some(module) = self.packed_module(name) else { return Ok(None) };
@@ -478,6 +482,62 @@ impl Weights {
         let matrix = Int4Matrix::new(packed.rows, packed.cols, group, words, scales)
             .map_err(|m| self.weights_err(format!("tensor `{module}.weight_packed`: {m}")))?;
         let t = Tensor::from_storage(Storage::Cpu(CpuStorage::Int4(matrix)), shape.to_vec())?;
+        self.place(name, Some(t))
+    }
+
+    /// An FP8 linear weight kept as e4m3 bytes with its scales, where the products can read it
+    /// so: on CUDA, in a bf16 model, in a shape the kernels take. A stored FP8 weight keeps the
+    /// checkpoint's codes and scales; under `--quantization fp8` (`online`) the weight is rounded
+    /// per output channel as it loads. `None` where the weight is to be dequantized instead.
+    fn kept_fp8(&self, name: &str, shape: [usize; 2], online: bool) -> Result<Option<Tensor>> {
+        if self.device == Device::Cpu || self.dtype != DType::BF16 || !self.keep_packed {
+            return Ok(None);
+        }
+        let Some(module) = name.strip_suffix(".weight") else { return Ok(None) };
+        let [rows, cols] = shape;
+        let shape_err = |actual: &[usize]| ModelError::TensorShape {
+            name: name.into(),
+            expected: shape.to_vec(),
+            actual: actual.to_vec(),
+        };
+        // A layer whose input is quantized per token or by a fixed scale may run its products in
+        // FP8 on both sides; a per-group (block) or weight-only layer keeps bf16 inputs.
+        let w8a8 = |q: &Quantization| -> Result<bool> {
+            Ok(matches!(
+                q.input_scheme(module)?,
+                Some(InputQuantSource::Dynamic(ActivationQuant::PerToken) | InputQuantSource::StaticScale(_))
+            ))
+        };
+        let matrix = if online {
+            if !Fp8Matrix::kernel_takes(rows, cols, cols) {
+                return Ok(None);
+            }
+            let weight = self.load_host(name, DType::F32)?.ok_or_else(|| self.missing(name))?;
+            if weight.shape() != shape {
+                return Err(shape_err(weight.shape()));
+            }
+            Fp8Matrix::quantize_rows(&weight.try_to_f32_vec()?, rows, cols, true)
+        } else if self.source.is_fp8(name) {
+            let Some(quantization) = self.quantization.as_ref().filter(|q| !matches!(q, Quantization::Mxfp4)) else {
+                return Ok(None);
+            };
+            let (how, scale_name) = quantization.weight_scales(module)?;
+            let Some((stored_shape, bytes)) = self.source.stored_bytes(name, DType::Fp8)? else { return Ok(None) };
+            if stored_shape != shape {
+                return Err(shape_err(&stored_shape));
+            }
+            let scales = self.source.load(&scale_name, DType::F32)?.ok_or_else(|| self.missing(&scale_name))?;
+            let (scales, block) = quant::scale_blocks(rows, cols, &scales.try_to_f32_vec()?, scales.shape(), how)
+                .map_err(|m| self.weights_err(format!("tensor `{scale_name}`: {m}")))?;
+            if !Fp8Matrix::kernel_takes(rows, cols, block[1]) {
+                return Ok(None);
+            }
+            Fp8Matrix::new(rows, cols, bytes.to_vec(), scales, block, w8a8(quantization)?)
+                .map_err(|m| self.weights_err(format!("tensor `{name}`: {m}")))?
+        } else {
+            return Ok(None);
+        };
+        let t = Tensor::from_storage(Storage::Cpu(CpuStorage::Fp8(matrix)), shape.to_vec())?;
         self.place(name, Some(t))
     }
 
@@ -576,6 +636,11 @@ impl Weights {
     fn online_linear_weight(&self, name: String, shape: [usize; 2], transposed: bool) -> Result<Tensor> {
         let [out, inp] = shape;
         let online = matches!(self.quantization, Some(Quantization::OnlineFp8)) && !self.source.is_fp8(&name);
+        if !transposed {
+            if let Some(kept) = self.kept_fp8(&name, shape, online)? {
+                return Ok(kept);
+            }
+        }
         if !online && !transposed {
             if let Some(kept) = self.kept_int4(&name, shape)? {
                 return Ok(kept);

@@ -91,7 +91,7 @@ pub(crate) fn argmax_row(row: &[f32]) -> u32 {
 }
 
 pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
-    super::matmul::refuse_int4("embedding", table)?;
+    super::matmul::refuse_packed("embedding", table)?;
     let hidden = table.shape()[1];
     let mut out = vec![0.0f32; ids.len() * hidden];
     let storage = table.cpu().expect("dispatched to the CPU backend");
@@ -106,7 +106,7 @@ pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
                 let row = &b.bytes[id as usize * bytes..(id as usize + 1) * bytes];
                 ty.dequantize_into(row, dst).expect("a row of whole blocks");
             }
-            CpuStorage::Int4(_) => unreachable!("refused above"),
+            CpuStorage::Int4(_) | CpuStorage::Fp8(_) => unreachable!("refused above"),
         }
     });
     Ok(f32_tensor(out, vec![ids.len(), hidden]))

@@ -148,7 +148,7 @@ fn dispatch<W: Widen>(x: &[f32], m: usize, k: usize, w: &[W], n: usize, out: &mu
 }
 
 pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    refuse_int4("matmul_t", w)?;
+    refuse_packed("matmul_t", w)?;
     let (n, k) = (w.shape()[0], w.shape()[1]);
     let m = x.rows();
     let xs = x.as_f32_slice()?;
@@ -168,7 +168,7 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
                 CpuStorage::BF16(ws) => dispatch(xs, m, k, ws, n, &mut out),
                 CpuStorage::F16(ws) => dispatch(xs, m, k, ws, n, &mut out),
                 CpuStorage::Ggml(b) => super::ggml::matmul_t(xs, m, k, b.ty, &b.bytes, n, &mut out),
-                CpuStorage::Int4(_) => unreachable!("refused above"),
+                CpuStorage::Int4(_) | CpuStorage::Fp8(_) => unreachable!("refused above"),
             }
         }
     }
@@ -200,14 +200,15 @@ fn matmul_slice(xs: &[f32], m: usize, k: usize, storage: &CpuStorage, w_start: u
             let bytes = &b.bytes[b.ty.bytes_for(w_start)..b.ty.bytes_for(w_end)];
             super::ggml::matmul_t(xs, m, k, b.ty, bytes, n, out)
         }
-        CpuStorage::Int4(_) => unreachable!("refused by grouped_matmul_t"),
+        CpuStorage::Int4(_) | CpuStorage::Fp8(_) => unreachable!("refused by grouped_matmul_t"),
     }
 }
 
-/// 4-bit weights are dequantized at load for CPU; only CUDA keeps them packed.
-pub(super) fn refuse_int4(op: &'static str, w: &Tensor) -> Result<()> {
+/// 4-bit and FP8 weights are dequantized at load for CPU; only CUDA keeps them packed.
+pub(super) fn refuse_packed(op: &'static str, w: &Tensor) -> Result<()> {
     match w.dtype() {
         DType::Int4 { .. } => Err(TensorError::Unsupported { op, detail: "4-bit integer weights on CPU".into() }),
+        DType::Fp8 => Err(TensorError::Unsupported { op, detail: "FP8 weights on CPU".into() }),
         _ => Ok(()),
     }
 }
@@ -215,7 +216,7 @@ pub(super) fn refuse_int4(op: &'static str, w: &Tensor) -> Result<()> {
 /// Grouped `x @ w[e]^T`: rows `offsets[e]..offsets[e + 1]` of `x [rows, k]` go through expert `e`
 /// of `w [experts, n, k]`; one matmul per non-empty group (the layout a grouped GEMM consumes).
 pub fn grouped_matmul_t(x: &Tensor, w: &Tensor, offsets: &[usize]) -> Result<Tensor> {
-    refuse_int4("grouped_matmul_t", w)?;
+    refuse_packed("grouped_matmul_t", w)?;
     let (n, k) = (w.shape()[1], w.shape()[2]);
     let rows = x.shape().iter().rev().skip(1).product::<usize>();
     let xs = x.as_f32_slice()?;

@@ -3,7 +3,7 @@
 //!
 //! Each op family's kernels are one file under `kernels/`, launched from one Rust file:
 //! `elementwise.cu` from `ops.rs`, `rope_kv.cu` from `rope_kv.rs`, `norm.cu` from `norm.rs`,
-//! `gemv.cu` from `matmul.rs`, `int4.cu` from `int4.rs`, `attention_*.cu` from `attention.rs`, `sampling.cu` from
+//! `gemv.cu` from `matmul.rs`, `int4.cu` from `int4.rs`, `fp8.cu` from `fp8.rs`, `attention_*.cu` from `attention.rs`, `sampling.cu` from
 //! `sampling.rs`, `recurrent.cu` from `recurrent.rs`. The files are embedded in the binary, so the build still needs no CUDA. A module
 //! (an NVRTC compile unit, compiled on the first use of any of its kernels) is `common.cuh`
 //! followed by one or more of those files.
@@ -38,7 +38,7 @@ pub(crate) const ATTENTION: KernelSource = module!(
     "attention_mma.cu",
     "attention_combine.cu"
 );
-pub(crate) const GEMV: KernelSource = module!("gemv": "gemv.cu", "int4.cu");
+pub(crate) const GEMV: KernelSource = module!("gemv": "gemv.cu", "int4.cu", "fp8.cu");
 pub(crate) const SAMPLING: KernelSource = module!("sampling": "sampling.cu");
 pub(crate) const RECURRENT: KernelSource = module!("recurrent": "recurrent.cu");
 

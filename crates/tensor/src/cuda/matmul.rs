@@ -72,6 +72,16 @@ fn int4_of(w: &Tensor) -> Option<&super::int4::Int4Buf> {
     w.cuda().and_then(CudaStorage::int4)
 }
 
+/// The e4m3 matrix of an FP8 CUDA weight.
+fn fp8_of(w: &Tensor) -> Option<&super::fp8::Fp8Buf> {
+    w.cuda().and_then(CudaStorage::fp8)
+}
+
+/// Whether `w` is a weight the products read in its own packed form.
+fn packed(w: &Tensor) -> bool {
+    int4_of(w).is_some() || fp8_of(w).is_some()
+}
+
 /// Not x.rows(), which is 0 when k is: the output still has a row per input row.
 fn rows_of(x: &Tensor) -> usize {
     x.shape().iter().rev().skip(1).product()
@@ -149,6 +159,9 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
     if let Some(packed) = int4_of(w) {
         return super::int4::matmul_t(x, w, packed, bias);
     }
+    if let Some(codes) = fp8_of(w) {
+        return super::fp8::matmul_t(x, w, codes, bias);
+    }
     let p = Product::new(xs, x, w, bias)?;
     let (m, k) = (rows_of(x), w.shape()[1]);
     if gemv_fits(xs.dtype(), m, k) && p.n > 0 {
@@ -167,7 +180,10 @@ pub fn matmul_t_many(x: &Tensor, weights: &[(&Tensor, Option<&Tensor>)]) -> Resu
     if let Some(packed) = weights.iter().map(|&(w, b)| Some((w, int4_of(w)?, b))).collect::<Option<Vec<_>>>() {
         return super::int4::matmul_t_many(x, &packed);
     }
-    if weights.iter().any(|(w, _)| int4_of(w).is_some()) {
+    if let Some(codes) = weights.iter().map(|&(w, b)| Some((w, fp8_of(w)?, b))).collect::<Option<Vec<_>>>() {
+        return super::fp8::matmul_t_many(x, &codes);
+    }
+    if weights.iter().any(|(w, _)| packed(w)) {
         return weights.iter().map(|&(w, b)| matmul_t(x, w, b)).collect();
     }
     let (m, k) = (rows_of(x), x.last_dim());
@@ -202,7 +218,10 @@ pub fn gated_matmul_t(x: &Tensor, gate: &Tensor, up: &Tensor, act: Activation) -
         let products = super::int4::matmul_t_many(x, &[(gate, g, None), (up, u, None)])?;
         return act_mul(&products[0], &products[1], act);
     }
-    if !gemv_fits(dtype, m, k) || n == 0 || int4_of(gate).is_some() || int4_of(up).is_some() {
+    if let (Some(g), Some(u)) = (fp8_of(gate), fp8_of(up)) {
+        return super::fp8::gated_matmul_t(x, (gate, g), (up, u), act);
+    }
+    if !gemv_fits(dtype, m, k) || n == 0 || packed(gate) || packed(up) {
         return act_mul(&matmul_t(x, gate, None)?, &matmul_t(x, up, None)?, act);
     }
     let (gs, us) = (cuda_of("gated_matmul_t", gate)?.as_dtype(dtype)?, cuda_of("gated_matmul_t", up)?.as_dtype(dtype)?);

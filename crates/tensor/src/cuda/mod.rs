@@ -12,6 +12,7 @@
 
 pub(crate) mod attention;
 mod device;
+mod fp8;
 pub(crate) mod graph;
 mod int4;
 mod kernels;

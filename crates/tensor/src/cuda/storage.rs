@@ -4,6 +4,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig};
 use half::bf16;
 
 use super::device::{dev_err, CudaDevice};
+use super::fp8::Fp8Buf;
 use super::int4::Int4Buf;
 use super::ops::Cast;
 use crate::error::{Result, TensorError};
@@ -15,10 +16,11 @@ pub(crate) enum CudaBuf {
     F32(CudaSlice<f32>),
     BF16(CudaSlice<bf16>),
     Int4(Box<Int4Buf>),
+    Fp8(Box<Fp8Buf>),
 }
 
-/// The device memory of one tensor: f32 or bf16 elements, or a packed 4-bit weight matrix, on one
-/// GPU.
+/// The device memory of one tensor: f32 or bf16 elements, or a packed 4-bit or FP8 weight matrix,
+/// on one GPU.
 #[derive(Debug)]
 pub struct CudaStorage {
     dev: Arc<CudaDevice>,
@@ -33,7 +35,7 @@ pub(crate) fn dtype_suffix(dtype: DType) -> Result<&'static str> {
         DType::BF16 => Ok("bf16"),
         DType::F16 => Err(unsupported_f16("cuda")),
         DType::Ggml(ty) => Err(unsupported_ggml("cuda", ty)),
-        DType::Int4 { .. } => Err(unsupported_int4("cuda")),
+        DType::Int4 { .. } | DType::Fp8 => Err(unsupported_packed("cuda")),
     }
 }
 
@@ -45,9 +47,9 @@ fn unsupported_ggml(op: &'static str, ty: crate::ggml::GgmlType) -> TensorError 
     TensorError::Unsupported { op, detail: format!("ggml {ty} blocks on CUDA (GGUF weights are dequantized for CUDA)") }
 }
 
-/// A 4-bit weight is only ever the weight of a product.
-pub(crate) fn unsupported_int4(op: &'static str) -> TensorError {
-    TensorError::Unsupported { op, detail: "4-bit integer weights outside a matmul".into() }
+/// A 4-bit or FP8 weight is only ever the weight of a product.
+pub(crate) fn unsupported_packed(op: &'static str) -> TensorError {
+    TensorError::Unsupported { op, detail: "4-bit integer or FP8 weights outside a matmul".into() }
 }
 
 /// A grid-stride launch over `n` elements.
@@ -83,7 +85,7 @@ impl CudaStorage {
                 DType::BF16 => CudaBuf::BF16(stream.alloc::<bf16>(len.max(1)).map_err(dev_err)?),
                 DType::F16 => return Err(unsupported_f16("alloc")),
                 DType::Ggml(ty) => return Err(unsupported_ggml("alloc", ty)),
-                DType::Int4 { .. } => return Err(unsupported_int4("alloc")),
+                DType::Int4 { .. } | DType::Fp8 => return Err(unsupported_packed("alloc")),
             }
         };
         Ok(CudaStorage { dev: dev.clone(), buf, len })
@@ -96,7 +98,7 @@ impl CudaStorage {
             DType::BF16 => CudaBuf::BF16(s.alloc_zeros::<bf16>(len.max(1)).map_err(dev_err)?),
             DType::F16 => return Err(unsupported_f16("zeros")),
             DType::Ggml(ty) => return Err(unsupported_ggml("zeros", ty)),
-            DType::Int4 { .. } => return Err(unsupported_int4("zeros")),
+            DType::Int4 { .. } | DType::Fp8 => return Err(unsupported_packed("zeros")),
         };
         Ok(CudaStorage { dev: dev.clone(), buf, len })
     }
@@ -115,6 +117,7 @@ impl CudaStorage {
             CpuStorage::F16(_) => return Err(unsupported_f16("to_device")),
             CpuStorage::Ggml(b) => return Err(unsupported_ggml("to_device", b.ty)),
             CpuStorage::Int4(m) => CudaBuf::Int4(Box::new(Int4Buf::upload(dev, m)?)),
+            CpuStorage::Fp8(m) => CudaBuf::Fp8(Box::new(Fp8Buf::upload(dev, m)?)),
             _ => return CudaStorage::zeros(dev, src.dtype(), 0),
         };
         Ok(CudaStorage { dev: dev.clone(), buf, len })
@@ -128,6 +131,7 @@ impl CudaStorage {
             CudaBuf::F32(b) => CpuStorage::F32(s.clone_dtoh(&b.slice(..self.len)).map_err(dev_err)?),
             CudaBuf::BF16(b) => CpuStorage::BF16(s.clone_dtoh(&b.slice(..self.len)).map_err(dev_err)?),
             CudaBuf::Int4(b) => CpuStorage::Int4(b.download(&self.dev)?),
+            CudaBuf::Fp8(b) => CpuStorage::Fp8(b.download(&self.dev)?),
         })
     }
 
@@ -144,6 +148,7 @@ impl CudaStorage {
             CudaBuf::F32(_) => DType::F32,
             CudaBuf::BF16(_) => DType::BF16,
             CudaBuf::Int4(b) => DType::Int4 { group: b.group },
+            CudaBuf::Fp8(_) => DType::Fp8,
         }
     }
 
@@ -151,6 +156,7 @@ impl CudaStorage {
     pub fn size_in_bytes(&self) -> usize {
         match &self.buf {
             CudaBuf::Int4(b) => b.size_in_bytes(),
+            CudaBuf::Fp8(b) => b.size_in_bytes(),
             _ => self.len * self.dtype().size_in_bytes(),
         }
     }
@@ -163,11 +169,19 @@ impl CudaStorage {
         }
     }
 
+    /// The e4m3 matrix, where this is an FP8 weight.
+    pub(crate) fn fp8(&self) -> Option<&Fp8Buf> {
+        match &self.buf {
+            CudaBuf::Fp8(b) => Some(b),
+            _ => None,
+        }
+    }
+
     pub fn device(&self) -> &Arc<CudaDevice> {
         &self.dev
     }
 
-    /// The device address of the first element (of a 4-bit matrix, of its packed words: an op
+    /// The device address of the first element (of a 4-bit or FP8 matrix, of its packed words: an op
     /// other than a product refuses the dtype before it takes the address).
     pub(crate) fn ptr(&self) -> u64 {
         let s = self.dev.stream();
@@ -176,13 +190,14 @@ impl CudaStorage {
             CudaBuf::F32(b) => b.device_ptr(s).0,
             CudaBuf::BF16(b) => b.device_ptr(s).0,
             CudaBuf::Int4(b) => b.packed_ptr(&self.dev),
+            CudaBuf::Fp8(b) => b.codes_ptr(&self.dev),
         }
     }
 
     /// A copy converted to `dtype` on the device (rounding to nearest even when narrowing).
     pub(crate) fn cast(&self, dtype: DType) -> Result<CudaStorage> {
-        if self.int4().is_some() {
-            return Err(unsupported_int4("cast"));
+        if self.int4().is_some() || self.fp8().is_some() {
+            return Err(unsupported_packed("cast"));
         }
         let out = CudaStorage::alloc(&self.dev, dtype, self.len)?;
         if self.len > 0 {

@@ -75,7 +75,7 @@ impl Uploader {
         let base = match &buf {
             CudaBuf::F32(b) => b.device_ptr(s).0,
             CudaBuf::BF16(b) => b.device_ptr(s).0,
-            CudaBuf::Int4(_) => unreachable!("allocated as f32 or bf16 above"),
+            CudaBuf::Int4(_) | CudaBuf::Fp8(_) => unreachable!("allocated as f32 or bf16 above"),
         };
         for (i, chunk) in bytes.chunks(STAGE_BYTES).enumerate() {
             self.stage(base + (i * STAGE_BYTES) as u64, chunk)?;

@@ -1,0 +1,515 @@
+//! FP8 weight products on CUDA (kernels/fp8.cu): an e4m3 weight stays one byte per weight in
+//! device memory, with its f32 block scales.
+//!
+//! Up to `FP8_GEMV_MAX_ROWS` input rows (decode) go to the FP8 GEMV kernels, which read the bytes
+//! directly. Larger products of a W8A8 layer with one scale per output row run as an FP8 GEMM in
+//! cuBLASLt: the input rows are quantized to e4m3 with one scale per row (as the layer's input
+//! quantization does), and the two scale vectors are applied in the GEMM's epilogue
+//! (`OUTER_VEC_32F`). Any other product (block scales, weight-only layers, or a cuBLASLt that
+//! refuses the GEMM) dequantizes the weight to bf16 for cuBLAS, where the GEMM's compute, not the
+//! weight read, is the cost.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::cublaslt::{result as lt_result, sys as lt_sys};
+use cudarc::driver::CudaSlice;
+
+use super::device::{dev_err, dptr, int, kernel_params, CudaDevice, PerDevice};
+use super::kernels::{GEMV, NORM};
+use super::ops::{act_mul, activation_code, broadcast_row, cuda_of, wrap};
+use super::storage::{flat_cfg, CudaStorage};
+use crate::error::{Result, TensorError};
+use crate::fp8::Fp8Matrix;
+use crate::tensor::Tensor;
+use crate::{Activation, DType};
+
+/// The most input rows the GEMV kernels take (instantiated for 1 to 4).
+const FP8_GEMV_MAX_ROWS: usize = 4;
+/// Weight loads are 16 bytes (see [`Fp8Matrix::kernel_takes`]).
+const LOAD_BYTES: usize = 16;
+
+/// An FP8 weight matrix in device memory.
+#[derive(Debug)]
+pub(crate) struct Fp8Buf {
+    codes: CudaSlice<u8>,
+    scales: CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+    block_rows: usize,
+    block_cols: usize,
+    w8a8: bool,
+}
+
+impl Fp8Buf {
+    pub(crate) fn upload(dev: &CudaDevice, m: &Fp8Matrix) -> Result<Fp8Buf> {
+        if !Fp8Matrix::kernel_takes(m.rows, m.cols, m.block_cols) {
+            return Err(TensorError::Unsupported {
+                op: "to_device",
+                detail: format!(
+                    "a {}x{} FP8 weight in {}x{} blocks on CUDA (inputs a multiple of {LOAD_BYTES}, as are blocks)",
+                    m.rows, m.cols, m.block_rows, m.block_cols
+                ),
+            });
+        }
+        if m.w8a8 && m.per_row() {
+            // At load, not at the first product, which may be inside a graph capture.
+            lt_ready(dev)?;
+        }
+        let s = dev.stream();
+        Ok(Fp8Buf {
+            codes: s.clone_htod(&m.codes).map_err(dev_err)?,
+            scales: s.clone_htod(&m.scales).map_err(dev_err)?,
+            rows: m.rows,
+            cols: m.cols,
+            block_rows: m.block_rows,
+            block_cols: m.block_cols,
+            w8a8: m.w8a8,
+        })
+    }
+
+    pub(crate) fn download(&self, dev: &CudaDevice) -> Result<Fp8Matrix> {
+        let s = dev.stream();
+        let codes = s.clone_dtoh(&self.codes).map_err(dev_err)?;
+        let scales = s.clone_dtoh(&self.scales).map_err(dev_err)?;
+        Fp8Matrix::new(self.rows, self.cols, codes, scales, [self.block_rows, self.block_cols], self.w8a8)
+            .map_err(dev_err)
+    }
+
+    pub(crate) fn size_in_bytes(&self) -> usize {
+        self.codes.len() + self.scales.len() * 4
+    }
+
+    pub(crate) fn codes_ptr(&self, dev: &CudaDevice) -> u64 {
+        dptr(&self.codes, dev)
+    }
+
+    fn scale_cols(&self) -> usize {
+        self.cols.div_ceil(self.block_cols)
+    }
+
+    /// The scale layout as the GEMV kernels take it: blocks across a row, rows per block, and
+    /// 16-byte loads per block.
+    fn layout(&self) -> (usize, usize, usize) {
+        (self.scale_cols(), self.block_rows, self.block_cols.min(self.cols) / LOAD_BYTES)
+    }
+
+    fn per_row(&self) -> bool {
+        self.block_rows == 1 && self.scale_cols() == 1
+    }
+}
+
+kernel_params! {
+    /// `gemv3_fp8_m<M>`: up to three products of one x (q/k/v) sharing a scale layout; a product
+    /// with `n = 0` is absent.
+    struct Gemv3Fp8 {
+        x: u64,
+        k: i32,
+        scale_cols: i32,
+        block_rows: i32,
+        block_chunks: i32,
+        w0: u64,
+        s0: u64,
+        y0: u64,
+        n0: i32,
+        a0: i32,
+        w1: u64,
+        s1: u64,
+        y1: u64,
+        n1: i32,
+        a1: i32,
+        w2: u64,
+        s2: u64,
+        y2: u64,
+        n2: i32,
+        a2: i32,
+    }
+}
+
+kernel_params! {
+    /// `gemv_gated_fp8_m<M>`: `y = act(x wg^T) * (x wu^T)`.
+    struct GemvGatedFp8 {
+        x: u64,
+        wg: u64,
+        sg: u64,
+        wu: u64,
+        su: u64,
+        y: u64,
+        n: i32,
+        k: i32,
+        scale_cols: i32,
+        block_rows: i32,
+        block_chunks: i32,
+        act: i32,
+    }
+}
+
+kernel_params! {
+    /// `fp8_dequant_bf16`: `w[n, k]` in bf16.
+    struct Fp8Dequant { wq: u64, sc: u64, w: u64, n: i32, k: i32, scale_cols: i32, block_rows: i32, block_cols: i32 }
+}
+
+kernel_params! {
+    /// `fp8_quant_rows_bf16`: x's rows as e4m3 bytes and a scale per row.
+    struct Fp8QuantRows { x: u64, q: u64, scales: u64, cols: i32 }
+}
+
+/// One warp per output column, as the bf16 GEMV.
+fn gemv_cfg(columns: usize) -> cudarc::driver::LaunchConfig {
+    let warps_per_block = 8;
+    cudarc::driver::LaunchConfig {
+        grid_dim: (columns.div_ceil(warps_per_block) as u32, 1, 1),
+        block_dim: (32 * warps_per_block as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn rows_of(x: &Tensor) -> usize {
+    x.shape().iter().rev().skip(1).product()
+}
+
+fn shape_of(x: &Tensor, n: usize) -> Vec<usize> {
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("rank >= 1") = n;
+    shape
+}
+
+/// A product the kernels take: `x [.., k]` in bf16 by `w [n, k]`.
+fn check(x: &Tensor, xs: &CudaStorage, w: &Tensor, buf: &Fp8Buf) -> Result<()> {
+    if w.shape() != [buf.rows, buf.cols] || x.last_dim() != buf.cols {
+        return Err(TensorError::Shape {
+            op: "matmul_t",
+            detail: format!("x {:?} by an FP8 weight {:?} of {}x{}", x.shape(), w.shape(), buf.rows, buf.cols),
+        });
+    }
+    if xs.dtype() != DType::BF16 {
+        return Err(TensorError::Unsupported {
+            op: "matmul_t",
+            detail: format!("{} activations with an FP8 weight (bf16 only)", xs.dtype()),
+        });
+    }
+    Ok(())
+}
+
+/// An output of `m` rows of `n`, holding the bias where there is one (the kernels add onto it).
+fn output(dev: &Arc<CudaDevice>, m: usize, n: usize, bias: Option<&Tensor>) -> Result<CudaStorage> {
+    let out = CudaStorage::alloc(dev, DType::BF16, m * n)?;
+    if let Some(b) = bias {
+        broadcast_row(cuda_of("matmul_t", b)?, &out)?;
+    }
+    Ok(out)
+}
+
+/// `x @ w^T (+ bias)` for each FP8 `w` of `products`: up to three decode-sized products of one
+/// scale layout in one launch, otherwise one product each.
+pub(crate) fn matmul_t_many(x: &Tensor, products: &[(&Tensor, &Fp8Buf, Option<&Tensor>)]) -> Result<Vec<Tensor>> {
+    let xs = cuda_of("matmul_t", x)?;
+    for &(w, buf, _) in products {
+        check(x, xs, w, buf)?;
+    }
+    let m = rows_of(x);
+    let one_launch = products.len() <= 3 && products.iter().all(|(_, b, _)| b.layout() == products[0].1.layout());
+    if m == 0 || m > FP8_GEMV_MAX_ROWS || !one_launch {
+        return products.iter().map(|&(w, buf, bias)| matmul_t(x, w, buf, bias)).collect();
+    }
+    let dev = xs.device();
+    let outs = products.iter().map(|&(_, buf, bias)| output(dev, m, buf.rows, bias)).collect::<Result<Vec<_>>>()?;
+    let product = |i: usize| -> Result<(u64, u64, u64, i32, i32)> {
+        Ok(match products.get(i) {
+            Some(&(_, buf, bias)) => {
+                (buf.codes_ptr(dev), dptr(&buf.scales, dev), outs[i].ptr(), int(buf.rows)?, bias.is_some() as i32)
+            }
+            None => (0, 0, 0, 0, 0),
+        })
+    };
+    let ((w0, s0, y0, n0, a0), (w1, s1, y1, n1, a1), (w2, s2, y2, n2, a2)) = (product(0)?, product(1)?, product(2)?);
+    let (scale_cols, block_rows, block_chunks) = products[0].1.layout();
+    let launch = Gemv3Fp8 {
+        x: xs.ptr(),
+        k: int(x.last_dim())?,
+        scale_cols: int(scale_cols)?,
+        block_rows: int(block_rows)?,
+        block_chunks: int(block_chunks)?,
+        w0,
+        s0,
+        y0,
+        n0,
+        a0,
+        w1,
+        s1,
+        y1,
+        n1,
+        a1,
+        w2,
+        s2,
+        y2,
+        n2,
+        a2,
+    };
+    let columns: usize = products.iter().map(|(_, b, _)| b.rows).sum();
+    let f = dev.function(GEMV, &format!("gemv3_fp8_m{m}"))?;
+    launch.launch_with(dev, &f, gemv_cfg(columns))?;
+    products.iter().zip(outs).map(|(&(_, buf, _), out)| wrap(out, shape_of(x, buf.rows))).collect()
+}
+
+/// `x @ w^T (+ bias)` for an FP8 `w`.
+pub(crate) fn matmul_t(x: &Tensor, w: &Tensor, buf: &Fp8Buf, bias: Option<&Tensor>) -> Result<Tensor> {
+    let xs = cuda_of("matmul_t", x)?;
+    check(x, xs, w, buf)?;
+    let m = rows_of(x);
+    let dev = xs.device();
+    if m == 0 {
+        return wrap(CudaStorage::alloc(dev, DType::BF16, 0)?, shape_of(x, buf.rows));
+    }
+    if m <= FP8_GEMV_MAX_ROWS {
+        return Ok(matmul_t_many(x, &[(w, buf, bias)])?.remove(0));
+    }
+    if buf.w8a8 && buf.per_row() {
+        if let Some(out) = fp8_gemm(xs, m, buf, bias)? {
+            return wrap(out, shape_of(x, buf.rows));
+        }
+    }
+    let dense = wrap(dequantize(dev, buf)?, vec![buf.rows, buf.cols])?;
+    super::matmul::matmul_t(x, &dense, bias)
+}
+
+/// `act(x gate^T) * (x up^T)` for FP8 gate and up weights of one scale layout.
+pub(crate) fn gated_matmul_t(
+    x: &Tensor,
+    (gate, g): (&Tensor, &Fp8Buf),
+    (up, u): (&Tensor, &Fp8Buf),
+    act: Activation,
+) -> Result<Tensor> {
+    let xs = cuda_of("gated_matmul_t", x)?;
+    check(x, xs, gate, g)?;
+    check(x, xs, up, u)?;
+    let m = rows_of(x);
+    if m == 0 || m > FP8_GEMV_MAX_ROWS || g.layout() != u.layout() || g.rows != u.rows {
+        return act_mul(&matmul_t(x, gate, g, None)?, &matmul_t(x, up, u, None)?, act);
+    }
+    let dev = xs.device();
+    let out = CudaStorage::alloc(dev, DType::BF16, m * g.rows)?;
+    let (scale_cols, block_rows, block_chunks) = g.layout();
+    let launch = GemvGatedFp8 {
+        x: xs.ptr(),
+        wg: g.codes_ptr(dev),
+        sg: dptr(&g.scales, dev),
+        wu: u.codes_ptr(dev),
+        su: dptr(&u.scales, dev),
+        y: out.ptr(),
+        n: int(g.rows)?,
+        k: int(g.cols)?,
+        scale_cols: int(scale_cols)?,
+        block_rows: int(block_rows)?,
+        block_chunks: int(block_chunks)?,
+        act: activation_code(act),
+    };
+    let f = dev.function(GEMV, &format!("gemv_gated_fp8_m{m}"))?;
+    launch.launch_with(dev, &f, gemv_cfg(g.rows))?;
+    wrap(out, shape_of(x, g.rows))
+}
+
+/// The weight as a bf16 matrix (for products the FP8 kernels do not take).
+fn dequantize(dev: &Arc<CudaDevice>, buf: &Fp8Buf) -> Result<CudaStorage> {
+    let (n, k) = (buf.rows, buf.cols);
+    let out = CudaStorage::alloc(dev, DType::BF16, n * k)?;
+    let launch = Fp8Dequant {
+        wq: buf.codes_ptr(dev),
+        sc: dptr(&buf.scales, dev),
+        w: out.ptr(),
+        n: int(n)?,
+        k: int(k)?,
+        scale_cols: int(buf.scale_cols())?,
+        block_rows: int(buf.block_rows)?,
+        block_cols: int(buf.block_cols)?,
+    };
+    let f = dev.function(GEMV, "fp8_dequant_bf16")?;
+    launch.launch_with(dev, &f, flat_cfg(dev, n * k / 4))?;
+    Ok(out)
+}
+
+/// cuBLASLt's handle and workspace for a device, and the algorithm it chose for each GEMM shape
+/// (`None` where it has none: that shape dequantizes instead).
+#[derive(Default)]
+struct Lt {
+    state: Option<std::result::Result<LtHandle, String>>,
+    algos: HashMap<(usize, usize, usize, bool), Option<lt_sys::cublasLtMatmulAlgo_t>>,
+}
+
+struct LtHandle {
+    handle: lt_sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+}
+
+// SAFETY: the handle is only used behind the per-device mutex.
+unsafe impl Send for Lt {}
+
+static LT: PerDevice<Lt> = PerDevice::new();
+const LT_WORKSPACE: usize = 32 << 20;
+
+/// The FP8 GEMM `out[m, n] (+)= (qx[m, k] sx[m]) (qw[n, k] sw[n])^T` in bf16, `x` quantized per
+/// row on the way; `None` where cuBLASLt is missing or has no algorithm for the shape.
+fn fp8_gemm(xs: &CudaStorage, m: usize, buf: &Fp8Buf, bias: Option<&Tensor>) -> Result<Option<CudaStorage>> {
+    let dev = xs.device();
+    let (n, k) = (buf.rows, buf.cols);
+    lt_ready(dev)?;
+    let mut lt = LT.of(dev).lock().map_err(|_| dev_err("cuBLASLt state poisoned"))?;
+    let Some(Ok(handle)) = &lt.state else { return Ok(None) };
+    let (h, workspace) = (handle.handle, dptr(&handle.workspace, dev));
+    let key = (m, n, k, bias.is_some());
+    let desc = GemmDesc::new(m, n, k).map_err(|e| dev_err(format!("cuBLASLt FP8 descriptors: {e:?}")))?;
+    let algo = match lt.algos.get(&key) {
+        Some(a) => *a,
+        None => {
+            // SAFETY: the descriptors are live; the heuristic only reads them.
+            let found = unsafe { desc.heuristic(h) };
+            if found.is_none() {
+                tracing::warn!("cuBLASLt has no FP8 GEMM for {m}x{n}x{k}; that product dequantizes to bf16");
+            }
+            lt.algos.insert(key, found);
+            found
+        }
+    };
+    let Some(algo) = algo else { return Ok(None) };
+    let q = CudaStorage::alloc(dev, DType::F32, (m * k).div_ceil(4))?;
+    let sx = CudaStorage::alloc(dev, DType::F32, m)?;
+    let f = dev.function(NORM, "fp8_quant_rows_bf16")?;
+    let quant = Fp8QuantRows { x: xs.ptr(), q: q.ptr(), scales: sx.ptr(), cols: int(k)? };
+    quant.launch_with(dev, &f, super::storage::row_cfg(m, k))?;
+    let out = output(dev, m, n, bias)?;
+    let (sw, wq) = (dptr(&buf.scales, dev), buf.codes_ptr(dev));
+    let (alpha, beta) = (1.0f32, if bias.is_some() { 1.0f32 } else { 0.0 });
+    // SAFETY: every pointer addresses a live device buffer of the size the layouts give; the
+    // handle, workspace and stream belong to this device; the scale pointers stay valid until
+    // the GEMM has run (they are owned by `buf` and `sx`, which the stream orders).
+    unsafe {
+        desc.set_scales(sw, sx.ptr()).map_err(|e| dev_err(format!("cuBLASLt FP8 scales: {e:?}")))?;
+        dev.stream().context().bind_to_thread().map_err(dev_err)?;
+        lt_result::matmul(
+            h,
+            desc.matmul,
+            &alpha as *const f32 as *const _,
+            &beta as *const f32 as *const _,
+            wq as *const _,
+            desc.a,
+            q.ptr() as *const _,
+            desc.b,
+            out.ptr() as *const _,
+            desc.d,
+            out.ptr() as *mut _,
+            desc.d,
+            &algo,
+            workspace as *mut _,
+            LT_WORKSPACE,
+            dev.stream().cu_stream() as _,
+        )
+        .map_err(|e| dev_err(format!("cuBLASLt FP8 GEMM {m}x{n}x{k}: {e:?}")))?;
+    }
+    Ok(Some(out))
+}
+
+/// Opens the device's cuBLASLt handle and workspace once (or records why not: the FP8 GEMMs then
+/// dequantize).
+fn lt_ready(dev: &CudaDevice) -> Result<()> {
+    let mut lt = LT.of(dev).lock().map_err(|_| dev_err("cuBLASLt state poisoned"))?;
+    if lt.state.is_none() {
+        let opened = open_lt(dev);
+        if let Err(why) = &opened {
+            tracing::warn!("FP8 GEMMs dequantize to bf16 instead: {why}");
+        }
+        lt.state = Some(opened);
+    }
+    Ok(())
+}
+
+fn open_lt(dev: &CudaDevice) -> std::result::Result<LtHandle, String> {
+    if dev.compute_capability() < (8, 9) {
+        return Err(format!(
+            "FP8 tensor cores need compute capability 8.9 (this GPU is {:?})",
+            dev.compute_capability()
+        ));
+    }
+    // SAFETY: only probes whether the library loads.
+    if !unsafe { lt_sys::is_culib_present() } {
+        return Err("libcublasLt was not found".into());
+    }
+    dev.stream().context().bind_to_thread().map_err(|e| e.to_string())?;
+    let handle = lt_result::create_handle().map_err(|e| format!("cublasLtCreate: {e:?}"))?;
+    let workspace = dev.stream().alloc_zeros::<u8>(LT_WORKSPACE).map_err(|e| e.to_string())?;
+    Ok(LtHandle { handle, workspace })
+}
+
+/// The descriptors of one FP8 GEMM: row-major `out[m, n] = x[m, k] w[n, k]^T` is column-major
+/// `out^T[n, m] = w[n, k] (as k x n, transposed) x^T[k, m]`, the TN form FP8 GEMMs require.
+struct GemmDesc {
+    matmul: lt_sys::cublasLtMatmulDesc_t,
+    a: lt_sys::cublasLtMatrixLayout_t,
+    b: lt_sys::cublasLtMatrixLayout_t,
+    d: lt_sys::cublasLtMatrixLayout_t,
+}
+
+impl GemmDesc {
+    fn new(m: usize, n: usize, k: usize) -> std::result::Result<GemmDesc, lt_result::CublasError> {
+        use lt_sys::cudaDataType_t::{CUDA_R_16BF, CUDA_R_32F, CUDA_R_8F_E4M3};
+        let matmul = lt_result::create_matmul_desc(lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, CUDA_R_32F)?;
+        let desc = GemmDesc {
+            matmul,
+            a: lt_result::create_matrix_layout(CUDA_R_8F_E4M3, k as u64, n as u64, k as i64)?,
+            b: lt_result::create_matrix_layout(CUDA_R_8F_E4M3, k as u64, m as u64, k as i64)?,
+            d: lt_result::create_matrix_layout(CUDA_R_16BF, n as u64, m as u64, n as i64)?,
+        };
+        let set = |attr, value: &[u8]| {
+            // SAFETY: `value` is the attribute's documented type, by bytes.
+            unsafe { lt_result::set_matmul_desc_attribute(desc.matmul, attr, value.as_ptr() as *const _, value.len()) }
+        };
+        use lt_sys::cublasLtMatmulDescAttributes_t as A;
+        let op_t = (cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T as i32).to_ne_bytes();
+        let op_n = (cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N as i32).to_ne_bytes();
+        let outer =
+            (lt_sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as u32).to_ne_bytes();
+        set(A::CUBLASLT_MATMUL_DESC_TRANSA, &op_t)?;
+        set(A::CUBLASLT_MATMUL_DESC_TRANSB, &op_n)?;
+        set(A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
+        set(A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
+        Ok(desc)
+    }
+
+    /// # Safety
+    /// The scale pointers must address `n` and `m` f32s when the GEMM runs.
+    unsafe fn set_scales(&self, sw: u64, sx: u64) -> std::result::Result<(), lt_result::CublasError> {
+        use lt_sys::cublasLtMatmulDescAttributes_t as A;
+        let set = |attr, ptr: u64| {
+            let bytes = ptr.to_ne_bytes();
+            lt_result::set_matmul_desc_attribute(self.matmul, attr, bytes.as_ptr() as *const _, bytes.len())
+        };
+        set(A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, sw)?;
+        set(A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, sx)
+    }
+
+    /// cuBLASLt's first choice for these descriptors, if it has one.
+    unsafe fn heuristic(&self, handle: lt_sys::cublasLtHandle_t) -> Option<lt_sys::cublasLtMatmulAlgo_t> {
+        let pref = lt_result::create_matmul_pref().ok()?;
+        let ws = LT_WORKSPACE.to_ne_bytes();
+        let found = lt_result::set_matmul_pref_attribute(
+            pref,
+            lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            ws.as_ptr() as *const _,
+            ws.len(),
+        )
+        .and_then(|()| lt_result::get_matmul_algo_heuristic(handle, self.matmul, self.a, self.b, self.d, self.d, pref));
+        let _ = lt_result::destroy_matmul_pref(pref);
+        found.ok().map(|h| h.algo)
+    }
+}
+
+impl Drop for GemmDesc {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once; cuBLASLt copies what it needs at enqueue.
+        unsafe {
+            let _ = lt_result::destroy_matrix_layout(self.a);
+            let _ = lt_result::destroy_matrix_layout(self.b);
+            let _ = lt_result::destroy_matrix_layout(self.d);
+            let _ = lt_result::destroy_matmul_desc(self.matmul);
+        }
+    }
+}
