@@ -618,6 +618,14 @@ def _mamba_conv_identity(model: torch.nn.Module) -> None:
                 layer.mixer.conv1d.bias.zero_()
 
 
+def _mamba_scalar_a(model: torch.nn.Module) -> None:
+    """Gives every Mamba (1) channel one A for all its state entries (Mamba2's scalar-per-head form)."""
+    with torch.no_grad():
+        for layer in model.backbone.layers:
+            a = layer.mixer.A_log
+            a.copy_(a[:, :1].expand_as(a))
+
+
 def _nemotron_h_hub_spelling(cfg: dict[str, Any]) -> None:
     """Real Nemotron-H config.json files: the layer pattern as hybrid_override_pattern (M mamba, * attention,
     - MLP), and time_step_limit with Python's bare Infinity."""
@@ -2578,6 +2586,35 @@ SPECS: list[Spec] = [
         ablate_fn=_drop_mamba_skip,
         ablation_desc="D skip zeroed",
         extra_ablations=[Ablate("causal conv replaced by the identity", fn=_mamba_conv_identity)],
+    ),
+    Spec(
+        name="mamba",
+        config_class="MambaConfig",
+        architecture="MambaForCausalLM",
+        kwargs=dict(hidden_size=32, expand=2, state_size=8, num_hidden_layers=3, conv_kernel=4),
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="Mamba (1): every layer a selective-SSM mixer (64 channels, state 8, time_step_rank auto = 2), "
+        "causal conv with bias and SiLU, x_proj to (dt, B, C), dt_proj with its bias inside the softplus, A per "
+        "channel and state entry, the D skip, gate silu(z); tied embeddings; prompts run the sequential scan, "
+        "decode the selective state update",
+        ablate_fn=_mamba_scalar_a,
+        ablation_desc="A_log made one value per channel (the first state entry's)",
+        extra_ablations=[
+            Ablate("D skip zeroed", fn=_drop_mamba_skip),
+            Ablate("causal conv replaced by the identity", fn=_mamba_conv_identity),
+        ],
+    ),
+    Spec(
+        name="falcon-mamba",
+        config_class="FalconMambaConfig",
+        architecture="FalconMambaForCausalLM",
+        kwargs=dict(hidden_size=32, expand=2, state_size=8, num_hidden_layers=3, conv_kernel=4, time_step_rank=4,
+                    mixer_rms_eps=1e-6, tie_word_embeddings=False),
+        seed=3,
+        feature="Falcon-Mamba: Mamba (1) mixers whose time step, B and C pass a weightless RMSNorm each "
+        "(mixer_rms_eps) before dt_proj and the scan; time_step_rank 4; untied LM head",
+        ablate_config=dict(mixer_rms_eps=10.0),
+        ablation_desc="mixer_rms_eps 1e-6 -> 10 (the dt/B/C norms all but flatten their inputs)",
     ),
     Spec(
         name="nemotron-h",

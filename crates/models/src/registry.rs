@@ -16,7 +16,7 @@ use crate::families::qwen3_next::{self, Layout as HybridLayout, Variant::*};
 use crate::families::eagle3;
 use crate::families::{
     bert, chatglm, cohere, ernie45_moe, exaone4, falcon, gemma, gemma2, gemma3, gemma3_vl, gemma4, gpt2, gpt_neox,
-    gpt_oss, granite, granite_moe, internlm2, llama4, llava, mamba2, minicpm, minicpm3, minimax_m2, nemotron,
+    gpt_oss, granite, granite_moe, internlm2, llama4, llava, mamba, mamba2, minicpm, minicpm3, minimax_m2, nemotron,
     nemotron_h, olmo2, opt, phi, phi3, qwen2_5_vl, qwen2_vl, qwen3_vl, roberta, stablelm, starcoder2,
 };
 use crate::loading::config::RawConfig;
@@ -88,6 +88,8 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("Qwen3VLMoeForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_vl::load_moe(r, w)?)))),
     ("LlavaForConditionalGeneration", Causal(|r, w| Ok(Box::new(llava::load(r, w)?)))),
     ("Gemma3ForConditionalGeneration", Causal(|r, w| Ok(Box::new(gemma3_vl::load(r, w)?)))),
+    ("MambaForCausalLM", Causal(|r, w| Ok(Box::new(mamba::load(r, w, mamba::Variant::Mamba)?)))),
+    ("FalconMambaForCausalLM", Causal(|r, w| Ok(Box::new(mamba::load(r, w, mamba::Variant::FalconMamba)?)))),
     ("Mamba2ForCausalLM", Causal(|r, w| Ok(Box::new(mamba2::load(r, w)?)))),
     ("NemotronHForCausalLM", Causal(|r, w| Ok(Box::new(nemotron_h::load(r, w)?)))),
     ("NemotronForCausalLM", Causal(|r, w| Ok(Box::new(nemotron::load(r, w)?)))),

@@ -40,6 +40,8 @@ const FIXTURES: &[&str] = &[
     "chatglm",
     "qwen3-next",
     "qwen3_5-conditional",
+    "mamba",
+    "falcon-mamba",
     "mamba2",
     "nemotron-h",
     "granite-moe-hybrid",

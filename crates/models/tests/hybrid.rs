@@ -72,6 +72,36 @@ fn gate_catches_mamba2_breaks() {
     assert_gate_catches("mamba2", &breaks);
 }
 
+/// Mamba (1): A per channel and state entry, the dt_proj bias inside the softplus, the conv and
+/// the D skip each matter; so do Falcon-Mamba's dt/B/C norms.
+#[test]
+fn gate_catches_mamba_breaks() {
+    let breaks: [Break; 5] = [
+        ("unbroken", None, None),
+        (
+            "A one value per channel (every state entry given the channel's first A)",
+            None,
+            Some(|name| {
+                name.ends_with("A_log")
+                    .then(|| Box::new(|w: &mut [f32]| w.chunks_exact_mut(8).for_each(|row| row.fill(row[0]))) as Edit)
+            }),
+        ),
+        ("dt_proj bias zeroed", None, Some(|name| zeroed(name, "dt_proj.bias"))),
+        ("causal conv taps reversed", None, Some(reversed_conv_taps)),
+        ("D skip zeroed", None, Some(|name| zeroed(name, "mixer.D"))),
+    ];
+    assert_gate_catches("mamba", &breaks);
+    let falcon: [Break; 2] = [
+        ("unbroken", None, None),
+        (
+            "dt/B/C norms read as Mamba's (none)",
+            Some(|c| c["architectures"] = serde_json::json!(["MambaForCausalLM"])),
+            None,
+        ),
+    ];
+    assert_gate_catches("falcon-mamba", &falcon);
+}
+
 /// Nemotron-H: the dt clamp on prompts (time_step_min) and its relu² MLP layers matter.
 #[test]
 fn gate_catches_nemotron_h_breaks() {
@@ -203,7 +233,7 @@ fn last_logits(model: &dyn CausalLM, tokens: &[u32], chunks: &[usize], prompt: u
 /// reference clamps dt on prompts only (so a token decoded and the same token in a prompt differ).
 #[test]
 fn carried_state_equals_one_pass() {
-    for name in ["qwen3-next", "qwen3_5", "mamba2", "nemotron-h", "granite-moe-hybrid", "lfm2", "lfm2-moe"] {
+    for name in ["qwen3-next", "qwen3_5", "mamba", "mamba2", "nemotron-h", "granite-moe-hybrid", "lfm2", "lfm2-moe"] {
         let dir = fixtures_dir().join("models").join(name);
         let oracle = Oracle::load(&dir.join("oracle.json")).unwrap();
         let model = load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).unwrap().model;

@@ -115,6 +115,8 @@ parity! {
     qwen3_5 => "qwen3_5",
     qwen3_5_moe => "qwen3_5-moe",
     qwen3_5_conditional_generation_layout => "qwen3_5-conditional",
+    mamba => "mamba",
+    falcon_mamba => "falcon-mamba",
     mamba2 => "mamba2",
     nemotron => "nemotron",
     nemotron_h => "nemotron-h",

@@ -22,5 +22,5 @@ pub use dtype::DType;
 pub use error::{Result, TensorError};
 pub use fp8::ActivationQuant;
 pub use kv::{attention_pieces, AttnMetadata, AttnSeq, PagedKvLayer, StateCopies};
-pub use ops::{Activation, AttentionParams, GdnParams, Mamba2Params, RopeStyle, RowSampling, Xielu};
+pub use ops::{Activation, AttentionParams, GdnParams, RopeStyle, RowSampling, SelectiveScanParams, Xielu};
 pub use tensor::{CpuStorage, Device, Storage, Tensor};

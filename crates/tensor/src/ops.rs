@@ -856,9 +856,9 @@ pub fn copy_state_slots(cache: &mut PagedKvLayer, copies: &[(usize, usize)]) -> 
     }
 }
 
-/// The shapes and dt limits of a Mamba2 mixer's selective scan.
+/// The shapes and dt limits of a Mamba mixer's selective scan.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Mamba2Params {
+pub struct SelectiveScanParams {
     pub num_heads: usize,
     pub head_dim: usize,
     /// Groups of heads sharing B and C.
@@ -867,13 +867,18 @@ pub struct Mamba2Params {
     /// `(min, max)` of `dt` where transformers runs the chunked scan (prompts); its single-token
     /// update applies none.
     pub dt_limit: (f32, f32),
+    /// Mamba (1): `dt`, `dt_bias` and `D` per channel (`heads * head_dim` of them) and `A`
+    /// `[channels, state]`, where Mamba2 has one of each (and a scalar `A`) per head; heads are
+    /// then only how the channels are spread over the GPU.
+    pub per_channel: bool,
 }
 
-/// Mamba2's selective scan (see `cpu::recurrent::mamba2_scan`): `x [tokens, heads * head_dim]`,
-/// raw `dt [tokens, heads]`, `b, c [tokens, groups * state]`, per-head `a_log`, `dt_bias`, `d`.
+/// A Mamba mixer's selective scan (see `cpu::recurrent::selective_scan`): `x [tokens, heads *
+/// head_dim]`, raw `dt [tokens, heads]` (per channel: `[tokens, channels]`), `b, c [tokens,
+/// groups * state]`, `a_log`, `dt_bias`, `d` per head (per channel, `a_log` `[channels, state]`).
 /// Each sequence's `[heads, head_dim, state]` state lives in its slot of the state layer `cache`.
 #[allow(clippy::too_many_arguments)]
-pub fn mamba2_scan(
+pub fn selective_scan(
     x: &Tensor,
     dt: &Tensor,
     b: &Tensor,
@@ -883,23 +888,30 @@ pub fn mamba2_scan(
     d: &Tensor,
     cache: &mut PagedKvLayer,
     meta: &AttnMetadata,
-    p: &Mamba2Params,
+    p: &SelectiveScanParams,
 ) -> Result<Tensor> {
     let t = meta.num_tokens();
     let bc = p.num_groups * p.state_size;
-    let shapes = [(x, [t, p.num_heads * p.head_dim]), (dt, [t, p.num_heads]), (b, [t, bc]), (c, [t, bc])];
+    let channels = p.num_heads * p.head_dim;
+    let per = if p.per_channel { channels } else { p.num_heads };
+    let shapes = [(x, [t, channels]), (dt, [t, per]), (b, [t, bc]), (c, [t, bc])];
     if let Some((x, want)) = shapes.iter().find(|(x, want)| x.shape() != want) {
-        return Err(shape_err("mamba2_scan", format!("input {:?}, expected {want:?}", x.shape())));
+        return Err(shape_err("selective_scan", format!("input {:?}, expected {want:?}", x.shape())));
     }
-    if [a_log, dt_bias, d].iter().any(|v| v.numel() != p.num_heads)
+    let a_len = if p.per_channel { channels * p.state_size } else { p.num_heads };
+    if [dt_bias, d].iter().any(|v| v.numel() != per)
+        || a_log.numel() != a_len
         || p.num_groups == 0
         || !p.num_heads.is_multiple_of(p.num_groups)
     {
-        return Err(shape_err("mamba2_scan", "A_log / dt_bias / D are not one value per head, or heads / groups"));
+        return Err(shape_err(
+            "selective_scan",
+            "A_log / dt_bias / D are not one value per head (per channel), or heads / groups",
+        ));
     }
-    check_state_layer("mamba2_scan", cache, meta, cache.k_dim, p.num_heads * p.head_dim * p.state_size)?;
+    check_state_layer("selective_scan", cache, meta, cache.k_dim, channels * p.state_size)?;
     match x.storage() {
-        Storage::Cpu(_) => cpu::recurrent::mamba2_scan(x, dt, b, c, a_log, dt_bias, d, cache, meta, p),
-        Storage::Cuda(_) => cuda::recurrent::mamba2_scan(x, dt, b, c, a_log, dt_bias, d, cache, meta, p),
+        Storage::Cpu(_) => cpu::recurrent::selective_scan(x, dt, b, c, a_log, dt_bias, d, cache, meta, p),
+        Storage::Cuda(_) => cuda::recurrent::selective_scan(x, dt, b, c, a_log, dt_bias, d, cache, meta, p),
     }
 }

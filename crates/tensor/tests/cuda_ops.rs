@@ -1500,63 +1500,70 @@ fn recurrent_ops_match_cpu() {
     }
 }
 
-/// Mamba2's selective scan: fresh prompts of 70, 1 and 5 tokens (dt clamped from below, as on
-/// prompts), then a decode token each (unclamped) and a 9-token chunk, state carried in the slots.
+/// The selective scan of Mamba2 (parameters per head) and Mamba (per channel, `A` per channel and
+/// state): fresh prompts of 70, 1 and 5 tokens (dt clamped from below, as on prompts), then a
+/// decode token each (unclamped) and a 9-token chunk, state carried in the slots.
 #[test]
-fn mamba2_scan_matches_cpu() {
+fn selective_scan_matches_cpu() {
     require_gpu!();
     let (heads, head_dim, groups, n) = (4, 8, 2, 16);
-    let params = ops::Mamba2Params {
-        num_heads: heads,
-        head_dim,
-        num_groups: groups,
-        state_size: n,
-        dt_limit: (0.05, f32::INFINITY),
-    };
-    let state = |device| PagedKvLayer::new_on(device, DType::F32, 4, 1, 1, 3, heads * head_dim * n).unwrap();
-    let mut r = rng(37);
-    let (a_log, dt_bias, d) = (random(&mut r, heads, 1.0), random(&mut r, heads, 1.0), random(&mut r, heads, 1.0));
-    let param = |v: &[f32], device| Tensor::from_f32(v.to_vec(), &[heads]).unwrap().to_device(device).unwrap();
-    for dtype in DTYPES {
-        let (mut cpu_state, mut gpu_state) = (state(Device::Cpu), state(GPU));
-        for (step, seqs) in STATE_STEPS.iter().enumerate() {
-            let (meta, t) = state_step_meta(seqs);
-            let (x, xg) = pair(&random(&mut r, t * heads * head_dim, 1.0), &[t, heads * head_dim], dtype);
-            let (dt, dtg) = pair(&random(&mut r, t * heads, 3.0), &[t, heads], dtype);
-            let (b, bg) = pair(&random(&mut r, t * groups * n, 1.0), &[t, groups * n], dtype);
-            let (c, cg) = pair(&random(&mut r, t * groups * n, 1.0), &[t, groups * n], dtype);
-            let want = ops::mamba2_scan(
-                &x,
-                &dt,
-                &b,
-                &c,
-                &param(&a_log, Device::Cpu),
-                &param(&dt_bias, Device::Cpu),
-                &param(&d, Device::Cpu),
-                &mut cpu_state,
-                &meta,
-                &params,
-            )
-            .unwrap();
-            let got = ops::mamba2_scan(
-                &xg,
-                &dtg,
-                &bg,
-                &cg,
-                &param(&a_log, GPU),
-                &param(&dt_bias, GPU),
-                &param(&d, GPU),
-                &mut gpu_state,
-                &meta,
-                &params,
-            )
-            .unwrap();
-            check(&format!("mamba2_scan step {step}"), dtype, &got, &want, tol(dtype));
+    for per_channel in [false, true] {
+        let params = ops::SelectiveScanParams {
+            num_heads: heads,
+            head_dim,
+            num_groups: groups,
+            state_size: n,
+            dt_limit: (0.05, f32::INFINITY),
+            per_channel,
+        };
+        let per = if per_channel { heads * head_dim } else { heads };
+        let a_len = if per_channel { per * n } else { per };
+        let state = |device| PagedKvLayer::new_on(device, DType::F32, 4, 1, 1, 3, heads * head_dim * n).unwrap();
+        let mut r = rng(37);
+        let (a_log, dt_bias, d) = (random(&mut r, a_len, 1.0), random(&mut r, per, 1.0), random(&mut r, per, 1.0));
+        let param = |v: &[f32], device| Tensor::from_f32(v.to_vec(), &[v.len()]).unwrap().to_device(device).unwrap();
+        for dtype in DTYPES {
+            let (mut cpu_state, mut gpu_state) = (state(Device::Cpu), state(GPU));
+            for (step, seqs) in STATE_STEPS.iter().enumerate() {
+                let (meta, t) = state_step_meta(seqs);
+                let (x, xg) = pair(&random(&mut r, t * heads * head_dim, 1.0), &[t, heads * head_dim], dtype);
+                let (dt, dtg) = pair(&random(&mut r, t * per, 3.0), &[t, per], dtype);
+                let (b, bg) = pair(&random(&mut r, t * groups * n, 1.0), &[t, groups * n], dtype);
+                let (c, cg) = pair(&random(&mut r, t * groups * n, 1.0), &[t, groups * n], dtype);
+                let want = ops::selective_scan(
+                    &x,
+                    &dt,
+                    &b,
+                    &c,
+                    &param(&a_log, Device::Cpu),
+                    &param(&dt_bias, Device::Cpu),
+                    &param(&d, Device::Cpu),
+                    &mut cpu_state,
+                    &meta,
+                    &params,
+                )
+                .unwrap();
+                let got = ops::selective_scan(
+                    &xg,
+                    &dtg,
+                    &bg,
+                    &cg,
+                    &param(&a_log, GPU),
+                    &param(&dt_bias, GPU),
+                    &param(&d, GPU),
+                    &mut gpu_state,
+                    &meta,
+                    &params,
+                )
+                .unwrap();
+                let name = format!("selective_scan per_channel={per_channel} step {step}");
+                check(&name, dtype, &got, &want, tol(dtype));
+            }
+            let (_, ssm) = cache_contents(&gpu_state);
+            let ferrite_tensor::kv::KvStorage::Cpu { v, .. } = &cpu_state.storage else { unreachable!() };
+            let err = ssm.iter().zip(v).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            println!("CHECK selective scan states per_channel={per_channel} {dtype}: {err:.1e}");
+            assert!(err <= 1e-4, "per_channel={per_channel} {dtype}: states differ by {err}");
         }
-        let (_, ssm) = cache_contents(&gpu_state);
-        let ferrite_tensor::kv::KvStorage::Cpu { v, .. } = &cpu_state.storage else { unreachable!() };
-        let err = ssm.iter().zip(v).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-        println!("CHECK mamba2 states {dtype}: {err:.1e}");
-        assert!(err <= 1e-4, "{dtype}: states differ by {err}");
     }
 }

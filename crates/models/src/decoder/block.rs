@@ -6,6 +6,7 @@
 use ferrite_tensor::{ops, AttentionParams, AttnMetadata, PagedKvLayer, Tensor};
 
 use crate::layers::gdn::GatedDeltaNet;
+use crate::layers::mamba::MambaMixer;
 use crate::layers::mamba2::Mamba2Mixer;
 use crate::layers::mla::Mla;
 use crate::layers::moe::SparseMoe;
@@ -85,6 +86,8 @@ pub enum TokenMixer {
     SharedKv(SharedKvAttention),
     /// Linear attention with a per-sequence recurrent state instead of a KV cache.
     GatedDeltaNet(Box<GatedDeltaNet>),
+    /// A selective state-space layer (Mamba 1) with a per-sequence state.
+    Mamba(Box<MambaMixer>),
     /// A selective state-space layer (Mamba2) with a per-sequence state.
     Mamba2(Box<Mamba2Mixer>),
     /// A gated short convolution (LFM2) whose state is its conv's last inputs.
@@ -164,6 +167,7 @@ impl TokenMixer {
                 s.o.forward(&ops::paged_attention(&q, cache, meta, &s.params)?)
             }
             TokenMixer::GatedDeltaNet(g) => g.forward(x, meta, cache),
+            TokenMixer::Mamba(m) => m.forward(x, meta, cache),
             TokenMixer::Mamba2(m) => m.forward(x, meta, cache),
             TokenMixer::ShortConv(c) => c.forward(x, meta, cache),
             TokenMixer::None => Err(ferrite_tensor::TensorError::Unsupported {
@@ -186,6 +190,7 @@ impl TokenMixer {
             TokenMixer::Latent { mla, .. } => LayerCache::Kv(mla.kv_spec()),
             TokenMixer::SharedKv(s) => LayerCache::Shared(s.source),
             TokenMixer::GatedDeltaNet(g) => LayerCache::State(g.state_spec()),
+            TokenMixer::Mamba(m) => LayerCache::State(m.state_spec()),
             TokenMixer::Mamba2(m) => LayerCache::State(m.state_spec()),
             TokenMixer::ShortConv(c) => LayerCache::State(c.state_spec()),
             TokenMixer::None => LayerCache::None,
@@ -206,6 +211,7 @@ impl TokenMixer {
             TokenMixer::Latent { mla, .. } => mla.weight_bytes(),
             TokenMixer::SharedKv(s) => s.q.weight.size_in_bytes() + s.o.weight.size_in_bytes(),
             TokenMixer::GatedDeltaNet(g) => g.weight_bytes(),
+            TokenMixer::Mamba(m) => m.weight_bytes(),
             TokenMixer::Mamba2(m) => m.weight_bytes(),
             TokenMixer::ShortConv(c) => c.weight_bytes(),
             TokenMixer::None => 0,

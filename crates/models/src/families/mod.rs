@@ -29,6 +29,7 @@ pub mod lfm2;
 pub mod llama;
 pub mod llama4;
 pub mod llava;
+pub mod mamba;
 pub mod mamba2;
 pub mod minicpm;
 pub mod minicpm3;

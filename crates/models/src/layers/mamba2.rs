@@ -3,7 +3,7 @@
 //! per head (B and C shared by groups of heads), the D skip, a gated RMSNorm per group
 //! (`norm(y * silu(z))`, transformers' `norm_before_gate=False`) and the output projection.
 
-use ferrite_tensor::{ops, Activation, AttnMetadata, Mamba2Params, PagedKvLayer, Tensor};
+use ferrite_tensor::{ops, Activation, AttnMetadata, PagedKvLayer, SelectiveScanParams, Tensor};
 
 use crate::layers::{Linear, RmsNorm};
 use crate::loading::weights::Scope;
@@ -19,7 +19,7 @@ pub struct Mamba2Dims {
     pub conv_kernel: usize,
     pub conv_bias: bool,
     pub proj_bias: bool,
-    /// The clamp of `dt` on prompts (see [`Mamba2Params::dt_limit`]).
+    /// The clamp of `dt` on prompts (see [`SelectiveScanParams::dt_limit`]).
     pub dt_limit: (f32, f32),
     pub eps: f64,
 }
@@ -95,14 +95,15 @@ impl Mamba2Mixer {
         let xbc = self.xbc.forward(x)?;
         let xbc = ops::causal_conv1d(&xbc, &self.conv, self.conv_bias.as_ref(), Some(Activation::Silu), state, meta)?;
         let (inner, bc) = (d.inner(), d.num_groups * d.state_size);
-        let params = Mamba2Params {
+        let params = SelectiveScanParams {
             num_heads: d.num_heads,
             head_dim: d.head_dim,
             num_groups: d.num_groups,
             state_size: d.state_size,
             dt_limit: d.dt_limit,
+            per_channel: false,
         };
-        let y = ops::mamba2_scan(
+        let y = ops::selective_scan(
             &ops::narrow_cols(&xbc, 0, inner)?,
             &self.dt.forward(x)?,
             &ops::narrow_cols(&xbc, inner, bc)?,

@@ -14,7 +14,7 @@ use super::elementwise::activate;
 use super::f32_tensor;
 use crate::error::{Result, TensorError};
 use crate::kv::{AttnMetadata, KvStorage, PagedKvLayer};
-use crate::ops::{Activation, GdnParams, Mamba2Params};
+use crate::ops::{Activation, GdnParams, SelectiveScanParams};
 use crate::tensor::Tensor;
 
 fn state_slices<'a>(op: &'static str, cache: &'a mut PagedKvLayer) -> Result<(&'a mut [f32], &'a mut [f32])> {
@@ -296,7 +296,7 @@ fn chunked(inp: &HeadInputs, state: &mut [f32], dk: usize, dv: usize, chunk_size
 /// `h = exp(dt * A) h + dt B x`, `y = C h + D x` with `A = -exp(a_log)`. Each sequence's
 /// `[heads, head_dim, state]` state is read from and written back to its slot of `cache`.
 #[allow(clippy::too_many_arguments)]
-pub fn mamba2_scan(
+pub fn selective_scan(
     x: &Tensor,
     dt: &Tensor,
     b: &Tensor,
@@ -306,14 +306,14 @@ pub fn mamba2_scan(
     d: &Tensor,
     cache: &mut PagedKvLayer,
     meta: &AttnMetadata,
-    p: &Mamba2Params,
+    p: &SelectiveScanParams,
 ) -> Result<Tensor> {
     let (xs, dts, bs, cs) = (x.as_f32_slice()?, dt.as_f32_slice()?, b.as_f32_slice()?, c.as_f32_slice()?);
     let (a_log, dt_bias, ds) = (a_log.as_f32_slice()?, dt_bias.as_f32_slice()?, d.as_f32_slice()?);
     let (heads, hd, groups, n) = (p.num_heads, p.head_dim, p.num_groups, p.state_size);
     let per_group = heads / groups;
     let tokens = x.rows();
-    let (_, states) = state_slices("mamba2_scan", cache)?;
+    let (_, states) = state_slices("selective_scan", cache)?;
     let state_len = hd * n;
     let mut out = vec![0f32; tokens * heads * hd];
     for StateSeq { rows, slot, fresh, prefill } in sequences(meta) {
@@ -327,27 +327,30 @@ pub fn mamba2_scan(
             .enumerate()
             .map(|(h, state)| {
                 let g = h / per_group;
-                let a = -a_log[h].exp();
                 let mut y = Vec::with_capacity(rows.len() * hd);
                 for r in rows.clone() {
-                    let mut delta = softplus(dts[r * heads + h] + dt_bias[h]);
-                    if chunked {
-                        delta = delta.clamp(p.dt_limit.0, p.dt_limit.1);
-                    }
-                    let decay = (delta * a).exp();
                     let (bg, cg) = (
                         &bs[(r * groups + g) * n..(r * groups + g + 1) * n],
                         &cs[(r * groups + g) * n..(r * groups + g + 1) * n],
                     );
                     for i in 0..hd {
+                        // The parameters' index: the head (Mamba2) or the channel (Mamba).
+                        let (at, width) = if p.per_channel { (h * hd + i, heads * hd) } else { (h, heads) };
+                        let mut delta = softplus(dts[r * width + at] + dt_bias[at]);
+                        if chunked {
+                            delta = delta.clamp(p.dt_limit.0, p.dt_limit.1);
+                        }
                         let xi = xs[(r * heads + h) * hd + i];
                         let row = &mut state[i * n..(i + 1) * n];
                         let mut acc = 0f32;
-                        for ((s, &bv), &cv) in row.iter_mut().zip(bg).zip(cg) {
+                        let head_decay = (delta * -a_log[h].exp()).exp();
+                        for (k, ((s, &bv), &cv)) in row.iter_mut().zip(bg).zip(cg).enumerate() {
+                            let decay =
+                                if p.per_channel { (delta * -a_log[at * n + k].exp()).exp() } else { head_decay };
                             *s = *s * decay + delta * bv * xi;
                             acc += cv * *s;
                         }
-                        y.push(acc + xi * ds[h]);
+                        y.push(acc + xi * ds[at]);
                     }
                 }
                 y

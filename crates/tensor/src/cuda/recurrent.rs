@@ -11,7 +11,7 @@ use super::ops::{activation_code, cuda_of, same_dtype, wrap};
 use super::storage::{dtype_suffix, CudaStorage};
 use crate::error::Result;
 use crate::kv::{AttnMetadata, KvStorage, PagedKvLayer};
-use crate::ops::{Activation, GdnParams, Mamba2Params};
+use crate::ops::{Activation, GdnParams, SelectiveScanParams};
 use crate::tensor::Tensor;
 use crate::DType;
 
@@ -259,15 +259,15 @@ fn independent_waves(copies: &[(usize, usize)]) -> Vec<&[(usize, usize)]> {
 }
 
 kernel_params! {
-    /// `mamba2_scan_<t>`: grid (heads, sequences), one thread per head dimension.
-    struct Mamba2Scan {
+    /// `selective_scan_<t>`: grid (heads, sequences), one thread per head dimension.
+    struct SelectiveScan {
         x: u64, dt: u64, b: u64, c: u64, a_log: u64, dt_bias: u64, d: u64, y: u64, state: u64, seqs: u64,
-        heads: i32, head_dim: i32, groups: i32, state_size: i32, dt_min: f32, dt_max: f32,
+        heads: i32, head_dim: i32, groups: i32, state_size: i32, dt_min: f32, dt_max: f32, per_channel: i32,
     }
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn mamba2_scan(
+pub fn selective_scan(
     x: &Tensor,
     dt: &Tensor,
     b: &Tensor,
@@ -277,9 +277,9 @@ pub fn mamba2_scan(
     d: &Tensor,
     cache: &mut PagedKvLayer,
     meta: &AttnMetadata,
-    p: &Mamba2Params,
+    p: &SelectiveScanParams,
 ) -> Result<Tensor> {
-    let op = "mamba2_scan";
+    let op = "selective_scan";
     let xs = cuda_of(op, x)?;
     for t in [dt, b, c] {
         same_dtype(op, xs, cuda_of(op, t)?)?;
@@ -296,8 +296,8 @@ pub fn mamba2_scan(
     let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
     if !meta.seqs.is_empty() {
         with_state_seqs(dev, meta, |seqs| {
-            let f = dev.function(RECURRENT, &format!("mamba2_scan_{}", dtype_suffix(xs.dtype())?))?;
-            let launch = Mamba2Scan {
+            let f = dev.function(RECURRENT, &format!("selective_scan_{}", dtype_suffix(xs.dtype())?))?;
+            let launch = SelectiveScan {
                 x: xs.ptr(),
                 dt: cuda_of(op, dt)?.ptr(),
                 b: cuda_of(op, b)?.ptr(),
@@ -314,6 +314,7 @@ pub fn mamba2_scan(
                 state_size: int(p.state_size)?,
                 dt_min: p.dt_limit.0,
                 dt_max: p.dt_limit.1,
+                per_channel: p.per_channel as i32,
             };
             launch.launch_with(dev, &f, per_head_cfg(p.num_heads, meta.seqs.len(), p.head_dim))
         })?;

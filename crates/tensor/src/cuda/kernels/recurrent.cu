@@ -117,11 +117,11 @@ extern "C" __global__ void copy_state_slots(float* k, float* v, const int2* pair
 // Mamba2's selective scan: one block per (head, sequence), one thread per head dimension holding
 // its row of the [head_dim, state] state; tokens in order.
 template <typename T>
-__device__ void mamba2_scan(const T* __restrict__ x, const T* __restrict__ dt, const T* __restrict__ b,
+__device__ void selective_scan(const T* __restrict__ x, const T* __restrict__ dt, const T* __restrict__ b,
                             const T* __restrict__ c, const float* __restrict__ a_log,
                             const float* __restrict__ dt_bias, const float* __restrict__ d, T* __restrict__ y,
                             float* __restrict__ state, const int4* __restrict__ seqs, int heads, int head_dim,
-                            int groups, int n, float dt_min, float dt_max) {
+                            int groups, int n, float dt_min, float dt_max, int per_channel) {
     const int h = blockIdx.x, i = threadIdx.x, g = h / (heads / groups);
     const int4 s = seqs[blockIdx.y];
     float* st = state + (((size_t)s.z * heads + h) * head_dim + i) * n;
@@ -129,21 +129,25 @@ __device__ void mamba2_scan(const T* __restrict__ x, const T* __restrict__ dt, c
     const bool active = i < head_dim;
     for (int k = 0; k < n; ++k) row[k] = ((s.w & 1) || !active) ? 0.f : st[k];
     const bool chunked = (s.w & 2) != 0;
-    const float a = -expf(a_log[h]);
+    // The parameters' index: the head (Mamba2), or this thread's channel (Mamba).
+    const int at = per_channel ? h * head_dim + i : h, width = per_channel ? heads * head_dim : heads;
+    float a[SSM_STATE_MAX];
+    for (int k = 0; k < n; ++k) a[k] = active ? -expf(a_log[per_channel ? (size_t)at * n + k : h]) : 0.f;
     for (int t = 0; t < s.y; ++t) {
         const size_t r = (size_t)(s.x + t);
-        float delta = to_f(dt[r * heads + h]) + dt_bias[h];
-        delta = delta > 20.f ? delta : log1pf(expf(delta));
-        if (chunked) delta = fminf(fmaxf(delta, dt_min), dt_max);
-        const float decay = expf(delta * a);
         if (active) {
+            float delta = to_f(dt[r * width + at]) + dt_bias[at];
+            delta = delta > 20.f ? delta : log1pf(expf(delta));
+            if (chunked) delta = fminf(fmaxf(delta, dt_min), dt_max);
             const float xi = to_f(x[(r * heads + h) * head_dim + i]);
+            const float head_decay = expf(delta * a[0]);
             float acc = 0.f;
             for (int k = 0; k < n; ++k) {
+                const float decay = per_channel ? expf(delta * a[k]) : head_decay;
                 row[k] = row[k] * decay + delta * to_f(b[(r * groups + g) * n + k]) * xi;
                 acc += to_f(c[(r * groups + g) * n + k]) * row[k];
             }
-            y[(r * heads + h) * head_dim + i] = from_f<T>(acc + xi * d[h]);
+            y[(r * heads + h) * head_dim + i] = from_f<T>(acc + xi * d[at]);
         }
     }
     if (active)
@@ -151,11 +155,12 @@ __device__ void mamba2_scan(const T* __restrict__ x, const T* __restrict__ dt, c
 }
 
 #define INST_MAMBA(TN, T)                                                                                           \
-    extern "C" __global__ void mamba2_scan_##TN(const T* x, const T* dt, const T* b, const T* c, const float* a_log, \
+    extern "C" __global__ void selective_scan_##TN(const T* x, const T* dt, const T* b, const T* c, const float* a_log, \
                                                 const float* dt_bias, const float* d, T* y, float* state,          \
                                                 const int4* seqs, int heads, int head_dim, int groups, int n,      \
-                                                float dt_min, float dt_max) {                                      \
+                                                float dt_min, float dt_max, int per_channel) {                     \
         pdl_wait();                                                                                                 \
-        mamba2_scan<T>(x, dt, b, c, a_log, dt_bias, d, y, state, seqs, heads, head_dim, groups, n, dt_min, dt_max); \
+        selective_scan<T>(x, dt, b, c, a_log, dt_bias, d, y, state, seqs, heads, head_dim, groups, n, dt_min,      \
+                          dt_max, per_channel);                                                                     \
     }
 FOR_T(INST_MAMBA)
