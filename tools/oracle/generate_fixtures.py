@@ -621,9 +621,17 @@ def _mamba_conv_identity(model: torch.nn.Module) -> None:
 def _mamba_scalar_a(model: torch.nn.Module) -> None:
     """Gives every Mamba (1) channel one A for all its state entries (Mamba2's scalar-per-head form)."""
     with torch.no_grad():
-        for layer in model.backbone.layers:
-            a = layer.mixer.A_log
-            a.copy_(a[:, :1].expand_as(a))
+        for name, a in model.named_parameters():
+            if name.endswith("A_log"):
+                a.copy_(a[:, :1].expand_as(a))
+
+
+def _jamba_unit_ssm_norms(model: torch.nn.Module) -> None:
+    """Sets the weights of Jamba's dt/B/C RMSNorms to one (Falcon-Mamba's weightless form)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("dt_layernorm.weight", "b_layernorm.weight", "c_layernorm.weight")):
+                p.fill_(1.0)
 
 
 def _nemotron_h_hub_spelling(cfg: dict[str, Any]) -> None:
@@ -2615,6 +2623,23 @@ SPECS: list[Spec] = [
         "(mixer_rms_eps) before dt_proj and the scan; time_step_rank 4; untied LM head",
         ablate_config=dict(mixer_rms_eps=10.0),
         ablation_desc="mixer_rms_eps 1e-6 -> 10 (the dt/B/C norms all but flatten their inputs)",
+    ),
+    Spec(
+        name="jamba",
+        config_class="JambaConfig",
+        architecture="JambaForCausalLM",
+        kwargs=dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                    num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                    expert_layer_offset=0, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4,
+                    mamba_expand=2, mamba_dt_rank="auto", use_mamba_kernels=False),
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="Jamba: Mamba (1) mixers (64 channels, state 8, dt rank auto = 2) whose dt, B and C pass RMSNorms with "
+        "weights, on layers 0 and 2; attention without position embeddings (GQA 4/2) on layers 1 and 3 "
+        "(attn_layer_period 2, offset 1); a mixture of 4 experts, top 2 of the softmax not renormalised, on layers "
+        "0 and 2 (expert_layer_period 2, offset 0), gated MLPs on 1 and 3; final_layernorm",
+        ablate_fn=_mamba_scalar_a,
+        ablation_desc="A_log made one value per channel (the first state entry's)",
+        extra_ablations=[Ablate("dt/B/C RMSNorm weights set to one", fn=_jamba_unit_ssm_norms)],
     ),
     Spec(
         name="nemotron-h",

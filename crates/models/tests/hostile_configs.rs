@@ -42,6 +42,7 @@ const FIXTURES: &[&str] = &[
     "qwen3_5-conditional",
     "mamba",
     "falcon-mamba",
+    "jamba",
     "mamba2",
     "nemotron-h",
     "granite-moe-hybrid",

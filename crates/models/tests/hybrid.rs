@@ -102,6 +102,33 @@ fn gate_catches_mamba_breaks() {
     assert_gate_catches("falcon-mamba", &falcon);
 }
 
+/// Jamba: its dt/B/C norms' weights and A per state entry matter.
+#[test]
+fn gate_catches_jamba_breaks() {
+    let breaks: [Break; 3] = [
+        ("unbroken", None, None),
+        (
+            "dt/B/C RMSNorm weights read as ones",
+            None,
+            Some(|name| {
+                name.ends_with("layernorm.weight")
+                    .then(|| name.contains(".mamba."))
+                    .filter(|&mamba| mamba)
+                    .map(|_| Box::new(|w: &mut [f32]| w.fill(1.0)) as Edit)
+            }),
+        ),
+        (
+            "A one value per channel",
+            None,
+            Some(|name| {
+                name.ends_with("A_log")
+                    .then(|| Box::new(|w: &mut [f32]| w.chunks_exact_mut(8).for_each(|row| row.fill(row[0]))) as Edit)
+            }),
+        ),
+    ];
+    assert_gate_catches("jamba", &breaks);
+}
+
 /// Nemotron-H: the dt clamp on prompts (time_step_min) and its relu² MLP layers matter.
 #[test]
 fn gate_catches_nemotron_h_breaks() {
@@ -233,7 +260,9 @@ fn last_logits(model: &dyn CausalLM, tokens: &[u32], chunks: &[usize], prompt: u
 /// reference clamps dt on prompts only (so a token decoded and the same token in a prompt differ).
 #[test]
 fn carried_state_equals_one_pass() {
-    for name in ["qwen3-next", "qwen3_5", "mamba", "mamba2", "nemotron-h", "granite-moe-hybrid", "lfm2", "lfm2-moe"] {
+    for name in
+        ["qwen3-next", "qwen3_5", "mamba", "jamba", "mamba2", "nemotron-h", "granite-moe-hybrid", "lfm2", "lfm2-moe"]
+    {
         let dir = fixtures_dir().join("models").join(name);
         let oracle = Oracle::load(&dir.join("oracle.json")).unwrap();
         let model = load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).unwrap().model;

@@ -117,6 +117,7 @@ parity! {
     qwen3_5_conditional_generation_layout => "qwen3_5-conditional",
     mamba => "mamba",
     falcon_mamba => "falcon-mamba",
+    jamba => "jamba",
     mamba2 => "mamba2",
     nemotron => "nemotron",
     nemotron_h => "nemotron-h",

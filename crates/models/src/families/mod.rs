@@ -25,6 +25,7 @@ pub mod granite;
 pub mod granite_moe;
 pub mod hunyuan;
 pub mod internlm2;
+pub mod jamba;
 pub mod lfm2;
 pub mod llama;
 pub mod llama4;
