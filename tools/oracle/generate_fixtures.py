@@ -2642,6 +2642,22 @@ SPECS: list[Spec] = [
         extra_ablations=[Ablate("dt/B/C RMSNorm weights set to one", fn=_jamba_unit_ssm_norms)],
     ),
     Spec(
+        name="olmo-hybrid",
+        config_class="OlmoHybridConfig",
+        architecture="OlmoHybridForCausalLM",
+        kwargs=dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                    num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                    linear_value_head_dim=32, linear_conv_kernel_dim=4, linear_allow_neg_eigval=True,
+                    pad_token_id=None, eos_token_id=None),
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="OLMo Hybrid: Gated DeltaNet layers (separate q/k/v/g/a/b projections, 2 key heads of 16, 4 value "
+        "heads of 32, beta scaled to [0, 2] by linear_allow_neg_eigval, gated o_norm at eps 1e-5) in pre-norm layers "
+        "0-2, an OLMo 3 attention layer (full-width QK-norm, norms after attention and MLP) at layer 3 by the default "
+        "layer_types rule",
+        ablate_config=dict(linear_allow_neg_eigval=False),
+        ablation_desc="linear_allow_neg_eigval off (beta in [0, 1])",
+    ),
+    Spec(
         name="nemotron-h",
         config_class="NemotronHConfig",
         architecture="NemotronHForCausalLM",

@@ -43,6 +43,7 @@ const FIXTURES: &[&str] = &[
     "mamba",
     "falcon-mamba",
     "jamba",
+    "olmo-hybrid",
     "mamba2",
     "nemotron-h",
     "granite-moe-hybrid",

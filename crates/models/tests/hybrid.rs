@@ -129,6 +129,17 @@ fn gate_catches_jamba_breaks() {
     assert_gate_catches("jamba", &breaks);
 }
 
+/// OLMo Hybrid: beta's [0, 2] range and the attention layer's rotary embedding matter.
+#[test]
+fn gate_catches_olmo_hybrid_breaks() {
+    let breaks: [Break; 3] = [
+        ("unbroken", None, None),
+        ("linear_allow_neg_eigval off (beta in [0, 1])", Some(|c| c["linear_allow_neg_eigval"] = false.into()), None),
+        ("rope_parameters dropped (NoPE attention)", Some(|c| c["rope_parameters"] = serde_json::Value::Null), None),
+    ];
+    assert_gate_catches("olmo-hybrid", &breaks);
+}
+
 /// Nemotron-H: the dt clamp on prompts (time_step_min) and its relu² MLP layers matter.
 #[test]
 fn gate_catches_nemotron_h_breaks() {

@@ -118,6 +118,7 @@ parity! {
     mamba => "mamba",
     falcon_mamba => "falcon-mamba",
     jamba => "jamba",
+    olmo_hybrid => "olmo-hybrid",
     mamba2 => "mamba2",
     nemotron => "nemotron",
     nemotron_h => "nemotron-h",

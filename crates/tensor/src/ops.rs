@@ -737,7 +737,7 @@ mod tests {
 }
 
 /// The shapes of a Gated DeltaNet layer's delta rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GdnParams {
     pub num_k_heads: usize,
     pub num_v_heads: usize,
@@ -745,6 +745,9 @@ pub struct GdnParams {
     pub v_dim: usize,
     /// Tokens per chunk of the chunked prefill form (64 in the references).
     pub chunk_size: usize,
+    /// Multiplies `beta = sigmoid(b)`: 2 where the layer allows negative eigenvalues (OLMo
+    /// Hybrid's `linear_allow_neg_eigval`, beta in [0, 2]), else 1.
+    pub beta_scale: f32,
 }
 
 fn check_state_layer(op: &'static str, cache: &PagedKvLayer, meta: &AttnMetadata, k: usize, v: usize) -> Result<()> {

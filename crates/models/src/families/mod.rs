@@ -39,6 +39,7 @@ pub mod mixtral;
 pub mod nemotron;
 pub mod nemotron_h;
 pub mod olmo2;
+pub mod olmo_hybrid;
 pub mod opt;
 pub mod phi;
 pub mod phi3;

@@ -45,6 +45,9 @@ pub enum GdnProjections {
     Interleaved,
     /// Qwen3.5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
     Separate,
+    /// OLMo Hybrid: `q_proj`, `k_proj`, `v_proj`, the gate `g_proj`, `b_proj`, `a_proj`; the
+    /// output projection `o_proj` and the gated norm `o_norm`.
+    OlmoHybrid,
 }
 
 #[derive(Debug, Clone)]
@@ -62,6 +65,8 @@ pub struct GatedDeltaNet {
     pub norm: RmsNorm,
     pub out: Linear,
     pub dims: GdnDims,
+    /// See [`GdnParams::beta_scale`].
+    pub beta_scale: f32,
 }
 
 impl GatedDeltaNet {
@@ -69,6 +74,18 @@ impl GatedDeltaNet {
     pub fn load(s: &Scope, hidden: usize, dims: GdnDims, layout: GdnProjections, eps: f64) -> Result<GatedDeltaNet> {
         let (kw, vw, hv) = (dims.key_width(), dims.value_width(), dims.num_v_heads);
         let (qkv, z, b, a) = match layout {
+            GdnProjections::OlmoHybrid => {
+                let parts = [("q_proj", kw), ("k_proj", kw), ("v_proj", vw)]
+                    .map(|(name, rows)| s.linear(name, hidden, rows, false).map(|l| l.weight));
+                let [q, k, v] = parts;
+                let qkv = ops::concat_rows(&[&q?, &k?, &v?])?;
+                (
+                    Linear::new(qkv, None),
+                    s.linear("g_proj", hidden, vw, false)?,
+                    s.linear("b_proj", hidden, hv, false)?,
+                    s.linear("a_proj", hidden, hv, false)?,
+                )
+            }
             GdnProjections::Separate => (
                 s.linear("in_proj_qkv", hidden, 2 * kw + vw, false)?,
                 s.linear("in_proj_z", hidden, vw, false)?,
@@ -98,9 +115,39 @@ impl GatedDeltaNet {
                 )
             }
         };
+        let olmo = layout == GdnProjections::OlmoHybrid;
         let channels = dims.conv_channels();
         let w = s.weights();
-        let conv = w.get_f32(&s.name("conv1d.weight"), &[channels, 1, dims.conv_kernel])?;
+        let fused = s.name("conv1d.weight");
+        let conv = if olmo && !w.contains(&fused) {
+            // OLMo-core checkpoints keep q, k and v's conv taps apart; transformers concatenates
+            // them (and splits them again evenly on save, so the parts' sizes vary).
+            let taps = dims.conv_kernel;
+            let part = |leaf: &str| -> Result<Tensor> {
+                let t = w.get_f32_any_shape(&s.name(leaf))?;
+                let rows = t.numel() / taps.max(1);
+                if t.shape() != [rows, 1, taps] {
+                    return Err(crate::ModelError::TensorShape {
+                        name: s.name(leaf),
+                        expected: vec![rows, 1, taps],
+                        actual: t.shape().to_vec(),
+                    });
+                }
+                Ok(t.reshape(&[rows, taps])?)
+            };
+            let (q, k, v) = (part("q_conv1d.weight")?, part("k_conv1d.weight")?, part("v_conv1d.weight")?);
+            let joined = ops::concat_rows(&[&q, &k, &v])?;
+            if joined.shape() != [channels, taps] {
+                return Err(crate::ModelError::TensorShape {
+                    name: s.name("{q,k,v}_conv1d.weight"),
+                    expected: vec![channels, taps],
+                    actual: joined.shape().to_vec(),
+                });
+            }
+            joined.reshape(&[channels, 1, taps])?
+        } else {
+            w.get_f32(&fused, &[channels, 1, dims.conv_kernel])?
+        };
         Ok(GatedDeltaNet {
             qkv,
             z,
@@ -109,9 +156,10 @@ impl GatedDeltaNet {
             conv: conv.reshape(&[channels, dims.conv_kernel])?,
             a_log: w.get_f32(&s.name("A_log"), &[hv])?,
             dt_bias: w.get_f32(&s.name("dt_bias"), &[hv])?,
-            norm: s.rms("norm", dims.v_dim, eps)?,
-            out: s.linear("out_proj", vw, hidden, false)?,
+            norm: s.rms(if olmo { "o_norm" } else { "norm" }, dims.v_dim, eps)?,
+            out: s.linear(if olmo { "o_proj" } else { "out_proj" }, vw, hidden, false)?,
             dims,
+            beta_scale: 1.0,
         })
     }
 
@@ -134,6 +182,7 @@ impl GatedDeltaNet {
             k_dim: d.k_dim,
             v_dim: d.v_dim,
             chunk_size: CHUNK_SIZE,
+            beta_scale: self.beta_scale,
         };
         let (a, b) = (self.a.forward(x)?, self.b.forward(x)?);
         let core = ops::gated_delta_rule(&q, &k, &v, &a, &b, &self.a_log, &self.dt_bias, state, meta, &params)?;

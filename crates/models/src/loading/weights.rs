@@ -734,8 +734,12 @@ impl Weights {
 
     /// Norm weights and biases stay f32: they are tiny and the oracle applies them in f32.
     pub fn get_f32(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let t = self.fetch(name, DType::F32)?.ok_or_else(|| self.missing(name))?;
-        with_shape(name, t, shape)
+        with_shape(name, self.get_f32_any_shape(name)?, shape)
+    }
+
+    /// A required tensor in f32, in whatever shape it is stored (the caller checks it).
+    pub fn get_f32_any_shape(&self, name: &str) -> Result<Tensor> {
+        self.fetch(name, DType::F32)?.ok_or_else(|| self.missing(name))
     }
 
     pub fn get_f32_opt(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {

@@ -171,7 +171,7 @@ pub fn gated_delta_rule(
                     inp.k.extend_from_slice(&kr);
                     inp.v.extend_from_slice(&vs[(r * hv + h) * dv..(r * hv + h + 1) * dv]);
                     inp.g.push(-a_log[h].exp() * softplus(as_[r * hv + h] + dt_bias[h]));
-                    inp.beta.push(1.0 / (1.0 + (-bs[r * hv + h]).exp()));
+                    inp.beta.push(1.0 / (1.0 + (-bs[r * hv + h]).exp()) * p.beta_scale);
                 }
                 if recurrent {
                     (0..inp.g.len()).flat_map(|t| recurrent_step(&inp.token(t, dk, dv), state, dk, dv)).collect()

@@ -34,7 +34,7 @@ __device__ void gated_delta_rule(const T* __restrict__ q, const T* __restrict__ 
                                  const T* __restrict__ a, const T* __restrict__ b, const float* __restrict__ a_log,
                                  const float* __restrict__ dt_bias, T* __restrict__ y, float* __restrict__ state,
                                  const int4* __restrict__ seqs, int hk, int hv, int dk, int dv,
-                                 float q_scale, float q_root) {
+                                 float q_scale, float q_root, float beta_scale) {
     __shared__ float qs[GDN_DK_MAX], ks[GDN_DK_MAX];
     __shared__ float gate[2];
     const int h = blockIdx.x, kh = h / (hv / hk), j = threadIdx.x;
@@ -66,7 +66,7 @@ __device__ void gated_delta_rule(const T* __restrict__ q, const T* __restrict__ 
             float x = to_f(a[row * hv + h]) + dt_bias[h];
             float sp = x > 20.f ? x : log1pf(expf(x));
             gate[0] = expf(-expf(a_log[h]) * sp);
-            gate[1] = 1.f / (1.f + expf(-to_f(b[row * hv + h])));
+            gate[1] = 1.f / (1.f + expf(-to_f(b[row * hv + h]))) * beta_scale;
         }
         __syncthreads();
         if (j < dv) {
@@ -100,9 +100,10 @@ __device__ void gated_delta_rule(const T* __restrict__ q, const T* __restrict__ 
     extern "C" __global__ void gated_delta_rule_##TN(const T* q, const T* k, const T* v, const T* a, const T* b,  \
                                                      const float* a_log, const float* dt_bias, T* y, float* state,\
                                                      const int4* seqs, int hk, int hv, int dk, int dv,            \
-                                                     float q_scale, float q_root) {                            \
+                                                     float q_scale, float q_root, float beta_scale) {          \
         pdl_wait();                                                                                                 \
-        gated_delta_rule<T>(q, k, v, a, b, a_log, dt_bias, y, state, seqs, hk, hv, dk, dv, q_scale, q_root);                        \
+        gated_delta_rule<T>(q, k, v, a, b, a_log, dt_bias, y, state, seqs, hk, hv, dk, dv, q_scale, q_root,        \
+                            beta_scale);                                                                            \
     }
 FOR_T(INST_REC)
 
