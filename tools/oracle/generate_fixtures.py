@@ -634,6 +634,16 @@ def _jamba_unit_ssm_norms(model: torch.nn.Module) -> None:
                 p.fill_(1.0)
 
 
+def _exaone_hub_spelling(cfg: dict[str, Any]) -> None:
+    """EXAONE 3.x config.json files: their own key names (transformers' attribute_map), the
+    ExaoneForCausalLM architecture and a top-level rope_theta."""
+    cfg["architectures"] = ["ExaoneForCausalLM"]
+    for hf, exaone in [("num_hidden_layers", "num_layers"), ("rms_norm_eps", "layer_norm_epsilon"),
+                       ("hidden_act", "activation_function")]:
+        cfg[exaone] = cfg.pop(hf)
+    cfg["rope_theta"] = cfg.pop("rope_parameters")["rope_theta"]
+
+
 def _nemotron_h_hub_spelling(cfg: dict[str, Any]) -> None:
     """Real Nemotron-H config.json files: the layer pattern as hybrid_override_pattern (M mamba, * attention,
     - MLP), and time_step_limit with Python's bare Infinity."""
@@ -2656,6 +2666,20 @@ SPECS: list[Spec] = [
         "layer_types rule",
         ablate_config=dict(linear_allow_neg_eigval=False),
         ablation_desc="linear_allow_neg_eigval off (beta in [0, 1])",
+    ),
+    Spec(
+        name="exaone",
+        config_class="ExaoneConfig",
+        architecture="LlamaForCausalLM",
+        kwargs=dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                    num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                    pad_token_id=None, eos_token_id=None, bos_token_id=None),
+        edit_saved_config=_exaone_hub_spelling,
+        feature="EXAONE 3.x: Llama run under EXAONE's names (transformer.wte, transformer.h.N.attn.attention."
+        "{q,k,v,out}_proj, mlp.c_fc_0/c_fc_1/c_proj, ln_1/ln_2/ln_f, as transformers saves it) and config keys "
+        "(num_layers, layer_norm_epsilon, activation_function, top-level rope_theta 1e6)",
+        ablate_config=dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        ablation_desc="rope_theta 1e6 -> 1e4",
     ),
     Spec(
         name="nemotron-h",

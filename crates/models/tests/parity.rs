@@ -119,6 +119,7 @@ parity! {
     falcon_mamba => "falcon-mamba",
     jamba => "jamba",
     olmo_hybrid => "olmo-hybrid",
+    exaone => "exaone",
     mamba2 => "mamba2",
     nemotron => "nemotron",
     nemotron_h => "nemotron-h",
@@ -156,6 +157,25 @@ fn gate_catches_a_wrong_norm_epsilon() {
     let (strict, total) = strict_count(&dir);
     std::fs::remove_dir_all(&dir).ok();
     assert!(strict < total, "a wrong rms_norm_eps went unnoticed ({strict}/{total} strict)");
+}
+
+/// EXAONE's own config keys are read: a wrong `layer_norm_epsilon` or a dropped `rope_theta`
+/// (transformers' default 500000) changes tokens.
+#[test]
+fn gate_catches_exaone_config_breaks() {
+    type ConfigEdit = fn(&mut serde_json::Value);
+    let breaks: [(&str, ConfigEdit); 2] = [
+        ("layer_norm_epsilon 1e-6 -> 0.5", |c| c["layer_norm_epsilon"] = serde_json::json!(0.5)),
+        ("rope_theta dropped (500000)", |c| {
+            c.as_object_mut().unwrap().remove("rope_theta");
+        }),
+    ];
+    for (what, edit) in breaks {
+        let dir = broken_copy("exaone", edit);
+        let (strict, total) = strict_count(&dir);
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(strict < total, "{what} went unnoticed ({strict}/{total} strict)");
+    }
 }
 
 /// Vision-language: the MRoPE split of the text model's frequencies, the vision tower's 2-D

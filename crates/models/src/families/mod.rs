@@ -9,6 +9,7 @@ pub mod cohere;
 pub mod deepseek_v2;
 pub mod eagle3;
 pub mod ernie45_moe;
+pub mod exaone;
 pub mod exaone4;
 pub mod falcon;
 pub mod gemma;
