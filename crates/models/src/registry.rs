@@ -65,6 +65,10 @@ pub enum ModelKind {
 /// row of each kind.
 const ENTRIES: &[(&str, Entry)] = &[
     ("LlamaForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::LLAMA)?)))),
+    // Served as Llama by vLLM's registry: the same checkpoints under other names.
+    ("LLaMAForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::LLAMA)?)))),
+    ("IQuestCoderForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::LLAMA)?)))),
+    ("TeleChat3ForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::LLAMA)?)))),
     ("InternLM3ForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::INTERNLM3)?)))),
     ("SeedOssForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::SEED_OSS)?)))),
     ("Ernie4_5ForCausalLM", Causal(|r, w| Ok(Box::new(llama::load(r, w, Variant::ERNIE4_5)?)))),

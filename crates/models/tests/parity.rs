@@ -159,6 +159,18 @@ fn gate_catches_a_wrong_norm_epsilon() {
     assert!(strict < total, "a wrong rms_norm_eps went unnoticed ({strict}/{total} strict)");
 }
 
+/// Architectures vLLM's registry serves as Llama load the Llama fixture under their own names
+/// and meet its oracle.
+#[test]
+fn llama_aliases_run_the_llama_fixture() {
+    for alias in ["LLaMAForCausalLM", "IQuestCoderForCausalLM", "TeleChat3ForCausalLM"] {
+        let dir = broken_copy("llama", |c| c["architectures"] = serde_json::json!([alias]));
+        let (strict, total) = strict_count(&dir);
+        std::fs::remove_dir_all(&dir).ok();
+        assert_eq!(strict, total, "{alias}: {strict}/{total} strict");
+    }
+}
+
 /// EXAONE's own config keys are read: a wrong `layer_norm_epsilon` or a dropped `rope_theta`
 /// (transformers' default 500000) changes tokens.
 #[test]
