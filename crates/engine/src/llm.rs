@@ -51,6 +51,7 @@ impl LLM {
             quantization: config.quantization.clone(),
             dequantize_weights: config.dequantize_weights,
             load_mtp: method == Some(&SpeculativeMethod::Mtp),
+            fp8_kernels: ferrite_models::loading::loader::fp8_kernels_from_env(),
         };
         let draft_opts = |d: &crate::spec_decode::DraftModelConfig| LoadOptions {
             quantization: d.quantization.clone(),

@@ -109,6 +109,7 @@ fn kv_cache_sized_from_gpu_memory() {
             quantization: None,
             dequantize_weights: false,
             load_mtp: false,
+            fp8_kernels: false,
         },
     )
     .unwrap()

@@ -219,6 +219,7 @@ fn fp8_weights_stay_bytes_on_cuda() {
         device: Device::Cuda(0),
         progress: false,
         dequantize_weights,
+        fp8_kernels: true,
         ..Default::default()
     };
     let passing =

@@ -31,6 +31,15 @@ pub struct LoadOptions {
     pub dequantize_weights: bool,
     /// Load the checkpoint's multi-token-prediction head too (speculative decoding's `mtp`).
     pub load_mtp: bool,
+    /// Keep FP8 linear weights as e4m3 bytes on CUDA and multiply them with the FP8 kernels;
+    /// otherwise they are dequantized to the model's dtype at load. Off unless the environment
+    /// sets `FERRITE_FP8_KERNELS=1`: the kernels have not yet passed the CUDA battery on a GPU.
+    pub fp8_kernels: bool,
+}
+
+/// Whether `FERRITE_FP8_KERNELS=1` asks for the FP8 kernels (see [`LoadOptions::fp8_kernels`]).
+pub fn fp8_kernels_from_env() -> bool {
+    std::env::var("FERRITE_FP8_KERNELS").is_ok_and(|v| v == "1")
 }
 
 impl Default for LoadOptions {
@@ -42,6 +51,7 @@ impl Default for LoadOptions {
             quantization: None,
             dequantize_weights: false,
             load_mtp: false,
+            fp8_kernels: fp8_kernels_from_env(),
         }
     }
 }
@@ -115,6 +125,7 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         .on_device(opts.device)
         .with_quantization(quantization)
         .keeping_packed(!opts.dequantize_weights)
+        .keeping_fp8(opts.fp8_kernels && !opts.dequantize_weights)
         .loading_mtp(opts.load_mtp);
     let span = tracing::info_span!("load", arch = %arch, path = %path.display());
     let _guard = span.enter();
@@ -144,7 +155,8 @@ pub fn load_eagle3(dir: &Path, target: &dyn CausalLM, opts: &LoadOptions) -> Res
     let weights = Weights::new(Box::new(SafetensorsWeights::open(dir)?), opts.dtype, None)
         .on_device(opts.device)
         .with_quantization(quantization)
-        .keeping_packed(!opts.dequantize_weights);
+        .keeping_packed(!opts.dequantize_weights)
+        .keeping_fp8(opts.fp8_kernels && !opts.dequantize_weights);
     let head = registry::draft_head_constructor(&config.architecture()?)?(&config, &weights, target)?;
     tracing::info!(path = %dir.display(), "EAGLE-3 head loaded");
     Ok(head)

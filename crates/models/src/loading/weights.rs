@@ -298,6 +298,7 @@ pub struct Weights {
     progress: Option<indicatif::ProgressBar>,
     quantization: Option<Quantization>,
     keep_packed: bool,
+    keep_fp8: bool,
     /// The family loads the checkpoint's multi-token-prediction head too.
     load_mtp: bool,
     /// Pinned staging for tensors copied to a GPU as stored; made on the first such tensor.
@@ -322,15 +323,23 @@ impl Weights {
             progress,
             quantization: None,
             keep_packed: true,
+            keep_fp8: false,
             load_mtp: false,
             uploader: Mutex::new(None),
         }
     }
 
-    /// Whether linear layers' 4-bit pack-quantized and FP8 weights stay packed where the device
-    /// can multiply them so (see `kept_int4`, `kept_fp8`); otherwise they are dequantized at load.
+    /// Whether linear layers' 4-bit pack-quantized weights stay packed where the device can
+    /// multiply them so (see `kept_int4`); otherwise they are dequantized at load.
     pub fn keeping_packed(mut self, keep: bool) -> Weights {
         self.keep_packed = keep;
+        self
+    }
+
+    /// Whether FP8 linear weights stay e4m3 bytes on CUDA (see `kept_fp8`); otherwise they are
+    /// dequantized at load.
+    pub fn keeping_fp8(mut self, keep: bool) -> Weights {
+        self.keep_fp8 = keep;
         self
     }
 
@@ -490,7 +499,7 @@ impl Weights {
     /// checkpoint's codes and scales; under `--quantization fp8` (`online`) the weight is rounded
     /// per output channel as it loads. `None` where the weight is to be dequantized instead.
     fn kept_fp8(&self, name: &str, shape: [usize; 2], online: bool) -> Result<Option<Tensor>> {
-        if self.device == Device::Cpu || self.dtype != DType::BF16 || !self.keep_packed {
+        if self.device == Device::Cpu || self.dtype != DType::BF16 || !self.keep_fp8 {
             return Ok(None);
         }
         let Some(module) = name.strip_suffix(".weight") else { return Ok(None) };
