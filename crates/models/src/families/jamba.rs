@@ -74,14 +74,7 @@ const DEFAULTS: Defaults = Defaults { max_positions: 262144, ..Defaults::LLAMA }
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let cfg: JambaConfig = raw.parse()?;
     let d = cfg.common.resolve(raw, DEFAULTS)?;
-    let dt_rank = match &cfg.mamba_dt_rank {
-        None => d.hidden.div_ceil(16),
-        Some(Value::String(s)) if s == "auto" => d.hidden.div_ceil(16),
-        Some(v) => v
-            .as_u64()
-            .map(|r| r as usize)
-            .ok_or_else(|| raw.error(format!("`mamba_dt_rank` {v}: expected \"auto\" or a count")))?,
-    };
+    let dt_rank = crate::families::mamba::dt_rank(raw, "mamba_dt_rank", cfg.mamba_dt_rank.as_ref(), d.hidden)?;
     check_dims(
         raw,
         &[

@@ -69,19 +69,24 @@ pub enum Variant {
     FalconMamba,
 }
 
+/// The time step's rank: `"auto"` (or absent) is `ceil(hidden_size / 16)`, as transformers sets it.
+pub(crate) fn dt_rank(raw: &RawConfig, key: &str, value: Option<&Value>, hidden: usize) -> Result<usize> {
+    match value {
+        None => Ok(hidden.div_ceil(16)),
+        Some(Value::String(s)) if s == "auto" => Ok(hidden.div_ceil(16)),
+        Some(v) => v
+            .as_u64()
+            .map(|r| r as usize)
+            .ok_or_else(|| raw.error(format!("`{key}` {v}: expected \"auto\" or a count"))),
+    }
+}
+
 pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
     let cfg: MambaConfig = raw.parse()?;
     if cfg.hidden_act.as_deref().is_some_and(|a| a != "silu") {
         return Err(raw.error(format!("`hidden_act` {:?}: only silu is supported", cfg.hidden_act)));
     }
-    let dt_rank = match &cfg.time_step_rank {
-        None => cfg.hidden_size.div_ceil(16),
-        Some(Value::String(s)) if s == "auto" => cfg.hidden_size.div_ceil(16),
-        Some(v) => v
-            .as_u64()
-            .map(|r| r as usize)
-            .ok_or_else(|| raw.error(format!("`time_step_rank` {v}: expected \"auto\" or a count")))?,
-    };
+    let dt_rank = dt_rank(raw, "time_step_rank", cfg.time_step_rank.as_ref(), cfg.hidden_size)?;
     check_dims(
         raw,
         &[

@@ -17,6 +17,7 @@ use cudarc::driver::CudaSlice;
 
 use super::device::{dev_err, dptr, int, kernel_params, CudaDevice, PerDevice};
 use super::kernels::{GEMV, NORM};
+use super::matmul::gemv_cfg;
 use super::ops::{act_mul, activation_code, broadcast_row, cuda_of, wrap};
 use super::storage::{flat_cfg, CudaStorage};
 use crate::error::{Result, TensorError};
@@ -152,16 +153,6 @@ kernel_params! {
 kernel_params! {
     /// `fp8_quant_rows_bf16`: x's rows as e4m3 bytes and a scale per row.
     struct Fp8QuantRows { x: u64, q: u64, scales: u64, cols: i32 }
-}
-
-/// One warp per output column, as the bf16 GEMV.
-fn gemv_cfg(columns: usize) -> cudarc::driver::LaunchConfig {
-    let warps_per_block = 8;
-    cudarc::driver::LaunchConfig {
-        grid_dim: (columns.div_ceil(warps_per_block) as u32, 1, 1),
-        block_dim: (32 * warps_per_block as u32, 1, 1),
-        shared_mem_bytes: 0,
-    }
 }
 
 fn rows_of(x: &Tensor) -> usize {

@@ -92,8 +92,8 @@ fn gemv_fits(dtype: DType, m: usize, k: usize) -> bool {
     dtype == DType::BF16 && (1..=GEMV_MAX_ROWS).contains(&m) && k > 0 && k.is_multiple_of(8)
 }
 
-/// One warp per output column over `columns` columns in all.
-fn gemv_cfg(columns: usize) -> cudarc::driver::LaunchConfig {
+/// One warp per output column over `columns` columns in all (the bf16 and FP8 GEMVs).
+pub(crate) fn gemv_cfg(columns: usize) -> cudarc::driver::LaunchConfig {
     let warps_per_block = 8;
     cudarc::driver::LaunchConfig {
         grid_dim: (columns.div_ceil(warps_per_block) as u32, 1, 1),
