@@ -44,6 +44,10 @@ pub struct GenerateArgs {
     /// its older spelling for a GGUF file.
     #[arg(long, default_value = "auto", value_parser = ["auto", "gguf", "safetensors", "dequantized", "gguf-dequantized"])]
     pub load_format: String,
+    /// As `serve --quantization`: the checkpoint's own method when left out, or fp8 to quantize
+    /// an unquantized checkpoint as it loads.
+    #[arg(long, short = 'q')]
+    pub quantization: Option<String>,
     #[command(flatten)]
     pub device: DeviceArgs,
 }
@@ -54,6 +58,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let config = EngineConfig {
         kv_cache_memory: 1 << 30,
         dequantize_weights: crate::serve::dequantizes(&args.load_format),
+        quantization: args.quantization.clone(),
         ..EngineConfig::default()
     };
     let config = args.device.apply(dtype, true, config);

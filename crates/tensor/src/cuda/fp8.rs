@@ -4,10 +4,11 @@
 //! Up to `FP8_GEMV_MAX_ROWS` input rows (decode) go to the FP8 GEMV kernels, which read the bytes
 //! directly. Larger products of a W8A8 layer with one scale per output row run as an FP8 GEMM in
 //! cuBLASLt: the input rows are quantized to e4m3 with one scale per row (as the layer's input
-//! quantization does), and the two scale vectors are applied in the GEMM's epilogue
-//! (`OUTER_VEC_32F`). Any other product (block scales, weight-only layers, or a cuBLASLt that
-//! refuses the GEMM) dequantizes the weight to bf16 for cuBLAS, where the GEMM's compute, not the
-//! weight read, is the cost.
+//! quantization does), the GEMM multiplies the codes unscaled into bf16, and `fp8_gemm_scale`
+//! applies the two scale vectors and the bias. (cuBLASLt's own per-row scales, `OUTER_VEC_32F`,
+//! have no Hopper kernel: on an H100 its heuristic offers nothing for them.) Any other product
+//! (block scales, weight-only layers, or a cuBLASLt that refuses the GEMM) dequantizes the weight
+//! to bf16 for cuBLAS, where the GEMM's compute, not the weight read, is the cost.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -148,6 +149,11 @@ kernel_params! {
 kernel_params! {
     /// `fp8_dequant_bf16`: `w[n, k]` in bf16.
     struct Fp8Dequant { wq: u64, sc: u64, w: u64, n: i32, k: i32, scale_cols: i32, block_rows: i32, block_cols: i32 }
+}
+
+kernel_params! {
+    /// `fp8_gemm_scale`: `y[i, j] = y[i, j] sx[i] sw[j] (+ bias[j])` in place.
+    struct Fp8GemmScale { y: u64, sx: u64, sw: u64, bias: u64, m: i32, n: i32 }
 }
 
 kernel_params! {
@@ -319,12 +325,12 @@ fn dequantize(dev: &Arc<CudaDevice>, buf: &Fp8Buf) -> Result<CudaStorage> {
     Ok(out)
 }
 
-/// cuBLASLt's handle and workspace for a device, and the algorithm it chose for each GEMM shape
-/// (`None` where it has none: that shape dequantizes instead).
+/// cuBLASLt's handle and workspace for a device, and the descriptors and algorithm of each GEMM
+/// shape `(m, n, k)` (`None` where it has no algorithm: that shape dequantizes instead).
 #[derive(Default)]
 struct Lt {
     state: Option<std::result::Result<LtHandle, String>>,
-    algos: HashMap<(usize, usize, usize, bool), Option<lt_sys::cublasLtMatmulAlgo_t>>,
+    gemms: HashMap<(usize, usize, usize), Option<(GemmDesc, lt_sys::cublasLtMatmulAlgo_t)>>,
 }
 
 struct LtHandle {
@@ -338,50 +344,47 @@ unsafe impl Send for Lt {}
 static LT: PerDevice<Lt> = PerDevice::new();
 const LT_WORKSPACE: usize = 32 << 20;
 
-/// The FP8 GEMM `out[m, n] (+)= (qx[m, k] sx[m]) (qw[n, k] sw[n])^T` in bf16, `x` quantized per
-/// row on the way; `None` where cuBLASLt is missing or has no algorithm for the shape.
+/// The FP8 GEMM `out[m, n] = (qx[m, k] sx[m]) (qw[n, k] sw[n])^T (+ bias)` in bf16, `x`
+/// quantized per row on the way; `None` where cuBLASLt is missing or has no algorithm for the
+/// shape.
 fn fp8_gemm(xs: &CudaStorage, m: usize, buf: &Fp8Buf, bias: Option<&Tensor>) -> Result<Option<CudaStorage>> {
     let dev = xs.device();
     let (n, k) = (buf.rows, buf.cols);
     lt_ready(dev)?;
-    let mut lt = LT.of(dev).lock().map_err(|_| dev_err("cuBLASLt state poisoned"))?;
+    let mut guard = LT.of(dev).lock().map_err(|_| dev_err("cuBLASLt state poisoned"))?;
+    let lt = &mut *guard;
     let Some(Ok(handle)) = &lt.state else { return Ok(None) };
     let (h, workspace) = (handle.handle, dptr(&handle.workspace, dev));
-    let key = (m, n, k, bias.is_some());
-    let desc = GemmDesc::new(m, n, k).map_err(|e| dev_err(format!("cuBLASLt FP8 descriptors: {e:?}")))?;
-    let algo = match lt.algos.get(&key) {
-        Some(a) => *a,
-        None => {
+    let gemm = match lt.gemms.entry((m, n, k)) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let desc = GemmDesc::new(m, n, k).map_err(|e| dev_err(format!("cuBLASLt FP8 descriptors: {e:?}")))?;
             // SAFETY: the descriptors are live; the heuristic only reads them.
             let found = unsafe { desc.heuristic(h) };
             if found.is_none() {
                 tracing::warn!("cuBLASLt has no FP8 GEMM for {m}x{n}x{k}; that product dequantizes to bf16");
             }
-            lt.algos.insert(key, found);
-            found
+            e.insert(found.map(|algo| (desc, algo)))
         }
     };
-    let Some(algo) = algo else { return Ok(None) };
+    let Some((desc, algo)) = gemm.as_ref() else { return Ok(None) };
     let q = CudaStorage::alloc(dev, DType::F32, (m * k).div_ceil(4))?;
     let sx = CudaStorage::alloc(dev, DType::F32, m)?;
     let f = dev.function(NORM, "fp8_quant_rows_bf16")?;
     let quant = Fp8QuantRows { x: xs.ptr(), q: q.ptr(), scales: sx.ptr(), cols: int(k)? };
     quant.launch_with(dev, &f, super::storage::row_cfg(m, k))?;
-    let out = output(dev, m, n, bias)?;
-    let (sw, wq) = (dptr(&buf.scales, dev), buf.codes_ptr(dev));
-    let (alpha, beta) = (1.0f32, if bias.is_some() { 1.0f32 } else { 0.0 });
+    let out = CudaStorage::alloc(dev, DType::BF16, m * n)?;
+    let (alpha, beta) = (1.0f32, 0.0f32);
     // SAFETY: every pointer addresses a live device buffer of the size the layouts give; the
-    // handle, workspace and stream belong to this device; the scale pointers stay valid until
-    // the GEMM has run (they are owned by `buf` and `sx`, which the stream orders).
+    // handle, workspace and stream belong to this device.
     unsafe {
-        desc.set_scales(sw, sx.ptr()).map_err(|e| dev_err(format!("cuBLASLt FP8 scales: {e:?}")))?;
         dev.stream().context().bind_to_thread().map_err(dev_err)?;
         lt_result::matmul(
             h,
             desc.matmul,
             &alpha as *const f32 as *const _,
             &beta as *const f32 as *const _,
-            wq as *const _,
+            buf.codes_ptr(dev) as *const _,
             desc.a,
             q.ptr() as *const _,
             desc.b,
@@ -389,13 +392,18 @@ fn fp8_gemm(xs: &CudaStorage, m: usize, buf: &Fp8Buf, bias: Option<&Tensor>) -> 
             desc.d,
             out.ptr() as *mut _,
             desc.d,
-            &algo,
+            algo,
             workspace as *mut _,
             LT_WORKSPACE,
             dev.stream().cu_stream() as _,
         )
         .map_err(|e| dev_err(format!("cuBLASLt FP8 GEMM {m}x{n}x{k}: {e:?}")))?;
     }
+    drop(guard);
+    let bias = bias.map(|b| cuda_of("matmul_t", b).map(|b| b.ptr())).transpose()?.unwrap_or(0);
+    let scale = Fp8GemmScale { y: out.ptr(), sx: sx.ptr(), sw: dptr(&buf.scales, dev), bias, m: int(m)?, n: int(n)? };
+    let f = dev.function(GEMV, "fp8_gemm_scale")?;
+    scale.launch_with(dev, &f, flat_cfg(dev, m * n))?;
     Ok(Some(out))
 }
 
@@ -456,25 +464,9 @@ impl GemmDesc {
         use lt_sys::cublasLtMatmulDescAttributes_t as A;
         let op_t = (cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T as i32).to_ne_bytes();
         let op_n = (cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N as i32).to_ne_bytes();
-        let outer =
-            (lt_sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as u32).to_ne_bytes();
         set(A::CUBLASLT_MATMUL_DESC_TRANSA, &op_t)?;
         set(A::CUBLASLT_MATMUL_DESC_TRANSB, &op_n)?;
-        set(A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
-        set(A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
         Ok(desc)
-    }
-
-    /// # Safety
-    /// The scale pointers must address `n` and `m` f32s when the GEMM runs.
-    unsafe fn set_scales(&self, sw: u64, sx: u64) -> std::result::Result<(), lt_result::CublasError> {
-        use lt_sys::cublasLtMatmulDescAttributes_t as A;
-        let set = |attr, ptr: u64| {
-            let bytes = ptr.to_ne_bytes();
-            lt_result::set_matmul_desc_attribute(self.matmul, attr, bytes.as_ptr() as *const _, bytes.len())
-        };
-        set(A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, sw)?;
-        set(A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, sx)
     }
 
     /// cuBLASLt's first choice for these descriptors, if it has one.

@@ -210,3 +210,17 @@ extern "C" __global__ void fp8_dequant_bf16(const unsigned int* __restrict__ wq,
         *(uint2*)(w + i * 4) = make_uint2(lo, hi);
     }
 }
+
+// The FP8 GEMM's epilogue: cuBLASLt wrote the unscaled product of the e4m3 codes to y[m, n];
+// each entry takes its input row's scale, its weight row's scale and the bias.
+extern "C" __global__ void fp8_gemm_scale(bf16_t* __restrict__ y, const float* __restrict__ sx,
+                                          const float* __restrict__ sw, const bf16_t* __restrict__ bias, int m,
+                                          int n) {
+    pdl_wait();
+    GRID_STRIDE(i, (size_t)m * n) {
+        const size_t row = i / n, col = i % n;
+        float v = to_f(y[i]) * (sx[row] * sw[col]);
+        if (bias) v += to_f(bias[col]);
+        y[i] = from_f<bf16_t>(v);
+    }
+}
