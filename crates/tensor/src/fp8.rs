@@ -92,10 +92,9 @@ pub struct Fp8Matrix {
     pub scales: Vec<f32>,
     pub block_rows: usize,
     pub block_cols: usize,
-    /// Whether the layer quantizes its input to e4m3 per token (or with a static scale) before
-    /// the product (W8A8), so that a product may run in FP8 on both sides; `false` for
-    /// weight-only (W8A16) layers, whose inputs stay as they are.
-    pub w8a8: bool,
+    /// How the layer quantizes its input to e4m3 before the product; `None` for weight-only
+    /// (W8A16) layers, whose inputs stay as they are.
+    pub input: Option<ActivationQuant>,
 }
 
 impl Fp8Matrix {
@@ -106,7 +105,7 @@ impl Fp8Matrix {
         codes: Vec<u8>,
         scales: Vec<f32>,
         [block_rows, block_cols]: [usize; 2],
-        w8a8: bool,
+        input: Option<ActivationQuant>,
     ) -> Result<Fp8Matrix, String> {
         if block_rows == 0 || block_cols == 0 {
             return Err(format!("an FP8 scale block of {block_rows}x{block_cols}"));
@@ -118,14 +117,14 @@ impl Fp8Matrix {
         if scales.len() != grid {
             return Err(format!("{} scales for {grid} blocks of {block_rows}x{block_cols}", scales.len()));
         }
-        Ok(Fp8Matrix { rows, cols, codes, scales, block_rows, block_cols, w8a8 })
+        Ok(Fp8Matrix { rows, cols, codes, scales, block_rows, block_cols, input })
     }
 
     /// `weights [rows, cols]` rounded to e4m3 with one scale per row from the row's largest
     /// magnitude: llm-compressor's FP8_DYNAMIC weights and vLLM's online FP8, the same values as
     /// [`fake_quantize`] per row.
     /// Runs on all cores: an 8B model's weights pass through here at load.
-    pub fn quantize_rows(weights: &[f32], rows: usize, cols: usize, w8a8: bool) -> Fp8Matrix {
+    pub fn quantize_rows(weights: &[f32], rows: usize, cols: usize, input: Option<ActivationQuant>) -> Fp8Matrix {
         use rayon::prelude::*;
         let mut codes = vec![0u8; rows * cols];
         let scales = codes
@@ -137,7 +136,13 @@ impl Fp8Matrix {
                 scale
             })
             .collect();
-        Fp8Matrix { rows, cols, codes, scales, block_rows: 1, block_cols: cols.max(1), w8a8 }
+        Fp8Matrix { rows, cols, codes, scales, block_rows: 1, block_cols: cols.max(1), input }
+    }
+
+    /// Whether a product may run in FP8 on both sides: the layer quantizes its whole input row
+    /// with one scale (per token or fixed), as a W8A8 GEMM's inputs are.
+    pub fn w8a8(&self) -> bool {
+        matches!(self.input, Some(ActivationQuant::PerToken | ActivationQuant::Static(_)))
     }
 
     /// Whether CUDA keeps a weight `cols` inputs wide, in blocks `block_cols` wide, as bytes: its
@@ -199,7 +204,7 @@ impl Fp8Matrix {
             .flat_map(|r| self.scales[r.start / br * scale_cols..r.end.div_ceil(br) * scale_cols].iter().copied())
             .collect();
         let rows = ranges.iter().map(|r| r.len()).sum();
-        Some(Fp8Matrix { rows, cols, codes, scales, block_rows: br, block_cols: self.block_cols, w8a8: self.w8a8 })
+        Some(Fp8Matrix { rows, cols, codes, scales, block_rows: br, block_cols: self.block_cols, input: self.input })
     }
 }
 
@@ -264,7 +269,7 @@ mod tests {
     fn row_quantized_matrices_hold_the_fake_quantized_weights() {
         let (rows, cols) = (3, 5);
         let w: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919) % 23) as f32 * 0.37 - 4.1).collect();
-        let m = Fp8Matrix::quantize_rows(&w, rows, cols, true);
+        let m = Fp8Matrix::quantize_rows(&w, rows, cols, Some(ActivationQuant::PerToken));
         for r in 0..rows {
             let row = &w[r * cols..(r + 1) * cols];
             let scale = fp8_scale(row.iter().fold(0.0f32, |a, v| a.max(v.abs())));
@@ -281,7 +286,7 @@ mod tests {
     fn block_scaled_rows_split_only_on_block_edges() {
         let (rows, cols) = (5, 4);
         let codes: Vec<u8> = (0..rows * cols).map(|i| (i * 11 % 120) as u8).collect();
-        let m = Fp8Matrix::new(rows, cols, codes, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 2], false).unwrap();
+        let m = Fp8Matrix::new(rows, cols, codes, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 2], None).unwrap();
         assert_eq!(m.value(3, 3), e4m3_to_f32(m.codes[15]) * 4.0);
         assert_eq!(m.value(4, 0), e4m3_to_f32(m.codes[16]) * 5.0);
         let part = m.select_rows(&[2..4, 0..2, 4..5]).unwrap();
@@ -289,7 +294,7 @@ mod tests {
         assert_eq!(part.to_f32_vec(), [&all[8..16], &all[0..8], &all[16..20]].concat());
         assert!(m.select_rows(std::slice::from_ref(&(1..3))).is_none());
         assert!(m.select_rows(&[4..5, 0..2]).is_none(), "a partial block in the middle");
-        assert!(Fp8Matrix::new(rows, cols, vec![0; 20], vec![1.0; 5], [2, 2], false).is_err());
+        assert!(Fp8Matrix::new(rows, cols, vec![0; 20], vec![1.0; 5], [2, 2], None).is_err());
     }
 
     #[test]

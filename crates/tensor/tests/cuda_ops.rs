@@ -16,7 +16,9 @@ use ferrite_tensor::cuda;
 use ferrite_tensor::fp8::Fp8Matrix;
 use ferrite_tensor::int4::Int4Matrix;
 use ferrite_tensor::ops::{self, Activation, AttentionParams, RopeStyle};
-use ferrite_tensor::{AttnMetadata, AttnSeq, CpuStorage, DType, Device, PagedKvLayer, RowSampling, Storage, Tensor};
+use ferrite_tensor::{
+    ActivationQuant, AttnMetadata, AttnSeq, CpuStorage, DType, Device, PagedKvLayer, RowSampling, Storage, Tensor,
+};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -281,39 +283,54 @@ fn int4_matmul_t_matches_dequantized_cpu() {
 
 /// A random FP8 matrix in `block` blocks: bytes uniform over the finite e4m3 values, scales
 /// around `scale / 448`.
-fn random_fp8(r: &mut ChaCha8Rng, n: usize, k: usize, block: [usize; 2], w8a8: bool, scale: f32) -> Fp8Matrix {
+fn random_fp8(
+    r: &mut ChaCha8Rng,
+    n: usize,
+    k: usize,
+    block: [usize; 2],
+    input: Option<ActivationQuant>,
+    scale: f32,
+) -> Fp8Matrix {
     let codes = (0..n * k).map(|_| r.random::<u8>() & !0x78u8 | (r.random_range(0u8..15) << 3)).collect();
     let blocks = n.div_ceil(block[0]) * k.div_ceil(block[1]);
     let scales = (0..blocks).map(|_| scale / 448.0 * r.random_range(0.5f32..1.5)).collect();
-    Fp8Matrix::new(n, k, codes, scales, block, w8a8).unwrap()
+    Fp8Matrix::new(n, k, codes, scales, block, input).unwrap()
 }
 
-/// FP8 weights kept as bytes on CUDA: the GEMV kernels (m <= 4), the FP8 GEMM of W8A8 per-row
-/// layers and the dequantize-then-cuBLAS path against the CPU product with the dequantized
-/// weight. The FP8 GEMM quantizes its input rows to e4m3, so its reference input is
-/// `fp8_fake_quant` per token of the same rows (the W8A8 layer's own input quantization).
+/// FP8 weights kept as bytes on CUDA against the CPU product with the dequantized weight: W8A8
+/// per-row layers on FP8 tensor cores (the MMA kernels up to 8 rows, the cuBLASLt GEMM past
+/// that), the others through the GEMV kernels (m <= 4) or dequantized for cuBLAS. The W8A8
+/// products quantize their input rows to e4m3, so their reference input is `fp8_fake_quant` of
+/// the same rows with the layer's own input quantization (per token or a fixed scale).
 #[test]
 fn fp8_matmul_t_matches_dequantized_cpu() {
     require_gpu!();
     let mut r = rng(23);
     let mut worst = 0.0f32;
-    // (m, k, n, block, w8a8): per-row and 128x128 blocks (a partial last block each way),
-    // decode rows, the FP8 GEMM and the dequantizing path.
     let per_row = |k: usize| [1, k];
+    let dynamic = Some(ActivationQuant::PerToken);
+    let fixed = Some(ActivationQuant::Static(4.0 / 448.0));
+    // (m, k, n, block, input): per-row and 128x128 blocks (a partial last block each way),
+    // every MMA row count's edge, a k that is not a whole number of MMA steps, rows past the
+    // MMA kernels (the GEMM), weight-only layers (the GEMV and the dequantizing path).
     let shapes = [
-        (1, 4096, 1024, per_row(4096), true),
-        (3, 256, 48, per_row(256), false),
-        (4, 2048, 4096, per_row(2048), true),
-        (1, 320, 200, [128, 128], false),
-        (4, 1024, 384, [128, 128], false),
-        (5, 1024, 512, per_row(1024), true),
-        (40, 4096, 1024, per_row(4096), true),
-        (130, 512, 256, per_row(512), true),
-        (33, 320, 200, [128, 128], false),
-        (17, 256, 64, per_row(256), false),
+        (1, 4096, 1024, per_row(4096), dynamic),
+        (3, 256, 48, per_row(256), None),
+        (4, 2048, 4096, per_row(2048), dynamic),
+        (1, 320, 200, [128, 128], None),
+        (4, 1024, 384, [128, 128], None),
+        (5, 1024, 512, per_row(1024), dynamic),
+        (8, 1040, 200, per_row(1040), dynamic),
+        (2, 528, 72, per_row(528), fixed),
+        (7, 4096, 4096, per_row(4096), fixed),
+        (9, 1024, 512, per_row(1024), dynamic),
+        (40, 4096, 1024, per_row(4096), dynamic),
+        (130, 512, 256, per_row(512), fixed),
+        (33, 320, 200, [128, 128], None),
+        (17, 256, 64, per_row(256), None),
     ];
-    for &(m, k, n, block, w8a8) in &shapes {
-        let w = random_fp8(&mut r, n, k, block, w8a8, 0.5);
+    for &(m, k, n, block, input) in &shapes {
+        let w = random_fp8(&mut r, n, k, block, input, 0.5);
         let x = random(&mut r, m * k, 1.0);
         let b = random(&mut r, n, 1.0);
         let wc = Tensor::from_f32(w.to_f32_vec(), &[n, k]).unwrap();
@@ -322,20 +339,21 @@ fn fp8_matmul_t_matches_dequantized_cpu() {
         assert_eq!(wg.dtype(), DType::Fp8);
         assert!(wg.size_in_bytes() < 2 * n * k, "one byte a weight: {} bytes for {n}x{k}", wg.size_in_bytes());
         let (xc, xg) = pair(&x, &[m, k], DType::BF16);
-        let fp8_gemm = w8a8 && block[0] == 1 && m > 4;
-        let xc =
-            if fp8_gemm { ops::fp8_fake_quant(&xc, ferrite_tensor::ActivationQuant::PerToken).unwrap() } else { xc };
+        let xc = match input {
+            Some(q) if block[0] == 1 => ops::fp8_fake_quant(&xc, q).unwrap(),
+            _ => xc,
+        };
         let (bc, bg) = pair(&b, &[n], DType::BF16);
         for bias in [false, true] {
             let want = ops::matmul_t(&xc, &wc, bias.then_some(&bc)).unwrap();
             let got = ops::matmul_t(&xg, &wg, bias.then_some(&bg)).unwrap();
-            let name = format!("fp8 matmul_t m={m} k={k} n={n} block={block:?} w8a8={w8a8} bias={bias}");
+            let name = format!("fp8 matmul_t m={m} k={k} n={n} block={block:?} input={input:?} bias={bias}");
             worst = worst.max(check(&name, DType::BF16, &got, &want, tol(DType::BF16)));
             let again = ops::matmul_t(&xg, &wg, bias.then_some(&bg)).unwrap();
             assert_eq!(got.to_f32_vec(), again.to_f32_vec(), "{name}: not deterministic");
         }
         // The fused entry points give each product's bits alone.
-        let narrow = random_fp8(&mut r, 32, k, block, w8a8, 0.5);
+        let narrow = random_fp8(&mut r, 32, k, block, input, 0.5);
         let ng =
             Tensor::from_storage(Storage::Cpu(CpuStorage::Fp8(narrow)), vec![32, k]).unwrap().to_device(GPU).unwrap();
         let many = ops::matmul_t_many(&xg, &[(&wg, None), (&ng, None), (&wg, Some(&bg))]).unwrap();
@@ -348,7 +366,7 @@ fn fp8_matmul_t_matches_dequantized_cpu() {
         let back = wg.to_device(Device::Cpu).unwrap();
         assert!(matches!(back.cpu(), Some(CpuStorage::Fp8(b)) if *b == w), "round trip of {n}x{k} {block:?}");
     }
-    let w = random_fp8(&mut r, 16, 64, [1, 64], true, 0.5);
+    let w = random_fp8(&mut r, 16, 64, [1, 64], Some(ActivationQuant::PerToken), 0.5);
     let wg = Tensor::from_storage(Storage::Cpu(CpuStorage::Fp8(w)), vec![16, 64]).unwrap().to_device(GPU).unwrap();
     let x = Tensor::from_f32(vec![1.0; 64], &[1, 64]).unwrap().to_device(GPU).unwrap();
     assert!(ops::matmul_t(&x, &wg, None).is_err(), "f32 activations are refused, not miscomputed");

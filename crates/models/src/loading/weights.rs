@@ -509,14 +509,6 @@ impl Weights {
             expected: shape.to_vec(),
             actual: actual.to_vec(),
         };
-        // A layer whose input is quantized per token or by a fixed scale may run its products in
-        // FP8 on both sides; a per-group (block) or weight-only layer keeps bf16 inputs.
-        let w8a8 = |q: &Quantization| -> Result<bool> {
-            Ok(matches!(
-                q.input_scheme(module)?,
-                Some(InputQuantSource::Dynamic(ActivationQuant::PerToken) | InputQuantSource::StaticScale(_))
-            ))
-        };
         let matrix = if online {
             if !Fp8Matrix::kernel_takes(rows, cols, cols) {
                 return Ok(None);
@@ -525,7 +517,7 @@ impl Weights {
             if weight.shape() != shape {
                 return Err(shape_err(weight.shape()));
             }
-            Fp8Matrix::quantize_rows(&weight.try_to_f32_vec()?, rows, cols, true)
+            Fp8Matrix::quantize_rows(&weight.try_to_f32_vec()?, rows, cols, self.input_quant(module)?)
         } else if self.source.is_fp8(name) {
             let Some(quantization) = self.quantization.as_ref().filter(|q| !matches!(q, Quantization::Mxfp4)) else {
                 return Ok(None);
@@ -541,7 +533,7 @@ impl Weights {
             if !Fp8Matrix::kernel_takes(rows, cols, block[1]) {
                 return Ok(None);
             }
-            Fp8Matrix::new(rows, cols, bytes.to_vec(), scales, block, w8a8(quantization)?)
+            Fp8Matrix::new(rows, cols, bytes.to_vec(), scales, block, self.input_quant(module)?)
                 .map_err(|m| self.weights_err(format!("tensor `{name}`: {m}")))?
         } else {
             return Ok(None);

@@ -1,14 +1,18 @@
 //! FP8 weight products on CUDA (kernels/fp8.cu): an e4m3 weight stays one byte per weight in
 //! device memory, with its f32 block scales.
 //!
-//! Up to `FP8_GEMV_MAX_ROWS` input rows (decode) go to the FP8 GEMV kernels, which read the bytes
-//! directly. Larger products of a W8A8 layer with one scale per output row run as an FP8 GEMM in
-//! cuBLASLt: the input rows are quantized to e4m3 with one scale per row (as the layer's input
-//! quantization does), the GEMM multiplies the codes unscaled into bf16, and `fp8_gemm_scale`
-//! applies the two scale vectors and the bias. (cuBLASLt's own per-row scales, `OUTER_VEC_32F`,
-//! have no Hopper kernel: on an H100 its heuristic offers nothing for them.) Any other product
-//! (block scales, weight-only layers, or a cuBLASLt that refuses the GEMM) dequantizes the weight
-//! to bf16 for cuBLAS, where the GEMM's compute, not the weight read, is the cost.
+//! A W8A8 layer (its input quantized per token or by a fixed scale, one weight scale per row)
+//! multiplies on FP8 tensor cores: its input rows are quantized to e4m3 with one scale per row,
+//! as the layer's input quantization does, and up to `FP8_MMA_MAX_ROWS` rows (decode) go to the
+//! MMA kernels (`fp8_mma3`, `fp8_mma_gated`), which read the weight bytes once for all rows. Past
+//! that, cuBLASLt's FP8 GEMM multiplies the codes unscaled into bf16 and `fp8_gemm_scale` applies
+//! the two scale vectors and the bias. (cuBLASLt's own per-row scales, `OUTER_VEC_32F`, have no
+//! Hopper kernel: on an H100 its heuristic offers nothing for them.)
+//!
+//! Other FP8 weights (block scales, weight-only layers) take bf16 inputs: up to
+//! `FP8_GEMV_MAX_ROWS` rows go to the FP8 GEMV kernels, which read the bytes directly, and larger
+//! products (or a cuBLASLt that refuses the GEMM) dequantize the weight to bf16 for cuBLAS, where
+//! the GEMM's compute, not the weight read, is the cost.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,10 +28,14 @@ use super::storage::{flat_cfg, CudaStorage};
 use crate::error::{Result, TensorError};
 use crate::fp8::Fp8Matrix;
 use crate::tensor::Tensor;
-use crate::{Activation, DType};
+use crate::{Activation, ActivationQuant, DType};
 
 /// The most input rows the GEMV kernels take (instantiated for 1 to 4).
 const FP8_GEMV_MAX_ROWS: usize = 4;
+/// The most input rows the tensor-core kernels for W8A8 weights take (an MMA's 8 columns).
+const FP8_MMA_MAX_ROWS: usize = 8;
+/// Weight rows per block of those kernels.
+const FP8_MMA_ROWS: usize = 16;
 /// Weight loads are 16 bytes (see [`Fp8Matrix::kernel_takes`]).
 const LOAD_BYTES: usize = 16;
 
@@ -40,7 +48,7 @@ pub(crate) struct Fp8Buf {
     cols: usize,
     block_rows: usize,
     block_cols: usize,
-    w8a8: bool,
+    input: Option<ActivationQuant>,
 }
 
 impl Fp8Buf {
@@ -54,7 +62,7 @@ impl Fp8Buf {
                 ),
             });
         }
-        if m.w8a8 && m.per_row() {
+        if m.w8a8() && m.block_rows == 1 && m.block_cols >= m.cols {
             // At load, not at the first product, which may be inside a graph capture.
             lt_ready(dev)?;
         }
@@ -66,7 +74,7 @@ impl Fp8Buf {
             cols: m.cols,
             block_rows: m.block_rows,
             block_cols: m.block_cols,
-            w8a8: m.w8a8,
+            input: m.input,
         })
     }
 
@@ -74,7 +82,7 @@ impl Fp8Buf {
         let s = dev.stream();
         let codes = s.clone_dtoh(&self.codes).map_err(dev_err)?;
         let scales = s.clone_dtoh(&self.scales).map_err(dev_err)?;
-        Fp8Matrix::new(self.rows, self.cols, codes, scales, [self.block_rows, self.block_cols], self.w8a8)
+        Fp8Matrix::new(self.rows, self.cols, codes, scales, [self.block_rows, self.block_cols], self.input)
             .map_err(dev_err)
     }
 
@@ -94,6 +102,20 @@ impl Fp8Buf {
     /// 16-byte loads per block.
     fn layout(&self) -> (usize, usize, usize) {
         (self.scale_cols(), self.block_rows, self.block_cols.min(self.cols) / LOAD_BYTES)
+    }
+
+    /// A W8A8 weight with one scale per row: its products may run on FP8 tensor cores, the
+    /// input quantized per row as the layer quantizes it.
+    fn fp8_by_fp8(&self) -> bool {
+        matches!(self.input, Some(ActivationQuant::PerToken | ActivationQuant::Static(_))) && self.per_row()
+    }
+
+    /// The fixed input scale, or 0 for a scale per token (as `fp8_quant_rows_bf16` takes it).
+    fn static_input_scale(&self) -> f32 {
+        match self.input {
+            Some(ActivationQuant::Static(s)) => s,
+            _ => 0.0,
+        }
     }
 
     fn per_row(&self) -> bool {
@@ -147,6 +169,37 @@ kernel_params! {
 }
 
 kernel_params! {
+    /// `fp8_mma3`: up to three W8A8 products of one quantized x on tensor cores; a product with
+    /// `n = 0` is absent.
+    struct Fp8Mma3 {
+        qx: u64,
+        sx: u64,
+        m: i32,
+        k: i32,
+        w0: u64,
+        s0: u64,
+        y0: u64,
+        n0: i32,
+        a0: i32,
+        w1: u64,
+        s1: u64,
+        y1: u64,
+        n1: i32,
+        a1: i32,
+        w2: u64,
+        s2: u64,
+        y2: u64,
+        n2: i32,
+        a2: i32,
+    }
+}
+
+kernel_params! {
+    /// `fp8_mma_gated`: `y = act(x wg^T) * (x wu^T)` for W8A8 weights on tensor cores.
+    struct Fp8MmaGated { qx: u64, sx: u64, m: i32, k: i32, wg: u64, sg: u64, wu: u64, su: u64, y: u64, n: i32, act: i32 }
+}
+
+kernel_params! {
     /// `fp8_dequant_bf16`: `w[n, k]` in bf16.
     struct Fp8Dequant { wq: u64, sc: u64, w: u64, n: i32, k: i32, scale_cols: i32, block_rows: i32, block_cols: i32 }
 }
@@ -157,8 +210,9 @@ kernel_params! {
 }
 
 kernel_params! {
-    /// `fp8_quant_rows_bf16`: x's rows as e4m3 bytes and a scale per row.
-    struct Fp8QuantRows { x: u64, q: u64, scales: u64, cols: i32 }
+    /// `fp8_quant_rows_bf16`: x's rows as e4m3 bytes and a scale per row (`static_scale` where
+    /// positive).
+    struct Fp8QuantRows { x: u64, q: u64, scales: u64, cols: i32, static_scale: f32 }
 }
 
 fn rows_of(x: &Tensor) -> usize {
@@ -205,6 +259,9 @@ pub(crate) fn matmul_t_many(x: &Tensor, products: &[(&Tensor, &Fp8Buf, Option<&T
         check(x, xs, w, buf)?;
     }
     let m = rows_of(x);
+    if m > 0 && products.len() <= 3 && mma_takes(xs.device(), m, products.iter().map(|p| p.1)) {
+        return mma_many(x, xs, m, products);
+    }
     let one_launch = products.len() <= 3 && products.iter().all(|(_, b, _)| b.layout() == products[0].1.layout());
     if m == 0 || m > FP8_GEMV_MAX_ROWS || !one_launch {
         return products.iter().map(|&(w, buf, bias)| matmul_t(x, w, buf, bias)).collect();
@@ -258,10 +315,10 @@ pub(crate) fn matmul_t(x: &Tensor, w: &Tensor, buf: &Fp8Buf, bias: Option<&Tenso
     if m == 0 {
         return wrap(CudaStorage::alloc(dev, DType::BF16, 0)?, shape_of(x, buf.rows));
     }
-    if m <= FP8_GEMV_MAX_ROWS {
+    if m <= FP8_GEMV_MAX_ROWS || mma_takes(dev, m, [buf]) {
         return Ok(matmul_t_many(x, &[(w, buf, bias)])?.remove(0));
     }
-    if buf.w8a8 && buf.per_row() {
+    if buf.fp8_by_fp8() {
         if let Some(out) = fp8_gemm(xs, m, buf, bias)? {
             return wrap(out, shape_of(x, buf.rows));
         }
@@ -281,6 +338,9 @@ pub(crate) fn gated_matmul_t(
     check(x, xs, gate, g)?;
     check(x, xs, up, u)?;
     let m = rows_of(x);
+    if g.rows == u.rows && mma_takes(xs.device(), m, [g, u]) {
+        return mma_gated(x, xs, m, g, u, act);
+    }
     if m == 0 || m > FP8_GEMV_MAX_ROWS || g.layout() != u.layout() || g.rows != u.rows {
         return act_mul(&matmul_t(x, gate, g, None)?, &matmul_t(x, up, u, None)?, act);
     }
@@ -303,6 +363,107 @@ pub(crate) fn gated_matmul_t(
     };
     let f = dev.function(GEMV, &format!("gemv_gated_fp8_m{m}"))?;
     launch.launch_with(dev, &f, gemv_cfg(g.rows))?;
+    wrap(out, shape_of(x, g.rows))
+}
+
+/// Whether `m` input rows by these weights run on the FP8 tensor-core kernels: W8A8 weights with
+/// one scale per row and one input quantization, few enough rows, and a GPU with FP8 MMA.
+fn mma_takes<'a>(dev: &CudaDevice, m: usize, bufs: impl IntoIterator<Item = &'a Fp8Buf>) -> bool {
+    let mut bufs = bufs.into_iter().peekable();
+    let Some(first) = bufs.peek().map(|b| (b.input, b.cols)) else { return false };
+    (1..=FP8_MMA_MAX_ROWS).contains(&m)
+        && dev.compute_capability() >= (8, 9)
+        && bufs.all(|b| b.fp8_by_fp8() && (b.input, b.cols) == first)
+}
+
+/// x's rows as e4m3 bytes and their scales, as the weights' layer quantizes its input.
+fn quantize_input(xs: &CudaStorage, m: usize, buf: &Fp8Buf) -> Result<(CudaStorage, CudaStorage)> {
+    let dev = xs.device();
+    let k = buf.cols;
+    let q = CudaStorage::alloc(dev, DType::F32, (m * k).div_ceil(4))?;
+    let sx = CudaStorage::alloc(dev, DType::F32, m)?;
+    let f = dev.function(NORM, "fp8_quant_rows_bf16")?;
+    let quant = Fp8QuantRows {
+        x: xs.ptr(),
+        q: q.ptr(),
+        scales: sx.ptr(),
+        cols: int(k)?,
+        static_scale: buf.static_input_scale(),
+    };
+    quant.launch_with(dev, &f, super::storage::row_cfg(m, k))?;
+    Ok((q, sx))
+}
+
+fn mma_cfg(rows: usize) -> cudarc::driver::LaunchConfig {
+    cudarc::driver::LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Up to three products of one x by W8A8 weights in one tensor-core launch.
+fn mma_many(
+    x: &Tensor,
+    xs: &CudaStorage,
+    m: usize,
+    products: &[(&Tensor, &Fp8Buf, Option<&Tensor>)],
+) -> Result<Vec<Tensor>> {
+    let dev = xs.device();
+    let (qx, sx) = quantize_input(xs, m, products[0].1)?;
+    let outs = products.iter().map(|&(_, buf, bias)| output(dev, m, buf.rows, bias)).collect::<Result<Vec<_>>>()?;
+    let product = |i: usize| -> Result<(u64, u64, u64, i32, i32)> {
+        Ok(match products.get(i) {
+            Some(&(_, buf, bias)) => {
+                (buf.codes_ptr(dev), dptr(&buf.scales, dev), outs[i].ptr(), int(buf.rows)?, bias.is_some() as i32)
+            }
+            None => (0, 0, 0, 0, 0),
+        })
+    };
+    let ((w0, s0, y0, n0, a0), (w1, s1, y1, n1, a1), (w2, s2, y2, n2, a2)) = (product(0)?, product(1)?, product(2)?);
+    let launch = Fp8Mma3 {
+        qx: qx.ptr(),
+        sx: sx.ptr(),
+        m: int(m)?,
+        k: int(x.last_dim())?,
+        w0,
+        s0,
+        y0,
+        n0,
+        a0,
+        w1,
+        s1,
+        y1,
+        n1,
+        a1,
+        w2,
+        s2,
+        y2,
+        n2,
+        a2,
+    };
+    let blocks: usize = products.iter().map(|(_, b, _)| b.rows.div_ceil(FP8_MMA_ROWS)).sum();
+    let f = dev.function(GEMV, "fp8_mma3")?;
+    launch.launch_with(dev, &f, mma_cfg(blocks))?;
+    products.iter().zip(outs).map(|(&(_, buf, _), out)| wrap(out, shape_of(x, buf.rows))).collect()
+}
+
+/// `act(x gate^T) * (x up^T)` for W8A8 gate and up weights in one tensor-core launch.
+fn mma_gated(x: &Tensor, xs: &CudaStorage, m: usize, g: &Fp8Buf, u: &Fp8Buf, act: Activation) -> Result<Tensor> {
+    let dev = xs.device();
+    let (qx, sx) = quantize_input(xs, m, g)?;
+    let out = CudaStorage::alloc(dev, DType::BF16, m * g.rows)?;
+    let launch = Fp8MmaGated {
+        qx: qx.ptr(),
+        sx: sx.ptr(),
+        m: int(m)?,
+        k: int(g.cols)?,
+        wg: g.codes_ptr(dev),
+        sg: dptr(&g.scales, dev),
+        wu: u.codes_ptr(dev),
+        su: dptr(&u.scales, dev),
+        y: out.ptr(),
+        n: int(g.rows)?,
+        act: activation_code(act),
+    };
+    let f = dev.function(GEMV, "fp8_mma_gated")?;
+    launch.launch_with(dev, &f, mma_cfg(g.rows.div_ceil(FP8_MMA_ROWS)))?;
     wrap(out, shape_of(x, g.rows))
 }
 
@@ -368,11 +529,7 @@ fn fp8_gemm(xs: &CudaStorage, m: usize, buf: &Fp8Buf, bias: Option<&Tensor>) -> 
         }
     };
     let Some((desc, algo)) = gemm.as_ref() else { return Ok(None) };
-    let q = CudaStorage::alloc(dev, DType::F32, (m * k).div_ceil(4))?;
-    let sx = CudaStorage::alloc(dev, DType::F32, m)?;
-    let f = dev.function(NORM, "fp8_quant_rows_bf16")?;
-    let quant = Fp8QuantRows { x: xs.ptr(), q: q.ptr(), scales: sx.ptr(), cols: int(k)? };
-    quant.launch_with(dev, &f, super::storage::row_cfg(m, k))?;
+    let (q, sx) = quantize_input(xs, m, buf)?;
     let out = CudaStorage::alloc(dev, DType::BF16, m * n)?;
     let (alpha, beta) = (1.0f32, 0.0f32);
     // SAFETY: every pointer addresses a live device buffer of the size the layouts give; the

@@ -149,17 +149,21 @@ __device__ __forceinline__ unsigned char e4m3_byte(float v) {
     return (unsigned char)(sign | ((((bits >> 23) & 0xffu) - 120u) << 3) | ((bits >> 20) & 7u));
 }
 
-// The rows of bf16 x as e4m3 bytes and one f32 scale per row (the FP8 GEMM's inputs): the same
-// scale and rounding as fp8_fake_quant per token, one block per row.
+// The rows of bf16 x as e4m3 bytes and one f32 scale per row (the FP8 products' inputs): the
+// same scale and rounding as fp8_fake_quant per token, or with `static_scale` where positive; one
+// block per row.
 extern "C" __global__ void fp8_quant_rows_bf16(const bf16_t* __restrict__ x, unsigned char* __restrict__ q,
-                                               float* __restrict__ scales, int cols) {
+                                               float* __restrict__ scales, int cols, float static_scale) {
     pdl_wait();
     const bf16_t* xr = x + (size_t)blockIdx.x * cols;
     unsigned char* qr = q + (size_t)blockIdx.x * cols;
-    float m = 0.f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(to_f(xr[c])));
-    float scale = block_max(m) / 448.f;
-    if (scale == 0.f) scale = 1.1920929e-07f;
+    float scale = static_scale;
+    if (scale <= 0.f) {
+        float m = 0.f;
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(to_f(xr[c])));
+        scale = block_max(m) / 448.f;
+        if (scale == 0.f) scale = 1.1920929e-07f;
+    }
     if (threadIdx.x == 0) scales[blockIdx.x] = scale;
     for (int c = threadIdx.x; c < cols; c += blockDim.x)
         qr[c] = e4m3_byte(round_to_e4m3(fminf(fmaxf(to_f(xr[c]) / scale, -448.f), 448.f)));
