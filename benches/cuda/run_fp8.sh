@@ -15,11 +15,12 @@ SERVE=${FERRITE_SERVE_ARGS:---gpu-memory-utilization 0.9}
 # The FP8 kernels are opt-in until the CUDA battery has passed on a GPU (LoadOptions::fp8_kernels).
 FERRITE_FP8_KERNELS=1 FERRITE_SERVE_ARGS="$SERVE --quantization fp8" TAG=fp8-online bash "$HERE/run_serving.sh" "$OUTDIR"
 FERRITE_SERVE_ARGS="$SERVE" TAG=fp8-bf16 bash "$HERE/run_serving.sh" "$OUTDIR"
-"$PYTHON" - "$OUTDIR" <<'PY'
+"$PYTHON" - "$OUTDIR" "$HERE" <<'PY'
 import json, sys
 from pathlib import Path
 
 out = Path(sys.argv[1])
+sys.path.insert(0, sys.argv[2])
 runs = {}
 for name in ("online", "bf16"):
     path = out / f"fp8-{name}.json"
@@ -39,6 +40,40 @@ for c, by in sorted(levels.items()):
         row["fp8_over_bf16"] = by["online"]["output_tok_s"] / by["bf16"]["output_tok_s"]
     comparison.append(row)
 first = next((r for r in runs.values() if r), {})
+
+
+def rooflines(checkpoint):
+    """Single-stream tok/s at the copy bandwidth for the bytes one decode step reads: every decoder
+    linear weight (one byte and a 4-byte scale per row in FP8, two bytes in bf16), the bf16 LM
+    head and norms; the embedding table is not read whole (one row is gathered)."""
+    if not checkpoint:
+        return None
+    from torch_baseline import copy_bandwidth_gbs
+    cfg = json.loads((Path(checkpoint["dir"]) / "config.json").read_text())
+    hidden, vocab, layers = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    heads, kv_heads, inter = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"]
+    head_dim = cfg.get("head_dim") or hidden // heads
+    rows = layers * (heads * head_dim + 2 * kv_heads * head_dim + hidden + 2 * inter + hidden)
+    linear = layers * (hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden + 3 * hidden * inter)
+    head = vocab * hidden
+    norms = (2 * layers + 1) * hidden
+    bandwidth = copy_bandwidth_gbs()
+    step = {"fp8": linear + 4 * rows + 2 * (head + norms), "bf16": 2 * (linear + head + norms)}
+    return {
+        "copy_bandwidth_gbs": bandwidth,
+        "decode_bytes_per_token": step,
+        "roofline_tok_s": {name: bandwidth * 1e9 / b for name, b in step.items()},
+        "definition": " ".join(rooflines.__doc__.split()),
+    }
+
+
+roof = rooflines(first.get("checkpoint"))
+single = {}
+for name, key in (("online", "fp8"), ("bf16", "bf16")):
+    level = levels.get(1, {}).get(name)
+    if level and roof:
+        tok_s = level["decode_tok_s_per_seq"]
+        single[name] = {"decode_tok_s": tok_s, "fraction_of_roofline": tok_s / roof["roofline_tok_s"][key]}
 ratio = lambda c: next((r.get("fp8_over_bf16") for r in comparison if r["concurrency"] == c), None)
 c1, c32 = ratio(1), ratio(32)
 report = {
@@ -53,9 +88,16 @@ report = {
     "checkpoints": {name: (r or {}).get("checkpoint") for name, r in runs.items()},
     "commands": {name: (r or {}).get("commands") for name, r in runs.items()},
     "comparison": comparison,
+    "roofline": roof,
+    "single_stream": single,
     "targets": {
         "c1_fp8_over_bf16": {"goal": 1.7, "measured": c1, "met": c1 is not None and c1 >= 1.7},
         "c32_fp8_over_bf16": {"goal": 1.3, "measured": c32, "met": c32 is not None and c32 >= 1.3},
+        "c1_fp8_fraction_of_roofline": {
+            "goal": 0.85,
+            "measured": single.get("online", {}).get("fraction_of_roofline"),
+            "met": single.get("online", {}).get("fraction_of_roofline", 0) >= 0.85,
+        },
     },
 }
 (out / "cuda-fp8.json").write_text(json.dumps(report, indent=2) + "\n")
