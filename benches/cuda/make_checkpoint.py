@@ -14,6 +14,7 @@ when its stream chunk carries text, and with the bare fixture the ids a random m
     python3 benches/cuda/make_checkpoint.py --shape qwen3-30b-a3b --layers 8 --out /tmp/qwen3-30b-a3b-l8
     python3 benches/cuda/make_checkpoint.py --shape qwen3.5-9b --out /tmp/qwen3.5-9b
     python3 benches/cuda/make_checkpoint.py --shape llama-3.1-8b --w4a16 128 --out /tmp/llama-3.1-8b-w4a16
+    python3 benches/cuda/make_checkpoint.py --shape llama-3.1-8b --fp8-dynamic --out /tmp/llama-3.1-8b-fp8
     python3 benches/cuda/make_checkpoint.py --shape qwen2.5-vl-7b --out /tmp/qwen2.5-vl-7b
 
 A vision-language shape (qwen2.5-vl-7b: Qwen/Qwen2.5-VL-7B-Instruct's config) is saved as
@@ -26,6 +27,11 @@ budget (min_pixels 3136, max_pixels 12845056: a 1024x1024 image stays 1036x1036,
 W4A16 (symmetric 4-bit, one bf16 scale per GROUP inputs, the layout llm-compressor saves): random
 nibbles and scales of the init's magnitude instead of quantized bf16 weights, as the values do not
 matter for speed. Embeddings, norms and the LM head stay bf16 (llm-compressor's default `ignore`).
+
+--fp8-dynamic writes the decoder layers' linear weights as compressed-tensors FP8_DYNAMIC, the
+layout llm-compressor saves (`float-quantized`): the random bf16 weights rounded to e4m3 with one
+f32 scale per output channel (`weight_scale` [n, 1]), inputs quantized per token at run time.
+Embeddings, norms and the LM head stay bf16.
 
 Prints one JSON line: shape, layers, parameters, weight bytes. Reruns on a complete checkpoint
 of the same shape only print it.
@@ -158,7 +164,19 @@ def safetensors_size(out: Path) -> tuple[int, int]:
     return params, nbytes
 
 
-def is_complete(out: Path, config, w4a16: int | None) -> bool:
+def quantization_of(w4a16: int | None, fp8_dynamic: bool) -> str | None:
+    return f"w4a16-g{w4a16}" if w4a16 else "fp8-dynamic" if fp8_dynamic else None
+
+
+def saved_quantization(saved: dict) -> str | None:
+    group = (saved.get("quantization_config") or {}).get("config_groups", {}).get("group_0", {})
+    weights = group.get("weights") or {}
+    if weights.get("type") == "float":
+        return "fp8-dynamic"
+    return f"w4a16-g{weights['group_size']}" if weights.get("group_size") else None
+
+
+def is_complete(out: Path, config, quantization: str | None) -> bool:
     # tokenizer.json is written after the weights (and a VL checkpoint's processor_config.json
     # after it), so its presence means the weights were all saved.
     last = "processor_config.json" if hasattr(config, "vision_config") else "tokenizer.json"
@@ -166,8 +184,7 @@ def is_complete(out: Path, config, w4a16: int | None) -> bool:
         return False
     saved = json.loads((out / "config.json").read_text())
     keys = ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
-    group = (saved.get("quantization_config") or {}).get("config_groups", {}).get("group_0", {})
-    same_quantization = group.get("weights", {}).get("group_size") == w4a16
+    same_quantization = saved_quantization(saved) == quantization
     saved_text, text = saved.get("text_config", saved), text_of(config)
     return (same_quantization and saved.get("model_type") == config.model_type
             and all(saved_text.get(k) == getattr(text, k, None) for k in keys))
@@ -237,6 +254,32 @@ def w4a16_tensors(model, group: int) -> tuple[dict, dict]:
     return tensors, config
 
 
+def fp8_dynamic_tensors(model) -> tuple[dict, dict]:
+    """The state dict with every decoder linear weight rounded to e4m3 per output channel
+    (`weight` float8_e4m3fn, `weight_scale` f32 [n, 1]), and the `quantization_config` of
+    llm-compressor's FP8_DYNAMIC scheme."""
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if ".layers." in name and name.endswith("_proj.weight") and t.dim() == 2:
+            w = t.float()
+            scale = (w.abs().amax(dim=1, keepdim=True) / 448.0).clamp(min=torch.finfo(torch.float32).eps)
+            tensors[name] = (w / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+            tensors[f"{name.removesuffix('.weight')}.weight_scale"] = scale
+        else:
+            tensors[name] = t
+    scheme = {"dynamic": False, "group_size": None, "num_bits": 8, "observer": "memoryless_minmax",
+              "strategy": "channel", "symmetric": True, "type": "float"}
+    inputs = {"dynamic": True, "group_size": None, "num_bits": 8, "strategy": "token", "symmetric": True,
+              "type": "float"}
+    config = {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+        "ignore": ["lm_head"], "kv_cache_scheme": None,
+        "config_groups": {"group_0": {"format": "float-quantized", "targets": ["Linear"], "weights": scheme,
+                                      "input_activations": inputs, "output_activations": None}},
+    }
+    return tensors, config
+
+
 def save_sharded(tensors: dict, out: Path, shard_bytes: int = 5 << 30) -> None:
     from safetensors.torch import save_file
 
@@ -265,14 +308,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="shrink every width (CPU smoke tests only)")
     ap.add_argument("--w4a16", type=int, metavar="GROUP", help="decoder linear weights as W4A16 in groups of GROUP")
+    ap.add_argument("--fp8-dynamic", action="store_true", help="decoder linear weights as FP8_DYNAMIC")
     args = ap.parse_args()
 
     config = build_config(args.shape, args.layers, args.tiny)
     full_depth = (SHAPES.get(args.shape) or VL_SHAPES[args.shape])[1]["num_hidden_layers"]
     vl = args.shape in VL_SHAPES
-    if vl and args.w4a16:
-        sys.exit("--w4a16 is for text shapes")
-    if is_complete(args.out, config, args.w4a16):
+    if vl and (args.w4a16 or args.fp8_dynamic):
+        sys.exit("--w4a16 and --fp8-dynamic are for text shapes")
+    if args.w4a16 and args.fp8_dynamic:
+        sys.exit("--w4a16 and --fp8-dynamic exclude each other")
+    quantization = quantization_of(args.w4a16, args.fp8_dynamic)
+    if is_complete(args.out, config, quantization):
         print(f"{args.out} already holds this checkpoint", file=sys.stderr)
     else:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -288,9 +335,9 @@ def main() -> None:
         elif args.out.exists() and any(args.out.iterdir()):
             sys.exit(f"{args.out} is not empty and holds no checkpoint; not overwriting it")
         args.out.mkdir(parents=True, exist_ok=True)
-        if args.w4a16:
-            tensors, quantization = w4a16_tensors(model, args.w4a16)
-            model.config.quantization_config = quantization
+        if quantization:
+            tensors, scheme = w4a16_tensors(model, args.w4a16) if args.w4a16 else fp8_dynamic_tensors(model)
+            model.config.quantization_config = scheme
             model.config.architectures = [type(model).__name__]
             model.config.save_pretrained(args.out)
             model.generation_config.save_pretrained(args.out)
@@ -312,7 +359,7 @@ def main() -> None:
         "layers": text_of(config).num_hidden_layers, "full_depth_layers": full_depth,
         "truncated": text_of(config).num_hidden_layers < full_depth, "tiny": args.tiny,
         "parameters": params, "weight_bytes": nbytes, "dtype": "bfloat16", "init_std": INIT_STD, "seed": args.seed,
-        "w4a16_group": args.w4a16,
+        "w4a16_group": args.w4a16, "quantization": quantization,
     }))
 
 

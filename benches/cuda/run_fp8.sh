@@ -2,8 +2,9 @@
 # FP8 against bf16 on the Llama-3.1-8B shape in one call: `run_serving.sh` (ferrite only) on the
 # shape's bf16 checkpoint served with `--quantization fp8` (each decoder linear weight rounded to
 # e4m3 per output channel at load and kept as bytes on the GPU, inputs quantized per token: vLLM's
-# online FP8), and then served as bf16; one report with the ratios, OUTDIR/cuda-fp8.json (+ each
-# run's .json, .log, -serve.log). The other knobs are run_serving.sh's.
+# online FP8), on the same shape written as a compressed-tensors FP8_DYNAMIC checkpoint, and on
+# the bf16 checkpoint served as bf16; one report with the ratios and the single-stream rooflines,
+# OUTDIR/cuda-fp8.json (+ each run's .json, .log, -serve.log). The other knobs are run_serving.sh's.
 #
 #   bash benches/cuda/run_fp8.sh "$OUT"
 set -uo pipefail
@@ -14,6 +15,7 @@ PYTHON=${PYTHON:-python3}
 SERVE=${FERRITE_SERVE_ARGS:---gpu-memory-utilization 0.9}
 # The FP8 kernels are opt-in until the CUDA battery has passed on a GPU (LoadOptions::fp8_kernels).
 FERRITE_FP8_KERNELS=1 FERRITE_SERVE_ARGS="$SERVE --quantization fp8" TAG=fp8-online bash "$HERE/run_serving.sh" "$OUTDIR"
+FERRITE_FP8_KERNELS=1 FERRITE_SERVE_ARGS="$SERVE" FP8_DYNAMIC=1 TAG=fp8-dynamic bash "$HERE/run_serving.sh" "$OUTDIR"
 FERRITE_SERVE_ARGS="$SERVE" TAG=fp8-bf16 bash "$HERE/run_serving.sh" "$OUTDIR"
 "$PYTHON" - "$OUTDIR" "$HERE" <<'PY'
 import json, sys
@@ -22,7 +24,7 @@ from pathlib import Path
 out = Path(sys.argv[1])
 sys.path.insert(0, sys.argv[2])
 runs = {}
-for name in ("online", "bf16"):
+for name in ("online", "dynamic", "bf16"):
     path = out / f"fp8-{name}.json"
     runs[name] = json.loads(path.read_text()) if path.exists() else None
 levels = {}
@@ -38,6 +40,8 @@ for c, by in sorted(levels.items()):
         row[f"{name}_median_ttft_ms"] = level["median_ttft_ms"]
     if "online" in by and "bf16" in by:
         row["fp8_over_bf16"] = by["online"]["output_tok_s"] / by["bf16"]["output_tok_s"]
+    if "dynamic" in by and "bf16" in by:
+        row["fp8_dynamic_checkpoint_over_bf16"] = by["dynamic"]["output_tok_s"] / by["bf16"]["output_tok_s"]
     comparison.append(row)
 first = next((r for r in runs.values() if r), {})
 
@@ -69,7 +73,7 @@ def rooflines(checkpoint):
 
 roof = rooflines(first.get("checkpoint"))
 single = {}
-for name, key in (("online", "fp8"), ("bf16", "bf16")):
+for name, key in (("online", "fp8"), ("dynamic", "fp8"), ("bf16", "bf16")):
     level = levels.get(1, {}).get(name)
     if level and roof:
         tok_s = level["decode_tok_s_per_seq"]

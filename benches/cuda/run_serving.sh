@@ -13,7 +13,8 @@
 # BASELINE_ARGS (extra torch_baseline.py flags, e.g. "--no-compile --time-budget 300"),
 # LEVEL_TIMEOUT (seconds per bench level), PYTHON, PORT, TAG (output names), TINY=1 (shrunk
 # widths: smoke tests only), CKPT (checkpoint directory), W4A16=GROUP (the decoder's linear
-# weights as compressed-tensors W4A16 in groups of GROUP).
+# weights as compressed-tensors W4A16 in groups of GROUP), FP8_DYNAMIC=1 (as compressed-tensors
+# FP8_DYNAMIC).
 # Files in OUTDIR: $TAG.json (the report), $TAG.log (this script's output), $TAG-serve.log.
 set -uo pipefail
 
@@ -35,7 +36,8 @@ PORT=${PORT:-8123}
 TAG=${TAG:-cuda-serving}
 TINY=${TINY:-}
 W4A16=${W4A16:-}
-CKPT=${CKPT:-/tmp/ferrite-bench/$SHAPE${LAYERS:+-l$LAYERS}${TINY:+-tiny}${W4A16:+-w4a16-g$W4A16}}
+FP8_DYNAMIC=${FP8_DYNAMIC:-}
+CKPT=${CKPT:-/tmp/ferrite-bench/$SHAPE${LAYERS:+-l$LAYERS}${TINY:+-tiny}${W4A16:+-w4a16-g$W4A16}${FP8_DYNAMIC:+-fp8-dynamic}}
 # Raw parts live outside OUTDIR (only a few files come back from the device) and survive
 # between calls on a warm machine, which is what lets SKIP_* rerun one part.
 WORK=/tmp/ferrite-bench/$TAG
@@ -60,7 +62,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memo
 
 say "checkpoint $SHAPE${LAYERS:+ ($LAYERS layers)} in $CKPT"
 "$PYTHON" "$HERE/make_checkpoint.py" --shape "$SHAPE" --out "$CKPT" ${LAYERS:+--layers "$LAYERS"} ${TINY:+--tiny} \
-    ${W4A16:+--w4a16 "$W4A16"} \
+    ${W4A16:+--w4a16 "$W4A16"} ${FP8_DYNAMIC:+--fp8-dynamic} \
     >"$WORK/checkpoint.json" || { say "make_checkpoint.py failed"; exit 1; }
 cat "$WORK/checkpoint.json"
 
