@@ -705,6 +705,11 @@ def _granite_hybrid_hub_spelling(cfg: dict[str, Any]) -> None:
     cfg["time_step_limit"] = [0.0, float("inf")]
 
 
+def _falcon_h1_hub_spelling(cfg: dict[str, Any]) -> None:
+    """Real Falcon-H1 config.json files (written by transformers 4.x) keep rope_theta at the top level."""
+    cfg["rope_theta"] = cfg.pop("rope_parameters")["rope_theta"]
+
+
 def _drop_hunyuan_qk_norm(model: torch.nn.Module) -> None:
     for layer in model.model.layers:
         layer.self_attn.query_layernorm = torch.nn.Identity()
@@ -2760,6 +2765,55 @@ SPECS: list[Spec] = [
         "8 experts top-2 plus a shared gated MLP, Granite's four multipliers",
         ablate_config=dict(residual_multiplier=1.0),
         ablation_desc="residual_multiplier 0.22 -> 1",
+    ),
+    Spec(
+        name="falcon-h1",
+        config_class="FalconH1Config",
+        architecture="FalconH1ForCausalLM",
+        kwargs=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, rope_theta=100000.0, pad_token_id=None,
+                    mamba_d_ssm=48, mamba_n_heads=6, mamba_d_head="auto", mamba_n_groups=2, mamba_d_state=8,
+                    mamba_d_conv=4, mamba_chunk_size=64, mamba_rms_norm=True, mamba_norm_before_gate=True,
+                    mamba_conv_bias=True, mamba_proj_bias=True, projectors_bias=True, attention_bias=True,
+                    mlp_bias=True, tie_word_embeddings=False, embedding_multiplier=1.7, lm_head_multiplier=0.6,
+                    key_multiplier=0.39, attention_in_multiplier=1.3, attention_out_multiplier=0.9375,
+                    ssm_in_multiplier=1.25, ssm_out_multiplier=0.7, ssm_multipliers=[0.35, 0.8, 1.4, 0.5, 1.6],
+                    mlp_multipliers=[0.88, 0.59]),
+        edit_saved_config=_falcon_h1_hub_spelling,
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="Falcon-H1: every layer runs GQA attention (head_dim 16, not hidden/heads; keys times key_multiplier "
+        "before RoPE; input times attention_in_multiplier, output times attention_out_multiplier) and a Mamba2 mixer "
+        "(mamba_d_ssm 48 = 6 heads of 8, not expand x hidden; 2 B/C groups of state 8; input times ssm_in_multiplier; "
+        "in_proj output times the muP vector of ssm_multipliers per z/x/B/C/dt section; grouped gated RMSNorm with "
+        "the norm before the gate; output times ssm_out_multiplier) in parallel on the same normed input, then a "
+        "SwiGLU MLP with mlp_multipliers on the gate and down projections; biases on attention, MLP, in_proj, "
+        "out_proj (projectors_bias) and conv; embedding_multiplier, lm_head_multiplier, untied head; rope_theta at "
+        "the top level as real checkpoints spell it",
+        ablate_config=dict(ssm_multipliers=[1.0, 1.0, 1.0, 1.0, 1.0]),
+        ablation_desc="ssm_multipliers all 1 (no muP vector on in_proj's output)",
+        extra_ablations=[
+            Ablate("key_multiplier 0.39 -> 1", config=dict(key_multiplier=1.0)),
+            Ablate("mamba_norm_before_gate off (norm after the gate)", config=dict(mamba_norm_before_gate=False)),
+            Ablate("mlp_multipliers [0.88, 0.59] -> [1, 1]", config=dict(mlp_multipliers=[1.0, 1.0])),
+        ],
+    ),
+    Spec(
+        name="falcon-h1-tiny",
+        config_class="FalconH1Config",
+        architecture="FalconH1ForCausalLM",
+        kwargs=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, rope_theta=100000000000.0, pad_token_id=None,
+                    mamba_d_ssm=48, mamba_n_heads=6, mamba_d_head=8, mamba_n_groups=1, mamba_d_state=8,
+                    mamba_d_conv=4, mamba_chunk_size=64, mamba_rms_norm=False, mamba_norm_before_gate=False,
+                    tie_word_embeddings=True, embedding_multiplier=0.5, lm_head_multiplier=1.5),
+        edit_saved_config=_falcon_h1_hub_spelling,
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="Falcon-H1 as the Tiny-90M checkpoints have it: no RMSNorm in the Mamba2 mixer (mamba_rms_norm off: "
+        "y * silu(z) straight into out_proj), one B/C group, tied embeddings, no biases, unit attention/SSM "
+        "multipliers, embedding_multiplier 0.5 and lm_head_multiplier 1.5, rope_theta 1e11 at the top level",
+        ablate_config=dict(embedding_multiplier=1.0),
+        ablation_desc="embedding_multiplier 0.5 -> 1",
+        extra_ablations=[Ablate("SSM branch dropped (ssm_out_multiplier 0)", config=dict(ssm_out_multiplier=0.0))],
     ),
 ]
 

@@ -47,6 +47,8 @@ const FIXTURES: &[&str] = &[
     "mamba2",
     "nemotron-h",
     "granite-moe-hybrid",
+    "falcon-h1",
+    "falcon-h1-tiny",
 ];
 
 fn hostile_value() -> impl Strategy<Value = Value> {

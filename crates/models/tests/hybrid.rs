@@ -205,6 +205,37 @@ fn gate_catches_lfm2_moe_breaks() {
     assert_gate_catches("lfm2-moe", &breaks);
 }
 
+/// Falcon-H1: the muP multipliers inside its parallel attention + Mamba2 layers (the in_proj
+/// vector, the keys', the MLP's), where its gated norm sits, and the embedding multiplier matter.
+#[test]
+fn gate_catches_falcon_h1_breaks() {
+    let breaks: [Break; 6] = [
+        ("unbroken", None, None),
+        (
+            "ssm_multipliers dropped (no muP vector on in_proj's output)",
+            Some(|c| {
+                c.as_object_mut().unwrap().remove("ssm_multipliers");
+            }),
+            None,
+        ),
+        ("key_multiplier 0.39 -> 1", Some(|c| c["key_multiplier"] = 1.0.into()), None),
+        ("attention_in_multiplier 1.3 -> 1", Some(|c| c["attention_in_multiplier"] = 1.0.into()), None),
+        ("mamba_norm_before_gate on -> off", Some(|c| c["mamba_norm_before_gate"] = false.into()), None),
+        (
+            "mlp_multipliers [0.88, 0.59] -> [1, 1]",
+            Some(|c| c["mlp_multipliers"] = serde_json::json!([1.0, 1.0])),
+            None,
+        ),
+    ];
+    assert_gate_catches("falcon-h1", &breaks);
+    let tiny: [Break; 3] = [
+        ("unbroken", None, None),
+        ("embedding_multiplier 0.5 -> 1", Some(|c| c["embedding_multiplier"] = 1.0.into()), None),
+        ("Mamba2 D skip zeroed", None, Some(|name| zeroed(name, "mamba.D"))),
+    ];
+    assert_gate_catches("falcon-h1-tiny", &tiny);
+}
+
 fn assert_gate_catches(fixture: &str, breaks: &[Break]) {
     for &(what, config, weights) in breaks {
         let dir = fixture_copy(fixture, what);
@@ -271,9 +302,19 @@ fn last_logits(model: &dyn CausalLM, tokens: &[u32], chunks: &[usize], prompt: u
 /// reference clamps dt on prompts only (so a token decoded and the same token in a prompt differ).
 #[test]
 fn carried_state_equals_one_pass() {
-    for name in
-        ["qwen3-next", "qwen3_5", "mamba", "jamba", "mamba2", "nemotron-h", "granite-moe-hybrid", "lfm2", "lfm2-moe"]
-    {
+    for name in [
+        "qwen3-next",
+        "qwen3_5",
+        "mamba",
+        "jamba",
+        "mamba2",
+        "nemotron-h",
+        "granite-moe-hybrid",
+        "lfm2",
+        "lfm2-moe",
+        "falcon-h1",
+        "falcon-h1-tiny",
+    ] {
         let dir = fixtures_dir().join("models").join(name);
         let oracle = Oracle::load(&dir.join("oracle.json")).unwrap();
         let model = load_model(&dir, &LoadOptions { progress: false, ..Default::default() }).unwrap().model;

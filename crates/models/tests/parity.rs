@@ -126,6 +126,8 @@ parity! {
     lfm2 => "lfm2",
     lfm2_moe => "lfm2-moe",
     granite_moe_hybrid => "granite-moe-hybrid",
+    falcon_h1 => "falcon-h1",
+    falcon_h1_tiny => "falcon-h1-tiny",
 }
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.

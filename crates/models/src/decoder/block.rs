@@ -12,7 +12,7 @@ use crate::layers::mla::Mla;
 use crate::layers::moe::SparseMoe;
 use crate::layers::rope::Rope;
 use crate::layers::short_conv::ShortConv;
-use crate::layers::{Attention, DenseMlp, GatedMlp, HeadLayerNorm, Linear, Norm, RmsNorm};
+use crate::layers::{Attention, DenseMlp, GatedMlp, HeadLayerNorm, Linear, Norm, RmsNorm, ScaledGatedMlp};
 use crate::Result;
 
 /// Self-attention with the per-family extras around the shared [`Attention`].
@@ -69,6 +69,59 @@ pub struct SharedKvAttention {
     pub source: usize,
 }
 
+/// Falcon-H1's token mixer: attention and a Mamba2 mixer read the same normed input and their
+/// outputs are summed, each branch with its muP multipliers. The layer keeps a KV cache and a
+/// recurrent state.
+#[derive(Debug, Clone)]
+pub struct ParallelHybrid {
+    pub attn: Attention,
+    /// Index into the decoder's rotary tables.
+    pub rope: usize,
+    /// Multiplies the attention's input, its keys before the rotary embedding, and its output.
+    pub attn_in: f32,
+    pub key_scale: f32,
+    pub attn_out: f32,
+    pub ssm: Mamba2Mixer,
+    /// Multiply the Mamba2 mixer's input and output.
+    pub ssm_in: f32,
+    pub ssm_out: f32,
+}
+
+/// `x * s`, skipped where `s` is 1 (the product would be `x` to the bit).
+fn times(x: &Tensor, s: f32) -> Result<Tensor> {
+    Ok(if s == 1.0 { x.clone() } else { ops::scale(x, s)? })
+}
+
+impl ParallelHybrid {
+    fn forward(
+        &self,
+        x: &Tensor,
+        rope: (&Rope, &Tensor, &Tensor),
+        meta: &AttnMetadata,
+        kv: &mut PagedKvLayer,
+        state: &mut PagedKvLayer,
+    ) -> Result<Tensor> {
+        let m = times(&self.ssm.forward(&times(x, self.ssm_in)?, meta, state)?, self.ssm_out)?;
+        let (q, k, v) = self.attn.project(&times(x, self.attn_in)?)?;
+        let a = self.attn.attend(q, times(&k, self.key_scale)?, v, Some(rope), meta, kv)?;
+        Ok(ops::add(&m, &times(&a, self.attn_out)?)?)
+    }
+}
+
+/// The caches one layer reads and writes in a step: its KV cache (its own or the one it shares)
+/// and its recurrent state. Falcon-H1's layers have both, other layers one or neither.
+pub(crate) struct LayerCaches<'a> {
+    pub kv: Option<&'a mut PagedKvLayer>,
+    pub state: Option<&'a mut PagedKvLayer>,
+}
+
+impl<'a> LayerCaches<'a> {
+    /// A KV cache alone (an attention layer's, or a draft head's).
+    pub fn kv(kv: &'a mut PagedKvLayer) -> LayerCaches<'a> {
+        LayerCaches { kv: Some(kv), state: None }
+    }
+}
+
 /// How positions exchange information. Each mixer owns the cache of its layer: paged KV for
 /// attention, a latent paged KV for MLA.
 // One per layer, built once at load: the size difference between variants costs a few hundred
@@ -92,6 +145,8 @@ pub enum TokenMixer {
     Mamba2(Box<Mamba2Mixer>),
     /// A gated short convolution (LFM2) whose state is its conv's last inputs.
     ShortConv(Box<ShortConv>),
+    /// Attention and a Mamba2 mixer side by side (Falcon-H1), with a KV cache and a state.
+    ParallelHybrid(Box<ParallelHybrid>),
     /// The layer has no token mixer (Nemotron-H's MLP layers): the block is its channel mixer
     /// behind `mlp_norm`.
     None,
@@ -102,6 +157,8 @@ pub enum TokenMixer {
 pub enum LayerCache {
     Kv(crate::model::KvLayerSpec),
     State(crate::model::StateLayerSpec),
+    /// A KV cache and a recurrent state (Falcon-H1's parallel layers).
+    KvAndState(crate::model::KvLayerSpec, crate::model::StateLayerSpec),
     /// Another (earlier) layer's KV cache.
     Shared(usize),
     /// Nothing kept between steps.
@@ -112,20 +169,20 @@ pub enum LayerCache {
 pub(crate) type RopeTables<'a> = [(&'a Rope, Tensor, Tensor)];
 
 impl TokenMixer {
-    fn forward(
-        &self,
-        x: &Tensor,
-        ropes: &RopeTables,
-        meta: &AttnMetadata,
-        cache: Option<&mut PagedKvLayer>,
-    ) -> Result<Tensor> {
-        let Some(cache) = cache else {
-            return Err(ferrite_tensor::TensorError::Shape {
+    fn forward(&self, x: &Tensor, ropes: &RopeTables, meta: &AttnMetadata, caches: LayerCaches) -> Result<Tensor> {
+        let missing = || -> crate::ModelError {
+            ferrite_tensor::TensorError::Shape {
                 op: "token mixer",
                 detail: "a layer that keeps a cache was given none".into(),
             }
-            .into());
+            .into()
         };
+        // A recurrent mixer runs on its state; the rest on their KV cache, Falcon-H1's on both.
+        let (own, state) = match self.cache() {
+            LayerCache::State(_) => (caches.state, None),
+            _ => (caches.kv, caches.state),
+        };
+        let cache = own.ok_or_else(missing)?;
         let table = |i: usize| {
             let (rope, cos, sin) = &ropes[i];
             (*rope, cos, sin)
@@ -170,6 +227,7 @@ impl TokenMixer {
             TokenMixer::Mamba(m) => m.forward(x, meta, cache),
             TokenMixer::Mamba2(m) => m.forward(x, meta, cache),
             TokenMixer::ShortConv(c) => c.forward(x, meta, cache),
+            TokenMixer::ParallelHybrid(p) => p.forward(x, table(p.rope), meta, cache, state.ok_or_else(missing)?),
             TokenMixer::None => Err(ferrite_tensor::TensorError::Unsupported {
                 op: "token mixer",
                 detail: "a layer without one is its channel mixer alone (see Block::forward)".into(),
@@ -193,6 +251,7 @@ impl TokenMixer {
             TokenMixer::Mamba(m) => LayerCache::State(m.state_spec()),
             TokenMixer::Mamba2(m) => LayerCache::State(m.state_spec()),
             TokenMixer::ShortConv(c) => LayerCache::State(c.state_spec()),
+            TokenMixer::ParallelHybrid(p) => LayerCache::KvAndState(spec(&p.attn.params), p.ssm.state_spec()),
             TokenMixer::None => LayerCache::None,
         }
     }
@@ -214,6 +273,10 @@ impl TokenMixer {
             TokenMixer::Mamba(m) => m.weight_bytes(),
             TokenMixer::Mamba2(m) => m.weight_bytes(),
             TokenMixer::ShortConv(c) => c.weight_bytes(),
+            TokenMixer::ParallelHybrid(p) => {
+                [&p.attn.q, &p.attn.k, &p.attn.v, &p.attn.o].iter().map(|l| l.weight.size_in_bytes()).sum::<usize>()
+                    + p.ssm.weight_bytes()
+            }
             TokenMixer::None => 0,
         }
     }
@@ -224,6 +287,8 @@ impl TokenMixer {
 pub enum ChannelMixer {
     /// `down(act(gate(x)) * up(x))`.
     Gated(GatedMlp),
+    /// The same with muP multipliers on the gate and down projections (Falcon-H1).
+    ScaledGated(ScaledGatedMlp),
     /// `fc2(act(fc1(x)))`.
     Dense(DenseMlp),
     /// Routed experts, plus shared ones where the family has them.
@@ -237,6 +302,7 @@ impl ChannelMixer {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             ChannelMixer::Gated(m) => m.forward(x),
+            ChannelMixer::ScaledGated(m) => m.forward(x),
             ChannelMixer::Dense(m) => m.forward(x),
             ChannelMixer::Moe(m) => m.forward(x),
             ChannelMixer::None => Err(ferrite_tensor::TensorError::Unsupported {
@@ -250,6 +316,7 @@ impl ChannelMixer {
     pub fn weight_bytes(&self) -> usize {
         match self {
             ChannelMixer::Gated(m) => m.weight_bytes(),
+            ChannelMixer::ScaledGated(m) => m.mlp.weight_bytes(),
             ChannelMixer::Dense(m) => m.fc1.weight.size_in_bytes() + m.fc2.weight.size_in_bytes(),
             ChannelMixer::Moe(m) => m.weight_bytes(),
             ChannelMixer::None => 0,
@@ -383,7 +450,7 @@ impl Block {
         stream: Residual,
         ropes: &RopeTables,
         meta: &AttnMetadata,
-        cache: Option<&mut PagedKvLayer>,
+        caches: LayerCaches,
     ) -> Result<Residual> {
         if matches!(self.mixer, TokenMixer::None) {
             let (x, h) = stream.settle_norm(self.mlp_norm.as_ref())?;
@@ -392,18 +459,18 @@ impl Block {
         match self.wiring {
             Wiring::Sequential { residual_scale } => {
                 let (x, h) = stream.settle_norm(self.attn_norm.as_ref())?;
-                self.sequential_from(&x, h, residual_scale, ropes, meta, cache)
+                self.sequential_from(&x, h, residual_scale, ropes, meta, caches)
             }
             Wiring::PostNorm => {
                 let h = stream.settle()?;
-                let a = self.mixer.forward(&h, ropes, meta, cache)?;
+                let a = self.mixer.forward(&h, ropes, meta, caches)?;
                 let h = norm_opt(&self.attn_norm, ops::add(&h, &a)?)?;
                 let m = self.mlp.forward(&h)?;
                 Ok(Residual { h: norm_opt(&self.mlp_norm, ops::add(&h, &m)?)?, pending: None })
             }
             Wiring::Parallel(sum) => {
                 let (x, h) = stream.settle_norm(self.attn_norm.as_ref())?;
-                let a = self.mixer.forward(&x, ropes, meta, cache)?;
+                let a = self.mixer.forward(&x, ropes, meta, caches)?;
                 let m = match &self.mlp_norm {
                     Some(n) => self.mlp.forward(&n.forward(&h)?)?,
                     None => self.mlp.forward(&x)?,
@@ -426,7 +493,7 @@ impl Block {
         residual_scale: Option<f32>,
         ropes: &RopeTables,
         meta: &AttnMetadata,
-        cache: Option<&mut PagedKvLayer>,
+        caches: LayerCaches,
     ) -> Result<Residual> {
         let branch = |out: Tensor, out_norm: &Option<Norm>| -> Result<Tensor> {
             let out = norm_opt(out_norm, out)?;
@@ -435,7 +502,7 @@ impl Block {
                 None => out,
             })
         };
-        let a = branch(self.mixer.forward(x, ropes, meta, cache)?, &self.attn_out_norm)?;
+        let a = branch(self.mixer.forward(x, ropes, meta, caches)?, &self.attn_out_norm)?;
         if matches!(self.mlp, ChannelMixer::None) {
             return Ok(Residual { h, pending: Some(a) });
         }

@@ -14,10 +14,10 @@ pub mod per_layer;
 
 use ferrite_tensor::{ops, DType, PagedKvLayer, Tensor};
 
-use self::block::Residual;
 pub use self::block::{
-    Block, ChannelMixer, LayerCache, ParallelSum, SelfAttention, SharedKvAttention, TokenMixer, Wiring,
+    Block, ChannelMixer, LayerCache, ParallelHybrid, ParallelSum, SelfAttention, SharedKvAttention, TokenMixer, Wiring,
 };
+use self::block::{LayerCaches, Residual};
 use self::per_layer::PerLayerInputs;
 use crate::layers::rope::Rope;
 use crate::layers::{Embedding, Linear, Norm};
@@ -109,14 +109,14 @@ impl Decoder {
             kv_layers: blocks
                 .iter()
                 .filter_map(|b| match b.mixer.cache() {
-                    LayerCache::Kv(spec) => Some(spec),
+                    LayerCache::Kv(spec) | LayerCache::KvAndState(spec, _) => Some(spec),
                     _ => None,
                 })
                 .collect(),
             state_layers: blocks
                 .iter()
                 .filter_map(|b| match b.mixer.cache() {
-                    LayerCache::State(spec) => Some(spec),
+                    LayerCache::State(spec) | LayerCache::KvAndState(_, spec) => Some(spec),
                     _ => None,
                 })
                 .collect(),
@@ -188,17 +188,17 @@ impl Decoder {
         self
     }
 
-    /// The cache each block reads, as an index into the forward's caches: its own KV layer (in
-    /// block order), its source's for a block that shares another's keys and values, or its
+    /// The caches each block reads, as indices into the forward's caches: its KV cache (its own,
+    /// in block order, or its source's for a block that shares another's keys and values) and its
     /// recurrent state layer (after all KV layers).
-    fn cache_slots(&self, caches: usize) -> Result<Vec<Option<usize>>> {
+    fn cache_slots(&self, caches: usize) -> Result<Vec<[Option<usize>; 2]>> {
         let num_kv = self.info.kv_layers.len();
-        let mut slots: Vec<Option<usize>> = Vec::with_capacity(self.blocks.len());
+        let mut slots: Vec<[Option<usize>; 2]> = Vec::with_capacity(self.blocks.len());
         let (mut kv, mut state) = (0, 0);
         for (i, b) in self.blocks.iter().enumerate() {
             let slot = match b.mixer.cache() {
                 LayerCache::Shared(src) if src < i && matches!(self.blocks[src].mixer.cache(), LayerCache::Kv(_)) => {
-                    slots[src]
+                    [slots[src][0], None]
                 }
                 LayerCache::Shared(src) => {
                     return Err(ferrite_tensor::TensorError::Shape {
@@ -209,13 +209,17 @@ impl Decoder {
                 }
                 LayerCache::Kv(_) => {
                     kv += 1;
-                    Some(kv - 1)
+                    [Some(kv - 1), None]
                 }
                 LayerCache::State(_) => {
                     state += 1;
-                    Some(num_kv + state - 1)
+                    [None, Some(num_kv + state - 1)]
                 }
-                LayerCache::None => None,
+                LayerCache::KvAndState(..) => {
+                    (kv, state) = (kv + 1, state + 1);
+                    [Some(kv - 1), Some(num_kv + state - 1)]
+                }
+                LayerCache::None => [None, None],
             };
             slots.push(slot);
         }
@@ -311,7 +315,7 @@ impl DraftHead for Decoder {
         ])?;
         let tables = self.rope_tables(meta, e.device())?;
         let stream = Residual { h: mtp.fc.forward(&joined)?, pending: None };
-        let stream = mtp.block.forward(stream, &tables, meta, Some(kv))?;
+        let stream = mtp.block.forward(stream, &tables, meta, LayerCaches::kv(kv))?;
         let (normed, stream) = stream.settle_norm(Some(&mtp.norm))?;
         let rows = ops::gather_rows(&normed, logit_rows)?;
         let logits = match &mtp.head {
@@ -319,6 +323,18 @@ impl DraftHead for Decoder {
             None => self.logits_of(&rows)?,
         };
         Ok((logits, if mtp.feeds_back_normed { normed } else { stream }))
+    }
+}
+
+/// The caches at `[kv, state]` in `caches`; a state slot lies after every KV slot.
+fn layer_caches(caches: &mut [PagedKvLayer], [kv, state]: [Option<usize>; 2]) -> LayerCaches<'_> {
+    match (kv, state) {
+        (Some(k), Some(s)) => {
+            let (before, from_state) = caches.split_at_mut(s);
+            LayerCaches { kv: Some(&mut before[k]), state: Some(&mut from_state[0]) }
+        }
+        (Some(k), None) => LayerCaches::kv(&mut caches[k]),
+        (None, s) => LayerCaches { kv: None, state: s.map(|s| &mut caches[s]) },
     }
 }
 
@@ -453,7 +469,7 @@ impl Decoder {
         let mut stream = Residual { h, pending: None };
         for (i, block) in self.blocks.iter().enumerate() {
             observe(i, &stream)?;
-            stream = block.forward(stream, &tables, meta, slots[i].map(|slot| &mut kv[slot]))?;
+            stream = block.forward(stream, &tables, meta, layer_caches(kv, slots[i]))?;
             if let Some((embeds, features)) = input.embeds.and_then(|e| Some(e).zip(e.deepstack.get(i))) {
                 stream = Residual { h: add_rows(&stream.settle()?, &embeds.rows, features)?, pending: None };
             }

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use ferrite_tensor::{ops, AttnMetadata, DType, PagedKvLayer, Tensor};
 
-use crate::decoder::block::Residual;
+use crate::decoder::block::{LayerCaches, Residual};
 use crate::decoder::load::{check_dims, CommonConfig, Defaults, Dims};
 use crate::decoder::{Block, ChannelMixer, LayerCache, SelfAttention, TokenMixer, Wiring};
 use crate::layers::rope::Rope;
@@ -241,7 +241,7 @@ impl DraftHead for Eagle3Head {
         let joined = ops::concat_cols(&[&self.embed_norm.forward(&e)?, &normed])?;
         let (cos, sin) = self.rope.cos_sin(meta, e.device())?;
         let tables = [(&self.rope, cos, sin)];
-        let stream = self.block.sequential_from(&joined, residual, None, &tables, meta, Some(kv))?;
+        let stream = self.block.sequential_from(&joined, residual, None, &tables, meta, LayerCaches::kv(kv))?;
         let (normed, prenorm) = Residual::settle_norm(stream, Some(&self.norm))?;
         let logits = self.lm_head.forward(&ops::gather_rows(&normed, logit_rows)?)?.to_dtype(DType::F32);
         let logits = match &self.target_columns {

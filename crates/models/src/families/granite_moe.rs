@@ -26,7 +26,7 @@ use crate::decoder::load::{check_dims, CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer, Wiring};
 use crate::families::granite::Multipliers;
 use crate::families::mamba2::dt_limit;
-use crate::layers::mamba2::{Mamba2Dims, Mamba2Mixer};
+use crate::layers::mamba2::{GateNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::moe::{Experts, Router, RouterConfig, Scoring, SharedExpert, SparseMoe, StackedLayout};
 use crate::layers::{GatedMlp, Norm};
 use crate::loading::config::RawConfig;
@@ -117,6 +117,8 @@ fn mamba_dims(raw: &RawConfig, cfg: &GraniteMoeConfig, hidden: usize, eps: f64) 
         conv_kernel: conv,
         conv_bias: cfg.mamba_conv_bias.unwrap_or(true),
         proj_bias: cfg.mamba_proj_bias.unwrap_or(false),
+        out_bias: cfg.mamba_proj_bias.unwrap_or(false),
+        gate_norm: GateNorm::AfterGate,
         dt_limit: dt_limit(raw, cfg.time_step_limit.as_deref())?,
         eps,
     })

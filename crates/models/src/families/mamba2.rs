@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::decoder::load::{check_dims, lm_head};
 use crate::decoder::{Block, Decoder, TokenMixer};
-use crate::layers::mamba2::{Mamba2Dims, Mamba2Mixer};
+use crate::layers::mamba2::{GateNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{Embedding, Norm};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
@@ -120,6 +120,8 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         conv_kernel: cfg.conv_kernel,
         conv_bias: cfg.use_conv_bias,
         proj_bias: cfg.use_bias,
+        out_bias: cfg.use_bias,
+        gate_norm: GateNorm::AfterGate,
         dt_limit: dt_limit(raw, cfg.time_step_limit.as_deref())?,
         eps,
     };

@@ -12,6 +12,7 @@ pub mod ernie45_moe;
 pub mod exaone;
 pub mod exaone4;
 pub mod falcon;
+pub mod falcon_h1;
 pub mod gemma;
 pub mod gemma2;
 pub mod gemma3;

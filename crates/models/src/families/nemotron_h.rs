@@ -11,7 +11,7 @@ use serde::Deserialize;
 use crate::decoder::load::{activation, attention_params, check_dims, check_heads};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
 use crate::families::mamba2::finish_backbone;
-use crate::layers::mamba2::{Mamba2Dims, Mamba2Mixer};
+use crate::layers::mamba2::{GateNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{Attention, DenseMlp, MlpActivation, Norm};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
@@ -138,6 +138,8 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         conv_kernel: cfg.conv_kernel,
         conv_bias: cfg.use_conv_bias,
         proj_bias: cfg.use_bias,
+        out_bias: cfg.use_bias,
+        gate_norm: GateNorm::AfterGate,
         dt_limit: (dt_min, f32::INFINITY),
         eps,
     };

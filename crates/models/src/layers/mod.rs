@@ -215,6 +215,23 @@ impl GatedMlp {
     }
 }
 
+/// Falcon-H1's MLP: `down(act(gate(x) * gate_scale) * up(x)) * down_scale`. The muP multipliers
+/// scale the products, as transformers applies them, rather than being folded into the weights.
+#[derive(Debug, Clone)]
+pub struct ScaledGatedMlp {
+    pub mlp: GatedMlp,
+    pub gate_scale: f32,
+    pub down_scale: f32,
+}
+
+impl ScaledGatedMlp {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gate = ops::scale(&self.mlp.gate.forward(x)?, self.gate_scale)?;
+        let h = ops::act_mul(&gate, &self.mlp.up.forward(x)?, self.mlp.act)?;
+        Ok(ops::scale(&self.mlp.down.forward(&h)?, self.down_scale)?)
+    }
+}
+
 /// Self-attention over the paged cache: q/k/v projections, optional per-head QK-norm, rotary
 /// embeddings, cache write, paged attention and the output projection.
 #[derive(Debug, Clone)]
