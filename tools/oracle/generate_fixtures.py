@@ -710,6 +710,58 @@ def _falcon_h1_hub_spelling(cfg: dict[str, Any]) -> None:
     cfg["rope_theta"] = cfg.pop("rope_parameters")["rope_theta"]
 
 
+def _zamba2_hub_spelling(cfg: dict[str, Any]) -> None:
+    """Real Zamba2 config.json files (written by transformers 4.x): Mamba layers as "mamba" in
+    layers_block_type, rope_theta at the top level."""
+    cfg["layers_block_type"] = ["mamba" if t == "linear_attention" else t for t in cfg["layers_block_type"]]
+    cfg["rope_theta"] = cfg.pop("rope_parameters")["rope_theta"]
+
+
+def _zamba2_shared_blocks(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """The shared attention's q and k projections (and their adapters' up projections) scaled by 0.4: with
+    its input twice the hidden size wide and its (head_dim / 2)^-0.5 scale, initializer_range 0.3 makes it
+    near-argmax, so chaotic that transformers' own f32 and f64 runs differ by 3.5e-3 nats. Then every
+    invocation of a block gets the first invocation's weights, as in real checkpoints: transformers 5.24 ties
+    the copies only with tie_word_embeddings on; untied, each hybrid layer keeps (and saves) its own copy,
+    which the constant-parameter perturbation would otherwise make differ."""
+    layers = model.model.layers
+    hybrid = [i for i, t in enumerate(model.config.layers_block_type) if t == "hybrid"]
+    sources = [layers[i].shared_transformer for i in hybrid[: model.config.num_mem_blocks]]
+    with torch.no_grad():
+        for block in sources:
+            for name, p in block.self_attn.named_parameters():
+                if name.startswith(("q_proj", "k_proj", "linear_q_adapter_list", "linear_k_adapter_list")) and (
+                    "proj" in name or name.endswith(".1.weight")
+                ):
+                    p.mul_(0.4)
+        for n, i in enumerate(hybrid):
+            src = sources[n % model.config.num_mem_blocks]
+            if layers[i].shared_transformer is not src:
+                layers[i].shared_transformer.load_state_dict(src.state_dict())
+
+
+def _zamba2_zero_attention_adapters(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "_adapter_list." in name and "self_attn" in name:
+                p.zero_()
+
+
+def _zamba2_zero_mlp_adapters(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "gate_up_proj_adapter_list." in name:
+                p.zero_()
+
+
+def _zamba2_drop_embeddings_half(model: torch.nn.Module) -> None:
+    """The shared blocks' input norm weight zeroed over the original-embedding half of its input."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("shared_transformer.input_layernorm.weight"):
+                p[model.config.hidden_size:] = 0.0
+
+
 def _drop_hunyuan_qk_norm(model: torch.nn.Module) -> None:
     for layer in model.model.layers:
         layer.self_attn.query_layernorm = torch.nn.Identity()
@@ -2814,6 +2866,56 @@ SPECS: list[Spec] = [
         ablate_config=dict(embedding_multiplier=1.0),
         ablation_desc="embedding_multiplier 0.5 -> 1",
         extra_ablations=[Ablate("SSM branch dropped (ssm_out_multiplier 0)", config=dict(ssm_out_multiplier=0.0))],
+    ),
+    Spec(
+        name="zamba2",
+        config_class="Zamba2Config",
+        architecture="Zamba2ForCausalLM",
+        kwargs=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
+                    num_key_value_heads=4, pad_token_id=None,
+                    layers_block_type=["mamba", "hybrid", "mamba", "hybrid", "hybrid", "mamba"], num_mem_blocks=2,
+                    use_shared_attention_adapter=True, adapter_rank=4, use_mem_rope=True,
+                    rope_parameters=dict(rope_type="default", rope_theta=10000.0), add_bias_linear=True,
+                    mamba_expand=2, n_mamba_heads=8, mamba_ngroups=2, mamba_d_state=8, mamba_d_conv=4,
+                    chunk_size=64, rms_norm_eps=1e-5, tie_word_embeddings=False),
+        init_fn=_zamba2_shared_blocks,
+        edit_saved_config=_zamba2_hub_spelling,
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="Zamba2: Mamba2 layers (64 channels = 8 heads of 8, 2 B/C groups of state 8, grouped gated RMSNorm "
+        "after the gate at eps 1e-5, dt clamped to time_step_min on prompts) and hybrid layers 1, 3, 4 that first "
+        "run a shared transformer block on RMSNorm([hidden, original embeddings]) (2 x hidden wide: attention "
+        "head_dim 16 = 2 * 32 / 4, scaled by (head_dim / 2)^-0.5, RoPE by use_mem_rope; no residuals; a GeLU "
+        "gate_up MLP), its per-layer linear, and add that to the Mamba2 input; num_mem_blocks 2 used round-robin "
+        "(layers 1 and 4 share block 0), each invocation with its own LoRA adapters (rank 4) on q, k, v "
+        "(use_shared_attention_adapter) and gate_up, and its own KV cache; add_bias_linear biases on in_proj, "
+        "out_proj, gate_up and down; untied head; layers_block_type 'mamba' and rope_theta at the top level as "
+        "real checkpoints spell them",
+        ablate_config=dict(use_mem_rope=False),
+        ablation_desc="use_mem_rope on -> off (no RoPE in the shared attention)",
+        extra_ablations=[
+            Ablate("q/k/v LoRA adapters zeroed", fn=_zamba2_zero_attention_adapters),
+            Ablate("original-embedding half of the shared blocks' input dropped", fn=_zamba2_drop_embeddings_half),
+        ],
+    ),
+    Spec(
+        name="zamba2-tied",
+        config_class="Zamba2Config",
+        architecture="Zamba2ForCausalLM",
+        kwargs=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=5, num_attention_heads=4,
+                    num_key_value_heads=2, pad_token_id=None,
+                    layers_block_type=["mamba", "hybrid", "mamba", "mamba", "hybrid"], num_mem_blocks=1,
+                    use_shared_attention_adapter=False, adapter_rank=8, use_mem_rope=False, add_bias_linear=False,
+                    mamba_expand=2, n_mamba_heads=4, mamba_ngroups=1, mamba_d_state=16, mamba_d_conv=4,
+                    chunk_size=64, rms_norm_eps=1e-5, tie_word_embeddings=True),
+        init_fn=_zamba2_shared_blocks,
+        edit_saved_config=_zamba2_hub_spelling,
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="Zamba2 as the 2.7B / 7B checkpoints lay it out: one shared block (num_mem_blocks 1) invoked at "
+        "layers 1 and 4, stored once (tied, as transformers saves it with tied embeddings), no q/k/v adapters, "
+        "gate_up LoRA adapters (rank 8) per invocation, no RoPE (use_mem_rope off), GQA 4 query / 2 KV heads, "
+        "no biases, one B/C group of state 16, tied embeddings",
+        ablate_fn=_zamba2_zero_mlp_adapters,
+        ablation_desc="gate_up LoRA adapters zeroed",
     ),
 ]
 

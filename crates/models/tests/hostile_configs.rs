@@ -49,6 +49,8 @@ const FIXTURES: &[&str] = &[
     "granite-moe-hybrid",
     "falcon-h1",
     "falcon-h1-tiny",
+    "zamba2",
+    "zamba2-tied",
 ];
 
 fn hostile_value() -> impl Strategy<Value = Value> {

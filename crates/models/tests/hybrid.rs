@@ -236,6 +236,50 @@ fn gate_catches_falcon_h1_breaks() {
     assert_gate_catches("falcon-h1-tiny", &tiny);
 }
 
+/// Zamba2: the shared blocks' RoPE, their per-invocation q/k/v and gate_up adapters, the
+/// original embeddings in their input, and the hybrid layers' linear each matter.
+#[test]
+fn gate_catches_zamba2_breaks() {
+    let breaks: [Break; 4] = [
+        ("unbroken", None, None),
+        ("use_mem_rope on -> off", Some(|c| c["use_mem_rope"] = false.into()), None),
+        (
+            "use_shared_attention_adapter on -> off (no q/k/v adapters)",
+            Some(|c| c["use_shared_attention_adapter"] = false.into()),
+            None,
+        ),
+        (
+            "original embeddings dropped from the shared blocks' input (their half of input_layernorm zeroed)",
+            None,
+            Some(|name| {
+                name.ends_with("shared_transformer.input_layernorm.weight").then(|| {
+                    Box::new(|w: &mut [f32]| {
+                        let half = w.len() / 2;
+                        w[half..].fill(0.0)
+                    }) as Edit
+                })
+            }),
+        ),
+    ];
+    assert_gate_catches("zamba2", &breaks);
+    let tied: [Break; 3] = [
+        ("unbroken", None, None),
+        (
+            "gate_up LoRA adapters zeroed",
+            None,
+            Some(|name| {
+                name.contains("gate_up_proj_adapter_list").then(|| Box::new(|w: &mut [f32]| w.fill(0.0)) as Edit)
+            }),
+        ),
+        (
+            "hybrid layers' linear zeroed (shared block output dropped)",
+            None,
+            Some(|name| zeroed(name, ".linear.weight")),
+        ),
+    ];
+    assert_gate_catches("zamba2-tied", &tied);
+}
+
 fn assert_gate_catches(fixture: &str, breaks: &[Break]) {
     for &(what, config, weights) in breaks {
         let dir = fixture_copy(fixture, what);
@@ -298,8 +342,9 @@ fn last_logits(model: &dyn CausalLM, tokens: &[u32], chunks: &[usize], prompt: u
 
 /// Chunked prefill (chunks that cut across the references' 64-token chunks) followed by decode
 /// gives what the whole prompt in one step followed by decode gives; and decode with the carried
-/// state gives what one pass over the whole sequence gives, except for Nemotron-H, whose
-/// reference clamps dt on prompts only (so a token decoded and the same token in a prompt differ).
+/// state gives what one pass over the whole sequence gives, except for Nemotron-H and Zamba2,
+/// whose references clamp dt (at `time_step_min`) on prompts only (so a token decoded and the
+/// same token in a prompt differ).
 #[test]
 fn carried_state_equals_one_pass() {
     for name in [
@@ -314,6 +359,8 @@ fn carried_state_equals_one_pass() {
         "lfm2-moe",
         "falcon-h1",
         "falcon-h1-tiny",
+        "zamba2",
+        "zamba2-tied",
     ] {
         let dir = fixtures_dir().join("models").join(name);
         let oracle = Oracle::load(&dir.join("oracle.json")).unwrap();
@@ -327,7 +374,9 @@ fn carried_state_equals_one_pass() {
         assert!(err(&chunked) < 1e-4, "{name}: chunked prefill differs from one prefill by {}", err(&chunked));
         let one_pass = last_logits(model.as_ref(), &tokens, &[n + 4], n + 4);
         match name {
-            "nemotron-h" => assert!(err(&one_pass) > 1e-5, "{name}: decode clamps dt like a prompt"),
+            "nemotron-h" | "zamba2" | "zamba2-tied" => {
+                assert!(err(&one_pass) > 1e-5, "{name}: decode clamps dt like a prompt")
+            }
             _ => assert!(err(&one_pass) < 1e-4, "{name}: decode differs from one pass by {}", err(&one_pass)),
         }
     }

@@ -128,6 +128,8 @@ parity! {
     granite_moe_hybrid => "granite-moe-hybrid",
     falcon_h1 => "falcon-h1",
     falcon_h1_tiny => "falcon-h1-tiny",
+    zamba2 => "zamba2",
+    zamba2_tied => "zamba2-tied",
 }
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.

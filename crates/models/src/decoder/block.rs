@@ -11,6 +11,7 @@ use crate::layers::mamba2::Mamba2Mixer;
 use crate::layers::mla::Mla;
 use crate::layers::moe::SparseMoe;
 use crate::layers::rope::Rope;
+use crate::layers::shared_block::SharedHybrid;
 use crate::layers::short_conv::ShortConv;
 use crate::layers::{Attention, DenseMlp, GatedMlp, HeadLayerNorm, Linear, Norm, RmsNorm, ScaledGatedMlp};
 use crate::Result;
@@ -147,6 +148,9 @@ pub enum TokenMixer {
     ShortConv(Box<ShortConv>),
     /// Attention and a Mamba2 mixer side by side (Falcon-H1), with a KV cache and a state.
     ParallelHybrid(Box<ParallelHybrid>),
+    /// A shared transformer block feeding a Mamba2 mixer (Zamba2's hybrid layers), with the
+    /// invocation's KV cache and the mixer's state; it reads the decoder's input embeddings.
+    SharedHybrid(Box<SharedHybrid>),
     /// The layer has no token mixer (Nemotron-H's MLP layers): the block is its channel mixer
     /// behind `mlp_norm`.
     None,
@@ -157,7 +161,7 @@ pub enum TokenMixer {
 pub enum LayerCache {
     Kv(crate::model::KvLayerSpec),
     State(crate::model::StateLayerSpec),
-    /// A KV cache and a recurrent state (Falcon-H1's parallel layers).
+    /// A KV cache and a recurrent state (Falcon-H1's parallel layers, Zamba2's hybrid ones).
     KvAndState(crate::model::KvLayerSpec, crate::model::StateLayerSpec),
     /// Another (earlier) layer's KV cache.
     Shared(usize),
@@ -169,7 +173,16 @@ pub enum LayerCache {
 pub(crate) type RopeTables<'a> = [(&'a Rope, Tensor, Tensor)];
 
 impl TokenMixer {
-    fn forward(&self, x: &Tensor, ropes: &RopeTables, meta: &AttnMetadata, caches: LayerCaches) -> Result<Tensor> {
+    /// `embeds` are the decoder's input embeddings for this step (Zamba2's shared blocks read
+    /// them); `None` for a draft head's block.
+    fn forward(
+        &self,
+        x: &Tensor,
+        embeds: Option<&Tensor>,
+        ropes: &RopeTables,
+        meta: &AttnMetadata,
+        caches: LayerCaches,
+    ) -> Result<Tensor> {
         let missing = || -> crate::ModelError {
             ferrite_tensor::TensorError::Shape {
                 op: "token mixer",
@@ -228,6 +241,13 @@ impl TokenMixer {
             TokenMixer::Mamba2(m) => m.forward(x, meta, cache),
             TokenMixer::ShortConv(c) => c.forward(x, meta, cache),
             TokenMixer::ParallelHybrid(p) => p.forward(x, table(p.rope), meta, cache, state.ok_or_else(missing)?),
+            TokenMixer::SharedHybrid(s) => {
+                let embeds = embeds.ok_or_else(|| ferrite_tensor::TensorError::Shape {
+                    op: "token mixer",
+                    detail: "a shared transformer block was given no input embeddings".into(),
+                })?;
+                s.forward(x, embeds, s.rope.map(table), meta, cache, state.ok_or_else(missing)?)
+            }
             TokenMixer::None => Err(ferrite_tensor::TensorError::Unsupported {
                 op: "token mixer",
                 detail: "a layer without one is its channel mixer alone (see Block::forward)".into(),
@@ -252,6 +272,7 @@ impl TokenMixer {
             TokenMixer::Mamba2(m) => LayerCache::State(m.state_spec()),
             TokenMixer::ShortConv(c) => LayerCache::State(c.state_spec()),
             TokenMixer::ParallelHybrid(p) => LayerCache::KvAndState(spec(&p.attn.params), p.ssm.state_spec()),
+            TokenMixer::SharedHybrid(s) => LayerCache::KvAndState(spec(&s.block.attn.params), s.mamba.state_spec()),
             TokenMixer::None => LayerCache::None,
         }
     }
@@ -277,6 +298,7 @@ impl TokenMixer {
                 [&p.attn.q, &p.attn.k, &p.attn.v, &p.attn.o].iter().map(|l| l.weight.size_in_bytes()).sum::<usize>()
                     + p.ssm.weight_bytes()
             }
+            TokenMixer::SharedHybrid(s) => s.weight_bytes(),
             TokenMixer::None => 0,
         }
     }
@@ -445,9 +467,11 @@ impl Block {
         self.mixer.weight_bytes() + self.mlp.weight_bytes()
     }
 
+    /// `embeds`: the decoder's input embeddings, for the token mixers that read them.
     pub(crate) fn forward(
         &self,
         stream: Residual,
+        embeds: Option<&Tensor>,
         ropes: &RopeTables,
         meta: &AttnMetadata,
         caches: LayerCaches,
@@ -459,18 +483,18 @@ impl Block {
         match self.wiring {
             Wiring::Sequential { residual_scale } => {
                 let (x, h) = stream.settle_norm(self.attn_norm.as_ref())?;
-                self.sequential_from(&x, h, residual_scale, ropes, meta, caches)
+                self.sequential_from(&x, h, residual_scale, embeds, ropes, meta, caches)
             }
             Wiring::PostNorm => {
                 let h = stream.settle()?;
-                let a = self.mixer.forward(&h, ropes, meta, caches)?;
+                let a = self.mixer.forward(&h, embeds, ropes, meta, caches)?;
                 let h = norm_opt(&self.attn_norm, ops::add(&h, &a)?)?;
                 let m = self.mlp.forward(&h)?;
                 Ok(Residual { h: norm_opt(&self.mlp_norm, ops::add(&h, &m)?)?, pending: None })
             }
             Wiring::Parallel(sum) => {
                 let (x, h) = stream.settle_norm(self.attn_norm.as_ref())?;
-                let a = self.mixer.forward(&x, ropes, meta, caches)?;
+                let a = self.mixer.forward(&x, embeds, ropes, meta, caches)?;
                 let m = match &self.mlp_norm {
                     Some(n) => self.mlp.forward(&n.forward(&h)?)?,
                     None => self.mlp.forward(&x)?,
@@ -486,11 +510,13 @@ impl Block {
     /// A sequential block past its input norm: the token mixer reads `x`, its output joins the
     /// residual `h`, then the channel mixer. EAGLE-3's first layer enters here, its mixer reading
     /// the normed embedding and hidden state side by side.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn sequential_from(
         &self,
         x: &Tensor,
         h: Tensor,
         residual_scale: Option<f32>,
+        embeds: Option<&Tensor>,
         ropes: &RopeTables,
         meta: &AttnMetadata,
         caches: LayerCaches,
@@ -502,7 +528,7 @@ impl Block {
                 None => out,
             })
         };
-        let a = branch(self.mixer.forward(x, ropes, meta, caches)?, &self.attn_out_norm)?;
+        let a = branch(self.mixer.forward(x, embeds, ropes, meta, caches)?, &self.attn_out_norm)?;
         if matches!(self.mlp, ChannelMixer::None) {
             return Ok(Residual { h, pending: Some(a) });
         }

@@ -315,7 +315,7 @@ impl DraftHead for Decoder {
         ])?;
         let tables = self.rope_tables(meta, e.device())?;
         let stream = Residual { h: mtp.fc.forward(&joined)?, pending: None };
-        let stream = mtp.block.forward(stream, &tables, meta, LayerCaches::kv(kv))?;
+        let stream = mtp.block.forward(stream, None, &tables, meta, LayerCaches::kv(kv))?;
         let (normed, stream) = stream.settle_norm(Some(&mtp.norm))?;
         let rows = ops::gather_rows(&normed, logit_rows)?;
         let logits = match &mtp.head {
@@ -466,10 +466,11 @@ impl Decoder {
             Some(p) => Some((p.embed(input.tokens)?, h.clone())),
             None => None,
         };
+        let inputs = h.clone();
         let mut stream = Residual { h, pending: None };
         for (i, block) in self.blocks.iter().enumerate() {
             observe(i, &stream)?;
-            stream = block.forward(stream, &tables, meta, layer_caches(kv, slots[i]))?;
+            stream = block.forward(stream, Some(&inputs), &tables, meta, layer_caches(kv, slots[i]))?;
             if let Some((embeds, features)) = input.embeds.and_then(|e| Some(e).zip(e.deepstack.get(i))) {
                 stream = Residual { h: add_rows(&stream.settle()?, &embeds.rows, features)?, pending: None };
             }

@@ -241,7 +241,7 @@ impl DraftHead for Eagle3Head {
         let joined = ops::concat_cols(&[&self.embed_norm.forward(&e)?, &normed])?;
         let (cos, sin) = self.rope.cos_sin(meta, e.device())?;
         let tables = [(&self.rope, cos, sin)];
-        let stream = self.block.sequential_from(&joined, residual, None, &tables, meta, LayerCaches::kv(kv))?;
+        let stream = self.block.sequential_from(&joined, residual, None, None, &tables, meta, LayerCaches::kv(kv))?;
         let (normed, prenorm) = Residual::settle_norm(stream, Some(&self.norm))?;
         let logits = self.lm_head.forward(&ops::gather_rows(&normed, logit_rows)?)?.to_dtype(DType::F32);
         let logits = match &self.target_columns {

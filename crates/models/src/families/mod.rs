@@ -52,3 +52,4 @@ pub mod qwen3_vl;
 pub mod roberta;
 pub mod stablelm;
 pub mod starcoder2;
+pub mod zamba2;

@@ -8,6 +8,7 @@ pub mod mamba2;
 pub mod mla;
 pub mod moe;
 pub mod rope;
+pub mod shared_block;
 pub mod short_conv;
 pub mod vit;
 
