@@ -15,7 +15,9 @@ PYTHON=${PYTHON:-python3}
 SERVE=${FERRITE_SERVE_ARGS:---gpu-memory-utilization 0.9}
 # The FP8 kernels are opt-in until the CUDA battery has passed on a GPU (LoadOptions::fp8_kernels).
 FERRITE_FP8_KERNELS=1 FERRITE_SERVE_ARGS="$SERVE --quantization fp8" TAG=fp8-online bash "$HERE/run_serving.sh" "$OUTDIR"
-FERRITE_FP8_KERNELS=1 FERRITE_SERVE_ARGS="$SERVE" FP8_DYNAMIC=1 TAG=fp8-dynamic bash "$HERE/run_serving.sh" "$OUTDIR"
+if [ -z "${SKIP_DYNAMIC:-}" ]; then  # SKIP_DYNAMIC=1 leaves out the FP8_DYNAMIC checkpoint's leg
+    FERRITE_FP8_KERNELS=1 FERRITE_SERVE_ARGS="$SERVE" FP8_DYNAMIC=1 TAG=fp8-dynamic bash "$HERE/run_serving.sh" "$OUTDIR"
+fi
 FERRITE_SERVE_ARGS="$SERVE" TAG=fp8-bf16 bash "$HERE/run_serving.sh" "$OUTDIR"
 "$PYTHON" - "$OUTDIR" "$HERE" <<'PY'
 import json, sys
