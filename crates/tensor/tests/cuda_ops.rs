@@ -297,11 +297,12 @@ fn random_fp8(
     Fp8Matrix::new(n, k, codes, scales, block, input).unwrap()
 }
 
-/// FP8 weights kept as bytes on CUDA against the CPU product with the dequantized weight: W8A8
-/// per-row layers on FP8 tensor cores (the MMA kernels up to 8 rows, the cuBLASLt GEMM past
-/// that), the others through the GEMV kernels (m <= 4) or dequantized for cuBLAS. The W8A8
-/// products quantize their input rows to e4m3, so their reference input is `fp8_fake_quant` of
-/// the same rows with the layer's own input quantization (per token or a fixed scale).
+/// FP8 weights kept as bytes on CUDA against the CPU product with the dequantized weight: the
+/// GEMV kernels (m <= 4), W8A8 per-row layers past that on FP8 tensor cores (the MMA kernels up
+/// to 8 rows, the cuBLASLt GEMM past that), the others dequantized for cuBLAS. The W8A8 products
+/// quantize their input rows to e4m3, so their reference input is `fp8_fake_quant` of the same
+/// rows with the layer's own input quantization (per token or a fixed scale); the GEMV takes
+/// them as the layer gives them, quantized the same way.
 #[test]
 fn fp8_matmul_t_matches_dequantized_cpu() {
     require_gpu!();
@@ -310,9 +311,10 @@ fn fp8_matmul_t_matches_dequantized_cpu() {
     let per_row = |k: usize| [1, k];
     let dynamic = Some(ActivationQuant::PerToken);
     let fixed = Some(ActivationQuant::Static(4.0 / 448.0));
-    // (m, k, n, block, input): per-row and 128x128 blocks (a partial last block each way),
-    // every MMA row count's edge, a k that is not a whole number of MMA steps, rows past the
-    // MMA kernels (the GEMM), weight-only layers (the GEMV and the dequantizing path).
+    // (m, k, n, block, input): per-row and 128x128 blocks (a partial last block each way), the
+    // GEMV's rows, the MMA kernels' row counts from edge to edge with a k that is not a whole
+    // number of MMA steps, rows past them (the GEMM), weight-only layers (the GEMV and the
+    // dequantizing path).
     let shapes = [
         (1, 4096, 1024, per_row(4096), dynamic),
         (3, 256, 48, per_row(256), None),
@@ -322,6 +324,7 @@ fn fp8_matmul_t_matches_dequantized_cpu() {
         (5, 1024, 512, per_row(1024), dynamic),
         (8, 1040, 200, per_row(1040), dynamic),
         (2, 528, 72, per_row(528), fixed),
+        (6, 528, 72, per_row(528), fixed),
         (7, 4096, 4096, per_row(4096), fixed),
         (9, 1024, 512, per_row(1024), dynamic),
         (40, 4096, 1024, per_row(4096), dynamic),
@@ -340,7 +343,7 @@ fn fp8_matmul_t_matches_dequantized_cpu() {
         assert!(wg.size_in_bytes() < 2 * n * k, "one byte a weight: {} bytes for {n}x{k}", wg.size_in_bytes());
         let (xc, xg) = pair(&x, &[m, k], DType::BF16);
         let xc = match input {
-            Some(q) if block[0] == 1 => ops::fp8_fake_quant(&xc, q).unwrap(),
+            Some(q) if block[0] == 1 && m > 4 => ops::fp8_fake_quant(&xc, q).unwrap(),
             _ => xc,
         };
         let (bc, bg) = pair(&b, &[n], DType::BF16);
@@ -1421,6 +1424,67 @@ fn state_step_meta(seqs: &[(usize, usize, usize)]) -> (AttnMetadata, usize) {
     (meta, q_start)
 }
 
+/// Kimi Delta Attention's per-channel decay (`GdnParams::channel_decay`) through the steps of
+/// `recurrent_ops_match_cpu`: the CUDA kernel walks prompts token by token where the CPU reference
+/// runs KDA's chunked form, so f32 agrees to 1e-4.
+#[test]
+fn kimi_delta_rule_matches_cpu() {
+    require_gpu!();
+    let (heads, dim) = (2, 16);
+    let width = heads * dim;
+    let params = ops::GdnParams {
+        num_k_heads: heads,
+        num_v_heads: heads,
+        k_dim: dim,
+        v_dim: dim,
+        chunk_size: 64,
+        beta_scale: 1.0,
+        channel_decay: true,
+    };
+    let state = |device| PagedKvLayer::new_on(device, DType::F32, 4, 1, 1, 1, heads * dim * dim).unwrap();
+    let mut r = rng(37);
+    let (a_log, dt_bias) = (random(&mut r, heads, 1.0), random(&mut r, width, 2.0));
+    let param =
+        |v: &[f32], shape: &[usize], device| Tensor::from_f32(v.to_vec(), shape).unwrap().to_device(device).unwrap();
+    for dtype in DTYPES {
+        let (mut cpu_state, mut gpu_state) = (state(Device::Cpu), state(GPU));
+        for (step, seqs) in STATE_STEPS.iter().enumerate() {
+            let (meta, t) = state_step_meta(seqs);
+            let [(q, qg), (k, kg), (v, vg), (a, ag)] =
+                [1.0, 1.0, 1.0, 3.0].map(|scale| pair(&random(&mut r, t * width, scale), &[t, width], dtype));
+            let (b, bg) = pair(&random(&mut r, t * heads, 2.0), &[t, heads], dtype);
+            let want = ops::gated_delta_rule(
+                &q,
+                &k,
+                &v,
+                &a,
+                &b,
+                &param(&a_log, &[heads], Device::Cpu),
+                &param(&dt_bias, &[width], Device::Cpu),
+                &mut cpu_state,
+                &meta,
+                &params,
+            )
+            .unwrap();
+            let got = ops::gated_delta_rule(
+                &qg,
+                &kg,
+                &vg,
+                &ag,
+                &bg,
+                &param(&a_log, &[heads], GPU),
+                &param(&dt_bias, &[width], GPU),
+                &mut gpu_state,
+                &meta,
+                &params,
+            )
+            .unwrap();
+            let bound = if dtype == DType::F32 { 1e-4 } else { tol(dtype) };
+            check(&format!("kimi delta rule step {step}"), dtype, &got, &want, bound);
+        }
+    }
+}
+
 /// The recurrent mixers of hybrid models: two steps (fresh prompts of 70, 1 and 5 tokens in
 /// slots 2, 0 and 3, then a decode token each and a 9-token chunk) with the state carried in the
 /// slots. The CUDA delta rule walks prompts token by token where the CPU reference runs the
@@ -1431,7 +1495,15 @@ fn recurrent_ops_match_cpu() {
     let (hk, hv, dk, dv, kernel) = (2, 4, 16, 8, 4);
     let channels = 2 * hk * dk + hv * dv;
     let params =
-        ops::GdnParams { num_k_heads: hk, num_v_heads: hv, k_dim: dk, v_dim: dv, chunk_size: 64, beta_scale: 2.0 };
+        ops::GdnParams {
+            num_k_heads: hk,
+            num_v_heads: hv,
+            k_dim: dk,
+            v_dim: dv,
+            chunk_size: 64,
+            beta_scale: 2.0,
+            channel_decay: false,
+        };
     let state =
         |device| PagedKvLayer::new_on(device, DType::F32, 4, 1, 1, (kernel - 1) * channels, hv * dk * dv).unwrap();
     let mut r = rng(31);

@@ -2,17 +2,18 @@
 //! device memory, with its f32 block scales.
 //!
 //! A W8A8 layer (its input quantized per token or by a fixed scale, one weight scale per row)
-//! multiplies on FP8 tensor cores: its input rows are quantized to e4m3 with one scale per row,
-//! as the layer's input quantization does, and up to `FP8_MMA_MAX_ROWS` rows (decode) go to the
-//! MMA kernels (`fp8_mma3`, `fp8_mma_gated`), which read the weight bytes once for all rows. Past
-//! that, cuBLASLt's FP8 GEMM multiplies the codes unscaled into bf16 and `fp8_gemm_scale` applies
+//! multiplies on FP8 tensor cores past the GEMV's rows (below): its input rows are quantized to
+//! e4m3 with one scale per row, as the layer's input quantization does, and up to
+//! `FP8_MMA_MAX_ROWS` rows (small batches) go to the MMA kernels (`fp8_mma3`, `fp8_mma_gated`),
+//! which read the weight bytes once for all rows. Past that, cuBLASLt's FP8 GEMM multiplies the codes unscaled into bf16 and `fp8_gemm_scale` applies
 //! the two scale vectors and the bias. (cuBLASLt's own per-row scales, `OUTER_VEC_32F`, have no
 //! Hopper kernel: on an H100 its heuristic offers nothing for them.)
 //!
-//! Other FP8 weights (block scales, weight-only layers) take bf16 inputs: up to
-//! `FP8_GEMV_MAX_ROWS` rows go to the FP8 GEMV kernels, which read the bytes directly, and larger
-//! products (or a cuBLASLt that refuses the GEMM) dequantize the weight to bf16 for cuBLAS, where
-//! the GEMM's compute, not the weight read, is the cost.
+//! Up to `FP8_GEMV_MAX_ROWS` rows (decode) of any FP8 weight go to the FP8 GEMV kernels, which
+//! read the bytes directly with bf16 inputs (a W8A8 layer's already quantized by the layer).
+//! Larger products of other FP8 weights (block scales, weight-only layers), or a cuBLASLt that
+//! refuses the GEMM, dequantize the weight to bf16 for cuBLAS, where the GEMM's compute, not the
+//! weight read, is the cost.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -367,11 +368,15 @@ pub(crate) fn gated_matmul_t(
 }
 
 /// Whether `m` input rows by these weights run on the FP8 tensor-core kernels: W8A8 weights with
-/// one scale per row and one input quantization, few enough rows, and a GPU with FP8 MMA.
+/// one scale per row and one input quantization, more rows than the GEMV takes but few enough,
+/// and a GPU with FP8 MMA. Up to 4 rows the GEMV is the faster of the two: on an H100 the
+/// Llama-3.1-8B shape decoded a single stream at 4.67 ms a token through the GEMV and 5.65 ms
+/// through the MMA kernels, whose input quantization is one more launch per product
+/// (benches/results/cuda-fp8-h100-2026-12-07.json).
 fn mma_takes<'a>(dev: &CudaDevice, m: usize, bufs: impl IntoIterator<Item = &'a Fp8Buf>) -> bool {
     let mut bufs = bufs.into_iter().peekable();
     let Some(first) = bufs.peek().map(|b| (b.input, b.cols)) else { return false };
-    (1..=FP8_MMA_MAX_ROWS).contains(&m)
+    (FP8_GEMV_MAX_ROWS + 1..=FP8_MMA_MAX_ROWS).contains(&m)
         && dev.compute_capability() >= (8, 9)
         && bufs.all(|b| b.fp8_by_fp8() && (b.input, b.cols) == first)
 }
