@@ -33,7 +33,8 @@ pub struct LoadOptions {
     pub load_mtp: bool,
     /// Keep FP8 linear weights as e4m3 bytes on CUDA and multiply them with the FP8 kernels;
     /// otherwise they are dequantized to the model's dtype at load. Off unless the environment
-    /// sets `FERRITE_FP8_KERNELS=1`: the kernels have not yet passed the CUDA battery on a GPU.
+    /// sets `FERRITE_FP8_KERNELS=1`: the whole FP8 path has not yet passed the CUDA battery on a
+    /// GPU (docs/cuda.md, "FP8 weights kept as bytes").
     pub fp8_kernels: bool,
 }
 
