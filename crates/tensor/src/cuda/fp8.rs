@@ -252,6 +252,24 @@ fn output(dev: &Arc<CudaDevice>, m: usize, n: usize, bias: Option<&Tensor>) -> R
     Ok(out)
 }
 
+/// The (weight, scales, output, rows, adds-onto-bias) arguments of the three products a fused
+/// launch takes; an absent product is zeros (`n = 0`).
+fn launch_products(
+    dev: &Arc<CudaDevice>,
+    products: &[(&Tensor, &Fp8Buf, Option<&Tensor>)],
+    outs: &[CudaStorage],
+) -> Result<[(u64, u64, u64, i32, i32); 3]> {
+    let product = |i: usize| -> Result<(u64, u64, u64, i32, i32)> {
+        Ok(match products.get(i) {
+            Some(&(_, buf, bias)) => {
+                (buf.codes_ptr(dev), dptr(&buf.scales, dev), outs[i].ptr(), int(buf.rows)?, bias.is_some() as i32)
+            }
+            None => (0, 0, 0, 0, 0),
+        })
+    };
+    Ok([product(0)?, product(1)?, product(2)?])
+}
+
 /// `x @ w^T (+ bias)` for each FP8 `w` of `products`: up to three decode-sized products of one
 /// scale layout in one launch, otherwise one product each.
 pub(crate) fn matmul_t_many(x: &Tensor, products: &[(&Tensor, &Fp8Buf, Option<&Tensor>)]) -> Result<Vec<Tensor>> {
@@ -269,15 +287,7 @@ pub(crate) fn matmul_t_many(x: &Tensor, products: &[(&Tensor, &Fp8Buf, Option<&T
     }
     let dev = xs.device();
     let outs = products.iter().map(|&(_, buf, bias)| output(dev, m, buf.rows, bias)).collect::<Result<Vec<_>>>()?;
-    let product = |i: usize| -> Result<(u64, u64, u64, i32, i32)> {
-        Ok(match products.get(i) {
-            Some(&(_, buf, bias)) => {
-                (buf.codes_ptr(dev), dptr(&buf.scales, dev), outs[i].ptr(), int(buf.rows)?, bias.is_some() as i32)
-            }
-            None => (0, 0, 0, 0, 0),
-        })
-    };
-    let ((w0, s0, y0, n0, a0), (w1, s1, y1, n1, a1), (w2, s2, y2, n2, a2)) = (product(0)?, product(1)?, product(2)?);
+    let [(w0, s0, y0, n0, a0), (w1, s1, y1, n1, a1), (w2, s2, y2, n2, a2)] = launch_products(dev, products, &outs)?;
     let (scale_cols, block_rows, block_chunks) = products[0].1.layout();
     let launch = Gemv3Fp8 {
         x: xs.ptr(),
@@ -413,15 +423,7 @@ fn mma_many(
     let dev = xs.device();
     let (qx, sx) = quantize_input(xs, m, products[0].1)?;
     let outs = products.iter().map(|&(_, buf, bias)| output(dev, m, buf.rows, bias)).collect::<Result<Vec<_>>>()?;
-    let product = |i: usize| -> Result<(u64, u64, u64, i32, i32)> {
-        Ok(match products.get(i) {
-            Some(&(_, buf, bias)) => {
-                (buf.codes_ptr(dev), dptr(&buf.scales, dev), outs[i].ptr(), int(buf.rows)?, bias.is_some() as i32)
-            }
-            None => (0, 0, 0, 0, 0),
-        })
-    };
-    let ((w0, s0, y0, n0, a0), (w1, s1, y1, n1, a1), (w2, s2, y2, n2, a2)) = (product(0)?, product(1)?, product(2)?);
+    let [(w0, s0, y0, n0, a0), (w1, s1, y1, n1, a1), (w2, s2, y2, n2, a2)] = launch_products(dev, products, &outs)?;
     let launch = Fp8Mma3 {
         qx: qx.ptr(),
         sx: sx.ptr(),

@@ -123,19 +123,24 @@ __device__ __forceinline__ float round_to_e4m3(float x) {
     return copysignf(fminf(r, 448.f), x);
 }
 
+// The e4m3 scale of the `n` values at x, for the whole block: `static_scale` where positive, else
+// amax / 448 (FLT_EPSILON for zero).
+template <typename T>
+__device__ __forceinline__ float e4m3_scale(const T* __restrict__ x, int n, float static_scale) {
+    if (static_scale > 0.f) return static_scale;
+    float m = 0.f;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) m = fmaxf(m, fabsf(to_f(x[c])));
+    const float scale = block_max(m) / 448.f;
+    return scale == 0.f ? 1.1920929e-07f : scale;
+}
+
 // FP8 activation quantization, one block per group of `group` elements (a row, or a 128-wide
 // slice of one): the scale is `amax / 448` (FLT_EPSILON for zero), or `static_scale` where positive.
 template <typename T>
 __device__ void fp8_fake_quant(const T* __restrict__ x, T* __restrict__ y, int group, float static_scale) {
     const T* xg = x + (size_t)blockIdx.x * group;
     T* yg = y + (size_t)blockIdx.x * group;
-    float scale = static_scale;
-    if (scale <= 0.f) {
-        float m = 0.f;
-        for (int c = threadIdx.x; c < group; c += blockDim.x) m = fmaxf(m, fabsf(to_f(xg[c])));
-        scale = block_max(m) / 448.f;
-        if (scale == 0.f) scale = 1.1920929e-07f;
-    }
+    const float scale = e4m3_scale(xg, group, static_scale);
     for (int c = threadIdx.x; c < group; c += blockDim.x)
         yg[c] = from_f<T>(round_to_e4m3(fminf(fmaxf(to_f(xg[c]) / scale, -448.f), 448.f)) * scale);
 }
@@ -157,13 +162,7 @@ extern "C" __global__ void fp8_quant_rows_bf16(const bf16_t* __restrict__ x, uns
     pdl_wait();
     const bf16_t* xr = x + (size_t)blockIdx.x * cols;
     unsigned char* qr = q + (size_t)blockIdx.x * cols;
-    float scale = static_scale;
-    if (scale <= 0.f) {
-        float m = 0.f;
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(to_f(xr[c])));
-        scale = block_max(m) / 448.f;
-        if (scale == 0.f) scale = 1.1920929e-07f;
-    }
+    const float scale = e4m3_scale(xr, cols, static_scale);
     if (threadIdx.x == 0) scales[blockIdx.x] = scale;
     for (int c = threadIdx.x; c < cols; c += blockDim.x)
         qr[c] = e4m3_byte(round_to_e4m3(fminf(fmaxf(to_f(xr[c]) / scale, -448.f), 448.f)));
