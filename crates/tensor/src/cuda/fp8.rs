@@ -252,14 +252,16 @@ fn output(dev: &Arc<CudaDevice>, m: usize, n: usize, bias: Option<&Tensor>) -> R
     Ok(out)
 }
 
-/// The (weight, scales, output, rows, adds-onto-bias) arguments of the three products a fused
-/// launch takes; an absent product is zeros (`n = 0`).
+/// One product's arguments to a fused launch: weight, scales, output, rows, adds onto a bias.
+type LaunchProduct = (u64, u64, u64, i32, i32);
+
+/// The arguments of the three products a fused launch takes; an absent product is zeros (`n = 0`).
 fn launch_products(
     dev: &Arc<CudaDevice>,
     products: &[(&Tensor, &Fp8Buf, Option<&Tensor>)],
     outs: &[CudaStorage],
-) -> Result<[(u64, u64, u64, i32, i32); 3]> {
-    let product = |i: usize| -> Result<(u64, u64, u64, i32, i32)> {
+) -> Result<[LaunchProduct; 3]> {
+    let product = |i: usize| -> Result<LaunchProduct> {
         Ok(match products.get(i) {
             Some(&(_, buf, bias)) => {
                 (buf.codes_ptr(dev), dptr(&buf.scales, dev), outs[i].ptr(), int(buf.rows)?, bias.is_some() as i32)
