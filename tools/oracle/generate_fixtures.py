@@ -762,6 +762,29 @@ def _zamba2_drop_embeddings_half(model: torch.nn.Module) -> None:
                 p[model.config.hidden_size:] = 0.0
 
 
+def _kimi_linear_hub_spelling(cfg: dict[str, Any]) -> None:
+    """Real Kimi-Linear config.json files (remote code): the layer split and the KDA shape only in
+    linear_attn_config (1-indexed full_attn_layers / kda_layers, head_dim, num_heads, short_conv_kernel_size),
+    first_k_dense_replace in place of mlp_layer_types."""
+    for k in ("layer_types", "mlp_layer_types", "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim"):
+        cfg.pop(k, None)
+
+
+def _kimi_linear_head_decay(model: torch.nn.Module) -> None:
+    """KDA's per-channel decay collapsed to one decay per head: f_b_proj's rows and dt_bias averaged over
+    each head's channels."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            gate = getattr(layer.self_attn, "forget_gate", None)
+            if gate is None:
+                continue
+            h, d = gate.num_heads, gate.head_dim
+            w = gate.f_b_proj.weight.view(h, d, -1)
+            w.copy_(w.mean(dim=1, keepdim=True).expand_as(w).clone())
+            b = gate.dt_bias.view(h, d)
+            b.copy_(b.mean(dim=1, keepdim=True).expand_as(b).clone())
+
+
 def _drop_hunyuan_qk_norm(model: torch.nn.Module) -> None:
     for layer in model.model.layers:
         layer.self_attn.query_layernorm = torch.nn.Identity()
@@ -2916,6 +2939,38 @@ SPECS: list[Spec] = [
         "no biases, one B/C group of state 16, tied embeddings",
         ablate_fn=_zamba2_zero_mlp_adapters,
         ablation_desc="gate_up LoRA adapters zeroed",
+    ),
+    Spec(
+        name="kimi-linear",
+        config_class="KimiLinearConfig",
+        architecture="KimiLinearForCausalLM",
+        kwargs=dict(hidden_size=48, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=4, pad_token_id=None, q_lora_rank=None, kv_lora_rank=32,
+                    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, moe_intermediate_size=16,
+                    num_experts=8, num_experts_per_token=2, num_shared_experts=2, num_expert_group=2, topk_group=1,
+                    moe_renormalize=True, routed_scaling_factor=2.446, first_k_dense_replace=1,
+                    linear_attn_config=dict(full_attn_layers=[2, 4], kda_layers=[1, 3], head_dim=16, num_heads=2,
+                                            short_conv_kernel_size=3),
+                    rms_norm_eps=1e-5),
+        init_fn=init_correction_bias(0.1),
+        edit_saved_config=_kimi_linear_hub_spelling,
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="Kimi Linear: Kimi Delta Attention at layers 1 and 3 (2 heads of 16; q/k/v through a short conv of "
+        "3 taps and SiLU; per-channel decay -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias); beta = sigmoid(b_proj); "
+        "q/k L2-normalised; chunked (64) on prompts, recurrent on decode; per-head RMSNorm gated by "
+        "sigmoid(g_b(g_a(x))) at rms_norm_eps) and NoPE MLA at layers 2 and 4 (no q LoRA, kv_lora_rank 32, "
+        "nope 16 + unrotated rope part 8, v 12); a dense MLP at layer 1 (first_k_dense_replace 1), then MoE: "
+        "sigmoid router + e_score_correction_bias (N(0, 0.1)) for the choice, top-1 of 2 groups by their two best, "
+        "top-2 of 8 renormalised x 2.446, 2 shared experts; the remote code's config spellings (linear_attn_config "
+        "with 1-indexed layers, num_experts, num_experts_per_token, num_shared_experts, moe_renormalize, "
+        "num_expert_group, model_max_length)",
+        ablate_config=dict(routed_scaling_factor=1.0),
+        ablation_desc="routed_scaling_factor 2.446 -> 1",
+        extra_ablations=[
+            Ablate("per-channel decay collapsed to one per head (f_b_proj rows, dt_bias averaged per head)",
+                   fn=_kimi_linear_head_decay),
+            Ablate("e_score_correction_bias zeroed", fn=_zero_correction_bias),
+        ],
     ),
 ]
 

@@ -16,9 +16,9 @@ use crate::families::qwen3_next::{self, Layout as HybridLayout, Variant::*};
 use crate::families::eagle3;
 use crate::families::{
     bert, chatglm, cohere, ernie45_moe, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3, gemma3_vl, gemma4,
-    gpt2, gpt_neox, gpt_oss, granite, granite_moe, internlm2, jamba, llama4, llava, mamba, mamba2, minicpm, minicpm3,
-    minimax_m2, nemotron, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen2_5_vl, qwen2_vl, qwen3_vl, roberta,
-    stablelm, starcoder2, zamba2,
+    gpt2, gpt_neox, gpt_oss, granite, granite_moe, internlm2, jamba, kimi_linear, llama4, llava, mamba, mamba2,
+    minicpm, minicpm3, minimax_m2, nemotron, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen2_5_vl, qwen2_vl,
+    qwen3_vl, roberta, stablelm, starcoder2, zamba2,
 };
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
@@ -99,6 +99,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("JambaForCausalLM", Causal(|r, w| Ok(Box::new(jamba::load(r, w)?)))),
     ("FalconH1ForCausalLM", Causal(|r, w| Ok(Box::new(falcon_h1::load(r, w)?)))),
     ("Zamba2ForCausalLM", Causal(|r, w| Ok(Box::new(zamba2::load(r, w)?)))),
+    ("KimiLinearForCausalLM", Causal(|r, w| Ok(Box::new(kimi_linear::load(r, w)?)))),
     ("ExaoneForCausalLM", Causal(|r, w| Ok(Box::new(exaone::load(r, w)?)))),
     ("OlmoHybridForCausalLM", Causal(|r, w| Ok(Box::new(olmo_hybrid::load(r, w)?)))),
     ("NemotronHForCausalLM", Causal(|r, w| Ok(Box::new(nemotron_h::load(r, w)?)))),

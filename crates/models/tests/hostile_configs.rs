@@ -51,6 +51,7 @@ const FIXTURES: &[&str] = &[
     "falcon-h1-tiny",
     "zamba2",
     "zamba2-tied",
+    "kimi-linear",
 ];
 
 fn hostile_value() -> impl Strategy<Value = Value> {

@@ -280,6 +280,46 @@ fn gate_catches_zamba2_breaks() {
     assert_gate_catches("zamba2-tied", &tied);
 }
 
+/// Kimi Linear: KDA's per-channel decay (collapsed to one decay per head: the forget gate's
+/// `f_b_proj` rows and `dt_bias` averaged over each head's 16 channels), its sigmoid output gate,
+/// and the MoE router's renormalisation and scaling each matter.
+#[test]
+fn gate_catches_kimi_linear_breaks() {
+    let breaks: [Break; 5] = [
+        ("unbroken", None, None),
+        ("per-channel decay collapsed to one decay per head", None, Some(per_head_decay)),
+        (
+            "output gate dropped (g_b_proj zeroed: sigmoid 1/2 everywhere)",
+            None,
+            Some(|name| zeroed(name, "g_b_proj.weight")),
+        ),
+        ("moe_renormalize true -> false", Some(|c| c["moe_renormalize"] = false.into()), None),
+        ("routed_scaling_factor 2.446 -> 1", Some(|c| c["routed_scaling_factor"] = 1.0.into()), None),
+    ];
+    assert_gate_catches("kimi-linear", &breaks);
+}
+
+/// The kimi-linear fixture's forget gates with one decay per head: each head's 16 rows of
+/// `f_b_proj` (16 wide) and 16 `dt_bias` values replaced by their mean.
+fn per_head_decay(name: &str) -> Option<Edit> {
+    const HEAD_DIM: usize = 16;
+    let mean_rows = |w: &mut [f32], rows: usize, cols: usize| {
+        for head in w.chunks_exact_mut(rows * cols) {
+            for c in 0..cols {
+                let mean = (0..rows).map(|r| head[r * cols + c]).sum::<f32>() / rows as f32;
+                (0..rows).for_each(|r| head[r * cols + c] = mean);
+            }
+        }
+    };
+    if name.ends_with("f_b_proj.weight") {
+        Some(Box::new(move |w: &mut [f32]| mean_rows(w, HEAD_DIM, HEAD_DIM)))
+    } else if name.ends_with("dt_bias") {
+        Some(Box::new(move |w: &mut [f32]| mean_rows(w, HEAD_DIM, 1)))
+    } else {
+        None
+    }
+}
+
 fn assert_gate_catches(fixture: &str, breaks: &[Break]) {
     for &(what, config, weights) in breaks {
         let dir = fixture_copy(fixture, what);
@@ -361,6 +401,7 @@ fn carried_state_equals_one_pass() {
         "falcon-h1-tiny",
         "zamba2",
         "zamba2-tied",
+        "kimi-linear",
     ] {
         let dir = fixtures_dir().join("models").join(name);
         let oracle = Oracle::load(&dir.join("oracle.json")).unwrap();

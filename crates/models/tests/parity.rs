@@ -130,6 +130,7 @@ parity! {
     falcon_h1_tiny => "falcon-h1-tiny",
     zamba2 => "zamba2",
     zamba2_tied => "zamba2-tied",
+    kimi_linear => "kimi-linear",
 }
 
 /// A copy of a fixture with its config edited, to show the gate catches the edit.

@@ -748,6 +748,22 @@ pub struct GdnParams {
     /// Multiplies `beta = sigmoid(b)`: 2 where the layer allows negative eigenvalues (OLMo
     /// Hybrid's `linear_allow_neg_eigval`, beta in [0, 2]), else 1.
     pub beta_scale: f32,
+    /// Kimi Delta Attention's per-channel decay: `a` is `[tokens, v_heads * k_dim]` and `dt_bias`
+    /// has one value per (value head, key channel), so each row of a head's state decays at its
+    /// own rate. KDA's reference also spells softplus `log(1 + exp(x))`, divides q and k by their
+    /// norms and scales queries by `1 / sqrt(k_dim)` in both forms; those follow this switch.
+    pub channel_decay: bool,
+}
+
+impl GdnParams {
+    /// Gate inputs per token and value head: 1, or `k_dim` with [`GdnParams::channel_decay`].
+    pub fn gate_width(&self) -> usize {
+        if self.channel_decay {
+            self.k_dim
+        } else {
+            1
+        }
+    }
 }
 
 fn check_state_layer(op: &'static str, cache: &PagedKvLayer, meta: &AttnMetadata, k: usize, v: usize) -> Result<()> {
@@ -796,9 +812,10 @@ pub fn causal_conv1d(
 
 /// The gated delta rule (Gated DeltaNet) with its gates: `beta = sigmoid(b)`,
 /// `g = -exp(a_log) * softplus(a + dt_bias)`; `q, k [tokens, k_heads * k_dim]`,
-/// `v [tokens, v_heads * v_dim]`, `a, b [tokens, v_heads]`. Queries and keys are L2-normalised
-/// here. Each sequence's `[v_heads, k_dim, v_dim]` state is read from and written back to its slot
-/// of the state layer `cache`. Returns `[tokens, v_heads * v_dim]`.
+/// `v [tokens, v_heads * v_dim]`, `a [tokens, v_heads * gate_width]`, `b [tokens, v_heads]` (see
+/// [`GdnParams::channel_decay`]). Queries and keys are L2-normalised here. Each sequence's
+/// `[v_heads, k_dim, v_dim]` state is read from and written back to its slot of the state layer
+/// `cache`. Returns `[tokens, v_heads * v_dim]`.
 #[allow(clippy::too_many_arguments)]
 pub fn gated_delta_rule(
     q: &Tensor,
@@ -814,12 +831,13 @@ pub fn gated_delta_rule(
 ) -> Result<Tensor> {
     let t = meta.num_tokens();
     let (kw, vw) = (p.num_k_heads * p.k_dim, p.num_v_heads * p.v_dim);
-    let shapes = [(q, [t, kw]), (k, [t, kw]), (v, [t, vw]), (a, [t, p.num_v_heads]), (b, [t, p.num_v_heads])];
+    let gates = p.num_v_heads * p.gate_width();
+    let shapes = [(q, [t, kw]), (k, [t, kw]), (v, [t, vw]), (a, [t, gates]), (b, [t, p.num_v_heads])];
     if let Some((x, want)) = shapes.iter().find(|(x, want)| x.shape() != want) {
         return Err(shape_err("gated_delta_rule", format!("input {:?}, expected {want:?}", x.shape())));
     }
-    if a_log.numel() != p.num_v_heads || dt_bias.numel() != p.num_v_heads || p.chunk_size == 0 {
-        return Err(shape_err("gated_delta_rule", "A_log / dt_bias are not one value per value head"));
+    if a_log.numel() != p.num_v_heads || dt_bias.numel() != gates || p.chunk_size == 0 {
+        return Err(shape_err("gated_delta_rule", "A_log is not one value per value head, or dt_bias one per gate"));
     }
     if p.num_k_heads == 0 || !p.num_v_heads.is_multiple_of(p.num_k_heads) {
         return Err(shape_err(

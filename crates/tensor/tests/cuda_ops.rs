@@ -1494,16 +1494,15 @@ fn recurrent_ops_match_cpu() {
     require_gpu!();
     let (hk, hv, dk, dv, kernel) = (2, 4, 16, 8, 4);
     let channels = 2 * hk * dk + hv * dv;
-    let params =
-        ops::GdnParams {
-            num_k_heads: hk,
-            num_v_heads: hv,
-            k_dim: dk,
-            v_dim: dv,
-            chunk_size: 64,
-            beta_scale: 2.0,
-            channel_decay: false,
-        };
+    let params = ops::GdnParams {
+        num_k_heads: hk,
+        num_v_heads: hv,
+        k_dim: dk,
+        v_dim: dv,
+        chunk_size: 64,
+        beta_scale: 2.0,
+        channel_decay: false,
+    };
     let state =
         |device| PagedKvLayer::new_on(device, DType::F32, 4, 1, 1, (kernel - 1) * channels, hv * dk * dv).unwrap();
     let mut r = rng(31);

@@ -6,6 +6,7 @@
 use ferrite_tensor::{ops, AttentionParams, AttnMetadata, PagedKvLayer, Tensor};
 
 use crate::layers::gdn::GatedDeltaNet;
+use crate::layers::kda::KimiDeltaAttention;
 use crate::layers::mamba::MambaMixer;
 use crate::layers::mamba2::Mamba2Mixer;
 use crate::layers::mla::Mla;
@@ -131,15 +132,18 @@ impl<'a> LayerCaches<'a> {
 #[derive(Debug, Clone)]
 pub enum TokenMixer {
     Attention(SelfAttention),
-    /// Multi-head latent attention (DeepSeek-V2/V3), on rotary table `rope`.
+    /// Multi-head latent attention (DeepSeek-V2/V3), on rotary table `rope`; `None` leaves the
+    /// rope parts unrotated (Kimi Linear's NoPE MLA).
     Latent {
         mla: Mla,
-        rope: usize,
+        rope: Option<usize>,
     },
     /// Reads another layer's cache and writes none.
     SharedKv(SharedKvAttention),
     /// Linear attention with a per-sequence recurrent state instead of a KV cache.
     GatedDeltaNet(Box<GatedDeltaNet>),
+    /// Kimi Delta Attention: the delta rule with a decay per key channel, a per-sequence state.
+    KimiDelta(Box<KimiDeltaAttention>),
     /// A selective state-space layer (Mamba 1) with a per-sequence state.
     Mamba(Box<MambaMixer>),
     /// A selective state-space layer (Mamba2) with a per-sequence state.
@@ -225,7 +229,7 @@ impl TokenMixer {
                 }
                 a.attn.attend_sinks(q, k, v, rope, meta, cache, a.sinks.as_ref(), gate.as_ref())
             }
-            TokenMixer::Latent { mla, rope } => mla.forward(x, table(*rope), meta, cache),
+            TokenMixer::Latent { mla, rope } => mla.forward(x, rope.map(table), meta, cache),
             TokenMixer::SharedKv(s) => {
                 let mut q = s.q.forward(x)?;
                 if let Some(n) = &s.q_norm {
@@ -237,6 +241,7 @@ impl TokenMixer {
                 s.o.forward(&ops::paged_attention(&q, cache, meta, &s.params)?)
             }
             TokenMixer::GatedDeltaNet(g) => g.forward(x, meta, cache),
+            TokenMixer::KimiDelta(k) => k.forward(x, meta, cache),
             TokenMixer::Mamba(m) => m.forward(x, meta, cache),
             TokenMixer::Mamba2(m) => m.forward(x, meta, cache),
             TokenMixer::ShortConv(c) => c.forward(x, meta, cache),
@@ -268,6 +273,7 @@ impl TokenMixer {
             TokenMixer::Latent { mla, .. } => LayerCache::Kv(mla.kv_spec()),
             TokenMixer::SharedKv(s) => LayerCache::Shared(s.source),
             TokenMixer::GatedDeltaNet(g) => LayerCache::State(g.state_spec()),
+            TokenMixer::KimiDelta(k) => LayerCache::State(k.state_spec()),
             TokenMixer::Mamba(m) => LayerCache::State(m.state_spec()),
             TokenMixer::Mamba2(m) => LayerCache::State(m.state_spec()),
             TokenMixer::ShortConv(c) => LayerCache::State(c.state_spec()),
@@ -291,6 +297,7 @@ impl TokenMixer {
             TokenMixer::Latent { mla, .. } => mla.weight_bytes(),
             TokenMixer::SharedKv(s) => s.q.weight.size_in_bytes() + s.o.weight.size_in_bytes(),
             TokenMixer::GatedDeltaNet(g) => g.weight_bytes(),
+            TokenMixer::KimiDelta(k) => k.weight_bytes(),
             TokenMixer::Mamba(m) => m.weight_bytes(),
             TokenMixer::Mamba2(m) => m.weight_bytes(),
             TokenMixer::ShortConv(c) => c.weight_bytes(),

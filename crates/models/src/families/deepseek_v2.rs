@@ -180,7 +180,7 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
         };
         Ok(Block::pre_norm(
             d.rms(l, "input_layernorm")?,
-            TokenMixer::Latent { mla, rope: 0 },
+            TokenMixer::Latent { mla, rope: Some(0) },
             d.rms(l, "post_attention_layernorm")?,
             mlp,
         ))

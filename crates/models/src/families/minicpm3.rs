@@ -99,7 +99,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             wiring: Wiring::Sequential { residual_scale: Some(residual as f32) },
             ..Block::pre_norm(
                 d.rms(l, "input_layernorm")?,
-                TokenMixer::Latent { mla, rope: 0 },
+                TokenMixer::Latent { mla, rope: Some(0) },
                 d.rms(l, "post_attention_layernorm")?,
                 ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, inter, d.act, d.mlp_bias)?),
             )

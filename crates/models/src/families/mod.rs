@@ -28,6 +28,7 @@ pub mod granite_moe;
 pub mod hunyuan;
 pub mod internlm2;
 pub mod jamba;
+pub mod kimi_linear;
 pub mod lfm2;
 pub mod llama;
 pub mod llama4;

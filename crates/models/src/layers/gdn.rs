@@ -183,6 +183,7 @@ impl GatedDeltaNet {
             v_dim: d.v_dim,
             chunk_size: CHUNK_SIZE,
             beta_scale: self.beta_scale,
+            channel_decay: false,
         };
         let (a, b) = (self.a.forward(x)?, self.b.forward(x)?);
         let core = ops::gated_delta_rule(&q, &k, &v, &a, &b, &self.a_log, &self.dt_bias, state, meta, &params)?;

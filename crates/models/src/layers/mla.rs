@@ -187,29 +187,34 @@ impl Mla {
         q + [&self.kv_a, &self.kv_b, &self.o].iter().map(|l| l.weight.size_in_bytes()).sum::<usize>()
     }
 
-    /// `x [tokens, hidden]` -> `[tokens, hidden]`; `rope` rotates heads of `qk_rope_head_dim`.
+    /// `x [tokens, hidden]` -> `[tokens, hidden]`; `rope` rotates heads of `qk_rope_head_dim`
+    /// (`None`: the rope parts stay as projected, Kimi Linear's NoPE attention).
     pub fn forward(
         &self,
         x: &Tensor,
-        rope: (&Rope, &Tensor, &Tensor),
+        rope: Option<(&Rope, &Tensor, &Tensor)>,
         meta: &AttnMetadata,
         cache: &mut PagedKvLayer,
     ) -> Result<Tensor> {
         let d = self.dims;
         let (t, h) = (x.rows(), d.num_heads);
         let (dn, dr, dv, r) = (d.qk_nope_head_dim, d.qk_rope_head_dim, d.v_head_dim, d.kv_lora_rank);
-        let (rope, cos, sin) = rope;
+        let rotate = |x: Tensor| -> Result<Tensor> {
+            match rope {
+                Some((rope, cos, sin)) => Ok(rope.apply(&x, cos, sin)?),
+                None => Ok(x),
+            }
+        };
 
         // Queries, one row per (token, head): [nope | rope], the rope part rotated.
         let q = self.q.forward(x)?.reshape(&[t * h, dn + dr])?;
         let q_nope = ops::narrow_cols(&q, 0, dn)?;
-        let q_pe =
-            rope.apply(&ops::narrow_cols(&q, dn, dr)?.reshape(&[t, h * dr])?, cos, sin)?.reshape(&[t * h, dr])?;
+        let q_pe = rotate(ops::narrow_cols(&q, dn, dr)?.reshape(&[t, h * dr])?)?.reshape(&[t * h, dr])?;
 
         // The compressed latent and the shared rotated key part.
         let ckv = self.kv_a.forward(x)?;
         let c = self.kv_norm.forward(&ops::narrow_cols(&ckv, 0, r)?)?;
-        let k_pe = rope.apply(&ops::narrow_cols(&ckv, r, dr)?, cos, sin)?;
+        let k_pe = rotate(ops::narrow_cols(&ckv, r, dr)?)?;
 
         let params = |num_kv_heads, head_dim, v_head_dim| AttentionParams {
             num_heads: h,

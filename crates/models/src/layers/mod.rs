@@ -3,6 +3,7 @@
 //! embeddings in [`rope`], multi-head latent attention in [`mla`], mixtures of experts in [`moe`].
 
 pub mod gdn;
+pub mod kda;
 pub mod mamba;
 pub mod mamba2;
 pub mod mla;

@@ -1,8 +1,8 @@
 //! Recurrent token mixers on the CPU, following transformers' torch fallbacks step for step (the
 //! oracle): the causal depthwise conv1d in front of a linear-attention or state-space layer, the
-//! gated delta rule (Gated DeltaNet), chunked for prompts and one token at a time for decode, and
-//! Mamba2's selective scan (its recurrence; the reference's chunked SSD form is an exact rewrite of
-//! it that rounds differently).
+//! gated delta rule (Gated DeltaNet, and Kimi Delta Attention's per-channel-decay form), chunked
+//! for prompts and one token at a time for decode, and Mamba2's selective scan (its recurrence;
+//! the reference's chunked SSD form is an exact rewrite of it that rounds differently).
 //!
 //! Each sequence's state lives in its slot of a state layer ([`PagedKvLayer`] with one slot per
 //! sequence): the conv's last `K - 1` inputs in `k`, the `[heads, k_dim, v_dim]` delta-rule state
@@ -89,6 +89,12 @@ fn l2norm(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
+/// KDA's l2norm: divides by the norm where Gated DeltaNet's multiplies by its inverse.
+fn l2norm_div(x: &mut [f32]) {
+    let norm = (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
+    x.iter_mut().for_each(|v| *v /= norm);
+}
+
 fn softplus(x: f32) -> f32 {
     // torch's softplus (beta 1, threshold 20).
     if x > 20.0 {
@@ -103,7 +109,9 @@ struct HeadInputs {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
+    /// Log decays, `gw` per token: one for the head, or one per key channel (KDA).
     g: Vec<f32>,
+    gw: usize,
     beta: Vec<f32>,
 }
 
@@ -129,6 +137,7 @@ pub fn gated_delta_rule(
     let (a_log, dt_bias) = (a_log.as_f32_slice()?, dt_bias.as_f32_slice()?);
     let (hk, hv, dk, dv) = (p.num_k_heads, p.num_v_heads, p.k_dim, p.v_dim);
     let group = hv / hk;
+    let gw = p.gate_width();
     let tokens = q.rows();
     let state_len = dk * dv;
     let (_, states) = state_slices("gated_delta_rule", cache)?;
@@ -150,7 +159,8 @@ pub fn gated_delta_rule(
                     q: Vec::with_capacity(rows.len() * dk),
                     k: Vec::with_capacity(rows.len() * dk),
                     v: Vec::with_capacity(rows.len() * dv),
-                    g: Vec::with_capacity(rows.len()),
+                    g: Vec::with_capacity(rows.len() * gw),
+                    gw,
                     beta: Vec::with_capacity(rows.len()),
                 };
                 for r in rows.clone() {
@@ -158,23 +168,44 @@ pub fn gated_delta_rule(
                         qs[(r * hk + kh) * dk..(r * hk + kh + 1) * dk].to_vec(),
                         ks[(r * hk + kh) * dk..(r * hk + kh + 1) * dk].to_vec(),
                     );
-                    l2norm(&mut qr);
-                    l2norm(&mut kr);
-                    if recurrent {
+                    // transformers: Gated DeltaNet's recurrent form (one cached token) divides
+                    // the query by sqrt(dk), its chunked one multiplies it by dk^-0.5; KDA's
+                    // forms both multiply by 1 / sqrt(dk).
+                    if p.channel_decay {
+                        l2norm_div(&mut qr);
+                        l2norm_div(&mut kr);
+                        let scale = (1.0 / (dk as f64).sqrt()) as f32;
+                        qr.iter_mut().for_each(|x| *x *= scale);
+                    } else if recurrent {
+                        l2norm(&mut qr);
+                        l2norm(&mut kr);
                         let root = (dk as f32).sqrt();
                         qr.iter_mut().for_each(|x| *x /= root);
                     } else {
+                        l2norm(&mut qr);
+                        l2norm(&mut kr);
                         let scale = (dk as f64).powf(-0.5) as f32;
                         qr.iter_mut().for_each(|x| *x *= scale);
                     }
                     inp.q.extend_from_slice(&qr);
                     inp.k.extend_from_slice(&kr);
                     inp.v.extend_from_slice(&vs[(r * hv + h) * dv..(r * hv + h + 1) * dv]);
-                    inp.g.push(-a_log[h].exp() * softplus(as_[r * hv + h] + dt_bias[h]));
+                    if p.channel_decay {
+                        // KDA's gate: `-exp(A_log) * log(1 + exp(f + dt_bias))` per channel.
+                        let rate = -a_log[h].exp();
+                        for c in 0..dk {
+                            let x = as_[(r * hv + h) * dk + c] + dt_bias[h * dk + c];
+                            inp.g.push(rate * if x > 20.0 { x } else { (1.0 + x.exp()).ln() });
+                        }
+                    } else {
+                        inp.g.push(-a_log[h].exp() * softplus(as_[r * hv + h] + dt_bias[h]));
+                    }
                     inp.beta.push(1.0 / (1.0 + (-bs[r * hv + h]).exp()) * p.beta_scale);
                 }
                 if recurrent {
-                    (0..inp.g.len()).flat_map(|t| recurrent_step(&inp.token(t, dk, dv), state, dk, dv)).collect()
+                    (0..inp.beta.len()).flat_map(|t| recurrent_step(&inp.token(t, dk, dv), state, dk, dv)).collect()
+                } else if p.channel_decay {
+                    chunked_channel(&inp, state, dk, dv, p.chunk_size)
                 } else {
                     chunked(&inp, state, dk, dv, p.chunk_size)
                 }
@@ -196,16 +227,20 @@ impl HeadInputs {
             q: self.q[t * dk..(t + 1) * dk].to_vec(),
             k: self.k[t * dk..(t + 1) * dk].to_vec(),
             v: self.v[t * dv..(t + 1) * dv].to_vec(),
-            g: vec![self.g[t]],
+            g: self.g[t * self.gw..(t + 1) * self.gw].to_vec(),
+            gw: self.gw,
             beta: vec![self.beta[t]],
         }
     }
 }
 
-/// transformers' `torch_recurrent_gated_delta_rule` for one token.
+/// transformers' `torch_recurrent_gated_delta_rule` (and KDA's `recurrent_kimi_delta_attention`,
+/// whose decay is per state row) for one token.
 fn recurrent_step(inp: &HeadInputs, state: &mut [f32], dk: usize, dv: usize) -> Vec<f32> {
-    let decay = inp.g[0].exp();
-    state.iter_mut().for_each(|s| *s *= decay);
+    for (i, row) in state.chunks_mut(dv).enumerate() {
+        let decay = inp.g[if inp.gw == 1 { 0 } else { i }].exp();
+        row.iter_mut().for_each(|s| *s *= decay);
+    }
     let mut delta = vec![0f32; dv];
     for (j, d) in delta.iter_mut().enumerate() {
         let mem: f32 = (0..dk).map(|i| state[i * dv + j] * inp.k[i]).sum();
@@ -281,6 +316,73 @@ fn chunked(inp: &HeadInputs, state: &mut [f32], dk: usize, dv: usize, chunk_size
         let chunk_decay = last.exp();
         let k_dec: Vec<Vec<f32>> = (0..c).map(|i| k[i].iter().map(|x| x * (last - cum[i]).exp()).collect()).collect();
         for m in 0..dk {
+            for j in 0..dv {
+                let upd: f32 = (0..c).map(|t| k_dec[t][m] * v_new[t][j]).sum();
+                state[m * dv + j] = state[m * dv + j] * chunk_decay + upd;
+            }
+        }
+    }
+    out
+}
+
+/// KDA's `chunk_kimi_delta_attention`: [`chunked`] with a decay per key channel, so the decays
+/// sit inside the key products (`sum_d k_i[d] k_j[d] exp(G_i[d] - G_j[d])`) instead of scaling
+/// them, and the state's rows decay apart.
+fn chunked_channel(inp: &HeadInputs, state: &mut [f32], dk: usize, dv: usize, chunk_size: usize) -> Vec<f32> {
+    let n = inp.beta.len();
+    let mut out = vec![0f32; n * dv];
+    for start in (0..n).step_by(chunk_size) {
+        let c = chunk_size.min(n - start);
+        let row = |m: &[f32], w: usize, i: usize| m[(start + i) * w..(start + i + 1) * w].to_vec();
+        let rows = |m: &[f32], w: usize| -> Vec<Vec<f32>> { (0..c).map(|i| row(m, w, i)).collect() };
+        let (q, k, v) = (rows(&inp.q, dk), rows(&inp.k, dk), rows(&inp.v, dv));
+        let beta = &inp.beta[start..start + c];
+        // Cumulative log decays per channel: [c][dk].
+        let mut cum = rows(&inp.g, dk);
+        for i in 1..c {
+            let (done, rest) = cum.split_at_mut(i);
+            rest[0].iter_mut().zip(&done[i - 1]).for_each(|(x, prev)| *x += prev);
+        }
+        let k_beta: Vec<Vec<f32>> = k.iter().zip(beta).map(|(r, &b)| r.iter().map(|x| x * b).collect()).collect();
+        let v_beta: Vec<Vec<f32>> = v.iter().zip(beta).map(|(r, &b)| r.iter().map(|x| x * b).collect()).collect();
+        let decayed = |a: &[f32], i: usize, j: usize| -> f32 {
+            (0..dk).map(|d| a[d] * k[j][d] * (cum[i][d] - cum[j][d]).exp()).sum()
+        };
+        let mut new_values: Vec<Vec<f32>> = Vec::with_capacity(c);
+        let mut k_cumdecay: Vec<Vec<f32>> = Vec::with_capacity(c);
+        for i in 0..c {
+            let mut xv = v_beta[i].clone();
+            let mut xk: Vec<f32> = k_beta[i].iter().zip(&cum[i]).map(|(x, g)| x * g.exp()).collect();
+            for j in 0..i {
+                let a = decayed(&k_beta[i], i, j);
+                xv.iter_mut().zip(&new_values[j]).for_each(|(x, y)| *x -= a * y);
+                xk.iter_mut().zip(&k_cumdecay[j]).for_each(|(x, y): (&mut f32, &f32)| *x -= a * y);
+            }
+            new_values.push(xv);
+            k_cumdecay.push(xk);
+        }
+        let intra: Vec<Vec<f32>> =
+            (0..c).map(|i| (0..c).map(|j| if j <= i { decayed(&q[i], i, j) } else { 0.0 }).collect()).collect();
+        let v_new: Vec<Vec<f32>> = (0..c)
+            .map(|i| {
+                (0..dv)
+                    .map(|j| new_values[i][j] - (0..dk).map(|m| k_cumdecay[i][m] * state[m * dv + j]).sum::<f32>())
+                    .collect()
+            })
+            .collect();
+        for i in 0..c {
+            let qd: Vec<f32> = q[i].iter().zip(&cum[i]).map(|(x, g)| x * g.exp()).collect();
+            for j in 0..dv {
+                let inter: f32 = (0..dk).map(|m| qd[m] * state[m * dv + j]).sum();
+                let local: f32 = (0..c).map(|t| intra[i][t] * v_new[t][j]).sum();
+                out[(start + i) * dv + j] = inter + local;
+            }
+        }
+        let last = &cum[c - 1];
+        let k_dec: Vec<Vec<f32>> =
+            (0..c).map(|i| k[i].iter().enumerate().map(|(m, x)| x * (last[m] - cum[i][m]).exp()).collect()).collect();
+        for m in 0..dk {
+            let chunk_decay = last[m].exp();
             for j in 0..dv {
                 let upd: f32 = (0..c).map(|t| k_dec[t][m] * v_new[t][j]).sum();
                 state[m * dv + j] = state[m * dv + j] * chunk_decay + upd;
@@ -380,7 +482,8 @@ mod tests {
             .collect()
     }
 
-    fn head(n: usize, dk: usize, dv: usize) -> HeadInputs {
+    /// `gw` log decays per token: 1 (a head's), or `dk` (KDA's per channel).
+    fn head(n: usize, dk: usize, dv: usize, gw: usize) -> HeadInputs {
         let mut q = rand(n * dk, 1);
         let mut k = rand(n * dk, 2);
         for r in 0..n {
@@ -391,7 +494,8 @@ mod tests {
             q,
             k,
             v: rand(n * dv, 3),
-            g: rand(n, 4).iter().map(|x| -(x + 0.6)).collect(),
+            g: rand(n * gw, 4).iter().map(|x| -(x + 0.6)).collect(),
+            gw,
             beta: rand(n, 5).iter().map(|x| x + 0.5).collect(),
         }
     }
@@ -400,8 +504,20 @@ mod tests {
     /// state agree for any chunk size, including chunks that split the sequence unevenly.
     #[test]
     fn chunked_rule_equals_the_recurrence() {
+        chunked_form_equals_the_recurrence(1, chunked);
+    }
+
+    /// The same for KDA's per-channel decay and its chunked form.
+    #[test]
+    fn channel_chunked_rule_equals_the_recurrence() {
+        chunked_form_equals_the_recurrence(8, chunked_channel);
+    }
+
+    type ChunkedForm = fn(&HeadInputs, &mut [f32], usize, usize, usize) -> Vec<f32>;
+
+    fn chunked_form_equals_the_recurrence(gw: usize, form: ChunkedForm) {
         let (n, dk, dv) = (37, 8, 6);
-        let inp = head(n, dk, dv);
+        let inp = head(n, dk, dv, gw);
         let mut s_rec = vec![0f32; dk * dv];
         let mut rec = Vec::new();
         for t in 0..n {
@@ -409,7 +525,7 @@ mod tests {
         }
         for chunk in [1, 5, 16, 64] {
             let mut s = vec![0f32; dk * dv];
-            let out = chunked(&inp, &mut s, dk, dv, chunk);
+            let out = form(&inp, &mut s, dk, dv, chunk);
             let err = out.iter().zip(&rec).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             let serr = s.iter().zip(&s_rec).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(err < 1e-4 && serr < 1e-4, "chunk {chunk}: output error {err}, state error {serr}");

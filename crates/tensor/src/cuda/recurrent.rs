@@ -31,7 +31,7 @@ kernel_params! {
     /// `gated_delta_rule_<t>`: grid (value heads, sequences), one thread per value dimension.
     struct DeltaRule {
         q: u64, k: u64, v: u64, a: u64, b: u64, a_log: u64, dt_bias: u64, y: u64, state: u64, seqs: u64,
-        hk: i32, hv: i32, dk: i32, dv: i32, q_scale: f32, q_root: f32, beta_scale: f32,
+        hk: i32, hv: i32, dk: i32, dv: i32, q_scale: f32, q_root: f32, beta_scale: f32, channel_decay: i32,
     }
 }
 
@@ -188,9 +188,14 @@ pub fn gated_delta_rule(
                 hv: int(p.num_v_heads)?,
                 dk: int(p.k_dim)?,
                 dv: int(p.v_dim)?,
-                q_scale: (p.k_dim as f64).powf(-0.5) as f32,
+                q_scale: if p.channel_decay {
+                    (1.0 / (p.k_dim as f64).sqrt()) as f32
+                } else {
+                    (p.k_dim as f64).powf(-0.5) as f32
+                },
                 q_root: (p.k_dim as f32).sqrt(),
                 beta_scale: p.beta_scale,
+                channel_decay: i32::from(p.channel_decay),
             };
             launch.launch_with(dev, &f, per_head_cfg(p.num_v_heads, meta.seqs.len(), p.v_dim))
         })?;

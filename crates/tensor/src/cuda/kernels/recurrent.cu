@@ -34,15 +34,17 @@ __device__ void gated_delta_rule(const T* __restrict__ q, const T* __restrict__ 
                                  const T* __restrict__ a, const T* __restrict__ b, const float* __restrict__ a_log,
                                  const float* __restrict__ dt_bias, T* __restrict__ y, float* __restrict__ state,
                                  const int4* __restrict__ seqs, int hk, int hv, int dk, int dv,
-                                 float q_scale, float q_root, float beta_scale) {
-    __shared__ float qs[GDN_DK_MAX], ks[GDN_DK_MAX];
-    __shared__ float gate[2];
+                                 float q_scale, float q_root, float beta_scale, int channel_decay) {
+    __shared__ float qs[GDN_DK_MAX], ks[GDN_DK_MAX], decay[GDN_DK_MAX];
+    __shared__ float beta_s;
     const int h = blockIdx.x, kh = h / (hv / hk), j = threadIdx.x;
     const int4 s = seqs[blockIdx.y];
     float* st = state + ((size_t)s.z * hv + h) * dk * dv;
     float col[GDN_DK_MAX];
     for (int i = 0; i < dk; ++i) col[i] = ((s.w & 1) || j >= dv) ? 0.f : st[(size_t)i * dv + j];
     const bool recurrent = !(s.w & 2);
+    // Gate inputs per token: one per value head, or (KDA) one per value head and key channel.
+    const int gw = channel_decay ? dk : 1;
     for (int t = 0; t < s.y; ++t) {
         const size_t row = (size_t)(s.x + t);
         float sq = 0.f, sk = 0.f;
@@ -52,28 +54,35 @@ __device__ void gated_delta_rule(const T* __restrict__ q, const T* __restrict__ 
             ks[i] = kv;
             sq += qv * qv;
             sk += kv * kv;
+            const int c = channel_decay ? i : 0;
+            float x = to_f(a[(row * hv + h) * gw + c]) + dt_bias[h * gw + c];
+            // KDA's reference spells softplus log(1 + exp(x)), Gated DeltaNet's log1p(exp(x)).
+            float sp = x > 20.f ? x : (channel_decay ? logf(1.f + expf(x)) : log1pf(expf(x)));
+            decay[i] = expf(-expf(a_log[h]) * sp);
         }
         sq = block_sum(sq);
         sk = block_sum(sk);
-        // transformers: the recurrent form (one cached token) divides the query by sqrt(dk), the
-        // chunked one multiplies it by dk^-0.5.
-        const float qn = 1.f / sqrtf(sq + 1e-6f), kn = 1.f / sqrtf(sk + 1e-6f);
+        // transformers: Gated DeltaNet's recurrent form (one cached token) divides the query by
+        // sqrt(dk), its chunked one multiplies it by dk^-0.5; KDA divides q and k by their norms
+        // and multiplies q by 1 / sqrt(dk) (q_scale) in both forms.
+        const float qnorm = sqrtf(sq + 1e-6f), knorm = sqrtf(sk + 1e-6f);
+        const float qn = 1.f / qnorm, kn = 1.f / knorm;
         for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-            qs[i] = recurrent ? qs[i] * qn / q_root : qs[i] * qn * q_scale;
-            ks[i] *= kn;
+            if (channel_decay) {
+                qs[i] = qs[i] / qnorm * q_scale;
+                ks[i] /= knorm;
+            } else {
+                qs[i] = recurrent ? qs[i] * qn / q_root : qs[i] * qn * q_scale;
+                ks[i] *= kn;
+            }
         }
-        if (threadIdx.x == 0) {
-            float x = to_f(a[row * hv + h]) + dt_bias[h];
-            float sp = x > 20.f ? x : log1pf(expf(x));
-            gate[0] = expf(-expf(a_log[h]) * sp);
-            gate[1] = 1.f / (1.f + expf(-to_f(b[row * hv + h]))) * beta_scale;
-        }
+        if (threadIdx.x == 0) beta_s = 1.f / (1.f + expf(-to_f(b[row * hv + h]))) * beta_scale;
         __syncthreads();
         if (j < dv) {
-            const float decay = gate[0], beta = gate[1];
+            const float beta = beta_s;
             float mem = 0.f;
             for (int i = 0; i < dk; ++i) {
-                col[i] *= decay;
+                col[i] *= decay[i];
                 mem += col[i] * ks[i];
             }
             const float delta = (to_f(v[row * hv * dv + (size_t)h * dv + j]) - mem) * beta;
@@ -100,10 +109,11 @@ __device__ void gated_delta_rule(const T* __restrict__ q, const T* __restrict__ 
     extern "C" __global__ void gated_delta_rule_##TN(const T* q, const T* k, const T* v, const T* a, const T* b,  \
                                                      const float* a_log, const float* dt_bias, T* y, float* state,\
                                                      const int4* seqs, int hk, int hv, int dk, int dv,            \
-                                                     float q_scale, float q_root, float beta_scale) {          \
+                                                     float q_scale, float q_root, float beta_scale,            \
+                                                     int channel_decay) {                                         \
         pdl_wait();                                                                                                 \
         gated_delta_rule<T>(q, k, v, a, b, a_log, dt_bias, y, state, seqs, hk, hv, dk, dv, q_scale, q_root,        \
-                            beta_scale);                                                                            \
+                            beta_scale, channel_decay);                                                             \
     }
 FOR_T(INST_REC)
 
