@@ -297,21 +297,11 @@ fn chunked(inp: &HeadInputs, state: &mut [f32], dk: usize, dv: usize, chunk_size
         let intra: Vec<Vec<f32>> = (0..c).map(|i| (0..c).map(|j| dot(&q[i], &k[j]) * decay(i, j)).collect()).collect();
         let last = cum[c - 1];
         // v_new = new_values - k_cumdecay @ S
-        let v_new: Vec<Vec<f32>> = (0..c)
-            .map(|i| {
-                (0..dv)
-                    .map(|j| new_values[i][j] - (0..dk).map(|m| k_cumdecay[i][m] * state[m * dv + j]).sum::<f32>())
-                    .collect()
-            })
-            .collect();
+        let v_new = state_corrected(&new_values, &k_cumdecay, state, dk, dv);
         for i in 0..c {
             let e = cum[i].exp();
             let qd: Vec<f32> = q[i].iter().map(|x| x * e).collect();
-            for j in 0..dv {
-                let inter: f32 = (0..dk).map(|m| qd[m] * state[m * dv + j]).sum();
-                let local: f32 = (0..c).map(|t| intra[i][t] * v_new[t][j]).sum();
-                out[(start + i) * dv + j] = inter + local;
-            }
+            chunk_row_output(&mut out[(start + i) * dv..(start + i + 1) * dv], &qd, &intra[i], &v_new, state);
         }
         let chunk_decay = last.exp();
         let k_dec: Vec<Vec<f32>> = (0..c).map(|i| k[i].iter().map(|x| x * (last - cum[i]).exp()).collect()).collect();
@@ -323,6 +313,33 @@ fn chunked(inp: &HeadInputs, state: &mut [f32], dk: usize, dv: usize, chunk_size
         }
     }
     out
+}
+
+/// The chunk's values less what the state entering the chunk already predicts of them:
+/// `new_values - k_cumdecay @ state` (`state` is `[dk, dv]`).
+fn state_corrected(
+    new_values: &[Vec<f32>],
+    k_cumdecay: &[Vec<f32>],
+    state: &[f32],
+    dk: usize,
+    dv: usize,
+) -> Vec<Vec<f32>> {
+    new_values
+        .iter()
+        .zip(k_cumdecay)
+        .map(|(nv, kc)| (0..dv).map(|j| nv[j] - (0..dk).map(|m| kc[m] * state[m * dv + j]).sum::<f32>()).collect())
+        .collect()
+}
+
+/// One token's output row in a chunk: its decayed query against the state entering the chunk,
+/// plus its causal attention weights (`intra`) over the chunk's corrected values.
+fn chunk_row_output(out: &mut [f32], q_decayed: &[f32], intra: &[f32], v_new: &[Vec<f32>], state: &[f32]) {
+    let dv = out.len();
+    for (j, o) in out.iter_mut().enumerate() {
+        let inter: f32 = q_decayed.iter().enumerate().map(|(m, q)| q * state[m * dv + j]).sum();
+        let local: f32 = intra.iter().zip(v_new).map(|(w, v)| w * v[j]).sum();
+        *o = inter + local;
+    }
 }
 
 /// KDA's `chunk_kimi_delta_attention`: [`chunked`] with a decay per key channel, so the decays
@@ -363,20 +380,10 @@ fn chunked_channel(inp: &HeadInputs, state: &mut [f32], dk: usize, dv: usize, ch
         }
         let intra: Vec<Vec<f32>> =
             (0..c).map(|i| (0..c).map(|j| if j <= i { decayed(&q[i], i, j) } else { 0.0 }).collect()).collect();
-        let v_new: Vec<Vec<f32>> = (0..c)
-            .map(|i| {
-                (0..dv)
-                    .map(|j| new_values[i][j] - (0..dk).map(|m| k_cumdecay[i][m] * state[m * dv + j]).sum::<f32>())
-                    .collect()
-            })
-            .collect();
+        let v_new = state_corrected(&new_values, &k_cumdecay, state, dk, dv);
         for i in 0..c {
             let qd: Vec<f32> = q[i].iter().zip(&cum[i]).map(|(x, g)| x * g.exp()).collect();
-            for j in 0..dv {
-                let inter: f32 = (0..dk).map(|m| qd[m] * state[m * dv + j]).sum();
-                let local: f32 = (0..c).map(|t| intra[i][t] * v_new[t][j]).sum();
-                out[(start + i) * dv + j] = inter + local;
-            }
+            chunk_row_output(&mut out[(start + i) * dv..(start + i + 1) * dv], &qd, &intra[i], &v_new, state);
         }
         let last = &cum[c - 1];
         let k_dec: Vec<Vec<f32>> =
