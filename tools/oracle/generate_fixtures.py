@@ -594,6 +594,130 @@ def _eagle3_reference(out_dir: Path) -> dict[str, Any]:
     return {"eagle3_reference": out}
 
 
+# Two EAGLE-1 heads for the llama-eagle3 target beside its EAGLE-3 ones, in the EAGLE repository's
+# layout (config `LlamaForCausalLM`, `layers.0.*` without an input norm, `fc` over [embedding,
+# hidden]): `eagle/` with `fc.bias` and the target's embeddings and LM head, `eagle-hass/` with
+# HASS's two input norms (`add_para_norm`), no fc bias, its own embeddings and LM head.
+EAGLE_HEADS = {
+    "eagle": dict(seed=23, hass=False),
+    "eagle-hass": dict(seed=29, hass=True),
+}
+
+
+def _add_eagle_heads(out_dir: Path) -> None:
+    """edit_saved_weights hook: the EAGLE-3 heads of EAGLE3_HEADS and the EAGLE-1 heads of EAGLE_HEADS."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig
+
+    _add_eagle3_heads(out_dir)
+    target = AutoConfig.from_pretrained(out_dir)
+    saved = load_file(str(out_dir / "model.safetensors"))
+    h, layer_cfg = target.hidden_size, _eagle3_layer_config(target)
+    heads, kv, hd, inter = 4, 2, 16, layer_cfg["intermediate_size"]
+    for name, spec in EAGLE_HEADS.items():
+        gen = torch.Generator().manual_seed(spec["seed"])
+        rand = lambda shape, std: (torch.randn(shape, generator=gen) * std).contiguous()  # noqa: E731
+        t = {
+            "layers.0.self_attn.q_proj.weight": rand((heads * hd, h), 0.15),
+            "layers.0.self_attn.k_proj.weight": rand((kv * hd, h), 0.15),
+            "layers.0.self_attn.v_proj.weight": rand((kv * hd, h), 0.15),
+            "layers.0.self_attn.o_proj.weight": rand((h, heads * hd), 0.15),
+            "layers.0.mlp.gate_proj.weight": rand((inter, h), 0.15),
+            "layers.0.mlp.up_proj.weight": rand((inter, h), 0.15),
+            "layers.0.mlp.down_proj.weight": rand((h, inter), 0.15),
+            "layers.0.post_attention_layernorm.weight": 1 + rand((h,), 0.1),
+            "fc.weight": rand((h, 2 * h), 0.1),
+        }
+        cfg = dict(layer_cfg, architectures=["LlamaForCausalLM"])
+        if spec["hass"]:
+            t["embedding_layernorm.weight"] = 1 + rand((h,), 0.1)
+            t["hidden_states_layernorm.weight"] = 1 + rand((h,), 0.1)
+            t["embed_tokens.weight"] = (saved["model.embed_tokens.weight"] + rand((target.vocab_size, h), 0.2)).contiguous()
+            t["lm_head.weight"] = (saved["lm_head.weight"] + rand((target.vocab_size, h), 0.2)).contiguous()
+            cfg.update(add_para_norm=True, bias=False)
+        else:
+            t["fc.bias"] = rand((h,), 0.1)
+            cfg.update(bias=True)
+        head_dir = out_dir / name
+        head_dir.mkdir(exist_ok=True)
+        save_file(t, str(head_dir / "model.safetensors"), metadata={"format": "pt"})
+        (head_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def _eagle_reference(out_dir: Path) -> dict[str, Any]:
+    """load_check hook: _eagle3_reference, and each EAGLE-1 head's drafts computed as vLLM's
+    llama_eagle runs it with torch and transformers' modules. At position i the head reads the
+    embedding of token i + 1 and the target's final-norm output at i (each through its HASS norm where
+    the head has them), joined by `fc`; its one Llama layer has no input norm, and the LM head (its own,
+    else the target's) reads the layer's output with no final norm. Per sequence: the argmax at every
+    position and the chain of 3 drafts after the sequence (each further draft feeds the previous one at
+    the next position with the head's own output as the hidden state)."""
+    from safetensors.torch import load_file
+    from transformers.masking_utils import create_causal_mask
+    from transformers.models.llama.configuration_llama import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+    out = _eagle3_reference(out_dir)
+    model = load_fixture(out_dir)
+    final: dict[str, torch.Tensor] = {}
+    model.model.norm.register_forward_hook(lambda mod, args, output: final.__setitem__("h", output))
+    heads = {}
+    for name, spec in EAGLE_HEADS.items():
+        head_dir = out_dir / name
+        raw = json.loads((head_dir / "config.json").read_text())
+        cfg = LlamaConfig(**{k: v for k, v in raw.items() if k not in ("model_type", "architectures", "bias", "add_para_norm")})
+        cfg._attn_implementation = "eager"
+        w = load_file(str(head_dir / "model.safetensors"))
+        layer = LlamaDecoderLayer(cfg, 0)
+        layer.input_layernorm = torch.nn.Identity()
+        layer.load_state_dict({k[len("layers.0."):]: v for k, v in w.items() if k.startswith("layers.0.")})
+        layer.eval()
+        h = cfg.hidden_size
+        fc = torch.nn.Linear(2 * h, h, bias="fc.bias" in w)
+        fc.load_state_dict({k[len("fc."):]: v for k, v in w.items() if k.startswith("fc.")})
+        norms = None
+        if spec["hass"]:
+            norms = (LlamaRMSNorm(h, eps=cfg.rms_norm_eps), LlamaRMSNorm(h, eps=cfg.rms_norm_eps))
+            norms[0].load_state_dict({"weight": w["embedding_layernorm.weight"]})
+            norms[1].load_state_dict({"weight": w["hidden_states_layernorm.weight"]})
+        embed = w.get("embed_tokens.weight", model.model.embed_tokens.weight.detach())
+        lm_head = w.get("lm_head.weight", model.lm_head.weight.detach())
+        rotary = LlamaRotaryEmbedding(cfg)
+
+        def run(tokens: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            """The head over rows (token after each position, hidden state); positions 0.. in order."""
+            e = torch.nn.functional.embedding(tokens, embed)
+            if norms:
+                e, x = norms[0](e), norms[1](x)
+            y0 = fc(torch.cat([e, x], -1))
+            positions = torch.arange(x.shape[1])[None]
+            mask = create_causal_mask(config=cfg, inputs_embeds=x, attention_mask=None, cache=None,
+                                      position_ids=positions)
+            a, _ = layer.self_attn(y0, position_embeddings=rotary(x, positions), attention_mask=mask)
+            y = y0 + a
+            y = y + layer.mlp(layer.post_attention_layernorm(y))
+            top = (y @ lm_head.T)[0].max(-1)
+            return top.indices, top.values, y
+
+        seqs = []
+        with torch.no_grad():
+            for seq in EAGLE3_REFERENCE_SEQUENCES:
+                ids = torch.tensor([seq])
+                model(input_ids=ids)
+                x = final["h"][:, :-1]
+                argmax, max_logit, y = run(ids[:, 1:], x)
+                chain, tokens = [int(argmax[-1])], ids[:, 1:]
+                for _ in range(2):
+                    tokens = torch.cat([tokens, torch.tensor([[chain[-1]]])], -1)
+                    x = torch.cat([x, y[:, -1:]], 1)
+                    step, _, y = run(tokens, x)
+                    chain.append(int(step[-1]))
+                seqs.append({"tokens": seq, "argmax": argmax.tolist(), "max_logit": max_logit.tolist(),
+                             "chain": chain})
+        heads[name] = {"sequences": seqs}
+    return dict(out, eagle_reference=heads)
+
+
 def _python_infinity_spelling(cfg: dict[str, Any]) -> None:
     """Real Mamba2 / Nemotron-H config.json files spell the open dt limit as Python's bare Infinity
     (transformers 5 writes {"__float__": "Infinity"} instead)."""
@@ -1897,12 +2021,13 @@ SPECS: list[Spec] = [
         config_class="LlamaConfig",
         architecture="LlamaForCausalLM",
         kwargs=dict(num_hidden_layers=7, initializer_range=0.15, rope_parameters=dict(DEFAULT_ROPE)),
-        edit_saved_weights=_add_eagle3_heads,
-        load_check=_eagle3_reference,
+        edit_saved_weights=_add_eagle_heads,
+        load_check=_eagle_reference,
         feature="a 7-layer Llama target with two random EAGLE-3 heads beside it (`eagle3/`: LlamaForCausalLMEagle3 "
         "layout, shared embeddings, vLLM's default aux layers 2/3/4; `eagle3-speculators/`: the speculators format, "
-        "own embeddings, aux layers 1/3/6, norm_before_residual by default); load_check holds each head's drafts "
-        "computed as vLLM's llama_eagle3 runs it",
+        "own embeddings, aux layers 1/3/6, norm_before_residual by default) and two EAGLE-1 heads (`eagle/`: fc bias, "
+        "the target's embeddings and LM head; `eagle-hass/`: HASS input norms, its own embeddings and LM head); "
+        "load_check holds each head's drafts computed as vLLM's llama_eagle3 / llama_eagle run it",
         ablate_config=dict(rope_parameters=dict(rope_type="default", rope_theta=100.0)),
         ablation_desc="rope_theta 10000 -> 100",
     ),

@@ -1,6 +1,7 @@
 //! The drafters that read the target's hidden states (vLLM's EAGLE proposer): `mtp`, the target
-//! checkpoint's multi-token-prediction head, which reads its final hidden state; and `eagle3`, a
-//! head of its own checkpoint, which reads its residual stream at three layers.
+//! checkpoint's multi-token-prediction head, and `eagle` (EAGLE-1), a head of its own checkpoint,
+//! which both read its final hidden state; and `eagle3`, a head of its own checkpoint, which
+//! reads its residual stream at three layers.
 //!
 //! The head's cache holds, at each position `i`, what it computed from the target's hidden
 //! state at `i` and the token at `i + 1`. So every step, after the target's forward and its

@@ -173,8 +173,8 @@ fn bad_words_token_ids(tokenizer: &Tokenizer, words: &[String]) -> Result<Vec<Ve
 pub enum LoadedDrafter {
     /// `draft_model`: a smaller checkpoint of a supported family.
     Model(Box<dyn CausalLM>),
-    /// `eagle3`: a head on the target's hidden states.
-    Eagle3(Box<dyn DraftHead>),
+    /// `eagle` / `eagle3`: a head on the target's hidden states.
+    Head(Box<dyn DraftHead>),
 }
 
 /// A draft model fit to draft for a target of `target`: no recurrent state (it could not be
@@ -238,12 +238,12 @@ impl Engine {
         };
         // The draft model and its config, checked against the target; or the draft head.
         let method = config.speculative.as_ref().map(|s| &s.method);
-        let (draft, eagle3) = match (drafter, method) {
+        let (draft, own_head) = match (drafter, method) {
             (Some(LoadedDrafter::Model(draft)), Some(SpeculativeMethod::DraftModel(d))) => {
                 (Some((check_draft_model(&info, draft)?, d.clone())), None)
             }
-            (Some(LoadedDrafter::Eagle3(head)), Some(SpeculativeMethod::Eagle3(_))) => (None, Some(head)),
-            (None, Some(SpeculativeMethod::DraftModel(d) | SpeculativeMethod::Eagle3(d))) => {
+            (Some(LoadedDrafter::Head(head)), Some(SpeculativeMethod::Eagle(..))) => (None, Some(head)),
+            (None, Some(SpeculativeMethod::DraftModel(d) | SpeculativeMethod::Eagle(_, d))) => {
                 return Err(EngineError::Config(format!(
                     "--speculative-config: the draft checkpoint {} was not loaded",
                     d.model.display()
@@ -268,7 +268,7 @@ impl Engine {
         }
         // The drafter that reads the target's hidden states: its head's KV layer, and the head
         // when it is not the target's own.
-        let head = match (&config.speculative, eagle3) {
+        let head = match (&config.speculative, own_head) {
             (_, Some(head)) => Some((head.kv_layer(), Some(head))),
             (Some(spec), None) if spec.method == SpeculativeMethod::Mtp => {
                 let head = model.mtp().ok_or_else(|| {

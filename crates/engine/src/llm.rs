@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ferrite_models::{load_eagle3, load_model, LoadOptions};
+use ferrite_models::{load_eagle_head, load_model, LoadOptions};
 use ferrite_tensor::DType;
 use ferrite_tokenizer::Tokenizer;
 
@@ -74,9 +74,10 @@ impl LLM {
         };
         let loaded = load_model(path, &opts)?;
         let draft = match method {
-            Some(SpeculativeMethod::Eagle3(d)) => {
-                let head = load_eagle3(&d.model, loaded.model.as_ref(), &draft_opts(d)).map_err(|e| loading(d, e))?;
-                Some(LoadedDrafter::Eagle3(head))
+            Some(SpeculativeMethod::Eagle(version, d)) => {
+                let head = load_eagle_head(&d.model, loaded.model.as_ref(), &draft_opts(d), *version)
+                    .map_err(|e| loading(d, e))?;
+                Some(LoadedDrafter::Head(head))
             }
             _ => draft,
         };

@@ -102,7 +102,7 @@ pub struct ModelRunner {
     reasoning: HashMap<ReqId, (Vec<u32>, Arc<Grammar>)>,
     /// The `draft_model` drafter, run after each step for the requests that sampled.
     draft: Option<DraftModel>,
-    /// The `mtp` or `eagle3` drafter: a head fed the target's hidden states after every step.
+    /// The `mtp`, `eagle` or `eagle3` drafter: a head fed the target's hidden states after every step.
     eagle: Option<EagleDrafter>,
     max_model_len: usize,
 }

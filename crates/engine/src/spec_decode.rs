@@ -19,6 +19,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
+use ferrite_models::EagleVersion;
 use ferrite_tensor::Tensor;
 
 use crate::core::{BlockId, ReqId};
@@ -50,12 +51,12 @@ pub enum SpeculativeMethod {
     /// The target checkpoint's multi-token-prediction head (`mtp`, and vLLM's per-family names
     /// such as `qwen3_next_mtp`), fed the target's hidden states.
     Mtp,
-    /// An EAGLE-3 head (its checkpoint in `model`), fed the target's residual stream at three
-    /// layers.
-    Eagle3(DraftModelConfig),
+    /// An EAGLE head (its checkpoint in `model`): EAGLE-1 (`eagle`) fed the target's final hidden
+    /// state, EAGLE-3 (`eagle3`) its residual stream at three layers.
+    Eagle(EagleVersion, DraftModelConfig),
 }
 
-/// The draft checkpoint of `"method": "draft_model"` (or the head of `"eagle3"`).
+/// The draft checkpoint of `"method": "draft_model"` (or the head of `"eagle"` / `"eagle3"`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DraftModelConfig {
     /// A checkpoint directory or GGUF file (`model`).
@@ -69,13 +70,13 @@ pub struct DraftModelConfig {
 impl SpeculativeMethod {
     /// The drafts come from a model the runner runs, not from the host.
     pub fn runs_a_model(&self) -> bool {
-        matches!(self, SpeculativeMethod::DraftModel(_) | SpeculativeMethod::Mtp | SpeculativeMethod::Eagle3(_))
+        matches!(self, SpeculativeMethod::DraftModel(_) | SpeculativeMethod::Mtp | SpeculativeMethod::Eagle(..))
     }
 }
 
 /// Methods vLLM accepts that are not built here: refused by name at start-up.
-const NOT_BUILT: &[&str] = &["eagle", "medusa", "mlp_speculator"];
-const BUILT: &str = "ngram, suffix, draft_model, eagle3, mtp";
+const NOT_BUILT: &[&str] = &["medusa", "mlp_speculator"];
+const BUILT: &str = "ngram, suffix, draft_model, eagle, eagle3, mtp";
 
 /// Most drafts a step verifies per request, as vLLM bounds them.
 pub const MAX_SPECULATIVE_TOKENS: usize = 32;
@@ -115,14 +116,14 @@ impl SpeculativeConfig {
                     .ok_or_else(|| bad(format!("`{key}` must be a positive integer, got {v}"))),
             }
         };
-        // Without a method, vLLM infers it from the draft checkpoint: an EAGLE-3 head (its
+        // Without a method, vLLM infers it from the draft checkpoint: an EAGLE head (its
         // architecture, or a speculators config) or else a draft model.
         let given_model = obj.get("model").and_then(Value::as_str).filter(|m| !m.is_empty());
         let inferred = given_model.map(|m| DraftCheckpoint::peek(std::path::Path::new(m)));
         let method = match obj.get("method").and_then(Value::as_str) {
             Some(m) => m,
             None => match &inferred {
-                Some(c) if c.is_eagle3 => "eagle3",
+                Some(DraftCheckpoint { head: Some(method), .. }) => method,
                 Some(_) => "draft_model",
                 None => "",
             },
@@ -168,7 +169,7 @@ impl SpeculativeConfig {
                     min_token_prob: fraction("suffix_decoding_min_token_prob", defaults.min_token_prob, 1.0)?,
                 })
             }
-            "draft_model" | "eagle3" => {
+            "draft_model" | "eagle" | "eagle3" => {
                 let model =
                     given_model.ok_or_else(|| bad(format!("`{method}` needs `model`, the draft checkpoint's path")))?;
                 let quantization = match obj.get("quantization") {
@@ -182,7 +183,8 @@ impl SpeculativeConfig {
                     max_model_len: count("max_model_len")?,
                 };
                 match method {
-                    "eagle3" => SpeculativeMethod::Eagle3(draft),
+                    "eagle" => SpeculativeMethod::Eagle(EagleVersion::One, draft),
+                    "eagle3" => SpeculativeMethod::Eagle(EagleVersion::Three, draft),
                     _ => SpeculativeMethod::DraftModel(draft),
                 }
             }
@@ -225,7 +227,7 @@ impl SpeculativeConfig {
                 DrafterKind::Ngram { min: *prompt_lookup_min, max: *prompt_lookup_max }
             }
             SpeculativeMethod::Suffix(params) => DrafterKind::Suffix(Box::new(SuffixCache::new(*params))),
-            SpeculativeMethod::DraftModel(_) | SpeculativeMethod::Mtp | SpeculativeMethod::Eagle3(_) => return None,
+            SpeculativeMethod::DraftModel(_) | SpeculativeMethod::Mtp | SpeculativeMethod::Eagle(..) => return None,
         };
         Some(Drafter { k: self.num_speculative_tokens, kind })
     }
@@ -234,7 +236,8 @@ impl SpeculativeConfig {
 /// What a draft checkpoint's `config.json` says of how to run it, read before it loads (an
 /// unreadable one says nothing: loading it reports the problem).
 struct DraftCheckpoint {
-    is_eagle3: bool,
+    /// The method its head runs by (`eagle`, `eagle3`); `None` for a draft model.
+    head: Option<&'static str>,
     /// A speculators config's `speculators_config.proposal_methods[0].speculative_tokens`.
     speculative_tokens: Option<usize>,
 }
@@ -248,9 +251,14 @@ impl DraftCheckpoint {
         let architecture = config.pointer("/architectures/0").and_then(Value::as_str).unwrap_or("");
         let speculators = config.get("speculators_model_type").and_then(Value::as_str);
         DraftCheckpoint {
-            is_eagle3: speculators == Some("eagle3")
-                || ferrite_models::registry::kinds(architecture)
-                    .contains(&ferrite_models::registry::ModelKind::DraftHead),
+            head: match architecture {
+                _ if speculators == Some("eagle3") => Some("eagle3"),
+                "EagleLlamaForCausalLM" => Some("eagle"),
+                a if ferrite_models::registry::kinds(a).contains(&ferrite_models::registry::ModelKind::DraftHead) => {
+                    Some("eagle3")
+                }
+                _ => None,
+            },
             speculative_tokens: config
                 .pointer("/speculators_config/proposal_methods/0/speculative_tokens")
                 .and_then(Value::as_u64)
@@ -403,9 +411,14 @@ mod tests {
         let c = SpeculativeConfig::parse(
             r#"{"method": "eagle3", "model": "/d", "num_speculative_tokens": 3, "max_model_len": 512}"#,
         );
-        assert_eq!(c.unwrap().method, SpeculativeMethod::Eagle3(want));
+        assert_eq!(c.unwrap().method, SpeculativeMethod::Eagle(EagleVersion::Three, want.clone()));
+        let c = SpeculativeConfig::parse(
+            r#"{"method": "eagle", "model": "/d", "num_speculative_tokens": 3, "max_model_len": 512}"#,
+        );
+        assert_eq!(c.unwrap().method, SpeculativeMethod::Eagle(EagleVersion::One, want));
         for (json, needle) in [
-            (r#"{"method": "eagle", "num_speculative_tokens": 2}"#, "`eagle` is not built"),
+            (r#"{"method": "medusa", "num_speculative_tokens": 2}"#, "`medusa` is not built"),
+            (r#"{"method": "eagle", "num_speculative_tokens": 2}"#, "`eagle` needs `model`"),
             (r#"{"method": "eagle3", "num_speculative_tokens": 2}"#, "`eagle3` needs `model`"),
             (r#"{"method": "suffix", "suffix_decoding_min_token_prob": 2}"#, "suffix_decoding_min_token_prob"),
             (r#"{"method": "draft_model", "num_speculative_tokens": 2}"#, "needs `model`"),
@@ -511,6 +524,7 @@ mod tests {
                     Just("ngram"),
                     Just("suffix"),
                     Just("draft_model"),
+                    Just("eagle"),
                     Just("eagle3"),
                     Just(""),
                     Just("[ngram]")
@@ -558,7 +572,7 @@ mod tests {
                                 d.finish(0);
                             }
                             SpeculativeMethod::Mtp => prop_assert!(c.drafter().is_none()),
-                            SpeculativeMethod::DraftModel(d) | SpeculativeMethod::Eagle3(d) => {
+                            SpeculativeMethod::DraftModel(d) | SpeculativeMethod::Eagle(_, d) => {
                                 prop_assert!(!d.model.as_os_str().is_empty());
                                 prop_assert!(d.max_model_len.is_none_or(|n| n >= 1));
                                 prop_assert!(c.drafter().is_none());

@@ -480,19 +480,33 @@ fn mtp_speculation_draws_the_same_tokens() {
     }
 }
 
-fn eagle3(head: &str, k: Option<usize>) -> SpeculativeConfig {
+/// The llama-eagle3 fixture's `head` (by vLLM's `method` for it: `eagle` or `eagle3`).
+fn eagle(method: &str, head: &str, k: Option<usize>) -> SpeculativeConfig {
     let model = fixture("llama-eagle3").join(head);
     let k = k.map_or(String::new(), |k| format!(r#", "num_speculative_tokens": {k}"#));
-    SpeculativeConfig::parse(&format!(r#"{{"method": "eagle3", "model": "{}"{k}}}"#, model.display())).unwrap()
+    SpeculativeConfig::parse(&format!(r#"{{"method": "{method}", "model": "{}"{k}}}"#, model.display())).unwrap()
 }
 
-/// The EAGLE-3 drafter feeds each head what vLLM feeds it: over a prompt chunk, a chunk that ends
+fn eagle3(head: &str, k: Option<usize>) -> SpeculativeConfig {
+    eagle("eagle3", head, k)
+}
+
+/// The fixture's EAGLE heads: (reference entry, head, version).
+const EAGLE_HEADS: [(&str, &str, ferrite_models::EagleVersion); 4] = [
+    ("eagle3_reference", "eagle3", ferrite_models::EagleVersion::Three),
+    ("eagle3_reference", "eagle3-speculators", ferrite_models::EagleVersion::Three),
+    ("eagle_reference", "eagle", ferrite_models::EagleVersion::One),
+    ("eagle_reference", "eagle-hass", ferrite_models::EagleVersion::One),
+];
+
+/// The EAGLE drafter feeds each head what vLLM feeds it: over a prompt chunk, a chunk that ends
 /// in a draw and a verify step, each first draft is the head's prediction the fixture's reference
-/// computed with torch at that position (from the target's residual stream at the head's aux
-/// layers); a pass over a whole sequence drafts the reference's chain of three.
+/// computed with torch at that position (from the target's residual stream at an EAGLE-3 head's
+/// aux layers, from its final-norm output for an EAGLE-1 head); a pass over a whole sequence
+/// drafts the reference's chain of three.
 #[test]
-fn eagle3_drafter_feeds_the_head_the_reference_inputs() {
-    use ferrite_models::{load_eagle3, load_model, LoadOptions};
+fn eagle_drafter_feeds_the_head_the_reference_inputs() {
+    use ferrite_models::{load_eagle_head, load_model, LoadOptions};
 
     let dir = fixture("llama-eagle3");
     let opts = LoadOptions { progress: false, ..Default::default() };
@@ -502,10 +516,10 @@ fn eagle3_drafter_feeds_the_head_the_reference_inputs() {
     let ids = |v: &serde_json::Value| -> Vec<u32> {
         v.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect()
     };
-    for head_name in ["eagle3", "eagle3-speculators"] {
-        let reference = &oracle["load_check"]["eagle3_reference"][head_name];
+    for (entry, head_name, version) in EAGLE_HEADS {
+        let reference = &oracle["load_check"][entry][head_name];
         let steps = |k: usize| {
-            let head = load_eagle3(&dir.join(head_name), model.as_ref(), &opts).unwrap();
+            let head = load_eagle_head(&dir.join(head_name), model.as_ref(), &opts, version).unwrap();
             HeadSteps::new(model.as_ref(), Some(head), k, 8)
         };
         let first = &reference["sequences"][0];
@@ -526,17 +540,19 @@ fn eagle3_drafter_feeds_the_head_the_reference_inputs() {
     }
 }
 
-/// EAGLE-3 speculation, with a head in the Hugging Face layout and one in the speculators format:
-/// the tokens are those drawn without speculation, greedy and seeded, batched and alone. Without a
-/// `method`, the head's checkpoint says it is EAGLE-3 (and a speculators one how many drafts).
+/// EAGLE speculation, with EAGLE-3 heads in the Hugging Face layout and in the speculators
+/// format, and EAGLE-1 heads with and without HASS's norms: the tokens are those drawn without
+/// speculation, greedy and seeded, batched and alone. Without a `method`, the head's checkpoint
+/// says it is EAGLE-3 (and a speculators one how many drafts).
 #[test]
-fn eagle3_speculation_draws_the_same_tokens() {
+fn eagle_speculation_draws_the_same_tokens() {
     let name = "llama-eagle3";
     let plain = llm(name, config());
     let prompts = prompts(name);
     let seeded = SamplingParams { seed: Some(5), ..random(None, 32) };
-    for (head, k) in [("eagle3", 1), ("eagle3", 3), ("eagle3-speculators", 2)] {
-        let spec = llm(name, EngineConfig { speculative: Some(eagle3(head, Some(k))), ..config() });
+    let heads = [("eagle3", "eagle3", 1), ("eagle3", "eagle3", 3), ("eagle3", "eagle3-speculators", 2)];
+    for (method, head, k) in heads.into_iter().chain([("eagle", "eagle", 2), ("eagle", "eagle-hass", 3)]) {
+        let spec = llm(name, EngineConfig { speculative: Some(eagle(method, head, Some(k))), ..config() });
         for params in [greedy(32), seeded.clone()] {
             let want = token_ids(&plain.generate(prompts.clone(), &params).unwrap());
             let got = token_ids(&spec.generate(prompts.clone(), &params).unwrap());
@@ -544,7 +560,7 @@ fn eagle3_speculation_draws_the_same_tokens() {
             assert_eq!(solo(&spec, &prompts, &params), want, "{head}, k {k}, alone, {params:?}");
         }
         let stats = spec.client().stats().spec_decode;
-        println!("{head}, eagle3 k={k}: {stats:?}");
+        println!("{head}, {method} k={k}: {stats:?}");
         assert!(stats.num_drafts > 0 && stats.num_draft_tokens <= stats.num_drafts * k as u64, "{stats:?}");
         wait_idle(&spec.client());
     }

@@ -13,7 +13,7 @@ pub mod pooling;
 pub mod registry;
 
 pub use error::{ModelError, Result};
-pub use loading::loader::{load_eagle3, load_model, load_pooling_model, LoadOptions, LoadedModel};
+pub use loading::loader::{load_eagle_head, load_model, load_pooling_model, EagleVersion, LoadOptions, LoadedModel};
 pub use model::{
     placeholder_runs, CausalLM, DraftHead, Encoded, ForwardInput, HiddenTap, InputEmbeds, KvLayerSpec, ModelInfo,
     StateLayerSpec, VisionEncoder, VisionInfo, Visual, VisualGrid,

@@ -302,8 +302,13 @@ pub trait CausalLM: Send + Sync {
         None
     }
 
-    /// The token embedding, which an EAGLE-3 head without its own shares.
+    /// The token embedding, which an EAGLE head without its own shares.
     fn token_embedding(&self) -> Option<&crate::layers::Embedding> {
+        None
+    }
+
+    /// The LM head, which an EAGLE-1 head without its own shares.
+    fn lm_head(&self) -> Option<&crate::layers::Linear> {
         None
     }
 

@@ -13,7 +13,7 @@ use crate::families::mixtral::{self, MoeVariant};
 use crate::families::olmo2::OlmoVersion;
 use crate::families::qwen3_next::{self, Layout as HybridLayout, Variant::*};
 
-use crate::families::eagle3;
+use crate::families::{eagle, eagle3};
 use crate::families::{
     bert, chatglm, cohere, ernie45_moe, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3, gemma3_vl, gemma4,
     gpt2, gpt_neox, gpt_oss, granite, granite_moe, internlm2, jamba, kimi_linear, llama4, llava, mamba, mamba2,
@@ -166,6 +166,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("LlamaModel", Pooling(|r, w| decoder("LlamaForCausalLM", r, w))),
     ("LlamaForCausalLM", Pooling(|r, w| decoder("LlamaForCausalLM", r, w))),
     ("Qwen3ForCausalLM", Pooling(|r, w| decoder("Qwen3ForCausalLM", r, w))),
+    ("EagleLlamaForCausalLM", Draft(|r, w, target| Ok(Box::new(eagle::load(r, w, target)?)))),
     ("LlamaForCausalLMEagle3", Draft(|r, w, target| Ok(Box::new(eagle3::load(r, w, target)?)))),
     ("Eagle3LlamaForCausalLM", Draft(|r, w, target| Ok(Box::new(eagle3::load(r, w, target)?)))),
 ];

@@ -430,6 +430,10 @@ impl CausalLM for Decoder {
         Some(&self.embed)
     }
 
+    fn lm_head(&self) -> Option<&Linear> {
+        Some(&self.lm_head)
+    }
+
     /// The LM head's input: final norm (and OPT's `project_out`) of the `logit_rows`.
     fn hidden_states(&self, input: &ForwardInput<'_>, kv: &mut [PagedKvLayer]) -> Result<Tensor> {
         self.hidden_states_observed(input, kv, &mut |_, _| Ok(()))

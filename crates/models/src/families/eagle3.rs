@@ -98,20 +98,15 @@ pub fn load(raw: &RawConfig, w: &Weights, target: &dyn CausalLM) -> Result<Eagle
     };
     let embed = match w.contains("embed_tokens.weight") {
         true => Embedding { table: w.matrix("embed_tokens.weight", &[d.vocab, d.hidden])? },
-        false => {
-            let shared = target.token_embedding().ok_or_else(|| {
-                raw.error(format!("the head has no `embed_tokens` and {} shares none", info.architecture))
-            })?;
-            if shared.table.shape() != [d.vocab, d.hidden] {
-                return Err(raw.error(format!(
-                    "the head has no `embed_tokens` and the target's is {:?}, not [{}, {}]",
-                    shared.table.shape(),
-                    d.vocab,
-                    d.hidden
-                )));
-            }
-            shared.clone()
-        }
+        false => super::eagle::check_shared(
+            raw,
+            target.token_embedding(),
+            |e| &e.table,
+            "embed_tokens",
+            info,
+            [d.vocab, d.hidden],
+        )?
+        .clone(),
     };
     let layer = w.at(if w.contains("midlayer.hidden_norm.weight") { "midlayer" } else { "layers.0" });
     let attn = joined_attention(&d, &layer.at("self_attn"))?;

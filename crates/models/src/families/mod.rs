@@ -7,6 +7,7 @@ pub mod bert;
 pub mod chatglm;
 pub mod cohere;
 pub mod deepseek_v2;
+pub mod eagle;
 pub mod eagle3;
 pub mod ernie45_moe;
 pub mod exaone;

@@ -142,9 +142,23 @@ pub fn load_model(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     Ok(LoadedModel { model, config, kind, gguf_tokenizer })
 }
 
-/// Loads an EAGLE-3 draft head (speculative decoding's `eagle3`) from its checkpoint directory,
-/// with the dtype and device of `opts`, to draft for `target`.
-pub fn load_eagle3(dir: &Path, target: &dyn CausalLM, opts: &LoadOptions) -> Result<Box<dyn DraftHead>> {
+/// Which EAGLE a draft head is (speculative decoding's `eagle` or `eagle3`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EagleVersion {
+    One,
+    Three,
+}
+
+/// Loads an EAGLE draft head from its checkpoint directory, with the dtype and device of `opts`,
+/// to draft for `target`. A checkpoint whose config names its base architecture
+/// (`LlamaForCausalLM`) runs as the head vLLM makes of it (`EagleLlamaForCausalLM`,
+/// `Eagle3LlamaForCausalLM`).
+pub fn load_eagle_head(
+    dir: &Path,
+    target: &dyn CausalLM,
+    opts: &LoadOptions,
+    version: EagleVersion,
+) -> Result<Box<dyn DraftHead>> {
     if !dir.is_dir() {
         return Err(ModelError::Io {
             path: dir.to_path_buf(),
@@ -158,8 +172,17 @@ pub fn load_eagle3(dir: &Path, target: &dyn CausalLM, opts: &LoadOptions) -> Res
         .with_quantization(quantization)
         .keeping_packed(!opts.dequantize_weights)
         .keeping_fp8(opts.fp8_kernels && !opts.dequantize_weights);
-    let head = registry::draft_head_constructor(&config.architecture()?)?(&config, &weights, target)?;
-    tracing::info!(path = %dir.display(), "EAGLE-3 head loaded");
+    let arch = config.architecture()?;
+    let prefix = match version {
+        EagleVersion::One => "Eagle",
+        EagleVersion::Three => "Eagle3",
+    };
+    let arch = match registry::kinds(&arch).contains(&registry::ModelKind::DraftHead) {
+        true => arch,
+        false => format!("{prefix}{arch}"),
+    };
+    let head = registry::draft_head_constructor(&arch)?(&config, &weights, target)?;
+    tracing::info!(path = %dir.display(), %arch, "EAGLE head loaded");
     Ok(head)
 }
 
