@@ -18,9 +18,9 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::decoder::load::{check_dims, CommonConfig, Defaults};
+use crate::decoder::load::{CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, LogitsPost, ParallelHybrid, TokenMixer};
-use crate::families::mamba2::{config_float, dt_limit};
+use crate::families::mamba2::{config_float, MambaKeys};
 use crate::layers::mamba2::{GateNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::{Norm, ScaledGatedMlp};
 use crate::loading::config::RawConfig;
@@ -35,14 +35,9 @@ fn yes() -> bool {
 struct FalconH1Config {
     #[serde(flatten)]
     common: CommonConfig,
+    #[serde(flatten)]
+    mamba: MambaKeys,
     mamba_d_ssm: Option<usize>,
-    mamba_expand: Option<usize>,
-    mamba_n_heads: Option<usize>,
-    /// `"auto"` (`mamba_d_ssm / mamba_n_heads`) or a number.
-    mamba_d_head: Option<Value>,
-    mamba_n_groups: Option<usize>,
-    mamba_d_state: Option<usize>,
-    mamba_d_conv: Option<usize>,
     #[serde(default = "yes")]
     mamba_conv_bias: bool,
     #[serde(default)]
@@ -53,7 +48,6 @@ struct FalconH1Config {
     mamba_rms_norm: bool,
     #[serde(default)]
     projectors_bias: bool,
-    time_step_limit: Option<Vec<Value>>,
     embedding_multiplier: Option<Value>,
     lm_head_multiplier: Option<Value>,
     key_multiplier: Option<Value>,
@@ -95,50 +89,27 @@ fn multipliers<const N: usize>(raw: &RawConfig, key: &str, v: Option<&[Value]>) 
 
 /// The Mamba2 mixer's dimensions, with transformers' defaults.
 fn mamba_dims(raw: &RawConfig, cfg: &FalconH1Config, hidden: usize, eps: f64) -> Result<Mamba2Dims> {
-    let heads = cfg.mamba_n_heads.unwrap_or(128);
-    let expand = cfg.mamba_expand.unwrap_or(2);
-    check_dims(raw, &[("mamba_n_heads", heads), ("mamba_expand", expand)])?;
-    let inner = cfg.mamba_d_ssm.unwrap_or(expand * hidden);
-    let head_dim = match &cfg.mamba_d_head {
-        None => inner / heads,
-        Some(v) if v == "auto" => inner / heads,
-        Some(v) => v.as_u64().map(|v| v as usize).ok_or_else(|| raw.error(format!("`mamba_d_head` {v}")))?,
+    let inner = match cfg.mamba_d_ssm {
+        Some(width) => width,
+        None => cfg.mamba.expanded(raw, hidden)?,
     };
-    let groups = cfg.mamba_n_groups.unwrap_or(1);
-    let state = cfg.mamba_d_state.unwrap_or(256);
-    let conv = cfg.mamba_d_conv.unwrap_or(4);
-    check_dims(
-        raw,
-        &[
-            ("mamba_d_ssm", inner),
-            ("mamba_d_head", head_dim),
-            ("mamba_n_groups", groups),
-            ("mamba_d_state", state),
-            ("mamba_d_conv", conv),
-        ],
-    )?;
-    if heads * head_dim != inner || !heads.is_multiple_of(groups) {
-        return Err(raw.error(format!(
-            "mamba_n_heads {heads} x mamba_d_head {head_dim} must be mamba_d_ssm (or mamba_expand x hidden_size, \
-             {inner}), and mamba_n_groups {groups} divide the heads"
-        )));
-    }
+    let shape = cfg.mamba.shape(raw, inner, "mamba_d_ssm (else mamba_expand x hidden_size)")?;
     let gate_norm = match (cfg.mamba_rms_norm, cfg.mamba_norm_before_gate) {
         (false, _) => GateNorm::None,
         (true, true) => GateNorm::BeforeGate,
         (true, false) => GateNorm::AfterGate,
     };
     Ok(Mamba2Dims {
-        num_heads: heads,
-        head_dim,
-        num_groups: groups,
-        state_size: state,
-        conv_kernel: conv,
+        num_heads: shape.num_heads,
+        head_dim: shape.head_dim,
+        num_groups: shape.num_groups,
+        state_size: shape.state_size,
+        conv_kernel: shape.conv_kernel,
         conv_bias: cfg.mamba_conv_bias,
         proj_bias: cfg.mamba_proj_bias,
         out_bias: cfg.projectors_bias,
         gate_norm,
-        dt_limit: dt_limit(raw, cfg.time_step_limit.as_deref())?,
+        dt_limit: shape.dt_limit,
         eps,
     })
 }

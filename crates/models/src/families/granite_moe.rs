@@ -25,7 +25,7 @@ use serde::Deserialize;
 use crate::decoder::load::{check_dims, CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer, Wiring};
 use crate::families::granite::Multipliers;
-use crate::families::mamba2::dt_limit;
+use crate::families::mamba2::MambaKeys;
 use crate::layers::mamba2::{GateNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::moe::{Experts, Router, RouterConfig, Scoring, SharedExpert, SparseMoe, StackedLayout};
 use crate::layers::{GatedMlp, Norm};
@@ -54,15 +54,10 @@ struct GraniteMoeConfig {
     #[serde(default)]
     shared_intermediate_size: usize,
     position_embedding_type: Option<String>,
-    mamba_n_heads: Option<usize>,
-    mamba_d_head: Option<serde_json::Value>,
-    mamba_n_groups: Option<usize>,
-    mamba_d_state: Option<usize>,
-    mamba_d_conv: Option<usize>,
-    mamba_expand: Option<usize>,
+    #[serde(flatten)]
+    mamba: MambaKeys,
     mamba_conv_bias: Option<bool>,
     mamba_proj_bias: Option<bool>,
-    time_step_limit: Option<Vec<serde_json::Value>>,
 }
 
 /// What the shared and hybrid variants add.
@@ -81,45 +76,18 @@ impl Variant {
 
 /// Granite 4.0-H's Mamba2 dimensions, with transformers' defaults.
 fn mamba_dims(raw: &RawConfig, cfg: &GraniteMoeConfig, hidden: usize, eps: f64) -> Result<Mamba2Dims> {
-    let heads = cfg.mamba_n_heads.unwrap_or(128);
-    let expand = cfg.mamba_expand.unwrap_or(2);
-    check_dims(raw, &[("mamba_expand", expand)])?;
-    let inner = expand * hidden;
-    let head_dim = match &cfg.mamba_d_head {
-        None => inner / heads.max(1),
-        Some(v) if v == "auto" => inner / heads.max(1),
-        Some(v) => v.as_u64().map(|v| v as usize).ok_or_else(|| raw.error(format!("`mamba_d_head` {v}")))?,
-    };
-    let groups = cfg.mamba_n_groups.unwrap_or(1);
-    let state = cfg.mamba_d_state.unwrap_or(256);
-    let conv = cfg.mamba_d_conv.unwrap_or(4);
-    check_dims(
-        raw,
-        &[
-            ("mamba_n_heads", heads),
-            ("mamba_d_head", head_dim),
-            ("mamba_n_groups", groups),
-            ("mamba_d_state", state),
-            ("mamba_d_conv", conv),
-        ],
-    )?;
-    if heads * head_dim != inner || !heads.is_multiple_of(groups) {
-        return Err(raw.error(format!(
-            "mamba_n_heads {heads} x mamba_d_head {head_dim} must be mamba_expand x hidden_size ({inner}), \
-             and mamba_n_groups {groups} divide the heads"
-        )));
-    }
+    let shape = cfg.mamba.shape(raw, cfg.mamba.expanded(raw, hidden)?, "mamba_expand x hidden_size")?;
     Ok(Mamba2Dims {
-        num_heads: heads,
-        head_dim,
-        num_groups: groups,
-        state_size: state,
-        conv_kernel: conv,
+        num_heads: shape.num_heads,
+        head_dim: shape.head_dim,
+        num_groups: shape.num_groups,
+        state_size: shape.state_size,
+        conv_kernel: shape.conv_kernel,
         conv_bias: cfg.mamba_conv_bias.unwrap_or(true),
         proj_bias: cfg.mamba_proj_bias.unwrap_or(false),
         out_bias: cfg.mamba_proj_bias.unwrap_or(false),
         gate_norm: GateNorm::AfterGate,
-        dt_limit: dt_limit(raw, cfg.time_step_limit.as_deref())?,
+        dt_limit: shape.dt_limit,
         eps,
     })
 }

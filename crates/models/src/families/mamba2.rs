@@ -85,6 +85,78 @@ pub(crate) fn dt_limit(raw: &RawConfig, limit: Option<&[Value]>) -> Result<(f32,
     Ok((lo, hi))
 }
 
+/// The `mamba_*` keys of the hybrids that spell their Mamba2 mixers this way (Falcon-H1,
+/// Granite 4.0-H), with transformers' defaults.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct MambaKeys {
+    mamba_n_heads: Option<usize>,
+    /// `"auto"` (the mixer width over `mamba_n_heads`) or a number.
+    mamba_d_head: Option<Value>,
+    mamba_n_groups: Option<usize>,
+    mamba_d_state: Option<usize>,
+    mamba_d_conv: Option<usize>,
+    mamba_expand: Option<usize>,
+    time_step_limit: Option<Vec<Value>>,
+}
+
+/// A Mamba2 mixer's head layout as [`MambaKeys`] give it; the biases and norm are each family's.
+pub(crate) struct MambaShape {
+    pub num_heads: usize,
+    pub head_dim: usize,
+    pub num_groups: usize,
+    pub state_size: usize,
+    pub conv_kernel: usize,
+    pub dt_limit: (f32, f32),
+}
+
+impl MambaKeys {
+    /// `mamba_expand x hidden`: the mixer width unless the family's config sets it otherwise.
+    pub fn expanded(&self, raw: &RawConfig, hidden: usize) -> Result<usize> {
+        let expand = self.mamba_expand.unwrap_or(2);
+        check_dims(raw, &[("mamba_expand", expand)])?;
+        Ok(expand * hidden)
+    }
+
+    /// The heads over a mixer `inner` channels wide; `width` says where that width comes from,
+    /// for the error when the heads do not fill it.
+    pub fn shape(&self, raw: &RawConfig, inner: usize, width: &str) -> Result<MambaShape> {
+        let heads = self.mamba_n_heads.unwrap_or(128);
+        check_dims(raw, &[("mamba_n_heads", heads)])?;
+        let head_dim = match &self.mamba_d_head {
+            None => inner / heads,
+            Some(v) if v == "auto" => inner / heads,
+            Some(v) => v.as_u64().map(|v| v as usize).ok_or_else(|| raw.error(format!("`mamba_d_head` {v}")))?,
+        };
+        let groups = self.mamba_n_groups.unwrap_or(1);
+        let state = self.mamba_d_state.unwrap_or(256);
+        let conv = self.mamba_d_conv.unwrap_or(4);
+        check_dims(
+            raw,
+            &[
+                (width, inner),
+                ("mamba_d_head", head_dim),
+                ("mamba_n_groups", groups),
+                ("mamba_d_state", state),
+                ("mamba_d_conv", conv),
+            ],
+        )?;
+        if heads * head_dim != inner || !heads.is_multiple_of(groups) {
+            return Err(raw.error(format!(
+                "mamba_n_heads {heads} x mamba_d_head {head_dim} must be {width} ({inner}), and mamba_n_groups \
+                 {groups} divide the heads"
+            )));
+        }
+        Ok(MambaShape {
+            num_heads: heads,
+            head_dim,
+            num_groups: groups,
+            state_size: state,
+            conv_kernel: conv,
+            dt_limit: dt_limit(raw, self.time_step_limit.as_deref())?,
+        })
+    }
+}
+
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let cfg: Mamba2Config = raw.parse()?;
     if cfg.hidden_act.as_deref().is_some_and(|a| a != "silu") {
