@@ -45,6 +45,7 @@ from oracle_common import (  # noqa: E402
     ROOT, case_record, corpus_from, greedy_generate, manual_greedy, take_tokens, versions, write_json,
 )
 from moe_probe import init_correction_bias, routing_probe, zero_shared_expert_gate  # noqa: E402
+from dsa_probe import indexer_probe  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -1121,6 +1122,19 @@ DEEPSEEK_V3_TINY = dict(hidden_size=32, num_key_value_heads=4, intermediate_size
 DEEPSEEK_V3_KV_HEADS_NOTE = ("num_key_value_heads is set to num_attention_heads: DeepseekV3Config defaults it to 128, "
                              "and MLA expands the latent to every query head.")
 
+
+def _deepseek_v32_hub_spelling(cfg: dict[str, Any]) -> None:
+    """DeepSeek-V3.2-Exp's config.json: YaRN as rope_scaling {type: yarn} beside a top-level rope_theta, no
+    mlp_layer_types / layer_types / head_dim / qk_head_dim (derived), and the reference code's keys transformers
+    does not read (topk_method, scoring_func, ep_size, moe_layer_freq, num_nextn_predict_layers)."""
+    rope = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    rope["type"] = rope.pop("rope_type")
+    cfg["rope_scaling"] = rope
+    for k in ("mlp_layer_types", "layer_types", "head_dim", "qk_head_dim"):
+        cfg.pop(k, None)
+    cfg.update(topk_method="noaux_tc", scoring_func="sigmoid", ep_size=1, moe_layer_freq=1, num_nextn_predict_layers=1)
+
 # The tiny dense Qwen3.5 shape of the `qwen3_5` fixtures.
 QWEN3_5_TINY = dict(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                     intermediate_size=64, **GDN_DIMS)
@@ -1292,6 +1306,209 @@ def _ct_mean_weight_scale(model: torch.nn.Module) -> None:
     assert n > 0, "no per-channel / per-block weight_scale"
 
 
+# GPTQ and AWQ checkpoints, written here by hand. transformers 5.24 runs both formats through gptqmodel, which is
+# not installed (it needs compiled extensions), so the oracle is transformers' Llama on the dequantized weights:
+# _int_quant_round puts every decoder linear on its quantization grid, dequantized as gptqmodel 7.7.0's torch
+# kernels do (_gptq_dequantize, _awq_dequantize), and _int_quant_repack (Spec.repack) writes the packed tensors
+# those weights came from.
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # gptqmodel quantization/awq/utils/packing_utils.py
+AWQ_REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]
+_INT_QUANT_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+@dataclass(frozen=True)
+class IntQuant:
+    method: str  # "gptq" or "awq"
+    bits: int
+    group: int  # -1: one group over all inputs (GPTQ)
+    sym: bool = True
+    desc_act: bool = False
+    not_converted: tuple[str, ...] = ()  # modules left unquantized (modules_to_not_convert)
+
+    def config(self) -> dict[str, Any]:
+        if self.method == "awq":
+            return {"quant_method": "awq", "bits": self.bits, "group_size": self.group, "zero_point": True,
+                    "version": "gemm", "modules_to_not_convert": list(self.not_converted) or None}
+        return {"quant_method": "gptq", "bits": self.bits, "group_size": self.group, "desc_act": self.desc_act,
+                "sym": self.sym, "checkpoint_format": "gptq", "pack_dtype": "int32", "lm_head": False}
+
+    def quantized(self, module: str) -> bool:
+        return (module.startswith("model.layers.") and module.endswith(_INT_QUANT_LINEARS)
+                and not any(n in module for n in self.not_converted))
+
+
+def _int32_words(fields: torch.Tensor, bits: int, dim: int, order: list[int] | None = None) -> torch.Tensor:
+    """Packs `fields` (small non-negative ints) along `dim`, 32 / bits to an int32 word, field j at bit j * bits
+    (field j taken from position order[j] of each run when given)."""
+    per = 32 // bits
+    f = fields.to(torch.int64).movedim(dim, -1)
+    f = f.reshape(*f.shape[:-1], f.shape[-1] // per, per)
+    if order is not None:
+        f = f[..., order]
+    words = sum(f[..., j] << (j * bits) for j in range(per))
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return words.movedim(-1, dim).contiguous()
+
+
+def _gptq_dequantize(qweight, qzeros, scales, g_idx, bits: int) -> torch.Tensor:
+    """The [out, in] weight of a v1 (checkpoint_format gptq) checkpoint, as gptqmodel 7.7.0 computes it:
+    utils/model.py convert_gptq_v1_to_v2_format_module adds 0b0001..0001 to every int32 qzeros word, then
+    nn_modules/qlinear/torch.py TorchLinear._dequantize_weight_cached_248 shifts, casts to int8 (int16 for 8 bits),
+    masks, and returns scales[g_idx] * (weight - zeros[g_idx]): a float16 product."""
+    per, maxq = 32 // bits, (1 << bits) - 1
+    dt = torch.int16 if bits == 8 else torch.int8
+    qzeros = qzeros + {4: 0x11111111, 8: 0x01010101}[bits]
+    wf = torch.arange(0, 32, bits, dtype=torch.int32)
+    zeros = torch.bitwise_right_shift(qzeros.unsqueeze(2).expand(-1, -1, per), wf.unsqueeze(0)).to(dt)
+    zeros = torch.bitwise_and(zeros, maxq).reshape(qzeros.shape[0], -1)[:, :scales.shape[1]]
+    weight = torch.bitwise_and(
+        torch.bitwise_right_shift(qweight.unsqueeze(1).expand(-1, per, -1), wf.unsqueeze(-1)).to(dt), maxq)
+    weight = weight.reshape(weight.shape[0] * weight.shape[1], weight.shape[2])
+    g = g_idx.long()
+    return (scales[g] * (weight - zeros[g])).T.contiguous()
+
+
+def _awq_dequantize(qweight, qzeros, scales, group: int) -> torch.Tensor:
+    """The [out, in] weight of an AWQ GEMM checkpoint, as gptqmodel 7.7.0's quantization/awq/utils/
+    packing_utils.py dequantize_gemm computes it: unpack_awq (shift, & 15), reverse_awq_order, mask, and
+    (iweight - izeros) * scales with both repeated over the group: a float16 product."""
+    shifts = torch.arange(0, 32, 4)
+
+    def unpack(q):
+        return torch.bitwise_right_shift(q[:, :, None], shifts[None, None, :]).view(q.shape[0], -1) & 15
+
+    order = torch.arange(scales.shape[-1], dtype=torch.int32).view(-1, 8)[:, AWQ_REVERSE_ORDER].view(-1)
+    iweight, izeros = unpack(qweight)[:, order] & 15, unpack(qzeros)[:, order] & 15
+    w = (iweight - izeros.repeat_interleave(group, dim=0)) * scales.repeat_interleave(group, dim=0)
+    return w.T.contiguous()
+
+
+def _int_quantize(w: torch.Tensor, q: IntQuant, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Round-to-nearest quantization of `w [out, in]` into the checkpoint's tensors: GPTQ symmetric (scale =
+    2 amax / maxq, zero (maxq + 1) / 2) or asymmetric (scale = (max - min) / maxq, zero = round(-min / scale)),
+    with desc_act a random input order grouped by g_idx; AWQ asymmetric with AutoAWQ's min/max rule."""
+    out_f, in_f = w.shape
+    group = in_f if q.group == -1 else q.group
+    maxq = (1 << q.bits) - 1
+    g_idx = torch.arange(in_f) // group
+    if q.desc_act:
+        g_idx = g_idx[torch.argsort(torch.randperm(in_f, generator=gen))]
+        assert not torch.equal(g_idx, torch.arange(in_f) // group)
+    groups = in_f // group
+    scales = torch.empty(groups, out_f, dtype=torch.float16)
+    zeros = torch.empty(groups, out_f, dtype=torch.int64)
+    codes = torch.empty(in_f, out_f, dtype=torch.int64)
+    for g in range(groups):
+        cols = (g_idx == g).nonzero().squeeze(1)
+        x = w[:, cols]
+        if q.method == "awq":
+            lo, hi = x.amin(1), x.amax(1)
+            s = ((hi - lo).clamp(min=1e-5) / maxq).half()
+            z = (-torch.round(lo / s.float())).clamp(0, maxq)
+        elif q.sym:
+            s = (2 * x.abs().amax(1) / maxq).half()
+            z = torch.full((out_f,), (maxq + 1) // 2)
+        else:
+            lo, hi = x.amin(1).clamp(max=0), x.amax(1).clamp(min=0)
+            s = ((hi - lo) / maxq).half()
+            z = torch.round(-lo / s.float())
+        # v1 stores zero - 1; a zero of 0 would borrow from the next field.
+        assert q.method == "awq" or bool((z >= 1).all()), "a GPTQ zero point of 0"
+        scales[g], zeros[g] = s, z.long()
+        codes[cols] = (torch.round(x / s.float()[:, None]) + z[:, None]).clamp(0, maxq).long().T
+    if q.method == "awq":
+        return {"qweight": _int32_words(codes, 4, 1, AWQ_ORDER), "qzeros": _int32_words(zeros, 4, 1, AWQ_ORDER),
+                "scales": scales}
+    return {"qweight": _int32_words(codes, q.bits, 0), "qzeros": _int32_words(zeros - 1, q.bits, 1),
+            "scales": scales, "g_idx": g_idx.to(torch.int32)}
+
+
+def _int_dequantize(packed: dict[str, torch.Tensor], q: IntQuant) -> torch.Tensor:
+    if q.method == "awq":
+        return _awq_dequantize(packed["qweight"], packed["qzeros"], packed["scales"], q.group)
+    return _gptq_dequantize(packed["qweight"], packed["qzeros"], packed["scales"], packed["g_idx"], q.bits)
+
+
+# The packed tensors of each rounded weight, by the weight's float16 bytes: repack runs on the saved tensors of
+# a model init_fn built in this process, and the rounding cannot be undone from the weights alone.
+_INT_PACKED: dict[bytes, dict[str, torch.Tensor]] = {}
+
+
+def _int_quant_round(q: IntQuant):
+    """init_fn: every quantized decoder linear's weight replaced by its dequantized quantization."""
+
+    def init(model: torch.nn.Module, gen: torch.Generator) -> None:
+        with torch.no_grad():
+            for name, m in model.named_modules():
+                if isinstance(m, torch.nn.Linear) and q.quantized(name):
+                    packed = _int_quantize(m.weight.float(), q, gen)
+                    w = _int_dequantize(packed, q)
+                    assert w.dtype == torch.float16, w.dtype
+                    _INT_PACKED[w.numpy().tobytes()] = packed
+                    m.weight.copy_(w.float())
+
+    return init
+
+
+def _int_quant_repack(q: IntQuant):
+    """repack: each rounded weight replaced by its qweight / qzeros / scales (/ g_idx), plus quantization_config."""
+
+    def repack(tensors, cfg):
+        out = {}
+        for name, t in tensors.items():
+            module = name.removesuffix(".weight")
+            if name.endswith(".weight") and q.quantized(module):
+                packed = _INT_PACKED[t.to(torch.float16).numpy().tobytes()]
+                assert torch.equal(_int_dequantize(packed, q), t.to(torch.float16)), name
+                out.update({f"{module}.{k}": v for k, v in packed.items()})
+            else:
+                out[name] = t
+        cfg = dict(cfg, quantization_config=q.config())
+        return out, cfg
+
+    return repack
+
+
+def _int_quant_ablation(q: IntQuant, wrong: Callable[[dict[str, torch.Tensor], IntQuant], dict[str, torch.Tensor]]):
+    """ablate_fn: every quantized linear's weight as a reader that gets the layout wrong (`wrong` edits the
+    packed tensors) would dequantize it."""
+
+    def ablate(model: torch.nn.Module) -> None:
+        with torch.no_grad():
+            for name, m in model.named_modules():
+                if isinstance(m, torch.nn.Linear) and q.quantized(name):
+                    packed = _INT_PACKED[m.weight.half().numpy().tobytes()]
+                    m.weight.copy_(_int_dequantize(wrong(dict(packed), q), q).float())
+
+    return ablate
+
+
+def _zeros_minus_one_kept(p: dict[str, torch.Tensor], q: IntQuant) -> dict[str, torch.Tensor]:
+    """v1 qzeros read as v2 (the stored zero - 1 taken as the zero): the +1 undone before dequantizing."""
+    return dict(p, qzeros=p["qzeros"] - {4: 0x11111111, 8: 0x01010101}[q.bits])
+
+
+def _g_idx_ignored(p: dict[str, torch.Tensor], q: IntQuant) -> dict[str, torch.Tensor]:
+    n, groups = p["g_idx"].numel(), p["scales"].shape[0]
+    return dict(p, g_idx=(torch.arange(n) // (n // groups)).to(torch.int32))
+
+
+def _awq_natural_order(p: dict[str, torch.Tensor], q: IntQuant) -> dict[str, torch.Tensor]:
+    """The fields of each AWQ word read in natural order (re-packed so that dequantize's reorder undoes nothing)."""
+    def natural(words):
+        fields = torch.bitwise_right_shift(words[:, :, None], torch.arange(0, 32, 4)[None, None, :]) & 15
+        return _int32_words(fields.reshape(words.shape[0], -1), 4, 1, AWQ_ORDER)
+
+    return dict(p, qweight=natural(p["qweight"]), qzeros=natural(p["qzeros"]))
+
+
+GPTQ_4 = IntQuant("gptq", 4, 32)
+GPTQ_ACT = IntQuant("gptq", 4, 32, sym=False, desc_act=True)
+GPTQ_8 = IntQuant("gptq", 8, -1)
+AWQ_4 = IntQuant("awq", 4, 32, sym=False, not_converted=("model.layers.1.mlp.down_proj",))
+
+
 def _fp8_block_quantize(w: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """`w [out, in]` (multiples of `block`) -> float8_e4m3fn weight and f32 weight_scale_inv
     [out / block, in / block]: per block scale = amax / 448 (f32), w8 = (w / scale).to(e4m3fn)."""
@@ -1449,6 +1666,29 @@ def _gemma4_share_first_sliding_layer(model: torch.nn.Module) -> None:
     layers = model.model.layers
     layers[0].self_attn.store_full_length_kv = True
     layers[1].self_attn.store_full_length_kv = False
+
+
+def _gemma3n_zero_altup_correction(model: torch.nn.Module) -> None:
+    """correction_coefs = 0: every copy takes the whole innovation (coefficients 0 + 1)."""
+    for layer in model.model.layers:
+        layer.altup.correction_coefs.weight.data.zero_()
+
+
+def _gemma3n_zero_laurel(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        layer.laurel.linear_right.weight.data.zero_()
+
+
+def _gemma3n_drop_per_layer_inputs(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        layer.per_layer_projection.weight.data.zero_()
+
+
+def _gemma3n_share_first_sliding_layer(model: torch.nn.Module) -> None:
+    """The shared sliding layer reads layer 0's keys/values instead of layer 2's (the last of its type)."""
+    layers = model.model.layers
+    layers[0].self_attn.store_full_length_kv = True
+    layers[2].self_attn.store_full_length_kv = False
 
 
 # The tiny LFM2 shape of lfm2 and lfm2-moe.
@@ -2017,6 +2257,33 @@ SPECS: list[Spec] = [
         notes=[DEEPSEEK_V3_KV_HEADS_NOTE],
     ),
     Spec(
+        name="deepseek-v32",
+        config_class="DeepseekV32Config",
+        architecture="DeepseekV32ForCausalLM",
+        save_dtype="bfloat16",
+        init_fn=init_correction_bias(0.1),
+        kwargs=dict(DEEPSEEK_V3_TINY, index_n_heads=16, index_head_dim=16, index_topk=8,
+                    rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                         original_max_position_embeddings=512, mscale=1.0, mscale_all_dim=1.0,
+                                         beta_fast=32.0, beta_slow=1.0)),
+        edit_saved_config=_deepseek_v32_hub_spelling,
+        feature="DeepSeek-V3.2: DeepSeek Sparse Attention. Each layer's lightning indexer (16 heads of 16: "
+        "wq_b on MLA's q LoRA latent, wk + LayerNorm k_norm on the hidden state, half-split rope on the first 8 dims, "
+        "scores sum_h weights_proj(x)_h / 4 * relu(q_h . k / 4), causal) keeps the top 8 keys per query, and MLA "
+        "(q_lora_rank 24, kv_lora_rank 32, nope 16 + interleaved rope 8, v 16) attends to those alone: every "
+        "prompt but one is longer than 8 tokens; YaRN (factor 4, mscale = mscale_all_dim = 1: softmax scale x "
+        "mscale^2); V3's noaux_tc routing (top-2 of 8 experts in 4 groups, 2 kept, x 2.5, 1 shared expert) from "
+        "layer 1 (first_k_dense_replace 1); the released config's spelling (rope_scaling {type: yarn} + rope_theta, "
+        "topk_method, scoring_func, no mlp_layer_types)",
+        ablate_config=dict(index_topk=4096),
+        ablation_desc="index_topk 8 -> 4096 (dense MLA attention)",
+        extra_ablations=[Ablate("index_topk 8 -> 16", config=dict(index_topk=16))],
+        probe=indexer_probe,
+        notes=[DEEPSEEK_V3_KV_HEADS_NOTE,
+               "16 indexer heads: with few heads whole rows of keys score exactly 0 (every head's relu 0) and "
+               "top-k boundaries fall on ties that only torch.topk's order decides; the probe asserts none does."],
+    ),
+    Spec(
         name="llama-eagle3",
         config_class="LlamaConfig",
         architecture="LlamaForCausalLM",
@@ -2451,6 +2718,53 @@ SPECS: list[Spec] = [
         ],
     ),
     Spec(
+        name="gemma3n",
+        config_class="Gemma3nTextConfig",
+        architecture="Gemma3nForCausalLM",
+        kwargs=dict(intermediate_size=[64, 48, 96, 48, 64], num_hidden_layers=5, head_dim=16, pad_token_id=None,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                                 "full_attention"],
+                    sliding_window=16, num_kv_shared_layers=2, activation_sparsity_pattern=[0.95, 0.0, 0.6, 0.3, 0.0],
+                    altup_num_inputs=4, laurel_rank=8, hidden_size_per_layer_input=8, vocab_size_per_layer_input=600,
+                    final_logit_softcapping=30.0, tie_word_embeddings=True,
+                    rope_parameters={
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                    }),
+        feature="Gemma 3n text: layer types [S, F, S, S, F] (sliding 16), head_dim 16, 2 KV heads; layers 3-4 reuse "
+        "the K/V of layers 2 (sliding) and 1 (full) (num_kv_shared_layers 2); activation sparsity 0.95 / 0.6 / 0.3 "
+        "on layers 0, 2, 3 (gaussian top-k through the normal icdf); AltUp with 4 copies, active copy 0, "
+        "correct_output_scale; LAuReL rank 8; per-layer inputs (8 per layer, ids from 600 up read row 0); "
+        "per-layer intermediate sizes; q/k/v RMS norms, attention scale 1, final softcap 30, tied embeddings",
+        ablate_config=dict(activation_sparsity_pattern=[0.0] * 5),
+        ablation_desc="activation sparsity off (every pattern entry 0)",
+        extra_ablations=[
+            Ablate("AltUp correction coefficients zeroed", fn=_gemma3n_zero_altup_correction),
+            Ablate("LAuReL low-rank branch zeroed (linear_right = 0)", fn=_gemma3n_zero_laurel),
+            Ablate("per-layer input branch zeroed (per_layer_projection = 0)", fn=_gemma3n_drop_per_layer_inputs),
+            Ablate("shared sliding layer reads layer 0 instead of layer 2", fn=_gemma3n_share_first_sliding_layer),
+            Ablate("altup_correct_scale false", config=dict(altup_correct_scale=False)),
+            Ablate("sliding_window 16 -> 4096", config=dict(sliding_window=4096)),
+        ],
+        notes=[
+            "HF 5.24 Gemma3n: RMSNorm is x * pow(mean(x^2) + eps, -0.5) * w (no 1 + w); v_norm has no weight; "
+            "attention scaling 1.0. The stream is 4 copies: h0 = embed * sqrt(64), then altup_projections[k](h0) "
+            "rescaled to h0's RMS (its own mean square clamped at 1e-5). Per layer: predictions = copies + "
+            "sum_j coef[i*4+j] * copy_j with coef = prediction_coefs(tanh(modality_router(router_norm(copy_0) / 64))); "
+            "the block runs on prediction 0 (input_layernorm; LAuReL x + post_laurel_norm(right(left(x))); "
+            "attention; (pred0 + post_attention_layernorm(attn) + laurel) / sqrt(2); the MLP residual); then "
+            "corrected_i = pred_i + (out - pred0) * (correction_coefs(tanh(router(out))) + 1)_i; the per-layer "
+            "branch post_per_layer_input_norm(per_layer_projection(gelu(per_layer_input_gate(corrected_0 * "
+            "correct_output_scale)) * per_layer_input)) is added to copies 1-3. At the end copies 1-3 go through "
+            "altup_unembed_projections, are rescaled to copy 0's RMS, and the 4 are averaged before the final norm.",
+            "Activation sparsity p: gate = relu(gate - (mean + std * Normal(0, 1).icdf(p))) over each row "
+            "(population std), before gelu_pytorch_tanh.",
+            "Per-layer inputs: (norm(per_layer_model_projection(h0) * 64^-0.5) + embed_tokens_per_layer(ids) * "
+            "sqrt(8)) * 2^-0.5, ids >= vocab_size_per_layer_input (600) read row 0.",
+            "The shared layers' KV come from the last non-shared layer of each type (2 sliding, 1 full).",
+        ],
+    ),
+    Spec(
         name="internlm2",
         config_class="LlamaConfig",
         architecture="LlamaForCausalLM",
@@ -2559,6 +2873,76 @@ SPECS: list[Spec] = [
         edit_saved_weights=_llmcompressor_checkpoint(json.dumps(W8A16_GROUPS), ["lm_head"]),
         notes=["Quantized by tools/oracle/fp8_quantize.py: llmcompressor oneshot, QuantizationModifier("
                "config_groups=" + json.dumps(W8A16_GROUPS) + ", ignore=['lm_head'])"],
+    ),
+    # ---- GPTQ / AWQ checkpoints (oracle: transformers' Llama on the dequantized weights; see _int_quant_round) ----
+    Spec(
+        name="llama-gptq",
+        config_class="LlamaConfig",
+        architecture="LlamaForCausalLM",
+        save_dtype="float16",
+        kwargs=dict(rope_parameters=dict(DEFAULT_ROPE)),
+        feature="GPTQ v1 (checkpoint_format gptq), 4 bits symmetric, group_size 32, desc_act false: q/k/v/o/gate/up/"
+        "down as int32 qweight [in / 8, out] (packed along the inputs), qzeros [in / 32, out / 8] (zero - 1, packed "
+        "along the outputs), f16 scales [in / 32, out], g_idx = i / 32; lm_head f16. Oracle: transformers' Llama on "
+        "the weights dequantized as gptqmodel 7.7.0's torch kernel does (not installed: compiled extensions)",
+        init_fn=_int_quant_round(GPTQ_4),
+        repack=_int_quant_repack(GPTQ_4),
+        ablate_fn=_int_quant_ablation(GPTQ_4, _zeros_minus_one_kept),
+        ablation_desc="v1 zero points taken as stored (the +1 of gptqmodel's v1 -> v2 conversion dropped)",
+        notes=["Written by _int_quantize (round to nearest: scale = f16(2 amax / 15), zero 8) and packed by "
+               "_int_quant_repack; the oracle model's weights are _gptq_dequantize of those tensors, taken from "
+               "gptqmodel 7.7.0 (convert_gptq_v1_to_v2_format_module, then TorchLinear's dequantize_weight: "
+               "scales[g_idx] * (q - zeros[g_idx]) in float16)"],
+    ),
+    Spec(
+        name="llama-gptq-act",
+        config_class="LlamaConfig",
+        architecture="LlamaForCausalLM",
+        save_dtype="float16",
+        kwargs=dict(rope_parameters=dict(DEFAULT_ROPE)),
+        feature="GPTQ v1, 4 bits asymmetric (sym false), group_size 32, desc_act true: each linear's g_idx a random "
+        "permutation of the inputs grouped 32 at a time, zero points per group and output. Oracle: transformers' "
+        "Llama on the weights dequantized as gptqmodel 7.7.0's torch kernel does (not installed)",
+        init_fn=_int_quant_round(GPTQ_ACT),
+        repack=_int_quant_repack(GPTQ_ACT),
+        ablate_fn=_int_quant_ablation(GPTQ_ACT, _g_idx_ignored),
+        ablation_desc="g_idx ignored (input i in group i / 32)",
+        extra_ablations=[Ablate("v1 zero points taken as stored", fn=_int_quant_ablation(GPTQ_ACT,
+                                                                                            _zeros_minus_one_kept))],
+        notes=["Round to nearest with scale = f16((max(w, 0) - min(w, 0)) / 15), zero = round(-min / scale) over "
+               "each group's inputs (those g_idx names); dequantized by _gptq_dequantize (gptqmodel 7.7.0's)"],
+    ),
+    Spec(
+        name="llama-gptq-w8",
+        config_class="LlamaConfig",
+        architecture="LlamaForCausalLM",
+        save_dtype="float16",
+        kwargs=dict(rope_parameters=dict(DEFAULT_ROPE)),
+        feature="GPTQ v1, 8 bits symmetric, group_size -1 (one group over all inputs): qweight [in / 4, out], qzeros "
+        "[1, out / 4], scales [1, out]. Oracle: transformers' Llama on the weights dequantized as gptqmodel 7.7.0's "
+        "torch kernel does (not installed)",
+        init_fn=_int_quant_round(GPTQ_8),
+        repack=_int_quant_repack(GPTQ_8),
+        ablate_fn=_int_quant_ablation(GPTQ_8, _zeros_minus_one_kept),
+        ablation_desc="v1 zero points taken as stored (the +1 dropped)",
+    ),
+    Spec(
+        name="llama-awq",
+        config_class="LlamaConfig",
+        architecture="LlamaForCausalLM",
+        save_dtype="float16",
+        kwargs=dict(rope_parameters=dict(DEFAULT_ROPE)),
+        feature="AWQ GEMM (version gemm), 4 bits with zero points, group_size 32: qweight [in, out / 8] and qzeros "
+        "[in / 32, out / 8] packed along the outputs in AWQ's order [0, 2, 4, 6, 1, 3, 5, 7], f16 scales "
+        "[in / 32, out]; modules_to_not_convert keeps layer 1's down_proj f16. Oracle: transformers' Llama on the "
+        "weights dequantized as gptqmodel 7.7.0's dequantize_gemm does (not installed)",
+        init_fn=_int_quant_round(AWQ_4),
+        repack=_int_quant_repack(AWQ_4),
+        ablate_fn=_int_quant_ablation(AWQ_4, _awq_natural_order),
+        ablation_desc="the fields of each word read in natural order (AWQ's interleave ignored)",
+        notes=["Round to nearest per group of 32 inputs with AutoAWQ's rule: scale = f16((max - min) / 15), zero = "
+               "-round(min / scale) clamped to [0, 15]; dequantized by _awq_dequantize (gptqmodel 7.7.0's "
+               "dequantize_gemm: (q - zero) * scale in float16)"],
     ),
     Spec(
         name="llama-fp8-static",

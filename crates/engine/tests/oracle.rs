@@ -269,6 +269,31 @@ fn llama_tied_llama3_rope() {
     battery_matches_oracle("llama-tied-llama3rope");
 }
 
+/// DeepSeek-V3.2 keeps its indexer's keys in the MLA cache rows: the battery batched, in 20-token
+/// chunks (a chunk's queries score keys that earlier chunks cached), twice with prefix caching
+/// (hits read cached indexer keys), and in a cache too small for the battery at once (preempted
+/// requests write their keys again) meets the oracle.
+#[test]
+fn deepseek_v32_indexer_keys_live_in_the_paged_cache() {
+    let name = "deepseek-v32";
+    battery_batched_chunked_and_cached(name);
+    // 48 blocks of 16 tokens, each token 2 layers x 4 heads x (32 key + 16 value) f32 columns (the
+    // key rows: 24 MLA + 8 indexer): the longest request (648 + 16 tokens, 42 blocks) fits alone,
+    // the battery does not.
+    let tiny = ferrite_engine::EngineConfig {
+        kv_cache_memory: 48 * 16 * 2 * 4 * (32 + 16) * 4,
+        max_num_seqs: 16,
+        max_num_batched_tokens: 64,
+        ..config()
+    };
+    let llm = battery_matches_oracle_with(name, tiny);
+    let client = llm.client();
+    assert_eq!(client.cache_config().num_blocks, 48);
+    let stats = client.stats();
+    assert!(stats.num_preemptions > 0, "the tiny cache should have forced preemption: {stats:?}");
+    wait_idle(&client);
+}
+
 /// Phi-3's generate drops its cache the first time a sequence outgrows LongRoPE's switch (256
 /// here) during decode and runs the whole sequence again with the long factors; the engine
 /// recomputes such a sequence too, in one step or (budget 96) in chunks that all use the long

@@ -4,6 +4,7 @@
 
 use crate::families::cohere::CohereVersion;
 use crate::families::deepseek_v2::{self, DeepseekVariant};
+use crate::families::deepseek_v32;
 use crate::families::glm::{self, GlmVariant};
 use crate::families::glm4_moe;
 use crate::families::hunyuan::{self, HunYuanVariant};
@@ -13,13 +14,14 @@ use crate::families::mixtral::{self, MoeVariant};
 use crate::families::olmo2::OlmoVersion;
 use crate::families::qwen3_next::{self, Layout as HybridLayout, Variant::*};
 
-use crate::families::{eagle, eagle3};
+use crate::families::gemma3n;
 use crate::families::{
     bert, chatglm, cohere, ernie45_moe, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3, gemma3_vl, gemma4,
     gpt2, gpt_neox, gpt_oss, granite, granite_moe, internlm2, jamba, kimi_linear, llama4, llava, mamba, mamba2,
     minicpm, minicpm3, minimax_m2, nemotron, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen2_5_vl, qwen2_vl,
     qwen3_vl, roberta, stablelm, starcoder2, zamba2,
 };
+use crate::families::{eagle, eagle3};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
 use crate::model::{CausalLM, DraftHead};
@@ -93,6 +95,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("Qwen3VLMoeForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_vl::load_moe(r, w)?)))),
     ("LlavaForConditionalGeneration", Causal(|r, w| Ok(Box::new(llava::load(r, w)?)))),
     ("Gemma3ForConditionalGeneration", Causal(|r, w| Ok(Box::new(gemma3_vl::load(r, w)?)))),
+    ("Gemma3nForConditionalGeneration", Causal(|r, w| Ok(Box::new(gemma3n::load_conditional(r, w)?)))),
     ("MambaForCausalLM", Causal(|r, w| Ok(Box::new(mamba::load(r, w, mamba::Variant::Mamba)?)))),
     ("FalconMambaForCausalLM", Causal(|r, w| Ok(Box::new(mamba::load(r, w, mamba::Variant::FalconMamba)?)))),
     ("Mamba2ForCausalLM", Causal(|r, w| Ok(Box::new(mamba2::load(r, w)?)))),
@@ -109,10 +112,12 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("OlmoeForCausalLM", Causal(|r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::OLMOE)?)))),
     ("DeepseekV2ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::V2)?)))),
     ("DeepseekV3ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::V3)?)))),
+    ("DeepseekV32ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v32::load(r, w)?)))),
     ("GemmaForCausalLM", Causal(|r, w| Ok(Box::new(gemma::load(r, w)?)))),
     ("Gemma2ForCausalLM", Causal(|r, w| Ok(Box::new(gemma2::load(r, w)?)))),
     ("Gemma3ForCausalLM", Causal(|r, w| Ok(Box::new(gemma3::load(r, w)?)))),
     ("Gemma4ForCausalLM", Causal(|r, w| Ok(Box::new(gemma4::load(r, w)?)))),
+    ("Gemma3nForCausalLM", Causal(|r, w| Ok(Box::new(gemma3n::load(r, w)?)))),
     ("Phi3ForCausalLM", Causal(|r, w| Ok(Box::new(phi3::load(r, w)?)))),
     ("PhiForCausalLM", Causal(|r, w| Ok(Box::new(phi::load(r, w)?)))),
     ("OPTForCausalLM", Causal(|r, w| Ok(Box::new(opt::load(r, w)?)))),

@@ -1,10 +1,14 @@
 //! Integer weight-only checkpoints (compressed-tensors pack-quantized: W4A16, W8A16, written by
-//! llm-compressor) against transformers on CPU, which decompresses them as it loads: each
+//! llm-compressor) against transformers on CPU, which decompresses them as it loads; GPTQ and AWQ
+//! checkpoints against transformers' Llama on their weights dequantized as gptqmodel's torch
+//! kernels do (gptqmodel, which transformers runs them through, needs compiled extensions). Each
 //! fixture's greedy tokens token-exact and logprobs within the f32 gate's tolerance, and each way
 //! of reading the format wrong caught.
 
 use ferrite_tensor::DType;
-use ferrite_testing::gate::{edit_f32_tensors, fixture_copy, fixtures_dir, run_fixture, summarize, CaseReport};
+use ferrite_testing::gate::{
+    edit_config, edit_f32_tensors, fixture_copy, fixtures_dir, rename_tensors, run_fixture, summarize, CaseReport,
+};
 
 const LOGPROB_TOLERANCE: f32 = 2e-3;
 
@@ -31,6 +35,48 @@ fn compressed_tensors_w4a16() {
 #[test]
 fn compressed_tensors_w8a16() {
     gate("llama-w8a16");
+}
+
+#[test]
+fn gptq_4bit() {
+    gate("llama-gptq");
+}
+
+#[test]
+fn gptq_act_order_asymmetric() {
+    gate("llama-gptq-act");
+}
+
+#[test]
+fn gptq_8bit_one_group() {
+    gate("llama-gptq-w8");
+}
+
+#[test]
+fn awq_gemm() {
+    gate("llama-awq");
+}
+
+/// `dir`'s reports, and the copy removed.
+fn reports_of_copy(dir: std::path::PathBuf) -> Vec<CaseReport> {
+    let reports = reports(&dir);
+    std::fs::remove_dir_all(&dir).ok();
+    reports
+}
+
+#[test]
+fn gate_catches_gptq_breaks() {
+    // A v1 checkpoint read as v2: its stored zero - 1 taken as the zero.
+    let dir = fixture_copy("llama-gptq", "zeros-as-v2");
+    edit_config(&dir, |c| c["quantization_config"]["checkpoint_format"] = "gptq_v2".into());
+    let reports = reports_of_copy(dir);
+    assert!(reports.iter().any(|r| !r.strict), "v1 zeros read as v2 went unnoticed");
+    // The act-order permutation ignored: input i read as in group i / 32.
+    let dir = fixture_copy("llama-gptq-act", "g_idx-ignored");
+    edit_config(&dir, |c| c["quantization_config"]["desc_act"] = false.into());
+    rename_tensors(&dir, |n| n.replace(".g_idx", ".g_idx_unread"));
+    let reports = reports_of_copy(dir);
+    assert!(reports.iter().any(|r| !r.strict), "g_idx ignored went unnoticed");
 }
 
 #[test]

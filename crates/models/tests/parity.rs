@@ -82,6 +82,7 @@ parity! {
     olmoe => "olmoe",
     deepseek_v2 => "deepseek-v2",
     deepseek_v3 => "deepseek-v3",
+    deepseek_v32 => "deepseek-v32",
     smollm3 => "smollm3",
     internlm3 => "internlm3",
     seed_oss => "seed-oss",
@@ -108,6 +109,7 @@ parity! {
     gpt_oss => "gpt_oss",
     gpt_oss_mxfp4 => "gpt_oss_mxfp4",
     gemma4 => "gemma4",
+    gemma3n => "gemma3n",
     internlm2 => "internlm2",
     minicpm => "minicpm",
     chatglm => "chatglm",
@@ -392,6 +394,28 @@ fn glm4_moe_lite_latent_mla_cache() {
 }
 
 #[test]
+fn deepseek_v32_latent_mla_cache() {
+    gate_latent_mla("deepseek-v32", ferrite_models::families::deepseek_v2::DeepseekVariant::V32);
+}
+
+/// DeepSeek-V3.2's sparse attention: the indexer's choice of 8 keys per query matters, so MLA
+/// attending to every causal key (`index_topk` past every prompt: the indexer's mask dropped), or
+/// to 16, breaks the gate. transformers' V3.2 always rotates MLA's rope in interleaved pairs, so a
+/// stray `rope_interleave: false` must change nothing.
+#[test]
+fn gate_catches_deepseek_v32_breaks() {
+    use serde_json::json;
+    assert_breaks_caught(&[
+        ("deepseek-v32", "index_topk 8 -> 4096 (dense attention)", |c| c["index_topk"] = json!(4096)),
+        ("deepseek-v32", "index_topk 8 -> 16", |c| c["index_topk"] = json!(16)),
+    ]);
+    let dir = broken_copy("deepseek-v32", |c| c["rope_interleave"] = json!(false));
+    let (strict, total) = strict_count(&dir);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(strict, total, "rope_interleave false changed deepseek-v32 ({strict}/{total} strict)");
+}
+
+#[test]
 fn gate_catches_moe_config_breaks() {
     use serde_json::json;
     let breaks: &[(&str, &str, Edit)] = &[
@@ -640,6 +664,68 @@ fn gate_catches_gemma4_breaks() {
         println!("gemma4 with {what}: {strict}/{} strict", reports.len());
         assert!(strict < reports.len(), "gemma4: {what} went unnoticed ({strict}/{} strict)", reports.len());
     }
+}
+
+/// Gemma 3n: its config keys edited in a copy of the fixture, and weights zeroed to switch off
+/// the parts that have no key of their own (AltUp's prediction and correction, LAuReL's
+/// low-rank branch), must each break the gate.
+#[test]
+fn gate_catches_gemma3n_breaks() {
+    use serde_json::json;
+    let breaks: &[(&str, &str, Edit)] = &[
+        ("gemma3n", "activation sparsity off", |c| c["activation_sparsity_pattern"] = json!([0.0, 0.0, 0.0, 0.0, 0.0])),
+        ("gemma3n", "activation sparsity on layer 0 only", |c| {
+            c["activation_sparsity_pattern"] = json!([0.95, 0.0, 0.0, 0.0, 0.0])
+        }),
+        ("gemma3n", "correct_output_scale off", |c| c["altup_correct_scale"] = json!(false)),
+        ("gemma3n", "AltUp's active copy 1", |c| c["altup_active_idx"] = json!(1)),
+        ("gemma3n", "no sliding window", |c| c["sliding_window"] = json!(4096)),
+        ("gemma3n", "local rope base = global", |c| {
+            c["rope_parameters"]["sliding_attention"] = c["rope_parameters"]["full_attention"].clone()
+        }),
+        ("gemma3n", "final softcap dropped", |c| c["final_logit_softcapping"] = json!(null)),
+    ];
+    assert_breaks_caught(breaks);
+
+    let zeroed = [
+        ("altup.prediction_coefs.weight", "AltUp predictions = the copies (prediction coefficients zeroed)"),
+        ("altup.correction_coefs.weight", "every copy takes the whole innovation (correction coefficients zeroed)"),
+        ("laurel.linear_right.weight", "LAuReL's low-rank branch zeroed"),
+    ];
+    for (suffix, what) in zeroed {
+        let dir = fixture_copy("gemma3n", "zeroed");
+        ferrite_testing::gate::edit_f32_tensors(&dir, |name| {
+            name.ends_with(suffix).then(|| Box::new(|v: &mut [f32]| v.fill(0.0)) as Box<dyn Fn(&mut [f32])>)
+        });
+        let (strict, total) = strict_count(&dir);
+        std::fs::remove_dir_all(&dir).ok();
+        println!("gemma3n with {what}: {strict}/{total} strict");
+        assert!(strict < total, "gemma3n: {what} went unnoticed ({strict}/{total} strict)");
+    }
+}
+
+/// Gemma 3n's released checkpoints are `Gemma3nForConditionalGeneration`: the text model's config
+/// under `text_config` and its tensors under `model.language_model.*`. The fixture rewritten that
+/// way gives the same tokens, from three KV caches (the two shared layers own none).
+#[test]
+fn gemma3n_conditional_generation_layout_loads() {
+    let dir = fixture_copy("gemma3n", "conditional");
+    edit_config(&dir, |c| {
+        let mut text = c.take();
+        text.as_object_mut().expect("config object").remove("architectures");
+        *c = serde_json::json!({
+            "architectures": ["Gemma3nForConditionalGeneration"],
+            "model_type": "gemma3n",
+            "text_config": text,
+        });
+    });
+    rename_tensors(&dir, |name| name.replacen("model.", "model.language_model.", 1));
+    let opts = ferrite_models::LoadOptions { progress: false, ..Default::default() };
+    let loaded = ferrite_models::load_model(&dir, &opts).unwrap();
+    assert_eq!(loaded.model.info().kv_layers.len(), 3);
+    let (strict, total) = strict_count(&dir);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(strict, total, "gemma3n in the conditional-generation layout: {strict}/{total} strict");
 }
 
 fn drop_key(c: &mut serde_json::Value, key: &str) {

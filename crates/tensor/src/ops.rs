@@ -214,6 +214,29 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) 
     }
 }
 
+/// `relu(x - (mean + std * multiplier))` over each row, with the row's mean and population
+/// standard deviation: Gemma 3n's gaussian top-k, which keeps about the largest `1 - p` of a row
+/// when `multiplier` is the standard normal's `p` quantile.
+pub fn gaussian_topk(x: &Tensor, multiplier: f32) -> Result<Tensor> {
+    match x.storage() {
+        Storage::Cpu(_) => cpu::norm::gaussian_topk(x, multiplier),
+        Storage::Cuda(_) => cuda::norm::gaussian_topk(x, multiplier),
+    }
+}
+
+/// Each row of `x` brought to the RMS of the same row of `reference`:
+/// `x * rms(reference) / sqrt(max(mean(x^2), min_mean_square))` (AltUp's magnitude matching).
+pub fn match_rms(x: &Tensor, reference: &Tensor, min_mean_square: f32) -> Result<Tensor> {
+    if x.rows() != reference.rows() {
+        return Err(shape_err("match_rms", format!("x {:?} reference {:?}", x.shape(), reference.shape())));
+    }
+    same_device("match_rms", x, &[Some(reference)])?;
+    match x.storage() {
+        Storage::Cpu(_) => cpu::norm::match_rms(x, reference, min_mean_square),
+        Storage::Cuda(_) => cuda::norm::match_rms(x, reference, min_mean_square),
+    }
+}
+
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     same_rows("add", a, b)?;
     same_device("add", a, &[Some(b)])?;
@@ -241,6 +264,27 @@ pub fn mul_row(x: &Tensor, row: &Tensor) -> Result<Tensor> {
     match x.storage() {
         Storage::Cpu(_) => cpu::elementwise::mul_row(x, row),
         Storage::Cuda(_) => cuda::ops::mul_row(x, row),
+    }
+}
+
+/// Per row, `n` weighted sums of the `m` equal column blocks (streams) of `x [rows, m * d]`,
+/// with `coefs [rows, n * m]`: `out[r, i * d + c] = sum_j coefs[r, i * m + j] * x[r, j * d + c]`,
+/// added in `j` order, each product rounded (AltUp's predictions and corrections). Returns
+/// `[rows, n * d]`.
+pub fn mix_streams(x: &Tensor, coefs: &Tensor, n: usize) -> Result<Tensor> {
+    let m = coefs.last_dim().checked_div(n).unwrap_or(0);
+    if m == 0
+        || m * n != coefs.last_dim()
+        || coefs.rows() != x.rows()
+        || x.last_dim() == 0
+        || !x.last_dim().is_multiple_of(m)
+    {
+        return Err(shape_err("mix_streams", format!("x {:?} coefs {:?} into {n} streams", x.shape(), coefs.shape())));
+    }
+    same_device("mix_streams", x, &[Some(coefs)])?;
+    match x.storage() {
+        Storage::Cpu(_) => cpu::elementwise::mix_streams(x, coefs, n),
+        Storage::Cuda(_) => cuda::ops::mix_streams(x, coefs, n),
     }
 }
 
@@ -534,6 +578,24 @@ pub fn rope_write_kv(
     }
 }
 
+/// Columns `[start, start + len)` of the cached key rows `rows`, the keys read as a matrix of
+/// `num_slots * num_kv_heads` rows of `k_dim` (row `slot * num_kv_heads + head`): what a layer
+/// keeps beside its attention keys (DeepSeek-V3.2's indexer keys), read back for a context.
+/// Returns `[rows.len(), len]` in the cache's dtype.
+pub fn gather_cached_keys(cache: &PagedKvLayer, rows: &[usize], start: usize, len: usize) -> Result<Tensor> {
+    let total = cache.num_slots() * cache.num_kv_heads;
+    if start + len > cache.k_dim {
+        return Err(shape_err("gather_cached_keys", format!("columns [{start}, {}) of {}", start + len, cache.k_dim)));
+    }
+    if let Some(&bad) = rows.iter().find(|&&r| r >= total) {
+        return Err(shape_err("gather_cached_keys", format!("row {bad} of {total}")));
+    }
+    match &cache.storage {
+        crate::kv::KvStorage::Cpu { .. } => cpu::attention::gather_cached_keys(cache, rows, start, len),
+        crate::kv::KvStorage::Cuda { .. } => cuda::ops::gather_cached_keys(cache, rows, start, len),
+    }
+}
+
 /// A `[tokens, cols]` f32 table the host computes from a step's metadata (rotary cos/sin, say),
 /// on `device`. Inside a CUDA graph capture it becomes an input of the graph that `fill`
 /// recomputes before every replay, so `fill` must depend on nothing but the metadata.
@@ -682,6 +744,22 @@ mod tests {
         let inf = f32::NEG_INFINITY;
         assert_eq!(out.to_f32_vec(), [inf, 3.0, 1.0, inf, 2.0, inf, 6.0, 4.0, inf, 5.0]);
         assert!(gather_cols(&x.to_dtype(DType::BF16), &map, 0.0).is_err(), "f32 only");
+    }
+
+    #[test]
+    fn cached_key_columns_read_back() {
+        // 2 blocks of 2 slots, 2 KV heads of 3 key columns; tokens at positions 0..3 in block 1, then 0.
+        let seq = crate::kv::AttnSeq { q_start: 0, q_len: 3, ctx_len: 3, block_table: vec![1, 0] };
+        let meta = AttnMetadata::new(vec![seq], 2).unwrap();
+        let mut cache = PagedKvLayer::new_cpu(2, 2, 2, 3, 1);
+        let k: Vec<f32> = (0..18).map(|i| i as f32).collect();
+        write_kv(&mut cache, &t(&k, &[3, 6]), &t(&[0.0; 6], &[3, 2]), &meta).unwrap();
+        // Slot 2 holds token 0, slot 0 token 2: rows (slot * 2 + head).
+        let got = gather_cached_keys(&cache, &[2 * 2 + 1, 0], 1, 2).unwrap();
+        assert_eq!(got.shape(), [2, 2]);
+        assert_eq!(got.to_f32_vec(), [4.0, 5.0, 13.0, 14.0]);
+        assert!(gather_cached_keys(&cache, &[8], 0, 1).is_err(), "row past the cache");
+        assert!(gather_cached_keys(&cache, &[0], 2, 2).is_err(), "columns past the row");
     }
 
     #[test]

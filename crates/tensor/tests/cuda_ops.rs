@@ -561,6 +561,41 @@ fn elementwise_matches_cpu() {
     }
 }
 
+/// Gemma 3n's row ops: the gaussian top-k of MLP gates, AltUp's magnitude matching (one row all
+/// zeros, held up by the floor) and its stream mixing (four streams into four, one into four).
+#[test]
+fn altup_ops_match_cpu() {
+    require_gpu!();
+    let mut r = rng(12);
+    for (rows, cols) in [(1, 64), (5, 1000), (3, 8192)] {
+        let x = random(&mut r, rows * cols, 3.0);
+        let mut reference = random(&mut r, rows * cols, 0.5);
+        reference[..cols].fill(0.0);
+        for dtype in DTYPES {
+            let (xc, xg) = pair(&x, &[rows, cols], dtype);
+            let (rc, rg) = pair(&reference, &[rows, cols], dtype);
+            let t = tol(dtype);
+            for multiplier in [1.6448536, 0.0, -0.5244005] {
+                let name = format!("gaussian_topk {rows}x{cols} multiplier={multiplier}");
+                let want = ops::gaussian_topk(&xc, multiplier).unwrap();
+                check(&name, dtype, &ops::gaussian_topk(&xg, multiplier).unwrap(), &want, t);
+            }
+            let name = format!("match_rms {rows}x{cols}");
+            let want = ops::match_rms(&rc, &xc, 1e-5).unwrap();
+            check(&name, dtype, &ops::match_rms(&rg, &xg, 1e-5).unwrap(), &want, t);
+            for (n, m) in [(4, 4), (4, 1)] {
+                let d = cols / m;
+                let coefs = random(&mut r, rows * n * m, 1.0);
+                let (cc, cg) = pair(&coefs, &[rows, n * m], dtype);
+                let (sc, sg) = (xc.reshape(&[rows, m * d]).unwrap(), xg.reshape(&[rows, m * d]).unwrap());
+                let name = format!("mix_streams {rows}x{cols} {m} into {n}");
+                let want = ops::mix_streams(&sc, &cc, n).unwrap();
+                check(&name, dtype, &ops::mix_streams(&sg, &cg, n).unwrap(), &want, t);
+            }
+        }
+    }
+}
+
 /// FP8 activation quantization: in f32 both sides do the same IEEE operations (the largest
 /// magnitude is order-free), so they agree bit for bit; rows span e4m3's subnormals, and one row
 /// is all zeros.
@@ -1021,6 +1056,62 @@ fn paged_attention_matches_cpu() {
         worst = [worst[0].max(w[0]), worst[1].max(w[1])];
     }
     println!("WORST paged_attention f32={:.3e} bf16={:.3e}", worst[0], worst[1]);
+}
+
+/// DeepSeek-V3.2's sparse MLA: key rows wider than attention reads (the indexer's keys follow
+/// MLA's), those columns read back with `gather_cached_keys`, and attention over the keys each
+/// query keeps, as one-token blocks (a sequence per query whose block table lists its slots).
+#[test]
+fn chosen_keys_in_wide_key_rows_match_cpu() {
+    require_gpu!();
+    let mut r = rng(11);
+    let (bs, k_dim, v_dim, d, hq, tokens) = (4, 24, 8, 16, 4, 13);
+    let table = vec![2u32, 0, 3, 1];
+    let slot = |p: usize| table[p / bs] as usize * bs + p % bs;
+    let seq = AttnSeq { q_start: 0, q_len: tokens, ctx_len: tokens, block_table: table.clone() };
+    let meta = AttnMetadata::new(vec![seq], bs).unwrap();
+    // Each query keeps the keys of its own parity up to itself.
+    let chosen: Vec<AttnSeq> = (0..tokens)
+        .map(|i| {
+            let kept: Vec<u32> = (i % 2..=i).step_by(2).map(|p| slot(p) as u32).collect();
+            AttnSeq { q_start: i, q_len: 1, ctx_len: kept.len(), block_table: kept }
+        })
+        .collect();
+    let chosen = AttnMetadata::new(chosen, 1).unwrap();
+    let params = AttentionParams {
+        num_heads: hq,
+        num_kv_heads: 1,
+        head_dim: d,
+        v_head_dim: v_dim,
+        scale: 0.25,
+        sliding_window: None,
+        attention_chunk: None,
+        softcap: None,
+    };
+    let (k, v, q) = (
+        random(&mut r, tokens * k_dim, 1.0),
+        random(&mut r, tokens * v_dim, 1.0),
+        random(&mut r, tokens * hq * d, 3.0),
+    );
+    for dtype in DTYPES {
+        let mut cpu_cache = PagedKvLayer::new_cpu(table.len(), bs, 1, k_dim, v_dim);
+        let mut gpu_cache = PagedKvLayer::new_on(GPU, dtype, table.len(), bs, 1, k_dim, v_dim).unwrap();
+        let ((kc, kg), (vc, vg)) = (pair(&k, &[tokens, k_dim], dtype), pair(&v, &[tokens, v_dim], dtype));
+        ops::write_kv(&mut cpu_cache, &kc, &vc, &meta).unwrap();
+        ops::write_kv(&mut gpu_cache, &kg, &vg, &meta).unwrap();
+        let rows = [slot(5), slot(0), slot(12), slot(7)];
+        check(
+            "gather_cached_keys",
+            dtype,
+            &ops::gather_cached_keys(&gpu_cache, &rows, d, k_dim - d).unwrap(),
+            &ops::gather_cached_keys(&cpu_cache, &rows, d, k_dim - d).unwrap(),
+            0.0,
+        );
+        let (qc, qg) = pair(&q, &[tokens, hq * d], dtype);
+        let want = ops::paged_attention(&qc, &cpu_cache, &chosen, &params).unwrap();
+        let got = ops::paged_attention(&qg, &gpu_cache, &chosen, &params).unwrap();
+        check("paged_attention over chosen keys", dtype, &got, &want, tol(dtype));
+    }
 }
 
 #[test]

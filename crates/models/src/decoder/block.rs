@@ -179,7 +179,7 @@ pub(crate) type RopeTables<'a> = [(&'a Rope, Tensor, Tensor)];
 impl TokenMixer {
     /// `embeds` are the decoder's input embeddings for this step (Zamba2's shared blocks read
     /// them); `None` for a draft head's block.
-    fn forward(
+    pub(crate) fn forward(
         &self,
         x: &Tensor,
         embeds: Option<&Tensor>,
@@ -283,7 +283,7 @@ impl TokenMixer {
         }
     }
 
-    fn weight_bytes(&self) -> usize {
+    pub(crate) fn weight_bytes(&self) -> usize {
         match self {
             TokenMixer::Attention(sa) => {
                 let gate = sa.output_gate.as_ref().map_or(0, |g| g.weight.size_in_bytes());

@@ -3,10 +3,10 @@
 //! defaults ([`Dims`]), and the loading of Llama-named checkpoints (`model.embed_tokens`,
 //! `model.layers.{i}.self_attn.{q,k,v,o}_proj`, `model.norm`, `lm_head`).
 
-use ferrite_tensor::{Activation, AttentionParams};
+use ferrite_tensor::{Activation, AttentionParams, Tensor};
 use serde::Deserialize;
 
-use super::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer};
+use super::{Block, ChannelMixer, Decoder, SelfAttention, SharedKvAttention, TokenMixer};
 use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::{Attention, Embedding, LayerNorm, Linear, Norm, RmsNorm};
 use crate::loading::config::RawConfig;
@@ -332,6 +332,65 @@ pub fn is_sliding(raw: &RawConfig, layer_types: &[String], i: usize) -> Result<b
         Some("full_attention") => Ok(false),
         Some(other) => Err(raw.error(format!("unsupported layer type `{other}` in `layer_types`"))),
         None => Err(raw.error(format!("`layer_types` has no entry for layer {i}"))),
+    }
+}
+
+/// Which earlier layer's keys and values each layer reads when the last `shared` layers share
+/// them (Gemma 3n's and Gemma 4's `num_kv_shared_layers`): `None` for a layer that computes its
+/// own, else the last layer before the shared ones of the same type (`sliding[i]`).
+pub fn kv_sources(raw: &RawConfig, sliding: &[bool], shared: usize) -> Result<Vec<Option<usize>>> {
+    let layers = sliding.len();
+    if shared >= layers && shared > 0 {
+        return Err(raw
+            .error(format!("`num_kv_shared_layers` {shared} leaves no layer of {layers} to compute keys and values")));
+    }
+    let first_shared = layers - shared;
+    (0..layers)
+        .map(|i| {
+            if i < first_shared {
+                return Ok(None);
+            }
+            (0..first_shared).rev().find(|&j| sliding[j] == sliding[i]).map(Some).ok_or_else(|| {
+                raw.error(format!("layer {i} shares keys and values, but no earlier layer of its type computes them"))
+            })
+        })
+        .collect()
+}
+
+/// Gemma 3n's and Gemma 4's attention: per-head RMSNorms (`x * w`) on the queries and keys
+/// (`q_norm`, `k_norm`) and a weightless one on the values, with the scale `params` gives (1).
+#[derive(Debug, Clone)]
+pub struct NormedAttention {
+    pub params: AttentionParams,
+    pub eps: f64,
+    pub bias: bool,
+    pub rope: usize,
+    /// The earlier layer whose cache this one reads ([`kv_sources`]); it then projects queries only.
+    pub source: Option<usize>,
+    /// The values are `k_proj`'s output too (Gemma 4's `attention_k_eq_v` on full layers).
+    pub values_from_keys: bool,
+}
+
+impl NormedAttention {
+    /// The token mixer under `s` (a `self_attn` scope) for a stream of `hidden` channels.
+    pub fn load(&self, s: &Scope, hidden: usize) -> Result<TokenMixer> {
+        let p = &self.params;
+        let q_rows = p.num_heads * p.head_dim;
+        let q = s.linear("q_proj", hidden, q_rows, self.bias)?;
+        let o = s.linear("o_proj", q_rows, hidden, self.bias)?;
+        let q_norm = Some(s.rms("q_norm", p.head_dim, self.eps)?);
+        if let Some(source) = self.source {
+            let rope = Some(self.rope);
+            return Ok(TokenMixer::SharedKv(SharedKvAttention { q, q_norm, o, params: p.clone(), rope, source }));
+        }
+        let kv_rows = p.num_kv_heads * p.head_dim;
+        let k = s.linear("k_proj", hidden, kv_rows, self.bias)?;
+        let v = if self.values_from_keys { k.clone() } else { s.linear("v_proj", hidden, kv_rows, self.bias)? };
+        let k_norm = Some(s.rms("k_norm", p.head_dim, self.eps)?);
+        let attn = Attention { q, k, v, o, q_norm, k_norm, query_scale: None, params: p.clone() };
+        let ones = Tensor::from_f32(vec![1.0; p.head_dim], &[p.head_dim])?.to_device(s.weights().device())?;
+        let v_norm = Some(Box::new(RmsNorm { weight: ones, eps: self.eps as f32, offset: 0.0 }));
+        Ok(TokenMixer::Attention(SelfAttention { v_norm, ..SelfAttention::new(attn, Some(self.rope)) }))
     }
 }
 

@@ -188,49 +188,8 @@ impl Decoder {
         self
     }
 
-    /// The caches each block reads, as indices into the forward's caches: its KV cache (its own,
-    /// in block order, or its source's for a block that shares another's keys and values) and its
-    /// recurrent state layer (after all KV layers).
     fn cache_slots(&self, caches: usize) -> Result<Vec<[Option<usize>; 2]>> {
-        let num_kv = self.info.kv_layers.len();
-        let mut slots: Vec<[Option<usize>; 2]> = Vec::with_capacity(self.blocks.len());
-        let (mut kv, mut state) = (0, 0);
-        for (i, b) in self.blocks.iter().enumerate() {
-            let slot = match b.mixer.cache() {
-                LayerCache::Shared(src) if src < i && matches!(self.blocks[src].mixer.cache(), LayerCache::Kv(_)) => {
-                    [slots[src][0], None]
-                }
-                LayerCache::Shared(src) => {
-                    return Err(ferrite_tensor::TensorError::Shape {
-                        op: "kv sharing",
-                        detail: format!("layer {i} reads layer {src}, which is not an earlier layer with a KV cache"),
-                    }
-                    .into())
-                }
-                LayerCache::Kv(_) => {
-                    kv += 1;
-                    [Some(kv - 1), None]
-                }
-                LayerCache::State(_) => {
-                    state += 1;
-                    [None, Some(num_kv + state - 1)]
-                }
-                LayerCache::KvAndState(..) => {
-                    (kv, state) = (kv + 1, state + 1);
-                    [Some(kv - 1), Some(num_kv + state - 1)]
-                }
-                LayerCache::None => [None, None],
-            };
-            slots.push(slot);
-        }
-        if kv + state != caches {
-            return Err(ferrite_tensor::TensorError::Shape {
-                op: "forward",
-                detail: format!("{caches} caches for a model with {kv} KV and {state} recurrent layers"),
-            }
-            .into());
-        }
-        Ok(slots)
+        cache_slots(&self.blocks.iter().map(|b| b.mixer.cache()).collect::<Vec<_>>(), caches)
     }
 
     fn count_weights(&mut self) {
@@ -326,8 +285,51 @@ impl DraftHead for Decoder {
     }
 }
 
+/// The caches each layer (by what it keeps, `layers`) reads, as indices into a forward's
+/// `caches`: its KV cache (its own, in layer order, or its source's for a layer that shares
+/// another's keys and values) and its recurrent state layer (after all KV layers).
+pub(crate) fn cache_slots(layers: &[LayerCache], caches: usize) -> Result<Vec<[Option<usize>; 2]>> {
+    let num_kv = layers.iter().filter(|c| matches!(c, LayerCache::Kv(_) | LayerCache::KvAndState(..))).count();
+    let mut slots: Vec<[Option<usize>; 2]> = Vec::with_capacity(layers.len());
+    let (mut kv, mut state) = (0, 0);
+    for (i, cache) in layers.iter().enumerate() {
+        let slot = match *cache {
+            LayerCache::Shared(src) if src < i && matches!(layers[src], LayerCache::Kv(_)) => [slots[src][0], None],
+            LayerCache::Shared(src) => {
+                return Err(ferrite_tensor::TensorError::Shape {
+                    op: "kv sharing",
+                    detail: format!("layer {i} reads layer {src}, which is not an earlier layer with a KV cache"),
+                }
+                .into())
+            }
+            LayerCache::Kv(_) => {
+                kv += 1;
+                [Some(kv - 1), None]
+            }
+            LayerCache::State(_) => {
+                state += 1;
+                [None, Some(num_kv + state - 1)]
+            }
+            LayerCache::KvAndState(..) => {
+                (kv, state) = (kv + 1, state + 1);
+                [Some(kv - 1), Some(num_kv + state - 1)]
+            }
+            LayerCache::None => [None, None],
+        };
+        slots.push(slot);
+    }
+    if kv + state != caches {
+        return Err(ferrite_tensor::TensorError::Shape {
+            op: "forward",
+            detail: format!("{caches} caches for a model with {kv} KV and {state} recurrent layers"),
+        }
+        .into());
+    }
+    Ok(slots)
+}
+
 /// The caches at `[kv, state]` in `caches`; a state slot lies after every KV slot.
-fn layer_caches(caches: &mut [PagedKvLayer], [kv, state]: [Option<usize>; 2]) -> LayerCaches<'_> {
+pub(crate) fn layer_caches(caches: &mut [PagedKvLayer], [kv, state]: [Option<usize>; 2]) -> LayerCaches<'_> {
     match (kv, state) {
         (Some(k), Some(s)) => {
             let (before, from_state) = caches.split_at_mut(s);

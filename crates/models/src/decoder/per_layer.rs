@@ -1,10 +1,13 @@
-//! Gemma 4's per-layer inputs (PLE): a second token embedding, packed as `[vocab, layers * width]`,
-//! mixed with a projection of the scaled input embedding, hands layer `i` its own `width`-wide
-//! signal; after the layer's MLP residual, a gated branch projects that signal into the stream.
+//! Gemma 3n's and Gemma 4's per-layer inputs (PLE): a second token embedding, packed as
+//! `[vocab, layers * width]`, mixed with a projection of the scaled input embedding, hands layer
+//! `i` its own `width`-wide signal; after the layer's MLP residual, a gated branch projects that
+//! signal into the stream (Gemma 3n: into every AltUp copy of the stream but the first).
 
 use ferrite_tensor::{ops, Activation, Tensor};
 
+use super::scalar_in_dtype;
 use crate::layers::{Linear, RmsNorm};
+use crate::loading::weights::Scope;
 use crate::Result;
 
 #[derive(Debug, Clone)]
@@ -36,6 +39,44 @@ pub struct PerLayerBranch {
 }
 
 impl PerLayerInputs {
+    /// The tensors under `model` (`model`, or `model.language_model` in a multimodal checkpoint):
+    /// `embed_tokens_per_layer [vocab, layers * width]`, `per_layer_model_projection`,
+    /// `per_layer_projection_norm`, and each layer's `per_layer_input_gate`,
+    /// `per_layer_projection` and `post_per_layer_input_norm`.
+    pub fn load(
+        model: &Scope,
+        layers: usize,
+        hidden: usize,
+        width: usize,
+        vocab: usize,
+        act: Activation,
+        eps: f64,
+    ) -> Result<PerLayerInputs> {
+        let table = model.get("embed_tokens_per_layer.weight", &[vocab, layers * width])?;
+        let projection = model.linear("per_layer_model_projection", hidden, layers * width, false)?;
+        let branches = (0..layers)
+            .map(|i| {
+                let l = model.at(&format!("layers.{i}"));
+                Ok(PerLayerBranch {
+                    gate: l.linear("per_layer_input_gate", hidden, width, false)?,
+                    act,
+                    projection: l.linear("per_layer_projection", width, hidden, false)?,
+                    norm: l.rms("post_per_layer_input_norm", hidden, eps)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(PerLayerInputs {
+            table_scale: scalar_in_dtype((width as f64).sqrt(), table.dtype()),
+            table,
+            width,
+            projections: projection.split_rows(&vec![width; layers])?,
+            projection_scale: (hidden as f64).powf(-0.5) as f32,
+            projection_norm: model.rms("per_layer_projection_norm", width, eps)?,
+            combine_scale: 2f64.powf(-0.5) as f32,
+            branches,
+        })
+    }
+
     /// The step's packed rows of the table, scaled: `[tokens, layers * width]`. Looked up by
     /// the step's own token ids, so a CUDA graph replays the lookup.
     pub fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
@@ -55,10 +96,14 @@ impl PerLayerInputs {
 
     /// The stream `h` after layer `layer`'s branch.
     pub fn apply(&self, layer: usize, h: &Tensor, input: &Tensor) -> Result<Tensor> {
+        Ok(ops::add(h, &self.branch(layer, h, input)?)?)
+    }
+
+    /// Layer `layer`'s branch output on the stream `h` and its input `input`.
+    pub fn branch(&self, layer: usize, h: &Tensor, input: &Tensor) -> Result<Tensor> {
         let b = &self.branches[layer];
         let gated = ops::act_mul(&b.gate.forward(h)?, input, b.act)?;
-        let out = b.norm.forward(&b.projection.forward(&gated)?)?;
-        Ok(ops::add(h, &out)?)
+        b.norm.forward(&b.projection.forward(&gated)?)
     }
 
     pub fn weight_bytes(&self) -> usize {

@@ -1,14 +1,17 @@
 //! DeepSeek-V2 (`DeepseekV2ForCausalLM`) and the decoders that share its shape: multi-head
 //! latent attention ([`crate::layers::mla`]) with interleaved rotary embeddings on the rope part, and a
 //! mixture of routed + shared experts ([`crate::layers::moe`]) from layer `first_k_dense_replace` on
-//! (dense MLPs before). DeepSeek-V3 is its [`DeepseekVariant::V3`] and GLM-4.7-Flash its
-//! [`DeepseekVariant::Glm4MoeLite`] (registry lines).
+//! (dense MLPs before). DeepSeek-V3 is its [`DeepseekVariant::V3`], DeepSeek-V3.2 its
+//! [`DeepseekVariant::V32`] (with the sparse-attention indexer, see
+//! [`crate::families::deepseek_v32`]) and GLM-4.7-Flash its [`DeepseekVariant::Glm4MoeLite`].
 
 use ferrite_tensor::RopeStyle;
 use serde::Deserialize;
 
 use crate::decoder::load::{check_dims, next_layer_mtp, CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, TokenMixer};
+use crate::families::deepseek_v32;
+use crate::layers::dsa::Indexer;
 use crate::layers::mla::{self, Mla, MlaCacheMode, MlaDims};
 use crate::layers::moe::{
     ExpertNames, Experts, GroupLimit, GroupScore, Router, RouterConfig, Scoring, SharedExpert, SparseMoe,
@@ -32,8 +35,7 @@ struct DeepseekConfig {
     n_routed_experts: usize,
     n_shared_experts: Option<usize>,
     num_experts_per_tok: usize,
-    #[serde(default)]
-    first_k_dense_replace: usize,
+    first_k_dense_replace: Option<usize>,
     routed_scaling_factor: Option<f64>,
     /// V2: `greedy` or `group_limited_greedy`.
     topk_method: Option<String>,
@@ -42,7 +44,7 @@ struct DeepseekConfig {
     norm_topk_prob: Option<bool>,
     /// V3: the rope dims are interleaved pairs (default true).
     rope_interleave: Option<bool>,
-    /// GLM-4-MoE-Lite: `dense` or `sparse` per layer, in place of `first_k_dense_replace`.
+    /// GLM-4-MoE-Lite and V3.2: `dense` or `sparse` per layer, in place of `first_k_dense_replace`.
     mlp_layer_types: Option<Vec<String>>,
 }
 
@@ -62,6 +64,10 @@ pub enum DeepseekVariant {
     /// expert and no group limit unless the config says otherwise, and `routed_scaling_factor`
     /// 1.8 by default.
     Glm4MoeLite,
+    /// DeepSeek-V3.2: V3 with a lightning indexer in every layer choosing the keys MLA attends to;
+    /// rope always interleaved, the q LoRA required, DeepseekV32Config's defaults for absent keys
+    /// (see [`crate::families::deepseek_v32`]).
+    V32,
 }
 
 impl DeepseekVariant {
@@ -75,6 +81,15 @@ impl DeepseekVariant {
 pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: MlaCacheMode) -> Result<Decoder> {
     let cfg: DeepseekConfig = raw.parse()?;
     let lite = variant == DeepseekVariant::Glm4MoeLite;
+    let v32 = variant == DeepseekVariant::V32;
+    let indexer = if v32 {
+        let q_lora_rank = cfg
+            .q_lora_rank
+            .ok_or_else(|| raw.error("`q_lora_rank` is not set: DeepSeek-V3.2's indexer reads the q LoRA latent"))?;
+        Some((q_lora_rank, deepseek_v32::indexer_dims(raw, cfg.qk_rope_head_dim)?))
+    } else {
+        None
+    };
     let defaults = match lite {
         true => Defaults { eps: 1e-5, max_positions: 202_752, ..Defaults::LLAMA },
         false => Defaults::LLAMA,
@@ -111,14 +126,18 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
     };
     let rope_params = RopeParameters::from_config(raw, 10000.0)?;
     let style = match (variant.noaux_tc(), cfg.rope_interleave) {
-        (true, Some(false)) => RopeStyle::Neox,
+        (true, Some(false)) if !v32 => RopeStyle::Neox,
         _ => RopeStyle::Interleaved,
     };
     let rope = Rope::new(&rope_params, cfg.qk_rope_head_dim, d.max_positions, raw)?.with_style(style);
     let scale = mla::softmax_scale(raw, &rope_params, dims.qk_head_dim())?;
     let group = |score| -> Result<Option<GroupLimit>> {
-        let ungrouped = if lite { Some(1) } else { None };
-        match (cfg.n_group.or(ungrouped), cfg.topk_group.or(ungrouped)) {
+        let (n_group, topk_group) = match variant {
+            DeepseekVariant::Glm4MoeLite => (Some(1), Some(1)),
+            DeepseekVariant::V32 => (Some(8), Some(4)),
+            DeepseekVariant::V2 | DeepseekVariant::V3 => (None, None),
+        };
+        match (cfg.n_group.or(n_group), cfg.topk_group.or(topk_group)) {
             (Some(n_group), Some(topk_group)) => Ok(Some(GroupLimit { n_group, topk_group, score })),
             _ => Err(raw.error("grouped routing needs `n_group` and `topk_group`")),
         }
@@ -130,7 +149,7 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
             "group_limited_greedy" => (Scoring::Softmax, false, 0.0, group(GroupScore::Max)?),
             other => return Err(raw.error(format!("unsupported `topk_method` `{other}`"))),
         },
-        DeepseekVariant::V3 | DeepseekVariant::Glm4MoeLite => {
+        DeepseekVariant::V3 | DeepseekVariant::Glm4MoeLite | DeepseekVariant::V32 => {
             (Scoring::Sigmoid, cfg.norm_topk_prob.unwrap_or(true), 1e-20, group(GroupScore::TopTwoSum)?)
         }
     };
@@ -140,26 +159,33 @@ pub fn load_with(raw: &RawConfig, w: &Weights, variant: DeepseekVariant, mode: M
         scoring,
         renormalize,
         renormalize_eps,
-        scaling: cfg.routed_scaling_factor.unwrap_or(if lite { 1.8 } else { 1.0 }) as f32,
+        scaling: cfg.routed_scaling_factor.unwrap_or(match variant {
+            DeepseekVariant::Glm4MoeLite => 1.8,
+            DeepseekVariant::V32 => 2.5,
+            DeepseekVariant::V2 | DeepseekVariant::V3 => 1.0,
+        }) as f32,
         group,
     };
     let mlp_bias = variant == DeepseekVariant::V2 && d.mlp_bias;
     let inter = d.intermediate(raw)?;
     let sparse = |i: usize| -> Result<bool> {
-        if !lite {
-            return Ok(i >= cfg.first_k_dense_replace);
-        }
-        match cfg.mlp_layer_types.as_deref().map(|types| types.get(i).map(String::as_str)) {
-            None => Ok(i > 0),
+        let types = cfg.mlp_layer_types.as_deref().filter(|_| lite || v32);
+        match types.map(|types| types.get(i).map(String::as_str)) {
+            None if lite => Ok(i > 0),
+            None => Ok(i >= cfg.first_k_dense_replace.unwrap_or(if v32 { 3 } else { 0 })),
             Some(Some("sparse")) => Ok(true),
             Some(Some("dense")) => Ok(false),
             Some(Some(other)) => Err(raw.error(format!("unsupported layer type `{other}` in `mlp_layer_types`"))),
             Some(None) => Err(raw.error(format!("`mlp_layer_types` has no entry for layer {i}"))),
         }
     };
-    let n_shared = cfg.n_shared_experts.unwrap_or(if lite { 1 } else { 0 });
+    let n_shared = cfg.n_shared_experts.unwrap_or(if lite || v32 { 1 } else { 0 });
     let block = |i: usize, l: &Scope| -> Result<Block> {
-        let mla = Mla::load(w, &l.name("self_attn"), d.hidden, dims, d.attention_bias, scale, mode)?;
+        let mut mla = Mla::load(w, &l.name("self_attn"), d.hidden, dims, d.attention_bias, scale, mode)?;
+        if let Some((q_lora_rank, index)) = indexer {
+            let prefix = l.name("self_attn.indexer");
+            mla = mla.with_indexer(Indexer::load(w, &prefix, d.hidden, q_lora_rank, index)?)?;
+        }
         let m = l.at("mlp");
         let mlp = if sparse(i)? {
             let shared = match n_shared {

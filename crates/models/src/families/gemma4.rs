@@ -15,17 +15,17 @@
 
 use std::collections::BTreeMap;
 
-use ferrite_tensor::Tensor;
 use serde::Deserialize;
 
 use super::gemma::{scale_embedding, GEMMA};
-use crate::decoder::load::{activation, attention_params, check_dims, check_heads, is_sliding, CommonConfig, Defaults};
-use crate::decoder::per_layer::{PerLayerBranch, PerLayerInputs};
-use crate::decoder::{
-    scalar_in_dtype, Block, ChannelMixer, Decoder, LogitsPost, SelfAttention, SharedKvAttention, TokenMixer, Wiring,
+use crate::decoder::load::{
+    activation, attention_params, check_dims, check_heads, is_sliding, kv_sources, CommonConfig, Defaults,
+    NormedAttention,
 };
+use crate::decoder::per_layer::PerLayerInputs;
+use crate::decoder::{Block, ChannelMixer, Decoder, LogitsPost, Wiring};
 use crate::layers::rope::{Rope, RopeParameters};
-use crate::layers::{Attention, Linear, Norm, RmsNorm};
+use crate::layers::Norm;
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
 use crate::Result;
@@ -105,18 +105,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
         Ok((head_dim, kv_heads))
     };
 
-    if cfg.num_kv_shared_layers >= layers && cfg.num_kv_shared_layers > 0 {
-        return Err(raw.error(format!(
-            "`num_kv_shared_layers` {} leaves no layer of {layers} to compute keys and values",
-            cfg.num_kv_shared_layers
-        )));
-    }
-    let first_shared = layers - cfg.num_kv_shared_layers;
-    let source = |i: usize| -> Result<usize> {
-        (0..first_shared).rev().find(|&j| types[j] == types[i]).ok_or_else(|| {
-            raw.error(format!("layer {i} shares keys and values, but no earlier layer of its type computes them"))
-        })
-    };
+    let sources = kv_sources(raw, &types, cfg.num_kv_shared_layers)?;
 
     // One rotary table per layer type, over that type's head size.
     let ropes_params = match raw.value.get("rope_parameters").filter(|v| v.is_object()) {
@@ -143,47 +132,27 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let rope_of = |sliding: bool| if sliding { 0 } else { 1 };
 
     let eps = d.eps;
-    let ones = |n: usize| -> Result<Tensor> { Ok(Tensor::from_f32(vec![1.0; n], &[n])?.to_device(w.device())?) };
     let blocks = d.blocks(w, |i, l| {
         let sliding = types[i];
         let (head_dim, kv_heads) = dims(i)?;
         if type_head_dim(sliding)? != Some(head_dim) {
             return Err(raw.error(format!("layer {i} has head_dim {head_dim}, unlike the other layers of its type")));
         }
-        let s = l.at("self_attn");
-        let params = attention_params(d.heads, kv_heads, head_dim, 1.0, if sliding { window } else { None }, None);
-        let q = s.linear("q_proj", d.hidden, d.heads * head_dim, d.attention_bias)?;
-        let o = s.linear("o_proj", d.heads * head_dim, d.hidden, d.attention_bias)?;
-        let q_norm = Some(s.rms("q_norm", head_dim, eps)?);
-        let shared = i >= first_shared;
-        let mixer = if shared {
-            let src = source(i)?;
-            let (src_dim, src_kv) = dims(src)?;
-            if (src_dim, src_kv) != (head_dim, kv_heads) {
+        if let Some(src) = sources[i] {
+            if dims(src)? != (head_dim, kv_heads) {
                 return Err(raw.error(format!("layer {i} cannot share the keys and values of layer {src}")));
             }
-            TokenMixer::SharedKv(SharedKvAttention { q, q_norm, o, params, rope: Some(rope_of(sliding)), source: src })
-        } else {
-            let kv_rows = kv_heads * head_dim;
-            let k = s.linear("k_proj", d.hidden, kv_rows, d.attention_bias)?;
-            let v = if cfg.attention_k_eq_v && !sliding {
-                k.clone()
-            } else {
-                s.linear("v_proj", d.hidden, kv_rows, d.attention_bias)?
-            };
-            let attn = Attention {
-                q,
-                k,
-                v,
-                o,
-                q_norm,
-                k_norm: Some(s.rms("k_norm", head_dim, eps)?),
-                query_scale: None,
-                params,
-            };
-            let v_norm = Some(Box::new(RmsNorm { weight: ones(head_dim)?, eps: eps as f32, offset: 0.0 }));
-            TokenMixer::Attention(SelfAttention { v_norm, ..SelfAttention::new(attn, Some(rope_of(sliding))) })
-        };
+        }
+        let mixer = NormedAttention {
+            params: attention_params(d.heads, kv_heads, head_dim, 1.0, if sliding { window } else { None }, None),
+            eps,
+            bias: d.attention_bias,
+            rope: rope_of(sliding),
+            source: sources[i],
+            values_from_keys: cfg.attention_k_eq_v && !sliding,
+        }
+        .load(&l.at("self_attn"), d.hidden)?;
+        let shared = sources[i].is_some();
         let width = if shared && cfg.use_double_wide_mlp { 2 * inter } else { inter };
         let norm = |leaf: &str| -> Result<Option<Norm>> { Ok(Some(Norm::Rms(d.rms(l, leaf)?))) };
         Ok(Block {
@@ -212,30 +181,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
                     ("hidden_size_per_layer_input * layers", layers.saturating_mul(width)),
                 ],
             )?;
-            let table = w.get("model.embed_tokens_per_layer.weight", &[vocab, layers * width])?;
-            let table_scale = scalar_in_dtype((width as f64).sqrt(), table.dtype());
-            let projection = Linear::load(w, "model.per_layer_model_projection", d.hidden, layers * width, false)?;
-            let branches = (0..layers)
-                .map(|i| {
-                    let l = w.at(format!("model.layers.{i}"));
-                    Ok(PerLayerBranch {
-                        gate: l.linear("per_layer_input_gate", d.hidden, width, false)?,
-                        act: d.act,
-                        projection: l.linear("per_layer_projection", width, d.hidden, false)?,
-                        norm: d.rms(&l, "post_per_layer_input_norm")?,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Some(PerLayerInputs {
-                table,
-                width,
-                table_scale,
-                projections: projection.split_rows(&vec![width; layers])?,
-                projection_scale: (d.hidden as f64).powf(-0.5) as f32,
-                projection_norm: w.at("model").rms("per_layer_projection_norm", width, eps)?,
-                combine_scale: 2f64.powf(-0.5) as f32,
-                branches,
-            })
+            Some(PerLayerInputs::load(&w.at("model"), layers, d.hidden, width, vocab, d.act, eps)?)
         }
     };
     let final_norm = Norm::Rms(d.rms(&w.at("model"), "norm")?);

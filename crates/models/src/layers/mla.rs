@@ -17,9 +17,13 @@
 //!   returns a latent `o = sum p c`, and `W_UV o` is the head's value. The per-head products run
 //!   as grouped matmuls with the tokens in head-major order. This mode is used for every step
 //!   (prefill and decode).
+//!
+//! DeepSeek-V3.2 adds a lightning indexer ([`crate::layers::dsa`]): its keys take extra columns
+//! of the key rows, and each query attends only to the keys the indexer picks for it.
 
 use ferrite_tensor::{ops, AttentionParams, AttnMetadata, PagedKvLayer, Tensor};
 
+use crate::layers::dsa::{IndexKeyColumns, Indexer};
 use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::{Linear, RmsNorm};
 use crate::loading::config::RawConfig;
@@ -84,10 +88,14 @@ pub enum QProj {
 }
 
 impl QProj {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The queries, and for the low-rank form the normed latent they came from (`q_resid`).
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, Option<Tensor>)> {
         match self {
-            QProj::Full(q) => q.forward(x),
-            QProj::LowRank { a, norm, b } => b.forward(&norm.forward(&a.forward(x)?)?),
+            QProj::Full(q) => Ok((q.forward(x)?, None)),
+            QProj::LowRank { a, norm, b } => {
+                let resid = norm.forward(&a.forward(x)?)?;
+                Ok((b.forward(&resid)?, Some(resid)))
+            }
         }
     }
 }
@@ -105,6 +113,8 @@ pub struct Mla {
     pub mode: MlaCacheMode,
     /// Latent mode: `W_UK^T [heads, kv_lora_rank, nope]` and `W_UV [heads, v_head_dim, kv_lora_rank]`.
     absorbed: Option<(Tensor, Tensor)>,
+    /// DeepSeek-V3.2's lightning indexer: each query sees only the keys it picks.
+    pub indexer: Option<Box<Indexer>>,
 }
 
 impl Mla {
@@ -163,19 +173,44 @@ impl Mla {
                 ))
             }
         };
-        Ok(Mla { q, kv_a, kv_norm, kv_b, o, dims, scale, mode, absorbed })
+        Ok(Mla { q, kv_a, kv_norm, kv_b, o, dims, scale, mode, absorbed, indexer: None })
+    }
+
+    /// This attention restricted to the keys `indexer` picks; the indexer reads the q LoRA latent.
+    pub fn with_indexer(mut self, indexer: Indexer) -> Result<Mla> {
+        if matches!(self.q, QProj::Full(_)) {
+            return Err(crate::ModelError::Config {
+                path: "config.json".into(),
+                message: "the sparse-attention indexer reads the q LoRA latent: `q_lora_rank` must be set".into(),
+            });
+        }
+        self.indexer = Some(Box::new(indexer));
+        Ok(self)
+    }
+
+    /// Where the key rows keep the indexer's keys, for a layer with an indexer.
+    fn index_columns(&self) -> Option<IndexKeyColumns> {
+        let dim = self.indexer.as_ref()?.dims.head_dim;
+        let d = &self.dims;
+        Some(match self.mode {
+            MlaCacheMode::Expanded => IndexKeyColumns::expanded(d.num_heads, d.qk_head_dim(), dim),
+            MlaCacheMode::Latent => IndexKeyColumns::latent(d.kv_lora_rank + d.qk_rope_head_dim, dim),
+        })
     }
 
     /// The paged cache this layer reads and writes.
     pub fn kv_spec(&self) -> KvLayerSpec {
         let d = &self.dims;
+        let index = self.index_columns().map_or(0, |c| c.width());
         match self.mode {
             MlaCacheMode::Expanded => {
-                KvLayerSpec { num_kv_heads: d.num_heads, k_dim: d.qk_head_dim(), v_dim: d.v_head_dim }
+                KvLayerSpec { num_kv_heads: d.num_heads, k_dim: d.qk_head_dim() + index, v_dim: d.v_head_dim }
             }
-            MlaCacheMode::Latent => {
-                KvLayerSpec { num_kv_heads: 1, k_dim: d.kv_lora_rank + d.qk_rope_head_dim, v_dim: d.kv_lora_rank }
-            }
+            MlaCacheMode::Latent => KvLayerSpec {
+                num_kv_heads: 1,
+                k_dim: d.kv_lora_rank + d.qk_rope_head_dim + index,
+                v_dim: d.kv_lora_rank,
+            },
         }
     }
 
@@ -185,6 +220,7 @@ impl Mla {
             QProj::LowRank { a, b, .. } => a.weight.size_in_bytes() + b.weight.size_in_bytes(),
         };
         q + [&self.kv_a, &self.kv_b, &self.o].iter().map(|l| l.weight.size_in_bytes()).sum::<usize>()
+            + self.indexer.as_ref().map_or(0, |i| i.weight_bytes())
     }
 
     /// `x [tokens, hidden]` -> `[tokens, hidden]`; `rope` rotates heads of `qk_rope_head_dim`
@@ -207,7 +243,8 @@ impl Mla {
         };
 
         // Queries, one row per (token, head): [nope | rope], the rope part rotated.
-        let q = self.q.forward(x)?.reshape(&[t * h, dn + dr])?;
+        let (q, q_resid) = self.q.forward(x)?;
+        let q = q.reshape(&[t * h, dn + dr])?;
         let q_nope = ops::narrow_cols(&q, 0, dn)?;
         let q_pe = rotate(ops::narrow_cols(&q, dn, dr)?.reshape(&[t, h * dr])?)?.reshape(&[t * h, dr])?;
 
@@ -215,6 +252,29 @@ impl Mla {
         let ckv = self.kv_a.forward(x)?;
         let c = self.kv_norm.forward(&ops::narrow_cols(&ckv, 0, r)?)?;
         let k_pe = rotate(ops::narrow_cols(&ckv, r, dr)?)?;
+
+        // The indexer's keys join the key rows the step writes.
+        let tables = rope.map(|(_, cos, sin)| (cos, sin));
+        let index_keys = match (&self.indexer, self.index_columns()) {
+            (Some(indexer), Some(columns)) => Some(columns.pack(&indexer.keys(x, tables)?)?),
+            _ => None,
+        };
+        let key_rows = |parts: &[&Tensor]| -> Result<Tensor> {
+            let mut parts = parts.to_vec();
+            parts.extend(index_keys.as_ref());
+            Ok(ops::concat_cols(&parts)?)
+        };
+        // After the write: the keys each query keeps, where an indexer chooses.
+        let chosen = |cache: &PagedKvLayer| -> Result<Option<AttnMetadata>> {
+            let (Some(indexer), Some(columns)) = (&self.indexer, self.index_columns()) else {
+                return Ok(None);
+            };
+            let q_resid = q_resid.as_ref().ok_or_else(|| ferrite_tensor::TensorError::Shape {
+                op: "mla",
+                detail: "an indexer without the q LoRA latent".into(),
+            })?;
+            indexer.select(x, q_resid, tables, meta, cache, &columns)
+        };
 
         let params = |num_kv_heads, head_dim, v_head_dim| AttentionParams {
             num_heads: h,
@@ -233,10 +293,12 @@ impl Mla {
                 let v = ops::narrow_cols(&kv, dn, dv)?.reshape(&[t, h * dv])?;
                 let per_head: Vec<usize> = (0..t * h).map(|row| row / h).collect();
                 let k_pe = ops::gather_rows(&k_pe, &per_head)?;
-                let k = ops::concat_cols(&[&k_nope, &k_pe])?.reshape(&[t, h * (dn + dr)])?;
+                let k = key_rows(&[&k_nope, &k_pe])?;
+                let k = k.reshape(&[t, h * k.last_dim()])?;
                 let q = ops::concat_cols(&[&q_nope, &q_pe])?.reshape(&[t, h * (dn + dr)])?;
                 ops::write_kv(cache, &k, &v, meta)?;
-                ops::paged_attention(&q, cache, meta, &params(h, dn + dr, dv))?
+                let chosen = chosen(cache)?;
+                ops::paged_attention(&q, cache, chosen.as_ref().unwrap_or(meta), &params(h, dn + dr, dv))?
             }
             Some((uk_t, uv)) => {
                 // (token, head) rows <-> head-major rows, so each head's tokens form one group.
@@ -249,9 +311,9 @@ impl Mla {
                 };
                 let q_lat = per_head(&q_nope, uk_t)?;
                 let q = ops::concat_cols(&[&q_lat, &q_pe])?.reshape(&[t, h * (r + dr)])?;
-                let k = ops::concat_cols(&[&c, &k_pe])?;
-                ops::write_kv(cache, &k, &c, meta)?;
-                let o_lat = ops::paged_attention(&q, cache, meta, &params(1, r + dr, r))?;
+                ops::write_kv(cache, &key_rows(&[&c, &k_pe])?, &c, meta)?;
+                let chosen = chosen(cache)?;
+                let o_lat = ops::paged_attention(&q, cache, chosen.as_ref().unwrap_or(meta), &params(1, r + dr, r))?;
                 per_head(&o_lat.reshape(&[t * h, r])?, uv)?.reshape(&[t, h * dv])?
             }
         };

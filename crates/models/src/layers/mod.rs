@@ -1,7 +1,9 @@
 //! Layers shared by the model families. Each layer owns its weights and a `forward` over the
 //! flattened `[tokens, features]` batch: linear, norms, MLPs and attention here, rotary
-//! embeddings in [`rope`], multi-head latent attention in [`mla`], mixtures of experts in [`moe`].
+//! embeddings in [`rope`], multi-head latent attention in [`mla`] (DeepSeek-V3.2's sparse-attention
+//! indexer in [`dsa`]), mixtures of experts in [`moe`].
 
+pub mod dsa;
 pub mod gdn;
 pub mod kda;
 pub mod mamba;

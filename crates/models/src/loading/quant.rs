@@ -10,6 +10,11 @@
 //! compressed-tensors' pack-quantized format (W4A16, W8A16) stores integer weights packed into
 //! int32 words (`weight_packed`, `weight_shape`) with f32/bf16 scales per output channel or per
 //! group of inputs; they are unpacked and dequantized the same way (`f32(q) * f32(scale)`).
+//!
+//! GPTQ and AWQ (GEMM) checkpoints store 4- or 8-bit integers with a zero point and an f16 scale per
+//! group (`qweight`, `qzeros`, `scales`, GPTQ's `g_idx`). They are dequantized at load as gptqmodel
+//! (which transformers runs both formats through) does in its torch kernels: `scale * (q - zero)`
+//! rounded to the scales' dtype.
 
 use ferrite_tensor::ActivationQuant;
 use regex::Regex;
@@ -30,12 +35,42 @@ pub enum Quantization {
     Fp8Block { block: [usize; 2] },
     /// gpt-oss's MXFP4 experts, which its family loader unpacks.
     Mxfp4,
+    /// `quant_method: gptq` (AutoGPTQ, GPTQModel).
+    Gptq(Gptq),
+    /// `quant_method: awq` in AutoAWQ's GEMM layout, 4 bits with zero points.
+    Awq(Awq),
     /// `--quantization fp8` on an unquantized checkpoint: each linear layer's weight rounded to
     /// e4m3 with one scale per output channel as it loads, its input quantized per token, which
     /// is what llm-compressor's FP8_DYNAMIC scheme stores (vLLM's online FP8). The LM head, the
     /// routers and the experts of MoE layers stay as they are.
     OnlineFp8,
 }
+
+/// A GPTQ checkpoint: `qweight` `[in / (32 / bits), out]` packed along the inputs, `qzeros`
+/// `[groups, out / (32 / bits)]` packed along the outputs, `scales` `[groups, out]` and `g_idx`
+/// `[in]`, each input's group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gptq {
+    pub bits: u32,
+    /// Inputs per group, for checkpoints without `g_idx`; `None` for one group over all inputs
+    /// (`group_size: -1`).
+    pub group: Option<usize>,
+    /// `desc_act`: groups follow an activation order, so `g_idx` must be stored.
+    pub act_order: bool,
+    /// `checkpoint_format: gptq` (v1, the default) stores each zero point minus one; `gptq_v2`
+    /// stores it as is.
+    pub zeros_minus_one: bool,
+}
+
+/// An AWQ GEMM checkpoint: `qweight` `[in, out / 8]` and `qzeros` `[in / group, out / 8]`, eight
+/// 4-bit values a word in the order of [`AWQ_ORDER`], and `scales` `[in / group, out]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Awq {
+    pub group: usize,
+}
+
+/// The output column of each 4-bit field of an AWQ word, low bits first (AutoAWQ's pack order).
+pub const AWQ_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
 
 /// How an FP8 weight's scales cover it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,9 +141,11 @@ impl Quantization {
                 Ok(Some(Quantization::Fp8Block { block }))
             }
             "mxfp4" => Ok(Some(Quantization::Mxfp4)),
+            "gptq" => Gptq::parse(raw, q).map(|g| Some(Quantization::Gptq(g))),
+            "awq" => Awq::parse(raw, q).map(|a| Some(Quantization::Awq(a))),
             other => Err(raw.error(format!(
                 "`quantization_config.quant_method` {other:?} is not supported; supported: compressed-tensors \
-                 (FP8 schemes), fp8 (block-quantized), mxfp4 (gpt-oss)"
+                 (FP8, W4A16, W8A16), fp8 (block-quantized), gptq, awq (GEMM), mxfp4 (gpt-oss)"
             ))),
         }
     }
@@ -137,6 +174,8 @@ impl Quantization {
             Quantization::CompressedTensors(_) => "compressed-tensors",
             Quantization::Fp8Block { .. } | Quantization::OnlineFp8 => "fp8",
             Quantization::Mxfp4 => "mxfp4",
+            Quantization::Gptq(_) => "gptq",
+            Quantization::Awq(_) => "awq",
         }
     }
 
@@ -145,10 +184,12 @@ impl Quantization {
         match self {
             Quantization::CompressedTensors(ct) => Ok((ct.group_of(module)?.weights, format!("{module}.weight_scale"))),
             Quantization::Fp8Block { block } => Ok((WeightScales::Block(*block), format!("{module}.weight_scale_inv"))),
-            Quantization::Mxfp4 | Quantization::OnlineFp8 => Err(crate::ModelError::Config {
-                path: module.into(),
-                message: format!("an FP8 weight in a checkpoint whose quantization is {}", self.method()),
-            }),
+            Quantization::Mxfp4 | Quantization::OnlineFp8 | Quantization::Gptq(_) | Quantization::Awq(_) => {
+                Err(crate::ModelError::Config {
+                    path: module.into(),
+                    message: format!("an FP8 weight in a checkpoint whose quantization is {}", self.method()),
+                })
+            }
         }
     }
 
@@ -200,6 +241,249 @@ fn block_size(raw: &RawConfig, v: &Value, key: &str) -> Result<[usize; 2]> {
         Some(&[rows, cols]) if (1..=1 << 16).contains(&rows) && (1..=1 << 16).contains(&cols) => Ok([rows, cols]),
         _ => Err(raw.error(format!("`{key}` must be two block sizes [rows, cols], got {v}"))),
     }
+}
+
+/// `quantization_config.{key}` as written, for error messages.
+fn shown(q: &Value, key: &str) -> String {
+    q.get(key).map_or_else(|| "(absent)".into(), Value::to_string)
+}
+
+impl Gptq {
+    fn parse(raw: &RawConfig, q: &Value) -> Result<Gptq> {
+        let bits = match q.get("bits").and_then(Value::as_u64) {
+            Some(b @ (4 | 8)) => b as u32,
+            _ => {
+                return Err(raw.error(format!(
+                    "`quantization_config.bits` {}: GPTQ checkpoints of 4 and 8 bits are supported",
+                    shown(q, "bits")
+                )))
+            }
+        };
+        let group = match q.get("group_size").and_then(Value::as_i64) {
+            Some(-1) => None,
+            Some(g) if (1..=1 << 16).contains(&g) => Some(g as usize),
+            _ => {
+                return Err(raw.error(format!(
+                    "`quantization_config.group_size` {}: a positive group size or -1 (one group over all inputs) \
+                     is supported",
+                    shown(q, "group_size")
+                )))
+            }
+        };
+        let zeros_minus_one = match q.get("checkpoint_format").filter(|f| !f.is_null()).map(Value::as_str) {
+            None | Some(Some("gptq")) => true,
+            Some(Some("gptq_v2")) => false,
+            Some(_) => {
+                return Err(raw.error(format!(
+                    "`quantization_config.checkpoint_format` {}: GPTQ's gptq (v1) and gptq_v2 layouts are supported",
+                    shown(q, "checkpoint_format")
+                )))
+            }
+        };
+        if q.get("is_marlin_format").and_then(Value::as_bool) == Some(true) {
+            return Err(raw.error("`quantization_config.is_marlin_format` true: GPTQ's Marlin layout is not supported"));
+        }
+        if q.get("pack_dtype").is_some_and(|d| !d.is_null() && d.as_str() != Some("int32")) {
+            return Err(raw.error(format!(
+                "`quantization_config.pack_dtype` {}: GPTQ weights packed in int32 words are supported",
+                shown(q, "pack_dtype")
+            )));
+        }
+        let act_order = q.get("desc_act").and_then(Value::as_bool).unwrap_or(false);
+        Ok(Gptq { bits, group, act_order, zeros_minus_one })
+    }
+}
+
+impl Awq {
+    fn parse(raw: &RawConfig, q: &Value) -> Result<Awq> {
+        match q.get("version").filter(|v| !v.is_null()).map(Value::as_str) {
+            None => {}
+            Some(Some(v)) if v.eq_ignore_ascii_case("gemm") => {}
+            Some(_) => {
+                return Err(raw.error(format!(
+                    "`quantization_config.version` {}: AWQ's GEMM layout is supported (GEMV, exllama, marlin and ipex \
+                     are not)",
+                    shown(q, "version")
+                )))
+            }
+        }
+        if q.get("bits").and_then(Value::as_u64) != Some(4) {
+            return Err(raw.error(format!(
+                "`quantization_config.bits` {}: 4-bit AWQ checkpoints are supported",
+                shown(q, "bits")
+            )));
+        }
+        if q.get("zero_point").and_then(Value::as_bool) == Some(false) {
+            return Err(raw.error("`quantization_config.zero_point` false: AWQ without zero points is not supported"));
+        }
+        // llm-awq's own packing differs from AutoAWQ's, which transformers calls `autoawq`.
+        if q.get("backend").is_some_and(|b| !b.is_null() && b.as_str() != Some("autoawq")) {
+            return Err(raw.error(format!(
+                "`quantization_config.backend` {}: AutoAWQ's layout (autoawq) is supported",
+                shown(q, "backend")
+            )));
+        }
+        let group = q.get("group_size").and_then(Value::as_i64).filter(|g| (1..=1 << 16).contains(g));
+        let group = group.ok_or_else(|| {
+            raw.error(format!(
+                "`quantization_config.group_size` {}: AWQ needs a positive group size",
+                shown(q, "group_size")
+            ))
+        })?;
+        Ok(Awq { group: group as usize })
+    }
+}
+
+/// A GPTQ or AWQ linear's integer tensors as stored: shapes and values.
+pub struct ZeroPointParts<'a> {
+    pub qweight: (&'a [usize], &'a [i64]),
+    pub qzeros: (&'a [usize], &'a [i64]),
+    pub g_idx: Option<(&'a [usize], &'a [i64])>,
+}
+
+/// What went wrong dequantizing a GPTQ or AWQ linear: the tensor at fault (`qweight`, `qzeros`,
+/// `scales`, `g_idx`) and why.
+pub type PartError = (&'static str, String);
+
+/// The `bits`-bit field `j` of each int32 word, low bits first (an `i64` holds the word's value).
+fn field(word: i64, j: usize, bits: u32) -> i32 {
+    ((word as u32 >> (j as u32 * bits)) & ((1u32 << bits) - 1)) as i32
+}
+
+fn expect_shape(
+    leaf: &'static str,
+    shape: &[usize],
+    values: usize,
+    expected: &[usize],
+) -> std::result::Result<(), PartError> {
+    if shape != expected || values != expected.iter().product::<usize>() {
+        return Err((leaf, format!("shape {shape:?}, expected {expected:?}")));
+    }
+    Ok(())
+}
+
+/// The scales' shape `[groups, out]`, checked against their count.
+fn scale_dims(scales: &[f32], scale_shape: &[usize]) -> std::result::Result<(usize, usize), PartError> {
+    match *scale_shape {
+        [groups, out] if groups > 0 && out > 0 && groups.checked_mul(out) == Some(scales.len()) => {
+            if scales.iter().any(|s| !s.is_finite()) {
+                return Err(("scales", "a scale is not finite".into()));
+            }
+            Ok((groups, out))
+        }
+        _ => Err(("scales", format!("shape {scale_shape:?} for {} values; expected [groups, out]", scales.len()))),
+    }
+}
+
+/// A GPTQ linear's weight `[out, in]`: `scale[g] * (q - zero[g])` with `g` the input's group
+/// (`g_idx`, else `i / group`), each product rounded by `round` (to the scales' dtype), as
+/// gptqmodel 7.7.0's `TorchLinear.dequantize_weight` computes it. A v1 checkpoint's zeros get one
+/// added to every field of their int32 words at once, as gptqmodel's v1-to-v2 conversion does
+/// (a field stored as all ones carries into the next).
+pub fn dequantize_gptq(
+    gptq: &Gptq,
+    parts: &ZeroPointParts,
+    scales: &[f32],
+    scale_shape: &[usize],
+    round: fn(f32) -> f32,
+) -> std::result::Result<(Vec<f32>, [usize; 2]), PartError> {
+    let bits = gptq.bits;
+    let per_word = (32 / bits) as usize;
+    let (groups, out) = scale_dims(scales, scale_shape)?;
+    let (qw_shape, qweight) = parts.qweight;
+    let &[words_in, _] = qw_shape else {
+        return Err(("qweight", format!("shape {qw_shape:?}, expected [in / {per_word}, out]")));
+    };
+    let inputs = words_in.checked_mul(per_word).filter(|&i| i <= crate::decoder::load::MAX_DIM);
+    let inputs = inputs.ok_or_else(|| ("qweight", format!("shape {qw_shape:?} is out of range")))?;
+    expect_shape("qweight", qw_shape, qweight.len(), &[words_in, out])?;
+    let (qz_shape, qzeros) = parts.qzeros;
+    let zero_words = out.div_ceil(per_word);
+    expect_shape("qzeros", qz_shape, qzeros.len(), &[groups, zero_words])?;
+    let group_of: Vec<usize> = match parts.g_idx {
+        Some((shape, g_idx)) => {
+            expect_shape("g_idx", shape, g_idx.len(), &[inputs])?;
+            g_idx
+                .iter()
+                .map(|&g| usize::try_from(g).ok().filter(|&g| g < groups))
+                .collect::<Option<_>>()
+                .ok_or_else(|| ("g_idx", format!("a group outside 0..{groups}")))?
+        }
+        None if gptq.act_order => return Err(("g_idx", "missing, and desc_act orders the groups by it".into())),
+        None => {
+            let size = gptq.group.unwrap_or(inputs).max(1);
+            if inputs.div_ceil(size) != groups {
+                return Err(("scales", format!("{groups} groups for {inputs} inputs in groups of {size}")));
+            }
+            (0..inputs).map(|i| i / size).collect()
+        }
+    };
+    let carry = match (gptq.zeros_minus_one, bits) {
+        (false, _) => 0,
+        (true, 4) => 0x1111_1111u32,
+        (true, _) => 0x0101_0101,
+    };
+    let zeros: Vec<i32> = qzeros
+        .chunks(zero_words)
+        .flat_map(|row| {
+            (0..out).map(move |o| field((row[o / per_word] as u32).wrapping_add(carry) as i64, o % per_word, bits))
+        })
+        .collect();
+    let mut weight = vec![0f32; out * inputs];
+    for (i, &g) in group_of.iter().enumerate() {
+        let words = &qweight[(i / per_word) * out..][..out];
+        let (scales, zeros) = (&scales[g * out..][..out], &zeros[g * out..][..out]);
+        for o in 0..out {
+            let q = field(words[o], i % per_word, bits);
+            weight[o * inputs + i] = round(scales[o] * (q - zeros[o]) as f32);
+        }
+    }
+    Ok((weight, [out, inputs]))
+}
+
+/// An AWQ GEMM linear's weight `[out, in]`: `scale[g] * (q - zero[g])` with `g = i / group`, the
+/// fields of each word read in [`AWQ_ORDER`] and each product rounded by `round` (to the scales'
+/// dtype), as gptqmodel 7.7.0's `dequantize_gemm` (AWQ's torch kernel) computes it.
+pub fn dequantize_awq(
+    awq: &Awq,
+    parts: &ZeroPointParts,
+    scales: &[f32],
+    scale_shape: &[usize],
+    round: fn(f32) -> f32,
+) -> std::result::Result<(Vec<f32>, [usize; 2]), PartError> {
+    let (groups, out) = scale_dims(scales, scale_shape)?;
+    if out % 8 != 0 {
+        return Err(("scales", format!("{out} outputs, not a multiple of the 8 a word holds")));
+    }
+    let inputs = groups * awq.group;
+    if inputs > crate::decoder::load::MAX_DIM {
+        return Err(("scales", format!("{groups} groups of {} inputs is out of range", awq.group)));
+    }
+    let (qw_shape, qweight) = parts.qweight;
+    expect_shape("qweight", qw_shape, qweight.len(), &[inputs, out / 8])?;
+    let (qz_shape, qzeros) = parts.qzeros;
+    expect_shape("qzeros", qz_shape, qzeros.len(), &[groups, out / 8])?;
+    let unpack = |words: &[i64]| -> Vec<i32> {
+        let mut row = vec![0; words.len() * 8];
+        for (w, &word) in words.iter().enumerate() {
+            for (j, &col) in AWQ_ORDER.iter().enumerate() {
+                row[w * 8 + col] = field(word, j, 4);
+            }
+        }
+        row
+    };
+    let mut weight = vec![0f32; out * inputs];
+    for (g, zero_words) in qzeros.chunks(out / 8).enumerate() {
+        let zeros = unpack(zero_words);
+        let scales = &scales[g * out..][..out];
+        for i in g * awq.group..(g + 1) * awq.group {
+            let q = unpack(&qweight[i * out / 8..][..out / 8]);
+            for o in 0..out {
+                weight[o * inputs + i] = round(scales[o] * (q[o] - zeros[o]) as f32);
+            }
+        }
+    }
+    Ok((weight, [out, inputs]))
 }
 
 impl CompressedTensors {
@@ -598,7 +882,7 @@ mod tests {
     #[test]
     fn unsupported_schemes_are_named() {
         let cases: Vec<(Value, &str)> = vec![
-            (json!({"quant_method": "awq", "bits": 4}), "\"awq\" is not supported"),
+            (json!({"quant_method": "bitsandbytes", "load_in_4bit": true}), "\"bitsandbytes\" is not supported"),
             (json!({"quant_method": "fp8", "activation_scheme": "static"}), "weight_block_size"),
             (json!({"quant_method": "fp8", "weight_block_size": [128]}), "weight_block_size"),
             (json!({"quant_method": "compressed-tensors", "format": "marlin-24"}), "marlin-24"),
@@ -665,15 +949,19 @@ mod tests {
         }
 
         fn config() -> impl Strategy<Value = Value> {
-            let method = prop_oneof![Just("compressed-tensors"), Just("fp8"), Just("mxfp4"), Just("gptq")];
+            let method = prop_oneof![Just("compressed-tensors"), Just("fp8"), Just("mxfp4"), Just("gptq"), Just("awq")];
             let group = (args(), prop_oneof![args(), Just(Value::Null)], leaf())
                 .prop_map(|(w, a, t)| json!({"weights": w, "input_activations": a, "targets": [t]}));
-            (method, proptest::option::of(group), leaf(), leaf()).prop_map(|(m, g, block, fmt)| {
-                json!({
-                    "quant_method": m, "format": "float-quantized", "config_groups": g.map(|g| json!({"group_0": g})),
-                    "weight_block_size": block, "fmt": fmt,
-                })
-            })
+            let zero_point_keys = (leaf(), leaf(), leaf(), leaf());
+            (method, proptest::option::of(group), leaf(), leaf(), zero_point_keys).prop_map(
+                |(m, g, block, fmt, (bits, group_size, version, checkpoint_format))| {
+                    json!({
+                        "quant_method": m, "format": "float-quantized", "config_groups": g.map(|g| json!({"group_0": g})),
+                        "weight_block_size": block, "fmt": fmt, "bits": bits, "group_size": group_size,
+                        "version": version, "checkpoint_format": checkpoint_format,
+                    })
+                },
+            )
         }
 
         proptest! {
@@ -682,6 +970,36 @@ mod tests {
                 if let Ok(Some(q)) = Quantization::from_config(&raw(q)) {
                     let _ = q.weight_scales(&module);
                     let _ = q.input_scheme(&module);
+                }
+            }
+
+            #[test]
+            fn any_gptq_or_awq_tensors_dequantize_or_are_refused(
+                qweight_shape in proptest::collection::vec(0usize..9, 0..3),
+                qzeros_shape in proptest::collection::vec(0usize..3, 0..3),
+                scale_shape in proptest::collection::vec(0usize..17, 0..3),
+                g_idx in proptest::option::of(proptest::collection::vec(-1i64..3, 0..17)),
+                bits in prop_oneof![Just(4u32), Just(8)],
+                group in 1usize..5,
+                act_order: bool,
+            ) {
+                let count = |s: &[usize]| s.iter().product::<usize>();
+                let words: Vec<i64> = (0..count(&qweight_shape) as i64).map(|w| w * 0x1357_9bdf).collect();
+                let zeros: Vec<i64> = (0..count(&qzeros_shape) as i64).map(|w| -w).collect();
+                let scales = vec![0.5f32; count(&scale_shape)];
+                let g_shape = g_idx.as_ref().map(|g| vec![g.len()]);
+                let parts = ZeroPointParts {
+                    qweight: (&qweight_shape, &words),
+                    qzeros: (&qzeros_shape, &zeros),
+                    g_idx: g_idx.as_deref().map(|g| (g_shape.as_deref().unwrap(), g)),
+                };
+                let gptq = Gptq { bits, group: Some(group), act_order, zeros_minus_one: true };
+                let round: fn(f32) -> f32 = |v| v;
+                if let Ok((w, [out, inputs])) = dequantize_gptq(&gptq, &parts, &scales, &scale_shape, round) {
+                    prop_assert_eq!(w.len(), out * inputs);
+                }
+                if let Ok((w, [out, inputs])) = dequantize_awq(&Awq { group }, &parts, &scales, &scale_shape, round) {
+                    prop_assert_eq!(w.len(), out * inputs);
                 }
             }
 
@@ -785,5 +1103,141 @@ mod tests {
         let mut w = vec![1.0f32; 2 * 6];
         dequantize(&mut w, &[2, 6], &[1.0, 2.0, 3.0, 4.0], &[2, 2], WeightScales::Group(4)).unwrap();
         assert_eq!(w, [1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 3.0, 3.0, 4.0, 4.0]);
+    }
+
+    #[test]
+    fn gptq_and_awq_configs_are_read_or_refused_by_name() {
+        let gptq = json!({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": true, "sym": true});
+        let q = Quantization::from_config(&raw(gptq.clone())).unwrap().unwrap();
+        let want = Gptq { bits: 4, group: Some(128), act_order: true, zeros_minus_one: true };
+        assert!(matches!(q, Quantization::Gptq(g) if g == want), "{q:?}");
+        assert!(Quantization::resolve(&raw(gptq.clone()), Some("gptq")).unwrap().is_some());
+        let mut v2 = gptq.clone();
+        v2["checkpoint_format"] = json!("gptq_v2");
+        v2["group_size"] = json!(-1);
+        v2["bits"] = json!(8);
+        let want = Gptq { bits: 8, group: None, act_order: true, zeros_minus_one: false };
+        assert!(matches!(Quantization::from_config(&raw(v2)).unwrap().unwrap(), Quantization::Gptq(g) if g == want));
+        let awq = json!({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": true, "version": "GEMM",
+                         "modules_to_not_convert": ["lm_head"]});
+        let q = Quantization::from_config(&raw(awq.clone())).unwrap().unwrap();
+        assert!(matches!(q, Quantization::Awq(Awq { group: 128 })), "{q:?}");
+        assert!(q.weight_scales("model.layers.0.mlp.up_proj").is_err());
+        assert_eq!(q.input_scheme("model.layers.0.mlp.up_proj").unwrap(), None);
+
+        let refusals: Vec<(&Value, Value, &str)> = vec![
+            (&gptq, json!({"bits": 3}), "`quantization_config.bits` 3"),
+            (&gptq, json!({"bits": 2}), "`quantization_config.bits` 2"),
+            (&gptq, json!({"group_size": 0}), "`quantization_config.group_size` 0"),
+            (&gptq, json!({"checkpoint_format": "marlin"}), "`quantization_config.checkpoint_format` \"marlin\""),
+            (&gptq, json!({"is_marlin_format": true}), "is_marlin_format"),
+            (&gptq, json!({"pack_dtype": "int16"}), "`quantization_config.pack_dtype` \"int16\""),
+            (&awq, json!({"version": "gemv"}), "`quantization_config.version` \"gemv\""),
+            (&awq, json!({"version": "exllama"}), "`quantization_config.version` \"exllama\""),
+            (&awq, json!({"bits": 8}), "`quantization_config.bits` 8"),
+            (&awq, json!({"zero_point": false}), "zero_point"),
+            (&awq, json!({"backend": "llm-awq"}), "`quantization_config.backend` \"llm-awq\""),
+            (&awq, json!({"group_size": -1}), "`quantization_config.group_size` -1"),
+        ];
+        for (base, edit, needle) in refusals {
+            let mut q = base.clone();
+            for (k, v) in edit.as_object().unwrap() {
+                q[k] = v.clone();
+            }
+            let err = Quantization::from_config(&raw(q)).unwrap_err().to_string();
+            assert!(err.contains(needle) && err.contains("m/config.json"), "{edit}: {err}");
+        }
+    }
+
+    /// `fields[k]` at bit `k * bits` of one word.
+    fn word(fields: &[i32], bits: u32) -> i64 {
+        fields.iter().enumerate().fold(0u32, |w, (k, &f)| w | (f as u32) << (k as u32 * bits)) as i32 as i64
+    }
+
+    fn f16_round(v: f32) -> f32 {
+        half::f16::from_f32(v).to_f32()
+    }
+
+    #[test]
+    fn gptq_reads_g_idx_and_v1_zeros_and_rounds_to_f16() {
+        // 8 inputs in two groups interleaved by g_idx, 2 outputs; q[i][o], zero[g][o] as meant.
+        let q: Vec<[i32; 2]> = (0..8).map(|i| [i * 2 % 16, 15 - i]).collect();
+        let g_idx = [0i64, 1, 0, 1, 1, 0, 1, 0];
+        let zero = [[8, 3], [1, 15]];
+        let scales = [0.1f32, 0.7, 1.3, 0.01].map(f16_round);
+        let qweight: Vec<i64> = (0..2).map(|o| word(&q.iter().map(|r| r[o]).collect::<Vec<_>>(), 4)).collect();
+        let v1_zeros: Vec<i64> = zero.iter().map(|z| word(&[z[0] - 1, z[1] - 1], 4)).collect();
+        let parts =
+            ZeroPointParts { qweight: (&[1, 2], &qweight), qzeros: (&[2, 1], &v1_zeros), g_idx: Some((&[8], &g_idx)) };
+        let gptq = Gptq { bits: 4, group: Some(4), act_order: true, zeros_minus_one: true };
+        let (w, shape) = dequantize_gptq(&gptq, &parts, &scales, &[2, 2], f16_round).unwrap();
+        assert_eq!(shape, [2, 8]);
+        for (i, &g) in g_idx.iter().enumerate() {
+            for o in 0..2 {
+                let g = g as usize;
+                let want = f16_round(scales[g * 2 + o] * (q[i][o] - zero[g][o]) as f32);
+                assert_eq!(w[o * 8 + i], want, "input {i} output {o}");
+            }
+        }
+        // v2 stores the zeros as they are.
+        let v2_zeros: Vec<i64> = zero.iter().map(|z| word(&[z[0], z[1]], 4)).collect();
+        let v2 = Gptq { zeros_minus_one: false, ..gptq };
+        let parts_v2 = ZeroPointParts { qzeros: (&[2, 1], &v2_zeros), ..parts };
+        assert_eq!(dequantize_gptq(&v2, &parts_v2, &scales, &[2, 2], f16_round).unwrap().0, w);
+        // A v1 field of all ones carries into the next, as gptqmodel's word-wide addition does.
+        let carried = [word(&[15, 2], 4), word(&[0, 0], 4)];
+        let parts_carry = ZeroPointParts { qzeros: (&[2, 1], &carried), ..parts };
+        let (w, _) = dequantize_gptq(&gptq, &parts_carry, &scales, &[2, 2], f16_round).unwrap();
+        assert_eq!(w[0], f16_round(scales[0] * q[0][0] as f32), "field 0: 15 + 1 wraps to 0");
+        assert_eq!(w[8], f16_round(scales[1] * (q[0][1] - 4) as f32), "field 1: 2 + 1 + the carry");
+
+        let without_g_idx = ZeroPointParts { g_idx: None, ..parts };
+        let err = dequantize_gptq(&gptq, &without_g_idx, &scales, &[2, 2], f16_round).unwrap_err();
+        assert_eq!(err.0, "g_idx");
+        let in_order = Gptq { act_order: false, ..gptq };
+        let (w, _) = dequantize_gptq(&in_order, &without_g_idx, &scales, &[2, 2], f16_round).unwrap();
+        assert_eq!(w[5], f16_round(scales[2] * (q[5][0] - zero[1][0]) as f32), "input 5 in group 5 / 4");
+        let bad_g = [0i64, 1, 0, 1, 2, 0, 1, 0];
+        let err = dequantize_gptq(
+            &gptq,
+            &ZeroPointParts { g_idx: Some((&[8], &bad_g)), ..parts },
+            &scales,
+            &[2, 2],
+            f16_round,
+        );
+        assert_eq!(err.unwrap_err().0, "g_idx");
+        let err = dequantize_gptq(
+            &gptq,
+            &ZeroPointParts { qweight: (&[2, 1], &qweight), ..parts },
+            &scales,
+            &[2, 2],
+            f16_round,
+        );
+        assert_eq!(err.unwrap_err().0, "qweight");
+        let err = dequantize_gptq(&gptq, &parts, &[0.1, 0.2, f32::NAN, 0.3], &[2, 2], f16_round);
+        assert_eq!(err.unwrap_err().0, "scales");
+    }
+
+    #[test]
+    fn awq_reads_fields_in_awq_order() {
+        // 2 inputs in one group, 8 outputs: q[i][o] = o + 3 i, zero[o] = o / 2.
+        let q = |i: i32, o: i32| o + 3 * i;
+        let packed = |value: &dyn Fn(i32) -> i32| word(&AWQ_ORDER.map(|col| value(col as i32)), 4);
+        let qweight = [packed(&|o| q(0, o)), packed(&|o| q(1, o))];
+        let qzeros = [packed(&|o| o / 2)];
+        let scales: Vec<f32> = (0..8).map(|o| f16_round(0.3 + o as f32 * 0.11)).collect();
+        let parts = ZeroPointParts { qweight: (&[2, 1], &qweight), qzeros: (&[1, 1], &qzeros), g_idx: None };
+        let (w, shape) = dequantize_awq(&Awq { group: 2 }, &parts, &scales, &[1, 8], f16_round).unwrap();
+        assert_eq!(shape, [8, 2]);
+        for o in 0..8 {
+            for i in 0..2 {
+                let want = f16_round(scales[o as usize] * (q(i, o) - o / 2) as f32);
+                assert_eq!(w[o as usize * 2 + i as usize], want, "output {o} input {i}");
+            }
+        }
+        let err = dequantize_awq(&Awq { group: 4 }, &parts, &scales, &[1, 8], f16_round).unwrap_err();
+        assert_eq!(err.0, "qweight");
+        let err = dequantize_awq(&Awq { group: 2 }, &parts, &scales[..4], &[1, 4], f16_round).unwrap_err();
+        assert_eq!(err.0, "scales");
     }
 }

@@ -374,7 +374,7 @@ impl Weights {
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.source.contains(name) || self.packed_module(name).is_some()
+        self.source.contains(name) || self.packed_module(name).is_some() || self.qweight_module(name).is_some()
     }
 
     pub fn tensor_count(&self) -> usize {
@@ -414,6 +414,8 @@ impl Weights {
             self.dequantized(name, dtype).map(Some)
         } else if let Some(module) = self.packed_module(name) {
             self.unpacked(module, dtype).map(Some)
+        } else if let Some(module) = self.qweight_module(name) {
+            self.zero_point_dequantized(module, dtype).map(Some)
         } else {
             self.source.load(name, dtype)
         }
@@ -423,6 +425,48 @@ impl Weights {
     fn packed_module<'n>(&self, name: &'n str) -> Option<&'n str> {
         let module = name.strip_suffix(".weight")?;
         (!self.source.contains(name) && self.source.contains(&format!("{module}.weight_packed"))).then_some(module)
+    }
+
+    /// The module whose weight `name` is stored as GPTQ's or AWQ's `{module}.qweight`, if it is.
+    fn qweight_module<'n>(&self, name: &'n str) -> Option<&'n str> {
+        let module = name.strip_suffix(".weight")?;
+        (!self.source.contains(name) && self.source.contains(&format!("{module}.qweight"))).then_some(module)
+    }
+
+    /// A GPTQ or AWQ weight dequantized (see [`quant::dequantize_gptq`], [`quant::dequantize_awq`]),
+    /// then `dtype`.
+    fn zero_point_dequantized(&self, module: &str, dtype: DType) -> Result<Tensor> {
+        let ints = |leaf: &str| self.packed_ints(module, leaf);
+        let (qweight, qzeros) = (ints("qweight")?, ints("qzeros")?);
+        let g_idx = self.source.load_ints(&format!("{module}.g_idx"))?;
+        let parts = quant::ZeroPointParts {
+            qweight: (&qweight.0, &qweight.1),
+            qzeros: (&qzeros.0, &qzeros.1),
+            g_idx: g_idx.as_ref().map(|(shape, v)| (shape.as_slice(), v.as_slice())),
+        };
+        let scale_name = format!("{module}.scales");
+        let scales = self.source.load(&scale_name, DType::F32)?.ok_or_else(|| self.missing(&scale_name))?;
+        // gptqmodel multiplies in the scales' dtype: f16 as both formats store them, bf16 where a
+        // checkpoint keeps them so.
+        let round: fn(f32) -> f32 = if self.source.stored_bytes(&scale_name, DType::BF16)?.is_some() {
+            |v| bf16::from_f32(v).to_f32()
+        } else {
+            |v| f16::from_f32(v).to_f32()
+        };
+        let values = scales.try_to_f32_vec()?;
+        let dequantized = match &self.quantization {
+            Some(Quantization::Gptq(gptq)) => quant::dequantize_gptq(gptq, &parts, &values, scales.shape(), round),
+            Some(Quantization::Awq(awq)) => quant::dequantize_awq(awq, &parts, &values, scales.shape(), round),
+            _ => {
+                return Err(self.weights_err(format!(
+                    "tensor `{module}.qweight` is GPTQ/AWQ-packed but config.json's `quantization_config` is not \
+                     gptq or awq"
+                )))
+            }
+        };
+        let (weight, shape) =
+            dequantized.map_err(|(leaf, m)| self.weights_err(format!("tensor `{module}.{leaf}`: {m}")))?;
+        Ok(Tensor::from_f32_as(weight, &shape, dtype)?)
     }
 
     /// A pack-quantized weight: its integers unpacked and times their scales, in f32 (as

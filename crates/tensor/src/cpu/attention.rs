@@ -21,6 +21,14 @@ pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMet
     Ok(())
 }
 
+pub fn gather_cached_keys(cache: &PagedKvLayer, rows: &[usize], start: usize, len: usize) -> Result<Tensor> {
+    let KvStorage::Cpu { k, .. } = &cache.storage else {
+        return Err(TensorError::Device("gather_cached_keys: a CUDA KV cache read as a CPU one".into()));
+    };
+    let out = rows.iter().flat_map(|&r| &k[r * cache.k_dim + start..r * cache.k_dim + start + len]).copied().collect();
+    Ok(f32_tensor(out, vec![rows.len(), len]))
+}
+
 pub fn paged_attention(
     q: &Tensor,
     cache: &PagedKvLayer,

@@ -52,6 +52,22 @@ pub fn mul_row(x: &Tensor, row: &Tensor) -> Result<Tensor> {
     Ok(f32_tensor(out, x.shape().to_vec()))
 }
 
+pub fn mix_streams(x: &Tensor, coefs: &Tensor, n: usize) -> Result<Tensor> {
+    let (xs, cs) = (x.as_f32_slice()?, coefs.as_f32_slice()?);
+    let m = coefs.last_dim() / n;
+    let d = x.last_dim() / m;
+    let mut out = vec![0.0f32; x.rows() * n * d];
+    out.par_chunks_mut(n * d).zip(xs.par_chunks(m * d)).zip(cs.par_chunks(n * m)).for_each(|((o, xr), cr)| {
+        for (i, stream) in o.chunks_mut(d).enumerate() {
+            let w = &cr[i * m..(i + 1) * m];
+            for (c, v) in stream.iter_mut().enumerate() {
+                *v = (1..m).fold(w[0] * xr[c], |a, j| a + w[j] * xr[j * d + c]);
+            }
+        }
+    });
+    Ok(f32_tensor(out, vec![x.rows(), n * d]))
+}
+
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
     let cols = x.last_dim().max(1);
     let mut out = x.as_f32_slice()?.to_vec();

@@ -47,6 +47,32 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) 
     Ok(f32_tensor(out, x.shape().to_vec()))
 }
 
+pub fn gaussian_topk(x: &Tensor, multiplier: f32) -> Result<Tensor> {
+    let cols = x.last_dim().max(1);
+    let mut out = x.as_f32_slice()?.to_vec();
+    out.par_chunks_mut(cols).for_each(|row| {
+        let mean = row.iter().sum::<f32>() / cols as f32;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / cols as f32;
+        let cutoff = mean + var.sqrt() * multiplier;
+        row.iter_mut().for_each(|v| *v = (*v - cutoff).max(0.0));
+    });
+    Ok(f32_tensor(out, x.shape().to_vec()))
+}
+
+/// In transformers' order: `x * target / own`, each magnitude the square root of a mean square.
+pub fn match_rms(x: &Tensor, reference: &Tensor, min_mean_square: f32) -> Result<Tensor> {
+    let (cols, ref_cols) = (x.last_dim().max(1), reference.last_dim().max(1));
+    let mean_square = |row: &[f32]| row.iter().map(|v| v * v).sum::<f32>() / row.len() as f32;
+    let refs = reference.as_f32_slice()?;
+    let mut out = x.as_f32_slice()?.to_vec();
+    out.par_chunks_mut(cols).zip(refs.par_chunks(ref_cols)).for_each(|(row, r)| {
+        let target = mean_square(r).sqrt();
+        let own = mean_square(row).max(min_mean_square).sqrt();
+        row.iter_mut().for_each(|v| *v = *v * target / own);
+    });
+    Ok(f32_tensor(out, x.shape().to_vec()))
+}
+
 /// FP8 activation quantization: every block of `group` elements of a row (the whole row when
 /// `group` is the row length) fake-quantized with the scale of its largest magnitude, or with
 /// a fixed scale.

@@ -211,8 +211,8 @@ kernel_params! {
 }
 
 kernel_params! {
-    /// `fp8_quant_rows_bf16`: x's rows as e4m3 bytes and a scale per row (`static_scale` where
-    /// positive).
+    /// `fp8_quant_rows_bf16` and `fp8_quant_row_chunks_bf16`: x's rows as e4m3 bytes and a scale
+    /// per row (`static_scale` where positive).
     struct Fp8QuantRows { x: u64, q: u64, scales: u64, cols: i32, static_scale: f32 }
 }
 
@@ -399,7 +399,6 @@ fn quantize_input(xs: &CudaStorage, m: usize, buf: &Fp8Buf) -> Result<(CudaStora
     let k = buf.cols;
     let q = CudaStorage::alloc(dev, DType::F32, (m * k).div_ceil(4))?;
     let sx = CudaStorage::alloc(dev, DType::F32, m)?;
-    let f = dev.function(NORM, "fp8_quant_rows_bf16")?;
     let quant = Fp8QuantRows {
         x: xs.ptr(),
         q: q.ptr(),
@@ -407,7 +406,10 @@ fn quantize_input(xs: &CudaStorage, m: usize, buf: &Fp8Buf) -> Result<(CudaStora
         cols: int(k)?,
         static_scale: buf.static_input_scale(),
     };
-    quant.launch_with(dev, &f, super::storage::row_cfg(m, k))?;
+    match super::norm::quant_chunks_cfg(m, k) {
+        Some(cfg) => quant.launch_with(dev, &dev.function(NORM, "fp8_quant_row_chunks_bf16")?, cfg)?,
+        None => quant.launch_with(dev, &dev.function(NORM, "fp8_quant_rows_bf16")?, super::storage::row_cfg(m, k))?,
+    }
     Ok((q, sx))
 }
 

@@ -61,6 +61,7 @@ pub(crate) fn defines() -> Vec<String> {
         ("BINARY_ADD", ops::BINARY_ADD.into()),
         ("BINARY_MUL", ops::BINARY_MUL.into()),
         ("BINARY_ACT_MUL", ops::BINARY_ACT_MUL.into()),
+        ("QUANT_CHUNKS", super::norm::QUANT_CHUNKS as i64),
         ("QV_MAX", attention::QV_MAX as i64),
         ("TILE", attention::TILE as i64),
         ("NWARPS", attention::NWARPS as i64),

@@ -1,5 +1,6 @@
 //! The row-wise normalisations on CUDA (kernels/norm.cu): RMSNorm (plain and fused with the
-//! residual add), LayerNorm, softmax, FP8 activation quantization. One block per row (or group).
+//! residual add), LayerNorm, softmax, FP8 activation quantization, Gemma 3n's gaussian top-k and
+//! AltUp's magnitude matching. One block per row (or group).
 
 use cudarc::driver::LaunchConfig;
 
@@ -131,6 +132,50 @@ pub fn layer_norm(x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f32) 
 }
 
 kernel_params! {
+    /// `gaussian_topk_<t>`.
+    struct GaussianTopk { x: u64, y: u64, cols: i32, multiplier: f32 }
+}
+
+pub fn gaussian_topk(x: &Tensor, multiplier: f32) -> Result<Tensor> {
+    let xs = cuda_of("gaussian_topk", x)?;
+    let dev = xs.device();
+    let (rows, cols) = (x.rows(), x.last_dim());
+    let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
+    if rows > 0 && cols > 0 {
+        let f = dev.function(NORM, &format!("gaussian_topk_{}", dtype_suffix(xs.dtype())?))?;
+        let launch = GaussianTopk { x: xs.ptr(), y: out.ptr(), cols: int(cols)?, multiplier };
+        launch.launch_with(dev, &f, row_cfg(rows, cols))?;
+    }
+    wrap(out, x.shape().to_vec())
+}
+
+kernel_params! {
+    /// `match_rms_<t>`.
+    struct MatchRms { x: u64, reference: u64, y: u64, cols: i32, ref_cols: i32, floor: f32 }
+}
+
+pub fn match_rms(x: &Tensor, reference: &Tensor, min_mean_square: f32) -> Result<Tensor> {
+    let (xs, rs) = (cuda_of("match_rms", x)?, cuda_of("match_rms", reference)?);
+    same_dtype("match_rms", xs, rs)?;
+    let dev = xs.device();
+    let (rows, cols, ref_cols) = (x.rows(), x.last_dim(), reference.last_dim());
+    let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
+    if rows > 0 && cols > 0 && ref_cols > 0 {
+        let f = dev.function(NORM, &format!("match_rms_{}", dtype_suffix(xs.dtype())?))?;
+        let launch = MatchRms {
+            x: xs.ptr(),
+            reference: rs.ptr(),
+            y: out.ptr(),
+            cols: int(cols)?,
+            ref_cols: int(ref_cols)?,
+            floor: min_mean_square,
+        };
+        launch.launch_with(dev, &f, row_cfg(rows, cols.max(ref_cols)))?;
+    }
+    wrap(out, x.shape().to_vec())
+}
+
+kernel_params! {
     /// `softmax_<t>`.
     struct Softmax { x: u64, y: u64, cols: i32 }
 }
@@ -158,6 +203,25 @@ kernel_params! {
     struct Fp8FakeQuant { x: u64, y: u64, group: i32, static_scale: f32 }
 }
 
+kernel_params! {
+    /// `fp8_fake_quant_row_chunks_bf16`.
+    struct Fp8FakeQuantRows { x: u64, y: u64, cols: i32, static_scale: f32 }
+}
+
+/// 16-byte chunks of a row each thread of the `*_row_chunks_bf16` quantization kernels holds.
+pub(crate) const QUANT_CHUNKS: usize = 4;
+
+/// The launch of a `*_row_chunks_bf16` quantization kernel over `rows` rows `cols` wide: one
+/// block per row, a thread per chunk up to 1024 threads; `None` for rows it does not take.
+pub(crate) fn quant_chunks_cfg(rows: usize, cols: usize) -> Option<LaunchConfig> {
+    let chunks = cols / 8;
+    if !cols.is_multiple_of(8) || chunks == 0 || chunks > QUANT_CHUNKS * 1024 || rows == 0 {
+        return None;
+    }
+    let threads = chunks.min(1024).next_multiple_of(32) as u32;
+    Some(LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 })
+}
+
 pub fn fp8_fake_quant(x: &Tensor, quant: crate::ActivationQuant) -> Result<Tensor> {
     let xs = cuda_of("fp8_fake_quant", x)?;
     let dev = xs.device();
@@ -169,7 +233,12 @@ pub fn fp8_fake_quant(x: &Tensor, quant: crate::ActivationQuant) -> Result<Tenso
         crate::ActivationQuant::Static(s) => (cols, s),
     };
     let out = CudaStorage::alloc(dev, xs.dtype(), xs.len())?;
-    if !xs.is_empty() && group > 0 {
+    let chunked =
+        if xs.dtype() == DType::BF16 && group == cols { quant_chunks_cfg(xs.len() / cols, cols) } else { None };
+    if let (Some(cfg), false) = (chunked, xs.is_empty()) {
+        let f = dev.function(NORM, "fp8_fake_quant_row_chunks_bf16")?;
+        Fp8FakeQuantRows { x: xs.ptr(), y: out.ptr(), cols: int(cols)?, static_scale }.launch_with(dev, &f, cfg)?;
+    } else if !xs.is_empty() && group > 0 {
         let f = dev.function(NORM, &format!("fp8_fake_quant_{}", dtype_suffix(xs.dtype())?))?;
         let launch = Fp8FakeQuant { x: xs.ptr(), y: out.ptr(), group: int(group)?, static_scale };
         launch.launch_with(dev, &f, row_cfg(xs.len() / group, group))?;

@@ -213,6 +213,35 @@ pub fn mul_row(x: &Tensor, row: &Tensor) -> Result<Tensor> {
 }
 
 kernel_params! {
+    /// `mix_streams_<t>`: see [`crate::ops::mix_streams`].
+    struct MixStreams { x: u64, coefs: u64, y: u64, total: u64, n: i32, m: i32, d: i32 }
+}
+
+pub fn mix_streams(x: &Tensor, coefs: &Tensor, n: usize) -> Result<Tensor> {
+    let (xs, cs) = (cuda_of("mix_streams", x)?, cuda_of("mix_streams", coefs)?);
+    same_dtype("mix_streams", xs, cs)?;
+    let dev = xs.device();
+    let m = coefs.last_dim() / n;
+    let d = x.last_dim() / m;
+    let total = x.rows() * n * d;
+    let out = CudaStorage::alloc(dev, xs.dtype(), total)?;
+    if total > 0 {
+        let f = dev.function(ELEMENTWISE, &format!("mix_streams_{}", dtype_suffix(xs.dtype())?))?;
+        let launch = MixStreams {
+            x: xs.ptr(),
+            coefs: cs.ptr(),
+            y: out.ptr(),
+            total: total as u64,
+            n: int(n)?,
+            m: int(m)?,
+            d: int(d)?,
+        };
+        launch.launch_with(dev, &f, flat_cfg(dev, total))?;
+    }
+    wrap(out, vec![x.rows(), n * d])
+}
+
+kernel_params! {
     /// `broadcast_row_<t>_<w>`: `y` filled with copies of `row` (`cols` elements).
     struct BroadcastRow { row: u64, y: u64, n: u64, cols: i32 }
 }
@@ -279,6 +308,19 @@ pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
     let cols = x.last_dim();
     let out = gather("gather_rows", cuda_of("gather_rows", x)?, cols, StepIndex::LogitRows(rows))?;
     wrap(out, vec![rows.len(), cols])
+}
+
+/// Whole key rows gathered, then the columns copied out: two existing launches, no kernel of
+/// its own. A capture fails on the uploaded row list, as on any gather but the logit rows'.
+pub fn gather_cached_keys(cache: &crate::kv::PagedKvLayer, rows: &[usize], start: usize, len: usize) -> Result<Tensor> {
+    let op = "gather_cached_keys";
+    let crate::kv::KvStorage::Cuda { k, .. } = &cache.storage else {
+        return Err(dev_err(format!("{op}: a CPU KV cache read as a CUDA one")));
+    };
+    let full = gather(op, k, cache.k_dim, StepIndex::LogitRows(rows))?;
+    let out = CudaStorage::alloc(k.device(), k.dtype(), rows.len() * len)?;
+    copy_cols(&full, cache.k_dim, start, &out, len, 0, rows.len(), len)?;
+    wrap(out, vec![rows.len(), len])
 }
 
 kernel_params! {

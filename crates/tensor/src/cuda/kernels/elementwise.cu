@@ -1,4 +1,4 @@
-// Elementwise maps, copies and gathers, the mixture-of-experts combine, argmax.
+// Elementwise maps, copies and gathers, the mixture-of-experts combine, AltUp's stream mixing, argmax.
 
 // op: UNARY_SCALE by a, UNARY_SOFTCAP a * tanh(x / a), UNARY_ACTIVATION with activation code `act`.
 template <typename T>
@@ -104,6 +104,22 @@ __device__ void combine_rows(const T* __restrict__ y, const unsigned int* __rest
     }
 }
 
+// out[r, i * d + c] = sum_j coefs[r, i * m + j] * x[r, j * d + c] for i < n, added in j order with
+// each product rounded (AltUp's stream mixing).
+template <typename T>
+__device__ void mix_streams(const T* __restrict__ x, const T* __restrict__ coefs, T* __restrict__ y, size_t total,
+                            int n, int m, int d) {
+    GRID_STRIDE(k, total) {
+        const size_t r = k / ((size_t)n * d);
+        const int i = (int)(k / d % n), c = (int)(k % d);
+        const T* w = coefs + (r * n + i) * m;
+        const T* xr = x + r * m * d + c;
+        float a = __fmul_rn(to_f(w[0]), to_f(xr[0]));
+        for (int j = 1; j < m; ++j) a = __fadd_rn(a, __fmul_rn(to_f(w[j]), to_f(xr[(size_t)j * d])));
+        y[k] = from_f<T>(a);
+    }
+}
+
 // Block (part, row) takes columns [part * per_part, (part + 1) * per_part) of its row: one block
 // per row would leave a vocabulary-sized row (128k logits) to a single multiprocessor.
 template <typename T>
@@ -150,6 +166,10 @@ __device__ void argmax_parts(const T* __restrict__ x, float* __restrict__ part_v
     extern "C" __global__ void combine_rows_##TN(const T* y, const unsigned int* rows, const float* w, T* out, int cols, \
                                                  int per_row) { pdl_wait();                                        \
         combine_rows<T>(y, rows, w, out, cols, per_row);                                                           \
+    }                                                                                                              \
+    extern "C" __global__ void mix_streams_##TN(const T* x, const T* coefs, T* y, size_t total, int n, int m, int d) {\
+        pdl_wait();                                                                                                \
+        mix_streams<T>(x, coefs, y, total, n, m, d);                                                               \
     }
 FOR_T(INST_T)
 

@@ -1,5 +1,5 @@
 // Row-wise reductions: RMSNorm (plain and fused with the residual add), LayerNorm, softmax, FP8
-// activation quantization.
+// activation quantization, Gemma 3n's gaussian top-k and AltUp's magnitude matching.
 // One block per row. The RMSNorm loops are unrolled so that a thread's loads are in flight
 // together: at decode a norm is one or a few blocks, bound by memory latency, not bandwidth.
 
@@ -96,6 +96,38 @@ __device__ void layer_norm(const T* __restrict__ x, const W* __restrict__ w, con
     }
 }
 
+// Gemma 3n's gaussian top-k: relu(x - (mean + std * mult)) with the row's mean and population
+// standard deviation (two passes, as torch's CPU std).
+template <typename T>
+__device__ void gaussian_topk(const T* __restrict__ x, T* __restrict__ y, int cols, float mult) {
+    const T* xr = x + (size_t)blockIdx.x * cols;
+    T* yr = y + (size_t)blockIdx.x * cols;
+    float s = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += to_f(xr[c]);
+    const float mean = block_sum(s) / cols;
+    float q = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) { float d = to_f(xr[c]) - mean; q += d * d; }
+    const float cutoff = __fadd_rn(mean, __fmul_rn(sqrtf(block_sum(q) / cols), mult));
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = from_f<T>(fmaxf(to_f(xr[c]) - cutoff, 0.f));
+}
+
+// AltUp's magnitude matching: x * rms(ref) / sqrt(max(mean(x^2), floor)), multiplied then divided
+// as transformers writes it.
+template <typename T>
+__device__ void match_rms(const T* __restrict__ x, const T* __restrict__ ref, T* __restrict__ y, int cols, int ref_cols,
+                          float floor) {
+    const T* xr = x + (size_t)blockIdx.x * cols;
+    const T* rr = ref + (size_t)blockIdx.x * ref_cols;
+    T* yr = y + (size_t)blockIdx.x * cols;
+    float s = 0.f;
+    for (int c = threadIdx.x; c < ref_cols; c += blockDim.x) { float v = to_f(rr[c]); s += v * v; }
+    const float target = sqrtf(block_sum(s) / ref_cols);
+    float q = 0.f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) { float v = to_f(xr[c]); q += v * v; }
+    const float own = sqrtf(fmaxf(block_sum(q) / cols, floor));
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = from_f<T>(__fdiv_rn(__fmul_rn(to_f(xr[c]), target), own));
+}
+
 template <typename T>
 __device__ void softmax(const T* __restrict__ x, T* __restrict__ y, int cols) {
     const T* xr = x + (size_t)blockIdx.x * cols;
@@ -168,11 +200,82 @@ extern "C" __global__ void fp8_quant_rows_bf16(const bf16_t* __restrict__ x, uns
         qr[c] = e4m3_byte(round_to_e4m3(fminf(fmaxf(to_f(xr[c]) / scale, -448.f), 448.f)));
 }
 
+// fp8_quant_rows_bf16 and fp8_fake_quant_bf16 per token for rows of whole 16-byte chunks (up to
+// QUANT_CHUNKS a thread, norm.rs's quant_chunks_cfg), with
+// the same scale and rounding. At decode a row is one block, bound by load latency: each thread
+// issues all its loads at once and keeps the chunks in registers from the maximum to the write,
+// where the loops above wait on one load per step and read the row twice. Writes e4m3 bytes to
+// `q` (and the scale to `scales`) when `q` is given, else the quantized values in bf16 to `y`.
+__device__ void fp8_quant_row_chunks(const bf16_t* __restrict__ x, bf16_t* __restrict__ y, unsigned char* __restrict__ q,
+                                     float* __restrict__ scales, int cols, float static_scale) {
+    const int chunks = cols / 8;
+    const uint4* xr = (const uint4*)(x + (size_t)blockIdx.x * cols);
+    uint4 v[QUANT_CHUNKS];
+    float m = 0.f;
+#pragma unroll
+    for (int i = 0; i < QUANT_CHUNKS; ++i) {
+        const int c = threadIdx.x + i * blockDim.x;
+        if (c < chunks) v[i] = xr[c];
+    }
+#pragma unroll
+    for (int i = 0; i < QUANT_CHUNKS; ++i) {
+        if (threadIdx.x + i * blockDim.x < chunks) {
+            float f[8];
+            unpack(v[i], f, bf16_t());
+#pragma unroll
+            for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(f[e]));
+        }
+    }
+    float scale = static_scale;
+    if (!(static_scale > 0.f)) {
+        scale = block_max(m) / 448.f;
+        if (scale == 0.f) scale = 1.1920929e-07f;
+    }
+    if (q && threadIdx.x == 0) scales[blockIdx.x] = scale;
+#pragma unroll
+    for (int i = 0; i < QUANT_CHUNKS; ++i) {
+        const int c = threadIdx.x + i * blockDim.x;
+        if (c >= chunks) continue;
+        float f[8];
+        unpack(v[i], f, bf16_t());
+        __align__(16) bf16_t out[8];
+        __align__(8) unsigned char bytes[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const float r = round_to_e4m3(fminf(fmaxf(f[e] / scale, -448.f), 448.f));
+            bytes[e] = e4m3_byte(r);
+            out[e] = from_f<bf16_t>(r * scale);
+        }
+        if (q) ((uint2*)(q + (size_t)blockIdx.x * cols))[c] = *(const uint2*)bytes;
+        else ((uint4*)(y + (size_t)blockIdx.x * cols))[c] = *(const uint4*)out;
+    }
+}
+
+extern "C" __global__ void fp8_quant_row_chunks_bf16(const bf16_t* __restrict__ x, unsigned char* __restrict__ q,
+                                                     float* __restrict__ scales, int cols, float static_scale) {
+    pdl_wait();
+    fp8_quant_row_chunks(x, nullptr, q, scales, cols, static_scale);
+}
+
+extern "C" __global__ void fp8_fake_quant_row_chunks_bf16(const bf16_t* __restrict__ x, bf16_t* __restrict__ y,
+                                                          int cols, float static_scale) {
+    pdl_wait();
+    fp8_quant_row_chunks(x, y, nullptr, nullptr, cols, static_scale);
+}
+
 #define INST_T(TN, T) \
     extern "C" __global__ void softmax_##TN(const T* x, T* y, int cols) { pdl_wait(); softmax<T>(x, y, cols); } \
     extern "C" __global__ void fp8_fake_quant_##TN(const T* x, T* y, int group, float static_scale) {          \
         pdl_wait();                                                                                          \
         fp8_fake_quant<T>(x, y, group, static_scale);                                                        \
+    }                                                                                                        \
+    extern "C" __global__ void gaussian_topk_##TN(const T* x, T* y, int cols, float mult) {                 \
+        pdl_wait();                                                                                          \
+        gaussian_topk<T>(x, y, cols, mult);                                                                  \
+    }                                                                                                        \
+    extern "C" __global__ void match_rms_##TN(const T* x, const T* r, T* y, int cols, int rc, float floor) {\
+        pdl_wait();                                                                                          \
+        match_rms<T>(x, r, y, cols, rc, floor);                                                              \
     }
 FOR_T(INST_T)
 
