@@ -9,8 +9,6 @@
 //! given, naming each layer dense or sparse. The released checkpoints' config spells the
 //! indexer `index_n_heads`, `index_head_dim` and `index_topk`, as transformers does.
 
-use serde_json::Value;
-
 use crate::decoder::load::check_dims;
 use crate::decoder::Decoder;
 use crate::families::deepseek_v2::{self, DeepseekVariant};
@@ -19,24 +17,13 @@ use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
 use crate::Result;
 
-/// A whole-number key, or `default` where the config leaves it out.
-fn count(raw: &RawConfig, key: &str, default: usize) -> Result<usize> {
-    match raw.value.get(key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(v) => v
-            .as_u64()
-            .and_then(|n| usize::try_from(n).ok())
-            .ok_or_else(|| raw.error(format!("`{key}` is {v}: it must be a whole number"))),
-    }
-}
-
 /// The indexer's shape (transformers' defaults: 64 heads of 128, 2048 keys kept), checked.
 pub fn indexer_dims(raw: &RawConfig, qk_rope_head_dim: usize) -> Result<IndexerDims> {
     let dims = IndexerDims {
-        heads: count(raw, "index_n_heads", 64)?,
-        head_dim: count(raw, "index_head_dim", 128)?,
+        heads: raw.count_or("index_n_heads", 64)?,
+        head_dim: raw.count_or("index_head_dim", 128)?,
         rope_dim: qk_rope_head_dim,
-        topk: count(raw, "index_topk", 2048)?,
+        topk: raw.count_or("index_topk", 2048)?,
     };
     check_dims(
         raw,

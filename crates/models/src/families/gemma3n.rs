@@ -279,17 +279,6 @@ pub fn load_conditional(raw: &RawConfig, w: &Weights) -> Result<Gemma3n> {
     load_at(&text, &w.at("model.language_model"))
 }
 
-/// A count whose transformers default applies when the key is absent or null.
-fn count(raw: &RawConfig, key: &str, default: usize) -> Result<usize> {
-    match raw.value.get(key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(v) => v
-            .as_u64()
-            .and_then(|n| usize::try_from(n).ok())
-            .ok_or_else(|| raw.error(format!("`{key}` must be a non-negative integer, not {v}"))),
-    }
-}
-
 fn flag(raw: &RawConfig, key: &str, default: bool) -> Result<bool> {
     match raw.value.get(key) {
         None | Some(Value::Null) => Ok(default),
@@ -392,11 +381,11 @@ fn load_at(raw: &RawConfig, model: &Scope) -> Result<Gemma3n> {
         None => (0..layers).map(|i| (i + 1) % 5 != 0).collect(),
     };
     let window = d.sliding_window.unwrap_or(512);
-    let copies = count(raw, "altup_num_inputs", 4)?;
-    let active = count(raw, "altup_active_idx", 0)?;
-    let rank = count(raw, "laurel_rank", 64)?;
-    let width = count(raw, "hidden_size_per_layer_input", 256)?;
-    let per_layer_vocab = count(raw, "vocab_size_per_layer_input", 262_144)?;
+    let copies = raw.count_or("altup_num_inputs", 4)?;
+    let active = raw.count_or("altup_active_idx", 0)?;
+    let rank = raw.count_or("laurel_rank", 64)?;
+    let width = raw.count_or("hidden_size_per_layer_input", 256)?;
+    let per_layer_vocab = raw.count_or("vocab_size_per_layer_input", 262_144)?;
     check_dims(
         raw,
         &[
@@ -420,7 +409,7 @@ fn load_at(raw: &RawConfig, model: &Scope) -> Result<Gemma3n> {
             _ => return Err(raw.error(format!("`final_logit_softcapping` must be a positive number or null, not {v}"))),
         },
     };
-    let sources = kv_sources(raw, &sliding, count(raw, "num_kv_shared_layers", 15)?)?;
+    let sources = kv_sources(raw, &sliding, raw.count_or("num_kv_shared_layers", 15)?)?;
     let [local, global] = RopeParameters::sliding_and_full(raw, 10_000.0, 1_000_000.0)?;
     let ropes = vec![
         Rope::new(&local, d.head_dim, d.max_positions, raw)?,

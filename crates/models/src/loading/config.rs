@@ -97,6 +97,17 @@ impl RawConfig {
         }
     }
 
+    /// The whole number at `key`, or `default` where the config leaves it out (absent or null).
+    pub fn count_or(&self, key: &str, default: usize) -> Result<usize> {
+        match self.value.get(key) {
+            None | Some(serde_json::Value::Null) => Ok(default),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| self.error(format!("`{key}` is {v}: it must be a whole number"))),
+        }
+    }
+
     pub fn error(&self, message: impl Into<String>) -> ModelError {
         ModelError::Config { path: self.path.clone(), message: message.into() }
     }
