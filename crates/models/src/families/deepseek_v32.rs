@@ -52,7 +52,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     use super::*;
 
