@@ -1037,6 +1037,20 @@ fn paged_attention_matches_cpu() {
             seqs: seqs(&[(0, 200), (150, 90)]),
         },
         AttnCase {
+            name:
+                "Llama-shaped chunk over a long cached prefix GQA 32/8 d128 (16-row items under FERRITE_FLASH_PREFILL)",
+            hq: 32,
+            hkv: 8,
+            d: 128,
+            dv: 128,
+            block_size: 16,
+            window: None,
+            chunk: None,
+            softcap: None,
+            sinks: false,
+            seqs: seqs(&[(1100, 77), (0, 3), (40, 130)]),
+        },
+        AttnCase {
             name: "sinks, decode ctx 3000 GQA 64/8 d64 (split keys, combine)",
             hq: 64,
             hkv: 8,

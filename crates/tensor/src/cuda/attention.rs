@@ -35,6 +35,10 @@ pub(crate) const DEC_SUB: usize = 128;
 pub(crate) const DEC_WARPS: usize = DEC_SUB / 32;
 /// Keys per tile of the tensor-core prefill kernel.
 pub(crate) const MMA_TK: usize = 64;
+/// Query vectors a FlashAttention-2-style prefill block serves: 16 (one MMA row block) per warp.
+pub(crate) const FA2_QV: usize = 16 * NWARPS;
+/// Key/value tiles in flight in that block: one multiplied, one loading.
+pub(crate) const FA2_STAGES: usize = 2;
 
 const MAX_V_DIM: usize = 32 * DV_REGS;
 /// Fewest keys a split of a decode row's key range is given. A decode block's time is mostly its
@@ -52,6 +56,49 @@ const DEC_HMAX: usize = 8;
 const MIN_KEYS_PER_SPLIT: usize = 64;
 /// Head dims of the tensor-core prefill kernel (INST_MMA in attention_mma.cu).
 const MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// Which kernel runs the prefill rows; the work items are cut to its block's query vectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PrefillKernel {
+    /// `paged_attn`: any dtype and head dims.
+    CudaCores,
+    /// `paged_attn_mma`: bf16, equal head dims of `MMA_HEAD_DIMS`, 16-byte rows.
+    TensorCores,
+    /// `paged_attn_fa2`: what `TensorCores` takes, where `FERRITE_FLASH_PREFILL=1` asks for it.
+    Flash,
+}
+
+impl PrefillKernel {
+    fn choose(dtype: DType, p: &AttentionParams, k_dim: usize, v_dim: usize) -> Self {
+        let rows_of_16_bytes = [p.head_dim, k_dim, v_dim].iter().all(|x| x % 8 == 0);
+        if dtype != DType::BF16
+            || !rows_of_16_bytes
+            || p.head_dim != p.v_head_dim
+            || !MMA_HEAD_DIMS.contains(&p.head_dim)
+        {
+            PrefillKernel::CudaCores
+        } else if flash_prefill_requested() {
+            PrefillKernel::Flash
+        } else {
+            PrefillKernel::TensorCores
+        }
+    }
+
+    fn query_vectors(self) -> usize {
+        match self {
+            PrefillKernel::CudaCores | PrefillKernel::TensorCores => QV_MAX,
+            PrefillKernel::Flash => FA2_QV,
+        }
+    }
+}
+
+/// `FERRITE_FLASH_PREFILL=1`: the FlashAttention-2-style prefill kernel, which has not yet run on a
+/// GPU; read once per process.
+fn flash_prefill_requested() -> bool {
+    static REQUESTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *REQUESTED.get_or_init(|| std::env::var("FERRITE_FLASH_PREFILL").is_ok_and(|v| v == "1"))
+}
+
 /// Attention metadata variants kept per device: layers of one step differ only by their
 /// attention parameters (sliding-window layers interleaved with global ones, say).
 const META_CACHE_ENTRIES: usize = 4;
@@ -140,8 +187,9 @@ pub(crate) fn cache_buffers<'a>(
 }
 
 /// Everything the work items depend on, in a form cheap to compare against the cached copy.
-fn meta_key(meta: &AttnMetadata, p: &AttentionParams, causal: bool) -> Vec<u32> {
+fn meta_key(meta: &AttnMetadata, p: &AttentionParams, causal: bool, prefill: PrefillKernel) -> Vec<u32> {
     let mut key = vec![
+        prefill.query_vectors() as u32,
         meta.block_size as u32,
         p.num_heads as u32,
         p.num_kv_heads as u32,
@@ -178,6 +226,7 @@ pub(crate) fn plan_meta(
     meta: &AttnMetadata,
     p: &AttentionParams,
     causal: bool,
+    prefill: PrefillKernel,
     fixed_shape: bool,
 ) -> Result<MetaPlan> {
     let group = p.num_heads / p.num_kv_heads;
@@ -189,8 +238,9 @@ pub(crate) fn plan_meta(
         let lo = if causal { p.first_key(pos) } else { 0 };
         (lo, hi)
     };
-    let (pre_heads, dec_heads) = (group.min(QV_MAX), group.min(DEC_HMAX));
-    let pre_rows = (QV_MAX / pre_heads).max(1);
+    let qv_max = prefill.query_vectors();
+    let (pre_heads, dec_heads) = (group.min(qv_max), group.min(DEC_HMAX));
+    let pre_rows = (qv_max / pre_heads).max(1);
     let (mut pre, mut dec, mut tables) = (Vec::new(), Vec::new(), Vec::new());
     let (mut pre_rows_ids, mut dec_rows_ids) = (Vec::<u32>::new(), Vec::<u32>::new());
     let (mut pre_keys, mut dec_keys) = (0usize, 0usize);
@@ -255,6 +305,11 @@ pub(crate) fn plan_meta(
                 }
             }
         }
+    }
+    // Causal items of later rows walk more keys: launched first, they leave the short ones to
+    // fill the last wave (the flash kernel's items are 4 times longer than the others').
+    if prefill == PrefillKernel::Flash {
+        pre.sort_by_key(|it| std::cmp::Reverse(it.k_hi - it.k_lo));
     }
     let sms = dev.multiprocessors();
     // Decode blocks are short-lived and memory-bound: aim for four waves of them.
@@ -445,9 +500,10 @@ fn attend(
     if tokens == 0 {
         return wrap(out, vec![0, p.num_heads * dv]);
     }
-    let run = |mc: &MetaCache| launch_attention(op, qs, kv, meta, p, causal, sinks, mc, &out);
-    if dev.with_step_attention(meta, p, causal, run)?.is_none() {
-        let key = meta_key(meta, p, causal);
+    let prefill = PrefillKernel::choose(dtype, p, kv.k_dim, kv.v_dim);
+    let run = |mc: &MetaCache| launch_attention(op, qs, kv, meta, p, causal, prefill, sinks, mc, &out);
+    if dev.with_step_attention(meta, p, causal, prefill, run)?.is_none() {
+        let key = meta_key(meta, p, causal, prefill);
         let mut meta_cache = META_CACHE.of(dev).lock().map_err(|_| dev_err("attention metadata cache poisoned"))?;
         let mc = match meta_cache.iter().position(|c| c.key == key) {
             Some(i) => &meta_cache[i],
@@ -455,7 +511,7 @@ fn attend(
                 if meta_cache.len() == META_CACHE_ENTRIES {
                     meta_cache.remove(0);
                 }
-                let plan = plan_meta(dev, meta, p, causal, false)?;
+                let plan = plan_meta(dev, meta, p, causal, prefill, false)?;
                 meta_cache.push(upload_meta(dev.stream(), &plan, key)?);
                 meta_cache.last().expect("pushed above")
             }
@@ -508,8 +564,9 @@ impl PagedAttn {
 }
 
 kernel_params! {
-    /// `paged_attn_mma_bf16_d<D>_v<DV>` (attention_mma.cu): bf16 prefill on tensor cores, for
-    /// equal head dims of `MMA_HEAD_DIMS`.
+    /// `paged_attn_mma_bf16_d<D>_v<D>` (attention_mma.cu) or `paged_attn_fa2_bf16_d<D>`
+    /// (attention_fa2.cu): bf16 prefill on tensor cores, for equal head dims of `MMA_HEAD_DIMS`;
+    /// both take the same parameters.
     struct PagedAttnMma {
         q: u64,
         k_cache: u64,
@@ -536,10 +593,26 @@ kernel_params! {
 }
 
 impl PagedAttnMma {
-    fn launch(&self, dev: &CudaDevice, op: &'static str, n_items: usize, d: usize, dv: usize) -> Result<()> {
-        // `paged_attn_mma`'s layout: k_s and v_s (bf16, rows padded by 8), slot_s, m_s, l_s, o_s.
-        let smem = 2 * MMA_TK * (2 * d + 16) + 4 * MMA_TK + 4 * (NWARPS * 16 + 16 + 16 * dv);
-        let f = kernel(dev, &format!("paged_attn_mma_bf16_d{d}_v{dv}"), smem, op)?;
+    fn launch(
+        &self,
+        dev: &CudaDevice,
+        op: &'static str,
+        n_items: usize,
+        d: usize,
+        kernel_kind: PrefillKernel,
+    ) -> Result<()> {
+        let (name, smem) = if kernel_kind == PrefillKernel::Flash {
+            // `paged_attn_fa2`'s layout: the queries, then each stage's key and value tiles, bf16
+            // rows padded by 8.
+            (format!("paged_attn_fa2_bf16_d{d}"), 2 * (FA2_QV + FA2_STAGES * 2 * MMA_TK) * (d + 8))
+        } else {
+            // `paged_attn_mma`'s layout: k_s and v_s (bf16, rows padded by 8), slot_s, m_s, l_s, o_s.
+            (
+                format!("paged_attn_mma_bf16_d{d}_v{d}"),
+                2 * MMA_TK * (2 * d + 16) + 4 * MMA_TK + 4 * (NWARPS * 16 + 16 + 16 * d),
+            )
+        };
+        let f = kernel(dev, &name, smem, op)?;
         self.launch_with(dev, &f, grid(n_items, self.splits, NWARPS, smem))
     }
 }
@@ -625,6 +698,7 @@ fn launch_attention(
     meta: &AttnMetadata,
     p: &AttentionParams,
     causal: bool,
+    prefill: PrefillKernel,
     sinks: u64,
     mc: &MetaCache,
     out: &CudaStorage,
@@ -649,7 +723,7 @@ fn launch_attention(
         let (window, causal) = (int(p.sliding_window.unwrap_or(0))?, causal as i32);
         let attn_chunk = int(p.attention_chunk.unwrap_or(0))?;
         let (splits, n_rows) = (int(l.splits)?, int(l.rows)?);
-        if dtype == DType::BF16 && vec == 1 && d == dv && MMA_HEAD_DIMS.contains(&d) {
+        if prefill != PrefillKernel::CudaCores {
             let launch = PagedAttnMma {
                 q,
                 k_cache,
@@ -673,7 +747,7 @@ fn launch_attention(
                 n_rows,
                 sinks,
             };
-            launch.launch(dev, op, l.items.len(), d, dv)?;
+            launch.launch(dev, op, l.items.len(), d, prefill)?;
         } else {
             let launch = PagedAttn {
                 q,

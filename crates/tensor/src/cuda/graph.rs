@@ -71,7 +71,7 @@ enum Input {
     LogitRows(CudaSlice<u32>),
     Slots(CudaSlice<u32>),
     StateSeqs(CudaSlice<u32>),
-    Attention { params: AttentionParams, causal: bool, cache: Box<MetaCache> },
+    Attention { params: AttentionParams, causal: bool, prefill: attention::PrefillKernel, cache: Box<MetaCache> },
     Host { fill: HostFill, tensor: Tensor },
 }
 
@@ -170,6 +170,7 @@ impl CudaDevice {
         meta: &AttnMetadata,
         params: &AttentionParams,
         causal: bool,
+        prefill: attention::PrefillKernel,
         f: impl FnOnce(&MetaCache) -> Result<R>,
     ) -> Result<Option<R>> {
         let mut guard = RECORDING.of(self).lock().map_err(|_| dev_err("graph recording poisoned"))?;
@@ -182,13 +183,13 @@ impl CudaDevice {
         let pos = rec
             .inputs
             .iter()
-            .position(|i| matches!(i, Input::Attention { params: p, causal: c, .. } if p == params && *c == causal));
+            .position(|i| matches!(i, Input::Attention { params: p, causal: c, prefill: k, .. } if p == params && *c == causal && *k == prefill));
         let pos = match pos {
             Some(p) => p,
             None => {
-                let plan = attention::plan_meta(self, meta, params, causal, true)?;
+                let plan = attention::plan_meta(self, meta, params, causal, prefill, true)?;
                 let cache = attention::alloc_meta(&rec.side, &plan)?;
-                rec.inputs.push(Input::Attention { params: params.clone(), causal, cache: Box::new(cache) });
+                rec.inputs.push(Input::Attention { params: params.clone(), causal, prefill, cache: Box::new(cache) });
                 rec.inputs.len() - 1
             }
         };
@@ -323,8 +324,8 @@ impl StepGraph {
                 Input::LogitRows(buf) => write(stream, buf, &u32_rows(step.logit_rows)?)?,
                 Input::Slots(buf) => write(stream, buf, &u32_slots(step.meta)?)?,
                 Input::StateSeqs(buf) => write(stream, buf, &super::recurrent::state_seq_words(step.meta)?)?,
-                Input::Attention { params, causal, cache } => {
-                    let plan = attention::plan_meta(&self.dev, step.meta, params, *causal, true)?;
+                Input::Attention { params, causal, prefill, cache } => {
+                    let plan = attention::plan_meta(&self.dev, step.meta, params, *causal, *prefill, true)?;
                     attention::refill_meta(stream, cache, &plan)?;
                 }
                 Input::Host { fill, tensor } => {

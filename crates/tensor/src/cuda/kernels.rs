@@ -36,6 +36,7 @@ pub(crate) const ATTENTION: KernelSource = module!(
     "attention_prefill.cu",
     "attention_decode.cu",
     "attention_mma.cu",
+    "attention_fa2.cu",
     "attention_combine.cu"
 );
 pub(crate) const GEMV: KernelSource = module!("gemv": "gemv.cu", "int4.cu", "fp8.cu");
@@ -70,6 +71,8 @@ pub(crate) fn defines() -> Vec<String> {
         ("DEC_SUB", attention::DEC_SUB as i64),
         ("DEC_WARPS", attention::DEC_WARPS as i64),
         ("MMA_TK", attention::MMA_TK as i64),
+        ("FA2_QV", attention::FA2_QV as i64),
+        ("FA2_STAGES", attention::FA2_STAGES as i64),
         ("SAMPLE_THREADS", sampling::SAMPLE_THREADS.into()),
         ("INT4_WARPS", int4::INT4_WARPS as i64),
         ("INT4_UNROLL", int4::INT4_UNROLL as i64),
