@@ -283,6 +283,14 @@ impl TokenMixer {
         }
     }
 
+    /// The KV layer of a mixer built as attention alone (a draft head's block), else `None`.
+    pub fn kv_spec(&self) -> Option<crate::model::KvLayerSpec> {
+        match self.cache() {
+            LayerCache::Kv(spec) => Some(spec),
+            _ => None,
+        }
+    }
+
     pub(crate) fn weight_bytes(&self) -> usize {
         match self {
             TokenMixer::Attention(sa) => {

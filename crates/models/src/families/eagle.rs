@@ -10,7 +10,7 @@ use ferrite_tensor::{ops, AttnMetadata, DType, PagedKvLayer, Tensor};
 
 use crate::decoder::block::{LayerCaches, Residual};
 use crate::decoder::load::{CommonConfig, Defaults};
-use crate::decoder::{Block, ChannelMixer, LayerCache, SelfAttention, TokenMixer, Wiring};
+use crate::decoder::{Block, ChannelMixer, SelfAttention, TokenMixer, Wiring};
 use crate::layers::rope::Rope;
 use crate::layers::{Embedding, Linear, Norm, RmsNorm};
 use crate::loading::config::RawConfig;
@@ -98,10 +98,7 @@ pub(crate) fn check_shared<'t, T>(
 
 impl DraftHead for EagleHead {
     fn kv_layer(&self) -> KvLayerSpec {
-        match self.block.mixer.cache() {
-            LayerCache::Kv(spec) => spec,
-            _ => unreachable!("the head's block is built as attention"),
-        }
+        self.block.mixer.kv_spec().expect("the head's block is built as attention")
     }
 
     fn hidden_tap(&self) -> HiddenTap {

@@ -12,7 +12,7 @@ use ferrite_tensor::{ops, AttnMetadata, DType, PagedKvLayer, Tensor};
 
 use crate::decoder::block::{LayerCaches, Residual};
 use crate::decoder::load::{check_dims, CommonConfig, Defaults, Dims};
-use crate::decoder::{Block, ChannelMixer, LayerCache, SelfAttention, TokenMixer, Wiring};
+use crate::decoder::{Block, ChannelMixer, SelfAttention, TokenMixer, Wiring};
 use crate::layers::rope::Rope;
 use crate::layers::{Attention, Embedding, Linear, Norm, RmsNorm};
 use crate::loading::config::RawConfig;
@@ -206,10 +206,7 @@ fn target_columns(raw: &RawConfig, w: &Weights, draft_vocab: usize, vocab: usize
 
 impl DraftHead for Eagle3Head {
     fn kv_layer(&self) -> KvLayerSpec {
-        match self.block.mixer.cache() {
-            LayerCache::Kv(spec) => spec,
-            _ => unreachable!("the head's block is built as attention"),
-        }
+        self.block.mixer.kv_spec().expect("the head's block is built as attention")
     }
 
     fn hidden_tap(&self) -> HiddenTap {
