@@ -9,9 +9,10 @@ the same process leaves the experts randomly initialised), as
 
 DIR holds a float32 fixture (config.json + model.safetensors); it is overwritten by the compressed
 checkpoint that llmcompressor's oneshot writes (save_compressed=True: float-quantized format for FP8
-e4m3 weights + scales, pack-quantized for int4/int8 weights packed in int32 + scales (+ zero points);
+e4m3 weights + scales, pack-quantized for int4/int8 weights packed in int32 + scales (+ zero points),
+nvfp4-pack-quantized for FP4 codes two to a byte + e4m3 group scales + a global scale;
 config.json's quantization_config exactly as the tools write it). SCHEME is a llmcompressor preset
-(FP8_DYNAMIC, FP8, FP8_BLOCK) or a JSON object: the `config_groups` of a custom scheme (group sizes
+(FP8_DYNAMIC, FP8, FP8_BLOCK, NVFP4A16) or a JSON object: the `config_groups` of a custom scheme (group sizes
 the presets do not have, to fit the fixtures' small hidden sizes). IGNORE_JSON is a JSON list of module names / `re:`
 patterns left unquantized. CALIB_JSON (static schemes only) is a JSON list of token-id lists: the
 calibration set, run one sequence a batch.

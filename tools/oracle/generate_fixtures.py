@@ -1306,6 +1306,63 @@ def _ct_mean_weight_scale(model: torch.nn.Module) -> None:
     assert n > 0, "no per-channel / per-block weight_scale"
 
 
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _nvfp4_dequantize(stored: dict[str, torch.Tensor], module: str, high_first: bool = False,
+                      scale=lambda s: s, global_divides: bool = True) -> torch.Tensor:
+    """An NVFP4 linear's weight as compressed-tensors 0.20.0 decompresses it (NVFP4PackedCompressor.decompress:
+    unpack_fp4_from_uint8 to bf16, the e4m3 weight_scale to bf16, then _dequantize: scale / global_scale in f32
+    (bf16 / an f32 tensor of shape [1]), code times that in f32, rounded to bf16), from the stored tensors. The
+    keywords read it wrong, for the ablations: nibbles high first, the scales edited, the global scale multiplied."""
+    packed = stored[f"{module}.weight_packed"]
+    assert packed.dtype == torch.uint8, (module, packed.dtype)
+    nibbles = (packed >> 4, packed & 0x0F) if high_first else (packed & 0x0F, packed >> 4)
+    codes = torch.stack(nibbles, dim=-1).flatten(-2).long()
+    table = torch.tensor(E2M1 + tuple(-v for v in E2M1), dtype=torch.float32)
+    group_scale = scale(stored[f"{module}.weight_scale"].float())
+    global_scale = stored[f"{module}.weight_global_scale"]
+    assert global_scale.dtype == torch.float32 and global_scale.shape == (1,), (module, global_scale)
+    group_scale = group_scale / global_scale if global_divides else group_scale * global_scale
+    return (table[codes] * group_scale.repeat_interleave(16, dim=-1)).to(torch.bfloat16)
+
+
+def _nvfp4_rewrite(model: torch.nn.Module, **wrong) -> None:
+    """Replaces every NVFP4 linear's dequantized weight by _nvfp4_dequantize(..., **wrong) of the checkpoint
+    (dequantize=True leaves no quantization parameters on the model to edit)."""
+    from safetensors.torch import load_file
+
+    stored = load_file(str(Path(model.name_or_path) / "model.safetensors"))
+    n = 0
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if f"{name}.weight_packed" in stored:
+                m.weight.copy_(_nvfp4_dequantize(stored, name, **wrong).float())
+                n += 1
+    assert n > 0, "no NVFP4 linear"
+
+
+def nvfp4_load_check(fixture_dir: Path) -> dict[str, Any]:
+    """load_check hook: each linear weight of the NVFP4A16 fixture as transformers loads it against
+    _nvfp4_dequantize of the stored tensors (the formula ferrite dequantizes with), torch.equal."""
+    from safetensors.torch import load_file
+
+    stored = load_file(str(fixture_dir / "model.safetensors"))
+    model = load_fixture(fixture_dir)
+    checked = []
+    for name, module in model.named_modules():
+        if f"{name}.weight_packed" not in stored:
+            continue
+        assert stored[f"{name}.weight_scale"].dtype == torch.float8_e4m3fn, name
+        got = module.weight
+        assert got.dtype == torch.float32, (name, got.dtype)
+        assert torch.equal(got, _nvfp4_dequantize(stored, name).float()), f"{name}: weight differs from the formula"
+        checked.append(name)
+    assert len(checked) == 14, checked
+    return {"note": "every linear weight transformers loads equals bf16(e2m1(code, low nibble first) * "
+                    "(f32(weight_scale) / weight_global_scale)), torch.equal", "modules": len(checked)}
+
+
 # GPTQ and AWQ checkpoints, written here by hand. transformers 5.24 runs both formats through gptqmodel, which is
 # not installed (it needs compiled extensions), so the oracle is transformers' Llama on the dequantized weights:
 # _int_quant_round puts every decoder linear on its quantization grid, dequantized as gptqmodel 7.7.0's torch
@@ -2874,6 +2931,28 @@ SPECS: list[Spec] = [
         notes=["Quantized by tools/oracle/fp8_quantize.py: llmcompressor oneshot, QuantizationModifier("
                "config_groups=" + json.dumps(W8A16_GROUPS) + ", ignore=['lm_head'])"],
     ),
+    Spec(
+        name="llama-nvfp4a16",
+        config_class="LlamaConfig",
+        architecture="LlamaForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(rope_parameters=dict(DEFAULT_ROPE)),
+        feature="compressed-tensors NVFP4A16 nvfp4-pack-quantized (llmcompressor oneshot, data-free, ignore lm_head): "
+        "q/k/v/o/gate/up/down weights FP4 e2m1, two to a uint8 `weight_packed`, one float8_e4m3fn weight_scale "
+        "per 16 inputs and an f32 per-tensor `weight_global_scale`; transformers (dequantize=True: see load_fixture) "
+        "decompresses them at load as bf16(fp4 * (f32(scale) / global_scale))",
+        ablate_fn=lambda m: _nvfp4_rewrite(m, scale=lambda s: s.mean().expand_as(s)),
+        ablation_desc="every weight_scale -> its tensor's mean",
+        extra_ablations=[
+            Ablate("weight_global_scale multiplied where it divides", fn=lambda m: _nvfp4_rewrite(m, global_divides=False)),
+            Ablate("each byte's high nibble read first", fn=lambda m: _nvfp4_rewrite(m, high_first=True)),
+        ],
+        edit_saved_weights=_llmcompressor_checkpoint("NVFP4A16", ["lm_head"]),
+        load_check=nvfp4_load_check,
+        notes=["Quantized by tools/oracle/fp8_quantize.py: llmcompressor oneshot, QuantizationModifier(targets="
+               "'Linear', scheme='NVFP4A16', ignore=['lm_head']), model loaded in float32 from the saved fixture, "
+               "save_pretrained(save_compressed=True)"],
+    ),
     # ---- GPTQ / AWQ checkpoints (oracle: transformers' Llama on the dequantized weights; see _int_quant_round) ----
     Spec(
         name="llama-gptq",
@@ -3601,7 +3680,16 @@ def save_fixture(model: torch.nn.Module, spec: Spec, out_dir: Path) -> None:
 
 
 def load_fixture(path: Path) -> torch.nn.Module:
-    m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager")
+    kw = {}
+    qcfg = json.loads((path / "config.json").read_text(encoding="utf-8")).get("quantization_config") or {}
+    if qcfg.get("format") == "nvfp4-pack-quantized":
+        # compressed-tensors decompresses NVFP4 weights to bf16 (unpack_fp4_from_uint8's dtype); on the default
+        # route (decompress on the first forward) an f32 model then fails multiplying f32 inputs by bf16 weights.
+        # dequantize=True runs the same decompression at load and casts the result to the model's f32.
+        from transformers import CompressedTensorsConfig
+
+        kw["quantization_config"] = CompressedTensorsConfig(dequantize=True)
+    m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager", **kw)
     m.eval()
     return m
 

@@ -1,5 +1,8 @@
 //! Integer weight-only checkpoints (compressed-tensors pack-quantized: W4A16, W8A16, written by
-//! llm-compressor) against transformers on CPU, which decompresses them as it loads; GPTQ and AWQ
+//! llm-compressor) against transformers on CPU, which decompresses them as it loads; NVFP4A16
+//! (compressed-tensors nvfp4-pack-quantized, llm-compressor's NVFP4A16 scheme) against transformers
+//! on CPU dequantizing it at load (`dequantize=True`: its default route leaves bf16 weights that an
+//! f32 model cannot multiply); GPTQ and AWQ
 //! checkpoints against transformers' Llama on their weights dequantized as gptqmodel's torch
 //! kernels do (gptqmodel, which transformers runs them through, needs compiled extensions). Each
 //! fixture's greedy tokens token-exact and logprobs within the f32 gate's tolerance, and each way
@@ -7,7 +10,8 @@
 
 use ferrite_tensor::DType;
 use ferrite_testing::gate::{
-    edit_config, edit_f32_tensors, fixture_copy, fixtures_dir, rename_tensors, run_fixture, summarize, CaseReport,
+    edit_config, edit_f32_tensors, edit_tensor_bytes, fixture_copy, fixtures_dir, rename_tensors, run_fixture,
+    summarize, CaseReport,
 };
 
 const LOGPROB_TOLERANCE: f32 = 2e-3;
@@ -35,6 +39,11 @@ fn compressed_tensors_w4a16() {
 #[test]
 fn compressed_tensors_w8a16() {
     gate("llama-w8a16");
+}
+
+#[test]
+fn compressed_tensors_nvfp4a16() {
+    gate("llama-nvfp4a16");
 }
 
 #[test]
@@ -97,4 +106,34 @@ fn gate_catches_int_weight_breaks() {
         let strict = reports.iter().filter(|r| r.strict).count();
         assert!(strict < reports.len(), "{fixture}: {what} went unnoticed ({strict}/{} strict)", reports.len());
     }
+}
+
+#[test]
+fn gate_catches_nvfp4_breaks() {
+    let not_strict = |dir: std::path::PathBuf, what: &str| {
+        let reports = reports_of_copy(dir);
+        let strict = reports.iter().filter(|r| r.strict).count();
+        assert!(strict < reports.len(), "llama-nvfp4a16: {what} went unnoticed ({strict}/{} strict)", reports.len());
+    };
+    // The global scale multiplied in where compressed-tensors divides by it.
+    let dir = fixture_copy("llama-nvfp4a16", "global-scale-multiplied");
+    edit_f32_tensors(&dir, |name| {
+        name.ends_with(".weight_global_scale")
+            .then(|| Box::new(|g: &mut [f32]| g[0] = 1.0 / g[0]) as Box<dyn Fn(&mut [f32])>)
+    });
+    not_strict(dir, "the global scale multiplied");
+    // Each byte's high nibble read as the even column.
+    let dir = fixture_copy("llama-nvfp4a16", "nibbles-swapped");
+    edit_tensor_bytes(&dir, |name| {
+        name.ends_with(".weight_packed").then(|| {
+            Box::new(|b: &mut [u8]| b.iter_mut().for_each(|v| *v = v.rotate_left(4))) as Box<dyn Fn(&mut [u8])>
+        })
+    });
+    not_strict(dir, "nibbles read high first");
+    // The e4m3 group scales (one byte each) on the wrong groups.
+    let dir = fixture_copy("llama-nvfp4a16", "group-scales-reversed");
+    edit_tensor_bytes(&dir, |name| {
+        name.ends_with(".weight_scale").then(|| Box::new(|b: &mut [u8]| b.reverse()) as Box<dyn Fn(&mut [u8])>)
+    });
+    not_strict(dir, "group scales on the wrong groups");
 }

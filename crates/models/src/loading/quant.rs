@@ -11,12 +11,18 @@
 //! int32 words (`weight_packed`, `weight_shape`) with f32/bf16 scales per output channel or per
 //! group of inputs; they are unpacked and dequantized the same way (`f32(q) * f32(scale)`).
 //!
+//! compressed-tensors' nvfp4-pack-quantized format (NVFP4A16, weight-only) stores FP4 e2m1 codes two
+//! to a byte (`weight_packed`), an e4m3 scale per group of 16 inputs (`weight_scale`) and an f32
+//! `weight_global_scale` per tensor that each group scale is divided by; they are dequantized as
+//! compressed-tensors decompresses them ([`dequantize_nvfp4`]).
+//!
 //! GPTQ and AWQ (GEMM) checkpoints store 4- or 8-bit integers with a zero point and an f16 scale per
 //! group (`qweight`, `qzeros`, `scales`, GPTQ's `g_idx`). They are dequantized at load as gptqmodel
 //! (which transformers runs both formats through) does in its torch kernels: `scale * (q - zero)`
 //! rounded to the scales' dtype.
 
 use ferrite_tensor::ActivationQuant;
+use half::bf16;
 use regex::Regex;
 use serde_json::Value;
 
@@ -26,9 +32,10 @@ use crate::Result;
 /// A checkpoint's quantization method.
 #[derive(Debug, Clone)]
 pub enum Quantization {
-    /// compressed-tensors (`quant_method: compressed-tensors`, `format: float-quantized`), the
-    /// format llm-compressor writes: FP8 weights per tensor, channel or block, and FP8 inputs
-    /// per token, per group or with a static scale.
+    /// compressed-tensors (`quant_method: compressed-tensors`), the format llm-compressor
+    /// writes: FP8 weights per tensor, channel or block (`float-quantized`) with FP8 inputs per
+    /// token, per group or with a static scale; packed integer weights (`pack-quantized`); NVFP4
+    /// weights (`nvfp4-pack-quantized`).
     CompressedTensors(CompressedTensors),
     /// `quant_method: fp8` with `weight_block_size` (DeepSeek-V3, Qwen3-*-FP8): e4m3 weights with
     /// one `weight_scale_inv` per block.
@@ -94,9 +101,19 @@ struct SchemeGroup {
     name: String,
     targets: Vec<Target>,
     weights: WeightScales,
-    /// Bits per weight of a pack-quantized (integer) scheme; `None` for FP8.
-    int_bits: Option<u32>,
+    stored: StoredWeights,
     inputs: Option<InputScheme>,
+}
+
+/// How a compressed-tensors scheme's weights are stored, from `quantization_config.format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoredWeights {
+    /// `float-quantized`: e4m3 weights beside their scales.
+    Fp8,
+    /// `pack-quantized`: integers of this many bits in int32 words.
+    Int(u32),
+    /// `nvfp4-pack-quantized`: e2m1 codes two to a byte, e4m3 group scales and a global scale.
+    Nvfp4,
 }
 
 #[derive(Debug, Clone)]
@@ -145,7 +162,7 @@ impl Quantization {
             "awq" => Awq::parse(raw, q).map(|a| Some(Quantization::Awq(a))),
             other => Err(raw.error(format!(
                 "`quantization_config.quant_method` {other:?} is not supported; supported: compressed-tensors \
-                 (FP8, W4A16, W8A16), fp8 (block-quantized), gptq, awq (GEMM), mxfp4 (gpt-oss)"
+                 (FP8, W4A16, W8A16, NVFP4A16), fp8 (block-quantized), gptq, awq (GEMM), mxfp4 (gpt-oss)"
             ))),
         }
     }
@@ -200,15 +217,24 @@ impl Quantization {
             Quantization::CompressedTensors(ct) => Some(ct.group_of(module)?),
             _ => None,
         };
-        match group.and_then(|g| g.int_bits.map(|bits| (bits, g.weights))) {
-            Some(found) => Ok(found),
-            None => Err(crate::ModelError::Config {
+        match group.map(|g| (g.stored, g.weights)) {
+            Some((StoredWeights::Int(bits), how)) => Ok((bits, how)),
+            _ => Err(crate::ModelError::Config {
                 path: module.into(),
                 message: format!(
                     "`{module}.weight_packed` in a checkpoint whose quantization_config is not compressed-tensors' \
                      pack-quantized format"
                 ),
             }),
+        }
+    }
+
+    /// Whether module `module`'s `weight_packed` holds NVFP4 codes (compressed-tensors'
+    /// nvfp4-pack-quantized format) rather than packed integers.
+    pub fn is_nvfp4(&self, module: &str) -> Result<bool> {
+        match self {
+            Quantization::CompressedTensors(ct) => Ok(ct.group_of(module)?.stored == StoredWeights::Nvfp4),
+            _ => Ok(false),
         }
     }
 
@@ -489,13 +515,14 @@ pub fn dequantize_awq(
 impl CompressedTensors {
     fn parse(raw: &RawConfig, q: &Value) -> Result<CompressedTensors> {
         let format = q.get("format").and_then(Value::as_str).unwrap_or("");
-        let packed = match format {
-            "float-quantized" => false,
-            "pack-quantized" => true,
+        let format = match format {
+            "float-quantized" => Format::Fp8,
+            "pack-quantized" => Format::Int,
+            "nvfp4-pack-quantized" => Format::Nvfp4,
             _ => {
                 return Err(raw.error(format!(
-                    "`quantization_config.format` {format:?}: compressed-tensors' float-quantized (FP8) and \
-                     pack-quantized (W4A16, W8A16) formats are supported"
+                    "`quantization_config.format` {format:?}: compressed-tensors' float-quantized (FP8), \
+                     pack-quantized (W4A16, W8A16) and nvfp4-pack-quantized (NVFP4A16) formats are supported"
                 )))
             }
         };
@@ -509,7 +536,7 @@ impl CompressedTensors {
             .ok_or_else(|| raw.error("`quantization_config.config_groups` is missing or empty"))?;
         let groups = groups
             .iter()
-            .map(|(name, g)| SchemeGroup::parse(raw, &format!("quantization_config.config_groups.{name}"), g, packed))
+            .map(|(name, g)| SchemeGroup::parse(raw, &format!("quantization_config.config_groups.{name}"), g, format))
             .collect::<Result<Vec<_>>>()?;
         Ok(CompressedTensors { groups })
     }
@@ -536,8 +563,16 @@ impl CompressedTensors {
     }
 }
 
+/// `quantization_config.format`: how every group's weights are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Fp8,
+    Int,
+    Nvfp4,
+}
+
 impl SchemeGroup {
-    fn parse(raw: &RawConfig, key: &str, g: &Value, packed: bool) -> Result<SchemeGroup> {
+    fn parse(raw: &RawConfig, key: &str, g: &Value, format: Format) -> Result<SchemeGroup> {
         let targets = g
             .get("targets")
             .and_then(Value::as_array)
@@ -556,16 +591,25 @@ impl SchemeGroup {
         let weights = g.get("weights").filter(|w| !w.is_null()).ok_or_else(|| {
             raw.error(format!("`{key}.weights` is missing: activation-only schemes are not supported"))
         })?;
-        let int_bits = if packed {
-            Some(int_args(raw, &format!("{key}.weights"), weights)?)
-        } else {
-            fp8_args(raw, &format!("{key}.weights"), weights)?;
-            None
+        let wkey = format!("{key}.weights");
+        let stored = match format {
+            Format::Fp8 => {
+                fp8_args(raw, &wkey, weights)?;
+                StoredWeights::Fp8
+            }
+            Format::Int => StoredWeights::Int(int_args(raw, &wkey, weights)?),
+            Format::Nvfp4 => {
+                nvfp4_args(raw, &wkey, weights)?;
+                StoredWeights::Nvfp4
+            }
         };
         if weights.get("dynamic").and_then(Value::as_bool) == Some(true) {
             return Err(raw.error(format!("`{key}.weights.dynamic`: dynamically quantized weights are not supported")));
         }
+        let packed = format == Format::Int;
         let weights = match weights.get("strategy").and_then(Value::as_str) {
+            // nvfp4_args checked the strategy and the group size.
+            _ if format == Format::Nvfp4 => WeightScales::Group(NVFP4_GROUP),
             Some("tensor") => WeightScales::Tensor,
             Some("channel") => WeightScales::Channel,
             Some("group") if packed => {
@@ -594,6 +638,12 @@ impl SchemeGroup {
         }
         let inputs = match g.get("input_activations").filter(|a| !a.is_null()) {
             None => None,
+            Some(_) if format == Format::Nvfp4 => {
+                return Err(raw.error(format!(
+                    "`{key}.input_activations`: NVFP4 weights with quantized inputs (W4A4, llm-compressor's NVFP4 \
+                     scheme) are not supported; the weight-only NVFP4A16 scheme is"
+                )))
+            }
             Some(_) if packed => {
                 return Err(raw.error(format!(
                     "`{key}.input_activations`: integer weights with quantized inputs (W4A8, W8A8 int) are not \
@@ -625,7 +675,7 @@ impl SchemeGroup {
         if g.get("output_activations").is_some_and(|o| !o.is_null()) {
             return Err(raw.error(format!("`{key}.output_activations`: output quantization is not supported")));
         }
-        Ok(SchemeGroup { name: key.rsplit('.').next().unwrap_or(key).to_owned(), targets, weights, int_bits, inputs })
+        Ok(SchemeGroup { name: key.rsplit('.').next().unwrap_or(key).to_owned(), targets, weights, stored, inputs })
     }
 }
 
@@ -669,6 +719,112 @@ fn int_args(raw: &RawConfig, key: &str, args: &Value) -> Result<u32> {
         return Err(raw.error(format!("`{key}.actorder`: activation-ordered groups (g_idx) are not supported yet")));
     }
     Ok(bits)
+}
+
+/// Checks that `args` describe compressed-tensors' NVFP4 weights: symmetric 4-bit floats (e2m1)
+/// with an e4m3 scale per 16 inputs under one global scale (`tensor_group`), as the NVFP4A16
+/// preset writes them.
+fn nvfp4_args(raw: &RawConfig, key: &str, args: &Value) -> Result<()> {
+    let bits = args.get("num_bits").and_then(Value::as_u64);
+    let kind = args.get("type").and_then(Value::as_str);
+    if (bits, kind) != (Some(4), Some("float")) {
+        return Err(raw.error(format!(
+            "`{key}`: {} bits of type {} in the nvfp4-pack-quantized format, which holds 4-bit floats (e2m1)",
+            bits.map_or("?".into(), |b| b.to_string()),
+            kind.unwrap_or("?")
+        )));
+    }
+    if args.get("symmetric").and_then(Value::as_bool) == Some(false) {
+        return Err(raw.error(format!("`{key}.symmetric`: asymmetric NVFP4 (zero points) is not supported")));
+    }
+    // Groups without a global scale are dequantized in bf16 by compressed-tensors, another
+    // computation; only the NVFP4 preset's layout is read.
+    let strategy = args.get("strategy").and_then(Value::as_str);
+    if strategy != Some("tensor_group") {
+        return Err(raw.error(format!(
+            "`{key}.strategy` {strategy:?}: NVFP4 weights per tensor_group (group scales under a global scale) \
+             are supported"
+        )));
+    }
+    if args.get("group_size").and_then(Value::as_u64) != Some(NVFP4_GROUP as u64) {
+        return Err(raw.error(format!(
+            "`{key}.group_size` {}: NVFP4 takes one scale per {NVFP4_GROUP} inputs",
+            shown(args, "group_size")
+        )));
+    }
+    match args.get("scale_dtype").filter(|d| !d.is_null()).map(Value::as_str) {
+        None | Some(Some("torch.float8_e4m3fn")) => {}
+        Some(_) => {
+            return Err(raw.error(format!(
+                "`{key}.scale_dtype` {}: NVFP4 scales in float8_e4m3fn are supported",
+                shown(args, "scale_dtype")
+            )))
+        }
+    }
+    if args.get("actorder").is_some_and(|a| !a.is_null() && a != &Value::Bool(false)) {
+        return Err(raw.error(format!("`{key}.actorder`: activation-ordered groups are not supported")));
+    }
+    Ok(())
+}
+
+/// Inputs per NVFP4 weight scale.
+pub const NVFP4_GROUP: usize = 16;
+
+/// The value of each FP4 e2m1 code: bit 3 the sign, bits 0-2 the magnitude's index, as
+/// compressed-tensors' `kE2M1ToFloat` (a zero with its sign bit set is -0.0, as its `* -1.0`
+/// gives).
+const E2M1: [f32; 16] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+
+/// An NVFP4 linear's weight `[rows, cols]` from its `weight_packed` bytes `[rows, cols / 2]` (the
+/// code of column `2k` in byte `k`'s low nibble), `weight_scale` `[rows, cols / 16]` and
+/// `weight_global_scale` `[1]`, as compressed-tensors 0.20.0's `NVFP4PackedCompressor.decompress`
+/// computes it: each group scale rounded to bf16 (`_decompress_scale` to the unpacked codes'
+/// dtype; exact for e4m3 scales) and divided by the global scale in f32 (a bf16 tensor over an
+/// f32 one of shape `[1]` promotes to f32), the code's value times that in f32, and the product
+/// rounded to bf16 (`dequantize` casts back to the codes' dtype, bf16).
+pub fn dequantize_nvfp4(
+    packed: (&[usize], &[i64]),
+    scales: (&[usize], &[f32]),
+    global_scale: (&[usize], &[f32]),
+) -> std::result::Result<(Vec<f32>, [usize; 2]), PartError> {
+    let (packed_shape, bytes) = packed;
+    let &[rows, half] = packed_shape else {
+        return Err(("weight_packed", format!("shape {packed_shape:?}, expected [rows, inputs / 2]")));
+    };
+    let max = crate::decoder::load::MAX_DIM;
+    if rows > max || half > max / 2 {
+        return Err(("weight_packed", format!("shape {packed_shape:?} is out of range")));
+    }
+    let cols = half * 2;
+    expect_shape("weight_packed", packed_shape, bytes.len(), &[rows, half])?;
+    if cols % NVFP4_GROUP != 0 {
+        return Err(("weight_packed", format!("{cols} inputs, not a multiple of the {NVFP4_GROUP} a scale covers")));
+    }
+    let groups = cols / NVFP4_GROUP;
+    let (scale_shape, scales) = scales;
+    expect_shape("weight_scale", scale_shape, scales.len(), &[rows, groups])?;
+    let global = match global_scale {
+        ([1], [g]) if g.is_finite() && *g > 0.0 => *g,
+        (shape, values) => {
+            return Err((
+                "weight_global_scale",
+                format!("shape {shape:?} holding {values:?}; expected one positive number of shape [1]"),
+            ))
+        }
+    };
+    let group_scales: Vec<f32> = scales.iter().map(|&s| bf16::from_f32(s).to_f32() / global).collect();
+    if group_scales.iter().any(|s| !s.is_finite()) {
+        return Err(("weight_scale", "a scale is not finite".into()));
+    }
+    let mut weight = Vec::with_capacity(rows * cols);
+    for (k, &byte) in bytes.iter().enumerate() {
+        let byte = u8::try_from(byte).map_err(|_| ("weight_packed", format!("{byte} is not a byte (uint8)")))?;
+        let scale = group_scales[(k / half) * groups + (k % half) * 2 / NVFP4_GROUP];
+        for code in [byte & 0x0F, byte >> 4] {
+            weight.push(bf16::from_f32(E2M1[code as usize] * scale).to_f32());
+        }
+    }
+    Ok((weight, [rows, cols]))
 }
 
 /// Unpacks compressed-tensors' `pack_to_int32` layout: each row of `cols` `bits`-bit values
@@ -1084,6 +1240,94 @@ mod tests {
         let inputs = json!({"num_bits": 8, "type": "int", "symmetric": true, "dynamic": true, "strategy": "token"});
         let err = Quantization::from_config(&raw(w4a16(int4, inputs))).unwrap_err().to_string();
         assert!(err.contains("input_activations") && err.contains("W4A8"), "{err}");
+    }
+
+    /// config.json's `quantization_config` as llm-compressor 0.14's NVFP4A16 preset writes it.
+    fn nvfp4a16() -> Value {
+        json!({
+            "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "ignore": ["lm_head"],
+            "quantization_status": "compressed", "kv_cache_scheme": null,
+            "config_groups": {"group_0": {
+                "format": "nvfp4-pack-quantized", "targets": ["Linear"],
+                "input_activations": null, "output_activations": null,
+                "weights": {"num_bits": 4, "type": "float", "symmetric": true, "dynamic": false,
+                            "strategy": "tensor_group", "group_size": 16, "observer": "memoryless_minmax",
+                            "scale_dtype": "torch.float8_e4m3fn"}
+            }}
+        })
+    }
+
+    #[test]
+    fn nvfp4_schemes_are_read_or_refused_by_name() {
+        let m = "model.layers.0.mlp.up_proj";
+        let q = Quantization::from_config(&raw(nvfp4a16())).unwrap().unwrap();
+        assert!(q.is_nvfp4(m).unwrap());
+        assert_eq!(q.input_scheme(m).unwrap(), None);
+        assert!(q.packed_weight(m).is_err(), "NVFP4 codes are not packed integers");
+        let int4 = json!({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": 32});
+        assert!(!Quantization::from_config(&raw(w4a16(int4, Value::Null))).unwrap().unwrap().is_nvfp4(m).unwrap());
+
+        // The NVFP4 (W4A4) preset: inputs quantized to FP4 per group of 16.
+        let mut w4a4 = nvfp4a16();
+        w4a4["config_groups"]["group_0"]["input_activations"] = json!({"num_bits": 4, "type": "float",
+            "symmetric": true, "dynamic": "local", "strategy": "tensor_group", "group_size": 16});
+        let err = Quantization::from_config(&raw(w4a4)).unwrap_err().to_string();
+        assert!(err.contains("config_groups.group_0.input_activations") && err.contains("W4A4"), "{err}");
+        assert!(err.contains("m/config.json"), "{err}");
+        for (edit, needle) in [
+            (json!({"num_bits": 8}), "8 bits of type float"),
+            (json!({"type": "int"}), "4 bits of type int"),
+            (json!({"symmetric": false}), "weights.symmetric"),
+            (json!({"strategy": "group"}), "weights.strategy"),
+            (json!({"group_size": 32}), "weights.group_size` 32"),
+            (json!({"scale_dtype": "torch.uint8"}), "weights.scale_dtype` \"torch.uint8\""),
+            (json!({"dynamic": true}), "weights.dynamic"),
+        ] {
+            let mut q = nvfp4a16();
+            for (k, v) in edit.as_object().unwrap() {
+                q["config_groups"]["group_0"]["weights"][k] = v.clone();
+            }
+            let err = Quantization::from_config(&raw(q)).unwrap_err().to_string();
+            assert!(err.contains(needle) && err.contains("m/config.json"), "{edit}: {err}");
+        }
+        let mut unset = nvfp4a16();
+        unset["config_groups"]["group_0"]["weights"]["scale_dtype"] = Value::Null;
+        assert!(Quantization::from_config(&raw(unset)).is_ok(), "scale_dtype defaults to float8_e4m3fn");
+    }
+
+    #[test]
+    fn nvfp4_reads_low_nibble_first_and_rounds_as_compressed_tensors() {
+        // One row of 32 inputs, two groups. Byte k holds columns 2k (low nibble) and 2k + 1.
+        let mut bytes = vec![0i64; 16];
+        bytes[0] = 0x72; // column 0: code 2 (1.0), column 1: code 7 (6.0)
+        bytes[1] = 0x8D; // column 2: code 13 (-3.0), column 3: code 8 (-0.0)
+        bytes[8] = 0x02; // column 16, the second group: 1.0
+        let scales = [1.0f32, 1.003_906_3]; // the second is 1 + 2^-8, half a bf16 step: rounds to 1.0
+        let (w, shape) = dequantize_nvfp4((&[1, 16], &bytes), (&[1, 2], &scales), (&[1], &[3.0])).unwrap();
+        assert_eq!(shape, [1, 32]);
+        // 1 / 3 in f32, then the product rounded to bf16: 0x3EAB.
+        let third = f32::from_bits(0x3EAB_0000);
+        assert_eq!(w[0], third);
+        assert_ne!(w[0], 1.0 / 3.0);
+        assert_eq!(w[1], bf16::from_f32(6.0 * (1.0f32 / 3.0)).to_f32());
+        assert_eq!(w[2], -1.0);
+        assert!(w[3] == 0.0 && w[3].is_sign_negative(), "code 8 is -0.0");
+        assert_eq!(w[16], third, "the second group's scale rounded to bf16 before the division");
+        assert!(w.iter().enumerate().all(|(i, &v)| [0, 1, 2, 3, 16].contains(&i) || v == 0.0));
+
+        let ok_scales: (&[usize], &[f32]) = (&[1, 2], &scales);
+        let wrong = |packed: (&[usize], &[i64]), scales: (&[usize], &[f32]), global: (&[usize], &[f32])| {
+            dequantize_nvfp4(packed, scales, global).unwrap_err().0
+        };
+        assert_eq!(wrong((&[1, 4], &bytes[..4]), ok_scales, (&[1], &[3.0])), "weight_packed", "8 inputs, half a group");
+        assert_eq!(wrong((&[1, 16], &bytes), (&[2, 1], &scales), (&[1], &[3.0])), "weight_scale");
+        assert_eq!(wrong((&[1, 16], &bytes), (&[1, 2], &[1.0, f32::NAN]), (&[1], &[3.0])), "weight_scale");
+        assert_eq!(wrong((&[1, 16], &bytes), ok_scales, (&[], &[3.0])), "weight_global_scale");
+        assert_eq!(wrong((&[1, 16], &bytes), ok_scales, (&[1], &[0.0])), "weight_global_scale");
+        let mut words = bytes.clone();
+        words[5] = 256;
+        assert_eq!(wrong((&[1, 16], &words), ok_scales, (&[1], &[3.0])), "weight_packed");
+        assert_eq!(wrong((&[1, 16, 1], &bytes), ok_scales, (&[1], &[3.0])), "weight_packed");
     }
 
     #[test]

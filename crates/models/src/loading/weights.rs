@@ -216,8 +216,9 @@ impl WeightSource for SafetensorsWeights {
             StDtype::I32 => b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect(),
             StDtype::I64 => b.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect(),
             StDtype::I8 => b.iter().map(|&v| v as i8 as i64).collect(),
+            StDtype::U8 => b.iter().map(|&v| i64::from(v)).collect(),
             other => {
-                return Err(err(format!("tensor `{name}`: {other:?}, where integers (I32, I64, I8) are expected")))
+                return Err(err(format!("tensor `{name}`: {other:?}, where integers (I32, I64, I8, U8) are expected")))
             }
         };
         Ok(Some((stored.shape.clone(), values)))
@@ -470,8 +471,11 @@ impl Weights {
     }
 
     /// A pack-quantized weight: its integers unpacked and times their scales, in f32 (as
-    /// compressed-tensors decompresses it), then `dtype`.
+    /// compressed-tensors decompresses it), or its NVFP4 codes dequantized; then `dtype`.
     fn unpacked(&self, module: &str, dtype: DType) -> Result<Tensor> {
+        if self.packed_quantization(module)?.is_nvfp4(module)? {
+            return self.nvfp4_dequantized(module, dtype);
+        }
         let packed = self.packed_parts(module)?;
         let (rows, cols) = (packed.rows, packed.cols);
         let (word_shape, words) = self.packed_words(module)?;
@@ -484,6 +488,29 @@ impl Weights {
         Ok(Tensor::from_f32_as(values, &[rows, cols], dtype)?)
     }
 
+    /// An NVFP4 weight dequantized as compressed-tensors decompresses it (see
+    /// [`quant::dequantize_nvfp4`]), then `dtype`.
+    fn nvfp4_dequantized(&self, module: &str, dtype: DType) -> Result<Tensor> {
+        let (packed_shape, packed) = self.packed_words(module)?;
+        let scale_name = format!("{module}.weight_scale");
+        let scales = self.source.load(&scale_name, DType::F32)?.ok_or_else(|| self.missing(&scale_name))?;
+        let global_name = format!("{module}.weight_global_scale");
+        let global = self.source.load(&global_name, DType::F32)?.ok_or_else(|| self.missing(&global_name))?;
+        // A global scale of another dtype would change the precision compressed-tensors divides in.
+        if self.source.stored_bytes(&global_name, DType::F32)?.is_none() {
+            return Err(self.weights_err(format!(
+                "tensor `{global_name}` is not stored as F32, the dtype llm-compressor writes it in"
+            )));
+        }
+        let (weight, shape) = quant::dequantize_nvfp4(
+            (&packed_shape, &packed),
+            (scales.shape(), &scales.try_to_f32_vec()?),
+            (global.shape(), &global.try_to_f32_vec()?),
+        )
+        .map_err(|(leaf, m)| self.weights_err(format!("tensor `{module}.{leaf}`: {m}")))?;
+        Ok(Tensor::from_f32_as(weight, &shape, dtype)?)
+    }
+
     /// A pack-quantized 4-bit weight kept packed, where the product can read it so: on CUDA, in a
     /// bf16 model, in a shape the W4A16 kernel takes. Its scales are rounded to bf16 (vLLM's
     /// kernels take them in the activation dtype too); `None` where the weight is to be
@@ -493,6 +520,10 @@ impl Weights {
             return Ok(None);
         }
         let Some(module) = self.packed_module(name) else { return Ok(None) };
+        // NVFP4 weights are dequantized at load on every device.
+        if self.packed_quantization(module)?.is_nvfp4(module)? {
+            return Ok(None);
+        }
         let packed = self.packed_parts(module)?;
         let group = match packed.how {
             quant::WeightScales::Group(g) => g,
@@ -589,12 +620,7 @@ impl Weights {
     /// A pack-quantized module's scheme and shape, checked for range (its words are read apart,
     /// by [`Weights::packed_words`], once the caller knows it wants them).
     fn packed_parts(&self, module: &str) -> Result<PackedParts> {
-        let quantization = self.quantization.as_ref().ok_or_else(|| {
-            self.weights_err(format!(
-                "tensor `{module}.weight_packed` is packed but config.json has no `quantization_config`"
-            ))
-        })?;
-        let (bits, how) = quantization.packed_weight(module)?;
+        let (bits, how) = self.packed_quantization(module)?.packed_weight(module)?;
         let (_, shape) = self.packed_ints(module, "weight_shape")?;
         let &[rows, cols] = shape.as_slice() else {
             return Err(self.weights_err(format!("tensor `{module}.weight_shape` is {shape:?}, not [rows, cols]")));
@@ -606,7 +632,16 @@ impl Weights {
         Ok(PackedParts { bits, how, rows, cols })
     }
 
-    /// A pack-quantized module's `weight_packed` words and their shape.
+    /// The quantization that says how module `module`'s `weight_packed` is to be read.
+    fn packed_quantization(&self, module: &str) -> Result<&Quantization> {
+        self.quantization.as_ref().ok_or_else(|| {
+            self.weights_err(format!(
+                "tensor `{module}.weight_packed` is packed but config.json has no `quantization_config`"
+            ))
+        })
+    }
+
+    /// A pack-quantized module's `weight_packed` words (NVFP4's bytes) and their shape.
     fn packed_words(&self, module: &str) -> Result<(Vec<usize>, Vec<i64>)> {
         self.packed_ints(module, "weight_packed")
     }
