@@ -1,6 +1,6 @@
 """Fixtures for crates/multimodal: synthetic image files, the RGB pixels Pillow decodes from them
-(as transformers' `convert_to_rgb` hands them on) and what transformers' Qwen2-VL, CLIP and Gemma 3
-image processors make of those pixels, for the bit-exact tests in crates/multimodal/tests/.
+(as transformers' `convert_to_rgb` hands them on) and what transformers' Qwen2-VL, CLIP, Gemma 3
+and LLaVA-NeXT image processors make of those pixels, for the bit-exact tests in crates/multimodal/tests/.
 
 Pinned: torch 2.15.0, transformers 5.24.0, numpy 2.4.6 (tools/oracle/requirements.txt), plus
 Pillow 13.0.0 and torchvision 0.29.2, the newest torchvision (it asks for torch >= 2.14; no release
@@ -28,9 +28,17 @@ What it writes (crates/multimodal/tests/fixtures/):
   pan-and-scan) as f32 little-endian [3, height, width], for the .rgb pixels of a case's image; the
   cases with Gemma 3's real config (896 x 896) have only the FNV-1a 64 digest, which every case
   records;
+- llava_next/<case>.bin: `pixel_values` of `LlavaNextImageProcessor` (torchvision backend) for
+  one image, its batch padding cut off, as f32 little-endian [1 + tiles, 3, tile, tile], with its
+  `image_sizes`; the case with llava-v1.6's real config (336-pixel tiles) has only the FNV-1a 64
+  digest, which every case records. `llava_next_tokens` lists, for many image sizes and two
+  tilings, the image tokens `LlavaNextProcessor` expands `<image>` to;
 - video/<case>.rgb: a video's RGB8 frames one after another, and video/<case>.bin:
   `pixel_values_videos` of `Qwen2VLVideoProcessor` (torchvision backend) for them, f32
   little-endian [patches, patch_dim];
+- video/qwen3-<case>.{rgb,bin}: the same for `Qwen3VLVideoProcessor`, given the frames without
+  metadata (so it samples them as at 24 fps); the manifest's `qwen3_video_cases` also record the
+  sampled `frames_indices` and the timestamps `Qwen3VLProcessor` writes into the prompt;
 - resize/{source,strip}.rgb and resize/{source,strip}-<w>x<h>.rgb: two noisy images and
   torchvision's uint8 bicubic antialiased resize of them to many sizes (up, down, one axis only,
   squeezes by 100 to 800 times);
@@ -65,9 +73,14 @@ from transformers.models.clip.image_processing_clip import CLIPImageProcessor
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 from transformers.models.gemma3.image_processing_gemma3 import Gemma3ImageProcessor
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+from transformers.models.llava_next.image_processing_llava_next import LlavaNextImageProcessor
+from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+from transformers.models.llava_next.processing_llava_next import LlavaNextProcessor
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
 OUT = Path(__file__).resolve().parents[1] / "crates" / "multimodal" / "tests" / "fixtures"
 
@@ -186,6 +199,23 @@ VIDEO_CASES = [
                                  "cap_pixels_per_frame": False}),
 ]
 
+# Qwen3VLVideoProcessor kwargs: budgets count the pixels of all sampled frames (padded to whole
+# temporal patches), in 32x32 units. Frames carry no metadata, so sampling assumes 24 fps.
+QWEN3_VIDEO = {"size": {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 16}, "cap_pixels_per_frame": False}
+# (case, frames, width, height, config)
+QWEN3_VIDEO_CASES = [
+    ("five-frames-sampled", 5, 70, 40, QWEN3_VIDEO),            # fps 2 of 24: min_frames 4 -> [0, 1, 3, 4]
+    ("thirty-tiny-frames", 30, 24, 20, QWEN3_VIDEO),            # [0, 10, 19, 29]; sides under 32 scaled up
+    ("three-frames-unsampled", 3, 53, 37, {**QWEN3_VIDEO, "do_sample_frames": False}),  # padded to 4
+    ("num-frames-six-of-nine", 9, 40, 30, {**QWEN3_VIDEO, "fps": None, "num_frames": 6}),
+    ("two-frames-under-min-frames", 2, 64, 64, QWEN3_VIDEO),    # min(4, 2 frames there) -> both
+    ("fps-24-all-ten", 10, 33, 47, {**QWEN3_VIDEO, "fps": 24}),
+    ("four-frames-downscaled", 4, 160, 96, QWEN3_VIDEO),        # over longest_edge
+    # Per frame at most 2 merged tokens' pixels or longest_edge / 4, floored at 1.05 * shortest_edge.
+    ("capped-four-frames", 4, 90, 60, {"size": {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 64},
+                                       "cap_pixels_per_frame": True, "max_video_tokens": 2}),
+]
+
 # llava-hf/llava-1.5-7b-hf's preprocessor_config.json.
 LLAVA_1_5 = {"crop_size": {"height": 336, "width": 336}, "do_center_crop": True, "do_convert_rgb": True,
              "do_normalize": True, "do_rescale": True, "do_resize": True,
@@ -266,6 +296,50 @@ BILINEAR_SOURCE_TARGETS = [t for t in RESIZE_TARGETS if t not in ((122, 94), (90
 SMALL_SOURCE = (9, 7)
 SMALL_TARGETS = [(27, 21), (18, 14), (27, 7), (9, 21), (13, 10), (4, 3), (5, 7), (2, 30)]
 
+# llava-hf/llava-v1.6-mistral-7b-hf's preprocessor_config.json.
+LLAVA_V1_6 = {"aspect_ratio_setting": "anyres", "crop_size": {"height": 336, "width": 336}, "do_center_crop": True,
+              "do_convert_rgb": True, "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True,
+              "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
+              "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "LlavaNextImageProcessor",
+              "image_std": [0.26862954, 0.26130258, 0.27577711], "processor_class": "LlavaNextProcessor",
+              "resample": 3, "rescale_factor": 0.00392156862745098, "size": {"shortest_edge": 336}}
+# llava-v1.6's tiling at a twelfth of its size: 28-pixel tiles.
+SMALL_NEXT = {"size": {"shortest_edge": 28}, "crop_size": {"height": 28, "width": 28},
+              "image_grid_pinpoints": [[28, 56], [56, 28], [56, 56], [84, 28], [28, 84]]}
+
+# (case, image file, preprocessor config). Sizes are width x height; pinpoints height x width.
+LLAVA_NEXT_CASES = [
+    ("llava-v1.6-photo", "photo.jpg", LLAVA_V1_6),            # 160x96 -> 672x336 (2 tiles), digest only
+    ("photo-wide", "photo.jpg", SMALL_NEXT),                  # 160x96: best 28x84, fitted 84x51
+    ("portrait-tall", "portrait.png", SMALL_NEXT),            # 29x43: best 56x28, padded columns
+    ("alpha-very-wide", "alpha.png", SMALL_NEXT),             # 100x30: best 28x84, 84x26, 1 black row each side
+    ("tiny-upscale", "tiny.webp", SMALL_NEXT),                # 20x12: upscaled into 28x56
+    ("palette-bilinear", "palette.png", {**SMALL_NEXT, "resample": 2}),  # 100x80 -> 56x56, 56x45
+    ("gray-alpha-mean-std", "gray_alpha.png", {**SMALL_NEXT, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}),
+    ("exact-fits-pinpoint", "exact.bmp", {"size": {"shortest_edge": 8}, "crop_size": 8,
+                                          "image_grid_pinpoints": [[16, 16], [40, 56]]}),  # 56x40: no resize, no pad
+    ("gradient-fixed-size-no-crop", "gradient.png", {"size": {"height": 28, "width": 28}, "crop_size": 28,
+                                                     "do_center_crop": False,
+                                                     "image_grid_pinpoints": [[28, 56], [56, 56]]}),
+]
+
+# (tiling, tower patch, (height, width) sizes): image tokens LlavaNextProcessor counts.
+LLAVA_NEXT_TOKEN_SIZES = [(1, 1), (96, 160), (43, 29), (336, 672), (337, 673), (335, 671), (500, 333), (333, 500),
+                          (768, 1024), (1024, 768), (10, 2000), (2000, 10), (123, 457), (480, 640), (640, 480),
+                          (1000, 1000), (21, 13), (700, 350), (351, 700), (1, 7), (30, 100), (100, 30)]
+LLAVA_NEXT_TILINGS = [("llava-v1.6", LLAVA_V1_6, 14), ("small", SMALL_NEXT, 4)]
+
+
+def llava_next_tokens(config: dict, patch: int, height: int, width: int) -> int:
+    """`LlavaNextProcessor.replace_image_token`'s count for an image of `height` x `width` (CLIP
+    tower, `default` strategy, one class token), the tile size being what the processor makes."""
+    processor = LlavaNextProcessor.__new__(LlavaNextProcessor)
+    processor.image_processor = LlavaNextImageProcessor(**config)
+    processor.patch_size, processor.num_additional_image_tokens = patch, 1
+    processor.vision_feature_select_strategy = "default"
+    tile = config["crop_size"]["height"]
+    return processor._get_number_of_features(height, width, tile, tile) - 1
+
 
 def rgb_of(data: bytes) -> np.ndarray:
     image = Image.open(io.BytesIO(data))
@@ -305,7 +379,7 @@ def main() -> None:
         tvF.InterpolationMode.BILINEAR), "torchvision would not take torch's uint8 bilinear kernel here"
     if OUT.exists():
         shutil.rmtree(OUT)
-    for sub in ("images", "processor", "resize", "clip", "video", "gemma3"):
+    for sub in ("images", "processor", "resize", "clip", "video", "gemma3", "llava_next"):
         (OUT / sub).mkdir(parents=True)
 
     images = []
@@ -372,6 +446,29 @@ def main() -> None:
             "pil_backend": {"pixel_values": diff_stats(pixel_values, pil)},
         })
 
+    llava_next_cases = []
+    for case, image_name, config in LLAVA_NEXT_CASES:
+        pil_image = Image.fromarray(decoded[image_name])
+        tv = LlavaNextImageProcessor(**config)(pil_image, return_tensors="np")
+        pixel_values = tv["pixel_values"][0].astype("<f4")
+        image_size = tv["image_sizes"][0].tolist()
+        assert image_size == [pil_image.height, pil_image.width]
+        pil = LlavaNextImageProcessorPil(**config)(pil_image, return_tensors="np")["pixel_values"][0]
+        data = pixel_values.tobytes()
+        file = None
+        if len(data) <= CLIP_MAX_FILE_BYTES:
+            file = f"llava_next/{case}.bin"
+            (OUT / file).write_bytes(data)
+        llava_next_cases.append({
+            "name": case, "image": f"images/{image_name}", "config": config, "shape": list(pixel_values.shape),
+            "image_sizes": image_size, "pixel_values": file, "pixel_values_fnv1a64": fnv1a64(data),
+            "pil_backend": {"pixel_values": diff_stats(pixel_values, pil)},
+        })
+    llava_next_token_counts = [
+        {"tiling": name, "config": config, "patch_size": patch, "height": height, "width": width,
+         "num_image_tokens": llava_next_tokens(config, patch, height, width)}
+        for name, config, patch in LLAVA_NEXT_TILINGS for height, width in LLAVA_NEXT_TOKEN_SIZES]
+
     video_cases = []
     for seed, (case, count, width, height, config) in enumerate(VIDEO_CASES):
         frames = np.stack([smooth_noisy(width, height, 100 + 10 * seed + k) for k in range(count)])
@@ -382,6 +479,23 @@ def main() -> None:
         video_cases.append({"name": case, "frames": f"video/{case}.rgb", "num_frames": count, "width": width,
                             "height": height, "config": config, "video_grid_thw": out["video_grid_thw"][0].tolist(),
                             "pixel_values": f"video/{case}.bin", "shape": list(pixel_values.shape)})
+
+    qwen3_video_cases = []
+    for seed, (case, count, width, height, config) in enumerate(QWEN3_VIDEO_CASES):
+        frames = np.stack([smooth_noisy(width, height, 300 + 10 * seed + k) for k in range(count)])
+        (OUT / "video" / f"qwen3-{case}.rgb").write_bytes(frames.tobytes())
+        processor = Qwen3VLVideoProcessor(**config)
+        out = processor(videos=[torch.from_numpy(frames)], return_tensors="np", return_metadata=True)
+        pixel_values = out["pixel_values_videos"].astype("<f4")
+        (OUT / "video" / f"qwen3-{case}.bin").write_bytes(pixel_values.tobytes())
+        indices = [int(k) for k in out["video_metadata"][0].frames_indices]
+        # Qwen3VLProcessor.replace_video_token's timestamps (24 fps: the metadata has none).
+        timestamps = Qwen3VLProcessor._calculate_timestamps(None, list(indices), 24, processor.temporal_patch_size)
+        qwen3_video_cases.append({
+            "name": case, "frames": f"video/qwen3-{case}.rgb", "num_frames": count, "width": width, "height": height,
+            "config": config, "video_grid_thw": out["video_grid_thw"][0].tolist(), "frames_indices": indices,
+            "timestamps": timestamps, "timestamp_texts": [f"<{t:.1f} seconds>" for t in timestamps],
+            "pixel_values": f"video/qwen3-{case}.bin", "shape": list(pixel_values.shape)})
 
     resizes = []
     bilinear_resizes = []
@@ -405,7 +519,8 @@ def main() -> None:
         "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                      "torchvision": torchvision.__version__, "pillow": PIL.__version__, "numpy": np.__version__},
         "images": images, "cases": cases, "resizes": resizes, "clip_cases": clip_cases,
-        "video_cases": video_cases, "bilinear_resizes": bilinear_resizes, "gemma3_cases": gemma3_cases,
+        "video_cases": video_cases, "qwen3_video_cases": qwen3_video_cases, "bilinear_resizes": bilinear_resizes, "gemma3_cases": gemma3_cases,
+        "llava_next_cases": llava_next_cases, "llava_next_tokens": llava_next_token_counts,
     }
     (OUT / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     total = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
@@ -416,8 +531,13 @@ def main() -> None:
         print(f"  clip {case['name']:27} shape {case['shape']}  PIL backend: {case['pil_backend']}")
     for case in gemma3_cases:
         print(f"  gemma3 {case['name']:25} shape {case['shape']}  PIL backend: {case['pil_backend']}")
+    for case in llava_next_cases:
+        print(f"  llava-next {case['name']:21} shape {case['shape']}  PIL backend: {case['pil_backend']}")
     for case in video_cases:
         print(f"  video {case['name']:26} grid {case['video_grid_thw']}  shape {case['shape']}")
+    for case in qwen3_video_cases:
+        print(f"  qwen3 video {case['name']:20} grid {case['video_grid_thw']}  frames {case['frames_indices']}  "
+              f"{''.join(case['timestamp_texts'])}")
     for label, entries in [("resize", resizes), ("bilinear resize", bilinear_resizes)]:
         worst = max(entries, key=lambda r: r["pil_backend"]["max_abs_diff"])
         print(f"  {label} sweep: PIL vs torchvision worst {worst['width']}x{worst['height']}: {worst['pil_backend']}")

@@ -171,15 +171,18 @@ def servers(tmp_path_factory):
 
 
 OTHER_FAMILIES = [(family, case) for family in ("qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe", "qwen3.5-vl", "llava",
-                                                             "llava-siglip", "gemma3-vl")
+                                                             "llava-siglip", "llava-next", "gemma3-vl")
                   for case in oracle_of(family)["cases"] if case["images"]]
 
 
 @pytest.mark.parametrize("family,case", OTHER_FAMILIES, ids=lambda v: v if isinstance(v, str) else v["name"])
 def test_other_families_image_chats_match_transformers(servers, family, case):
-    """Qwen2.5-VL's windowed tower and its videos; Qwen3-VL's 16-pixel patches and DeepStack;
+    """Qwen2.5-VL's windowed tower and its videos; Qwen3-VL's 16-pixel patches and DeepStack, and its
+    videos sampled by time, each temporal patch written after its `<t seconds>` in a run of its own;
     LLaVA's CLIP processor (resize, centre crop) and tower, its `<image>` expanded to 16 tokens;
-    LLaVA-interleave's SigLIP processor and tower, every row of it projected; Qwen3.5's hybrid text
+    LLaVA-interleave's SigLIP processor and tower, every row of it projected; LLaVA-NeXT's anyres
+    processor (the whole image and its best pinpoint's tiles), its `<image>` expanded to as many
+    tokens as the image's aspect ratio leaves after unpadding; Qwen3.5's hybrid text
     model behind Qwen3-VL's tower;
     Gemma 3's bilinear processor, SigLIP tower and `<start_of_image>` expanded in the prompt's text
     (its newlines tokenized with the text around them), its image tokens attending both ways: the
@@ -194,15 +197,16 @@ def test_other_families_image_chats_match_transformers(servers, family, case):
     assert r.choices[0].token_ids == case["output_ids"], case["name"]
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen3-vl", "qwen3.5-vl", "gemma3-vl"])
+@pytest.mark.parametrize("family", ["llava", "llava-next", "gemma3-vl"])
 def test_models_without_video_input_refuse_videos(servers, family):
     with pytest.raises(openai.BadRequestError) as e:
         complete(servers(family), [{"type": "video_url", "video_url": {"url": video_uri(VL, "short")}}])
     assert "does not accept video input" in e.value.response.json()["error"]["message"]
 
 
-def test_llava_refuses_processor_kwargs(servers):
-    client = servers("llava").client()
+@pytest.mark.parametrize("family", ["llava", "llava-next"])
+def test_llava_refuses_processor_kwargs(servers, family):
+    client = servers(family).client()
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
             model=NAME, max_tokens=2,
@@ -210,3 +214,30 @@ def test_llava_refuses_processor_kwargs(servers):
                                                    {"type": "text", "text": "hi"}]}],
             extra_body={"mm_processor_kwargs": {"max_pixels": 3136}})
     assert "mm_processor_kwargs" in str(e.value)
+
+
+def test_qwen3_video_sampling_kwargs_and_bad_videos(servers):
+    """Qwen3-VL's video processor samples the frame list at `fps` of an assumed 24 (as transformers
+    does for frames without metadata): 2 by default keeps 4 of "long"'s 16 frames, 24 keeps them
+    all, 8 temporal patches each behind its timestamp. A video too short for one temporal patch,
+    or `num_frames` beside the default `fps`, is the request's fault."""
+    family = REPO / "fixtures" / "models" / "qwen3-vl"
+    server = servers("qwen3-vl")
+    long = [{"type": "video_url", "video_url": {"url": video_uri(family, "long")}}, {"type": "text", "text": "hi"}]
+    default = complete(server, long)
+    every_frame = complete(server, long, mm_processor_kwargs={"fps": 24})
+    tokenizer = json.loads((family / "tokenizer.json").read_text())
+    vision_start = next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == "<|vision_start|>")
+    # The template's own vision start, then one per temporal patch.
+    assert default.prompt_token_ids.count(vision_start) == 1 + 2
+    assert every_frame.prompt_token_ids.count(vision_start) == 1 + 8
+
+    def refused(content, **extra):
+        with pytest.raises(openai.BadRequestError) as e:
+            complete(server, content, **extra)
+        return e.value.response.json()["error"]["message"]
+
+    frame = base64.b64encode((family / "videos" / "long" / "0.png").read_bytes()).decode()
+    assert "too short" in refused([{"type": "video_url", "video_url": {"url": "data:video/jpeg;base64," + frame}}])
+    assert "mutually exclusive" in refused(long, mm_processor_kwargs={"num_frames": 4})
+    assert "unknown key" in refused(long, mm_processor_kwargs={"max_frames": 4})

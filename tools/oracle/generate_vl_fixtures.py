@@ -15,14 +15,16 @@ Families and what their fixture exercises:
   sit 2.08 positions apart.
 - qwen3-vl (fixtures/models/qwen3-vl): 16-pixel patches, learned positions on a 4x4 grid resampled
   to every image (up and down), LayerNorm + GELU(tanh) tower, DeepStack features from blocks 0 and
-  1 added after the first two of three decoder layers, QK-norm, interleaved MRoPE. Images only
-  (videos need the frame timestamps Qwen3-VL's processor writes into the prompt).
+  1 added after the first two of three decoder layers, QK-norm, interleaved MRoPE. Videos through
+  Qwen3-VL's processor: frames sampled at 2 of an assumed 24 fps (at least 4), each temporal patch
+  written as `<t seconds>` + vision start + its placeholders + vision end, so one video spans
+  several placeholder runs; a third video ("long", 16 frames sampled to 4) has two timestamps.
 - qwen3-vl-moe (fixtures/models/qwen3-vl-moe): qwen3-vl's tower before a Qwen3-MoE text model (4
   experts, top 2, always renormalised; layer 1 dense through `mlp_only_layers`), experts saved fused
-  as the Hub's checkpoints have them.
+  as the Hub's checkpoints have them. Videos as qwen3-vl (without "long").
 - qwen3.5-vl (fixtures/models/qwen3.5-vl): Qwen3-VL's tower without DeepStack before Qwen3.5's
   hybrid text model (three Gated DeltaNet layers, then one gated full-attention layer with half its
-  head dims rotary, MRoPE interleaved over them). Images only, as qwen3-vl.
+  head dims rotary, MRoPE interleaved over them). Videos as qwen3-vl-moe.
 - gemma3-vl (fixtures/models/gemma3-vl): a SigLIP tower (no class token, biased patch embedding,
   post-LayerNorm, GELU(tanh)) over 112x112 images (8x8 patches of 14, every test image resized
   bilinearly, up or down), average-pooled 2x2 into 16 tokens, Gemma's RMSNorm and projection into
@@ -38,6 +40,12 @@ Families and what their fixture exercises:
 - llava-siglip (fixtures/models/llava-siglip): LLaVA-interleave's shape: a SigLIP tower read at its
   last layer with every row kept (`vision_feature_select_strategy: full`, no class row), SigLIP's
   processor (bicubic resize to 56x56, mean and std 0.5: 16 image tokens) and a Qwen2 text model.
+- llava-next (fixtures/models/llava-next): LLaVA-NeXT's anyres over llava's CLIP tower shape (28x28
+  tiles of 4-pixel patches: 49 embeddings a tile, class row dropped), grid pinpoints 28x56, 56x28
+  and 56x56; every image becomes the whole image squashed to a tile, then its best pinpoint's tiles
+  (the image fitted and padded into it), packed with the tiles' padding rows or columns cut away
+  and `image_newline` after each row. The images' aspect ratios differ (a tall one is added), so
+  rows are cut from some and columns from others; llava-1.5's chat template.
 
 Pinned as the other oracle scripts (tools/oracle/requirements.txt: torch 2.15.0, transformers 5.24.0)
 plus Pillow 13.0.0 and torchvision 0.29.2, which transformers' image processors need. Deterministic:
@@ -51,8 +59,9 @@ What it writes (fixtures/models/<family>/):
 - oracle.json: per case the messages, the prompt ids the processor made (placeholders expanded),
   each image's and video's files, grid and processed pixels (pixels/<name>.bin, f32 little-endian
   [patches, patch_dim], one file per image or video; a video's entry also has
-  `video_seconds_per_grid`), in prompt order under `images`, and transformers' 16 greedy tokens
-  with top-5 logprobs per step.
+  `video_seconds_per_grid`; a LLaVA-NeXT image's grid is its `image_sizes`, `[1, height, width]`
+  in pixels, and its `patches` the whole image and its tiles), in prompt order under `images`, and
+  transformers' 16 greedy tokens with top-5 logprobs per step.
 
 The oracle is transformers on CPU in float32 with eager attention, batch 1, HF generate.
 """
@@ -68,6 +77,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oracle_common import ROOT, greedy_generate_inputs, versions, write_json  # noqa: E402
+from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches  # noqa: E402
 
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -80,6 +90,10 @@ from transformers import (  # noqa: E402
     Gemma3Processor,
     LlavaConfig,
     LlavaForConditionalGeneration,
+    LlavaNextConfig,
+    LlavaNextForConditionalGeneration,
+    LlavaNextImageProcessor,
+    LlavaNextProcessor,
     LlavaProcessor,
     PreTrainedTokenizerFast,
     Qwen3_5Config,
@@ -160,6 +174,14 @@ VIDEO_CASES = [
     ("image-and-video", [{"type": "image", "image": "square"}, {"type": "text", "text": "then"},
                          {"type": "video", "video": "short"}, {"type": "text", "text": "Same scene?"}]),
 ]
+# Qwen3-VL's sampling keeps frames 0, 5, 10 and 15 of "long": temporal patches at 0.1 s and 0.5 s.
+LONG_VIDEO = {"long": (16, 48, 40, 13)}
+LONG_VIDEO_CASES = [
+    ("long-video", [{"type": "text", "text": "Watch"}, {"type": "video", "video": "long"},
+                    {"type": "text", "text": "When does it change?"}]),
+]
+# Qwen3-VL's video budget counts the pixels of all sampled frames, in 32x32 units.
+QWEN3_VIDEO_SIZE = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 16}
 
 CASES = [
     ("one-image", [{"type": "image", "image": "square"}, {"type": "text", "text": "Describe the image."}]),
@@ -194,6 +216,16 @@ LLAVA_CHAT_TEMPLATE = (
     "{{ content['text'] + ' '}}{% endfor %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
 )
 LLAVA_IMAGE = 56
+# LLaVA-NeXT: 28-pixel tiles of 7x7 4-pixel patches, pinpoints (height, width) of 2 or 4 tiles.
+LLAVA_NEXT_TILE = 28
+LLAVA_NEXT_PATCH = 4
+LLAVA_NEXT_PINPOINTS = [[28, 56], [56, 28], [56, 56]]
+# A tall image (30x90: best pinpoint 56x28, its columns cut from 7 to 5) beside the wide one.
+LLAVA_NEXT_IMAGES = {"tall": (30, 90, 5)}
+LLAVA_NEXT_CASES = [
+    ("tall-and-wide", [{"type": "image", "image": "tall"}, {"type": "image", "image": "wide"},
+                       {"type": "text", "text": "Which one is taller?"}]),
+]
 
 # google/gemma-3-4b-it's chat template.
 GEMMA3_CHAT_TEMPLATE = (
@@ -250,7 +282,7 @@ FAMILIES = {
         text_extra={"num_hidden_layers": 3, "head_dim": 16,
                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
                                         "mrope_interleaved": True}},
-        images_only=True,
+        long_video=True,
     ),
     "qwen3-vl-moe": dict(
         tokens=VISION_TOKENS, config=Qwen3VLMoeConfig, model=Qwen3VLMoeForConditionalGeneration,
@@ -263,7 +295,6 @@ FAMILIES = {
                     "moe_intermediate_size": 48, "mlp_only_layers": [1], "decoder_sparse_step": 1,
                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
                                         "mrope_interleaved": True}},
-        images_only=True,
     ),
     "qwen3.5-vl": dict(
         tokens=VISION_TOKENS, config=Qwen3_5Config, model=Qwen3_5ForConditionalGeneration, processor=Qwen3VLProcessor,
@@ -276,7 +307,6 @@ FAMILIES = {
                     "linear_num_value_heads": 4, "linear_value_head_dim": 8,
                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
                                         "mrope_interleaved": True, "partial_rotary_factor": 0.5}},
-        images_only=True,
     ),
     "gemma3-vl": dict(
         tokens=["<start_of_turn>", "<end_of_turn>"], extra_tokens=GEMMA3_EXTRA_TOKENS, config=Gemma3Config,
@@ -291,6 +321,14 @@ FAMILIES = {
                     num_attention_heads=4, image_size=LLAVA_IMAGE, patch_size=14, hidden_act="quick_gelu",
                     initializer_range=0.3),
         extra={},
+    ),
+    "llava-next": dict(
+        tokens=["<image>"], config=LlavaNextConfig, model=LlavaNextForConditionalGeneration,
+        processor=LlavaNextProcessor,
+        vision=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                    num_attention_heads=4, image_size=LLAVA_NEXT_TILE, patch_size=LLAVA_NEXT_PATCH,
+                    hidden_act="quick_gelu", initializer_range=0.3),
+        extra={}, images=LLAVA_NEXT_IMAGES, cases=LLAVA_NEXT_CASES,
     ),
     "llava-siglip": dict(
         tokens=["<image>"], config=LlavaConfig, model=LlavaForConditionalGeneration, processor=LlavaProcessor,
@@ -319,6 +357,12 @@ def family_config(family: dict, vocab: int, ids: dict[str, int]):
                             mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE, boi_token_id=ids["<start_of_image>"],
                             eoi_token_id=ids["<end_of_image>"], image_token_id=ids["<image_soft_token>"],
                             initializer_range=0.3, tie_word_embeddings=False)
+    if family["config"] is LlavaNextConfig:
+        text = dict(TEXT_CONFIG, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        return LlavaNextConfig(text_config=dict(model_type="llama", vocab_size=vocab, **text),
+                               vision_config=family["vision"], image_token_id=ids["<image>"],
+                               vision_feature_layer=-2, vision_feature_select_strategy="default",
+                               image_grid_pinpoints=LLAVA_NEXT_PINPOINTS, initializer_range=0.3)
     if family["config"] is LlavaConfig:
         text = dict(TEXT_CONFIG, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         return LlavaConfig(text_config=dict(model_type="llama", vocab_size=vocab, **text),
@@ -344,6 +388,13 @@ def family_processor(family: dict, tok):
         image_processor = Gemma3ImageProcessor(size={"height": GEMMA3_IMAGE, "width": GEMMA3_IMAGE})
         return Gemma3Processor(image_processor=image_processor, tokenizer=tok,
                                image_seq_length=GEMMA3_TOKENS_PER_IMAGE, chat_template=GEMMA3_CHAT_TEMPLATE)
+    if family["processor"] is LlavaNextProcessor:
+        image_processor = LlavaNextImageProcessor(
+            size={"shortest_edge": LLAVA_NEXT_TILE}, crop_size={"height": LLAVA_NEXT_TILE, "width": LLAVA_NEXT_TILE},
+            image_grid_pinpoints=LLAVA_NEXT_PINPOINTS)
+        return LlavaNextProcessor(image_processor=image_processor, tokenizer=tok, patch_size=LLAVA_NEXT_PATCH,
+                                  vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                                  chat_template=LLAVA_CHAT_TEMPLATE)
     if family["processor"] is LlavaProcessor:
         image_processor = CLIPImageProcessor(size={"shortest_edge": LLAVA_IMAGE},
                                              crop_size={"height": LLAVA_IMAGE, "width": LLAVA_IMAGE})
@@ -354,8 +405,9 @@ def family_processor(family: dict, tok):
         # Qwen3-VL's processor: 16-pixel patches, mean = std = 0.5, the same pixel budget in 32x32 units.
         budget = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 16}
         image_processor = Qwen2VLImageProcessor(size=budget, patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        video_processor = Qwen3VLVideoProcessor(size=QWEN3_VIDEO_SIZE, cap_pixels_per_frame=False)
         return family["processor"](image_processor=image_processor, tokenizer=tok,
-                                   video_processor=Qwen3VLVideoProcessor(), chat_template=CHAT_TEMPLATE)
+                                   video_processor=video_processor, chat_template=CHAT_TEMPLATE)
     image_processor = Qwen2VLImageProcessor(size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS})
     video_processor = Qwen2VLVideoProcessor(size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
                                             cap_pixels_per_frame=False)
@@ -380,19 +432,27 @@ def video_records(inputs):
 
 def image_records(inputs, count: int, patch: int):
     """Per image: its grid in `patch`-pixel patches and its processed pixels (as the model takes
-    them: Qwen's patch rows, or CLIP's channel-first image), flattened."""
+    them: Qwen's patch rows, or CLIP's channel-first image), flattened; for LLaVA-NeXT the grid is
+    the image's size in pixels (`image_sizes`), the pixels its tiles without the batch padding."""
+    if "image_sizes" in inputs:
+        out = []
+        for k, (height, width) in enumerate(inputs["image_sizes"].tolist()):
+            tiles = image_size_to_num_patches((height, width), LLAVA_NEXT_PINPOINTS, LLAVA_NEXT_TILE)
+            chw = inputs["pixel_values"][k][:tiles].numpy().astype("<f4")
+            out.append(([1, height, width], chw.reshape(-1), int(chw[0].size), tiles))
+        return out
     if "image_grid_thw" in inputs:
         out, offset = [], 0
         for grid in inputs["image_grid_thw"].tolist():
             patches = grid[0] * grid[1] * grid[2]
             rows = inputs["pixel_values"][offset:offset + patches].numpy().astype("<f4")
             offset += patches
-            out.append((grid, rows.reshape(-1), int(rows.shape[1])))
+            out.append((grid, rows.reshape(-1), int(rows.shape[1]), None))
         return out
     out = []
     for k in range(count):
         chw = inputs["pixel_values"][k].numpy().astype("<f4")
-        out.append(([1, chw.shape[1] // patch, chw.shape[2] // patch], chw.reshape(-1), 3 * patch * patch))
+        out.append(([1, chw.shape[1] // patch, chw.shape[2] // patch], chw.reshape(-1), 3 * patch * patch, None))
     return out
 
 
@@ -422,12 +482,13 @@ def generate(family_name: str) -> None:
     ids = {t: tok.convert_tokens_to_ids(t) for t in tokens}
     processor = family_processor(family, tok)
     images = {}
-    for name, (w, h, seed) in IMAGES.items():
+    for name, (w, h, seed) in (IMAGES | family.get("images", {})).items():
         synthetic_image(name, w, h, seed).save(out / "images" / f"{name}.png")
         images[name] = Image.open(out / "images" / f"{name}.png").convert("RGB")
-    takes_video = "<|video_pad|>" in family["tokens"] and not family.get("images_only")
+    takes_video = "<|video_pad|>" in family["tokens"]
+    family_videos = VIDEOS | (LONG_VIDEO if family.get("long_video") else {})
     videos = {}
-    for name, (count, w, h, seed) in VIDEOS.items() if takes_video else ():
+    for name, (count, w, h, seed) in family_videos.items() if takes_video else ():
         (out / "videos" / name).mkdir(parents=True)
         frames = []
         for k in range(count):
@@ -443,7 +504,8 @@ def generate(family_name: str) -> None:
                                                             attn_implementation="eager").eval()
 
     cases = []
-    for name, content in CASES + (VIDEO_CASES if takes_video else []):
+    video_cases = VIDEO_CASES + (LONG_VIDEO_CASES if family.get("long_video") else [])
+    for name, content in CASES + family.get("cases", []) + (video_cases if takes_video else []):
         messages = [{"role": "user", "content": [
             {"type": part["type"]} if part["type"] in ("image", "video") else part for part in content]}]
         text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -463,20 +525,27 @@ def generate(family_name: str) -> None:
         record_images = []
         for part in content:
             if part["type"] == "image":
-                grid, pixels, patch_dim = next(image_rows)
+                grid, pixels, patch_dim, patches = next(image_rows)
                 file = f"pixels/{part['image']}.bin"
                 keep(file, pixels)
                 record_images.append({"file": f"images/{part['image']}.png", "grid_thw": grid, "pixels": file,
-                                      "patch_dim": patch_dim})
+                                      "patch_dim": patch_dim} | ({"patches": patches} if patches else {}))
             elif part["type"] == "video":
                 grid, pixels, patch_dim, per_grid = next(video_rows)
                 file = f"pixels/video-{part['video']}.bin"
                 keep(file, pixels)
                 frames = [f"videos/{part['video']}/{k}.png" for k in range(len(videos[part["video"]]))]
-                record_images.append({"frames": frames, "grid_thw": grid, "pixels": file, "patch_dim": patch_dim,
-                                      "video_seconds_per_grid": per_grid})
+                record = {"frames": frames, "grid_thw": grid, "pixels": file, "patch_dim": patch_dim,
+                          "video_seconds_per_grid": per_grid}
+                if isinstance(processor, Qwen3VLProcessor):
+                    # The seconds of each temporal patch, which the processor wrote into the prompt.
+                    video_processor = processor.video_processor
+                    meta = video_processor(videos=[videos[part["video"]]], return_metadata=True)["video_metadata"][0]
+                    record["video_timestamps"] = processor._calculate_timestamps(
+                        meta.frames_indices, 24, video_processor.temporal_patch_size)
+                record_images.append(record)
         extra = {k: inputs[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw",
-                                        "second_per_grid_ts", "mm_token_type_ids", "token_type_ids") if k in inputs}
+                                        "second_per_grid_ts", "mm_token_type_ids", "token_type_ids", "image_sizes") if k in inputs}
         result = greedy_generate_inputs(model, inputs["input_ids"], MAX_NEW_TOKENS, **extra)
         cases.append({"name": name, "messages": [{"role": "user", "content": content}], "prompt": text,
                       "prompt_ids": prompt_ids, "images": record_images, **result})
@@ -495,9 +564,13 @@ def generate(family_name: str) -> None:
         "image_processor": (
             {"size": LLAVA_IMAGE, "resample": "bicubic"} if family.get("siglip")
             else {"shortest_edge": LLAVA_IMAGE, "crop_size": LLAVA_IMAGE} if family["processor"] is LlavaProcessor
+            else {"tile": LLAVA_NEXT_TILE, "image_grid_pinpoints": LLAVA_NEXT_PINPOINTS}
+            if family["processor"] is LlavaNextProcessor
             else {"size": GEMMA3_IMAGE, "resample": "bilinear"} if family["processor"] is Gemma3Processor
             else {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}) | {"backend": type(processor.image_processor).__name__},
-        **({"video_processor": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "frames_fps": 24}}
+        **({"video_processor": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "frames_fps": 24}
+                               if family["processor"] is not Qwen3VLProcessor else
+                               {"size": QWEN3_VIDEO_SIZE, "frames_fps": 24, "sample_fps": 2, "min_frames": 4}}
            if takes_video else {}),
         "cases": [{k: v for k, v in c.items() if k != "gaps"} | {"min_top2_gap": min(c["gaps"])} for c in cases],
     })

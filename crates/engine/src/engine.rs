@@ -326,7 +326,8 @@ impl Engine {
             num_state_slots: cache.state_slots,
             num_state_snapshots: cache.state_snapshots,
             state_backups: cache.state_backups > 0,
-            disable_chunked_mm_input: config.disable_chunked_mm_input || info.vision.is_some_and(|v| v.bidirectional),
+            disable_chunked_mm_input: config.disable_chunked_mm_input
+                || info.vision.as_ref().is_some_and(|v| v.bidirectional),
             max_num_encoder_input_tokens: config.max_num_batched_tokens,
             num_lookahead_tokens,
         };
@@ -512,10 +513,12 @@ impl EngineClient {
 
     /// Pairs each image and video with the run of placeholder tokens it fills: the n-th image
     /// the n-th run of image placeholders, the n-th video the n-th run of video placeholders,
-    /// each run exactly as long as its item's embedding.
+    /// each run exactly as long as its item's embedding. Where each temporal patch of a video
+    /// has a run of its own ([`VisionInfo::video_runs_per_step`](ferrite_models::VisionInfo)),
+    /// each patch is an item: placed, encoded and cached alone, which the tower allows because it
+    /// attends within a frame only.
     fn place_images(&self, prompt: &[u32], visuals: Vec<VisualInput>) -> Result<Option<Arc<MultimodalInputs>>> {
-        let vision = self.shared.model_info.vision;
-        let Some(vision) = vision else {
+        let Some(vision) = &self.shared.model_info.vision else {
             if visuals.is_empty() {
                 return Ok(None);
             }
@@ -523,6 +526,10 @@ impl EngineClient {
                 "{} does not accept image input",
                 self.shared.model_info.architecture
             )));
+        };
+        let visuals: Vec<VisualInput> = match vision.video_runs_per_step {
+            true => visuals.into_iter().flat_map(VisualInput::temporal_steps).collect(),
+            false => visuals,
         };
         let ids: Vec<u32> = [Some(vision.image_token_id), vision.video_token_id].into_iter().flatten().collect();
         // Each placeholder token's runs, in prompt order.

@@ -284,6 +284,31 @@ impl VisualInput {
     pub fn grid(&self) -> VisualGrid {
         VisualGrid { visual: self.visual, grid_thw: self.grid_thw }
     }
+
+    /// A video's temporal patches as one-step videos (its patch rows step by step, each step's
+    /// hash drawn from the video's); an image, a one-step video, or a video whose pixels do not
+    /// split into its steps (which its encoder then refuses) as it is.
+    pub fn temporal_steps(self) -> Vec<VisualInput> {
+        let [t, h, w] = self.grid_thw;
+        let is_video = matches!(self.visual, Visual::Video { .. });
+        if !is_video || t <= 1 || !self.pixel_values.len().is_multiple_of(t) {
+            return vec![self];
+        }
+        let per_step = self.pixel_values.len() / t;
+        let step_hash = |step: usize| {
+            let mut hasher = std::hash::DefaultHasher::new();
+            std::hash::Hash::hash(&(self.hash, step), &mut hasher);
+            std::hash::Hasher::finish(&hasher)
+        };
+        (0..t)
+            .map(|step| VisualInput {
+                visual: self.visual,
+                pixel_values: self.pixel_values[step * per_step..(step + 1) * per_step].into(),
+                grid_thw: [1, h, w],
+                hash: step_hash(step),
+            })
+            .collect()
+    }
 }
 
 /// A prompt's images and videos, each with the prompt positions its placeholder tokens hold.
@@ -302,6 +327,26 @@ impl MultimodalInputs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_video_splits_into_its_temporal_steps() {
+        let video = VisualInput {
+            visual: Visual::Video { seconds_per_grid: 1.0 },
+            pixel_values: (0..24).map(|v| v as f32).collect::<Vec<_>>().into(),
+            grid_thw: [3, 2, 2],
+            hash: 7,
+        };
+        let steps = video.clone().temporal_steps();
+        assert_eq!(steps.iter().map(|s| s.grid_thw).collect::<Vec<_>>(), [[1, 2, 2]; 3]);
+        assert_eq!(&*steps[1].pixel_values, &[8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0]);
+        let hashes: std::collections::HashSet<u64> = steps.iter().map(|s| s.hash).collect();
+        assert_eq!(hashes.len(), 3, "each step is its own content");
+        assert_eq!(steps[2].hash, video.clone().temporal_steps()[2].hash, "the same video, the same steps");
+        let image = VisualInput { visual: Visual::Image, ..video.clone() };
+        assert_eq!(image.clone().temporal_steps(), [image]);
+        let ragged = VisualInput { pixel_values: vec![0.0; 23].into(), ..video };
+        assert_eq!(ragged.clone().temporal_steps(), [ragged], "left whole for the encoder to refuse");
+    }
 
     #[test]
     fn rejects_out_of_range_values_with_the_parameter_name() {

@@ -138,7 +138,7 @@ impl ModelRunner {
             kept + usize::from(pad_state_slot.is_some()),
         )?;
         let graphs = DecodeGraphs::new(config.device, config.enforce_eager, pad_state_slot)?;
-        let bidirectional_media = model.info().vision.is_some_and(|v| v.bidirectional);
+        let bidirectional_media = model.info().vision.as_ref().is_some_and(|v| v.bidirectional);
         Ok(ModelRunner {
             // vLLM's encoder cache holds a step's worth of encoder rows at least.
             encoder_cache: Arc::new(std::sync::Mutex::new(EncoderCache::new(config.max_num_batched_tokens))),

@@ -105,7 +105,8 @@ fn qwen2_5_vl_batches_and_chunks_images() {
 }
 
 /// Qwen3-VL: DeepStack features follow their image's rows through batches, 20-token chunks and the
-/// prefix cache.
+/// prefix cache; a video's temporal patches, each in a placeholder run of its own after its
+/// timestamp text, are placed, encoded and cached one by one.
 #[test]
 fn qwen3_vl_carries_deepstack_through_chunks_and_the_prefix_cache() {
     battery_batched_chunked_and_cached("qwen3-vl");
@@ -133,6 +134,13 @@ fn qwen3_5_carries_images_through_recurrent_state() {
 #[test]
 fn llava_batches_chunks_and_caches_images() {
     battery_batched_chunked_and_cached("llava");
+}
+
+/// LLaVA-NeXT: each image's embeddings (its whole-image tile, then its tiles' unpadded grid with a
+/// newline per row) as many as its size makes them, cut by chunks and served from the prefix cache.
+#[test]
+fn llava_next_batches_chunks_and_caches_images() {
+    battery_batched_chunked_and_cached("llava-next");
 }
 
 /// Gemma 3: each image's tokens attend to one another both ways, so the engine computes an image

@@ -45,7 +45,7 @@ pub struct ModelInfo {
 }
 
 /// How a vision-language model's prompts hold images and videos.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VisionInfo {
     /// The placeholder token each image embedding takes the place of.
     pub image_token_id: u32,
@@ -64,12 +64,24 @@ pub struct VisionInfo {
     /// `token_type_ids` mask): the engine then computes each image's placeholder run within one
     /// prefill chunk, as a sequence of its own whose rows see the whole run.
     pub bidirectional: bool,
+    /// LLaVA-NeXT's tiling, for a model whose image embeddings follow the image's aspect ratio:
+    /// its images' grids are then `[1, height, width]` of the image in pixels (transformers'
+    /// `image_sizes`) rather than in patches.
+    pub anyres: Option<ferrite_multimodal::AnyRes>,
+    /// Whether each temporal patch of a video fills a placeholder run of its own (Qwen3-VL's
+    /// processor writes a patch's timestamp text and vision start and end tokens around its
+    /// placeholders): the engine then places, encodes and caches each patch as an item of its own.
+    pub video_runs_per_step: bool,
 }
 
 impl VisionInfo {
-    /// How many placeholder tokens an image or video whose patch grid is `grid_thw` becomes.
+    /// How many placeholder tokens an image or video whose patch grid is `grid_thw` becomes (an
+    /// image's size in pixels under [`VisionInfo::anyres`]; 0 for one it cannot take).
     pub fn placeholder_tokens(&self, [t, h, w]: [usize; 3]) -> usize {
-        t * (h / self.spatial_merge_size) * (w / self.spatial_merge_size)
+        match &self.anyres {
+            Some(anyres) => anyres.image_tokens(h, w, self.patch_size).unwrap_or(0),
+            None => t * (h / self.spatial_merge_size) * (w / self.spatial_merge_size),
+        }
     }
 
     /// The placeholder token of a kind of visual input, if the model takes that kind.

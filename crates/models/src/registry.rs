@@ -17,9 +17,9 @@ use crate::families::qwen3_next::{self, Layout as HybridLayout, Variant::*};
 use crate::families::gemma3n;
 use crate::families::{
     bert, chatglm, cohere, ernie45_moe, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3, gemma3_vl, gemma4,
-    gpt2, gpt_neox, gpt_oss, granite, granite_moe, internlm2, jamba, kimi_linear, llama4, llava, mamba, mamba2,
-    minicpm, minicpm3, minimax_m2, nemotron, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen2_5_vl, qwen2_vl,
-    qwen3_vl, roberta, stablelm, starcoder2, zamba2,
+    gpt2, gpt_neox, gpt_oss, granite, granite_moe, internlm2, jamba, kimi_linear, llama4, llava, llava_next, mamba,
+    mamba2, minicpm, minicpm3, minimax_m2, nemotron, nemotron_h, olmo2, olmo_hybrid, opt, phi, phi3, qwen2_5_vl,
+    qwen2_vl, qwen3_vl, roberta, stablelm, starcoder2, zamba2,
 };
 use crate::families::{eagle, eagle3};
 use crate::loading::config::RawConfig;
@@ -94,6 +94,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("Qwen3VLForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_vl::load(r, w)?)))),
     ("Qwen3VLMoeForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_vl::load_moe(r, w)?)))),
     ("LlavaForConditionalGeneration", Causal(|r, w| Ok(Box::new(llava::load(r, w)?)))),
+    ("LlavaNextForConditionalGeneration", Causal(|r, w| Ok(Box::new(llava_next::load(r, w)?)))),
     ("Gemma3ForConditionalGeneration", Causal(|r, w| Ok(Box::new(gemma3_vl::load(r, w)?)))),
     ("Gemma3nForConditionalGeneration", Causal(|r, w| Ok(Box::new(gemma3n::load_conditional(r, w)?)))),
     ("MambaForCausalLM", Causal(|r, w| Ok(Box::new(mamba::load(r, w, mamba::Variant::Mamba)?)))),

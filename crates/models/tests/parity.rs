@@ -55,6 +55,7 @@ parity! {
     qwen3_5_vl => "qwen3.5-vl",
     llava => "llava",
     llava_siglip => "llava-siglip",
+    llava_next => "llava-next",
     gemma3_vl => "gemma3-vl",
     gemma => "gemma",
     gemma2 => "gemma2",
@@ -234,7 +235,7 @@ fn gate_catches_vision_language_breaks() {
 /// rounding may tip a close pick, nothing more).
 #[test]
 fn vision_language_runs_in_bf16_on_cpu() {
-    for fixture in ["qwen2-vl", "qwen2.5-vl", "llava"] {
+    for fixture in ["qwen2-vl", "qwen2.5-vl", "llava", "llava-next"] {
         let (_, reports) = run_fixture(&fixtures_dir().join("models").join(fixture), DType::BF16)
             .unwrap_or_else(|e| panic!("{fixture} in bf16: {e}"));
         println!("{fixture} bf16 on the CPU: {}", summarize(&reports));
@@ -307,6 +308,26 @@ fn llava_checkpoints_in_the_hub_layout_load() {
     let (strict, total) = strict_count(&dir);
     std::fs::remove_dir_all(&dir).ok();
     assert_eq!(strict, total, "llava in the Hub's layout: {strict}/{total} strict");
+}
+
+/// LLaVA-NeXT in the `model.*`-rooted layout of transformers' module tree (`model.image_newline`,
+/// `model.language_model.*`, `model.vision_tower.*`, `lm_head`) gives the same tokens as the
+/// `language_model.*` one transformers saves, with `image_newline` at the root.
+#[test]
+fn llava_next_checkpoints_in_the_model_rooted_layout_load() {
+    let dir = fixture_copy("llava-next", "model-rooted");
+    rename_tensors(&dir, |name| {
+        if let Some(rest) = name.strip_prefix("language_model.model.") {
+            format!("model.language_model.{rest}")
+        } else if let Some(rest) = name.strip_prefix("language_model.") {
+            rest.to_string()
+        } else {
+            format!("model.{name}")
+        }
+    });
+    let (strict, total) = strict_count(&dir);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(strict, total, "llava-next in the model-rooted layout: {strict}/{total} strict");
 }
 
 /// Model families wave 1: each family's distinctive config key, edited in a copy of its fixture,

@@ -2,10 +2,13 @@
 //! JPEG, WebP, GIF, BMP) becomes RGB pixels the way Pillow and transformers' `convert_to_rgb` make
 //! them ([`decode_image`]; a video's frames each the same way), and a processor turns those pixels
 //! into what the vision encoder takes: flat patches and their grid ([`Qwen2VlImageProcessor`] and
-//! [`Qwen2VlVideoProcessor`], transformers' `Qwen2VLImageProcessor` and `Qwen2VLVideoProcessor`) or
+//! [`Qwen2VlVideoProcessor`], transformers' `Qwen2VLImageProcessor` and `Qwen2VLVideoProcessor`;
+//! [`Qwen3VlVideoProcessor`], `Qwen3VLVideoProcessor`, which also samples frames and times them) or
 //! one fixed-size channel-first image ([`ClipImageProcessor`], transformers' `CLIPImageProcessor`,
 //! the processor of LLaVA-1.5; [`Gemma3ImageProcessor`], transformers' `Gemma3ImageProcessor`, the
-//! processor of Gemma 3, without its pan-and-scan crops).
+//! processor of Gemma 3, without its pan-and-scan crops) or tiles of it
+//! ([`LlavaNextImageProcessor`], transformers' `LlavaNextImageProcessor`: the whole image and the
+//! tiles of its best-fitting grid pinpoint, [`AnyRes`]).
 //!
 //! The processors' output is bit-exact with transformers 5.24's torchvision backend, the one vLLM
 //! runs: the same uint8 bicubic or bilinear antialiased resize ([`resize`]), the same crop and
@@ -16,7 +19,9 @@ mod clip;
 mod config;
 mod decode;
 mod gemma3;
+mod llava_next;
 mod qwen2_vl;
+mod qwen3_vl;
 pub mod resize;
 
 pub use clip::ClipImageProcessor;
@@ -25,7 +30,9 @@ pub use decode::decode_image;
 pub use gemma3::Gemma3ImageProcessor;
 /// The decoded RGB image every processor takes.
 pub use image::RgbImage;
+pub use llava_next::{AnyRes, AnyResPixels, LlavaNextImageProcessor};
 pub use qwen2_vl::{Qwen2VlImageProcessor, Qwen2VlVideoProcessor, FRAME_LIST_FPS};
+pub use qwen3_vl::{Qwen3VlVideo, Qwen3VlVideoProcessor, VIDEO_ONLY_KWARGS};
 
 use std::path::PathBuf;
 
@@ -68,6 +75,10 @@ pub enum MultimodalError {
     AspectRatio { width: usize, height: usize, ratio: f64 },
     #[error("a video needs at least one frame")]
     EmptyVideo,
+    #[error("a video of {frames} frames (after sampling) is too short: it needs at least {needed}")]
+    TooFewFrames { frames: usize, needed: usize },
+    #[error("a video resized to {frames} frames of {width}x{height} pixels is more than the {max_pixels} allowed")]
+    TooManyVideoPixels { frames: usize, width: usize, height: usize, max_pixels: u64 },
     #[error("video frame {index} is {}x{} pixels where frame 0 is {}x{}: a video's frames must be one size", size.0, size.1, first.0, first.1)]
     FrameSize { index: usize, size: (u32, u32), first: (u32, u32) },
     #[error("invalid image processor config: {0}")]

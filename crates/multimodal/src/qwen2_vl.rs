@@ -162,12 +162,13 @@ fn smart_resize(
     Ok((h_bar, w_bar))
 }
 
-/// How both processors cut resized frames into the encoder's patch rows.
-struct Patcher<'a> {
-    patch: usize,
-    temporal: usize,
-    merge: usize,
-    normalization: &'a Normalization,
+/// How the Qwen processors cut resized frames into the encoder's patch rows (Qwen3-VL's video
+/// processor lays them out as Qwen2-VL's do).
+pub(crate) struct Patcher<'a> {
+    pub(crate) patch: usize,
+    pub(crate) temporal: usize,
+    pub(crate) merge: usize,
+    pub(crate) normalization: &'a Normalization,
 }
 
 impl Patcher<'_> {
@@ -175,7 +176,7 @@ impl Patcher<'_> {
     /// windows), `temporal` frames to a patch: patches time step by time step, in row-major
     /// order of merge blocks and row-major inside a block; a patch's values channel by channel,
     /// then frame by frame, each frame's rows in order.
-    fn patchify(&self, frames: &[&[u8]], height: usize, width: usize) -> PixelPatches {
+    pub(crate) fn patchify(&self, frames: &[&[u8]], height: usize, width: usize) -> PixelPatches {
         let (patch, merge) = (self.patch, self.merge);
         let values = self.normalization.value_table();
         let (grid_t, grid_h, grid_w) = (frames.len() / self.temporal, height / patch, width / patch);
@@ -378,7 +379,7 @@ fn override_pixel_range(
 /// `(shortest_edge, longest_edge)` of a size dict. transformers accepts a `size` only with one of
 /// its valid key sets, and the resize then needs both edges: together that is exactly these two
 /// keys, unless `other_keys_allowed` (a merged `SizeDict`, which skips the key-set check).
-fn pixel_range(size: &Map<String, Value>, other_keys_allowed: bool) -> Result<(usize, usize), String> {
+pub(crate) fn pixel_range(size: &Map<String, Value>, other_keys_allowed: bool) -> Result<(usize, usize), String> {
     let has_edges = size.contains_key("shortest_edge") && size.contains_key("longest_edge");
     if !has_edges || (!other_keys_allowed && size.len() != 2) {
         let keys: Vec<&String> = size.keys().collect();

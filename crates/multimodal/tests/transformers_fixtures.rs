@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use ferrite_multimodal::resize::{resize_antialias, resize_bicubic_antialias, Filter};
 use ferrite_multimodal::{
     ClipImageProcessor, Gemma3ImageProcessor, PixelPatches, Qwen2VlImageProcessor, Qwen2VlVideoProcessor,
+    Qwen3VlVideoProcessor,
 };
 use image::RgbImage;
 use serde_json::Value;
@@ -125,6 +126,39 @@ fn video_processor_matches_transformers_torchvision_backend_bit_for_bit() {
     }
 }
 
+#[test]
+fn qwen3_video_processor_samples_times_and_patches_as_transformers() {
+    let manifest = manifest();
+    let cases = manifest["qwen3_video_cases"].as_array().expect("qwen3_video_cases");
+    assert!(cases.len() >= 8, "the manifest lists every Qwen3-VL video case");
+    let numbers = |value: &Value| -> Vec<usize> {
+        value.as_array().expect("numbers").iter().map(|v| v.as_u64().unwrap() as usize).collect()
+    };
+    for case in cases {
+        let name = case["name"].as_str().expect("name");
+        let processor = Qwen3VlVideoProcessor::from_config(&case["config"]).expect("a valid config");
+        let (width, height) = (size(&case["width"]), size(&case["height"]));
+        let frames: Vec<RgbImage> = read(&case["frames"])
+            .chunks_exact((width * height * 3) as usize)
+            .map(|frame| RgbImage::from_raw(width, height, frame.to_vec()).expect("a frame"))
+            .collect();
+        assert_eq!(frames.len() as u64, case["num_frames"].as_u64().unwrap(), "{name}: frames");
+        let video = processor.preprocess(&frames).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(video.frame_indices, numbers(&case["frames_indices"]), "{name}: sampled frames");
+        assert_eq!(video.patches.grid_thw.to_vec(), numbers(&case["video_grid_thw"]), "{name}: video_grid_thw");
+        // serde_json's default float parsing may land one ulp off Python's repr; the texts are exact.
+        let timestamps = case["timestamps"].as_array().unwrap().iter().map(|t| t.as_f64().unwrap());
+        assert!(video.timestamps.iter().zip(timestamps).all(|(a, b)| (a - b).abs() < 1e-12), "{name}: timestamps");
+        assert_eq!(video.timestamps.len(), video.patches.grid_thw[0], "{name}: one timestamp a temporal patch");
+        let texts: Vec<String> = video.timestamps.iter().map(|&t| Qwen3VlVideoProcessor::frame_text(t)).collect();
+        assert_eq!(serde_json::json!(texts), case["timestamp_texts"], "{name}: timestamp texts");
+        let expected = f32s(&read(&case["pixel_values"]));
+        let row = video.patches.patch_dim;
+        let values = &video.patches.pixel_values;
+        assert_same_bits(name, values, &expected, |i| format!("patch {}, column {}", i / row, i % row));
+    }
+}
+
 fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
 }
@@ -217,4 +251,60 @@ fn bilinear_resize_matches_torchvision_bit_for_bit() {
     let resizes = &manifest["bilinear_resizes"];
     assert!(resizes.as_array().expect("bilinear_resizes").len() >= 25, "the manifest lists every size");
     check_resizes(resizes, |image, width, height| resize_antialias(image, width, height, Filter::Bilinear));
+}
+
+/// LLaVA-NeXT's: the whole image and its tiles, bit for bit (the llava-v1.6 case by its digest),
+/// and `image_sizes`.
+#[test]
+fn llava_next_processor_matches_transformers_torchvision_backend_bit_for_bit() {
+    let manifest = manifest();
+    let cases = manifest["llava_next_cases"].as_array().expect("llava_next_cases");
+    assert!(cases.len() >= 9, "the manifest lists every LLaVA-NeXT case");
+    for case in cases {
+        let name = case["name"].as_str().expect("name");
+        let processor = ferrite_multimodal::LlavaNextImageProcessor::from_config(&case["config"]).expect("a config");
+        let image = pillow_rgb(&manifest, case["image"].as_str().expect("image"));
+        let output = processor.preprocess(&image).unwrap_or_else(|e| panic!("{name}: {e}"));
+
+        let shape: Vec<usize> =
+            case["shape"].as_array().expect("shape").iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        let tile = processor.anyres().tile();
+        assert_eq!(shape[1..], [3, tile, tile], "{name}: tile");
+        let (rows, columns) = processor.anyres().tiles(image.height() as usize, image.width() as usize).unwrap();
+        assert_eq!(1 + rows * columns, shape[0], "{name}: tiles");
+        let sizes = &case["image_sizes"];
+        assert_eq!(output.image_size, (size(&sizes[0]) as usize, size(&sizes[1]) as usize), "{name}: image_sizes");
+        if !case["pixel_values"].is_null() {
+            let expected = f32s(&read(&case["pixel_values"]));
+            let per_tile = 3 * tile * tile;
+            let locate = |i: usize| {
+                let at = i % per_tile;
+                format!(
+                    "tile {}, channel {}, y {}, x {}",
+                    i / per_tile,
+                    at / (tile * tile),
+                    at / tile % tile,
+                    at % tile
+                )
+            };
+            assert_same_bits(name, &output.pixel_values, &expected, locate);
+        }
+        assert_eq!(fnv1a64(&output.pixel_values), case["pixel_values_fnv1a64"].as_str().unwrap(), "{name}: digest");
+    }
+}
+
+/// The image tokens `LlavaNextProcessor` expands `<image>` to, for many sizes (thin ones, sizes a
+/// pixel off a pinpoint) under llava-v1.6's tiling and a small one.
+#[test]
+fn llava_next_image_tokens_match_transformers_processor() {
+    let manifest = manifest();
+    let counts = manifest["llava_next_tokens"].as_array().expect("llava_next_tokens");
+    assert!(counts.len() >= 40, "the manifest lists every size");
+    for entry in counts {
+        let processor = ferrite_multimodal::LlavaNextImageProcessor::from_config(&entry["config"]).expect("a config");
+        let (height, width) = (size(&entry["height"]) as usize, size(&entry["width"]) as usize);
+        let patch = size(&entry["patch_size"]) as usize;
+        let tokens = processor.anyres().image_tokens(height, width, patch).unwrap();
+        assert_eq!(tokens as u64, entry["num_image_tokens"].as_u64().unwrap(), "{entry}");
+    }
 }

@@ -493,7 +493,7 @@ pub(crate) async fn start(
         let state = state.clone();
         move || {
             let mut prompt = prompt;
-            ImageProcessing::apply(state.served.config.media.model.images.as_deref(), &mut prompt)?;
+            ImageProcessing::apply(state.served.config.media.model.images.as_deref(), &mut prompt, &state.tokenizer)?;
             Ok(prompt)
         }
     })

@@ -8,9 +8,11 @@ use std::hash::{Hash, Hasher};
 
 use ferrite_engine::{Visual, VisualInput};
 use ferrite_multimodal::{
-    decode_image, image_processor_config, ClipImageProcessor, Gemma3ImageProcessor, MultimodalError,
-    Qwen2VlImageProcessor, Qwen2VlVideoProcessor, RgbImage,
+    decode_image, image_processor_config, video_processor_config, ClipImageProcessor, Gemma3ImageProcessor,
+    LlavaNextImageProcessor, MultimodalError, Qwen2VlImageProcessor, Qwen2VlVideoProcessor, Qwen3VlVideoProcessor,
+    RgbImage, FRAME_LIST_FPS, VIDEO_ONLY_KWARGS,
 };
+use ferrite_tokenizer::Tokenizer;
 
 use crate::error::ApiError;
 use crate::generate::Prompt;
@@ -28,6 +30,10 @@ pub enum ImageProcessor {
     /// One fixed-size image; `patch` pixels a patch side, which sets how many embeddings the
     /// image becomes.
     WholeImage { processor: WholeImageProcessor, patch: usize },
+    /// LLaVA-NeXT's: the whole image and the tiles of its best grid pinpoint, as many embeddings
+    /// as its size makes them for a tower of `patch`-pixel patches; its grid is its size in
+    /// pixels, `[1, height, width]`.
+    LlavaNext { processor: LlavaNextImageProcessor, patch: usize },
 }
 
 /// The processors that hand the tower one whole image of a fixed size.
@@ -72,14 +78,31 @@ impl ImageProcessor {
                 let (height, width) = processor.output_size();
                 Ok((processor.preprocess(rgb)?, [1, height / patch, width / patch]))
             }
+            ImageProcessor::LlavaNext { processor, .. } => {
+                let out = processor.preprocess(rgb)?;
+                Ok((out.pixel_values, [1, out.image_size.0, out.image_size.1]))
+            }
         }
     }
 
-    /// Patches per side of one embedding.
-    fn merge(&self) -> usize {
+    /// The processor's name in messages (the processors that take kwargs have none).
+    fn name(&self) -> &'static str {
         match self {
-            ImageProcessor::Qwen2Vl(p) => p.merge_size,
-            ImageProcessor::WholeImage { .. } => 1,
+            ImageProcessor::Qwen2Vl(_) => "Qwen2-VL",
+            ImageProcessor::WholeImage { processor, .. } => processor.name(),
+            ImageProcessor::LlavaNext { .. } => "LLaVA-NeXT",
+        }
+    }
+
+    /// How many embeddings an image of grid `grid_thw` (from [`ImageProcessor::process`]) becomes.
+    fn image_tokens(&self, [t, h, w]: [usize; 3]) -> usize {
+        match self {
+            ImageProcessor::Qwen2Vl(p) => t * (h / p.merge_size) * (w / p.merge_size),
+            ImageProcessor::WholeImage { .. } => t * h * w,
+            // An image that processed has a size the tiling takes; 0 would be refused by the engine.
+            ImageProcessor::LlavaNext { processor, patch } => {
+                processor.anyres().image_tokens(h, w, *patch).unwrap_or(0)
+            }
         }
     }
 
@@ -88,20 +111,126 @@ impl ImageProcessor {
             ImageProcessor::Qwen2Vl(p) => {
                 p.with_overrides(kwargs).map(ImageProcessor::Qwen2Vl).map_err(|e| e.to_string())
             }
-            ImageProcessor::WholeImage { processor, .. } => Err(format!(
+            ImageProcessor::WholeImage { .. } | ImageProcessor::LlavaNext { .. } => Err(format!(
                 "this model's image processor ({}) takes no mm_processor_kwargs; got {}",
-                processor.name(),
+                self.name(),
                 kwargs.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
             )),
         }
     }
 }
 
+/// The video processors the server runs, picked by the model's `video_processor_type` as
+/// transformers' `AutoVideoProcessor` picks them.
+#[derive(Debug, Clone)]
+pub enum VideoProcessor {
+    /// Qwen2-VL's and Qwen2.5-VL's: every frame, the video's placeholders one run.
+    Qwen2Vl(Qwen2VlVideoProcessor),
+    /// Qwen3-VL's (and Qwen3.5's): frames sampled by time, each temporal patch written after its
+    /// timestamp in a run of its own.
+    Qwen3Vl(Qwen3VlVideoProcessor),
+}
+
+/// What a video's processor made: the patches and their grid, the seconds a temporal patch spans,
+/// and for Qwen3-VL each temporal patch's timestamp.
+struct ProcessedVideo {
+    pixel_values: Vec<f32>,
+    grid_thw: [usize; 3],
+    seconds_per_grid: f64,
+    timestamps: Option<Vec<f64>>,
+}
+
+/// The text around each temporal patch's placeholders in Qwen3-VL's prompts (its processor's
+/// defaults, which Qwen's tokenizers do not override).
+const VISION_START: &str = "<|vision_start|>";
+const VISION_END: &str = "<|vision_end|>";
+
+impl VideoProcessor {
+    /// The video processor of the model in `dir`, from where transformers reads its config.
+    fn from_model_dir(dir: &std::path::Path) -> Result<VideoProcessor, String> {
+        let (path, config) = video_processor_config(dir).map_err(|e| e.to_string())?;
+        let kind = config.get("video_processor_type").and_then(serde_json::Value::as_str).unwrap_or("");
+        let processor = match kind.starts_with("Qwen3VLVideoProcessor") {
+            true => Qwen3VlVideoProcessor::from_config(&config).map(VideoProcessor::Qwen3Vl),
+            false => Qwen2VlVideoProcessor::from_config(&config).map(VideoProcessor::Qwen2Vl),
+        };
+        processor.map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    fn merge_size(&self) -> usize {
+        match self {
+            VideoProcessor::Qwen2Vl(p) => p.merge_size,
+            VideoProcessor::Qwen3Vl(p) => p.merge_size,
+        }
+    }
+
+    fn with_overrides(&self, kwargs: &serde_json::Map<String, serde_json::Value>) -> Result<Self, MultimodalError> {
+        Ok(match self {
+            VideoProcessor::Qwen2Vl(p) => VideoProcessor::Qwen2Vl(p.with_overrides(kwargs)?),
+            VideoProcessor::Qwen3Vl(p) => VideoProcessor::Qwen3Vl(p.with_overrides(kwargs)?),
+        })
+    }
+
+    fn process(&self, frames: &[RgbImage]) -> Result<ProcessedVideo, MultimodalError> {
+        Ok(match self {
+            VideoProcessor::Qwen2Vl(p) => {
+                let patches = p.preprocess(frames)?;
+                ProcessedVideo {
+                    pixel_values: patches.pixel_values,
+                    grid_thw: patches.grid_thw,
+                    seconds_per_grid: p.seconds_per_grid(),
+                    timestamps: None,
+                }
+            }
+            VideoProcessor::Qwen3Vl(p) => {
+                let video = p.preprocess(frames)?;
+                ProcessedVideo {
+                    pixel_values: video.patches.pixel_values,
+                    grid_thw: video.patches.grid_thw,
+                    // Qwen3-VL's positions do not read it; the patch's span at the frames' 24 fps.
+                    seconds_per_grid: p.temporal_patch_size as f64 / FRAME_LIST_FPS,
+                    timestamps: Some(video.timestamps),
+                }
+            }
+        })
+    }
+}
+
 /// A model's video side: its processor and the token the chat template writes once per video.
 #[derive(Debug, Clone)]
 pub struct VideoProcessing {
-    pub processor: Qwen2VlVideoProcessor,
+    pub processor: VideoProcessor,
     pub video_token_id: u32,
+}
+
+impl VideoProcessing {
+    /// The token ids a video's one placeholder becomes: a run of placeholders as long as its
+    /// embedding, or for Qwen3-VL, per temporal patch, its timestamp (`<1.5 seconds>`, tokenized
+    /// alone as vLLM does: in transformers' prompt it sits between vision start tokens, which
+    /// split the text around them), vision start, the patch's placeholders and vision end.
+    fn expansion(&self, video: &ProcessedVideo, tokenizer: &Tokenizer) -> Result<Vec<u32>, String> {
+        let [t, h, w] = video.grid_thw;
+        let merge = self.processor.merge_size();
+        let per_step = (h / merge) * (w / merge);
+        let Some(timestamps) = &video.timestamps else {
+            return Ok(vec![self.video_token_id; t * per_step]);
+        };
+        let id = |token: &str| {
+            tokenizer
+                .token_to_id(token)
+                .ok_or_else(|| format!("the tokenizer has no {token}, which video prompts need"))
+        };
+        let (start, end) = (id(VISION_START)?, id(VISION_END)?);
+        let mut out = Vec::with_capacity(t * (per_step + 8));
+        for &seconds in timestamps {
+            let text = Qwen3VlVideoProcessor::frame_text(seconds);
+            out.extend(tokenizer.encode(&text, false).map_err(|e| format!("cannot tokenize {text}: {e}"))?);
+            out.push(start);
+            out.extend(std::iter::repeat_n(self.video_token_id, per_step));
+            out.push(end);
+        }
+        Ok(out)
+    }
 }
 
 /// An image placeholder that the processor expands in the prompt's text, before tokenization:
@@ -199,17 +328,24 @@ impl ImageProcessing {
                 return Err(format!("{path}: a {height}x{width} image is not whole patches of {patch_size} pixels"));
             }
             ImageProcessor::WholeImage { processor, patch: patch_size }
+        } else if kind.starts_with("LlavaNextImageProcessor") {
+            let processor = LlavaNextImageProcessor::from_config(&section).map_err(|e| format!("{path}: {e}"))?;
+            let tile = processor.anyres().tile();
+            if patch_size == 0 || !tile.is_multiple_of(patch_size) {
+                return Err(format!("{path}: a {tile}x{tile} tile is not whole patches of {patch_size} pixels"));
+            }
+            ImageProcessor::LlavaNext { processor, patch: patch_size }
         } else {
             return Err(format!(
                 "{path}: image_processor_type `{kind}` is not supported (Qwen2VLImageProcessor, CLIPImageProcessor, \
-                 Gemma3ImageProcessor, SiglipImageProcessor)"
+                 Gemma3ImageProcessor, SiglipImageProcessor, LlavaNextImageProcessor)"
             ));
         };
         let text_expansion =
             if kind.starts_with("Gemma3ImageProcessor") { Some(TextExpansion::gemma3(dir)?) } else { None };
         let video = match video_token_id {
             None => Err("this model does not accept video input".to_string()),
-            Some(video_token_id) => Qwen2VlVideoProcessor::from_model_dir(dir)
+            Some(video_token_id) => VideoProcessor::from_model_dir(dir)
                 .map(|processor| VideoProcessing { processor, video_token_id })
                 .map_err(|e| {
                     tracing::warn!("video input is off: {e}");
@@ -233,9 +369,14 @@ impl ImageProcessing {
     }
 
     /// Turns `prompt.media` into the engine's images and videos and expands their placeholders
-    /// in `prompt.ids`. A prompt without media is left as it is; processor settings on a model
-    /// without a processor are refused.
-    pub(crate) fn apply(processing: Option<&ImageProcessing>, prompt: &mut Prompt) -> Result<(), ApiError> {
+    /// in `prompt.ids` (`tokenizer` tokenizes the text some videos' placeholders become). A
+    /// prompt without media is left as it is; processor settings on a model without a processor
+    /// are refused.
+    pub(crate) fn apply(
+        processing: Option<&ImageProcessing>,
+        prompt: &mut Prompt,
+        tokenizer: &Tokenizer,
+    ) -> Result<(), ApiError> {
         let kwargs = prompt.mm_processor_kwargs.take().filter(|k| !k.is_empty());
         let Some(processing) = processing else {
             if kwargs.is_some() {
@@ -251,8 +392,17 @@ impl ImageProcessing {
         }
         let has = |kind: MediaKind| prompt.media.iter().any(|m| m.kind == kind);
         let overridden = |e: String| ApiError::invalid("mm_processor_kwargs", e);
-        let image_processor = match &kwargs {
-            Some(kwargs) if has(MediaKind::Image) => processing.processor.with_overrides(kwargs).map_err(overridden)?,
+        // transformers hands a Qwen3-VL processor's video-only keys to its video processor alone.
+        let image_kwargs = kwargs.as_ref().map(|kwargs| match &processing.video {
+            Ok(VideoProcessing { processor: VideoProcessor::Qwen3Vl(_), .. }) => {
+                kwargs.iter().filter(|(key, _)| !VIDEO_ONLY_KWARGS.contains(&key.as_str())).map(clone_entry).collect()
+            }
+            _ => kwargs.clone(),
+        });
+        let image_processor = match image_kwargs.filter(|k| !k.is_empty()) {
+            Some(kwargs) if has(MediaKind::Image) => {
+                processing.processor.with_overrides(&kwargs).map_err(overridden)?
+            }
             _ => processing.processor.clone(),
         };
         let video = match (&processing.video, has(MediaKind::Video)) {
@@ -267,12 +417,15 @@ impl ImageProcessing {
             (_, false) => None,
         };
         let mut visuals = Vec::with_capacity(prompt.media.len());
+        let mut video_expansions = Vec::new();
         for item in std::mem::take(&mut prompt.media) {
             let fail = |e: String| ApiError::invalid("messages", format!("{}: {e}", item.location));
             let (visual, (pixel_values, grid_thw)) = match (&video, item.kind) {
                 (Some(video), MediaKind::Video) => {
-                    let seconds_per_grid = video.processor.seconds_per_grid();
-                    (Visual::Video { seconds_per_grid }, process_video(&video.processor, &item).map_err(fail)?)
+                    let processed = process_video(&video.processor, &item).map_err(fail)?;
+                    video_expansions.push(video.expansion(&processed, tokenizer).map_err(fail)?);
+                    let visual = Visual::Video { seconds_per_grid: processed.seconds_per_grid };
+                    (visual, (processed.pixel_values, processed.grid_thw))
                 }
                 _ => {
                     let [bytes] = item.encoded.as_slice() else {
@@ -290,8 +443,14 @@ impl ImageProcessing {
         }
         // Text-expanded placeholders are whole already: the engine checks each run's length.
         if processing.text_expansion.is_none() {
-            prompt.ids =
-                expand_placeholders(&prompt.ids, &visuals, processing, image_processor.merge(), video.as_ref())?;
+            prompt.ids = expand_placeholders(
+                &prompt.ids,
+                &visuals,
+                processing,
+                &image_processor,
+                video.as_ref().map(|v| v.video_token_id),
+                video_expansions,
+            )?;
         }
         prompt.visuals = visuals;
         Ok(())
@@ -300,7 +459,7 @@ impl ImageProcessing {
 
 /// A video's processed pixels and grid: its frames (vLLM's `video/jpeg` frame list) decoded,
 /// together within one image's pixel budget, and processed as one clip.
-fn process_video(processor: &Qwen2VlVideoProcessor, item: &FetchedMedia) -> Result<(Vec<f32>, [usize; 3]), String> {
+fn process_video(processor: &VideoProcessor, item: &FetchedMedia) -> Result<ProcessedVideo, String> {
     if !item.mime.as_deref().is_some_and(|mime| mime.eq_ignore_ascii_case("video/jpeg")) {
         let mime = item.mime.as_deref().unwrap_or("without a media type");
         return Err(format!(
@@ -315,41 +474,43 @@ fn process_video(processor: &Qwen2VlVideoProcessor, item: &FetchedMedia) -> Resu
         budget -= u64::from(frame.width()) * u64::from(frame.height());
         frames.push(frame);
     }
-    let patches = processor.preprocess(&frames).map_err(|e| e.to_string())?;
-    Ok((patches.pixel_values, patches.grid_thw))
+    processor.process(&frames).map_err(|e| e.to_string())
 }
 
-/// `ids` with each image's and video's one placeholder token repeated as many times as the item
-/// becomes embeddings: the n-th image placeholder for the n-th image, and so for videos.
+fn clone_entry((key, value): (&String, &serde_json::Value)) -> (String, serde_json::Value) {
+    (key.clone(), value.clone())
+}
+
+/// `ids` with each image's one placeholder token repeated as many times as the image becomes
+/// embeddings, the n-th placeholder for the n-th image, and each video's placeholder (the token
+/// `video_id`) replaced by the n-th of `video_expansions`.
 fn expand_placeholders(
     ids: &[u32],
     visuals: &[VisualInput],
     processing: &ImageProcessing,
-    image_merge: usize,
-    video: Option<&VideoProcessing>,
+    image_processor: &ImageProcessor,
+    video_id: Option<u32>,
+    video_expansions: Vec<Vec<u32>>,
 ) -> Result<Vec<u32>, ApiError> {
-    let video_id = video.map(|v| v.video_token_id);
-    let is_video = |v: &&VisualInput| matches!(v.visual, Visual::Video { .. });
-    let (mut images, mut videos) = (visuals.iter().filter(|v| !is_video(v)), visuals.iter().filter(is_video));
+    let mut images = visuals.iter().filter(|v| matches!(v.visual, Visual::Image));
+    let mut videos = video_expansions.into_iter();
     let count = |kind: &str| visuals.iter().filter(|v| v.visual.modality() == kind).count();
+    let more = |kind: &str| {
+        ApiError::invalid(
+            "messages",
+            format!("the prompt has more {kind} placeholders than the request's {} {kind}s", count(kind)),
+        )
+    };
     let mut out = Vec::with_capacity(ids.len());
     for &token in ids {
-        let (kind, next, merge) = if token == processing.image_token_id {
-            ("image", images.next(), image_merge)
+        if token == processing.image_token_id {
+            let grid = images.next().ok_or_else(|| more("image"))?.grid_thw;
+            out.extend(std::iter::repeat_n(token, image_processor.image_tokens(grid)));
         } else if Some(token) == video_id {
-            ("video", videos.next(), video.map_or(1, |v| v.processor.merge_size))
+            out.extend(videos.next().ok_or_else(|| more("video"))?);
         } else {
             out.push(token);
-            continue;
-        };
-        let Some(item) = next else {
-            return Err(ApiError::invalid(
-                "messages",
-                format!("the prompt has more {kind} placeholders than the request's {} {kind}s", count(kind)),
-            ));
-        };
-        let [t, h, w] = item.grid_thw;
-        out.extend(std::iter::repeat_n(token, t * (h / merge) * (w / merge)));
+        }
     }
     for (kind, unplaced) in [("image", images.next().is_some()), ("video", videos.next().is_some())] {
         if unplaced {
@@ -394,6 +555,10 @@ mod tests {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/qwen2-vl")
     }
 
+    fn tokenizer() -> Tokenizer {
+        Tokenizer::from_dir(&fixture()).unwrap()
+    }
+
     fn processing() -> ImageProcessing {
         ImageProcessing::from_model_dir(&fixture(), PAD, 14, Some(VIDEO_PAD)).unwrap()
     }
@@ -415,7 +580,7 @@ mod tests {
     #[test]
     fn placeholders_grow_to_the_images_embeddings_with_transformers_pixels() {
         let mut p = prompt(vec![5, PAD, 6, PAD], vec![png("square"), png("large")]);
-        ImageProcessing::apply(Some(&processing()), &mut p).unwrap();
+        ImageProcessing::apply(Some(&processing()), &mut p, &tokenizer()).unwrap();
         // 56x56 is 4x4 patches (4 tokens); 200x150 is resized to 112x84, 6x8 patches (12 tokens).
         let pads = |n| std::iter::repeat_n(PAD, n);
         let want: Vec<u32> = [5].into_iter().chain(pads(4)).chain([6]).chain(pads(12)).collect();
@@ -444,7 +609,7 @@ mod tests {
     fn videos_take_their_own_placeholders_with_transformers_pixels() {
         // The fixture's 5-frame 84x56 clip: padded to 6 frames, 3 time steps of 4x6 patches.
         let mut p = prompt(vec![5, VIDEO_PAD, 6, PAD], vec![video("clip", 5, "video/jpeg"), png("square")]);
-        ImageProcessing::apply(Some(&processing()), &mut p).unwrap();
+        ImageProcessing::apply(Some(&processing()), &mut p, &tokenizer()).unwrap();
         let want: Vec<u32> =
             [5].into_iter().chain(std::iter::repeat_n(VIDEO_PAD, 18)).chain([6]).chain([PAD; 4]).collect();
         assert_eq!(p.ids, want);
@@ -458,33 +623,134 @@ mod tests {
 
         // A video file is not decoded; a video where the template placed an image is miscounted.
         let mut p = prompt(vec![VIDEO_PAD], vec![video("clip", 1, "video/mp4")]);
-        let e = ImageProcessing::apply(Some(&processing()), &mut p).unwrap_err();
+        let e = ImageProcessing::apply(Some(&processing()), &mut p, &tokenizer()).unwrap_err();
         assert!(e.message.contains("video video/mp4 cannot be decoded"), "{}", e.message);
         let mut p = prompt(vec![PAD], vec![video("clip", 2, "video/jpeg")]);
-        let e = ImageProcessing::apply(Some(&processing()), &mut p).unwrap_err();
+        let e = ImageProcessing::apply(Some(&processing()), &mut p, &tokenizer()).unwrap_err();
         assert!(e.message.contains("more image placeholders than the request's 0 images"), "{}", e.message);
         // A model without a video token refuses videos with the reason.
         let images_only = ImageProcessing::from_model_dir(&fixture(), PAD, 14, None).unwrap();
         let mut p = prompt(vec![VIDEO_PAD], vec![video("clip", 2, "video/jpeg")]);
-        let e = ImageProcessing::apply(Some(&images_only), &mut p).unwrap_err();
+        let e = ImageProcessing::apply(Some(&images_only), &mut p, &tokenizer()).unwrap_err();
         assert!(e.message.contains("does not accept video input"), "{}", e.message);
+    }
+
+    /// A fixture's case from its oracle.json, with the model's image and video token ids.
+    fn qwen3_case(name: &str) -> (std::path::PathBuf, serde_json::Value, u32, u32) {
+        let dir = fixture().join("../qwen3-vl");
+        let read = |file: &str| -> serde_json::Value {
+            serde_json::from_str(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap()
+        };
+        let (oracle, config) = (read("oracle.json"), read("config.json"));
+        let case = oracle["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap().clone();
+        let id = |key: &str| config[key].as_u64().unwrap() as u32;
+        (dir.clone(), case, id("image_token_id"), id("video_token_id"))
+    }
+
+    fn qwen3_media(dir: &std::path::Path, case: &serde_json::Value) -> Vec<FetchedMedia> {
+        let read = |file: &serde_json::Value| std::fs::read(dir.join(file.as_str().unwrap())).unwrap().into();
+        let media = |kind, encoded, mime: Option<&str>| FetchedMedia {
+            kind,
+            location: "messages[0].content[0]".into(),
+            encoded,
+            mime: mime.map(Into::into),
+        };
+        let items = case["images"].as_array().unwrap().iter();
+        items
+            .map(|item| match item.get("frames") {
+                Some(frames) => {
+                    media(MediaKind::Video, frames.as_array().unwrap().iter().map(read).collect(), Some("video/jpeg"))
+                }
+                None => media(MediaKind::Image, vec![read(&item["file"])], None),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn qwen3_videos_become_timestamped_runs_as_transformers_writes_them() {
+        for name in ["long-video", "image-and-video", "video"] {
+            let (dir, case, image_id, video_id) = qwen3_case(name);
+            let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+            let processing = ImageProcessing::from_model_dir(&dir, image_id, 16, Some(video_id)).unwrap();
+            assert!(matches!(processing.video, Ok(VideoProcessing { processor: VideoProcessor::Qwen3Vl(_), .. })));
+            let ids = tokenizer.encode(case["prompt"].as_str().unwrap(), false).unwrap();
+            let mut p = prompt(ids, qwen3_media(&dir, &case));
+            ImageProcessing::apply(Some(&processing), &mut p, &tokenizer).unwrap();
+            let want: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+            assert_eq!(p.ids, want, "{name}: prompt ids");
+            for (visual, item) in p.visuals.iter().zip(case["images"].as_array().unwrap()) {
+                let oracle = std::fs::read(dir.join(item["pixels"].as_str().unwrap())).unwrap();
+                let oracle: Vec<u32> =
+                    oracle.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+                let ours: Vec<u32> = visual.pixel_values.iter().map(|v| v.to_bits()).collect();
+                assert!(ours == oracle, "{name}: pixel values differ from transformers'");
+                assert_eq!(serde_json::json!(visual.grid_thw), item["grid_thw"], "{name}: grid");
+            }
+        }
+    }
+
+    #[test]
+    fn qwen3_video_kwargs_and_short_videos_are_the_requests_fault() {
+        let (dir, case, image_id, video_id) = qwen3_case("long-video");
+        let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+        let processing = ImageProcessing::from_model_dir(&dir, image_id, 16, Some(video_id)).unwrap();
+        let run = |kwargs: &str, media: Vec<FetchedMedia>| {
+            let mut p = prompt(vec![video_id], media);
+            p.mm_processor_kwargs = serde_json::from_str(kwargs).unwrap();
+            ImageProcessing::apply(Some(&processing), &mut p, &tokenizer).map(|()| (p.ids, p.visuals))
+        };
+        // fps 24 keeps all 16 frames: 8 temporal patches, each after its timestamp.
+        let (ids, visuals) = run(r#"{"fps": 24}"#, qwen3_media(&dir, &case)).unwrap();
+        assert_eq!(visuals[0].grid_thw[0], 8);
+        assert_eq!(placeholder_runs(&ids, video_id), 8);
+        let text = tokenizer.decode(&ids, false).unwrap();
+        assert!(text.starts_with("<0.0 seconds><|vision_start|><|video_pad|>"), "{text}");
+        // 16 frames spend the budget 1 merged token a patch; frames 14 and 15 average 0.604 s.
+        assert!(text.ends_with("<0.6 seconds><|vision_start|><|video_pad|><|vision_end|>"), "{text}");
+        // `fps` is the video processor's alone: an image beside it is processed as without it.
+        let (_, image_case, ..) = qwen3_case("image-and-video");
+        let mut both = qwen3_media(&dir, &image_case);
+        both.truncate(1);
+        let mut p = prompt(vec![image_id], both);
+        p.mm_processor_kwargs = serde_json::from_str(r#"{"fps": 1, "do_sample_frames": true}"#).unwrap();
+        ImageProcessing::apply(Some(&processing), &mut p, &tokenizer).unwrap();
+        assert_eq!(p.visuals[0].grid_thw, [1, 4, 4]);
+
+        for (kwargs, message) in [
+            (r#"{"num_frames": 4}"#, "mutually exclusive"),
+            (r#"{"fps": -1}"#, "`fps` must be a positive number"),
+            (r#"{"size": {"longest_edge": 9}}"#, "`size` must have the keys shortest_edge and longest_edge"),
+            (r#"{"max_frames": 9}"#, "unknown key `max_frames`"),
+        ] {
+            let e = run(kwargs, qwen3_media(&dir, &case)).unwrap_err();
+            assert!(e.message.contains(message), "{kwargs}: {}", e.message);
+        }
+        // One frame cannot fill a temporal patch.
+        let mut one = qwen3_media(&dir, &case);
+        one[0].encoded.truncate(1);
+        let e = run("{}", one).unwrap_err();
+        assert!(e.message.contains("1 frames (after sampling) is too short"), "{}", e.message);
+    }
+
+    fn placeholder_runs(ids: &[u32], token: u32) -> usize {
+        ids.windows(2).filter(|w| w[0] != token && w[1] == token).count() + usize::from(ids.first() == Some(&token))
     }
 
     #[test]
     fn processor_kwargs_change_the_grid_and_are_checked() {
         let mut p = prompt(vec![PAD], vec![png("large")]);
         p.mm_processor_kwargs = serde_json::from_str(r#"{"max_pixels": 3136}"#).unwrap();
-        ImageProcessing::apply(Some(&processing()), &mut p).unwrap();
+        ImageProcessing::apply(Some(&processing()), &mut p, &tokenizer()).unwrap();
         // transformers' smart_resize: 200x150 under 3136 pixels is 56x28, 2x4 patches.
         assert_eq!(p.visuals[0].grid_thw, [1, 2, 4]);
         assert_eq!(p.ids.len(), 2);
         let mut p = prompt(vec![PAD], vec![png("large")]);
         p.mm_processor_kwargs = serde_json::from_str(r#"{"do_pan_and_scan": true}"#).unwrap();
-        let e = ImageProcessing::apply(Some(&processing()), &mut p).unwrap_err();
+        let e = ImageProcessing::apply(Some(&processing()), &mut p, &tokenizer()).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("mm_processor_kwargs"));
         let mut p = prompt(vec![1], Vec::new());
         p.mm_processor_kwargs = serde_json::from_str(r#"{"max_pixels": 3136}"#).unwrap();
-        let e = ImageProcessing::apply(None, &mut p).unwrap_err();
+        let e = ImageProcessing::apply(None, &mut p, &tokenizer()).unwrap_err();
         assert!(e.message.contains("needs a multimodal processor"), "{}", e.message);
     }
 
@@ -492,11 +758,13 @@ mod tests {
     fn bad_images_and_miscounted_placeholders_are_the_requests_fault() {
         let mut garbage = png("square");
         garbage.encoded = vec![vec![1u8, 2, 3, 4].into()];
-        let e = ImageProcessing::apply(Some(&processing()), &mut prompt(vec![PAD], vec![garbage])).unwrap_err();
+        let e = ImageProcessing::apply(Some(&processing()), &mut prompt(vec![PAD], vec![garbage]), &tokenizer())
+            .unwrap_err();
         assert!(e.message.starts_with("messages[0].content[0]: "), "{}", e.message);
-        let e = ImageProcessing::apply(Some(&processing()), &mut prompt(vec![PAD, PAD], vec![png("square")]));
+        let e =
+            ImageProcessing::apply(Some(&processing()), &mut prompt(vec![PAD, PAD], vec![png("square")]), &tokenizer());
         assert!(e.unwrap_err().message.contains("more image placeholders"));
-        let e = ImageProcessing::apply(Some(&processing()), &mut prompt(vec![1], vec![png("square")]));
+        let e = ImageProcessing::apply(Some(&processing()), &mut prompt(vec![1], vec![png("square")]), &tokenizer());
         assert!(e.unwrap_err().message.contains("fewer image placeholders"));
     }
 }

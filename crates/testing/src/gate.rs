@@ -38,6 +38,10 @@ pub struct OracleImage {
     pub grid_thw: [usize; 3],
     pub pixels: String,
     pub patch_dim: usize,
+    /// The rows of `patch_dim` values, where the grid does not count them: a LLaVA-NeXT image's
+    /// whole image and tiles (its grid is its size in pixels).
+    #[serde(default)]
+    pub patches: Option<usize>,
     /// A video's `second_per_grid_ts`; absent for an image.
     #[serde(default)]
     pub video_seconds_per_grid: Option<f64>,
@@ -49,7 +53,7 @@ impl OracleImage {
         let path = dir.join(&self.pixels);
         let bytes = std::fs::read(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
         let [t, h, w] = self.grid_thw;
-        if bytes.len() != t * h * w * self.patch_dim * 4 {
+        if bytes.len() != self.patches.unwrap_or(t * h * w) * self.patch_dim * 4 {
             return Err(ModelError::Config {
                 path,
                 message: format!("{} bytes for a {:?} grid of {} values", bytes.len(), self.grid_thw, self.patch_dim),
@@ -150,7 +154,7 @@ pub fn greedy_with_images(
                 let deepstack = (0..layers)
                     .map(|layer| concat(encoded.iter().map(|e| &e.deepstack[layer]).collect()))
                     .collect::<std::result::Result<Vec<_>, _>>()?;
-                let info = model.info().vision.ok_or_else(|| ModelError::Config {
+                let info = model.info().vision.as_ref().ok_or_else(|| ModelError::Config {
                     path: "config.json".into(),
                     message: "a vision encoder without vision info".into(),
                 })?;
@@ -171,7 +175,7 @@ pub fn greedy_with_images(
         }
     };
     // Where image tokens attend to one another both ways: each run of them, as the engine cuts it.
-    let bidirectional_runs = match model.info().vision {
+    let bidirectional_runs = match &model.info().vision {
         Some(info) if info.bidirectional => ferrite_models::placeholder_runs(prompt, info.image_token_id),
         _ => Vec::new(),
     };
@@ -378,6 +382,17 @@ pub fn edit_f32_tensors(dir: &Path, edit: impl Fn(&str) -> Option<Box<dyn Fn(&mu
                 data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
             change(&mut values);
             *data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        }
+        name.to_string()
+    });
+}
+
+/// Rewrites the stored bytes of the tensors of `dir/model.safetensors` whose names `edit` selects
+/// (one-byte dtypes such as packed codes or e4m3 scales, whose bytes are their values).
+pub fn edit_tensor_bytes(dir: &Path, edit: impl Fn(&str) -> Option<Box<dyn Fn(&mut [u8])>>) {
+    rewrite_tensors(dir, |name, _, _, data| {
+        if let Some(change) = edit(name) {
+            change(data);
         }
         name.to_string()
     });

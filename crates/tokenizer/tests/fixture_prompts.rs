@@ -17,7 +17,9 @@ fn fixtures() -> PathBuf {
 /// Gemma 3's processor expands each image in the prompt's text instead (`expansion`: the
 /// placeholder and what it becomes, as the server's `TextExpansion` writes it), so those prompts
 /// (transformers' rendering, with content parts our `ChatMessage` does not take; the server's
-/// end-to-end test renders them) are expanded and tokenized whole.
+/// end-to-end test renders them) are expanded and tokenized whole. So are the prompts with
+/// Qwen3-VL's videos, whose processor writes each temporal patch as its timestamp, vision start,
+/// placeholders and vision end ([`qwen3_video_text`]).
 fn check_cases(
     tok: &Tokenizer,
     oracle: &Value,
@@ -35,6 +37,10 @@ fn check_cases(
             assert_eq!(got, want, "{label}/{name}: prompt ids differ");
             continue;
         }
+        if let Some(text) = qwen3_video_text(case) {
+            assert_eq!(tok.encode(&text, false).unwrap(), want, "{label}/{name}: prompt ids differ");
+            continue;
+        }
         want.dedup_by(|a, b| a == b && placeholders.contains(a));
         let got = if case["chat"].as_bool().unwrap_or(false) {
             let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).expect("messages");
@@ -47,6 +53,43 @@ fn check_cases(
         assert_eq!(got, want, "{label}/{name}: prompt ids differ");
     }
     cases.len()
+}
+
+/// A case's rendered prompt with each image and video expanded as Qwen3-VL's processor expands
+/// them in the text, when it has a video with `video_timestamps` (2x2 merged patches): an image
+/// to its placeholders, a video to `<t seconds><|vision_start|>` + a temporal patch's
+/// placeholders + `<|vision_end|>` per patch.
+fn qwen3_video_text(case: &Value) -> Option<String> {
+    let items = case["images"].as_array()?;
+    items.iter().find(|item| item.get("video_timestamps").is_some())?;
+    let pieces = case["prompt"].as_str()?.split_inclusive('>');
+    let (mut images, mut videos) =
+        (items.iter().filter(|i| i.get("frames").is_none()), items.iter().filter(|i| i.get("frames").is_some()));
+    let tokens = |item: &Value| {
+        let grid: Vec<usize> = serde_json::from_value(item["grid_thw"].clone()).unwrap();
+        grid[1] * grid[2] / 4
+    };
+    let mut text = String::new();
+    for piece in pieces {
+        if let Some(before) = piece.strip_suffix("<|image_pad|>") {
+            let image = images.next().expect("an image per placeholder");
+            text.push_str(before);
+            text.push_str(&"<|image_pad|>".repeat(tokens(image)));
+        } else if let Some(before) = piece.strip_suffix("<|video_pad|>") {
+            let video = videos.next().expect("a video per placeholder");
+            text.push_str(before);
+            for seconds in video["video_timestamps"].as_array().unwrap() {
+                let pads = "<|video_pad|>".repeat(tokens(video));
+                text.push_str(&format!(
+                    "<{:.1} seconds><|vision_start|>{pads}<|vision_end|>",
+                    seconds.as_f64().unwrap()
+                ));
+            }
+        } else {
+            text.push_str(piece);
+        }
+    }
+    Some(text)
 }
 
 #[test]

@@ -39,8 +39,8 @@ pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
     let llm = LLM::with_tokenizer(&args.model, dtype, config, &overrides)
         .with_context(|| format!("loading {}", args.model.display()))?;
     let mut frontend = frontend;
-    if let Some(vision) = llm.client().model_info().vision {
-        frontend.media.model = vision_media(&args, &vision)?;
+    if let Some(vision) = &llm.client().model_info().vision {
+        frontend.media.model = vision_media(&args, vision)?;
     }
     let state = AppState::new(llm.client(), super::server_config(&args, frontend, sampling_defaults));
     super::serve_on(&args, |listener, grace| {

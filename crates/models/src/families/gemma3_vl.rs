@@ -93,6 +93,8 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Gemma3Vl> {
         placeholder: "<start_of_image>",
         video_placeholder: None,
         bidirectional: true,
+        anyres: None,
+        video_runs_per_step: false,
     });
     info.weight_bytes += tower.linears().chain([&projection]).map(Linear::size_in_bytes).sum::<usize>();
     Ok(Gemma3Vl { decoder, tower, kernel, soft_norm, projection, info })

@@ -131,6 +131,8 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Llava> {
         placeholder: "<image>",
         video_placeholder: None,
         bidirectional: false,
+        anyres: None,
+        video_runs_per_step: false,
     });
     info.weight_bytes +=
         tower.vit.linears().chain([&projector_1, &projector_2]).map(Linear::size_in_bytes).sum::<usize>();
@@ -184,6 +186,32 @@ impl FeatureTower {
     }
 }
 
+impl Llava {
+    /// The tower's image: its side in pixels, patches a side and channels.
+    pub(crate) fn tower(&self) -> &VitTower {
+        &self.tower.vit
+    }
+
+    /// The embeddings of one tower-sized image (`[channels, side, side]`, checked by the caller),
+    /// one per patch: the tower's features through the projector.
+    pub(crate) fn embed_image(&self, chw: &[f32]) -> Result<Tensor> {
+        let table = &self.decoder.embed.table;
+        let features = self.tower.features(chw, table.device(), table.dtype())?;
+        let hidden = ops::activation(&self.projector_1.forward(&features)?, self.projector_act)?;
+        self.projector_2.forward(&hidden)
+    }
+
+    /// The text model's hidden size, which the projector's output has.
+    pub(crate) fn text_hidden(&self) -> usize {
+        self.decoder.embed.table.shape()[1]
+    }
+
+    /// The model's info, for a family built on LLaVA to extend.
+    pub(crate) fn info_mut(&mut self) -> &mut ModelInfo {
+        &mut self.info
+    }
+}
+
 impl VisionEncoder for Llava {
     fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Encoded> {
         let t = &self.tower.vit;
@@ -195,10 +223,7 @@ impl VisionEncoder for Llava {
                 t.grid
             )));
         }
-        let table = &self.decoder.embed.table;
-        let features = self.tower.features(pixel_values, table.device(), table.dtype())?;
-        let hidden = ops::activation(&self.projector_1.forward(&features)?, self.projector_act)?;
-        Ok(Encoded { embeddings: self.projector_2.forward(&hidden)?, deepstack: Vec::new() })
+        Ok(Encoded { embeddings: self.embed_image(pixel_values)?, deepstack: Vec::new() })
     }
 }
 

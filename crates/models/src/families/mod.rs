@@ -36,6 +36,7 @@ pub mod lfm2;
 pub mod llama;
 pub mod llama4;
 pub mod llava;
+pub mod llava_next;
 pub mod mamba;
 pub mod mamba2;
 pub mod minicpm;

@@ -281,6 +281,10 @@ pub enum VideoTime {
     Steps,
     /// `tokens_per_second` positions per second of video (Qwen2.5-VL's `tokens_per_second`).
     Seconds { tokens_per_second: f32 },
+    /// Time is told by text: each temporal patch follows its timestamp in the prompt, in a
+    /// placeholder run of its own, and sits on the grid as a one-step video would (Qwen3-VL's
+    /// `get_rope_index` splits each video's grid into its steps).
+    Timestamps,
 }
 
 /// The tokens that hold a prompt's images and videos.
@@ -371,6 +375,8 @@ impl QwenVl {
             placeholder: "<|vision_start|><|image_pad|><|vision_end|>",
             video_placeholder: video.map(|_| "<|vision_start|><|video_pad|><|vision_end|>"),
             bidirectional: false,
+            anyres: None,
+            video_runs_per_step: vision.video_time == Some(VideoTime::Timestamps),
         });
         info.weight_bytes += vision.weight_bytes();
         Ok(QwenVl { decoder, vision, placeholders: Placeholders { image, video }, info })
@@ -713,7 +719,8 @@ impl VisionEncoder for QwenVl {
 /// columns offset from the start position, time steps from it too: one position a step, or for
 /// [`VideoTime::Seconds`] a video's `step * tokens_per_second * seconds_per_grid`, truncated, in
 /// f32 as torch computes it) and the text after it resumes past the grid's larger side. The n-th
-/// image fills the n-th run of image placeholders, the n-th video the n-th run of video ones.
+/// image fills the n-th run of image placeholders, the n-th video the n-th run of video ones (for
+/// [`VideoTime::Timestamps`], each of a video's steps the next run, as a one-step video).
 /// Returns the positions and the decode offset (`max position + 1 - prompt length`).
 pub fn mrope_positions(
     prompt: &[u32],
@@ -722,6 +729,23 @@ pub fn mrope_positions(
     merge: usize,
     video_time: VideoTime,
 ) -> Result<(Vec<[usize; 3]>, i64)> {
+    let split: Vec<VisualGrid>;
+    let visuals = match video_time {
+        VideoTime::Timestamps => {
+            split = visuals
+                .iter()
+                .flat_map(|v| match v.visual {
+                    Visual::Video { .. } => {
+                        let [t, h, w] = v.grid_thw;
+                        vec![VisualGrid { grid_thw: [1, h, w], ..*v }; t]
+                    }
+                    Visual::Image => vec![*v],
+                })
+                .collect();
+            &split
+        }
+        _ => visuals,
+    };
     let is_video = |v: &&VisualGrid| matches!(v.visual, Visual::Video { .. });
     let (mut images, mut videos) = (visuals.iter().filter(|v| !is_video(v)), visuals.iter().filter(is_video));
     let mut out = Vec::with_capacity(prompt.len());
@@ -870,6 +894,23 @@ mod tests {
         let times: Vec<usize> = pos[1..7].iter().map(|p| p[0]).collect();
         assert_eq!(times, [1, 1, 3, 3, 5, 5]);
         assert_eq!(delta, 6 - 10, "the latest time step (5) is below the text after it");
+    }
+
+    #[test]
+    fn mrope_places_each_timestamped_video_step_as_a_one_step_video() {
+        // Qwen3-VL: a 2-step video of 1x2 merged tokens a step, each step its own run between
+        // timestamp text (here tokens 5, 6), then one text token.
+        let prompt = [1, VID, VID, 5, 6, VID, VID, 2];
+        let video = VisualGrid { visual: Visual::Video { seconds_per_grid: 2.0 / 24.0 }, grid_thw: [2, 2, 4] };
+        let (pos, delta) = mrope_positions(&prompt, IDS, &[video], 2, VideoTime::Timestamps).unwrap();
+        assert_eq!(pos, [[0; 3], [1, 1, 1], [1, 1, 2], [3; 3], [4; 3], [5, 5, 5], [5, 5, 6], [7; 3]]);
+        assert_eq!(delta, 8 - 8);
+        // The steps as items of their own (the engine's split) sit where the whole video does.
+        let step = VisualGrid { grid_thw: [1, 2, 4], ..video };
+        assert_eq!(mrope_positions(&prompt, IDS, &[step, step], 2, VideoTime::Timestamps).unwrap(), (pos, delta));
+        // One run for both steps is the wrong layout.
+        let joined = [1, VID, VID, VID, VID, 2];
+        assert!(mrope_positions(&joined, IDS, &[video], 2, VideoTime::Timestamps).is_ok_and(|(p, _)| p[3] == [3; 3]));
     }
 
     #[test]

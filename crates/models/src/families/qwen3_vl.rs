@@ -7,14 +7,17 @@
 //! Qwen3.5 (`Qwen3_5ForConditionalGeneration`, `Qwen3_5MoeForConditionalGeneration`) puts the same
 //! tower, without DeepStack, before its Gated DeltaNet hybrid text model.
 //!
-//! Images only for now: Qwen3-VL's videos carry per-frame timestamps in the prompt, which the
-//! server does not write yet, so the model declares no video token.
+//! Videos: the processor writes each temporal patch as its timestamp text (`<1.5 seconds>`) and
+//! its own vision start, placeholders and vision end, so the patches' positions come from their
+//! runs ([`VideoTime::Timestamps`]) and not from a temporal index.
 
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::decoder::load::{activation, check_dims};
-use crate::families::qwen2_vl::{Merger, PatchShape, PositionGrid, QwenVl, TextModel, VisionBlock, VisionTower};
+use crate::families::qwen2_vl::{
+    Merger, PatchShape, PositionGrid, QwenVl, TextModel, VideoTime, VisionBlock, VisionTower,
+};
 use crate::layers::Norm;
 use crate::loading::config::RawConfig;
 use crate::loading::weights::{Scope, Weights};
@@ -145,6 +148,6 @@ fn load_vision(raw: &RawConfig, cfg: &VisionConfig, v: &Scope, text_hidden: usiz
         .collect::<Result<_>>()?;
     let table = v.weights().get(&v.name("pos_embed.weight"), &[cfg.num_position_embeddings, e])?;
     tower.positions = Some(PositionGrid { table: table.to_f32_vec(), side });
-    tower.video_time = None;
+    tower.video_time = Some(VideoTime::Timestamps);
     Ok(tower)
 }
