@@ -56,6 +56,11 @@ impl PixelPatches {
     }
 }
 
+/// The most pixels an image, or a clip's frames together, are resized to: Pillow's
+/// decompression-bomb limit, the budget decoded pixels share too. A request's `min_pixels` or
+/// `size` could otherwise ask for a resize of a small picture to any size at all.
+pub(crate) const MAX_RESIZED_PIXELS: u64 = 178_956_970;
+
 /// The longest side an image may have, in multiples of its shortest: Qwen2-VL's `smart_resize`
 /// refuses longer, and without a limit a resize to a fixed shortest edge turns a thin strip of a few
 /// kilobytes into gigabytes.
@@ -77,6 +82,8 @@ pub enum MultimodalError {
     EmptyVideo,
     #[error("a video of {frames} frames (after sampling) is too short: it needs at least {needed}")]
     TooFewFrames { frames: usize, needed: usize },
+    #[error("an image resized to {width}x{height} pixels is more than the {max_pixels} allowed")]
+    TooManyResizedPixels { width: usize, height: usize, max_pixels: u64 },
     #[error("a video resized to {frames} frames of {width}x{height} pixels is more than the {max_pixels} allowed")]
     TooManyVideoPixels { frames: usize, width: usize, height: usize, max_pixels: u64 },
     #[error("video frame {index} is {}x{} pixels where frame 0 is {}x{}: a video's frames must be one size", size.0, size.1, first.0, first.1)]

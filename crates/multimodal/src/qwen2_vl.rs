@@ -15,7 +15,7 @@ use crate::config::{
     video_processor_config, Normalization, CHANNELS, OPENAI_CLIP,
 };
 use crate::resize::{resize_rgb, Filter};
-use crate::{MultimodalError, PixelPatches, MAX_ASPECT_RATIO};
+use crate::{MultimodalError, PixelPatches, MAX_ASPECT_RATIO, MAX_RESIZED_PIXELS};
 
 /// `Qwen2VLImageProcessor`'s class default `size`: `shortest_edge` 56 * 56, `longest_edge`
 /// 28 * 28 * 1280 pixels.
@@ -100,6 +100,13 @@ impl Qwen2VlImageProcessor {
     pub fn preprocess(&self, image: &RgbImage) -> Result<PixelPatches, MultimodalError> {
         let (height, width) = (image.height() as usize, image.width() as usize);
         let (out_height, out_width) = self.smart_resize(height, width)?;
+        if (out_height as u64).saturating_mul(out_width as u64) > MAX_RESIZED_PIXELS {
+            return Err(MultimodalError::TooManyResizedPixels {
+                width: out_width,
+                height: out_height,
+                max_pixels: MAX_RESIZED_PIXELS,
+            });
+        }
         let pixels = if (out_height, out_width) == (height, width) {
             Cow::Borrowed(image.as_raw().as_slice())
         } else {
@@ -302,6 +309,15 @@ impl Qwen2VlVideoProcessor {
         }
         let (height, width) = (height as usize, width as usize);
         let (out_height, out_width) = self.smart_resize(frames.len(), height, width)?;
+        let padded = frames.len().next_multiple_of(self.temporal_patch_size);
+        if (padded as u64).saturating_mul(out_height as u64).saturating_mul(out_width as u64) > MAX_RESIZED_PIXELS {
+            return Err(MultimodalError::TooManyVideoPixels {
+                frames: padded,
+                width: out_width,
+                height: out_height,
+                max_pixels: MAX_RESIZED_PIXELS,
+            });
+        }
         let resized: Vec<Cow<'_, [u8]>> = frames
             .iter()
             .map(|frame| match (out_height, out_width) == (height, width) {
@@ -310,7 +326,6 @@ impl Qwen2VlVideoProcessor {
             })
             .collect();
         let mut clip: Vec<&[u8]> = resized.iter().map(|frame| &**frame).collect();
-        let padded = frames.len().next_multiple_of(self.temporal_patch_size);
         clip.resize(padded, clip[clip.len() - 1]);
         let patcher = Patcher {
             patch: self.patch_size,

@@ -18,15 +18,10 @@ use crate::config::{
 };
 use crate::qwen2_vl::{pixel_range, Patcher};
 use crate::resize::{resize_rgb, Filter};
-use crate::{MultimodalError, PixelPatches, FRAME_LIST_FPS, MAX_ASPECT_RATIO};
+use crate::{MultimodalError, PixelPatches, FRAME_LIST_FPS, MAX_ASPECT_RATIO, MAX_RESIZED_PIXELS};
 
 /// `Qwen3VLVideoProcessor.size`: 128 to 768 merged tokens of 32 * 32 pixels, over all frames.
 const DEFAULT_PIXEL_RANGE: (usize, usize) = (128 * 32 * 32, 32 * 32 * 768);
-
-/// The most pixels a clip is resized to, all frames together: Pillow's decompression-bomb limit,
-/// the budget its decoded frames share too. A request's `size` could otherwise ask for a resize
-/// to any size at all.
-const MAX_RESIZED_PIXELS: u64 = 178_956_970;
 
 /// The `mm_processor_kwargs` keys only a video processor reads; transformers' processor hands
 /// them to its video processor alone, so the image processor never sees them.

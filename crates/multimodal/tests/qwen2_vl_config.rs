@@ -205,6 +205,24 @@ fn invalid_overrides_are_refused_naming_the_key() {
 }
 
 #[test]
+fn a_request_cannot_ask_for_a_resize_past_the_pixel_limit() {
+    // min_pixels scales a small picture up to it: 10^10 pixels would be 30 GB of RGB.
+    let huge = kwargs(json!({"min_pixels": 10_000_000_000u64, "max_pixels": 20_000_000_000u64}));
+    let image = processor(json!({})).with_overrides(&huge).unwrap();
+    let error = image.preprocess(&image::RgbImage::new(28, 28)).unwrap_err();
+    assert!(matches!(error, MultimodalError::TooManyResizedPixels { .. }), "{error}");
+    let video =
+        ferrite_multimodal::Qwen2VlVideoProcessor::from_config(&json!({})).unwrap().with_overrides(&huge).unwrap();
+    let error = video.preprocess(&[image::RgbImage::new(28, 28)]).unwrap_err();
+    assert!(matches!(error, MultimodalError::TooManyVideoPixels { frames: 2, .. }), "{error}");
+    // Within the limit the same overrides resize as asked.
+    let fine = kwargs(json!({"min_pixels": 112 * 112}));
+    let patches =
+        processor(json!({})).with_overrides(&fine).unwrap().preprocess(&image::RgbImage::new(28, 28)).unwrap();
+    assert_eq!(patches.grid_thw, [1, 8, 8]);
+}
+
+#[test]
 fn video_processor_defaults_lookup_and_refusals_follow_transformers() {
     use ferrite_multimodal::Qwen2VlVideoProcessor;
     let video = Qwen2VlVideoProcessor::from_config(&json!({})).unwrap();
