@@ -28,6 +28,9 @@ What it writes (crates/multimodal/tests/fixtures/):
   pan-and-scan) as f32 little-endian [3, height, width], for the .rgb pixels of a case's image; the
   cases with Gemma 3's real config (896 x 896) have only the FNV-1a 64 digest, which every case
   records;
+- gemma3/pas-<case>.bin: `pixel_values` of `Gemma3ImageProcessor` with `do_pan_and_scan` for one
+  image, the whole image then its crops, as f32 little-endian [1 + num_crops, 3, height, width],
+  with `num_crops`;
 - llava_next/<case>.bin: `pixel_values` of `LlavaNextImageProcessor` (torchvision backend) for
   one image, its batch padding cut off, as f32 little-endian [1 + tiles, 3, tile, tile], with its
   `image_sizes`; the case with llava-v1.6's real config (336-pixel tiles) has only the FNV-1a 64
@@ -281,6 +284,25 @@ GEMMA3_CASES = [
                                          "image_std": [0.26862954, 0.26130258, 0.27577711]}),
 ]
 
+# Pan-and-scan (`do_pan_and_scan`): the whole image and its crops along the long edge, each resized
+# to the size. (case, image file, preprocessor config); small sizes and crops keep the files small.
+GEMMA3_PAS = {"size": {"height": 24, "width": 24}, "do_pan_and_scan": True, "pan_and_scan_max_num_crops": 4,
+              "pan_and_scan_min_ratio_to_activate": 1.2}
+GEMMA3_PAN_AND_SCAN_CASES = [
+    ("pas-wide-3", "alpha.png", {**GEMMA3_PAS, "pan_and_scan_min_crop_size": 16}),   # 100x30: 3 crops, last 32 wide
+    ("pas-photo-2", "photo.jpg", {**GEMMA3_PAS, "pan_and_scan_min_crop_size": 32}),  # 160x96: 2 crops of 80x96
+    ("pas-portrait-2", "portrait.png", {**GEMMA3_PAS, "pan_and_scan_min_crop_size": 10}),  # 29x43: 2 rows, last 21
+    ("pas-max-crops", "alpha.png", {**GEMMA3_PAS, "pan_and_scan_min_crop_size": 16,
+                                    "pan_and_scan_max_num_crops": 2}),            # 100x30: capped at 2
+    ("pas-crops-min-equal", "alpha.png", {**GEMMA3_PAS, "pan_and_scan_min_crop_size": 30}),  # crops 34x30: 30 is enough
+    ("pas-crop-bicubic", "palette.png", {**GEMMA3_PAS, "pan_and_scan_min_crop_size": 8, "resample": 3,
+                                         "pan_and_scan_min_ratio_to_activate": 1.1}),  # 100x80: 1.25 -> 2 crops
+    ("pas-ratio-under", "gradient.png", {**GEMMA3_PAS, "pan_and_scan_min_crop_size": 8,
+                                         "pan_and_scan_min_ratio_to_activate": 1.5}),  # 53x37 (1.43): no crops
+    ("pas-crop-too-small", "photo.jpg", {**GEMMA3_PAS, "pan_and_scan_min_crop_size": 81}),  # 80 < 81: no crops
+    ("pas-processor-defaults", "photo.jpg", {**GEMMA3_PAS, "pan_and_scan_min_crop_size": 256}),  # no crops
+]
+
 RESIZE_SOURCE = (61, 47)
 RESIZE_TARGETS = [
     (1, 3), (2, 3), (5, 4), (30, 23), (31, 47), (61, 20), (100, 47), (61, 47), (60, 46), (62, 48),
@@ -446,6 +468,20 @@ def main() -> None:
             "pil_backend": {"pixel_values": diff_stats(pixel_values, pil)},
         })
 
+    gemma3_pan_and_scan_cases = []
+    for case, image_name, config in GEMMA3_PAN_AND_SCAN_CASES:
+        pil_image = Image.fromarray(decoded[image_name])
+        tv = Gemma3ImageProcessor(**config)(pil_image, return_tensors="np")
+        pixel_values = tv["pixel_values"].astype("<f4")
+        num_crops = tv["num_crops"].tolist()
+        assert len(num_crops) == 1 and pixel_values.shape[0] == 1 + num_crops[0], case
+        file = f"gemma3/{case}.bin"
+        (OUT / file).write_bytes(pixel_values.tobytes())
+        gemma3_pan_and_scan_cases.append({
+            "name": case, "image": f"images/{image_name}", "config": config, "num_crops": num_crops[0],
+            "shape": list(pixel_values.shape), "pixel_values": file,
+        })
+
     llava_next_cases = []
     for case, image_name, config in LLAVA_NEXT_CASES:
         pil_image = Image.fromarray(decoded[image_name])
@@ -520,6 +556,7 @@ def main() -> None:
                      "torchvision": torchvision.__version__, "pillow": PIL.__version__, "numpy": np.__version__},
         "images": images, "cases": cases, "resizes": resizes, "clip_cases": clip_cases,
         "video_cases": video_cases, "qwen3_video_cases": qwen3_video_cases, "bilinear_resizes": bilinear_resizes, "gemma3_cases": gemma3_cases,
+        "gemma3_pan_and_scan_cases": gemma3_pan_and_scan_cases,
         "llava_next_cases": llava_next_cases, "llava_next_tokens": llava_next_token_counts,
     }
     (OUT / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -531,6 +568,8 @@ def main() -> None:
         print(f"  clip {case['name']:27} shape {case['shape']}  PIL backend: {case['pil_backend']}")
     for case in gemma3_cases:
         print(f"  gemma3 {case['name']:25} shape {case['shape']}  PIL backend: {case['pil_backend']}")
+    for case in gemma3_pan_and_scan_cases:
+        print(f"  gemma3 pan-and-scan {case['name']:22} num_crops {case['num_crops']}  shape {case['shape']}")
     for case in llava_next_cases:
         print(f"  llava-next {case['name']:21} shape {case['shape']}  PIL backend: {case['pil_backend']}")
     for case in video_cases:

@@ -185,14 +185,16 @@ def test_other_families_image_chats_match_transformers(servers, family, case):
     tokens as the image's aspect ratio leaves after unpadding; Qwen3.5's hybrid text
     model behind Qwen3-VL's tower;
     Gemma 3's bilinear processor, SigLIP tower and `<start_of_image>` expanded in the prompt's text
-    (its newlines tokenized with the text around them), its image tokens attending both ways: the
-    same path, each with its own oracle."""
+    (its newlines tokenized with the text around them), its image tokens attending both ways, and
+    with `do_pan_and_scan` the wide image and its two crops written around their own expansions:
+    the same path, each with its own oracle (and the case's `mm_processor_kwargs`)."""
     images = REPO / "fixtures" / "models" / family / "images"
 
     def uri(image):
         return "data:image/png;base64," + base64.b64encode((images / f"{image}.png").read_bytes()).decode()
 
-    r = complete(servers(family), parts(case, uri, REPO / "fixtures" / "models" / family))
+    kwargs = {"mm_processor_kwargs": case["mm_processor_kwargs"]} if "mm_processor_kwargs" in case else {}
+    r = complete(servers(family), parts(case, uri, REPO / "fixtures" / "models" / family), **kwargs)
     assert r.prompt_token_ids == case["prompt_ids"]
     assert r.choices[0].token_ids == case["output_ids"], case["name"]
 
@@ -214,6 +216,33 @@ def test_llava_refuses_processor_kwargs(servers, family):
                                                    {"type": "text", "text": "hi"}]}],
             extra_body={"mm_processor_kwargs": {"max_pixels": 3136}})
     assert "mm_processor_kwargs" in str(e.value)
+
+
+def test_gemma3_pan_and_scan_kwargs_are_checked(servers):
+    """Pan-and-scan's settings are Gemma 3's only processor kwargs; a bad value or another key is the
+    request's fault (400), and an image its thresholds leave uncropped is written plainly."""
+    server = servers("gemma3-vl")
+    case = next(c for c in oracle_of("gemma3-vl")["cases"] if c["name"] == "pan-and-scan")
+    images = REPO / "fixtures" / "models" / "gemma3-vl" / "images"
+
+    def uri(image):
+        return "data:image/png;base64," + base64.b64encode((images / f"{image}.png").read_bytes()).decode()
+
+    content = parts(case, uri)
+    for kwargs, message in [({"do_pan_and_scan": "yes"}, "`do_pan_and_scan` must be true or false"),
+                            ({"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 0},
+                             "`pan_and_scan_min_crop_size` must be a positive integer"),
+                            ({"pan_and_scan_max_num_crops": -2}, "`pan_and_scan_max_num_crops` must be a positive"),
+                            ({"pan_and_scan_min_ratio_to_activate": "x"}, "must be a number"),
+                            ({"max_pixels": 3136}, "unknown key `max_pixels`")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            complete(server, content, mm_processor_kwargs=kwargs)
+        assert message in e.value.response.json()["error"]["message"], kwargs
+    # The processor's default minimum crop (256 pixels) leaves the 112x56 image whole: one image.
+    plain = complete(server, content, mm_processor_kwargs={"do_pan_and_scan": True})
+    soft = json.loads((images.parent / "config.json").read_text())["image_token_index"]
+    assert case["prompt_ids"].count(soft) == 3 * 16
+    assert plain.prompt_token_ids.count(soft) == 16, plain.prompt_token_ids
 
 
 def test_qwen3_video_sampling_kwargs_and_bad_videos(servers):

@@ -32,7 +32,9 @@ Families and what their fixture exercises:
   bidirectional token runs) and one full layer. Gemma 3's processor writes each image as
   `\n\n<start_of_image>` + 16 `<image_soft_token>` + `<end_of_image>\n\n` and marks the soft
   tokens in `token_type_ids`, which make them attend to one another both ways; Gemma 3's chat
-  template (`<start_of_turn>`, images as `<start_of_image>`).
+  template (`<start_of_turn>`, images as `<start_of_image>`). One case ("pan-and-scan") asks for
+  pan-and-scan (`mm_processor_kwargs` in the case): the wide image and its 2 crops, written as
+  "Here is the original image ... and here are some crops to help you see better ...".
 - llava (fixtures/models/llava): a CLIP tower (class token, learned positions, pre-LayerNorm,
   quick-GELU) read at its second-to-last layer, the class row dropped, a GELU projector, a Llama
   text model; CLIP's processor (shortest edge 56, centre crop 56x56: 16 image tokens); llava-1.5's
@@ -60,7 +62,9 @@ What it writes (fixtures/models/<family>/):
   each image's and video's files, grid and processed pixels (pixels/<name>.bin, f32 little-endian
   [patches, patch_dim], one file per image or video; a video's entry also has
   `video_seconds_per_grid`; a LLaVA-NeXT image's grid is its `image_sizes`, `[1, height, width]`
-  in pixels, and its `patches` the whole image and its tiles), in prompt order under `images`, and
+  in pixels, and its `patches` the whole image and its tiles; a Gemma 3 pan-and-scan image is an
+  entry for the whole image and one per crop, `crop` 1, 2, ..., pixels/<name>-crop<k>.bin), in
+  prompt order under `images`, a case's processor kwargs under `mm_processor_kwargs`, and
   transformers' 16 greedy tokens with top-5 logprobs per step.
 
 The oracle is transformers on CPU in float32 with eager attention, batch 1, HF generate.
@@ -248,6 +252,14 @@ GEMMA3_CHAT_TEMPLATE = (
 )
 GEMMA3_IMAGE = 112
 GEMMA3_TOKENS_PER_IMAGE = 16
+# Pan-and-scan on the wide image (112x56, aspect ratio 2): with crops of at least 32 pixels, the
+# processor makes 2 crops of 56x56 and writes the image as the whole image and its crops, three
+# images of 16 tokens each; the kwargs are the request's `mm_processor_kwargs`.
+GEMMA3_CASES = [
+    ("pan-and-scan", [{"type": "text", "text": "Look closely at"}, {"type": "image", "image": "wide"},
+                      {"type": "text", "text": "What is on the right?"}],
+     {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 32}),
+]
 GEMMA3_EXTRA_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
                        "image_token": "<image_soft_token>"}
 
@@ -313,7 +325,7 @@ FAMILIES = {
         model=Gemma3ForConditionalGeneration, processor=Gemma3Processor,
         vision=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, image_size=GEMMA3_IMAGE, patch_size=14, vision_use_head=False),
-        extra={},
+        extra={}, cases=GEMMA3_CASES,
     ),
     "llava": dict(
         tokens=["<image>"], config=LlavaConfig, model=LlavaForConditionalGeneration, processor=LlavaProcessor,
@@ -505,13 +517,15 @@ def generate(family_name: str) -> None:
 
     cases = []
     video_cases = VIDEO_CASES + (LONG_VIDEO_CASES if family.get("long_video") else [])
-    for name, content in CASES + family.get("cases", []) + (video_cases if takes_video else []):
+    for name, content, *kwargs in CASES + family.get("cases", []) + (video_cases if takes_video else []):
+        kwargs = kwargs[0] if kwargs else {}
         messages = [{"role": "user", "content": [
             {"type": part["type"]} if part["type"] in ("image", "video") else part for part in content]}]
         text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         used = [images[p["image"]] for p in content if p["type"] == "image"]
         used_videos = [videos[p["video"]] for p in content if p["type"] == "video"]
-        inputs = processor(text=[text], images=used or None, videos=used_videos or None, return_tensors="pt")
+        inputs = processor(text=[text], images=used or None, videos=used_videos or None, return_tensors="pt",
+                           **kwargs)
         prompt_ids = inputs["input_ids"][0].tolist()
 
         def keep(file, pixels):
@@ -520,16 +534,28 @@ def generate(family_name: str) -> None:
             else:
                 pixels.tofile(out / file)
 
-        image_rows = iter(image_records(inputs, len(used), family["vision"]["patch_size"]) if used else [])
+        # Gemma 3's pan-and-scan: per image, its crops (each one more image after it in `pixel_values`),
+        # from its image processor with the processor's defaults under the case's kwargs.
+        crops = [0] * len(used)
+        if kwargs.get("do_pan_and_scan"):
+            crop_kwargs = {k: v for k, v in (Gemma3Processor.images_kwargs | kwargs).items() if k.startswith("pan_")}
+            crops = [int(processor.image_processor(image, do_pan_and_scan=True, **crop_kwargs)["num_crops"][0])
+                     for image in used]
+        image_rows = iter(image_records(inputs, len(used) + sum(crops), family["vision"]["patch_size"])
+                          if used else [])
+        image_crops = iter(crops)
         video_rows = iter(video_records(inputs) if used_videos else [])
         record_images = []
         for part in content:
             if part["type"] == "image":
-                grid, pixels, patch_dim, patches = next(image_rows)
-                file = f"pixels/{part['image']}.bin"
-                keep(file, pixels)
-                record_images.append({"file": f"images/{part['image']}.png", "grid_thw": grid, "pixels": file,
-                                      "patch_dim": patch_dim} | ({"patches": patches} if patches else {}))
+                # The image, then its pan-and-scan crops: one entry each, as the model takes them.
+                for crop in range(1 + next(image_crops)):
+                    grid, pixels, patch_dim, patches = next(image_rows)
+                    file = f"pixels/{part['image']}{f'-crop{crop}' if crop else ''}.bin"
+                    keep(file, pixels)
+                    record_images.append({"file": f"images/{part['image']}.png", "grid_thw": grid, "pixels": file,
+                                          "patch_dim": patch_dim} | ({"patches": patches} if patches else {})
+                                         | ({"crop": crop} if crop else {}))
             elif part["type"] == "video":
                 grid, pixels, patch_dim, per_grid = next(video_rows)
                 file = f"pixels/video-{part['video']}.bin"
@@ -548,7 +574,8 @@ def generate(family_name: str) -> None:
                                         "second_per_grid_ts", "mm_token_type_ids", "token_type_ids", "image_sizes") if k in inputs}
         result = greedy_generate_inputs(model, inputs["input_ids"], MAX_NEW_TOKENS, **extra)
         cases.append({"name": name, "messages": [{"role": "user", "content": content}], "prompt": text,
-                      "prompt_ids": prompt_ids, "images": record_images, **result})
+                      "prompt_ids": prompt_ids, "images": record_images,
+                      **({"mm_processor_kwargs": kwargs} if kwargs else {}), **result})
         print(f"{name}: {len(prompt_ids)} prompt tokens, {len(record_images)} images and videos, "
               f"min gap {min(result['gaps']):.3f}, out {result['output_ids']}")
 

@@ -6,7 +6,7 @@
 //! [`Qwen3VlVideoProcessor`], `Qwen3VLVideoProcessor`, which also samples frames and times them) or
 //! one fixed-size channel-first image ([`ClipImageProcessor`], transformers' `CLIPImageProcessor`,
 //! the processor of LLaVA-1.5; [`Gemma3ImageProcessor`], transformers' `Gemma3ImageProcessor`, the
-//! processor of Gemma 3, without its pan-and-scan crops) or tiles of it
+//! processor of Gemma 3, with its pan-and-scan crops as images of their own) or tiles of it
 //! ([`LlavaNextImageProcessor`], transformers' `LlavaNextImageProcessor`: the whole image and the
 //! tiles of its best-fitting grid pinpoint, [`AnyRes`]).
 //!

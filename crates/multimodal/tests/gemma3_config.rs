@@ -100,11 +100,19 @@ fn invalid_or_unsupported_configs_are_refused_naming_the_key() {
     let size = "`size` must be {\"height\": h, \"width\": w}, [h, w] or a number, got";
     let fixed = "Gemma 3's vision tower takes one fixed size";
     let cases = [
-        (
-            json!({"do_pan_and_scan": true}),
-            "`do_pan_and_scan: true` is not supported: pan-and-scan crops are not implemented".to_string(),
-        ),
         (json!({"do_pan_and_scan": "yes"}), "`do_pan_and_scan` must be true or false, got \"yes\"".to_string()),
+        (
+            json!({"pan_and_scan_min_crop_size": 0}),
+            "`pan_and_scan_min_crop_size` must be a positive integer, got 0".to_string(),
+        ),
+        (
+            json!({"pan_and_scan_max_num_crops": 2.5}),
+            "`pan_and_scan_max_num_crops` must be a positive integer, got 2.5".to_string(),
+        ),
+        (
+            json!({"pan_and_scan_min_ratio_to_activate": "1.2"}),
+            "`pan_and_scan_min_ratio_to_activate` must be a number, got \"1.2\"".to_string(),
+        ),
         (json!({"resample": 0}), "`resample` 0 is not supported, only 2 (bilinear) or 3 (bicubic)".to_string()),
         (json!({"resample": 1}), "`resample` 1 is not supported, only 2 (bilinear) or 3 (bicubic)".to_string()),
         (json!({"resample": 4}), "`resample` 4 is not supported, only 2 (bilinear) or 3 (bicubic)".to_string()),
@@ -185,10 +193,14 @@ fn model_dir_config_comes_from_processor_config_first_and_errors_name_the_file()
     std::fs::write(&processor_file, json!({"image_processor": {"size": [448, 336]}}).to_string()).unwrap();
     assert_eq!(Gemma3ImageProcessor::from_model_dir(&dir).unwrap().output_size(), (448, 336));
 
+    // Pan-and-scan from the config: 1000x300 (ratio 3.3) in 3 crops of 334 (the last 332) by 300.
     std::fs::write(&processor_file, json!({"image_processor": {"do_pan_and_scan": true}}).to_string()).unwrap();
+    let crops = Gemma3ImageProcessor::from_model_dir(&dir).unwrap().crops(1000, 300);
+    assert_eq!(crops, [[0, 0, 334, 300], [334, 0, 334, 300], [668, 0, 332, 300]]);
+    std::fs::write(&processor_file, json!({"image_processor": {"pan_and_scan_max_num_crops": -1}}).to_string())
+        .unwrap();
     let error = Gemma3ImageProcessor::from_model_dir(&dir).unwrap_err().to_string();
-    let expected = "invalid image processor config: `do_pan_and_scan: true` is not supported: pan-and-scan crops are \
-                    not implemented";
+    let expected = "invalid image processor config: `pan_and_scan_max_num_crops` must be a positive integer, got -1";
     assert_eq!(error, format!("{}: {expected}", processor_file.display()));
 
     std::fs::remove_file(&processor_file).unwrap();
@@ -204,13 +216,76 @@ fn model_dir_config_comes_from_processor_config_first_and_errors_name_the_file()
 #[test]
 fn siglip_defaults_are_bicubic_and_refuse_what_is_not_one_fixed_size() {
     let siglip = |config: Value| Gemma3ImageProcessor::from_siglip_config(&config);
-    assert_eq!(siglip(json!({})).unwrap(), processor(json!({"resample": 3})));
-    assert_eq!(
+    // Gemma 3's pipeline with the same settings (less its pan-and-scan): the same output.
+    let same = |a: Gemma3ImageProcessor, b: Gemma3ImageProcessor| {
+        let image = RgbImage::from_fn(37, 23, |x, y| image::Rgb([x as u8 * 7, y as u8 * 11, (x + y) as u8]));
+        assert_eq!(a.output_size(), b.output_size());
+        assert_eq!(a.preprocess(&image).unwrap(), b.preprocess(&image).unwrap());
+        assert!(!a.has_pan_and_scan() && b.has_pan_and_scan());
+    };
+    same(siglip(json!({})).unwrap(), processor(json!({"resample": 3})));
+    same(
         siglip(json!({"size": {"height": 384, "width": 384}, "resample": 2})).unwrap(),
-        processor(json!({"size": {"height": 384, "width": 384}}))
+        processor(json!({"size": {"height": 384, "width": 384}})),
     );
     assert_eq!(siglip(json!({"size": 384, "default_to_square": true})).unwrap().output_size(), (384, 384));
     let refused = |config: Value| siglip(config).unwrap_err().to_string();
     assert!(refused(json!({"size": 384})).contains("shortest edge"));
     assert!(refused(json!({"do_center_crop": true})).contains("do_center_crop"));
+}
+
+/// transformers' `pan_and_scan_batched` on sizes the fixtures do not have: Gemma 3's own defaults
+/// (crops of at least 256 pixels, at most 4, from an aspect ratio of 1.2), a request's overrides,
+/// and their refusals.
+#[test]
+fn pan_and_scan_crops_follow_transformers_and_requests_may_turn_it_on() {
+    let off = processor(gemma_3());
+    assert!(off.crops(1920, 1080).is_empty(), "off unless asked");
+    let kwargs = |value: Value| value.as_object().unwrap().clone();
+    let on = off.with_overrides(&kwargs(json!({"do_pan_and_scan": true}))).unwrap();
+    // (width, height, crops (x, y, width, height)).
+    let cases: [(usize, usize, Vec<[usize; 4]>); 7] = [
+        // 1.78 rounds to 2 crops of 960x1080.
+        (1920, 1080, vec![[0, 0, 960, 1080], [960, 0, 960, 1080]]),
+        // Under the 1.2 ratio: none.
+        (1100, 1000, vec![]),
+        // 5.0 is capped at 4 crops, 375 wide.
+        (1500, 300, vec![[0, 0, 375, 300], [375, 0, 375, 300], [750, 0, 375, 300], [1125, 0, 375, 300]]),
+        // Tall: rows.
+        (300, 700, vec![[0, 0, 300, 350], [0, 350, 300, 350]]),
+        // Crops under 256 pixels: none.
+        (600, 200, vec![]),
+        // 1.2 exactly activates; 1.2 + 0.5 floors to 1, raised to 2 crops of 300.
+        (600, 500, vec![[0, 0, 300, 500], [300, 0, 300, 500]]),
+        // 2.5 rounds half up to 3; the last crop is cut at the edge.
+        (1001, 400, vec![[0, 0, 334, 400], [334, 0, 334, 400], [668, 0, 333, 400]]),
+    ];
+    for (width, height, crops) in cases {
+        assert_eq!(on.crops(width, height), crops, "{width}x{height}");
+    }
+    let tuned = on
+        .with_overrides(&kwargs(json!({"pan_and_scan_min_crop_size": 100, "pan_and_scan_max_num_crops": 2,
+                                       "pan_and_scan_min_ratio_to_activate": null})))
+        .unwrap();
+    assert_eq!(tuned.crops(1500, 300).len(), 2);
+    assert_eq!(tuned.crops(600, 200), [[0, 0, 300, 200], [300, 0, 300, 200]]);
+    assert!(tuned.with_overrides(&kwargs(json!({"do_pan_and_scan": false}))).unwrap().crops(600, 200).is_empty());
+
+    let images = on.preprocess_with_crops(&RgbImage::new(1500, 300)).unwrap();
+    assert_eq!(images.len(), 5);
+    assert!(images.iter().all(|image| image.pixel_values.len() == 3 * 896 * 896));
+
+    for (value, message) in [
+        (json!({"do_pan_and_scan": 1}), "`do_pan_and_scan` must be true or false, got 1"),
+        (json!({"pan_and_scan_min_crop_size": -5}), "`pan_and_scan_min_crop_size` must be a positive integer, got -5"),
+        (json!({"pan_and_scan_max_num_crops": 0}), "`pan_and_scan_max_num_crops` must be a positive integer, got 0"),
+        (json!({"pan_and_scan_min_ratio_to_activate": []}), "`pan_and_scan_min_ratio_to_activate` must be a number"),
+        (json!({"size": 448}), "unknown key `size`: Gemma 3's image processor takes do_pan_and_scan, "),
+    ] {
+        let error = on.with_overrides(&kwargs(value.clone())).unwrap_err().to_string();
+        assert!(error.starts_with(&format!("invalid mm_processor_kwargs: {message}")), "{value}: {error}");
+    }
+    let siglip = Gemma3ImageProcessor::from_siglip_config(&json!({})).unwrap();
+    assert!(siglip.with_overrides(&kwargs(json!({"do_pan_and_scan": true}))).is_err());
+    assert!(Gemma3ImageProcessor::from_siglip_config(&json!({"do_pan_and_scan": true})).is_err());
 }

@@ -223,6 +223,36 @@ fn gemma3_processor_matches_transformers_torchvision_backend_bit_for_bit() {
     });
 }
 
+/// Gemma 3's pan-and-scan: `num_crops` and the whole image then its crops, bit for bit, for wide,
+/// tall and nearly square images, crops cut short at the edge, the crop count capped, and the
+/// thresholds that leave an image uncropped.
+#[test]
+fn gemma3_pan_and_scan_matches_transformers_torchvision_backend_bit_for_bit() {
+    let manifest = manifest();
+    let cases = manifest["gemma3_pan_and_scan_cases"].as_array().expect("gemma3_pan_and_scan_cases");
+    assert!(cases.len() >= 8, "the manifest lists every pan-and-scan case");
+    for case in cases {
+        let name = case["name"].as_str().expect("name");
+        let image = pillow_rgb(&manifest, case["image"].as_str().expect("image"));
+        let processor = Gemma3ImageProcessor::from_config(&case["config"]).expect("a valid config");
+        let crops = processor.crops(image.width() as usize, image.height() as usize);
+        assert_eq!(crops.len() as u64, case["num_crops"].as_u64().unwrap(), "{name}: num_crops");
+        let images = processor.preprocess_with_crops(&image).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(images.len(), 1 + crops.len(), "{name}: the image and its crops");
+        let (height, width) = processor.output_size();
+        let shape: Vec<usize> =
+            case["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+        assert_eq!(shape, [images.len(), 3, height, width], "{name}: shape");
+        let values: Vec<f32> = images.iter().flat_map(|image| image.pixel_values.iter().copied()).collect();
+        let per_image = 3 * height * width;
+        let locate = |i: usize| {
+            let (k, i) = (i / per_image, i % per_image);
+            format!("image {k}, channel {}, y {}, x {}", i / (height * width), i / width % height, i % width)
+        };
+        assert_same_bits(name, &values, &f32s(&read(&case["pixel_values"])), locate);
+    }
+}
+
 /// Resizes each source of `resizes` (a manifest list) with `resize` and compares with torchvision's.
 fn check_resizes(resizes: &Value, resize: impl Fn(&RgbImage, u32, u32) -> RgbImage) {
     for case in resizes.as_array().expect("resizes") {

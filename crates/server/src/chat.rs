@@ -263,7 +263,8 @@ pub fn chat_prompt(
     let images = input.media.iter().filter(|m| m.kind == MediaKind::Image).count();
     let text = ImageProcessing::expand_text(options.model.images.as_deref(), text, images)?;
     let ids = tok.encode(&text, o.add_special_tokens).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-    Ok(RenderedChat { prompt: Prompt::new(ids, Some(text)), media: input.media })
+    let prompt = Prompt { tokenized_with_special_tokens: Some(o.add_special_tokens), ..Prompt::new(ids, Some(text)) };
+    Ok(RenderedChat { prompt, media: input.media })
 }
 
 pub(crate) struct Context {

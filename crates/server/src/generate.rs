@@ -37,12 +37,23 @@ pub struct Prompt {
     /// The media processed for the engine, their placeholders expanded in `ids`
     /// ([`crate::images::ImageProcessing::apply`]).
     pub visuals: Vec<VisualInput>,
+    /// `Some(add_special_tokens)` where `ids` are `text` tokenized so (a chat prompt, not
+    /// truncated): a prompt whose image placeholders are rewritten once its images are processed
+    /// (Gemma 3's pan-and-scan crops) is tokenized again the same way.
+    pub tokenized_with_special_tokens: Option<bool>,
 }
 
 impl Prompt {
     /// A prompt of text or token ids alone.
     pub fn new(ids: Vec<u32>, text: Option<String>) -> Prompt {
-        Prompt { ids, text, media: Vec::new(), mm_processor_kwargs: None, visuals: Vec::new() }
+        Prompt {
+            ids,
+            text,
+            media: Vec::new(),
+            mm_processor_kwargs: None,
+            visuals: Vec::new(),
+            tokenized_with_special_tokens: None,
+        }
     }
 }
 

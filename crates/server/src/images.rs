@@ -53,10 +53,15 @@ impl WholeImageProcessor {
         }
     }
 
-    fn preprocess(&self, rgb: &RgbImage) -> Result<Vec<f32>, MultimodalError> {
+    /// The image's pixels, then those of its pan-and-scan crops (Gemma 3's, when asked for), each
+    /// an image of its own to the tower.
+    fn preprocess(&self, rgb: &RgbImage) -> Result<Vec<Vec<f32>>, MultimodalError> {
         match self {
-            WholeImageProcessor::Clip(p) => p.preprocess(rgb).map(|out| out.pixel_values),
-            WholeImageProcessor::FixedSize(p) => p.preprocess(rgb).map(|out| out.pixel_values),
+            WholeImageProcessor::Clip(p) => p.preprocess(rgb).map(|out| vec![out.pixel_values]),
+            WholeImageProcessor::FixedSize(p) => {
+                let images = p.preprocess_with_crops(rgb)?;
+                Ok(images.into_iter().map(|out| out.pixel_values).collect())
+            }
         }
     }
 
@@ -68,19 +73,24 @@ impl WholeImageProcessor {
     }
 }
 
+/// One image as the tower takes it: its processed pixels and its grid in patches `(t, h, w)`.
+type ProcessedImage = (Vec<f32>, [usize; 3]);
+
 impl ImageProcessor {
-    /// An encoded image's processed pixels and its grid in patches `(t, h, w)`.
-    fn process(&self, bytes: &[u8]) -> Result<(Vec<f32>, [usize; 3]), MultimodalError> {
+    /// An encoded image's processed pixels and grid: one item, or for Gemma 3 with pan-and-scan,
+    /// the whole image and then each crop, the tower's images each.
+    fn process(&self, bytes: &[u8]) -> Result<Vec<ProcessedImage>, MultimodalError> {
         let rgb = &decode_image(bytes, MAX_IMAGE_PIXELS)?;
         match self {
-            ImageProcessor::Qwen2Vl(p) => p.preprocess(rgb).map(|out| (out.pixel_values, out.grid_thw)),
+            ImageProcessor::Qwen2Vl(p) => p.preprocess(rgb).map(|out| vec![(out.pixel_values, out.grid_thw)]),
             ImageProcessor::WholeImage { processor, patch } => {
                 let (height, width) = processor.output_size();
-                Ok((processor.preprocess(rgb)?, [1, height / patch, width / patch]))
+                let grid = [1, height / patch, width / patch];
+                Ok(processor.preprocess(rgb)?.into_iter().map(|pixels| (pixels, grid)).collect())
             }
             ImageProcessor::LlavaNext { processor, .. } => {
                 let out = processor.preprocess(rgb)?;
-                Ok((out.pixel_values, [1, out.image_size.0, out.image_size.1]))
+                Ok(vec![(out.pixel_values, [1, out.image_size.0, out.image_size.1])])
             }
         }
     }
@@ -110,6 +120,13 @@ impl ImageProcessor {
         match self {
             ImageProcessor::Qwen2Vl(p) => {
                 p.with_overrides(kwargs).map(ImageProcessor::Qwen2Vl).map_err(|e| e.to_string())
+            }
+            // Gemma 3's takes its pan-and-scan settings.
+            ImageProcessor::WholeImage { processor: WholeImageProcessor::FixedSize(p), patch }
+                if p.has_pan_and_scan() =>
+            {
+                let processor = WholeImageProcessor::FixedSize(p.with_overrides(kwargs).map_err(|e| e.to_string())?);
+                Ok(ImageProcessor::WholeImage { processor, patch: *patch })
             }
             ImageProcessor::WholeImage { .. } | ImageProcessor::LlavaNext { .. } => Err(format!(
                 "this model's image processor ({}) takes no mm_processor_kwargs; got {}",
@@ -236,7 +253,11 @@ impl VideoProcessing {
 /// An image placeholder that the processor expands in the prompt's text, before tokenization:
 /// Gemma 3's `<start_of_image>` becomes `\n\n<start_of_image>`, the image's soft tokens and
 /// `<end_of_image>\n\n`, whose newlines then tokenize with the text around them as transformers'
-/// processor (and so vLLM) tokenizes them.
+/// processor (and so vLLM) tokenizes them. An image with pan-and-scan crops becomes
+/// `Here is the original image `, its expansion, ` and here are some crops to help you see better `
+/// and one expansion per crop, joined by spaces (`Gemma3Processor.replace_image_token`); the
+/// crops are counted once the image is decoded, so such a prompt is expanded plainly first and
+/// rewritten and tokenized again then ([`TextExpansion::with_crops`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TextExpansion {
     pub placeholder: String,
@@ -265,6 +286,38 @@ impl TextExpansion {
         };
         let length = usize::try_from(length.unwrap_or(256)).map_err(|e| e.to_string())?;
         Ok(TextExpansion { replacement: format!("\n\n{boi}{}{eoi}\n\n", image.repeat(length)), placeholder: boi })
+    }
+
+    /// A prompt's `text`, expanded plainly ([`TextExpansion::apply`]), with the `k`-th image's
+    /// expansion rewritten for its `crops[k]` pan-and-scan crops, where it has any.
+    fn with_crops(&self, text: &str, crops: &[usize]) -> Result<String, ApiError> {
+        let pieces: Vec<&str> = text.split(&self.replacement).collect();
+        if pieces.len() != crops.len() + 1 {
+            return Err(ApiError::invalid(
+                "messages",
+                format!(
+                    "pan-and-scan crops are written around their image's {} in the prompt, which has {} of them \
+                     for its {} images (a truncated prompt cannot take crops)",
+                    self.placeholder,
+                    pieces.len() - 1,
+                    crops.len()
+                ),
+            ));
+        }
+        let mut out = String::with_capacity(text.len() + crops.iter().sum::<usize>() * (self.replacement.len() + 1));
+        for (piece, &n) in pieces.iter().zip(crops) {
+            out.push_str(piece);
+            if n == 0 {
+                out.push_str(&self.replacement);
+            } else {
+                out.push_str("Here is the original image ");
+                out.push_str(&self.replacement);
+                out.push_str(" and here are some crops to help you see better ");
+                out.push_str(&vec![self.replacement.as_str(); n].join(" "));
+            }
+        }
+        out.push_str(pieces[crops.len()]);
+        Ok(out)
     }
 
     /// `text` with each placeholder expanded, when there is one per image.
@@ -418,28 +471,48 @@ impl ImageProcessing {
         };
         let mut visuals = Vec::with_capacity(prompt.media.len());
         let mut video_expansions = Vec::new();
+        // Per image, its pan-and-scan crops (each one more image to the engine after it).
+        let mut crops = Vec::new();
         for item in std::mem::take(&mut prompt.media) {
             let fail = |e: String| ApiError::invalid("messages", format!("{}: {e}", item.location));
-            let (visual, (pixel_values, grid_thw)) = match (&video, item.kind) {
+            let (visual, items) = match (&video, item.kind) {
                 (Some(video), MediaKind::Video) => {
                     let processed = process_video(&video.processor, &item).map_err(fail)?;
                     video_expansions.push(video.expansion(&processed, tokenizer).map_err(fail)?);
                     let visual = Visual::Video { seconds_per_grid: processed.seconds_per_grid };
-                    (visual, (processed.pixel_values, processed.grid_thw))
+                    (visual, vec![(processed.pixel_values, processed.grid_thw)])
                 }
                 _ => {
                     let [bytes] = item.encoded.as_slice() else {
                         return Err(fail(format!("an image must be one picture, not {}", item.encoded.len())));
                     };
-                    (Visual::Image, image_processor.process(bytes).map_err(|e| fail(e.to_string()))?)
+                    let items = image_processor.process(bytes).map_err(|e| fail(e.to_string()))?;
+                    crops.push(items.len() - 1);
+                    (Visual::Image, items)
                 }
             };
-            visuals.push(VisualInput {
-                hash: content_hash(visual, &pixel_values, grid_thw),
-                visual,
-                pixel_values: pixel_values.into(),
-                grid_thw,
-            });
+            for (pixel_values, grid_thw) in items {
+                visuals.push(VisualInput {
+                    hash: content_hash(visual, &pixel_values, grid_thw),
+                    visual,
+                    pixel_values: pixel_values.into(),
+                    grid_thw,
+                });
+            }
+        }
+        if let Some(expansion) = processing.text_expansion.as_ref().filter(|_| crops.iter().any(|&n| n > 0)) {
+            // The crops' expansions change the text around the images: tokenized again, whole, as
+            // transformers tokenizes the expanded prompt.
+            let (Some(text), Some(special)) = (prompt.text.as_deref(), prompt.tokenized_with_special_tokens) else {
+                return Err(ApiError::invalid(
+                    "mm_processor_kwargs",
+                    "pan-and-scan crops are written into the prompt's text: a truncated prompt or one given as \
+                     token ids cannot take them",
+                ));
+            };
+            let text = expansion.with_crops(text, &crops)?;
+            prompt.ids = tokenizer.encode(&text, special).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+            prompt.text = Some(text);
         }
         // Text-expanded placeholders are whole already: the engine checks each run's length.
         if processing.text_expansion.is_none() {
@@ -752,6 +825,70 @@ mod tests {
         p.mm_processor_kwargs = serde_json::from_str(r#"{"max_pixels": 3136}"#).unwrap();
         let e = ImageProcessing::apply(None, &mut p, &tokenizer()).unwrap_err();
         assert!(e.message.contains("needs a multimodal processor"), "{}", e.message);
+    }
+
+    /// Gemma 3's pan-and-scan on the server's path: the rendered prompt expanded plainly, then,
+    /// once the image's crops are counted, rewritten and tokenized again into transformers' prompt
+    /// ids, the whole image and each crop one image to the engine with transformers' pixels.
+    #[test]
+    fn gemma3_pan_and_scan_rewrites_the_prompt_as_transformers_does() {
+        let dir = fixture().join("../gemma3-vl");
+        let oracle: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
+        let case = oracle["cases"].as_array().unwrap().iter().find(|c| c["name"] == "pan-and-scan").unwrap();
+        let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+        let soft = tokenizer.token_to_id("<image_soft_token>").unwrap();
+        let processing = ImageProcessing::from_model_dir(&dir, soft, 14, None).unwrap();
+        let text = case["prompt"].as_str().unwrap().to_string();
+        let text = ImageProcessing::expand_text(Some(&processing), text, 1).unwrap();
+        let ids = tokenizer.encode(&text, false).unwrap();
+        let image = FetchedMedia {
+            kind: MediaKind::Image,
+            location: "messages[0].content[1]".into(),
+            encoded: vec![std::fs::read(dir.join("images/wide.png")).unwrap().into()],
+            mime: None,
+        };
+        let run = |kwargs: &serde_json::Value, tokenized: Option<bool>| {
+            let mut p = Prompt {
+                media: vec![image.clone()],
+                mm_processor_kwargs: kwargs.as_object().cloned(),
+                tokenized_with_special_tokens: tokenized,
+                ..Prompt::new(ids.clone(), Some(text.clone()))
+            };
+            ImageProcessing::apply(Some(&processing), &mut p, &tokenizer).map(|()| p)
+        };
+        let p = run(&case["mm_processor_kwargs"], Some(false)).unwrap();
+        let want: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+        assert_eq!(p.ids, want, "prompt ids");
+        assert!(p.text.as_deref().unwrap().contains("Here is the original image \n\n<start_of_image>"));
+        let items = case["images"].as_array().unwrap();
+        assert_eq!(p.visuals.len(), items.len(), "the image and its crops");
+        for (k, (visual, item)) in p.visuals.iter().zip(items).enumerate() {
+            let oracle = std::fs::read(dir.join(item["pixels"].as_str().unwrap())).unwrap();
+            let oracle: Vec<u32> = oracle.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+            let ours: Vec<u32> = visual.pixel_values.iter().map(|v| v.to_bits()).collect();
+            assert!(ours == oracle, "image {k}: pixel values differ from transformers'");
+            assert_eq!((visual.visual, visual.grid_thw), (Visual::Image, [1, 8, 8]));
+        }
+        assert_ne!(p.visuals[1].hash, p.visuals[2].hash);
+
+        // Off, or its thresholds unmet (the default minimum crop, 256 pixels): the prompt as it was.
+        for kwargs in [serde_json::json!({}), serde_json::json!({"do_pan_and_scan": true})] {
+            let p = run(&kwargs, Some(false)).unwrap();
+            assert_eq!((p.ids.len(), p.visuals.len()), (ids.len(), 1), "{kwargs}");
+        }
+        // A truncated prompt cannot be rewritten; bad settings are the request's fault.
+        let e = run(&case["mm_processor_kwargs"], None).err().unwrap();
+        assert!(e.message.contains("truncated prompt"), "{}", e.message);
+        for (kwargs, message) in [
+            (serde_json::json!({"do_pan_and_scan": "yes"}), "`do_pan_and_scan` must be true or false"),
+            (serde_json::json!({"pan_and_scan_min_crop_size": 0}), "must be a positive integer, got 0"),
+            (serde_json::json!({"min_pixels": 5}), "unknown key `min_pixels`"),
+        ] {
+            let e = run(&kwargs, Some(false)).err().unwrap();
+            assert_eq!(e.param.as_deref(), Some("mm_processor_kwargs"));
+            assert!(e.message.contains(message), "{kwargs}: {}", e.message);
+        }
     }
 
     #[test]

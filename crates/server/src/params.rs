@@ -204,6 +204,7 @@ pub fn truncate_prompt(
     if prompt.ids.len() > keep {
         let cut = prompt.ids.len() - keep;
         prompt.ids = if left { prompt.ids.split_off(cut) } else { prompt.ids[..keep].to_vec() };
+        prompt.tokenized_with_special_tokens = None;
         if prompt.text.is_some() {
             prompt.text = Some(tokenizer.decode(&prompt.ids, false).map_err(|e| ApiError::internal(e.to_string()))?);
         }
