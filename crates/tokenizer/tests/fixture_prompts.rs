@@ -33,7 +33,7 @@ fn check_cases(
         let mut want: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).expect("prompt_ids");
         if let Some((placeholder, replacement)) = expansion {
             let text = case["prompt"].as_str().expect("the rendered prompt");
-            let got = tok.encode(&text.replace(placeholder.as_str(), replacement), false).unwrap();
+            let got = tok.encode(&gemma3_text(text, case, placeholder, replacement), false).unwrap();
             assert_eq!(got, want, "{label}/{name}: prompt ids differ");
             continue;
         }
@@ -53,6 +53,34 @@ fn check_cases(
         assert_eq!(got, want, "{label}/{name}: prompt ids differ");
     }
     cases.len()
+}
+
+/// A Gemma 3 case's rendered prompt with each image's `placeholder` expanded as `Gemma3Processor`
+/// expands it: to `replacement`, or, for an image with pan-and-scan crops (its items that follow
+/// it with a `crop` index), to the original and the crops each expanded, in transformers' words.
+fn gemma3_text(prompt: &str, case: &Value, placeholder: &str, replacement: &str) -> String {
+    let mut crops = Vec::new();
+    for item in case["images"].as_array().into_iter().flatten() {
+        match item.get("crop") {
+            Some(_) => *crops.last_mut().expect("a crop follows its image") += 1,
+            None => crops.push(0usize),
+        }
+    }
+    let mut pieces = prompt.split(placeholder);
+    let mut text = pieces.next().unwrap_or_default().to_string();
+    for (image, piece) in pieces.enumerate() {
+        match crops.get(image).copied().unwrap_or(0) {
+            0 => text.push_str(replacement),
+            n => {
+                text.push_str(&format!(
+                    "Here is the original image {replacement} and here are some crops to help you see better "
+                ));
+                text.push_str(&vec![replacement; n].join(" "));
+            }
+        }
+        text.push_str(piece);
+    }
+    text
 }
 
 /// A case's rendered prompt with each image and video expanded as Qwen3-VL's processor expands
