@@ -39,7 +39,19 @@ struct Server {
 }
 
 impl Server {
+    /// A server on a free port. The port is free when picked, not when the server binds it: a test
+    /// beside this one can take it in between, so a lost port is picked again.
     fn start(name: &str, model: &Path, extra: &[&str]) -> Server {
+        for _ in 0..4 {
+            if let Some(server) = Server::try_start(name, model, extra) {
+                return server;
+            }
+        }
+        panic!("ferrite serve lost its port four times in a row");
+    }
+
+    /// `None` where another process bound the port first.
+    fn try_start(name: &str, model: &Path, extra: &[&str]) -> Option<Server> {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let log = std::env::temp_dir().join(format!("ferrite-hostile-{name}-{port}.log"));
         let out = std::fs::File::create(&log).unwrap();
@@ -57,9 +69,13 @@ impl Server {
         let server = Server { child: child.into(), port, log };
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
+            let exited = server.child.borrow_mut().try_wait().unwrap().is_some();
+            if exited && server.logs().contains("Address already in use") {
+                return None;
+            }
             server.assert_running("starting");
             if server.send("GET", "/health", b"").is_ok_and(|r| r.status == 200) {
-                return server;
+                return Some(server);
             }
             assert!(Instant::now() < deadline, "ferrite serve did not become healthy:\n{}", server.logs());
             std::thread::sleep(Duration::from_millis(100));
