@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # Long-prompt time to first token (issue 35), a baseline server against a candidate on one
-# machine: by default one binary served as is and with FERRITE_FLASH_PREFILL=1 (the
-# FlashAttention-2-style prefill kernel), or two binaries (BASE, FERRITE). Each serves the Llama-3.1-8B shape (LAYERS cuts the depth; attention's share per layer is the
+# machine: two binaries (BASE, FERRITE), or one binary served as is and with NEW_ENV in its
+# environment (a kernel switch under test). Each serves the Llama-3.1-8B shape (LAYERS cuts the depth; attention's share per layer is the
 # same at any depth) with --max-model-len 33000, and `ferrite bench` sends single prompts of each
 # of LENS tokens (concurrency 1, one output token, 3 prompts of random ids, median TTFT; no
 # prefix-cache hits). `prefill_matmul_time.py` times the same prompts' linear layers with cuBLAS
 # in the same run: the floor TTFT is compared with. Run from the repo root on the GPU machine:
 #
-#   bash benches/cuda/run_long_prefill.sh "$OUT"        # .probe/ferrite, default vs flash prefill
-#   BASE=old/ferrite FERRITE=new/ferrite NEW_ENV= bash benches/cuda/run_long_prefill.sh "$OUT"
+#   BASE=old/ferrite FERRITE=new/ferrite bash benches/cuda/run_long_prefill.sh "$OUT"
+#   NEW_ENV="FERRITE_SOME_SWITCH=1" bash benches/cuda/run_long_prefill.sh "$OUT"   # .probe/ferrite both
 #
 # Writes $OUT/long-prefill.json and each server's log as $OUT/long-prefill-<base|new>.log.
 set -uo pipefail
 OUT=${1:?usage: run_long_prefill.sh OUTDIR}
 FERRITE=${FERRITE:-.probe/ferrite}
 BASE=${BASE:-$FERRITE}
-NEW_ENV=${NEW_ENV-FERRITE_FLASH_PREFILL=1}  # the candidate's extra environment (set but empty: none)
+NEW_ENV=${NEW_ENV:-}  # the candidate's extra environment
 LAYERS=${LAYERS:-}
 LENS=${LENS:-2048,8192,16384,32768}
 CHUNK=${CHUNK:-2048}
@@ -64,7 +64,7 @@ def ttft(tag, n):
     p = work / f"{tag}-{n}.json"
     if not p.exists():
         return None
-    return json.loads(p.read_text())["levels"][0]["median_ttft_ms"] / 1e3
+    return json.loads(p.read_text())["results"][0]["median_run"]["median_ttft_ms"] / 1e3
 rows = []
 for n in lens:
     base, new, mm = ttft("base", n), ttft("new", n), matmul["seconds"][n]

@@ -245,17 +245,29 @@ impl AttnMetadata {
     }
 }
 
+/// The per-tensor scales of an FP8 (e4m3) KV cache, vLLM's `--kv-cache-dtype fp8`: a key is
+/// stored as `e4m3(clamp(key / k, ±448))` and read back as that value times `k` (values alike).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fp8KvScales {
+    pub k: f32,
+    pub v: f32,
+}
+
+impl Default for Fp8KvScales {
+    /// vLLM's scales where the checkpoint has none.
+    fn default() -> Self {
+        Fp8KvScales { k: 1.0, v: 1.0 }
+    }
+}
+
 #[derive(Debug)]
 pub enum KvStorage {
-    Cpu {
-        k: Vec<f32>,
-        v: Vec<f32>,
-    },
+    /// f32 on the CPU also for an FP8 cache, whose writes keep the values e4m3 can hold.
+    Cpu { k: Vec<f32>, v: Vec<f32> },
     /// In the dtype of the activations written to it (f32 or bf16).
-    Cuda {
-        k: CudaStorage,
-        v: CudaStorage,
-    },
+    Cuda { k: CudaStorage, v: CudaStorage },
+    /// e4m3 bytes, whatever the activations' dtype.
+    CudaFp8 { k: cudarc::driver::CudaSlice<u8>, v: cudarc::driver::CudaSlice<u8> },
 }
 
 /// Keys and values of one layer: `[num_blocks, block_size, num_kv_heads, dim]`.
@@ -267,6 +279,8 @@ pub struct PagedKvLayer {
     pub k_dim: usize,
     pub v_dim: usize,
     pub storage: KvStorage,
+    /// Set for an FP8 cache.
+    pub fp8: Option<Fp8KvScales>,
 }
 
 impl PagedKvLayer {
@@ -279,10 +293,12 @@ impl PagedKvLayer {
             k_dim,
             v_dim,
             storage: KvStorage::Cpu { k: vec![0.0; slots * k_dim], v: vec![0.0; slots * v_dim] },
+            fp8: None,
         }
     }
 
-    /// A zeroed cache on `device` holding `dtype` (f32 or bf16 for CUDA; the CPU cache is f32).
+    /// A zeroed cache on `device` holding `dtype` (f32 or bf16 for CUDA; the CPU cache is f32),
+    /// or an FP8 cache with scales 1.0 for `DType::Fp8` (see [`PagedKvLayer::with_fp8_scales`]).
     pub fn new_on(
         device: Device,
         dtype: DType,
@@ -292,13 +308,26 @@ impl PagedKvLayer {
         k_dim: usize,
         v_dim: usize,
     ) -> Result<Self> {
+        let fp8 = (dtype == DType::Fp8).then(Fp8KvScales::default);
         let Device::Cuda(ordinal) = device else {
-            return Ok(Self::new_cpu(num_blocks, block_size, num_kv_heads, k_dim, v_dim));
+            return Ok(PagedKvLayer { fp8, ..Self::new_cpu(num_blocks, block_size, num_kv_heads, k_dim, v_dim) });
         };
         let slots = num_blocks * block_size * num_kv_heads;
         let dev = crate::cuda::device(ordinal)?;
         let storage = crate::cuda::attention::new_cache(&dev, dtype, slots * k_dim, slots * v_dim)?;
-        Ok(PagedKvLayer { num_blocks, block_size, num_kv_heads, k_dim, v_dim, storage })
+        Ok(PagedKvLayer { num_blocks, block_size, num_kv_heads, k_dim, v_dim, storage, fp8 })
+    }
+
+    /// An FP8 cache's scales from the checkpoint (its `k_scale` and `v_scale` of this layer).
+    pub fn with_fp8_scales(mut self, scales: Fp8KvScales) -> Result<Self> {
+        if self.fp8.is_none() {
+            return Err(shape_err("kv cache", "FP8 scales for a cache that is not FP8"));
+        }
+        if !(scales.k.is_finite() && scales.k > 0.0 && scales.v.is_finite() && scales.v > 0.0) {
+            return Err(shape_err("kv cache", format!("FP8 scales {scales:?} (each must be finite and positive)")));
+        }
+        self.fp8 = Some(scales);
+        Ok(self)
     }
 
     pub fn num_slots(&self) -> usize {

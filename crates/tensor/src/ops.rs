@@ -590,9 +590,17 @@ pub fn gather_cached_keys(cache: &PagedKvLayer, rows: &[usize], start: usize, le
     if let Some(&bad) = rows.iter().find(|&&r| r >= total) {
         return Err(shape_err("gather_cached_keys", format!("row {bad} of {total}")));
     }
+    if cache.fp8.is_some() {
+        // The keys kept beside attention's (DeepSeek-V3.2's indexer keys) are not quantized in
+        // vLLM's FP8 cache either; storing them apart is not built.
+        return Err(TensorError::Unsupported {
+            op: "gather_cached_keys",
+            detail: "keys kept beside attention's in an FP8 KV cache (--kv-cache-dtype fp8)".into(),
+        });
+    }
     match &cache.storage {
         crate::kv::KvStorage::Cpu { .. } => cpu::attention::gather_cached_keys(cache, rows, start, len),
-        crate::kv::KvStorage::Cuda { .. } => cuda::ops::gather_cached_keys(cache, rows, start, len),
+        _ => cuda::ops::gather_cached_keys(cache, rows, start, len),
     }
 }
 
@@ -763,6 +771,45 @@ mod tests {
     }
 
     #[test]
+    fn an_fp8_cache_keeps_what_e4m3_holds() {
+        let seq = crate::kv::AttnSeq { q_start: 0, q_len: 2, ctx_len: 2, block_table: vec![0] };
+        let meta = AttnMetadata::new(vec![seq], 2).unwrap();
+        let cache = PagedKvLayer::new_on(Device::Cpu, DType::Fp8, 1, 2, 1, 2, 2).unwrap();
+        let mut cache = cache.with_fp8_scales(crate::kv::Fp8KvScales { k: 0.5, v: 2.0 }).unwrap();
+        let k = t(&[0.3, -1000.0, 1.0, 0.0], &[2, 2]);
+        let v = t(&[3.3, 5.0, -900.0, 0.01], &[2, 2]);
+        write_kv(&mut cache, &k, &v, &meta).unwrap();
+        let crate::kv::KvStorage::Cpu { k: kc, v: vc } = &cache.storage else { unreachable!("a CPU cache") };
+        // Divided by the scale, rounded to e4m3 (saturating at 448; 0.005 a subnormal, 3 * 2^-9)
+        // and multiplied back.
+        assert_eq!(kc, &[0.3125, -224.0, 1.0, 0.0]);
+        assert_eq!(vc, &[3.25, 5.0, -896.0, 0.01171875]);
+        // Attention reads those values: the second row sees both keys and weighs the second
+        // (score 100 against 31.25) all but alone.
+        let p = AttentionParams {
+            num_heads: 1,
+            num_kv_heads: 1,
+            head_dim: 2,
+            v_head_dim: 2,
+            scale: 1.0,
+            sliding_window: None,
+            attention_chunk: None,
+            softcap: None,
+        };
+        let q = t(&[0.0, 0.0, 100.0, 0.0], &[2, 2]);
+        assert_eq!(paged_attention(&q, &cache, &meta, &p).unwrap().to_f32_vec()[2..], [-896.0, 0.01171875]);
+        // Scales a checkpoint could not mean, or for a cache that is not FP8.
+        let fp8 = || PagedKvLayer::new_on(Device::Cpu, DType::Fp8, 1, 2, 1, 2, 2).unwrap();
+        for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            assert!(fp8().with_fp8_scales(crate::kv::Fp8KvScales { k: 1.0, v: bad }).is_err(), "{bad}");
+        }
+        let plain = PagedKvLayer::new_cpu(1, 2, 1, 2, 2);
+        assert!(plain.with_fp8_scales(crate::kv::Fp8KvScales::default()).is_err());
+        // DeepSeek-V3.2's indexer keys are not kept in an FP8 cache.
+        assert!(gather_cached_keys(&fp8(), &[0], 0, 1).is_err());
+    }
+
+    #[test]
     fn fused_forms_equal_the_ops_they_stand_for() {
         let x = t(&[1.0, -2.0, 0.5, 3.0, 0.25, -1.0], &[2, 3]);
         let a = t(&[0.5, 1.0, -1.0, 2.0, 0.0, 1.0], &[2, 3]);
@@ -790,7 +837,7 @@ mod tests {
         write_kv(&mut apart, &rope(&k, &cos, &sin, 2, RopeStyle::Neox).unwrap(), &v, &meta).unwrap();
         let contents = |c: &PagedKvLayer| match &c.storage {
             crate::kv::KvStorage::Cpu { k, v } => (k.clone(), v.clone()),
-            crate::kv::KvStorage::Cuda { .. } => unreachable!("a CPU cache"),
+            _ => unreachable!("a CPU cache"),
         };
         assert_eq!(contents(&fused), (vec![0.0, 0.0, -6.0, 5.0], vec![0.0, 0.0, 7.0, 8.0]));
         assert_eq!(contents(&fused), contents(&apart));
@@ -952,6 +999,7 @@ pub fn copy_state_slots(cache: &mut PagedKvLayer, copies: &[(usize, usize)]) -> 
             Ok(())
         }
         crate::kv::KvStorage::Cuda { k, v } => cuda::recurrent::copy_state_slots(k, v, kw, vw, copies),
+        crate::kv::KvStorage::CudaFp8 { .. } => Err(shape_err("copy_state_slots", "not a state layer (FP8)")),
     }
 }
 

@@ -3,6 +3,7 @@ use rayon::prelude::*;
 use super::elementwise::softmax_in_place;
 use super::f32_tensor;
 use crate::error::{Result, TensorError};
+use crate::fp8::fake_quantize;
 use crate::kv::{AttnMetadata, KvStorage, PagedKvLayer, PAD_SLOT};
 use crate::ops::AttentionParams;
 use crate::tensor::Tensor;
@@ -11,12 +12,24 @@ pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMet
     let (ks, vs) = (k.as_f32_slice()?, v.as_f32_slice()?);
     let kw = cache.num_kv_heads * cache.k_dim;
     let vw = cache.num_kv_heads * cache.v_dim;
+    let fp8 = cache.fp8;
     let KvStorage::Cpu { k: kc, v: vc } = &mut cache.storage else {
         return Err(TensorError::Device("write_kv: CPU activations with a CUDA KV cache".into()));
     };
     for (row, &slot) in meta.slot_mapping.iter().enumerate().filter(|(_, &s)| s != PAD_SLOT) {
-        kc[slot * kw..(slot + 1) * kw].copy_from_slice(&ks[row * kw..(row + 1) * kw]);
-        vc[slot * vw..(slot + 1) * vw].copy_from_slice(&vs[row * vw..(row + 1) * vw]);
+        let (kd, vd) = (&mut kc[slot * kw..(slot + 1) * kw], &mut vc[slot * vw..(slot + 1) * vw]);
+        let (kr, vr) = (&ks[row * kw..(row + 1) * kw], &vs[row * vw..(row + 1) * vw]);
+        match fp8 {
+            // The values an e4m3 cache gives back: attention reads them as it reads any others.
+            Some(scales) => {
+                kd.iter_mut().zip(kr).for_each(|(d, &x)| *d = fake_quantize(x, scales.k));
+                vd.iter_mut().zip(vr).for_each(|(d, &x)| *d = fake_quantize(x, scales.v));
+            }
+            None => {
+                kd.copy_from_slice(kr);
+                vd.copy_from_slice(vr);
+            }
+        }
     }
     Ok(())
 }

@@ -20,7 +20,7 @@ use crate::tensor::Tensor;
 fn state_slices<'a>(op: &'static str, cache: &'a mut PagedKvLayer) -> Result<(&'a mut [f32], &'a mut [f32])> {
     match &mut cache.storage {
         KvStorage::Cpu { k, v } => Ok((k, v)),
-        KvStorage::Cuda { .. } => Err(TensorError::Device(format!("{op}: CPU activations with a CUDA state cache"))),
+        _ => Err(TensorError::Device(format!("{op}: CPU activations with a CUDA state cache"))),
     }
 }
 

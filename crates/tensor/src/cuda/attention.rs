@@ -13,7 +13,7 @@ use super::kernels::ATTENTION;
 use super::ops::{cuda_of, wrap};
 use super::storage::{dtype_suffix, CudaStorage};
 use crate::error::{Result, TensorError};
-use crate::kv::{AttnMetadata, AttnSeq, KvStorage, PagedKvLayer};
+use crate::kv::{AttnMetadata, AttnSeq, Fp8KvScales, KvStorage, PagedKvLayer};
 use crate::ops::AttentionParams;
 use crate::tensor::Tensor;
 use crate::DType;
@@ -35,7 +35,8 @@ pub(crate) const DEC_SUB: usize = 128;
 pub(crate) const DEC_WARPS: usize = DEC_SUB / 32;
 /// Keys per tile of the tensor-core prefill kernel.
 pub(crate) const MMA_TK: usize = 64;
-/// Query vectors a FlashAttention-2-style prefill block serves: 16 (one MMA row block) per warp.
+/// Query vectors a tensor-core (FlashAttention-2-style) prefill block serves: 16 (one MMA row
+/// block) per warp.
 pub(crate) const FA2_QV: usize = 16 * NWARPS;
 /// Key/value tiles in flight in that block: one multiplied, one loading.
 pub(crate) const FA2_STAGES: usize = 2;
@@ -54,31 +55,28 @@ const DEC_SELF_MERGE_MAX_SPLITS: usize = 4;
 const DEC_HMAX: usize = 8;
 /// Fewest keys a split of a prefill item's key range is given, so that staging q and merging pay off.
 const MIN_KEYS_PER_SPLIT: usize = 64;
-/// Head dims of the tensor-core prefill kernel (INST_MMA in attention_mma.cu).
+/// Head dims of the tensor-core prefill kernel (INST_FA2 in attention_fa2.cu).
 const MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 /// Which kernel runs the prefill rows; the work items are cut to its block's query vectors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PrefillKernel {
-    /// `paged_attn`: any dtype and head dims.
+    /// `paged_attn`: any dtype and head dims, and FP8 caches.
     CudaCores,
-    /// `paged_attn_mma`: bf16, equal head dims of `MMA_HEAD_DIMS`, 16-byte rows.
+    /// `paged_attn_fa2`: bf16, equal head dims of `MMA_HEAD_DIMS`, 16-byte rows.
     TensorCores,
-    /// `paged_attn_fa2`: what `TensorCores` takes, where `FERRITE_FLASH_PREFILL=1` asks for it.
-    Flash,
 }
 
 impl PrefillKernel {
-    fn choose(dtype: DType, p: &AttentionParams, k_dim: usize, v_dim: usize) -> Self {
+    fn choose(dtype: DType, fp8_cache: bool, p: &AttentionParams, k_dim: usize, v_dim: usize) -> Self {
         let rows_of_16_bytes = [p.head_dim, k_dim, v_dim].iter().all(|x| x % 8 == 0);
         if dtype != DType::BF16
+            || fp8_cache
             || !rows_of_16_bytes
             || p.head_dim != p.v_head_dim
             || !MMA_HEAD_DIMS.contains(&p.head_dim)
         {
             PrefillKernel::CudaCores
-        } else if flash_prefill_requested() {
-            PrefillKernel::Flash
         } else {
             PrefillKernel::TensorCores
         }
@@ -86,17 +84,10 @@ impl PrefillKernel {
 
     fn query_vectors(self) -> usize {
         match self {
-            PrefillKernel::CudaCores | PrefillKernel::TensorCores => QV_MAX,
-            PrefillKernel::Flash => FA2_QV,
+            PrefillKernel::CudaCores => QV_MAX,
+            PrefillKernel::TensorCores => FA2_QV,
         }
     }
-}
-
-/// `FERRITE_FLASH_PREFILL=1`: the FlashAttention-2-style prefill kernel, which has not yet run on a
-/// GPU; read once per process.
-fn flash_prefill_requested() -> bool {
-    static REQUESTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *REQUESTED.get_or_init(|| std::env::var("FERRITE_FLASH_PREFILL").is_ok_and(|v| v == "1"))
 }
 
 /// Attention metadata variants kept per device: layers of one step differ only by their
@@ -105,7 +96,7 @@ const META_CACHE_ENTRIES: usize = 4;
 
 static META_CACHE: PerDevice<Vec<MetaCache>> = PerDevice::new();
 
-/// A prefill work item as `paged_attn` and `paged_attn_mma` read it (`AttnItem` in
+/// A prefill work item as `paged_attn` and `paged_attn_fa2` read it (`AttnItem` in
 /// attention_common.cuh): `nrows` rows from `row0` (at positions from `pos0`) times `nheads` query
 /// heads from `h0`, over keys `[k_lo, k_hi)` of the block table at `bt_off`; `local0` numbers the
 /// first row among the kernel's rows, for its partial results.
@@ -165,25 +156,57 @@ pub(crate) struct MetaCache {
     decode: Option<Launch<DecodeItem>>,
 }
 
+/// A zeroed cache of `dtype` elements, or of e4m3 bytes for `DType::Fp8`.
 pub fn new_cache(dev: &Arc<CudaDevice>, dtype: DType, k_len: usize, v_len: usize) -> Result<KvStorage> {
+    if dtype == DType::Fp8 {
+        let s = dev.stream();
+        let k = s.alloc_zeros::<u8>(k_len.max(1)).map_err(dev_err)?;
+        let v = s.alloc_zeros::<u8>(v_len.max(1)).map_err(dev_err)?;
+        return Ok(KvStorage::CudaFp8 { k, v });
+    }
     Ok(KvStorage::Cuda { k: CudaStorage::zeros(dev, dtype, k_len)?, v: CudaStorage::zeros(dev, dtype, v_len)? })
 }
 
-pub(crate) fn cache_buffers<'a>(
-    op: &'static str,
-    cache: &'a PagedKvLayer,
-    dtype: DType,
-) -> Result<(&'a CudaStorage, &'a CudaStorage)> {
-    let KvStorage::Cuda { k, v } = &cache.storage else {
-        return Err(dev_err(format!("{op}: CUDA activations with a CPU KV cache")));
+/// An FP8 cache's key and value bytes, copied to the host (to check what the kernels wrote).
+pub fn download_fp8_cache(cache: &PagedKvLayer) -> Result<(Vec<u8>, Vec<u8>)> {
+    let KvStorage::CudaFp8 { k, v } = &cache.storage else {
+        return Err(dev_err("download_fp8_cache: not an FP8 CUDA cache"));
     };
-    if k.dtype() != dtype {
-        return Err(TensorError::Unsupported {
-            op,
-            detail: format!("{} activations with a {} cache", dtype, k.dtype()),
-        });
+    let s = k.stream();
+    Ok((s.clone_dtoh(k).map_err(dev_err)?, s.clone_dtoh(v).map_err(dev_err)?))
+}
+
+/// A layer's cache as the kernels take it: the device addresses of its keys and values, and
+/// its scales where it holds e4m3 bytes.
+pub(crate) struct CachePtrs {
+    pub(crate) k: u64,
+    pub(crate) v: u64,
+    pub(crate) fp8: Option<Fp8KvScales>,
+}
+
+/// The kernel name suffix of a cache's element type: none for the activations' type, `_fp8` for
+/// e4m3 bytes (see INST_DECODE).
+pub(crate) fn cache_suffix(fp8: Option<Fp8KvScales>) -> &'static str {
+    if fp8.is_some() {
+        "_fp8"
+    } else {
+        ""
     }
-    Ok((k, v))
+}
+
+/// The cache of a layer whose activations are `dtype`: an FP8 cache takes f32 or bf16 ones.
+pub(crate) fn cache_ptrs(op: &'static str, cache: &PagedKvLayer, dtype: DType, dev: &CudaDevice) -> Result<CachePtrs> {
+    match (&cache.storage, cache.fp8) {
+        (KvStorage::Cuda { k, v }, None) if k.dtype() == dtype => Ok(CachePtrs { k: k.ptr(), v: v.ptr(), fp8: None }),
+        (KvStorage::Cuda { k, .. }, None) => {
+            Err(TensorError::Unsupported { op, detail: format!("{} activations with a {} cache", dtype, k.dtype()) })
+        }
+        (KvStorage::CudaFp8 { k, v }, Some(scales)) => {
+            Ok(CachePtrs { k: dptr(k, dev), v: dptr(v, dev), fp8: Some(scales) })
+        }
+        (KvStorage::Cpu { .. }, _) => Err(dev_err(format!("{op}: CUDA activations with a CPU KV cache"))),
+        _ => Err(dev_err(format!("{op}: an FP8 cache's bytes and scales disagree"))),
+    }
 }
 
 /// Everything the work items depend on, in a form cheap to compare against the cached copy.
@@ -307,8 +330,8 @@ pub(crate) fn plan_meta(
         }
     }
     // Causal items of later rows walk more keys: launched first, they leave the short ones to
-    // fill the last wave (the flash kernel's items are 4 times longer than the others').
-    if prefill == PrefillKernel::Flash {
+    // fill the last wave (the tensor-core kernel's items are 4 times longer than the others').
+    if prefill == PrefillKernel::TensorCores {
         pre.sort_by_key(|it| std::cmp::Reverse(it.k_hi - it.k_lo));
     }
     let sms = dev.multiprocessors();
@@ -424,14 +447,14 @@ pub fn paged_attention(
 ) -> Result<Tensor> {
     let qs = cuda_of("paged_attention", q)?;
     let sinks = sinks.map(|s| cuda_of("paged_attention", s).map(CudaStorage::ptr)).transpose()?.unwrap_or(0);
-    let (kc, vc) = cache_buffers("paged_attention", cache, qs.dtype())?;
+    let c = cache_ptrs("paged_attention", cache, qs.dtype(), qs.device())?;
     if cache.num_slots() > i32::MAX as usize {
         return Err(TensorError::Unsupported {
             op: "paged_attention",
             detail: format!("{} cache slots", cache.num_slots()),
         });
     }
-    let kv = KvView { k: kc, v: vc, k_dim: cache.k_dim, v_dim: cache.v_dim };
+    let kv = KvView { k: c.k, v: c.v, k_dim: cache.k_dim, v_dim: cache.v_dim, fp8: c.fp8 };
     attend("paged_attention", qs, &kv, meta, p, true, sinks)
 }
 
@@ -464,22 +487,35 @@ pub fn attention_dense(
         start += len;
     }
     let meta = AttnMetadata::new(seqs, 1)?;
-    let kv = KvView { k: ks, v: vs, k_dim: p.head_dim, v_dim: p.v_head_dim };
+    let kv = KvView { k: ks.ptr(), v: vs.ptr(), k_dim: p.head_dim, v_dim: p.v_head_dim, fp8: None };
     attend(op, qs, &kv, &meta, p, causal, 0)
 }
 
-/// Keys `[slots, kv_heads * k_dim]` and values `[slots, kv_heads * v_dim]` in device memory.
-struct KvView<'a> {
-    k: &'a CudaStorage,
-    v: &'a CudaStorage,
+/// Keys `[slots, kv_heads * k_dim]` and values `[slots, kv_heads * v_dim]` in device memory, in
+/// the activations' dtype or, with scales, as e4m3 bytes.
+struct KvView {
+    k: u64,
+    v: u64,
     k_dim: usize,
     v_dim: usize,
+    fp8: Option<Fp8KvScales>,
+}
+
+impl KvView {
+    /// Bytes of one cached element.
+    fn elem(&self, activations: DType) -> usize {
+        if self.fp8.is_some() {
+            1
+        } else {
+            activations.size_in_bytes()
+        }
+    }
 }
 
 fn attend(
     op: &'static str,
     qs: &CudaStorage,
-    kv: &KvView<'_>,
+    kv: &KvView,
     meta: &AttnMetadata,
     p: &AttentionParams,
     causal: bool,
@@ -500,7 +536,7 @@ fn attend(
     if tokens == 0 {
         return wrap(out, vec![0, p.num_heads * dv]);
     }
-    let prefill = PrefillKernel::choose(dtype, p, kv.k_dim, kv.v_dim);
+    let prefill = PrefillKernel::choose(dtype, kv.fp8.is_some(), p, kv.k_dim, kv.v_dim);
     let run = |mc: &MetaCache| launch_attention(op, qs, kv, meta, p, causal, prefill, sinks, mc, &out);
     if dev.with_step_attention(meta, p, causal, prefill, run)?.is_none() {
         let key = meta_key(meta, p, causal, prefill);
@@ -550,24 +586,33 @@ kernel_params! {
         vpitch: i32,
         vec: i32,
         sinks: u64,
+        vscale: f32,
     }
 }
 
 impl PagedAttn {
-    fn launch(&self, dev: &CudaDevice, op: &'static str, t: DType, n_items: usize) -> Result<()> {
+    /// `cache`: the cache's kernel name suffix, `elem` the bytes of one cached element.
+    fn launch(
+        &self,
+        dev: &CudaDevice,
+        op: &'static str,
+        t: DType,
+        cache: &str,
+        elem: usize,
+        n_items: usize,
+    ) -> Result<()> {
         let (d, kpitch, vpitch) = (self.d as usize, self.kpitch as usize, self.vpitch as usize);
         // `paged_attn`'s layout: q_s, p_s, slot_s (4-byte words), then the key and value tiles.
-        let smem = 4 * (QV_MAX * d + NWARPS * QPW * TILE + TILE) + t.size_in_bytes() * TILE * (kpitch + vpitch);
-        let f = kernel(dev, &format!("paged_attn_{}", dtype_suffix(t)?), smem, op)?;
+        let smem = 4 * (QV_MAX * d + NWARPS * QPW * TILE + TILE) + elem * TILE * (kpitch + vpitch);
+        let f = kernel(dev, &format!("paged_attn_{}{cache}", dtype_suffix(t)?), smem, op)?;
         self.launch_with(dev, &f, grid(n_items, self.splits, NWARPS, smem))
     }
 }
 
 kernel_params! {
-    /// `paged_attn_mma_bf16_d<D>_v<D>` (attention_mma.cu) or `paged_attn_fa2_bf16_d<D>`
-    /// (attention_fa2.cu): bf16 prefill on tensor cores, for equal head dims of `MMA_HEAD_DIMS`;
-    /// both take the same parameters.
-    struct PagedAttnMma {
+    /// `paged_attn_fa2_bf16_d<D>` (attention_fa2.cu): bf16 prefill on tensor cores, for equal
+    /// head dims of `MMA_HEAD_DIMS`.
+    struct PagedAttnFa2 {
         q: u64,
         k_cache: u64,
         v_cache: u64,
@@ -592,27 +637,12 @@ kernel_params! {
     }
 }
 
-impl PagedAttnMma {
-    fn launch(
-        &self,
-        dev: &CudaDevice,
-        op: &'static str,
-        n_items: usize,
-        d: usize,
-        kernel_kind: PrefillKernel,
-    ) -> Result<()> {
-        let (name, smem) = if kernel_kind == PrefillKernel::Flash {
-            // `paged_attn_fa2`'s layout: the queries, then each stage's key and value tiles, bf16
-            // rows padded by 8.
-            (format!("paged_attn_fa2_bf16_d{d}"), 2 * (FA2_QV + FA2_STAGES * 2 * MMA_TK) * (d + 8))
-        } else {
-            // `paged_attn_mma`'s layout: k_s and v_s (bf16, rows padded by 8), slot_s, m_s, l_s, o_s.
-            (
-                format!("paged_attn_mma_bf16_d{d}_v{d}"),
-                2 * MMA_TK * (2 * d + 16) + 4 * MMA_TK + 4 * (NWARPS * 16 + 16 + 16 * d),
-            )
-        };
-        let f = kernel(dev, &name, smem, op)?;
+impl PagedAttnFa2 {
+    fn launch(&self, dev: &CudaDevice, op: &'static str, n_items: usize, d: usize) -> Result<()> {
+        // `paged_attn_fa2`'s layout: the queries, then each stage's key and value tiles, bf16
+        // rows padded by 8.
+        let smem = 2 * (FA2_QV + FA2_STAGES * 2 * MMA_TK) * (d + 8);
+        let f = kernel(dev, &format!("paged_attn_fa2_bf16_d{d}"), smem, op)?;
         self.launch_with(dev, &f, grid(n_items, self.splits, NWARPS, smem))
     }
 }
@@ -643,11 +673,13 @@ kernel_params! {
         vec: i32,
         done: u64,
         sinks: u64,
+        vscale: f32,
     }
 }
 
 impl PagedDecode {
-    fn launch(&self, dev: &CudaDevice, op: &'static str, t: DType, n_items: usize) -> Result<()> {
+    /// `cache`: the cache's kernel name suffix.
+    fn launch(&self, dev: &CudaDevice, op: &'static str, t: DType, cache: &str, n_items: usize) -> Result<()> {
         let (d, dv, splits) = (self.d as usize, self.dv as usize, self.splits as usize);
         // The instantiation for this group size and value width (INST_DECODE).
         let hm = (self.hq as usize / self.hkv as usize).min(DEC_HMAX).next_power_of_two();
@@ -656,7 +688,7 @@ impl PagedDecode {
         // weights w_s where the kernel merges.
         let merge_weights = if self.done != 0 { hm * splits } else { 0 };
         let smem = 4 * (hm * d + hm * DEC_SUB + 3 * hm + DEC_SUB + DEC_WARPS * hm * dv + merge_weights);
-        let f = kernel(dev, &format!("paged_decode_{}_h{hm}_v{dvr}", dtype_suffix(t)?), smem, op)?;
+        let f = kernel(dev, &format!("paged_decode_{}{cache}_h{hm}_v{dvr}", dtype_suffix(t)?), smem, op)?;
         self.launch_with(dev, &f, grid(n_items, self.splits, DEC_WARPS, smem))
     }
 }
@@ -694,7 +726,7 @@ impl AttnCombine {
 fn launch_attention(
     op: &'static str,
     qs: &CudaStorage,
-    kv: &KvView<'_>,
+    kv: &KvView,
     meta: &AttnMetadata,
     p: &AttentionParams,
     causal: bool,
@@ -706,13 +738,17 @@ fn launch_attention(
     let dtype = qs.dtype();
     let dev = qs.device();
     let (d, dv) = (p.head_dim, p.v_head_dim);
-    let elem = dtype.size_in_bytes();
+    let elem = kv.elem(dtype);
     let chunk = 16 / elem;
     let vec = [d, dv, kv.k_dim, kv.v_dim].iter().all(|x| x % chunk == 0) as i32;
-    let (q, k_cache, v_cache, tables) = (qs.ptr(), kv.k.ptr(), kv.v.ptr(), dptr(&mc.tables, dev));
+    let (q, k_cache, v_cache, tables) = (qs.ptr(), kv.k, kv.v, dptr(&mc.tables, dev));
     let (hq, hkv, block_size) = (int(p.num_heads)?, int(p.num_kv_heads)?, int(meta.block_size)?);
     let (k_dim, v_dim) = (int(kv.k_dim)?, int(kv.v_dim)?);
-    let (scale, softcap) = (p.scale, p.softcap.unwrap_or(0.0));
+    // An FP8 cache's key scale multiplies every score, so it joins the softmax scale; its value
+    // scale multiplies each value as the kernel reads it.
+    let fp8 = kv.fp8.unwrap_or_default();
+    let (scale, softcap, vscale) = (p.scale * fp8.k, p.softcap.unwrap_or(0.0), fp8.v);
+    let cache = cache_suffix(kv.fp8);
 
     // A launch's splits write partials, which `attn_combine` merges, except where the decode
     // kernel merges them itself (`Launch::done`).
@@ -723,8 +759,8 @@ fn launch_attention(
         let (window, causal) = (int(p.sliding_window.unwrap_or(0))?, causal as i32);
         let attn_chunk = int(p.attention_chunk.unwrap_or(0))?;
         let (splits, n_rows) = (int(l.splits)?, int(l.rows)?);
-        if prefill != PrefillKernel::CudaCores {
-            let launch = PagedAttnMma {
+        if prefill == PrefillKernel::TensorCores {
+            let launch = PagedAttnFa2 {
                 q,
                 k_cache,
                 v_cache,
@@ -747,7 +783,7 @@ fn launch_attention(
                 n_rows,
                 sinks,
             };
-            launch.launch(dev, op, l.items.len(), d, prefill)?;
+            launch.launch(dev, op, l.items.len(), d)?;
         } else {
             let launch = PagedAttn {
                 q,
@@ -776,8 +812,9 @@ fn launch_attention(
                 vpitch: int(pitch(dv, elem))?,
                 vec,
                 sinks,
+                vscale,
             };
-            launch.launch(dev, op, dtype, l.items.len())?;
+            launch.launch(dev, op, dtype, cache, elem, l.items.len())?;
         }
         parts.combine(dev, out, &l.row_ids, p.num_heads, dv, dtype, sinks)?;
     }
@@ -807,8 +844,9 @@ fn launch_attention(
             vec,
             done: l.done.as_ref().map_or(0, |d| dptr(d, dev)),
             sinks,
+            vscale,
         };
-        launch.launch(dev, op, dtype, l.items.len())?;
+        launch.launch(dev, op, dtype, cache, l.items.len())?;
         if l.done.is_none() {
             parts.combine(dev, out.ptr(), &l.row_ids, p.num_heads, dv, dtype, sinks)?;
         }

@@ -35,7 +35,6 @@ pub(crate) const ATTENTION: KernelSource = module!(
     "attention": "attention_common.cuh",
     "attention_prefill.cu",
     "attention_decode.cu",
-    "attention_mma.cu",
     "attention_fa2.cu",
     "attention_combine.cu"
 );

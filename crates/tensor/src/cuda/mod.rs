@@ -25,6 +25,7 @@ pub(crate) mod sampling;
 mod storage;
 mod upload;
 
+pub use attention::download_fp8_cache;
 pub use device::{device, device_count, is_available, CudaDevice};
 pub use graph::{HostFill, StepGraph, StepInput};
 pub use storage::CudaStorage;

@@ -6,7 +6,7 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 
-use super::attention::cache_buffers;
+use super::attention::{cache_ptrs, cache_suffix};
 use super::device::{dev_err, dptr, int, kernel_params, CudaDevice, PerDevice};
 use super::graph::{u32_slots, StepIndex};
 use super::kernels::ELEMENTWISE;
@@ -66,14 +66,24 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, head_dim: usize, style: Rope
 }
 
 kernel_params! {
-    /// `write_kv_<t>`: one block per token copies its key and value rows (`kw` and `vw` wide)
-    /// into its cache slot.
-    struct WriteKv { k: u64, v: u64, slots: u64, k_cache: u64, v_cache: u64, kw: i32, vw: i32 }
+    /// `write_kv_<t>[_fp8]`: one block per token copies its key and value rows (`kw` and `vw`
+    /// wide) into its cache slot, an FP8 cache's divided by its scales.
+    struct WriteKv {
+        k: u64,
+        v: u64,
+        slots: u64,
+        k_cache: u64,
+        v_cache: u64,
+        kw: i32,
+        vw: i32,
+        k_scale: f32,
+        v_scale: f32,
+    }
 }
 
 impl WriteKv {
-    fn launch(&self, dev: &CudaDevice, t: DType, tokens: usize) -> Result<()> {
-        let f = dev.function(ELEMENTWISE, &format!("write_kv_{}", dtype_suffix(t)?))?;
+    fn launch(&self, dev: &CudaDevice, t: DType, cache: &str, tokens: usize) -> Result<()> {
+        let f = dev.function(ELEMENTWISE, &format!("write_kv_{}{cache}", dtype_suffix(t)?))?;
         let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         self.launch_with(dev, &f, cfg)
     }
@@ -84,8 +94,9 @@ pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMet
     if ks.dtype() != vs.dtype() {
         return Err(TensorError::Unsupported { op: "write_kv", detail: "keys and values of different dtypes".into() });
     }
-    let (kc, vc) = cache_buffers("write_kv", cache, ks.dtype())?;
     let dev = ks.device();
+    let c = cache_ptrs("write_kv", cache, ks.dtype(), dev)?;
+    let [k_scale, v_scale] = write_scales(&c);
     let tokens = meta.num_tokens();
     if tokens == 0 {
         return Ok(());
@@ -96,18 +107,20 @@ pub fn write_kv(cache: &mut PagedKvLayer, k: &Tensor, v: &Tensor, meta: &AttnMet
             k: ks.ptr(),
             v: vs.ptr(),
             slots,
-            k_cache: kc.ptr(),
-            v_cache: vc.ptr(),
+            k_cache: c.k,
+            v_cache: c.v,
             kw: int(kw)?,
             vw: int(vw)?,
+            k_scale,
+            v_scale,
         };
-        launch.launch(dev, ks.dtype(), tokens)
+        launch.launch(dev, ks.dtype(), cache_suffix(c.fp8), tokens)
     })
 }
 
 kernel_params! {
-    /// `rope_write_kv_<t>_<w>`: rotated queries into `qo`; rotated keys and the values into
-    /// their cache slots.
+    /// `rope_write_kv_<t>_<w>[_fp8]`: rotated queries into `qo`; rotated keys and the values
+    /// into their cache slots (as `WriteKv` stores them).
     struct RopeWriteKv {
         q: u64,
         qo: u64,
@@ -125,12 +138,15 @@ kernel_params! {
         head_dim: i32,
         half: i32,
         interleaved: i32,
+        k_scale: f32,
+        v_scale: f32,
     }
 }
 
 impl RopeWriteKv {
-    fn launch(&self, dev: &CudaDevice, t: DType, w: DType) -> Result<()> {
-        let f = dev.function(ELEMENTWISE, &format!("rope_write_kv_{}_{}", dtype_suffix(t)?, dtype_suffix(w)?))?;
+    fn launch(&self, dev: &CudaDevice, t: DType, w: DType, cache: &str) -> Result<()> {
+        let name = format!("rope_write_kv_{}_{}{cache}", dtype_suffix(t)?, dtype_suffix(w)?);
+        let f = dev.function(ELEMENTWISE, &name)?;
         let cols = self.qcols as usize + self.kcols as usize + self.vcols as usize;
         self.launch_with(dev, &f, flat_cfg(dev, self.rows as usize * cols))
     }
@@ -153,8 +169,9 @@ pub fn rope_write_kv(
     let (qs, cs, ss) = (cuda_of(op, q)?, cuda_of(op, cos)?, cuda_of(op, sin)?);
     let (ks, vs) = (cuda_of(op, k)?.as_dtype(qs.dtype())?, cuda_of(op, v)?.as_dtype(qs.dtype())?);
     let ss = ss.as_dtype(cs.dtype())?;
-    let (kc, vc) = cache_buffers(op, cache, qs.dtype())?;
     let dev = qs.device();
+    let c = cache_ptrs(op, cache, qs.dtype(), dev)?;
+    let [k_scale, v_scale] = write_scales(&c);
     let rows = meta.num_tokens();
     let (qcols, kcols, vcols) = (q.last_dim(), k.last_dim(), v.last_dim());
     let out = CudaStorage::alloc(dev, qs.dtype(), qs.len())?;
@@ -167,8 +184,8 @@ pub fn rope_write_kv(
                 k: ks.ptr(),
                 v: vs.ptr(),
                 slots,
-                k_cache: kc.ptr(),
-                v_cache: vc.ptr(),
+                k_cache: c.k,
+                v_cache: c.v,
                 kcols: int(kcols)?,
                 vcols: int(vcols)?,
                 cos: cs.ptr(),
@@ -177,11 +194,18 @@ pub fn rope_write_kv(
                 head_dim: int(head_dim)?,
                 half: int(cos.last_dim())?,
                 interleaved: interleaved(style),
+                k_scale,
+                v_scale,
             };
-            launch.launch(dev, qs.dtype(), cs.dtype())
+            launch.launch(dev, qs.dtype(), cs.dtype(), cache_suffix(c.fp8))
         })?;
     }
     wrap(out, q.shape().to_vec())
+}
+
+/// An FP8 cache's scales, which the write kernels divide by (1 for other caches, unused).
+fn write_scales(c: &super::attention::CachePtrs) -> [f32; 2] {
+    c.fp8.map_or([1.0, 1.0], |s| [s.k, s.v])
 }
 
 /// Runs `launch` with the device address of this step's slot mapping: the graph's input while

@@ -2,7 +2,7 @@
 // what the prefill, decode and merge kernels share.
 //
 // Rows of multi-token chunks (prefill) go to `paged_attn` (attention_prefill.cu) or, in bf16, to
-// `paged_attn_mma` (attention_mma.cu); single-token rows (decode) go to `paged_decode`
+// `paged_attn_fa2` (attention_fa2.cu); single-token rows (decode) go to `paged_decode`
 // (attention_decode.cu). When a batch has too few work items to fill the GPU, each splits the key
 // range across blocks (flash-decoding) and `attn_combine` (attention_combine.cu) merges the partial
 // results, except where the decode kernel has a few splits: then the last block of each work item

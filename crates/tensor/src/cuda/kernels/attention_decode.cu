@@ -10,13 +10,13 @@ __device__ __forceinline__ int decode_slot(const unsigned int* __restrict__ tabl
     return (int)(tables[bt_off + kp / block_size] * block_size + kp % block_size);
 }
 
-template <typename T, int HM, int DVR>
-__device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
+template <typename T, typename C, int HM, int DVR>
+__device__ void paged_decode(const T* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
                              const unsigned int* __restrict__ tables, const DecodeItem* __restrict__ items,
                              T* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml, int hq,
                              int hkv, int d, int dv, int k_dim, int v_dim, int block_size, float scale, float softcap,
                              int splits, int n_rows, int vec, unsigned int* __restrict__ done,
-                             const float* __restrict__ sinks) {
+                             const float* __restrict__ sinks, float vscale) {
     extern __shared__ float smem[];
     float* q_s = smem;                             // [HM][d]
     float* s_s = q_s + HM * d;               // [HM][DEC_SUB]: scores, then probabilities
@@ -49,8 +49,8 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
 #pragma unroll
         for (int i = 0; i < DVR; ++i) acc[h][i] = 0.f;
     const size_t kstride = (size_t)hkv * k_dim, vstride = (size_t)hkv * v_dim;
-    const T* kbase = kc + (size_t)g * k_dim;
-    const T* vbase = vc + (size_t)g * v_dim;
+    const C* kbase = kc + (size_t)g * k_dim;
+    const C* vbase = vc + (size_t)g * v_dim;
     __syncthreads();
 
     for (int s0 = kbeg; s0 < kend; s0 += DEC_SUB) {
@@ -62,9 +62,9 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
         int slot = -1;
         if (kp < kend) {
             slot = s0 == kbeg ? slot0 : decode_slot(tables, it.bt_off, kp, block_size);
-            const T* kr = kbase + (size_t)slot * kstride;
+            const C* kr = kbase + (size_t)slot * kstride;
             if (vec) {
-                constexpr int CH = 16 / sizeof(T);
+                constexpr int CH = 16 / sizeof(C);
                 for (int c0 = 0; c0 < d; c0 += DEC_UNROLL * CH) {
                     uint4 raw[DEC_UNROLL];
 #pragma unroll
@@ -74,7 +74,7 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
                     for (int u = 0; u < DEC_UNROLL; ++u) {
                         if (c0 + u * CH < d) {
                             float kf[CH];
-                            unpack(raw[u], kf, T());
+                            unpack(raw[u], kf, C());
 #pragma unroll
                             for (int h = 0; h < HM; ++h) {
                                 if (h < H) {
@@ -141,10 +141,10 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
         const int nk = min(DEC_SUB, kend - s0);
 #pragma unroll 8
         for (int j = warp; j < nk; j += DEC_WARPS) {
-            const T* vr = vbase + (size_t)slot_s[j] * vstride;
+            const C* vr = vbase + (size_t)slot_s[j] * vstride;
             float vv[DVR];
 #pragma unroll
-            for (int i = 0; i < DVR; ++i) vv[i] = lane + 32 * i < dv ? to_f(vr[lane + 32 * i]) : 0.f;
+            for (int i = 0; i < DVR; ++i) vv[i] = lane + 32 * i < dv ? from_cache(vr[lane + 32 * i], vscale) : 0.f;
 #pragma unroll
             for (int h = 0; h < HM; ++h) {
                 if (h < H) {
@@ -240,16 +240,21 @@ __device__ void paged_decode(const T* __restrict__ q, const T* __restrict__ kc, 
 }
 
 // Decode kernels for up to HM heads a block and values of up to 32 * DVR elements: sized
-// register arrays instead of predicated-off work for the common GQA groups and head dims.
-#define INST_DECODE(TN, T, HM, DVR)                                                                                \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) paged_decode_##TN##_h##HM##_v##DVR(               \
-        const T* q, const T* kc, const T* vc, const unsigned int* tables, const DecodeItem* items, T* out,         \
+// register arrays instead of predicated-off work for the common GQA groups and head dims. A cache
+// of the activations' type takes `paged_decode_<t>_h<HM>_v<DVR>`, an FP8 one
+// `paged_decode_<t>_fp8_h<HM>_v<DVR>` (its key scale folded into `scale`, its value scale `vscale`).
+#define INST_DECODE(TN, T, CN, C, HM, DVR)                                                                         \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) paged_decode_##TN##CN##_h##HM##_v##DVR(           \
+        const T* q, const C* kc, const C* vc, const unsigned int* tables, const DecodeItem* items, T* out,         \
         float* part_acc, float* part_ml, int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size,     \
-        float scale, float softcap, int splits, int n_rows, int vec, unsigned int* done, const float* sinks) {     \
-        paged_decode<T, HM, DVR>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim,   \
-                                 block_size, scale, softcap, splits, n_rows, vec, done, sinks);                    \
+        float scale, float softcap, int splits, int n_rows, int vec, unsigned int* done, const float* sinks,       \
+        float vscale) {                                                                                            \
+        paged_decode<T, C, HM, DVR>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim, \
+                                    block_size, scale, softcap, splits, n_rows, vec, done, sinks, vscale);         \
     }
-#define INST_DECODE_T(TN, T)                                                                                       \
-    INST_DECODE(TN, T, 1, 4) INST_DECODE(TN, T, 2, 4) INST_DECODE(TN, T, 4, 4) INST_DECODE(TN, T, 8, 4)            \
-    INST_DECODE(TN, T, 1, 8) INST_DECODE(TN, T, 2, 8) INST_DECODE(TN, T, 4, 8) INST_DECODE(TN, T, 8, 8)
+#define INST_DECODE_C(TN, T, CN, C)                                                                                \
+    INST_DECODE(TN, T, CN, C, 1, 4) INST_DECODE(TN, T, CN, C, 2, 4) INST_DECODE(TN, T, CN, C, 4, 4)                \
+    INST_DECODE(TN, T, CN, C, 8, 4) INST_DECODE(TN, T, CN, C, 1, 8) INST_DECODE(TN, T, CN, C, 2, 8)                \
+    INST_DECODE(TN, T, CN, C, 4, 8) INST_DECODE(TN, T, CN, C, 8, 8)
+#define INST_DECODE_T(TN, T) INST_DECODE_C(TN, T, , T) INST_DECODE_C(TN, T, _fp8, fp8_t)
 FOR_T(INST_DECODE_T)

@@ -1,6 +1,7 @@
 // Tensor-core prefill laid out as FlashAttention-2 (bf16, equal head dims D = DV, a multiple of
-// 16). Opt-in with FERRITE_FLASH_PREFILL=1 until it has run on a GPU; then it replaces
-// `paged_attn_mma`, whose 16-vector items read every key tile for 16 query vectors only.
+// 16). It replaced a kernel whose blocks served 16 query vectors, each warp taking a quarter of
+// every key tile: at 4 times the query vectors per key read, a 16k-token prompt reached its
+// first token 3.2 times sooner on an H100 (benches/results/cuda-long-prefill-h100-2026-12-07.json).
 //
 // A block serves one work item of up to FA2_QV query vectors (rows x heads of one KV head), and
 // each of its NWARPS warps owns 16 of them as the M = 16 side of `mma.m16n8k16`, keeping their
@@ -11,6 +12,12 @@
 // probabilities are rounded to bf16 for the P.V product, as flash attention does.
 
 #define LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
 
 __device__ __forceinline__ unsigned int shared_addr(const void* p) {
     return (unsigned int)__cvta_generic_to_shared(p);

@@ -2,13 +2,14 @@
 // vectors (rows x heads of one sequence, all reading one KV head) that share every key/value
 // tile the block stages in shared memory. Tiles hold TILE keys, one per lane when scoring; each
 // of the NWARPS warps owns up to QPW query vectors and keeps an online softmax for them. It runs
-// on CUDA cores; attention_mma.cu has the tensor-core form.
+// on CUDA cores; attention_fa2.cu has the tensor-core form.
 
 __device__ __forceinline__ float2 load2(const float* p) { return make_float2(p[0], p[1]); }
 __device__ __forceinline__ float2 load2(const bf16_t* p) {
     unsigned int u = *(const unsigned int*)p;
     return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
 }
+__device__ __forceinline__ float2 load2(const fp8_t* p) { return make_float2(to_f(p[0]), to_f(p[1])); }
 
 // Stages TILE rows of `width` elements (row j from `src + slot[j] * stride`) into `dst` with row
 // pitch `pitch`; rows without a key are zero so that p = 0 never meets a NaN.
@@ -28,24 +29,24 @@ __device__ __forceinline__ void load_tile(T* dst, int pitch, const T* __restrict
     } else {
         for (int e = threadIdx.x; e < TILE * width; e += blockDim.x) {
             int j = e / width, c = e % width;
-            dst[j * pitch + c] = slot[j] >= 0 ? src[(size_t)slot[j] * stride + c] : from_f<T>(0.f);
+            dst[j * pitch + c] = slot[j] >= 0 ? src[(size_t)slot[j] * stride + c] : T{};
         }
     }
 }
 
-template <typename T>
-__device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, const T* __restrict__ vc,
+template <typename T, typename C>
+__device__ void paged_attn(const T* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
                            const unsigned int* __restrict__ tables, const AttnItem* __restrict__ items,
                            T* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
                            int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size, float scale,
                            float softcap, int window, int attn_chunk, int causal, int splits, int n_rows,
-                           int kpitch, int vpitch, int vec, const float* __restrict__ sinks) {
+                           int kpitch, int vpitch, int vec, const float* __restrict__ sinks, float vscale) {
     extern __shared__ float smem[];
     float* q_s = smem;                                    // [QV_MAX][d]
     float* p_s = q_s + QV_MAX * d;                        // [NWARPS][QPW][TILE]
     int* slot_s = (int*)(p_s + NWARPS * QPW * TILE);      // [TILE]
-    T* k_s = (T*)(slot_s + TILE);                         // [TILE][kpitch]
-    T* v_s = k_s + TILE * kpitch;                         // [TILE][vpitch]
+    C* k_s = (C*)(slot_s + TILE);                         // [TILE][kpitch]
+    C* v_s = k_s + TILE * kpitch;                         // [TILE][vpitch]
 
     const AttnItem it = items[blockIdx.x];
     const int split = blockIdx.y;
@@ -76,8 +77,8 @@ __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, co
         for (int i = 0; i < DV_REGS; ++i) acc[u][i] = 0.f;
     }
     const size_t kstride = (size_t)hkv * k_dim, vstride = (size_t)hkv * v_dim;
-    const T* kbase = kc + (size_t)g * k_dim;
-    const T* vbase = vc + (size_t)g * v_dim;
+    const C* kbase = kc + (size_t)g * k_dim;
+    const C* vbase = vc + (size_t)g * v_dim;
 
     for (int t0 = kbeg; t0 < kend; t0 += TILE) {
         __syncthreads();  // the previous tile's readers are done (and q_s is written, the first time)
@@ -86,15 +87,15 @@ __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, co
             slot_s[threadIdx.x] = kp < kend ? (int)(tables[it.bt_off + kp / block_size] * block_size + kp % block_size) : -1;
         }
         __syncthreads();
-        load_tile<T>(k_s, kpitch, kbase, kstride, slot_s, d, vec);
-        load_tile<T>(v_s, vpitch, vbase, vstride, slot_s, dv, vec);
+        load_tile<C>(k_s, kpitch, kbase, kstride, slot_s, d, vec);
+        load_tile<C>(v_s, vpitch, vbase, vstride, slot_s, dv, vec);
         __syncthreads();
         if (nu == 0) continue;
 
         float s[QPW];
 #pragma unroll
         for (int u = 0; u < QPW; ++u) s[u] = 0.f;
-        const T* kr = k_s + lane * kpitch;
+        const C* kr = k_s + lane * kpitch;
         for (int c = 0; c < d; c += 2) {
             float2 kv = load2(kr + c);
 #pragma unroll
@@ -126,12 +127,12 @@ __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, co
         }
         __syncwarp();
         for (int j = 0; j < TILE; ++j) {
-            const T* vr = v_s + j * vpitch;
+            const C* vr = v_s + j * vpitch;
 #pragma unroll
             for (int i = 0; i < DV_REGS; ++i) {
                 int c = lane + 32 * i;
                 if (c < dv) {
-                    float vv = to_f(vr[c]);
+                    float vv = from_cache(vr[c], vscale);
 #pragma unroll
                     for (int u = 0; u < QPW; ++u)
                         if (u < nu) acc[u][i] += p_s[(warp * QPW + u) * TILE + j] * vv;
@@ -161,13 +162,17 @@ __device__ void paged_attn(const T* __restrict__ q, const T* __restrict__ kc, co
     }
 }
 
-#define INST_PREFILL(TN, T)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(NWARPS * 32) paged_attn_##TN(                                     \
-        const T* q, const T* kc, const T* vc, const unsigned int* tables, const AttnItem* items, T* out,           \
+// A cache of the activations' type takes `paged_attn_<t>`, an FP8 one `paged_attn_<t>_fp8` (its
+// key scale folded into `scale`, its value scale `vscale`).
+#define INST_PREFILL_C(TN, T, CN, C)                                                                               \
+    extern "C" __global__ void __launch_bounds__(NWARPS * 32) paged_attn_##TN##CN(                                 \
+        const T* q, const C* kc, const C* vc, const unsigned int* tables, const AttnItem* items, T* out,           \
         float* part_acc, float* part_ml, int hq, int hkv, int d, int dv, int k_dim, int v_dim, int block_size,     \
         float scale, float softcap, int window, int attn_chunk, int causal, int splits, int n_rows, int kpitch,    \
-        int vpitch, int vec, const float* sinks) { pdl_wait();                                                     \
-        paged_attn<T>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim, block_size,  \
-                      scale, softcap, window, attn_chunk, causal, splits, n_rows, kpitch, vpitch, vec, sinks);     \
+        int vpitch, int vec, const float* sinks, float vscale) { pdl_wait();                                       \
+        paged_attn<T, C>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim,           \
+                         block_size, scale, softcap, window, attn_chunk, causal, splits, n_rows, kpitch, vpitch,   \
+                         vec, sinks, vscale);                                                                      \
     }
+#define INST_PREFILL(TN, T) INST_PREFILL_C(TN, T, , T) INST_PREFILL_C(TN, T, _fp8, fp8_t)
 FOR_T(INST_PREFILL)

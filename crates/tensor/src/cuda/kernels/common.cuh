@@ -46,6 +46,82 @@ __device__ __forceinline__ void unpack(uint4 r, float* f, bf16_t) {
     for (int i = 0; i < 4; ++i) { f[2 * i] = __uint_as_float(w[i] << 16); f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u); }
 }
 
+// e4m3 (torch.float8_e4m3fn): FP8 weights, activations and KV caches.
+
+// Four e4m3 bytes as floats.
+__device__ __forceinline__ void e4m3x4(unsigned int w, float* f) {
+#if __CUDA_ARCH__ >= 890
+    unsigned int lo, hi;
+    asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(w));
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+        : "=f"(f[0]), "=f"(f[1])
+        : "r"(lo));
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+        : "=f"(f[2]), "=f"(f[3])
+        : "r"(hi));
+#else
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const unsigned int b = (w >> (8 * i)) & 0xffu, e = (b >> 3) & 0xfu, mant = b & 7u;
+        const float v = e ? ldexpf(1.f + mant / 8.f, (int)e - 7) : mant * 0.001953125f;
+        f[i] = (b & 0x80u) ? -v : v;
+    }
+#endif
+}
+
+__device__ __forceinline__ void e4m3x16(uint4 w, float* f) {
+    e4m3x4(w.x, f);
+    e4m3x4(w.y, f + 4);
+    e4m3x4(w.z, f + 8);
+    e4m3x4(w.w, f + 12);
+}
+
+// fp8.rs's round_to_e4m3: nearest e4m3 value, ties to even, saturating at 448.
+__device__ __forceinline__ float round_to_e4m3(float x) {
+    float a = fabsf(x);
+    float r;
+    if (a < 0.015625f) {
+        r = rintf(a * 512.f) / 512.f;
+    } else {
+        unsigned int bits = __float_as_uint(a);
+        unsigned int half = (1u << 19) - 1u + ((bits >> 20) & 1u);
+        r = __uint_as_float((bits + half) & ~((1u << 20) - 1u));
+    }
+    return copysignf(fminf(r, 448.f), x);
+}
+
+// The e4m3 byte of an e4m3 value (as round_to_e4m3 returns it).
+__device__ __forceinline__ unsigned char e4m3_byte(float v) {
+    const unsigned int sign = signbit(v) ? 0x80u : 0u;
+    const float a = fabsf(v);
+    if (a < 0.015625f) return (unsigned char)(sign | (unsigned int)(a * 512.f));
+    const unsigned int bits = __float_as_uint(a);
+    return (unsigned char)(sign | ((((bits >> 23) & 0xffu) - 120u) << 3) | ((bits >> 20) & 7u));
+}
+
+// An element of an FP8 KV cache: the e4m3 byte of the value divided by the cache's scale.
+struct fp8_t { unsigned char bits; };
+
+__device__ __forceinline__ float to_f(fp8_t v) {
+    float f[4];
+    e4m3x4(v.bits, f);
+    return f[0];
+}
+// A 16-byte chunk of an FP8 cache holds 16 elements.
+__device__ __forceinline__ void unpack(uint4 r, float* f, fp8_t) { e4m3x16(r, f); }
+
+// A value as a cache of type C stores it: an FP8 one as fp8.rs's fake_quantize rounds it.
+template <typename C> __device__ __forceinline__ C to_cache(float v, float) { return from_f<C>(v); }
+template <> __device__ __forceinline__ fp8_t to_cache<fp8_t>(float v, float scale) {
+    return fp8_t{e4m3_byte(round_to_e4m3(fminf(fmaxf(v / scale, -448.f), 448.f)))};
+}
+// A cached value as the attention kernels compute with it: an FP8 one times its scale.
+__device__ __forceinline__ float from_cache(float v, float) { return v; }
+__device__ __forceinline__ float from_cache(bf16_t v, float) { return to_f(v); }
+__device__ __forceinline__ float from_cache(fp8_t v, float scale) { return to_f(v) * scale; }
+
 // `act` is one of the ACT_* codes of `Activation` (kernels.rs); ACT_RELU is the default case.
 __device__ __forceinline__ float activate(int act, float x) {
     switch (act) {

@@ -9,36 +9,6 @@
 // multiple of 16 inputs). `fp8_dequant_bf16` expands the weight for cuBLAS where m is too large
 // for these kernels and the FP8 GEMM does not apply.
 
-// Four e4m3 bytes as floats.
-__device__ __forceinline__ void e4m3x4(unsigned int w, float* f) {
-#if __CUDA_ARCH__ >= 890
-    unsigned int lo, hi;
-    asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
-        : "=r"(lo), "=r"(hi)
-        : "r"(w));
-    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
-        : "=f"(f[0]), "=f"(f[1])
-        : "r"(lo));
-    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
-        : "=f"(f[2]), "=f"(f[3])
-        : "r"(hi));
-#else
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const unsigned int b = (w >> (8 * i)) & 0xffu, e = (b >> 3) & 0xfu, mant = b & 7u;
-        const float v = e ? ldexpf(1.f + mant / 8.f, (int)e - 7) : mant * 0.001953125f;
-        f[i] = (b & 0x80u) ? -v : v;
-    }
-#endif
-}
-
-__device__ __forceinline__ void e4m3x16(uint4 w, float* f) {
-    e4m3x4(w.x, f);
-    e4m3x4(w.y, f + 4);
-    e4m3x4(w.z, f + 8);
-    e4m3x4(w.w, f + 12);
-}
-
 // This lane's part of x[i] . w_r over 16-weight chunks, for R weight rows whose scales start at
 // sr[r]; rows with one scale (scale_cols == 1) are left unscaled for the caller.
 template <int M, int R>

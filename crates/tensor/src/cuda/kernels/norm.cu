@@ -141,20 +141,6 @@ __device__ void softmax(const T* __restrict__ x, T* __restrict__ y, int cols) {
     for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = from_f<T>(expf(to_f(xr[c]) - m) * inv);
 }
 
-// fp8.rs's round_to_e4m3: nearest e4m3 value, ties to even, saturating at 448.
-__device__ __forceinline__ float round_to_e4m3(float x) {
-    float a = fabsf(x);
-    float r;
-    if (a < 0.015625f) {
-        r = rintf(a * 512.f) / 512.f;
-    } else {
-        unsigned int bits = __float_as_uint(a);
-        unsigned int half = (1u << 19) - 1u + ((bits >> 20) & 1u);
-        r = __uint_as_float((bits + half) & ~((1u << 20) - 1u));
-    }
-    return copysignf(fminf(r, 448.f), x);
-}
-
 // The e4m3 scale of the `n` values at x, for the whole block: `static_scale` where positive, else
 // amax / 448 (FLT_EPSILON for zero).
 template <typename T>
@@ -175,15 +161,6 @@ __device__ void fp8_fake_quant(const T* __restrict__ x, T* __restrict__ y, int g
     const float scale = e4m3_scale(xg, group, static_scale);
     for (int c = threadIdx.x; c < group; c += blockDim.x)
         yg[c] = from_f<T>(round_to_e4m3(fminf(fmaxf(to_f(xg[c]) / scale, -448.f), 448.f)) * scale);
-}
-
-// The e4m3 byte of an e4m3 value (as round_to_e4m3 returns it).
-__device__ __forceinline__ unsigned char e4m3_byte(float v) {
-    const unsigned int sign = signbit(v) ? 0x80u : 0u;
-    const float a = fabsf(v);
-    if (a < 0.015625f) return (unsigned char)(sign | (unsigned int)(a * 512.f));
-    const unsigned int bits = __float_as_uint(a);
-    return (unsigned char)(sign | ((((bits >> 23) & 0xffu) - 120u) << 3) | ((bits >> 20) & 7u));
 }
 
 // The rows of bf16 x as e4m3 bytes and one f32 scale per row (the FP8 products' inputs): the
