@@ -234,7 +234,7 @@ def test_ferrite_api_key_when_vllm_api_key_is_unset(spawn):
     (["--speculative-config", '{"method": "ngram"}'], "num_speculative_tokens"),
     (["--enable-lora"], "LoRA"),
     (["--quantization", "awq"], "--quantization awq"),
-    (["--kv-cache-dtype", "fp8"], "KV cache"),
+    (["--kv-cache-dtype", "fp8_e5m2"], "fp8_e5m2 KV cache"),
     (["--no-enable-chunked-prefill"], "prefill without chunking"),
     (["--revision", "main"], "not a model id"),
     (["--load-format", "gguf"], "does not match"),
@@ -253,6 +253,20 @@ def test_quantization_fp8_quantizes_an_unquantized_checkpoint_at_load(spawn):
     client = s.client()
     out = client.completions.create(model=NAME, prompt="The capital of France", max_tokens=8, temperature=0)
     assert out.usage.completion_tokens == 8 and out.choices[0].text
+
+
+def test_fp8_kv_cache_rounds_keys_and_values_to_e4m3(spawn, server):
+    # vLLM's --kv-cache-dtype fp8: keys and values are kept as e4m3 (scales 1.0 for a checkpoint
+    # without k_scale / v_scale), so the same greedy request scores its tokens a little
+    # differently from a bf16/f32 cache, and the engine says which cache it allocated.
+    fp8 = spawn("--kv-cache-dtype", "fp8")
+    prompt = "The capital of France is a city of many bridges and"
+    outs = [s.client().completions.create(model=NAME, prompt=prompt, max_tokens=6, temperature=0, logprobs=1)
+            for s in (fp8, server)]
+    assert all(o.usage.completion_tokens == 6 for o in outs)
+    scores = [o.choices[0].logprobs.token_logprobs for o in outs]
+    assert scores[0][0] != scores[1][0] and abs(scores[0][0] - scores[1][0]) < 0.5, scores
+    assert "dtype=fp8" in fp8.logs() and "dtype=fp8" not in server.logs()
 
 
 def test_ngram_speculation_serves_the_same_text_and_counts_drafts(spawn):

@@ -23,7 +23,8 @@ pub struct EngineConfig {
     pub enable_prefix_caching: bool,
     /// Where the KV cache lives: the device the model's weights were loaded to.
     pub device: Device,
-    /// Element type of a device KV cache (the CPU cache is always f32).
+    /// Element type of a device KV cache (the CPU cache is always f32); `DType::Fp8` for an e4m3
+    /// cache (`--kv-cache-dtype fp8`), which the CPU keeps as f32 values e4m3 can hold.
     pub kv_cache_dtype: DType,
     /// On a GPU, the share of the card's memory the engine may fill (weights, activations and
     /// KV cache); when set, `kv_cache_memory` is derived from it instead of read.
@@ -134,11 +135,13 @@ impl EngineConfig {
             return Err(EngineError::Config("the model has no KV cache or recurrent-state layers".into()));
         }
         let max_model_len = self.max_model_len(info)?;
-        let dtype = if self.device == Device::Cpu { DType::F32 } else { self.kv_cache_dtype };
+        let on_cpu = self.device == Device::Cpu;
+        let dtype = if on_cpu && self.kv_cache_dtype != DType::Fp8 { DType::F32 } else { self.kv_cache_dtype };
+        let stored = if on_cpu { DType::F32 } else { dtype };
         let bytes_per_token: usize = info
             .kv_layers
             .iter()
-            .map(|l| PagedKvLayer::bytes_per_token_as(l.num_kv_heads, l.k_dim, l.v_dim, dtype))
+            .map(|l| PagedKvLayer::bytes_per_token_as(l.num_kv_heads, l.k_dim, l.v_dim, stored))
             .sum();
         let block_bytes = bytes_per_token * self.block_size;
         let state_slots = if info.state_layers.is_empty() { 0 } else { self.max_num_seqs };
@@ -188,5 +191,37 @@ impl EngineConfig {
             );
         }
         Ok((cache, max_model_len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ferrite_models::KvLayerSpec;
+
+    use super::*;
+
+    #[test]
+    fn an_fp8_cache_holds_twice_the_tokens_of_a_bf16_one_on_a_gpu() {
+        let info = ModelInfo {
+            architecture: "LlamaForCausalLM".into(),
+            vocab_size: 100,
+            max_position_embeddings: 1024,
+            kv_layers: vec![KvLayerSpec { num_kv_heads: 8, k_dim: 128, v_dim: 128 }; 4],
+            state_layers: Vec::new(),
+            num_layers: 4,
+            weight_bytes: 0,
+            vision: None,
+        };
+        let resolve = |device, kv_cache_dtype| {
+            let config = EngineConfig { device, kv_cache_dtype, kv_cache_memory: 64 << 20, ..EngineConfig::default() };
+            config.resolve(&info).unwrap().0
+        };
+        let (bf16, fp8) = (resolve(Device::Cuda(0), DType::BF16), resolve(Device::Cuda(0), DType::Fp8));
+        assert_eq!((bf16.dtype, fp8.dtype), (DType::BF16, DType::Fp8));
+        assert_eq!(bf16.bytes_per_token, 2 * fp8.bytes_per_token);
+        assert_eq!(fp8.num_blocks, 2 * bf16.num_blocks);
+        // The CPU keeps an FP8 cache's values as f32: the same capacity as its f32 cache.
+        let (f32_cpu, fp8_cpu) = (resolve(Device::Cpu, DType::F32), resolve(Device::Cpu, DType::Fp8));
+        assert_eq!((fp8_cpu.dtype, fp8_cpu.num_blocks), (DType::Fp8, f32_cpu.num_blocks));
     }
 }

@@ -334,6 +334,7 @@ impl Engine {
         tracing::info!(
             blocks = cache.num_blocks,
             block_size = cache.block_size,
+            dtype = %cache.dtype,
             capacity_tokens = cache.capacity_tokens(),
             max_model_len,
             "engine KV cache allocated"

@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use ferrite_engine::JsonOptions;
+use ferrite_engine::{DType, Device, JsonOptions};
 use ferrite_parsers::{reasoning, tool};
 use ferrite_server::ChatOptions;
 
@@ -46,7 +46,9 @@ pub struct VllmFlags {
     /// is its spelling for a GGUF file).
     #[arg(long, default_value = "auto", help_heading = "LoadConfig")]
     pub load_format: String,
-    /// KV-cache element type; auto (the model's --dtype) is the one built.
+    /// KV-cache element type: auto (the model's --dtype), bfloat16 (the same for a bf16 model), or
+    /// fp8 / fp8_e4m3 (e4m3 with the checkpoint's per-layer k_scale / v_scale, else 1.0: half a
+    /// bf16 cache's bytes, so twice the tokens).
     #[arg(long, default_value = "auto", help_heading = "CacheConfig")]
     pub kv_cache_dtype: String,
     /// Chunked prefill is always on in ferrite; the flag is accepted.
@@ -155,6 +157,18 @@ impl VllmFlags {
         Ok(options)
     }
 
+    /// The KV cache's element type for a model whose activations are `model_dtype` on `device`
+    /// (`check` has refused the names not built).
+    pub fn kv_cache_dtype(&self, model_dtype: DType, device: Device) -> Result<DType> {
+        match self.kv_cache_dtype.as_str() {
+            "fp8" | "fp8_e4m3" => Ok(DType::Fp8),
+            "bfloat16" if model_dtype != DType::BF16 && device != Device::Cpu => {
+                bail!("--kv-cache-dtype bfloat16: a bf16 cache under {model_dtype} activations is not built (use auto)")
+            }
+            _ => Ok(model_dtype),
+        }
+    }
+
     /// The first flag that asks for something ferrite has not built, as an error naming it.
     pub fn check(&self, model: &std::path::Path) -> Result<()> {
         let not_built = |flag: &str, feature: &str| -> Result<()> {
@@ -172,7 +186,6 @@ impl VllmFlags {
         let set = |on: bool, flag: &'static str, feature: &'static str| on.then_some((flag, feature));
         let first = [
             set(self.enable_expert_parallel, "--enable-expert-parallel", "expert parallelism"),
-            set(self.kv_cache_dtype != "auto", "--kv-cache-dtype", "a KV cache in another dtype than the model's"),
             set(self.no_enable_chunked_prefill, "--no-enable-chunked-prefill", "prefill without chunking"),
             set(self.enable_lora || !self.lora_modules.is_empty(), "--enable-lora/--lora-modules", "LoRA"),
             set(!self.middleware.is_empty(), "--middleware", "Python ASGI middleware"),
@@ -182,6 +195,16 @@ impl VllmFlags {
         .next();
         if let Some((flag, feature)) = first {
             return not_built(flag, feature);
+        }
+        match self.kv_cache_dtype.as_str() {
+            "auto" | "bfloat16" | "fp8" | "fp8_e4m3" => {}
+            "fp8_e5m2" | "fp8_inc" | "fp8_ds_mla" => {
+                return not_built(
+                    "--kv-cache-dtype",
+                    &format!("a {} KV cache (fp8 / fp8_e4m3 is)", self.kv_cache_dtype),
+                )
+            }
+            other => bail!("--kv-cache-dtype {other}: not a KV-cache dtype (auto, bfloat16, fp8, fp8_e4m3)"),
         }
         if self.enable_auto_tool_choice && self.tool_call_parser.is_none() {
             bail!("--enable-auto-tool-choice needs --tool-call-parser (one of {})", tool::PARSERS.join(", "));
@@ -239,7 +262,9 @@ mod tests {
         assert_eq!(check(&["--load-format", "gguf-dequantized"], "m.gguf"), Ok(()));
         assert_eq!(check(&["--load-format", "dequantized"], "m.gguf"), Ok(()));
         assert_eq!(check(&["--load-format", "dequantized"], "dir"), Ok(()));
-        assert_eq!(check(&["--kv-cache-dtype", "auto"], "dir"), Ok(()));
+        for kv in ["auto", "bfloat16", "fp8", "fp8_e4m3"] {
+            assert_eq!(check(&["--kv-cache-dtype", kv], "dir"), Ok(()));
+        }
         let argv = ["serve", "--disable-chunked-mm-input"];
         assert!(Cmd::try_parse_from(argv).unwrap().flags.disable_chunked_mm_input);
         assert!(!Cmd::try_parse_from(["serve"]).unwrap().flags.disable_chunked_mm_input);
@@ -255,14 +280,31 @@ mod tests {
             (&["--lora-modules", "a=/x"], "LoRA"),
             (&["--enable-chunked-prefill", "--no-enable-chunked-prefill"], "prefill without chunking"),
             (&["--load-format", "pt"], "load format"),
+            (&["--kv-cache-dtype", "fp8_e5m2"], "fp8_e5m2 KV cache"),
         ] {
             let err = check(args, "dir").expect_err("must be refused");
             assert!(err.contains(feature) && err.contains("not built"), "{args:?}: {err}");
         }
+        let err = check(&["--kv-cache-dtype", "int8"], "dir").unwrap_err();
+        assert!(err.contains("int8") && err.contains("fp8_e4m3"), "{err}");
         let err = check(&["--load-format", "safetensors"], "m.gguf").unwrap_err();
         assert!(err.contains("does not match"), "{err}");
         let err = check(&["--load-format", "gguf-dequantized"], "dir").unwrap_err();
         assert!(err.contains("does not match"), "{err}");
+    }
+
+    #[test]
+    fn kv_cache_dtype_maps_to_the_cache_element() {
+        let kv = |name: &str, dtype, device| {
+            Cmd::try_parse_from(["serve", "--kv-cache-dtype", name]).unwrap().flags.kv_cache_dtype(dtype, device)
+        };
+        let gpu = Device::Cuda(0);
+        assert_eq!(kv("auto", DType::BF16, gpu).unwrap(), DType::BF16);
+        assert_eq!(kv("fp8", DType::BF16, gpu).unwrap(), DType::Fp8);
+        assert_eq!(kv("fp8_e4m3", DType::F32, Device::Cpu).unwrap(), DType::Fp8);
+        assert_eq!(kv("bfloat16", DType::BF16, gpu).unwrap(), DType::BF16);
+        assert_eq!(kv("bfloat16", DType::F32, Device::Cpu).unwrap(), DType::F32);
+        assert!(kv("bfloat16", DType::F32, gpu).unwrap_err().to_string().contains("f32 activations"));
     }
 
     #[test]

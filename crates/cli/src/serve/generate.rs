@@ -34,7 +34,8 @@ pub fn run(args: ServeArgs, frontend: super::Frontend) -> Result<()> {
         speculative,
         ..EngineConfig::default()
     };
-    let config = args.device.apply(dtype, args.kv_cache_memory.is_some(), config);
+    let mut config = args.device.apply(dtype, args.kv_cache_memory.is_some(), config);
+    config.kv_cache_dtype = args.vllm.kv_cache_dtype(dtype, args.device.device)?;
     let overrides = args.tokenizer_overrides()?;
     let llm = LLM::with_tokenizer(&args.model, dtype, config, &overrides)
         .with_context(|| format!("loading {}", args.model.display()))?;
