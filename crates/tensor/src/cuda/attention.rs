@@ -61,17 +61,17 @@ const MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Which kernel runs the prefill rows; the work items are cut to its block's query vectors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PrefillKernel {
-    /// `paged_attn`: any dtype and head dims, and FP8 caches.
+    /// `paged_attn`: any dtype and head dims.
     CudaCores,
-    /// `paged_attn_fa2`: bf16, equal head dims of `MMA_HEAD_DIMS`, 16-byte rows.
+    /// `paged_attn_fa2`: bf16, equal head dims of `MMA_HEAD_DIMS`, 16-byte rows (of bf16; an FP8
+    /// cache's rows of as many elements are read 8 bytes at a time).
     TensorCores,
 }
 
 impl PrefillKernel {
-    fn choose(dtype: DType, fp8_cache: bool, p: &AttentionParams, k_dim: usize, v_dim: usize) -> Self {
+    fn choose(dtype: DType, p: &AttentionParams, k_dim: usize, v_dim: usize) -> Self {
         let rows_of_16_bytes = [p.head_dim, k_dim, v_dim].iter().all(|x| x % 8 == 0);
         if dtype != DType::BF16
-            || fp8_cache
             || !rows_of_16_bytes
             || p.head_dim != p.v_head_dim
             || !MMA_HEAD_DIMS.contains(&p.head_dim)
@@ -536,7 +536,7 @@ fn attend(
     if tokens == 0 {
         return wrap(out, vec![0, p.num_heads * dv]);
     }
-    let prefill = PrefillKernel::choose(dtype, kv.fp8.is_some(), p, kv.k_dim, kv.v_dim);
+    let prefill = PrefillKernel::choose(dtype, p, kv.k_dim, kv.v_dim);
     let run = |mc: &MetaCache| launch_attention(op, qs, kv, meta, p, causal, prefill, sinks, mc, &out);
     if dev.with_step_attention(meta, p, causal, prefill, run)?.is_none() {
         let key = meta_key(meta, p, causal, prefill);
@@ -610,8 +610,8 @@ impl PagedAttn {
 }
 
 kernel_params! {
-    /// `paged_attn_fa2_bf16_d<D>` (attention_fa2.cu): bf16 prefill on tensor cores, for equal
-    /// head dims of `MMA_HEAD_DIMS`.
+    /// `paged_attn_fa2_bf16[_fp8]_d<D>` (attention_fa2.cu): bf16 prefill on tensor cores, for
+    /// equal head dims of `MMA_HEAD_DIMS`, from a bf16 or an FP8 cache.
     struct PagedAttnFa2 {
         q: u64,
         k_cache: u64,
@@ -634,15 +634,17 @@ kernel_params! {
         splits: i32,
         n_rows: i32,
         sinks: u64,
+        vscale: f32,
     }
 }
 
 impl PagedAttnFa2 {
-    fn launch(&self, dev: &CudaDevice, op: &'static str, n_items: usize, d: usize) -> Result<()> {
+    /// `cache`: the cache's kernel name suffix.
+    fn launch(&self, dev: &CudaDevice, op: &'static str, cache: &str, n_items: usize, d: usize) -> Result<()> {
         // `paged_attn_fa2`'s layout: the queries, then each stage's key and value tiles, bf16
-        // rows padded by 8.
+        // rows padded by 8 (an FP8 cache's converted as they are staged).
         let smem = 2 * (FA2_QV + FA2_STAGES * 2 * MMA_TK) * (d + 8);
-        let f = kernel(dev, &format!("paged_attn_fa2_bf16_d{d}"), smem, op)?;
+        let f = kernel(dev, &format!("paged_attn_fa2_bf16{cache}_d{d}"), smem, op)?;
         self.launch_with(dev, &f, grid(n_items, self.splits, NWARPS, smem))
     }
 }
@@ -782,8 +784,9 @@ fn launch_attention(
                 splits,
                 n_rows,
                 sinks,
+                vscale,
             };
-            launch.launch(dev, op, l.items.len(), d)?;
+            launch.launch(dev, op, cache, l.items.len(), d)?;
         } else {
             let launch = PagedAttn {
                 q,

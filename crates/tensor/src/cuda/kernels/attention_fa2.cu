@@ -50,13 +50,28 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned int* r, const void* p
                  : "r"(shared_addr(p)));
 }
 
-template <int D>
-__device__ void paged_attn_fa2(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kc, const bf16_t* __restrict__ vc,
+// Eight cached elements of a row into eight bf16 of a shared-memory tile: a bf16 cache's by
+// cp.async; an FP8 cache's through registers, times `s` (its value scale; 1 for keys, whose scale
+// is in the softmax scale), converted to bf16 (exact where `s` is 1: e4m3 fits in bf16).
+__device__ __forceinline__ void stage8(unsigned short* dst, const bf16_t* src, bool ok, float) {
+    cp_async_16(dst, src, ok);
+}
+__device__ __forceinline__ void stage8(unsigned short* dst, const fp8_t* src, bool ok, float s) {
+    const uint2 raw = ok ? *(const uint2*)src : make_uint2(0u, 0u);
+    float f[8];
+    e4m3x4(raw.x, f);
+    e4m3x4(raw.y, f + 4);
+    *(uint4*)dst = make_uint4(pack_bf16x2(f[0] * s, f[1] * s), pack_bf16x2(f[2] * s, f[3] * s),
+                              pack_bf16x2(f[4] * s, f[5] * s), pack_bf16x2(f[6] * s, f[7] * s));
+}
+
+template <int D, typename C>
+__device__ void paged_attn_fa2(const bf16_t* __restrict__ q, const C* __restrict__ kc, const C* __restrict__ vc,
                                const unsigned int* __restrict__ tables, const AttnItem* __restrict__ items,
                                bf16_t* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml,
                                int hq, int hkv, int k_dim, int v_dim, int block_size, float scale, float softcap,
                                int window, int attn_chunk, int causal, int splits, int n_rows,
-                               const float* __restrict__ sinks) {
+                               const float* __restrict__ sinks, float vscale) {
     // Row pitch of every tile: rows of D + 8 bf16 put the 8 rows an ldmatrix reads on distinct banks.
     constexpr int P = D + 8;
     constexpr int TILE_ELEMS = MMA_TK * P;
@@ -76,8 +91,8 @@ __device__ void paged_attn_fa2(const bf16_t* __restrict__ q, const bf16_t* __res
     const int kend = min(kbeg + chunk, it.k_hi);
 
     const size_t kstride = (size_t)hkv * k_dim, vstride = (size_t)hkv * v_dim;
-    const bf16_t* kbase = kc + (size_t)kvh * k_dim;
-    const bf16_t* vbase = vc + (size_t)kvh * v_dim;
+    const C* kbase = kc + (size_t)kvh * k_dim;
+    const C* vbase = vc + (size_t)kvh * v_dim;
     auto load_tile = [&](int stage, int t0) {
         unsigned short* k_s = kv_s + stage * 2 * TILE_ELEMS;
         unsigned short* v_s = k_s + TILE_ELEMS;
@@ -86,8 +101,8 @@ __device__ void paged_attn_fa2(const bf16_t* __restrict__ q, const bf16_t* __res
             const int kp = t0 + j;
             const bool ok = kp < kend;
             const size_t slot = ok ? (size_t)tables[it.bt_off + kp / block_size] * block_size + kp % block_size : 0;
-            cp_async_16(k_s + j * P + c, kbase + slot * kstride + c, ok);
-            cp_async_16(v_s + j * P + c, vbase + slot * vstride + c, ok);
+            stage8(k_s + j * P + c, kbase + slot * kstride + c, ok, 1.f);
+            stage8(v_s + j * P + c, vbase + slot * vstride + c, ok, vscale);
         }
         cp_async_commit();
     };
@@ -248,14 +263,17 @@ __device__ void paged_attn_fa2(const bf16_t* __restrict__ q, const bf16_t* __res
     }
 }
 
-#define INST_FA2(D)                                                                                                \
-    extern "C" __global__ void __launch_bounds__(NWARPS * 32) paged_attn_fa2_bf16_d##D(                            \
-        const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const unsigned int* tables, const AttnItem* items,    \
-        bf16_t* out, float* part_acc, float* part_ml, int hq, int hkv, int k_dim, int v_dim, int block_size,       \
-        float scale, float softcap, int window, int attn_chunk, int causal, int splits, int n_rows,               \
-        const float* sinks) {                                                                                      \
+// A bf16 cache takes `paged_attn_fa2_bf16_d<D>`, an FP8 one `paged_attn_fa2_bf16_fp8_d<D>` (its key
+// scale folded into `scale`, its value scale `vscale`).
+#define INST_FA2_C(D, CN, C)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(NWARPS * 32) paged_attn_fa2_bf16##CN##_d##D(                      \
+        const bf16_t* q, const C* kc, const C* vc, const unsigned int* tables, const AttnItem* items, bf16_t* out, \
+        float* part_acc, float* part_ml, int hq, int hkv, int k_dim, int v_dim, int block_size, float scale,      \
+        float softcap, int window, int attn_chunk, int causal, int splits, int n_rows, const float* sinks,         \
+        float vscale) {                                                                                            \
         pdl_wait();                                                                                                \
-        paged_attn_fa2<D>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, k_dim, v_dim, block_size,     \
-                          scale, softcap, window, attn_chunk, causal, splits, n_rows, sinks);                      \
+        paged_attn_fa2<D, C>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, k_dim, v_dim, block_size,  \
+                             scale, softcap, window, attn_chunk, causal, splits, n_rows, sinks, vscale);           \
     }
+#define INST_FA2(D) INST_FA2_C(D, , bf16_t) INST_FA2_C(D, _fp8, fp8_t)
 INST_FA2(64) INST_FA2(128) INST_FA2(256)
