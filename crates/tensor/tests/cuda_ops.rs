@@ -1111,7 +1111,8 @@ fn paged_attention_matches_cpu() {
     }
     println!("WORST paged_attention f32={:.3e} bf16={:.3e}", worst[0], worst[1]);
     // FP8 caches (`--kv-cache-dtype fp8`): the same writes round the same values to the same
-    // bytes on both backends, then attention reads them as it reads any cache. Scales other than
+    // bytes on both backends, then attention reads them as it reads any cache (bf16 prefill rows
+    // on the tensor-core kernel where FERRITE_FP8_KV_TC_PREFILL=1 is set, else on CUDA cores). Scales other than
     // 1 (a checkpoint's) and 1 itself; prefill rows, split decodes, scalar loads, sinks.
     let fp8_cases = [2, 5, 7, 8, 13, 14, 15];
     for (n, i) in fp8_cases.into_iter().enumerate() {

@@ -61,7 +61,7 @@ const MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Which kernel runs the prefill rows; the work items are cut to its block's query vectors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PrefillKernel {
-    /// `paged_attn`: any dtype and head dims.
+    /// `paged_attn`: any dtype and head dims, and FP8 caches.
     CudaCores,
     /// `paged_attn_fa2`: bf16, equal head dims of `MMA_HEAD_DIMS`, 16-byte rows (of bf16; an FP8
     /// cache's rows of as many elements are read 8 bytes at a time).
@@ -69,9 +69,10 @@ pub(crate) enum PrefillKernel {
 }
 
 impl PrefillKernel {
-    fn choose(dtype: DType, p: &AttentionParams, k_dim: usize, v_dim: usize) -> Self {
+    fn choose(dtype: DType, fp8_cache: bool, p: &AttentionParams, k_dim: usize, v_dim: usize) -> Self {
         let rows_of_16_bytes = [p.head_dim, k_dim, v_dim].iter().all(|x| x % 8 == 0);
         if dtype != DType::BF16
+            || (fp8_cache && !fp8_cache_tensor_core_prefill())
             || !rows_of_16_bytes
             || p.head_dim != p.v_head_dim
             || !MMA_HEAD_DIMS.contains(&p.head_dim)
@@ -88,6 +89,14 @@ impl PrefillKernel {
             PrefillKernel::TensorCores => FA2_QV,
         }
     }
+}
+
+/// `FERRITE_FP8_KV_TC_PREFILL=1`: prefill from an FP8 cache on the tensor-core kernel, which
+/// stages its e4m3 tiles as bf16 but has not yet run on a GPU (the CUDA-core kernel's path has);
+/// read once per process.
+fn fp8_cache_tensor_core_prefill() -> bool {
+    static REQUESTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *REQUESTED.get_or_init(|| std::env::var("FERRITE_FP8_KV_TC_PREFILL").is_ok_and(|v| v == "1"))
 }
 
 /// Attention metadata variants kept per device: layers of one step differ only by their
@@ -536,7 +545,7 @@ fn attend(
     if tokens == 0 {
         return wrap(out, vec![0, p.num_heads * dv]);
     }
-    let prefill = PrefillKernel::choose(dtype, p, kv.k_dim, kv.v_dim);
+    let prefill = PrefillKernel::choose(dtype, kv.fp8.is_some(), p, kv.k_dim, kv.v_dim);
     let run = |mc: &MetaCache| launch_attention(op, qs, kv, meta, p, causal, prefill, sinks, mc, &out);
     if dev.with_step_attention(meta, p, causal, prefill, run)?.is_none() {
         let key = meta_key(meta, p, causal, prefill);

@@ -264,7 +264,8 @@ __device__ void paged_attn_fa2(const bf16_t* __restrict__ q, const C* __restrict
 }
 
 // A bf16 cache takes `paged_attn_fa2_bf16_d<D>`, an FP8 one `paged_attn_fa2_bf16_fp8_d<D>` (its key
-// scale folded into `scale`, its value scale `vscale`).
+// scale folded into `scale`, its value scale `vscale`; opt-in with FERRITE_FP8_KV_TC_PREFILL=1
+// until it has run on a GPU).
 #define INST_FA2_C(D, CN, C)                                                                                       \
     extern "C" __global__ void __launch_bounds__(NWARPS * 32) paged_attn_fa2_bf16##CN##_d##D(                      \
         const bf16_t* q, const C* kc, const C* vc, const unsigned int* tables, const AttnItem* items, bf16_t* out, \
