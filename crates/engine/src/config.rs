@@ -207,6 +207,7 @@ mod tests {
             vocab_size: 100,
             max_position_embeddings: 1024,
             kv_layers: vec![KvLayerSpec { num_kv_heads: 8, k_dim: 128, v_dim: 128 }; 4],
+            kv_scales: Vec::new(),
             state_layers: Vec::new(),
             num_layers: 4,
             weight_bytes: 0,

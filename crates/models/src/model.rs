@@ -1,3 +1,4 @@
+use ferrite_tensor::kv::Fp8KvScales;
 use ferrite_tensor::{AttnMetadata, DType, Device, PagedKvLayer, Tensor};
 
 use crate::Result;
@@ -33,6 +34,10 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     pub max_position_embeddings: usize,
     pub kv_layers: Vec<KvLayerSpec>,
+    /// The checkpoint's FP8 KV-cache scales per KV layer (`self_attn.k_scale` / `v_scale`, as
+    /// compressed-tensors' `kv_cache_scheme` writes them), which an FP8 cache takes in place of
+    /// 1.0; empty where the checkpoint has none.
+    pub kv_scales: Vec<Option<Fp8KvScales>>,
     /// Recurrent layers (hybrid models): their caches follow the KV layers in the slice that
     /// [`CausalLM::forward`] receives.
     pub state_layers: Vec<StateLayerSpec>,
@@ -163,10 +168,14 @@ impl ModelInfo {
         block_size: usize,
         state_slots: usize,
     ) -> ferrite_tensor::Result<Vec<PagedKvLayer>> {
-        let kv = self
-            .kv_layers
-            .iter()
-            .map(|l| PagedKvLayer::new_on(device, kv_dtype, num_blocks, block_size, l.num_kv_heads, l.k_dim, l.v_dim));
+        let kv = self.kv_layers.iter().enumerate().map(|(i, l)| {
+            let cache =
+                PagedKvLayer::new_on(device, kv_dtype, num_blocks, block_size, l.num_kv_heads, l.k_dim, l.v_dim)?;
+            match self.kv_scales.get(i).copied().flatten() {
+                Some(scales) if kv_dtype == DType::Fp8 => cache.with_fp8_scales(scales),
+                _ => Ok(cache),
+            }
+        });
         let state = self
             .state_layers
             .iter()

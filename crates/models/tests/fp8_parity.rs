@@ -13,7 +13,8 @@
 use std::path::{Path, PathBuf};
 
 use ferrite_models::{load_model, LoadOptions};
-use ferrite_tensor::DType;
+use ferrite_tensor::kv::Fp8KvScales;
+use ferrite_tensor::{DType, Device};
 use ferrite_testing::gate::{
     edit_config, edit_f32_tensors, fixture_copy, fixtures_dir, greedy, judge, run_fixture, stable_prefixes, summarize,
     CaseReport, Oracle,
@@ -225,5 +226,59 @@ fn bad_fp8_checkpoints_are_load_errors_naming_the_tensor() {
     safetensors::serialize_to_file(tensors, None, &path).unwrap();
     let err = load(&dir, None).expect("a mis-shaped scale must fail");
     assert!(err.contains(&name), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A checkpoint's FP8 KV-cache scales (compressed-tensors' `kv_cache_scheme`: a scalar
+/// `self_attn.k_scale` and `v_scale` per layer) reach the layers' caches when the cache is FP8,
+/// and only then; a scale that is not one value is refused, naming it.
+#[test]
+fn checkpoint_kv_cache_scales_reach_an_fp8_cache() {
+    let write_scales = |dir: &Path, shape: Vec<usize>| -> Vec<Fp8KvScales> {
+        let path = dir.join("model.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let layers = st.names().iter().filter(|n| n.ends_with(".self_attn.q_proj.weight")).count();
+        let scales: Vec<Fp8KvScales> =
+            (0..layers).map(|i| Fp8KvScales { k: 0.5 + 0.25 * i as f32, v: 2.0 - 0.5 * i as f32 }).collect();
+        let values: Vec<(String, Vec<u8>)> = (0..layers)
+            .flat_map(|i| {
+                let n = shape.iter().product::<usize>();
+                [("k_scale", scales[i].k), ("v_scale", scales[i].v)].map(|(leaf, value)| {
+                    let data = std::iter::repeat_n(value.to_le_bytes(), n).flatten().collect();
+                    (format!("model.layers.{i}.self_attn.{leaf}"), data)
+                })
+            })
+            .collect();
+        let mut tensors: Vec<(String, TensorView)> = st.tensors();
+        for (name, data) in &values {
+            tensors.push((name.clone(), TensorView::new(safetensors::Dtype::F32, shape.clone(), data).unwrap()));
+        }
+        safetensors::serialize_to_file(tensors, None, &path).unwrap();
+        scales
+    };
+    let options = LoadOptions { dtype: DType::F32, progress: false, ..Default::default() };
+
+    let dir = fixture_copy("llama", "kv-scales");
+    let scales = write_scales(&dir, vec![]);
+    let model = load_model(&dir, &options).unwrap().model;
+    let info = model.info();
+    assert_eq!(info.kv_scales, scales.iter().copied().map(Some).collect::<Vec<_>>());
+    let fp8 = info.allocate_caches(Device::Cpu, DType::Fp8, 2, 16, 0).unwrap();
+    assert_eq!(fp8.iter().map(|c| c.fp8).collect::<Vec<_>>(), info.kv_scales);
+    let plain = info.allocate_caches(Device::Cpu, DType::F32, 2, 16, 0).unwrap();
+    assert!(plain.iter().all(|c| c.fp8.is_none()));
+    std::fs::remove_dir_all(&dir).ok();
+
+    // Without scales in the checkpoint, an FP8 cache takes vLLM's 1.0.
+    let model = load_model(&fixtures_dir().join("models/llama"), &options).unwrap().model;
+    assert!(model.info().kv_scales.is_empty());
+    let fp8 = model.info().allocate_caches(Device::Cpu, DType::Fp8, 2, 16, 0).unwrap();
+    assert!(fp8.iter().all(|c| c.fp8 == Some(Fp8KvScales::default())));
+
+    let dir = fixture_copy("llama", "kv-scales-two-values");
+    write_scales(&dir, vec![2]);
+    let err = load_model(&dir, &options).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("model.layers.0.self_attn.k_scale"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -3,15 +3,16 @@
 //! defaults ([`Dims`]), and the loading of Llama-named checkpoints (`model.embed_tokens`,
 //! `model.layers.{i}.self_attn.{q,k,v,o}_proj`, `model.norm`, `lm_head`).
 
+use ferrite_tensor::kv::Fp8KvScales;
 use ferrite_tensor::{Activation, AttentionParams, Tensor};
 use serde::Deserialize;
 
-use super::{Block, ChannelMixer, Decoder, SelfAttention, SharedKvAttention, TokenMixer};
+use super::{Block, ChannelMixer, Decoder, LayerCache, SelfAttention, SharedKvAttention, TokenMixer};
 use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::{Attention, Embedding, LayerNorm, Linear, Norm, RmsNorm};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::{Scope, Weights};
-use crate::Result;
+use crate::{ModelError, Result};
 
 /// The `config.json` keys most decoder families share, under Llama's names. Keys whose default
 /// differs between families are optional here and resolved by [`CommonConfig::resolve`].
@@ -241,8 +242,40 @@ impl Dims {
         let width = names.embed_dim.unwrap_or(self.hidden);
         let embed = Embedding { table: w.matrix(&format!("{}.weight", names.embed), &[self.vocab, width])? };
         let lm_head = lm_head(w, names.lm_head, &embed, self.tie, names.lm_head_bias)?;
-        Ok(Decoder::new(raw.architecture()?, self.max_positions, embed, blocks, final_norm, lm_head, ropes))
+        let kv_scales = kv_cache_scales(w, names.layers, &blocks)?;
+        Ok(Decoder::new(raw.architecture()?, self.max_positions, embed, blocks, final_norm, lm_head, ropes)
+            .with_kv_scales(kv_scales))
     }
+}
+
+/// The FP8 KV-cache scales of each attention layer, where the checkpoint has them: a scalar
+/// `self_attn.k_scale` and `v_scale` (compressed-tensors' `kv_cache_scheme`) or
+/// `self_attn.k_proj.output_scale` and `v_proj.output_scale` (older FP8 exports), the names vLLM
+/// maps to its attention layers' scales. Empty when no layer has them.
+fn kv_cache_scales(w: &Weights, layers: &str, blocks: &[Block]) -> Result<Vec<Option<Fp8KvScales>>> {
+    const NAMES: [[&str; 2]; 2] = [["k_scale", "v_scale"], ["k_proj.output_scale", "v_proj.output_scale"]];
+    let scalar = |name: &str| -> Result<f32> {
+        let t = w.get_f32_any_shape(name)?;
+        match t.to_f32_vec()[..] {
+            [value] => Ok(value),
+            _ => Err(ModelError::TensorShape { name: name.into(), expected: vec![1], actual: t.shape().to_vec() }),
+        }
+    };
+    let mut scales = Vec::new();
+    for (i, block) in blocks.iter().enumerate() {
+        if !matches!(block.mixer.cache(), LayerCache::Kv(_) | LayerCache::KvAndState(..)) {
+            continue;
+        }
+        let attn = format!("{layers}.{i}.self_attn");
+        let found = NAMES.iter().find(|[k, _]| w.contains(&format!("{attn}.{k}")));
+        scales.push(match found {
+            Some([k, v]) => {
+                Some(Fp8KvScales { k: scalar(&format!("{attn}.{k}"))?, v: scalar(&format!("{attn}.{v}"))? })
+            }
+            None => None,
+        });
+    }
+    Ok(if scales.iter().any(Option::is_some) { scales } else { Vec::new() })
 }
 
 /// Where a checkpoint keeps the tensors around its layers.

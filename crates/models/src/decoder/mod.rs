@@ -12,6 +12,7 @@ pub mod block;
 pub mod load;
 pub mod per_layer;
 
+use ferrite_tensor::kv::Fp8KvScales;
 use ferrite_tensor::{ops, DType, PagedKvLayer, Tensor};
 
 pub use self::block::{
@@ -113,6 +114,7 @@ impl Decoder {
                     _ => None,
                 })
                 .collect(),
+            kv_scales: Vec::new(),
             state_layers: blocks
                 .iter()
                 .filter_map(|b| match b.mixer.cache() {
@@ -158,6 +160,12 @@ impl Decoder {
         self.mtp = Some(mtp);
         self.count_weights();
         Ok(self)
+    }
+
+    /// The checkpoint's FP8 KV-cache scales, one entry per KV layer (see [`ModelInfo::kv_scales`]).
+    pub fn with_kv_scales(mut self, scales: Vec<Option<Fp8KvScales>>) -> Decoder {
+        self.info.kv_scales = scales;
+        self
     }
 
     pub fn with_embed_scale(mut self, scale: f32) -> Decoder {

@@ -91,7 +91,8 @@ pub(crate) fn load_sandwich_at(
     )?;
     let inter = d.intermediate(raw)?;
     let scale = cfg.query_pre_attn_scalar.powf(-0.5);
-    let blocks = d.blocks_at(w, &format!("{prefix}.layers"), |i, l| {
+    let layers = format!("{prefix}.layers");
+    let blocks = d.blocks_at(w, &layers, |i, l| {
         let sliding = d.sliding(raw, i)?.unwrap_or_else(|| (opts.default_sliding)(i, raw));
         let s = l.at("self_attn");
         let mut attn = d.attention(&s, d.attention_bias, d.attention_bias)?;
@@ -122,6 +123,6 @@ pub(crate) fn load_sandwich_at(
     let ropes = (opts.ropes)(raw, d.head_dim, d.max_positions)?;
     let logits = LogitsPost { scale: None, softcap: opts.final_softcap.map(|c| c as f32) };
     let embed = format!("{prefix}.embed_tokens");
-    let names = Names { layers: "", embed: &embed, embed_dim: None, lm_head, lm_head_bias: false };
+    let names = Names { layers: &layers, embed: &embed, embed_dim: None, lm_head, lm_head_bias: false };
     Ok(scale_embedding(d.finish_at(raw, w, names, blocks, Some(final_norm), ropes)?).with_logits(logits))
 }

@@ -489,6 +489,7 @@ fn load_at(raw: &RawConfig, model: &Scope) -> Result<Gemma3n> {
                 _ => None,
             })
             .collect(),
+        kv_scales: Vec::new(),
         state_layers: Vec::new(),
         num_layers: layers.len(),
         weight_bytes,

@@ -195,7 +195,8 @@ pub fn load_at(raw: &RawConfig, w: &Weights, variant: Variant, prefix: &str, lm_
     let biases = variant.biases.read(raw, &d);
     let rotary = rotary_layers(raw, &cfg, &d, variant)?;
     let query_scale = if variant.llama4_query_scaling { llama4_query_scale(raw, variant)? } else { None };
-    let blocks = d.blocks_at(w, &format!("{prefix}.layers"), |i, l| {
+    let layers = format!("{prefix}.layers");
+    let blocks = d.blocks_at(w, &layers, |i, l| {
         let s = l.at("self_attn");
         let mut attn = d.attention(&s, variant.qkv_bias || biases.qkv, biases.o)?;
         if variant.qk_norm {
@@ -236,7 +237,7 @@ pub fn load_at(raw: &RawConfig, w: &Weights, variant: Variant, prefix: &str, lm_
         rope = rope.with_style(RopeStyle::Interleaved);
     }
     let embed = format!("{prefix}.embed_tokens");
-    let names = Names { layers: "", embed: &embed, embed_dim: None, lm_head, lm_head_bias: false };
+    let names = Names { layers: &layers, embed: &embed, embed_dim: None, lm_head, lm_head_bias: false };
     d.finish_at(raw, w, names, blocks, Some(Norm::Rms(d.rms(&w.at(prefix), "norm")?)), vec![rope])
 }
 

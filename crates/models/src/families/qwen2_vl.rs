@@ -453,7 +453,7 @@ fn load_text(raw: &RawConfig, w: &Weights, layout: &Layout, text: TextModel) -> 
     };
     let norm = Norm::Rms(d.rms(&w.at(layout.text), "norm")?);
     let embed = format!("{}.embed_tokens", layout.text);
-    let names = Names { layers: "", embed: &embed, embed_dim: None, lm_head: "lm_head", lm_head_bias: false };
+    let names = Names { layers: &layers, embed: &embed, embed_dim: None, lm_head: "lm_head", lm_head_bias: false };
     d.finish_at(raw, w, names, blocks, Some(norm), vec![rope])
 }
 

@@ -229,7 +229,8 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant, layout: Layout) -> R
             mlp,
         ))
     };
-    let blocks = d.blocks_at(w, &format!("{base}.layers"), |i, l| block(l, kinds[i], is_sparse(i)))?;
+    let layers = format!("{base}.layers");
+    let blocks = d.blocks_at(w, &layers, |i, l| block(l, kinds[i], is_sparse(i)))?;
     // vLLM builds the MTP block as a full-attention layer numbered 0 (sparse where layer 0 would be).
     let mtp = if w.loads_mtp() {
         if !w.contains("mtp.fc.weight") {
@@ -255,6 +256,6 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant, layout: Layout) -> R
     let rope = d.rope(raw, 10_000.0)?;
     let final_norm = Norm::Rms(centred_rms(&w.at(base), "norm", d.hidden, d.eps)?);
     let embed = format!("{base}.embed_tokens");
-    let names = Names { layers: "", embed: &embed, embed_dim: None, lm_head: "lm_head", lm_head_bias: false };
+    let names = Names { layers: &layers, embed: &embed, embed_dim: None, lm_head: "lm_head", lm_head_bias: false };
     d.finish_at(raw, w, names, blocks, Some(final_norm), vec![rope])?.with_mtp(mtp)
 }
