@@ -526,8 +526,17 @@ impl CompressedTensors {
                 )))
             }
         };
-        if q.get("kv_cache_scheme").is_some_and(|k| !k.is_null()) {
-            return Err(raw.error("`quantization_config.kv_cache_scheme`: a quantized KV cache is not supported yet"));
+        // An FP8 KV-cache scheme stores a `k_scale` and `v_scale` per attention layer, which an
+        // FP8 cache (`--kv-cache-dtype fp8`) takes and any other ignores, as in vLLM.
+        if let Some(kv) = q.get("kv_cache_scheme").filter(|k| !k.is_null()) {
+            let fp8 = kv.get("num_bits").and_then(Value::as_u64) == Some(8)
+                && kv.get("type").and_then(Value::as_str) == Some("float");
+            if !fp8 {
+                return Err(raw.error(format!(
+                    "`quantization_config.kv_cache_scheme` {kv}: only FP8 KV-cache scales (num_bits 8, type float) are \
+                     supported"
+                )));
+            }
         }
         let groups = q
             .get("config_groups")
@@ -1052,7 +1061,9 @@ mod tests {
         let err = Quantization::from_config(&raw(w4)).unwrap_err().to_string();
         assert!(err.contains("group_0.weights") && err.contains("4 bits of type int"), "{err}");
         let mut kv = fp8_dynamic();
-        kv["kv_cache_scheme"] = json!({"num_bits": 8, "type": "float"});
+        kv["kv_cache_scheme"] = json!({"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": false});
+        assert!(Quantization::from_config(&raw(kv.clone())).is_ok(), "FP8 KV-cache scales load");
+        kv["kv_cache_scheme"] = json!({"num_bits": 8, "type": "int"});
         assert!(Quantization::from_config(&raw(kv)).unwrap_err().to_string().contains("kv_cache_scheme"));
     }
 
