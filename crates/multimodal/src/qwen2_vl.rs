@@ -178,7 +178,47 @@ pub(crate) struct Patcher<'a> {
     pub(crate) normalization: &'a Normalization,
 }
 
+/// The size (height, width) every frame of a video has, or an error naming the first that differs.
+pub(crate) fn clip_size(frames: &[RgbImage]) -> Result<(usize, usize), MultimodalError> {
+    let first = frames.first().ok_or(MultimodalError::EmptyVideo)?;
+    let (width, height) = first.dimensions();
+    if let Some((index, frame)) = frames.iter().enumerate().find(|(_, f)| f.dimensions() != (width, height)) {
+        return Err(MultimodalError::FrameSize { index, size: frame.dimensions(), first: (width, height) });
+    }
+    Ok((height as usize, width as usize))
+}
+
 impl Patcher<'_> {
+    /// A video's `frames` (each `size`, height by width) resized to `out` (bicubic, as the Qwen
+    /// video processors' torchvision backend), padded with the last to whole temporal patches
+    /// and patchified; a clip of more than `MAX_RESIZED_PIXELS` resized pixels is refused.
+    pub(crate) fn patchify_clip(
+        &self,
+        frames: &[&RgbImage],
+        (height, width): (usize, usize),
+        (out_height, out_width): (usize, usize),
+    ) -> Result<PixelPatches, MultimodalError> {
+        let padded = frames.len().next_multiple_of(self.temporal);
+        if (padded as u64).saturating_mul(out_height as u64).saturating_mul(out_width as u64) > MAX_RESIZED_PIXELS {
+            return Err(MultimodalError::TooManyVideoPixels {
+                frames: padded,
+                width: out_width,
+                height: out_height,
+                max_pixels: MAX_RESIZED_PIXELS,
+            });
+        }
+        let resized: Vec<Cow<'_, [u8]>> = frames
+            .iter()
+            .map(|frame| match (out_height, out_width) == (height, width) {
+                true => Cow::Borrowed(frame.as_raw().as_slice()),
+                false => Cow::Owned(resize_rgb(frame.as_raw(), width, height, out_width, out_height, Filter::Bicubic)),
+            })
+            .collect();
+        let mut clip: Vec<&[u8]> = resized.iter().map(|frame| &**frame).collect();
+        clip.resize(padded, clip[clip.len() - 1]);
+        Ok(self.patchify(&clip, out_height, out_width))
+    }
+
     /// transformers' `patchify` of RGB8 frames, each `height` x `width` (both whole merge
     /// windows), `temporal` frames to a patch: patches time step by time step, in row-major
     /// order of merge blocks and row-major inside a block; a patch's values channel by channel,
@@ -302,38 +342,15 @@ impl Qwen2VlVideoProcessor {
     /// The patches of a video's RGB frames (all of one size), bit for bit those of transformers'
     /// torchvision backend given the same frames.
     pub fn preprocess(&self, frames: &[RgbImage]) -> Result<PixelPatches, MultimodalError> {
-        let first = frames.first().ok_or(MultimodalError::EmptyVideo)?;
-        let (width, height) = first.dimensions();
-        if let Some((index, frame)) = frames.iter().enumerate().find(|(_, f)| f.dimensions() != (width, height)) {
-            return Err(MultimodalError::FrameSize { index, size: frame.dimensions(), first: (width, height) });
-        }
-        let (height, width) = (height as usize, width as usize);
-        let (out_height, out_width) = self.smart_resize(frames.len(), height, width)?;
-        let padded = frames.len().next_multiple_of(self.temporal_patch_size);
-        if (padded as u64).saturating_mul(out_height as u64).saturating_mul(out_width as u64) > MAX_RESIZED_PIXELS {
-            return Err(MultimodalError::TooManyVideoPixels {
-                frames: padded,
-                width: out_width,
-                height: out_height,
-                max_pixels: MAX_RESIZED_PIXELS,
-            });
-        }
-        let resized: Vec<Cow<'_, [u8]>> = frames
-            .iter()
-            .map(|frame| match (out_height, out_width) == (height, width) {
-                true => Cow::Borrowed(frame.as_raw().as_slice()),
-                false => Cow::Owned(resize_rgb(frame.as_raw(), width, height, out_width, out_height, Filter::Bicubic)),
-            })
-            .collect();
-        let mut clip: Vec<&[u8]> = resized.iter().map(|frame| &**frame).collect();
-        clip.resize(padded, clip[clip.len() - 1]);
+        let (height, width) = clip_size(frames)?;
+        let out = self.smart_resize(frames.len(), height, width)?;
         let patcher = Patcher {
             patch: self.patch_size,
             temporal: self.temporal_patch_size,
             merge: self.merge_size,
             normalization: &self.normalization,
         };
-        Ok(patcher.patchify(&clip, out_height, out_width))
+        patcher.patchify_clip(&frames.iter().collect::<Vec<_>>(), (height, width), out)
     }
 
     /// The seconds one temporal patch spans, for a video given as frames (`second_per_grid_ts`

@@ -6,7 +6,6 @@
 //! the mean time of its frames, which Qwen3-VL's processor writes into the prompt before the
 //! patch's placeholders ([`Qwen3VlVideoProcessor::frame_text`]).
 
-use std::borrow::Cow;
 use std::path::Path;
 
 use image::RgbImage;
@@ -16,9 +15,8 @@ use crate::config::{
     check_bicubic, config_error, file_error, flag, positive, positive_or, present, video_processor_config,
     Normalization, IMAGENET_STANDARD,
 };
-use crate::qwen2_vl::{pixel_range, Patcher};
-use crate::resize::{resize_rgb, Filter};
-use crate::{MultimodalError, PixelPatches, FRAME_LIST_FPS, MAX_ASPECT_RATIO, MAX_RESIZED_PIXELS};
+use crate::qwen2_vl::{clip_size, pixel_range, Patcher};
+use crate::{MultimodalError, PixelPatches, FRAME_LIST_FPS, MAX_ASPECT_RATIO};
 
 /// `Qwen3VLVideoProcessor.size`: 128 to 768 merged tokens of 32 * 32 pixels, over all frames.
 const DEFAULT_PIXEL_RANGE: (usize, usize) = (128 * 32 * 32, 32 * 32 * 768);
@@ -228,42 +226,17 @@ impl Qwen3VlVideoProcessor {
     /// and cut into patches, bit for bit as transformers' torchvision backend does it, with the
     /// timestamps of its temporal patches.
     pub fn preprocess(&self, frames: &[RgbImage]) -> Result<Qwen3VlVideo, MultimodalError> {
-        let first = frames.first().ok_or(MultimodalError::EmptyVideo)?;
-        let (width, height) = first.dimensions();
-        if let Some((index, frame)) = frames.iter().enumerate().find(|(_, f)| f.dimensions() != (width, height)) {
-            return Err(MultimodalError::FrameSize { index, size: frame.dimensions(), first: (width, height) });
-        }
+        let (height, width) = clip_size(frames)?;
         let frame_indices = self.sample_frames(frames.len())?;
-        let (height, width) = (height as usize, width as usize);
-        let (out_height, out_width) = self.smart_resize(frame_indices.len(), height, width)?;
-        let padded = frame_indices.len().next_multiple_of(self.temporal_patch_size);
-        if (padded as u64).saturating_mul(out_height as u64).saturating_mul(out_width as u64) > MAX_RESIZED_PIXELS {
-            return Err(MultimodalError::TooManyVideoPixels {
-                frames: padded,
-                width: out_width,
-                height: out_height,
-                max_pixels: MAX_RESIZED_PIXELS,
-            });
-        }
-        let resized: Vec<Cow<'_, [u8]>> = frame_indices
-            .iter()
-            .map(|&k| {
-                let frame = frames[k].as_raw();
-                match (out_height, out_width) == (height, width) {
-                    true => Cow::Borrowed(frame.as_slice()),
-                    false => Cow::Owned(resize_rgb(frame, width, height, out_width, out_height, Filter::Bicubic)),
-                }
-            })
-            .collect();
-        let mut clip: Vec<&[u8]> = resized.iter().map(|frame| &**frame).collect();
-        clip.resize(padded, clip[clip.len() - 1]);
+        let out = self.smart_resize(frame_indices.len(), height, width)?;
         let patcher = Patcher {
             patch: self.patch_size,
             temporal: self.temporal_patch_size,
             merge: self.merge_size,
             normalization: &self.normalization,
         };
-        let patches = patcher.patchify(&clip, out_height, out_width);
+        let sampled: Vec<&RgbImage> = frame_indices.iter().map(|&k| &frames[k]).collect();
+        let patches = patcher.patchify_clip(&sampled, (height, width), out)?;
         let timestamps = self.timestamps(&frame_indices);
         Ok(Qwen3VlVideo { patches, frame_indices, timestamps })
     }
