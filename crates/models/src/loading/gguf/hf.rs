@@ -163,13 +163,7 @@ impl GgufFile {
                 c.insert("mlp_bias".into(), json!(false));
                 c.insert("max_position_embeddings".into(), json!(context.unwrap_or(2048)));
                 c.insert("rms_norm_eps".into(), json!(eps.unwrap_or(1e-6)));
-                c.insert("rope_theta".into(), json!(theta));
-                let mut params = json!({"rope_type": "default", "rope_theta": theta});
-                if let Some(scaling) = &rope_scaling {
-                    merge(&mut params, scaling);
-                }
-                c.insert("rope_parameters".into(), params);
-                c.insert("rope_scaling".into(), json!(rope_scaling));
+                insert_rope(&mut c, theta, &rope_scaling);
             }
             Arch::Qwen2 => {
                 // Qwen2Config's defaults; its q/k/v projections always carry biases, whatever
@@ -180,13 +174,7 @@ impl GgufFile {
                 c.insert("hidden_act".into(), json!("silu"));
                 c.insert("max_position_embeddings".into(), json!(context.unwrap_or(32_768)));
                 c.insert("rms_norm_eps".into(), json!(eps.unwrap_or(1e-6)));
-                c.insert("rope_theta".into(), json!(theta));
-                let mut params = json!({"rope_type": "default", "rope_theta": theta});
-                if let Some(scaling) = &rope_scaling {
-                    merge(&mut params, scaling);
-                }
-                c.insert("rope_parameters".into(), params);
-                c.insert("rope_scaling".into(), json!(rope_scaling));
+                insert_rope(&mut c, theta, &rope_scaling);
                 c.insert("use_sliding_window".into(), json!(false));
             }
             Arch::Gemma3 => {
@@ -210,14 +198,10 @@ impl GgufFile {
                 c.insert("rope_local_base_freq".into(), json!(GEMMA3_ROPE_LOCAL_BASE_FREQ));
                 // Scaling, where a file has it, applies to the global layers only, as in the
                 // original checkpoints' configs.
-                let mut full = json!({"rope_type": "default", "rope_theta": theta});
-                if let Some(scaling) = &rope_scaling {
-                    merge(&mut full, scaling);
-                }
                 c.insert(
                     "rope_parameters".into(),
                     json!({
-                        "full_attention": full,
+                        "full_attention": rope_parameters(theta, &rope_scaling),
                         "sliding_attention": {"rope_type": "default", "rope_theta": GEMMA3_ROPE_LOCAL_BASE_FREQ},
                     }),
                 );
@@ -365,6 +349,24 @@ impl GgufFile {
 }
 
 /// Overlays the keys of `extra` on `base` (both JSON objects).
+/// transformers' `rope_parameters` of a layer type: default rope at `theta`, under the file's
+/// scaling where it has one.
+fn rope_parameters(theta: f64, scaling: &Option<Value>) -> Value {
+    let mut params = json!({"rope_type": "default", "rope_theta": theta});
+    if let Some(scaling) = scaling {
+        merge(&mut params, scaling);
+    }
+    params
+}
+
+/// A config's rope keys when every layer shares one rope: `rope_theta`, `rope_parameters` and
+/// the legacy `rope_scaling`.
+fn insert_rope(c: &mut Map<String, Value>, theta: f64, scaling: &Option<Value>) {
+    c.insert("rope_theta".into(), json!(theta));
+    c.insert("rope_parameters".into(), rope_parameters(theta, scaling));
+    c.insert("rope_scaling".into(), json!(scaling));
+}
+
 fn merge(base: &mut Value, extra: &Value) {
     if let (Some(base), Some(extra)) = (base.as_object_mut(), extra.as_object()) {
         for (k, v) in extra {
