@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oracle_common import (  # noqa: E402
-    ROOT, case_record, corpus_from, load_gguf, run_battery, sha256_file, take_tokens, versions, write_json,
+    ROOT, corpus_from, gguf_golden, load_gguf, raw_cases, sha256_file, take_tokens, write_json,
 )
 
 GENERATOR = "tools/oracle/generate_gemma3_goldens.py"
@@ -57,12 +57,7 @@ def build_battery(tok) -> list[dict[str, Any]]:
         # the GGUF (a base model) carries no chat template: Gemma's turn markers written out, as special tokens
         ("turns_capital", "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n"),
     ]
-    cases = [
-        {"name": n, "prompt": t, "chat": False, "prompt_ids": tok(t)["input_ids"],
-         "max_new_tokens": MAX_NEW_TOKENS, "stop_at_eos": False}
-        for n, t in raw
-    ]
-    return cases
+    return raw_cases(tok, raw, MAX_NEW_TOKENS)
 
 
 def main() -> int:
@@ -77,31 +72,13 @@ def main() -> int:
     tok, model = load_gguf(gguf)
     print(f"loaded {type(model).__name__} in {time.time() - t0:.0f}s")
     cases = build_battery(tok)
-    results = run_battery(model, tok, cases, name_width=16)
-    cfg = model.config
-    golden = {
-        "generator": GENERATOR,
-        **versions(),
-        "architecture": type(model).__name__,
-        "model_type": cfg.model_type,
-        "gguf_package": GGUF_PACKAGE,
-        "gguf_file": gguf.name,
-        "gguf_sha256": sha256_file(gguf),
-        "dtype": "float32",
-        "attn_implementation": "eager",
-        "decoding": "greedy (do_sample=False), batch 1, KV cache (HF generate)",
-        "max_new_tokens": MAX_NEW_TOKENS,
-        "eos_disabled": True,
-        "top_logprobs_note": "per step, top-5 [token_id, logprob] of log_softmax(f32 logits), best first",
-        "config": {k: getattr(cfg, k) for k in ("num_hidden_layers", "hidden_size", "sliding_window", "layer_types",
-                                                 "rope_parameters", "query_pre_attn_scalar", "vocab_size")},
-        "min_top2_gap": min(min(r["gaps"]) for r in results),
-        "notes": [
-            "prompt_ids are transformers' ids (BOS 2 first). The GGUF has no chat template, so turns_capital writes "
-            "Gemma's turn markers out; the Rust gate checks that ferrite's GGUF tokenizer gives the same ids.",
-        ],
-        "cases": [case_record(tok, c, r) for c, r in zip(cases, results)],
-    }
+    golden = gguf_golden(
+        GENERATOR, GGUF_PACKAGE, gguf, sha256_file(gguf), model, tok, cases, MAX_NEW_TOKENS,
+        ("num_hidden_layers", "hidden_size", "sliding_window", "layer_types", "rope_parameters",
+         "query_pre_attn_scalar", "vocab_size"),
+        ["prompt_ids are transformers' ids (BOS 2 first). The GGUF has no chat template, so turns_capital writes "
+         "Gemma's turn markers out; the Rust gate checks that ferrite's GGUF tokenizer gives the same ids."],
+    )
     write_json(out, golden)
     print(f"wrote {out} ({out.stat().st_size} bytes) in {time.time() - t0:.0f}s")
     return 0

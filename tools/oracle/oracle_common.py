@@ -201,6 +201,42 @@ def run_battery(model, tok, cases: list[dict[str, Any]], name_width: int) -> lis
     return out
 
 
+def raw_cases(tok, raw: list[tuple[str, str]], max_new_tokens: int) -> list[dict[str, Any]]:
+    """Battery cases of plain `(name, prompt)` texts, tokenized by `tok`, run past EOS."""
+    return [
+        {"name": n, "prompt": t, "chat": False, "prompt_ids": tok(t)["input_ids"],
+         "max_new_tokens": max_new_tokens, "stop_at_eos": False}
+        for n, t in raw
+    ]
+
+
+def gguf_golden(generator: str, package: str, gguf: Path, digest: str, model, tok, cases: list[dict[str, Any]],
+                max_new_tokens: int, config_keys: tuple[str, ...], notes: list[str]) -> dict[str, Any]:
+    """The golden of a real-weights GGUF gate: `cases` run greedily (f32, eager, EOS disabled) by
+    transformers' model of the file, with its provenance, the config's `config_keys` and `notes`."""
+    results = run_battery(model, tok, cases, name_width=16)
+    cfg = model.config
+    return {
+        "generator": generator,
+        **versions(),
+        "architecture": type(model).__name__,
+        "model_type": cfg.model_type,
+        "gguf_package": package,
+        "gguf_file": gguf.name,
+        "gguf_sha256": digest,
+        "dtype": "float32",
+        "attn_implementation": "eager",
+        "decoding": "greedy (do_sample=False), batch 1, KV cache (HF generate)",
+        "max_new_tokens": max_new_tokens,
+        "eos_disabled": True,
+        "top_logprobs_note": "per step, top-5 [token_id, logprob] of log_softmax(f32 logits), best first",
+        "config": {k: getattr(cfg, k) for k in config_keys},
+        "min_top2_gap": min(min(r["gaps"]) for r in results),
+        "notes": notes,
+        "cases": [case_record(tok, c, r) for c, r in zip(cases, results)],
+    }
+
+
 def case_record(tok, case: dict[str, Any], result: dict[str, Any], **extra: Any) -> dict[str, Any]:
     """One entry of a golden's "cases": the prompt, its ids and the greedy result; `extra` keys go
     after the messages, before prompt_len."""
