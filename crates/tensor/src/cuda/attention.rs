@@ -9,7 +9,7 @@ use cudarc::driver::{sys as drv_sys, CudaSlice, CudaStream, DeviceRepr, LaunchCo
 
 use super::device::{dev_err, dptr, int, kernel_params, CudaDevice, PerDevice};
 use super::graph;
-use super::kernels::ATTENTION;
+use super::kernels::{self, KernelSource, ATTENTION};
 use super::ops::{cuda_of, wrap};
 use super::storage::{dtype_suffix, CudaStorage};
 use crate::error::{Result, TensorError};
@@ -56,7 +56,7 @@ const DEC_HMAX: usize = 8;
 /// Fewest keys a split of a prefill item's key range is given, so that staging q and merging pay off.
 const MIN_KEYS_PER_SPLIT: usize = 64;
 /// Head dims of the tensor-core prefill kernel (INST_FA2 in attention_fa2.cu).
-const MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+pub(crate) const MMA_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
 /// Which kernel runs the prefill rows; the work items are cut to its block's query vectors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -613,7 +613,7 @@ impl PagedAttn {
         let (d, kpitch, vpitch) = (self.d as usize, self.kpitch as usize, self.vpitch as usize);
         // `paged_attn`'s layout: q_s, p_s, slot_s (4-byte words), then the key and value tiles.
         let smem = 4 * (QV_MAX * d + NWARPS * QPW * TILE + TILE) + elem * TILE * (kpitch + vpitch);
-        let f = kernel(dev, &format!("paged_attn_{}{cache}", dtype_suffix(t)?), smem, op)?;
+        let f = kernel(dev, Some(ATTENTION), &format!("paged_attn_{}{cache}", dtype_suffix(t)?), smem, op)?;
         self.launch_with(dev, &f, grid(n_items, self.splits, NWARPS, smem))
     }
 }
@@ -653,7 +653,7 @@ impl PagedAttnFa2 {
         // `paged_attn_fa2`'s layout: the queries, then each stage's key and value tiles, bf16
         // rows padded by 8 (an FP8 cache's converted as they are staged).
         let smem = 2 * (FA2_QV + FA2_STAGES * 2 * MMA_TK) * (d + 8);
-        let f = kernel(dev, &format!("paged_attn_fa2_bf16{cache}_d{d}"), smem, op)?;
+        let f = kernel(dev, kernels::attention_fa2(d), &format!("paged_attn_fa2_bf16{cache}_d{d}"), smem, op)?;
         self.launch_with(dev, &f, grid(n_items, self.splits, NWARPS, smem))
     }
 }
@@ -699,7 +699,9 @@ impl PagedDecode {
         // weights w_s where the kernel merges.
         let merge_weights = if self.done != 0 { hm * splits } else { 0 };
         let smem = 4 * (hm * d + hm * DEC_SUB + 3 * hm + DEC_SUB + DEC_WARPS * hm * dv + merge_weights);
-        let f = kernel(dev, &format!("paged_decode_{}{cache}_h{hm}_v{dvr}", dtype_suffix(t)?), smem, op)?;
+        let t = dtype_suffix(t)?;
+        let name = format!("paged_decode_{t}{cache}_h{hm}_v{dvr}");
+        let f = kernel(dev, kernels::attention_decode(t, cache, dvr), &name, smem, op)?;
         self.launch_with(dev, &f, grid(n_items, self.splits, DEC_WARPS, smem))
     }
 }
@@ -867,14 +869,21 @@ fn launch_attention(
 }
 
 /// An attention kernel, allowed the dynamic shared memory it needs past the default 48 KiB.
-fn kernel(dev: &CudaDevice, name: &str, smem: usize, op: &'static str) -> Result<cudarc::driver::CudaFunction> {
+fn kernel(
+    dev: &CudaDevice,
+    source: Option<KernelSource>,
+    name: &str,
+    smem: usize,
+    op: &'static str,
+) -> Result<cudarc::driver::CudaFunction> {
+    let source = source.ok_or_else(|| dev_err(format!("{op}: no kernel module instantiates {name}")))?;
     if smem > dev.max_shared_per_block() {
         return Err(TensorError::Unsupported {
             op,
             detail: format!("{name} would need {smem} bytes of shared memory"),
         });
     }
-    let f = dev.function(ATTENTION, name)?;
+    let f = dev.function(source, name)?;
     if smem > 48 * 1024 {
         f.set_attribute(drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             .map_err(dev_err)?;

@@ -528,9 +528,28 @@ mod tests {
             eprintln!("skipped: libnvrtc not found (pip install nvidia-cuda-nvrtc-cu12, then LD_LIBRARY_PATH)");
             return;
         }
+        let mut ptx_of = HashMap::new();
         for source in kernels::MODULES {
             let ptx = compile_ptx(source, "compute_90").unwrap_or_else(|e| panic!("{e}")).to_src();
             assert!(ptx.contains(".entry"), "{} kernels gave no entry points", source.name);
+            assert!(ptx_of.insert(source.name, ptx).is_none(), "two modules named {}", source.name);
+        }
+        // The launchers find a split family's kernel in the module the lookup names.
+        let has = |source: Option<KernelSource>, kernel: &str| {
+            let source = source.unwrap_or_else(|| panic!("no module for {kernel}"));
+            assert!(ptx_of[source.name].contains(&format!(".entry {kernel}(")), "{kernel} is not in {}", source.name);
+        };
+        for cache in ["", "_fp8"] {
+            for (t, dvr, hm) in ["f32", "bf16"]
+                .into_iter()
+                .flat_map(|t| [4, 8].map(|v| (t, v)))
+                .flat_map(|(t, v)| [1, 2, 4, 8].map(|h| (t, v, h)))
+            {
+                has(kernels::attention_decode(t, cache, dvr), &format!("paged_decode_{t}{cache}_h{hm}_v{dvr}"));
+            }
+            for d in crate::cuda::attention::MMA_HEAD_DIMS {
+                has(kernels::attention_fa2(d), &format!("paged_attn_fa2_bf16{cache}_d{d}"));
+            }
         }
         // The structs the kernels read from buffers that Rust fills: NVRTC checks that the C
         // declarations have the Rust size and field offsets.

@@ -22,7 +22,7 @@ use cudarc::cublaslt::{result as lt_result, sys as lt_sys};
 use cudarc::driver::CudaSlice;
 
 use super::device::{dev_err, dptr, int, kernel_params, CudaDevice, PerDevice};
-use super::kernels::{GEMV, NORM};
+use super::kernels::{FP8, NORM};
 use super::matmul::gemv_cfg;
 use super::ops::{act_mul, activation_code, broadcast_row, cuda_of, wrap};
 use super::storage::{flat_cfg, CudaStorage};
@@ -314,7 +314,7 @@ pub(crate) fn matmul_t_many(x: &Tensor, products: &[(&Tensor, &Fp8Buf, Option<&T
         a2,
     };
     let columns: usize = products.iter().map(|(_, b, _)| b.rows).sum();
-    let f = dev.function(GEMV, &format!("gemv3_fp8_m{m}"))?;
+    let f = dev.function(FP8, &format!("gemv3_fp8_m{m}"))?;
     launch.launch_with(dev, &f, gemv_cfg(columns))?;
     products.iter().zip(outs).map(|(&(_, buf, _), out)| wrap(out, shape_of(x, buf.rows))).collect()
 }
@@ -374,7 +374,7 @@ pub(crate) fn gated_matmul_t(
         block_chunks: int(block_chunks)?,
         act: activation_code(act),
     };
-    let f = dev.function(GEMV, &format!("gemv_gated_fp8_m{m}"))?;
+    let f = dev.function(FP8, &format!("gemv_gated_fp8_m{m}"))?;
     launch.launch_with(dev, &f, gemv_cfg(g.rows))?;
     wrap(out, shape_of(x, g.rows))
 }
@@ -450,7 +450,7 @@ fn mma_many(
         a2,
     };
     let blocks: usize = products.iter().map(|(_, b, _)| b.rows.div_ceil(FP8_MMA_ROWS)).sum();
-    let f = dev.function(GEMV, "fp8_mma3")?;
+    let f = dev.function(FP8, "fp8_mma3")?;
     launch.launch_with(dev, &f, mma_cfg(blocks))?;
     products.iter().zip(outs).map(|(&(_, buf, _), out)| wrap(out, shape_of(x, buf.rows))).collect()
 }
@@ -473,7 +473,7 @@ fn mma_gated(x: &Tensor, xs: &CudaStorage, m: usize, g: &Fp8Buf, u: &Fp8Buf, act
         n: int(g.rows)?,
         act: activation_code(act),
     };
-    let f = dev.function(GEMV, "fp8_mma_gated")?;
+    let f = dev.function(FP8, "fp8_mma_gated")?;
     launch.launch_with(dev, &f, mma_cfg(g.rows.div_ceil(FP8_MMA_ROWS)))?;
     wrap(out, shape_of(x, g.rows))
 }
@@ -492,7 +492,7 @@ fn dequantize(dev: &Arc<CudaDevice>, buf: &Fp8Buf) -> Result<CudaStorage> {
         block_rows: int(buf.block_rows)?,
         block_cols: int(buf.block_cols)?,
     };
-    let f = dev.function(GEMV, "fp8_dequant_bf16")?;
+    let f = dev.function(FP8, "fp8_dequant_bf16")?;
     launch.launch_with(dev, &f, flat_cfg(dev, n * k / 4))?;
     Ok(out)
 }
@@ -570,7 +570,7 @@ fn fp8_gemm(xs: &CudaStorage, m: usize, buf: &Fp8Buf, bias: Option<&Tensor>) -> 
     drop(guard);
     let bias = bias.map(|b| cuda_of("matmul_t", b).map(|b| b.ptr())).transpose()?.unwrap_or(0);
     let scale = Fp8GemmScale { y: out.ptr(), sx: sx.ptr(), sw: dptr(&buf.scales, dev), bias, m: int(m)?, n: int(n)? };
-    let f = dev.function(GEMV, "fp8_gemm_scale")?;
+    let f = dev.function(FP8, "fp8_gemm_scale")?;
     scale.launch_with(dev, &f, flat_cfg(dev, m * n))?;
     Ok(Some(out))
 }

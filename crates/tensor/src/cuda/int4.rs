@@ -8,7 +8,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::device::{dev_err, dptr, int, kernel_params, CudaDevice};
-use super::kernels::GEMV;
+use super::kernels::INT4;
 use super::ops::{broadcast_row, cuda_of, wrap};
 use super::storage::{flat_cfg, CudaStorage};
 use crate::error::{Result, TensorError};
@@ -197,7 +197,7 @@ pub(crate) fn matmul_t_many(x: &Tensor, products: &[(&Tensor, &Int4Buf, Option<&
         2 => 2,
         _ => 4,
     };
-    let f = dev.function(GEMV, &format!("w4a16x3_mt{mt}"))?;
+    let f = dev.function(INT4, &format!("w4a16x3_mt{mt}"))?;
     let cfg = cudarc::driver::LaunchConfig {
         grid_dim: (strips as u32, splits as u32, 1),
         block_dim: ((32 * INT4_WARPS) as u32, 1, 1),
@@ -255,7 +255,7 @@ fn dequantize(dev: &std::sync::Arc<CudaDevice>, packed: &Int4Buf) -> Result<Cuda
         k: int(k)?,
         group: int(packed.group)?,
     };
-    let f = dev.function(GEMV, "int4_dequant_bf16")?;
+    let f = dev.function(INT4, "int4_dequant_bf16")?;
     launch.launch_with(dev, &f, flat_cfg(dev, n * k / 8))?;
     Ok(out)
 }

@@ -3,10 +3,11 @@
 //!
 //! Each op family's kernels are one file under `kernels/`, launched from one Rust file:
 //! `elementwise.cu` from `ops.rs`, `rope_kv.cu` from `rope_kv.rs`, `norm.cu` from `norm.rs`,
-//! `gemv.cu` from `matmul.rs`, `int4.cu` from `int4.rs`, `fp8.cu` from `fp8.rs`, `attention_*.cu` from `attention.rs`, `sampling.cu` from
-//! `sampling.rs`, `recurrent.cu` from `recurrent.rs`. The files are embedded in the binary, so the build still needs no CUDA. A module
-//! (an NVRTC compile unit, compiled on the first use of any of its kernels) is `common.cuh`
-//! followed by one or more of those files.
+//! `gemv.cu` from `matmul.rs`, `int4.cu` from `int4.rs`, `fp8.cu` from `fp8.rs`, `attention_*.cu`
+//! from `attention.rs`, `sampling.cu` from `sampling.rs`, `recurrent.cu` from `recurrent.rs`.
+//! The files are embedded in the binary, so the build still needs no CUDA. A module (an NVRTC
+//! compile unit) is `common.cuh` followed by one or more of those files and, for templates that
+//! several modules share, the instantiations it makes.
 //!
 //! A constant that both sides use is defined once, in Rust, and given to NVRTC as a `-D` define
 //! ([`defines`]); the kernel files do not define it, so a missing one fails the compile.
@@ -20,29 +21,126 @@ pub(crate) struct KernelSource {
     pub src: &'static str,
 }
 
+/// `common.cuh`, then the files, then (after `;`) the instantiations this module makes of
+/// templates that several modules share.
 macro_rules! module {
-    ($name:literal: $($file:literal),+) => {
+    ($name:literal: $($file:literal),+ $(; $instances:literal)?) => {
         KernelSource {
             name: $name,
-            src: concat!(include_str!("kernels/common.cuh"), $(include_str!(concat!("kernels/", $file))),+),
+            src: concat!(
+                include_str!("kernels/common.cuh"),
+                $(include_str!(concat!("kernels/", $file)),)+
+                $("\n", $instances, "\n")?
+            ),
         }
     };
 }
 
+// Every module compiles on a thread of its own from the moment the device opens (device.rs),
+// NVRTC and then the driver's JIT, so a first start waits for the largest module: the units are
+// cut small where the PTX is large (the decode kernels, the GEMVs).
+
 pub(crate) const ELEMENTWISE: KernelSource = module!("elementwise": "elementwise.cu", "rope_kv.cu");
 pub(crate) const NORM: KernelSource = module!("norm": "norm.cu");
-pub(crate) const ATTENTION: KernelSource = module!(
-    "attention": "attention_common.cuh",
-    "attention_prefill.cu",
-    "attention_decode.cu",
-    "attention_fa2.cu",
-    "attention_combine.cu"
-);
-pub(crate) const GEMV: KernelSource = module!("gemv": "gemv.cu", "int4.cu", "fp8.cu");
+/// Prefill on CUDA cores and the merge of split partials.
+pub(crate) const ATTENTION: KernelSource =
+    module!("attention": "attention_common.cuh", "attention_prefill.cu", "attention_combine.cu");
+const ATTENTION_FA2: [(usize, KernelSource); 3] = [
+    (64, module!("attention_fa2_d64": "attention_common.cuh", "attention_fa2.cu"; "INST_FA2(64)")),
+    (128, module!("attention_fa2_d128": "attention_common.cuh", "attention_fa2.cu"; "INST_FA2(128)")),
+    (256, module!("attention_fa2_d256": "attention_common.cuh", "attention_fa2.cu"; "INST_FA2(256)")),
+];
+/// `(activation, cache, value registers)` of `paged_decode_<t><cache>_h*_v<dvr>`.
+const ATTENTION_DECODE: [(&str, &str, usize, KernelSource); 8] = [
+    (
+        "f32",
+        "",
+        4,
+        module!("attention_decode_f32_v4": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(f32, float, , float, 4)"),
+    ),
+    (
+        "f32",
+        "",
+        8,
+        module!("attention_decode_f32_v8": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(f32, float, , float, 8)"),
+    ),
+    (
+        "f32",
+        "_fp8",
+        4,
+        module!("attention_decode_f32_fp8_v4": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(f32, float, _fp8, fp8_t, 4)"),
+    ),
+    (
+        "f32",
+        "_fp8",
+        8,
+        module!("attention_decode_f32_fp8_v8": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(f32, float, _fp8, fp8_t, 8)"),
+    ),
+    (
+        "bf16",
+        "",
+        4,
+        module!("attention_decode_bf16_v4": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(bf16, bf16_t, , bf16_t, 4)"),
+    ),
+    (
+        "bf16",
+        "",
+        8,
+        module!("attention_decode_bf16_v8": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(bf16, bf16_t, , bf16_t, 8)"),
+    ),
+    (
+        "bf16",
+        "_fp8",
+        4,
+        module!("attention_decode_bf16_fp8_v4": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(bf16, bf16_t, _fp8, fp8_t, 4)"),
+    ),
+    (
+        "bf16",
+        "_fp8",
+        8,
+        module!("attention_decode_bf16_fp8_v8": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(bf16, bf16_t, _fp8, fp8_t, 8)"),
+    ),
+];
+pub(crate) const GEMV: KernelSource = module!("gemv": "gemv.cu"; "INST_GEMV(1) INST_GEMV(2) INST_GEMV(3) INST_GEMV(4)");
+/// The W4A16 kernels, which share the bf16 GEMV's load and dot helpers.
+pub(crate) const INT4: KernelSource = module!("int4": "gemv.cu", "int4.cu");
+/// The FP8 GEMVs and MMA kernels, which share the bf16 GEMV's helpers.
+pub(crate) const FP8: KernelSource = module!("fp8": "gemv.cu", "fp8.cu");
 pub(crate) const SAMPLING: KernelSource = module!("sampling": "sampling.cu");
 pub(crate) const RECURRENT: KernelSource = module!("recurrent": "recurrent.cu");
 
-pub(crate) const MODULES: [KernelSource; 6] = [ELEMENTWISE, NORM, ATTENTION, GEMV, SAMPLING, RECURRENT];
+/// Every module, each compiled at start-up on a thread of its own.
+pub(crate) const MODULES: [KernelSource; 19] = [
+    ATTENTION_DECODE[0].3,
+    ATTENTION_DECODE[1].3,
+    ATTENTION_DECODE[2].3,
+    ATTENTION_DECODE[3].3,
+    ATTENTION_DECODE[4].3,
+    ATTENTION_DECODE[5].3,
+    ATTENTION_DECODE[6].3,
+    ATTENTION_DECODE[7].3,
+    ATTENTION_FA2[0].1,
+    ATTENTION_FA2[1].1,
+    ATTENTION_FA2[2].1,
+    ATTENTION,
+    ELEMENTWISE,
+    NORM,
+    GEMV,
+    INT4,
+    FP8,
+    SAMPLING,
+    RECURRENT,
+];
+
+/// The module of `paged_attn_fa2_bf16<cache>_d<d>`.
+pub(crate) fn attention_fa2(d: usize) -> Option<KernelSource> {
+    ATTENTION_FA2.iter().find(|(dim, _)| *dim == d).map(|(_, source)| *source)
+}
+
+/// The module of `paged_decode_<t><cache>_h*_v<dvr>`.
+pub(crate) fn attention_decode(t: &str, cache: &str, dvr: usize) -> Option<KernelSource> {
+    ATTENTION_DECODE.iter().find(|(tn, cn, v, _)| (*tn, *cn, *v) == (t, cache, dvr)).map(|e| e.3)
+}
 
 /// The `-D` options every module is compiled with: the constants the kernels share with their
 /// launchers, from the Rust side.

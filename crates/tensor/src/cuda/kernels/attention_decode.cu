@@ -252,9 +252,8 @@ __device__ void paged_decode(const T* __restrict__ q, const C* __restrict__ kc, 
         paged_decode<T, C, HM, DVR>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, d, dv, k_dim, v_dim, \
                                     block_size, scale, softcap, splits, n_rows, vec, done, sinks, vscale);         \
     }
-#define INST_DECODE_C(TN, T, CN, C)                                                                                \
-    INST_DECODE(TN, T, CN, C, 1, 4) INST_DECODE(TN, T, CN, C, 2, 4) INST_DECODE(TN, T, CN, C, 4, 4)                \
-    INST_DECODE(TN, T, CN, C, 8, 4) INST_DECODE(TN, T, CN, C, 1, 8) INST_DECODE(TN, T, CN, C, 2, 8)                \
-    INST_DECODE(TN, T, CN, C, 4, 8) INST_DECODE(TN, T, CN, C, 8, 8)
-#define INST_DECODE_T(TN, T) INST_DECODE_C(TN, T, , T) INST_DECODE_C(TN, T, _fp8, fp8_t)
-FOR_T(INST_DECODE_T)
+// The decode kernels are most of the attention PTX, so each (activation, cache, value width) is a
+// module of its own (kernels.rs), compiled on a thread of its own at start-up.
+#define INST_DECODE_V(TN, T, CN, C, DVR)                                                                           \
+    INST_DECODE(TN, T, CN, C, 1, DVR) INST_DECODE(TN, T, CN, C, 2, DVR) INST_DECODE(TN, T, CN, C, 4, DVR)          \
+    INST_DECODE(TN, T, CN, C, 8, DVR)

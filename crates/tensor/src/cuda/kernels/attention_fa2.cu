@@ -276,5 +276,5 @@ __device__ void paged_attn_fa2(const bf16_t* __restrict__ q, const C* __restrict
         paged_attn_fa2<D, C>(q, kc, vc, tables, items, out, part_acc, part_ml, hq, hkv, k_dim, v_dim, block_size,  \
                              scale, softcap, window, attn_chunk, causal, splits, n_rows, sinks, vscale);           \
     }
+// One module per head dim (kernels.rs), compiled on threads of their own.
 #define INST_FA2(D) INST_FA2_C(D, , bf16_t) INST_FA2_C(D, _fp8, fp8_t)
-INST_FA2(64) INST_FA2(128) INST_FA2(256)

@@ -167,4 +167,4 @@ __device__ void gemv_gated_bf16(const bf16_t* __restrict__ x, const bf16_t* __re
                                                     int n, int k, int act) {                                       \
         gemv_gated_bf16<M>(x, wg, wu, y, n, k, act);                                                               \
     }
-INST_GEMV(1) INST_GEMV(2) INST_GEMV(3) INST_GEMV(4)
+// Instantiated by the gemv module only (kernels.rs): the int4 and FP8 modules include this file for its helpers.
