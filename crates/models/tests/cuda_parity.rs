@@ -169,38 +169,45 @@ fn deepseek_latent_mla_on_cuda() {
 }
 
 /// On CUDA in bf16 the W4A16 fixture's linear layers stay packed (the battery above runs them
-/// so), half a byte per weight, and `dequantize_weights` still gives the dequantized model; both
-/// pass the near-tie rule.
+/// so), half a byte per weight, as do the symmetric GPTQ fixture's (repacked at load), and
+/// `dequantize_weights` still gives the dequantized model; both pass the near-tie rule.
 #[test]
 fn int4_weights_stay_packed_on_cuda() {
     if !ferrite_tensor::cuda::is_available() {
         println!("SKIP: no CUDA device");
         return;
     }
-    let dir = fixtures_dir().join("models").join("llama-w4a16");
-    let opts = |dequantize_weights: bool| ferrite_models::LoadOptions {
-        dtype: DType::BF16,
-        device: Device::Cuda(0),
-        progress: false,
-        dequantize_weights,
-        ..Default::default()
-    };
-    let load = |dequantize_weights: bool| {
-        ferrite_models::load_model(&dir, &opts(dequantize_weights)).unwrap().model.info().weight_bytes
-    };
-    let (kept, dequantized) = (load(false), load(true));
-    let config = ferrite_models::loading::config::RawConfig::from_file(&dir.join("config.json")).unwrap().value;
-    let (h, i) = (config["hidden_size"].as_u64().unwrap(), config["intermediate_size"].as_u64().unwrap());
-    let kv = config["num_key_value_heads"].as_u64().unwrap() * config["head_dim"].as_u64().unwrap();
-    let per_layer = (2 * h * h + 2 * kv * h + 3 * h * i) as usize;
-    let linear = per_layer * config["num_hidden_layers"].as_u64().unwrap() as usize;
-    println!("llama-w4a16 bf16 weight bytes: kept {kept}, dequantized {dequantized} ({linear} linear weights)");
-    // bf16 is 2 bytes a weight; packed is half a byte plus a bf16 scale per 32.
-    assert_eq!(dequantized - kept, linear * 2 - (linear / 2 + linear / 32 * 2), "kept {kept} vs {dequantized}");
-    for dequantize_weights in [false, true] {
-        let (_, reports) = ferrite_testing::gate::run_fixture_opts(&dir, &opts(dequantize_weights)).unwrap();
-        println!("llama-w4a16 bf16 dequantize_weights={dequantize_weights}: {}", summarize(&reports));
-        assert!(reports.iter().all(|r| r.strict || r.near_tie()), "dequantize_weights={dequantize_weights}");
+    for name in ["llama-w4a16", "llama-gptq"] {
+        let dir = fixtures_dir().join("models").join(name);
+        let opts = |dequantize_weights: bool| ferrite_models::LoadOptions {
+            dtype: DType::BF16,
+            device: Device::Cuda(0),
+            progress: false,
+            dequantize_weights,
+            ..Default::default()
+        };
+        let load = |dequantize_weights: bool| {
+            ferrite_models::load_model(&dir, &opts(dequantize_weights)).unwrap().model.info().weight_bytes
+        };
+        let (kept, dequantized) = (load(false), load(true));
+        let config = ferrite_models::loading::config::RawConfig::from_file(&dir.join("config.json")).unwrap().value;
+        let (h, i) = (config["hidden_size"].as_u64().unwrap(), config["intermediate_size"].as_u64().unwrap());
+        let kv = config["num_key_value_heads"].as_u64().unwrap() * config["head_dim"].as_u64().unwrap();
+        let per_layer = (2 * h * h + 2 * kv * h + 3 * h * i) as usize;
+        let linear = per_layer * config["num_hidden_layers"].as_u64().unwrap() as usize;
+        println!("{name} bf16 weight bytes: kept {kept}, dequantized {dequantized} ({linear} linear weights)");
+        // bf16 is 2 bytes a weight; packed is half a byte plus a bf16 scale per 32 (both fixtures'
+        // group size).
+        assert_eq!(
+            dequantized - kept,
+            linear * 2 - (linear / 2 + linear / 32 * 2),
+            "{name}: kept {kept} vs {dequantized}"
+        );
+        for dequantize_weights in [false, true] {
+            let (_, reports) = ferrite_testing::gate::run_fixture_opts(&dir, &opts(dequantize_weights)).unwrap();
+            println!("{name} bf16 dequantize_weights={dequantize_weights}: {}", summarize(&reports));
+            assert!(reports.iter().all(|r| r.strict || r.near_tie()), "{name} dequantize_weights={dequantize_weights}");
+        }
     }
 }
 

@@ -27,7 +27,7 @@ pub struct LoadOptions {
     pub quantization: Option<String>,
     /// Dequantize quantized matrices at load (`--load-format dequantized`), as transformers
     /// does: by default the CPU keeps a GGUF file's in their blocks and CUDA keeps 4-bit
-    /// pack-quantized weights packed.
+    /// pack-quantized and symmetric GPTQ weights packed.
     pub dequantize_weights: bool,
     /// Load the checkpoint's multi-token-prediction head too (speculative decoding's `mtp`).
     pub load_mtp: bool,

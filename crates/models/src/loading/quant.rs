@@ -21,6 +21,7 @@
 //! (which transformers runs both formats through) does in its torch kernels: `scale * (q - zero)`
 //! rounded to the scales' dtype.
 
+use ferrite_tensor::int4::Int4Matrix;
 use ferrite_tensor::ActivationQuant;
 use half::bf16;
 use regex::Regex;
@@ -401,6 +402,70 @@ fn scale_dims(scales: &[f32], scale_shape: &[usize]) -> std::result::Result<(usi
     }
 }
 
+/// A GPTQ linear's parts checked against each other: each input's group and each group's zero
+/// points.
+struct GptqLayout {
+    inputs: usize,
+    out: usize,
+    /// `g_idx`, else `i / group`.
+    group_of: Vec<usize>,
+    /// `[groups, out]`, a v1 checkpoint's already plus one.
+    zeros: Vec<i32>,
+}
+
+impl GptqLayout {
+    fn read(
+        gptq: &Gptq,
+        parts: &ZeroPointParts,
+        scales: &[f32],
+        scale_shape: &[usize],
+    ) -> std::result::Result<Self, PartError> {
+        let bits = gptq.bits;
+        let per_word = (32 / bits) as usize;
+        let (groups, out) = scale_dims(scales, scale_shape)?;
+        let (qw_shape, qweight) = parts.qweight;
+        let &[words_in, _] = qw_shape else {
+            return Err(("qweight", format!("shape {qw_shape:?}, expected [in / {per_word}, out]")));
+        };
+        let inputs = words_in.checked_mul(per_word).filter(|&i| i <= crate::decoder::load::MAX_DIM);
+        let inputs = inputs.ok_or_else(|| ("qweight", format!("shape {qw_shape:?} is out of range")))?;
+        expect_shape("qweight", qw_shape, qweight.len(), &[words_in, out])?;
+        let (qz_shape, qzeros) = parts.qzeros;
+        let zero_words = out.div_ceil(per_word);
+        expect_shape("qzeros", qz_shape, qzeros.len(), &[groups, zero_words])?;
+        let group_of: Vec<usize> = match parts.g_idx {
+            Some((shape, g_idx)) => {
+                expect_shape("g_idx", shape, g_idx.len(), &[inputs])?;
+                g_idx
+                    .iter()
+                    .map(|&g| usize::try_from(g).ok().filter(|&g| g < groups))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| ("g_idx", format!("a group outside 0..{groups}")))?
+            }
+            None if gptq.act_order => return Err(("g_idx", "missing, and desc_act orders the groups by it".into())),
+            None => {
+                let size = gptq.group.unwrap_or(inputs).max(1);
+                if inputs.div_ceil(size) != groups {
+                    return Err(("scales", format!("{groups} groups for {inputs} inputs in groups of {size}")));
+                }
+                (0..inputs).map(|i| i / size).collect()
+            }
+        };
+        let carry = match (gptq.zeros_minus_one, bits) {
+            (false, _) => 0,
+            (true, 4) => 0x1111_1111u32,
+            (true, _) => 0x0101_0101,
+        };
+        let zeros = qzeros
+            .chunks(zero_words)
+            .flat_map(|row| {
+                (0..out).map(move |o| field((row[o / per_word] as u32).wrapping_add(carry) as i64, o % per_word, bits))
+            })
+            .collect();
+        Ok(GptqLayout { inputs, out, group_of, zeros })
+    }
+}
+
 /// A GPTQ linear's weight `[out, in]`: `scale[g] * (q - zero[g])` with `g` the input's group
 /// (`g_idx`, else `i / group`), each product rounded by `round` (to the scales' dtype), as
 /// gptqmodel 7.7.0's `TorchLinear.dequantize_weight` computes it. A v1 checkpoint's zeros get one
@@ -413,48 +478,9 @@ pub fn dequantize_gptq(
     scale_shape: &[usize],
     round: fn(f32) -> f32,
 ) -> std::result::Result<(Vec<f32>, [usize; 2]), PartError> {
-    let bits = gptq.bits;
-    let per_word = (32 / bits) as usize;
-    let (groups, out) = scale_dims(scales, scale_shape)?;
-    let (qw_shape, qweight) = parts.qweight;
-    let &[words_in, _] = qw_shape else {
-        return Err(("qweight", format!("shape {qw_shape:?}, expected [in / {per_word}, out]")));
-    };
-    let inputs = words_in.checked_mul(per_word).filter(|&i| i <= crate::decoder::load::MAX_DIM);
-    let inputs = inputs.ok_or_else(|| ("qweight", format!("shape {qw_shape:?} is out of range")))?;
-    expect_shape("qweight", qw_shape, qweight.len(), &[words_in, out])?;
-    let (qz_shape, qzeros) = parts.qzeros;
-    let zero_words = out.div_ceil(per_word);
-    expect_shape("qzeros", qz_shape, qzeros.len(), &[groups, zero_words])?;
-    let group_of: Vec<usize> = match parts.g_idx {
-        Some((shape, g_idx)) => {
-            expect_shape("g_idx", shape, g_idx.len(), &[inputs])?;
-            g_idx
-                .iter()
-                .map(|&g| usize::try_from(g).ok().filter(|&g| g < groups))
-                .collect::<Option<_>>()
-                .ok_or_else(|| ("g_idx", format!("a group outside 0..{groups}")))?
-        }
-        None if gptq.act_order => return Err(("g_idx", "missing, and desc_act orders the groups by it".into())),
-        None => {
-            let size = gptq.group.unwrap_or(inputs).max(1);
-            if inputs.div_ceil(size) != groups {
-                return Err(("scales", format!("{groups} groups for {inputs} inputs in groups of {size}")));
-            }
-            (0..inputs).map(|i| i / size).collect()
-        }
-    };
-    let carry = match (gptq.zeros_minus_one, bits) {
-        (false, _) => 0,
-        (true, 4) => 0x1111_1111u32,
-        (true, _) => 0x0101_0101,
-    };
-    let zeros: Vec<i32> = qzeros
-        .chunks(zero_words)
-        .flat_map(|row| {
-            (0..out).map(move |o| field((row[o / per_word] as u32).wrapping_add(carry) as i64, o % per_word, bits))
-        })
-        .collect();
+    let GptqLayout { inputs, out, group_of, zeros } = GptqLayout::read(gptq, parts, scales, scale_shape)?;
+    let (bits, per_word) = (gptq.bits, (32 / gptq.bits) as usize);
+    let qweight = parts.qweight.1;
     let mut weight = vec![0f32; out * inputs];
     for (i, &g) in group_of.iter().enumerate() {
         let words = &qweight[(i / per_word) * out..][..out];
@@ -465,6 +491,31 @@ pub fn dequantize_gptq(
         }
     }
     Ok((weight, [out, inputs]))
+}
+
+/// A GPTQ linear as an [`Int4Matrix`], where it is one: 4 bits, every zero point 8 (symmetric,
+/// as `sym: true` quantizes), and groups in input order (no `g_idx`, or one that is `i / group`).
+/// The words are GPTQ's, transposed: both put input `i` in bits `4 (i % 8)` of a word. The scales
+/// are rounded to bf16, as vLLM's kernels take them in a bf16 model; so each weight is
+/// `bf16(bf16(scale) * (q - 8))`, where the dequantized weight rounds the product in the scales'
+/// own dtype. `None` where the matrix is not of that form (it is then dequantized).
+pub fn gptq_as_int4(
+    gptq: &Gptq,
+    parts: &ZeroPointParts,
+    scales: &[f32],
+    scale_shape: &[usize],
+) -> std::result::Result<Option<Int4Matrix>, PartError> {
+    let GptqLayout { inputs, out, group_of, zeros } = GptqLayout::read(gptq, parts, scales, scale_shape)?;
+    let group = gptq.group.unwrap_or(inputs);
+    let in_order = group_of.iter().enumerate().all(|(i, &g)| g == i / group);
+    if gptq.bits != 4 || !zeros.iter().all(|&z| z == 8) || !in_order || !inputs.is_multiple_of(group) {
+        return Ok(None);
+    }
+    let (words_in, qweight) = (inputs / 8, parts.qweight.1);
+    let packed = (0..out * words_in).map(|k| qweight[(k % words_in) * out + k / words_in] as u32).collect();
+    let groups = inputs / group;
+    let scales = (0..out * groups).map(|k| bf16::from_f32(scales[(k % groups) * out + k / groups])).collect();
+    Int4Matrix::new(out, inputs, group, packed, scales).map(Some).map_err(|m| ("qweight", m))
 }
 
 /// An AWQ GEMM linear's weight `[out, in]`: `scale[g] * (q - zero[g])` with `g = i / group`, the
@@ -1471,6 +1522,46 @@ mod tests {
         assert_eq!(err.unwrap_err().0, "qweight");
         let err = dequantize_gptq(&gptq, &parts, &[0.1, 0.2, f32::NAN, 0.3], &[2, 2], f16_round);
         assert_eq!(err.unwrap_err().0, "scales");
+    }
+
+    #[test]
+    fn symmetric_gptq_in_input_order_is_an_int4_matrix_of_the_same_weights() {
+        // 64 inputs in groups of 32, 16 outputs, every zero point 8 (v1 stores 7).
+        let (inputs, out, group) = (64usize, 16usize, 32usize);
+        let q = |i: usize, o: usize| ((i * 7 + o * 3 + i / 9) % 16) as i32;
+        let qweight: Vec<i64> = (0..inputs / 8)
+            .flat_map(|w| (0..out).map(move |o| word(&(0..8).map(|k| q(w * 8 + k, o)).collect::<Vec<_>>(), 4)))
+            .collect();
+        let v1_zeros: Vec<i64> = (0..inputs / group).flat_map(|_| (0..out / 8).map(|_| word(&[7; 8], 4))).collect();
+        // Scales that bf16 holds exactly, so the kept and the dequantized weights agree bit for bit.
+        let scales: Vec<f32> =
+            (0..inputs / group * out).map(|k| bf16::from_f32(0.01 + k as f32 * 0.003).to_f32()).collect();
+        let parts =
+            ZeroPointParts { qweight: (&[inputs / 8, out], &qweight), qzeros: (&[2, 2], &v1_zeros), g_idx: None };
+        let gptq = Gptq { bits: 4, group: Some(group), act_order: false, zeros_minus_one: true };
+        let bf16_round = |v: f32| bf16::from_f32(v).to_f32();
+        let (want, _) = dequantize_gptq(&gptq, &parts, &scales, &[2, out], bf16_round).unwrap();
+        let kept = gptq_as_int4(&gptq, &parts, &scales, &[2, out]).unwrap().expect("symmetric, in order");
+        assert_eq!((kept.rows, kept.cols, kept.group), (out, inputs, group));
+        assert_eq!(kept.to_f32_vec(), want);
+
+        // A g_idx that is `i / group` keeps it; an act-order one, an asymmetric zero, 8 bits do not.
+        let in_order: Vec<i64> = (0..inputs as i64).map(|i| i / group as i64).collect();
+        let with_g_idx = ZeroPointParts { g_idx: Some((&[inputs], &in_order)), ..parts };
+        assert!(gptq_as_int4(&gptq, &with_g_idx, &scales, &[2, out]).unwrap().is_some());
+        let mut shuffled = in_order.clone();
+        shuffled.swap(0, inputs - 1);
+        let act_order = ZeroPointParts { g_idx: Some((&[inputs], &shuffled)), ..parts };
+        assert!(gptq_as_int4(&gptq, &act_order, &scales, &[2, out]).unwrap().is_none());
+        let mut asym = v1_zeros.clone();
+        asym[3] = word(&[7, 7, 6, 7, 7, 7, 7, 7], 4);
+        let asym = ZeroPointParts { qzeros: (&[2, 2], &asym), ..parts };
+        assert!(gptq_as_int4(&gptq, &asym, &scales, &[2, out]).unwrap().is_none());
+        // gptq_v2 stores 8 as it is.
+        let v2_zeros: Vec<i64> = v1_zeros.iter().map(|_| word(&[8; 8], 4)).collect();
+        let v2 = ZeroPointParts { qzeros: (&[2, 2], &v2_zeros), ..parts };
+        let kept_v2 = gptq_as_int4(&Gptq { zeros_minus_one: false, ..gptq }, &v2, &scales, &[2, out]).unwrap();
+        assert_eq!(kept_v2.expect("symmetric").to_f32_vec(), want);
     }
 
     #[test]

@@ -434,9 +434,12 @@ impl Weights {
         (!self.source.contains(name) && self.source.contains(&format!("{module}.qweight"))).then_some(module)
     }
 
-    /// A GPTQ or AWQ weight dequantized (see [`quant::dequantize_gptq`], [`quant::dequantize_awq`]),
-    /// then `dtype`.
-    fn zero_point_dequantized(&self, module: &str, dtype: DType) -> Result<Tensor> {
+    /// Runs `f` on the GPTQ or AWQ linear `module`'s packed parts and its scales (as f32).
+    fn with_zero_point_parts<R>(
+        &self,
+        module: &str,
+        f: impl FnOnce(&quant::ZeroPointParts, &[f32], &[usize]) -> Result<R>,
+    ) -> Result<R> {
         let ints = |leaf: &str| self.packed_ints(module, leaf);
         let (qweight, qzeros) = (ints("qweight")?, ints("qzeros")?);
         let g_idx = self.source.load_ints(&format!("{module}.g_idx"))?;
@@ -447,6 +450,13 @@ impl Weights {
         };
         let scale_name = format!("{module}.scales");
         let scales = self.source.load(&scale_name, DType::F32)?.ok_or_else(|| self.missing(&scale_name))?;
+        f(&parts, &scales.try_to_f32_vec()?, scales.shape())
+    }
+
+    /// A GPTQ or AWQ weight dequantized (see [`quant::dequantize_gptq`], [`quant::dequantize_awq`]),
+    /// then `dtype`.
+    fn zero_point_dequantized(&self, module: &str, dtype: DType) -> Result<Tensor> {
+        let scale_name = format!("{module}.scales");
         // gptqmodel multiplies in the scales' dtype: f16 as both formats store them, bf16 where a
         // checkpoint keeps them so.
         let round: fn(f32) -> f32 = if self.source.stored_bytes(&scale_name, DType::BF16)?.is_some() {
@@ -454,17 +464,18 @@ impl Weights {
         } else {
             |v| f16::from_f32(v).to_f32()
         };
-        let values = scales.try_to_f32_vec()?;
-        let dequantized = match &self.quantization {
-            Some(Quantization::Gptq(gptq)) => quant::dequantize_gptq(gptq, &parts, &values, scales.shape(), round),
-            Some(Quantization::Awq(awq)) => quant::dequantize_awq(awq, &parts, &values, scales.shape(), round),
-            _ => {
-                return Err(self.weights_err(format!(
-                    "tensor `{module}.qweight` is GPTQ/AWQ-packed but config.json's `quantization_config` is not \
-                     gptq or awq"
-                )))
-            }
-        };
+        let dequantized = self.with_zero_point_parts(module, |parts, values, scale_shape| {
+            Ok(match &self.quantization {
+                Some(Quantization::Gptq(gptq)) => quant::dequantize_gptq(gptq, parts, values, scale_shape, round),
+                Some(Quantization::Awq(awq)) => quant::dequantize_awq(awq, parts, values, scale_shape, round),
+                _ => {
+                    return Err(self.weights_err(format!(
+                        "tensor `{module}.qweight` is GPTQ/AWQ-packed but config.json's `quantization_config` is \
+                         not gptq or awq"
+                    )))
+                }
+            })
+        })?;
         let (weight, shape) =
             dequantized.map_err(|(leaf, m)| self.weights_err(format!("tensor `{module}.{leaf}`: {m}")))?;
         Ok(Tensor::from_f32_as(weight, &shape, dtype)?)
@@ -519,6 +530,9 @@ impl Weights {
         if self.device == Device::Cpu || self.dtype != DType::BF16 || !self.keep_packed {
             return Ok(None);
         }
+        if let Some(module) = self.qweight_module(name) {
+            return self.kept_gptq(name, module, shape);
+        }
         let Some(module) = self.packed_module(name) else { return Ok(None) };
         // NVFP4 weights are dequantized at load on every device.
         if self.packed_quantization(module)?.is_nvfp4(module)? {
@@ -565,6 +579,31 @@ impl Weights {
         let words = words.iter().map(|&w| w as u32).collect();
         let matrix = Int4Matrix::new(packed.rows, packed.cols, group, words, scales)
             .map_err(|m| self.weights_err(format!("tensor `{module}.weight_packed`: {m}")))?;
+        let t = Tensor::from_storage(Storage::Cpu(CpuStorage::Int4(matrix)), shape.to_vec())?;
+        self.place(name, Some(t))
+    }
+
+    /// A GPTQ weight kept packed where it is an [`Int4Matrix`] (symmetric 4 bits in input order:
+    /// [`quant::gptq_as_int4`]) of a shape the W4A16 kernel takes; `None` where it is to be
+    /// dequantized (asymmetric, act-order, 8-bit, AWQ).
+    fn kept_gptq(&self, name: &str, module: &str, shape: [usize; 2]) -> Result<Option<Tensor>> {
+        let Some(Quantization::Gptq(gptq)) = &self.quantization else { return Ok(None) };
+        let [rows, cols] = shape;
+        if gptq.bits != 4 || !Int4Matrix::kernel_takes(rows, cols, gptq.group.unwrap_or(cols)) {
+            return Ok(None);
+        }
+        let matrix = self.with_zero_point_parts(module, |parts, scales, scale_shape| {
+            quant::gptq_as_int4(gptq, parts, scales, scale_shape)
+                .map_err(|(leaf, m)| self.weights_err(format!("tensor `{module}.{leaf}`: {m}")))
+        })?;
+        let Some(matrix) = matrix else { return Ok(None) };
+        if [matrix.rows, matrix.cols] != shape {
+            return Err(ModelError::TensorShape {
+                name: name.into(),
+                expected: shape.to_vec(),
+                actual: vec![matrix.rows, matrix.cols],
+            });
+        }
         let t = Tensor::from_storage(Storage::Cpu(CpuStorage::Int4(matrix)), shape.to_vec())?;
         self.place(name, Some(t))
     }
