@@ -2077,6 +2077,19 @@ SPECS: list[Spec] = [
                                 config=dict(rope_parameters=dict(DEFAULT_ROPE, partial_rotary_factor=1.0)))],
     ),
     Spec(
+        name="gptj",
+        config_class="GPTJConfig",
+        architecture="GPTJForCausalLM",
+        save_dtype="bfloat16",
+        kwargs=dict(n_inner=128, rotary_dim=8),
+        feature="attention and MLP in parallel from one LayerNorm (h = (attn + mlp) + h), rotary on the first 8 of "
+        "16 head dims rotating adjacent pairs (rotate_every_two), unbiased q/k/v/out_proj, biased MLP, lm_head with "
+        "a bias",
+        ablate_config=dict(rotary_dim=16),
+        ablation_desc="rotary_dim 8 -> 16",
+        extra_ablations=[Ablate("lm_head bias zeroed", fn=_zero_lm_head_bias)],
+    ),
+    Spec(
         name="stablelm",
         config_class="StableLmConfig",
         architecture="StableLmForCausalLM",

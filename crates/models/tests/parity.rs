@@ -68,6 +68,7 @@ parity! {
     opt_postnorm => "opt-postnorm",
     gpt2 => "gpt2",
     gpt_neox => "gpt-neox",
+    gptj => "gptj",
     stablelm => "stablelm",
     stablelm_qknorm_parallel => "stablelm-qknorm-parallel",
     granite => "granite",
@@ -480,6 +481,7 @@ fn gate_catches_wave2_dense_config_breaks() {
         ("exaone4", "every layer slides", |c| c["layer_types"] = json!(vec!["sliding_attention"; 4])),
         ("nemotron", "rotary on whole heads", |c| c["partial_rotary_factor"] = json!(1.0)),
         ("nemotron", "relu instead of relu2", |c| c["hidden_act"] = json!("relu")),
+        ("gptj", "rotary on whole heads", |c| c["rotary_dim"] = json!(16)),
     ];
     assert_breaks_caught(breaks);
 }
@@ -501,6 +503,7 @@ fn gate_catches_structural_breaks() {
     let breaks: &[(&str, &str, Load, Break)] = &[
         ("ernie4_5", "rotary on halves, not adjacent pairs", |r, w| llama::load(r, w, Variant::ERNIE4_5), halves),
         ("glm", "rotary on halves, not adjacent pairs", |r, w| glm::load(r, w, GlmVariant::Glm), halves),
+        ("gptj", "rotary on halves, not adjacent pairs", |r, w| ferrite_models::families::gptj::load(r, w), halves),
         (
             "hunyuan-dense",
             "QK-norm before the rotary, not after",

@@ -26,6 +26,7 @@ pub mod glm4_moe;
 pub mod gpt2;
 pub mod gpt_neox;
 pub mod gpt_oss;
+pub mod gptj;
 pub mod granite;
 pub mod granite_moe;
 pub mod hunyuan;
