@@ -226,6 +226,21 @@ def _drop_attn_output_gate(model: torch.nn.Module) -> None:
                 w[:, a.head_dim:, :] = 0.0
 
 
+def _zero_afmoe_attn_gate(model: torch.nn.Module) -> None:
+    """Zeroes every attention gate_proj (sigmoid(0) = 0.5 scales instead of gating)."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.gate_proj.weight.zero_()
+
+
+def _init_afmoe_expert_bias(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """expert_bias starts at zero (a load-balancing statistic in training): give the choice one to add."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("expert_bias"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+
+
 def _drop_gdn_conv(model: torch.nn.Module) -> None:
     """Makes every GatedDeltaNet's causal conv the identity (last tap 1, others 0)."""
     with torch.no_grad():
@@ -2522,6 +2537,28 @@ SPECS: list[Spec] = [
         "transformers' modules as vLLM's Glm4MoeMultiTokenPredictorLayer runs it",
         ablate_config=dict(n_group=1, topk_group=1),
         ablation_desc="n_group 4 / topk_group 2 -> 1 / 1 (no group limit)",
+    ),
+    Spec(
+        name="afmoe",
+        config_class="AfmoeConfig",
+        architecture="AfmoeForCausalLM",
+        init_fn=_init_afmoe_expert_bias,
+        kwargs=dict(hidden_size=32, head_dim=16, intermediate_size=64, moe_intermediate_size=16, num_experts=8,
+                    num_experts_per_tok=2, num_shared_experts=1, num_dense_layers=1, route_scale=2.5,
+                    global_attn_every_n_layers=2, sliding_window=24, mup_enabled=True, num_hidden_layers=4,
+                    rope_parameters=dict(DEFAULT_ROPE)),
+        feature="Arcee AFMoE (Trinity): sandwich RMSNorms around attention and MLP, per-head QK-norm, attention output "
+        "gated by sigmoid(gate_proj(x)), sliding-window layers (24) that rotate alternating with global NoPE layers "
+        "(global_attn_every_n_layers 2), layer 0 dense then sigmoid routing with expert_bias (N(0, 0.1)) for the "
+        "choice, top-2 of 8 renormalised x 2.5, one shared expert; muP embeddings x sqrt(hidden)",
+        ablate_config=dict(mup_enabled=False),
+        ablation_desc="mup_enabled -> False",
+        extra_ablations=[
+            Ablate("route_scale 2.5 -> 1.0", config=dict(route_scale=1.0)),
+            Ablate("every layer slides and rotates", config=dict(layer_types=["sliding_attention"] * 4)),
+            Ablate("attention gate_proj zeroed", fn=_zero_afmoe_attn_gate),
+            Ablate("q_norm/k_norm replaced by identity", fn=_drop_qk_norm),
+        ],
     ),
     Spec(
         name="glm4-moe",

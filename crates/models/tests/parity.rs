@@ -69,6 +69,7 @@ parity! {
     gpt2 => "gpt2",
     gpt_neox => "gpt-neox",
     gptj => "gptj",
+    afmoe => "afmoe",
     stablelm => "stablelm",
     stablelm_qknorm_parallel => "stablelm-qknorm-parallel",
     granite => "granite",
@@ -455,6 +456,10 @@ fn gate_catches_moe_config_breaks() {
         ("deepseek-v3", "norm_topk_prob false", |c| c["norm_topk_prob"] = json!(false)),
         ("deepseek-v3", "routed_scaling_factor 1", |c| c["routed_scaling_factor"] = json!(1.0)),
         ("deepseek-v3", "rope not interleaved", |c| c["rope_interleave"] = json!(false)),
+        ("afmoe", "muP embedding scale dropped", |c| c["mup_enabled"] = json!(false)),
+        ("afmoe", "route_scale 1", |c| c["route_scale"] = json!(1.0)),
+        ("afmoe", "every layer slides and rotates", |c| c["layer_types"] = json!(vec!["sliding_attention"; 4])),
+        ("afmoe", "no layer slides or rotates", |c| c["layer_types"] = json!(vec!["full_attention"; 4])),
     ];
     assert_breaks_caught(breaks);
 }
@@ -504,6 +509,13 @@ fn gate_catches_structural_breaks() {
         ("ernie4_5", "rotary on halves, not adjacent pairs", |r, w| llama::load(r, w, Variant::ERNIE4_5), halves),
         ("glm", "rotary on halves, not adjacent pairs", |r, w| glm::load(r, w, GlmVariant::Glm), halves),
         ("gptj", "rotary on halves, not adjacent pairs", |r, w| ferrite_models::families::gptj::load(r, w), halves),
+        ("afmoe", "attention output not gated", ferrite_models::families::afmoe::load, |d| {
+            for b in &mut d.blocks {
+                if let TokenMixer::Attention(a) = &mut b.mixer {
+                    a.output_gate = None;
+                }
+            }
+        }),
         (
             "hunyuan-dense",
             "QK-norm before the rotary, not after",

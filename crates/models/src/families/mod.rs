@@ -3,6 +3,7 @@
 //! Families that differ from another only in details (Mistral, Qwen2/3 from Llama; the MoE
 //! families from Mixtral; DeepSeek-V3 from V2) are a variant of it, named in the registry.
 
+pub mod afmoe;
 pub mod bert;
 pub mod chatglm;
 pub mod cohere;
