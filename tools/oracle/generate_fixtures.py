@@ -1770,6 +1770,12 @@ LFM2_TINY: dict[str, Any] = dict(
 )
 
 # The tiny GLM-4.5 shape of glm4-moe and glm4-moe-mtp.
+COHERE2_MOE_TINY: dict[str, Any] = dict(
+    hidden_size=32, head_dim=16, num_hidden_layers=4, intermediate_size=32, prefix_dense_intermediate_size=64,
+    num_experts=8, num_experts_per_tok=2, num_shared_experts=1, first_k_dense_replace=1, sliding_window=24,
+    sliding_window_pattern=2, prefix_dense_sliding_window_pattern=1, logit_scale=0.25, tie_word_embeddings=True,
+    rope_parameters=dict(DEFAULT_ROPE), rms_norm_eps=None,  # BASE's RMSNorm eps off: the bias-free LayerNorm
+)
 GLM4_MOE_TINY: dict[str, Any] = dict(
     hidden_size=32, head_dim=16, intermediate_size=64, moe_intermediate_size=16, n_routed_experts=8, n_shared_experts=1,
     num_experts_per_tok=2, first_k_dense_replace=1, n_group=4, topk_group=2, routed_scaling_factor=2.5,
@@ -2559,6 +2565,35 @@ SPECS: list[Spec] = [
             Ablate("attention gate_proj zeroed", fn=_zero_afmoe_attn_gate),
             Ablate("q_norm/k_norm replaced by identity", fn=_drop_qk_norm),
         ],
+    ),
+    Spec(
+        name="cohere2-moe",
+        config_class="Cohere2MoeConfig",
+        architecture="Cohere2MoeForCausalLM",
+        kwargs=dict(COHERE2_MOE_TINY),
+        feature="Cohere 2 MoE: parallel block h = (h + attn) + mlp from one bias-free LayerNorm, adjacent-pair rotary on "
+        "sliding (24) layers and on the dense prefix layer (prefix_dense_sliding_window_pattern 1), global layers NoPE; "
+        "layer 0 dense (prefix_dense_intermediate_size 64), then top-2 of 8 router logits softmaxed, one shared expert "
+        "averaged with the routed output; logit_scale 0.25, tied embeddings",
+        ablate_config=dict(shared_expert_combination_strategy="sum"),
+        ablation_desc="shared_expert_combination_strategy average -> sum",
+        extra_ablations=[
+            Ablate("expert_selection_fn softmax -> sigmoid", config=dict(expert_selection_fn="sigmoid")),
+            Ablate("dense prefix layer without rotary", config=dict(prefix_dense_sliding_window_pattern=2)),
+        ],
+    ),
+    Spec(
+        name="cohere2-moe-rms-sigmoid",
+        config_class="Cohere2MoeConfig",
+        architecture="Cohere2MoeForCausalLM",
+        kwargs=dict(COHERE2_MOE_TINY, rms_norm_eps=1e-5, expert_selection_fn="sigmoid", norm_topk_prob=True,
+                    shared_expert_combination_strategy="sum"),
+        feature="Cohere 2 MoE with RMSNorms (rms_norm_eps set), sigmoid of the top-2 router logits renormalised "
+        "(norm_topk_prob), the shared expert summed with the routed output",
+        ablate_config=dict(norm_topk_prob=False),
+        ablation_desc="norm_topk_prob -> False",
+        extra_ablations=[Ablate("shared_expert_combination_strategy sum -> average",
+                                config=dict(shared_expert_combination_strategy="average"))],
     ),
     Spec(
         name="glm4-moe",

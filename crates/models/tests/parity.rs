@@ -70,6 +70,8 @@ parity! {
     gpt_neox => "gpt-neox",
     gptj => "gptj",
     afmoe => "afmoe",
+    cohere2_moe => "cohere2-moe",
+    cohere2_moe_rms_sigmoid => "cohere2-moe-rms-sigmoid",
     stablelm => "stablelm",
     stablelm_qknorm_parallel => "stablelm-qknorm-parallel",
     granite => "granite",
@@ -460,6 +462,13 @@ fn gate_catches_moe_config_breaks() {
         ("afmoe", "route_scale 1", |c| c["route_scale"] = json!(1.0)),
         ("afmoe", "every layer slides and rotates", |c| c["layer_types"] = json!(vec!["sliding_attention"; 4])),
         ("afmoe", "no layer slides or rotates", |c| c["layer_types"] = json!(vec!["full_attention"; 4])),
+        ("cohere2-moe", "shared expert summed, not averaged", |c| {
+            c["shared_expert_combination_strategy"] = json!("sum")
+        }),
+        ("cohere2-moe", "sigmoid instead of softmax", |c| c["expert_selection_fn"] = json!("sigmoid")),
+        ("cohere2-moe", "dense prefix without rotary", |c| c["prefix_dense_sliding_window_pattern"] = json!(2)),
+        ("cohere2-moe-rms-sigmoid", "top-k not renormalised", |c| c["norm_topk_prob"] = json!(false)),
+        ("cohere2-moe-rms-sigmoid", "LayerNorm instead of RMSNorm", |c| c["rms_norm_eps"] = json!(null)),
     ];
     assert_breaks_caught(breaks);
 }

@@ -7,6 +7,7 @@ pub mod afmoe;
 pub mod bert;
 pub mod chatglm;
 pub mod cohere;
+pub mod cohere2_moe;
 pub mod deepseek_v2;
 pub mod deepseek_v32;
 pub mod eagle;
