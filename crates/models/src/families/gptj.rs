@@ -1,7 +1,7 @@
-//! GPT-J (`GPTJForCausalLM`): one LayerNorm feeding attention and MLP in parallel, `h = (attn + mlp)
-//! + h`; rotary embeddings on the first `rotary_dim` dims of each head, rotating adjacent pairs
-//! (`rotate_every_two`); q/k/v/out projections without biases, a biased tanh-GELU MLP, and an
-//! untied LM head with a bias.
+//! GPT-J (`GPTJForCausalLM`): one LayerNorm feeding attention and MLP in parallel,
+//! `h = (attn + mlp) + h`; rotary embeddings on the first `rotary_dim` dims of each head, rotating
+//! adjacent pairs (`rotate_every_two`); q/k/v/out projections without biases, a biased tanh-GELU
+//! MLP, and an untied LM head with a bias.
 //!
 //! Checkpoint names: `transformer.{wte, ln_f, h.{i}.{ln_1, attn.{q_proj, k_proj, v_proj, out_proj},
 //! mlp.{fc_in, fc_out}}}`, `lm_head`.
