@@ -784,6 +784,11 @@ def _exaone_hub_spelling(cfg: dict[str, Any]) -> None:
     cfg["rope_theta"] = cfg.pop("rope_parameters")["rope_theta"]
 
 
+def _phimoe_hub_spelling(cfg: dict[str, Any]) -> None:
+    """Phi-3.5-MoE's config.json names the architecture PhiMoEForCausalLM (vLLM's registry name too)."""
+    cfg["architectures"] = ["PhiMoEForCausalLM"]
+
+
 def _nemotron_h_hub_spelling(cfg: dict[str, Any]) -> None:
     """Real Nemotron-H config.json files: the layer pattern as hybrid_override_pattern (M mamba, * attention,
     - MLP), and time_step_limit with Python's bare Infinity."""
@@ -1169,6 +1174,15 @@ PHI3_LONGROPE: dict[str, Any] = dict(
     rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
                          short_factor=[1.0, 1.02, 1.1, 1.25, 1.5, 2.0],
                          long_factor=[1.0, 1.6, 3.0, 5.0, 8.0, 12.0]),
+)
+
+
+PHIMOE_TINY: dict[str, Any] = dict(
+    hidden_size=48, intermediate_size=32, pad_token_id=None, num_local_experts=8, num_experts_per_tok=2,
+    router_jitter_noise=0.25, attention_bias=True, lm_head_bias=True, rms_norm_eps=1e-5, max_position_embeddings=2048,
+    rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=256,
+                         short_factor=[1.0, 1.02, 1.1, 1.25, 1.5, 2.0], long_factor=[1.0, 1.6, 3.0, 5.0, 8.0, 12.0],
+                         short_mscale=1.1, long_mscale=1.3),
 )
 
 
@@ -2033,6 +2047,39 @@ SPECS: list[Spec] = [
             "original_max_position_embeddings + 1 tokens with at most original_max cached, the cache is dropped and "
             "the whole sequence runs again (long factors for every key); cross_switch_250 crosses it while decoding.",
         ],
+    ),
+    Spec(
+        name="phimoe",
+        config_class="PhimoeConfig",
+        architecture="PhimoeForCausalLM",
+        kwargs=PHIMOE_TINY,
+        edit_saved_config=_phimoe_hub_spelling,
+        feature="PhiMoE (Phi-3.5-MoE): LayerNorms with bias, q/k/v/o and lm_head biases, sparsemixer top-2 routing "
+        "(router_jitter_noise 0.25 so that several logits share each softmax), LongRoPE with the short factors at "
+        "every length and cos/sin times short_mscale 1.1 up to original_max 256, long_mscale 1.3 past it",
+        ablate_config=dict(router_jitter_noise=0.01),
+        ablation_desc="router_jitter_noise 0.25 -> 0.01",
+        extra_ablations=[
+            Ablate("long_mscale -> short_mscale", config=dict(rope_parameters=dict(PHIMOE_TINY["rope_parameters"],
+                                                                                    long_mscale=1.1))),
+            Ablate("lm_head bias zeroed", fn=_zero_lm_head_bias),
+        ],
+        notes=[
+            "HF 5.24 PhimoeRotaryEmbedding.forward calls rope_init_fn(config) without seq_len, so the inverse "
+            "frequencies always use short_factor; only the cos/sin scale follows max(position_ids)+1 > original_max.",
+        ],
+    ),
+    Spec(
+        name="phimoe-switch",
+        config_class="PhimoeConfig",
+        architecture="PhimoeForCausalLM",
+        kwargs=PHIMOE_TINY,
+        edit_saved_config=_phimoe_hub_spelling,
+        extra_prompt_tokens=[("cross_switch_250", 250)],
+        feature="PhiMoE LongRoPE switch during decode: a 250-token prompt whose output crosses original_max 256, where "
+        "PhiMoE's generate drops its cache and recomputes the sequence with long_mscale",
+        ablate_config=dict(rope_parameters=dict(PHIMOE_TINY["rope_parameters"], long_mscale=1.1)),
+        ablation_desc="long_mscale -> short_mscale",
     ),
     Spec(
         name="phi",

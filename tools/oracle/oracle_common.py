@@ -133,11 +133,12 @@ def manual_greedy(model, prompt_ids: list[int], n: int) -> tuple[list[int], list
         logits.append(last)
         t = int(torch.argmax(last))
         toks.append(t)
-        # Phi-3's generate drops the cache the first time the sequence outgrows
-        # original_max_position_embeddings with no more than that cached, and runs it all again.
+        # Phi-3's and PhiMoE's generate drop the cache the first time the sequence outgrows
+        # original_max_position_embeddings with no more than that cached, and run it all again.
         switch = getattr(model.config, "original_max_position_embeddings", None)
         seq = prompt_ids + toks
-        if type(model).__name__ == "Phi3ForCausalLM" and switch and len(seq) > switch >= cache.get_seq_length():
+        recomputes = type(model).__name__ in ("Phi3ForCausalLM", "PhimoeForCausalLM")
+        if recomputes and switch and len(seq) > switch >= cache.get_seq_length():
             cache = DynamicCache(config=model.config)
             out = model(input_ids=torch.tensor([seq]), cache=cache, use_cache=True)
             continue

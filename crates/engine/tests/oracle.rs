@@ -313,6 +313,17 @@ fn phi3_longrope_recomputes_a_sequence_that_decodes_past_the_switch() {
     battery_matches_oracle_with("phi3-longrope-switch", chunked);
 }
 
+/// PhiMoE's LongRoPE keeps its short factors but scales cos/sin by `long_mscale` past the switch,
+/// and its generate recomputes there as Phi-3's does: the engine's recompute and chunked
+/// prefill (budget 96) carry the scale of the whole sequence.
+#[test]
+fn phimoe_recomputes_past_the_switch_with_the_long_mscale() {
+    battery_matches_oracle("phimoe-switch");
+    let chunked = ferrite_engine::EngineConfig { max_num_batched_tokens: 96, ..config() };
+    battery_matches_oracle_with("phimoe-switch", chunked.clone());
+    battery_matches_oracle_with("phimoe", chunked);
+}
+
 /// LongRoPE picks its factors by sequence length (long past 256 positions in this fixture). With
 /// prompts split into 96-token chunks, the first chunks of a 648-token prompt must still use the
 /// factors of the whole prompt, as transformers (one forward per prompt) does; and a prompt that

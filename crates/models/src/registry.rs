@@ -19,7 +19,7 @@ use crate::families::{
     afmoe, bert, chatglm, cohere, cohere2_moe, ernie45_moe, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3,
     gemma3_vl, gemma4, gpt2, gpt_neox, gpt_oss, gptj, granite, granite_moe, internlm2, jamba, kimi_linear, llama4,
     llava, llava_next, mamba, mamba2, minicpm, minicpm3, minimax_m2, nemotron, nemotron_h, olmo2, olmo_hybrid, opt,
-    phi, phi3, qwen2_5_vl, qwen2_vl, qwen3_vl, roberta, stablelm, starcoder2, zamba2,
+    phi, phi3, phimoe, qwen2_5_vl, qwen2_vl, qwen3_vl, roberta, stablelm, starcoder2, zamba2,
 };
 use crate::families::{eagle, eagle3};
 use crate::loading::config::RawConfig;
@@ -127,6 +127,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("GPTJForCausalLM", Causal(|r, w| Ok(Box::new(gptj::load(r, w)?)))),
     ("AfmoeForCausalLM", Causal(|r, w| Ok(Box::new(afmoe::load(r, w)?)))),
     ("Cohere2MoeForCausalLM", Causal(|r, w| Ok(Box::new(cohere2_moe::load(r, w)?)))),
+    ("PhiMoEForCausalLM", Causal(|r, w| Ok(Box::new(phimoe::load(r, w)?)))),
     ("StableLmForCausalLM", Causal(|r, w| Ok(Box::new(stablelm::load(r, w)?)))),
     ("GraniteForCausalLM", Causal(|r, w| Ok(Box::new(granite::load(r, w)?)))),
     ("Olmo2ForCausalLM", Causal(|r, w| Ok(Box::new(olmo2::load(r, w, OlmoVersion::V2)?)))),

@@ -72,6 +72,8 @@ parity! {
     afmoe => "afmoe",
     cohere2_moe => "cohere2-moe",
     cohere2_moe_rms_sigmoid => "cohere2-moe-rms-sigmoid",
+    phimoe => "phimoe",
+    phimoe_switch_during_decode => "phimoe-switch",
     stablelm => "stablelm",
     stablelm_qknorm_parallel => "stablelm-qknorm-parallel",
     granite => "granite",
@@ -469,6 +471,9 @@ fn gate_catches_moe_config_breaks() {
         ("cohere2-moe", "dense prefix without rotary", |c| c["prefix_dense_sliding_window_pattern"] = json!(2)),
         ("cohere2-moe-rms-sigmoid", "top-k not renormalised", |c| c["norm_topk_prob"] = json!(false)),
         ("cohere2-moe-rms-sigmoid", "LayerNorm instead of RMSNorm", |c| c["rms_norm_eps"] = json!(null)),
+        ("phimoe", "router_jitter_noise 0.01", |c| c["router_jitter_noise"] = json!(0.01)),
+        ("phimoe", "long_mscale = short_mscale", |c| c["rope_parameters"]["long_mscale"] = json!(1.1)),
+        ("phimoe-switch", "long_mscale = short_mscale", |c| c["rope_parameters"]["long_mscale"] = json!(1.1)),
     ];
     assert_breaks_caught(breaks);
 }

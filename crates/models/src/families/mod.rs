@@ -53,6 +53,7 @@ pub mod olmo_hybrid;
 pub mod opt;
 pub mod phi;
 pub mod phi3;
+pub mod phimoe;
 pub mod qwen2_5_vl;
 pub mod qwen2_vl;
 pub mod qwen3_next;

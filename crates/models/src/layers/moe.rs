@@ -26,7 +26,7 @@ use crate::loading::weights::Weights;
 use crate::{ModelError, Result};
 
 /// How router logits become expert scores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Scoring {
     Softmax,
     /// DeepSeek-V3 (`scoring_func: sigmoid`).
@@ -37,6 +37,12 @@ pub enum Scoring {
     /// The top-k of the raw logits, each weighted by its own sigmoid (Llama 4). Choosing on the
     /// logits keeps apart experts whose sigmoids round to the same f32.
     SigmoidOfTopK,
+    /// PhiMoE's `sparsemixer` at inference, top-2 only: the best expert, weighted by the softmax
+    /// over the logits within `2 jitter_eps` (relative) of its own, then the best of the rest,
+    /// weighted by the softmax over the others within that distance of it.
+    SparseMixer {
+        jitter_eps: f64,
+    },
 }
 
 /// How a group of experts is scored when routing is limited to `topk_group` of `n_group` groups.
@@ -145,6 +151,32 @@ fn softmax_row(row: &[f32]) -> Vec<f32> {
     exps.into_iter().map(|v| v / sum).collect()
 }
 
+/// transformers' `sparsemixer` in eval mode (its comparisons and softmaxes in f32): the first
+/// maximum, then the first maximum of the others; each weighted by the softmax over the logits `l`
+/// whose `(best - l) / max(|l|, best)` is at most `2 jitter_eps`, the first expert left out of the
+/// second softmax.
+fn sparse_mixer(logits: &[f32], jitter_eps: f64) -> (Vec<u32>, Vec<f32>) {
+    let threshold = (2.0 * jitter_eps) as f32;
+    let first_max = |row: &[f32]| {
+        row.iter().enumerate().fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) })
+    };
+    let weight = |candidates: &[f32], best: usize, best_value: f32| {
+        let masked: Vec<f32> = candidates
+            .iter()
+            .zip(logits)
+            .map(|(&c, &l)| if (best_value - l) / l.abs().max(best_value) > threshold { f32::NEG_INFINITY } else { c })
+            .collect();
+        softmax_row(&masked)[best]
+    };
+    let (first, first_value) = first_max(logits);
+    let w1 = weight(logits, first, first_value);
+    let mut rest = logits.to_vec();
+    rest[first] = f32::NEG_INFINITY;
+    let (second, second_value) = first_max(&rest);
+    let w2 = weight(&rest, second, second_value);
+    (vec![first as u32, second as u32], vec![w1, w2])
+}
+
 fn sigmoid(v: f32) -> f32 {
     1.0 / (1.0 + (-v).exp())
 }
@@ -156,6 +188,7 @@ impl RouterConfig {
             Scoring::Softmax => softmax_row(logits),
             Scoring::Sigmoid => logits.iter().map(|&v| sigmoid(v)).collect(),
             Scoring::SoftmaxOfTopK | Scoring::SigmoidOfTopK => logits.to_vec(),
+            Scoring::SparseMixer { jitter_eps } => return sparse_mixer(logits, jitter_eps),
         };
         // What the choice is made on: the scores, plus the correction bias where there is one.
         let mut choice: Vec<f32> = match bias {
@@ -211,6 +244,9 @@ impl RouterConfig {
         let bad = |m: String| ModelError::Config { path: name.into(), message: m };
         if self.num_experts == 0 || self.top_k == 0 || self.top_k > self.num_experts {
             return Err(bad(format!("top-{} routing over {} experts", self.top_k, self.num_experts)));
+        }
+        if matches!(self.scoring, Scoring::SparseMixer { .. }) && self.top_k != 2 {
+            return Err(bad(format!("sparsemixer routes to 2 experts, not top-{}", self.top_k)));
         }
         if let Some(g) = self.group {
             if g.n_group == 0
@@ -604,6 +640,26 @@ impl SparseMoe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sparse_mixer_weights_each_pick_by_the_logits_near_it() {
+        let cfg = RouterConfig {
+            num_experts: 4,
+            top_k: 2,
+            scoring: Scoring::SparseMixer { jitter_eps: 0.05 },
+            renormalize: false,
+            renormalize_eps: 0.0,
+            scaling: 1.0,
+            group: None,
+        };
+        // 2.9 is within 2 * 0.05 of 3.0 (relative); 1.0 and -1.0 are not.
+        let (experts, weights) = cfg.route_row(&[3.0, 2.9, 1.0, -1.0], None);
+        assert_eq!(experts, [0, 1]);
+        assert_eq!(weights[0], 1.0 / (1.0 + (-0.1f32).exp()));
+        // The second softmax leaves the first expert out, and 1.0 is too far from 2.9.
+        assert_eq!(weights[1], 1.0);
+        assert!(RouterConfig { top_k: 3, ..cfg }.check("m").is_err());
+    }
 
     fn cfg(num_experts: usize, top_k: usize) -> RouterConfig {
         RouterConfig {

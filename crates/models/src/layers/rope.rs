@@ -118,6 +118,9 @@ enum Schedule {
         /// Whether transformers recomputes the cache when a sequence crosses `original_max`
         /// (Phi-3's generate); elsewhere cached keys keep the short-factor rotation.
         recompute: bool,
+        /// cos/sin scales up to and past `original_max`, where they switch with the length
+        /// (PhiMoE's `short_mscale` / `long_mscale`); else the one attention scaling.
+        mscales: Option<[f32; 2]>,
     },
 }
 
@@ -274,6 +277,7 @@ impl Rope {
                     long: scaled(&params.long_factor, "long_factor")?,
                     original_max,
                     recompute: true,
+                    mscales: None,
                 }
             }
             "proportional" => {
@@ -359,6 +363,28 @@ impl Rope {
         self
     }
 
+    /// PhiMoE's LongRoPE as transformers 5.24 computes it: its frequencies come without the
+    /// sequence length, so the short factors turn every position, while the cos/sin scale is
+    /// `short_mscale` up to the original length and `long_mscale` past it.
+    pub fn with_phimoe_mscales(mut self, short_mscale: f32, long_mscale: f32) -> Rope {
+        if let Schedule::LongRope { short, long, mscales, .. } = &mut self.schedule {
+            long.clone_from(short);
+            *mscales = Some([short_mscale, long_mscale]);
+        }
+        self
+    }
+
+    /// The cos/sin scale for a step whose sequence reaches `seq_len` positions.
+    fn scaling(&self, seq_len: usize) -> f32 {
+        match &self.schedule {
+            Schedule::LongRope { mscales: Some([short, long]), original_max, .. } => match seq_len > *original_max {
+                true => *long,
+                false => *short,
+            },
+            _ => self.attention_scaling,
+        }
+    }
+
     pub fn rotary_dim(&self) -> usize {
         self.rotary_dim
     }
@@ -407,18 +433,19 @@ impl Rope {
         let mut out = vec![0.0f32; meta.num_tokens() * half];
         for (i, s) in meta.seqs.iter().enumerate() {
             let inv_freq = self.inv_freq(meta.schedule_len(i));
+            let scaling = self.scaling(meta.schedule_len(i));
             for i in 0..s.q_len {
                 let row = s.q_start + i;
                 let pos = s.query_position(i);
                 match (&self.mrope_axes, meta.mrope_positions.get(row)) {
                     (Some(axes), Some(thw)) => {
                         for ((j, &f), &axis) in inv_freq.iter().enumerate().zip(axes) {
-                            out[row * half + j] = trig(f * thw[axis] as f32) * self.attention_scaling;
+                            out[row * half + j] = trig(f * thw[axis] as f32) * scaling;
                         }
                     }
                     _ => {
                         for (j, &f) in inv_freq.iter().enumerate() {
-                            out[row * half + j] = trig(f * pos as f32) * self.attention_scaling;
+                            out[row * half + j] = trig(f * pos as f32) * scaling;
                         }
                     }
                 }
