@@ -241,6 +241,22 @@ def _init_afmoe_expert_bias(model: torch.nn.Module, gen: torch.Generator) -> Non
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
 
 
+def _init_swa_sinks(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """GraniteSWA's sinks start at zero: give each head its own logit, so that the sink matters."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("self_attn.sinks"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 1.0)
+
+
+def _drop_swa_sinks(model: torch.nn.Module) -> None:
+    """Sinks far below every logit: sigmoid(lse - sink) = 1, no sink."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("self_attn.sinks"):
+                p.fill_(-1e4)
+
+
 def _drop_gdn_conv(model: torch.nn.Module) -> None:
     """Makes every GatedDeltaNet's causal conv the identity (last tap 1, others 0)."""
     with torch.no_grad():
@@ -1784,6 +1800,11 @@ LFM2_TINY: dict[str, Any] = dict(
 )
 
 # The tiny GLM-4.5 shape of glm4-moe and glm4-moe-mtp.
+GRANITE_SWA_TINY: dict[str, Any] = dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=4, pad_token_id=None, embedding_multiplier=6.0,
+    residual_multiplier=0.4, attention_multiplier=0.2, logits_scaling=2.0, sliding_window=24,
+    layer_rope_theta=[0.0, 10000.0, 10000.0, 500000.0], rope_parameters=dict(DEFAULT_ROPE),
+)
 COHERE2_MOE_TINY: dict[str, Any] = dict(
     hidden_size=32, head_dim=16, num_hidden_layers=4, intermediate_size=32, prefix_dense_intermediate_size=64,
     num_experts=8, num_experts_per_tok=2, num_shared_experts=1, first_k_dense_replace=1, sliding_window=24,
@@ -2724,6 +2745,38 @@ SPECS: list[Spec] = [
         extra_ablations=[
             Ablate("residual_multiplier -> 1", config=dict(residual_multiplier=1.0)),
             Ablate("num_experts_per_tok 2 -> 1", config=dict(num_experts_per_tok=1)),
+        ],
+        probe=routing_probe,
+    ),
+    Spec(
+        name="granite-swa",
+        config_class="GraniteSWAConfig",
+        architecture="GraniteSWAForCausalLM",
+        init_fn=_init_swa_sinks,
+        kwargs=dict(GRANITE_SWA_TINY),
+        feature="GraniteSWA (granite-swash): Granite's multipliers, layer_types by default (layer 0 full, the rest "
+        "sliding over 24), a learned sink logit per head (N(0, 1)), layer_rope_theta [0, 10000, 10000, 500000] (the "
+        "full layer without positions, two rotary bases)",
+        ablate_fn=_drop_swa_sinks,
+        ablation_desc="sinks -> -1e4 (no sink)",
+        extra_ablations=[
+            Ablate("layer_rope_theta -> 10000 on every layer", config=dict(layer_rope_theta=[10000.0] * 4)),
+            Ablate("every layer full", config=dict(layer_types=["full_attention"] * 4)),
+        ],
+    ),
+    Spec(
+        name="granite-moe-swa",
+        config_class="GraniteMoeSWAConfig",
+        architecture="GraniteMoeSWAForCausalLM",
+        init_fn=_init_swa_sinks,
+        kwargs=dict(GRANITE_SWA_TINY, hidden_size=32, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                    shared_intermediate_size=48),
+        feature="GraniteMoeSWA: the granite-moe-shared layer with GraniteSWA's sliding layers, sinks and per-layer "
+        "rotary bases",
+        ablate_fn=_drop_swa_sinks,
+        ablation_desc="sinks -> -1e4 (no sink)",
+        extra_ablations=[
+            Ablate("layer_rope_theta -> 10000 on every layer", config=dict(layer_rope_theta=[10000.0] * 4)),
         ],
         probe=routing_probe,
     ),

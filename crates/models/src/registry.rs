@@ -130,6 +130,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("PhiMoEForCausalLM", Causal(|r, w| Ok(Box::new(phimoe::load(r, w)?)))),
     ("StableLmForCausalLM", Causal(|r, w| Ok(Box::new(stablelm::load(r, w)?)))),
     ("GraniteForCausalLM", Causal(|r, w| Ok(Box::new(granite::load(r, w)?)))),
+    ("GraniteSWAForCausalLM", Causal(|r, w| Ok(Box::new(granite::load_swa(r, w)?)))),
     ("Olmo2ForCausalLM", Causal(|r, w| Ok(Box::new(olmo2::load(r, w, OlmoVersion::V2)?)))),
     ("Exaone4ForCausalLM", Causal(|r, w| Ok(Box::new(exaone4::load(r, w)?)))),
     ("Olmo3ForCausalLM", Causal(|r, w| Ok(Box::new(olmo2::load(r, w, OlmoVersion::V3)?)))),
@@ -147,6 +148,10 @@ const ENTRIES: &[(&str, Entry)] = &[
     (
         "GraniteMoeSharedForCausalLM",
         Causal(|r, w| Ok(Box::new(granite_moe::load(r, w, granite_moe::Variant::SHARED)?))),
+    ),
+    (
+        "GraniteMoeSWAForCausalLM",
+        Causal(|r, w| Ok(Box::new(granite_moe::load(r, w, granite_moe::Variant::SHARED_SWA)?))),
     ),
     (
         "GraniteMoeHybridForCausalLM",

@@ -74,6 +74,8 @@ parity! {
     cohere2_moe_rms_sigmoid => "cohere2-moe-rms-sigmoid",
     phimoe => "phimoe",
     phimoe_switch_during_decode => "phimoe-switch",
+    granite_swa => "granite-swa",
+    granite_moe_swa => "granite-moe-swa",
     stablelm => "stablelm",
     stablelm_qknorm_parallel => "stablelm-qknorm-parallel",
     granite => "granite",
@@ -474,6 +476,7 @@ fn gate_catches_moe_config_breaks() {
         ("phimoe", "router_jitter_noise 0.01", |c| c["router_jitter_noise"] = json!(0.01)),
         ("phimoe", "long_mscale = short_mscale", |c| c["rope_parameters"]["long_mscale"] = json!(1.1)),
         ("phimoe-switch", "long_mscale = short_mscale", |c| c["rope_parameters"]["long_mscale"] = json!(1.1)),
+        ("granite-moe-swa", "one rotary base", |c| c["layer_rope_theta"] = json!(vec![10000.0; 4])),
     ];
     assert_breaks_caught(breaks);
 }
@@ -501,6 +504,10 @@ fn gate_catches_wave2_dense_config_breaks() {
         ("nemotron", "rotary on whole heads", |c| c["partial_rotary_factor"] = json!(1.0)),
         ("nemotron", "relu instead of relu2", |c| c["hidden_act"] = json!("relu")),
         ("gptj", "rotary on whole heads", |c| c["rotary_dim"] = json!(16)),
+        ("granite-swa", "one rotary base, the full layer rotating", |c| {
+            c["layer_rope_theta"] = json!(vec![10000.0; 4])
+        }),
+        ("granite-swa", "no sliding layers", |c| c["layer_types"] = json!(vec!["full_attention"; 4])),
     ];
     assert_breaks_caught(breaks);
 }
@@ -523,6 +530,13 @@ fn gate_catches_structural_breaks() {
         ("ernie4_5", "rotary on halves, not adjacent pairs", |r, w| llama::load(r, w, Variant::ERNIE4_5), halves),
         ("glm", "rotary on halves, not adjacent pairs", |r, w| glm::load(r, w, GlmVariant::Glm), halves),
         ("gptj", "rotary on halves, not adjacent pairs", |r, w| ferrite_models::families::gptj::load(r, w), halves),
+        ("granite-swa", "no attention sinks", ferrite_models::families::granite::load_swa, |d| {
+            for b in &mut d.blocks {
+                if let TokenMixer::Attention(a) = &mut b.mixer {
+                    a.sinks = None;
+                }
+            }
+        }),
         ("afmoe", "attention output not gated", ferrite_models::families::afmoe::load, |d| {
             for b in &mut d.blocks {
                 if let TokenMixer::Attention(a) = &mut b.mixer {

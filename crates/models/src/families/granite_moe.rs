@@ -24,7 +24,7 @@ use serde::Deserialize;
 
 use crate::decoder::load::{check_dims, CommonConfig, Defaults};
 use crate::decoder::{Block, ChannelMixer, Decoder, SelfAttention, TokenMixer, Wiring};
-use crate::families::granite::Multipliers;
+use crate::families::granite::{Multipliers, SwaLayers};
 use crate::families::mamba2::MambaKeys;
 use crate::layers::mamba2::{GateNorm, Mamba2Dims, Mamba2Mixer};
 use crate::layers::moe::{Experts, Router, RouterConfig, Scoring, SharedExpert, SparseMoe, StackedLayout};
@@ -67,11 +67,14 @@ pub struct Variant {
     pub shared_mlp: bool,
     /// Mamba2 layers where `layer_types` says (Granite 4.0-H).
     pub hybrid: bool,
+    /// GraniteMoeSWA: GraniteSWA's per-layer windows, sinks and rotary bases ([`SwaLayers`]).
+    pub swa: bool,
 }
 
 impl Variant {
-    pub const SHARED: Variant = Variant { shared_mlp: true, hybrid: false };
-    pub const HYBRID: Variant = Variant { shared_mlp: true, hybrid: true };
+    pub const SHARED: Variant = Variant { shared_mlp: true, hybrid: false, swa: false };
+    pub const HYBRID: Variant = Variant { shared_mlp: true, hybrid: true, swa: false };
+    pub const SHARED_SWA: Variant = Variant { shared_mlp: true, hybrid: false, swa: true };
 }
 
 /// Granite 4.0-H's Mamba2 dimensions, with transformers' defaults.
@@ -121,15 +124,20 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
     };
     let mamba = variant.hybrid.then(|| mamba_dims(raw, &cfg, d.hidden, d.eps)).transpose()?;
     let rope = !variant.hybrid || cfg.position_embedding_type.as_deref() == Some("rope");
+    let swa = variant.swa.then(|| SwaLayers::read(raw, &d)).transpose()?;
     let blocks = d.blocks(w, |i, l| {
         let mixer = match mamba {
             Some(dims) if is_mamba(raw, d.layer_types.as_deref(), i)? => {
                 TokenMixer::Mamba2(Box::new(Mamba2Mixer::load(&l.at("mamba"), d.hidden, dims)?))
             }
             _ => {
-                let mut attn = d.attention(&l.at("self_attn"), d.attention_bias, d.attention_bias)?;
+                let s = l.at("self_attn");
+                let mut attn = d.attention(&s, d.attention_bias, d.attention_bias)?;
                 attn.params = d.attention_params(cfg.multipliers.attention);
-                TokenMixer::Attention(SelfAttention::new(attn, rope.then_some(0)))
+                TokenMixer::Attention(match &swa {
+                    Some(swa) => swa.attention(i, attn, &s)?,
+                    None => SelfAttention::new(attn, rope.then_some(0)),
+                })
             }
         };
         let m = l.at("block_sparse_moe");
@@ -170,6 +178,10 @@ pub fn load(raw: &RawConfig, w: &Weights, variant: Variant) -> Result<Decoder> {
             ..Block::pre_norm(d.rms(l, "input_layernorm")?, mixer, d.rms(l, "post_attention_layernorm")?, mlp)
         })
     })?;
-    let decoder = d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![d.rope(raw, 10000.0)?])?;
+    let ropes = match swa {
+        Some(swa) => swa.ropes,
+        None => vec![d.rope(raw, 10000.0)?],
+    };
+    let decoder = d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), ropes)?;
     Ok(cfg.multipliers.scale_ends(decoder))
 }
