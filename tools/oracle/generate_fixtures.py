@@ -257,6 +257,20 @@ def _drop_swa_sinks(model: torch.nn.Module) -> None:
                 p.fill_(-1e4)
 
 
+def _zero_lfm3_gate(model: torch.nn.Module) -> None:
+    """Zeroes every attention g_proj: sigmoid(0) = 0.5 scales each head instead of gating it."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if getattr(layer, "is_attention_layer", False):
+                layer.self_attn.g_proj.weight.zero_()
+
+
+def _drop_lfm3_sandwich(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        layer.post_operator_norm = torch.nn.Identity()
+        layer.post_ffn_norm = torch.nn.Identity()
+
+
 def _drop_gdn_conv(model: torch.nn.Module) -> None:
     """Makes every GatedDeltaNet's causal conv the identity (last tap 1, others 0)."""
     with torch.no_grad():
@@ -3596,6 +3610,26 @@ SPECS: list[Spec] = [
         "renormalised (+1e-6) x 2.0",
         ablate_fn=_lfm2_moe_drop_expert_bias,
         ablation_desc="expert_bias zeroed",
+    ),
+    Spec(
+        name="lfm3",
+        config_class="Lfm3Config",
+        architecture="Lfm3ForCausalLM",
+        kwargs=dict(hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    intermediate_size=96, conv_L_cache=3, sliding_window=24, tie_word_embeddings=True, pad_token_id=None),
+        extra_prompt_tokens=[("long_150", 150)],
+        feature="LFM3: the default layer_types (conv, conv, full, conv, sliding 24, conv), per-type rotary (sliding "
+        "default 1e4, full proportional over half the head at 1e6), Qwen3-named attention with QK-norm and a "
+        "sigmoid gate per head (g_proj), sandwich norms around every operator and MLP, SwiGLU w1/w3/w2, tied "
+        "embeddings, embedding_norm",
+        ablate_fn=_zero_lfm3_gate,
+        ablation_desc="g_proj zeroed (every head scaled by 0.5)",
+        extra_ablations=[
+            Ablate("sandwich norms replaced by the identity", fn=_drop_lfm3_sandwich),
+            Ablate("full layers on the sliding layers' rope", config=dict(rope_parameters=dict(
+                sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+                full_attention=dict(rope_type="default", rope_theta=10000.0)))),
+        ],
     ),
     Spec(
         name="granite-moe-hybrid",

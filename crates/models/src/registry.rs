@@ -111,6 +111,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("Lfm2ForCausalLM", Causal(|r, w| Ok(Box::new(lfm2::load(r, w, Lfm2Variant::Dense)?)))),
     ("Lfm2MoeForCausalLM", Causal(|r, w| Ok(Box::new(lfm2::load(r, w, Lfm2Variant::Moe)?)))),
     ("OlmoeForCausalLM", Causal(|r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::OLMOE)?)))),
+    ("Lfm3ForCausalLM", Causal(|r, w| Ok(Box::new(lfm2::load_lfm3(r, w)?)))),
     ("DeepseekV2ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::V2)?)))),
     ("DeepseekV3ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::V3)?)))),
     ("DeepseekV32ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v32::load(r, w)?)))),

@@ -77,6 +77,7 @@ parity! {
     granite_swa => "granite-swa",
     granite_moe_swa => "granite-moe-swa",
     stablelm => "stablelm",
+    lfm3 => "lfm3",
     stablelm_qknorm_parallel => "stablelm-qknorm-parallel",
     granite => "granite",
     olmo2 => "olmo2",
@@ -514,6 +515,12 @@ fn gate_catches_wave2_dense_config_breaks() {
 
 /// Options no config key switches, broken in the loaded model: the gate must fail.
 #[test]
+        ("lfm3", "no attention gate", |c| c["use_attention_gate"] = json!(false)),
+        ("lfm3", "no sandwich norms", |c| c["use_sandwich_norm"] = json!(false)),
+        ("lfm3", "full layers on the sliding rope", |c| {
+            c["rope_parameters"]["full_attention"] = c["rope_parameters"]["sliding_attention"].clone()
+        }),
+        ("lfm3", "no sliding window", |c| c["sliding_window"] = json!(null)),
 fn gate_catches_structural_breaks() {
     use ferrite_models::decoder::{Decoder, TokenMixer};
     use ferrite_models::families::glm::{self, GlmVariant};
