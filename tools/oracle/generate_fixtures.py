@@ -271,6 +271,12 @@ def _drop_lfm3_sandwich(model: torch.nn.Module) -> None:
         layer.post_ffn_norm = torch.nn.Identity()
 
 
+def _drop_hyperclovax_post_norms(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        layer.post_norm1 = torch.nn.Identity()
+        layer.post_norm2 = torch.nn.Identity()
+
+
 def _drop_gdn_conv(model: torch.nn.Module) -> None:
     """Makes every GatedDeltaNet's causal conv the identity (last tap 1, others 0)."""
     with torch.no_grad():
@@ -2761,6 +2767,18 @@ SPECS: list[Spec] = [
             Ablate("num_experts_per_tok 2 -> 1", config=dict(num_experts_per_tok=1)),
         ],
         probe=routing_probe,
+    ),
+    Spec(
+        name="hyperclovax",
+        config_class="HyperCLOVAXConfig",
+        architecture="HyperCLOVAXForCausalLM",
+        kwargs=dict(hidden_size=48, intermediate_size=96, pad_token_id=None, embedding_multiplier=3.0,
+                    residual_multiplier=0.5, logits_scaling=0.7, use_post_norm=True, rope_parameters=dict(DEFAULT_ROPE)),
+        feature="HyperCLOVAX: Granite's layer with an RMSNorm on each branch output before residual_multiplier 0.5 "
+        "(Peri-LN post_norm1/post_norm2), embedding_multiplier 3, logits times logits_scaling 0.7, attention "
+        "multiplier unset (head_dim^-0.5)",
+        ablate_fn=_drop_hyperclovax_post_norms,
+        ablation_desc="post_norm1/post_norm2 replaced by the identity",
     ),
     Spec(
         name="granite-swa",

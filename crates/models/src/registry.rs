@@ -133,6 +133,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("GraniteForCausalLM", Causal(|r, w| Ok(Box::new(granite::load(r, w)?)))),
     ("GraniteSWAForCausalLM", Causal(|r, w| Ok(Box::new(granite::load_swa(r, w)?)))),
     ("Olmo2ForCausalLM", Causal(|r, w| Ok(Box::new(olmo2::load(r, w, OlmoVersion::V2)?)))),
+    ("HyperCLOVAXForCausalLM", Causal(|r, w| Ok(Box::new(granite::load_hyperclovax(r, w)?)))),
     ("Exaone4ForCausalLM", Causal(|r, w| Ok(Box::new(exaone4::load(r, w)?)))),
     ("Olmo3ForCausalLM", Causal(|r, w| Ok(Box::new(olmo2::load(r, w, OlmoVersion::V3)?)))),
     ("CohereForCausalLM", Causal(|r, w| Ok(Box::new(cohere::load(r, w, CohereVersion::V1)?)))),

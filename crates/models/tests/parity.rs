@@ -76,8 +76,9 @@ parity! {
     phimoe_switch_during_decode => "phimoe-switch",
     granite_swa => "granite-swa",
     granite_moe_swa => "granite-moe-swa",
-    stablelm => "stablelm",
+    hyperclovax => "hyperclovax",
     lfm3 => "lfm3",
+    stablelm => "stablelm",
     stablelm_qknorm_parallel => "stablelm-qknorm-parallel",
     granite => "granite",
     olmo2 => "olmo2",
@@ -509,18 +510,20 @@ fn gate_catches_wave2_dense_config_breaks() {
             c["layer_rope_theta"] = json!(vec![10000.0; 4])
         }),
         ("granite-swa", "no sliding layers", |c| c["layer_types"] = json!(vec!["full_attention"; 4])),
-    ];
-    assert_breaks_caught(breaks);
-}
-
-/// Options no config key switches, broken in the loaded model: the gate must fail.
-#[test]
         ("lfm3", "no attention gate", |c| c["use_attention_gate"] = json!(false)),
         ("lfm3", "no sandwich norms", |c| c["use_sandwich_norm"] = json!(false)),
         ("lfm3", "full layers on the sliding rope", |c| {
             c["rope_parameters"]["full_attention"] = c["rope_parameters"]["sliding_attention"].clone()
         }),
         ("lfm3", "no sliding window", |c| c["sliding_window"] = json!(null)),
+        ("hyperclovax", "no post norms", |c| c["use_post_norm"] = json!(false)),
+        ("hyperclovax", "logits divided, as Granite's", |c| c["logits_scaling"] = json!(1.0 / 0.7 / 0.7)),
+    ];
+    assert_breaks_caught(breaks);
+}
+
+/// Options no config key switches, broken in the loaded model: the gate must fail.
+#[test]
 fn gate_catches_structural_breaks() {
     use ferrite_models::decoder::{Decoder, TokenMixer};
     use ferrite_models::families::glm::{self, GlmVariant};

@@ -5,6 +5,11 @@
 //!
 //! Checkpoint names are Llama's.
 //!
+//! HyperCLOVAX (`HyperCLOVAXForCausalLM`, [`load_hyperclovax`]) is Granite with an RMSNorm on each
+//! branch's output before the residual multiplier (`post_norm1`, `post_norm2`; `use_post_norm`),
+//! logits *multiplied* by `logits_scaling`, and `attention_multiplier` defaulting to
+//! `head_dim^-0.5`.
+//!
 //! GraniteSWA (`GraniteSWAForCausalLM`, granite-swash) adds per-layer attention
 //! ([`SwaLayers`]): sliding-window layers, a learned sink logit per head, and a rotary base per
 //! layer (`layer_rope_theta`, 0 for none).
@@ -56,6 +61,35 @@ impl Multipliers {
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
     let cfg: GraniteConfig = raw.parse()?;
     load_scaled(raw, w, &cfg.common, Defaults::LLAMA, cfg.multipliers)
+}
+
+pub fn load_hyperclovax(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
+    let cfg: GraniteConfig = raw.parse()?;
+    let m = cfg.multipliers;
+    let d = cfg.common.resolve(raw, Defaults::LLAMA)?;
+    let attention_scale = raw.f64_or("attention_multiplier", None).unwrap_or((d.head_dim as f64).powf(-0.5));
+    let post_norm = raw.value.get("use_post_norm").and_then(serde_json::Value::as_bool).unwrap_or(true);
+    let inter = d.intermediate(raw)?;
+    let blocks = d.blocks(w, |_, l| {
+        let mut attn = d.attention(&l.at("self_attn"), d.attention_bias, d.attention_bias)?;
+        attn.params = d.attention_params(attention_scale);
+        let post =
+            |leaf: &str| -> Result<Option<Norm>> { post_norm.then(|| Ok(Norm::Rms(d.rms(l, leaf)?))).transpose() };
+        Ok(Block {
+            attn_out_norm: post("post_norm1")?,
+            mlp_out_norm: post("post_norm2")?,
+            wiring: Wiring::Sequential { residual_scale: Some(m.residual as f32) },
+            ..Block::pre_norm(
+                d.rms(l, "input_layernorm")?,
+                TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
+                d.rms(l, "post_attention_layernorm")?,
+                ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, inter, d.act, d.mlp_bias)?),
+            )
+        })
+    })?;
+    let decoder = d.finish(raw, w, blocks, Norm::Rms(d.rms(&w.at("model"), "norm")?), vec![d.rope(raw, 10000.0)?])?;
+    let logits = LogitsPost { scale: Some(m.logits_scaling as f32), softcap: None };
+    Ok(decoder.with_embed_scale(m.embedding as f32).with_logits(logits))
 }
 
 /// GraniteSWA (and GraniteMoeSWA)'s per-layer attention: `layer_types` (default: every fourth
