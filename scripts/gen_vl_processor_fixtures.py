@@ -1,6 +1,6 @@
 """Fixtures for crates/multimodal: synthetic image files, the RGB pixels Pillow decodes from them
 (as transformers' `convert_to_rgb` hands them on) and what transformers' Qwen2-VL, CLIP, Gemma 3
-and LLaVA-NeXT image processors make of those pixels, for the bit-exact tests in crates/multimodal/tests/.
+LLaVA-NeXT and Pixtral image processors make of those pixels, for the bit-exact tests in crates/multimodal/tests/.
 
 Pinned: torch 2.15.0, transformers 5.24.0, numpy 2.4.6 (tools/oracle/requirements.txt), plus
 Pillow 13.0.0 and torchvision 0.29.2, the newest torchvision (it asks for torch >= 2.14; no release
@@ -36,6 +36,11 @@ What it writes (crates/multimodal/tests/fixtures/):
   `image_sizes`; the case with llava-v1.6's real config (336-pixel tiles) has only the FNV-1a 64
   digest, which every case records. `llava_next_tokens` lists, for many image sizes and two
   tilings, the image tokens `LlavaNextProcessor` expands `<image>` to;
+- pixtral/<case>.bin: `pixel_values` of `PixtralImageProcessor` (torchvision backend) for one
+  image, its batch padding cut off, as f32 little-endian [3, height, width], with its
+  `image_sizes`; the case with Mistral-Small-3.1's real config has only the FNV-1a 64 digest,
+  which every case records. `pixtral_sizes` lists, for many image sizes and three configs, the
+  size `get_resize_output_image_size` resizes an image to (which sets its `[IMG]` rows);
 - video/<case>.rgb: a video's RGB8 frames one after another, and video/<case>.bin:
   `pixel_values_videos` of `Qwen2VLVideoProcessor` (torchvision backend) for them, f32
   little-endian [patches, patch_dim];
@@ -79,6 +84,8 @@ from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImagePr
 from transformers.models.llava_next.image_processing_llava_next import LlavaNextImageProcessor
 from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
 from transformers.models.llava_next.processing_llava_next import LlavaNextProcessor
+from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+from transformers.models.pixtral.image_processing_pixtral import PixtralImageProcessor, get_resize_output_image_size
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
@@ -345,6 +352,33 @@ LLAVA_NEXT_CASES = [
                                                      "image_grid_pinpoints": [[28, 56], [56, 56]]}),
 ]
 
+# mistralai/Mistral-Small-3.1-24B-Instruct-2503's image processor, with the patch its
+# PixtralProcessor passes (patch_size 14 * spatial_merge_size 2).
+MISTRAL_SMALL = {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+                 "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_processor_type": "PixtralImageProcessor",
+                 "image_std": [0.26862954, 0.26130258, 0.27577711], "patch_size": {"height": 28, "width": 28},
+                 "resample": 3, "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 1540}}
+SMALL_PIXTRAL = {"size": {"longest_edge": 48}, "patch_size": {"height": 8, "width": 8}}
+
+# (case, image file, preprocessor config). Sizes are width x height.
+PIXTRAL_CASES = [
+    ("mistral-small-photo", "photo.jpg", MISTRAL_SMALL),     # 160x96 -> 168x112 (rounded up), digest only
+    ("photo-shrunk", "photo.jpg", SMALL_PIXTRAL),            # 160x96 -> 48x28 -> 48x32
+    ("portrait-tall", "portrait.png", {**SMALL_PIXTRAL, "size": {"longest_edge": 64}}),  # 29x43 -> 32x48 (enlarged)
+    ("alpha-very-wide", "alpha.png", {"size": {"longest_edge": 40}, "patch_size": 6}),  # 100x30 -> 40x12 -> 42x12
+    ("tiny-defaults", "tiny.webp", {}),                      # 20x12 -> 32x16 (class defaults: 16-pixel patches)
+    ("palette-bilinear", "palette.png", {**SMALL_PIXTRAL, "resample": 2}),  # 100x80 -> 48x38 -> 48x40
+    ("gray-alpha-mean-std", "gray_alpha.png", {**SMALL_PIXTRAL, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}),
+    ("exact-no-resize", "exact.bmp", {"size": {"longest_edge": 56}, "patch_size": 8}),  # 56x40 as it is
+    ("gradient-height-width", "gradient.png", {"size": {"height": 20, "width": 30}, "patch_size": 5}),  # 53x37 -> 30x20
+]
+# (height, width) sizes whose processed size `pixtral_sizes` records under each config.
+PIXTRAL_SIZES = [(1, 1), (96, 160), (43, 29), (1540, 1540), (1541, 1540), (1540, 3080), (3081, 1540), (500, 333),
+                 (768, 1024), (10, 2000), (2000, 10), (123, 457), (37, 53), (1000, 999), (21, 13), (27, 28), (29, 28),
+                 (49, 48), (47, 100), (95, 96), (7, 13)]
+PIXTRAL_SIZE_CONFIGS = [("mistral-small", MISTRAL_SMALL), ("small", SMALL_PIXTRAL),
+                        ("height-width", {"size": {"height": 20, "width": 30}, "patch_size": 5})]
+
 # (tiling, tower patch, (height, width) sizes): image tokens LlavaNextProcessor counts.
 LLAVA_NEXT_TOKEN_SIZES = [(1, 1), (96, 160), (43, 29), (336, 672), (337, 673), (335, 671), (500, 333), (333, 500),
                           (768, 1024), (1024, 768), (10, 2000), (2000, 10), (123, 457), (480, 640), (640, 480),
@@ -401,7 +435,7 @@ def main() -> None:
         tvF.InterpolationMode.BILINEAR), "torchvision would not take torch's uint8 bilinear kernel here"
     if OUT.exists():
         shutil.rmtree(OUT)
-    for sub in ("images", "processor", "resize", "clip", "video", "gemma3", "llava_next"):
+    for sub in ("images", "processor", "resize", "clip", "video", "gemma3", "llava_next", "pixtral"):
         (OUT / sub).mkdir(parents=True)
 
     images = []
@@ -505,6 +539,34 @@ def main() -> None:
          "num_image_tokens": llava_next_tokens(config, patch, height, width)}
         for name, config, patch in LLAVA_NEXT_TILINGS for height, width in LLAVA_NEXT_TOKEN_SIZES]
 
+    pixtral_cases = []
+    for case, image_name, config in PIXTRAL_CASES:
+        pil_image = Image.fromarray(decoded[image_name])
+        tv = PixtralImageProcessor(**config)(pil_image, return_tensors="np")
+        height, width = tv["image_sizes"][0].tolist()
+        pixel_values = tv["pixel_values"][0][:, :height, :width].astype("<f4")
+        pil = PixtralImageProcessorPil(**config)(pil_image, return_tensors="np")["pixel_values"][0]
+        data = pixel_values.tobytes()
+        file = None
+        if len(data) <= CLIP_MAX_FILE_BYTES:
+            file = f"pixtral/{case}.bin"
+            (OUT / file).write_bytes(data)
+        pixtral_cases.append({
+            "name": case, "image": f"images/{image_name}", "config": config, "shape": list(pixel_values.shape),
+            "image_sizes": [height, width], "pixel_values": file, "pixel_values_fnv1a64": fnv1a64(data),
+            "pil_backend": {"pixel_values": diff_stats(pixel_values, pil[:, :height, :width])},
+        })
+    pixtral_sizes = []
+    for name, config in PIXTRAL_SIZE_CONFIGS:
+        size, patch = config["size"], config["patch_size"]
+        max_size = (size["longest_edge"],) * 2 if "longest_edge" in size else (size["height"], size["width"])
+        patch = (patch, patch) if isinstance(patch, int) else (patch["height"], patch["width"])
+        for height, width in PIXTRAL_SIZES:
+            resized = get_resize_output_image_size(np.zeros((height, width, 3)), size=max_size, patch_size=patch,
+                                                   input_data_format="channels_last")
+            pixtral_sizes.append({"config_name": name, "config": config, "height": height, "width": width,
+                                  "resized": list(resized)})
+
     video_cases = []
     for seed, (case, count, width, height, config) in enumerate(VIDEO_CASES):
         frames = np.stack([smooth_noisy(width, height, 100 + 10 * seed + k) for k in range(count)])
@@ -558,6 +620,7 @@ def main() -> None:
         "video_cases": video_cases, "qwen3_video_cases": qwen3_video_cases, "bilinear_resizes": bilinear_resizes, "gemma3_cases": gemma3_cases,
         "gemma3_pan_and_scan_cases": gemma3_pan_and_scan_cases,
         "llava_next_cases": llava_next_cases, "llava_next_tokens": llava_next_token_counts,
+        "pixtral_cases": pixtral_cases, "pixtral_sizes": pixtral_sizes,
     }
     (OUT / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     total = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
@@ -572,6 +635,8 @@ def main() -> None:
         print(f"  gemma3 pan-and-scan {case['name']:22} num_crops {case['num_crops']}  shape {case['shape']}")
     for case in llava_next_cases:
         print(f"  llava-next {case['name']:21} shape {case['shape']}  PIL backend: {case['pil_backend']}")
+    for case in pixtral_cases:
+        print(f"  pixtral {case['name']:24} shape {case['shape']}  PIL backend: {case['pil_backend']}")
     for case in video_cases:
         print(f"  video {case['name']:26} grid {case['video_grid_thw']}  shape {case['shape']}")
     for case in qwen3_video_cases:

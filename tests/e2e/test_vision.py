@@ -171,7 +171,7 @@ def servers(tmp_path_factory):
 
 
 OTHER_FAMILIES = [(family, case) for family in ("qwen2.5-vl", "qwen3-vl", "qwen3-vl-moe", "qwen3.5-vl", "llava",
-                                                             "llava-siglip", "llava-next", "gemma3-vl")
+                                                             "llava-siglip", "llava-next", "mistral3", "gemma3-vl")
                   for case in oracle_of(family)["cases"] if case["images"]]
 
 
@@ -182,8 +182,9 @@ def test_other_families_image_chats_match_transformers(servers, family, case):
     LLaVA's CLIP processor (resize, centre crop) and tower, its `<image>` expanded to 16 tokens;
     LLaVA-interleave's SigLIP processor and tower, every row of it projected; LLaVA-NeXT's anyres
     processor (the whole image and its best pinpoint's tiles), its `<image>` expanded to as many
-    tokens as the image's aspect ratio leaves after unpadding; Qwen3.5's hybrid text
-    model behind Qwen3-VL's tower;
+    tokens as the image's aspect ratio leaves after unpadding; Mistral 3's Pixtral processor (the
+    image at its own size in whole merged patches) and tower, its `[IMG]` expanded to rows of `[IMG]`
+    closed by `[IMG_BREAK]` and `[IMG_END]`; Qwen3.5's hybrid text model behind Qwen3-VL's tower;
     Gemma 3's bilinear processor, SigLIP tower and `<start_of_image>` expanded in the prompt's text
     (its newlines tokenized with the text around them), its image tokens attending both ways, and
     with `do_pan_and_scan` the wide image and its two crops written around their own expansions:
@@ -199,14 +200,14 @@ def test_other_families_image_chats_match_transformers(servers, family, case):
     assert r.choices[0].token_ids == case["output_ids"], case["name"]
 
 
-@pytest.mark.parametrize("family", ["llava", "llava-next", "gemma3-vl"])
+@pytest.mark.parametrize("family", ["llava", "llava-next", "mistral3", "gemma3-vl"])
 def test_models_without_video_input_refuse_videos(servers, family):
     with pytest.raises(openai.BadRequestError) as e:
         complete(servers(family), [{"type": "video_url", "video_url": {"url": video_uri(VL, "short")}}])
     assert "does not accept video input" in e.value.response.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("family", ["llava", "llava-next"])
+@pytest.mark.parametrize("family", ["llava", "llava-next", "mistral3"])
 def test_llava_refuses_processor_kwargs(servers, family):
     client = servers(family).client()
     with pytest.raises(openai.BadRequestError) as e:

@@ -48,6 +48,13 @@ Families and what their fixture exercises:
   (the image fitted and padded into it), packed with the tiles' padding rows or columns cut away
   and `image_newline` after each row. The images' aspect ratios differ (a tall one is added), so
   rows are cut from some and columns from others; llava-1.5's chat template.
+- mistral3 (fixtures/models/mistral3): Mistral-Small-3.1's shape: a Pixtral tower (4-pixel
+  patches, RMSNorm, 2-D axial rotary embedding, SiLU-gated MLP, three layers read at the last)
+  before Mistral3's projector (RMSNorm, 2x2 patch merger, GELU MLP) into a Mistral text model.
+  Pixtral's processor resizes each image to fit a 48-pixel longest edge, rounded up to whole 8-pixel
+  merged patches (a tiny image is enlarged to them), and writes it as rows of `[IMG]`, each closed
+  by `[IMG_BREAK]`, the last by `[IMG_END]`; the images' grids are not square. A Mistral-style chat
+  template (`[INST]` ... `[/INST]`, images as `[IMG]`).
 
 Pinned as the other oracle scripts (tools/oracle/requirements.txt: torch 2.15.0, transformers 5.24.0)
 plus Pillow 13.0.0 and torchvision 0.29.2, which transformers' image processors need. Deterministic:
@@ -99,6 +106,10 @@ from transformers import (  # noqa: E402
     LlavaNextImageProcessor,
     LlavaNextProcessor,
     LlavaProcessor,
+    Mistral3Config,
+    Mistral3ForConditionalGeneration,
+    PixtralImageProcessor,
+    PixtralProcessor,
     PreTrainedTokenizerFast,
     Qwen3_5Config,
     Qwen3_5ForConditionalGeneration,
@@ -231,6 +242,25 @@ LLAVA_NEXT_CASES = [
                        {"type": "text", "text": "Which one is taller?"}]),
 ]
 
+# A Mistral-style chat template (mistralai's, without the system prompt and tool handling).
+MISTRAL3_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'user' %}[INST]{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}[IMG]{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}[/INST]{% else %}{{ message['content'][0]['text'] }}{% endif %}{% endfor %}"
+)
+MISTRAL3_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+# Pixtral's processor: 4-pixel patches merged 2x2, so images are resized to whole 8-pixel units
+# within a 48-pixel longest edge (56x56 -> 48x48, 112x56 -> 48x24, 75x61 -> 48x40).
+MISTRAL3_PATCH = 4
+MISTRAL3_MERGE = 2
+MISTRAL3_LONGEST_EDGE = 48
+# A tiny image (21x13) fits as it is and is enlarged to 24x16: 3x2 merged tokens.
+MISTRAL3_IMAGES = {"tiny": (21, 13, 6)}
+MISTRAL3_CASES = [
+    ("tiny-and-wide", [{"type": "image", "image": "tiny"}, {"type": "text", "text": "beside"},
+                       {"type": "image", "image": "wide"}, {"type": "text", "text": "Which one is larger?"}]),
+]
+
 # google/gemma-3-4b-it's chat template.
 GEMMA3_CHAT_TEMPLATE = (
     "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- if messages[0]['content'] is string -%}"
@@ -342,6 +372,15 @@ FAMILIES = {
                     hidden_act="quick_gelu", initializer_range=0.3),
         extra={}, images=LLAVA_NEXT_IMAGES, cases=LLAVA_NEXT_CASES,
     ),
+    "mistral3": dict(
+        tokens=MISTRAL3_TOKENS, config=Mistral3Config, model=Mistral3ForConditionalGeneration,
+        processor=PixtralProcessor,
+        vision=dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                    num_attention_heads=4, image_size=MISTRAL3_LONGEST_EDGE, patch_size=MISTRAL3_PATCH,
+                    hidden_act="silu", rope_parameters={"rope_type": "axial", "rope_theta": 10000.0},
+                    initializer_range=0.3),
+        extra={}, images=MISTRAL3_IMAGES, cases=MISTRAL3_CASES,
+    ),
     "llava-siglip": dict(
         tokens=["<image>"], config=LlavaConfig, model=LlavaForConditionalGeneration, processor=LlavaProcessor,
         siglip=True,
@@ -369,6 +408,13 @@ def family_config(family: dict, vocab: int, ids: dict[str, int]):
                             mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE, boi_token_id=ids["<start_of_image>"],
                             eoi_token_id=ids["<end_of_image>"], image_token_id=ids["<image_soft_token>"],
                             initializer_range=0.3, tie_word_embeddings=False)
+    if family["config"] is Mistral3Config:
+        text = dict(TEXT_CONFIG, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        return Mistral3Config(text_config=dict(model_type="mistral", vocab_size=vocab, sliding_window=None, **text),
+                              vision_config=family["vision"], image_token_index=ids["[IMG]"],
+                              spatial_merge_size=MISTRAL3_MERGE, vision_feature_layer=-1,
+                              multimodal_projector_bias=False, projector_hidden_act="gelu",
+                              tie_word_embeddings=False, initializer_range=0.3)
     if family["config"] is LlavaNextConfig:
         text = dict(TEXT_CONFIG, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         return LlavaNextConfig(text_config=dict(model_type="llama", vocab_size=vocab, **text),
@@ -400,6 +446,11 @@ def family_processor(family: dict, tok):
         image_processor = Gemma3ImageProcessor(size={"height": GEMMA3_IMAGE, "width": GEMMA3_IMAGE})
         return Gemma3Processor(image_processor=image_processor, tokenizer=tok,
                                image_seq_length=GEMMA3_TOKENS_PER_IMAGE, chat_template=GEMMA3_CHAT_TEMPLATE)
+    if family["processor"] is PixtralProcessor:
+        image_processor = PixtralImageProcessor(size={"longest_edge": MISTRAL3_LONGEST_EDGE},
+                                                patch_size={"height": MISTRAL3_PATCH, "width": MISTRAL3_PATCH})
+        return PixtralProcessor(image_processor=image_processor, tokenizer=tok, patch_size=MISTRAL3_PATCH,
+                                spatial_merge_size=MISTRAL3_MERGE, chat_template=MISTRAL3_CHAT_TEMPLATE)
     if family["processor"] is LlavaNextProcessor:
         image_processor = LlavaNextImageProcessor(
             size={"shortest_edge": LLAVA_NEXT_TILE}, crop_size={"height": LLAVA_NEXT_TILE, "width": LLAVA_NEXT_TILE},
@@ -445,7 +496,14 @@ def video_records(inputs):
 def image_records(inputs, count: int, patch: int):
     """Per image: its grid in `patch`-pixel patches and its processed pixels (as the model takes
     them: Qwen's patch rows, or CLIP's channel-first image), flattened; for LLaVA-NeXT the grid is
-    the image's size in pixels (`image_sizes`), the pixels its tiles without the batch padding."""
+    the image's size in pixels (`image_sizes`), the pixels its tiles without the batch padding; for
+    Pixtral the grid is in patches and the pixels the image without the batch padding."""
+    if "image_sizes" in inputs and inputs["pixel_values"].dim() == 4:
+        out = []
+        for k, (height, width) in enumerate(inputs["image_sizes"].tolist()):
+            chw = inputs["pixel_values"][k][:, :height, :width].numpy().astype("<f4")
+            out.append(([1, height // patch, width // patch], chw.reshape(-1), 3 * patch * patch, None))
+        return out
     if "image_sizes" in inputs:
         out = []
         for k, (height, width) in enumerate(inputs["image_sizes"].tolist()):
@@ -594,6 +652,8 @@ def generate(family_name: str) -> None:
             else {"tile": LLAVA_NEXT_TILE, "image_grid_pinpoints": LLAVA_NEXT_PINPOINTS}
             if family["processor"] is LlavaNextProcessor
             else {"size": GEMMA3_IMAGE, "resample": "bilinear"} if family["processor"] is Gemma3Processor
+            else {"longest_edge": MISTRAL3_LONGEST_EDGE, "patch_size": MISTRAL3_PATCH * MISTRAL3_MERGE}
+            if family["processor"] is PixtralProcessor
             else {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}) | {"backend": type(processor.image_processor).__name__},
         **({"video_processor": {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "frames_fps": 24}
                                if family["processor"] is not Qwen3VLProcessor else

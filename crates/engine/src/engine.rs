@@ -517,7 +517,9 @@ impl EngineClient {
     /// each run exactly as long as its item's embedding. Where each temporal patch of a video
     /// has a run of its own ([`VisionInfo::video_runs_per_step`](ferrite_models::VisionInfo)),
     /// each patch is an item: placed, encoded and cached alone, which the tower allows because it
-    /// attends within a frame only.
+    /// attends within a frame only. Where each row of an image is closed by a token of its own
+    /// ([`VisionInfo::row_breaks`](ferrite_models::VisionInfo)), an image's run is its rows and
+    /// those tokens, which must follow the image's grid.
     fn place_images(&self, prompt: &[u32], visuals: Vec<VisualInput>) -> Result<Option<Arc<MultimodalInputs>>> {
         let Some(vision) = &self.shared.model_info.vision else {
             if visuals.is_empty() {
@@ -535,7 +537,7 @@ impl EngineClient {
         let ids: Vec<u32> = [Some(vision.image_token_id), vision.video_token_id].into_iter().flatten().collect();
         // Each placeholder token's runs, in prompt order.
         let mut runs: HashMap<u32, VecDeque<std::ops::Range<usize>>> =
-            ids.iter().map(|&id| (id, ferrite_models::placeholder_runs(prompt, id).into())).collect();
+            ids.iter().map(|&id| (id, vision.placeholder_runs(prompt, id).into())).collect();
         let mut placed = Vec::with_capacity(visuals.len());
         for (k, item) in visuals.into_iter().enumerate() {
             let kind = item.visual.modality();
@@ -564,6 +566,18 @@ impl EngineClient {
                      (--max-num-batched-tokens)",
                     self.shared.max_num_batched_tokens
                 )));
+            }
+            if vision.row_breaks && id == vision.image_token_id {
+                let columns = item.grid_thw[2] / vision.spatial_merge_size;
+                let span = &prompt[run.start..run.start + tokens];
+                let follows_grid = span.iter().enumerate().all(|(i, &t)| (t == id) == ((i + 1) % (columns + 1) != 0));
+                if !follows_grid {
+                    return Err(EngineError::InvalidPrompt(format!(
+                        "{kind} {k} is rows of {columns} placeholders (id {id}), each followed by one other token, \
+                         but its run at position {} is not",
+                        run.start
+                    )));
+                }
             }
             // Adjacent items of a kind make one run: the next takes the rest of it.
             if run.len() > tokens {

@@ -251,7 +251,9 @@ impl ModelRunner {
 
     /// The encoder outputs the rows of this step's prompt chunks take: for each scheduled
     /// request whose chunk `[start, end)` covers image placeholders, those rows of the image's
-    /// embeddings (encoding an image the first time a chunk reaches it).
+    /// embeddings (encoding an image the first time a chunk reaches it). Only the placeholder
+    /// tokens of an item's run take embeddings, in order: the row breaks within an image's run
+    /// ([`VisionInfo::row_breaks`](ferrite_models::VisionInfo)) keep their token embeddings.
     fn input_embeds(&mut self, chunks: &[(ReqId, usize, usize, usize)]) -> Result<Option<InputEmbeds>> {
         let (mut rows, mut parts, mut deepstack_parts) = (Vec::new(), Vec::new(), Vec::<Vec<Tensor>>::new());
         for &(id, q_start, start, end) in chunks {
@@ -275,13 +277,20 @@ impl ModelRunner {
                     })?);
                 }
                 let encoded = state.encoded[k].as_ref().expect("encoded above");
-                let chunk_rows: Vec<usize> = (from - at.start..to - at.start).collect();
-                parts.push(ops::gather_rows(&encoded.embeddings, &chunk_rows)?);
-                deepstack_parts.resize_with(encoded.deepstack.len(), Vec::new);
-                for (layer, features) in encoded.deepstack.iter().enumerate() {
-                    deepstack_parts[layer].push(ops::gather_rows(features, &chunk_rows)?);
+                let placeholder = self.model.info().vision.as_ref().and_then(|v| v.token_id(item.visual));
+                let takes = |p: &usize| Some(state.token_ids[*p]) == placeholder;
+                let before = (at.start..from).filter(takes).count();
+                let positions: Vec<usize> = (from..to).filter(takes).collect();
+                // A chunk may cover only the break after a row.
+                if !positions.is_empty() {
+                    let chunk_rows: Vec<usize> = (before..before + positions.len()).collect();
+                    parts.push(ops::gather_rows(&encoded.embeddings, &chunk_rows)?);
+                    deepstack_parts.resize_with(encoded.deepstack.len(), Vec::new);
+                    for (layer, features) in encoded.deepstack.iter().enumerate() {
+                        deepstack_parts[layer].push(ops::gather_rows(features, &chunk_rows)?);
+                    }
+                    rows.extend(positions.iter().map(|p| q_start + p - start));
                 }
-                rows.extend((from..to).map(|p| q_start + p - start));
                 // The prefill has passed the image: its embeddings are not read again.
                 if to == at.end {
                     state.encoded[k] = None;

@@ -143,6 +143,29 @@ fn llava_next_batches_chunks_and_caches_images() {
     battery_batched_chunked_and_cached("llava-next");
 }
 
+/// Mistral 3: each image's rows of `[IMG]` with `[IMG_BREAK]` between and `[IMG_END]` after are
+/// one placeholder run whose `[IMG]` tokens take the image's embeddings and whose breaks keep their
+/// own, cut by chunks (some covering only a break) and served from the prefix cache. A run that
+/// does not follow its image's grid is refused.
+#[test]
+fn mistral3_batches_chunks_and_caches_images_between_row_breaks() {
+    battery_batched_chunked_and_cached("mistral3");
+
+    // The first image's first row closed by one more `[IMG]` instead of `[IMG_BREAK]`.
+    let model_config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("mistral3").join("config.json")).unwrap()).unwrap();
+    let image = model_config["image_token_index"].as_u64().unwrap() as u32;
+    let Some(PromptInput::Multimodal { mut tokens, visuals }) = battery("mistral3").into_iter().next() else {
+        panic!("the first case has an image")
+    };
+    let start = tokens.iter().position(|&t| t == image).unwrap();
+    let row_end = start + tokens[start..].iter().position(|&t| t != image).unwrap();
+    tokens[row_end] = image;
+    let engine = llm("mistral3", config());
+    let err = engine.generate(vec![PromptInput::Multimodal { tokens, visuals }], &greedy(2)).unwrap_err().to_string();
+    assert!(err.contains("each followed by one other token"), "{err}");
+}
+
 /// Gemma 3: each image's tokens attend to one another both ways, so the engine computes an image
 /// within one chunk (20-token chunks stop before an image that does not fit) and a prefix hit that
 /// ends inside an image computes the rest of it as one bidirectional piece; an image longer than a

@@ -77,16 +77,42 @@ pub struct VisionInfo {
     /// processor writes a patch's timestamp text and vision start and end tokens around its
     /// placeholders): the engine then places, encodes and caches each patch as an item of its own.
     pub video_runs_per_step: bool,
+    /// Whether each row of an image's embeddings is closed in the prompt by a token that keeps its
+    /// text embedding (Pixtral's `[IMG_BREAK]`, the last row's `[IMG_END]`): an image's span is
+    /// then its rows of image tokens with those between, and its embeddings fill the image tokens.
+    pub row_breaks: bool,
 }
 
 impl VisionInfo {
-    /// How many placeholder tokens an image or video whose patch grid is `grid_thw` becomes (an
-    /// image's size in pixels under [`VisionInfo::anyres`]; 0 for one it cannot take).
+    /// How many prompt tokens an image or video whose patch grid is `grid_thw` spans (an
+    /// image's size in pixels under [`VisionInfo::anyres`]; 0 for one it cannot take): its
+    /// embeddings, and under [`VisionInfo::row_breaks`] the token after each row.
     pub fn placeholder_tokens(&self, [t, h, w]: [usize; 3]) -> usize {
+        let (rows, columns) = (h / self.spatial_merge_size, w / self.spatial_merge_size);
         match &self.anyres {
             Some(anyres) => anyres.image_tokens(h, w, self.patch_size).unwrap_or(0),
-            None => t * (h / self.spatial_merge_size) * (w / self.spatial_merge_size),
+            None if self.row_breaks => t * rows * (columns + 1),
+            None => t * rows * columns,
         }
+    }
+
+    /// The runs of `token` in `prompt` (see [`placeholder_runs`]); for the image token under
+    /// [`VisionInfo::row_breaks`], each run taking the token after it, so that an image's rows and
+    /// the breaks between them are one run.
+    pub fn placeholder_runs(&self, prompt: &[u32], token: u32) -> Vec<std::ops::Range<usize>> {
+        let runs = placeholder_runs(prompt, token);
+        if !(self.row_breaks && token == self.image_token_id) {
+            return runs;
+        }
+        let mut joined: Vec<std::ops::Range<usize>> = Vec::with_capacity(runs.len());
+        for run in runs {
+            let run = run.start..(run.end + 1).min(prompt.len());
+            match joined.last_mut() {
+                Some(last) if last.end == run.start => last.end = run.end,
+                _ => joined.push(run),
+            }
+        }
+        joined
     }
 
     /// The placeholder token of a kind of visual input, if the model takes that kind.
@@ -222,7 +248,8 @@ pub struct Encoded {
 /// into the embeddings its placeholder tokens take, and places the prompt's tokens for the rotary
 /// embedding.
 pub trait VisionEncoder: Send + Sync {
-    /// Embeddings `[VisionInfo::placeholder_tokens(grid_thw), hidden]` of one image or video from
+    /// Embeddings `[VisionInfo::placeholder_tokens(grid_thw), hidden]` (under
+    /// [`VisionInfo::row_breaks`], one per image token of that span) of one image or video from
     /// its processed pixels `[patches, patch_dim]` (row-major f32, as the model's processor lays
     /// them out).
     fn encode(&self, pixel_values: &[f32], grid_thw: [usize; 3]) -> Result<Encoded>;
@@ -343,5 +370,38 @@ pub trait CausalLM: Send + Sync {
             detail: format!("{} (no hidden-state output yet)", self.info().architecture),
         }
         .into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pixtral's layout: an image's rows of image tokens and the token after each are one run,
+    /// adjacent images one run together, as long as their grids say.
+    #[test]
+    fn row_breaks_join_an_images_rows_and_their_breaks() {
+        const IMG: u32 = 10;
+        let info = VisionInfo {
+            image_token_id: IMG,
+            video_token_id: None,
+            spatial_merge_size: 2,
+            patch_size: 14,
+            placeholder: "[IMG]",
+            video_placeholder: None,
+            bidirectional: false,
+            anyres: None,
+            video_runs_per_step: false,
+            row_breaks: true,
+        };
+        // Two images of 2x1 and 1x2 merged tokens back to back, then text, then a 1x1 image last.
+        let prompt = [1, IMG, 12, IMG, 13, IMG, IMG, 13, 5, IMG, 13];
+        assert_eq!(info.placeholder_runs(&prompt, IMG), [1..8, 9..11]);
+        assert_eq!(info.placeholder_tokens([1, 4, 2]), 4);
+        assert_eq!(info.placeholder_tokens([1, 2, 4]), 3);
+        // A model without breaks keeps plain runs.
+        let plain = VisionInfo { row_breaks: false, ..info.clone() };
+        assert_eq!(plain.placeholder_runs(&prompt, IMG), [1..2, 3..4, 5..7, 9..10]);
+        assert_eq!(plain.placeholder_tokens([1, 4, 2]), 2);
     }
 }

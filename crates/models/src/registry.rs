@@ -18,8 +18,8 @@ use crate::families::gemma3n;
 use crate::families::{
     afmoe, bert, chatglm, cohere, cohere2_moe, ernie45_moe, exaone, exaone4, falcon, falcon_h1, gemma, gemma2, gemma3,
     gemma3_vl, gemma4, gpt2, gpt_neox, gpt_oss, gptj, granite, granite_moe, internlm2, jamba, kimi_linear, llama4,
-    llava, llava_next, mamba, mamba2, minicpm, minicpm3, minimax_m2, nemotron, nemotron_h, olmo2, olmo_hybrid, opt,
-    phi, phi3, phimoe, qwen2_5_vl, qwen2_vl, qwen3_vl, roberta, stablelm, starcoder2, zamba2,
+    llava, llava_next, mamba, mamba2, minicpm, minicpm3, minimax_m2, mistral3, nemotron, nemotron_h, olmo2,
+    olmo_hybrid, opt, phi, phi3, phimoe, qwen2_5_vl, qwen2_vl, qwen3_vl, roberta, stablelm, starcoder2, zamba2,
 };
 use crate::families::{eagle, eagle3};
 use crate::loading::config::RawConfig;
@@ -95,6 +95,7 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("Qwen3VLMoeForConditionalGeneration", Causal(|r, w| Ok(Box::new(qwen3_vl::load_moe(r, w)?)))),
     ("LlavaForConditionalGeneration", Causal(|r, w| Ok(Box::new(llava::load(r, w)?)))),
     ("LlavaNextForConditionalGeneration", Causal(|r, w| Ok(Box::new(llava_next::load(r, w)?)))),
+    ("Mistral3ForConditionalGeneration", Causal(|r, w| Ok(Box::new(mistral3::load(r, w)?)))),
     ("Gemma3ForConditionalGeneration", Causal(|r, w| Ok(Box::new(gemma3_vl::load(r, w)?)))),
     ("Gemma3nForConditionalGeneration", Causal(|r, w| Ok(Box::new(gemma3n::load_conditional(r, w)?)))),
     ("MambaForCausalLM", Causal(|r, w| Ok(Box::new(mamba::load(r, w, mamba::Variant::Mamba)?)))),
@@ -110,8 +111,8 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("NemotronForCausalLM", Causal(|r, w| Ok(Box::new(nemotron::load(r, w)?)))),
     ("Lfm2ForCausalLM", Causal(|r, w| Ok(Box::new(lfm2::load(r, w, Lfm2Variant::Dense)?)))),
     ("Lfm2MoeForCausalLM", Causal(|r, w| Ok(Box::new(lfm2::load(r, w, Lfm2Variant::Moe)?)))),
-    ("OlmoeForCausalLM", Causal(|r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::OLMOE)?)))),
     ("Lfm3ForCausalLM", Causal(|r, w| Ok(Box::new(lfm2::load_lfm3(r, w)?)))),
+    ("OlmoeForCausalLM", Causal(|r, w| Ok(Box::new(mixtral::load(r, w, MoeVariant::OLMOE)?)))),
     ("DeepseekV2ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::V2)?)))),
     ("DeepseekV3ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v2::load(r, w, DeepseekVariant::V3)?)))),
     ("DeepseekV32ForCausalLM", Causal(|r, w| Ok(Box::new(deepseek_v32::load(r, w)?)))),
@@ -132,8 +133,8 @@ const ENTRIES: &[(&str, Entry)] = &[
     ("StableLmForCausalLM", Causal(|r, w| Ok(Box::new(stablelm::load(r, w)?)))),
     ("GraniteForCausalLM", Causal(|r, w| Ok(Box::new(granite::load(r, w)?)))),
     ("GraniteSWAForCausalLM", Causal(|r, w| Ok(Box::new(granite::load_swa(r, w)?)))),
-    ("Olmo2ForCausalLM", Causal(|r, w| Ok(Box::new(olmo2::load(r, w, OlmoVersion::V2)?)))),
     ("HyperCLOVAXForCausalLM", Causal(|r, w| Ok(Box::new(granite::load_hyperclovax(r, w)?)))),
+    ("Olmo2ForCausalLM", Causal(|r, w| Ok(Box::new(olmo2::load(r, w, OlmoVersion::V2)?)))),
     ("Exaone4ForCausalLM", Causal(|r, w| Ok(Box::new(exaone4::load(r, w)?)))),
     ("Olmo3ForCausalLM", Causal(|r, w| Ok(Box::new(olmo2::load(r, w, OlmoVersion::V3)?)))),
     ("CohereForCausalLM", Causal(|r, w| Ok(Box::new(cohere::load(r, w, CohereVersion::V1)?)))),

@@ -56,6 +56,7 @@ parity! {
     llava => "llava",
     llava_siglip => "llava-siglip",
     llava_next => "llava-next",
+    mistral3 => "mistral3",
     gemma3_vl => "gemma3-vl",
     gemma => "gemma",
     gemma2 => "gemma2",
@@ -210,7 +211,8 @@ fn gate_catches_exaone_config_breaks() {
 
 /// Vision-language: the MRoPE split of the text model's frequencies, the vision tower's 2-D
 /// rotary embedding, Qwen2.5-VL's attention windows and the seconds its video positions count,
-/// Qwen3-VL's DeepStack blocks and interleaved MRoPE each change image or video prompts' tokens.
+/// Qwen3-VL's DeepStack blocks and interleaved MRoPE, Mistral 3's Pixtral rotary base and feature
+/// layer each change image or video prompts' tokens.
 #[test]
 fn gate_catches_vision_language_breaks() {
     assert_breaks_caught(&[
@@ -237,6 +239,10 @@ fn gate_catches_vision_language_breaks() {
             c["text_config"]["rope_parameters"]["mrope_section"] = serde_json::json!([8, 0, 0])
         }),
         ("llava-siglip", "the SigLIP tower read a layer early", |c| c["vision_feature_layer"] = serde_json::json!(-2)),
+        ("mistral3", "the Pixtral tower's 2-D rotary base", |c| {
+            c["vision_config"]["rope_parameters"]["rope_theta"] = serde_json::json!(100.0)
+        }),
+        ("mistral3", "the Pixtral tower read a layer early", |c| c["vision_feature_layer"] = serde_json::json!(-2)),
     ]);
 }
 
@@ -245,7 +251,7 @@ fn gate_catches_vision_language_breaks() {
 /// rounding may tip a close pick, nothing more).
 #[test]
 fn vision_language_runs_in_bf16_on_cpu() {
-    for fixture in ["qwen2-vl", "qwen2.5-vl", "llava", "llava-next"] {
+    for fixture in ["qwen2-vl", "qwen2.5-vl", "llava", "llava-next", "mistral3"] {
         let (_, reports) = run_fixture(&fixtures_dir().join("models").join(fixture), DType::BF16)
             .unwrap_or_else(|e| panic!("{fixture} in bf16: {e}"));
         println!("{fixture} bf16 on the CPU: {}", summarize(&reports));
@@ -892,4 +898,82 @@ fn gate_catches_gemma3_images_attended_causally() {
     let diverged: Vec<&str> = reports.iter().filter(|r| !r.strict).map(|r| r.name.as_str()).collect();
     println!("causal image attention diverges on {diverged:?}");
     assert!(diverged.len() >= 6 && !diverged.contains(&"text-only"), "{}", summarize(&reports));
+}
+
+/// Mistral 3 in the `model.*`-rooted layout of transformers' module tree (`model.language_model.*`,
+/// `model.vision_tower.*`, `model.multi_modal_projector.*`, `lm_head`) gives the same tokens as the
+/// `language_model.*` one transformers saves.
+#[test]
+fn mistral3_checkpoints_in_the_model_rooted_layout_load() {
+    let dir = fixture_copy("mistral3", "model-rooted");
+    rename_tensors(&dir, |name| {
+        if let Some(rest) = name.strip_prefix("language_model.model.") {
+            format!("model.language_model.{rest}")
+        } else if let Some(rest) = name.strip_prefix("language_model.") {
+            rest.to_string()
+        } else {
+            format!("model.{name}")
+        }
+    });
+    let (strict, total) = strict_count(&dir);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(strict, total, "mistral3 in the model-rooted layout: {strict}/{total} strict");
+}
+
+/// Mistral 3's prompts hold an image as rows of `[IMG]`, each closed by `[IMG_BREAK]` and the
+/// last by `[IMG_END]`, whose text embeddings the model reads between the image's: the oracle's
+/// prompts rewritten with the last row closed by `[IMG_BREAK]`, or with each image's rows and
+/// columns swapped (its embeddings in the same order), diverge on the image prompts.
+#[test]
+fn gate_catches_mistral3_row_layout_breaks() {
+    let tokenizer = ferrite_tokenizer::Tokenizer::from_dir(&fixtures_dir().join("models/mistral3")).unwrap();
+    let id = |token: &str| tokenizer.token_to_id(token).unwrap();
+    let (image, row_break, end) = (id("[IMG]"), id("[IMG_BREAK]"), id("[IMG_END]"));
+    // `rows` rows of `columns` image tokens, each closed by a break, the last by `last`.
+    let layout = |rows: usize, columns: usize, last: u32| {
+        let mut out: Vec<u32> =
+            (0..rows).flat_map(|_| std::iter::repeat_n(image, columns).chain([row_break])).collect();
+        *out.last_mut().unwrap() = last;
+        out
+    };
+    // (what, rows and columns swapped, the last row's token)
+    for (what, swapped, last) in
+        [("the last row closed by [IMG_BREAK]", false, row_break), ("rows and columns swapped", true, end)]
+    {
+        let dir = fixture_copy("mistral3", "row-layout");
+        let path = dir.join("oracle.json");
+        let mut oracle: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for case in oracle["cases"].as_array_mut().unwrap() {
+            // Each image's grid in merged 2x2 blocks of patches.
+            let mut grids = case["images"].as_array().unwrap().iter().map(|i| {
+                let side = |k: usize| i["grid_thw"][k].as_u64().unwrap() as usize / 2;
+                (side(1), side(2))
+            });
+            let ids: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+            let (mut rewritten, mut at) = (Vec::with_capacity(ids.len() + 16), 0);
+            while at < ids.len() {
+                if ids[at] != image {
+                    rewritten.push(ids[at]);
+                    at += 1;
+                    continue;
+                }
+                let (rows, columns) = grids.next().unwrap();
+                let span = rows * (columns + 1);
+                assert_eq!(ids[at..at + span], layout(rows, columns, end), "the processor's layout");
+                rewritten.extend(if swapped { layout(columns, rows, last) } else { layout(rows, columns, last) });
+                at += span;
+            }
+            case["prompt_ids"] = serde_json::json!(rewritten);
+        }
+        std::fs::write(&path, serde_json::to_string(&oracle).unwrap()).unwrap();
+        let (_, reports) = run_fixture(&dir, DType::F32).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+        let diverged: Vec<&str> = reports.iter().filter(|r| !r.strict).map(|r| r.name.as_str()).collect();
+        println!(
+            "mistral3 with {what}: {}/{} strict, diverged {diverged:?}",
+            reports.len() - diverged.len(),
+            reports.len()
+        );
+        assert!(!diverged.is_empty() && !diverged.contains(&"text-only"), "{what} went unnoticed");
+    }
 }

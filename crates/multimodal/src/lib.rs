@@ -8,7 +8,8 @@
 //! the processor of LLaVA-1.5; [`Gemma3ImageProcessor`], transformers' `Gemma3ImageProcessor`, the
 //! processor of Gemma 3, with its pan-and-scan crops as images of their own) or tiles of it
 //! ([`LlavaNextImageProcessor`], transformers' `LlavaNextImageProcessor`: the whole image and the
-//! tiles of its best-fitting grid pinpoint, [`AnyRes`]).
+//! tiles of its best-fitting grid pinpoint, [`AnyRes`]) or the image at its own size in whole
+//! patches ([`PixtralImageProcessor`], transformers' `PixtralImageProcessor`, Mistral 3's).
 //!
 //! The processors' output is bit-exact with transformers 5.24's torchvision backend, the one vLLM
 //! runs: the same uint8 bicubic or bilinear antialiased resize ([`resize`]), the same crop and
@@ -20,6 +21,7 @@ mod config;
 mod decode;
 mod gemma3;
 mod llava_next;
+mod pixtral;
 mod qwen2_vl;
 mod qwen3_vl;
 pub mod resize;
@@ -31,6 +33,7 @@ pub use gemma3::Gemma3ImageProcessor;
 /// The decoded RGB image every processor takes.
 pub use image::RgbImage;
 pub use llava_next::{AnyRes, AnyResPixels, LlavaNextImageProcessor};
+pub use pixtral::{PixtralImageProcessor, PixtralPixels};
 pub use qwen2_vl::{Qwen2VlImageProcessor, Qwen2VlVideoProcessor, FRAME_LIST_FPS};
 pub use qwen3_vl::{Qwen3VlVideo, Qwen3VlVideoProcessor, VIDEO_ONLY_KWARGS};
 

@@ -323,6 +323,51 @@ fn llava_next_processor_matches_transformers_torchvision_backend_bit_for_bit() {
     }
 }
 
+/// Pixtral's (Mistral 3's): the image at its processed size, bit for bit (the Mistral-Small-3.1 case
+/// by its digest), and `image_sizes`.
+#[test]
+fn pixtral_processor_matches_transformers_torchvision_backend_bit_for_bit() {
+    let manifest = manifest();
+    let cases = manifest["pixtral_cases"].as_array().expect("pixtral_cases");
+    assert!(cases.len() >= 9, "the manifest lists every Pixtral case");
+    for case in cases {
+        let name = case["name"].as_str().expect("name");
+        let processor = ferrite_multimodal::PixtralImageProcessor::from_config(&case["config"]).expect("a config");
+        let image = pillow_rgb(&manifest, case["image"].as_str().expect("image"));
+        let output = processor.preprocess(&image).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let sizes = &case["image_sizes"];
+        let (height, width) = (size(&sizes[0]) as usize, size(&sizes[1]) as usize);
+        assert_eq!(output.size, (height, width), "{name}: image_sizes");
+        if !case["pixel_values"].is_null() {
+            let expected = f32s(&read(&case["pixel_values"]));
+            let locate =
+                |i: usize| format!("channel {}, y {}, x {}", i / (height * width), i / width % height, i % width);
+            assert_same_bits(name, &output.pixel_values, &expected, locate);
+        }
+        assert_eq!(fnv1a64(&output.pixel_values), case["pixel_values_fnv1a64"].as_str().unwrap(), "{name}: digest");
+    }
+}
+
+/// The size `PixtralImageProcessor` resizes an image to (which sets its rows of `[IMG]`), for many
+/// sizes (thin ones, sizes a pixel off the longest edge or a patch) under three configs.
+#[test]
+fn pixtral_resized_sizes_match_transformers() {
+    let manifest = manifest();
+    let sizes = manifest["pixtral_sizes"].as_array().expect("pixtral_sizes");
+    assert!(sizes.len() >= 60, "the manifest lists every size");
+    for entry in sizes {
+        let processor = ferrite_multimodal::PixtralImageProcessor::from_config(&entry["config"]).expect("a config");
+        let (height, width) = (size(&entry["height"]) as usize, size(&entry["width"]) as usize);
+        let want = (size(&entry["resized"][0]) as usize, size(&entry["resized"][1]) as usize);
+        match processor.resized_size(height, width) {
+            Ok(resized) => assert_eq!(resized, want, "{entry}"),
+            // Past the aspect ratio transformers does not limit, or a side scaled to nothing (which
+            // transformers' resize then fails on).
+            Err(e) => assert!(height.max(width) > 200 * height.min(width) || want.0 * want.1 == 0, "{entry}: {e}"),
+        }
+    }
+}
+
 /// The image tokens `LlavaNextProcessor` expands `<image>` to, for many sizes (thin ones, sizes a
 /// pixel off a pinpoint) under llava-v1.6's tiling and a small one.
 #[test]

@@ -9,8 +9,8 @@ use std::hash::{Hash, Hasher};
 use ferrite_engine::{Visual, VisualInput};
 use ferrite_multimodal::{
     decode_image, image_processor_config, video_processor_config, ClipImageProcessor, Gemma3ImageProcessor,
-    LlavaNextImageProcessor, MultimodalError, Qwen2VlImageProcessor, Qwen2VlVideoProcessor, Qwen3VlVideoProcessor,
-    RgbImage, FRAME_LIST_FPS, VIDEO_ONLY_KWARGS,
+    LlavaNextImageProcessor, MultimodalError, PixtralImageProcessor, Qwen2VlImageProcessor, Qwen2VlVideoProcessor,
+    Qwen3VlVideoProcessor, RgbImage, FRAME_LIST_FPS, VIDEO_ONLY_KWARGS,
 };
 use ferrite_tokenizer::Tokenizer;
 
@@ -34,6 +34,10 @@ pub enum ImageProcessor {
     /// as its size makes them for a tower of `patch`-pixel patches; its grid is its size in
     /// pixels, `[1, height, width]`.
     LlavaNext { processor: LlavaNextImageProcessor, patch: usize },
+    /// Pixtral's (Mistral 3's): the image at its own size in whole merged patches, its grid in the
+    /// tower's `patch`-pixel patches; its placeholder becomes rows of image tokens, one per merged
+    /// patch, each closed by the `row_tokens` (break, end) of `processor_config.json`.
+    Pixtral { processor: PixtralImageProcessor, patch: usize, merge: usize, row_tokens: [String; 2] },
 }
 
 /// The processors that hand the tower one whole image of a fixed size.
@@ -92,6 +96,10 @@ impl ImageProcessor {
                 let out = processor.preprocess(rgb)?;
                 Ok(vec![(out.pixel_values, [1, out.image_size.0, out.image_size.1])])
             }
+            ImageProcessor::Pixtral { processor, patch, .. } => {
+                let out = processor.preprocess(rgb)?;
+                Ok(vec![(out.pixel_values, [1, out.size.0 / patch, out.size.1 / patch])])
+            }
         }
     }
 
@@ -101,6 +109,25 @@ impl ImageProcessor {
             ImageProcessor::Qwen2Vl(_) => "Qwen2-VL",
             ImageProcessor::WholeImage { processor, .. } => processor.name(),
             ImageProcessor::LlavaNext { .. } => "LLaVA-NeXT",
+            ImageProcessor::Pixtral { .. } => "Pixtral",
+        }
+    }
+
+    /// The tokens an image of grid `grid_thw` (from [`ImageProcessor::process`]) stands as in the
+    /// prompt: as many `token`s as it becomes embeddings, or for Pixtral its rows of them, each
+    /// closed by the break token, the last by the end token (`row_ids`, from the tokenizer).
+    fn image_placeholders(&self, token: u32, grid_thw: [usize; 3], row_ids: Option<[u32; 2]>) -> Vec<u32> {
+        match (self, row_ids) {
+            (ImageProcessor::Pixtral { merge, .. }, Some([row_break, end])) => {
+                let (rows, columns) = (grid_thw[1] / merge, grid_thw[2] / merge);
+                let mut out: Vec<u32> =
+                    (0..rows).flat_map(|_| std::iter::repeat_n(token, columns).chain([row_break])).collect();
+                if let Some(last) = out.last_mut() {
+                    *last = end;
+                }
+                out
+            }
+            _ => vec![token; self.image_tokens(grid_thw)],
         }
     }
 
@@ -113,6 +140,7 @@ impl ImageProcessor {
             ImageProcessor::LlavaNext { processor, patch } => {
                 processor.anyres().image_tokens(h, w, *patch).unwrap_or(0)
             }
+            ImageProcessor::Pixtral { merge, .. } => t * (h / merge) * (w / merge),
         }
     }
 
@@ -128,11 +156,13 @@ impl ImageProcessor {
                 let processor = WholeImageProcessor::FixedSize(p.with_overrides(kwargs).map_err(|e| e.to_string())?);
                 Ok(ImageProcessor::WholeImage { processor, patch: *patch })
             }
-            ImageProcessor::WholeImage { .. } | ImageProcessor::LlavaNext { .. } => Err(format!(
-                "this model's image processor ({}) takes no mm_processor_kwargs; got {}",
-                self.name(),
-                kwargs.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
-            )),
+            ImageProcessor::WholeImage { .. } | ImageProcessor::LlavaNext { .. } | ImageProcessor::Pixtral { .. } => {
+                Err(format!(
+                    "this model's image processor ({}) takes no mm_processor_kwargs; got {}",
+                    self.name(),
+                    kwargs.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
+                ))
+            }
         }
     }
 }
@@ -388,10 +418,13 @@ impl ImageProcessing {
                 return Err(format!("{path}: a {tile}x{tile} tile is not whole patches of {patch_size} pixels"));
             }
             ImageProcessor::LlavaNext { processor, patch: patch_size }
+        } else if kind.starts_with("PixtralImageProcessor") {
+            let processor = PixtralImageProcessor::from_config(&section).map_err(|e| format!("{path}: {e}"))?;
+            pixtral(dir, processor, patch_size)?
         } else {
             return Err(format!(
                 "{path}: image_processor_type `{kind}` is not supported (Qwen2VLImageProcessor, CLIPImageProcessor, \
-                 Gemma3ImageProcessor, SiglipImageProcessor, LlavaNextImageProcessor)"
+                 Gemma3ImageProcessor, SiglipImageProcessor, LlavaNextImageProcessor, PixtralImageProcessor)"
             ));
         };
         let text_expansion =
@@ -406,6 +439,18 @@ impl ImageProcessing {
                 }),
         };
         Ok(ImageProcessing { processor, text_expansion, image_token_id, video })
+    }
+
+    /// The tokens that close an image's rows in the prompt (Pixtral's break and end), from
+    /// `tokenizer`; `None` for the other processors.
+    fn row_ids(processor: &ImageProcessor, tokenizer: &Tokenizer) -> Result<Option<[u32; 2]>, ApiError> {
+        let ImageProcessor::Pixtral { row_tokens, .. } = processor else { return Ok(None) };
+        let id = |token: &String| {
+            tokenizer.token_to_id(token).ok_or_else(|| {
+                ApiError::invalid("messages", format!("the tokenizer has no {token}, which image prompts need"))
+            })
+        };
+        Ok(Some([id(&row_tokens[0])?, id(&row_tokens[1])?]))
     }
 
     /// The rendered chat `text` of a request with `images` images, its placeholders expanded
@@ -516,11 +561,12 @@ impl ImageProcessing {
         }
         // Text-expanded placeholders are whole already: the engine checks each run's length.
         if processing.text_expansion.is_none() {
+            let row_ids = Self::row_ids(&image_processor, tokenizer)?;
             prompt.ids = expand_placeholders(
                 &prompt.ids,
                 &visuals,
                 processing,
-                &image_processor,
+                (&image_processor, row_ids),
                 video.as_ref().map(|v| v.video_token_id),
                 video_expansions,
             )?;
@@ -555,13 +601,13 @@ fn clone_entry((key, value): (&String, &serde_json::Value)) -> (String, serde_js
 }
 
 /// `ids` with each image's one placeholder token repeated as many times as the image becomes
-/// embeddings, the n-th placeholder for the n-th image, and each video's placeholder (the token
-/// `video_id`) replaced by the n-th of `video_expansions`.
+/// embeddings (for Pixtral, in rows closed by `row_ids`), the n-th placeholder for the n-th image,
+/// and each video's placeholder (the token `video_id`) replaced by the n-th of `video_expansions`.
 fn expand_placeholders(
     ids: &[u32],
     visuals: &[VisualInput],
     processing: &ImageProcessing,
-    image_processor: &ImageProcessor,
+    (image_processor, row_ids): (&ImageProcessor, Option<[u32; 2]>),
     video_id: Option<u32>,
     video_expansions: Vec<Vec<u32>>,
 ) -> Result<Vec<u32>, ApiError> {
@@ -578,7 +624,7 @@ fn expand_placeholders(
     for &token in ids {
         if token == processing.image_token_id {
             let grid = images.next().ok_or_else(|| more("image"))?.grid_thw;
-            out.extend(std::iter::repeat_n(token, image_processor.image_tokens(grid)));
+            out.extend(image_processor.image_placeholders(token, grid, row_ids));
         } else if Some(token) == video_id {
             out.extend(videos.next().ok_or_else(|| more("video"))?);
         } else {
@@ -597,6 +643,41 @@ fn expand_placeholders(
         }
     }
     Ok(out)
+}
+
+/// Pixtral's processor for a tower of `patch_size`-pixel patches: `PixtralProcessor` (its
+/// `processor_config.json`, class defaults where absent) resizes to whole merged patches of
+/// `patch_size * spatial_merge_size` pixels and closes each row with `image_break_token`, the last
+/// with `image_end_token`.
+fn pixtral(
+    dir: &std::path::Path,
+    processor: PixtralImageProcessor,
+    patch_size: usize,
+) -> Result<ImageProcessor, String> {
+    let path = dir.join("processor_config.json");
+    let config: serde_json::Value = match path.exists() {
+        true => std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
+            .map_err(|e| format!("{}: {e}", path.display()))?,
+        false => serde_json::Value::Null,
+    };
+    let number = |key: &str, default: u64| config.get(key).and_then(serde_json::Value::as_u64).unwrap_or(default);
+    let token =
+        |key: &str, default: &str| config.get(key).and_then(serde_json::Value::as_str).unwrap_or(default).to_string();
+    let (patch, merge) = (number("patch_size", 16) as usize, number("spatial_merge_size", 1) as usize);
+    if patch != patch_size || merge == 0 {
+        return Err(format!(
+            "{}: a patch_size of {patch} and spatial_merge_size {merge} for a tower of {patch_size}-pixel patches",
+            path.display()
+        ));
+    }
+    Ok(ImageProcessor::Pixtral {
+        processor: processor.with_patch_size(patch * merge),
+        patch,
+        merge,
+        row_tokens: [token("image_break_token", "[IMG_BREAK]"), token("image_end_token", "[IMG_END]")],
+    })
 }
 
 /// Identifies an image or video as the model sees it (its kind, processed pixels and grid), for
@@ -760,6 +841,52 @@ mod tests {
                 assert_eq!(serde_json::json!(visual.grid_thw), item["grid_thw"], "{name}: grid");
             }
         }
+    }
+
+    /// Mistral 3 on the server's path: each image's one `[IMG]` becomes its rows of `[IMG]` closed
+    /// by `[IMG_BREAK]` and `[IMG_END]` (the tokenizer's ids, the processor config's tokens), with
+    /// transformers' pixels and the grid in the tower's patches: transformers' prompt ids.
+    #[test]
+    fn mistral3_images_become_rows_with_breaks_as_transformers_writes_them() {
+        let dir = fixture().join("../mistral3");
+        let oracle: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
+        let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+        let image = tokenizer.token_to_id("[IMG]").unwrap();
+        let processing = ImageProcessing::from_model_dir(&dir, image, 4, None).unwrap();
+        let mut checked = 0;
+        for case in oracle["cases"].as_array().unwrap().iter().filter(|c| !c["images"].as_array().unwrap().is_empty()) {
+            let name = case["name"].as_str().unwrap();
+            let media = case["images"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|item| FetchedMedia {
+                    kind: MediaKind::Image,
+                    location: "messages[0].content[0]".into(),
+                    encoded: vec![std::fs::read(dir.join(item["file"].as_str().unwrap())).unwrap().into()],
+                    mime: None,
+                })
+                .collect();
+            let ids = tokenizer.encode(case["prompt"].as_str().unwrap(), false).unwrap();
+            let mut p = prompt(ids, media);
+            ImageProcessing::apply(Some(&processing), &mut p, &tokenizer).unwrap();
+            let want: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
+            assert_eq!(p.ids, want, "{name}: prompt ids");
+            for (visual, item) in p.visuals.iter().zip(case["images"].as_array().unwrap()) {
+                let oracle = std::fs::read(dir.join(item["pixels"].as_str().unwrap())).unwrap();
+                let oracle: Vec<u32> =
+                    oracle.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+                let ours: Vec<u32> = visual.pixel_values.iter().map(|v| v.to_bits()).collect();
+                assert!(ours == oracle, "{name}: pixel values differ from transformers'");
+                assert_eq!(serde_json::json!(visual.grid_thw), item["grid_thw"], "{name}: grid");
+            }
+            checked += 1;
+        }
+        assert!(checked >= 7, "the fixture's image cases");
+        // A processor whose patch is not the tower's is refused.
+        let e = ImageProcessing::from_model_dir(&dir, image, 14, None).unwrap_err();
+        assert!(e.contains("for a tower of 14-pixel patches"), "{e}");
     }
 
     #[test]

@@ -95,6 +95,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Gemma3Vl> {
         bidirectional: true,
         anyres: None,
         video_runs_per_step: false,
+        row_breaks: false,
     });
     info.weight_bytes += tower.linears().chain([&projection]).map(Linear::size_in_bytes).sum::<usize>();
     Ok(Gemma3Vl { decoder, tower, kernel, soft_norm, projection, info })

@@ -43,15 +43,16 @@ pub struct Llava {
 
 /// Where a checkpoint keeps the text model, its LM head, the tower and the projector: each
 /// under the first of its prefixes that holds it.
-struct Layout {
-    text: &'static str,
-    lm_head: &'static str,
-    tower: &'static str,
-    projector: &'static str,
+pub(crate) struct Layout {
+    pub text: &'static str,
+    pub lm_head: &'static str,
+    pub tower: &'static str,
+    pub projector: &'static str,
 }
 
 impl Layout {
-    fn of(w: &Weights) -> Layout {
+    /// The layout of `w`, whose tower is found by `tower_leaf`, a tensor at its root.
+    pub(crate) fn of(w: &Weights, tower_leaf: &str) -> Layout {
         let first = |prefixes: &[&'static str], leaf: &str| {
             prefixes.iter().copied().find(|p| w.contains(&format!("{p}.{leaf}"))).unwrap_or(prefixes[0])
         };
@@ -60,7 +61,7 @@ impl Layout {
             lm_head: first(&["language_model.lm_head", "lm_head"], "weight"),
             tower: first(
                 &["vision_tower.vision_model", "vision_tower", "model.vision_tower.vision_model", "model.vision_tower"],
-                "embeddings.patch_embedding.weight",
+                tower_leaf,
             ),
             projector: first(&["multi_modal_projector", "model.multi_modal_projector"], "linear_1.weight"),
         }
@@ -68,7 +69,7 @@ impl Layout {
 }
 
 pub fn load(raw: &RawConfig, w: &Weights) -> Result<Llava> {
-    let layout = Layout::of(w);
+    let layout = Layout::of(w, "embeddings.patch_embedding.weight");
     let text = raw.text_config()?;
     let text_type = text.value.get("model_type").and_then(Value::as_str).unwrap_or("llama");
     let variant = match text_type {
@@ -108,7 +109,7 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Llava> {
             )))
         }
     };
-    let feature_layers = feature_layers(raw, vision.num_hidden_layers)?;
+    let feature_layers = feature_layers(raw, vision.num_hidden_layers, -2)?;
     let depth = feature_layers.iter().copied().max().unwrap_or(0);
     let vit = VitTower::load(raw, &vision, &w.at(layout.tower), kind, depth)?;
     let tower = FeatureTower { vit, feature_layers, first_row };
@@ -133,16 +134,17 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Llava> {
         bidirectional: false,
         anyres: None,
         video_runs_per_step: false,
+        row_breaks: false,
     });
     info.weight_bytes +=
         tower.vit.linears().chain([&projector_1, &projector_2]).map(Linear::size_in_bytes).sum::<usize>();
     Ok(Llava { decoder, tower, projector_1, projector_2, projector_act, info })
 }
 
-/// `vision_feature_layer` as indices into the tower's hidden states (0: the embeddings, `k`: the
-/// output of layer `k`); negative ones count from the last, as Python indexes.
-fn feature_layers(raw: &RawConfig, layers: usize) -> Result<Vec<usize>> {
-    let value = raw.value.get("vision_feature_layer").cloned().unwrap_or(Value::from(-2));
+/// `vision_feature_layer` (absent: `default`) as indices into the tower's hidden states (0: the
+/// embeddings, `k`: the output of layer `k`); negative ones count from the last, as Python indexes.
+pub(crate) fn feature_layers(raw: &RawConfig, layers: usize, default: i64) -> Result<Vec<usize>> {
+    let value = raw.value.get("vision_feature_layer").cloned().unwrap_or(Value::from(default));
     let wanted: Vec<i64> = match &value {
         Value::Number(n) => n.as_i64().into_iter().collect(),
         Value::Array(items) => items.iter().filter_map(Value::as_i64).collect(),

@@ -45,6 +45,7 @@ pub mod mamba2;
 pub mod minicpm;
 pub mod minicpm3;
 pub mod minimax_m2;
+pub mod mistral3;
 pub mod mixtral;
 pub mod nemotron;
 pub mod nemotron_h;

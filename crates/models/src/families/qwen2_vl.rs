@@ -377,6 +377,7 @@ impl QwenVl {
             bidirectional: false,
             anyres: None,
             video_runs_per_step: vision.video_time == Some(VideoTime::Timestamps),
+            row_breaks: false,
         });
         info.weight_bytes += vision.weight_bytes();
         Ok(QwenVl { decoder, vision, placeholders: Placeholders { image, video }, info })
