@@ -210,8 +210,7 @@ impl CudaDevice {
         let (major, minor) = compute_capability;
         // NVRTC's options take a 'static name; a device is opened once per process.
         let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
-        let compiling = kernels::MODULES
-            .into_iter()
+        let compiling = kernels::modules()
             .filter_map(|source| {
                 let ctx = ctx.clone();
                 let spawned = std::thread::Builder::new()
@@ -529,7 +528,7 @@ mod tests {
             return;
         }
         let mut ptx_of = HashMap::new();
-        for source in kernels::MODULES {
+        for source in kernels::modules() {
             let ptx = compile_ptx(source, "compute_90").unwrap_or_else(|e| panic!("{e}")).to_src();
             assert!(ptx.contains(".entry"), "{} kernels gave no entry points", source.name);
             assert!(ptx_of.insert(source.name, ptx).is_none(), "two modules named {}", source.name);

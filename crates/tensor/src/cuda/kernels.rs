@@ -50,56 +50,42 @@ const ATTENTION_FA2: [(usize, KernelSource); 3] = [
     (128, module!("attention_fa2_d128": "attention_common.cuh", "attention_fa2.cu"; "INST_FA2(128)")),
     (256, module!("attention_fa2_d256": "attention_common.cuh", "attention_fa2.cu"; "INST_FA2(256)")),
 ];
-/// `(activation, cache, value registers)` of `paged_decode_<t><cache>_h*_v<dvr>`.
+/// `(activation, cache, value registers)` of `paged_decode_<t><cache>_h*_v<dvr>` and the module
+/// instantiating them, named and instantiated from the same tokens.
+macro_rules! decode {
+    ($t:ident, $ty:ident, $cache:ident, $cty:ident, $v:literal) => {
+        decode!(@ $t, $ty, concat!("_", stringify!($cache)), $cty, $v)
+    };
+    ($t:ident, $ty:ident, $v:literal) => {
+        decode!(@ $t, $ty, "", $ty, $v)
+    };
+    (@ $t:ident, $ty:ident, $cache:expr, $cty:ident, $v:literal) => {
+        (
+            stringify!($t),
+            $cache,
+            $v,
+            KernelSource {
+                name: concat!("attention_decode_", stringify!($t), $cache, "_v", stringify!($v)),
+                src: concat!(
+                    include_str!("kernels/common.cuh"),
+                    include_str!("kernels/attention_common.cuh"),
+                    include_str!("kernels/attention_decode.cu"),
+                    "\nINST_DECODE_V(", stringify!($t), ", ", stringify!($ty), ", ", $cache, ", ",
+                    stringify!($cty), ", ", stringify!($v), ")\n"
+                ),
+            },
+        )
+    };
+}
 const ATTENTION_DECODE: [(&str, &str, usize, KernelSource); 8] = [
-    (
-        "f32",
-        "",
-        4,
-        module!("attention_decode_f32_v4": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(f32, float, , float, 4)"),
-    ),
-    (
-        "f32",
-        "",
-        8,
-        module!("attention_decode_f32_v8": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(f32, float, , float, 8)"),
-    ),
-    (
-        "f32",
-        "_fp8",
-        4,
-        module!("attention_decode_f32_fp8_v4": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(f32, float, _fp8, fp8_t, 4)"),
-    ),
-    (
-        "f32",
-        "_fp8",
-        8,
-        module!("attention_decode_f32_fp8_v8": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(f32, float, _fp8, fp8_t, 8)"),
-    ),
-    (
-        "bf16",
-        "",
-        4,
-        module!("attention_decode_bf16_v4": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(bf16, bf16_t, , bf16_t, 4)"),
-    ),
-    (
-        "bf16",
-        "",
-        8,
-        module!("attention_decode_bf16_v8": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(bf16, bf16_t, , bf16_t, 8)"),
-    ),
-    (
-        "bf16",
-        "_fp8",
-        4,
-        module!("attention_decode_bf16_fp8_v4": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(bf16, bf16_t, _fp8, fp8_t, 4)"),
-    ),
-    (
-        "bf16",
-        "_fp8",
-        8,
-        module!("attention_decode_bf16_fp8_v8": "attention_common.cuh", "attention_decode.cu"; "INST_DECODE_V(bf16, bf16_t, _fp8, fp8_t, 8)"),
-    ),
+    decode!(f32, float, 4),
+    decode!(f32, float, 8),
+    decode!(f32, float, fp8, fp8_t, 4),
+    decode!(f32, float, fp8, fp8_t, 8),
+    decode!(bf16, bf16_t, 4),
+    decode!(bf16, bf16_t, 8),
+    decode!(bf16, bf16_t, fp8, fp8_t, 4),
+    decode!(bf16, bf16_t, fp8, fp8_t, 8),
 ];
 pub(crate) const GEMV: KernelSource = module!("gemv": "gemv.cu"; "INST_GEMV(1) INST_GEMV(2) INST_GEMV(3) INST_GEMV(4)");
 /// The W4A16 kernels, which share the bf16 GEMV's load and dot helpers.
@@ -110,27 +96,10 @@ pub(crate) const SAMPLING: KernelSource = module!("sampling": "sampling.cu");
 pub(crate) const RECURRENT: KernelSource = module!("recurrent": "recurrent.cu");
 
 /// Every module, each compiled at start-up on a thread of its own.
-pub(crate) const MODULES: [KernelSource; 19] = [
-    ATTENTION_DECODE[0].3,
-    ATTENTION_DECODE[1].3,
-    ATTENTION_DECODE[2].3,
-    ATTENTION_DECODE[3].3,
-    ATTENTION_DECODE[4].3,
-    ATTENTION_DECODE[5].3,
-    ATTENTION_DECODE[6].3,
-    ATTENTION_DECODE[7].3,
-    ATTENTION_FA2[0].1,
-    ATTENTION_FA2[1].1,
-    ATTENTION_FA2[2].1,
-    ATTENTION,
-    ELEMENTWISE,
-    NORM,
-    GEMV,
-    INT4,
-    FP8,
-    SAMPLING,
-    RECURRENT,
-];
+pub(crate) fn modules() -> impl Iterator<Item = KernelSource> {
+    let split = ATTENTION_DECODE.iter().map(|e| e.3).chain(ATTENTION_FA2.iter().map(|e| e.1));
+    split.chain([ATTENTION, ELEMENTWISE, NORM, GEMV, INT4, FP8, SAMPLING, RECURRENT])
+}
 
 /// The module of `paged_attn_fa2_bf16<cache>_d<d>`.
 pub(crate) fn attention_fa2(d: usize) -> Option<KernelSource> {
