@@ -451,6 +451,20 @@ impl Block {
         }
     }
 
+    /// One norm feeding the token and channel mixers side by side, their outputs summed with the
+    /// residual in `sum`'s order (Phi, GPT-J, Cohere).
+    pub fn parallel(norm: Norm, mixer: TokenMixer, mlp: ChannelMixer, sum: ParallelSum) -> Block {
+        Block {
+            attn_norm: Some(norm),
+            mixer,
+            attn_out_norm: None,
+            mlp_norm: None,
+            mlp,
+            mlp_out_norm: None,
+            wiring: Wiring::Parallel(sum),
+        }
+    }
+
     /// A layer that is a token mixer alone behind `norm`: `h + mixer(norm(h))` (Mamba2's layers).
     pub fn mixer_only(norm: Norm, mixer: TokenMixer) -> Block {
         Block {

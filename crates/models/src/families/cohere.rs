@@ -14,7 +14,7 @@ use ferrite_tensor::RopeStyle;
 use serde::Deserialize;
 
 use crate::decoder::load::{CommonConfig, Defaults};
-use crate::decoder::{Block, ChannelMixer, Decoder, LogitsPost, ParallelSum, SelfAttention, TokenMixer, Wiring};
+use crate::decoder::{Block, ChannelMixer, Decoder, LogitsPost, ParallelSum, SelfAttention, TokenMixer};
 use crate::layers::{HeadLayerNorm, Norm};
 use crate::loading::config::RawConfig;
 use crate::loading::weights::Weights;
@@ -83,16 +83,13 @@ pub fn load(raw: &RawConfig, w: &Weights, version: CohereVersion) -> Result<Deco
             true => Some((head_norm("q_norm", d.heads)?, head_norm("k_norm", d.kv_heads)?)),
             false => None,
         };
-        Ok(Block {
+        Ok(Block::parallel(
             // `CohereLayerNorm`: mean-centred, weight only.
-            attn_norm: Some(Norm::Layer(d.layer_norm(l, "input_layernorm", false)?)),
-            mixer: TokenMixer::Attention(SelfAttention { head_norms, ..SelfAttention::new(attn, rope) }),
-            attn_out_norm: None,
-            mlp_norm: None,
-            mlp: ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, inter, d.act, false)?),
-            mlp_out_norm: None,
-            wiring: Wiring::Parallel(ParallelSum::ResidualFirst),
-        })
+            Norm::Layer(d.layer_norm(l, "input_layernorm", false)?),
+            TokenMixer::Attention(SelfAttention { head_norms, ..SelfAttention::new(attn, rope) }),
+            ChannelMixer::Gated(l.gated_mlp("mlp", d.hidden, inter, d.act, false)?),
+            ParallelSum::ResidualFirst,
+        ))
     })?;
     let rope = d.rope(raw, 500_000.0)?.with_style(RopeStyle::Interleaved);
     let final_norm = Norm::Layer(d.layer_norm(&w.at("model"), "norm", false)?);

@@ -15,7 +15,7 @@ use ferrite_tensor::{ops, RopeStyle};
 use serde::Deserialize;
 
 use crate::decoder::load::{check_dims, CommonConfig, Defaults};
-use crate::decoder::{Block, ChannelMixer, Decoder, LogitsPost, ParallelSum, SelfAttention, TokenMixer, Wiring};
+use crate::decoder::{Block, ChannelMixer, Decoder, LogitsPost, ParallelSum, SelfAttention, TokenMixer};
 use crate::layers::moe::{ExpertNames, Experts, Router, RouterConfig, Scoring, SharedExpert, SparseMoe};
 use crate::layers::Norm;
 use crate::loading::config::RawConfig;
@@ -169,15 +169,12 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
                 shared,
             }))
         };
-        Ok(Block {
-            attn_norm: Some(norm(l, "input_layernorm")?),
-            mixer: TokenMixer::Attention(SelfAttention::new(attn, rotates.then_some(0))),
-            attn_out_norm: None,
-            mlp_norm: None,
+        Ok(Block::parallel(
+            norm(l, "input_layernorm")?,
+            TokenMixer::Attention(SelfAttention::new(attn, rotates.then_some(0))),
             mlp,
-            mlp_out_norm: None,
-            wiring: Wiring::Parallel(ParallelSum::ResidualFirst),
-        })
+            ParallelSum::ResidualFirst,
+        ))
     })?;
     let rope = d.rope(raw, 10000.0)?.with_style(RopeStyle::Interleaved);
     let final_norm = norm(&w.at("model"), "norm")?;

@@ -9,7 +9,7 @@
 use ferrite_tensor::RopeStyle;
 
 use crate::decoder::load::{CommonConfig, Defaults, Names};
-use crate::decoder::{Block, ChannelMixer, Decoder, ParallelSum, SelfAttention, TokenMixer, Wiring};
+use crate::decoder::{Block, ChannelMixer, Decoder, ParallelSum, SelfAttention, TokenMixer};
 use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::{DenseMlp, Norm};
 use crate::loading::config::RawConfig;
@@ -47,15 +47,12 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             fc2: l.linear("mlp.fc_out", inner, h, true)?,
             act: d.act.into(),
         };
-        Ok(Block {
-            attn_norm: Some(Norm::Layer(d.layer_norm(l, "ln_1", true)?)),
-            mixer: TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
-            attn_out_norm: None,
-            mlp_norm: None,
-            mlp: ChannelMixer::Dense(mlp),
-            mlp_out_norm: None,
-            wiring: Wiring::Parallel(ParallelSum::BranchesFirst),
-        })
+        Ok(Block::parallel(
+            Norm::Layer(d.layer_norm(l, "ln_1", true)?),
+            TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
+            ChannelMixer::Dense(mlp),
+            ParallelSum::BranchesFirst,
+        ))
     })?;
     let params = RopeParameters {
         rope_theta: Some(10000.0),

@@ -8,7 +8,7 @@
 use serde::Deserialize;
 
 use crate::decoder::load::{CommonConfig, Defaults, Names};
-use crate::decoder::{Block, ChannelMixer, Decoder, ParallelSum, SelfAttention, TokenMixer, Wiring};
+use crate::decoder::{Block, ChannelMixer, Decoder, ParallelSum, SelfAttention, TokenMixer};
 use crate::layers::rope::{Rope, RopeParameters};
 use crate::layers::{DenseMlp, Norm};
 use crate::loading::config::RawConfig;
@@ -40,15 +40,12 @@ pub fn load(raw: &RawConfig, w: &Weights) -> Result<Decoder> {
             fc2: l.linear("mlp.fc2", inter, h, true)?,
             act: d.act.into(),
         };
-        Ok(Block {
-            attn_norm: Some(Norm::Layer(d.layer_norm(l, "input_layernorm", true)?)),
-            mixer: TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
-            attn_out_norm: None,
-            mlp_norm: None,
-            mlp: ChannelMixer::Dense(mlp),
-            mlp_out_norm: None,
-            wiring: Wiring::Parallel(ParallelSum::BranchesFirst),
-        })
+        Ok(Block::parallel(
+            Norm::Layer(d.layer_norm(l, "input_layernorm", true)?),
+            TokenMixer::Attention(SelfAttention::new(attn, Some(0))),
+            ChannelMixer::Dense(mlp),
+            ParallelSum::BranchesFirst,
+        ))
     })?;
     let mut rope_params = RopeParameters::from_config(raw, 10000.0)?;
     rope_params.partial_rotary_factor = rope_params.partial_rotary_factor.or(Some(0.5));
