@@ -832,14 +832,23 @@ mod tests {
             ImageProcessing::apply(Some(&processing), &mut p, &tokenizer).unwrap();
             let want: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
             assert_eq!(p.ids, want, "{name}: prompt ids");
-            for (visual, item) in p.visuals.iter().zip(case["images"].as_array().unwrap()) {
-                let oracle = std::fs::read(dir.join(item["pixels"].as_str().unwrap())).unwrap();
-                let oracle: Vec<u32> =
-                    oracle.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
-                let ours: Vec<u32> = visual.pixel_values.iter().map(|v| v.to_bits()).collect();
-                assert!(ours == oracle, "{name}: pixel values differ from transformers'");
-                assert_eq!(serde_json::json!(visual.grid_thw), item["grid_thw"], "{name}: grid");
-            }
+            assert_pixels_are_transformers(&dir, name, &p.visuals, &case["images"]);
+        }
+    }
+
+    /// Each visual's pixel values bit for bit, and its grid, as the oracle's `items` record them.
+    fn assert_pixels_are_transformers(
+        dir: &std::path::Path,
+        name: &str,
+        visuals: &[VisualInput],
+        items: &serde_json::Value,
+    ) {
+        for (visual, item) in visuals.iter().zip(items.as_array().unwrap()) {
+            let oracle = std::fs::read(dir.join(item["pixels"].as_str().unwrap())).unwrap();
+            let oracle: Vec<u32> = oracle.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+            let ours: Vec<u32> = visual.pixel_values.iter().map(|v| v.to_bits()).collect();
+            assert!(ours == oracle, "{name}: pixel values differ from transformers'");
+            assert_eq!(serde_json::json!(visual.grid_thw), item["grid_thw"], "{name}: grid");
         }
     }
 
@@ -873,14 +882,7 @@ mod tests {
             ImageProcessing::apply(Some(&processing), &mut p, &tokenizer).unwrap();
             let want: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone()).unwrap();
             assert_eq!(p.ids, want, "{name}: prompt ids");
-            for (visual, item) in p.visuals.iter().zip(case["images"].as_array().unwrap()) {
-                let oracle = std::fs::read(dir.join(item["pixels"].as_str().unwrap())).unwrap();
-                let oracle: Vec<u32> =
-                    oracle.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
-                let ours: Vec<u32> = visual.pixel_values.iter().map(|v| v.to_bits()).collect();
-                assert!(ours == oracle, "{name}: pixel values differ from transformers'");
-                assert_eq!(serde_json::json!(visual.grid_thw), item["grid_thw"], "{name}: grid");
-            }
+            assert_pixels_are_transformers(&dir, name, &p.visuals, &case["images"]);
             checked += 1;
         }
         assert!(checked >= 7, "the fixture's image cases");
