@@ -233,20 +233,16 @@ def _zero_afmoe_attn_gate(model: torch.nn.Module) -> None:
             layer.self_attn.gate_proj.weight.zero_()
 
 
-def _init_afmoe_expert_bias(model: torch.nn.Module, gen: torch.Generator) -> None:
-    """expert_bias starts at zero (a load-balancing statistic in training): give the choice one to add."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("expert_bias"):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+def _randn_params(suffix: str, std: float):
+    """An init_fn drawing N(0, std) for the parameters named `...suffix`, which init leaves at zero."""
 
+    def init(model: torch.nn.Module, gen: torch.Generator) -> None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(suffix):
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
 
-def _init_swa_sinks(model: torch.nn.Module, gen: torch.Generator) -> None:
-    """GraniteSWA's sinks start at zero: give each head its own logit, so that the sink matters."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("self_attn.sinks"):
-                p.copy_(torch.randn(p.shape, generator=gen) * 1.0)
+    return init
 
 
 def _drop_swa_sinks(model: torch.nn.Module) -> None:
@@ -2636,7 +2632,7 @@ SPECS: list[Spec] = [
         name="afmoe",
         config_class="AfmoeConfig",
         architecture="AfmoeForCausalLM",
-        init_fn=_init_afmoe_expert_bias,
+        init_fn=_randn_params("expert_bias", 0.1),  # a load-balancing statistic, zero at init
         kwargs=dict(hidden_size=32, head_dim=16, intermediate_size=64, moe_intermediate_size=16, num_experts=8,
                     num_experts_per_tok=2, num_shared_experts=1, num_dense_layers=1, route_scale=2.5,
                     global_attn_every_n_layers=2, sliding_window=24, mup_enabled=True, num_hidden_layers=4,
@@ -2784,7 +2780,7 @@ SPECS: list[Spec] = [
         name="granite-swa",
         config_class="GraniteSWAConfig",
         architecture="GraniteSWAForCausalLM",
-        init_fn=_init_swa_sinks,
+        init_fn=_randn_params("self_attn.sinks", 1.0),  # each head its own sink logit
         kwargs=dict(GRANITE_SWA_TINY),
         feature="GraniteSWA (granite-swash): Granite's multipliers, layer_types by default (layer 0 full, the rest "
         "sliding over 24), a learned sink logit per head (N(0, 1)), layer_rope_theta [0, 10000, 10000, 500000] (the "
@@ -2800,7 +2796,7 @@ SPECS: list[Spec] = [
         name="granite-moe-swa",
         config_class="GraniteMoeSWAConfig",
         architecture="GraniteMoeSWAForCausalLM",
-        init_fn=_init_swa_sinks,
+        init_fn=_randn_params("self_attn.sinks", 1.0),  # each head its own sink logit
         kwargs=dict(GRANITE_SWA_TINY, hidden_size=32, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
                     shared_intermediate_size=48),
         feature="GraniteMoeSWA: the granite-moe-shared layer with GraniteSWA's sliding layers, sinks and per-layer "
